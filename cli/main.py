@@ -1,0 +1,81 @@
+"""The ``entropyrl`` command line: thin Typer commands over the library.
+
+Every command takes Hydra overrides as trailing ``key=value`` arguments, composed with the
+configs shipped in ``entropyrl/conf``. User mistakes print one ``error: ...`` line and exit 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from entropyrl.errors import UserError
+
+app = typer.Typer(
+    name="entropyrl",
+    help="RLVR experiments around policy entropy collapse: train (GRPO, DAPO, STARE, STEER, Clip-Cov, "
+         "KL-Cov, ...), evaluate on math benchmarks, sweep ablations on SLURM, everything in MLflow.",
+    rich_markup_mode="rich",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def groups_help(config_name: str) -> str:
+    """The config groups of a primary config and their options, for --help texts."""
+    from entropyrl.conf import config_groups, primary_defaults
+
+    used = primary_defaults(config_name)
+    lines = [f"  [bold]{g}[/bold]: {', '.join(opts)} (default {used[g]})"
+             for g, opts in config_groups().items() if g in used]
+    return "\n\n".join(lines)
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import logging
+
+    for name in ("mlflow", "alembic", "httpx", "urllib3"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except Exception:  # noqa: BLE001 - cosmetic only
+        pass
+
+
+def _register_commands() -> None:
+    from entropyrl.cli import config_cmd, train_cmd
+
+    train_cmd.register(app)
+    config_cmd.register(app)
+    for module in ("eval_cmd", "grade_cmd", "sweep_cmd"):
+        try:
+            mod = __import__(f"entropyrl.cli.{module}", fromlist=["register"])
+        except ModuleNotFoundError as exc:
+            if exc.name != f"entropyrl.cli.{module}":
+                raise
+            continue
+        mod.register(app)
+
+
+_register_commands()
+
+
+def main(argv: list[str] | None = None) -> None:
+    _quiet_libraries()
+    try:
+        app(args=argv if argv is not None else sys.argv[1:], standalone_mode=True)
+    except UserError as exc:
+        typer.secho(f"error: {exc}", err=True, fg="red")
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""``entropyrl train [overrides...]``: one training run."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+
+
+def register(app: typer.Typer) -> None:
+    from entropyrl.cli.main import groups_help
+
+    @app.command(
+        "train",
+        help="Train a policy with RLVR. With no arguments: the embedded tiny model on the built-in "
+             "tasks, on CPU, in minutes (GRPO; watch its entropy collapse).\n\n"
+             "Overrides are Hydra [bold]key=value[/bold] arguments, e.g. "
+             "[cyan]entropyrl train algo=stare trainer.total_steps=40[/cyan].\n\n"
+             "Config groups:\n\n" + groups_help("train"),
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )
+    def train(overrides: Optional[List[str]] = typer.Argument(None, help="key=value config overrides")) -> None:
+        from rich.console import Console
+
+        from entropyrl.conf import compose
+
+        console = Console(stderr=True)
+        cfg = compose("train", overrides or [])
+        from entropyrl.trainers.trainer import train as run_training
+        console.print(f"[bold]entropyrl train[/bold] algo={cfg.algo.name} model={cfg.model.name} "
+                      f"data={cfg.data.name} steps={cfg.trainer.total_steps} -> {cfg.output_dir}")
+        summary = run_training(cfg, log=lambda msg: console.print(f"[dim]{msg}[/dim]"))
+        console.print(f"[green]done[/green]: {summary.get('steps')} steps, "
+                      f"entropy {summary.get('entropy/first_tenth', float('nan')):.3f} -> "
+                      f"{summary.get('entropy/last_tenth', float('nan')):.3f}, "
+                      f"val acc {summary.get('final/val/acc', float('nan')):.3f}; "
+                      f"results in {summary['output_dir']}"
+                      + (f" (MLflow run {summary['mlflow_run_id']} at {summary['tracking_uri']})"
+                         if summary.get("mlflow_run_id") else ""))

@@ -1,0 +1,107 @@
+"""entropyrl's Hydra configs, shipped as package data, and the one way to compose them.
+
+Primary configs: ``train`` (``entropyrl train``), ``eval`` (``entropyrl eval``) and ``sweep``
+(``entropyrl sweep``). Config groups live in sub-folders (``algo/``, ``model/``, ...); every YAML
+says at its top what it is for and how to override it.
+
+    from entropyrl.conf import compose
+    cfg = compose("train", ["algo=stare", "trainer.total_steps=40"])
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from entropyrl.errors import UserError
+
+CONF_DIR = Path(__file__).resolve().parent
+
+
+def config_groups() -> dict[str, list[str]]:
+    """Every config group (sub-folder of ``conf/``) and its options, sorted. Nested groups use ``/``."""
+    groups: dict[str, list[str]] = {}
+    for yaml in sorted(CONF_DIR.rglob("*.yaml")):
+        rel = yaml.relative_to(CONF_DIR)
+        if len(rel.parts) < 2:
+            continue  # a primary config, not a group option
+        groups.setdefault("/".join(rel.parts[:-1]), []).append(yaml.stem)
+    return {g: sorted(opts) for g, opts in sorted(groups.items())}
+
+
+def primary_configs() -> list[str]:
+    return sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
+
+
+def _close(word: str, choices: list[str]) -> str:
+    near = difflib.get_close_matches(word, choices, n=1)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
+def _explain(exc: Exception, overrides: list[str]) -> str:
+    """Turn Hydra's multi-line composition errors into one actionable line."""
+    msg = str(exc)
+    missing = re.search(r"Could not find '([^']+)/([^']+)'", msg)
+    if missing:
+        group, option = missing.groups()
+        choices = config_groups().get(group, [])
+        if choices:
+            return (f"unknown {group}={option}{_close(option, choices)}; "
+                    f"valid choices: {', '.join(choices)}")
+        return f"unknown config group '{group}'; valid groups: {', '.join(config_groups())}"
+    key = re.search(r"Could not override '([^']+)'", msg) or re.search(r"Key '([^']+)' is not in struct", msg)
+    if key:
+        name = key.group(1)
+        return (f"unknown config key '{name}'; see `entropyrl config show` for the valid keys "
+                f"(prefix with + to add a new key: +{name}=...)")
+    if "mismatched input" in msg or "no viable alternative" in msg or "extraneous input" in msg:
+        return f"cannot parse overrides {overrides}: write them as key=value (e.g. trainer.total_steps=40)"
+    first = next((line.strip() for line in msg.splitlines() if line.strip()), msg)
+    return f"bad config override: {first}"
+
+
+def compose(config_name: str, overrides: list[str] | None = None) -> DictConfig:
+    """Compose primary config ``config_name`` with Hydra override strings (``key=value``).
+
+    Raises ``UserError`` with a one-line message for an unknown group option, key or syntax.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = list(overrides or [])
+    bad = [o for o in overrides if "=" not in o and not o.startswith("~")]
+    if bad:
+        raise UserError(f"cannot parse override '{bad[0]}': write overrides as key=value "
+                        f"(e.g. algo=stare trainer.total_steps=40)")
+    if config_name not in primary_configs():
+        raise UserError(f"unknown config '{config_name}'; valid: {', '.join(primary_configs())}")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="entropyrl"):
+            cfg = hydra_compose(config_name=config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise UserError(_explain(exc, overrides)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return cfg
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def primary_defaults(config_name: str) -> dict[str, str]:
+    """``{group: default option}`` from a primary config's defaults list."""
+    raw = OmegaConf.load(CONF_DIR / f"{config_name}.yaml")
+    out: dict[str, str] = {}
+    for item in raw.get("defaults", []):
+        if isinstance(item, (dict, DictConfig)):
+            for k, v in item.items():
+                out[str(k).split("@")[0].lstrip("/")] = str(v)
+    return out

@@ -1,0 +1,73 @@
+"""The embedded default: character tokenizer, tiny Qwen2 model, built-in tasks."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from omegaconf import OmegaConf
+
+from entropyrl.conf import compose
+from entropyrl.trainers import tasks, tiny
+
+
+def test_tokenizer_round_trip_through_save_pretrained(tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = tiny.build_tokenizer()
+    text = "17+25=42 M7:91 0123456789"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text)  # one token per character
+    assert tok.decode(ids) == text
+    tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert loaded(text, add_special_tokens=False)["input_ids"] == ids
+    assert loaded.decode(ids + [loaded.eos_token_id], skip_special_tokens=True) == text
+    assert loaded.pad_token_id != loaded.eos_token_id
+
+
+def test_model_round_trip_and_head_dim(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    cfg = compose("train")
+    tok = tiny.build_tokenizer()
+    model = tiny.build_model(cfg.model.arch, tok, seed=0).eval()
+    assert model.config.hidden_size // model.config.num_attention_heads >= 32
+    assert model.config.model_type == "qwen2"
+    model.save_pretrained(tmp_path)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = torch.tensor([tok("17+25=", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, again(ids).logits)
+
+
+def test_tasks_rewards():
+    cfg = compose("train").data
+    add = tasks.Problem("add", "17+25=", "42", (17, 25))
+    assert tasks.reward(add, "42") == 1.0
+    assert tasks.reward(add, "43") == 0.0 and tasks.reward(add, "") == 0.0 and tasks.reward(add, "4 2") == 0.0
+    mult = tasks.Problem("multiple", "M7:", "14", (7,))
+    assert all(tasks.reward(mult, a) == 1.0 for a in tasks.correct_answers(mult))
+    assert len(tasks.correct_answers(mult)) == 14
+    assert tasks.reward(mult, "15") == 0.0 and tasks.reward(mult, "014") == 0.0 and tasks.reward(mult, "0") == 0.0
+    source = tasks.BuiltinTaskSource(cfg, seed=5)
+    assert source.sample(16, step=3) == source.sample(16, step=3)          # resume-safe
+    assert source.sample(16, step=3) != source.sample(16, step=4)
+    assert source.validation(8) == tasks.BuiltinTaskSource(cfg, seed=99).validation(8)
+    for p in source.sample(64, step=0):
+        assert set(p.prompt) <= set(tasks.ALPHABET) and tasks.reward(p, p.answer) == 1.0
+
+
+def test_warm_start_gives_a_nonzero_unsaturated_policy():
+    cfg = compose("train")
+    model, tok = tiny.load_policy(cfg.model, cfg.data)
+    from entropyrl.trainers.rollout import HFRollout
+
+    problems = tasks.sample_problems(cfg.data, 64, random.Random(0))
+    roll = HFRollout(OmegaConf.merge(cfg.rollout, {"batch_size": 512}), model, tok).generate(
+        [p.prompt for p in problems], n=4, seed=0)
+    acc = sum(tasks.reward(problems[i // 4], t) for i, t in enumerate(roll.texts)) / len(roll.texts)
+    assert 0.15 < acc < 0.85, acc
+    # cached: a second load does not rebuild
+    path = tiny.embedded_model_dir(cfg.model, cfg.data)
+    assert (path / "warm_start.json").exists()

@@ -1,0 +1,56 @@
+"""Training-curve figures (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+PANELS = [("entropy", "policy entropy (nats/token)"), ("reward/mean", "reward"), ("acc/mean", "accuracy")]
+
+
+def plot_training_curves(rows: list[dict], path: Path, title: str = "") -> Path:
+    """Entropy, reward and accuracy against step (validation accuracy over the accuracy panel)."""
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.2))
+    for ax, (key, label) in zip(axes, PANELS):
+        pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+        if pts:
+            ax.plot(*zip(*pts), label="train", lw=1.5)
+        if key == "acc/mean":
+            val = [(r["step"], r["val/acc"]) for r in rows if r.get("val/acc") is not None]
+            if val:
+                ax.plot(*zip(*val), "o-", label="validation", ms=3)
+            ax.legend(fontsize=8)
+        ax.set_xlabel("step")
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_compare(curves: dict[str, list[dict]], key: str, path: Path, ylabel: str | None = None,
+                 title: str = "") -> Path:
+    """One line per named run for metric ``key`` (e.g. entropy of grpo vs stare vs steer)."""
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for name, rows in curves.items():
+        pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+        if pts:
+            ax.plot(*zip(*pts), label=name, lw=1.5)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel or key)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,423 @@
+"""The GRPO-family training recipe, readable top to bottom.
+
+One training step:
+  1. sample ``prompts_per_step`` prompts and ``rollout.n`` responses each (the policy samples);
+  2. score them with the verifiable reward (plus DAPO overlong shaping when enabled), and with
+     dynamic sampling drop all-equal groups and keep generating until the batch is full;
+  3. recompute the sampling policy's log-probs and entropy (no grad): ``old_logp``, ``H``;
+  4. the algorithm's controllers look at the batch entropy (STARE's gate, adaptive schedules),
+     group advantages are computed, the four-quadrant diagnostics are logged;
+  5. ``ppo_epochs`` passes of mini-batch updates of the clipped surrogate (with the configured
+     entropy interventions), gradient accumulation over micro-batches;
+  6. metrics to MLflow + metrics.jsonl, periodic validation and atomic checkpoints.
+
+``train(cfg)`` resumes from the latest checkpoint in ``output_dir`` when there is one
+(``trainer.resume=auto``), continuing the step count and the same MLflow run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections import defaultdict
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from entropyrl.errors import UserError
+from entropyrl.trainers import checkpoint as ckpt
+from entropyrl.trainers.algorithm import Algorithm
+from entropyrl.trainers.diagnostics import quadrant_metrics
+from entropyrl.trainers.plots import plot_training_curves
+from entropyrl.trainers.prompts_source import build_prompt_source
+from entropyrl.trainers.rollout import Rollout, build_rollout
+from entropyrl.trainers.tiny import load_policy
+from entropyrl.trainers.token_stats import chunked_token_stats
+from entropyrl.trainers.tracking import RunTracker, check_reachable, resolve_uri
+
+
+# ---------------------------------------------------------------------------------------------
+# token statistics of a batch of (prompt, response) rows
+# ---------------------------------------------------------------------------------------------
+def sequence_inputs(rollout: Rollout, device) -> dict[str, torch.Tensor]:
+    """Prompt + response as one left-padded sequence, with positions that match generation."""
+    input_ids = torch.cat([rollout.prompt_ids, rollout.response_ids], dim=1).to(device)
+    attention = torch.cat([rollout.prompt_mask, rollout.response_mask], dim=1).to(device)
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids}
+
+
+def response_token_stats(model, rollout: Rollout, *, temperature: float, chunk_size: int,
+                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logp [B,R], entropy [B,R])`` of the response tokens under ``model`` at ``temperature``.
+
+    Log-probs and entropy come from the last hidden states and the output projection in token
+    chunks (``token_stats.chunked_token_stats``), only at valid response positions, so no
+    ``[B, T, V]`` logits tensor is ever built. ``logp`` carries gradients when grad is enabled.
+    """
+    device = next(model.parameters()).device
+    inputs = sequence_inputs(rollout, device)
+    base = getattr(model, model.base_model_prefix)
+    hidden = base(**inputs).last_hidden_state                       # [B, P+R, D]
+    p_len, r_len = rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]
+    hidden = hidden[:, p_len - 1: p_len + r_len - 1]                 # position t predicts token t+1
+    mask = rollout.response_mask.to(device).bool()
+    head = model.get_output_embeddings()
+    logp_valid, ent_valid = chunked_token_stats(
+        hidden[mask], head.weight, rollout.response_ids.to(device)[mask], bias=getattr(head, "bias", None),
+        temperature=temperature, chunk_size=chunk_size, entropy_grad=entropy_grad)
+    logp = torch.zeros(mask.shape, dtype=logp_valid.dtype, device=device).masked_scatter(mask, logp_valid)
+    entropy = torch.zeros(mask.shape, dtype=ent_valid.dtype, device=device).masked_scatter(mask, ent_valid)
+    return logp, entropy
+
+
+@torch.no_grad()
+def batch_token_stats(model, rollout: Rollout, rows_per_chunk: int, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    outs = [response_token_stats(model, rollout.select(torch.arange(s, min(s + rows_per_chunk, len(rollout.texts)))), **kw)
+            for s in range(0, len(rollout.texts), rows_per_chunk)]
+    return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    n = mask.sum()
+    return float((x * mask).sum() / n) if n > 0 else float("nan")
+
+
+def _slice(t, idx):
+    return None if t is None else t[idx]
+
+
+# ---------------------------------------------------------------------------------------------
+# the recipe
+# ---------------------------------------------------------------------------------------------
+class GRPOTrainer:
+    def __init__(self, cfg: DictConfig, log=print):
+        self.cfg = cfg
+        self.log = log
+        t = cfg.trainer
+        self.output_dir = Path(cfg.output_dir)
+        if t.threads:
+            torch.set_num_threads(int(t.threads))
+        self.device = torch.device("cuda" if (t.device == "auto" and torch.cuda.is_available()) else
+                                   ("cpu" if t.device == "auto" else t.device))
+        if t.prompts_per_step % t.mini_batch_prompts:
+            raise UserError(f"trainer.prompts_per_step ({t.prompts_per_step}) must be a multiple of "
+                            f"trainer.mini_batch_prompts ({t.mini_batch_prompts})")
+        if cfg.tracking.get("enabled", True):  # fail before minutes of model loading, not after
+            check_reachable(resolve_uri(cfg.tracking))
+        self._seed_everything(int(t.seed))
+        self.model, self.tokenizer = load_policy(cfg.model, cfg.data, log=log)
+        self.model.to(self.device)
+        self.model.config.use_cache = True
+        self.source = build_prompt_source(cfg.data, int(t.seed), tokenizer=self.tokenizer)
+        self.algo = Algorithm.from_config(cfg.algo, max_response_length=int(cfg.rollout.max_new_tokens),
+                                          seed=int(t.seed))
+        self.ref_model = None
+        if self.algo.needs_ref:
+            self.ref_model, _ = load_policy(cfg.model, cfg.data, log=log)
+            self.ref_model.to(self.device).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=float(t.lr),
+                                           weight_decay=float(t.weight_decay), betas=tuple(t.betas))
+        self.rollout = build_rollout(cfg.rollout, self.model, self.tokenizer)
+        self.tracker = RunTracker(cfg.tracking, self.output_dir)
+        self.step = 0
+        self.val_problems = self.source.validation(int(cfg.val.prompts)) if cfg.val.prompts else []
+
+    @staticmethod
+    def _seed_everything(seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+
+    def _stats_kwargs(self) -> dict:
+        return dict(temperature=float(self.cfg.rollout.temperature),
+                    chunk_size=int(self.cfg.trainer.token_chunk_size))
+
+    # -- resume / checkpoint ----------------------------------------------------------------
+    def maybe_resume(self) -> int | None:
+        if str(self.cfg.trainer.resume) == "never":
+            return None
+        latest = ckpt.latest_checkpoint(self.output_dir)
+        if latest is None:
+            return None
+        from transformers import AutoModelForCausalLM
+
+        state = ckpt.load_trainer_state(latest)
+        loaded = AutoModelForCausalLM.from_pretrained(latest / "model", dtype=next(self.model.parameters()).dtype)
+        self.model.load_state_dict(loaded.state_dict())
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.algo.load_state_dict(state.get("algo", {}))
+        ckpt.set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        self.log(f"resumed from {latest} (step {self.step})")
+        return self.step
+
+    def save(self) -> Path:
+        return ckpt.save_checkpoint(self.output_dir, self.step, self.model, self.tokenizer, self.optimizer,
+                                    extra={"algo": self.algo.state_dict()},
+                                    keep=int(self.cfg.trainer.keep_checkpoints))
+
+    # -- rollouts ---------------------------------------------------------------------------
+    def collect(self) -> tuple[Rollout, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        """Generate, score and (with dynamic sampling) filter until the batch is full.
+
+        Returns ``(rollout, rewards [B], correct [B], group_ids [B], metrics)``.
+        """
+        t, n = self.cfg.trainer, int(self.cfg.rollout.n)
+        want = int(t.prompts_per_step)
+        ds = self.cfg.algo.get("dynamic_sampling", {})
+        max_batches = int(ds.get("max_num_gen_batches", 1)) if ds.get("enabled", False) else 1
+        kept: list[tuple[Rollout, torch.Tensor, torch.Tensor]] = []
+        n_kept, all_correct, all_rewards, all_len, all_trunc, per_group = 0, [], [], [], [], defaultdict(list)
+        unique_frac, attempts = [], 0
+        for attempt in range(max_batches):
+            attempts += 1
+            problems = self.source.sample(want, self.step, attempt)
+            seed = int(t.seed) * 1_000_003 + self.step * 101 + attempt
+            roll = self.rollout.generate([self.source.prompt(p) for p in problems], n=n, seed=seed)
+            correct = torch.tensor([self.source.reward(problems[i // n], txt) for i, txt in enumerate(roll.texts)],
+                                   dtype=torch.float32)
+            rewards = self.algo.shape_rewards(correct.clone(), roll.lengths)
+            group_ids = torch.arange(len(problems)).repeat_interleave(n) + attempt * want
+            all_correct.append(correct), all_rewards.append(rewards)
+            all_len.append(roll.lengths.float()), all_trunc.append(roll.truncated.float())
+            for i, p in enumerate(problems):
+                per_group[self.source.group(p)].append(correct[i * n:(i + 1) * n].mean().item())
+                unique_frac.append(len(set(roll.texts[i * n:(i + 1) * n])) / n)
+            keep = self.algo.keep_groups(rewards, group_ids)
+            if keep.any():
+                kept.append((roll.select(keep), rewards[keep], correct[keep], group_ids[keep]))
+                n_kept += int(keep.sum()) // n
+            if n_kept >= want:
+                break
+        metrics = {
+            "reward/mean": torch.cat(all_rewards).mean().item(),
+            "acc/mean": torch.cat(all_correct).mean().item(),
+            "response_length/mean": torch.cat(all_len).mean().item(),
+            "response_length/clip_frac": torch.cat(all_trunc).mean().item(),
+            "diversity/unique_frac": float(np.mean(unique_frac)),
+            "dynamic_sampling/gen_batches": float(attempts),
+            **{f"acc/{g}": float(np.mean(v)) for g, v in per_group.items()},
+        }
+        if not kept:
+            return None, None, None, None, metrics
+        roll = _cat_rollouts([k[0] for k in kept], self.tokenizer.pad_token_id)
+        rewards, correct, group_ids = (torch.cat([k[i] for k in kept]) for i in (1, 2, 3))
+        rows = min(want * n, len(roll.texts))
+        idx = torch.arange(rows)
+        metrics["dynamic_sampling/kept_frac"] = n_kept / (attempts * want)
+        return roll.select(idx), rewards[idx], correct[idx], group_ids[idx], metrics
+
+    # -- one training step ------------------------------------------------------------------
+    def train_step(self) -> dict[str, float]:
+        t = self.cfg.trainer
+        started = time.perf_counter()
+        roll, rewards, _correct, group_ids, metrics = self.collect()
+        gen_time = time.perf_counter() - started
+        if roll is None:  # every group was all-equal: nothing to learn from this step
+            metrics.update({"time/step": time.perf_counter() - started, "skipped": 1.0})
+            return metrics
+        mask = roll.response_mask.to(self.device).float()
+        stats_kw = self._stats_kwargs()
+        rows_per_chunk = int(t.micro_batch_responses)
+        old_logp, entropy = batch_token_stats(self.model, roll, rows_per_chunk, **stats_kw)
+        ref_logp = None
+        if self.ref_model is not None:
+            ref_logp, _ = batch_token_stats(self.ref_model, roll, rows_per_chunk, **stats_kw)
+        sampling_entropy = masked_mean(entropy, mask)
+        self.algo.begin_step(sampling_entropy)
+        advantages = self.algo.advantages(rewards.to(self.device), group_ids.to(self.device), mask)
+        metrics["entropy"] = sampling_entropy
+        if self.cfg.diagnostics.quadrants:
+            metrics.update(quadrant_metrics(old_logp, old_logp, entropy, advantages, mask))
+        metrics.update(self.algo.step_metrics())
+
+        batch_extras = self.algo.prepare("batch", logp=old_logp, old_logp=old_logp, entropy=entropy,
+                                         advantages=advantages, mask=mask)
+        loss_metrics: dict[str, list[float]] = defaultdict(list)
+        rows = len(roll.texts)
+        mini_rows = int(t.mini_batch_prompts) * int(self.cfg.rollout.n)
+        token_mean = str(self.cfg.algo.get("loss_agg", "token-mean")) == "token-mean"
+        shuffle = torch.Generator().manual_seed(int(t.seed) * 7919 + self.step)
+        self.model.train()
+        grad_norms = []
+        for _epoch in range(int(t.ppo_epochs)):
+            order = torch.randperm(rows, generator=shuffle)
+            for m_start in range(0, rows, mini_rows):
+                mini = order[m_start: m_start + mini_rows]
+                mini_extras = {k: v[mini] for k, v in batch_extras.items()}
+                with torch.no_grad():
+                    mini_extras.update(self.algo.prepare(
+                        "mini", logp=old_logp[mini], old_logp=old_logp[mini], entropy=entropy[mini],
+                        advantages=advantages[mini], mask=mask[mini]))
+                mini_tokens = mask[mini].sum().clamp(min=1)
+                self.optimizer.zero_grad(set_to_none=True)
+                for u_start in range(0, len(mini), rows_per_chunk):
+                    local = torch.arange(u_start, min(u_start + rows_per_chunk, len(mini)))
+                    micro = mini[local]
+                    logp, ent = response_token_stats(self.model, roll.select(micro), entropy_grad=self.algo.needs_entropy_grad,
+                                                     **stats_kw)
+                    out = self.algo.loss(logp=logp, old_logp=old_logp[micro], entropy=ent,
+                                         advantages=advantages[micro], mask=mask[micro],
+                                         ref_logp=_slice(ref_logp, micro),
+                                         extras={k: v[local] for k, v in mini_extras.items()})
+                    # Gradient accumulation that equals one pass over the whole mini-batch.
+                    weight = (mask[micro].sum() / mini_tokens) if token_mean else len(micro) / len(mini)
+                    (out.loss * weight).backward()
+                    for k, v in out.metrics.items():
+                        loss_metrics[k].append(float(v))
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), float(t.grad_clip))))
+                self.optimizer.step()
+        self.rollout.sync_weights()
+        metrics.update({k: float(np.nanmean(v)) for k, v in loss_metrics.items()})
+        metrics["grad_norm"] = float(np.mean(grad_norms))
+        if self.cfg.diagnostics.entropy_change:
+            _, entropy_after = batch_token_stats(self.model, roll, rows_per_chunk, **stats_kw)
+            metrics["entropy_change/realized"] = masked_mean(entropy_after, mask) - sampling_entropy
+            metrics["entropy_change/predicted"] = sum(
+                metrics.get(f"quadrant/q{q}/pred_dH", 0.0) for q in range(1, 5))
+        metrics["time/generate"] = gen_time
+        metrics["time/step"] = time.perf_counter() - started
+        return metrics
+
+    # -- validation -------------------------------------------------------------------------
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.val_problems:
+            roll = self.rollout.generate([self.source.prompt(p) for p in self.val_problems], n=1,
+                                         seed=int(self.cfg.trainer.seed), temperature=float(self.cfg.val.temperature))
+            correct = [self.source.reward(p, txt) for p, txt in zip(self.val_problems, roll.texts)]
+            out["val/acc"] = float(np.mean(correct))
+            by_group = defaultdict(list)
+            for p, c in zip(self.val_problems, correct):
+                by_group[self.source.group(p)].append(c)
+            out.update({f"val/acc/{g}": float(np.mean(v)) for g, v in by_group.items()})
+        if self.cfg.val.get("benchmarks"):
+            from entropyrl.evals.runner import validate as validate_benchmarks
+
+            out.update(validate_benchmarks(self.model, self.tokenizer, list(self.cfg.val.benchmarks), self.cfg.val))
+        return out
+
+    # -- the run ----------------------------------------------------------------------------
+    def fit(self) -> dict:
+        t = self.cfg.trainer
+        resumed = self.maybe_resume()
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        (self.output_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+        run_name = self.cfg.tracking.get("run_name") or f"{self.cfg.algo.name}-s{t.seed}"
+        self.tracker.start(self.cfg, run_name, resume_step=resumed)
+        if resumed is None:
+            self.tracker.log_artifact(self.output_dir / "config.yaml")
+        total = int(t.total_steps)
+        started = time.perf_counter()
+        status = "FAILED"
+        try:
+            with _progress(bool(t.progress), total, self.step) as bar:
+                while self.step < total:
+                    metrics = self.train_step()
+                    self.step += 1
+                    last = self.step == total
+                    if int(t.val_every) > 0 and (self.step % int(t.val_every) == 0 or last):
+                        metrics.update(self.validate())
+                    self.tracker.log_metrics(self.step, metrics)
+                    bar(self.step, metrics)
+                    if last or (int(t.save_every) > 0 and self.step % int(t.save_every) == 0):
+                        self.save()
+            status = "FINISHED"
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise
+        finally:
+            summary = self._finish(started, status)
+        return summary
+
+    def _finish(self, started: float, status: str) -> dict:
+        from entropyrl.trainers.tracking import read_metrics
+
+        rows = read_metrics(self.output_dir)
+        plot = None
+        if rows:
+            plot = plot_training_curves(rows, self.output_dir / "curves.png",
+                                        title=f"{self.cfg.algo.name} on {self.cfg.data.name} (seed {self.cfg.trainer.seed})")
+        summary = summarize(rows)
+        summary.update({"status": status, "steps": self.step, "algo": str(self.cfg.algo.name),
+                        "output_dir": str(self.output_dir), "mlflow_run_id": self.tracker.run_id,
+                        "tracking_uri": self.tracker.uri if self.tracker.enabled else None,
+                        "wall_seconds": time.perf_counter() - started})
+        (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        for path in (plot, self.output_dir / "summary.json", self.output_dir / "metrics.jsonl"):
+            if path is not None:
+                self.tracker.log_artifact(path)
+        self.tracker.finish(status)
+        return summary
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Headline figures of a run from its metric rows (first/last tenth of entropy, final accuracy)."""
+    ent = [r["entropy"] for r in rows if r.get("entropy") is not None]
+    out: dict = {}
+    if ent:
+        tenth = max(1, len(ent) // 10)
+        out.update({"entropy/first_tenth": float(np.mean(ent[:tenth])), "entropy/last_tenth": float(np.mean(ent[-tenth:])),
+                    "entropy/min": float(np.min(ent))})
+    for key in ("val/acc", "acc/mean", "reward/mean"):
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        if vals:
+            out[f"final/{key}"] = float(vals[-1])
+    return out
+
+
+def _cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Stack rollouts from several generation rounds (dynamic sampling) into one batch."""
+    if len(parts) == 1:
+        return parts[0]
+    from entropyrl.trainers.rollout import concat
+
+    def cat(attr, pad, left):
+        tensors = [getattr(p, attr) for p in parts]
+        width = max(x.shape[1] for x in tensors)
+        return concat([row for x in tensors for row in x], pad, width, left)
+
+    return Rollout(cat("prompt_ids", pad_id, True), cat("prompt_mask", 0, True),
+                   cat("response_ids", pad_id, False), cat("response_mask", 0, False),
+                   [t for p in parts for t in p.texts], torch.cat([p.truncated for p in parts]),
+                   None if parts[0].sampling_logp is None else cat("sampling_logp", 0, False).float())
+
+
+class _progress:
+    """A rich progress bar showing step, entropy and reward live (silent when disabled)."""
+
+    def __init__(self, enabled: bool, total: int, start: int):
+        self.enabled, self.total, self.start = enabled, total, start
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda step, metrics: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
+        self.progress.__enter__()
+        self.task = self.progress.add_task("train", total=self.total, completed=self.start, info="")
+
+        def update(step, m):
+            info = (f"entropy {m.get('entropy', float('nan')):.3f}  reward {m.get('reward/mean', float('nan')):.3f}"
+                    + (f"  val {m['val/acc']:.3f}" if "val/acc" in m else ""))
+            self.progress.update(self.task, completed=step, info=info)
+        return update
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.progress.__exit__(*exc)
+        return False
+
+
+def train(cfg: DictConfig, log=print) -> dict:
+    """Run (or resume) the training job described by ``cfg``; returns the summary dict."""
+    return GRPOTrainer(cfg, log=log).fit()
