@@ -55,7 +55,7 @@ def _register_commands() -> None:
 
     train_cmd.register(app)
     config_cmd.register(app)
-    for module in ("eval_cmd", "grade_cmd", "sweep_cmd"):
+    for module in ("eval_cmd", "grade_cmd", "sweep_cmd", "lab_cmd"):
         try:
             mod = __import__(f"entropyrl.cli.{module}", fromlist=["register"])
         except ModuleNotFoundError as exc:

@@ -88,6 +88,19 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / n) if n > 0 else float("nan")
 
 
+def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
+    """Scale of one micro-batch's loss so that accumulated gradients equal one pass over the mini-batch.
+
+    token-mean averages over valid tokens, seq-mean-token-mean over responses that have any, and
+    seq-mean-token-sum-norm divides a sum by a constant (so micro-batch losses simply add up).
+    """
+    if agg == "token-mean":
+        return float(micro_mask.sum() / mini_mask.sum().clamp(min=1))
+    if agg == "seq-mean-token-mean":
+        return float((micro_mask.sum(-1) > 0).sum() / (mini_mask.sum(-1) > 0).sum().clamp(min=1))
+    return 1.0
+
+
 def _slice(t, idx):
     return None if t is None else t[idx]
 
@@ -242,7 +255,7 @@ class GRPOTrainer:
         loss_metrics: dict[str, list[float]] = defaultdict(list)
         rows = len(roll.texts)
         mini_rows = int(t.mini_batch_prompts) * int(self.cfg.rollout.n)
-        token_mean = str(self.cfg.algo.get("loss_agg", "token-mean")) == "token-mean"
+        agg = str(self.cfg.algo.get("loss_agg", "token-mean"))
         shuffle = torch.Generator().manual_seed(int(t.seed) * 7919 + self.step)
         self.model.train()
         grad_norms = []
@@ -255,7 +268,6 @@ class GRPOTrainer:
                     mini_extras.update(self.algo.prepare(
                         "mini", logp=old_logp[mini], old_logp=old_logp[mini], entropy=entropy[mini],
                         advantages=advantages[mini], mask=mask[mini]))
-                mini_tokens = mask[mini].sum().clamp(min=1)
                 self.optimizer.zero_grad(set_to_none=True)
                 for u_start in range(0, len(mini), rows_per_chunk):
                     local = torch.arange(u_start, min(u_start + rows_per_chunk, len(mini)))
@@ -266,8 +278,7 @@ class GRPOTrainer:
                                          advantages=advantages[micro], mask=mask[micro],
                                          ref_logp=_slice(ref_logp, micro),
                                          extras={k: v[local] for k, v in mini_extras.items()})
-                    # Gradient accumulation that equals one pass over the whole mini-batch.
-                    weight = (mask[micro].sum() / mini_tokens) if token_mean else len(micro) / len(mini)
+                    weight = accumulation_weight(agg, mask[micro], mask[mini])
                     (out.loss * weight).backward()
                     for k, v in out.metrics.items():
                         loss_metrics[k].append(float(v))

@@ -1,0 +1,75 @@
+"""Four-quadrant entropy diagnostics (ALGORITHMS.md §6) and the first-order entropy-change estimate.
+
+A policy-gradient step on token t moves the entropy H_t of its next-token distribution by, to first
+order, ``-Omega_t`` with (STEER, "Rethinking Entropy Interventions in RLVR")
+
+    Omega_t = (A / q_old) * q (1 - q) * (log q + H_t),   q = clamp(p, 1e-8, 1 - 1e-8)
+
+so the sign of the change depends on the advantage sign and on whether the token's surprisal
+``s = -log p`` is above or below ``H_t``:
+
+    Q1 exploitation      A > 0, s < H   lowers entropy
+    Q2 exploration       A > 0, s > H   raises entropy
+    Q3 suppression       A < 0, s > H   lowers entropy
+    Q4 error-correction  A < 0, s < H   raises entropy
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["entropy_change_estimate", "quadrant_ids", "quadrant_metrics", "QUADRANTS"]
+
+QUADRANTS = ("q1", "q2", "q3", "q4")
+_P_MIN = 1e-8
+
+
+def entropy_change_estimate(logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor,
+                            advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``Omega [B, T]``: the first-order entropy-change indicator (predicted dH is ``-Omega``).
+
+    All inputs ``[B, T]`` (detached here). Non-finite values and invalid tokens give 0.
+    """
+    with torch.no_grad():
+        q = torch.clamp(torch.exp(logp), _P_MIN, 1.0 - _P_MIN)
+        q_old = torch.clamp(torch.exp(old_logp), _P_MIN, 1.0)
+        omega = (advantages / q_old) * q * (1.0 - q) * (torch.log(q) + entropy)
+        omega = torch.where(torch.isfinite(omega), omega, torch.zeros_like(omega))
+        return omega * mask.to(omega.dtype)
+
+
+def quadrant_ids(logp: torch.Tensor, entropy: torch.Tensor, advantages: torch.Tensor,
+                 mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` long: 1-4 as in the module docstring, 0 for invalid tokens or ``A == 0``.
+
+    A token with ``s == H`` (Omega = 0) counts as low-surprisal (Q1/Q4).
+    """
+    with torch.no_grad():
+        high = (-logp) > entropy
+        pos = advantages > 0
+        neg = advantages < 0
+        ids = torch.zeros(logp.shape, dtype=torch.long, device=logp.device)
+        ids[pos & ~high] = 1
+        ids[pos & high] = 2
+        ids[neg & high] = 3
+        ids[neg & ~high] = 4
+        return ids * mask.bool().long()
+
+
+def quadrant_metrics(logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor,
+                     advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Per quadrant: token share among valid tokens and the summed predicted entropy change.
+
+    Args: all ``[B, T]``. Returns ``{"quadrant/q1/share": float, "quadrant/q1/pred_dH": float, ...}``
+    for q1-q4, plus ``"quadrant/pred_dH"`` (the sum over all valid tokens).
+    """
+    ids = quadrant_ids(logp, entropy, advantages, mask)
+    pred = -entropy_change_estimate(logp, old_logp, entropy, advantages, mask)
+    n_valid = max(float(mask.bool().sum().item()), 1.0)
+    out: dict[str, float] = {}
+    for i, q in enumerate(QUADRANTS, start=1):
+        sel = ids == i
+        out[f"quadrant/{q}/share"] = float(sel.sum().item()) / n_valid
+        out[f"quadrant/{q}/pred_dH"] = float(pred[sel].sum().item())
+    out["quadrant/pred_dH"] = float(pred.sum().item())
+    return out

@@ -1,0 +1,181 @@
+"""The intervention interface and registry (ALGORITHMS.md §5).
+
+An entropy intervention is a small stateful object that the ``Algorithm`` facade drives at three
+moments of a training step:
+
+1. ``begin_step(sampling_entropy)``: once per step, before any update, with the batch-mean entropy
+   of the sampling policy (closed-loop controllers: STARE's gate, adaptive entropy coefficient).
+2. ``select(batch)``: token selection on a whole step batch or mini-batch, when the intervention's
+   ``scope`` is ``"batch"`` or ``"mini"`` (``Algorithm.prepare``). The returned per-token tensors are
+   sliced row-wise by the loop along with everything else and come back in ``ctx.extras``.
+3. ``apply(ctx)``: in every micro-batch loss, edits the ``LossContext``: multiplies token weights
+   (``ctx.scale``), replaces the per-token policy loss, narrows the aggregation mask or adds a
+   scalar term. With ``scope == "micro"`` the selection happens here, on the micro-batch.
+
+Adding an intervention is one module with a ``@register_intervention("name")`` class and a
+``Params`` dataclass of its published defaults, plus one ``conf/algo/<name>.yaml``. Its parameters
+are read from ``algo.<name>`` in the config, and unknown keys are rejected with the valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from entropyrl.errors import UserError
+
+__all__ = ["Intervention", "LossContext", "TokenBatch", "INTERVENTIONS", "register_intervention",
+           "build_intervention", "SCOPES"]
+
+SCOPES = ("micro", "mini", "batch")
+
+
+@dataclass
+class TokenBatch:
+    """Detached per-token statistics of a batch, all ``[b, T]`` (what ``select`` sees)."""
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    entropy: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass
+class LossContext:
+    """What a micro-batch loss is being built from; interventions edit it in order.
+
+    Tensors are ``[b, T]``. ``logp`` carries gradient; ``entropy`` carries gradient only when the
+    algorithm ``needs_entropy_grad``. ``surrogate`` holds the clipped-surrogate pieces
+    (``core_algos.SurrogateOutput``), ``pg_loss`` the per-token policy loss the aggregation will see.
+    """
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    entropy: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    surrogate: Any
+    pg_loss: torch.Tensor
+    clipped: torch.Tensor
+    pg_mask: torch.Tensor
+    weights: torch.Tensor | None = None          # token weights omega (detached); None means 1
+    extra_terms: dict[str, torch.Tensor] = field(default_factory=dict)  # scalars added to the loss
+    metrics: dict[str, float] = field(default_factory=dict)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)      # from Algorithm.prepare
+
+    def scale(self, w: torch.Tensor) -> None:
+        """Multiply the token weights by ``w [b, T]`` (detached: weights never carry gradient)."""
+        w = w.detach().to(self.pg_loss.dtype)
+        self.weights = w if self.weights is None else self.weights * w
+
+    def batch(self) -> TokenBatch:
+        """Detached view for selection rules; the current ``pg_mask`` defines valid tokens, so an
+        earlier mask in the intervention list narrows the pool of a later selection."""
+        return TokenBatch(self.logp.detach(), self.old_logp.detach(), self.entropy.detach(),
+                          self.advantages.detach(), self.pg_mask)
+
+
+class Intervention:
+    """Base class. Subclasses set ``name`` (via the decorator) and a ``Params`` dataclass."""
+
+    name: ClassVar[str] = ""
+    needs_entropy_grad: ClassVar[bool] = False
+
+    @dataclass
+    class Params:
+        pass
+
+    def __init__(self, params: "Intervention.Params", *, seed: int = 0, max_response_length: int | None = None):
+        self.params = params
+        self.seed = seed
+        self.max_response_length = max_response_length
+        scope = getattr(params, "scope", "micro")
+        if scope not in SCOPES:
+            raise UserError(f"algo.{self.name}.scope: unknown scope '{scope}'; valid choices: {', '.join(SCOPES)}")
+        self.scope: str = scope
+
+    # -- step-level control ----------------------------------------------------------------
+    def begin_step(self, sampling_entropy: float) -> None:
+        """Once per training step, before any update. Default: stateless."""
+
+    def step_metrics(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    # -- selection (scope) -----------------------------------------------------------------
+    def select(self, batch: TokenBatch) -> dict[str, torch.Tensor]:
+        """Per-token selection tensors ``{f"{name}/...": [b, T]}``; default: none."""
+        return {}
+
+    def selection(self, ctx: LossContext) -> dict[str, torch.Tensor]:
+        """The selection for this micro-batch: computed now (scope micro) or taken from the extras
+        that ``Algorithm.prepare`` produced at the mini/batch level and the loop sliced."""
+        if self.scope == "micro":
+            return self.select(ctx.batch())
+        sel = {k: v for k, v in ctx.extras.items() if k.startswith(f"{self.name}/")}
+        if not sel:
+            raise RuntimeError(f"{self.name}: scope '{self.scope}' needs Algorithm.prepare('{self.scope}', ...) "
+                               f"outputs passed to loss(extras=...), found keys {sorted(ctx.extras)}")
+        return {k: v.to(ctx.pg_loss.device) for k, v in sel.items()}
+
+    # -- the loss --------------------------------------------------------------------------
+    def apply(self, ctx: LossContext) -> None:
+        raise NotImplementedError
+
+
+INTERVENTIONS: dict[str, type[Intervention]] = {}
+
+
+def register_intervention(name: str):
+    """Class decorator: register an ``Intervention`` subclass under ``name`` (its config key)."""
+    def deco(cls: type[Intervention]) -> type[Intervention]:
+        if name in INTERVENTIONS and INTERVENTIONS[name] is not cls:
+            raise ValueError(f"intervention '{name}' is already registered by {INTERVENTIONS[name].__module__}")
+        cls.name = name
+        INTERVENTIONS[name] = cls
+        return cls
+    return deco
+
+
+def _coerce(name: str, key: str, value: Any, default: Any) -> Any:
+    """Check a config value against the type of its default (bool/int/float/str)."""
+    where = f"algo.{name}.{key}"
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        raise UserError(f"{where} must be true or false, got {value!r}")
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"{where} must be a number, got {value!r}")
+        return float(value) if isinstance(default, float) else value
+    if isinstance(default, str) and not isinstance(value, str):
+        raise UserError(f"{where} must be a string, got {value!r}")
+    return value
+
+
+def build_intervention(name: str, section: dict | None, *, seed: int = 0,
+                       max_response_length: int | None = None) -> Intervention:
+    """Instantiate intervention ``name`` from its config section ``algo.<name>`` (None: defaults)."""
+    cls = INTERVENTIONS.get(name)
+    if cls is None:
+        raise UserError(f"unknown intervention '{name}'; valid choices: {', '.join(sorted(INTERVENTIONS))}")
+    fields = {f.name: f for f in dataclasses.fields(cls.Params)}
+    section = dict(section or {})
+    unknown = sorted(set(section) - set(fields))
+    if unknown:
+        raise UserError(f"unknown key(s) {', '.join(f'algo.{name}.{k}' for k in unknown)}; "
+                        f"valid keys: {', '.join(fields) or '(none)'}")
+    defaults = cls.Params()
+    kwargs = {k: _coerce(name, k, v, getattr(defaults, k)) for k, v in section.items()}
+    params = cls.Params(**kwargs)
+    check = getattr(params, "validate", None)
+    if check is not None:
+        check(name)
+    return cls(params, seed=seed, max_response_length=max_response_length)

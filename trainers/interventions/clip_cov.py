@@ -1,0 +1,71 @@
+"""Clip-Cov ("The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
+Cui et al. 2025).
+
+ALGORITHMS.md §5. Entropy falls where the covariance between a token's log-prob and its advantage
+is high. Clip-Cov picks ``max(1, floor(ratio * n_valid))`` tokens at random among the valid,
+not-already-ratio-clipped tokens whose centred covariance lies in ``(lb, ub)`` and detaches them
+(zero loss, no gradient). The remaining tokens use ``max(L1, L2)`` without the dual clip, as the
+reference implementation (verl ``compute_policy_loss_clip_cov``).
+
+The random pick is reproducible: the generator is seeded from the run seed and a call counter that
+is part of the checkpointed state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from entropyrl.errors import UserError
+from entropyrl.trainers.core_algos import token_covariance
+from entropyrl.trainers.interventions.base import Intervention, LossContext, register_intervention
+
+
+def clip_cov_candidates(cov: torch.Tensor, valid: torch.Tensor, ratio_clipped: torch.Tensor,
+                        lb: float, ub: float) -> torch.Tensor:
+    """Bool ``[b, T]``: valid, not ratio-clipped (``L2 > L1``), ``lb < cov < ub``."""
+    return valid.bool() & ~ratio_clipped.bool() & (cov > lb) & (cov < ub)
+
+
+@register_intervention("clip_cov")
+class ClipCov(Intervention):
+
+    @dataclass
+    class Params:
+        ratio: float = 2e-4   # fraction of valid tokens to detach
+        lb: float = 1.0       # covariance window (lb, ub)
+        ub: float = 5.0
+
+        def validate(self, name: str) -> None:
+            if not 0.0 <= self.ratio <= 1.0 or not self.lb < self.ub:
+                raise UserError(f"algo.{name}: need 0 <= ratio <= 1 and lb < ub")
+
+    def __init__(self, params, **kw):
+        super().__init__(params, **kw)
+        self.calls = 0
+
+    def apply(self, ctx: LossContext) -> None:
+        p = self.params
+        valid = ctx.pg_mask.bool()
+        cov = token_covariance(ctx.advantages, ctx.logp, valid)
+        cand = torch.nonzero(clip_cov_candidates(cov, valid, ctx.surrogate.ratio_clipped, p.lb, p.ub).reshape(-1),
+                             as_tuple=True)[0]
+        n_valid = int(valid.sum().item())
+        k = min(max(1, int(p.ratio * n_valid)), int(cand.numel()))
+        gen = torch.Generator().manual_seed((self.seed * 1_000_003 + self.calls) % (2**63))
+        self.calls += 1
+        corr = torch.ones(valid.numel(), dtype=ctx.pg_loss.dtype, device=ctx.pg_loss.device)
+        if k > 0:
+            chosen = cand[torch.randperm(int(cand.numel()), generator=gen)[:k].to(cand.device)]
+            corr[chosen] = 0.0
+        ctx.pg_loss = ctx.surrogate.loss_ratio_clipped
+        ctx.clipped = ctx.surrogate.ratio_clipped
+        ctx.scale(corr.view_as(ctx.pg_loss))
+        ctx.metrics["clip_cov/frac"] = k / max(n_valid, 1)
+
+    def state_dict(self) -> dict:
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = int(state["calls"])

@@ -1,0 +1,59 @@
+"""KL-Cov ("The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
+Cui et al. 2025).
+
+ALGORITHMS.md §5. The ``max(1, floor(ratio * n_valid))`` valid tokens with the largest centred
+covariance between advantage and log-prob get a KL-like penalty ``kappa * |logp - old_logp|`` on
+top of the unclipped surrogate ``-A * rho``; all other tokens use ``-A * rho``. No ratio clipping
+in this mode (verl ``compute_policy_loss_kl_cov``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from entropyrl.errors import UserError
+from entropyrl.trainers.core_algos import token_covariance
+from entropyrl.trainers.interventions.base import Intervention, LossContext, register_intervention
+
+
+def kl_cov_selection(cov: torch.Tensor, valid: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Bool ``[b, T]``: the ``max(1, floor(ratio * n_valid))`` valid tokens with the largest cov."""
+    valid = valid.bool()
+    idx = torch.nonzero(valid.reshape(-1), as_tuple=True)[0]
+    out = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
+    if idx.numel():
+        k = min(max(1, int(ratio * idx.numel())), int(idx.numel()))
+        top = torch.topk(cov.reshape(-1)[idx], k, largest=True).indices
+        out[idx[top]] = True
+    return out.view_as(valid)
+
+
+def kl_cov_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, ratio_rho: torch.Tensor,
+                selected: torch.Tensor, kappa: float) -> torch.Tensor:
+    """Per-token loss ``[b, T]``: ``-A rho + kappa |logp - old_logp|`` on ``selected``, ``-A rho`` elsewhere."""
+    base = -advantages * ratio_rho
+    return torch.where(selected.bool(), base + kappa * (logp - old_logp).abs(), base)
+
+
+@register_intervention("kl_cov")
+class KlCov(Intervention):
+
+    @dataclass
+    class Params:
+        ratio: float = 2e-4   # fraction of valid tokens that get the penalty
+        kappa: float = 1.0    # penalty coefficient
+
+        def validate(self, name: str) -> None:
+            if not 0.0 <= self.ratio <= 1.0 or self.kappa < 0:
+                raise UserError(f"algo.{name}: need 0 <= ratio <= 1 and kappa >= 0")
+
+    def apply(self, ctx: LossContext) -> None:
+        valid = ctx.pg_mask.bool()
+        cov = token_covariance(ctx.advantages, ctx.logp, valid)
+        sel = kl_cov_selection(cov, valid, self.params.ratio)
+        ctx.pg_loss = kl_cov_loss(ctx.logp, ctx.old_logp, ctx.advantages, ctx.surrogate.ratio, sel,
+                                  self.params.kappa)
+        ctx.clipped = torch.zeros_like(ctx.clipped)  # no ratio clip in this mode
+        ctx.metrics["kl_cov/frac"] = float(sel.sum().item()) / max(int(valid.sum().item()), 1)

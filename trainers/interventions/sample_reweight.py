@@ -1,0 +1,36 @@
+"""Positive/negative sample reweighting ("The Surprising Effectiveness of Negative Reinforcement in
+LLM Reasoning", Zhu et al. 2025: W-REINFORCE with lambda+ = 0.1).
+
+ALGORITHMS.md §5. The loss of positive-advantage responses is scaled by ``pos_weight`` and that of
+negative-advantage responses by ``neg_weight``. Learning from negatives keeps entropy up, so a
+small ``pos_weight`` slows collapse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from entropyrl.errors import UserError
+from entropyrl.trainers.interventions.base import Intervention, LossContext, register_intervention
+
+
+@register_intervention("sample_reweight")
+class SampleReweight(Intervention):
+
+    @dataclass
+    class Params:
+        pos_weight: float = 0.1   # lambda+
+        neg_weight: float = 1.0   # lambda-
+
+        def validate(self, name: str) -> None:
+            if self.pos_weight < 0 or self.neg_weight < 0:
+                raise UserError(f"algo.{name}: pos_weight and neg_weight must be >= 0")
+
+    def apply(self, ctx: LossContext) -> None:
+        a = ctx.advantages
+        w = torch.where(a > 0, torch.full_like(ctx.pg_loss, self.params.pos_weight),
+                        torch.where(a < 0, torch.full_like(ctx.pg_loss, self.params.neg_weight),
+                                    torch.ones_like(ctx.pg_loss)))
+        ctx.scale(w)

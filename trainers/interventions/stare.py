@@ -1,0 +1,107 @@
+"""STARE: surprisal-guided token-level advantage reweighting with a closed-loop entropy gate.
+
+ALGORITHMS.md §5. Plain GRPO credits every token of a response with the same advantage, but a
+token's effect on entropy depends on its surprisal ``s = -logp``: confident tokens of positive
+responses (the majority) drive entropy down, the rare high-surprisal ones hold it up. STARE
+up-weights (W > 1) the top-P surprisal tokens of positive responses (``L+``) and, in variant C2,
+down-weights (M < 1) the top-P surprisal tokens of negative responses (``L-``), but only while the
+sampling policy's batch entropy is below the target (the gate), so healthy runs stay plain GRPO.
+Weights are positive, so no token's gradient changes sign.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from entropyrl.errors import UserError
+from entropyrl.trainers.core_algos import select_top_fraction
+from entropyrl.trainers.interventions.base import (Intervention, LossContext, TokenBatch,
+                                                   register_intervention)
+
+VARIANTS = ("O1", "C2")
+
+
+@register_intervention("stare")
+class Stare(Intervention):
+
+    @dataclass
+    class Params:
+        p: float = 0.1          # top fraction of each pool by surprisal
+        w: float = 1.1          # weight on L+ (7B; 1.05 for 14B/32B)
+        m: float = 0.9          # weight on L- in C2 (7B; 0.95 for 14B/32B)
+        h_tgt: float = 0.3      # gate opens while batch entropy < h_tgt
+        variant: str = "O1"     # O1: only L+; C2: also L-
+        gate: bool = True       # false: always on (open-loop ablation)
+        adaptive: bool = False  # W/M schedule driven by sign(h_tgt - H)
+        alpha: float = 0.01
+        w_max: float = 1.5
+        m_min: float = 0.5
+        scope: str = "micro"    # where selection happens: micro | mini | batch
+
+        def validate(self, name: str) -> None:
+            if self.variant not in VARIANTS:
+                raise UserError(f"algo.{name}.variant: unknown '{self.variant}'; valid choices: {', '.join(VARIANTS)}")
+            if not 0.0 <= self.p <= 1.0:
+                raise UserError(f"algo.{name}.p must be in [0, 1], got {self.p}")
+            if self.w <= 0 or self.m <= 0:
+                raise UserError(f"algo.{name}.w and .m must be > 0 (a weight <= 0 would flip or kill gradients)")
+            if self.adaptive and not (self.w_max >= 1.0 and 0.0 < self.m_min <= 1.0 and self.alpha >= 0):
+                raise UserError(f"algo.{name}: adaptive needs w_max >= 1, 0 < m_min <= 1, alpha >= 0")
+
+    def __init__(self, params, **kw):
+        super().__init__(params, **kw)
+        # closed until the first begin_step has seen an entropy reading (always open without a gate)
+        self.gate_on = not params.gate
+        self.w = float(params.w)
+        self.m = float(params.m)
+
+    def begin_step(self, sampling_entropy: float) -> None:
+        h = float(sampling_entropy)
+        if not math.isfinite(h):
+            return  # a broken entropy reading must not move the controller
+        p = self.params
+        self.gate_on = (h < p.h_tgt) if p.gate else True
+        if p.adaptive:
+            sigma = (h < p.h_tgt) - (h > p.h_tgt)  # sign(h_tgt - h)
+            self.w = min(max(self.w + p.alpha * sigma, 1.0), p.w_max)
+            self.m = min(max(self.m - p.alpha * sigma, p.m_min), 1.0)
+
+    def select(self, batch: TokenBatch) -> dict[str, torch.Tensor]:
+        valid = batch.mask.bool()
+        surprisal = -batch.logp
+        l_plus = select_top_fraction(surprisal, valid & (batch.advantages > 0), self.params.p)
+        if self.params.variant == "C2":
+            l_minus = select_top_fraction(surprisal, valid & (batch.advantages < 0), self.params.p)
+        else:
+            l_minus = torch.zeros_like(l_plus)
+        return {"stare/l_plus": l_plus, "stare/l_minus": l_minus}
+
+    def weights(self, l_plus: torch.Tensor, l_minus: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+        """omega ``[b, T]``: W on L+, M on L-, 1 elsewhere (ignores the gate)."""
+        w = torch.ones(l_plus.shape, dtype=dtype, device=l_plus.device)
+        w = torch.where(l_plus.bool(), torch.full_like(w, self.w), w)
+        return torch.where(l_minus.bool(), torch.full_like(w, self.m), w)
+
+    def apply(self, ctx: LossContext) -> None:
+        sel = self.selection(ctx)
+        l_plus, l_minus = sel["stare/l_plus"].bool(), sel["stare/l_minus"].bool()
+        valid = ctx.mask.bool()
+        n = max(int(valid.sum().item()), 1)
+        ctx.metrics["stare/l_plus_frac"] = float((l_plus & valid).sum().item()) / n
+        ctx.metrics["stare/l_minus_frac"] = float((l_minus & valid).sum().item()) / n
+        if self.gate_on:  # gate closed: leave the loss untouched (bit-identical to GRPO)
+            ctx.scale(self.weights(l_plus, l_minus, ctx.pg_loss.dtype))
+
+    def step_metrics(self) -> dict[str, float]:
+        return {"stare/gate_on": float(self.gate_on), "stare/w": self.w, "stare/m": self.m}
+
+    def state_dict(self) -> dict:
+        return {"gate_on": bool(self.gate_on), "w": self.w, "m": self.m}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.gate_on = bool(state["gate_on"])
+        self.w = float(state["w"])
+        self.m = float(state["m"])

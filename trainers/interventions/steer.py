@@ -1,0 +1,91 @@
+"""STEER: stabilising token-level entropy change via reweighting ("Rethinking Entropy
+Interventions in RLVR: An Entropy Change Perspective", Hao et al.).
+
+ALGORITHMS.md §5. Each token's first-order entropy change ``-Omega`` (diagnostics.py) is
+estimated; tokens whose predicted change is large in magnitude get smaller weights, so the
+step-wise entropy change stays in a moderate band while most tokens keep weight ~1.
+
+- ``exp``: ``k = -ln(lambda_min) / max(m_max, 0.02)``, ``omega = clamp(exp(-k |Omega|), lambda_min, 1)``
+  (the token with the largest |Omega| gets exactly lambda_min unless all are tiny).
+- ``linear``: ``|Omega|`` mapped linearly from [m_min, m_max] onto [lambda_max, lambda_min].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from entropyrl.errors import UserError
+from entropyrl.trainers.diagnostics import entropy_change_estimate
+from entropyrl.trainers.interventions.base import (Intervention, LossContext, TokenBatch,
+                                                   register_intervention)
+
+MAPPINGS = ("exp", "linear")
+
+
+def steer_weights(omega: torch.Tensor, mask: torch.Tensor, *, mapping: str = "exp",
+                  lambda_min: float = 0.8, lambda_max: float = 1.0, m_floor: float = 0.02) -> torch.Tensor:
+    """Token weights ``[b, T]`` from ``Omega [b, T]``; 0 on invalid tokens.
+
+    Extremes ``m_max``/``m_min`` of ``|Omega|`` are taken over the valid tokens passed in (the batch
+    that reaches the loss, or the mini/whole batch with a wider scope).
+    """
+    valid = mask.bool()
+    m = omega.detach().abs()
+    out = torch.zeros_like(m)
+    if not bool(valid.any()):
+        return out
+    mv = m[valid]
+    m_max, m_min = mv.max(), mv.min()
+    if mapping == "exp":
+        k = -math.log(lambda_min) / torch.clamp(m_max, min=m_floor)
+        w = torch.clamp(torch.exp(-k * m), lambda_min, 1.0)
+    elif mapping == "linear":
+        if bool(m_max == m_min):
+            w = torch.full_like(m, (lambda_min + lambda_max) / 2.0)
+        else:
+            w = lambda_max - (m - m_min) * (lambda_max - lambda_min) / (m_max - m_min)
+            w = torch.clamp(w, lambda_min, lambda_max)
+    else:
+        raise UserError(f"unknown steer mapping '{mapping}'; valid choices: {', '.join(MAPPINGS)}")
+    return torch.where(valid, w, out)
+
+
+@register_intervention("steer")
+class Steer(Intervention):
+
+    @dataclass
+    class Params:
+        mapping: str = "exp"      # exp | linear
+        lambda_min: float = 0.8
+        lambda_max: float = 1.0
+        m_floor: float = 0.02     # floor on m_max in the exp mapping (no reweighting of tiny changes)
+        scope: str = "micro"      # extremes over: micro | mini | batch
+
+        def validate(self, name: str) -> None:
+            if self.mapping not in MAPPINGS:
+                raise UserError(f"algo.{name}.mapping: unknown '{self.mapping}'; valid choices: {', '.join(MAPPINGS)}")
+            if not 0.0 < self.lambda_min <= self.lambda_max:
+                raise UserError(f"algo.{name}: need 0 < lambda_min <= lambda_max, got "
+                                f"{self.lambda_min}, {self.lambda_max}")
+            if self.mapping == "exp" and self.lambda_min > 1.0:
+                raise UserError(f"algo.{name}.lambda_min must be <= 1 for the exp mapping")
+            if self.m_floor <= 0:
+                raise UserError(f"algo.{name}.m_floor must be > 0")
+
+    def select(self, batch: TokenBatch) -> dict[str, torch.Tensor]:
+        p = self.params
+        omega = entropy_change_estimate(batch.logp, batch.old_logp, batch.entropy, batch.advantages, batch.mask)
+        w = steer_weights(omega, batch.mask, mapping=p.mapping, lambda_min=p.lambda_min,
+                          lambda_max=p.lambda_max, m_floor=p.m_floor)
+        return {"steer/weight": w}
+
+    def apply(self, ctx: LossContext) -> None:
+        w = self.selection(ctx)["steer/weight"]
+        valid = ctx.mask.bool()
+        if bool(valid.any()):
+            ctx.metrics["steer/weight_mean"] = float(w[valid].mean().item())
+            ctx.metrics["steer/weight_min"] = float(w[valid].min().item())
+        ctx.scale(w)
