@@ -95,3 +95,15 @@ def test_unreachable_tracking_server_fails_fast(in_tmp, fast_train):
     assert out.returncode == 2
     assert "cannot reach the MLflow tracking server at http://127.0.0.1:9" in out.stderr
     assert not (in_tmp / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_default_run_shows_grpo_entropy_collapse(in_tmp):
+    """`entropyrl train` with no arguments (what `make run` runs): entropy collapses."""
+    out = subprocess.run([*CLI, "train", "output_dir=default", "trainer.progress=false"],
+                         capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((in_tmp / "default" / "summary.json").read_text())
+    assert summary["steps"] == 200 and summary["algo"] == "grpo"
+    assert summary["entropy/last_tenth"] < 0.5 * summary["entropy/first_tenth"], summary
+    assert summary["final/val/acc"] > 0.0
