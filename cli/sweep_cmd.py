@@ -1,0 +1,130 @@
+"""``entropyrl sweep|report|status``: ablation sweeps on this machine or SLURM, their reports and
+their jobs' states."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+TRAIN_PREFIX = "train."
+
+
+def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """``(sweep_overrides, train_overrides)``: ``train.KEY=V`` (also ``+train.``/``~train.``) goes to
+    every job's training config as ``KEY=V``; everything else configures the sweep."""
+    sweep, train = [], []
+    for o in overrides:
+        head = o[: len(o) - len(o.lstrip("+~"))]
+        body = o[len(head):]
+        if body.startswith(TRAIN_PREFIX):
+            train.append(head + body[len(TRAIN_PREFIX):])
+        else:
+            sweep.append(o)
+    return sweep, train
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    fmt = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip()  # noqa: E731
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *[fmt(r) for r in rows]])
+
+
+def register(app: typer.Typer) -> None:
+    from entropyrl.cli.main import groups_help
+
+    @app.command(
+        "sweep",
+        help="Run an ablation: every variant x every seed as one training job, on this machine or "
+             "SLURM, each an MLflow child run of one parent run; then a comparison report.\n\n"
+             "[cyan]entropyrl sweep ablation=gate --dry-run[/cyan]\n\n"
+             "[cyan]entropyrl sweep ablation=gate seeds=[0,1] launcher=slurm launcher.partition=gpu "
+             "train.trainer.total_steps=200[/cyan]\n\n"
+             "Overrides configure the sweep (ablation, launcher, tracking, seeds, variants, budget, "
+             "sweep_dir, report.*); [bold]train.KEY=VALUE[/bold] overrides go to every job's training "
+             "config. Re-running with the same sweep_dir (or --resume: the latest sweep of that "
+             "ablation) runs only what did not finish. Exit status 1 if a job failed.\n\n"
+             "Config groups:\n\n" + groups_help("sweep"),
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )
+    def sweep(
+        overrides: Optional[List[str]] = typer.Argument(None, help="key=value sweep overrides; train.KEY=VALUE for jobs"),
+        dry_run: bool = typer.Option(False, "--dry-run", help="print the job table and exit; runs nothing"),
+        resume: bool = typer.Option(False, "--resume", help="continue the latest sweep of this ablation "
+                                                            "(or sweep_dir=...): run only unfinished jobs"),
+        wait: bool = typer.Option(True, "--wait/--no-wait", help="follow the jobs and build the report "
+                                                                 "(--no-wait: submit to SLURM and return)"),
+    ) -> None:
+        from rich.console import Console
+
+        from entropyrl.conf import compose
+        from entropyrl.errors import UserError
+        from entropyrl.sweeps import runner
+
+        console = Console(stderr=True, highlight=False)
+        sweep_ov, train_ov = split_overrides(list(overrides or []))
+        cfg = compose("sweep", sweep_ov)
+        explicit_dir = any(o.lstrip("+").startswith("sweep_dir=") for o in sweep_ov)
+        plan = runner.plan(cfg, train_ov, explicit_dir=explicit_dir, resume=resume)
+        if dry_run:
+            rows = plan.rows()
+            typer.echo(f"ablation {cfg.ablation.name}: {len(rows)} jobs "
+                       f"({len({r['variant'] for r in rows})} variants x {len(cfg.seeds)} seeds) "
+                       f"-> {plan.sweep_dir}")
+            typer.echo(_table([[r["variant"], r["seed"], r["state"], " ".join(r["overrides"]), r["output_dir"]]
+                               for r in rows], ["variant", "seed", "state", "overrides", "output_dir"]))
+            return
+        if not wait and cfg.launcher.name != "slurm":
+            raise UserError(f"--no-wait needs launcher=slurm (launcher={cfg.launcher.name} jobs run under "
+                            f"this process)")
+        result = runner.run(plan, wait=wait, log=lambda m: console.print(m, markup=False, soft_wrap=True))
+        c = result["counts"]
+        console.print(f"[bold]sweep {result['sweep_id']}[/bold]: {c['done']} done, {c['failed']} failed, "
+                      f"{c['running'] + c['pending']} not finished; folder {result['sweep_dir']}", soft_wrap=True)
+        for st in result["failed"]:
+            console.print(f"[red]failed[/red] {st.key}: {st.detail}\n  log: {st.log}", soft_wrap=True)
+        if result["report"]:
+            console.print(f"report: {result['report']}", soft_wrap=True)
+        elif not wait:
+            console.print(f"submitted; follow with `entropyrl status {result['sweep_dir']}` and build the report "
+                          f"with `entropyrl report {result['sweep_dir']}` once the jobs end", soft_wrap=True)
+        if c["failed"]:
+            raise typer.Exit(1)
+
+    @app.command("report", help="Rebuild a sweep's comparison report (report.md, CSVs, plots/*.png) from its "
+                                "jobs' metrics and log it to the sweep's MLflow parent run. "
+                                "[cyan]entropyrl report outputs/sweeps/gate-20260101-120000[/cyan]")
+    def report(
+        sweep_dir: Path = typer.Argument(..., help="the sweep folder (holds sweep.json)"),
+        mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="also log the report to the parent run"),
+    ) -> None:
+        from entropyrl.sweeps.report import build_report
+
+        rep = build_report(sweep_dir, log_mlflow=mlflow, log=lambda m: typer.echo(m, err=True))
+        c = rep["counts"]
+        typer.echo(f"report: {rep['report']} ({c['done']} done, {c['failed']} failed, "
+                   f"{c['running'] + c['pending']} not finished; {len(rep['plots'])} plots)")
+
+    @app.command("status", help="Each job of a sweep: pending/running/done/failed (from the sweep folder and "
+                                "SLURM's queue), progress and log path. "
+                                "[cyan]entropyrl status outputs/sweeps/gate-20260101-120000[/cyan]")
+    def status(
+        sweep_dir: Path = typer.Argument(..., help="the sweep folder (holds sweep.json)"),
+        as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    ) -> None:
+        import dataclasses
+        import json
+
+        from entropyrl.sweeps.state import sweep_status
+
+        sweep, statuses = sweep_status(sweep_dir)
+        if as_json:
+            typer.echo(json.dumps([dataclasses.asdict(s) for s in statuses], indent=2))
+            return
+        launcher = sweep.get("launcher", {}).get("name", "?")
+        counts = {s: sum(1 for x in statuses if x.state == s) for s in ("done", "running", "pending", "failed")}
+        typer.echo(f"sweep {sweep.get('sweep_id')} ({sweep.get('ablation', {}).get('name')}, launcher {launcher}): "
+                   + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        typer.echo(_table([[s.key, s.state, s.detail, s.scheduler_job_id or "-", s.log] for s in statuses],
+                          ["job", "state", "detail", "job id", "log"]))

@@ -1,0 +1,277 @@
+"""The sweep report: a comparison table, per-variant curves and ``report.md``, written to the sweep
+folder and logged to the sweep's MLflow parent run.
+
+Files (in ``<sweep_dir>``): ``report.md`` (the tables, the curves, failed jobs with their logs),
+``report.json`` (the same numbers, machine-readable), ``comparison.csv`` (one row per variant:
+mean and std over seeds), ``runs.csv`` (one row per job), ``plots/{entropy,reward,accuracy,
+val_accuracy}.png`` (mean line and min-max band over seeds, per variant). Only finished jobs count.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+import time
+from pathlib import Path
+from typing import Callable
+
+from entropyrl.sweeps import aggregate as agg
+from entropyrl.sweeps.state import DONE, FAILED, PENDING, RUNNING, JobStatus, sweep_status
+
+PLOTS = [("entropy", "entropy", "policy entropy (nats/token)"),
+         ("reward", "reward/mean", "reward (train)"),
+         ("accuracy", "acc/mean", "accuracy (train)"),
+         ("val_accuracy", "val/acc", "validation accuracy")]
+
+COLUMNS = [("final_val_acc", "final val acc", 3), ("entropy_tail_mean", "entropy, last {tail} (mean)", 3),
+           ("entropy_tail_min", "entropy, last {tail} (min)", 3), ("entropy_auc", "entropy AUC", 2)]
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return f"{x:.{digits}f}"
+
+
+def _pm(stats: dict, digits: int) -> str:
+    if not stats.get("n"):
+        return "-"
+    if stats["n"] == 1:
+        return _fmt(stats["mean"], digits)
+    return f"{_fmt(stats['mean'], digits)} ± {_fmt(stats['std'], digits)}"
+
+
+def _first_below(stats: dict) -> str:
+    if not stats.get("of"):
+        return "-"
+    if not stats.get("crossed"):
+        return f"never (0/{stats['of']})"
+    return f"{stats['mean']:.1f} ({stats['crossed']}/{stats['of']})"
+
+
+def metric_key(text: str) -> str:
+    """A string MLflow accepts as a metric name."""
+    return re.sub(r"[^\w./\- ]", "_", text)
+
+
+def _plot(curves: dict[str, list], key: str, label: str, path: Path, title: str,
+          threshold: float | None = None) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drawn = False
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for variant, seed_rows in curves.items():
+        per_seed = [agg.series(rows, key) for rows in seed_rows]
+        per_seed = [c for c in per_seed if len(c[0])]
+        if not per_seed:
+            continue
+        b = agg.band(per_seed)
+        line, = ax.plot(b["steps"], b["mean"], lw=1.6, marker="o" if len(b["steps"]) < 12 else None, ms=3,
+                        label=f"{variant} (n={len(per_seed)})")
+        if len(per_seed) > 1:
+            ax.fill_between(b["steps"], b["lo"], b["hi"], color=line.get_color(), alpha=0.18, lw=0)
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    if threshold is not None:
+        ax.axhline(threshold, color="grey", ls="--", lw=1, label=f"threshold {threshold:g}")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel(label)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str], None] = print) -> dict:
+    """(Re)build the report of ``sweep_dir`` from its jobs' files; log it to the parent run.
+
+    Returns ``{"report": path, "plots": [...], "variants": {...}, "jobs": [...], "counts": {...}}``.
+    """
+    sweep_dir = Path(sweep_dir).resolve()
+    sweep, statuses = sweep_status(sweep_dir)
+    rep_cfg = sweep.get("report", {})
+    threshold = float(rep_cfg.get("entropy_threshold", 0.3))
+    tail_frac = float(rep_cfg.get("tail_frac", 0.1))
+    tail_txt = f"{tail_frac:.0%}" if tail_frac != 0.1 else "tenth"
+    ablation = sweep.get("ablation", {}).get("name", "sweep")
+    order = list(dict.fromkeys(r["variant"] for r in sweep.get("jobs", [])))
+
+    # --- per job ---------------------------------------------------------------------------
+    job_rows, curves, per_variant = [], {v: [] for v in order}, {v: [] for v in order}
+    for st in statuses:
+        rows = agg.load_rows(Path(st.output_dir)) if st.state == DONE else []
+        m = agg.run_metrics(rows, threshold, tail_frac) if rows else {}
+        js = _job_json(st)
+        job_rows.append({"key": st.key, "variant": st.variant, "seed": st.seed, "state": st.state,
+                         "detail": st.detail, "mlflow_run_id": js.get("mlflow_run_id") or _tracking_run(st),
+                         "output_dir": st.output_dir, "log": st.log, **m})
+        if rows:
+            curves[st.variant].append(rows)
+            per_variant[st.variant].append(m)
+    variants = {v: {"summary": agg.variant_summary(runs) if runs else {},
+                    "done": len(runs), "total": sum(1 for s in statuses if s.variant == v)}
+                for v, runs in per_variant.items()}
+    counts = {s: sum(1 for st in statuses if st.state == s) for s in (DONE, RUNNING, PENDING, FAILED)}
+
+    # --- files -----------------------------------------------------------------------------
+    plots = []
+    for fname, key, label in PLOTS:
+        p = _plot(curves, key, label, sweep_dir / "plots" / f"{fname}.png",
+                  f"{ablation}: {label} (mean, min-max band over seeds)",
+                  threshold if key == "entropy" else None)
+        if p is not None:
+            plots.append(p)
+    _write_csv(sweep_dir / "runs.csv", job_rows,
+               ["variant", "seed", "state", "steps", *[c for c, _, _ in COLUMNS], "first_step_below",
+                "final_reward", "final_acc", "mlflow_run_id", "output_dir", "log", "detail"])
+    comp_rows = []
+    for v in order:
+        s = variants[v]["summary"]
+        row = {"variant": v, "seeds_done": variants[v]["done"], "seeds_total": variants[v]["total"]}
+        for f, _, _ in COLUMNS:
+            row[f"{f}_mean"], row[f"{f}_std"] = s.get(f, {}).get("mean"), s.get(f, {}).get("std")
+        fsb = s.get("first_step_below", {})
+        row["first_step_below_mean"], row["first_step_below_crossed"] = fsb.get("mean"), fsb.get("crossed")
+        comp_rows.append(row)
+    _write_csv(sweep_dir / "comparison.csv", comp_rows, list(comp_rows[0]) if comp_rows else ["variant"])
+
+    md = _markdown(sweep, sweep_dir, order, variants, statuses, job_rows, plots, threshold, tail_txt, counts)
+    report_path = sweep_dir / "report.md"
+    report_path.write_text(md)
+    result = {"report": str(report_path), "plots": [str(p) for p in plots], "variants": variants,
+              "jobs": job_rows, "counts": counts, "threshold": threshold, "tail_frac": tail_frac,
+              "sweep_id": sweep.get("sweep_id"), "built": time.time()}
+    (sweep_dir / "report.json").write_text(json.dumps(result, indent=2, default=_json_default))
+
+    if log_mlflow:
+        _log_to_parent(sweep, sweep_dir, result, log)
+    return result
+
+
+def _json_default(o):
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+    except ImportError:  # pragma: no cover
+        pass
+    return str(o)
+
+
+def _job_json(st: JobStatus) -> dict:
+    from entropyrl.sweeps.jobs import read_job_state
+
+    return read_job_state(Path(st.output_dir))
+
+
+def _tracking_run(st: JobStatus) -> str | None:
+    try:
+        return json.loads((Path(st.output_dir) / "tracking.json").read_text()).get("run_id")
+    except (OSError, ValueError):
+        return None
+
+
+def _write_csv(path: Path, rows: list[dict], fields: list[str]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fields})
+
+
+def _markdown(sweep, sweep_dir, order, variants, statuses, job_rows, plots, threshold, tail_txt, counts) -> str:
+    abl = sweep.get("ablation", {})
+    tr = sweep.get("tracking", {})
+    lines = [f"# Sweep `{abl.get('name', '?')}` ({sweep.get('sweep_id', '')})", ""]
+    if abl.get("description"):
+        lines += [str(abl["description"]).strip(), ""]
+    lines += [f"- folder: `{sweep_dir}`",
+              f"- launcher: {sweep.get('launcher', {}).get('name', '?')}; seeds: {sweep.get('seeds')}",
+              f"- jobs: {counts[DONE]} done, {counts[RUNNING]} running, {counts[PENDING]} pending, "
+              f"{counts[FAILED]} failed (of {len(statuses)})"]
+    if tr.get("enabled", True) and tr.get("parent_run_id"):
+        lines.append(f"- MLflow: parent run `{tr['parent_run_id']}` in experiment `{tr.get('experiment')}` "
+                     f"at {tr.get('uri')}")
+    if sweep.get("budget") or sweep.get("train_overrides"):
+        lines.append(f"- every job: `{' '.join([*sweep.get('budget', []), *sweep.get('train_overrides', [])])}`")
+    lines += ["", "## Comparison (finished seeds; mean ± std over seeds)", ""]
+    header = ["variant", "seeds"] + [c[1].format(tail=tail_txt) for c in COLUMNS] + [f"first step H < {threshold:g}"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for v in order:
+        s = variants[v]["summary"]
+        cells = [f"`{v}`", f"{variants[v]['done']}/{variants[v]['total']}"]
+        cells += [_pm(s.get(f, {}), d) for f, _, d in COLUMNS]
+        cells.append(_first_below(s.get("first_step_below", {})))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Entropy AUC: trapezoid area under the entropy curve over steps (nats x steps). "
+                  f"First step H < {threshold:g}: mean over the seeds whose entropy fell below it "
+                  f"(how many of them did).", ""]
+    if plots:
+        lines += ["## Curves (mean line, min-max band over seeds)", ""]
+        lines += [f"![{Path(p).stem}](plots/{Path(p).name})" for p in plots]
+        lines.append("")
+    lines += ["## Jobs", "", "| job | state | steps | final val acc | entropy AUC | MLflow run | detail |",
+              "|---|---|---|---|---|---|---|"]
+    for r in job_rows:
+        lines.append(f"| `{r['key']}` | {r['state']} | {r.get('steps', '-')} | {_fmt(r.get('final_val_acc'))} | "
+                     f"{_fmt(r.get('entropy_auc'), 2)} | {r.get('mlflow_run_id') or '-'} | {r['detail']} |")
+    failed = [s for s in statuses if s.state == FAILED]
+    if failed:
+        lines += ["", "## Failed jobs", ""]
+        lines += [f"- `{s.key}`: {s.detail}. Log: `{s.log}` (also `{Path(s.output_dir) / 'train.log'}`)"
+                  for s in failed]
+    lines += ["", f"Rebuild: `entropyrl report {sweep_dir}`; state: `entropyrl status {sweep_dir}`.", ""]
+    return "\n".join(lines)
+
+
+def _log_to_parent(sweep: dict, sweep_dir: Path, result: dict, log: Callable[[str], None]) -> None:
+    tr = sweep.get("tracking", {})
+    run_id = tr.get("parent_run_id")
+    if not tr.get("enabled", True) or not run_id:
+        return
+    try:
+        from mlflow.entities import Metric, RunStatus
+        from mlflow.tracking import MlflowClient
+
+        from entropyrl.trainers.tracking import check_reachable
+
+        check_reachable(tr["uri"])
+        client = MlflowClient(tr["uri"])
+        for name in ("report.md", "report.json", "comparison.csv", "runs.csv"):
+            client.log_artifact(run_id, str(sweep_dir / name), artifact_path="report")
+        for p in result["plots"]:
+            client.log_artifact(run_id, p, artifact_path="report/plots")
+        ts = int(time.time() * 1000)
+        metrics = []
+        for v, info in result["variants"].items():
+            for field, stats in info["summary"].items():
+                if stats.get("n") and math.isfinite(stats["mean"]):
+                    metrics.append(Metric(metric_key(f"{v}/{field}"), float(stats["mean"]), ts, 0))
+        for i in range(0, len(metrics), 500):
+            client.log_batch(run_id, metrics=metrics[i:i + 500])
+        counts = result["counts"]
+        if counts[RUNNING] == 0 and counts[PENDING] == 0:
+            status = "FAILED" if counts[FAILED] else "FINISHED"
+            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # we say it ourselves
+            client.set_terminated(run_id, status=status)
+            log(f"report logged to MLflow parent run {run_id} ({status}) at {tr['uri']}")
+        else:
+            client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+    except Exception as exc:  # noqa: BLE001 - the files are written; MLflow is best effort here
+        log(f"warning: report written but not logged to MLflow run {run_id}: {str(exc).splitlines()[0]}")

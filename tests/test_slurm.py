@@ -1,0 +1,181 @@
+"""Sweeps on a real single-node SLURM cluster (tests/slurm/start.sh installs and starts it, stop.sh
+stops it) tracked in a real `mlflow server`: the gate ablation as a job array of child runs under
+one parent, and a job requeued mid-training that resumes into the same MLflow run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+HERE = Path(__file__).resolve().parent
+CLI = [sys.executable, "-m", "entropyrl.cli.main"]
+TINY = ["train.trainer.total_steps=3", "train.trainer.prompts_per_step=4", "train.trainer.mini_batch_prompts=4",
+        "train.trainer.val_every=3", "train.trainer.save_every=0", "train.val.prompts=8"]
+# Two jobs at a time on a 2-core node, one core each.
+SLURM = ["launcher=slurm", "launcher.cpus_per_task=1", "launcher.mem_gb=2", "launcher.array_parallelism=2",
+         "launcher.timeout_min=30", "poll_seconds=1"]
+
+# The session's `mlflow server` fixture lives in test_mlflow_server.py (one server per session).
+_spec = importlib.util.spec_from_file_location("_entropyrl_test_mlflow_server", HERE / "test_mlflow_server.py")
+_server_mod = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_server_mod)
+mlflow_server = _server_mod.mlflow_server
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A one-node SLURM cluster (partition `debug`), started by tests/slurm/start.sh, stopped after."""
+    if os.geteuid() != 0:
+        pytest.skip("SLURM tests need root to install and start slurmctld/slurmd (tests/slurm/start.sh)")
+    if shutil.which("sinfo") is None and shutil.which("apt-get") is None:
+        pytest.skip("SLURM is not installed and apt-get is not available to install it")
+    out = subprocess.run(["bash", str(HERE / "slurm" / "start.sh")], capture_output=True, text=True, timeout=900)
+    if out.returncode == 3:
+        pytest.skip(out.stderr.strip().splitlines()[-1])
+    assert out.returncode == 0, f"tests/slurm/start.sh failed:\n{out.stdout}\n{out.stderr}"
+    yield
+    subprocess.run(["bash", str(HERE / "slurm" / "stop.sh")], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def warm_model():
+    """Build the warm-started tiny model once, here, so parallel jobs never race to build it."""
+    from entropyrl.conf import compose
+    from entropyrl.trainers.tiny import load_policy
+
+    cfg = compose("train")
+    load_policy(cfg.model, cfg.data, log=lambda *_: None)
+
+
+def squeue_state(job_id: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def test_gate_ablation_on_slurm_with_mlflow_server(slurm_cluster, mlflow_server, warm_model, tmp_path):
+    out = subprocess.run([*CLI, "sweep", "ablation=gate", "seeds=[0,1]", "sweep_dir=sw", *SLURM,
+                          f"tracking.uri={mlflow_server}", "tracking.experiment=slurm-gate", *TINY],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:]
+    sw = tmp_path / "sw"
+    sweep = json.loads((sw / "sweep.json").read_text())
+    jobs = sweep["jobs"]
+    assert len(jobs) == 6
+    arrays = {j["scheduler_job_id"].split("_")[0] for j in jobs}
+    assert len(arrays) == 1, "one SLURM job array for the sweep"
+    for j in jobs:
+        js = json.loads((Path(j["output_dir"]) / "job.json").read_text())
+        assert js["state"] == "done" and js["scheduler_job_id"] == j["scheduler_job_id"]
+    script = next((sw / "logs").glob("*_submission.sh")).read_text()
+    assert f"export ENTROPYRL_CACHE={os.environ['ENTROPYRL_CACHE']}" in script  # the warm model is reused
+    assert sys.executable in script or str(Path(sys.executable).resolve()) in script
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server)
+    exp = client.get_experiment_by_name("slurm-gate")
+    parent_id = sweep["tracking"]["parent_run_id"]
+    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
+    assert sorted((r.data.tags["variant"], r.data.tags["seed"]) for r in children) == sorted(
+        (v, s) for v in ("gated", "always_on", "off") for s in ("0", "1"))
+    assert all(r.info.status == "FINISHED" and r.data.tags["sweep_id"] == sweep["sweep_id"] for r in children)
+    parent = client.get_run(parent_id)
+    assert parent.info.status == "FINISHED"
+    assert (sw / "plots" / "entropy.png").stat().st_size > 5000
+    md = (sw / "report.md").read_text()
+    for v in ("gated", "always_on", "off"):
+        assert f"| `{v}` | 2/2 |" in md
+    assert {"report/report.md", "report/plots"} <= {a.path for a in client.list_artifacts(parent_id, "report")}
+
+    status = subprocess.run([*CLI, "status", str(sw)], capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0 and "6 done, 0 running, 0 pending, 0 failed" in status.stdout
+    assert str(sw / "logs") in status.stdout
+
+
+def _wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"the sweep ended while waiting for {what}: {proc.stdout.read()[-3000:]}"
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _last_step(job_dir: Path) -> int:
+    path = job_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return json.loads(lines[-1])["step"] if lines else 0
+
+
+def _resumed_steps(job_dir: Path) -> list[int]:
+    log = job_dir / "train.log"
+    text = log.read_text() if log.exists() else ""
+    return [int(m) for m in re.findall(r"resumed from .*step_\d+ \(step (\d+)\)", text)]
+
+
+def _start_again(job_id: str, proc: subprocess.Popen) -> None:
+    """SLURM holds a requeued job back (BeginTime) for a while; let it start again now."""
+    _wait_for(lambda: squeue_state(job_id) == "PENDING", 120, f"job {job_id} to be requeued", proc)
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True, capture_output=True)
+
+
+def test_requeued_job_resumes_into_the_same_run(slurm_cluster, mlflow_server, warm_model, tmp_path):
+    """Requeued twice mid-training: by the admin (`scontrol requeue`), then preempted the way SLURM
+    does it (SIGTERM + USR2: submitit calls the job's checkpoint() and requeues it itself)."""
+    steps = 100
+    proc = subprocess.Popen(
+        [*CLI, "sweep", "ablation=gate", "variants=[off]", "seeds=[0]", "sweep_dir=rq", *SLURM,
+         f"tracking.uri={mlflow_server}", "tracking.experiment=slurm-requeue",
+         f"train.trainer.total_steps={steps}", "train.trainer.prompts_per_step=4", "train.trainer.mini_batch_prompts=4",
+         "train.trainer.val_every=0", "train.val.prompts=0", "train.trainer.save_every=1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    job_dir = tmp_path / "rq" / "runs" / "off" / "s0"
+    try:
+        # 1. a few steps logged and a checkpoint on disk: the admin requeues the job
+        _wait_for(lambda: _last_step(job_dir) >= 3 and list((job_dir / "checkpoints").glob("step_*")), 300,
+                  "the first steps", proc)
+        job_id = json.loads((tmp_path / "rq" / "sweep.json").read_text())["jobs"][0]["scheduler_job_id"]
+        subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True, text=True)
+        _start_again(job_id, proc)
+        # 2. once the second attempt has resumed and made progress: preemption
+        _wait_for(lambda: len(_resumed_steps(job_dir)) == 1 and _last_step(job_dir) >= _resumed_steps(job_dir)[0] + 3,
+                  300, "the second attempt to resume", proc)
+        subprocess.run(["scancel", job_id, "--signal", "SIGTERM"], check=True, capture_output=True)
+        subprocess.run(["scancel", job_id, "--signal", "USR2"], check=True, capture_output=True)
+        _start_again(job_id, proc)
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-4000:]
+
+    resumed = _resumed_steps(job_dir)
+    log = (job_dir / "train.log").read_text()
+    assert len(resumed) == 2 and 3 <= resumed[0] < resumed[1] < steps, log[-3000:]  # stopped mid-training twice
+    assert "preempted or timed out: requeueing" in log and "FAILED" not in log
+    job_state = json.loads((job_dir / "job.json").read_text())
+    assert job_state["state"] == "done" and job_state["attempt"] == 3
+    rows = [json.loads(x) for x in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server)
+    run_id = json.loads((job_dir / "tracking.json").read_text())["run_id"]
+    assert json.loads((job_dir / "summary.json").read_text())["mlflow_run_id"] == run_id
+    exp = client.get_experiment_by_name("slurm-requeue")
+    children = client.search_runs([exp.experiment_id], "tags.variant = 'off'")
+    assert [r.info.run_id for r in children] == [run_id]  # one run across the three attempts
+    history = [m.step for m in client.get_metric_history(run_id, "entropy")]
+    assert sorted(history) == list(range(1, steps + 1))  # one continuous sequence, nothing twice
+    assert client.get_run(run_id).info.status == "FINISHED"
