@@ -6,6 +6,8 @@ from typing import List, Optional
 
 import typer
 
+from entropyrl.errors import UserError
+
 
 
 def register(app: typer.Typer) -> None:
@@ -27,6 +29,10 @@ def register(app: typer.Typer) -> None:
 
         console = Console(stderr=True)
         cfg = compose("train", overrides or [])
+        if cfg.launcher.name != "local":
+            raise UserError(f"launcher={cfg.launcher.name} is for sweeps: `entropyrl train` runs in this process "
+                            f"(use `entropyrl sweep ablation=... launcher={cfg.launcher.name}`, or call "
+                            f"`entropyrl train` / `torchrun ... -m entropyrl.cli.main train` from your sbatch script)")
         from entropyrl.trainers.trainer import train as run_training
         console.print(f"[bold]entropyrl train[/bold] algo={cfg.algo.name} model={cfg.model.name} "
                       f"data={cfg.data.name} steps={cfg.trainer.total_steps} -> {cfg.output_dir}")

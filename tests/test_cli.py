@@ -36,6 +36,7 @@ def test_train_help_lists_groups_and_options():
     (["train", "trainer.no_such_key=1"], "unknown config key 'trainer.no_such_key'"),
     (["train", "trainer.total_steps"], "write overrides as key=value"),
     (["config", "show", "rollout=nope"], "unknown rollout=nope"),
+    (["train", "launcher=slurm"], "launcher=slurm is for sweeps"),
 ])
 def test_bad_overrides_give_one_line_errors(args, expected, tmp_path):
     out = run_cli(*args, cwd=tmp_path)
