@@ -26,14 +26,17 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from entropyrl.conf import compose
+        from entropyrl.trainers.distributed import launcher_env
 
-        console = Console(stderr=True)
+        main_rank = launcher_env()["rank"] == 0       # under torchrun/srun only rank 0 talks
+        console = Console(stderr=True, quiet=not main_rank)
         cfg = compose("train", overrides or [])
         if cfg.launcher.name != "local":
             raise UserError(f"launcher={cfg.launcher.name} is for sweeps: `entropyrl train` runs in this process "
                             f"(use `entropyrl sweep ablation=... launcher={cfg.launcher.name}`, or call "
                             f"`entropyrl train` / `torchrun ... -m entropyrl.cli.main train` from your sbatch script)")
         from entropyrl.trainers.trainer import train as run_training
+
         console.print(f"[bold]entropyrl train[/bold] algo={cfg.algo.name} model={cfg.model.name} "
                       f"data={cfg.data.name} steps={cfg.trainer.total_steps} -> {cfg.output_dir}")
         summary = run_training(cfg, log=lambda msg: console.print(f"[dim]{msg}[/dim]"))

@@ -18,6 +18,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+os.environ.setdefault("ENTROPYRL_DATA", str(SHARED / "data"))
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,8 @@ def mlflow_client(workdir: Path):
 
 @pytest.mark.slow
 def test_cli_train_logs_named_metrics_to_mlflow_and_jsonl(in_tmp, fast_train):
-    out = subprocess.run([*CLI, "train", *fast_train, "output_dir=run", "tracking.experiment=e2e"],
+    out = subprocess.run([*CLI, "train", *fast_train, "output_dir=run", "tracking.experiment=e2e",
+                          "val.benchmarks=[aime24]", "val.limit=2", "val.n_samples=2", "val.max_new_tokens=8"],
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     run_dir = in_tmp / "run"
@@ -38,6 +39,8 @@ def test_cli_train_logs_named_metrics_to_mlflow_and_jsonl(in_tmp, fast_train):
         for key in NAMED_METRICS:
             assert r.get(key) is not None, (key, r)
     assert sum("val/acc" in r for r in rows) == 2
+    # real-benchmark validation through the eval harness (AIME24 from ../shared/data)
+    assert sum("val/aime24/avg@2" in r for r in rows) == 2
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "FINISHED" and summary["steps"] == 4
     assert (run_dir / "curves.png").stat().st_size > 5000
@@ -47,7 +50,7 @@ def test_cli_train_logs_named_metrics_to_mlflow_and_jsonl(in_tmp, fast_train):
     run = client.get_run(summary["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.params["algo.name"] == "grpo" and run.data.params["trainer.total_steps"] == "4"
-    for key in (*NAMED_METRICS, "val/acc"):
+    for key in (*NAMED_METRICS, "val/acc", "val/aime24/avg_at_2"):  # MLflow names cannot hold '@'
         assert key in run.data.metrics, key
     assert [m.step for m in client.get_metric_history(run.info.run_id, "entropy")] == [1, 2, 3, 4]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Callable
 
 from entropyrl.errors import UserError
+from entropyrl.trainers.datasets import MathDatasetSource
 from entropyrl.trainers.tasks import BuiltinTaskSource
 
-PROMPT_SOURCES: dict[str, Callable] = {"builtin": BuiltinTaskSource}
+PROMPT_SOURCES: dict[str, Callable] = {"builtin": BuiltinTaskSource, "math": MathDatasetSource}
 
 
 def build_prompt_source(data_cfg, seed: int, tokenizer=None):

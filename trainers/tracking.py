@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from entropyrl.errors import UserError
+from entropyrl.evals.metrics import mlflow_key
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 
@@ -127,7 +128,8 @@ class RunTracker:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps({"step": step, **{k: (v if math.isfinite(v) else None) for k, v in clean.items()}}) + "\n")
         if self._mlflow is not None and step > self._logged_through:
-            finite = {k: v for k, v in clean.items() if math.isfinite(v)}
+            # MLflow rejects '@' in names: val/math500/avg@4 is logged as val/math500/avg_at_4
+            finite = {mlflow_key(k): v for k, v in clean.items() if math.isfinite(v)}
             self._mlflow.log_metrics(finite, step=step)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:

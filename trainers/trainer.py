@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from entropyrl.errors import UserError
 from entropyrl.trainers import checkpoint as ckpt
+from entropyrl.trainers import distributed
 from entropyrl.trainers.algorithm import Algorithm
 from entropyrl.trainers.diagnostics import quadrant_metrics
 from entropyrl.trainers.plots import plot_training_curves
@@ -63,7 +64,8 @@ def response_token_stats(model, rollout: Rollout, *, temperature: float, chunk_s
     device = next(model.parameters()).device
     inputs = sequence_inputs(rollout, device)
     base = getattr(model, model.base_model_prefix)
-    hidden = base(**inputs).last_hidden_state                       # [B, P+R, D]
+    fsdp_forward = getattr(model, "response_hidden", None)          # FSDP root forward (distributed.py)
+    hidden = fsdp_forward(**inputs) if fsdp_forward is not None else base(**inputs).last_hidden_state  # [B, P+R, D]
     p_len, r_len = rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]
     hidden = hidden[:, p_len - 1: p_len + r_len - 1]                 # position t predicts token t+1
     mask = rollout.response_mask.to(device).bool()
@@ -111,33 +113,42 @@ def _slice(t, idx):
 class GRPOTrainer:
     def __init__(self, cfg: DictConfig, log=print):
         self.cfg = cfg
-        self.log = log
         t = cfg.trainer
         self.output_dir = Path(cfg.output_dir)
         if t.threads:
             torch.set_num_threads(int(t.threads))
-        self.device = torch.device("cuda" if (t.device == "auto" and torch.cuda.is_available()) else
-                                   ("cpu" if t.device == "auto" else t.device))
+        # torchrun / SLURM ranks, this rank's device, FSDP or not (trainers/distributed.py)
+        self.dist = distributed.setup(t)
+        self.log = log if self.dist.is_main else (lambda *_a, **_k: None)
+        self.device = self.dist.device
         if t.prompts_per_step % t.mini_batch_prompts:
             raise UserError(f"trainer.prompts_per_step ({t.prompts_per_step}) must be a multiple of "
                             f"trainer.mini_batch_prompts ({t.mini_batch_prompts})")
+        distributed.check_batch_sizes(t, self.dist)
         if cfg.tracking.get("enabled", True):  # fail before minutes of model loading, not after
             check_reachable(resolve_uri(cfg.tracking))
         self._seed_everything(int(t.seed))
-        self.model, self.tokenizer = load_policy(cfg.model, cfg.data, log=log)
+        self.model, self.tokenizer = load_policy(cfg.model, cfg.data, log=self.log)
         self.model.to(self.device)
         self.model.config.use_cache = True
+        self.model = distributed.prepare_model(self.model, t, self.dist)   # FSDP2 / checkpointing
         self.source = build_prompt_source(cfg.data, int(t.seed), tokenizer=self.tokenizer)
         self.algo = Algorithm.from_config(cfg.algo, max_response_length=int(cfg.rollout.max_new_tokens),
                                           seed=int(t.seed))
         self.ref_model = None
         if self.algo.needs_ref:
-            self.ref_model, _ = load_policy(cfg.model, cfg.data, log=log)
+            self.ref_model, _ = load_policy(cfg.model, cfg.data, log=self.log)
             self.ref_model.to(self.device).eval().requires_grad_(False)
+            self.ref_model = distributed.prepare_model(self.ref_model, t, self.dist, trainable=False)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=float(t.lr),
                                            weight_decay=float(t.weight_decay), betas=tuple(t.betas))
+        tis = cfg.rollout.get("tis", None)
+        if tis is not None and tis.get("enabled", False):   # truncated IS on sampler/trainer mismatch
+            from entropyrl.trainers.vllm_rollout import TISWeight
+
+            self.algo.interventions.append(TISWeight(TISWeight.Params()))
         self.rollout = build_rollout(cfg.rollout, self.model, self.tokenizer)
-        self.tracker = RunTracker(cfg.tracking, self.output_dir)
+        self.tracker = RunTracker(cfg.tracking, self.output_dir) if self.dist.is_main else distributed.NullTracker()
         self.step = 0
         self.val_problems = self.source.validation(int(cfg.val.prompts)) if cfg.val.prompts else []
 
@@ -151,6 +162,13 @@ class GRPOTrainer:
         return dict(temperature=float(self.cfg.rollout.temperature),
                     chunk_size=int(self.cfg.trainer.token_chunk_size))
 
+    def close(self) -> None:
+        """Stop a rollout engine that runs apart (vLLM) and leave the process group we created."""
+        close = getattr(self.rollout, "close", None)
+        if close is not None:
+            close()
+        distributed.cleanup(self.dist)
+
     # -- resume / checkpoint ----------------------------------------------------------------
     def maybe_resume(self) -> int | None:
         if str(self.cfg.trainer.resume) == "never":
@@ -162,18 +180,24 @@ class GRPOTrainer:
 
         state = ckpt.load_trainer_state(latest)
         loaded = AutoModelForCausalLM.from_pretrained(latest / "model", dtype=next(self.model.parameters()).dtype)
-        self.model.load_state_dict(loaded.state_dict())
-        self.optimizer.load_state_dict(state["optimizer"])
+        distributed.load_full_state(self.model, self.optimizer, loaded.state_dict(), state["optimizer"])
+        self.rollout.sync_weights()         # an engine holding its own weights (vLLM) gets the restored ones
         self.algo.load_state_dict(state.get("algo", {}))
         ckpt.set_rng_state(state["rng"])
         self.step = int(state["step"])
         self.log(f"resumed from {latest} (step {self.step})")
         return self.step
 
-    def save(self) -> Path:
-        return ckpt.save_checkpoint(self.output_dir, self.step, self.model, self.tokenizer, self.optimizer,
-                                    extra={"algo": self.algo.state_dict()},
-                                    keep=int(self.cfg.trainer.keep_checkpoints))
+    def save(self) -> Path | None:
+        # Under FSDP every rank takes part in gathering the full state; rank 0 writes it.
+        model, optimizer = distributed.checkpoint_views(self.model, self.optimizer, self.dist)
+        path = None
+        if self.dist.is_main:
+            path = ckpt.save_checkpoint(self.output_dir, self.step, model, self.tokenizer, optimizer,
+                                        extra={"algo": self.algo.state_dict()},
+                                        keep=int(self.cfg.trainer.keep_checkpoints))
+        distributed.barrier(self.dist)
+        return path
 
     # -- rollouts ---------------------------------------------------------------------------
     def collect(self) -> tuple[Rollout, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
@@ -182,7 +206,7 @@ class GRPOTrainer:
         Returns ``(rollout, rewards [B], correct [B], group_ids [B], metrics)``.
         """
         t, n = self.cfg.trainer, int(self.cfg.rollout.n)
-        want = int(t.prompts_per_step)
+        want = int(t.prompts_per_step) // self.dist.world_size      # this rank's share of the prompts
         ds = self.cfg.algo.get("dynamic_sampling", {})
         max_batches = int(ds.get("max_num_gen_batches", 1)) if ds.get("enabled", False) else 1
         kept: list[tuple[Rollout, torch.Tensor, torch.Tensor]] = []
@@ -190,11 +214,13 @@ class GRPOTrainer:
         unique_frac, attempts = [], 0
         for attempt in range(max_batches):
             attempts += 1
-            problems = self.source.sample(want, self.step, attempt)
-            seed = int(t.seed) * 1_000_003 + self.step * 101 + attempt
+            problems = distributed.shard(self.source.sample(want * self.dist.world_size, self.step, attempt), self.dist)
+            seed = int(t.seed) * 1_000_003 + self.step * 101 + attempt + self.dist.rank * 7_919_993
             roll = self.rollout.generate([self.source.prompt(p) for p in problems], n=n, seed=seed)
-            correct = torch.tensor([self.source.reward(problems[i // n], txt) for i, txt in enumerate(roll.texts)],
-                                   dtype=torch.float32)
+            batch_reward = getattr(self.source, "rewards", None)   # sources that grade a batch at once
+            scores = (batch_reward([problems[i // n] for i in range(len(roll.texts))], roll.texts) if batch_reward
+                      else [self.source.reward(problems[i // n], txt) for i, txt in enumerate(roll.texts)])
+            correct = torch.tensor(scores, dtype=torch.float32)
             rewards = self.algo.shape_rewards(correct.clone(), roll.lengths)
             group_ids = torch.arange(len(problems)).repeat_interleave(n) + attempt * want
             all_correct.append(correct), all_rewards.append(rewards)
@@ -206,7 +232,7 @@ class GRPOTrainer:
             if keep.any():
                 kept.append((roll.select(keep), rewards[keep], correct[keep], group_ids[keep]))
                 n_kept += int(keep.sum()) // n
-            if n_kept >= want:
+            if int(distributed.min_across(n_kept, self.dist)) >= want:   # every rank has its share
                 break
         metrics = {
             "reward/mean": torch.cat(all_rewards).mean().item(),
@@ -217,24 +243,26 @@ class GRPOTrainer:
             "dynamic_sampling/gen_batches": float(attempts),
             **{f"acc/{g}": float(np.mean(v)) for g, v in per_group.items()},
         }
-        if not kept:
+        # Same number of rows on every rank (whole groups): FSDP needs matching forward passes.
+        rows = int(distributed.min_across(min(want * n, sum(len(k[0].texts) for k in kept)), self.dist))
+        if rows == 0:
             return None, None, None, None, metrics
         roll = _cat_rollouts([k[0] for k in kept], self.tokenizer.pad_token_id)
         rewards, correct, group_ids = (torch.cat([k[i] for k in kept]) for i in (1, 2, 3))
-        rows = min(want * n, len(roll.texts))
         idx = torch.arange(rows)
         metrics["dynamic_sampling/kept_frac"] = n_kept / (attempts * want)
         return roll.select(idx), rewards[idx], correct[idx], group_ids[idx], metrics
 
     # -- one training step ------------------------------------------------------------------
-    def train_step(self) -> dict[str, float]:
+    def train_step(self, batch=None) -> dict[str, float]:
+        """One step; ``batch`` (what ``collect`` returns) skips generation, e.g. to replay a fixed batch."""
         t = self.cfg.trainer
         started = time.perf_counter()
-        roll, rewards, _correct, group_ids, metrics = self.collect()
+        roll, rewards, _correct, group_ids, metrics = batch if batch is not None else self.collect()
         gen_time = time.perf_counter() - started
         if roll is None:  # every group was all-equal: nothing to learn from this step
             metrics.update({"time/step": time.perf_counter() - started, "skipped": 1.0})
-            return metrics
+            return distributed.mean_metrics(metrics, self.dist)
         mask = roll.response_mask.to(self.device).float()
         stats_kw = self._stats_kwargs()
         rows_per_chunk = int(t.micro_batch_responses)
@@ -242,7 +270,14 @@ class GRPOTrainer:
         ref_logp = None
         if self.ref_model is not None:
             ref_logp, _ = batch_token_stats(self.ref_model, roll, rows_per_chunk, **stats_kw)
-        sampling_entropy = masked_mean(entropy, mask)
+        tis_weight = None
+        if roll.sampling_logp is not None:  # the sampler reported log-probs (vLLM): mismatch metrics, TIS
+            from entropyrl.trainers.vllm_rollout import rollout_correction
+
+            tis_weight, mismatch = rollout_correction(old_logp, roll.sampling_logp.to(self.device), mask,
+                                                      self.cfg.rollout.get("tis", None))
+            metrics.update(mismatch)
+        sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
         self.algo.begin_step(sampling_entropy)
         advantages = self.algo.advantages(rewards.to(self.device), group_ids.to(self.device), mask)
         metrics["entropy"] = sampling_entropy
@@ -252,6 +287,10 @@ class GRPOTrainer:
 
         batch_extras = self.algo.prepare("batch", logp=old_logp, old_logp=old_logp, entropy=entropy,
                                          advantages=advantages, mask=mask)
+        if tis_weight is not None:
+            from entropyrl.trainers.vllm_rollout import TIS_KEY
+
+            batch_extras[TIS_KEY] = tis_weight
         loss_metrics: dict[str, list[float]] = defaultdict(list)
         rows = len(roll.texts)
         mini_rows = int(t.mini_batch_prompts) * int(self.cfg.rollout.n)
@@ -269,6 +308,8 @@ class GRPOTrainer:
                         "mini", logp=old_logp[mini], old_logp=old_logp[mini], entropy=entropy[mini],
                         advantages=advantages[mini], mask=mask[mini]))
                 self.optimizer.zero_grad(set_to_none=True)
+                dp_scale = distributed.loss_scale(agg, mask[mini], self.dist)   # 1.0 on one process
+                objective = 0.0
                 for u_start in range(0, len(mini), rows_per_chunk):
                     local = torch.arange(u_start, min(u_start + rows_per_chunk, len(mini)))
                     micro = mini[local]
@@ -278,11 +319,13 @@ class GRPOTrainer:
                                          advantages=advantages[micro], mask=mask[micro],
                                          ref_logp=_slice(ref_logp, micro),
                                          extras={k: v[local] for k, v in mini_extras.items()})
-                    weight = accumulation_weight(agg, mask[micro], mask[mini])
+                    weight = accumulation_weight(agg, mask[micro], mask[mini]) * dp_scale
                     (out.loss * weight).backward()
+                    objective += float(out.loss.detach()) * weight
                     for k, v in out.metrics.items():
                         loss_metrics[k].append(float(v))
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), float(t.grad_clip))))
+                loss_metrics["loss/objective"].append(objective)   # the mini-batch loss minimised
+                grad_norms.append(distributed.clip_grad_norm(self.model, float(t.grad_clip)))
                 self.optimizer.step()
         self.rollout.sync_weights()
         metrics.update({k: float(np.nanmean(v)) for k, v in loss_metrics.items()})
@@ -294,7 +337,7 @@ class GRPOTrainer:
                 metrics.get(f"quadrant/q{q}/pred_dH", 0.0) for q in range(1, 5))
         metrics["time/generate"] = gen_time
         metrics["time/step"] = time.perf_counter() - started
-        return metrics
+        return distributed.mean_metrics(metrics, self.dist)   # averaged over ranks (identity on one)
 
     # -- validation -------------------------------------------------------------------------
     @torch.no_grad()
@@ -320,7 +363,8 @@ class GRPOTrainer:
         t = self.cfg.trainer
         resumed = self.maybe_resume()
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        (self.output_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+        if self.dist.is_main:
+            (self.output_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
         run_name = self.cfg.tracking.get("run_name") or f"{self.cfg.algo.name}-s{t.seed}"
         self.tracker.start(self.cfg, run_name, resume_step=resumed)
         if resumed is None:
@@ -329,7 +373,7 @@ class GRPOTrainer:
         started = time.perf_counter()
         status = "FAILED"
         try:
-            with _progress(bool(t.progress), total, self.step) as bar:
+            with _progress(bool(t.progress) and self.dist.is_main, total, self.step) as bar:
                 while self.step < total:
                     metrics = self.train_step()
                     self.step += 1
@@ -341,7 +385,7 @@ class GRPOTrainer:
                     if last or (int(t.save_every) > 0 and self.step % int(t.save_every) == 0):
                         self.save()
             status = "FINISHED"
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or submitit exiting for a preemption requeue
             status = "KILLED"
             raise
         finally:
@@ -351,6 +395,9 @@ class GRPOTrainer:
     def _finish(self, started: float, status: str) -> dict:
         from entropyrl.trainers.tracking import read_metrics
 
+        if not self.dist.is_main:     # rank 0 writes the summary, plots and artifacts
+            return {"status": status, "steps": self.step, "algo": str(self.cfg.algo.name),
+                    "output_dir": str(self.output_dir), "rank": self.dist.rank}
         rows = read_metrics(self.output_dir)
         plot = None
         if rows:
@@ -358,7 +405,8 @@ class GRPOTrainer:
                                         title=f"{self.cfg.algo.name} on {self.cfg.data.name} (seed {self.cfg.trainer.seed})")
         summary = summarize(rows)
         summary.update({"status": status, "steps": self.step, "algo": str(self.cfg.algo.name),
-                        "output_dir": str(self.output_dir), "mlflow_run_id": self.tracker.run_id,
+                        "output_dir": str(self.output_dir), "world_size": self.dist.world_size,
+                        "mlflow_run_id": self.tracker.run_id,
                         "tracking_uri": self.tracker.uri if self.tracker.enabled else None,
                         "wall_seconds": time.perf_counter() - started})
         (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -431,4 +479,8 @@ class _progress:
 
 def train(cfg: DictConfig, log=print) -> dict:
     """Run (or resume) the training job described by ``cfg``; returns the summary dict."""
-    return GRPOTrainer(cfg, log=log).fit()
+    trainer = GRPOTrainer(cfg, log=log)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()

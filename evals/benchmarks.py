@@ -1,0 +1,344 @@
+"""Benchmark registry and the one loader behind every benchmark.
+
+Each benchmark is a YAML file in ``conf/benchmark/`` (``aime24``, ``aime25``, ``amc23``,
+``math500``, ``minerva``, ``olympiadbench``, ``gsm8k``; ``all`` lists them) naming:
+
+- ``local``: one or more paths relative to the data root, tried in order (jsonl / json /
+  parquet, including verl's parquet layout);
+- ``hub``: a Hugging Face dataset (``path``, ``name``, ``split``, optional ``fields``) used
+  through ``datasets.load_dataset`` when no local file exists;
+- ``fields``: ``id``, ``problem``, ``answer`` field names and ``gold``, how to read the gold
+  answer from the answer field: ``field`` (as is), ``boxed`` (last ``\\boxed{}`` in it, e.g. a
+  solution), ``list`` (a list of answers, joined by ", "), ``hash`` (the text after ``####``);
+- the reference decoding: ``n_samples``, ``temperature``, ``top_p`` (ALGORITHMS.md §7).
+
+verl parquet files (``prompt`` = chat messages, gold in ``reward_model.ground_truth``) are
+recognised by their columns whatever the benchmark says; repeated rows (verl's AIME files hold
+every problem 32 times) are dropped. A path to a file can stand in for a benchmark name.
+
+Data root: ``data_root`` argument (``eval.data_root``), else ``$ENTROPYRL_DATA``, else
+``../shared/data`` relative to the current directory when it exists.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from entropyrl.errors import UserError
+
+BENCHMARK_DIR = Path(__file__).resolve().parents[1] / "conf" / "benchmark"
+GOLD_MODES = ("field", "boxed", "list", "hash")
+
+__all__ = ["Problem", "BenchmarkSpec", "available_benchmarks", "get_spec", "expand_benchmarks",
+           "resolve_data_root", "load_benchmark", "read_rows", "rows_to_problems"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One benchmark item. ``messages``: the original chat prompt when the file had one (verl)."""
+
+    id: str
+    problem: str
+    answer: str
+    messages: tuple[dict, ...] | None = None
+
+
+@dataclass
+class BenchmarkSpec:
+    name: str
+    description: str = ""
+    local: list[str] = field(default_factory=list)
+    hub: dict[str, Any] | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    n_samples: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    members: list[str] = field(default_factory=list)   # only for groups such as ``all``
+    path: Path | None = None                           # the YAML (or data file) it came from
+
+
+# --------------------------------------------------------------------------------------------
+# Registry
+# --------------------------------------------------------------------------------------------
+
+def available_benchmarks() -> list[str]:
+    return sorted(p.stem for p in BENCHMARK_DIR.glob("*.yaml"))
+
+
+def _spec_from_dict(d: dict, path: Path | None) -> BenchmarkSpec:
+    local = d.get("local") or []
+    if isinstance(local, str):
+        local = [local]
+    return BenchmarkSpec(
+        name=str(d["name"]), description=str(d.get("description") or ""), local=list(local),
+        hub=dict(d["hub"]) if d.get("hub") else None, fields=dict(d.get("fields") or {}),
+        n_samples=int(d.get("n_samples") or 4), temperature=float(d.get("temperature", 1.0)),
+        top_p=float(d.get("top_p", 1.0)), members=list(d.get("members") or []), path=path)
+
+
+def _looks_like_file(name: str) -> bool:
+    return name.endswith((".jsonl", ".json", ".parquet")) or os.sep in name
+
+
+def get_spec(name: str) -> BenchmarkSpec:
+    """The spec of benchmark ``name`` (a ``conf/benchmark`` name or a path to a data file)."""
+    yaml = BENCHMARK_DIR / f"{name}.yaml"
+    if yaml.is_file():
+        from omegaconf import OmegaConf
+
+        data = OmegaConf.to_container(OmegaConf.load(yaml), resolve=True)
+        return _spec_from_dict(data, yaml)
+    if _looks_like_file(name):
+        p = Path(name).expanduser()
+        if not p.is_file():
+            raise UserError(f"benchmark file '{name}' does not exist: give a benchmark name "
+                            f"({', '.join(available_benchmarks())}) or an existing .jsonl/.json/.parquet file")
+        return BenchmarkSpec(name=p.stem, local=[str(p.resolve())], fields={}, n_samples=4, path=p)
+    near = difflib.get_close_matches(name, available_benchmarks(), n=1)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    raise UserError(f"unknown benchmark '{name}'{hint}; valid: {', '.join(available_benchmarks())} "
+                    f"or a path to a .jsonl/.json/.parquet file")
+
+
+def expand_benchmarks(names: Iterable[str]) -> list[str]:
+    """Names with groups (``all``) expanded, duplicates dropped, order kept."""
+    out: list[str] = []
+    for name in names:
+        name = str(name).strip()
+        if not name:
+            continue
+        spec = get_spec(name)
+        for member in (spec.members or [name]):
+            if member not in out:
+                out.append(member)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Reading files
+# --------------------------------------------------------------------------------------------
+
+def resolve_data_root(data_root: str | os.PathLike | None = None) -> Path | None:
+    """``data_root``, else ``$ENTROPYRL_DATA``, else ``./../shared/data`` if it exists, else None."""
+    if data_root:
+        return Path(str(data_root)).expanduser().resolve()
+    env = os.environ.get("ENTROPYRL_DATA")
+    if env:
+        return Path(env).expanduser().resolve()
+    default = (Path.cwd() / ".." / "shared" / "data").resolve()
+    return default if default.is_dir() else None
+
+
+def _plain(value: Any) -> Any:
+    """numpy arrays / scalars from parquet -> Python lists / scalars, recursively."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return _plain(tolist())
+    return value
+
+
+def read_rows(path: str | os.PathLike) -> list[dict]:
+    """Rows of a .jsonl, .json (a list, or a dict holding one) or .parquet file."""
+    p = Path(path)
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return [_plain(r) for r in pq.read_table(p).to_pylist()]
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"cannot read {p}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    if suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None                       # maybe JSON lines with a .json name
+        if isinstance(data, list):
+            return [r for r in data if isinstance(r, dict)]
+        if isinstance(data, dict):
+            for key in ("data", "rows", "examples", "test", "problems"):
+                if isinstance(data.get(key), list):
+                    return [r for r in data[key] if isinstance(r, dict)]
+            raise UserError(f"{p}: a JSON object without a list of rows (expected a list, or a "
+                            f"'data' list)")
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Rows -> problems
+# --------------------------------------------------------------------------------------------
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return str(int(value))               # amc23 writes 27 as 27.0
+    return str(value).strip()
+
+
+def _last_boxed(text: str) -> str:
+    from entropyrl.evals.grader import extract_answer
+
+    return extract_answer(text) or ""
+
+
+def gold_from(value: Any, mode: str) -> str:
+    """The gold answer in ``value`` read the ``mode`` way (see ``GOLD_MODES``)."""
+    if mode == "field":
+        return _text(value[0] if isinstance(value, list) and len(value) == 1 else value)
+    if mode == "boxed":
+        if isinstance(value, list):
+            value = "\n".join(map(str, value))
+        return _last_boxed(_text(value))
+    if mode == "list":
+        items = value if isinstance(value, list) else [value]
+        return ", ".join(_text(v) for v in items if _text(v))
+    if mode == "hash":
+        return _text(_text(value).split("####")[-1]).replace(",", "") if "####" in _text(value) else ""
+    raise UserError(f"unknown gold mode '{mode}'; valid: {', '.join(GOLD_MODES)}")
+
+
+_DAPO_HEAD = re.compile(r"^\s*Solve the following math problem step by step\..*?the answer to the "
+                        r"problem\.\s*", re.S)
+_DAPO_TAIL = re.compile(r"\s*Remember to put your answer on its own line after \"Answer:\"\.\s*$")
+
+
+def _is_verl(row: dict) -> bool:
+    return isinstance(row.get("prompt"), list) and isinstance(row.get("reward_model"), dict)
+
+
+def _verl_problem(row: dict) -> tuple[str, tuple[dict, ...]]:
+    messages = tuple({"role": str(m.get("role", "user")), "content": str(m.get("content", ""))}
+                     for m in row["prompt"] if isinstance(m, dict))
+    user = [m["content"] for m in messages if m["role"] == "user"]
+    text = user[-1] if user else (messages[-1]["content"] if messages else "")
+    # The bare problem, without the DAPO instruction wrapped around it (so that our own prompt
+    # templates can be applied); the original messages stay available (prompt template "native").
+    bare = _DAPO_TAIL.sub("", _DAPO_HEAD.sub("", text, count=1)).strip()
+    return bare or text, messages
+
+
+_AUTO_PROBLEM = ("problem", "question", "prompt", "input")
+_AUTO_ANSWER = (("answer", "field"), ("final_answer", "list"), ("ground_truth", "field"),
+                ("solution", "boxed"))
+
+
+def _auto_fields(row: dict) -> dict:
+    problem = next((k for k in _AUTO_PROBLEM if isinstance(row.get(k), str)), None)
+    answer = next(((k, m) for k, m in _AUTO_ANSWER if row.get(k) not in (None, "")), None)
+    if problem is None or answer is None:
+        raise UserError(f"cannot tell problem and answer fields apart in a row with keys "
+                        f"{sorted(row)}: expected one of {list(_AUTO_PROBLEM)} and one of "
+                        f"{[k for k, _ in _AUTO_ANSWER]}")
+    ident = next((k for k in ("id", "idx", "unique_id") if k in row), None)
+    return {"id": ident, "problem": problem, "answer": answer[0], "gold": answer[1]}
+
+
+def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str = "") -> list[Problem]:
+    """Problems from raw rows: verl layout detected by its columns, else ``fields`` (or guessed
+    field names). Rows repeating an earlier (problem, answer) pair are dropped."""
+    out: list[Problem] = []
+    seen: set[tuple[str, str]] = set()
+    fields = dict(fields or {})
+    for i, row in enumerate(rows):
+        if _is_verl(row):
+            problem, messages = _verl_problem(row)
+            answer = _text((row.get("reward_model") or {}).get("ground_truth"))
+            extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
+            ident = _text(extra.get("index")) if extra.get("index") is not None else str(i)
+        else:
+            f = fields if fields.get("problem") and fields.get("answer") else _auto_fields(row)
+            if f["problem"] not in row or f["answer"] not in row:
+                missing = f["problem"] if f["problem"] not in row else f["answer"]
+                raise UserError(f"{source or 'data'}: row {i} has no field '{missing}' "
+                                f"(fields: {sorted(row)}); fix 'fields' in the benchmark YAML")
+            problem = _text(row[f["problem"]])
+            context = f.get("context")
+            if context and row.get(context):
+                problem = _text(row[context]) + "\n\n" + problem
+            answer = gold_from(row[f["answer"]], str(f.get("gold", "field")))
+            messages = None
+            ident = _text(row[f["id"]]) if f.get("id") and row.get(f["id"]) is not None else str(i)
+        key = (problem, answer)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(Problem(id=ident, problem=problem, answer=answer, messages=messages))
+    return out
+
+
+def _hub_offline() -> bool:
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def _load_hub(spec: BenchmarkSpec, looked: str) -> list[dict]:
+    hub = spec.hub or {}
+    hint = "set ENTROPYRL_DATA=<data dir> or eval.data_root=<data dir>"
+    if _hub_offline():
+        raise UserError(f"benchmark {spec.name}: no data file at {looked} and the hub is off "
+                        f"(HF_HUB_OFFLINE/HF_DATASETS_OFFLINE): {hint}")
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(hub["path"], hub.get("name"), split=hub.get("split", "test"))
+    except Exception as exc:  # noqa: BLE001 - network, missing dataset, auth: one actionable line
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise UserError(f"benchmark {spec.name}: no data file at {looked} and hub dataset "
+                        f"'{hub.get('path')}' failed to load ({first[:160]}): {hint}") from None
+    return [_plain(dict(r)) for r in ds]
+
+
+def load_benchmark(name: str, data_root: str | os.PathLike | None = None,
+                   limit: int | None = None) -> list[Problem]:
+    """Problems of benchmark ``name``: its first existing local file under the data root, else its
+    hub dataset. ``limit``: keep the first N problems."""
+    spec = get_spec(name)
+    if spec.members:
+        raise UserError(f"'{name}' is a group of benchmarks ({', '.join(spec.members)}); load each one")
+    root = resolve_data_root(data_root)
+    candidates = [Path(p) if Path(p).is_absolute() else (root / p if root else None) for p in spec.local]
+    found = next((p for p in candidates if p is not None and p.is_file()), None)
+    if found is not None:
+        rows = read_rows(found)
+        problems = rows_to_problems(rows, spec.fields, source=str(found))
+    elif spec.hub:
+        if root is None:
+            looked = (f"<data root>/{spec.local[0]} (no data root: eval.data_root and ENTROPYRL_DATA "
+                      f"unset and {(Path.cwd() / '..' / 'shared' / 'data').resolve()} missing)")
+        else:
+            looked = str(root / spec.local[0]) if spec.local else str(root)
+        hub_fields = dict(spec.fields)
+        hub_fields.update((spec.hub or {}).get("fields") or {})
+        problems = rows_to_problems(_load_hub(spec, looked), hub_fields, source=spec.hub.get("path", ""))
+    else:
+        where = candidates[0] if candidates and candidates[0] else (spec.local[0] if spec.local else "?")
+        raise UserError(f"benchmark {spec.name}: no data file at {where}: set "
+                        f"ENTROPYRL_DATA=<data dir> or eval.data_root=<data dir>")
+    if not problems:
+        raise UserError(f"benchmark {spec.name}: no problems found in {found or spec.hub}")
+    if limit is not None and int(limit) > 0:
+        problems = problems[: int(limit)]
+    return problems

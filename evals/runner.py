@@ -1,0 +1,349 @@
+"""The evaluation harness: benchmarks -> prompts -> samples -> grades -> metrics.
+
+- ``evaluate(generator, tokenizer, benchmarks, settings)``: the shared core (used by the CLI and by
+  training-time validation). Returns per-benchmark metrics and one record per sample.
+- ``run_eval(cfg)``: ``entropyrl eval``: loads data and model from a composed ``conf/eval.yaml``,
+  prints a table, writes ``<output_dir>/samples.jsonl`` and ``summary.json`` and logs an MLflow
+  run (metric keys ``eval/<bench>/avg@<n>`` with ``@`` spelled ``_at_``, as MLflow forbids ``@``).
+- ``validate(model, tokenizer, benchmarks, val_cfg)``: ``{"val/<bench>/avg@<n>": ...}`` for the
+  trainer, with the in-memory policy, leaving its RNG state and train/eval mode as they were.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from entropyrl.errors import UserError
+from entropyrl.evals.benchmarks import Problem, expand_benchmarks, get_spec, load_benchmark
+from entropyrl.evals.grader import DEFAULT_TIMEOUT, grade_batch
+from entropyrl.evals.metrics import mean_metrics, mlflow_key, problem_metrics
+from entropyrl.evals.prompts import build_prompts
+
+__all__ = ["EvalSettings", "evaluate", "run_eval", "validate", "render_table"]
+
+SUMMARY_KEYS = ("avg@n", "pass@1", "maj@n")   # averaged over benchmarks (n differs per benchmark)
+
+
+@dataclass
+class EvalSettings:
+    """Decoding and grading settings; None = the benchmark's reference value."""
+
+    n_samples: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_new_tokens: int = 1024
+    seed: int = 0
+    prompt: str = "boxed"
+    chat_template: Any = "auto"
+    workers: int | None = None
+    grade_timeout: float = DEFAULT_TIMEOUT
+
+    @classmethod
+    def from_cfg(cls, cfg: Mapping, **fallback) -> "EvalSettings":
+        get = cfg.get if hasattr(cfg, "get") else (lambda k, d=None: d)
+
+        def pick(key, default):
+            value = get(key, None)
+            return default if value is None else value
+
+        s = cls(
+            n_samples=pick("n_samples", fallback.get("n_samples")),
+            temperature=pick("temperature", fallback.get("temperature")),
+            top_p=pick("top_p", fallback.get("top_p")),
+            max_new_tokens=int(pick("max_new_tokens", fallback.get("max_new_tokens", 1024))),
+            seed=int(pick("seed", fallback.get("seed", 0))),
+            prompt=str(pick("prompt", fallback.get("prompt", "boxed"))),
+            chat_template=pick("chat_template", fallback.get("chat_template", "auto")),
+            workers=pick("workers", fallback.get("workers")),
+            grade_timeout=float(pick("grade_timeout", fallback.get("grade_timeout", DEFAULT_TIMEOUT))),
+        )
+        if s.n_samples is not None and int(s.n_samples) < 1:
+            raise UserError(f"eval.n_samples must be >= 1 (or null for the benchmark default), got {s.n_samples}")
+        if s.grade_timeout <= 0:
+            raise UserError(f"eval.grade_timeout must be > 0 seconds, got {s.grade_timeout}")
+        return s
+
+
+ProgressFn = Callable[[str, str, int, int], None]   # (benchmark, phase, advance, total)
+
+
+def evaluate(generator, tokenizer, benchmarks: Mapping[str, list[Problem]], settings: EvalSettings,
+             *, progress: ProgressFn | None = None) -> tuple[dict[str, dict], list[dict]]:
+    """Sample, grade and score each benchmark.
+
+    Returns ``(results, samples)``: ``results[bench]`` holds ``n_samples``, ``problems``,
+    ``temperature``, ``top_p`` and ``metrics`` (``avg@n``, ``pass@k``, ``maj@n`` means over
+    problems); ``samples`` has one dict per generated response."""
+    results: dict[str, dict] = {}
+    samples: list[dict] = []
+    for source, problems in benchmarks.items():
+        spec = get_spec(source)
+        bench = spec.name                      # a data file given by path is labelled by its stem
+        n = int(settings.n_samples or spec.n_samples)
+        temperature = float(spec.temperature if settings.temperature is None else settings.temperature)
+        top_p = float(spec.top_p if settings.top_p is None else settings.top_p)
+        total = n * len(problems)
+        prompts = build_prompts(problems, settings.prompt, tokenizer, settings.chat_template)
+
+        def tick(phase: str) -> Callable[[int], None] | None:
+            if progress is None:
+                return None
+            progress(bench, phase, 0, total)
+            return lambda k: progress(bench, phase, k, total)
+
+        t0 = time.perf_counter()
+        completions = generator.generate(prompts, n=n, temperature=temperature, top_p=top_p,
+                                         max_new_tokens=settings.max_new_tokens, seed=settings.seed,
+                                         progress=tick("generate"))
+        t1 = time.perf_counter()
+        flat = [c for group in completions for c in group]
+        golds = [p.answer for p in problems for _ in range(n)]
+        grades = grade_batch(flat, golds, workers=settings.workers, timeout=settings.grade_timeout,
+                             progress=tick("grade"))
+        t2 = time.perf_counter()
+        per_problem = []
+        for i, p in enumerate(problems):
+            mine = grades[i * n:(i + 1) * n]
+            per_problem.append(problem_metrics([g.extracted for g in mine], [g.correct for g in mine]))
+            for j, (text, g) in enumerate(zip(completions[i], mine)):
+                samples.append({"benchmark": bench, "problem_id": p.id, "sample": j, "answer": p.answer,
+                                "response": text, "extracted": g.extracted, "correct": g.correct})
+        results[bench] = {
+            "n_samples": n, "problems": len(problems), "temperature": temperature, "top_p": top_p,
+            "metrics": mean_metrics(per_problem),
+            "seconds": {"generate": round(t1 - t0, 3), "grade": round(t2 - t1, 3)},
+            "grader_timeouts": sum(g.reason == "timeout" for g in grades),
+        }
+    return results, samples
+
+
+def average_over_benchmarks(results: Mapping[str, dict]) -> dict[str, float]:
+    """Mean over benchmarks of avg@n, pass@1 and maj@n (each benchmark at its own n)."""
+    if not results:
+        return {}
+    out = {}
+    for key in SUMMARY_KEYS:
+        vals = []
+        for r in results.values():
+            name = key.replace("@n", f"@{r['n_samples']}")
+            if name in r["metrics"]:
+                vals.append(r["metrics"][name])
+        if vals:
+            out[key] = sum(vals) / len(vals)
+    return out
+
+
+def flat_metrics(results: Mapping[str, dict], prefix: str = "eval") -> dict[str, float]:
+    """``{"eval/<bench>/avg@32": ..., "eval/average/avg@n": ...}``."""
+    out = {f"{prefix}/{b}/{k}": float(v) for b, r in results.items() for k, v in r["metrics"].items()}
+    if len(results) > 1:
+        out.update({f"{prefix}/average/{k}": float(v) for k, v in average_over_benchmarks(results).items()})
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Training-time validation
+# --------------------------------------------------------------------------------------------
+
+def validate(model, tokenizer, benchmarks: list[str], val_cfg) -> dict[str, float]:
+    """``{"val/<bench>/avg@<n>": ..., "val/<bench>/pass@<k>": ..., "val/<bench>/maj@<n>": ...}``.
+
+    Reads from ``val_cfg`` (all optional): ``n_samples`` (default 1), ``limit`` (first N problems),
+    ``temperature`` (0 = greedy), ``top_p``, ``max_new_tokens`` (1024), ``prompt`` (boxed),
+    ``chat_template`` (auto), ``batch_size`` (16), ``seed`` (0), ``data_root``, ``workers``,
+    ``grade_timeout``. The model's RNG state and train/eval mode are restored afterwards."""
+    from entropyrl.evals.generation import HFGenerator
+
+    val_cfg = val_cfg if val_cfg is not None else {}
+    get = val_cfg.get
+    settings = EvalSettings.from_cfg(val_cfg, n_samples=1)
+    names = expand_benchmarks(benchmarks)
+    data = {b: load_benchmark(b, get("data_root", None), get("limit", None)) for b in names}
+    chat = _use_chat(tokenizer, settings.chat_template)
+    generator = HFGenerator(model, tokenizer, batch_size=int(get("batch_size", None) or 16),
+                            add_special_tokens=not chat)
+    results, _ = evaluate(generator, tokenizer, data, settings)
+    return flat_metrics(results, prefix="val")
+
+
+def _use_chat(tokenizer, chat_template) -> bool:
+    if chat_template in (None, "auto"):
+        return bool(getattr(tokenizer, "chat_template", None))
+    return bool(chat_template)
+
+
+# --------------------------------------------------------------------------------------------
+# entropyrl eval
+# --------------------------------------------------------------------------------------------
+
+def _chat_setting(cfg) -> Any:
+    """eval.chat_template, falling back to model.chat_template (false for the embedded model)."""
+    ev = cfg.eval.get("chat_template", "auto")
+    if ev not in (None, "auto"):
+        return ev
+    model_flag = cfg.model.get("chat_template", None) if "model" in cfg else None
+    return "auto" if model_flag is None or model_flag is True else False
+
+
+def _device(setting: str):
+    import torch
+
+    if setting in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(str(setting))
+    except RuntimeError:
+        raise UserError(f"eval.device '{setting}' is not a torch device (auto, cpu, cuda, cuda:1...)") from None
+
+
+def make_generator(cfg, log: Callable[[str], None] = print):
+    """``(generator, tokenizer, model_label)`` for ``cfg.model`` and ``cfg.eval.backend``."""
+    ev = cfg.eval
+    backend = str(ev.get("backend", "hf"))
+    from entropyrl.evals.generation import BACKENDS, HFGenerator, VLLMGenerator
+
+    if backend not in BACKENDS:
+        raise UserError(f"unknown eval.backend '{backend}'; valid: {', '.join(BACKENDS)}")
+    try:
+        from entropyrl.trainers import tiny
+    except ImportError as exc:
+        raise UserError(f"cannot load models: entropyrl.trainers.tiny is unavailable ({exc})") from None
+    label = str(cfg.model.get("path") or cfg.model.get("name") or "model")
+    chat = _chat_setting(cfg)
+    if backend == "hf":
+        model, tokenizer = tiny.load_policy(cfg.model, log=log)
+        model.to(_device(ev.get("device", "auto")))
+        gen = HFGenerator(model, tokenizer, batch_size=int(ev.get("batch_size", 16) or 16),
+                          add_special_tokens=not _use_chat(tokenizer, chat))
+        return gen, tokenizer, label
+    path = cfg.model.get("path") or tiny.embedded_model_dir(cfg.model, log=log)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    vcfg = dict(ev.get("vllm") or {})
+    dtype = str(vcfg.pop("dtype", None) or cfg.model.get("dtype") or "auto")
+    gen = VLLMGenerator(str(path), dtype=dtype, seed=int(ev.get("seed", 0)), **vcfg)
+    return gen, tokenizer, label
+
+
+def render_table(results: Mapping[str, dict], title: str = "entropyrl eval"):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("benchmark", "problems", "n", "avg@n", "pass@k (k=1,2,4..)", "maj@n"):
+        table.add_column(col, justify="left" if col == "benchmark" else "right")
+    for b, r in results.items():
+        n, m = r["n_samples"], r["metrics"]
+        passes = "  ".join(f"{m[k]:.3f}" for k in m if k.startswith("pass@"))
+        table.add_row(b, str(r["problems"]), str(n), f"{m[f'avg@{n}']:.3f}", passes, f"{m[f'maj@{n}']:.3f}")
+    if len(results) > 1:
+        avg = average_over_benchmarks(results)
+        table.add_row("[bold]average[/bold]", "", "", f"{avg.get('avg@n', math.nan):.3f}",
+                      f"{avg.get('pass@1', math.nan):.3f} (pass@1)", f"{avg.get('maj@n', math.nan):.3f}")
+    return table
+
+
+def _log_mlflow(cfg, results, metrics: dict[str, float], files: list[Path], label: str,
+                names: list[str]) -> tuple[str | None, str | None]:
+    tr = cfg.get("tracking") or {}
+    if not tr.get("enabled", True):
+        return None, None
+    import logging
+
+    import mlflow
+    from omegaconf import OmegaConf
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)     # no "Creating initial tables" chatter
+    uri = str(tr.get("uri") or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db")
+    try:
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_experiment(str(tr.get("experiment") or "entropyrl"))
+        tags = {str(k): str(v) for k, v in (tr.get("tags") or {}).items()}
+        tags.update({"entropyrl.command": "eval", "entropyrl.output_dir": str(Path(cfg.output_dir).resolve())})
+        if tr.get("parent_run_id"):
+            tags["mlflow.parentRunId"] = str(tr.parent_run_id)
+        run_name = tr.get("run_name") or f"eval-{Path(label).name}-{'-'.join(names)[:60]}"
+        with mlflow.start_run(run_name=str(run_name), tags=tags, nested=mlflow.active_run() is not None) as run:
+            params = {f"eval.{k}": str(v) for k, v in OmegaConf.to_container(cfg.eval, resolve=True).items()}
+            params.update({"model": label, "benchmarks": ",".join(names)})
+            params.update({f"eval.n_samples.{b}": str(r["n_samples"]) for b, r in results.items()})
+            mlflow.log_params({k: v[:6000] for k, v in params.items()})
+            mlflow.log_metrics({mlflow_key(k): v for k, v in metrics.items() if math.isfinite(v)})
+            for f in files:
+                mlflow.log_artifact(str(f))
+            return run.info.run_id, uri
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - tracking store trouble is the user's setup
+        raise UserError(f"cannot log the eval to MLflow at {uri}: {str(exc).splitlines()[0]} "
+                        f"(check MLFLOW_TRACKING_URI/tracking.uri, or tracking.enabled=false)") from None
+
+
+def run_eval(cfg, console=None) -> dict:
+    """``entropyrl eval``: see the module docstring. Returns the summary dict."""
+    from omegaconf import OmegaConf
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = console or Console(stderr=True)
+    ev = cfg.eval
+    requested = list(cfg.get("benchmarks") or [])
+    if cfg.get("benchmark") and cfg.benchmark.get("name"):     # `+benchmark=aime24` (the config group)
+        requested.append(str(cfg.benchmark.name))
+    names = expand_benchmarks(requested)
+    if not names:
+        from entropyrl.evals.benchmarks import available_benchmarks
+
+        raise UserError("no benchmark given: entropyrl eval BENCH... (one or more of "
+                        f"{', '.join(available_benchmarks())}, or a .jsonl/.parquet file)")
+    limit = ev.get("limit")
+    if limit is not None and int(limit) < 1:
+        raise UserError(f"eval.limit must be >= 1 (or null for every problem), got {limit}")
+    settings = EvalSettings.from_cfg(ev)
+    settings.chat_template = _chat_setting(cfg)
+    from entropyrl.evals.prompts import available_templates
+
+    if settings.prompt not in available_templates():
+        raise UserError(f"unknown eval.prompt '{settings.prompt}'; valid: {', '.join(available_templates())}")
+    data = {b: load_benchmark(b, ev.get("data_root"), limit) for b in names}   # fail fast, before the model
+    out_dir = Path(str(cfg.output_dir))
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    generator, tokenizer, label = make_generator(cfg, log=lambda m: console.print(f"[dim]{m}[/dim]"))
+    started = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as bar:
+        tasks: dict[tuple[str, str], int] = {}
+
+        def progress(bench: str, phase: str, advance: int, total: int) -> None:
+            key = (bench, phase)
+            if key not in tasks:
+                tasks[key] = bar.add_task(f"{phase:8s} {bench}", total=total)
+            if advance:
+                bar.advance(tasks[key], advance)
+
+        results, samples = evaluate(generator, tokenizer, data, settings, progress=progress)
+
+    metrics = flat_metrics(results, prefix="eval")
+    samples_path, summary_path = out_dir / "samples.jsonl", out_dir / "summary.json"
+    with samples_path.open("w", encoding="utf-8") as f:
+        for s in samples:
+            f.write(json.dumps(s) + "\n")
+    summary = {
+        "model": label, "benchmarks": results, "average": average_over_benchmarks(results),
+        "metrics": metrics, "output_dir": str(out_dir.resolve()),
+        "seconds": round(time.perf_counter() - started, 3),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+    summary_path.write_text(json.dumps(summary, indent=2))
+    run_id, uri = _log_mlflow(cfg, results, metrics, [samples_path, summary_path], label, names)
+    if run_id:
+        summary.update({"mlflow_run_id": run_id, "tracking_uri": uri})
+        summary_path.write_text(json.dumps(summary, indent=2))
+    return summary

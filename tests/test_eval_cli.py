@@ -1,0 +1,157 @@
+"""`entropyrl grade` and `entropyrl eval` through the real CLI, and the trainer's validation hook."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+CLI = [sys.executable, "-m", "entropyrl.cli.main"]
+HAS_TINY = importlib.util.find_spec("entropyrl.trainers.tiny") is not None
+# A few warm-start steps: a real embedded model, built in seconds (its own cache entry).
+FAST_TINY = ["model=tiny", "model.warm_start.steps=3", "model.warm_start.batch_size=8"]
+
+
+def run_cli(*args, cwd=None, env=None, timeout=300):
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=full_env,
+                          timeout=timeout)
+
+
+@pytest.fixture()
+def graded_input(tmp_path):
+    lines = [
+        json.dumps({"id": 1, "response": "so $\\boxed{073}$", "answer": "73"}),
+        "this is not json",
+        json.dumps({"id": 3, "response": "Answer: 5", "answer": 6}),
+        json.dumps({"id": 4, "answer": "1"}),
+        json.dumps({"id": 5, "response": "x = \\boxed{\\dfrac{1}{2}}", "answer": ["0.5"]}),
+        "",
+        json.dumps({"id": 7, "response": None, "answer": "1"}),
+        json.dumps({"id": 8, "response": "no answer at all", "answer": "2"}),
+    ]
+    path = tmp_path / "responses.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_grade_cli_grades_good_lines_and_names_bad_ones(graded_input, tmp_path):
+    out_path = tmp_path / "out" / "graded.jsonl"
+    out = run_cli("grade", graded_input, "--out", out_path)
+    assert out.returncode == 0, out.stderr
+    for lineno in (2, 4, 7):
+        assert f"responses.jsonl:{lineno}:" in out.stderr
+    assert "Traceback" not in out.stderr
+    rows = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [1, 3, 5, 8]
+    assert [r["correct"] for r in rows] == [True, False, True, False]
+    assert [r["extracted"] for r in rows] == ["073", "5", "\\dfrac{1}{2}", None]
+    assert rows[0]["response"] == "so $\\boxed{073}$"                 # other fields kept
+    assert "graded 4 lines" in out.stdout and "0.5000" in out.stdout and "3 malformed" in out.stdout
+    strict = run_cli("grade", graded_input, "--out", out_path, "--strict")
+    assert strict.returncode == 1
+
+
+def test_grade_cli_default_output_and_nothing_gradable(tmp_path):
+    good = tmp_path / "a.jsonl"
+    good.write_text(json.dumps({"response": "\\boxed{2}", "answer": "2"}) + "\n")
+    out = run_cli("grade", good)
+    assert out.returncode == 0, out.stderr
+    assert json.loads((tmp_path / "a.graded.jsonl").read_text())["correct"] is True
+    bad = tmp_path / "b.jsonl"
+    bad.write_text("nope\n")
+    out = run_cli("grade", bad)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith("error: ")
+    missing = run_cli("grade", tmp_path / "missing.jsonl")
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_eval_bad_benchmark_and_missing_data_are_one_line_errors(tmp_path):
+    out = run_cli("eval", "aime2024", cwd=tmp_path)
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "unknown benchmark 'aime2024'" in lines[0]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = run_cli("eval", "math500", f"eval.data_root={empty}", "tracking.enabled=false", cwd=tmp_path,
+                  env={"HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and str(empty / "math500" / "test.jsonl") in lines[0] and "ENTROPYRL_DATA" in lines[0]
+    out = run_cli("eval", cwd=tmp_path)
+    assert out.returncode == 2 and "no benchmark given" in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TINY, reason="entropyrl.trainers.tiny is not there yet")
+def test_eval_end_to_end_with_the_tiny_model(tmp_path, data_dir):
+    out = run_cli("eval", "aime24", *FAST_TINY, "eval.n_samples=4", "eval.limit=3", "eval.max_new_tokens=8",
+                  "output_dir=run", cwd=tmp_path, env={"ENTROPYRL_DATA": str(data_dir)}, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "aime24" in out.stdout and "avg@n" in out.stdout                   # the rich table
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    bench = summary["benchmarks"]["aime24"]
+    assert bench["n_samples"] == 4 and bench["problems"] == 3
+    assert set(bench["metrics"]) == {"avg@4", "pass@1", "pass@2", "pass@4", "maj@4"}
+    assert all(0.0 <= v <= 1.0 for v in bench["metrics"].values())
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 12
+    assert {s["sample"] for s in samples} == {0, 1, 2, 3} and len({s["problem_id"] for s in samples}) == 3
+    assert {"benchmark", "problem_id", "sample", "response", "extracted", "correct"} <= set(samples[0])
+    # avg@4 is the share of correct samples
+    assert bench["metrics"]["avg@4"] == pytest.approx(sum(s["correct"] for s in samples) / 12)
+
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["entropyrl"], output_format="list")
+    assert len(runs) == 1 and runs[0].info.run_id == summary["mlflow_run_id"]
+    metrics = runs[0].data.metrics
+    for key in ("eval/aime24/avg_at_4", "eval/aime24/pass_at_1", "eval/aime24/pass_at_4", "eval/aime24/maj_at_4"):
+        assert key in metrics
+    assert metrics["eval/aime24/avg_at_4"] == pytest.approx(bench["metrics"]["avg@4"])
+    artifacts = {a.path for a in mlflow.tracking.MlflowClient().list_artifacts(runs[0].info.run_id)}
+    assert {"samples.jsonl", "summary.json"} <= artifacts
+
+
+def _char_tokenizer():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(i) for i in range(32, 127)] + ["\n"]
+    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<unk>"] + chars)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def test_validate_hook_returns_val_metrics_and_leaves_the_model_alone(data_dir):
+    import torch
+    from omegaconf import OmegaConf
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from entropyrl.evals.runner import validate
+
+    tok = _char_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=1024, pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id, bos_token_id=None))
+    model.train()
+    val_cfg = OmegaConf.create({"prompts": 128, "temperature": 1.0, "benchmarks": ["aime24", "amc23"],
+                                "n_samples": 2, "limit": 2, "max_new_tokens": 4, "data_root": str(data_dir)})
+    rng = torch.random.get_rng_state()
+    out = validate(model, tok, list(val_cfg.benchmarks), val_cfg)
+    assert torch.equal(torch.random.get_rng_state(), rng) and model.training
+    for bench in ("aime24", "amc23"):
+        for key in ("avg@2", "pass@1", "pass@2", "maj@2"):
+            assert 0.0 <= out[f"val/{bench}/{key}"] <= 1.0
+    assert set(out) >= {"val/average/avg@n", "val/average/pass@1"}
+    assert validate(model, tok, ["aime24"], val_cfg) == {k: v for k, v in out.items() if k.startswith("val/aime24/")}

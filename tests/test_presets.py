@@ -1,0 +1,149 @@
+"""Scale presets: `experiment=` files reproducing published configurations, the Qwen model presets,
+and the DAPO-Math-17k prompt source (real parquet from ../shared/data, graded by evals.grader)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from entropyrl.conf import CONF_DIR, compose, config_groups
+from entropyrl.errors import UserError
+
+CLI = [sys.executable, "-m", "entropyrl.cli.main"]
+EXPERIMENTS = ("stare_7b_short_cot", "steer_7b", "dapo_7b")
+
+
+def show(*overrides: str) -> dict:
+    out = subprocess.run([*CLI, "config", "show", *overrides], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return yaml.safe_load(out.stdout)
+
+
+# ---------------------------------------------------------------------------------------------
+# experiment presets
+# ---------------------------------------------------------------------------------------------
+def test_config_show_prints_the_stare_7b_short_cot_configuration():
+    cfg = show("experiment=stare_7b_short_cot")
+    assert cfg["algo"]["name"] == "stare" and cfg["algo"]["interventions"] == ["stare"]
+    stare = cfg["algo"]["stare"]
+    assert (stare["p"], stare["w"], stare["h_tgt"], stare["variant"], stare["adaptive"]) == (0.1, 1.1, 0.3, "O1", False)
+    assert (cfg["algo"]["clip"]["low"], cfg["algo"]["clip"]["high"], cfg["algo"]["clip"]["dual_c"]) == (0.2, 0.28, 10.0)
+    assert cfg["algo"]["dynamic_sampling"] == {"enabled": True, "max_num_gen_batches": 10}
+    assert cfg["model"]["path"] == "Qwen/Qwen2.5-Math-7B" and cfg["data"]["name"] == "dapo_math_17k"
+    t = cfg["trainer"]
+    assert (t["prompts_per_step"], t["mini_batch_prompts"], t["lr"], t["grad_clip"]) == (64, 64, 1e-6, 1.0)
+    assert t["dtype"] == "bfloat16" and t["gradient_checkpointing"] is True
+    r = cfg["rollout"]
+    assert (r["name"], r["n"], r["max_new_tokens"], r["temperature"], r["top_p"]) == ("vllm", 8, 3072, 1.0, 1.0)
+    assert cfg["data"]["max_prompt_length"] == 1024
+    v = cfg["val"]
+    assert v["benchmarks"] == ["aime24", "aime25"] and (v["n_samples"], v["top_p"], v["temperature"]) == (32, 0.7, 1.0)
+
+
+def test_steer_and_dapo_presets():
+    steer = compose("train", ["experiment=steer_7b"])
+    assert steer.algo.name == "steer" and steer.algo.steer.lambda_min == 0.8 and steer.algo.steer.mapping == "exp"
+    assert (steer.trainer.prompts_per_step, steer.trainer.mini_batch_prompts, steer.rollout.n) == (512, 32, 8)
+    assert steer.trainer.lr == 1e-6 and steer.rollout.max_new_tokens == 3072 and not steer.algo.dynamic_sampling.enabled
+    assert (steer.algo.clip.high, steer.algo.clip.dual_c) == (0.28, 10.0)
+
+    dapo = compose("train", ["experiment=dapo_7b"])
+    assert dapo.algo.name == "dapo" and dapo.algo.dynamic_sampling.enabled and dapo.algo.overlong.enabled
+    assert (dapo.trainer.prompts_per_step, dapo.trainer.mini_batch_prompts, dapo.rollout.n) == (512, 32, 16)
+    assert (dapo.rollout.max_new_tokens, dapo.algo.overlong.buffer, dapo.data.max_prompt_length) == (8192, 4096, 2048)
+    assert dapo.trainer.weight_decay == 0.1 and dapo.trainer.total_steps == 200
+    assert dapo.rollout.engine_kwargs.hf_overrides.max_position_embeddings == 32768
+
+
+def test_command_line_overrides_win_over_the_experiment():
+    cfg = compose("train", ["experiment=dapo_7b", "trainer.total_steps=5", "rollout.n=4", "model.path=/m/q7b"])
+    assert (cfg.trainer.total_steps, cfg.rollout.n, cfg.model.path) == (5, 4, "/m/q7b")
+    assert cfg.trainer.prompts_per_step == 512                           # the rest of the preset stays
+
+
+def test_unknown_experiment_lists_the_choices():
+    with pytest.raises(UserError, match=r"unknown experiment=stare_7b.*valid choices: dapo_7b, stare_7b_short_cot"):
+        compose("train", ["experiment=stare_7b"])
+    assert compose("train").model.name == "tiny"                         # no experiment by default
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_preset_value_names_its_source(name):
+    """`# @package _global_` on top, and every value line carries a comment saying where it is from."""
+    assert set(EXPERIMENTS) <= set(config_groups()["experiment"])
+    text = (CONF_DIR / "experiment" / f"{name}.yaml").read_text()
+    assert text.splitlines()[0].strip() == "# @package _global_"
+    body = text.split("\ndefaults:", 1)[1]
+    for line in body.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#") or re.fullmatch(r"[\w./-]+:", stripped):
+            continue                                              # blank, comment, or a section header
+        assert "#" in line and re.search(r"#\s*(script|verl|paper|spec|ours)\b", line), f"{name}: {line!r}"
+
+
+@pytest.mark.parametrize("model,hub", [("qwen2.5-math-1.5b", "Qwen/Qwen2.5-Math-1.5B"),
+                                       ("qwen2.5-math-7b", "Qwen/Qwen2.5-Math-7B"), ("qwen2.5-7b", "Qwen/Qwen2.5-7B")])
+def test_model_presets_name_a_hub_id_and_take_a_local_path(model, hub):
+    assert compose("train", [f"model={model}"]).model.path == hub
+    assert compose("train", [f"model={model}", "model.path=/models/x"]).model.path == "/models/x"
+
+
+# ---------------------------------------------------------------------------------------------
+# data=dapo_math_17k
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def dapo(data_dir):
+    from entropyrl.trainers.prompts_source import build_prompt_source
+
+    cfg = compose("train", ["data=dapo_math_17k", f"data.data_root={data_dir}"])
+    return build_prompt_source(cfg.data, seed=3)
+
+
+def test_dapo_parquet_loads_and_grades_an_answer_line(dapo):
+    assert len(dapo) > 17_000 and dapo.where.endswith("verl/DAPO-Math-17k.parquet")
+    item = next(p for p in dapo.train_items if p.answer == "42")
+    prompt = dapo.prompt(item)
+    assert item.problem in prompt and "\\boxed" in prompt                 # the file's own instruction (native)
+    assert dapo.reward(item, "Adding the two cases gives 42.\nAnswer: 42") == 1.0
+    assert dapo.reward(item, "Answer: 41") == 0.0
+    assert dapo.rewards([item, item, item], ["so \\boxed{42}", "no final answer here", "Answer: 042"]) == [1.0, 0.0, 1.0]
+    assert dapo.group(item) == "dapo_math_17k"
+
+
+def test_dapo_prompt_stream_is_deterministic_and_covers_the_epoch(dapo, data_dir):
+    from entropyrl.trainers.prompts_source import build_prompt_source
+
+    again = build_prompt_source(compose("train", ["data=dapo_math_17k", f"data.data_root={data_dir}"]).data, seed=3)
+    assert dapo.sample(16, step=5) == again.sample(16, step=5)
+    assert dapo.sample(16, step=5, attempt=2) == again.sample(16, step=5, attempt=2)
+    seen = [p.id for s in range(40) for p in dapo.sample(64, step=s)]
+    assert len(set(seen)) == len(seen)                                    # no repeats inside an epoch
+    other = build_prompt_source(compose("train", ["data=dapo_math_17k", f"data.data_root={data_dir}"]).data, seed=4)
+    assert other.sample(16, step=5) != dapo.sample(16, step=5)
+
+
+def test_dapo_filters_overlong_prompts_and_holds_out_validation(data_dir):
+    from entropyrl.trainers.prompts_source import build_prompt_source
+    from entropyrl.trainers.tiny import build_tokenizer
+
+    tok = build_tokenizer()                                              # one token per character
+    cfg = compose("train", ["data=dapo_math_17k", f"data.data_root={data_dir}", "data.limit=400",
+                            "data.max_prompt_length=500", "data.holdout=10", "data.chat_template=false"])
+    src = build_prompt_source(cfg.data, seed=0, tokenizer=tok)
+    kept = src.train_items + src.val_items
+    assert 0 < len(kept) < 400
+    assert all(len(tok(src.prompt(p), add_special_tokens=False)["input_ids"]) <= 500 for p in kept)
+    assert len(src.validation(100)) == 10 and not {p.id for p in src.val_items} & {p.id for p in src.train_items}
+
+
+def test_missing_dataset_offline_is_one_actionable_error(tmp_path, monkeypatch):
+    from entropyrl.trainers.prompts_source import build_prompt_source
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = compose("train", ["data=dapo_math_17k", f"data.data_root={tmp_path}"])
+    with pytest.raises(UserError, match="ENTROPYRL_DATA"):
+        build_prompt_source(cfg.data, seed=0)
