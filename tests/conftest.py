@@ -55,3 +55,15 @@ FAST_TRAIN = [
 @pytest.fixture(scope="session")
 def fast_train() -> list[str]:
     return list(FAST_TRAIN)
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_tracking_uri():
+    """Each test starts with no tracking URI: `mlflow.set_tracking_uri` (called by any in-process
+    run) also exports MLFLOW_TRACKING_URI, which later CLI subprocesses would silently inherit."""
+    import sys
+
+    if "mlflow" in sys.modules:
+        sys.modules["mlflow"].set_tracking_uri(None)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    yield

@@ -91,7 +91,7 @@ def _worker(mode: str, workdir: Path) -> None:
     from entropyrl.trainers import distributed
     from entropyrl.trainers.trainer import GRPOTrainer
 
-    extra = ["+trainer.gradient_checkpointing=true"] if mode == "dp" else []
+    extra = ["trainer.gradient_checkpointing=true"] if mode == "dp" else []
     cfg = compose("train", OVERRIDES + extra + [f"output_dir={workdir / mode}"])
     trainer = GRPOTrainer(cfg, log=lambda *_: None)
     batch_path = workdir / "batch.pt"
