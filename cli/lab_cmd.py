@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
                                   ("entropy/first_tenth", "entropy/last_tenth", "entropy/min", "final/val/acc")))
         out.mkdir(parents=True, exist_ok=True)
         plot_compare(curves, "entropy", out / "lab-entropy.png", ylabel="policy entropy (nats/token)",
-                     title="entropy on the default task (" + ", ".join(names) + ")")
+                     title=f"entropy on {cfgs[names[0]].data.name}, seed {cfgs[names[0]].trainer.seed}")
         plot_compare(curves, "val/acc", out / "lab-val-acc.png", ylabel="validation accuracy")
         (out / "lab-summary.json").write_text(json.dumps(results, indent=2))
         console.print(table)
