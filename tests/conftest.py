@@ -17,6 +17,9 @@ os.environ["ENTROPYRL_CACHE"] = str(_CACHE)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# vLLM's engine shutdown at interpreter exit logs warnings after pytest closed its streams
+# ("--- Logging error ---" tracebacks after the summary line); keep vLLM to errors in tests.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.setdefault("ENTROPYRL_DATA", str(SHARED / "data"))
 
