@@ -105,3 +105,20 @@ def primary_defaults(config_name: str) -> dict[str, str]:
             for k, v in item.items():
                 out[str(k).split("@")[0].lstrip("/")] = str(v)
     return out
+
+
+def cfg_get(cfg, key: str, default=None):
+    """``cfg[key]`` from a DictConfig, dict or attribute object, with ``default`` for missing or null."""
+    if cfg is None:
+        return default
+    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+    return default if value is None else value
+
+
+def to_plain(value):
+    """OmegaConf containers -> plain dicts/lists (resolved); anything else unchanged."""
+    from omegaconf import DictConfig, ListConfig
+
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value

@@ -34,25 +34,10 @@ import random
 from pathlib import Path
 from typing import Any, Sequence
 
+from entropyrl.conf import cfg_get, to_plain
 from entropyrl.errors import UserError
 
 __all__ = ["MathDatasetSource", "load_problems"]
-
-
-def _get(cfg, key, default=None):
-    value = cfg.get(key, default) if cfg is not None else default
-    return default if value is None else value
-
-
-def _plain(value):
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(value, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return value
 
 
 def _python(value):
@@ -74,20 +59,20 @@ def load_problems(data_cfg) -> tuple[list, str]:
     """``(problems, where)``: ``evals.benchmarks.Problem`` items of ``data_cfg`` and where they came from."""
     from entropyrl.evals.benchmarks import read_rows, resolve_data_root, rows_to_problems
 
-    name = str(_get(data_cfg, "name", "data"))
-    raw = _get(data_cfg, "path", None)
-    fields = _plain(_get(data_cfg, "fields", {})) or {}
+    name = str(cfg_get(data_cfg, "name", "data"))
+    raw = cfg_get(data_cfg, "path", None)
+    fields = to_plain(cfg_get(data_cfg, "fields", {})) or {}
     found = None
     if raw:
         path = Path(str(raw)).expanduser()
         if not path.is_absolute():
-            root = resolve_data_root(_get(data_cfg, "data_root", None))
+            root = resolve_data_root(cfg_get(data_cfg, "data_root", None))
             path = (root / path) if root is not None else None
         if path is not None and path.is_file():
             found = path
     if found is not None:
         return rows_to_problems(read_rows(found), fields, source=str(found)), str(found)
-    hub = _get(data_cfg, "hub", None)
+    hub = cfg_get(data_cfg, "hub", None)
     looked = (f"{raw} under the data root (data.data_root, $ENTROPYRL_DATA, or ../shared/data from "
               f"the working directory)") if raw else "no data.path"
     if not hub:
@@ -99,7 +84,7 @@ def load_problems(data_cfg) -> tuple[list, str]:
     try:
         import datasets
 
-        ds = datasets.load_dataset(str(hub), _get(data_cfg, "hub_name", None), split=str(_get(data_cfg, "hub_split", "train")))
+        ds = datasets.load_dataset(str(hub), cfg_get(data_cfg, "hub_name", None), split=str(cfg_get(data_cfg, "hub_split", "train")))
     except Exception as exc:  # noqa: BLE001 - network, auth, missing dataset: one actionable line
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
         raise UserError(f"data={name}: no data file ({looked}) and hub dataset '{hub}' failed to load "
@@ -114,20 +99,20 @@ class MathDatasetSource:
         self.cfg = data_cfg
         self.seed = int(seed)
         self.tokenizer = tokenizer
-        self.name = str(_get(data_cfg, "name", "math"))
-        self.template = str(_get(data_cfg, "prompt", "native"))
-        self.chat_template = _get(data_cfg, "chat_template", "auto")
-        self.timeout = float(_get(data_cfg, "grade_timeout", 5.0))
+        self.name = str(cfg_get(data_cfg, "name", "math"))
+        self.template = str(cfg_get(data_cfg, "prompt", "native"))
+        self.chat_template = cfg_get(data_cfg, "chat_template", "auto")
+        self.timeout = float(cfg_get(data_cfg, "grade_timeout", 5.0))
         self.workers = data_cfg.get("grade_workers", None) if data_cfg is not None else None
         from entropyrl.evals.prompts import available_templates
 
         if self.template not in available_templates():
             raise UserError(f"data.prompt={self.template}: valid choices: {', '.join(available_templates())}")
         problems, self.where = load_problems(data_cfg)
-        limit = _get(data_cfg, "limit", None)
+        limit = cfg_get(data_cfg, "limit", None)
         if limit:
             problems = problems[: int(limit)]
-        max_len = _get(data_cfg, "max_prompt_length", None)
+        max_len = cfg_get(data_cfg, "max_prompt_length", None)
         if max_len and tokenizer is not None:
             problems = [p for p in problems
                         if len(tokenizer(self.prompt(p), add_special_tokens=False)["input_ids"]) <= int(max_len)]
@@ -135,8 +120,8 @@ class MathDatasetSource:
             raise UserError(f"data={self.name}: no usable problems in {self.where}"
                             + (f" (all prompts longer than data.max_prompt_length={max_len} tokens)" if max_len else ""))
         order = list(range(len(problems)))
-        random.Random(int(_get(data_cfg, "val_seed", 987654))).shuffle(order)
-        holdout = min(int(_get(data_cfg, "holdout", 0)), len(problems) - 1)
+        random.Random(int(cfg_get(data_cfg, "val_seed", 987654))).shuffle(order)
+        holdout = min(int(cfg_get(data_cfg, "holdout", 0)), len(problems) - 1)
         held = set(order[:holdout])
         self.val_items = [problems[i] for i in order[:holdout]] or [problems[i] for i in order]
         self.train_items = [p for i, p in enumerate(problems) if i not in held]

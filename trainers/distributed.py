@@ -45,6 +45,7 @@ from typing import Any, Sequence
 
 import torch
 
+from entropyrl.conf import cfg_get
 from entropyrl.errors import UserError
 
 __all__ = ["DistInfo", "launcher_env", "expand_nodelist", "setup", "prepare_model", "shard",
@@ -118,14 +119,9 @@ def launcher_env(env: dict | None = None) -> dict[str, Any]:
             "master_addr": "127.0.0.1", "master_port": 29500}
 
 
-def _cfg(trainer_cfg, key, default):
-    value = trainer_cfg.get(key, default) if trainer_cfg is not None else default
-    return default if value is None else value
-
-
 def _wants_fsdp(trainer_cfg, world: int) -> bool:
-    setting = str(_cfg(trainer_cfg, "fsdp", "auto")).lower()
-    dtype = str(_cfg(trainer_cfg, "dtype", "float32"))
+    setting = str(cfg_get(trainer_cfg, "fsdp", "auto")).lower()
+    dtype = str(cfg_get(trainer_cfg, "dtype", "float32"))
     if dtype not in ("float32", "bfloat16"):
         raise UserError(f"trainer.dtype must be float32 or bfloat16, got {dtype}")
     if setting in ("true", "1", "yes"):
@@ -148,7 +144,7 @@ def setup(trainer_cfg=None) -> DistInfo:
     import torch.distributed as dist
 
     info = launcher_env()
-    requested = str(_cfg(trainer_cfg, "device", "auto"))
+    requested = str(cfg_get(trainer_cfg, "device", "auto"))
     use_cuda = torch.cuda.is_available() if requested == "auto" else requested.startswith("cuda")
     if use_cuda and not torch.cuda.is_available():
         raise UserError(f"trainer.device={requested} but no CUDA device is available")
@@ -217,7 +213,7 @@ def prepare_model(model, trainer_cfg, info: DistInfo, *, trainable: bool = True)
     """Gradient checkpointing (``trainer.gradient_checkpointing``, trainable models only) and
     FSDP2 sharding (``info.fsdp``): ``fully_shard`` per decoder layer, then the root. The model
     must already be on ``info.device``. Returns the same object (FSDP2 wraps in place)."""
-    if trainable and bool(_cfg(trainer_cfg, "gradient_checkpointing", False)):
+    if trainable and bool(cfg_get(trainer_cfg, "gradient_checkpointing", False)):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if not info.fsdp:
         return model
@@ -225,7 +221,7 @@ def prepare_model(model, trainer_cfg, info: DistInfo, *, trainable: bool = True)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     mesh = init_device_mesh(info.device.type, (info.world_size,))
-    if str(_cfg(trainer_cfg, "dtype", "float32")) == "bfloat16":
+    if str(cfg_get(trainer_cfg, "dtype", "float32")) == "bfloat16":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
         mp = MixedPrecisionPolicy()

