@@ -2,7 +2,8 @@
 
 Each input line is a JSON object with ``response`` (the model's text) and ``answer`` (the gold
 answer: a string, a number or a list of strings); other fields are kept. Each output line adds
-``correct`` (bool) and ``extracted`` (the answer found in the response, or null). A malformed
+``correct`` (bool), ``extracted`` (the answer found in the response, or null) and ``reason`` (which
+step decided: see ``entropyrl.evals.grader.REASONS``); the summary line counts the reasons. A malformed
 line (bad JSON, missing or non-string ``response``, missing ``answer``) is reported on stderr with
 its line number and left out of the output; the other lines are still graded.
 
@@ -76,7 +77,7 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         from entropyrl.errors import UserError
-        from entropyrl.evals.grader import grade_batch
+        from entropyrl.evals.grader import grade_batch, reason_counts
 
         err = Console(stderr=True, soft_wrap=True)
         if not file.is_file():
@@ -99,11 +100,13 @@ def register(app: typer.Typer) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         with target.open("w", encoding="utf-8") as f:
             for (_, obj), r in zip(good, results):
-                f.write(json.dumps({**obj, "correct": r.correct, "extracted": r.extracted}) + "\n")
+                f.write(json.dumps({**obj, "correct": r.correct, "extracted": r.extracted, "reason": r.reason}) + "\n")
         correct = sum(r.correct for r in results)
         Console(soft_wrap=True).print(f"graded [bold]{len(results)}[/bold] lines: accuracy [bold]{correct / len(results):.4f}[/bold] "
                         f"({correct}/{len(results)})"
                         + (f", [red]{len(bad)} malformed line(s) skipped[/red]" if bad else "")
                         + f" -> {target}", highlight=False)
+        Console(soft_wrap=True).print("reasons: " + ", ".join(f"{k} {v}" for k, v in reason_counts(results).items()),
+                                      highlight=False)
         if bad and strict:
             raise typer.Exit(1)

@@ -29,7 +29,9 @@ from entropyrl.evals.answer_normalize import balanced_group
 __all__ = ["extract_answer", "extract_with_reason", "unwrap_gold"]
 
 _BOX_RE = re.compile(r"\\(boxed|fbox|framebox)(?![A-Za-z])")
-_TEXT_MARKER_RE = re.compile(r"\banswer\s*[:\uff1a]|\bthe\s+(final\s+)?answer\s+is\b\s*:?", re.IGNORECASE)
+# "Answer:" opens a line or follows "Final" ("we may check our answer: ..." is not a marker).
+_TEXT_MARKER_RE = re.compile(r"(?:^[ \t*#_>]*|\bfinal\s+)answer\s*[:\uff1a]|\bthe\s+(final\s+)?answer\s+is\b\s*:?",
+                             re.IGNORECASE | re.MULTILINE)
 _MATHLIKE_START_RE = re.compile(r"[$\\(\[\d+\-.]")
 _SENTENCE_END_RE = re.compile(r"\.\s+(?=[A-Z])")
 _DELIMS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))

@@ -78,6 +78,8 @@ def numeric_value(key: str) -> float | None:
                 raise _NotNumeric
             elif tok is not None and (tok[0].isdigit() or tok[0] == "."):
                 raise _NotNumeric            # a number right after a factor ("1.5.2", "\\sqrt{2}3")
+            elif tok == "\\frac" and tokens[i - 1][0].isdigit():
+                raise _NotNumeric            # "15\\frac{39}{40}": a mixed number or a product? Unsure.
             elif starts_factor(tok):
                 value = finite(value * power())
             else:

@@ -122,8 +122,11 @@ def _precheck(pred: str | None, gold: str | None) -> str | None:
         return "too_long_answer"
     pred_parts, gold_parts = split_parts(pred), split_parts(gold)
     if len(gold_parts) == 1 and len(pred_parts) > 1:
-        return "mismatch"                 # a list of candidates never matches a single answer
-    if len(pred_parts) > 1 and len(gold_parts) > 1:
+        # A list of candidates never matches a single answer, unless every part is that answer
+        # (the same value in two forms: "\\boxed{0.5}, or \\boxed{\\frac{1}{2}}").
+        verdicts = [_fast_single(p, gold) for p in pred_parts]
+        verdict = False if False in verdicts else (None if None in verdicts else True)
+    elif len(pred_parts) > 1 and len(gold_parts) > 1:
         verdict = match_parts(pred_parts, gold_parts, _fast_single)
     elif len(gold_parts) > 1:
         verdict = True if compact_key(pred) == compact_key(gold) else None

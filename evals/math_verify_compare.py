@@ -35,7 +35,8 @@ def mv_equiv(pred: str, gold: str, inner_timeout: int) -> bool:
     """Multi-part answers part by part (as a set, or by label), else the whole pair."""
     gold_parts, pred_parts = split_parts(gold), split_parts(pred)
     if len(gold_parts) == 1 and len(pred_parts) > 1:
-        return False                      # a list of candidates never matches a single answer
+        # a list of candidates never matches a single answer, unless every part is that answer
+        return all(mv_single(p, gold, inner_timeout) for p in pred_parts)
     if len(gold_parts) > 1 and len(pred_parts) > 1:
         return match_parts(pred_parts, gold_parts, lambda p, g: mv_single(p, g, inner_timeout)) is True
     return mv_single(pred, gold, inner_timeout)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 
 from entropyrl.errors import UserError
 from entropyrl.evals.benchmarks import Problem, expand_benchmarks, get_spec, load_benchmark
-from entropyrl.evals.grader import DEFAULT_TIMEOUT, grade_batch
+from entropyrl.evals.grader import DEFAULT_TIMEOUT, grade_batch, no_answer_warning, reason_counts
 from entropyrl.evals.metrics import mean_metrics, mlflow_key, problem_metrics
 from entropyrl.evals.prompts import build_prompts
 
@@ -119,7 +119,11 @@ def evaluate(generator, tokenizer, benchmarks: Mapping[str, list[Problem]], sett
             "metrics": mean_metrics(per_problem),
             "seconds": {"generate": round(t1 - t0, 3), "grade": round(t2 - t1, 3)},
             "grader_timeouts": sum(g.reason == "timeout" for g in grades),
+            "grade_reasons": reason_counts(grades),
         }
+        warning = no_answer_warning(grades, bench)
+        if warning:
+            results[bench]["warning"] = warning
     return results, samples
 
 
@@ -330,6 +334,10 @@ def run_eval(cfg, console=None) -> dict:
 
         results, samples = evaluate(generator, tokenizer, data, settings, progress=progress)
 
+    warnings = [r["warning"] for r in results.values() if "warning" in r]   # many responses cut short
+    for line in warnings:
+        console.print(f"[yellow]warning[/yellow]: {line}", highlight=False)
+
     metrics = flat_metrics(results, prefix="eval")
     samples_path, summary_path = out_dir / "samples.jsonl", out_dir / "summary.json"
     with samples_path.open("w", encoding="utf-8") as f:
@@ -338,7 +346,7 @@ def run_eval(cfg, console=None) -> dict:
     summary = {
         "model": label, "benchmarks": results, "average": average_over_benchmarks(results),
         "metrics": metrics, "output_dir": str(out_dir.resolve()),
-        "seconds": round(time.perf_counter() - started, 3),
+        "seconds": round(time.perf_counter() - started, 3), "warnings": warnings,
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
     summary_path.write_text(json.dumps(summary, indent=2))

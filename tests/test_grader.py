@@ -86,7 +86,7 @@ def test_grade_batch_reports_extracted_answers_and_reasons():
                       ["73", "2\\sqrt{2}", "8", "1", "0.5"])
     assert [r.correct for r in out] == [True, True, False, False, True]
     assert [r.extracted for r in out] == ["073", "\\sqrt{8}", "9", None, "\\dfrac{2}{4}"]
-    assert [r.reason for r in out] == ["match", "math_verify", "numbers_differ", "no_answer", "match"]
+    assert [r.reason for r in out] == ["match", "math_verify_match", "mismatch", "no_answer", "match"]
 
 
 def test_one_and_two_workers_agree(reference):
@@ -102,7 +102,7 @@ def test_pathological_inputs_are_false_and_bounded():
     cases = [
         ("\\boxed{" + tower + "}", "5"),                        # math-verify would spin for seconds
         ("\\boxed{" + tower + "}", tower + "+1"),
-        ("x" * 1_000_000 + "\\boxed{5}", "5"),                  # 1 MB response: over the length cap
+        ("x" * 1_000_000 + "\\boxed{5}", "6"),                  # 1 MB response: searched, wrong answer
         ("\\boxed{" + "1+" * 5000 + "1}", "5"),                 # 10 kB answer: over the answer cap
         ("\\boxed{" + "{" * 50_000, "5"),                       # unbalanced braces
         ("\\boxed{" + "{" * 400 + "1" + "}" * 400 + "}", "2"),  # deep nesting
@@ -145,9 +145,7 @@ def test_model_text_is_never_executed(tmp_path):
 def test_length_caps_are_applied():
     long_answer = "1" * (grader.MAX_ANSWER_CHARS + 1)
     [r] = grade_batch(["\\boxed{" + long_answer + "}"], [long_answer])
-    assert r.correct is False and r.reason == "too_long"
-    [r] = grade_batch(["a" * (grader.MAX_RESPONSE_CHARS + 1) + "\\boxed{5}"], ["5"])
-    assert r.correct is False and r.extracted is None
+    assert r.correct is False and r.reason == "too_long_answer"
 
 
 @pytest.mark.parametrize("key, value", [
@@ -163,6 +161,6 @@ def test_numeric_value_is_a_safe_little_evaluator(key, value):
 
 def test_numeric_fast_path_only_rejects_clearly_different_values():
     assert grade_answers(["3\\sqrt{13}", "\\frac{\\pi}{6}", "2^{10}"], ["90", "0.5", "1000"]) == [
-        (False, "numbers_differ")] * 3
+        (False, "mismatch")] * 3
     # close values and equal values are left to math-verify
-    assert grade_answers(["3\\sqrt{2}", "\\frac{\\pi}{6}"], ["\\sqrt{18}", "0.5235988"])[0] == (True, "math_verify")
+    assert grade_answers(["3\\sqrt{2}", "\\frac{\\pi}{6}"], ["\\sqrt{18}", "0.5235988"])[0] == (True, "math_verify_match")
