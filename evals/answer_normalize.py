@@ -13,6 +13,7 @@ constant expressions are in ``answer_values``.
 
 from __future__ import annotations
 
+import math
 import re
 
 MAX_ANSWER_CHARS = 1_000       # longer extracted / gold answers are not compared: verdict False
@@ -131,11 +132,15 @@ def compact_key(answer: str) -> str:
     return num if num is not None else squeezed
 
 
-def lossy(answer: str) -> bool:
-    """Whether ``normalize`` drops a sign that math-verify reads as a value (a percent: ``10\\%``
-    is 0.1 to math-verify; a degree). Such a pair may be accepted on equal keys but only
-    math-verify may reject it."""
-    return bool(_PERCENT_RE.search(answer) or _DEGREE_RE.search(answer))
+def lossy(answer: str) -> float | None:
+    """The factor of the value that ``normalize`` drops when it removes a percent (``10\\%`` is
+    0.1 to math-verify: 1/100) or a degree sign (pi/180), else None. Such a pair may be accepted
+    on equal keys, but rejected only when the values differ under both readings."""
+    if _PERCENT_RE.search(answer):
+        return 0.01
+    if _DEGREE_RE.search(answer):
+        return math.pi / 180
+    return None
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ text is never executed.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
@@ -86,15 +87,33 @@ def _as_text(x) -> str | None:
     return None
 
 
+_MIXED_RE = re.compile(r"^(-?)(\d{1,9})\\frac\{(\d{1,9})\}\{(\d{1,9})\}$")
+
+
+def _values(key: str, factor: float | None) -> list[float] | None:
+    """The values a constant answer key can be read as: a mixed number "1\\frac{4}{5}" is 1 + 4/5
+    or 1 * 4/5; a dropped percent / degree sign (``factor``) gives the value scaled by it too."""
+    m = _MIXED_RE.match(key)
+    if m and int(m.group(4)):
+        whole, frac = int(m.group(2)), int(m.group(3)) / int(m.group(4))
+        sign = -1 if m.group(1) else 1
+        values = [sign * (whole + frac), sign * whole * frac]
+    else:
+        value = numeric_value(key)
+        if value is None:
+            return None
+        values = [value]
+    return values + [v * factor for v in values] if factor else values
+
+
 def _fast_single(pred: str, gold: str) -> bool | None:
     """True / False when the fast path is sure about a one-part pair, else None."""
     pk, gk = compact_key(pred), compact_key(gold)
     if pk and pk == gk:
         return True
-    if lossy(pred) or lossy(gold):
-        return None                       # "10\\%" vs "0.1": math-verify reads the percent
+    pf, gf = lossy(pred), lossy(gold)
     pv, gv = rational(pk), rational(gk)
-    if pv is not None and gv is not None:
+    if pv is not None and gv is not None and not (pf or gf):
         # Plain numbers and integer fractions, compared exactly ("0.5" == "\\frac{1}{2}"). When
         # they differ but a decimal is within math-verify's 6-decimal rounding of the other
         # ("0.333333" vs "\\frac{1}{3}"), math-verify decides.
@@ -104,10 +123,11 @@ def _fast_single(pred: str, gold: str) -> bool | None:
         if decimals == 0 or abs(pv[0] - gv[0]) > Fraction(1, 10 ** min(decimals, 6)):
             return False
         return None
-    # Constant expressions ("3\\sqrt{13}", "-\\frac{\\pi}{6}", "2^{10}") whose values are clearly
-    # apart cannot be equal. Only ever a *reject*; equality stays with math-verify.
-    a, b = numeric_value(pk), numeric_value(gk)
-    if a is not None and b is not None and abs(a - b) > 1e-5 * max(1.0, abs(a), abs(b)):
+    # Constant expressions ("3\\sqrt{13}", "-\\frac{\\pi}{6}", "2^{10}", "30^\\circ") whose values
+    # are clearly apart under every reading cannot be equal. Only ever a *reject*; equality of
+    # different keys stays with math-verify.
+    a, b = _values(pk, pf), _values(gk, gf)
+    if a and b and all(abs(x - y) > 1e-5 * max(1.0, abs(x), abs(y)) for x in a for y in b):
         return False
     return None
 
