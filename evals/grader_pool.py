@@ -7,13 +7,14 @@ math-verify's own ``signal.alarm`` timeouts stay on inside the workers as a chea
 but are not relied on: a computation stuck in C code (a huge integer power, say) never returns
 to the interpreter to receive the signal.
 
-Processes: one *zygote*, a plain subprocess (``python -E -s -c "...grader_pool._zygote(fd)"``: it
+Processes: one *zygote*, a plain subprocess (``python -E -s -c "...grader_worker.zygote(fd)"``: it
 never re-imports the caller's ``__main__`` and is safe to start from a multi-threaded parent),
-imports math-verify and warms its parsers once, then forks the workers, so a worker (and its
-replacement after a kill) starts warm in milliseconds. Workers live for the whole process
+imports math-verify once and forks the workers, so a worker starts in milliseconds; after the
+first batch it warms math-verify's parsers up, so that later workers (replacements after a kill)
+start warm. Workers live for the whole process
 (reused across calls), die with the zygote, and are capped in address space
 (``ENTROPYRL_GRADER_MEM_GB``, default 4; 0 = no cap) so that a pathological answer cannot eat the
-machine's memory. ``ENTROPYRL_GRADERWARMUP=0`` skips the zygote's warm-up.
+machine's memory. ``ENTROPYRL_GRADER_WARMUP=0`` skips the zygote's warm-up.
 
 Model text is never executed: the only parser of model text is math-verify's LaTeX parser
 (``LatexExtractionConfig`` only, so no Python expression parser ever sees it).
@@ -34,130 +35,15 @@ from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 from typing import Callable, Sequence
 
-from entropyrl.evals.math_verify_compare import WARMUP, mv_equiv
 
 __all__ = ["GradingPool", "run_pool", "shutdown_pool", "cpu_count", "start_pool"]
-
-
-def _worker_setup() -> None:
-    import logging
-    import warnings
-
-    warnings.simplefilter("ignore")
-    logging.disable(logging.CRITICAL)   # math-verify logs every timeout / parse failure
-
-
-def _limit_memory() -> None:
-    mem_gb = float(os.environ.get("ENTROPYRL_GRADER_MEM_GB", "4"))
-    if mem_gb <= 0:
-        return
-    try:
-        import resource
-
-        cap = int(mem_gb * (1 << 30))
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        if hard != resource.RLIM_INFINITY:
-            cap = min(cap, hard)
-        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
-    except (ImportError, ValueError, OSError):
-        pass
-
-
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this worker when the zygote exits, so that a worker stuck in C code cannot
-    outlive a killed grading run."""
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)      # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _serve(fd: int) -> None:
-    """Worker loop on socket ``fd``: read ``[idx, pred, gold, inner_timeout]`` JSON messages,
-    reply ``[idx, verdict]``. Says ``"ready"`` first; stops on EOF (the parent went away)."""
-    from multiprocessing.connection import Connection
-
-    _die_with_parent()
-    _limit_memory()
-    conn = Connection(fd)
-    conn.send_bytes(b'"ready"')
-    while True:
-        try:
-            idx, pred, gold, inner = json.loads(conn.recv_bytes())
-        except (EOFError, OSError, ValueError):
-            os._exit(0)
-        try:
-            ok = bool(mv_equiv(pred, gold, int(inner)))
-        except BaseException:  # noqa: BLE001 - any failure (math-verify TimeoutException, MemoryError...) is a miss
-            ok = False
-        try:
-            conn.send_bytes(json.dumps([idx, ok]).encode())
-        except (OSError, ValueError):
-            os._exit(0)
-
-
-def _zygote(ctl_fd: int) -> None:
-    """The zygote: imports and warms math-verify once, then forks a worker per request.
-
-    Requests on the control socket are ``b"spawn"``; the answer is the worker's pid, with the
-    parent's end of a fresh socket pair attached (SCM_RIGHTS). Single-threaded, so fork is safe.
-    Exits when the parent closes the control socket."""
-    import socket
-
-    _worker_setup()
-    for gold, pred in (WARMUP if os.environ.get("ENTROPYRL_GRADERWARMUP", "1") != "0" else []):
-        try:
-            mv_equiv(pred, gold, 2)
-        except BaseException:  # noqa: BLE001 - warm-up only
-            pass
-    ctl = socket.socket(fileno=ctl_fd)
-    ctl.sendall(b"R")
-
-    def reap() -> None:
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
-        except ChildProcessError:
-            pass
-
-    while True:
-        try:
-            request = ctl.recv(16)
-        except OSError:
-            request = b""
-        if not request:                                # the parent is done: wait for the workers
-            deadline = time.monotonic() + 3.0         # (idle ones exit on EOF) so that their CPU
-            while time.monotonic() < deadline:         # time is accounted to us, then exit
-                try:
-                    if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                        time.sleep(0.01)
-                except ChildProcessError:
-                    break
-            os._exit(0)
-        reap()
-        mine, theirs = socket.socketpair()
-        pid = os.fork()
-        if pid == 0:                                   # the worker
-            ctl.close()
-            theirs.close()
-            _serve(mine.detach())
-            os._exit(0)
-        mine.close()
-        try:
-            socket.send_fds(ctl, [str(pid).encode()], [theirs.fileno()])
-        finally:
-            theirs.close()
 
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])   # the folder that holds entropyrl/
 # -E -s and no current folder on sys.path: the zygote imports this package and math-verify only.
 _ZYGOTE_MAIN = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
                 "sys.path.insert(0, sys.argv[1]); "
-                "from entropyrl.evals.grader_pool import _zygote; _zygote(int(sys.argv[2]))")
+                "from entropyrl.evals.grader_worker import zygote; zygote(int(sys.argv[2]))")
 
 
 class _Zygote:
@@ -177,6 +63,7 @@ class _Zygote:
         finally:
             theirs.close()
         self.ready = False
+        self.warm_asked = False
 
     def spawn(self) -> tuple[int, int]:
         """A new worker: ``(pid, socket fd)``."""
@@ -193,7 +80,7 @@ class _Zygote:
                                    f"for {sys.executable}?); exit code {self.proc.poll()}")
             self.ctl.settimeout(None)
             self.ready = True
-        self.ctl.sendall(b"spawn")
+        self.ctl.sendall(b"s")
         msg, fds, _, _ = socket.recv_fds(self.ctl, 64, 1)
         if not msg or not fds:
             raise RuntimeError(f"the grading process died (exit code {self.proc.poll()})")
@@ -201,6 +88,15 @@ class _Zygote:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def warm_up(self) -> None:
+        """Ask the zygote to warm math-verify up while the pool is idle (once; later asks are no-ops)."""
+        if self.ready and not self.warm_asked:
+            self.warm_asked = True
+            try:
+                self.ctl.sendall(b"w")
+            except OSError:
+                pass
 
     def close(self) -> None:
         try:
@@ -319,6 +215,8 @@ class GradingPool:
                     w.queue.append(idx)
             busy = [w for w in self._workers if w.queue]
             if not busy and not pending:
+                if self._zygote is not None:
+                    self._zygote.warm_up()        # for the replacements of workers killed later
                 return
             waiting = [w for w in self._workers if w.queue or not w.ready]
             deadlines = [w.deadline for w in busy] or [w.started + WORKER_START_TIMEOUT for w in waiting]
