@@ -106,6 +106,22 @@ def _values(key: str, factor: float | None) -> list[float] | None:
     return values + [v * factor for v in values] if factor else values
 
 
+_TEXT_RE = re.compile(r"\\(?:text|mbox|mathrm|textrm|textbf|mathbf)\s*\{[^{}]*\}")
+_COMMAND_RE = re.compile(r"\\[A-Za-z]+")
+_STRUCTURE_RE = re.compile(r"^[(\[].*,.*[)\]]$|\\cup|\\begin\{[pbvB]?matrix\}")
+
+
+def _not_a_number(answer: str) -> bool:
+    """Whether an answer can never equal a plain real number: a tuple, an interval, a union, a
+    matrix, or an expression with a free variable or a word ("2k+2", "6-5i", "Evelyn"; "e" may be
+    Euler's number and a unit in ``\\text{}`` is not a variable)."""
+    s = normalize(answer)
+    if _STRUCTURE_RE.search(s.replace("\\left", "").replace("\\right", "")):
+        return True
+    letters = _COMMAND_RE.sub("", _TEXT_RE.sub("", s))
+    return any(c.isascii() and c.isalpha() and c != "e" for c in letters)
+
+
 def _fast_single(pred: str, gold: str) -> bool | None:
     """True / False when the fast path is sure about a one-part pair, else None."""
     pk, gk = compact_key(pred), compact_key(gold)
@@ -128,6 +144,9 @@ def _fast_single(pred: str, gold: str) -> bool | None:
     # different keys stays with math-verify.
     a, b = _values(pk, pf), _values(gk, gf)
     if a and b and all(abs(x - y) > 1e-5 * max(1.0, abs(x), abs(y)) for x in a for y in b):
+        return False
+    # A number against something of another shape ("5" vs "(6, 31, -1)", "12" vs "x^3+3x-6").
+    if (a and _not_a_number(gold)) or (b and _not_a_number(pred)):
         return False
     return None
 

@@ -10,8 +10,8 @@ to the interpreter to receive the signal.
 Processes: one *zygote*, a plain subprocess (``python -E -s -c "...grader_worker.zygote(fd)"``: it
 never re-imports the caller's ``__main__`` and is safe to start from a multi-threaded parent),
 imports math-verify once and forks the workers, so a worker starts in milliseconds; after the
-first batch it warms math-verify's parsers up, so that later workers (replacements after a kill)
-start warm. Workers live for the whole process
+first kill it warms math-verify's parsers up between requests, so that later replacements start
+warm (a cold start is not delayed by a warm-up it may never need). Workers live for the whole process
 (reused across calls), die with the zygote, and are capped in address space
 (``ENTROPYRL_GRADER_MEM_GB``, default 4; 0 = no cap) so that a pathological answer cannot eat the
 machine's memory. ``ENTROPYRL_GRADER_WARMUP=0`` skips the zygote's warm-up.
@@ -177,6 +177,7 @@ class GradingPool:
         w.stop(kill=kill)
         self._workers[self._workers.index(w)] = self._new_worker()
         self.restarts += 1
+        self._zygote.warm_up()          # a worker was killed: later replacements should start warm
 
     def run(self, items: Sequence[tuple[str, str]], timeout: float,
             on_done: Callable[[int, bool, str], None]) -> None:
@@ -215,8 +216,6 @@ class GradingPool:
                     w.queue.append(idx)
             busy = [w for w in self._workers if w.queue]
             if not busy and not pending:
-                if self._zygote is not None:
-                    self._zygote.warm_up()        # for the replacements of workers killed later
                 return
             waiting = [w for w in self._workers if w.queue or not w.ready]
             deadlines = [w.deadline for w in busy] or [w.started + WORKER_START_TIMEOUT for w in waiting]

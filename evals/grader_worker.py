@@ -85,7 +85,7 @@ def zygote(ctl_fd: int) -> None:
     with the parent's end of a fresh socket pair attached, SCM_RIGHTS) and ``w`` (warm up: grade a
     few answers of the usual shapes between requests, so that workers forked later, replacements
     of killed ones, start with math-verify's parsers and sympy's caches warm). The parent asks for
-    the warm-up once its first batch is done, so a cold start is not delayed by it.
+    it at its first kill, so a cold start is not delayed by it.
     Single-threaded, so fork is safe. Exits when the parent closes the control socket."""
     import select
     import socket

@@ -6,28 +6,38 @@ Multi-part answers are compared part by part (``answer_normalize.match_parts``).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from entropyrl.evals.answer_normalize import match_parts, normalize, split_parts
 
 __all__ = ["WARMUP", "mv_equiv", "mv_single"]
 
 
-def mv_single(pred: str, gold: str, inner_timeout: int) -> bool:
-    """math-verify on the normalised pair, then on the raw pair. Runs in a worker."""
-    from math_verify import LatexExtractionConfig, parse, verify
+@lru_cache(maxsize=4096)
+def _parsed(answer: str, inner_timeout: int) -> tuple:
+    """math-verify's reading of one answer, kept per worker: the same gold answer (and the same
+    extracted answer) comes back many times in a batch of samples."""
+    from math_verify import LatexExtractionConfig, parse
 
     config = [LatexExtractionConfig(boxed_match_priority=0)]
+    return tuple(parse("\\boxed{" + answer + "}", extraction_config=config, parsing_timeout=inner_timeout))
+
+
+def mv_single(pred: str, gold: str, inner_timeout: int) -> bool:
+    """math-verify on the normalised pair, then on the raw pair. Runs in a worker."""
+    from math_verify import verify
+
     pairs = [(normalize(gold), normalize(pred))]
     if pairs[0] != (gold, pred):
         pairs.append((gold, pred))
     for g, p in pairs:
         if not g or not p:
             continue
-        gp = parse("\\boxed{" + g + "}", extraction_config=config, parsing_timeout=inner_timeout)
-        pp = parse("\\boxed{" + p + "}", extraction_config=config, parsing_timeout=inner_timeout)
+        gp, pp = _parsed(g, inner_timeout), _parsed(p, inner_timeout)
         if gp and pp:
             # Both sides parsed: this comparison is authoritative (the raw pair is only a
             # fallback for when normalisation left something math-verify cannot read).
-            return bool(verify(gp, pp, timeout_seconds=inner_timeout))
+            return bool(verify(list(gp), list(pp), timeout_seconds=inner_timeout))
     return False
 
 
