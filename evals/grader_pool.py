@@ -103,6 +103,8 @@ class _Zygote:
             self.ctl.close()
         except OSError:
             pass
+        if not self.ready:                # started early, never used: no worker to wait for
+            self.proc.kill()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

@@ -94,7 +94,10 @@ def zygote(ctl_fd: int) -> None:
     import math_verify  # noqa: F401 - imported once here, inherited by every worker
 
     ctl = socket.socket(fileno=ctl_fd)
-    ctl.sendall(b"R")
+    try:
+        ctl.sendall(b"R")
+    except OSError:                   # the parent needed no math-verify after all and is gone
+        os._exit(0)
     warmups: deque = deque()
     warm_asked = False
 
