@@ -11,12 +11,13 @@ pool lives for a whole eval or training run): both sides first grade the same 40
 (OlympiadBench answers, right and wrong), which warms math-verify's ANTLR parser on both,
 then the 1,000 timed ones; ``REPEATS`` alternating runs per side, the fastest counts (other jobs
 on a shared machine only ever slow a run down). ``cold_speedup_vs_math_verify`` is one fresh run
-of each with nothing graded before, our process start-up (about 1 s: import and warm-up of
-math-verify in the zygote) included, as in a one-shot ``entropyrl grade``.
+of each with nothing graded before, our process start-up (the zygote imports math-verify while
+the parent extracts answers and runs the fast path; no warm-up before the first batch) included,
+as in a one-shot ``entropyrl grade``. ``fast_path_share``: the items decided without math-verify.
 
 Worst case: each pathological input (exponent towers, a 1 MB response, unbalanced braces,
-binary garbage, deep nesting), each with a wrong gold answer, graded alone; ``max_item_seconds`` is the slowest wall time and
-must stay within ``time_limit_seconds + 1``.
+binary garbage, deep nesting), each with a wrong gold answer, graded alone; ``max_item_seconds``
+is the slowest wall time and must stay within ``time_limit_seconds + 1``.
 
     python benchmarks/grading.py          # or make bench
 """
