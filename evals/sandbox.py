@@ -1,0 +1,471 @@
+"""Run one untrusted Python program with its tests, isolated, and say whether every test passed.
+
+``run_program(program, tests, limits)`` -> ``SandboxResult(passed, reason, seconds, stdout_tail,
+tests_passed, tests_total)``; ``reason`` is one of ``REASONS``. ``SandboxPool`` runs many at once.
+
+How one run is isolated (README "The code sandbox" says what this does *not* cover):
+
+- Launcher, chosen once per process (``isolation``: ``auto`` | ``bwrap`` | ``unshare`` | ``none``):
+  ``bwrap`` (bubblewrap): new network, pid, ipc and uts namespaces, the whole filesystem bound
+  read-only except the run's own folder, private ``/tmp``, ``/root`` and ``/home`` hidden,
+  ``--die-with-parent``, a new session. ``unshare``: new network and pid namespaces only (the
+  filesystem stays as the user's; when root, the program runs as an unprivileged uid so it cannot
+  write what it does not own). ``none``: plain process with rlimits, a warning once per process
+  (no network isolation). ``auto`` takes the first that works on this kernel.
+- The harness (``HARNESS``, run by ``python -I -S``) first sets rlimits (CPU seconds, address
+  space, processes, open files, file size), and when started as root drops to a fresh uid/gid
+  picked at random per run (so the process limit counts only this run, and a final
+  ``kill(-1)`` as that uid reaches any child that escaped the pid namespace); only then does it
+  run the program. Environment: PATH, HOME/TMPDIR = the run folder, nothing of the caller's.
+- Pass/fail: the harness gets the spec (program, setup, tests, a random 128-bit nonce) on stdin,
+  and after each test returns it writes ``<nonce> ok|fail <i>`` to a separate result pipe, then
+  ``<nonce> done`` after the last one. Exit status is ignored: a program that exits early
+  (``sys.exit(0)``, ``os._exit(0)``), kills its parent or dies never wrote ``done``. The nonce
+  is a Python object inside the process that runs the tests (a determined program can dig it
+  out of memory; see README).
+- Wall clock: past ``wall_seconds`` the whole process group is SIGKILLed (with it, through
+  ``--die-with-parent``, the pid namespace and every process in it). Output (stdout + stderr
+  together) is read as it comes and capped at ``max_output_bytes``; past it the run is killed.
+- The run folder is a fresh temporary directory, deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+from entropyrl.errors import UserError
+
+__all__ = ["REASONS", "SandboxLimits", "SandboxResult", "run_program", "SandboxPool", "launcher",
+           "ISOLATIONS"]
+
+REASONS = ("pass", "fail", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error")
+ISOLATIONS = ("auto", "bwrap", "unshare", "none")
+TAIL_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-run limits. ``processes``: at most that many processes/threads of the run at once."""
+
+    wall_seconds: float = 10.0
+    cpu_seconds: int = 10
+    memory_mb: int = 1024            # address space of each process
+    processes: int = 32
+    open_files: int = 64
+    file_size_mb: int = 16           # largest file the program may write
+    max_output_bytes: int = 64_000   # stdout + stderr kept; past it the run is killed
+    isolation: str = "auto"
+
+    @classmethod
+    def from_cfg(cls, cfg) -> "SandboxLimits":
+        """From a mapping (``data.sandbox`` / ``eval.sandbox``); unknown keys are an error."""
+        d = dict(cfg or {})
+        d.pop("workers", None)
+        known = set(cls.__dataclass_fields__)
+        bad = sorted(set(d) - known)
+        if bad:
+            raise UserError(f"unknown sandbox key '{bad[0]}'; valid: {', '.join(sorted(known | {'workers'}))}")
+        lim = cls(**{k: v for k, v in d.items() if v is not None})
+        if lim.isolation not in ISOLATIONS:
+            raise UserError(f"sandbox.isolation={lim.isolation}: valid: {', '.join(ISOLATIONS)}")
+        if lim.wall_seconds <= 0 or lim.cpu_seconds < 1 or lim.memory_mb < 64 or lim.processes < 1:
+            raise UserError("sandbox limits must be positive (wall_seconds > 0, cpu_seconds >= 1, "
+                            "memory_mb >= 64, processes >= 1)")
+        return lim
+
+
+@dataclass
+class SandboxResult:
+    passed: bool
+    reason: str
+    seconds: float
+    stdout_tail: str = ""
+    tests_passed: int = 0
+    tests_total: int = 0
+    detail: str = ""                 # the exception line the harness reported, if any
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def fraction(self) -> float:
+        return self.tests_passed / self.tests_total if self.tests_total else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("extra")
+        return d
+
+
+# The harness: sets limits, drops privileges, reads the spec, runs program, setup and each test in
+# one namespace, reports each test on the result pipe. Kept to the standard library.
+HARNESS = r"""
+import os, sys, json, resource, builtins
+def main(spec):
+    fd, lim, write, run, comp = spec["fd"], spec["limits"], os.write, exec, compile
+    def cap(kind, value):
+        try:
+            resource.setrlimit(kind, (value, value))
+        except (ValueError, OSError):
+            pass
+    cap(resource.RLIMIT_CPU, lim["cpu"]); cap(resource.RLIMIT_FSIZE, lim["fsize"])
+    cap(resource.RLIMIT_NOFILE, lim["nofile"]); cap(resource.RLIMIT_CORE, 0)
+    if spec["uid"] is not None:
+        os.setgroups([]); os.setgid(spec["uid"]); os.setuid(spec["uid"])
+    cap(resource.RLIMIT_NPROC, lim["nproc"]); cap(resource.RLIMIT_AS, lim["as"])
+    null = os.open(os.devnull, os.O_RDONLY); os.dup2(null, 0); os.close(null)
+    os.chdir(spec["cwd"])
+    nonce = spec.pop("nonce")
+    def say(msg):
+        write(fd, (nonce + " " + msg + "\n").encode())
+    def why(exc):
+        return type(exc).__name__ + ": " + str(exc).replace("\n", " ")[:300]
+    # The program and the tests each get their own copy of the builtins: a program that replaces
+    # exec, len or AssertionError changes neither the harness nor what the tests see.
+    clean = dict(builtins.__dict__)
+    ns = {"__name__": "__main__", "__builtins__": dict(clean)}
+    try:
+        run(comp(spec["program"], "<program>", "exec"), ns)
+        ns = {k: v for k, v in ns.items() if k != "__builtins__"}
+        ns["__builtins__"] = dict(clean)
+        if spec["setup"]:
+            run(comp(spec["setup"], "<tests>", "exec"), ns)
+    except MemoryError as exc:
+        say("memory " + why(exc)); return
+    except BaseException as exc:
+        say("error " + why(exc)); return
+    for i, test in enumerate(spec["tests"]):
+        try:
+            run(comp(test, "<test %d>" % i, "exec"), ns)
+        except MemoryError as exc:
+            say("memory %d %s" % (i, why(exc)))
+        except AssertionError as exc:
+            say("fail %d %s" % (i, why(exc)))
+        except BaseException as exc:
+            say("error %d %s" % (i, why(exc)))
+        else:
+            say("ok %d" % i)
+    say("done")
+main(json.loads(sys.stdin.buffer.read().decode("utf-8")))
+try:
+    sys.stdout.flush(); sys.stderr.flush()
+finally:
+    os._exit(0)
+"""
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
+
+_LAUNCHER: dict[str, str] = {}
+_LOCK = threading.Lock()
+
+
+def _private_dirs() -> list[str]:
+    """Home-like folders hidden from the program (a tmpfs over each), when they exist."""
+    return [d for d in ("/root", "/home") if os.path.isdir(d)]
+
+
+def _interpreter_dirs() -> list[str]:
+    """Folders the interpreter needs that live under a hidden folder: bound back read-only."""
+    dirs = []
+    for p in {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
+              os.path.dirname(os.path.realpath(sys.executable))}:
+        if any(p == h or p.startswith(h + "/") for h in _private_dirs()):
+            dirs.append(p)
+    # A folder inside another one is bound with it.
+    return sorted(d for d in dirs if not any(d != o and d.startswith(o + "/") for o in dirs))
+
+
+def _prefix(kind: str, workdir: str) -> list[str]:
+    if kind == "bwrap":
+        args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+        for d in _private_dirs():
+            args += ["--tmpfs", d]
+        for d in _interpreter_dirs():
+            args += ["--ro-bind", d, d]
+            # bwrap makes the folders leading to a bind inside a tmpfs 0700: open them up.
+            parent = os.path.dirname(d)
+            while parent not in _private_dirs() and parent != "/":
+                args += ["--chmod", "0755", parent]
+                parent = os.path.dirname(parent)
+        args += ["--bind", workdir, workdir, "--chdir", workdir, "--unshare-net", "--unshare-pid",
+                 "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session"]
+        if os.geteuid() != 0:
+            args += ["--unshare-user"]
+        return args + ["--"]
+    if kind == "unshare":
+        args = ["unshare", "--net", "--pid", "--fork", "--kill-child"]
+        if os.geteuid() != 0:
+            args += ["--map-root-user"]
+        return args + ["--"]
+    return []
+
+
+def _probe(kind: str) -> bool:
+    if shutil.which(kind) is None:
+        return False
+    workdir = tempfile.mkdtemp(prefix="entropyrl-probe-")
+    try:
+        cmd = _prefix(kind, workdir) + [sys.executable, "-I", "-S", "-c", "pass"]
+        return subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=20, env=_env(workdir)).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def launcher(isolation: str = "auto") -> str:
+    """The launcher used for ``isolation`` on this machine (probed once per process)."""
+    if isolation not in ISOLATIONS:
+        raise UserError(f"sandbox.isolation={isolation}: valid: {', '.join(ISOLATIONS)}")
+    with _LOCK:
+        if isolation in _LAUNCHER:
+            return _LAUNCHER[isolation]
+        if isolation == "none":
+            kind = "none"
+        elif isolation != "auto":
+            if not _probe(isolation):
+                raise UserError(f"sandbox.isolation={isolation} does not work here ({isolation} missing, "
+                                f"or the kernel refuses namespaces): install bubblewrap "
+                                f"(apt-get install bubblewrap) or use sandbox.isolation=auto")
+            kind = isolation
+        else:
+            kind = next((k for k in ("bwrap", "unshare") if _probe(k)), "none")
+            if kind != "bwrap":
+                warnings.warn(f"code sandbox: bubblewrap unavailable, using '{kind}': "
+                              + ("network and pid namespaces only, the filesystem is not read-only"
+                                 if kind == "unshare" else "NO network or filesystem isolation, only "
+                                 "rlimits and a private folder") + " (apt-get install bubblewrap)",
+                              RuntimeWarning, stacklevel=2)
+        _LAUNCHER[isolation] = kind
+        return kind
+
+
+def _env(workdir: str) -> dict[str, str]:
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
+            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
+
+
+# --------------------------------------------------------------------------------------------
+# One run
+# --------------------------------------------------------------------------------------------
+
+def _fresh_uid() -> int:
+    # Far above any real account, below the 32-bit "nobody"/overflow ids.
+    return random.SystemRandom().randrange(1_500_000_000, 2_000_000_000)
+
+
+def _sweep_uid(uid: int) -> None:
+    """SIGKILL every process of ``uid`` (anything of the run that left the namespace)."""
+    try:
+        subprocess.run(["kill", "-KILL", "-1"], user=uid, group=uid, extra_groups=[],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=5, env={})
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _verdict(lines: list[str], nonce: str, n_tests: int) -> tuple[str, int, str, bool]:
+    """``(reason, tests passed, detail, done)`` from the result pipe's lines (only ours count)."""
+    ok, reason, detail, done = set(), None, "", False
+    for line in lines:
+        if not line.startswith(nonce + " "):
+            continue
+        parts = line[len(nonce) + 1:].split(" ", 2)
+        word = parts[0]
+        if word == "done":
+            done = True
+        elif word == "ok" and len(parts) > 1 and parts[1].isdigit():
+            ok.add(int(parts[1]))
+        elif word in ("fail", "error", "memory") and reason is None:
+            reason, detail = word, " ".join(parts[1:])
+    passed = len({i for i in ok if i < n_tests})
+    if done and passed == n_tests and n_tests > 0:
+        return "pass", passed, "", True
+    return reason or ("fail" if done else ""), passed, detail, done
+
+
+def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLimits | None = None,
+                setup: str = "") -> SandboxResult:
+    """Run ``program``, then ``setup``, then each of ``tests`` (Python source snippets, each a test:
+    it passes if it returns without raising) in one namespace, isolated; see the module docstring.
+    """
+    lim = limits or SandboxLimits()
+    tests = [tests] if isinstance(tests, str) else list(tests)
+    kind = launcher(lim.isolation)
+    started = time.perf_counter()
+    workdir = tempfile.mkdtemp(prefix="entropyrl-sbx-")
+    uid = _fresh_uid() if os.geteuid() == 0 else None
+    nonce = secrets.token_hex(16)
+    proc = None
+    read_fd, write_fd = os.pipe()
+    try:
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+        spec = {"program": program, "setup": setup, "tests": tests, "nonce": nonce, "fd": write_fd,
+                "uid": uid, "cwd": workdir,
+                "limits": {"cpu": int(lim.cpu_seconds), "as": int(lim.memory_mb) << 20,
+                           "nproc": int(lim.processes), "nofile": int(lim.open_files),
+                           "fsize": int(lim.file_size_mb) << 20}}
+        cmd = _prefix(kind, workdir) + [sys.executable, "-I", "-S", "-c", HARNESS]
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, pass_fds=(write_fd,), cwd=workdir,
+                                    env=_env(workdir), start_new_session=True)
+        except OSError as exc:
+            return SandboxResult(False, "sandbox_error", time.perf_counter() - started, detail=str(exc))
+        os.close(write_fd)
+        write_fd = -1
+        out, res, status = _communicate(proc, json.dumps(spec).encode(), read_fd, lim, started)
+    finally:
+        if proc is not None:
+            _kill_group(proc)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        if uid is not None:
+            _sweep_uid(uid)
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        shutil.rmtree(workdir, ignore_errors=True)
+    seconds = time.perf_counter() - started
+    tail = out[-TAIL_CHARS:].decode("utf-8", "replace")
+    reason, n_ok, detail, done = _verdict(res.decode("utf-8", "replace").splitlines(), nonce, len(tests))
+    if status in ("timeout", "output_limit"):
+        reason = status
+    elif reason == "":
+        rc = proc.returncode if proc is not None else None
+        if rc is not None and rc < 0 and -rc == signal.SIGXCPU:
+            reason, detail = "timeout", "CPU time limit"
+        elif rc is not None and (rc < 0 or rc >= 128):   # bwrap reports a signal death as 128+sig
+            sig = -rc if rc < 0 else rc - 128
+            reason = "timeout" if sig == signal.SIGXCPU else "killed"
+            detail = f"killed by signal {sig}"
+        elif b"MemoryError" in out[-4000:]:
+            reason = "memory"
+        else:
+            reason, detail = "error", f"exited (status {rc}) before the tests finished"
+    return SandboxResult(reason == "pass", reason, round(seconds, 4), tail, n_ok, len(tests), detail)
+
+
+def _communicate(proc: subprocess.Popen, spec: bytes, read_fd: int, lim: SandboxLimits,
+                 started: float) -> tuple[bytes, bytes, str]:
+    """Feed the spec, collect output and results until both pipes close, the wall limit passes
+    or the output cap is hit. Returns ``(output, results, status)``, status in ok/timeout/output_limit."""
+    sel = selectors.DefaultSelector()
+    out, res, status = bytearray(), bytearray(), "ok"
+    os.set_blocking(proc.stdin.fileno(), False)
+    sel.register(proc.stdin, selectors.EVENT_WRITE)
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    sel.register(read_fd, selectors.EVENT_READ)
+    view, open_reads = memoryview(spec), 2
+    deadline = started + float(lim.wall_seconds)
+    try:
+        while open_reads:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                status = "timeout"
+                break
+            for key, _ in sel.select(timeout=min(left, 1.0)):
+                if key.fileobj is proc.stdin:
+                    try:
+                        n = os.write(proc.stdin.fileno(), view[:65536])
+                        view = view[n:]
+                    except (BrokenPipeError, BlockingIOError, OSError):
+                        view = view[:0]
+                    if not len(view):
+                        sel.unregister(proc.stdin)
+                        proc.stdin.close()
+                    continue
+                fd = key.fileobj if isinstance(key.fileobj, int) else key.fileobj.fileno()
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    open_reads -= 1
+                elif fd == read_fd:
+                    res += chunk[: 1_000_000 - len(res)]
+                else:
+                    out += chunk
+                    if len(out) > lim.max_output_bytes:
+                        status = "output_limit"
+                        return bytes(out[-TAIL_CHARS * 2:]), bytes(res), status
+        if status == "ok":
+            try:
+                proc.wait(timeout=max(0.05, deadline - time.perf_counter()))
+            except subprocess.TimeoutExpired:
+                status = "timeout"
+    finally:
+        sel.close()
+        if proc.stdin and not proc.stdin.closed:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+    return bytes(out), bytes(res), status
+
+
+# --------------------------------------------------------------------------------------------
+# Many runs
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Job:
+    program: str
+    tests: tuple[str, ...]
+    setup: str = ""
+
+
+class SandboxPool:
+    """Runs many programs, ``workers`` at a time (the CPU budget: about one core per worker).
+
+    ``workers``: None = the CPUs this process may use. Threads only wait on child processes."""
+
+    def __init__(self, workers: int | None = None, limits: SandboxLimits | None = None):
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.workers = max(1, int(workers) if workers else cpus)
+        self.limits = limits or SandboxLimits()
+        launcher(self.limits.isolation)          # probe (and warn) once, up front
+
+    def map(self, jobs: Sequence[Job], progress: Callable[[int], None] | None = None) -> list[SandboxResult]:
+        """One result per job, in order."""
+        def one(job: Job) -> SandboxResult:
+            try:
+                r = run_program(job.program, list(job.tests), self.limits, setup=job.setup)
+            except Exception as exc:  # noqa: BLE001 - one broken run must not sink the batch
+                r = SandboxResult(False, "sandbox_error", 0.0, detail=f"{type(exc).__name__}: {exc}")
+            if progress:
+                progress(1)
+            return r
+
+        if self.workers == 1 or len(jobs) <= 1:
+            return [one(j) for j in jobs]
+        with ThreadPoolExecutor(max_workers=min(self.workers, len(jobs))) as ex:
+            return list(ex.map(one, jobs))
