@@ -17,7 +17,8 @@ How one run is isolated (README "The code sandbox" says what this does *not* cov
   picked at random per run (so the process limit counts only this run, and a final
   ``kill(-1)`` as that uid reaches any child that escaped the pid namespace); only then does it
   run the program. Environment: PATH, HOME/TMPDIR = the run folder, nothing of the caller's.
-- Pass/fail: the harness gets the spec (program, setup, tests, a random 128-bit nonce) on stdin,
+- Pass/fail: the harness gets the spec (program, setup, tests, a random 128-bit nonce) on stdin
+  (``marshal``: the harness runs the same interpreter),
   and after each test returns it writes ``<nonce> ok|fail <i>`` to a separate result pipe, then
   ``<nonce> done`` after the last one. Exit status is ignored: a program that exits early
   (``sys.exit(0)``, ``os._exit(0)``), kills its parent or dies never wrote ``done``. The nonce
@@ -31,7 +32,7 @@ How one run is isolated (README "The code sandbox" says what this does *not* cov
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import random
 import secrets
@@ -113,7 +114,7 @@ class SandboxResult:
 # The harness: sets limits, drops privileges, reads the spec, runs program, setup and each test in
 # one namespace, reports each test on the result pipe. Kept to the standard library.
 HARNESS = r"""
-import os, sys, json, resource, builtins
+import os, sys, marshal, resource, builtins
 def main(spec):
     fd, lim, write, run, comp = spec["fd"], spec["limits"], os.write, exec, compile
     def cap(kind, value):
@@ -159,7 +160,7 @@ def main(spec):
         else:
             say("ok %d" % i)
     say("done")
-main(json.loads(sys.stdin.buffer.read().decode("utf-8")))
+main(marshal.loads(sys.stdin.buffer.read()))
 try:
     sys.stdout.flush(); sys.stderr.flush()
 finally:
@@ -320,7 +321,7 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
     workdir = tempfile.mkdtemp(prefix="entropyrl-sbx-")
     uid = _fresh_uid() if os.geteuid() == 0 else None
     nonce = secrets.token_hex(16)
-    proc = None
+    proc, status = None, "sandbox_error"
     read_fd, write_fd = os.pipe()
     try:
         if uid is not None:
@@ -339,7 +340,7 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
             return SandboxResult(False, "sandbox_error", time.perf_counter() - started, detail=str(exc))
         os.close(write_fd)
         write_fd = -1
-        out, res, status = _communicate(proc, json.dumps(spec).encode(), read_fd, lim, started)
+        out, res, status = _communicate(proc, marshal.dumps(spec), read_fd, lim, started)
     finally:
         if proc is not None:
             _kill_group(proc)
@@ -347,7 +348,9 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-        if uid is not None:
+        # A pid namespace dies with its first process (the kernel kills the rest) and bwrap /
+        # unshare wait for that; after a kill, or without a namespace, sweep the run's uid.
+        if uid is not None and (kind == "none" or status != "ok"):
             _sweep_uid(uid)
         for fd in (read_fd, write_fd):
             if fd >= 0:
