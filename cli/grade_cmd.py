@@ -23,6 +23,7 @@ import typer
 def read_items(path: Path) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
     """``([(line number, object)], [(line number, problem)])`` for a JSON-lines file."""
     from entropyrl.errors import UserError
+    from entropyrl.evals.code_tasks import is_code_row
 
     try:
         handle = path.open("r", encoding="utf-8", errors="replace")
@@ -42,11 +43,32 @@ def read_items(path: Path) -> tuple[list[tuple[int, dict]], list[tuple[int, str]
                 bad.append((lineno, "not a JSON object"))
             elif not isinstance(obj.get("response"), str):
                 bad.append((lineno, "no string field 'response'" if "response" in obj else "missing field 'response'"))
+            elif is_code_row(obj):                       # graded by running it: evals/sandbox.py
+                good.append((lineno, obj))
             elif obj.get("answer") is None or isinstance(obj["answer"], (dict, bool)):
                 bad.append((lineno, "missing field 'answer'" if "answer" not in obj else "field 'answer' is not a string, number or list"))
             else:
                 good.append((lineno, obj))
     return good, bad
+
+
+def _grade_code_lines(good: list, bad: list, workers) -> tuple[list, list]:
+    """Math lines stay in ``good``; code lines (HumanEval layout or benchmark + id) are run in the
+    code sandbox: ``(line number, row + program, correct, reason, ...)``; unresolvable ones go to ``bad``."""
+    from entropyrl.evals.code_tasks import grade_code_rows, is_code_row
+    from entropyrl.evals.sandbox import SandboxPool
+
+    code = [(n, o) for n, o in good if is_code_row(o)]
+    if not code:
+        return good, []
+    records = grade_code_rows([o for _, o in code], SandboxPool(workers=workers))
+    out = []
+    for (n, obj), rec in zip(code, records):
+        if isinstance(rec, str):
+            bad.append((n, rec))
+        else:
+            out.append((n, {**obj, **rec}))
+    return [(n, o) for n, o in good if not is_code_row(o)], out
 
 
 def gold_text(answer) -> str:
@@ -84,9 +106,10 @@ def register(app: typer.Typer) -> None:
         if timeout <= 0:
             raise UserError(f"--timeout must be > 0 seconds, got {timeout}")
         good, bad = read_items(file)
+        good, code_lines = _grade_code_lines(good, bad, workers)
         for lineno, problem in bad:
             err.print(f"[red]error[/red]: {file}:{lineno}: {problem}; line skipped", highlight=False)
-        if not good:
+        if not good and not code_lines:
             raise UserError(f"{file}: no line could be graded ({len(bad)} malformed); each line needs "
                             f"'response' and 'answer'")
         target = out or file.with_name(file.name.removesuffix(".jsonl") + ".graded.jsonl")
@@ -95,12 +118,15 @@ def register(app: typer.Typer) -> None:
             task = bar.add_task("grade", total=len(good))
             results = grade_batch([o["response"] for _, o in good], [gold_text(o["answer"]) for _, o in good],
                                   workers=workers, timeout=timeout,
-                                  progress=lambda k: bar.advance(task, k))
+                                  progress=lambda k: bar.advance(task, k)) if good else []
         target.parent.mkdir(parents=True, exist_ok=True)
+        lines = sorted([(n, {**obj, "correct": r.correct, "extracted": r.extracted}) for (n, obj), r in zip(good, results)]
+                       + code_lines, key=lambda item: item[0])
         with target.open("w", encoding="utf-8") as f:
-            for (_, obj), r in zip(good, results):
-                f.write(json.dumps({**obj, "correct": r.correct, "extracted": r.extracted}) + "\n")
-        correct = sum(r.correct for r in results)
+            for _, row in lines:
+                f.write(json.dumps(row) + "\n")
+        results = [row for _, row in lines]
+        correct = sum(bool(r["correct"]) for r in results)
         Console(soft_wrap=True).print(f"graded [bold]{len(results)}[/bold] lines: accuracy [bold]{correct / len(results):.4f}[/bold] "
                         f"({correct}/{len(results)})"
                         + (f", [red]{len(bad)} malformed line(s) skipped[/red]" if bad else "")

@@ -28,7 +28,7 @@ from entropyrl.errors import UserError
 from entropyrl.evals.sandbox import Job, SandboxPool, SandboxResult
 
 __all__ = ["CodeProblem", "load_humaneval", "rows_to_code_problems", "is_code_row", "extract_program",
-           "job_for", "grade_code", "split_check", "code_user_message"]
+           "job_for", "grade_code", "grade_code_rows", "split_check", "code_user_message", "record"]
 
 MODES = ("all", "fraction")
 
@@ -184,6 +184,28 @@ def code_user_message(problem: CodeProblem) -> str:
             "```python code block.")
 
 
+_IMPORT = re.compile(r"^(?:import |from \S+ import |@)")
+
+
+def _code_span(text: str, defines: re.Pattern) -> str:
+    """The function in prose around it: from the imports just above ``def`` to the longest run
+    of lines that parses."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if defines.match(line))
+    start = at
+    while start > 0 and (not lines[start - 1].strip() or _IMPORT.match(lines[start - 1])):
+        start -= 1
+    for end in range(len(lines), at, -1):
+        chunk = "\n".join(lines[start:end])
+        try:
+            ast.parse(chunk)
+            return chunk
+        except (SyntaxError, ValueError):
+            if end - at > 400:                    # no end search over very long texts
+                break
+    return "\n".join(lines[start:])
+
+
 def extract_program(response: str, problem: CodeProblem) -> str:
     """The program ``response`` stands for (see the module docstring)."""
     blocks = [b for lang, b in _FENCE.findall(response) if lang.lower() in ("", "python", "py", "python3")]
@@ -197,6 +219,8 @@ def extract_program(response: str, problem: CodeProblem) -> str:
     if not problem.test:                         # MBPP / LiveCodeBench: the code is the program
         return code.strip("\n") + "\n"
     if defines is not None and defines.search(code):
+        if not blocks:
+            code = _code_span(code, defines)
         # A whole function: after the prompt, whose imports and helper functions it may use.
         return problem.prompt.rstrip("\n") + "\n\n" + code.strip("\n") + "\n"
     return problem.prompt + code                 # a completion of the prompt's body
@@ -261,3 +285,41 @@ def record(program: str, result: SandboxResult) -> dict[str, Any]:
     return {"program": program, "correct": result.passed, "passed": result.passed, "reason": result.reason,
             "tests_passed": result.tests_passed, "tests_total": result.tests_total,
             "seconds": result.seconds, "detail": result.detail, "stdout_tail": result.stdout_tail}
+
+
+def _find(problems: Sequence[CodeProblem], ident: Any, bench: str) -> CodeProblem:
+    want = str(ident)
+    for p in problems:
+        if p.id == want or p.id.rsplit("/", 1)[-1] == want:     # "HumanEval/3" or 3
+            return p
+    raise UserError(f"{bench} has no problem with id '{want}' (ids look like '{problems[0].id}')")
+
+
+def grade_code_rows(rows: Sequence[dict], pool: SandboxPool, mode: str = "all",
+                    data_root: str | None = None) -> list[dict | str]:
+    """For each row (HumanEval/MBPP/LiveCodeBench layout, or ``benchmark`` + ``id``) with a
+    ``response``: the ``record`` of its graded program, or a one-line problem (bad id...)."""
+    from entropyrl.evals.benchmarks import load_benchmark
+
+    loaded: dict[str, list[CodeProblem]] = {}
+    problems: list[CodeProblem | str] = []
+    for row in rows:
+        try:
+            if row.get("benchmark") is not None and row.get("id") is not None and not (
+                    isinstance(row.get("test"), str) or "test_list" in row or "public_test_cases" in row):
+                bench = str(row["benchmark"])
+                if bench not in CODE_BENCHMARKS:
+                    raise UserError(f"benchmark '{bench}' is not a code benchmark ({', '.join(CODE_BENCHMARKS)})")
+                if bench not in loaded:
+                    loaded[bench] = load_benchmark(bench, data_root)
+                problems.append(_find(loaded[bench], row["id"], bench))
+            else:
+                problems.append(rows_to_code_problems([row])[0])
+        except UserError as exc:
+            problems.append(str(exc))
+    ok = [i for i, p in enumerate(problems) if isinstance(p, CodeProblem)]
+    graded = grade_code([problems[i] for i in ok], [rows[i]["response"] for i in ok], pool, mode)
+    out: list[dict | str] = list(problems)          # the problem strings stay where they were
+    for i, (program, result) in zip(ok, graded):
+        out[i] = record(program, result)
+    return out

@@ -302,7 +302,9 @@ def _verdict(lines: list[str], nonce: str, n_tests: int) -> tuple[str, int, str,
         elif word == "ok" and len(parts) > 1 and parts[1].isdigit():
             ok.add(int(parts[1]))
         elif word in ("fail", "error", "memory") and reason is None:
-            reason, detail = word, " ".join(parts[1:])
+            reason = word
+            detail = (f"test {parts[1]}: " + (parts[2] if len(parts) > 2 else "") if parts[1:2] and parts[1].isdigit()
+                      else " ".join(parts[1:]))
     passed = len({i for i in ok if i < n_tests})
     if done and passed == n_tests and n_tests > 0:
         return "pass", passed, "", True
