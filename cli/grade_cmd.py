@@ -6,6 +6,14 @@ answer: a string, a number or a list of strings); other fields are kept. Each ou
 line (bad JSON, missing or non-string ``response``, missing ``answer``) is reported on stderr with
 its line number and left out of the output; the other lines are still graded.
 
+Code lines (``evals/code_tasks.py``) are graded by running them in the code sandbox
+(``evals/sandbox.py``): a line with ``prompt``, ``test``, ``entry_point`` (HumanEval layout; or
+MBPP's ``text`` + ``test_list``) and ``response`` (a fenced block, a bare completion of the prompt,
+or a whole function), or with ``benchmark`` (humaneval, mbpp, livecodebench) and ``id`` naming a
+problem. Each output line adds ``program`` (what ran), ``correct``, ``reason`` (pass, fail, error,
+timeout, memory, output_limit, killed, sandbox_error), ``tests_passed``/``tests_total``,
+``seconds``, ``detail`` and ``stdout_tail``.
+
 Exit status: 0 when at least one line was graded (malformed lines are reported, not fatal; add
 ``--strict`` to exit 1 on any malformed line); 2 when nothing could be graded (missing file, no
 valid line).
@@ -83,6 +91,8 @@ def register(app: typer.Typer) -> None:
         help="Grade a JSON-lines file of model responses: each line needs [bold]response[/bold] and "
              "[bold]answer[/bold]; the output adds [bold]correct[/bold] and [bold]extracted[/bold]. "
              "Malformed lines are reported with their line number and skipped.\n\n"
+             "Code lines ([bold]prompt/test/entry_point[/bold] + response, or [bold]benchmark/id[/bold] + "
+             "response) run in the code sandbox; the output adds program, correct and reason.\n\n"
              "[cyan]entropyrl grade samples.jsonl --out graded.jsonl[/cyan]\n\n"
              "Exit status: 0 if at least one line was graded (1 with --strict and a malformed line), "
              "2 if none could be.",
