@@ -268,6 +268,36 @@ def _env(workdir: str) -> dict[str, str]:
 # One run
 # --------------------------------------------------------------------------------------------
 
+def _others_can_run_python() -> bool:
+    """Whether another uid can reach the interpreter and its standard library (bwrap makes it
+    reachable itself; without bwrap an interpreter under a 0700 home is not)."""
+    for p in {os.path.realpath(sys.base_prefix), os.path.dirname(os.path.realpath(sys.executable))}:
+        while p != "/":
+            try:
+                if not os.stat(p).st_mode & 0o001:
+                    return False
+            except OSError:
+                return False
+            p = os.path.dirname(p)
+    return True
+
+
+def _drop_uid(kind: str) -> bool:
+    if os.geteuid() != 0:
+        return False
+    if kind == "bwrap" or _others_can_run_python():
+        return True
+    if not _WARNED_ROOT:
+        _WARNED_ROOT.append(True)
+        warnings.warn(f"code sandbox ({kind}): the interpreter {sys.executable} is not reachable by other "
+                      f"users, so programs keep running as root (install bubblewrap, or use a Python "
+                      f"outside /root)", RuntimeWarning, stacklevel=3)
+    return False
+
+
+_WARNED_ROOT: list[bool] = []
+
+
 def _fresh_uid() -> int:
     # Far above any real account, below the 32-bit "nobody"/overflow ids.
     return random.SystemRandom().randrange(1_500_000_000, 2_000_000_000)
@@ -321,7 +351,7 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
     kind = launcher(lim.isolation)
     started = time.perf_counter()
     workdir = tempfile.mkdtemp(prefix="entropyrl-sbx-")
-    uid = _fresh_uid() if os.geteuid() == 0 else None
+    uid = _fresh_uid() if _drop_uid(kind) else None
     nonce = secrets.token_hex(16)
     proc, status = None, "sandbox_error"
     read_fd, write_fd = os.pipe()
