@@ -125,7 +125,7 @@ def hostile_programs(port: int, outside: Path, token: str) -> dict[str, tuple[st
                         "        os.kill(pid, signal.SIGKILL)\n"
                         "    except OSError:\n"
                         "        pass\n"
-                        "os._exit(0)\n", {"error"}),
+                        "os._exit(0)\n", {"error", "killed"}),   # killed: getppid() is 0 as a namespace's pid 1
         "segfault": ("import ctypes\nctypes.string_at(0)\n", {"killed"}),
         "forge_marker": ("import os\nfor fd in range(3, 20):\n    try:\n"
                          "        os.write(fd, b'ok 0\\ndone\\n')\n    except OSError:\n        pass\n"
@@ -209,3 +209,35 @@ def test_bad_limits_are_one_line_errors():
         SandboxLimits.from_cfg({"wall": 3})
     with pytest.raises(UserError, match="isolation"):
         SandboxLimits.from_cfg({"isolation": "docker"})
+
+
+@pytest.mark.parametrize("name", ["connect_listener", "detached_child", "sleep_past_limit", "kill_parent"])
+def test_unshare_fallback_still_contains_network_and_processes(name, listener, tmp_path):
+    from entropyrl.evals.sandbox import _probe
+
+    if not _probe("unshare"):
+        pytest.skip("unshare cannot create namespaces here")
+    limits = SandboxLimits(wall_seconds=2.0, cpu_seconds=2, memory_mb=512, processes=16, isolation="unshare")
+    token = secrets.token_hex(8)
+    program, reasons = hostile_programs(listener.port, tmp_path, token)[name]
+    started = time.perf_counter()
+    with _no_fail():
+        result = run_program(program, ["assert True"], limits)
+    took = time.perf_counter() - started
+    time.sleep(0.3)
+    assert result.reason in reasons and took <= limits.wall_seconds + 1.0, (result.reason, result.detail, took)
+    assert _processes_with(token) == [] and listener.received == []
+
+
+class _no_fail:
+    """A context that lets the fallback's warning through (it is expected here)."""
+
+    def __enter__(self):
+        import warnings
+
+        self._ctx = warnings.catch_warnings()
+        self._ctx.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
