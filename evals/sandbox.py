@@ -117,12 +117,12 @@ HARNESS = r"""
 import os, sys, marshal, resource, builtins
 def main(spec):
     fd, lim, write, run, comp = spec["fd"], spec["limits"], os.write, exec, compile
-    def cap(kind, value):
+    def cap(kind, value, hard=None):
         try:
-            resource.setrlimit(kind, (value, value))
+            resource.setrlimit(kind, (value, value if hard is None else hard))
         except (ValueError, OSError):
             pass
-    cap(resource.RLIMIT_CPU, lim["cpu"]); cap(resource.RLIMIT_FSIZE, lim["fsize"])
+    cap(resource.RLIMIT_CPU, lim["cpu"], lim["cpu"] + 1); cap(resource.RLIMIT_FSIZE, lim["fsize"])
     cap(resource.RLIMIT_NOFILE, lim["nofile"]); cap(resource.RLIMIT_CORE, 0)
     if spec["uid"] is not None:
         os.setgroups([]); os.setgid(spec["uid"]); os.setuid(spec["uid"])
@@ -403,7 +403,8 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
         elif rc is not None and (rc < 0 or rc >= 128):   # bwrap reports a signal death as 128+sig
             sig = -rc if rc < 0 else rc - 128
             reason = "timeout" if sig == signal.SIGXCPU else "killed"
-            detail = f"killed by signal {sig}"
+            detail = f"killed by signal {sig}" + (" (the CPU hard limit, or the kernel's OOM killer)"
+                                                  if sig == signal.SIGKILL else "")
         elif b"MemoryError" in out[-4000:]:
             reason = "memory"
         else:
