@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import marshal
 import os
-import random
 import secrets
 import selectors
 import shutil
@@ -42,20 +41,19 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 from entropyrl.errors import UserError
+from entropyrl.evals.sandbox_launch import (ISOLATIONS, drop_uid, fresh_uid, launch_prefix, launcher,
+                                            sandbox_env, sweep_uid)
 
 __all__ = ["REASONS", "SandboxLimits", "SandboxResult", "run_program", "SandboxPool", "launcher",
            "ISOLATIONS"]
 
 REASONS = ("pass", "fail", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error")
-ISOLATIONS = ("auto", "bwrap", "unshare", "none")
 TAIL_CHARS = 2000
 
 
@@ -168,150 +166,6 @@ finally:
 """
 
 
-# --------------------------------------------------------------------------------------------
-# Launchers
-# --------------------------------------------------------------------------------------------
-
-_LAUNCHER: dict[str, str] = {}
-_LOCK = threading.Lock()
-
-
-def _private_dirs() -> list[str]:
-    """Home-like folders hidden from the program (a tmpfs over each), when they exist."""
-    return [d for d in ("/root", "/home") if os.path.isdir(d)]
-
-
-def _interpreter_dirs() -> list[str]:
-    """Folders the interpreter needs that live under a hidden folder: bound back read-only."""
-    dirs = []
-    for p in {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
-              os.path.dirname(os.path.realpath(sys.executable))}:
-        if any(p == h or p.startswith(h + "/") for h in _private_dirs()):
-            dirs.append(p)
-    # A folder inside another one is bound with it.
-    return sorted(d for d in dirs if not any(d != o and d.startswith(o + "/") for o in dirs))
-
-
-def _prefix(kind: str, workdir: str) -> list[str]:
-    if kind == "bwrap":
-        args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
-        for d in _private_dirs():
-            args += ["--tmpfs", d]
-        for d in _interpreter_dirs():
-            args += ["--ro-bind", d, d]
-            # bwrap makes the folders leading to a bind inside a tmpfs 0700: open them up.
-            parent = os.path.dirname(d)
-            while parent not in _private_dirs() and parent != "/":
-                args += ["--chmod", "0755", parent]
-                parent = os.path.dirname(parent)
-        args += ["--bind", workdir, workdir, "--chdir", workdir, "--unshare-net", "--unshare-pid",
-                 "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session"]
-        if os.geteuid() != 0:
-            args += ["--unshare-user"]
-        return args + ["--"]
-    if kind == "unshare":
-        args = ["unshare", "--net", "--pid", "--fork", "--kill-child"]
-        if os.geteuid() != 0:
-            args += ["--map-root-user"]
-        return args + ["--"]
-    return []
-
-
-def _probe(kind: str) -> bool:
-    if shutil.which(kind) is None:
-        return False
-    workdir = tempfile.mkdtemp(prefix="entropyrl-probe-")
-    try:
-        cmd = _prefix(kind, workdir) + [sys.executable, "-I", "-S", "-c", "pass"]
-        return subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              timeout=20, env=_env(workdir)).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def launcher(isolation: str = "auto") -> str:
-    """The launcher used for ``isolation`` on this machine (probed once per process)."""
-    if isolation not in ISOLATIONS:
-        raise UserError(f"sandbox.isolation={isolation}: valid: {', '.join(ISOLATIONS)}")
-    with _LOCK:
-        if isolation in _LAUNCHER:
-            return _LAUNCHER[isolation]
-        if isolation == "none":
-            kind = "none"
-        elif isolation != "auto":
-            if not _probe(isolation):
-                raise UserError(f"sandbox.isolation={isolation} does not work here ({isolation} missing, "
-                                f"or the kernel refuses namespaces): install bubblewrap "
-                                f"(apt-get install bubblewrap) or use sandbox.isolation=auto")
-            kind = isolation
-        else:
-            kind = next((k for k in ("bwrap", "unshare") if _probe(k)), "none")
-            if kind != "bwrap":
-                warnings.warn(f"code sandbox: bubblewrap unavailable, using '{kind}': "
-                              + ("network and pid namespaces only, the filesystem is not read-only"
-                                 if kind == "unshare" else "NO network or filesystem isolation, only "
-                                 "rlimits and a private folder") + " (apt-get install bubblewrap)",
-                              RuntimeWarning, stacklevel=2)
-        _LAUNCHER[isolation] = kind
-        return kind
-
-
-def _env(workdir: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
-            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
-
-
-# --------------------------------------------------------------------------------------------
-# One run
-# --------------------------------------------------------------------------------------------
-
-def _others_can_run_python() -> bool:
-    """Whether another uid can reach the interpreter and its standard library (bwrap makes it
-    reachable itself; without bwrap an interpreter under a 0700 home is not)."""
-    for p in {os.path.realpath(sys.base_prefix), os.path.dirname(os.path.realpath(sys.executable))}:
-        while p != "/":
-            try:
-                if not os.stat(p).st_mode & 0o001:
-                    return False
-            except OSError:
-                return False
-            p = os.path.dirname(p)
-    return True
-
-
-def _drop_uid(kind: str) -> bool:
-    if os.geteuid() != 0:
-        return False
-    if kind == "bwrap" or _others_can_run_python():
-        return True
-    if not _WARNED_ROOT:
-        _WARNED_ROOT.append(True)
-        warnings.warn(f"code sandbox ({kind}): the interpreter {sys.executable} is not reachable by other "
-                      f"users, so programs keep running as root (install bubblewrap, or use a Python "
-                      f"outside /root)", RuntimeWarning, stacklevel=3)
-    return False
-
-
-_WARNED_ROOT: list[bool] = []
-
-
-def _fresh_uid() -> int:
-    # Far above any real account, below the 32-bit "nobody"/overflow ids.
-    return random.SystemRandom().randrange(1_500_000_000, 2_000_000_000)
-
-
-def _sweep_uid(uid: int) -> None:
-    """SIGKILL every process of ``uid`` (anything of the run that left the namespace)."""
-    try:
-        subprocess.run(["kill", "-KILL", "-1"], user=uid, group=uid, extra_groups=[],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=5, env={})
-    except (OSError, subprocess.SubprocessError):
-        pass
-
-
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -351,7 +205,7 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
     kind = launcher(lim.isolation)
     started = time.perf_counter()
     workdir = tempfile.mkdtemp(prefix="entropyrl-sbx-")
-    uid = _fresh_uid() if _drop_uid(kind) else None
+    uid = fresh_uid() if drop_uid(kind) else None
     nonce = secrets.token_hex(16)
     proc, status = None, "sandbox_error"
     read_fd, write_fd = os.pipe()
@@ -363,11 +217,11 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
                 "limits": {"cpu": int(lim.cpu_seconds), "as": int(lim.memory_mb) << 20,
                            "nproc": int(lim.processes), "nofile": int(lim.open_files),
                            "fsize": int(lim.file_size_mb) << 20}}
-        cmd = _prefix(kind, workdir) + [sys.executable, "-I", "-S", "-c", HARNESS]
+        cmd = launch_prefix(kind, workdir) + [sys.executable, "-I", "-S", "-c", HARNESS]
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, pass_fds=(write_fd,), cwd=workdir,
-                                    env=_env(workdir), start_new_session=True)
+                                    env=sandbox_env(workdir), start_new_session=True)
         except OSError as exc:
             return SandboxResult(False, "sandbox_error", time.perf_counter() - started, detail=str(exc))
         os.close(write_fd)
@@ -383,7 +237,7 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
         # A pid namespace dies with its first process (the kernel kills the rest) and bwrap /
         # unshare wait for that; after a kill, or without a namespace, sweep the run's uid.
         if uid is not None and (kind == "none" or status != "ok"):
-            _sweep_uid(uid)
+            sweep_uid(uid)
         for fd in (read_fd, write_fd):
             if fd >= 0:
                 try:

@@ -9,14 +9,13 @@ import subprocess
 import sys
 
 import pytest
-from omegaconf import OmegaConf
 
 from entropyrl.errors import UserError
 from entropyrl.evals.code_eval import code_problem_metrics
-from entropyrl.evals.code_tasks import (extract_program, grade_code, job_for, load_humaneval,
+from entropyrl.evals.code_tasks import (grade_code, job_for, load_humaneval,
                                         rows_to_code_problems, split_check)
 from entropyrl.evals.metrics import pass_at_k
-from entropyrl.evals.sandbox import Job, SandboxLimits, SandboxPool
+from entropyrl.evals.sandbox import SandboxLimits, SandboxPool
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 FAST_TINY = ["model=tiny", "model.warm_start.steps=3", "model.warm_start.batch_size=8"]

@@ -213,7 +213,7 @@ def test_bad_limits_are_one_line_errors():
 
 @pytest.mark.parametrize("name", ["connect_listener", "detached_child", "sleep_past_limit", "kill_parent"])
 def test_unshare_fallback_still_contains_network_and_processes(name, listener, tmp_path):
-    from entropyrl.evals.sandbox import _probe
+    from entropyrl.evals.sandbox_launch import _probe
 
     if not _probe("unshare"):
         pytest.skip("unshare cannot create namespaces here")
