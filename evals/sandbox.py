@@ -5,7 +5,7 @@ tests_passed, tests_total)``; ``reason`` is one of ``REASONS``. ``SandboxPool`` 
 
 How one run is isolated (README "The code sandbox" says what this does *not* cover):
 
-- Launcher, chosen once per process (``isolation``: ``auto`` | ``bwrap`` | ``unshare`` | ``none``):
+- Launcher (``evals/sandbox_launch.py``), chosen once per process (``isolation``: ``auto`` | ``bwrap`` | ``unshare`` | ``none``):
   ``bwrap`` (bubblewrap): new network, pid, ipc and uts namespaces, the whole filesystem bound
   read-only except the run's own folder, private ``/tmp``, ``/root`` and ``/home`` hidden,
   ``--die-with-parent``, a new session. ``unshare``: new network and pid namespaces only (the
