@@ -284,7 +284,10 @@ def _communicate(proc: subprocess.Popen, spec: bytes, read_fd: int, lim: Sandbox
             if left <= 0:
                 status = "timeout"
                 break
-            for key, _ in sel.select(timeout=min(left, 1.0)):
+            events = sel.select(timeout=min(left, 0.1))
+            if not events and proc.poll() is not None:
+                break           # the harness is gone and the pipes are idle: a leftover child holds them
+            for key, _ in events:
                 if key.fileobj is proc.stdin:
                     try:
                         n = os.write(proc.stdin.fileno(), view[:65536])
