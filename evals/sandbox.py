@@ -27,7 +27,8 @@ How one run is isolated (README "The code sandbox" says what this does *not* cov
 - Wall clock: past ``wall_seconds`` the whole process group is SIGKILLed (with it, through
   ``--die-with-parent``, the pid namespace and every process in it). Output (stdout + stderr
   together) is read as it comes and capped at ``max_output_bytes``; past it the run is killed.
-- The run folder is a fresh temporary directory, deleted afterwards.
+- The run folder is a fresh temporary directory, deleted afterwards (under bwrap a tmpfs of
+  ``disk_mb`` mounted over it, so a program cannot fill the host's disk either).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class SandboxLimits:
     open_files: int = 64
     file_size_mb: int = 16           # largest file the program may write
     max_output_bytes: int = 64_000   # stdout + stderr kept; past it the run is killed
+    disk_mb: int = 64                # bwrap: size of the run folder (a tmpfs)
     isolation: str = "auto"
 
     @classmethod
@@ -217,7 +219,7 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
                 "limits": {"cpu": int(lim.cpu_seconds), "as": int(lim.memory_mb) << 20,
                            "nproc": int(lim.processes), "nofile": int(lim.open_files),
                            "fsize": int(lim.file_size_mb) << 20}}
-        cmd = launch_prefix(kind, workdir) + [sys.executable, "-I", "-S", "-c", HARNESS]
+        cmd = launch_prefix(kind, workdir, lim.disk_mb) + [sys.executable, "-I", "-S", "-c", HARNESS]
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, pass_fds=(write_fd,), cwd=workdir,

@@ -42,7 +42,9 @@ def _interpreter_dirs() -> list[str]:
     return sorted(d for d in dirs if not any(d != o and d.startswith(o + "/") for o in dirs))
 
 
-def launch_prefix(kind: str, workdir: str) -> list[str]:
+def launch_prefix(kind: str, workdir: str, disk_mb: int = 64) -> list[str]:
+    """The command in front of the interpreter. bwrap: the run folder is a tmpfs of ``disk_mb``
+    (writes past it fail with ENOSPC), sticky and world-writable for the run's uid."""
     if kind == "bwrap":
         args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
                 "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
@@ -55,7 +57,7 @@ def launch_prefix(kind: str, workdir: str) -> list[str]:
             while parent not in _private_dirs() and parent != "/":
                 args += ["--chmod", "0755", parent]
                 parent = os.path.dirname(parent)
-        args += ["--bind", workdir, workdir, "--chdir", workdir, "--unshare-net", "--unshare-pid",
+        args += ["--perms", "01777", "--size", str(int(disk_mb) << 20), "--tmpfs", workdir, "--chdir", workdir, "--unshare-net", "--unshare-pid",
                  "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session"]
         if os.geteuid() != 0:
             args += ["--unshare-user"]

@@ -241,3 +241,11 @@ class _no_fail:
 
     def __exit__(self, *exc):
         return self._ctx.__exit__(*exc)
+
+
+def test_run_folder_is_bounded_under_bwrap():
+    if launcher("auto") != "bwrap":
+        pytest.skip("bubblewrap is not usable here")
+    limits = SandboxLimits(wall_seconds=5.0, disk_mb=4, file_size_mb=16)
+    fill = run_program("for i in range(8):\n    open(f'f{i}', 'wb').write(b'x' * (1 << 20))\n", ["pass"], limits)
+    assert fill.reason == "error" and "No space left" in fill.detail, fill.detail
