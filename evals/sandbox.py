@@ -347,13 +347,15 @@ class SandboxPool:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.workers = max(1, int(workers) if workers else cpus)
         self.limits = limits or SandboxLimits()
-        launcher(self.limits.isolation)          # probe (and warn) once, up front
+        drop_uid(launcher(self.limits.isolation))   # probe, warn or refuse once, up front
 
     def map(self, jobs: Sequence[Job], progress: Callable[[int], None] | None = None) -> list[SandboxResult]:
         """One result per job, in order."""
         def one(job: Job) -> SandboxResult:
             try:
                 r = run_program(job.program, list(job.tests), self.limits, setup=job.setup)
+            except UserError:
+                raise
             except Exception as exc:  # noqa: BLE001 - one broken run must not sink the batch
                 r = SandboxResult(False, "sandbox_error", 0.0, detail=f"{type(exc).__name__}: {exc}")
             if progress:

@@ -105,7 +105,7 @@ def launcher(isolation: str = "auto") -> str:
                 warnings.warn(f"code sandbox: bubblewrap unavailable, using '{kind}': "
                               + ("network and pid namespaces only, the filesystem is not read-only"
                                  if kind == "unshare" else "NO network or filesystem isolation, only "
-                                 "rlimits and a private folder") + " (apt-get install bubblewrap)",
+                                 "rlimits and a private folder; a program can signal the caller's processes") + " (apt-get install bubblewrap)",
                               RuntimeWarning, stacklevel=2)
         _LAUNCHER[isolation] = kind
         return kind
@@ -139,6 +139,11 @@ def drop_uid(kind: str) -> bool:
         return False
     if kind == "bwrap" or _others_can_run_python():
         return True
+    if kind == "none":
+        # As root, outside any namespace, kill(-1) alone would take the whole machine down.
+        raise UserError(f"code sandbox: refusing to run untrusted programs as root without namespaces "
+                        f"({sys.executable} is not reachable by other users, so no unprivileged uid can "
+                        f"run it): install bubblewrap (apt-get install bubblewrap) or util-linux unshare")
     if not _WARNED_ROOT:
         _WARNED_ROOT.append(True)
         warnings.warn(f"code sandbox ({kind}): the interpreter {sys.executable} is not reachable by other "

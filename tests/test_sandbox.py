@@ -249,3 +249,16 @@ def test_run_folder_is_bounded_under_bwrap():
     limits = SandboxLimits(wall_seconds=5.0, disk_mb=4, file_size_mb=16)
     fill = run_program("for i in range(8):\n    open(f'f{i}', 'wb').write(b'x' * (1 << 20))\n", ["pass"], limits)
     assert fill.reason == "error" and "No space left" in fill.detail, fill.detail
+
+
+def test_no_namespace_fallback_as_root_refuses_or_runs_unprivileged():
+    from entropyrl.evals.sandbox_launch import _others_can_run_python
+
+    limits = SandboxLimits(wall_seconds=3.0, isolation="none")
+    if os.geteuid() == 0 and not _others_can_run_python():
+        with pytest.raises(UserError, match="refusing to run untrusted programs as root"):
+            SandboxPool(workers=1, limits=limits)
+    else:
+        with _no_fail():
+            result = run_program("import os\nassert os.getuid() != 0", ["pass"], limits)
+        assert result.passed, result.detail
