@@ -117,6 +117,8 @@ HARNESS = r"""
 import os, sys, marshal, resource, builtins
 def main(spec):
     fd, lim, write, run, comp = spec["fd"], spec["limits"], os.write, exec, compile
+    # Bound now: the program can rebind names in the real builtins module, not these locals.
+    AssertErr, MemErr, BaseExc, kind, text, items = AssertionError, MemoryError, BaseException, type, str, enumerate
     def cap(kind, value, hard=None):
         try:
             resource.setrlimit(kind, (value, value if hard is None else hard))
@@ -133,7 +135,7 @@ def main(spec):
     def say(msg):
         write(fd, (nonce + " " + msg + "\n").encode())
     def why(exc):
-        return type(exc).__name__ + ": " + str(exc).replace("\n", " ")[:300]
+        return kind(exc).__name__ + ": " + text(exc).replace("\n", " ")[:300]
     # The program and the tests each get their own copy of the builtins: a program that replaces
     # exec, len or AssertionError changes neither the harness nor what the tests see.
     clean = dict(builtins.__dict__)
@@ -144,18 +146,18 @@ def main(spec):
         ns["__builtins__"] = dict(clean)
         if spec["setup"]:
             run(comp(spec["setup"], "<tests>", "exec"), ns)
-    except MemoryError as exc:
+    except MemErr as exc:
         say("memory " + why(exc)); return
-    except BaseException as exc:
+    except BaseExc as exc:
         say("error " + why(exc)); return
-    for i, test in enumerate(spec["tests"]):
+    for i, test in items(spec["tests"]):
         try:
             run(comp(test, "<test %d>" % i, "exec"), ns)
-        except MemoryError as exc:
+        except MemErr as exc:
             say("memory %d %s" % (i, why(exc)))
-        except AssertionError as exc:
+        except AssertErr as exc:
             say("fail %d %s" % (i, why(exc)))
-        except BaseException as exc:
+        except BaseExc as exc:
             say("error %d %s" % (i, why(exc)))
         else:
             say("ok %d" % i)

@@ -216,3 +216,16 @@ def test_train_on_code_tasks_with_the_tiny_model(task_file, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows][-1] == 2 and all("reward/mean" in r for r in rows)
+
+
+def test_programs_cannot_redefine_the_checker_or_the_function_under_test(humaneval, pool):
+    p = next(q for q in humaneval if q.id == "HumanEval/2")
+    wrong = "    return 0.0\n"
+    cheats = [
+        wrong + "\ndef check(candidate):\n    pass\n",                                  # its own check()
+        wrong + "\nimport builtins\nbuiltins.exec = lambda *a, **k: None\n",            # disarm exec
+        wrong + "\nimport sys\nsys.modules['builtins'].AssertionError = KeyboardInterrupt\n",
+    ]
+    verdicts = [r for _, r in grade_code([p] * len(cheats), cheats, pool)]
+    assert [v.passed for v in verdicts] == [False, False, False]
+    assert all(v.reason in ("fail", "error") for v in verdicts)
