@@ -250,7 +250,8 @@ def render_table(results: Mapping[str, dict], title: str = "entropyrl eval"):
     for b, r in results.items():
         n, m = r["n_samples"], r["metrics"]
         passes = "  ".join(f"{m[k]:.3f}" for k in m if k.startswith("pass@"))
-        table.add_row(b, str(r["problems"]), str(n), f"{m[f'avg@{n}']:.3f}", passes, f"{m[f'maj@{n}']:.3f}" if f"maj@{n}" in m else "-")   # code: no maj@n
+        maj = f"{m[f'maj@{n}']:.3f}" if f"maj@{n}" in m else "-"          # code benchmarks have no maj@n
+        table.add_row(b, str(r["problems"]), str(n), f"{m[f'avg@{n}']:.3f}", passes, maj)
     if len(results) > 1:
         avg = average_over_benchmarks(results)
         table.add_row("[bold]average[/bold]", "", "", f"{avg.get('avg@n', math.nan):.3f}",
