@@ -21,7 +21,8 @@ def register(app: typer.Typer) -> None:
         "eval",
         help="Evaluate a model on math benchmarks: avg@n, pass@k (k=1,2,4,..<=n) and maj@n per benchmark "
              "and on average; samples.jsonl + summary.json in output_dir; an MLflow run.\n\n"
-             "Benchmarks: aime24 aime25 amc23 math500 minerva olympiadbench gsm8k, [bold]all[/bold], or a "
+             "Benchmarks: aime24 aime25 amc23 math500 minerva olympiadbench gsm8k, [bold]all[/bold], code "
+             "benchmarks humaneval mbpp livecodebench (run in the code sandbox; pass@1,5,10), or a "
              ".jsonl/.json/.parquet file (verl layout too). Each has its reference sample count (avg@32 "
              "for AIME/AMC, avg@4 otherwise) and decoding (temperature 1.0, top-p 1.0).\n\n"
              "[cyan]entropyrl eval aime24 math500 model.path=Qwen/Qwen2.5-Math-7B eval.backend=vllm[/cyan]\n\n"

@@ -7,6 +7,14 @@ step decided: see ``entropyrl.evals.grader.REASONS``); the summary line counts t
 line (bad JSON, missing or non-string ``response``, missing ``answer``) is reported on stderr with
 its line number and left out of the output; the other lines are still graded.
 
+Code lines (``evals/code_tasks.py``) are graded by running them in the code sandbox
+(``evals/sandbox.py``): a line with ``prompt``, ``test``, ``entry_point`` (HumanEval layout; or
+MBPP's ``text`` + ``test_list``) and ``response`` (a fenced block, a bare completion of the prompt,
+or a whole function), or with ``benchmark`` (humaneval, mbpp, livecodebench) and ``id`` naming a
+problem. Each output line adds ``program`` (what ran), ``correct``, ``reason`` (pass, fail, error,
+timeout, memory, output_limit, killed, sandbox_error), ``tests_passed``/``tests_total``,
+``seconds``, ``detail`` and ``stdout_tail``.
+
 Exit status: 0 when at least one line was graded (malformed lines are reported, not fatal; add
 ``--strict`` to exit 1 on any malformed line); 2 when nothing could be graded (missing file, no
 valid line).
@@ -15,6 +23,7 @@ valid line).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Optional
 
@@ -24,6 +33,7 @@ import typer
 def read_items(path: Path) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
     """``([(line number, object)], [(line number, problem)])`` for a JSON-lines file."""
     from entropyrl.errors import UserError
+    from entropyrl.evals.code_tasks import is_code_row
 
     try:
         handle = path.open("r", encoding="utf-8", errors="replace")
@@ -43,11 +53,32 @@ def read_items(path: Path) -> tuple[list[tuple[int, dict]], list[tuple[int, str]
                 bad.append((lineno, "not a JSON object"))
             elif not isinstance(obj.get("response"), str):
                 bad.append((lineno, "no string field 'response'" if "response" in obj else "missing field 'response'"))
+            elif is_code_row(obj):                       # graded by running it: evals/sandbox.py
+                good.append((lineno, obj))
             elif obj.get("answer") is None or isinstance(obj["answer"], (dict, bool)):
                 bad.append((lineno, "missing field 'answer'" if "answer" not in obj else "field 'answer' is not a string, number or list"))
             else:
                 good.append((lineno, obj))
     return good, bad
+
+
+def _grade_code_lines(good: list, bad: list, workers) -> tuple[list, list]:
+    """Math lines stay in ``good``; code lines (HumanEval layout or benchmark + id) are run in the
+    code sandbox: ``(line number, row + program, correct, reason, ...)``; unresolvable ones go to ``bad``."""
+    from entropyrl.evals.code_tasks import grade_code_rows, is_code_row
+    from entropyrl.evals.sandbox import SandboxPool
+
+    code = [(n, o) for n, o in good if is_code_row(o)]
+    if not code:
+        return good, []
+    records = grade_code_rows([o for _, o in code], SandboxPool(workers=workers))
+    out = []
+    for (n, obj), rec in zip(code, records):
+        if isinstance(rec, str):
+            bad.append((n, rec))
+        else:
+            out.append((n, {**obj, **rec}))
+    return [(n, o) for n, o in good if not is_code_row(o)], out
 
 
 def gold_text(answer) -> str:
@@ -62,6 +93,8 @@ def register(app: typer.Typer) -> None:
         help="Grade a JSON-lines file of model responses: each line needs [bold]response[/bold] and "
              "[bold]answer[/bold]; the output adds [bold]correct[/bold] and [bold]extracted[/bold]. "
              "Malformed lines are reported with their line number and skipped.\n\n"
+             "Code lines ([bold]prompt/test/entry_point[/bold] + response, or [bold]benchmark/id[/bold] + "
+             "response) run in the code sandbox; the output adds program, correct and reason.\n\n"
              "[cyan]entropyrl grade samples.jsonl --out graded.jsonl[/cyan]\n\n"
              "Exit status: 0 if at least one line was graded (1 with --strict and a malformed line), "
              "2 if none could be.",
@@ -77,7 +110,7 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         from entropyrl.errors import UserError
-        from entropyrl.evals.grader import grade_batch, reason_counts
+        from entropyrl.evals.grader import grade_batch
 
         err = Console(stderr=True, soft_wrap=True)
         if not file.is_file():
@@ -85,9 +118,10 @@ def register(app: typer.Typer) -> None:
         if timeout <= 0:
             raise UserError(f"--timeout must be > 0 seconds, got {timeout}")
         good, bad = read_items(file)
+        good, code_lines = _grade_code_lines(good, bad, workers)
         for lineno, problem in bad:
             err.print(f"[red]error[/red]: {file}:{lineno}: {problem}; line skipped", highlight=False)
-        if not good:
+        if not good and not code_lines:
             raise UserError(f"{file}: no line could be graded ({len(bad)} malformed); each line needs "
                             f"'response' and 'answer'")
         target = out or file.with_name(file.name.removesuffix(".jsonl") + ".graded.jsonl")
@@ -96,17 +130,20 @@ def register(app: typer.Typer) -> None:
             task = bar.add_task("grade", total=len(good))
             results = grade_batch([o["response"] for _, o in good], [gold_text(o["answer"]) for _, o in good],
                                   workers=workers, timeout=timeout,
-                                  progress=lambda k: bar.advance(task, k))
+                                  progress=lambda k: bar.advance(task, k)) if good else []
         target.parent.mkdir(parents=True, exist_ok=True)
+        lines = sorted([(n, {**obj, "correct": r.correct, "extracted": r.extracted, "reason": r.reason}) for (n, obj), r in zip(good, results)]
+                       + code_lines, key=lambda item: item[0])
         with target.open("w", encoding="utf-8") as f:
-            for (_, obj), r in zip(good, results):
-                f.write(json.dumps({**obj, "correct": r.correct, "extracted": r.extracted, "reason": r.reason}) + "\n")
-        correct = sum(r.correct for r in results)
+            for _, row in lines:
+                f.write(json.dumps(row) + "\n")
+        results = [row for _, row in lines]
+        correct = sum(bool(r["correct"]) for r in results)
         Console(soft_wrap=True).print(f"graded [bold]{len(results)}[/bold] lines: accuracy [bold]{correct / len(results):.4f}[/bold] "
                         f"({correct}/{len(results)})"
                         + (f", [red]{len(bad)} malformed line(s) skipped[/red]" if bad else "")
                         + f" -> {target}", highlight=False)
-        Console(soft_wrap=True).print("reasons: " + ", ".join(f"{k} {v}" for k, v in reason_counts(results).items()),
+        Console(soft_wrap=True).print("reasons: " + ", ".join(f"{k} {v}" for k, v in Counter(r["reason"] for r in results).most_common()),
                                       highlight=False)
         if bad and strict:
             raise typer.Exit(1)

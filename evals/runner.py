@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 
 from entropyrl.errors import UserError
 from entropyrl.evals.benchmarks import Problem, expand_benchmarks, get_spec, load_benchmark
+from entropyrl.evals.code_eval import evaluate_code, is_code_problem
 from entropyrl.evals.grader import DEFAULT_TIMEOUT, grade_batch, no_answer_warning, reason_counts
 from entropyrl.evals.metrics import mean_metrics, mlflow_key, problem_metrics
 from entropyrl.evals.prompts import build_prompts
@@ -43,6 +44,7 @@ class EvalSettings:
     chat_template: Any = "auto"
     workers: int | None = None
     grade_timeout: float = DEFAULT_TIMEOUT
+    sandbox: Any = None            # code benchmarks: SandboxLimits keys over the benchmark's (eval.sandbox)
 
     @classmethod
     def from_cfg(cls, cfg: Mapping, **fallback) -> "EvalSettings":
@@ -62,6 +64,7 @@ class EvalSettings:
             chat_template=pick("chat_template", fallback.get("chat_template", "auto")),
             workers=pick("workers", fallback.get("workers")),
             grade_timeout=float(pick("grade_timeout", fallback.get("grade_timeout", DEFAULT_TIMEOUT))),
+            sandbox=pick("sandbox", fallback.get("sandbox")),
         )
         if s.n_samples is not None and int(s.n_samples) < 1:
             raise UserError(f"eval.n_samples must be >= 1 (or null for the benchmark default), got {s.n_samples}")
@@ -85,6 +88,12 @@ def evaluate(generator, tokenizer, benchmarks: Mapping[str, list[Problem]], sett
     for source, problems in benchmarks.items():
         spec = get_spec(source)
         bench = spec.name                      # a data file given by path is labelled by its stem
+        if problems and is_code_problem(problems[0]):     # run in the code sandbox: evals/code_eval.py
+            results[bench], recs = evaluate_code(generator, tokenizer, bench, spec, problems, settings,
+                                                 chat=_use_chat(tokenizer, settings.chat_template),
+                                                 progress=progress)
+            samples += recs
+            continue
         n = int(settings.n_samples or spec.n_samples)
         temperature = float(spec.temperature if settings.temperature is None else settings.temperature)
         top_p = float(spec.top_p if settings.top_p is None else settings.top_p)
@@ -113,7 +122,8 @@ def evaluate(generator, tokenizer, benchmarks: Mapping[str, list[Problem]], sett
             per_problem.append(problem_metrics([g.extracted for g in mine], [g.correct for g in mine]))
             for j, (text, g) in enumerate(zip(completions[i], mine)):
                 samples.append({"benchmark": bench, "problem_id": p.id, "sample": j, "answer": p.answer,
-                                "response": text, "extracted": g.extracted, "correct": g.correct})
+                                "response": text, "extracted": g.extracted, "correct": g.correct,
+                                "reason": g.reason})
         results[bench] = {
             "n_samples": n, "problems": len(problems), "temperature": temperature, "top_p": top_p,
             "metrics": mean_metrics(per_problem),
@@ -245,7 +255,8 @@ def render_table(results: Mapping[str, dict], title: str = "entropyrl eval"):
     for b, r in results.items():
         n, m = r["n_samples"], r["metrics"]
         passes = "  ".join(f"{m[k]:.3f}" for k in m if k.startswith("pass@"))
-        table.add_row(b, str(r["problems"]), str(n), f"{m[f'avg@{n}']:.3f}", passes, f"{m[f'maj@{n}']:.3f}")
+        maj = f"{m[f'maj@{n}']:.3f}" if f"maj@{n}" in m else "-"          # code benchmarks have no maj@n
+        table.add_row(b, str(r["problems"]), str(n), f"{m[f'avg@{n}']:.3f}", passes, maj)
     if len(results) > 1:
         avg = average_over_benchmarks(results)
         table.add_row("[bold]average[/bold]", "", "", f"{avg.get('avg@n', math.nan):.3f}",

@@ -10,10 +10,12 @@ from __future__ import annotations
 from typing import Callable
 
 from entropyrl.errors import UserError
+from entropyrl.trainers.code_datasets import CodeTaskSource
 from entropyrl.trainers.datasets import MathDatasetSource
 from entropyrl.trainers.tasks import BuiltinTaskSource
 
-PROMPT_SOURCES: dict[str, Callable] = {"builtin": BuiltinTaskSource, "math": MathDatasetSource}
+PROMPT_SOURCES: dict[str, Callable] = {"builtin": BuiltinTaskSource, "math": MathDatasetSource,
+                                       "code": CodeTaskSource}
 
 
 def build_prompt_source(data_cfg, seed: int, tokenizer=None):
