@@ -224,9 +224,10 @@ class SlurmLauncher(Launcher):
                 jobs = [executor.submit(c) for c in callables]
         except FailedJobError as exc:
             lines = [ln.split("error:", 1)[-1].strip() for ln in str(exc).splitlines() if "error:" in ln]
-            raise UserError(f"sbatch refused the sweep's jobs: {'; '.join(dict.fromkeys(lines)) or str(exc)[:300]} "
-                            f"(check launcher.partition, cpus_per_task, mem_gb, gpus_per_node, additional_parameters)"
-                            ) from None
+            said = "; ".join(dict.fromkeys(lines)) or str(exc).strip().splitlines()[0][:300]
+            hint = ("is the SLURM controller up? (`sinfo`)" if re.search(r"contact|connect|timed out", said, re.I)
+                    else "check launcher.partition, cpus_per_task, mem_gb, gpus_per_node, additional_parameters")
+            raise UserError(f"sbatch refused the sweep's jobs: {said} ({hint})") from None
         return jobs
 
     def queue(self, job_ids: Sequence[str]) -> dict[str, QueueEntry] | None:
@@ -237,7 +238,9 @@ class SlurmLauncher(Launcher):
         if shutil.which("squeue") is None:
             return None
         try:
-            out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%r", "-j", ",".join(ids)],
+            # by array id: an array cancelled before its tasks were split off is listed as "123" only
+            arrays = sorted({i.split("_")[0] for i in ids})
+            out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%r", "-j", ",".join(arrays)],
                                  capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             return None
@@ -253,6 +256,9 @@ class SlurmLauncher(Launcher):
             reason = parts[2].strip() if len(parts) > 2 else ""
             phase = WAITING if state in SLURM_WAITING else ACTIVE if state in SLURM_ACTIVE else ENDED
             entries[parts[0]] = QueueEntry(phase, state, "" if reason in ("None", "(null)") else reason)
+        for task in ids:
+            if task not in entries and task.split("_")[0] in entries:
+                entries[task] = entries[task.split("_")[0]]
         return entries
 
     def stuck(self, cfg: Any, entry: QueueEntry) -> str | None:
