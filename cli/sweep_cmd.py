@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             rows = plan.rows()
             typer.echo(f"ablation {cfg.ablation.name}: {len(rows)} jobs "
-                       f"({len({r['variant'] for r in rows})} variants x {len(cfg.seeds)} seeds) "
+                       f"({len({r['variant'] for r in rows})} variants x {len({r['seed'] for r in rows})} seeds) "
                        f"-> {plan.sweep_dir}")
             typer.echo(_table([[r["variant"], r["seed"], r["state"], " ".join(r["overrides"]), r["output_dir"]]
                                for r in rows], ["variant", "seed", "state", "overrides", "output_dir"]))

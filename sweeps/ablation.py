@@ -85,7 +85,7 @@ def _as_list(node: Any) -> list:
         return []
     if isinstance(node, (ListConfig, DictConfig)):
         node = OmegaConf.to_container(node, resolve=True)
-    if isinstance(node, str):
+    if isinstance(node, (str, int, float)):  # one value: seeds=3, base=algo=stare
         return [node]
     return list(node)
 

@@ -57,7 +57,30 @@ class Launcher:
     detached: bool = False
     scheduler: str = ""          # how job states are labelled, e.g. "SLURM" -> "SLURM PENDING (Priority)"
 
+    # The launcher keys that are numbers, checked when present:
+    # key -> (integer, minimum, strict: > instead of >=, nullable). Subclasses add their own.
+    numbers: dict[str, tuple[bool, float, bool, bool]] = {
+        "max_parallel": (True, 1, False, False),
+        "timeout_min": (False, 0, True, False),
+        "max_num_timeout": (True, 0, False, False),
+        "signal_delay_s": (True, 0, False, False),
+        "nodes": (True, 1, False, False),
+        "gpus_per_node": (True, 0, False, True),
+        "cpus_per_task": (True, 1, False, True),
+        "mem_gb": (False, 0, True, True),
+        "array_parallelism": (True, 1, False, False),
+        "stuck_after_s": (False, 0, False, False),
+    }
+
     # -- what every launcher provides -------------------------------------------------------------
+    def check_values(self, cfg: Any) -> None:
+        """Refuse (``UserError``) a launcher value of the wrong type or range, naming the key."""
+        for key, (integer, minimum, strict, nullable) in self.numbers.items():
+            if key in cfg:
+                check_number(f"launcher.{key}", cfg[key], integer=integer, minimum=minimum, strict=strict,
+                             nullable=nullable)
+        self.threads(cfg)
+
     def executor(self, cfg: Any, folder: Path) -> submitit.Executor:
         """A submitit executor configured from the ``launcher`` config (``cfg``), logs under ``folder``."""
         raise NotImplementedError
@@ -118,6 +141,20 @@ class Launcher:
                 job.cancel(check=False)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+
+
+def check_number(key: str, value: Any, *, integer: bool, minimum: float, strict: bool = False,
+                 nullable: bool = False) -> None:
+    """``UserError`` unless ``value`` is a number (an integer if ``integer``) >= ``minimum``
+    (> if ``strict``), or None when ``nullable``."""
+    if value is None and nullable:
+        return
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if is_number and (not integer or float(value).is_integer()) and (value > minimum if strict else value >= minimum):
+        return
+    kind = "an integer" if integer else "a number"
+    raise UserError(f"{key}={value!r} is not allowed: {key} must be {kind} {'>' if strict else '>='} {minimum:g}"
+                    + (" or null" if nullable else ""))
 
 
 _REGISTRY: dict[str, Launcher] = {}

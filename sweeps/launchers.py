@@ -19,11 +19,11 @@ from typing import Any
 import submitit
 
 from entropyrl.conf import cfg_get
-from entropyrl.sweeps.launcher import (ACTIVE, ENDED, WAITING, Launcher, QueueEntry, find_launcher, get_launcher,
-                                       launcher_names, register_launcher)
+from entropyrl.sweeps.launcher import (ACTIVE, ENDED, WAITING, Launcher, QueueEntry, check_number, find_launcher,
+                                       get_launcher, launcher_names, register_launcher)
 from entropyrl.sweeps.slurm import SlurmLauncher
 
-__all__ = ["ACTIVE", "ENDED", "WAITING", "Launcher", "QueueEntry", "find_launcher", "get_launcher", "launcher_names",
+__all__ = ["ACTIVE", "ENDED", "WAITING", "Launcher", "QueueEntry", "check_number", "find_launcher", "get_launcher", "launcher_names",
            "register_launcher", "LocalLauncher", "DebugLauncher", "SlurmLauncher"]
 
 

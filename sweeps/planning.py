@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from entropyrl.conf import CONF_DIR, config_groups, primary_defaults
 from entropyrl.errors import UserError
 from entropyrl.sweeps.ablation import JOB_OWNED_KEYS, JobSpec, expand, override_key
 from entropyrl.sweeps.jobs import compose_job_config
-from entropyrl.sweeps.launchers import Launcher, find_launcher, get_launcher
+from entropyrl.sweeps.launchers import Launcher, check_number, find_launcher, get_launcher
 from entropyrl.sweeps.state import JobStatus, job_status, load_sweep, scheduler_ids, sweep_file
 from entropyrl.trainers.tracking import resolve_uri
 
@@ -104,7 +104,7 @@ class Plan:
             "sweep_dir": str(self.sweep_dir),
             "created": existing.get("created") or time.time(),
             "ablation": OmegaConf.to_container(cfg.ablation, resolve=True),
-            "seeds": [int(s) for s in cfg.seeds],
+            "seeds": sorted({j.seed for j in self.jobs}, key=[j.seed for j in self.jobs].index),
             "budget": [str(o) for o in (cfg.get("budget") or [])],
             "train_overrides": self.train_overrides,
             "launcher": OmegaConf.to_container(cfg.launcher, resolve=True),
@@ -147,7 +147,7 @@ def plan(cfg: DictConfig, train_overrides: list[str], *, explicit_dir: bool, res
     if resume and existing is None:
         raise UserError(f"--resume: {sweep_dir} holds no sweep (no sweep.json); drop --resume to start one")
     launcher = get_launcher(cfg.launcher)
-    launcher.parallelism(cfg.launcher)  # its settings are checked here, not at the first submission
+    check_sweep_values(cfg, launcher)
     threads = launcher.threads(cfg.launcher)
     jobs = expand(cfg.ablation, seeds=cfg.seeds, sweep_dir=sweep_dir, budget=cfg.get("budget") or [],
                   train_overrides=train_overrides, only=cfg.get("variants"),
@@ -157,6 +157,24 @@ def plan(cfg: DictConfig, train_overrides: list[str], *, explicit_dir: bool, res
     validate_jobs(jobs)
     launcher.check(cfg.launcher)
     return Plan(cfg, sweep_dir, jobs, list(train_overrides), existing, launcher)
+
+
+def check_sweep_values(cfg: DictConfig, launcher: Launcher) -> None:
+    """The sweep's own values (seeds, poll_seconds, report.*) and the launcher's, before anything."""
+    seeds = cfg.seeds
+    seeds = list(seeds) if isinstance(seeds, (list, tuple, ListConfig)) else [seeds]
+    for seed in seeds:
+        check_number("seeds", seed, integer=True, minimum=0)
+    check_number("poll_seconds", cfg.get("poll_seconds", 2.0), integer=False, minimum=0, strict=True)
+    report = cfg.get("report") or {}
+    if "entropy_threshold" in report:
+        check_number("report.entropy_threshold", report["entropy_threshold"], integer=False, minimum=0)
+    if "tail_frac" in report:
+        check_number("report.tail_frac", report["tail_frac"], integer=False, minimum=0, strict=True)
+        if float(report["tail_frac"]) > 1:
+            raise UserError(f"report.tail_frac={report['tail_frac']} is not allowed: a fraction in (0, 1]")
+    launcher.check_values(cfg.launcher)
+    launcher.parallelism(cfg.launcher)
 
 
 def _check_compatible(existing: dict, jobs: list[JobSpec], sweep_dir: Path, cfg: DictConfig) -> None:
