@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -269,7 +270,7 @@ class SlurmLauncher(Launcher):
             return f"change {key}" + (f" (now {now})" if isinstance(now, (int, float, str)) else "")
         if reason not in ("PartitionConfig", "Resources", "ReqNodeNotAvail"):
             return None
-        found = partition_sizes()
+        found = self._sizes()
         problem = oversized(cfg, *found) if found else None
         if problem:
             return problem
@@ -281,6 +282,13 @@ class SlurmLauncher(Launcher):
             return ("the nodes this job asks for are unavailable (down, drained or reserved); change "
                     "launcher.partition or launcher.additional_parameters (nodelist/exclude)")
         return None  # Resources: waiting for busy nodes
+
+    def _sizes(self) -> tuple[dict[str, PartitionSize], str | None] | None:
+        """``partition_sizes()``, asked at most once a minute (every waiting job of every poll may ask)."""
+        cached = getattr(self, "_sizes_cache", None)
+        if cached is None or time.time() - cached[0] > 60:
+            cached = self._sizes_cache = (time.time(), partition_sizes())
+        return cached[1]
 
     def cancel(self, job_ids: Sequence[str], handles: Sequence[submitit.Job]) -> None:
         ids = sorted({str(j) for j in job_ids if j})
