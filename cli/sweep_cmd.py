@@ -3,26 +3,47 @@ their jobs' states."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, Iterator, List, Optional
 
 import typer
+from rich.console import Console
 
-TRAIN_PREFIX = "train."
+from entropyrl.conf import compose, config_groups, primary_defaults
+from entropyrl.errors import UserError
+from entropyrl.sweeps import following, planning
+from entropyrl.sweeps.planning import split_overrides
+from entropyrl.sweeps.report import build_report
+from entropyrl.sweeps.state import count_states, sweep_status
+
+__all__ = ["register", "split_overrides"]
 
 
-def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
-    """``(sweep_overrides, train_overrides)``: ``train.KEY=V`` (also ``+train.``/``~train.``) goes to
-    every job's training config as ``KEY=V``; everything else configures the sweep."""
-    sweep, train = [], []
-    for o in overrides:
-        head = o[: len(o) - len(o.lstrip("+~"))]
-        body = o[len(head):]
-        if body.startswith(TRAIN_PREFIX):
-            train.append(head + body[len(TRAIN_PREFIX):])
-        else:
-            sweep.append(o)
-    return sweep, train
+def _groups_help(config_name: str) -> str:
+    used = primary_defaults(config_name)
+    return "\n\n".join(f"  [bold]{g}[/bold]: {', '.join(opts)} (default {used[g]})"
+                        for g, opts in config_groups().items() if g in used)
+
+
+@contextlib.contextmanager
+def _live_line(console: Console) -> Iterator[Callable[[str], None]]:
+    """Where the sweep's line of job counts goes: rewritten in place on a terminal, else printed
+    each time it changes."""
+    if console.is_terminal:
+        with console.status("submitting...", spinner="dots") as status:
+            yield lambda line: status.update(line)
+        return
+    last = [""]
+
+    def show(line: str) -> None:
+        if line != last[0]:
+            last[0] = line
+            console.print(line, markup=False, soft_wrap=True)
+
+    yield show
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -32,8 +53,6 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    from entropyrl.cli.main import groups_help
-
     @app.command(
         "sweep",
         help="Run an ablation: every variant x every seed as one training job, on this machine or "
@@ -42,10 +61,10 @@ def register(app: typer.Typer) -> None:
              "[cyan]entropyrl sweep ablation=gate seeds=[0,1] launcher=slurm launcher.partition=gpu "
              "train.trainer.total_steps=200[/cyan]\n\n"
              "Overrides configure the sweep (ablation, launcher, tracking, seeds, variants, budget, "
-             "sweep_dir, report.*); [bold]train.KEY=VALUE[/bold] overrides go to every job's training "
-             "config. Re-running with the same sweep_dir (or --resume: the latest sweep of that "
+             "sweep_dir, report.*); training keys ([bold]trainer.total_steps=20[/bold], or "
+             "[bold]train.trainer.total_steps=20[/bold]) go to every job's training config. Re-running with the same sweep_dir (or --resume: the latest sweep of that "
              "ablation) runs only what did not finish. Exit status 1 if a job failed.\n\n"
-             "Config groups:\n\n" + groups_help("sweep"),
+             "Config groups:\n\n" + _groups_help("sweep"),
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )
     def sweep(
@@ -56,29 +75,25 @@ def register(app: typer.Typer) -> None:
         wait: bool = typer.Option(True, "--wait/--no-wait", help="follow the jobs and build the report "
                                                                  "(--no-wait: submit to SLURM and return)"),
     ) -> None:
-        from rich.console import Console
-
-        from entropyrl.conf import compose
-        from entropyrl.errors import UserError
-        from entropyrl.sweeps import runner
-
         console = Console(stderr=True, highlight=False)
         sweep_ov, train_ov = split_overrides(list(overrides or []))
         cfg = compose("sweep", sweep_ov)
         explicit_dir = any(o.lstrip("+").startswith("sweep_dir=") for o in sweep_ov)
-        plan = runner.plan(cfg, train_ov, explicit_dir=explicit_dir, resume=resume)
+        plan = planning.plan(cfg, train_ov, explicit_dir=explicit_dir, resume=resume)
         if dry_run:
             rows = plan.rows()
             typer.echo(f"ablation {cfg.ablation.name}: {len(rows)} jobs "
-                       f"({len({r['variant'] for r in rows})} variants x {len(cfg.seeds)} seeds) "
+                       f"({len({r['variant'] for r in rows})} variants x {len({r['seed'] for r in rows})} seeds) "
                        f"-> {plan.sweep_dir}")
             typer.echo(_table([[r["variant"], r["seed"], r["state"], " ".join(r["overrides"]), r["output_dir"]]
                                for r in rows], ["variant", "seed", "state", "overrides", "output_dir"]))
             return
-        if not wait and cfg.launcher.name != "slurm":
-            raise UserError(f"--no-wait needs launcher=slurm (launcher={cfg.launcher.name} jobs run under "
-                            f"this process)")
-        result = runner.run(plan, wait=wait, log=lambda m: console.print(m, markup=False, soft_wrap=True))
+        if not wait and not plan.launcher.detached:
+            raise UserError(f"--no-wait needs a launcher whose jobs outlive this process, e.g. launcher=slurm "
+                            f"(launcher={cfg.launcher.name} jobs run under this process)")
+        with _live_line(console) as progress:
+            result = following.run(plan, wait=wait, log=lambda m: console.print(m, markup=False, soft_wrap=True),
+                                   progress=progress)
         c = result["counts"]
         console.print(f"[bold]sweep {result['sweep_id']}[/bold]: {c['done']} done, {c['failed']} failed, "
                       f"{c['running'] + c['pending']} not finished; folder {result['sweep_dir']}", soft_wrap=True)
@@ -99,8 +114,6 @@ def register(app: typer.Typer) -> None:
         sweep_dir: Path = typer.Argument(..., help="the sweep folder (holds sweep.json)"),
         mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="also log the report to the parent run"),
     ) -> None:
-        from entropyrl.sweeps.report import build_report
-
         rep = build_report(sweep_dir, log_mlflow=mlflow, log=lambda m: typer.echo(m, err=True))
         c = rep["counts"]
         typer.echo(f"report: {rep['report']} ({c['done']} done, {c['failed']} failed, "
@@ -113,17 +126,12 @@ def register(app: typer.Typer) -> None:
         sweep_dir: Path = typer.Argument(..., help="the sweep folder (holds sweep.json)"),
         as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
     ) -> None:
-        import dataclasses
-        import json
-
-        from entropyrl.sweeps.state import sweep_status
-
         sweep, statuses = sweep_status(sweep_dir)
         if as_json:
             typer.echo(json.dumps([dataclasses.asdict(s) for s in statuses], indent=2))
             return
         launcher = sweep.get("launcher", {}).get("name", "?")
-        counts = {s: sum(1 for x in statuses if x.state == s) for s in ("done", "running", "pending", "failed")}
+        counts = count_states(statuses)
         typer.echo(f"sweep {sweep.get('sweep_id')} ({sweep.get('ablation', {}).get('name')}, launcher {launcher}): "
                    + ", ".join(f"{n} {s}" for s, n in counts.items()))
         typer.echo(_table([[s.key, s.state, s.detail, s.scheduler_job_id or "-", s.log] for s in statuses],

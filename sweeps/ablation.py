@@ -85,7 +85,7 @@ def _as_list(node: Any) -> list:
         return []
     if isinstance(node, (ListConfig, DictConfig)):
         node = OmegaConf.to_container(node, resolve=True)
-    if isinstance(node, str):
+    if isinstance(node, (str, int, float)):  # one value: seeds=3, base=algo=stare
         return [node]
     return list(node)
 
@@ -195,21 +195,3 @@ def expand(ablation: DictConfig | dict, *, seeds: Iterable[int], sweep_dir: Path
             jobs.append(JobSpec(key=f"{v.name}/s{seed}", variant=v.name, seed=seed, overrides=overrides,
                                 output_dir=str(out)))
     return jobs
-
-
-def validate_jobs(jobs: list[JobSpec]) -> None:
-    """Compose every distinct variant's training config now, so a typo fails before anything is
-    submitted (raises ``UserError`` naming the variant)."""
-    from entropyrl.conf import compose
-
-    checked: set[tuple[str, ...]] = set()
-    for job in jobs:
-        shape = tuple(o for o in job.overrides if override_key(o) not in JOB_OWNED_KEYS)
-        if shape in checked:
-            continue
-        checked.add(shape)
-        try:
-            compose("train", job.overrides)
-        except UserError as exc:
-            raise UserError(f"variant {job.variant}: {exc}") from None
-        checked.add(shape)

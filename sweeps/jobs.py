@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import submitit
+from omegaconf import DictConfig, open_dict
+
+from entropyrl.conf import compose
 
 JOB_STATE_FILE = "job.json"
 TRAIN_LOG = "train.log"
@@ -60,6 +63,27 @@ def write_job_state(output_dir: Path, state: dict) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(state, indent=2))
     os.replace(tmp, path)
+
+
+def compose_job_config(overrides: list[str], tracking: dict | None = None, run_name: str | None = None) -> DictConfig:
+    """One sweep job's training config: ``entropyrl train <overrides>`` composed, then the sweep's
+    tracking (``{enabled, uri, experiment, parent_run_id, run_name, tags}``) filled in when given.
+
+    Used by the job itself and, at plan time, by ``planning.job_configs`` for every job.
+    """
+    cfg = compose("train", list(overrides))
+    if tracking is None:
+        return cfg
+    with open_dict(cfg):
+        cfg.tracking.enabled = bool(tracking.get("enabled", True))
+        for key in ("uri", "experiment", "parent_run_id"):
+            if tracking.get(key) is not None:
+                cfg.tracking[key] = tracking[key]
+        cfg.tracking.run_name = tracking.get("run_name") or run_name or cfg.tracking.get("run_name")
+        tags = dict(cfg.tracking.get("tags") or {})
+        tags.update({str(k): str(v) for k, v in (tracking.get("tags") or {}).items()})
+        cfg.tracking.tags = tags
+    return cfg
 
 
 def _scheduler_job_id() -> str | None:
@@ -105,24 +129,10 @@ class TrainJob(submitit.helpers.Checkpointable):
         write_job_state(self.output_dir, state)
         return state
 
-    def config(self):
+    def config(self) -> DictConfig:
         """The composed training config of this job (tracking filled in from the sweep)."""
-        from omegaconf import open_dict
-
-        from entropyrl.conf import compose
-
-        cfg = compose("train", list(self.spec["overrides"]))
-        t = self.tracking or {}
-        with open_dict(cfg):
-            cfg.tracking.enabled = bool(t.get("enabled", True))
-            for key in ("uri", "experiment", "parent_run_id"):
-                if t.get(key) is not None:
-                    cfg.tracking[key] = t[key]
-            cfg.tracking.run_name = t.get("run_name") or f"{self.spec['variant']}-s{self.spec['seed']}"
-            tags = dict(cfg.tracking.get("tags") or {})
-            tags.update({str(k): str(v) for k, v in (t.get("tags") or {}).items()})
-            cfg.tracking.tags = tags
-        return cfg
+        return compose_job_config(self.spec["overrides"], self.tracking,
+                                  run_name=f"{self.spec['variant']}-s{self.spec['seed']}")
 
     # -- the job ------------------------------------------------------------------------------
     def __call__(self) -> dict:
@@ -139,6 +149,7 @@ class TrainJob(submitit.helpers.Checkpointable):
                   + (f", scheduler job {sched_id}" if sched_id else "") + f") python {sys.executable}")
         try:
             cfg = self.config()
+            # torch and transformers (seconds to import) load on the worker only, not in `entropyrl sweep`
             from entropyrl.trainers.trainer import train
 
             summary = train(cfg, log=self._log)

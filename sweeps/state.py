@@ -1,5 +1,5 @@
-"""What a sweep is and where each of its jobs stands, from files in the sweep folder (plus SLURM's
-queue when there is one).
+"""What a sweep is and where each of its jobs stands, from files in the sweep folder (plus the
+launcher's scheduler queue when it has one, e.g. SLURM's).
 
 ``<sweep_dir>/sweep.json`` (written only by the ``entropyrl sweep`` process) holds the plan: sweep
 id, ablation, launcher, tracking (MLflow URI, experiment, parent run id), report settings and one
@@ -12,23 +12,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from entropyrl.errors import UserError
 from entropyrl.sweeps.jobs import TRAIN_LOG, read_job_state
+from entropyrl.sweeps.launchers import ACTIVE, ENDED, WAITING, Launcher, QueueEntry, find_launcher
 
 SWEEP_FILE = "sweep.json"
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
-
-# SLURM job states (squeue %T) in which the job will still run or is running.
-SLURM_WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD",
-                 "SUSPENDED", "RESIZING", "SPECIAL_EXIT", "PREEMPTED"}
-SLURM_ACTIVE = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "STOPPED"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -58,37 +52,8 @@ def save_sweep(sweep_dir: Path, state: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# scheduler queries
+# processes
 # ---------------------------------------------------------------------------------------------
-def slurm_available() -> bool:
-    return shutil.which("squeue") is not None
-
-
-def slurm_states(job_ids: list[str]) -> dict[str, str] | None:
-    """``{job_id: STATE}`` from ``squeue -t all`` for the given ids (array tasks as ``123_4``).
-
-    Jobs SLURM has forgotten are absent. ``None`` when SLURM cannot be asked (no squeue, no
-    controller): callers then rely on files only.
-    """
-    ids = sorted({str(j) for j in job_ids if j})
-    if not ids or not slurm_available():
-        return {} if not ids else None
-    try:
-        out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(ids)],
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        # squeue errors out when *every* id is unknown ("Invalid job id specified"): all forgotten.
-        return {} if "Invalid job id" in out.stderr else None
-    states: dict[str, str] = {}
-    for line in out.stdout.splitlines():
-        if "|" in line:
-            jid, st = line.strip().split("|", 1)
-            states[jid] = st.split()[0] if st else st
-    return states
-
-
 def pid_alive(pid: int | None, host: str | None) -> bool | None:
     """Whether process ``pid`` on ``host`` is alive; ``None`` when it is on another host."""
     if not pid:
@@ -152,10 +117,12 @@ def log_path(record: dict, output_dir: Path) -> str:
     return str(output_dir / TRAIN_LOG)
 
 
-def job_status(record: dict, scheduler: dict[str, str] | None = None, launcher: str = "local") -> JobStatus:
-    """Combine the job's own files, the sweep's record and (for SLURM) the queue into one state.
+def job_status(record: dict, queue: dict[str, QueueEntry] | None = None,
+               launcher: Launcher | None = None) -> JobStatus:
+    """Combine the job's own files, the sweep's record and the launcher's queue into one state.
 
-    ``scheduler``: the ``slurm_states`` answer (``None`` = unknown). A job whose files say it is
+    ``queue``: the launcher's ``queue()`` answer (``None`` = unknown or no queue); ``launcher``: the
+    sweep's launcher (``None``: not registered here, files only). A job whose files say it is
     running but whose scheduler job is gone (or whose local process died) is ``failed`` (lost).
     """
     out = Path(record["output_dir"])
@@ -165,6 +132,8 @@ def job_status(record: dict, scheduler: dict[str, str] | None = None, launcher: 
     log = log_path(record, out)
     last, total = _last_step(out), _total_steps(record)
     progress = f"step {last}/{total}" if last is not None else ""
+    detached = bool(launcher is not None and launcher.detached)
+    label = (launcher.scheduler or launcher.name) if launcher is not None else "scheduler"
 
     def mk(state: str, detail: str) -> JobStatus:
         return JobStatus(record["key"], record["variant"], int(record["seed"]), state, detail, log, str(out),
@@ -175,28 +144,29 @@ def job_status(record: dict, scheduler: dict[str, str] | None = None, launcher: 
         return mk(DONE, f"{js.get('steps', last)} steps")
     if state == "failed":
         return mk(FAILED, js.get("error") or "failed")
-    sq = None
-    if launcher == "slurm" and scheduler is not None and sched_id:
-        sq = scheduler.get(str(sched_id), "GONE")
+    entry = None
+    if detached and queue is not None and sched_id:
+        entry = queue.get(str(sched_id), QueueEntry(ENDED, "GONE"))
+    word = (f"{label} {entry.state}" + (f" ({entry.reason})" if entry.reason else "")) if entry else ""
     if state in ("running", "requeued"):
-        if sq is not None:
-            if sq in SLURM_ACTIVE:
-                return mk(RUNNING, progress or f"SLURM {sq}")
-            if sq in SLURM_WAITING:
-                return mk(PENDING, f"SLURM {sq} (requeued, resumes at its last checkpoint)")
-            return mk(FAILED, f"lost: job stopped without reporting (SLURM {sq}); see the log")
-        if launcher != "slurm":
+        if entry is not None:
+            if entry.phase == ACTIVE:
+                return mk(RUNNING, progress or word)
+            if entry.phase == WAITING:
+                return mk(PENDING, f"{word}, requeued: resumes at its last checkpoint")
+            return mk(FAILED, f"lost: job stopped without reporting ({label} {entry.state}); see the log")
+        if not detached:
             alive = pid_alive(js.get("pid"), js.get("host"))
             if alive is False:
                 return mk(FAILED, "lost: job process died without reporting; see the log")
         return mk(RUNNING, progress or "running")
     # never started (or its job.json is gone)
-    if sq is not None:
-        if sq in SLURM_WAITING:
-            return mk(PENDING, f"SLURM {sq}")
-        if sq in SLURM_ACTIVE:
-            return mk(RUNNING, f"SLURM {sq} (starting)")
-        return mk(FAILED, f"lost: SLURM job ended before the job started (SLURM {sq}); see the log")
+    if entry is not None:
+        if entry.phase == WAITING:
+            return mk(PENDING, word)
+        if entry.phase == ACTIVE:
+            return mk(RUNNING, f"{word} (starting)")
+        return mk(FAILED, f"lost: {label} job ended before the job started ({label} {entry.state}); see the log")
     summary = out / "summary.json"
     if summary.exists():  # a run finished by other means (e.g. `entropyrl train` on the folder)
         try:
@@ -209,16 +179,25 @@ def job_status(record: dict, scheduler: dict[str, str] | None = None, launcher: 
     return mk(PENDING, "not submitted")
 
 
+def scheduler_ids(records: list[dict]) -> list[str]:
+    """The scheduler job ids of these jobs, from the sweep's records and the jobs' own files (a
+    requeued job may report a newer one)."""
+    ids = [r.get("scheduler_job_id") for r in records]
+    ids += [read_job_state(Path(r["output_dir"])).get("scheduler_job_id") for r in records]
+    return [str(i) for i in ids if i]
+
+
 def sweep_status(sweep_dir: Path) -> tuple[dict, list[JobStatus]]:
     """The sweep's plan and the current state of each of its jobs."""
     sweep = load_sweep(sweep_dir)
-    launcher = sweep.get("launcher", {}).get("name", "local")
+    launcher = find_launcher(sweep.get("launcher", {}).get("name", "local"))
     records = sweep.get("jobs", [])
-    scheduler = None
-    if launcher == "slurm":
-        scheduler = slurm_states([r.get("scheduler_job_id") for r in records]
-                                 + [read_job_state(Path(r["output_dir"])).get("scheduler_job_id") for r in records])
-    return sweep, [job_status(r, scheduler, launcher) for r in records]
+    queue = launcher.queue(scheduler_ids(records)) if launcher is not None and launcher.detached else None
+    return sweep, [job_status(r, queue, launcher) for r in records]
+
+
+def count_states(statuses: list[JobStatus]) -> dict[str, int]:
+    return {s: sum(1 for st in statuses if st.state == s) for s in (DONE, RUNNING, PENDING, FAILED)}
 
 
 def now() -> float:

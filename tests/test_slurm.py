@@ -179,3 +179,49 @@ def test_requeued_job_resumes_into_the_same_run(slurm_cluster, mlflow_server, wa
     history = [m.step for m in client.get_metric_history(run_id, "entropy")]
     assert sorted(history) == list(range(1, steps + 1))  # one continuous sequence, nothing twice
     assert client.get_run(run_id).info.status == "FINISHED"
+
+
+# ---------------------------------------------------------------------------------------------
+# a request the cluster can never satisfy (nodes of 2 CPUs here)
+# ---------------------------------------------------------------------------------------------
+def test_a_request_no_node_can_hold_is_refused_before_submitting(slurm_cluster, tmp_path):
+    out = subprocess.run([*CLI, "sweep", "ablation=gate", "seeds=[0]", "sweep_dir=sw", "launcher=slurm",
+                          "launcher.cpus_per_task=4", *TINY], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: launcher.cpus_per_task=4 exceeds the largest node of partition debug (2 CPUs); "
+        "set launcher.cpus_per_task<=2"), out.stderr
+    assert not (tmp_path / "sw").exists()
+    assert subprocess.run(["squeue", "-h", "-n", "entropyrl"], capture_output=True, text=True).stdout.strip() == ""
+
+
+def test_a_job_that_can_never_start_stops_the_sweep(slurm_cluster, tmp_path):
+    """Submitted anyway (launcher.check_request=false): SLURM keeps the array PENDING (PartitionConfig)
+    forever; the sweep names the reason and the key within a minute, cancels its jobs, exits 2."""
+    started = time.time()
+    out = subprocess.run([*CLI, "sweep", "ablation=gate", "seeds=[0]", "sweep_dir=sw", "launcher=slurm",
+                          "launcher.cpus_per_task=4", "launcher.check_request=false", "launcher.mem_gb=1",
+                          "poll_seconds=1", *TINY], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    elapsed = time.time() - started
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    ids = [j["scheduler_job_id"] for j in sweep["jobs"]]
+    assert len(ids) == 3 and all(i for i in ids)
+    assert re.match(r"error: job \S+ \(SLURM job \d+_\d\) cannot start: SLURM PENDING \(PartitionConfig\): "
+                    r"launcher\.cpus_per_task=4 exceeds the largest node of partition debug \(2 CPUs\); "
+                    r"set launcher\.cpus_per_task<=2; cancelled the sweep's 3 unfinished job\(s\)", lines[-1]), lines[-1]
+    assert elapsed < 90, f"took {elapsed:.0f} s to give up"
+    # the live line of counts, with the scheduler's reason
+    assert "jobs: 0 done, 0 running, 3 pending, 0 failed [SLURM PENDING (PartitionConfig)] (of 3)" in out.stderr
+    for array in {i.split("_")[0] for i in ids}:  # nothing left waiting in the queue
+        assert set(squeue_state(array).split()) == {"CANCELLED"}
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(sweep["tracking"]["uri"])
+    assert client.get_run(sweep["tracking"]["parent_run_id"]).info.status == "FAILED"
+    status = subprocess.run([*CLI, "status", str(tmp_path / "sw")], capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0 and "0 done, 0 running, 0 pending, 3 failed" in status.stdout
+    assert "SLURM CANCELLED" in status.stdout

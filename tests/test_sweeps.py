@@ -18,7 +18,8 @@ import pytest
 from entropyrl.conf import compose, config_groups
 from entropyrl.errors import UserError
 from entropyrl.sweeps import aggregate as agg
-from entropyrl.sweeps.ablation import expand, merge_overrides, validate_jobs, variants_of
+from entropyrl.sweeps.ablation import expand, merge_overrides, variants_of
+from entropyrl.sweeps.planning import validate_jobs
 from entropyrl.sweeps.state import save_sweep
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
@@ -270,7 +271,11 @@ def test_dry_run_prints_the_job_table_and_runs_nothing(tmp_path):
     (["variants=[gated,nope]"], "has no variant 'nope'"),
     (["train.trainer.bogus=1"], "variant gated: unknown config key 'trainer.bogus'"),
     (["train.trainer.seed=3"], "is set by the sweep"),
-    (["launcher=local", "--no-wait"], "--no-wait needs launcher=slurm"),
+    (["seeds=[0,x]"], "seeds='x' is not allowed: seeds must be an integer >= 0"),
+    (["poll_seconds=0"], "poll_seconds=0 is not allowed: poll_seconds must be a number > 0"),
+    (["launcher.max_parallel=abc"], "launcher.max_parallel='abc' is not allowed: launcher.max_parallel must be an integer >= 1"),
+    (["launcher=slurm", "launcher.mem_gb=-3", "--dry-run"], "launcher.mem_gb=-3 is not allowed"),
+    (["launcher=local", "--no-wait"], "--no-wait needs a launcher whose jobs outlive this process"),
 ])
 def test_sweep_mistakes_are_one_line_errors(args, expected, tmp_path):
     out = run_cli("sweep", *args, "sweep_dir=sw", cwd=tmp_path)

@@ -1,0 +1,282 @@
+"""``entropyrl sweep``, before anything runs: split the command line between the sweep and its
+jobs, expand the ablation into jobs, compose and check every job's training config, check the
+launcher's request, and open the sweep's MLflow parent run. ``following.run`` takes it from there.
+
+Re-running a sweep on the same ``sweep_dir`` (or ``--resume``, which picks the latest sweep folder
+of the ablation) plans the same jobs; the follower then submits only those neither done nor still
+queued/running.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from entropyrl.conf import CONF_DIR, config_groups, primary_defaults
+from entropyrl.errors import UserError
+from entropyrl.sweeps.ablation import JOB_OWNED_KEYS, JobSpec, expand, override_key
+from entropyrl.sweeps.jobs import compose_job_config
+from entropyrl.sweeps.launchers import Launcher, check_number, find_launcher, get_launcher
+from entropyrl.sweeps.state import JobStatus, job_status, load_sweep, scheduler_ids, sweep_file
+from entropyrl.trainers.tracking import resolve_uri
+
+# Overrides that may differ between the first run of a sweep and its resumption.
+FREE_KEYS = {"trainer.threads", "trainer.progress"}
+TRAIN_PREFIX = "train."
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line
+# ---------------------------------------------------------------------------------------------
+def _top_level_keys(config_name: str) -> set[str]:
+    """The first components of every key a primary config can have: its own keys and its groups."""
+    raw = OmegaConf.load(CONF_DIR / f"{config_name}.yaml")
+    keys = {str(k) for k in raw.keys() if k != "defaults"} | set(primary_defaults(config_name))
+    return keys | {"hydra"}
+
+
+def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """``(sweep_overrides, train_overrides)``.
+
+    ``train.KEY=V`` (also ``+train.``/``~train.``) goes to every job's training config as ``KEY=V``;
+    so does an override whose key belongs to the training config only (``trainer.total_steps=5``,
+    ``algo=stare``, ``+val.x=1``). Everything else (ablation, launcher, tracking, seeds, ...) configures
+    the sweep.
+    """
+    sweep_keys = _top_level_keys("sweep")
+    train_keys = (_top_level_keys("train") | {g.split("/")[0] for g in config_groups()}) - sweep_keys
+    sweep, train = [], []
+    for o in overrides:
+        head = o[: len(o) - len(o.lstrip("+~"))]
+        body = o[len(head):]
+        if body.startswith(TRAIN_PREFIX):
+            train.append(head + body[len(TRAIN_PREFIX):])
+        elif override_key(body).split(".")[0] in train_keys:
+            train.append(o)
+        else:
+            sweep.append(o)
+    return sweep, train
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Plan:
+    cfg: DictConfig
+    sweep_dir: Path
+    jobs: list[JobSpec]
+    train_overrides: list[str]
+    existing: dict | None          # sweep.json of a sweep already in sweep_dir
+    launcher: Launcher
+
+    def rows(self) -> list[dict]:
+        """The job table (dry-run): key, variant, seed, state, overrides, output dir."""
+        states: dict[str, JobStatus] = {}
+        if self.existing:
+            old = find_launcher(self.existing.get("launcher", {}).get("name", "local"))
+            recs = {r["key"]: r for r in self.existing.get("jobs", [])}
+            queue = old.queue(scheduler_ids(list(recs.values()))) if old is not None else None
+            states = {k: job_status(r, queue, old) for k, r in recs.items()}
+        return [{"key": j.key, "variant": j.variant, "seed": j.seed,
+                 "state": states[j.key].state if j.key in states else "new",
+                 "overrides": [o for o in j.overrides if override_key(o) not in ("output_dir", "trainer.seed")],
+                 "output_dir": j.output_dir} for j in self.jobs]
+
+    def sweep_record(self, tracking: dict) -> dict:
+        """The sweep.json content: this plan merged into the existing sweep's records."""
+        cfg, existing = self.cfg, self.existing or {}
+        old_records = {r["key"]: r for r in existing.get("jobs", [])}
+        records = []
+        for job in self.jobs:
+            rec = dict(old_records.get(job.key, {}))
+            rec.update(job.to_dict())
+            records.append(rec)
+        records += [r for k, r in old_records.items() if k not in {j.key for j in self.jobs}]
+        return {
+            "sweep_id": existing.get("sweep_id") or f"{cfg.ablation.name}-{uuid.uuid4().hex[:8]}",
+            "sweep_dir": str(self.sweep_dir),
+            "created": existing.get("created") or time.time(),
+            "ablation": OmegaConf.to_container(cfg.ablation, resolve=True),
+            "seeds": sorted({j.seed for j in self.jobs}, key=[j.seed for j in self.jobs].index),
+            "budget": [str(o) for o in (cfg.get("budget") or [])],
+            "train_overrides": self.train_overrides,
+            "launcher": OmegaConf.to_container(cfg.launcher, resolve=True),
+            "tracking": tracking,
+            "report": OmegaConf.to_container(cfg.report, resolve=True) if "report" in cfg else {},
+            "jobs": records,
+        }
+
+
+def absolute_uri(uri: str) -> str:
+    """Make a local store URI independent of the working directory (jobs may run elsewhere)."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    if uri.startswith("file://"):
+        return uri
+    if "://" not in uri and not uri.startswith(("databricks", "sqlite:")):
+        return Path(uri).resolve().as_uri()
+    return uri
+
+
+def find_latest_sweep(cfg: DictConfig) -> Path:
+    root = Path(str(cfg.sweep_dir)).parent
+    prefix = f"{cfg.ablation.name}-"
+    found = sorted((p for p in root.glob(f"{prefix}*") if (p / "sweep.json").exists()),
+                   key=lambda p: (p / "sweep.json").stat().st_mtime)
+    if not found:
+        raise UserError(f"--resume: no earlier sweep of ablation {cfg.ablation.name} under {root}; "
+                        f"pass sweep_dir=... or drop --resume to start one")
+    return found[-1]
+
+
+def plan(cfg: DictConfig, train_overrides: list[str], *, explicit_dir: bool, resume: bool) -> Plan:
+    """Every job of the sweep, each training config composed and checked, the launcher's request
+    checked; raises ``UserError`` before anything is created or submitted."""
+    sweep_dir = Path(str(cfg.sweep_dir))
+    if resume and not explicit_dir:
+        sweep_dir = find_latest_sweep(cfg)
+    sweep_dir = sweep_dir.resolve()
+    existing = load_sweep(sweep_dir) if sweep_file(sweep_dir).exists() else None
+    if resume and existing is None:
+        raise UserError(f"--resume: {sweep_dir} holds no sweep (no sweep.json); drop --resume to start one")
+    launcher = get_launcher(cfg.launcher)
+    check_sweep_values(cfg, launcher)
+    threads = launcher.threads(cfg.launcher)
+    jobs = expand(cfg.ablation, seeds=cfg.seeds, sweep_dir=sweep_dir, budget=cfg.get("budget") or [],
+                  train_overrides=train_overrides, only=cfg.get("variants"),
+                  extra_overrides=[f"trainer.threads={threads}"] if threads else [])
+    if existing is not None:
+        _check_compatible(existing, jobs, sweep_dir, cfg)
+    validate_jobs(jobs)
+    launcher.check(cfg.launcher)
+    return Plan(cfg, sweep_dir, jobs, list(train_overrides), existing, launcher)
+
+
+def check_sweep_values(cfg: DictConfig, launcher: Launcher) -> None:
+    """The sweep's own values (seeds, poll_seconds, report.*) and the launcher's, before anything."""
+    seeds = cfg.seeds
+    seeds = list(seeds) if isinstance(seeds, (list, tuple, ListConfig)) else [seeds]
+    for seed in seeds:
+        check_number("seeds", seed, integer=True, minimum=0)
+    check_number("poll_seconds", cfg.get("poll_seconds", 2.0), integer=False, minimum=0, strict=True)
+    report = cfg.get("report") or {}
+    if "entropy_threshold" in report:
+        check_number("report.entropy_threshold", report["entropy_threshold"], integer=False, minimum=0)
+    if "tail_frac" in report:
+        check_number("report.tail_frac", report["tail_frac"], integer=False, minimum=0, strict=True)
+        if float(report["tail_frac"]) > 1:
+            raise UserError(f"report.tail_frac={report['tail_frac']} is not allowed: a fraction in (0, 1]")
+    launcher.check_values(cfg.launcher)
+    launcher.parallelism(cfg.launcher)
+
+
+def _check_compatible(existing: dict, jobs: list[JobSpec], sweep_dir: Path, cfg: DictConfig) -> None:
+    name = existing.get("ablation", {}).get("name")
+    if name and name != cfg.ablation.name:
+        raise UserError(f"{sweep_dir} holds a sweep of ablation {name}, not {cfg.ablation.name}; "
+                        f"pick another sweep_dir=...")
+    old = {r["key"]: r for r in existing.get("jobs", [])}
+    for job in jobs:
+        rec = old.get(job.key)
+        if rec is None:
+            continue
+        a = [o for o in rec["overrides"] if override_key(o) not in FREE_KEYS]
+        b = [o for o in job.overrides if override_key(o) not in FREE_KEYS]
+        if a != b:
+            diff = next((f"{x} -> {y}" for x, y in zip(a, b) if x != y), f"{a[len(b):] or b[len(a):]}")
+            raise UserError(f"{sweep_dir} already holds job {job.key} with other training settings ({diff}); "
+                            f"resume it unchanged or start a new sweep_dir=...")
+
+
+# ---------------------------------------------------------------------------------------------
+# every job's training config
+# ---------------------------------------------------------------------------------------------
+def job_configs(jobs: list[JobSpec]) -> Iterator[tuple[JobSpec, DictConfig]]:
+    """``(job, its training config)`` for every job, as the job will compose it (``compose_job_config``).
+
+    Jobs that differ only in the keys the sweep sets per job (seed, output_dir, ...) share one
+    composition (an ablation of 17 variants x 3 seeds composes 17 times, not 51); those keys are
+    then set on a copy. Raises ``UserError`` naming the variant whose overrides do not compose.
+    """
+    composed: dict[tuple[str, ...], DictConfig] = {}
+    for job in jobs:
+        shape = tuple(o for o in job.overrides if override_key(o) not in JOB_OWNED_KEYS)
+        if shape not in composed:
+            try:
+                composed[shape] = compose_job_config(job.overrides)
+            except UserError as exc:
+                raise UserError(f"variant {job.variant}: {exc}") from None
+            yield job, composed[shape]
+            continue
+        cfg = composed[shape].copy()
+        own = [o for o in job.overrides if override_key(o) in JOB_OWNED_KEYS]
+        with_own = OmegaConf.merge(cfg, OmegaConf.from_dotlist([o.lstrip("+") for o in own]))
+        yield job, with_own
+
+
+def validate_jobs(jobs: list[JobSpec]) -> None:
+    """Compose every job's training config now, so a mistake fails before anything is submitted."""
+    for job, cfg in job_configs(jobs):
+        del job, cfg  # composing is the check today; value checks of `cfg` belong here
+
+
+# ---------------------------------------------------------------------------------------------
+# MLflow
+# ---------------------------------------------------------------------------------------------
+def tracking_settings(cfg: DictConfig) -> dict:
+    """``{enabled, uri, experiment}`` of the sweep (its jobs log to the same place)."""
+    t = cfg.tracking
+    return {"enabled": bool(t.get("enabled", True)), "uri": absolute_uri(resolve_uri(t)),
+            "experiment": str(t.experiment)}
+
+
+def open_parent_run(tracking: dict, sweep: dict) -> str | None:
+    """Create the sweep's parent run (or mark the existing one RUNNING again); returns its id."""
+    if not tracking["enabled"]:
+        return None
+    # mlflow takes about two seconds to import: only a sweep that runs pays for it, not --dry-run
+    from mlflow.entities import Param, RunStatus
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking["uri"])
+    try:
+        run_id = tracking.get("parent_run_id")
+        if run_id:
+            client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+            return run_id
+        exp = client.get_experiment_by_name(tracking["experiment"])
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(tracking["experiment"])
+        abl = sweep["ablation"]["name"]
+        run = client.create_run(exp_id, run_name=f"sweep-{Path(sweep['sweep_dir']).name}", tags={
+            "entropyrl.sweep_id": sweep["sweep_id"], "sweep_id": sweep["sweep_id"], "ablation": abl,
+            "entropyrl.role": "sweep", "entropyrl.sweep_dir": sweep["sweep_dir"],
+            "launcher": sweep["launcher"]["name"], "mlflow.note.content":
+                f"Sweep of ablation `{abl}`: {len(sweep['jobs'])} jobs (child runs); report under artifacts/report."})
+        params = {"ablation": abl, "seeds": json.dumps(sweep["seeds"]), "n_jobs": str(len(sweep["jobs"])),
+                  "variants": json.dumps(list(dict.fromkeys(j["variant"] for j in sweep["jobs"])))[:6000],
+                  "launcher": sweep["launcher"]["name"],
+                  "every_job": " ".join([*sweep.get("budget", []), *sweep.get("train_overrides", [])])[:6000]}
+        client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
+        return run.info.run_id
+    except Exception as exc:  # noqa: BLE001 - any store failure is the user's setup
+        raise UserError(f"cannot open the sweep's MLflow parent run at {tracking['uri']}: "
+                        f"{str(exc).strip().splitlines()[0]}") from None
+
+
+def close_parent_run(tracking: dict, status: str) -> None:
+    """End the parent run (``FAILED``/``KILLED``) when the sweep stops without a report."""
+    if not tracking.get("enabled") or not tracking.get("parent_run_id"):
+        return
+    from mlflow.tracking import MlflowClient
+
+    try:
+        MlflowClient(tracking["uri"]).set_terminated(tracking["parent_run_id"], status=status)
+    except Exception:  # noqa: BLE001 - the sweep's own error is the one to report
+        pass
