@@ -4,7 +4,8 @@ SIGINT (Ctrl-C), SIGTERM (what SLURM, Kubernetes and ``timeout`` send), SIGUSR1 
 mean "stop": the first one lets the current step finish, then the trainer saves a checkpoint at
 that step boundary (the only place the model, optimizer and RNG agree), writes ``summary.json``,
 ends the MLflow run as KILLED and says how to resume. A second signal stops at once (the step in
-progress is lost; summary and MLflow status are still written); a third exits immediately.
+progress is lost; summary and MLflow status are still written: that last part, ``finishing()``,
+is not interrupted by a second signal); a third exits immediately.
 
 A signal that some other layer already handles in this process (submitit's preemption handler in
 a sweep job: it checkpoints and requeues the job itself) is left to it.
@@ -12,6 +13,7 @@ a sweep job: it checkpoints and requeues the job itself) is left to it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -55,6 +57,7 @@ class StopSignals:
         self.requested: int | None = None     # the first stop signal received
         self.count = 0
         self._previous: dict[int, object] = {}
+        self._finishing = False
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is not threading.main_thread():
@@ -80,8 +83,21 @@ class StopSignals:
                      f"MLflow run KILLED); send it again to stop at once")
             return
         if self.count == 2:
+            if self._finishing:
+                self.log(f"received {signal_name(signum)} again: writing the summary and MLflow status "
+                         f"(a few seconds); a third signal exits without them")
+                return
             raise RunInterrupted(signum, f"stopped at once by a second signal ({signal_name(signum)})")
         os._exit(128 + signum)
+
+    @contextlib.contextmanager
+    def finishing(self):
+        """The run's last words (summary, MLflow status): a second signal waits for them."""
+        self._finishing = True
+        try:
+            yield
+        finally:
+            self._finishing = False
 
     def agreed(self, dist=None) -> bool:
         """Whether to stop now; with several processes, every rank stops at the same step."""

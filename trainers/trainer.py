@@ -406,7 +406,8 @@ class GRPOTrainer:
             status = "KILLED"
             raise
         finally:
-            summary = self._finish(started, status)
+            with stop.finishing():
+                summary = self._finish(started, status)
             if status == "KILLED":
                 self.log(f"stopped at step {self.step} of {total}"
                          + (f"; checkpoint at step {saved_step}" if saved_step else "; no checkpoint yet")
