@@ -111,12 +111,17 @@ def register(app: typer.Typer) -> None:
 
         from entropyrl.errors import UserError
         from entropyrl.evals.grader import grade_batch
+        from entropyrl.validation import check_output_file
 
         err = Console(stderr=True, soft_wrap=True)
         if not file.is_file():
             raise UserError(f"{file}: no such file (give a .jsonl with response and answer fields)")
         if timeout <= 0:
             raise UserError(f"--timeout must be > 0 seconds, got {timeout}")
+        if workers is not None and workers < 1:
+            raise UserError(f"--workers must be >= 1 (or left out: one per CPU), got {workers}")
+        target = out or file.with_name(file.name.removesuffix(".jsonl") + ".graded.jsonl")
+        check_output_file(target, "--out")      # before minutes of grading, not after
         good, bad = read_items(file)
         good, code_lines = _grade_code_lines(good, bad, workers)
         for lineno, problem in bad:
@@ -124,7 +129,6 @@ def register(app: typer.Typer) -> None:
         if not good and not code_lines:
             raise UserError(f"{file}: no line could be graded ({len(bad)} malformed); each line needs "
                             f"'response' and 'answer'")
-        target = out or file.with_name(file.name.removesuffix(".jsonl") + ".graded.jsonl")
         with Progress(TextColumn("grading"), BarColumn(), MofNCompleteColumn(), console=err,
                       transient=True) as bar:
             task = bar.add_task("grade", total=len(good))

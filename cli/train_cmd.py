@@ -35,11 +35,19 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"launcher={cfg.launcher.name} is for sweeps: `entropyrl train` runs in this process "
                             f"(use `entropyrl sweep ablation=... launcher={cfg.launcher.name}`, or call "
                             f"`entropyrl train` / `torchrun ... -m entropyrl.cli.main train` from your sbatch script)")
+        from entropyrl.trainers.run_dir import prepare_output_dir
+        from entropyrl.trainers.stop_signals import RunInterrupted
         from entropyrl.trainers.trainer import train as run_training
+
+        prepare_output_dir(cfg, clear=False)    # refuse a folder this run may not use, before printing
 
         console.print(f"[bold]entropyrl train[/bold] algo={cfg.algo.name} model={cfg.model.name} "
                       f"data={cfg.data.name} steps={cfg.trainer.total_steps} -> {cfg.output_dir}")
-        summary = run_training(cfg, log=lambda msg: console.print(f"[dim]{msg}[/dim]"))
+        try:
+            summary = run_training(cfg, log=lambda msg: console.print(msg, style="dim", markup=False,
+                                                                      highlight=False, soft_wrap=True))
+        except RunInterrupted as stopped:   # the trainer said where it stopped and how to resume
+            raise SystemExit(stopped.exit_code) from None
         console.print(f"[green]done[/green]: {summary.get('steps')} steps, "
                       f"entropy {summary.get('entropy/first_tenth', float('nan')):.3f} -> "
                       f"{summary.get('entropy/last_tenth', float('nan')):.3f}, "

@@ -63,10 +63,12 @@ def _explain(exc: Exception, overrides: list[str]) -> str:
     return f"bad config override: {first}"
 
 
-def compose(config_name: str, overrides: list[str] | None = None) -> DictConfig:
+def compose(config_name: str, overrides: list[str] | None = None, *, validate: bool = True) -> DictConfig:
     """Compose primary config ``config_name`` with Hydra override strings (``key=value``).
 
-    Raises ``UserError`` with a one-line message for an unknown group option, key or syntax.
+    Raises ``UserError`` with a one-line message for an unknown group option, key or syntax, and
+    (``validate``) for a value of the wrong type or range (``entropyrl.validation``), so every
+    command rejects bad values before it creates anything.
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -89,6 +91,10 @@ def compose(config_name: str, overrides: list[str] | None = None) -> DictConfig:
         raise UserError(_explain(exc, overrides)) from None
     finally:
         GlobalHydra.instance().clear()
+    if validate:
+        from entropyrl.validation import validate_config
+
+        validate_config(cfg, config_name)
     return cfg
 
 

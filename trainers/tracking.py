@@ -58,8 +58,9 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, str]:
 class RunTracker:
     """One training job's run: MLflow + metrics.jsonl. ``enabled=false`` keeps only the jsonl."""
 
-    def __init__(self, tracking_cfg, output_dir: Path):
+    def __init__(self, tracking_cfg, output_dir: Path, log=print):
         self.cfg = tracking_cfg
+        self.log = log
         self.output_dir = Path(output_dir)
         self.metrics_path = self.output_dir / "metrics.jsonl"
         self.state_path = self.output_dir / "tracking.json"
@@ -105,7 +106,9 @@ class RunTracker:
                 raise
             raise UserError(f"cannot open an MLflow run at {self.uri}: {str(exc).splitlines()[0]} "
                             f"(check MLFLOW_TRACKING_URI/tracking.uri)") from None
-        self.state_path.write_text(json.dumps({"run_id": self.run_id, "uri": self.uri}))
+        from entropyrl.trainers.run_dir import atomic_write_text
+
+        atomic_write_text(self.state_path, json.dumps({"run_id": self.run_id, "uri": self.uri}))
 
     def _max_logged_step(self) -> int:
         client = self._mlflow.tracking.MlflowClient()
@@ -113,15 +116,21 @@ class RunTracker:
         return max((m.step for m in history), default=-1)
 
     def _truncate_jsonl(self, resume_step: int | None) -> None:
-        """Drop metrics.jsonl lines after the checkpoint we resume from (they are recomputed)."""
+        """Drop metrics.jsonl lines after the checkpoint we resume from (they are recomputed), and a
+        half-written line a killed run left behind (written again atomically)."""
         if not self.metrics_path.exists():
             return
         if resume_step is None:
             self.metrics_path.unlink()
             return
-        keep = [line for line in self.metrics_path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", -1) <= resume_step]
-        self.metrics_path.write_text("".join(line + "\n" for line in keep))
+        rows, damaged = parse_metrics(self.metrics_path.read_text(errors="replace"))
+        if damaged:
+            self.log(f"warning: {self.metrics_path}: dropped {damaged} incomplete line(s) left by an "
+                     f"interrupted write")
+        from entropyrl.trainers.run_dir import atomic_write_text
+
+        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows
+                                                     if r.get("step", -1) <= resume_step))
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: float(v) for k, v in metrics.items() if v is not None}
@@ -141,8 +150,28 @@ class RunTracker:
             self._mlflow.end_run(status=status)
 
 
+def parse_metrics(text: str) -> tuple[list[dict], int]:
+    """``(rows, damaged)``: the JSON objects of a metrics.jsonl text and how many lines were not
+    complete JSON objects (a write cut short by a crash)."""
+    rows, damaged = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            damaged += 1
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            damaged += 1
+    return rows, damaged
+
+
 def read_metrics(output_dir: Path) -> list[dict]:
+    """The rows of ``<output_dir>/metrics.jsonl`` (incomplete lines from a crash are skipped)."""
     path = Path(output_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return parse_metrics(path.read_text(errors="replace"))[0]

@@ -32,14 +32,17 @@ from omegaconf import DictConfig, OmegaConf
 from entropyrl.errors import UserError
 from entropyrl.trainers import checkpoint as ckpt
 from entropyrl.trainers import distributed
+from entropyrl.trainers import run_dir
 from entropyrl.trainers.algorithm import Algorithm
 from entropyrl.trainers.diagnostics import quadrant_metrics
 from entropyrl.trainers.plots import plot_training_curves
 from entropyrl.trainers.prompts_source import build_prompt_source
 from entropyrl.trainers.rollout import Rollout, build_rollout
+from entropyrl.trainers.stop_signals import RunInterrupted, StopSignals
 from entropyrl.trainers.tiny import load_policy
 from entropyrl.trainers.token_stats import chunked_token_stats
 from entropyrl.trainers.tracking import RunTracker, check_reachable, resolve_uri
+from entropyrl.validation import validate_config
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,6 +123,9 @@ class GRPOTrainer:
         # torchrun / SLURM ranks, this rank's device, FSDP or not (trainers/distributed.py)
         self.dist = distributed.setup(t)
         self.log = log if self.dist.is_main else (lambda *_a, **_k: None)
+        # resume / refuse / overwrite what output_dir holds, before minutes of model loading
+        self.run_mode = run_dir.prepare_output_dir(cfg, is_main=self.dist.is_main, log=self.log)
+        distributed.barrier(self.dist)
         self.device = self.dist.device
         if t.prompts_per_step % t.mini_batch_prompts:
             raise UserError(f"trainer.prompts_per_step ({t.prompts_per_step}) must be a multiple of "
@@ -148,7 +154,7 @@ class GRPOTrainer:
 
             self.algo.interventions.append(TISWeight(TISWeight.Params()))
         self.rollout = build_rollout(cfg.rollout, self.model, self.tokenizer)
-        self.tracker = RunTracker(cfg.tracking, self.output_dir) if self.dist.is_main else distributed.NullTracker()
+        self.tracker = RunTracker(cfg.tracking, self.output_dir, log=self.log) if self.dist.is_main else distributed.NullTracker()
         self.step = 0
         self.val_problems = self.source.validation(int(cfg.val.prompts)) if cfg.val.prompts else []
 
@@ -171,16 +177,15 @@ class GRPOTrainer:
 
     # -- resume / checkpoint ----------------------------------------------------------------
     def maybe_resume(self) -> int | None:
-        if str(self.cfg.trainer.resume) == "never":
+        if self.run_mode != "resume":       # run_dir.prepare_output_dir decided: nothing to continue
             return None
-        latest = ckpt.latest_checkpoint(self.output_dir)
-        if latest is None:
+        if self.dist.is_main:
+            ckpt.remove_staging(self.output_dir)      # what a save killed mid-write left behind
+        found = ckpt.load_latest_intact(self.output_dir, dtype=next(self.model.parameters()).dtype, warn=self.log)
+        if found is None:
             return None
-        from transformers import AutoModelForCausalLM
-
-        state = ckpt.load_trainer_state(latest)
-        loaded = AutoModelForCausalLM.from_pretrained(latest / "model", dtype=next(self.model.parameters()).dtype)
-        distributed.load_full_state(self.model, self.optimizer, loaded.state_dict(), state["optimizer"])
+        latest, state, weights = found
+        distributed.load_full_state(self.model, self.optimizer, weights, state["optimizer"])
         self.rollout.sync_weights()         # an engine holding its own weights (vLLM) gets the restored ones
         self.algo.load_state_dict(state.get("algo", {}))
         ckpt.set_rng_state(state["rng"])
@@ -360,11 +365,16 @@ class GRPOTrainer:
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self) -> dict:
+        # SIGINT/SIGTERM/SIGUSR1/2: stop at the next step boundary with a checkpoint (stop_signals.py)
+        with StopSignals(self.log) as stop:
+            return self._fit(stop)
+
+    def _fit(self, stop: StopSignals) -> dict:
         t = self.cfg.trainer
         resumed = self.maybe_resume()
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if self.dist.is_main:
-            (self.output_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+            run_dir.atomic_write_text(self.output_dir / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
         run_name = self.cfg.tracking.get("run_name") or f"{self.cfg.algo.name}-s{t.seed}"
         self.tracker.start(self.cfg, run_name, resume_step=resumed)
         if resumed is None:
@@ -372,9 +382,10 @@ class GRPOTrainer:
         total = int(t.total_steps)
         started = time.perf_counter()
         status = "FAILED"
+        saved_step = resumed or 0
         try:
             with _progress(bool(t.progress) and self.dist.is_main, total, self.step) as bar:
-                while self.step < total:
+                while self.step < total and not stop.agreed(self.dist):
                     metrics = self.train_step()
                     self.step += 1
                     last = self.step == total
@@ -384,12 +395,24 @@ class GRPOTrainer:
                     bar(self.step, metrics)
                     if last or (int(t.save_every) > 0 and self.step % int(t.save_every) == 0):
                         self.save()
+                        saved_step = self.step
+            if stop.requested is not None and self.step < total:
+                if self.step > saved_step:   # a step boundary: model, optimizer and RNG agree
+                    self.save()
+                    saved_step = self.step
+                raise RunInterrupted(stop.requested)
             status = "FINISHED"
-        except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or submitit exiting for a preemption requeue
+        except (KeyboardInterrupt, SystemExit):  # a stop signal, or submitit exiting for a preemption requeue
             status = "KILLED"
             raise
         finally:
-            summary = self._finish(started, status)
+            with stop.finishing():
+                summary = self._finish(started, status)
+            if status == "KILLED":
+                self.log(f"stopped at step {self.step} of {total}"
+                         + (f"; checkpoint at step {saved_step}" if saved_step else "; no checkpoint yet")
+                         + f". To continue, run the same command again (output_dir={self.output_dir}, "
+                           f"trainer.resume=auto)" + (f": it resumes from step {saved_step}" if saved_step else ""))
         return summary
 
     def _finish(self, started: float, status: str) -> dict:
@@ -409,7 +432,7 @@ class GRPOTrainer:
                         "mlflow_run_id": self.tracker.run_id,
                         "tracking_uri": self.tracker.uri if self.tracker.enabled else None,
                         "wall_seconds": time.perf_counter() - started})
-        (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        run_dir.atomic_write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2))
         for path in (plot, self.output_dir / "summary.json", self.output_dir / "metrics.jsonl"):
             if path is not None:
                 self.tracker.log_artifact(path)
@@ -478,7 +501,11 @@ class _progress:
 
 
 def train(cfg: DictConfig, log=print) -> dict:
-    """Run (or resume) the training job described by ``cfg``; returns the summary dict."""
+    """Run (or resume) the training job described by ``cfg``; returns the summary dict.
+
+    Raises ``UserError`` for a bad value or an output_dir this run may not use (before anything is
+    created), ``RunInterrupted`` (a ``KeyboardInterrupt``) when a signal stopped it."""
+    validate_config(cfg, "train")
     trainer = GRPOTrainer(cfg, log=log)
     try:
         return trainer.fit()

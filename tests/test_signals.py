@@ -1,0 +1,121 @@
+"""SIGTERM, SIGUSR1, SIGUSR2 and SIGINT end a training run cleanly: a checkpoint at the step boundary,
+summary.json, the MLflow run KILLED (read from the sqlite store), a line saying how to resume, exit
+status 128 + signal; a second signal stops at once. Real `entropyrl train` subprocesses, real
+signals, a real MLflow store."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "entropyrl.cli.main"]
+
+
+def small_run(workdir: Path, fast_train: list[str], *extra: str) -> list[str]:
+    """A run far longer than the test waits, with tiny steps (the signal ends it)."""
+    return [*CLI, "train", *fast_train, "trainer.total_steps=500", "trainer.save_every=0", "trainer.val_every=0",
+            "val.prompts=0", "trainer.threads=1", "output_dir=run", f"tracking.uri=sqlite:///{workdir / 'mlflow.db'}",
+            *extra]
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def start_and_wait_for_step(cmd: list[str], cwd: Path, step: int = 1, timeout: float = 240) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    while max(logged_steps(cwd / "run"), default=0) < step:
+        if proc.poll() is not None:
+            raise AssertionError(f"train exited early ({proc.returncode}): {proc.communicate()[1][-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("no step logged in time")
+        time.sleep(0.05)
+    return proc
+
+
+def mlflow_status(workdir: Path, run_id: str) -> str:
+    with sqlite3.connect(workdir / "mlflow.db") as db:
+        return db.execute("select status from runs where run_uuid = ?", (run_id,)).fetchone()[0]
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    return sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*"))
+
+
+def stop_with(sig: int, workdir: Path, fast_train: list[str], step: int = 1) -> tuple[dict, str]:
+    """Start a run, send ``sig`` once step ``step`` is logged; check it ended cleanly; (summary, stderr)."""
+    proc = start_and_wait_for_step(small_run(workdir, fast_train), workdir, step=step)
+    proc.send_signal(sig)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    run_dir = workdir / "run"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    steps = logged_steps(run_dir)
+    assert summary["status"] == "KILLED" and summary["steps"] == steps[-1] < 500
+    assert checkpoint_steps(run_dir) == [steps[-1]]          # saved at the step boundary it stopped on
+    assert mlflow_status(workdir, summary["mlflow_run_id"]) == "KILLED"
+    assert f"received {signal.Signals(sig).name}" in err
+    assert f"stopped at step {steps[-1]} of 500" in err and "run the same command again" in err
+    assert f"it resumes from step {steps[-1]}" in err
+    return summary, err
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_run_cleanly_and_resume_continues_it(in_tmp, fast_train):
+    stopped, _ = stop_with(signal.SIGTERM, in_tmp, fast_train, step=2)
+    k = stopped["steps"]
+    out = subprocess.run(small_run(in_tmp, fast_train, f"trainer.total_steps={k + 2}"), cwd=in_tmp,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "resumed from" in out.stderr and f"(step {k})" in out.stderr
+    summary = json.loads((in_tmp / "run" / "summary.json").read_text())
+    assert summary["status"] == "FINISHED" and summary["mlflow_run_id"] == stopped["mlflow_run_id"]
+    assert logged_steps(in_tmp / "run") == list(range(1, k + 3))
+    assert mlflow_status(in_tmp, summary["mlflow_run_id"]) == "FINISHED"
+    with sqlite3.connect(in_tmp / "mlflow.db") as db:
+        history = [s for (s,) in db.execute("select step from metrics where run_uuid = ? and key = 'entropy' "
+                                            "order by step", (summary["mlflow_run_id"],))]
+    assert history == list(range(1, k + 3))                   # one continuous sequence, nothing twice
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT], ids=lambda s: s.name)
+def test_other_stop_signals_end_the_run_the_same_way(sig, in_tmp, fast_train):
+    stop_with(sig, in_tmp, fast_train)
+
+
+@pytest.mark.slow
+def test_a_second_signal_stops_at_once(in_tmp, fast_train):
+    # Slow steps (many PPO epochs over the batch): with one signal, step 1 would finish and be saved.
+    cmd = small_run(in_tmp, fast_train, "trainer.ppo_epochs=100")
+    proc = subprocess.Popen(cmd, cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (in_tmp / "run" / "tracking.json").exists():   # written just before the first step
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    time.sleep(1.0)                                           # inside step 1
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    summary = json.loads((in_tmp / "run" / "summary.json").read_text())
+    assert summary["status"] == "KILLED" and summary["steps"] == 0, summary   # step 1 was cut short
+    assert logged_steps(in_tmp / "run") == []
+    assert checkpoint_steps(in_tmp / "run") == []            # no checkpoint of a half-done step
+    assert "no checkpoint yet" in err
+    assert mlflow_status(in_tmp, summary["mlflow_run_id"]) == "KILLED"

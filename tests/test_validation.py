@@ -1,0 +1,142 @@
+"""Config values are checked (type and range) before any side effect: one `error:` line naming the
+key, the bad value and what is allowed, exit 2, no output folder, no MLflow store or run.
+Real CLI subprocesses in an empty working directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from entropyrl.conf import compose
+from entropyrl.errors import UserError
+from entropyrl.validation import SCHEMAS, Rule, validate_config
+
+CLI = [sys.executable, "-m", "entropyrl.cli.main"]
+
+
+def run_cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def run_main(*args: str, cwd, capsys, monkeypatch) -> subprocess.CompletedProcess:
+    """The CLI's `main` in this process (the same code path, without 3 s of imports per case)."""
+    from entropyrl.cli.main import main
+
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, captured.out, captured.err)
+
+
+def assert_one_line_error(out: subprocess.CompletedProcess, *fragments: str) -> str:
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    assert "Traceback" not in out.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def assert_nothing_created(workdir, *names: str) -> None:
+    created = sorted(p.name for p in workdir.iterdir())
+    assert created == sorted(names), created       # no output folder, no mlflow.db, no mlruns/
+
+
+@pytest.mark.parametrize("override, allowed", [
+    ("trainer.total_steps=abc", "a positive integer"),
+    ("trainer.total_steps=-5", "a positive integer"),      # used to "succeed" with 0 steps
+    ("trainer.total_steps=2.5", "a positive integer"),     # used to run 2 steps silently
+    ("trainer.lr=-1", "a number > 0"),
+    ("trainer.lr=abc", "a number > 0"),
+    ("rollout.n=0", "a positive integer"),
+    ("trainer.resume=maybe", "one of auto, never, overwrite"),  # used to be taken as auto
+    ("algo.stare.p=1.5", "in (0, 1]"),
+])
+def test_bad_train_values_fail_before_anything_is_created(override, allowed, tmp_path, capsys, monkeypatch):
+    out = run_main("train", override, "output_dir=run", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert_one_line_error(out, override, allowed)
+    assert_nothing_created(tmp_path)
+
+
+def test_bad_value_in_a_real_cli_process(tmp_path):
+    out = run_cli("train", "trainer.total_steps=abc", "output_dir=run", cwd=tmp_path)
+    assert_one_line_error(out, "trainer.total_steps=abc is not allowed: it must be a positive integer")
+    assert_nothing_created(tmp_path)
+
+
+@pytest.mark.parametrize("make, output_dir, fragment", [
+    (lambda d: (d / "taken").write_text("x"), "taken", "is a file, not a folder"),
+    (lambda d: (d / "taken").write_text("x"), "taken/run", "lies under"),
+])
+def test_output_dir_that_is_or_lies_under_a_file(make, output_dir, fragment, tmp_path):
+    make(tmp_path)
+    out = run_cli("train", f"output_dir={output_dir}", cwd=tmp_path)
+    assert_one_line_error(out, f"output_dir={output_dir}", fragment)
+    assert_nothing_created(tmp_path, "taken")
+    out = run_cli("eval", "aime24", f"output_dir={output_dir}", cwd=tmp_path)
+    assert_one_line_error(out, f"output_dir={output_dir}", fragment)
+    assert_nothing_created(tmp_path, "taken")
+
+
+def test_sweep_seeds_must_be_integers(tmp_path):
+    out = run_cli("sweep", "ablation=gate", "seeds=abc", "sweep_dir=sw", cwd=tmp_path)
+    assert_one_line_error(out, "seeds=abc", "a list of integers")
+    assert_nothing_created(tmp_path)
+
+
+def test_sweep_dry_run_checks_every_jobs_composed_config(tmp_path):
+    out = run_cli("sweep", "ablation=gate", "--dry-run", "train.trainer.total_steps=abc", "sweep_dir=sw", cwd=tmp_path)
+    assert_one_line_error(out, "trainer.total_steps=abc", "a positive integer", "variant ")
+    assert_nothing_created(tmp_path)
+
+
+def test_grade_out_under_a_file_fails_before_grading(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"response": "\\boxed{2}", "answer": "2"}) + "\n")
+    (tmp_path / "taken").write_text("x")
+    out = run_cli("grade", "in.jsonl", "--out", "taken/graded.jsonl", cwd=tmp_path)
+    assert_one_line_error(out, "--out taken/graded.jsonl", "lies under", "which is a file")
+    assert_nothing_created(tmp_path, "in.jsonl", "taken")
+    out = run_cli("grade", "in.jsonl", "--workers", "0", cwd=tmp_path)
+    assert_one_line_error(out, "--workers", ">= 1")
+
+
+# -- the tables themselves (in-process: pure checks) ---------------------------------------------
+@pytest.mark.parametrize("config_name", sorted(SCHEMAS))
+def test_shipped_defaults_pass_their_table(config_name):
+    validate_config(compose(config_name, validate=False), config_name)
+
+
+@pytest.mark.parametrize("config_name, override, fragment", [
+    ("train", "trainer.weight_decay=-0.1", "trainer.weight_decay=-0.1 is not allowed: it must be a number >= 0"),
+    ("train", "trainer.progress=maybe", "must be true or false"),
+    ("train", "val.top_p=0", "val.top_p=0 is not allowed: it must be a number in (0, 1]"),
+    ("train", "algo.steer.lambda_min=0.9 algo.steer.lambda_max=0.5", "lambda_min=0.9 must be <="),
+    ("train", "model.warm_start.label_noise=2", "in [0, 1]"),
+    ("train", "tracking.experiment=''", "a non-empty string"),
+    ("eval", "eval.n_samples=0", "a positive integer, or null"),
+    ("eval", "eval.grade_timeout=0", "eval.grade_timeout=0 is not allowed"),
+    ("eval", "eval.backend=tgi", "one of hf, vllm"),
+    ("sweep", "seeds=[0,-1]", "seeds=[0,-1]"),
+    ("sweep", "launcher.max_parallel=0", "launcher.max_parallel=0"),
+])
+def test_bad_values_name_key_value_and_allowed(config_name, override, fragment):
+    with pytest.raises(UserError) as info:
+        compose(config_name, override.split())
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_integral_floats_are_integers_but_fractions_are_not():
+    rule = Rule("int", low=1)
+    assert rule.ok(3) and rule.ok(3.0) and not rule.ok(2.5) and not rule.ok(True) and not rule.ok("3")
+    assert compose("train", ["trainer.total_steps=1e3"]).trainer.total_steps == 1000.0
