@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import List, Optional
 
 import typer
+from entropyrl.cli.common import groups_help
 
 
 def register(app: typer.Typer) -> None:
-    from entropyrl.cli.main import groups_help
 
     config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)
     app.add_typer(config_app, name="config")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 import typer
+from entropyrl.cli.common import groups_help
 
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:
@@ -15,7 +16,6 @@ def split_args(args: list[str]) -> tuple[list[str], list[str]]:
 
 
 def register(app: typer.Typer) -> None:
-    from entropyrl.cli.main import groups_help
 
     @app.command(
         "eval",
@@ -33,11 +33,10 @@ def register(app: typer.Typer) -> None:
     )
     def eval_(args: Optional[List[str]] = typer.Argument(
             None, help="benchmark names or data files, then key=value config overrides")) -> None:
-        from omegaconf import open_dict
-        from rich.console import Console
-
         from entropyrl.conf import compose
         from entropyrl.evals.runner import render_table, run_eval
+        from omegaconf import open_dict
+        from rich.console import Console
 
         names, overrides = split_args(list(args or []))
         cfg = compose("eval", overrides)

@@ -65,7 +65,8 @@ def read_items(path: Path) -> tuple[list[tuple[int, dict]], list[tuple[int, str]
 def _grade_code_lines(good: list, bad: list, workers) -> tuple[list, list]:
     """Math lines stay in ``good``; code lines (HumanEval layout or benchmark + id) are run in the
     code sandbox: ``(line number, row + program, correct, reason, ...)``; unresolvable ones go to ``bad``."""
-    from entropyrl.evals.code_tasks import grade_code_rows, is_code_row
+    from entropyrl.evals.code_eval import grade_code_rows
+    from entropyrl.evals.code_tasks import is_code_row
     from entropyrl.evals.sandbox import SandboxPool
 
     code = [(n, o) for n, o in good if is_code_row(o)]
@@ -106,12 +107,11 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(5.0, help="seconds per response, enforced by killing the worker"),
         strict: bool = typer.Option(False, "--strict", help="exit 1 when any line is malformed"),
     ) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
         from entropyrl.errors import UserError
         from entropyrl.evals.grader import grade_batch
         from entropyrl.validation import check_output_file
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         err = Console(stderr=True, soft_wrap=True)
         if not file.is_file():

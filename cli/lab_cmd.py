@@ -25,13 +25,12 @@ def register(app: typer.Typer) -> None:
         algos: str = typer.Option("grpo,stare,steer", help="comma-separated algo= options"),
         out: Path = typer.Option(Path("outputs/lab"), help="folder for the runs and the figure"),
     ) -> None:
-        from rich.console import Console
-        from rich.table import Table
-
         from entropyrl.conf import compose
         from entropyrl.trainers.plots import plot_compare
         from entropyrl.trainers.tracking import read_metrics
         from entropyrl.trainers.trainer import train
+        from rich.console import Console
+        from rich.table import Table
 
         console = Console(stderr=True)
         names = [a.strip() for a in algos.split(",") if a.strip()]

@@ -10,7 +10,7 @@ import os
 import sys
 
 import typer
-
+from entropyrl.cli import config_cmd, eval_cmd, grade_cmd, lab_cmd, sweep_cmd, train_cmd
 from entropyrl.errors import UserError
 
 app = typer.Typer(
@@ -22,16 +22,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-def groups_help(config_name: str) -> str:
-    """The config groups of a primary config and their options, for --help texts."""
-    from entropyrl.conf import config_groups, primary_defaults
-
-    used = primary_defaults(config_name)
-    lines = [f"  [bold]{g}[/bold]: {', '.join(opts)} (default {used[g]})"
-             for g, opts in config_groups().items() if g in used]
-    return "\n\n".join(lines)
 
 
 def _quiet_libraries() -> None:
@@ -51,18 +41,8 @@ def _quiet_libraries() -> None:
 
 
 def _register_commands() -> None:
-    from entropyrl.cli import config_cmd, train_cmd
-
-    train_cmd.register(app)
-    config_cmd.register(app)
-    for module in ("eval_cmd", "grade_cmd", "sweep_cmd", "lab_cmd"):
-        try:
-            mod = __import__(f"entropyrl.cli.{module}", fromlist=["register"])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"entropyrl.cli.{module}":
-                raise
-            continue
-        mod.register(app)
+    for module in (train_cmd, eval_cmd, grade_cmd, sweep_cmd, lab_cmd, config_cmd):
+        module.register(app)
 
 
 _register_commands()

@@ -10,22 +10,16 @@ from pathlib import Path
 from typing import Callable, Iterator, List, Optional
 
 import typer
-from rich.console import Console
-
-from entropyrl.conf import compose, config_groups, primary_defaults
+from entropyrl.cli.common import groups_help
+from entropyrl.conf import compose
 from entropyrl.errors import UserError
 from entropyrl.sweeps import following, planning
 from entropyrl.sweeps.planning import split_overrides
 from entropyrl.sweeps.report import build_report
 from entropyrl.sweeps.state import count_states, sweep_status
+from rich.console import Console
 
 __all__ = ["register", "split_overrides"]
-
-
-def _groups_help(config_name: str) -> str:
-    used = primary_defaults(config_name)
-    return "\n\n".join(f"  [bold]{g}[/bold]: {', '.join(opts)} (default {used[g]})"
-                        for g, opts in config_groups().items() if g in used)
 
 
 @contextlib.contextmanager
@@ -64,7 +58,7 @@ def register(app: typer.Typer) -> None:
              "sweep_dir, report.*); training keys ([bold]trainer.total_steps=20[/bold], or "
              "[bold]train.trainer.total_steps=20[/bold]) go to every job's training config. Re-running with the same sweep_dir (or --resume: the latest sweep of that "
              "ablation) runs only what did not finish. Exit status 1 if a job failed.\n\n"
-             "Config groups:\n\n" + _groups_help("sweep"),
+             "Config groups:\n\n" + groups_help("sweep"),
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )
     def sweep(

@@ -15,7 +15,16 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from entropyrl.evals.code_tasks import CodeProblem, code_user_message, grade_code, record
+from entropyrl.errors import UserError
+from entropyrl.evals.benchmarks import load_benchmark
+from entropyrl.evals.code_tasks import (
+    CODE_BENCHMARKS,
+    CodeProblem,
+    code_user_message,
+    grade_code,
+    record,
+    rows_to_code_problems,
+)
 from entropyrl.evals.metrics import avg_at_n, mean_metrics, pass_at_k
 from entropyrl.evals.sandbox import SandboxLimits, SandboxPool
 
@@ -126,3 +135,39 @@ def evaluate_code(generator, tokenizer, bench: str, spec, problems: Sequence[Cod
               "seconds": {"generate": round(t1 - t0, 3), "grade": round(t2 - t1, 3)},
               "grader_timeouts": reasons.get("timeout", 0)}
     return result, samples
+
+
+def _find(problems: Sequence[CodeProblem], ident: Any, bench: str) -> CodeProblem:
+    want = str(ident)
+    for p in problems:
+        if p.id == want or p.id.rsplit("/", 1)[-1] == want:     # "HumanEval/3" or 3
+            return p
+    raise UserError(f"{bench} has no problem with id '{want}' (ids look like '{problems[0].id}')")
+
+
+def grade_code_rows(rows: Sequence[dict], pool: SandboxPool, mode: str = "all",
+                    data_root: str | None = None) -> list[dict | str]:
+    """For each row (HumanEval/MBPP/LiveCodeBench layout, or ``benchmark`` + ``id``) with a
+    ``response``: the ``record`` of its graded program, or a one-line problem (bad id...)."""
+    loaded: dict[str, list[CodeProblem]] = {}
+    problems: list[CodeProblem | str] = []
+    for row in rows:
+        try:
+            if row.get("benchmark") is not None and row.get("id") is not None and not (
+                    isinstance(row.get("test"), str) or "test_list" in row or "public_test_cases" in row):
+                bench = str(row["benchmark"])
+                if bench not in CODE_BENCHMARKS:
+                    raise UserError(f"benchmark '{bench}' is not a code benchmark ({', '.join(CODE_BENCHMARKS)})")
+                if bench not in loaded:
+                    loaded[bench] = load_benchmark(bench, data_root)
+                problems.append(_find(loaded[bench], row["id"], bench))
+            else:
+                problems.append(rows_to_code_problems([row])[0])
+        except UserError as exc:
+            problems.append(str(exc))
+    ok = [i for i, p in enumerate(problems) if isinstance(p, CodeProblem)]
+    graded = grade_code([problems[i] for i in ok], [rows[i]["response"] for i in ok], pool, mode)
+    out: list[dict | str] = list(problems)          # the problem strings stay where they were
+    for i, (program, result) in zip(ok, graded):
+        out[i] = record(program, result)
+    return out

@@ -7,11 +7,11 @@ name (``rollout.name``) so a vLLM engine can sit behind the same interface.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
-
 from entropyrl.errors import UserError
 
 
@@ -121,20 +121,38 @@ class HFRollout:
         return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, texts, truncated)
 
 
-ROLLOUT_ENGINES: dict[str, Callable] = {"hf": HFRollout}
+# name -> engine class, or "module:Class" for an engine whose module imports a heavy optional
+# dependency (vLLM): it is imported only when a run asks for it.
+ROLLOUT_ENGINES: dict[str, Callable | str] = {
+    "hf": HFRollout,
+    "vllm": "entropyrl.trainers.vllm_rollout:VLLMRollout",
+}
 
 
-def register_rollout(name: str):
+def register_rollout(name: str, target: Callable | str | None = None):
+    """Register a rollout engine under ``name`` (``rollout.name=<name>``): as a decorator on the
+    class, or directly with a class or a lazy ``"module:Class"`` string."""
+    if target is not None:
+        ROLLOUT_ENGINES[name] = target
+        return target
+
     def deco(cls):
         ROLLOUT_ENGINES[name] = cls
         return cls
     return deco
 
 
-def build_rollout(rollout_cfg, model, tokenizer):
-    name = rollout_cfg.name
-    if name == "vllm" and name not in ROLLOUT_ENGINES:
-        from entropyrl.trainers import vllm_rollout  # noqa: F401  (registers itself)
+def rollout_engine(name: str) -> Callable:
+    """The engine class registered as ``name`` (importing its module if it was registered lazily)."""
     if name not in ROLLOUT_ENGINES:
         raise UserError(f"unknown rollout={name}; valid: {', '.join(sorted(ROLLOUT_ENGINES))}")
-    return ROLLOUT_ENGINES[name](rollout_cfg, model, tokenizer)
+    target = ROLLOUT_ENGINES[name]
+    if isinstance(target, str):
+        module, _, attr = target.partition(":")
+        target = getattr(importlib.import_module(module), attr)
+        ROLLOUT_ENGINES[name] = target
+    return target
+
+
+def build_rollout(rollout_cfg, model, tokenizer):
+    return rollout_engine(rollout_cfg.name)(rollout_cfg, model, tokenizer)

@@ -1,0 +1,17 @@
+"""Pieces every command shares: the config-groups paragraph of the ``--help`` texts.
+
+Commands import from here, never from ``cli/main.py`` (which imports the commands), so the
+command modules and the entry point do not import each other.
+"""
+
+from __future__ import annotations
+
+from entropyrl.conf import config_groups, primary_defaults
+
+
+def groups_help(config_name: str) -> str:
+    """The config groups of a primary config and their options, for --help texts."""
+    used = primary_defaults(config_name)
+    lines = [f"  [bold]{g}[/bold]: {', '.join(opts)} (default {used[g]})"
+             for g, opts in config_groups().items() if g in used]
+    return "\n\n".join(lines)
