@@ -10,6 +10,7 @@ unknown name fails with the list of valid ones.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import torch
@@ -17,7 +18,8 @@ import torch
 from entropyrl.errors import UserError
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "LOSS_AGGREGATIONS", "register_advantage", "register_loss_agg",
+    "ADVANTAGE_ESTIMATORS", "LOSS_AGGREGATIONS", "LossAggregation", "register_advantage", "register_loss_agg",
+    "loss_aggregation", "part_weight",
     "compute_advantages", "group_stats", "masked_mean", "masked_whiten",
     "grpo_advantage", "drgrpo_advantage", "rloo_advantage", "opo_advantage",
     "reinforce_pp_baseline_advantage", "broadcast_advantages",
@@ -261,20 +263,63 @@ def _seq_mean_token_sum_norm(loss_mat, mask, norm):
     return (loss_mat * mask.to(loss_mat.dtype)).sum() / float(norm)
 
 
-# name -> fn(loss_mat [B, T], mask [B, T], norm: float | None) -> scalar
-LOSS_AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, float | None], torch.Tensor]] = {
-    "token-mean": _token_mean,
-    "seq-mean-token-mean": _seq_mean_token_mean,
-    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+@dataclass(frozen=True)
+class LossAggregation:
+    """A loss aggregation and the normaliser it divides by.
+
+    ``fn(loss_mat [B, T], mask [B, T], norm) -> scalar``. ``denominator(mask [b, T]) -> scalar``:
+    what ``fn`` divides the summed loss of a batch by (valid tokens, responses with any token), or
+    ``None`` when it divides by a constant. Gradient accumulation over micro-batches and
+    data-parallel scaling over ranks weight each part by its share of that denominator, so an
+    aggregation registered with the wrong (or no) normaliser cannot silently change the gradient.
+    """
+
+    fn: Callable[[torch.Tensor, torch.Tensor, float | None], torch.Tensor]
+    denominator: Callable[[torch.Tensor], torch.Tensor] | None
+
+
+def _valid_tokens(mask: torch.Tensor) -> torch.Tensor:
+    return mask.sum()
+
+
+def _valid_responses(mask: torch.Tensor) -> torch.Tensor:
+    return (mask.sum(-1) > 0).sum()
+
+
+LOSS_AGGREGATIONS: dict[str, LossAggregation] = {
+    "token-mean": LossAggregation(_token_mean, _valid_tokens),
+    "seq-mean-token-mean": LossAggregation(_seq_mean_token_mean, _valid_responses),
+    "seq-mean-token-sum-norm": LossAggregation(_seq_mean_token_sum_norm, None),   # sum / constant
 }
 
 
-def register_loss_agg(name: str):
-    """Register ``fn(loss_mat [B, T], mask [B, T], norm) -> scalar`` under ``name``."""
+def register_loss_agg(name: str, *, denominator: Callable[[torch.Tensor], torch.Tensor] | None):
+    """Register ``fn(loss_mat [B, T], mask [B, T], norm) -> scalar`` under ``name``.
+
+    ``denominator(mask) -> scalar`` is what ``fn`` divides a batch's summed loss by, or ``None``
+    for a constant (the parts of a batch then simply add up); it is required so that gradient
+    accumulation and data-parallel scaling treat the new aggregation correctly."""
     def deco(fn):
-        LOSS_AGGREGATIONS[name] = fn
+        LOSS_AGGREGATIONS[name] = LossAggregation(fn, denominator)
         return fn
     return deco
+
+
+def loss_aggregation(mode: str) -> LossAggregation:
+    """The registered aggregation ``mode`` (a one-line error naming the valid ones if unknown)."""
+    if mode not in LOSS_AGGREGATIONS:
+        raise UserError(f"unknown loss_agg '{mode}'; valid choices: {', '.join(LOSS_AGGREGATIONS)}")
+    return LOSS_AGGREGATIONS[mode]
+
+
+def part_weight(mode: str, part_mask: torch.Tensor, whole_mask: torch.Tensor) -> float:
+    """Factor on the loss of a part of a batch (a micro-batch) so that the parts' weighted losses
+    add up to the loss of the whole: ``denominator(part) / denominator(whole)``, or 1 for an
+    aggregation with a constant normaliser. ``[b, T], [B, T] -> float``."""
+    denominator = loss_aggregation(mode).denominator
+    if denominator is None:
+        return 1.0
+    return float(denominator(part_mask) / denominator(whole_mask).clamp(min=1))
 
 
 def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
@@ -285,10 +330,7 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean
     mean over responses with any valid token. ``seq-mean-token-sum-norm`` (Dr.GRPO): sum / ``norm``
     (a constant, the max response length; defaults to ``T``).
     """
-    fn = LOSS_AGGREGATIONS.get(mode)
-    if fn is None:
-        raise UserError(f"unknown loss_agg '{mode}'; valid choices: {', '.join(LOSS_AGGREGATIONS)}")
-    return fn(loss_mat, mask, norm)
+    return loss_aggregation(mode).fn(loss_mat, mask, norm)
 
 
 def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

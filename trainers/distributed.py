@@ -47,6 +47,7 @@ import torch
 
 from entropyrl.conf import cfg_get
 from entropyrl.errors import UserError
+from entropyrl.trainers.core_algos import loss_aggregation
 
 __all__ = ["DistInfo", "launcher_env", "expand_nodelist", "setup", "prepare_model", "shard",
            "sum_across", "min_across", "max_across", "mean_metrics", "masked_mean_across", "loss_scale",
@@ -302,18 +303,17 @@ def masked_mean_across(x: torch.Tensor, mask: torch.Tensor, info: DistInfo) -> f
 def loss_scale(agg: str, mini_mask: torch.Tensor, info: DistInfo) -> float:
     """Factor on each rank's mini-batch loss so that FSDP's gradient *average* over ranks equals
     the gradient of the loss aggregated over the whole (all-rank) mini-batch: ``world * local
-    denominator / global denominator`` (token counts for token-mean, responses for
-    seq-mean-token-mean; sums divided by a constant simply add up). 1.0 on one process."""
+    denominator / global denominator``, with the denominator the aggregation declared
+    (``core_algos.register_loss_agg``: token counts, response counts; an aggregation that divides
+    by a constant simply adds up, so the factor is ``world``). 1.0 on one process."""
     if not _active(info):
         return 1.0
-    if agg == "token-mean":
-        local = mini_mask.sum()
-    elif agg == "seq-mean-token-mean":
-        local = (mini_mask.sum(-1) > 0).sum()
-    else:
+    denominator = loss_aggregation(agg).denominator
+    if denominator is None:
         return float(info.world_size)
-    total = float(sum_across(float(local), info))
-    return float(info.world_size * float(local) / total) if total > 0 else 0.0
+    local = float(denominator(mini_mask))
+    total = float(sum_across(local, info))
+    return float(info.world_size * local / total) if total > 0 else 0.0
 
 
 def clip_grad_norm(model, max_norm: float) -> float:

@@ -34,6 +34,7 @@ from entropyrl.trainers import checkpoint as ckpt
 from entropyrl.trainers import distributed
 from entropyrl.trainers import run_dir
 from entropyrl.trainers.algorithm import Algorithm
+from entropyrl.trainers.core_algos import part_weight
 from entropyrl.trainers.diagnostics import quadrant_metrics
 from entropyrl.trainers.plots import plot_training_curves
 from entropyrl.trainers.prompts_source import build_prompt_source
@@ -94,16 +95,11 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
-    """Scale of one micro-batch's loss so that accumulated gradients equal one pass over the mini-batch.
-
-    token-mean averages over valid tokens, seq-mean-token-mean over responses that have any, and
-    seq-mean-token-sum-norm divides a sum by a constant (so micro-batch losses simply add up).
-    """
-    if agg == "token-mean":
-        return float(micro_mask.sum() / mini_mask.sum().clamp(min=1))
-    if agg == "seq-mean-token-mean":
-        return float((micro_mask.sum(-1) > 0).sum() / (mini_mask.sum(-1) > 0).sum().clamp(min=1))
-    return 1.0
+    """Scale of one micro-batch's loss so that accumulated gradients equal one pass over the
+    mini-batch: the micro-batch's share of the aggregation's own normaliser (valid tokens for
+    token-mean, responses for seq-mean-token-mean, 1 for a constant normaliser), as the aggregation
+    declared it when registered (``core_algos.register_loss_agg``)."""
+    return part_weight(agg, micro_mask, mini_mask)
 
 
 def _slice(t, idx):
