@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from omegaconf import DictConfig
 
 from entropyrl.conf import cfg_get, to_plain
 from entropyrl.errors import UserError
+from entropyrl.resources import available_cpus
 
 KNOWN = ("debug", "local", "slurm")
 
@@ -35,7 +35,7 @@ def threads_per_job(launcher: DictConfig | dict) -> int | None:
     if value != "auto":
         return int(value) or None
     if name == "local":
-        return max(1, (os.cpu_count() or 1) // max(1, int(cfg_get(launcher, "max_parallel", 1))))
+        return max(1, available_cpus() // max(1, int(cfg_get(launcher, "max_parallel", 1))))
     if name == "slurm":
         return int(cfg_get(launcher, "cpus_per_task", 0)) or None
     return None
