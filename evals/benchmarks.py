@@ -10,7 +10,7 @@ Each benchmark is a YAML file in ``conf/benchmark/`` (``aime24``, ``aime25``, ``
 - ``fields``: ``id``, ``problem``, ``answer`` field names and ``gold``, how to read the gold
   answer from the answer field: ``field`` (as is), ``boxed`` (last ``\\boxed{}`` in it, e.g. a
   solution), ``list`` (a list of answers, joined by ", "), ``hash`` (the text after ``####``);
-- the reference decoding: ``n_samples``, ``temperature``, ``top_p`` (ALGORITHMS.md §7).
+- the reference decoding: ``n_samples``, ``temperature``, ``top_p`` (docs/algorithms.md §7).
 
 verl parquet files (``prompt`` = chat messages, gold in ``reward_model.ground_truth``) are
 recognised by their columns whatever the benchmark says; repeated rows (verl's AIME files hold
