@@ -194,12 +194,14 @@ def busy_cpus(samples: int = 5, interval: float = 0.02, loadavg: str = "/proc/lo
     return int(statistics.median(counts)) if counts else 0
 
 
-def default_threads(cpus: int | None = None, jobs: int | None = None, busy: int | None = None) -> int:
-    """``max(1, min(cpus // jobs, cpus - busy))``; see the module docstring for each term."""
+def default_threads(cpus: int | None = None, jobs: int | None = None, busy: int | None = None,
+                    samples: int = 5) -> int:
+    """``max(1, min(cpus // jobs, cpus - busy))``; see the module docstring for each term.
+    ``samples``: reads of the run queue when ``busy`` is measured (20 ms apart)."""
     cpus = available_cpus() if cpus is None else max(1, int(cpus))
     jobs = jobs_sharing() if jobs is None else max(1, int(jobs))
     if busy is None:
-        busy = busy_cpus() if _whole_machine() else 0
+        busy = busy_cpus(samples=samples) if _whole_machine() else 0
     return max(1, min(cpus // jobs, cpus - max(0, int(busy))))
 
 
@@ -237,7 +239,7 @@ class ThreadBudget:
         if not self.auto or time.monotonic() - self._last < self.every_s:
             return self.threads
         self._last = time.monotonic()
-        want = default_threads()
+        want = default_threads(samples=3)            # ~40 ms every every_s seconds
         if want != self.threads:
             import torch
 
