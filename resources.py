@@ -20,6 +20,7 @@ default against 6 s with one thread. The default here (``trainer.threads: 0``) i
   threads, median of a few samples. Only used when this process may use the whole machine (no affinity mask narrower
   than the online CPUs, no quota): inside a container the count covers the host, not our share.
 
+A count the user chose wins: ``trainer.threads=N``, else ``$OMP_NUM_THREADS`` set before the run.
 ``apply_threads`` sets torch's count and exports ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` /
 ``OPENBLAS_NUM_THREADS`` (unless the user set them) so that child processes (grading workers,
 rollout engines) follow the same budget; ``ThreadBudget.refresh`` re-reads ``busy`` between
@@ -35,11 +36,12 @@ import time
 from pathlib import Path
 
 __all__ = ["available_cpus", "affinity_cpus", "cgroup_cpu_limit", "parse_cpu_max", "parse_cfs_quota",
-           "jobs_sharing", "busy_cpus", "default_threads", "apply_threads", "ThreadBudget",
+           "jobs_sharing", "busy_cpus", "default_threads", "user_threads", "apply_threads", "ThreadBudget",
            "JOBS_ENV", "THREAD_ENV_VARS"]
 
 JOBS_ENV = "ENTROPYRL_JOBS"
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+_EXPORT_MARK = "_ENTROPYRL_OMP"        # the OMP_NUM_THREADS value we exported (not the user's choice)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,29 +210,52 @@ def default_threads(cpus: int | None = None, jobs: int | None = None, busy: int 
 # ---------------------------------------------------------------------------------------------
 # applying it
 # ---------------------------------------------------------------------------------------------
+def user_threads() -> int | None:
+    """``$OMP_NUM_THREADS`` when the user set it (a positive int), None otherwise. A value this
+    module exported for child processes (``_ENTROPYRL_OMP``) is not the user's."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if not value or value == os.environ.get(_EXPORT_MARK):
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        return None
+    return n if n > 0 else None
+
+
+def _is_auto(requested) -> bool:
+    return requested in (None, 0, "0", "auto", "")
+
+
 def apply_threads(requested: int | str | None = 0, *, export: bool = True) -> int:
-    """Set torch's intra-op threads to ``requested`` (0 / None / "auto": ``default_threads()``)
-    and, with ``export``, ``OMP/MKL/OPENBLAS_NUM_THREADS`` for child processes unless already set.
+    """Set torch's intra-op threads: ``requested``; for 0 / None / "auto" the user's
+    ``$OMP_NUM_THREADS`` when set, else ``default_threads()``. With ``export``,
+    ``OMP/MKL/OPENBLAS_NUM_THREADS`` are set for child processes unless already set.
     Returns the count used."""
     import torch
 
-    auto = requested in (None, 0, "0", "auto", "")
-    threads = default_threads() if auto else max(1, int(requested))
+    if _is_auto(requested):
+        threads = user_threads() or default_threads()
+    else:
+        threads = max(1, int(requested))
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     if export:
+        if "OMP_NUM_THREADS" not in os.environ:
+            os.environ[_EXPORT_MARK] = str(threads)
         for var in THREAD_ENV_VARS:
             os.environ.setdefault(var, str(threads))
     return threads
 
 
 class ThreadBudget:
-    """The thread count of a running job: fixed when the user chose one, otherwise re-read every
-    ``every_s`` seconds (``refresh``, called between training steps) so the job gives threads back
-    when something else starts beside it and takes them again when it stops."""
+    """The thread count of a running job: fixed when the user chose one (``trainer.threads=N`` or
+    ``$OMP_NUM_THREADS``), otherwise re-read every ``every_s`` seconds (``refresh``, called between
+    training steps) so the job gives threads back when something else starts beside it and takes
+    them again when it stops."""
 
     def __init__(self, requested: int | str | None = 0, every_s: float = 5.0):
-        self.auto = requested in (None, 0, "0", "auto", "")
+        self.auto = _is_auto(requested) and user_threads() is None
         self.every_s = float(every_s)
         self.threads = apply_threads(requested)
         self._last = time.monotonic()

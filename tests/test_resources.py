@@ -123,6 +123,17 @@ def test_affinity_mask_limits_a_real_process():
     assert out.stdout.split() == ["1", "1", "1", "1"]                # one CPU: one thread, children told so
 
 
+def test_users_omp_num_threads_is_the_default_and_stays_fixed():
+    code = ("import os, torch; from entropyrl.resources import ThreadBudget, JOBS_ENV; "
+            "b = ThreadBudget(0, every_s=0); os.environ[JOBS_ENV] = '1000'; "
+            "print(b.threads, b.refresh(), torch.get_num_threads(), os.environ['MKL_NUM_THREADS'])")
+    env = {k: v for k, v in os.environ.items() if k not in (*res.THREAD_ENV_VARS, res._EXPORT_MARK)}
+    env["OMP_NUM_THREADS"] = "2"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["2", "2", "2", "2"]
+
+
 def test_explicit_count_wins_and_user_env_is_kept():
     code = ("import os, torch; from entropyrl.resources import apply_threads; "
             "n = apply_threads(3); print(n, torch.get_num_threads(), os.environ['OMP_NUM_THREADS'])")
@@ -133,7 +144,7 @@ def test_explicit_count_wins_and_user_env_is_kept():
 
 
 def test_thread_budget_follows_the_jobs_beside_it(monkeypatch):
-    for var in res.THREAD_ENV_VARS:                                  # restored after the test
+    for var in (*res.THREAD_ENV_VARS, res._EXPORT_MARK):             # restored after the test
         monkeypatch.delenv(var, raising=False)
     before = torch.get_num_threads()
     try:
@@ -141,6 +152,7 @@ def test_thread_budget_follows_the_jobs_beside_it(monkeypatch):
         budget = res.ThreadBudget(0, every_s=0)
         assert 1 <= budget.threads == torch.get_num_threads() <= res.available_cpus()
         assert os.environ["OMP_NUM_THREADS"] == str(budget.threads)
+        assert res.user_threads() is None                            # our own export is not a user choice
         monkeypatch.setenv(res.JOBS_ENV, "1000")                     # a launcher now runs many jobs
         assert budget.refresh() == 1 == torch.get_num_threads()
         fixed = res.ThreadBudget(2, every_s=0)
