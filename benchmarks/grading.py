@@ -33,10 +33,10 @@ TIME_LIMIT = 5.0
 
 
 def _data_dir() -> Path:
+    from entropyrl.evals.benchmarks import PACKAGED_DATA
+
     env = os.environ.get("ENTROPYRL_DATA")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    return Path(env) if env else PACKAGED_DATA
 
 
 def _read(rel: str) -> list[dict]:

@@ -27,7 +27,8 @@ def register(app: typer.Typer) -> None:
              "for AIME/AMC, avg@4 otherwise) and decoding (temperature 1.0, top-p 1.0).\n\n"
              "[cyan]entropyrl eval aime24 math500 model.path=Qwen/Qwen2.5-Math-7B eval.backend=vllm[/cyan]\n\n"
              "[cyan]entropyrl eval aime24 eval.n_samples=4 eval.limit=10[/cyan]\n\n"
-             "Data: eval.data_root or $ENTROPYRL_DATA (default ../shared/data), else the Hugging Face hub.\n\n"
+             "Data: the benchmark files packaged with entropyrl; eval.data_root=DIR or $ENTROPYRL_DATA "
+             "reads them from DIR instead, eval.data_root=hub from the Hugging Face hub.\n\n"
              "Config groups:\n\n" + groups_help("eval"),
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )

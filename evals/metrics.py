@@ -1,4 +1,4 @@
-"""Evaluation metrics over repeated samples (ALGORITHMS.md §7).
+"""Evaluation metrics over repeated samples (docs/algorithms.md §7).
 
 For one problem with ``n`` samples of which ``c`` are correct:
 

@@ -22,6 +22,7 @@ from entropyrl.conf import cfg_get
 from entropyrl.sweeps.launcher import (ACTIVE, ENDED, WAITING, Launcher, QueueEntry, check_number, find_launcher,
                                        get_launcher, launcher_names, register_launcher)
 from entropyrl.sweeps.slurm import SlurmLauncher
+from entropyrl.resources import available_cpus
 
 __all__ = ["ACTIVE", "ENDED", "WAITING", "Launcher", "QueueEntry", "check_number", "find_launcher", "get_launcher", "launcher_names",
            "register_launcher", "LocalLauncher", "DebugLauncher", "SlurmLauncher"]
@@ -38,7 +39,7 @@ class LocalLauncher(Launcher):
 
     def auto_threads(self, cfg: Any) -> int | None:
         """The machine's cores shared by the jobs running at once."""
-        return max(1, (os.cpu_count() or 1) // max(1, int(cfg_get(cfg, "max_parallel", 1))))
+        return max(1, available_cpus() // max(1, int(cfg_get(cfg, "max_parallel", 1))))
 
     def describe(self, cfg: Any) -> str:
         return f"local (at most {cfg_get(cfg, 'max_parallel', 1)} at once)"

@@ -1,4 +1,5 @@
-"""Shared fixtures: where ../shared lives, an isolated model cache and MLflow store per session."""
+"""Fixtures: the golden vectors and data the tests read (all inside the repository), an isolated
+model cache per session, and no tracking URI leaking between tests."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+GOLDEN = REPO / "tests" / "golden"              # see tests/golden/README.md
+PACKAGED_DATA = REPO / "data" / "benchmarks"    # the benchmark files shipped with the package
+VERL_FIXTURES = REPO / "tests" / "fixtures" / "verl"   # see tests/fixtures/README.md
 
 # One warm-started tiny model per test session, outside the user's cache (set before any import
 # of entropyrl so subprocesses inherit it).
@@ -21,24 +24,28 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # ("--- Logging error ---" tracebacks after the summary line); keep vLLM to errors in tests.
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.pop("MLFLOW_TRACKING_URI", None)
-os.environ.setdefault("ENTROPYRL_DATA", str(SHARED / "data"))
+# Tests see what a user sees: no data root unless a test sets one (benchmarks then come from the
+# packaged copies, training sets from the hub, which is off).
+os.environ.pop("ENTROPYRL_DATA", None)
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    if not SHARED.is_dir():
-        pytest.fail(f"../shared not found at {SHARED}: tests need the shared data and golden vectors")
-    return SHARED
+def golden_dir() -> Path:
+    """The golden vectors the math must reproduce (float64, 1e-6)."""
+    return GOLDEN
 
 
 @pytest.fixture(scope="session")
-def golden_dir(shared_dir) -> Path:
-    return shared_dir / "golden"
-
-
-@pytest.fixture(scope="session")
-def data_dir(shared_dir) -> Path:
-    return shared_dir / "data"
+def data_dir(tmp_path_factory) -> Path:
+    """A data root laid out as users lay theirs out (what ``eval.data_root`` / ``data.data_root`` /
+    ``$ENTROPYRL_DATA`` point at): the packaged benchmark files (``qwen-math-eval/``, ``math500/``,
+    ``aime25/``) plus ``verl/`` from the test fixtures (a 200-row sample of DAPO-Math-17k and verl's
+    AIME24 / AMC23 parquet files). Links, not copies: nothing is duplicated."""
+    root = tmp_path_factory.mktemp("data-root")
+    for entry in sorted(PACKAGED_DATA.iterdir()):
+        (root / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    (root / "verl").symlink_to(VERL_FIXTURES, target_is_directory=True)
+    return root
 
 
 @pytest.fixture()

@@ -13,7 +13,7 @@ from entropyrl.trainers.trainer import train
 
 QUADRANT_KEYS = [f"quadrant/q{q}/{k}" for q in range(1, 5) for k in ("share", "pred_dH")]
 BASE_KEYS = ["entropy", "reward/mean", "acc/mean", "response_length/mean", "loss/policy", "clip/frac", *QUADRANT_KEYS]
-# metrics each intervention must log (ALGORITHMS.md §5 and issue 3's stable names)
+# metrics each intervention must log (docs/algorithms.md §5 and issue 3's stable names)
 INTERVENTION_KEYS = {
     "stare": ["stare/gate_on", "stare/w", "stare/m", "stare/l_plus_frac", "stare/l_minus_frac"],
     "steer": ["steer/weight_mean", "steer/weight_min"],

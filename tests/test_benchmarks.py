@@ -1,4 +1,5 @@
-"""Benchmark registry and loader (real files of ../shared/data), prompts, generation backends."""
+"""Benchmark registry and loader (the real benchmark files packaged in data/benchmarks/ and verl
+parquet fixtures), where data comes from, prompts, generation backends."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import json
 import pytest
 
 from entropyrl.errors import UserError
-from entropyrl.evals.benchmarks import (available_benchmarks, expand_benchmarks, get_spec, load_benchmark,
-                                        read_rows, resolve_data_root, rows_to_problems)
+from entropyrl.evals.benchmarks import (PACKAGED_DATA, available_benchmarks, expand_benchmarks, get_spec,
+                                        load_benchmark, read_rows, resolve_data_root, rows_to_problems)
 from entropyrl.evals.grader import canonical_number
 from entropyrl.evals.prompts import build_prompt, user_message
 
@@ -66,10 +67,18 @@ def test_verl_parquet_is_deduplicated_and_agrees_with_the_jsonl(data_dir):
     assert len(amc) == 40
 
 
-def test_aime25_comes_from_verl_parquet(data_dir):
+def test_aime25_is_verl_rows_once_each_packaged_or_from_the_parquet(data_dir, tmp_path):
     problems = load_benchmark("aime25", data_root=data_dir)
     assert len(problems) == 30 and problems[0].answer == "70"
-    assert all(p.messages for p in problems)
+    assert all(p.messages for p in problems)                            # prompt=native keeps working
+    # A data root holding only verl's parquet (each problem 32 times) gives the same problems.
+    (tmp_path / "verl").mkdir()
+    rows = read_rows(PACKAGED_DATA / "aime25" / "test.jsonl")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([r for r in rows for _ in range(32)]), tmp_path / "verl" / "aime25.parquet")
+    assert load_benchmark("aime25", data_root=tmp_path) == problems
 
 
 def test_missing_file_is_one_line_user_error(tmp_path, monkeypatch):
@@ -85,15 +94,46 @@ def test_missing_file_is_one_line_user_error(tmp_path, monkeypatch):
 def test_data_root_resolution(tmp_path, monkeypatch, data_dir):
     monkeypatch.delenv("ENTROPYRL_DATA", raising=False)
     monkeypatch.chdir(tmp_path)
-    assert resolve_data_root() is None                                   # no ../shared/data from here
+    assert resolve_data_root() is None                                   # nothing set: no user root
     (tmp_path / "repo").mkdir()
-    (tmp_path / "shared" / "data").mkdir(parents=True)
+    (tmp_path / "shared" / "data").mkdir(parents=True)                  # a folder beside the checkout
     monkeypatch.chdir(tmp_path / "repo")
-    assert resolve_data_root() == (tmp_path / "shared" / "data").resolve()
+    assert resolve_data_root() is None                                   # is never picked up by itself
     monkeypatch.setenv("ENTROPYRL_DATA", str(data_dir))
     assert resolve_data_root() == data_dir.resolve()
     assert len(load_benchmark("amc23")) == 40                          # through the env variable
     assert resolve_data_root(tmp_path) == tmp_path.resolve()            # the explicit setting wins
+
+
+def test_packaged_files_are_the_default_source(tmp_path, monkeypatch):
+    monkeypatch.delenv("ENTROPYRL_DATA", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    for name, count in COUNTS.items():
+        assert len(load_benchmark(name)) == count, name
+    assert (PACKAGED_DATA / "README.md").is_file()                      # provenance and licences
+    assert (PACKAGED_DATA / "qwen-math-eval" / "LICENSE").is_file()
+
+
+def test_a_user_root_replaces_the_packaged_copies(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "math500").mkdir()
+    (tmp_path / "math500" / "test.jsonl").write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    monkeypatch.setenv("ENTROPYRL_DATA", str(tmp_path))
+    assert [(p.problem, p.answer) for p in load_benchmark("math500")] == [("1+1?", "2")]
+    with pytest.raises(UserError) as info:                             # no silent fallback
+        load_benchmark("amc23")
+    assert str(tmp_path / "qwen-math-eval" / "amc23" / "test.jsonl") in str(info.value)
+    assert "unset both to use the copies packaged" in str(info.value)
+
+
+def test_data_root_hub_reads_the_hub(monkeypatch):
+    monkeypatch.delenv("ENTROPYRL_DATA", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserError) as info:                              # offline: says so, one line
+        load_benchmark("aime24", data_root="hub")
+    msg = str(info.value)
+    assert "\n" not in msg and "'hub'" in msg and "hub is off" in msg and "drop eval.data_root=hub" in msg
 
 
 def test_unknown_benchmark_suggests_a_name():

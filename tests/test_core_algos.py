@@ -1,4 +1,4 @@
-"""Core RL math (ALGORITHMS.md §2-4) against brute-force references, and the Algorithm facade."""
+"""Core RL math (docs/algorithms.md §2-4) against brute-force references, and the Algorithm facade."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Reproduce every golden vector in ../shared/golden/ (float64, 1e-6) through the project's code.
+"""Reproduce every golden vector in tests/golden/ (float64, 1e-6) through the project's code.
 
-The golden files were computed from an independent implementation of ALGORITHMS.md and
-cross-checked against the STARE, STEER and verl reference code; see golden/README.md.
+The golden files were computed by an independent implementation of the math (docs/algorithms.md) and
+cross-checked against the STARE, STEER and verl reference code; see tests/golden/README.md.
 """
 
 from __future__ import annotations

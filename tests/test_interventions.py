@@ -1,4 +1,4 @@
-"""Entropy interventions (ALGORITHMS.md §5): properties that must hold for any batch."""
+"""Entropy interventions (docs/algorithms.md §5): properties that must hold for any batch."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Metrics of ALGORITHMS.md §7: avg@n, unbiased pass@k (golden vectors), maj@n."""
+"""Metrics of docs/algorithms.md §7: avg@n, unbiased pass@k (golden vectors), maj@n."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Scale presets: `experiment=` files reproducing published configurations, the Qwen model presets,
-and the DAPO-Math-17k prompt source (real parquet from ../shared/data, graded by evals.grader)."""
+and the DAPO-Math-17k prompt source (a real 200-row sample of its parquet in tests/fixtures/verl/,
+graded by evals.grader)."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def dapo(data_dir):
 
 
 def test_dapo_parquet_loads_and_grades_an_answer_line(dapo):
-    assert len(dapo) > 17_000 and dapo.where.endswith("verl/DAPO-Math-17k.parquet")
+    assert len(dapo) == 200 and dapo.where.endswith("verl/DAPO-Math-17k.parquet")  # the fixture sample
     item = next(p for p in dapo.train_items if p.answer == "42")
     prompt = dapo.prompt(item)
     assert item.problem in prompt and "\\boxed" in prompt                 # the file's own instruction (native)
@@ -120,8 +121,10 @@ def test_dapo_prompt_stream_is_deterministic_and_covers_the_epoch(dapo, data_dir
     again = build_prompt_source(compose("train", ["data=dapo_math_17k", f"data.data_root={data_dir}"]).data, seed=3)
     assert dapo.sample(16, step=5) == again.sample(16, step=5)
     assert dapo.sample(16, step=5, attempt=2) == again.sample(16, step=5, attempt=2)
-    seen = [p.id for s in range(40) for p in dapo.sample(64, step=s)]
+    seen = [p.id for s in range(12) for p in dapo.sample(16, step=s)]   # 192 of the 200 prompts
     assert len(set(seen)) == len(seen)                                    # no repeats inside an epoch
+    epoch = [p.id for s in range(25) for p in dapo.sample(8, step=s)]    # exactly one epoch
+    assert sorted(epoch) == sorted(p.id for p in dapo.train_items)
     other = build_prompt_source(compose("train", ["data=dapo_math_17k", f"data.data_root={data_dir}"]).data, seed=4)
     assert other.sample(16, step=5) != dapo.sample(16, step=5)
 
@@ -131,11 +134,11 @@ def test_dapo_filters_overlong_prompts_and_holds_out_validation(data_dir):
     from entropyrl.trainers.tiny import build_tokenizer
 
     tok = build_tokenizer()                                              # one token per character
-    cfg = compose("train", ["data=dapo_math_17k", f"data.data_root={data_dir}", "data.limit=400",
+    cfg = compose("train", ["data=dapo_math_17k", f"data.data_root={data_dir}", "data.limit=150",
                             "data.max_prompt_length=500", "data.holdout=10", "data.chat_template=false"])
     src = build_prompt_source(cfg.data, seed=0, tokenizer=tok)
     kept = src.train_items + src.val_items
-    assert 0 < len(kept) < 400
+    assert 0 < len(kept) < 150
     assert all(len(tok(src.prompt(p), add_special_tokens=False)["input_ids"]) <= 500 for p in kept)
     assert len(src.validation(100)) == 10 and not {p.id for p in src.val_items} & {p.id for p in src.train_items}
 

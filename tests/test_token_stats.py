@@ -1,4 +1,4 @@
-"""Token statistics: the chunked path equals the naive one in values and gradients (ALGORITHMS.md §1)."""
+"""Token statistics: the chunked path equals the naive one in values and gradients (docs/algorithms.md §1)."""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ def test_cli_train_logs_named_metrics_to_mlflow_and_jsonl(in_tmp, fast_train):
         for key in NAMED_METRICS:
             assert r.get(key) is not None, (key, r)
     assert sum("val/acc" in r for r in rows) == 2
-    # real-benchmark validation through the eval harness (AIME24 from ../shared/data)
+    # real-benchmark validation through the eval harness (AIME24, the packaged copy)
     assert sum("val/aime24/avg@2" in r for r in rows) == 2
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "FINISHED" and summary["steps"] == 4

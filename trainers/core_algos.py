@@ -1,4 +1,4 @@
-"""Pure tensor math of GRPO-family RLVR (ALGORITHMS.md §2-4).
+"""Pure tensor math of GRPO-family RLVR (docs/algorithms.md §2-4).
 
 Every function is a pure function of tensors, in the style of verl's ``core_algos.py``: no state,
 no I/O, shapes in docstrings. ``B`` responses, ``T`` response positions; ``mask [B, T]`` is 1 on
@@ -28,7 +28,7 @@ __all__ = [
     "token_covariance",
 ]
 
-GRPO_EPS = 1e-6       # GRPO's std floor (ALGORITHMS.md §2)
+GRPO_EPS = 1e-6       # GRPO's std floor (docs/algorithms.md §2)
 WHITEN_EPS = 1e-8     # REINFORCE++ whitening variance floor
 LOG_RATIO_CLAMP = 20.0  # |log rho| bound before exp, so a wild token cannot overflow the ratio
 
@@ -222,7 +222,7 @@ class SurrogateOutput(NamedTuple):
 def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, *,
                       eps_low: float = 0.2, eps_high: float = 0.2,
                       dual_c: float | None = 3.0) -> SurrogateOutput:
-    """PPO clipped surrogate with clip-higher and dual clip (ALGORITHMS.md §3).
+    """PPO clipped surrogate with clip-higher and dual clip (docs/algorithms.md §3).
 
     ``L = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))``; for ``A < 0`` also
     ``L = min(L, -A c)`` (dual clip, ``dual_c=None`` disables it).

@@ -3,7 +3,7 @@
 ``conf/data/dapo_math_17k.yaml`` is the reference use: DAPO-Math-17k in verl's parquet layout
 (``prompt`` = chat messages, gold answer in ``reward_model.ground_truth``), read from
 ``<data root>/verl/DAPO-Math-17k.parquet`` where the data root is ``data.data_root``, else
-``$ENTROPYRL_DATA``, else ``../shared/data`` from the working directory; without the file, the
+``$ENTROPYRL_DATA`` (training sets are not packaged with entropyrl); without the file, the
 hub dataset ``data.hub`` (``BytedTsinghua-SIA/DAPO-Math-17k``) through ``datasets``. Any
 jsonl/json/parquet with problem/answer fields works too (``data.fields``), read by the same
 loader as the eval harness (``evals.benchmarks.read_rows`` / ``rows_to_problems``; repeated rows
@@ -73,8 +73,7 @@ def load_problems(data_cfg) -> tuple[list, str]:
     if found is not None:
         return rows_to_problems(read_rows(found), fields, source=str(found)), str(found)
     hub = cfg_get(data_cfg, "hub", None)
-    looked = (f"{raw} under the data root (data.data_root, $ENTROPYRL_DATA, or ../shared/data from "
-              f"the working directory)") if raw else "no data.path"
+    looked = (f"{raw} under the data root (data.data_root or $ENTROPYRL_DATA)") if raw else "no data.path"
     if not hub:
         raise UserError(f"data={name}: no data file ({looked}) and no data.hub: set data.path or "
                         f"ENTROPYRL_DATA=<data dir>")

@@ -1,4 +1,4 @@
-"""Four-quadrant entropy diagnostics (ALGORITHMS.md §6) and the first-order entropy-change estimate.
+"""Four-quadrant entropy diagnostics (docs/algorithms.md §6) and the first-order entropy-change estimate.
 
 A policy-gradient step on token t moves the entropy H_t of its next-token distribution by, to first
 order, ``-Omega_t`` with (STEER, "Rethinking Entropy Interventions in RLVR")

@@ -1,4 +1,4 @@
-"""Per-token log-probability and entropy (ALGORITHMS.md §1).
+"""Per-token log-probability and entropy (docs/algorithms.md §1).
 
 Two entry points:
 

@@ -30,6 +30,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from entropyrl.errors import UserError
+from entropyrl.resources import ThreadBudget
 from entropyrl.trainers import checkpoint as ckpt
 from entropyrl.trainers import distributed
 from entropyrl.trainers import run_dir
@@ -114,8 +115,8 @@ class GRPOTrainer:
         self.cfg = cfg
         t = cfg.trainer
         self.output_dir = Path(cfg.output_dir)
-        if t.threads:
-            torch.set_num_threads(int(t.threads))
+        # trainer.threads, else the CPUs left to this job (affinity, quota, jobs and load beside it)
+        self.threads = ThreadBudget(t.threads)
         # torchrun / SLURM ranks, this rank's device, FSDP or not (trainers/distributed.py)
         self.dist = distributed.setup(t)
         self.log = log if self.dist.is_main else (lambda *_a, **_k: None)
@@ -383,6 +384,7 @@ class GRPOTrainer:
             with _progress(bool(t.progress) and self.dist.is_main, total, self.step) as bar:
                 while self.step < total and not stop.agreed(self.dist):
                     metrics = self.train_step()
+                    self.threads.refresh()          # follows processes starting or ending beside us
                     self.step += 1
                     last = self.step == total
                     if int(t.val_every) > 0 and (self.step % int(t.val_every) == 0 or last):

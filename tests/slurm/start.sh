@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start a single-node SLURM cluster on this machine for the tests (../shared/PLATFORM.md recipe).
+# Start a single-node SLURM cluster on this machine for the tests.
 # Idempotent: installs slurmctld/slurmd/munge with apt-get only when missing, (re)writes
 # /etc/slurm/slurm.conf, starts munged, slurmctld and slurmd only when they are not running, and
 # waits until `sinfo` shows the node idle. Needs root. Stop it with tests/slurm/stop.sh.

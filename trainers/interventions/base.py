@@ -1,4 +1,4 @@
-"""The intervention interface and registry (ALGORITHMS.md §5).
+"""The intervention interface and registry (docs/algorithms.md §5).
 
 An entropy intervention is a small stateful object that the ``Algorithm`` facade drives at three
 moments of a training step:

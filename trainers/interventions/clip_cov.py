@@ -1,7 +1,7 @@
 """Clip-Cov ("The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
 Cui et al. 2025).
 
-ALGORITHMS.md §5. Entropy falls where the covariance between a token's log-prob and its advantage
+docs/algorithms.md §5. Entropy falls where the covariance between a token's log-prob and its advantage
 is high. Clip-Cov picks ``max(1, floor(ratio * n_valid))`` tokens at random among the valid,
 not-already-ratio-clipped tokens whose centred covariance lies in ``(lb, ub)`` and detaches them
 (zero loss, no gradient). The remaining tokens use ``max(L1, L2)`` without the dual clip, as the

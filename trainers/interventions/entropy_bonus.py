@@ -1,7 +1,7 @@
 """Entropy regularisation: a fixed bonus (``entropy_bonus``) and a closed-loop one
 (``adaptive_entropy``).
 
-ALGORITHMS.md §3/§5: the loss gains ``-beta * token-mean(H)``. Both need d(entropy)/d(theta), so
+docs/algorithms.md §3/§5: the loss gains ``-beta * token-mean(H)``. Both need d(entropy)/d(theta), so
 the algorithm reports ``needs_entropy_grad`` and the loop computes a differentiable entropy.
 
 ``adaptive_entropy`` moves beta once per step toward a target entropy, in the spirit of

@@ -1,7 +1,7 @@
 """High-entropy token mask ("Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective
 Reinforcement Learning for LLM Reasoning", Wang et al. 2025).
 
-ALGORITHMS.md §5. Only the top-rho fraction (rho = 0.2) of valid tokens by entropy H_t (the
+docs/algorithms.md §5. Only the top-rho fraction (rho = 0.2) of valid tokens by entropy H_t (the
 "forking" tokens) keep their policy-gradient loss; the others get weight 0. The aggregation
 denominator is unchanged (the paper adds the indicator inside the DAPO objective).
 """

@@ -1,7 +1,7 @@
 """KL-Cov ("The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
 Cui et al. 2025).
 
-ALGORITHMS.md §5. The ``max(1, floor(ratio * n_valid))`` valid tokens with the largest centred
+docs/algorithms.md §5. The ``max(1, floor(ratio * n_valid))`` valid tokens with the largest centred
 covariance between advantage and log-prob get a KL-like penalty ``kappa * |logp - old_logp|`` on
 top of the unclipped surrogate ``-A * rho``; all other tokens use ``-A * rho``. No ratio clipping
 in this mode (verl ``compute_policy_loss_kl_cov``).

@@ -1,7 +1,7 @@
 """Positive/negative sample reweighting ("The Surprising Effectiveness of Negative Reinforcement in
 LLM Reasoning", Zhu et al. 2025: W-REINFORCE with lambda+ = 0.1).
 
-ALGORITHMS.md §5. The loss of positive-advantage responses is scaled by ``pos_weight`` and that of
+docs/algorithms.md §5. The loss of positive-advantage responses is scaled by ``pos_weight`` and that of
 negative-advantage responses by ``neg_weight``. Learning from negatives keeps entropy up, so a
 small ``pos_weight`` slows collapse.
 """

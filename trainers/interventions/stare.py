@@ -1,6 +1,6 @@
 """STARE: surprisal-guided token-level advantage reweighting with a closed-loop entropy gate.
 
-ALGORITHMS.md §5. Plain GRPO credits every token of a response with the same advantage, but a
+docs/algorithms.md §5. Plain GRPO credits every token of a response with the same advantage, but a
 token's effect on entropy depends on its surprisal ``s = -logp``: confident tokens of positive
 responses (the majority) drive entropy down, the rare high-surprisal ones hold it up. STARE
 up-weights (W > 1) the top-P surprisal tokens of positive responses (``L+``) and, in variant C2,

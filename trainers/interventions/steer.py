@@ -1,7 +1,7 @@
 """STEER: stabilising token-level entropy change via reweighting ("Rethinking Entropy
 Interventions in RLVR: An Entropy Change Perspective", Hao et al.).
 
-ALGORITHMS.md §5. Each token's first-order entropy change ``-Omega`` (diagnostics.py) is
+docs/algorithms.md §5. Each token's first-order entropy change ``-Omega`` (diagnostics.py) is
 estimated; tokens whose predicted change is large in magnitude get smaller weights, so the
 step-wise entropy change stays in a moderate band while most tokens keep weight ~1.
 
