@@ -82,8 +82,22 @@ class BenchmarkSpec:
 # Registry
 # --------------------------------------------------------------------------------------------
 
+# Benchmarks registered in code (a plugin module, a notebook, a test): name -> spec. A YAML in
+# conf/benchmark/ is the other way; both are found by name the same way.
+REGISTERED: dict[str, BenchmarkSpec] = {}
+
+
+def register_benchmark(name: str, **spec: Any) -> BenchmarkSpec:
+    """Register a benchmark under ``name`` with the fields of a ``conf/benchmark`` YAML
+    (``local=[paths]``, ``hub={path, name, split}``, ``fields={problem, answer, ...}``,
+    ``n_samples``, ``temperature``, ``kind``...), so ``entropyrl eval <name>`` finds it."""
+    out = _spec_from_dict({"name": name, **spec}, None)
+    REGISTERED[name] = out
+    return out
+
+
 def available_benchmarks() -> list[str]:
-    return sorted(p.stem for p in BENCHMARK_DIR.glob("*.yaml"))
+    return sorted({p.stem for p in BENCHMARK_DIR.glob("*.yaml")} | set(REGISTERED))
 
 
 def _spec_from_dict(d: dict, path: Path | None) -> BenchmarkSpec:
@@ -105,6 +119,8 @@ def _looks_like_file(name: str) -> bool:
 
 def get_spec(name: str) -> BenchmarkSpec:
     """The spec of benchmark ``name`` (a ``conf/benchmark`` name or a path to a data file)."""
+    if name in REGISTERED:
+        return REGISTERED[name]
     yaml = BENCHMARK_DIR / f"{name}.yaml"
     if yaml.is_file():
         from omegaconf import OmegaConf

@@ -1,0 +1,113 @@
+"""Extending entropyrl from outside the package: an intervention, a rollout engine and a benchmark,
+each registered from this file alone (no edit to the package, no YAML added) and run end to end.
+(The same for a launcher: tests/test_launchers.py.)"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from entropyrl.conf import compose
+from entropyrl.evals import benchmarks as bench_registry
+from entropyrl.evals.runner import run_eval
+from entropyrl.trainers import rollout as rollout_registry
+from entropyrl.trainers.interventions import INTERVENTIONS, Intervention, LossContext, register_intervention
+from entropyrl.trainers.rollout import HFRollout, register_rollout
+from entropyrl.trainers.trainer import train
+
+RUN = ["trainer.total_steps=2", "trainer.prompts_per_step=8", "trainer.mini_batch_prompts=4", "trainer.val_every=0",
+       "trainer.save_every=0", "val.prompts=0", "trainer.progress=false", "trainer.threads=1",
+       "tracking.enabled=false"]
+
+
+def _rows(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture()
+def negative_damping():
+    """Scales the loss of negative-advantage tokens by ``factor`` and reports the share it touched."""
+
+    @register_intervention("test_negative_damping")
+    class NegativeDamping(Intervention):
+        @dataclass
+        class Params:
+            factor: float = 0.5
+            scope: str = "micro"
+
+        def apply(self, ctx: LossContext) -> None:
+            negative = (ctx.advantages < 0) & ctx.pg_mask.bool()
+            ctx.scale(torch.where(negative, torch.full_like(ctx.pg_loss, self.params.factor),
+                                  torch.ones_like(ctx.pg_loss)))
+            ctx.metrics["test_negative_damping/frac"] = float(negative.float().sum() / ctx.pg_mask.sum().clamp(min=1))
+            ctx.metrics["test_negative_damping/factor"] = float(self.params.factor)
+
+    yield "test_negative_damping"
+    INTERVENTIONS.pop("test_negative_damping")
+
+
+@pytest.mark.slow
+def test_an_intervention_registered_here_trains_with_its_own_parameters(in_tmp, negative_damping):
+    cfg = compose("train", RUN + ["output_dir=out", f"algo.interventions=[{negative_damping}]",
+                                  f"+algo.{negative_damping}.factor=0.25"])
+    train(cfg, log=lambda *_: None)
+    rows = _rows(in_tmp / "out" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["test_negative_damping/factor"] == 0.25 for r in rows)
+    assert any(r["test_negative_damping/frac"] > 0 for r in rows)     # it saw negative-advantage tokens
+
+
+@pytest.fixture()
+def counting_engine():
+    """An engine that samples like ``hf`` and counts its calls (a stand-in for a new backend)."""
+
+    class CountingRollout(HFRollout):
+        calls = 0
+        synced = 0
+
+        def generate(self, prompts, **kw):
+            type(self).calls += 1
+            return super().generate(prompts, **kw)
+
+        def sync_weights(self) -> None:
+            type(self).synced += 1
+
+    register_rollout("test_counting", CountingRollout)
+    yield CountingRollout
+    rollout_registry.ROLLOUT_ENGINES.pop("test_counting")
+
+
+@pytest.mark.slow
+def test_a_rollout_engine_registered_here_samples_the_training_batches(in_tmp, counting_engine):
+    cfg = compose("train", RUN + ["output_dir=out", "rollout.name=test_counting"])
+    train(cfg, log=lambda *_: None)
+    rows = _rows(in_tmp / "out" / "metrics.jsonl")
+    assert len(rows) == 2 and all(r["response_length/mean"] > 0 for r in rows)
+    assert counting_engine.calls >= 2                    # at least one generate call per step
+
+
+@pytest.fixture()
+def sums_benchmark(tmp_path):
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                            for a, b in [(17, 25), (3, 4), (40, 2)]))
+    bench_registry.register_benchmark("test_sums", local=[str(data)], n_samples=2,
+                                      fields={"problem": "question", "answer": "answer"})
+    yield "test_sums"
+    bench_registry.REGISTERED.pop("test_sums")
+
+
+@pytest.mark.slow
+def test_a_benchmark_registered_here_is_evaluated_and_graded(in_tmp, sums_benchmark):
+    assert sums_benchmark in bench_registry.available_benchmarks()
+    cfg = compose("eval", ["model=tiny", "output_dir=ev", "eval.prompt=native", "eval.max_new_tokens=8",
+                           "tracking.enabled=false"])
+    cfg.benchmarks = [sums_benchmark]
+    summary = run_eval(cfg)
+    assert summary["benchmarks"][sums_benchmark]["problems"] == 3
+    samples = _rows(in_tmp / "ev" / "samples.jsonl")
+    assert len(samples) == 6 and {s["answer"] for s in samples} == {"42", "7"}
+    assert all("reason" in s for s in samples)
