@@ -77,3 +77,19 @@ def _no_inherited_tracking_uri():
         sys.modules["mlflow"].set_tracking_uri(None)
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_thread_env():
+    """A run started in-process exports OMP/MKL/OpenBLAS thread counts for its children
+    (``entropyrl.resources``); restore them after each test so later subprocesses (and scripts
+    such as ``nproc`` in tests/slurm/start.sh) see the environment the suite started with."""
+    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "_ENTROPYRL_OMP")
+    saved = {k: os.environ.get(k) for k in names}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+

@@ -55,7 +55,8 @@ fi
 
 # --- slurm.conf --------------------------------------------------------------------------------
 HOST=$(hostname -s)
-CPUS=$(nproc)
+# `nproc` honours OMP_NUM_THREADS (which entropyrl exports for its children): count the CPUs we may use
+CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 MEM_MB=$(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
 REAL_MEM=$(( MEM_MB * 9 / 10 ))
 CONF=$(cat <<CONF
