@@ -35,6 +35,7 @@ from entropyrl.trainers import distributed
 from entropyrl.trainers.algorithm import Algorithm
 from entropyrl.trainers.diagnostics import quadrant_metrics
 from entropyrl.trainers.plots import plot_training_curves
+from entropyrl.trainers.passk import sampled_pass_metrics
 from entropyrl.trainers.probe import build_probe
 from entropyrl.trainers.prompts_source import build_prompt_source
 from entropyrl.trainers.regime import report_regime
@@ -358,6 +359,8 @@ class GRPOTrainer:
             for p, c in zip(self.val_problems, correct):
                 by_group[self.source.group(p)].append(c)
             out.update({f"val/acc/{g}": float(np.mean(v)) for g, v in by_group.items()})
+            if int(self.cfg.val.get("pass_k") or 0) > 0:   # pass@1 / pass@k from sampled responses
+                out.update(sampled_pass_metrics(self.rollout, self.source, self.val_problems, int(self.cfg.val.pass_k)))
         if self.cfg.val.get("benchmarks"):
             from entropyrl.evals.runner import validate as validate_benchmarks
 
