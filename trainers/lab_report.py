@@ -33,7 +33,7 @@ def plot_band(runs: dict[str, dict[int, list[dict]]], key: str, path: Path, ylab
     """Mean over seeds (line) and min-max over seeds (band) of ``key`` per variant."""
     fig, ax = plt.subplots(figsize=(7, 4))
     drawn = False
-    for name in variants or list(runs):
+    for name in list(runs) if variants is None else variants:
         curves = [_curve(rows, key) for rows in (runs.get(name) or {}).values()]
         steps = sorted(set.intersection(*[set(c) for c in curves])) if curves and all(curves) else []
         if not steps:
