@@ -66,6 +66,23 @@ def _run_pool(jobs: list[tuple[str, list[str], Path]], parallel: int, say) -> li
     return failed
 
 
+def finished_run(cfg) -> bool:
+    """True when ``cfg.output_dir`` holds a finished run of exactly this configuration (tracking aside),
+    so a repeated or extended ``entropyrl lab`` reuses it instead of training it again."""
+    from omegaconf import OmegaConf
+
+    from entropyrl.conf import to_plain
+
+    out = Path(cfg.output_dir)
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+        saved = to_plain(OmegaConf.load(out / "config.yaml"))
+    except Exception:  # noqa: BLE001 - anything unreadable is simply not reusable
+        return False
+    strip = lambda c: {k: v for k, v in c.items() if k != "tracking"}  # noqa: E731
+    return summary.get("status") == "FINISHED" and strip(saved) == strip(to_plain(cfg))
+
+
 def register(app: typer.Typer) -> None:
     @app.command(
         "lab",
@@ -82,6 +99,7 @@ def register(app: typer.Typer) -> None:
         quadrant_batches: int = typer.Option(20, help="batches of the quadrant sign experiment (per seed)"),
         jobs: int = typer.Option(2, help="runs in parallel (one torch thread each)"),
         out: Path = typer.Option(Path("outputs/lab"), help="folder for the runs, the report and the figures"),
+        fresh: bool = typer.Option(False, help="retrain runs that already finished in --out with the same config"),
     ) -> None:
         from rich.console import Console
 
@@ -105,7 +123,7 @@ def register(app: typer.Typer) -> None:
         extra = list(overrides or [])
         out = out.resolve()
         cfgs = {(n, s): compose("train", [f"experiment=lab_{n}", f"trainer.seed={s}", f"output_dir={out / n / f's{s}'}",
-                                          "tracking.experiment=lab", *extra])
+                                          "tracking.experiment=lab", "trainer.resume=never", *extra])
                 for n in names for s in seed_list}                       # validate every run before starting any
         base = compose("train", ["experiment=lab_grpo", "tracking.experiment=lab", *extra])
         started = time.perf_counter()
@@ -116,6 +134,9 @@ def register(app: typer.Typer) -> None:
         cli = [sys.executable, "-m", "entropyrl.cli.main"]
         jobs_list = []
         for (n, s), cfg in cfgs.items():
+            if not fresh and finished_run(cfg):
+                say(f"reusing the finished run {n}/s{s} in {cfg.output_dir}")
+                continue
             args = [f"experiment=lab_{n}", f"trainer.seed={s}", f"output_dir={cfg.output_dir}", "tracking.experiment=lab",
                     f"tracking.run_name=lab-{n}-s{s}", "trainer.resume=never", *extra]
             if parent.run_id:
@@ -124,6 +145,9 @@ def register(app: typer.Typer) -> None:
         if experiment in ("all", "quadrants"):
             for s in seed_list:
                 qout = out / "quadrants" / f"s{s}.json"
+                if qout.exists() and not fresh:
+                    say(f"reusing the quadrant experiment {qout}")
+                    continue
                 jobs_list.append((f"quadrants/s{s}", [sys.executable, "-m", "entropyrl.trainers.quadrant_probe", str(qout),
                                                       str(quadrant_batches), "experiment=lab_grpo", f"trainer.seed={s}",
                                                       "tracking.enabled=false", f"output_dir={out / 'quadrants' / f's{s}'}",
