@@ -118,14 +118,14 @@ def test_report_files(tmp_path):
 # the countdown task's verifier (parses, never executes)
 # ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("response,want", [
-    ("12+7=19 19-3=16", 1.0), ("7-3=4 12+4=16", 1.0), ("12-3=9 9+7=16", 1.0), (" 12+7=19 19-3=16 ", 1.0),
-    ("12+7=19 19-3=15", 0.0),            # wrong arithmetic
-    ("12+7=19 19-7=12", 0.0),            # 7 used twice, and the wrong target
+    ("12+7=19:19-3=16", 1.0), ("7-3=4:12+4=16", 1.0), ("12-3=9:9+7=16", 1.0), (" 12+7=19:19-3=16 ", 1.0),
+    ("12+7=19:19-3=15", 0.0),            # wrong arithmetic
+    ("12+7=19:19-7=12", 0.0),            # 7 used twice, and the wrong target
     ("12+4=16", 0.0),                    # 4 is not one of the numbers
     ("3-7=-4", 0.0), ("7-12=5", 0.0),    # negative intermediate / wrong value
     ("12+7=19", 0.0),                    # a valid step that does not reach the target
-    ("16", 0.0), ("", 0.0), ("12+7=19  19-3=16", 0.0), ("12*7=84", 0.0), ("12+07=19 19-3=16", 0.0),
-    ("__import__('os').system('x')", 0.0), ("12+7=19 19-3=16" * 10, 0.0),
+    ("16", 0.0), ("", 0.0), ("12+7=19::19-3=16", 0.0), ("12+7=19 19-3=16", 0.0), ("12*7=84", 0.0),
+    ("12+07=19:19-3=16", 0.0), ("__import__('os').system('x')", 0.0), ("12+7=19:19-3=16" * 10, 0.0),
 ])
 def test_countdown_verifier(response, want):
     assert countdown.verify_countdown((3, 7, 12), 16, response) == want
@@ -167,3 +167,18 @@ def test_lab_presets_state_every_deviation(variant):
             assert "#" in line, f"lab_{variant}: {line!r} says no reason"
     seven_b = compose("train", ["experiment=steer_7b"])
     assert seven_b.algo.steer.lambda_min == 0.8                 # the 7B presets keep published values
+
+
+def test_countdown_text_survives_the_saved_embedded_tokenizer(tmp_path):
+    """The embedded tokenizer drops spaces once saved and reloaded; countdown text must not need them."""
+    from transformers import AutoTokenizer
+
+    from entropyrl.trainers.tiny import build_tokenizer
+
+    build_tokenizer().save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    cfg = OmegaConf.load(CONF_DIR / "data" / "countdown.yaml")
+    for p in tasks.sample_problems(cfg, 20, random.Random(3)):
+        for text in (p.prompt, p.answer):
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            assert tok.unk_token_id not in ids and tok.decode(ids) == text

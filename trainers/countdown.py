@@ -1,7 +1,7 @@
 """Countdown: reach a target from a few numbers with + and -, written as a chain of steps.
 
-    prompt    "3 7 12:16="
-    response  "12+7=19 19-3=16"      (also "7-3=4 12+4=16", "12-3=9 9+7=16", ... several valid paths)
+    prompt    "3:7:12M16:"           (numbers 3, 7, 12; make 16)
+    response  "12+7=19:19-3=16"      (also "7-3=4:12+4=16", "12-3=9:9+7=16", ... several valid paths)
 
 A step ``a+b=c`` or ``a-b=c`` takes ``a`` and ``b`` out of the pool of numbers (the prompt's numbers
 plus earlier results, each usable once) and puts ``c`` back; results never go negative; the last
@@ -10,8 +10,9 @@ pool leaves several solution paths per problem, and the tiers (``countdown3``: t
 ``countdown4``: four) differ in how far a policy must plan. The verifier parses the text with a
 regular expression and integer arithmetic; it never executes anything.
 
-Only characters of the embedded tokenizer's alphabet are used (digits, ``+-=:`` and space), so
-the toy task's model and tokenizer stay as they are.
+Only characters of the embedded tokenizer's alphabet are used (digits, ``+-=:M``; no space: the
+embedded tokenizer does not keep spaces once saved and reloaded), so the toy task's model and
+tokenizer stay as they are.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from functools import lru_cache
 MAX_RESPONSE_CHARS = 80          # longer text is malformed (a 4-number chain is <= 35 characters)
 MAX_VALUE = 999                  # numbers have at most 3 digits
 _STEP = re.compile(r"(\d{1,3})([+-])(\d{1,3})=(\d{1,3})")
-_CHAIN = re.compile(r"\d{1,3}[+-]\d{1,3}=\d{1,3}(?: \d{1,3}[+-]\d{1,3}=\d{1,3})*")
+STEP_SEP = ":"
+_CHAIN = re.compile(r"\d{1,3}[+-]\d{1,3}=\d{1,3}(?::\d{1,3}[+-]\d{1,3}=\d{1,3})*")
 
-__all__ = ["make_countdown", "verify_countdown", "solutions", "wrong_chain", "parse_chain"]
+__all__ = ["make_countdown", "verify_countdown", "solutions", "wrong_chain", "parse_chain", "prompt"]
 
 
 def parse_chain(response: str) -> list[tuple[int, str, int, int]] | None:
@@ -35,7 +37,7 @@ def parse_chain(response: str) -> list[tuple[int, str, int, int]] | None:
     if not text or len(text) > MAX_RESPONSE_CHARS or not _CHAIN.fullmatch(text):
         return None
     steps = []
-    for part in text.split(" "):
+    for part in text.split(STEP_SEP):
         m = _STEP.fullmatch(part)
         a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
         if str(a) != m.group(1) or str(b) != m.group(3) or str(c) != m.group(4):
@@ -63,7 +65,7 @@ def verify_countdown(numbers: tuple[int, ...], target: int, response: str) -> fl
 
 
 @lru_cache(maxsize=4096)
-def solutions(numbers: tuple[int, ...], target: int, limit: int = 48) -> tuple[str, ...]:
+def solutions(numbers: tuple[int, ...], target: int, limit: int = 24) -> tuple[str, ...]:
     """Every valid chain (up to ``limit``) from ``numbers`` to ``target``, in a fixed order."""
     found: list[str] = []
 
@@ -80,7 +82,7 @@ def solutions(numbers: tuple[int, ...], target: int, limit: int = 48) -> tuple[s
                         continue
                     step = chain + [f"{a}{op}{b}={c}"]
                     if c == target:
-                        found.append(" ".join(step))
+                        found.append(STEP_SEP.join(step))
                     elif rest:
                         search(rest + (c,), step)
 
@@ -115,7 +117,7 @@ def wrong_chain(numbers: tuple[int, ...], target: int, rng: random.Random) -> st
             nxt = value + x if op == "+" else value - x
             steps.append(f"{value}{op}{x}={nxt}")
             value = nxt
-        text = " ".join(steps)
+        text = STEP_SEP.join(steps)
         if rng.random() < 0.3:       # an arithmetic slip
             slip = value + rng.choice([-2, -1, 1, 2, 10])
             if slip >= 0:
@@ -123,3 +125,8 @@ def wrong_chain(numbers: tuple[int, ...], target: int, rng: random.Random) -> st
         if verify_countdown(numbers, target, text) == 0.0:
             return text
     return "0+0=0"
+
+
+def prompt(numbers: tuple[int, ...], target: int) -> str:
+    """``"3:7:12M16:"``: the numbers, then M(ake) the target."""
+    return f"{STEP_SEP.join(map(str, numbers))}M{target}:"

@@ -4,7 +4,7 @@ Families, chosen so that entropy matters:
 - ``add``: ``"17+25="`` -> ``"42"``. Exactly one correct answer.
 - ``multiple``: ``"M7:"`` -> any multiple of 7 in [d, 99]. Many correct answers, so a policy can keep
   several of them alive (high entropy, diverse) or collapse onto one (the GRPO failure mode).
-- ``countdown3`` / ``countdown4``: ``"3 7 12:16="`` -> ``"12+7=19 19-3=16"``: reach the target with
+- ``countdown3`` / ``countdown4``: ``"3:7:12M16:"`` -> ``"12+7=19:19-3=16"``: reach the target with
   three / four numbers in a chain of + and - steps (``countdown.py``). 15-35 token responses,
   several solution paths, two difficulty tiers: the lab's task (``data=countdown``).
 
@@ -72,7 +72,7 @@ def _countdown_maker(k: int) -> Callable:
     def make(rng: random.Random, cfg) -> Problem:
         numbers, target = countdown.make_countdown(rng, k, int(cfg.get("max_number", 20)),
                                                    int(cfg.get("max_target", 99)))
-        prompt = f"{' '.join(map(str, numbers))}:{target}="
+        prompt = countdown.prompt(numbers, target)
         # the reference answer: one solution path, drawn from all of them
         return Problem(f"countdown{k}", prompt, rng.choice(countdown.solutions(numbers, target)), (*numbers, target))
     return make
