@@ -182,3 +182,15 @@ def test_countdown_text_survives_the_saved_embedded_tokenizer(tmp_path):
         for text in (p.prompt, p.answer):
             ids = tok(text, add_special_tokens=False)["input_ids"]
             assert tok.unk_token_id not in ids and tok.decode(ids) == text
+
+
+@pytest.mark.parametrize("args,needle", [(["--algos", "grpo,nope"], "unknown lab variant 'nope'"),
+                                         (["--seeds", "0,x"], "--seeds must be comma-separated integers"),
+                                         (["--experiment", "both"], "--experiment must be one of")])
+def test_lab_bad_options_fail_in_one_line(args, needle, tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "entropyrl.cli.main", "lab", *args, "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
