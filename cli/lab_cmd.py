@@ -133,16 +133,7 @@ def register(app: typer.Typer) -> None:
         parent.start({"lab": {"algos": names, "seeds": seed_list, "experiment": experiment}}, "lab", resume_step=None)
         cli = [sys.executable, "-m", "entropyrl.cli.main"]
         jobs_list = []
-        for (n, s), cfg in cfgs.items():
-            if not fresh and finished_run(cfg):
-                say(f"reusing the finished run {n}/s{s} in {cfg.output_dir}")
-                continue
-            args = [f"experiment=lab_{n}", f"trainer.seed={s}", f"output_dir={cfg.output_dir}", "tracking.experiment=lab",
-                    f"tracking.run_name=lab-{n}-s{s}", "trainer.resume=never", *extra]
-            if parent.run_id:
-                args.append(f"tracking.parent_run_id={parent.run_id}")       # children of the lab's run
-            jobs_list.append((f"{n}/s{s}", [*cli, "train", *args], Path(cfg.output_dir) / "log.txt"))
-        if experiment in ("all", "quadrants"):
+        if experiment in ("all", "quadrants"):     # first: short, and its claim needs every seed
             for s in seed_list:
                 qout = out / "quadrants" / f"s{s}.json"
                 if qout.exists() and not fresh:
@@ -152,6 +143,15 @@ def register(app: typer.Typer) -> None:
                                                       str(quadrant_batches), "experiment=lab_grpo", f"trainer.seed={s}",
                                                       "tracking.enabled=false", f"output_dir={out / 'quadrants' / f's{s}'}",
                                                       *extra], out / "quadrants" / f"s{s}.log"))
+        for (n, s), cfg in cfgs.items():
+            if not fresh and finished_run(cfg):
+                say(f"reusing the finished run {n}/s{s} in {cfg.output_dir}")
+                continue
+            args = [f"experiment=lab_{n}", f"trainer.seed={s}", f"output_dir={cfg.output_dir}", "tracking.experiment=lab",
+                    f"tracking.run_name=lab-{n}-s{s}", "trainer.resume=never", *extra]
+            if parent.run_id:
+                args.append(f"tracking.parent_run_id={parent.run_id}")       # children of the lab's run
+            jobs_list.append((f"{n}/s{s}", [*cli, "train", *args], Path(cfg.output_dir) / "log.txt"))
         failed = _run_pool(jobs_list, jobs, say)
         runs: dict[str, dict[int, list[dict]]] = {}
         for (n, s), cfg in cfgs.items():
