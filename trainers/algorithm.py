@@ -29,6 +29,7 @@ import torch
 
 from entropyrl.errors import UserError
 from entropyrl.trainers import core_algos
+from entropyrl.trainers.diagnostics import QUADRANTS, effective_entropy_change, quadrant_ids
 from entropyrl.trainers.interventions import INTERVENTIONS, Intervention, LossContext, TokenBatch, build_intervention
 
 __all__ = ["Algorithm", "LossOutput"]
@@ -109,6 +110,8 @@ class Algorithm:
         self.overlong = bool(overlong)
         self.overlong_buffer = int(overlong_buffer)
         self.max_response_length = int(max_response_length)
+        self.all_equal_frac: float | None = None   # share of groups with all-equal rewards, last step
+        self._pred: dict[str, float] = {}          # first-order entropy change, summed since the last pop
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -186,6 +189,11 @@ class Algorithm:
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor,
                    response_mask: torch.Tensor) -> torch.Tensor:
         """Token-level advantages ``[B, T]`` (0 on masked tokens)."""
+        if rewards.numel():
+            keep = core_algos.filter_all_equal_groups(rewards.float(), group_ids)
+            groups = torch.unique(group_ids)
+            mixed = torch.unique(group_ids[keep]).numel()
+            self.all_equal_frac = 1.0 - mixed / max(int(groups.numel()), 1)
         return core_algos.compute_advantages(self.advantage_name, rewards, group_ids, response_mask)
 
     # ------------------------------------------------------------------ step control
@@ -205,6 +213,10 @@ class Algorithm:
             raise ValueError(f"prepare level must be one of {PREPARE_LEVELS}, got {level!r}")
         batch = TokenBatch(logp.detach(), old_logp.detach(), entropy.detach(), advantages.detach(), mask)
         out: dict[str, torch.Tensor] = {}
+        if level == "batch" and any(iv.name == "steer" for iv in self.interventions):
+            from entropyrl.trainers.interventions.steer import SAMPLING_ENTROPY_KEY
+
+            out[SAMPLING_ENTROPY_KEY] = entropy.detach()   # STEER's entropy_source=old
         for iv in self.interventions:
             if iv.scope == level:
                 out.update(iv.select(batch))
@@ -226,17 +238,24 @@ class Algorithm:
                                             eps_high=self.eps_high, dual_c=self.dual_c)
         ctx = LossContext(logp=logp, old_logp=old_logp, entropy=entropy, advantages=advantages, mask=mask,
                           surrogate=surr, pg_loss=surr.loss, clipped=surr.clipped, pg_mask=mask,
-                          extras=dict(extras or {}))
+                          dual_clipped=surr.dual_clipped, loss_agg=self.loss_agg,
+                          loss_agg_norm=self.loss_agg_norm, extras=dict(extras or {}))
         for iv in self.interventions:
             iv.apply(ctx)
         # Multiply only when some intervention set weights: omega = 1 must stay bit-identical.
         loss_mat = ctx.pg_loss if ctx.weights is None else ctx.pg_loss * ctx.weights
         pg = core_algos.agg_loss(loss_mat, ctx.pg_mask, self.loss_agg, self.loss_agg_norm)
         total = pg
+        self._accumulate_prediction(ctx, loss_mat)
         with torch.no_grad():
+            dual = ctx.dual_clipped if ctx.dual_clipped is not None else torch.zeros_like(ctx.clipped)
             metrics: dict[str, float] = {
                 "loss/policy": float(pg.detach().item()),
                 "clip/frac": float(core_algos.masked_mean(ctx.clipped.to(logp.dtype), mask).item()),
+                # the two clips cut different tokens: ratio clip (rho outside [1-eps_low, 1+eps_high]
+                # on the improving side) and dual clip (A < 0, rho > c)
+                "clip/ratio_frac": float(core_algos.masked_mean((ctx.clipped & ~dual).to(logp.dtype), mask).item()),
+                "clip/dual_frac": float(core_algos.masked_mean(dual.to(logp.dtype), mask).item()),
                 "entropy/mean": float(core_algos.masked_mean(entropy.detach(), mask).item()),
             }
         for term_name, term in ctx.extra_terms.items():
@@ -253,10 +272,56 @@ class Algorithm:
         metrics.update(ctx.metrics)
         return LossOutput(total, metrics)
 
+    # ------------------------------------------------------------------ diagnostics
+    def _accumulate_prediction(self, ctx: LossContext, loss_mat: torch.Tensor) -> None:
+        """Add this micro-batch's first-order entropy change per quadrant to the running sums.
+
+        The effective per-token coefficient is ``g_t = -d(sum_t omega_t L_t)/d logp_t`` over the
+        tokens that reach the aggregation: advantage x ratio x intervention weights x clip mask
+        (and KL-Cov's penalty slope), read off the autograd graph when ``logp`` carries gradient.
+        The base is plain GRPO's ``A rho`` with the configured clip, on the same tokens.
+        """
+        with torch.no_grad():
+            valid = ctx.mask.bool()
+            base = ctx.advantages * ctx.surrogate.ratio * (~ctx.surrogate.clipped).to(ctx.advantages.dtype)
+        if ctx.logp.requires_grad and torch.is_grad_enabled():
+            summed = core_algos.zero_padding(loss_mat, ctx.pg_mask).sum()
+            (grad,) = torch.autograd.grad(summed, ctx.logp, retain_graph=True, allow_unused=True)
+            eff = torch.zeros_like(base) if grad is None else -grad.detach()
+        else:
+            with torch.no_grad():
+                w = ctx.weights if ctx.weights is not None else torch.ones_like(base)
+                eff = (ctx.advantages * ctx.surrogate.ratio * w * (~ctx.clipped).to(base.dtype)
+                       * ctx.pg_mask.to(base.dtype))
+        with torch.no_grad():
+            lp, h = ctx.logp.detach(), ctx.entropy.detach()
+            ids = quadrant_ids(lp, h, ctx.advantages, valid)
+            d_eff = effective_entropy_change(eff, lp, h, valid)
+            d_base = effective_entropy_change(base, lp, h, valid)
+            for i, q in enumerate(QUADRANTS, start=1):
+                sel = ids == i
+                for key, d in ((f"quadrant/{q}/pred_dH", d_eff), (f"quadrant/{q}/pred_dH_base", d_base)):
+                    self._pred[key] = self._pred.get(key, 0.0) + float(d[sel].sum().item())
+            for key, d in (("entropy_change/predicted", d_eff), ("quadrant/pred_dH", d_eff),
+                           ("entropy_change/predicted_base", d_base), ("quadrant/pred_dH_base", d_base)):
+                self._pred[key] = self._pred.get(key, 0.0) + float(d.sum().item())
+
+    def pop_prediction(self) -> dict[str, float]:
+        """The first-order entropy change summed over every micro-batch loss since the last call.
+
+        ``quadrant/q*/pred_dH`` and ``entropy_change/predicted`` with the effective coefficients,
+        ``.../pred_dH_base`` and ``entropy_change/predicted_base`` with plain GRPO's; their
+        difference is the intervention's predicted effect.
+        """
+        out, self._pred = self._pred, {}
+        return out
+
     # ------------------------------------------------------------------ state
     def step_metrics(self) -> dict[str, float]:
         """Controller state after ``begin_step`` (``stare/gate_on``, ``stare/w``, ``entropy_bonus/coef``...)."""
         out: dict[str, float] = {}
+        if self.all_equal_frac is not None:
+            out["groups/all_equal_frac"] = float(self.all_equal_frac)
         for iv in self.interventions:
             out.update(iv.step_metrics())
         return out

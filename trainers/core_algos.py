@@ -20,7 +20,7 @@ from entropyrl.errors import UserError
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "LOSS_AGGREGATIONS", "LossAggregation", "register_advantage", "register_loss_agg",
     "loss_aggregation", "part_weight",
-    "compute_advantages", "group_stats", "masked_mean", "masked_whiten",
+    "compute_advantages", "group_stats", "masked_mean", "zero_padding", "masked_whiten",
     "grpo_advantage", "drgrpo_advantage", "rloo_advantage", "opo_advantage",
     "reinforce_pp_baseline_advantage", "broadcast_advantages",
     "SurrogateOutput", "clipped_surrogate", "agg_loss", "low_var_kl", "entropy_bonus_term",
@@ -40,12 +40,22 @@ LOG_RATIO_CLAMP = 20.0  # |log rho| bound before exp, so a wild token cannot ove
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Mean of ``x`` over entries where ``mask`` is 1 (0 if there are none).
 
-    Args: ``x``, ``mask`` of the same shape; ``dim`` None for the global mean.
+    Args: ``x``, ``mask`` of the same shape; ``dim`` None for the global mean. Entries outside the
+    mask are zeroed before multiplying, so a NaN or inf in padding cannot reach the result.
     """
+    x = zero_padding(x, mask)
     mask = mask.to(x.dtype)
     if dim is None:
         return (x * mask).sum() / mask.sum().clamp(min=1.0)
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
+
+
+def zero_padding(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``x`` with 0 wherever ``mask`` is 0 (``[...]`` -> ``[...]``).
+
+    ``x * mask`` alone would keep ``nan * 0 = nan``; ``where`` also gives padding a zero gradient.
+    """
+    return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = WHITEN_EPS) -> torch.Tensor:
@@ -250,6 +260,7 @@ def _token_mean(loss_mat, mask, norm):
 
 
 def _seq_mean_token_mean(loss_mat, mask, norm):
+    loss_mat = zero_padding(loss_mat, mask)
     m = mask.to(loss_mat.dtype)
     tokens = m.sum(-1)
     seq = (loss_mat * m).sum(-1) / tokens.clamp(min=1.0)
@@ -260,6 +271,7 @@ def _seq_mean_token_mean(loss_mat, mask, norm):
 def _seq_mean_token_sum_norm(loss_mat, mask, norm):
     if norm is None:
         norm = loss_mat.shape[-1]  # verl's fallback: the padded length
+    loss_mat = zero_padding(loss_mat, mask)
     return (loss_mat * mask.to(loss_mat.dtype)).sum() / float(norm)
 
 
@@ -344,9 +356,15 @@ def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.exp(kl) - kl - 1.0, -10.0, 10.0)
 
 
-def entropy_bonus_term(entropy: torch.Tensor, mask: torch.Tensor, coef: float) -> torch.Tensor:
-    """The loss term ``-coef * token-mean(H)`` (maximising entropy). ``[B, T] -> scalar``."""
-    return -coef * masked_mean(entropy, mask)
+def entropy_bonus_term(entropy: torch.Tensor, mask: torch.Tensor, coef: float, loss_agg: str = "token-mean",
+                       norm: float | None = None) -> torch.Tensor:
+    """The loss term ``-coef * agg(H)`` (maximising entropy). ``[B, T] -> scalar``.
+
+    ``agg`` is the configured loss aggregation, as verl's ``agg_loss(entropy, mask, loss_agg_mode)``:
+    with ``seq-mean-token-sum-norm`` the micro-batch terms add up like the policy loss does, so the
+    coefficient keeps its meaning however the mini-batch is split into micro-batches.
+    """
+    return -coef * agg_loss(entropy, mask, loss_agg, norm)
 
 
 # --------------------------------------------------------------------------------------------

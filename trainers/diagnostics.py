@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["entropy_change_estimate", "quadrant_ids", "quadrant_metrics", "QUADRANTS"]
+__all__ = ["entropy_change_estimate", "effective_entropy_change", "quadrant_ids", "quadrant_metrics",
+           "QUADRANTS"]
 
 QUADRANTS = ("q1", "q2", "q3", "q4")
 _P_MIN = 1e-8
@@ -36,6 +37,23 @@ def entropy_change_estimate(logp: torch.Tensor, old_logp: torch.Tensor, entropy:
         omega = (advantages / q_old) * q * (1.0 - q) * (torch.log(q) + entropy)
         omega = torch.where(torch.isfinite(omega), omega, torch.zeros_like(omega))
         return omega * mask.to(omega.dtype)
+
+
+def effective_entropy_change(coef: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor,
+                             mask: torch.Tensor) -> torch.Tensor:
+    """Predicted first-order entropy change ``[B, T]`` of a step whose per-token gradient on
+    ``logp`` has coefficient ``coef`` (``g_t = -dLoss/dlogp_t``, all inputs ``[B, T]``).
+
+    ``-g (1 - q)(log q + H)``: with ``g = A q / q_old`` (plain policy gradient) this is exactly
+    ``-Omega`` of :func:`entropy_change_estimate`; with the intervention weights, the clip mask and
+    any extra penalty folded into ``g`` it is what the configured loss actually asks for. 0 on
+    invalid tokens and where the value is not finite.
+    """
+    with torch.no_grad():
+        q = torch.clamp(torch.exp(logp), _P_MIN, 1.0 - _P_MIN)
+        d = -coef * (1.0 - q) * (torch.log(q) + entropy)
+        d = torch.where(torch.isfinite(d) & mask.bool(), d, torch.zeros_like(d))
+        return d
 
 
 def quadrant_ids(logp: torch.Tensor, entropy: torch.Tensor, advantages: torch.Tensor,

@@ -1,9 +1,12 @@
 """Built-in, procedurally generated verifiable tasks for the embedded tiny model.
 
-Two families, chosen so that entropy matters:
+Families, chosen so that entropy matters:
 - ``add``: ``"17+25="`` -> ``"42"``. Exactly one correct answer.
 - ``multiple``: ``"M7:"`` -> any multiple of 7 in [d, 99]. Many correct answers, so a policy can keep
   several of them alive (high entropy, diverse) or collapse onto one (the GRPO failure mode).
+- ``countdown3`` / ``countdown4``: ``"3:7:12M16:"`` -> ``"12+7=19:19-3=16"``: reach the target with
+  three / four numbers in a chain of + and - steps (``countdown.py``). 15-35 token responses,
+  several solution paths, two difficulty tiers: the lab's task (``data=countdown``).
 
 A prompt stream is a pure function of (config, seed): same seed, same prompts.
 """
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from entropyrl.errors import UserError
+from entropyrl.trainers import countdown
 
 # The character set of the embedded tokenizer must cover every prompt and answer.
 ALPHABET = "0123456789+-=:M "
@@ -64,10 +68,29 @@ def _answers_multiple(problem: Problem) -> list[str]:
     return [str(d * k) for k in range(1, 99 // d + 1)]
 
 
+def _countdown_maker(k: int) -> Callable:
+    def make(rng: random.Random, cfg) -> Problem:
+        numbers, target = countdown.make_countdown(rng, k, int(cfg.get("max_number", 20)),
+                                                   int(cfg.get("max_target", 99)))
+        prompt = countdown.prompt(numbers, target)
+        # the reference answer: one solution path, drawn from all of them
+        return Problem(f"countdown{k}", prompt, rng.choice(countdown.solutions(numbers, target)), (*numbers, target))
+    return make
+
+
+def _verify_countdown(problem: Problem, response: str) -> float:
+    *numbers, target = problem.params
+    return countdown.verify_countdown(tuple(numbers), target, response)
+
+
 TASKS: dict[str, tuple[Callable, Callable]] = {
     "add": (_make_add, _verify_add),
     "multiple": (_make_multiple, _verify_multiple),
+    "countdown3": (_countdown_maker(3), _verify_countdown),
+    "countdown4": (_countdown_maker(4), _verify_countdown),
 }
+# Task settings that shape the warm-started model (tiny.py's cache key), beyond the toy task's.
+EXTRA_TASK_KEYS = ("max_number", "max_target")
 
 
 def check_task_names(names) -> None:
@@ -92,7 +115,18 @@ def correct_answers(problem: Problem) -> list[str]:
     """Every correct answer (used to build the warm-start distribution)."""
     if problem.task == "multiple":
         return _answers_multiple(problem)
+    if problem.task.startswith("countdown"):
+        *numbers, target = problem.params
+        return list(countdown.solutions(tuple(numbers), target))
     return [problem.answer]
+
+
+def wrong_answer(problem: Problem, rng: random.Random) -> str | None:
+    """A plausible wrong answer for the warm start's label noise; None: the caller's default."""
+    if problem.task.startswith("countdown"):
+        *numbers, target = problem.params
+        return countdown.wrong_chain(tuple(numbers), target, rng)
+    return None
 
 
 class BuiltinTaskSource:

@@ -79,12 +79,17 @@ def _cache_key(model_cfg, task_cfg) -> str:
         "warm_start": OmegaConf.to_container(model_cfg.warm_start, resolve=True),
         "tasks": {k: OmegaConf.to_container(task_cfg, resolve=True).get(k)
                   for k in ("tasks", "max_operand", "divisors")},
+        # keys only some tasks have join the key only when set, so existing caches stay valid
+        **{f"task_{k}": task_cfg.get(k) for k in tasks.EXTRA_TASK_KEYS if task_cfg.get(k) is not None},
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _noisy_answer(problem: tasks.Problem, rng: random.Random) -> str:
     """A plausible but wrong answer: a near miss of the right one, or a random 1-2 digit number."""
+    task_specific = tasks.wrong_answer(problem, rng)
+    if task_specific is not None:
+        return task_specific
     for _ in range(20):
         if rng.random() < 0.5:
             guess = str(max(0, int(problem.answer) + rng.choice([-11, -10, -2, -1, 1, 2, 10, 11])))

@@ -38,7 +38,10 @@ from entropyrl.trainers.algorithm import Algorithm
 from entropyrl.trainers.core_algos import part_weight
 from entropyrl.trainers.diagnostics import quadrant_metrics
 from entropyrl.trainers.plots import plot_training_curves
+from entropyrl.trainers.passk import sampled_pass_metrics
+from entropyrl.trainers.probe import build_probe
 from entropyrl.trainers.prompts_source import build_prompt_source
+from entropyrl.trainers.regime import report_regime
 from entropyrl.trainers.rollout import Rollout, build_rollout
 from entropyrl.trainers.stop_signals import RunInterrupted, StopSignals
 from entropyrl.trainers.tiny import load_policy
@@ -154,6 +157,8 @@ class GRPOTrainer:
         self.tracker = RunTracker(cfg.tracking, self.output_dir, log=self.log) if self.dist.is_main else distributed.NullTracker()
         self.step = 0
         self.val_problems = self.source.validation(int(cfg.val.prompts)) if cfg.val.prompts else []
+        self.probe = build_probe(cfg, self.source, self.rollout, lambda model, roll: batch_token_stats(
+            model, roll, int(t.micro_batch_responses), **self._stats_kwargs()))
 
     @staticmethod
     def _seed_everything(seed: int) -> None:
@@ -267,6 +272,8 @@ class GRPOTrainer:
             return distributed.mean_metrics(metrics, self.dist)
         mask = roll.response_mask.to(self.device).float()
         stats_kw = self._stats_kwargs()
+        if self.probe is not None:
+            self.probe.before_update(self.model)
         rows_per_chunk = int(t.micro_batch_responses)
         old_logp, entropy = batch_token_stats(self.model, roll, rows_per_chunk, **stats_kw)
         ref_logp = None
@@ -332,11 +339,11 @@ class GRPOTrainer:
         self.rollout.sync_weights()
         metrics.update({k: float(np.nanmean(v)) for k, v in loss_metrics.items()})
         metrics["grad_norm"] = float(np.mean(grad_norms))
-        if self.cfg.diagnostics.entropy_change:
-            _, entropy_after = batch_token_stats(self.model, roll, rows_per_chunk, **stats_kw)
-            metrics["entropy_change/realized"] = masked_mean(entropy_after, mask) - sampling_entropy
-            metrics["entropy_change/predicted"] = sum(
-                metrics.get(f"quadrant/q{q}/pred_dH", 0.0) for q in range(1, 5))
+        prediction = self.algo.pop_prediction()   # effective vs plain-GRPO first-order entropy change
+        if self.cfg.diagnostics.quadrants:
+            metrics.update(prediction)
+        if self.probe is not None:                # realised change on the fixed held-out probe batch
+            metrics.update(self.probe.after_update(self.model))
         metrics["time/generate"] = gen_time
         metrics["time/step"] = time.perf_counter() - started
         return distributed.mean_metrics(metrics, self.dist)   # averaged over ranks (identity on one)
@@ -354,6 +361,8 @@ class GRPOTrainer:
             for p, c in zip(self.val_problems, correct):
                 by_group[self.source.group(p)].append(c)
             out.update({f"val/acc/{g}": float(np.mean(v)) for g, v in by_group.items()})
+            if int(self.cfg.val.get("pass_k") or 0) > 0:   # pass@1 / pass@k from sampled responses
+                out.update(sampled_pass_metrics(self.rollout, self.source, self.val_problems, int(self.cfg.val.pass_k)))
         if self.cfg.val.get("benchmarks"):
             from entropyrl.evals.runner import validate as validate_benchmarks
 
@@ -425,6 +434,7 @@ class GRPOTrainer:
             plot = plot_training_curves(rows, self.output_dir / "curves.png",
                                         title=f"{self.cfg.algo.name} on {self.cfg.data.name} (seed {self.cfg.trainer.seed})")
         summary = summarize(rows)
+        summary.update(report_regime(rows, self.cfg, self.tracker, log=self.log))   # warnings, flags, r
         summary.update({"status": status, "steps": self.step, "algo": str(self.cfg.algo.name),
                         "output_dir": str(self.output_dir), "world_size": self.dist.world_size,
                         "mlflow_run_id": self.tracker.run_id,

@@ -60,6 +60,9 @@ class LossContext:
     pg_loss: torch.Tensor
     clipped: torch.Tensor
     pg_mask: torch.Tensor
+    dual_clipped: torch.Tensor | None = None     # bool [b, T]: the dual clip bound was taken (None: never)
+    loss_agg: str = "token-mean"                 # the configured aggregation (entropy terms follow it)
+    loss_agg_norm: float | None = None
     weights: torch.Tensor | None = None          # token weights omega (detached); None means 1
     extra_terms: dict[str, torch.Tensor] = field(default_factory=dict)  # scalars added to the loss
     metrics: dict[str, float] = field(default_factory=dict)

@@ -61,8 +61,10 @@ class ClipCov(Intervention):
             corr[chosen] = 0.0
         ctx.pg_loss = ctx.surrogate.loss_ratio_clipped
         ctx.clipped = ctx.surrogate.ratio_clipped
+        ctx.dual_clipped = None                 # the reference's clip-cov mode has no dual clip
         ctx.scale(corr.view_as(ctx.pg_loss))
         ctx.metrics["clip_cov/frac"] = k / max(n_valid, 1)
+        ctx.metrics["clip_cov/count"] = float(k)
 
     def state_dict(self) -> dict:
         return {"calls": self.calls}

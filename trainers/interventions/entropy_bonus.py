@@ -1,7 +1,8 @@
 """Entropy regularisation: a fixed bonus (``entropy_bonus``) and a closed-loop one
 (``adaptive_entropy``).
 
-docs/algorithms.md §3/§5: the loss gains ``-beta * token-mean(H)``. Both need d(entropy)/d(theta), so
+docs/algorithms.md §3/§5: the loss gains ``-beta * agg(H)`` with the configured loss aggregation (as
+verl's ``agg_loss(entropy, mask, loss_agg_mode)``). Both need d(entropy)/d(theta), so
 the algorithm reports ``needs_entropy_grad`` and the loop computes a differentiable entropy.
 
 ``adaptive_entropy`` moves beta once per step toward a target entropy, in the spirit of
@@ -28,7 +29,8 @@ class _EntropyTerm(Intervention):
         if ctx.logp.requires_grad and not ctx.entropy.requires_grad:
             raise RuntimeError(f"{self.name}: entropy has no gradient; compute it with entropy_grad=True "
                                f"(Algorithm.needs_entropy_grad is True)")
-        ctx.extra_terms["entropy_bonus"] = entropy_bonus_term(ctx.entropy, ctx.mask, self.coef)
+        ctx.extra_terms["entropy_bonus"] = entropy_bonus_term(ctx.entropy, ctx.mask, self.coef,
+                                                            ctx.loss_agg, ctx.loss_agg_norm)
 
     def step_metrics(self) -> dict[str, float]:
         return {"entropy_bonus/coef": float(self.coef)}

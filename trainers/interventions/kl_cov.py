@@ -56,4 +56,11 @@ class KlCov(Intervention):
         ctx.pg_loss = kl_cov_loss(ctx.logp, ctx.old_logp, ctx.advantages, ctx.surrogate.ratio, sel,
                                   self.params.kappa)
         ctx.clipped = torch.zeros_like(ctx.clipped)  # no ratio clip in this mode
-        ctx.metrics["kl_cov/frac"] = float(sel.sum().item()) / max(int(valid.sum().item()), 1)
+        ctx.dual_clipped = None
+        n_sel = int(sel.sum().item())
+        ctx.metrics["kl_cov/frac"] = n_sel / max(int(valid.sum().item()), 1)
+        ctx.metrics["kl_cov/count"] = float(n_sel)
+        # On-policy (first mini-batch of a step) |logp - old_logp| is exactly 0 and so is its
+        # gradient: the penalty cannot act. Logged so the regime check can say so.
+        gap = (ctx.logp.detach() - ctx.old_logp).abs()[sel]
+        ctx.metrics["kl_cov/penalty_zero"] = float(bool(n_sel == 0 or bool((gap == 0).all())))

@@ -8,6 +8,11 @@ step-wise entropy change stays in a moderate band while most tokens keep weight 
 - ``exp``: ``k = -ln(lambda_min) / max(m_max, 0.02)``, ``omega = clamp(exp(-k |Omega|), lambda_min, 1)``
   (the token with the largest |Omega| gets exactly lambda_min unless all are tiny).
 - ``linear``: ``|Omega|`` mapped linearly from [m_min, m_max] onto [lambda_max, lambda_min].
+
+``entropy_source`` says whose entropy ``H_t`` enters Omega in a micro-batch selection: ``old`` (the
+sampling policy's, computed once before the step, as the reference code does on every mini-batch)
+or ``current`` (the policy being updated). They agree on the first mini-batch of a step. Wider
+scopes (mini, batch) select before the update, from the sampling policy's statistics.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from entropyrl.trainers.interventions.base import (Intervention, LossContext, To
                                                    register_intervention)
 
 MAPPINGS = ("exp", "linear")
+ENTROPY_SOURCES = ("old", "current")
+SAMPLING_ENTROPY_KEY = "sampling/entropy"   # Algorithm.prepare("batch") puts the sampling entropy here
 
 
 def steer_weights(omega: torch.Tensor, mask: torch.Tensor, *, mapping: str = "exp",
@@ -63,6 +70,7 @@ class Steer(Intervention):
         lambda_max: float = 1.0
         m_floor: float = 0.02     # floor on m_max in the exp mapping (no reweighting of tiny changes)
         scope: str = "micro"      # extremes over: micro | mini | batch
+        entropy_source: str = "old"   # H in Omega: old (sampling policy, as the reference) | current
 
         def validate(self, name: str) -> None:
             if self.mapping not in MAPPINGS:
@@ -72,6 +80,9 @@ class Steer(Intervention):
                                 f"{self.lambda_min}, {self.lambda_max}")
             if self.mapping == "exp" and self.lambda_min > 1.0:
                 raise UserError(f"algo.{name}.lambda_min must be <= 1 for the exp mapping")
+            if self.entropy_source not in ENTROPY_SOURCES:
+                raise UserError(f"algo.{name}.entropy_source: unknown '{self.entropy_source}'; valid choices: "
+                                f"{', '.join(ENTROPY_SOURCES)}")
             if self.m_floor <= 0:
                 raise UserError(f"algo.{name}.m_floor must be > 0")
 
@@ -83,7 +94,13 @@ class Steer(Intervention):
         return {"steer/weight": w}
 
     def apply(self, ctx: LossContext) -> None:
-        w = self.selection(ctx)["steer/weight"]
+        if self.scope == "micro" and self.params.entropy_source == "old":
+            # A direct call to loss() without the loop's extras: the entropy passed in is all we know.
+            old_h = ctx.extras.get(SAMPLING_ENTROPY_KEY, ctx.entropy).to(ctx.entropy.device)
+            b = ctx.batch()
+            w = self.select(TokenBatch(b.logp, b.old_logp, old_h.detach(), b.advantages, b.mask))["steer/weight"]
+        else:
+            w = self.selection(ctx)["steer/weight"]
         valid = ctx.mask.bool()
         if bool(valid.any()):
             ctx.metrics["steer/weight_mean"] = float(w[valid].mean().item())
