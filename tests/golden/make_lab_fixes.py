@@ -45,7 +45,7 @@ def main(inputs_path: str, adv_path: str) -> None:
     m = np.array(inp["mask"], dtype=float)
     logp, old, ent = (np.array(inp[k], dtype=float) for k in ("logp", "old_logp", "entropy"))
     adv = np.array(json.loads(Path(adv_path).read_text())["grpo"], dtype=float)[:, None] * m
-    out: dict = {"about": "issue 9 fidelity fixes; from ../shared/golden inputs.json (grpo advantages), numpy float64"}
+    out: dict = {"about": "issue 9 fidelity fixes; from tests/golden/inputs.json (grpo advantages), numpy float64"}
     out["entropy_bonus"] = {"coef": 0.01, "norm": 7.0,
                             **{mode: -0.01 * agg(ent, m, mode) for mode in
                                ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")}}
