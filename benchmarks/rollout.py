@@ -41,9 +41,9 @@ def run() -> dict:
     import random
 
     from entropyrl.conf import compose
-    from entropyrl.trainers import tasks
+    from entropyrl import tasks
     from entropyrl.trainers.rollout import build_rollout
-    from entropyrl.trainers.tiny import embedded_model_dir, load_policy
+    from entropyrl.models import embedded_model_dir, load_policy
 
     cfg = compose("train")
     model, tok = load_policy(cfg.model, cfg.data, log=lambda *_: None)

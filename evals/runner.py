@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from entropyrl import models
 from entropyrl.errors import UserError
 from entropyrl.evals.benchmarks import Problem, expand_benchmarks, get_spec, load_benchmark
 from entropyrl.evals.code_eval import evaluate_code, is_code_problem
@@ -224,19 +225,15 @@ def make_generator(cfg, log: Callable[[str], None] = print):
 
     if backend not in BACKENDS:
         raise UserError(f"unknown eval.backend '{backend}'; valid: {', '.join(BACKENDS)}")
-    try:
-        from entropyrl.trainers import tiny
-    except ImportError as exc:
-        raise UserError(f"cannot load models: entropyrl.trainers.tiny is unavailable ({exc})") from None
     label = str(cfg.model.get("path") or cfg.model.get("name") or "model")
     chat = _chat_setting(cfg)
     if backend == "hf":
-        model, tokenizer = tiny.load_policy(cfg.model, log=log)
+        model, tokenizer = models.load_policy(cfg.model, log=log)
         model.to(_device(ev.get("device", "auto")))
         gen = HFGenerator(model, tokenizer, batch_size=int(ev.get("batch_size", 16) or 16),
                           add_special_tokens=not _use_chat(tokenizer, chat))
         return gen, tokenizer, label
-    path = cfg.model.get("path") or tiny.embedded_model_dir(cfg.model, log=log)
+    path = cfg.model.get("path") or models.embedded_model_dir(cfg.model, log=log)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(path))

@@ -140,7 +140,7 @@ def test_fsdp_two_processes_match_one_process(tmp_path):
     assert set(w1) == set(w2)
     initial = None
     from entropyrl.conf import compose
-    from entropyrl.trainers.tiny import load_policy
+    from entropyrl.models import load_policy
 
     cfg = compose("train", OVERRIDES)
     initial = load_policy(cfg.model, cfg.data, log=lambda *_: None)[0].state_dict()

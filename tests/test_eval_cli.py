@@ -11,7 +11,7 @@ import sys
 import pytest
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
-HAS_TINY = importlib.util.find_spec("entropyrl.trainers.tiny") is not None
+HAS_TINY = importlib.util.find_spec("entropyrl.models") is not None
 # A few warm-start steps: a real embedded model, built in seconds (its own cache entry).
 FAST_TINY = ["model=tiny", "model.warm_start.steps=3", "model.warm_start.batch_size=8"]
 
@@ -88,7 +88,7 @@ def test_eval_bad_benchmark_and_missing_data_are_one_line_errors(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_TINY, reason="entropyrl.trainers.tiny is not there yet")
+@pytest.mark.skipif(not HAS_TINY, reason="entropyrl.models is not there yet")
 def test_eval_end_to_end_with_the_tiny_model(tmp_path, data_dir):
     out = run_cli("eval", "aime24", *FAST_TINY, "eval.n_samples=4", "eval.limit=3", "eval.max_new_tokens=8",
                   "output_dir=run", cwd=tmp_path, env={"ENTROPYRL_DATA": str(data_dir)}, timeout=600)

@@ -182,7 +182,7 @@ def test_grade_cli_writes_reasons_and_counts_them(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("entropyrl.trainers.tiny") is None, reason="no tiny model")
+@pytest.mark.skipif(importlib.util.find_spec("entropyrl.models") is None, reason="no tiny model")
 def test_eval_warns_when_most_responses_are_cut_short(tmp_path, data_dir):
     # 8 new tokens: no response gets as far as a final answer.
     run = subprocess.run([sys.executable, "-m", "entropyrl.cli.main", "eval", "aime24", "model=tiny",

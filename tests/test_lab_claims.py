@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from entropyrl.conf import CONF_DIR, compose
-from entropyrl.trainers import countdown, tasks
+from entropyrl import countdown, tasks
 from entropyrl.trainers.lab_claims import compute_claims, quadrant_claim
 from entropyrl.trainers.lab_report import write_lab_outputs
 from entropyrl.trainers.passk import pass_metrics_from_scores
@@ -173,7 +173,7 @@ def test_countdown_text_survives_the_saved_embedded_tokenizer(tmp_path):
     """The embedded tokenizer drops spaces once saved and reloaded; countdown text must not need them."""
     from transformers import AutoTokenizer
 
-    from entropyrl.trainers.tiny import build_tokenizer
+    from entropyrl.models import build_tokenizer
 
     build_tokenizer().save_pretrained(tmp_path)
     tok = AutoTokenizer.from_pretrained(str(tmp_path))

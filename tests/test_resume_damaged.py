@@ -82,7 +82,7 @@ def test_checkpoint_files_and_folders_are_fsynced_before_the_rename(tmp_path, mo
     import torch
     from omegaconf import OmegaConf
 
-    from entropyrl.trainers.tiny import build_model, build_tokenizer
+    from entropyrl.models import build_model, build_tokenizer
 
     tokenizer = build_tokenizer()
     arch = OmegaConf.load(Path(ckpt.__file__).parents[1] / "conf" / "model" / "tiny.yaml").arch

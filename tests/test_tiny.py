@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from entropyrl.conf import compose
-from entropyrl.trainers import tasks, tiny
+from entropyrl import models as tiny, tasks
 
 
 def test_tokenizer_round_trip_through_save_pretrained(tmp_path):

@@ -39,7 +39,7 @@ def _engine_worker(outdir: Path) -> None:
     trainer's recomputation; change the trainer's weights, sync, sample again."""
     from entropyrl.conf import compose
     from entropyrl.trainers.rollout import build_rollout
-    from entropyrl.trainers.tiny import load_policy
+    from entropyrl.models import load_policy
     from entropyrl.trainers.trainer import response_token_stats
 
     cfg = compose("train", ["rollout=vllm", "rollout.temperature=0.8"])

@@ -12,7 +12,7 @@ from typing import Callable
 from entropyrl.errors import UserError
 from entropyrl.trainers.code_datasets import CodeTaskSource
 from entropyrl.trainers.datasets import MathDatasetSource
-from entropyrl.trainers.tasks import BuiltinTaskSource
+from entropyrl.tasks import BuiltinTaskSource
 
 PROMPT_SOURCES: dict[str, Callable] = {"builtin": BuiltinTaskSource, "math": MathDatasetSource,
                                        "code": CodeTaskSource}

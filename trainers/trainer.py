@@ -44,7 +44,7 @@ from entropyrl.trainers.prompts_source import build_prompt_source
 from entropyrl.trainers.regime import report_regime
 from entropyrl.trainers.rollout import Rollout, build_rollout
 from entropyrl.trainers.stop_signals import RunInterrupted, StopSignals
-from entropyrl.trainers.tiny import load_policy
+from entropyrl.models import load_policy
 from entropyrl.trainers.token_stats import chunked_token_stats
 from entropyrl.trainers.tracking import RunTracker, check_reachable, resolve_uri
 from entropyrl.validation import validate_config

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from entropyrl.errors import UserError
-from entropyrl.trainers import countdown
+from entropyrl import countdown
 
 # The character set of the embedded tokenizer must cover every prompt and answer.
 ALPHABET = "0123456789+-=:M "

@@ -24,7 +24,7 @@ import torch
 from omegaconf import OmegaConf
 
 from entropyrl.errors import UserError
-from entropyrl.trainers import tasks
+from entropyrl import tasks
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, EOS, UNK]

@@ -1,0 +1,105 @@
+"""The package's import graph: no cycle between modules, and layers that point one way
+(cli -> sweeps -> trainers -> evals -> base modules at the package root and conf/)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SKIP = {"tests", "benchmarks", "build", "docs", "data"}
+LAYER = {"cli": 4, "sweeps": 3, "trainers": 2, "evals": 1}     # anything else: base (0)
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(REPO.rglob("*.py")):
+        rel = path.relative_to(REPO)
+        if rel.parts[0] in SKIP or any(p.startswith(".") for p in rel.parts):
+            continue
+        parts = ("entropyrl",) + rel.with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _edges(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Every import of a package module, at module top or inside a function."""
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            edges[mod].update(t for t in targets if t in mods and t != mod)
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _layer(mod: str) -> int:
+    parts = mod.split(".")
+    return LAYER.get(parts[1], 0) if len(parts) > 1 else 0
+
+
+def test_the_graph_sees_the_package():
+    mods = _modules()
+    assert {"entropyrl.cli.main", "entropyrl.trainers.trainer", "entropyrl.evals.grader",
+            "entropyrl.sweeps.planning", "entropyrl.errors"} <= set(mods)
+    assert sum(len(v) for v in _edges(mods).values()) > 100
+
+
+def test_no_import_cycle_between_modules():
+    assert _cycles(_edges(_modules())) == []
+
+
+def test_layers_point_one_way():
+    edges = _edges(_modules())
+    upward = sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts if _layer(t) > _layer(m))
+    assert upward == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
