@@ -111,3 +111,13 @@ def test_a_benchmark_registered_here_is_evaluated_and_graded(in_tmp, sums_benchm
     samples = _rows(in_tmp / "ev" / "samples.jsonl")
     assert len(samples) == 6 and {s["answer"] for s in samples} == {"42", "7"}
     assert all("reason" in s for s in samples)
+
+
+def test_mlflow_params_hold_only_the_active_interventions():
+    from entropyrl.trainers.algorithm import tracked_config
+    from entropyrl.trainers.tracking import flatten
+
+    params = flatten(tracked_config(compose("train", ["algo=stare"])))
+    assert params["algo.stare.p"] == "0.1" and params["algo.interventions"] == '["stare"]'
+    assert not any(k.startswith(("algo.steer.", "algo.clip_cov.", "algo.kl_cov.", "algo.tis.")) for k in params)
+    assert "algo.clip.low" in params and "trainer.lr" in params

@@ -119,50 +119,47 @@ def test_cli_train_with_vllm_rollouts(vllm_importable, in_tmp):
 # ---------------------------------------------------------------------------------------------
 # no vLLM needed: truncated IS, weight transport
 # ---------------------------------------------------------------------------------------------
-def test_rollout_correction_weights_and_metrics():
-    from entropyrl.trainers.vllm_rollout import rollout_correction
+def test_truncated_is_weights_and_mismatch_metrics():
+    from entropyrl.trainers.interventions.tis import sampler_mismatch_metrics, truncated_is_weight
 
     old = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -3.0, 0.0]])
     samp = torch.tensor([[-1.0, -2.5, -2.0], [-0.2, -1.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    w, m = rollout_correction(old, samp, mask, {"enabled": True, "cap": 2.0})
+    w, clipped = truncated_is_weight(old, samp, mask, cap=2.0)
     ratio = torch.exp(old - samp)
     expect = torch.clamp(ratio, max=2.0) * mask
     assert torch.allclose(w, expect)
     assert w[1, 2] == 0.0                                      # invalid token
-    assert m["rollout/tis_clip_frac"] == pytest.approx(1 / 5)  # exp(1.5) > 2 only
-    assert m["rollout/tis_weight_mean"] == pytest.approx(float(expect.sum() / 5))
+    assert clipped.sum() == 1 and clipped[0, 2]                # exp(1.5) > 2 only
+    m = sampler_mismatch_metrics(old, samp, mask)
     assert m["rollout/logp_diff_max"] == pytest.approx(2.0)
     assert m["rollout/logp_diff_mean"] == pytest.approx((0 + 0.5 + 1.5 + 0.1 + 2.0) / 5)
-    w_off, m_off = rollout_correction(old, samp, mask, {"enabled": False})
-    assert w_off is None and "rollout/tis_weight_mean" not in m_off
 
 
 def test_tis_intervention_scales_the_token_loss():
+    from entropyrl.trainers import core_algos
     from entropyrl.trainers.algorithm import Algorithm
-    from entropyrl.trainers.vllm_rollout import TIS_KEY, TISWeight
+    from entropyrl.trainers.interventions.tis import SAMPLING_LOGP_KEY, truncated_is_weight
 
     g = torch.Generator().manual_seed(0)
     logp = torch.randn(3, 4, generator=g) - 1
     old = logp + 0.1 * torch.randn(3, 4, generator=g)
     adv = torch.randn(3, 1, generator=g).expand(3, 4).clone()
     mask = torch.ones(3, 4)
-    w = torch.rand(3, 4, generator=g) * 2
+    sampling = old + 0.5 * torch.randn(3, 4, generator=g)      # what the sampler reported
     plain = Algorithm.from_config({"name": "grpo"}, max_response_length=4)
-    tis = Algorithm.from_config({"name": "grpo"}, max_response_length=4)
-    tis.interventions.append(TISWeight(TISWeight.Params()))
-    base = plain.loss(logp=logp, old_logp=old, entropy=torch.zeros(3, 4), advantages=adv, mask=mask).loss
-    ones = tis.loss(logp=logp, old_logp=old, entropy=torch.zeros(3, 4), advantages=adv, mask=mask,
-                    extras={TIS_KEY: torch.ones(3, 4)}).loss
-    weighted = tis.loss(logp=logp, old_logp=old, entropy=torch.zeros(3, 4), advantages=adv, mask=mask,
-                        extras={TIS_KEY: w}).loss
-    from entropyrl.trainers import core_algos
-
+    tis = Algorithm.from_config({"name": "grpo", "interventions": ["tis"], "tis": {"cap": 1.5}},
+                                max_response_length=4)
+    kw = dict(logp=logp, old_logp=old, entropy=torch.zeros(3, 4), advantages=adv, mask=mask)
+    base = plain.loss(**kw).loss
+    same = tis.loss(**kw, extras={SAMPLING_LOGP_KEY: old.clone()}).loss   # no mismatch: weight 1
+    out = tis.loss(**kw, extras={SAMPLING_LOGP_KEY: sampling})
+    w, clipped = truncated_is_weight(old, sampling, mask, cap=1.5)
     surr = core_algos.clipped_surrogate(logp, old, adv, eps_low=0.2, eps_high=0.2, dual_c=3.0)
-    assert torch.allclose(ones, base)
-    assert torch.allclose(weighted, (surr.loss * w).sum() / mask.sum())
-    no_extra = tis.loss(logp=logp, old_logp=old, entropy=torch.zeros(3, 4), advantages=adv, mask=mask).loss
-    assert torch.allclose(no_extra, base)                      # no sampler log-probs: plain GRPO
+    assert torch.allclose(same, base)
+    assert torch.allclose(out.loss, (surr.loss * w).sum() / mask.sum())
+    assert out.metrics["rollout/tis_clip_frac"] == pytest.approx(float(clipped.float().mean()))
+    assert torch.allclose(tis.loss(**kw).loss, base)           # no sampler log-probs: plain GRPO
 
 
 def test_weight_transport_round_trip_and_layer_buckets():

@@ -32,7 +32,7 @@ from entropyrl.trainers import core_algos
 from entropyrl.trainers.diagnostics import QUADRANTS, effective_entropy_change, quadrant_ids
 from entropyrl.trainers.interventions import INTERVENTIONS, Intervention, LossContext, TokenBatch, build_intervention
 
-__all__ = ["Algorithm", "LossOutput"]
+__all__ = ["Algorithm", "LossOutput", "tracked_config"]
 
 _TOP_KEYS = ("name", "advantage", "clip", "loss_agg", "loss_agg_norm", "kl_coef", "interventions",
              "dynamic_sampling", "overlong")
@@ -341,3 +341,19 @@ class Algorithm:
         return (f"Algorithm(name={self.name!r}, advantage={self.advantage_name!r}, clip=({self.eps_low}, "
                 f"{self.eps_high}, dual_c={self.dual_c}), loss_agg={self.loss_agg!r}, kl_coef={self.kl_coef}, "
                 f"interventions={self.intervention_names})")
+
+
+def tracked_config(cfg) -> dict:
+    """The resolved config as a plain dict for MLflow params, without the parameter sections of
+    interventions the run does not use (``algo.<name>`` for every registered name not listed in
+    ``algo.interventions``): a run's params say what it ran, not every published default."""
+    from omegaconf import DictConfig, OmegaConf
+
+    plain = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    algo = plain.get("algo")
+    if isinstance(algo, dict):
+        active = set(algo.get("interventions") or [])
+        for name in INTERVENTIONS:
+            if name not in active:
+                algo.pop(name, None)
+    return plain

@@ -18,11 +18,9 @@ One training step:
 from __future__ import annotations
 
 import json
-import math
 import random
 import time
 from collections import defaultdict
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -34,9 +32,11 @@ from entropyrl.resources import ThreadBudget
 from entropyrl.trainers import checkpoint as ckpt
 from entropyrl.trainers import distributed
 from entropyrl.trainers import run_dir
-from entropyrl.trainers.algorithm import Algorithm
+from entropyrl.trainers.algorithm import Algorithm, tracked_config
 from entropyrl.trainers.core_algos import part_weight
 from entropyrl.trainers.diagnostics import quadrant_metrics
+from entropyrl.trainers.interventions import build_intervention
+from entropyrl.trainers.interventions.tis import SAMPLING_LOGP_KEY, sampler_mismatch_metrics
 from entropyrl.trainers.plots import plot_training_curves
 from entropyrl.trainers.passk import sampled_pass_metrics
 from entropyrl.trainers.probe import build_probe
@@ -149,10 +149,9 @@ class GRPOTrainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=float(t.lr),
                                            weight_decay=float(t.weight_decay), betas=tuple(t.betas))
         tis = cfg.rollout.get("tis", None)
-        if tis is not None and tis.get("enabled", False):   # truncated IS on sampler/trainer mismatch
-            from entropyrl.trainers.vllm_rollout import TISWeight
-
-            self.algo.interventions.append(TISWeight(TISWeight.Params()))
+        if tis is not None and tis.get("enabled", False) and "tis" not in self.algo.intervention_names:
+            # rollout.tis.enabled: the truncated-IS intervention on the sampler/trainer mismatch
+            self.algo.interventions.append(build_intervention("tis", {"cap": float(tis.get("cap", 2.0))}))
         self.rollout = build_rollout(cfg.rollout, self.model, self.tokenizer)
         self.tracker = RunTracker(cfg.tracking, self.output_dir, log=self.log) if self.dist.is_main else distributed.NullTracker()
         self.step = 0
@@ -279,13 +278,8 @@ class GRPOTrainer:
         ref_logp = None
         if self.ref_model is not None:
             ref_logp, _ = batch_token_stats(self.ref_model, roll, rows_per_chunk, **stats_kw)
-        tis_weight = None
-        if roll.sampling_logp is not None:  # the sampler reported log-probs (vLLM): mismatch metrics, TIS
-            from entropyrl.trainers.vllm_rollout import rollout_correction
-
-            tis_weight, mismatch = rollout_correction(old_logp, roll.sampling_logp.to(self.device), mask,
-                                                      self.cfg.rollout.get("tis", None))
-            metrics.update(mismatch)
+        if roll.sampling_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are
+            metrics.update(sampler_mismatch_metrics(old_logp, roll.sampling_logp.to(self.device), mask))
         sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
         self.algo.begin_step(sampling_entropy)
         advantages = self.algo.advantages(rewards.to(self.device), group_ids.to(self.device), mask)
@@ -296,10 +290,8 @@ class GRPOTrainer:
 
         batch_extras = self.algo.prepare("batch", logp=old_logp, old_logp=old_logp, entropy=entropy,
                                          advantages=advantages, mask=mask)
-        if tis_weight is not None:
-            from entropyrl.trainers.vllm_rollout import TIS_KEY
-
-            batch_extras[TIS_KEY] = tis_weight
+        if roll.sampling_logp is not None:      # read by interventions that need them (tis)
+            batch_extras[SAMPLING_LOGP_KEY] = roll.sampling_logp.to(self.device)
         loss_metrics: dict[str, list[float]] = defaultdict(list)
         rows = len(roll.texts)
         mini_rows = int(t.mini_batch_prompts) * int(self.cfg.rollout.n)
@@ -382,7 +374,7 @@ class GRPOTrainer:
         if self.dist.is_main:
             run_dir.atomic_write_text(self.output_dir / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
         run_name = self.cfg.tracking.get("run_name") or f"{self.cfg.algo.name}-s{t.seed}"
-        self.tracker.start(self.cfg, run_name, resume_step=resumed)
+        self.tracker.start(tracked_config(self.cfg), run_name, resume_step=resumed)
         if resumed is None:
             self.tracker.log_artifact(self.output_dir / "config.yaml")
         total = int(t.total_steps)

@@ -29,9 +29,9 @@ CPU, 0.6 on GPU). vLLM may spawn processes: the launching script needs an
 ``if __name__ == "__main__":`` guard (the ``entropyrl`` console script and ``python -m
 entropyrl.cli.main`` have one).
 
-Also here: the truncated importance-sampling correction (``rollout.tis``) for the mismatch between
-the sampler's and the trainer's log-probs, as the ``rollout_tis`` intervention that the trainer
-appends to the algorithm when enabled (see ``rollout_correction``).
+The sampler's log-probs travel with the rollout (``Rollout.sampling_logp``); the truncated
+importance-sampling correction of the sampler/trainer mismatch (``rollout.tis``) is an ordinary
+intervention, ``trainers/interventions/tis.py``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ import os
 import random
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +47,11 @@ import torch
 
 from entropyrl.conf import cfg_get, to_plain
 from entropyrl.errors import UserError
-from entropyrl.trainers.interventions.base import INTERVENTIONS, Intervention, LossContext, register_intervention
 from entropyrl.trainers.rollout import Rollout, concat, register_rollout, response_mask_from_eos
 
-__all__ = ["VLLMRollout", "WeightSyncExtension", "rollout_correction", "TISWeight", "EXTENSION"]
+__all__ = ["VLLMRollout", "WeightSyncExtension", "EXTENSION"]
 
 EXTENSION = "entropyrl.trainers.vllm_rollout.WeightSyncExtension"
-TIS_KEY = "rollout_tis/weight"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,53 +359,3 @@ def _pin_visible_device():
         else:
             os.environ["CUDA_VISIBLE_DEVICES"] = old
     return restore
-
-
-# ---------------------------------------------------------------------------------------------
-# truncated importance sampling (rollout.tis)
-# ---------------------------------------------------------------------------------------------
-def rollout_correction(old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor,
-                       tis_cfg=None) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """Sampler/trainer mismatch metrics and, when ``tis_cfg.enabled``, the per-token TIS weight.
-
-    ``old_logp``, ``sampling_logp``, ``mask``: ``[B, R]``. With ``d = old_logp - sampling_logp``
-    (the trainer's recomputed log-prob of the sampled token minus the sampler's):
-    ``rollout/logp_diff_mean`` = mean ``|d|``, ``rollout/logp_diff_max`` = max ``|d|`` over valid
-    tokens; with TIS on, ``w = min(exp(d), C)`` (``C = tis.cap``, default 2), detached, 0 on
-    invalid tokens, and ``rollout/tis_weight_mean``, ``rollout/tis_clip_frac`` (share of valid
-    tokens with ``exp(d) > C``). Returns ``(w or None, metrics)``."""
-    valid = mask.bool()
-    d = (old_logp.detach().float() - sampling_logp.to(old_logp.device).float())
-    n = valid.sum().clamp(min=1)
-    absd = d.abs() * valid
-    metrics = {"rollout/logp_diff_mean": float(absd.sum() / n),
-               "rollout/logp_diff_max": float(absd.max()) if valid.any() else 0.0}
-    if not (tis_cfg is not None and bool(cfg_get(tis_cfg, "enabled", False))):
-        return None, metrics
-    cap = float(cfg_get(tis_cfg, "cap", 2.0))
-    if not cap > 0:
-        raise UserError(f"rollout.tis.cap must be > 0, got {cap}")
-    ratio = torch.exp(d.clamp(max=20.0))
-    w = torch.clamp(ratio, max=cap) * valid
-    metrics["rollout/tis_weight_mean"] = float(w.sum() / n)
-    metrics["rollout/tis_clip_frac"] = float(((ratio > cap) & valid).sum() / n)
-    return w.to(old_logp.dtype), metrics
-
-
-if "rollout_tis" not in INTERVENTIONS:
-    @register_intervention("rollout_tis")
-    class TISWeight(Intervention):
-        """Multiplies the per-token policy loss by the TIS weight the loop put in ``extras``
-        (``rollout_tis/weight``, computed by ``rollout_correction``). Appended by the trainer when
-        ``rollout.tis.enabled``; a no-op for batches without sampler log-probs."""
-
-        @dataclass
-        class Params:
-            scope: str = "batch"
-
-        def apply(self, ctx: LossContext) -> None:
-            w = ctx.extras.get(TIS_KEY)
-            if w is not None:
-                ctx.scale(w.to(ctx.pg_loss.device))
-else:  # pragma: no cover - module re-imported under another name
-    TISWeight = INTERVENTIONS["rollout_tis"]

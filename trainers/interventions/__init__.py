@@ -7,7 +7,7 @@ name (``algo.interventions: [stare, ...]``) to its class.
 from entropyrl.trainers.interventions.base import (INTERVENTIONS, SCOPES, Intervention, LossContext,
                                                    TokenBatch, build_intervention, register_intervention)
 from entropyrl.trainers.interventions import (clip_cov, entropy_bonus, high_entropy_mask, kl_cov,  # noqa: F401
-                                              none, sample_reweight, stare, steer)
+                                              none, sample_reweight, stare, steer, tis)
 
 __all__ = ["INTERVENTIONS", "SCOPES", "Intervention", "LossContext", "TokenBatch", "build_intervention",
            "register_intervention"]
