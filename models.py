@@ -68,7 +68,7 @@ def _cache_root() -> Path:
 
 
 def _default_task_cfg():
-    return OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "data" / "toy.yaml")
+    return OmegaConf.load(Path(__file__).resolve().parent / "conf" / "data" / "toy.yaml")
 
 
 def _cache_key(model_cfg, task_cfg) -> str:

@@ -166,7 +166,8 @@ ALGO = {
     "algo.stare.alpha": NONNEG, "algo.stare.w_max": POS, "algo.stare.m_min": POS,
     "algo.stare.scope": choice("micro", "mini", "batch"),
     "algo.steer.mapping": choice("exp", "linear"), "algo.steer.lambda_min": PROB,
-    "algo.steer.lambda_max": PROB, "algo.steer.m_floor": POS, "algo.steer.scope": choice("micro", "mini", "batch"),
+    "algo.steer.lambda_max": POS,   # > 1 boosts low-|Omega| tokens (the linear run uses 1.2)
+    "algo.steer.m_floor": POS, "algo.steer.scope": choice("micro", "mini", "batch"),
     "algo.clip_cov.ratio": PROB, "algo.clip_cov.lb": number(), "algo.clip_cov.ub": number(),
     "algo.kl_cov.ratio": PROB, "algo.kl_cov.kappa": NONNEG,
     "algo.high_entropy_mask.rho": PROB, "algo.high_entropy_mask.scope": choice("micro", "mini", "batch"),
@@ -194,6 +195,8 @@ TRAIN = {
     "val.prompts": NONNEG_INT, "val.temperature": NONNEG, "val.top_p": OPEN_PROB,
     "val.max_new_tokens": integer(1, nullable=True), "val.n_samples": POS_INT, "val.limit": integer(1, nullable=True),
     "diagnostics.quadrants": BOOL, "diagnostics.entropy_change": BOOL,
+    "diagnostics.probe_prompts": POS_INT, "diagnostics.probe_responses": POS_INT, "val.pass_k": NONNEG_INT,
+    "algo.steer.entropy_source": choice("old", "current"), "algo.tis.cap": POS,
     "rollout.n": POS_INT, "rollout.temperature": POS, "rollout.top_p": OPEN_PROB, "rollout.top_k": NONNEG_INT,
     "rollout.max_new_tokens": POS_INT, "rollout.batch_size": POS_INT,
     **ALGO, **MODEL, **TRACKING,

@@ -4,7 +4,7 @@ A randomly initialised Qwen2 of Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 
 heads, vocabulary 151,936, tied embeddings: ~494M parameters) goes through the trainer's own path
 for ``trainer.dtype=bfloat16``: FSDP2 on one process with bf16 compute and float32 master
 weights (``trainers/distributed.prepare_model``), gradient checkpointing, log-probs and entropy
-from the chunked token statistics (``trainer.response_token_stats``, no ``[B, T, V]`` logits),
+from the chunked token statistics (``policy_stats.response_token_stats``, no ``[B, T, V]`` logits),
 the GRPO clipped surrogate (``Algorithm.loss``), backward, gradient clipping and an AdamW step.
 It prints one JSON object: tokens/s (prompt + response tokens through forward + backward),
 step time and peak GPU memory.
@@ -56,8 +56,8 @@ def run(argv=None) -> dict:
 
     from entropyrl.trainers import distributed
     from entropyrl.trainers.algorithm import Algorithm
+    from entropyrl.trainers.policy_stats import response_token_stats
     from entropyrl.trainers.rollout import Rollout
-    from entropyrl.trainers.trainer import response_token_stats
 
     smoke = args.cpu_smoke
     batch = args.batch or (4 if smoke else 16)

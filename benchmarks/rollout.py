@@ -40,10 +40,10 @@ def _throughput(engine, prompts, n: int) -> tuple[float, int]:
 def run() -> dict:
     import random
 
-    from entropyrl.conf import compose
     from entropyrl import tasks
-    from entropyrl.trainers.rollout import build_rollout
+    from entropyrl.conf import compose
     from entropyrl.models import embedded_model_dir, load_policy
+    from entropyrl.trainers.rollout import build_rollout
 
     cfg = compose("train")
     model, tok = load_policy(cfg.model, cfg.data, log=lambda *_: None)

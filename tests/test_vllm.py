@@ -38,9 +38,9 @@ def _engine_worker(outdir: Path) -> None:
     """Start the engine on the embedded tiny model; sample with log-probs; compare them with the
     trainer's recomputation; change the trainer's weights, sync, sample again."""
     from entropyrl.conf import compose
-    from entropyrl.trainers.rollout import build_rollout
     from entropyrl.models import load_policy
-    from entropyrl.trainers.trainer import response_token_stats
+    from entropyrl.trainers.policy_stats import response_token_stats
+    from entropyrl.trainers.rollout import build_rollout
 
     cfg = compose("train", ["rollout=vllm", "rollout.temperature=0.8"])
     model, tok = load_policy(cfg.model, cfg.data, log=lambda *_: None)

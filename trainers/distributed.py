@@ -32,7 +32,7 @@ process without FSDP):
 Under FSDP the trainer's token statistics must run through the root module so that FSDP's hooks
 gather the root-level parameters (embeddings, final norm, output projection):
 ``prepare_model`` registers ``model.response_hidden(**inputs)`` as an FSDP forward method and
-``trainer.response_token_stats`` uses it when present.
+``policy_stats.response_token_stats`` uses it when present.
 """
 
 from __future__ import annotations
@@ -380,8 +380,7 @@ def checkpoint_views(model, optimizer, info: DistInfo):
     the tensors)."""
     if not is_fsdp(model):
         return model, optimizer
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd = get_model_state_dict(model, options=opts)
@@ -423,8 +422,7 @@ def load_full_state(model, optimizer, model_state: dict, optim_state: dict | Non
                 optim_state = _optim_with_keys(optim_state, list(range(len(names))))
             optimizer.load_state_dict(optim_state)
         return
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     opts = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, model_state, options=opts)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Callable
 
 from entropyrl.errors import UserError
+from entropyrl.tasks import BuiltinTaskSource
 from entropyrl.trainers.code_datasets import CodeTaskSource
 from entropyrl.trainers.datasets import MathDatasetSource
-from entropyrl.tasks import BuiltinTaskSource
 
 PROMPT_SOURCES: dict[str, Callable] = {"builtin": BuiltinTaskSource, "math": MathDatasetSource,
                                        "code": CodeTaskSource}

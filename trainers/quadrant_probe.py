@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 
 from entropyrl.trainers.diagnostics import QUADRANTS, quadrant_ids
+from entropyrl.trainers.policy_stats import batch_token_stats, response_token_stats
 from entropyrl.trainers.probe import ProbeBatch
-from entropyrl.trainers.trainer import GRPOTrainer, batch_token_stats, response_token_stats
+from entropyrl.trainers.trainer import GRPOTrainer
 
 __all__ = ["quadrant_sign_experiment"]
 

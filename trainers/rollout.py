@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
 from entropyrl.errors import UserError
 
 
@@ -119,6 +120,21 @@ class HFRollout:
         response_ids = torch.where(response_mask.bool(), response_ids, tok.pad_token_id)
         texts = tok.batch_decode(response_ids, skip_special_tokens=True)
         return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, texts, truncated)
+
+
+def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Stack rollouts from several generation rounds (dynamic sampling) into one batch."""
+    if len(parts) == 1:
+        return parts[0]
+    def cat(attr, pad, left):
+        tensors = [getattr(p, attr) for p in parts]
+        width = max(x.shape[1] for x in tensors)
+        return concat([row for x in tensors for row in x], pad, width, left)
+
+    return Rollout(cat("prompt_ids", pad_id, True), cat("prompt_mask", 0, True),
+                   cat("response_ids", pad_id, False), cat("response_mask", 0, False),
+                   [t for p in parts for t in p.texts], torch.cat([p.truncated for p in parts]),
+                   None if parts[0].sampling_logp is None else cat("sampling_logp", 0, False).float())
 
 
 # name -> engine class, or "module:Class" for an engine whose module imports a heavy optional

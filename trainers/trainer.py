@@ -28,74 +28,26 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from entropyrl.errors import UserError
+from entropyrl.models import load_policy
 from entropyrl.resources import ThreadBudget
 from entropyrl.trainers import checkpoint as ckpt
-from entropyrl.trainers import distributed
-from entropyrl.trainers import run_dir
+from entropyrl.trainers import distributed, run_dir
 from entropyrl.trainers.algorithm import Algorithm, tracked_config
 from entropyrl.trainers.core_algos import part_weight
 from entropyrl.trainers.diagnostics import quadrant_metrics
 from entropyrl.trainers.interventions import build_intervention
 from entropyrl.trainers.interventions.tis import SAMPLING_LOGP_KEY, sampler_mismatch_metrics
-from entropyrl.trainers.plots import plot_training_curves
 from entropyrl.trainers.passk import sampled_pass_metrics
+from entropyrl.trainers.plots import plot_training_curves
+from entropyrl.trainers.policy_stats import batch_token_stats, response_token_stats
 from entropyrl.trainers.probe import build_probe
 from entropyrl.trainers.prompts_source import build_prompt_source
 from entropyrl.trainers.regime import report_regime
-from entropyrl.trainers.rollout import Rollout, build_rollout
+from entropyrl.trainers.rollout import Rollout, build_rollout, cat_rollouts
+from entropyrl.trainers.run_report import TrainingProgress, summarize
 from entropyrl.trainers.stop_signals import RunInterrupted, StopSignals
-from entropyrl.models import load_policy
-from entropyrl.trainers.token_stats import chunked_token_stats
 from entropyrl.trainers.tracking import RunTracker, check_reachable, resolve_uri
 from entropyrl.validation import validate_config
-
-
-# ---------------------------------------------------------------------------------------------
-# token statistics of a batch of (prompt, response) rows
-# ---------------------------------------------------------------------------------------------
-def sequence_inputs(rollout: Rollout, device) -> dict[str, torch.Tensor]:
-    """Prompt + response as one left-padded sequence, with positions that match generation."""
-    input_ids = torch.cat([rollout.prompt_ids, rollout.response_ids], dim=1).to(device)
-    attention = torch.cat([rollout.prompt_mask, rollout.response_mask], dim=1).to(device)
-    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
-    return {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids}
-
-
-def response_token_stats(model, rollout: Rollout, *, temperature: float, chunk_size: int,
-                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(logp [B,R], entropy [B,R])`` of the response tokens under ``model`` at ``temperature``.
-
-    Log-probs and entropy come from the last hidden states and the output projection in token
-    chunks (``token_stats.chunked_token_stats``), only at valid response positions, so no
-    ``[B, T, V]`` logits tensor is ever built. ``logp`` carries gradients when grad is enabled.
-    """
-    device = next(model.parameters()).device
-    inputs = sequence_inputs(rollout, device)
-    base = getattr(model, model.base_model_prefix)
-    fsdp_forward = getattr(model, "response_hidden", None)          # FSDP root forward (distributed.py)
-    hidden = fsdp_forward(**inputs) if fsdp_forward is not None else base(**inputs).last_hidden_state  # [B, P+R, D]
-    p_len, r_len = rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]
-    hidden = hidden[:, p_len - 1: p_len + r_len - 1]                 # position t predicts token t+1
-    mask = rollout.response_mask.to(device).bool()
-    head = model.get_output_embeddings()
-    logp_valid, ent_valid = chunked_token_stats(
-        hidden[mask], head.weight, rollout.response_ids.to(device)[mask], bias=getattr(head, "bias", None),
-        temperature=temperature, chunk_size=chunk_size, entropy_grad=entropy_grad)
-    logp = torch.zeros(mask.shape, dtype=logp_valid.dtype, device=device).masked_scatter(mask, logp_valid)
-    entropy = torch.zeros(mask.shape, dtype=ent_valid.dtype, device=device).masked_scatter(mask, ent_valid)
-    return logp, entropy
-
-
-@torch.no_grad()
-def batch_token_stats(model, rollout: Rollout, rows_per_chunk: int, **kw) -> tuple[torch.Tensor, torch.Tensor]:
-    outs = [response_token_stats(model, rollout.select(torch.arange(s, min(s + rows_per_chunk, len(rollout.texts)))), **kw)
-            for s in range(0, len(rollout.texts), rows_per_chunk)]
-    return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    n = mask.sum()
-    return float((x * mask).sum() / n) if n > 0 else float("nan")
 
 
 def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
@@ -253,7 +205,7 @@ class GRPOTrainer:
         rows = int(distributed.min_across(min(want * n, sum(len(k[0].texts) for k in kept)), self.dist))
         if rows == 0:
             return None, None, None, None, metrics
-        roll = _cat_rollouts([k[0] for k in kept], self.tokenizer.pad_token_id)
+        roll = cat_rollouts([k[0] for k in kept], self.tokenizer.pad_token_id)
         rewards, correct, group_ids = (torch.cat([k[i] for k in kept]) for i in (1, 2, 3))
         idx = torch.arange(rows)
         metrics["dynamic_sampling/kept_frac"] = n_kept / (attempts * want)
@@ -382,7 +334,7 @@ class GRPOTrainer:
         status = "FAILED"
         saved_step = resumed or 0
         try:
-            with _progress(bool(t.progress) and self.dist.is_main, total, self.step) as bar:
+            with TrainingProgress(bool(t.progress) and self.dist.is_main, total, self.step) as bar:
                 while self.step < total and not stop.agreed(self.dist):
                     metrics = self.train_step()
                     self.threads.refresh()          # follows processes starting or ending beside us
@@ -438,66 +390,6 @@ class GRPOTrainer:
                 self.tracker.log_artifact(path)
         self.tracker.finish(status)
         return summary
-
-
-def summarize(rows: list[dict]) -> dict:
-    """Headline figures of a run from its metric rows (first/last tenth of entropy, final accuracy)."""
-    ent = [r["entropy"] for r in rows if r.get("entropy") is not None]
-    out: dict = {}
-    if ent:
-        tenth = max(1, len(ent) // 10)
-        out.update({"entropy/first_tenth": float(np.mean(ent[:tenth])), "entropy/last_tenth": float(np.mean(ent[-tenth:])),
-                    "entropy/min": float(np.min(ent))})
-    for key in ("val/acc", "acc/mean", "reward/mean"):
-        vals = [r[key] for r in rows if r.get(key) is not None]
-        if vals:
-            out[f"final/{key}"] = float(vals[-1])
-    return out
-
-
-def _cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
-    """Stack rollouts from several generation rounds (dynamic sampling) into one batch."""
-    if len(parts) == 1:
-        return parts[0]
-    from entropyrl.trainers.rollout import concat
-
-    def cat(attr, pad, left):
-        tensors = [getattr(p, attr) for p in parts]
-        width = max(x.shape[1] for x in tensors)
-        return concat([row for x in tensors for row in x], pad, width, left)
-
-    return Rollout(cat("prompt_ids", pad_id, True), cat("prompt_mask", 0, True),
-                   cat("response_ids", pad_id, False), cat("response_mask", 0, False),
-                   [t for p in parts for t in p.texts], torch.cat([p.truncated for p in parts]),
-                   None if parts[0].sampling_logp is None else cat("sampling_logp", 0, False).float())
-
-
-class _progress:
-    """A rich progress bar showing step, entropy and reward live (silent when disabled)."""
-
-    def __init__(self, enabled: bool, total: int, start: int):
-        self.enabled, self.total, self.start = enabled, total, start
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda step, metrics: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
-        self.progress.__enter__()
-        self.task = self.progress.add_task("train", total=self.total, completed=self.start, info="")
-
-        def update(step, m):
-            info = (f"entropy {m.get('entropy', float('nan')):.3f}  reward {m.get('reward/mean', float('nan')):.3f}"
-                    + (f"  val {m['val/acc']:.3f}" if "val/acc" in m else ""))
-            self.progress.update(self.task, completed=step, info=info)
-        return update
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self.progress.__exit__(*exc)
-        return False
 
 
 def train(cfg: DictConfig, log=print) -> dict:

@@ -5,7 +5,7 @@ Same interface as ``rollout.HFRollout``:
 - ``generate(prompts, n=, seed=, temperature=, max_new_tokens=) -> Rollout`` with
   ``sampling_logp`` filled from vLLM's log-probs of the sampled tokens. The engine runs with
   ``logprobs_mode="processed_logprobs"`` so they are taken on ``z / temperature``, the distribution
-  that sampled, exactly what the trainer recomputes (``trainer.response_token_stats``). Prompts are
+  that sampled, exactly what the trainer recomputes (``policy_stats.response_token_stats``). Prompts are
   tokenized here (``add_special_tokens=False``, like ``HFRollout``) and sent as token ids, so the
   engine and the trainer see the same tokens; ``generation_config="vllm"`` keeps a model's
   ``generation_config.json`` (repetition penalty, ...) out of the sampling.

@@ -14,8 +14,7 @@ import torch
 
 from entropyrl.errors import UserError
 from entropyrl.trainers.core_algos import select_top_fraction
-from entropyrl.trainers.interventions.base import (Intervention, LossContext, TokenBatch,
-                                                   register_intervention)
+from entropyrl.trainers.interventions.base import Intervention, LossContext, TokenBatch, register_intervention
 
 
 @register_intervention("high_entropy_mask")

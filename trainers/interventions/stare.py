@@ -18,8 +18,7 @@ import torch
 
 from entropyrl.errors import UserError
 from entropyrl.trainers.core_algos import select_top_fraction
-from entropyrl.trainers.interventions.base import (Intervention, LossContext, TokenBatch,
-                                                   register_intervention)
+from entropyrl.trainers.interventions.base import Intervention, LossContext, TokenBatch, register_intervention
 
 VARIANTS = ("O1", "C2")
 

@@ -24,8 +24,7 @@ import torch
 
 from entropyrl.errors import UserError
 from entropyrl.trainers.diagnostics import entropy_change_estimate
-from entropyrl.trainers.interventions.base import (Intervention, LossContext, TokenBatch,
-                                                   register_intervention)
+from entropyrl.trainers.interventions.base import Intervention, LossContext, TokenBatch, register_intervention
 
 MAPPINGS = ("exp", "linear")
 ENTROPY_SOURCES = ("old", "current")

@@ -1,0 +1,51 @@
+"""What a finished (or stopped) run reports: headline figures from its metric rows, and the live
+progress bar of the training loop."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["summarize", "TrainingProgress"]
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Headline figures of a run from its metric rows (first/last tenth of entropy, final accuracy)."""
+    ent = [r["entropy"] for r in rows if r.get("entropy") is not None]
+    out: dict = {}
+    if ent:
+        tenth = max(1, len(ent) // 10)
+        out.update({"entropy/first_tenth": float(np.mean(ent[:tenth])), "entropy/last_tenth": float(np.mean(ent[-tenth:])),
+                    "entropy/min": float(np.min(ent))})
+    for key in ("val/acc", "acc/mean", "reward/mean"):
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        if vals:
+            out[f"final/{key}"] = float(vals[-1])
+    return out
+
+
+class TrainingProgress:
+    """A rich progress bar showing step, entropy and reward live (silent when disabled)."""
+
+    def __init__(self, enabled: bool, total: int, start: int):
+        self.enabled, self.total, self.start = enabled, total, start
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda step, metrics: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
+        self.progress.__enter__()
+        self.task = self.progress.add_task("train", total=self.total, completed=self.start, info="")
+
+        def update(step, m):
+            info = (f"entropy {m.get('entropy', float('nan')):.3f}  reward {m.get('reward/mean', float('nan')):.3f}"
+                    + (f"  val {m['val/acc']:.3f}" if "val/acc" in m else ""))
+            self.progress.update(self.task, completed=step, info=info)
+        return update
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.progress.__exit__(*exc)
+        return False
