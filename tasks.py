@@ -17,8 +17,8 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-from entropyrl.errors import UserError
 from entropyrl import countdown
+from entropyrl.errors import UserError
 
 # The character set of the embedded tokenizer must cover every prompt and answer.
 ALPHABET = "0123456789+-=:M "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 import typer
+
 from entropyrl.cli.common import groups_help
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 import typer
+
 from entropyrl.cli.common import groups_help
 
 
@@ -34,10 +35,11 @@ def register(app: typer.Typer) -> None:
     )
     def eval_(args: Optional[List[str]] = typer.Argument(
             None, help="benchmark names or data files, then key=value config overrides")) -> None:
-        from entropyrl.conf import compose
-        from entropyrl.evals.runner import render_table, run_eval
         from omegaconf import open_dict
         from rich.console import Console
+
+        from entropyrl.conf import compose
+        from entropyrl.evals.runner import render_table, run_eval
 
         names, overrides = split_args(list(args or []))
         cfg = compose("eval", overrides)

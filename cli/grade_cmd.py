@@ -107,11 +107,12 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(5.0, help="seconds per response, enforced by killing the worker"),
         strict: bool = typer.Option(False, "--strict", help="exit 1 when any line is malformed"),
     ) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
         from entropyrl.errors import UserError
         from entropyrl.evals.grader import grade_batch
         from entropyrl.validation import check_output_file
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         err = Console(stderr=True, soft_wrap=True)
         if not file.is_file():

@@ -104,9 +104,9 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from entropyrl.conf import compose, to_plain
+        from entropyrl.models import load_policy
         from entropyrl.trainers.lab_claims import compute_claims
         from entropyrl.trainers.lab_report import write_lab_outputs
-        from entropyrl.models import load_policy
         from entropyrl.trainers.tracking import RunTracker, read_metrics
 
         console = Console(stderr=True)

@@ -10,6 +10,7 @@ import os
 import sys
 
 import typer
+
 from entropyrl.cli import config_cmd, eval_cmd, grade_cmd, lab_cmd, sweep_cmd, train_cmd
 from entropyrl.errors import UserError
 

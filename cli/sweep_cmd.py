@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Callable, Iterator, List, Optional
 
 import typer
+from rich.console import Console
+
 from entropyrl.cli.common import groups_help
 from entropyrl.conf import compose
 from entropyrl.errors import UserError
@@ -17,7 +19,6 @@ from entropyrl.sweeps import following, planning
 from entropyrl.sweeps.planning import split_overrides
 from entropyrl.sweeps.report import build_report
 from entropyrl.sweeps.state import count_states, sweep_status
-from rich.console import Console
 
 __all__ = ["register", "split_overrides"]
 

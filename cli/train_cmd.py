@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 import typer
+
 from entropyrl.cli.common import groups_help
 from entropyrl.errors import UserError
 
@@ -21,9 +22,10 @@ def register(app: typer.Typer) -> None:
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )
     def train(overrides: Optional[List[str]] = typer.Argument(None, help="key=value config overrides")) -> None:
+        from rich.console import Console
+
         from entropyrl.conf import compose
         from entropyrl.trainers.distributed import launcher_env
-        from rich.console import Console
 
         main_rank = launcher_env()["rank"] == 0       # under torchrun/srun only rank 0 talks
         console = Console(stderr=True, quiet=not main_rank)

@@ -28,7 +28,13 @@ from typing import Callable, Sequence
 
 from entropyrl.evals.answer_extraction import extract_answer, extract_with_reason, unwrap_gold
 from entropyrl.evals.answer_normalize import (
-    MAX_ANSWER_CHARS, canonical_number, compact_key, lossy, match_parts, normalize, split_parts,
+    MAX_ANSWER_CHARS,
+    canonical_number,
+    compact_key,
+    lossy,
+    match_parts,
+    normalize,
+    split_parts,
 )
 from entropyrl.evals.answer_values import numeric_value, rational
 from entropyrl.evals.grader_pool import cpu_count, run_pool, shutdown_pool, start_pool

@@ -35,7 +35,6 @@ from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 from typing import Callable, Sequence
 
-
 __all__ = ["GradingPool", "run_pool", "shutdown_pool", "cpu_count", "start_pool"]
 
 

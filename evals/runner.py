@@ -48,7 +48,7 @@ class EvalSettings:
     sandbox: Any = None            # code benchmarks: SandboxLimits keys over the benchmark's (eval.sandbox)
 
     @classmethod
-    def from_cfg(cls, cfg: Mapping, **fallback) -> "EvalSettings":
+    def from_cfg(cls, cfg: Mapping, **fallback) -> EvalSettings:
         get = cfg.get if hasattr(cfg, "get") else (lambda k, d=None: d)
 
         def pick(key, default):
@@ -101,7 +101,7 @@ def evaluate(generator, tokenizer, benchmarks: Mapping[str, list[Problem]], sett
         total = n * len(problems)
         prompts = build_prompts(problems, settings.prompt, tokenizer, settings.chat_template)
 
-        def tick(phase: str) -> Callable[[int], None] | None:
+        def tick(phase: str, bench: str = bench, total: int = total) -> Callable[[int], None] | None:
             if progress is None:
                 return None
             progress(bench, phase, 0, total)

@@ -48,8 +48,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 from entropyrl.errors import UserError
-from entropyrl.evals.sandbox_launch import (ISOLATIONS, drop_uid, fresh_uid, launch_prefix, launcher,
-                                            sandbox_env, sweep_uid)
+from entropyrl.evals.sandbox_launch import ISOLATIONS, drop_uid, fresh_uid, launch_prefix, launcher, sandbox_env, sweep_uid
 
 __all__ = ["REASONS", "SandboxLimits", "SandboxResult", "run_program", "SandboxPool", "launcher",
            "ISOLATIONS"]
@@ -73,7 +72,7 @@ class SandboxLimits:
     isolation: str = "auto"
 
     @classmethod
-    def from_cfg(cls, cfg) -> "SandboxLimits":
+    def from_cfg(cls, cfg) -> SandboxLimits:
         """From a mapping (``data.sandbox`` / ``eval.sandbox``); unknown keys are an error."""
         d = dict(cfg or {})
         d.pop("workers", None)

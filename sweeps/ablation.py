@@ -53,7 +53,7 @@ class JobSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "JobSpec":
+    def from_dict(cls, d: dict) -> JobSpec:
         return cls(key=d["key"], variant=d["variant"], seed=int(d["seed"]), overrides=list(d["overrides"]),
                    output_dir=d["output_dir"], extra=dict(d.get("extra") or {}))
 

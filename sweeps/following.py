@@ -23,8 +23,19 @@ from entropyrl.sweeps.jobs import TrainJob, job_environment, read_job_state, wri
 from entropyrl.sweeps.launchers import WAITING, Launcher, QueueEntry, find_launcher
 from entropyrl.sweeps.planning import Plan, close_parent_run, open_parent_run, tracking_settings
 from entropyrl.sweeps.report import build_report
-from entropyrl.sweeps.state import (DONE, FAILED, PENDING, RUNNING, JobStatus, count_states, job_status, pid_alive,
-                                    save_sweep, scheduler_ids, sweep_status)
+from entropyrl.sweeps.state import (
+    DONE,
+    FAILED,
+    PENDING,
+    RUNNING,
+    JobStatus,
+    count_states,
+    job_status,
+    pid_alive,
+    save_sweep,
+    scheduler_ids,
+    sweep_status,
+)
 from entropyrl.trainers.tracking import check_reachable
 
 Log = Callable[[str], None]

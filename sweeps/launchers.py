@@ -12,17 +12,26 @@ to get them with the built-in launchers registered.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import submitit
 
 from entropyrl.conf import cfg_get
-from entropyrl.sweeps.launcher import (ACTIVE, ENDED, WAITING, Launcher, QueueEntry, check_number, find_launcher,
-                                       get_launcher, launcher_names, register_launcher)
-from entropyrl.sweeps.slurm import SlurmLauncher
 from entropyrl.resources import available_cpus
+from entropyrl.sweeps.launcher import (
+    ACTIVE,
+    ENDED,
+    WAITING,
+    Launcher,
+    QueueEntry,
+    check_number,
+    find_launcher,
+    get_launcher,
+    launcher_names,
+    register_launcher,
+)
+from entropyrl.sweeps.slurm import SlurmLauncher
 
 __all__ = ["ACTIVE", "ENDED", "WAITING", "Launcher", "QueueEntry", "check_number", "find_launcher", "get_launcher", "launcher_names",
            "register_launcher", "LocalLauncher", "DebugLauncher", "SlurmLauncher"]

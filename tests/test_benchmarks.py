@@ -8,8 +8,16 @@ import json
 import pytest
 
 from entropyrl.errors import UserError
-from entropyrl.evals.benchmarks import (PACKAGED_DATA, available_benchmarks, expand_benchmarks, get_spec,
-                                        load_benchmark, read_rows, resolve_data_root, rows_to_problems)
+from entropyrl.evals.benchmarks import (
+    PACKAGED_DATA,
+    available_benchmarks,
+    expand_benchmarks,
+    get_spec,
+    load_benchmark,
+    read_rows,
+    resolve_data_root,
+    rows_to_problems,
+)
 from entropyrl.evals.grader import canonical_number
 from entropyrl.evals.prompts import build_prompt, user_message
 

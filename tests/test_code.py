@@ -12,8 +12,7 @@ import pytest
 
 from entropyrl.errors import UserError
 from entropyrl.evals.code_eval import code_problem_metrics
-from entropyrl.evals.code_tasks import (grade_code, job_for, load_humaneval,
-                                        rows_to_code_problems, split_check)
+from entropyrl.evals.code_tasks import grade_code, job_for, load_humaneval, rows_to_code_problems, split_check
 from entropyrl.evals.metrics import pass_at_k
 from entropyrl.evals.sandbox import SandboxLimits, SandboxPool
 

@@ -17,7 +17,13 @@ import pytest
 
 from entropyrl.evals.answer_normalize import split_parts
 from entropyrl.evals.grader import (
-    REASONS, GradeResult, extract_answer, grade_answers, grade_batch, no_answer_warning, reason_counts,
+    REASONS,
+    GradeResult,
+    extract_answer,
+    grade_answers,
+    grade_batch,
+    no_answer_warning,
+    reason_counts,
 )
 
 

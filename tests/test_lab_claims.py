@@ -10,8 +10,8 @@ import random
 import pytest
 from omegaconf import OmegaConf
 
-from entropyrl.conf import CONF_DIR, compose
 from entropyrl import countdown, tasks
+from entropyrl.conf import CONF_DIR, compose
 from entropyrl.trainers.lab_claims import compute_claims, quadrant_claim
 from entropyrl.trainers.lab_report import write_lab_outputs
 from entropyrl.trainers.passk import pass_metrics_from_scores

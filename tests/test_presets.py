@@ -130,8 +130,8 @@ def test_dapo_prompt_stream_is_deterministic_and_covers_the_epoch(dapo, data_dir
 
 
 def test_dapo_filters_overlong_prompts_and_holds_out_validation(data_dir):
-    from entropyrl.trainers.prompts_source import build_prompt_source
     from entropyrl.models import build_tokenizer
+    from entropyrl.trainers.prompts_source import build_prompt_source
 
     tok = build_tokenizer()                                              # one token per character
     cfg = compose("train", ["data=dapo_math_17k", f"data.data_root={data_dir}", "data.limit=150",

@@ -7,8 +7,9 @@ import random
 import torch
 from omegaconf import OmegaConf
 
+from entropyrl import models as tiny
+from entropyrl import tasks
 from entropyrl.conf import compose
-from entropyrl import models as tiny, tasks
 
 
 def test_tokenizer_round_trip_through_save_pretrained(tmp_path):

@@ -115,7 +115,7 @@ class Algorithm:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_config(cls, algo_cfg, *, max_response_length: int, seed: int = 0) -> "Algorithm":
+    def from_config(cls, algo_cfg, *, max_response_length: int, seed: int = 0) -> Algorithm:
         """Build from the ``algo`` config group (DictConfig or dict); bad values raise ``UserError``."""
         cfg = _to_dict(algo_cfg)
         clip = cfg.get("clip") or {}

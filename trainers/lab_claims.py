@@ -60,7 +60,7 @@ def _reasons(runs: dict, variants: tuple[str, ...], algo_cfgs: dict) -> str:
     """The regime warnings and flags of ``variants``' runs, as one phrase (the measured reason)."""
     found = []
     for v in variants:
-        for seed, rows in sorted((runs.get(v) or {}).items()):
+        for _seed, rows in sorted((runs.get(v) or {}).items()):
             for f in regime_warnings(rows, algo_cfgs.get(v, {})) + entropy_flags(rows):
                 tag = f"{v}: {f['id']}"
                 if tag not in found:

@@ -41,7 +41,7 @@ class Rollout:
     def lengths(self) -> torch.Tensor:
         return self.response_mask.sum(-1)
 
-    def select(self, rows: torch.Tensor) -> "Rollout":
+    def select(self, rows: torch.Tensor) -> Rollout:
         idx = rows.nonzero().squeeze(-1) if rows.dtype == torch.bool else rows
         pick = lambda t: None if t is None else t[idx]  # noqa: E731
         return Rollout(pick(self.prompt_ids), pick(self.prompt_mask), pick(self.response_ids),

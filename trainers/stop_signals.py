@@ -59,7 +59,7 @@ class StopSignals:
         self._previous: dict[int, object] = {}
         self._finishing = False
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         if threading.current_thread() is not threading.main_thread():
             return self
         for sig in STOP_SIGNALS:

@@ -90,7 +90,7 @@ class Intervention:
     class Params:
         pass
 
-    def __init__(self, params: "Intervention.Params", *, seed: int = 0, max_response_length: int | None = None):
+    def __init__(self, params: Intervention.Params, *, seed: int = 0, max_response_length: int | None = None):
         self.params = params
         self.seed = seed
         self.max_response_length = max_response_length
