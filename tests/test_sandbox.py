@@ -188,8 +188,14 @@ def test_no_network_and_read_only_filesystem_under_bwrap():
         pytest.skip("bubblewrap is not usable here (the sandbox warned and fell back)")
     net = run_program("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)", ["pass"], LIMITS)
     assert net.reason == "error" and "OSError" in net.detail or "Network" in net.detail, net.detail
-    ro = run_program(f"open({str(Path.cwd() / 'x.txt')!r}, 'w')", ["pass"], LIMITS)
+    ro = run_program("open('/usr/entropyrl-sandbox-x.txt', 'w')", ["pass"], LIMITS)   # bound read-only
     assert ro.reason == "error" and ("Read-only" in ro.detail or "Permission" in ro.detail), ro.detail
+    assert not Path("/usr/entropyrl-sandbox-x.txt").exists()
+    # the caller's folder is read-only inside, or not there at all (bwrap hides /tmp, /root, /home)
+    here = Path.cwd() / "x.txt"
+    cwd = run_program(f"open({str(here)!r}, 'w')", ["pass"], LIMITS)
+    assert cwd.reason == "error" and any(w in cwd.detail for w in ("Read-only", "Permission", "No such file")), cwd.detail
+    assert not here.exists()
     own = run_program("open('out.txt', 'w').write('mine')\nassert open('out.txt').read() == 'mine'", ["pass"], LIMITS)
     assert own.passed, own.detail
 

@@ -271,9 +271,9 @@ def test_dry_run_prints_the_job_table_and_runs_nothing(tmp_path):
     (["variants=[gated,nope]"], "has no variant 'nope'"),
     (["train.trainer.bogus=1"], "variant gated: unknown config key 'trainer.bogus'"),
     (["train.trainer.seed=3"], "is set by the sweep"),
-    (["seeds=[0,x]"], "seeds='x' is not allowed: seeds must be an integer >= 0"),
-    (["poll_seconds=0"], "poll_seconds=0 is not allowed: poll_seconds must be a number > 0"),
-    (["launcher.max_parallel=abc"], "launcher.max_parallel='abc' is not allowed: launcher.max_parallel must be an integer >= 1"),
+    (["seeds=[0,x]"], "seeds=[0,x] is not allowed: it must be a list of integers (each >= 0)"),
+    (["poll_seconds=0"], "poll_seconds=0 is not allowed: it must be a number > 0"),
+    (["launcher.max_parallel=abc"], "launcher.max_parallel=abc is not allowed: it must be a positive integer"),
     (["launcher=slurm", "launcher.mem_gb=-3", "--dry-run"], "launcher.mem_gb=-3 is not allowed"),
     (["launcher=local", "--no-wait"], "--no-wait needs a launcher whose jobs outlive this process"),
 ])
