@@ -40,7 +40,6 @@ import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,7 +47,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 from entropyrl.errors import UserError
-from entropyrl.evals.sandbox_launch import ISOLATIONS, drop_uid, fresh_uid, launch_prefix, launcher, sandbox_env, sweep_uid
+from entropyrl.evals.sandbox_launch import (
+    ISOLATIONS,
+    drop_uid,
+    fresh_uid,
+    interpreter,
+    launch_prefix,
+    launcher,
+    sandbox_env,
+    sweep_uid,
+)
 
 __all__ = ["REASONS", "SandboxLimits", "SandboxResult", "run_program", "SandboxPool", "launcher",
            "ISOLATIONS"]
@@ -220,7 +228,7 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
                 "limits": {"cpu": int(lim.cpu_seconds), "as": int(lim.memory_mb) << 20,
                            "nproc": int(lim.processes), "nofile": int(lim.open_files),
                            "fsize": int(lim.file_size_mb) << 20}}
-        cmd = launch_prefix(kind, workdir, lim.disk_mb) + [sys.executable, "-I", "-S", "-c", HARNESS]
+        cmd = launch_prefix(kind, workdir, lim.disk_mb) + [interpreter(), "-I", "-S", "-c", HARNESS]
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, pass_fds=(write_fd,), cwd=workdir,

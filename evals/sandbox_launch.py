@@ -31,12 +31,23 @@ def _private_dirs() -> list[str]:
     return [d for d in ("/root", "/home") if os.path.isdir(d)]
 
 
+def _hidden_dirs() -> list[str]:
+    """Everything a tmpfs covers inside bwrap: the home-like folders and ``/tmp``."""
+    return _private_dirs() + ["/tmp"]
+
+
+def interpreter() -> str:
+    """The Python the sandbox runs: the real file behind ``sys.executable``. A virtual environment's
+    ``bin/python`` is a link that may live under a hidden folder (a checkout in ``/tmp``); the
+    sandbox runs ``-I -S`` (no site-packages), so the base interpreter is all it needs."""
+    return os.path.realpath(sys.executable)
+
+
 def _interpreter_dirs() -> list[str]:
     """Folders the interpreter needs that live under a hidden folder: bound back read-only."""
     dirs = []
-    for p in {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
-              os.path.dirname(os.path.realpath(sys.executable))}:
-        if any(p == h or p.startswith(h + "/") for h in _private_dirs()):
+    for p in {os.path.realpath(sys.base_prefix), os.path.dirname(interpreter())}:
+        if any(p == h or p.startswith(h + "/") for h in _hidden_dirs()):
             dirs.append(p)
     # A folder inside another one is bound with it.
     return sorted(d for d in dirs if not any(d != o and d.startswith(o + "/") for o in dirs))
@@ -54,7 +65,7 @@ def launch_prefix(kind: str, workdir: str, disk_mb: int = 64) -> list[str]:
             args += ["--ro-bind", d, d]
             # bwrap makes the folders leading to a bind inside a tmpfs 0700: open them up.
             parent = os.path.dirname(d)
-            while parent not in _private_dirs() and parent != "/":
+            while parent not in _hidden_dirs() and parent != "/":
                 args += ["--chmod", "0755", parent]
                 parent = os.path.dirname(parent)
         args += ["--perms", "01777", "--size", str(int(disk_mb) << 20), "--tmpfs", workdir, "--chdir", workdir, "--unshare-net", "--unshare-pid",
@@ -75,7 +86,7 @@ def _probe(kind: str) -> bool:
         return False
     workdir = tempfile.mkdtemp(prefix="entropyrl-probe-")
     try:
-        cmd = launch_prefix(kind, workdir) + [sys.executable, "-I", "-S", "-c", "pass"]
+        cmd = launch_prefix(kind, workdir) + [interpreter(), "-I", "-S", "-c", "pass"]
         return subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               timeout=20, env=sandbox_env(workdir)).returncode == 0
     except (OSError, subprocess.SubprocessError):
