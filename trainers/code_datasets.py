@@ -15,7 +15,6 @@ under ``data.sandbox`` limits. Order, resumption and holdout work as for math da
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Sequence
 
@@ -23,7 +22,7 @@ from entropyrl.conf import cfg_get, to_plain
 from entropyrl.errors import UserError
 from entropyrl.evals.code_eval import OPEN_FENCE, code_prompt, sandbox_for
 from entropyrl.evals.code_tasks import CodeProblem, grade_code, rows_to_code_problems
-from entropyrl.trainers.datasets import MathDatasetSource
+from entropyrl.trainers.datasets import MathDatasetSource, split_holdout
 
 __all__ = ["CodeTaskSource", "REWARDS"]
 
@@ -72,12 +71,7 @@ class CodeTaskSource(MathDatasetSource):
             problems = problems[: int(limit)]
         if not problems:
             raise UserError(f"data={self.name}: no code problems in {self.where}")
-        order = list(range(len(problems)))
-        random.Random(int(cfg_get(data_cfg, "val_seed", 987654))).shuffle(order)
-        holdout = min(int(cfg_get(data_cfg, "holdout", 0)), len(problems) - 1)
-        held = set(order[:holdout])
-        self.val_items = [problems[i] for i in order[:holdout]] or [problems[i] for i in order]
-        self.train_items = [p for i, p in enumerate(problems) if i not in held]
+        self.train_items, self.val_items = split_holdout(problems, data_cfg)
         self._perms: dict[int, list[int]] = {}
 
     def prompt(self, problem: CodeProblem) -> str:

@@ -91,6 +91,18 @@ def load_problems(data_cfg) -> tuple[list, str]:
     return rows_to_problems([_python(dict(r)) for r in ds], fields, source=str(hub)), f"hub:{hub}"
 
 
+
+def split_holdout(problems: list, data_cfg) -> tuple[list, list]:
+    """``(train, validation)``: ``data.holdout`` problems (at least one left to train on) drawn
+    with ``data.val_seed`` are held out for validation; with no holdout, validation uses every
+    problem in that seeded order."""
+    order = list(range(len(problems)))
+    random.Random(int(cfg_get(data_cfg, "val_seed", 987654))).shuffle(order)
+    holdout = min(int(cfg_get(data_cfg, "holdout", 0)), len(problems) - 1)
+    held = set(order[:holdout])
+    val = [problems[i] for i in order[:holdout]] or [problems[i] for i in order]
+    return [p for i, p in enumerate(problems) if i not in held], val
+
 class MathDatasetSource:
     """A ``PROMPT_SOURCES`` entry (``data.kind: math``); see the module docstring."""
 
@@ -118,12 +130,7 @@ class MathDatasetSource:
         if not problems:
             raise UserError(f"data={self.name}: no usable problems in {self.where}"
                             + (f" (all prompts longer than data.max_prompt_length={max_len} tokens)" if max_len else ""))
-        order = list(range(len(problems)))
-        random.Random(int(cfg_get(data_cfg, "val_seed", 987654))).shuffle(order)
-        holdout = min(int(cfg_get(data_cfg, "holdout", 0)), len(problems) - 1)
-        held = set(order[:holdout])
-        self.val_items = [problems[i] for i in order[:holdout]] or [problems[i] for i in order]
-        self.train_items = [p for i, p in enumerate(problems) if i not in held]
+        self.train_items, self.val_items = split_holdout(problems, data_cfg)
         self._perms: dict[int, list[int]] = {}
 
     def __len__(self) -> int:
