@@ -7,7 +7,6 @@ from typing import List, Optional
 import typer
 
 from entropyrl.cli.common import groups_help
-from entropyrl.errors import UserError
 
 
 def register(app: typer.Typer) -> None:
@@ -29,11 +28,7 @@ def register(app: typer.Typer) -> None:
 
         main_rank = launcher_env()["rank"] == 0       # under torchrun/srun only rank 0 talks
         console = Console(stderr=True, quiet=not main_rank)
-        cfg = compose("train", overrides or [])
-        if cfg.launcher.name != "local":
-            raise UserError(f"launcher={cfg.launcher.name} is for sweeps: `entropyrl train` runs in this process "
-                            f"(use `entropyrl sweep ablation=... launcher={cfg.launcher.name}`, or call "
-                            f"`entropyrl train` / `torchrun ... -m entropyrl.cli.main train` from your sbatch script)")
+        cfg = compose("train", overrides or [])     # launcher=... is an error here (conf.OWNED_ELSEWHERE)
         from entropyrl.trainers.run_dir import prepare_output_dir
         from entropyrl.trainers.stop_signals import RunInterrupted
         from entropyrl.trainers.trainer import train as run_training

@@ -6,6 +6,13 @@ says at its top what it is for and how to override it.
 
     from entropyrl.conf import compose
     cfg = compose("train", ["algo=stare", "trainer.total_steps=40"])
+
+Entropy interventions keep their published parameters beside their module, one config per
+intervention: ``conf/intervention/<name>.yaml``, or a node stored in Hydra's ``ConfigStore`` under
+group ``intervention`` (a structured config such as the intervention's ``Params`` dataclass, e.g.
+from a test or a plugin). ``compose`` mounts every one of them at ``algo.<name>`` (through the
+``intervention_defaults`` node that ``conf/algo/grpo.yaml`` includes), so ``algo.stare.p=0.2``
+works for every algo and adding an intervention edits no shared config.
 """
 
 from __future__ import annotations
@@ -19,6 +26,16 @@ from omegaconf import DictConfig, OmegaConf
 from entropyrl.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parent
+INTERVENTION_GROUP = "intervention"         # conf/intervention/<name>.yaml, or ConfigStore group
+INTERVENTION_MOUNT = "intervention_defaults"  # the ConfigStore node conf/algo/grpo.yaml includes
+
+#: Keys a primary config lacks because another command owns them: ``{config: {key: why}}``. An
+#: override of one is a one-line error that says where it belongs (rather than "unknown key").
+OWNED_ELSEWHERE = {
+    "train": {"launcher": "is for sweeps: launchers are for `entropyrl sweep` (e.g. `entropyrl sweep "
+                          "ablation=gate launcher=slurm`); `entropyrl train` runs in this process (call it, "
+                          "or `torchrun ... -m entropyrl.cli.main train`, from your own sbatch script)"},
+}
 
 
 def config_groups() -> dict[str, list[str]]:
@@ -30,6 +47,47 @@ def config_groups() -> dict[str, list[str]]:
             continue  # a primary config, not a group option
         groups.setdefault("/".join(rel.parts[:-1]), []).append(yaml.stem)
     return {g: sorted(opts) for g, opts in sorted(groups.items())}
+
+
+def _stored_interventions() -> dict:
+    """``{name: ConfigNode}`` of the interventions stored in Hydra's ConfigStore (not the files)."""
+    from hydra.core.config_store import ConfigStore
+
+    group = ConfigStore.instance().repo.get(INTERVENTION_GROUP, {})
+    return {key[: -len(".yaml")]: node for key, node in group.items() if key.endswith(".yaml")}
+
+
+def intervention_names() -> list[str]:
+    """Every intervention that has published parameters: ``conf/intervention/*.yaml`` plus the
+    ``intervention`` nodes of Hydra's ConfigStore, sorted."""
+    files = {p.stem for p in (CONF_DIR / INTERVENTION_GROUP).glob("*.yaml")}
+    return sorted(files | set(_stored_interventions()))
+
+
+def intervention_defaults(name: str) -> dict | None:
+    """The published parameters of intervention ``name`` as a plain dict (its YAML, or its
+    ConfigStore node), or None when it has none (then its ``Params`` dataclass must say them)."""
+    path = CONF_DIR / INTERVENTION_GROUP / f"{name}.yaml"
+    if path.is_file():
+        node = OmegaConf.load(path)
+    else:
+        stored = _stored_interventions().get(name)
+        if stored is None:
+            return None
+        node = stored.node
+    plain = OmegaConf.to_container(node, resolve=True)
+    plain.pop("defaults", None)
+    return plain
+
+
+def mount_interventions() -> None:
+    """(Re)store the ``intervention_defaults`` node: a defaults list that mounts every intervention
+    config at ``<package>.<name>`` (``algo.<name>`` where ``conf/algo/grpo.yaml`` includes it)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(
+        name=INTERVENTION_MOUNT,
+        node={"defaults": [{f"/{INTERVENTION_GROUP}@{name}": name} for name in intervention_names()]})
 
 
 def primary_configs() -> list[str]:
@@ -57,6 +115,9 @@ def _explain(exc: Exception, overrides: list[str]) -> str:
         name = key.group(1)
         return (f"unknown config key '{name}'; see `entropyrl config show` for the valid keys "
                 f"(prefix with + to add a new key: +{name}=...)")
+    if msg.startswith("Error merging override") and exc.__cause__ is not None:
+        cause = next((line.strip() for line in str(exc.__cause__).splitlines() if line.strip()), "")
+        return f"bad value in {msg[len('Error merging override'):].strip()}: {cause}"
     if "mismatched input" in msg or "no viable alternative" in msg or "extraneous input" in msg:
         return f"cannot parse overrides {overrides}: write them as key=value (e.g. trainer.total_steps=40)"
     first = next((line.strip() for line in msg.splitlines() if line.strip()), msg)
@@ -83,7 +144,13 @@ def compose(config_name: str, overrides: list[str] | None = None, *, validate: b
                         f"(e.g. algo=stare trainer.total_steps=40)")
     if config_name not in primary_configs():
         raise UserError(f"unknown config '{config_name}'; valid: {', '.join(primary_configs())}")
+    for o in overrides:
+        body = o.lstrip("+~")
+        why = OWNED_ELSEWHERE.get(config_name, {}).get(re.split(r"[.=@]", body, maxsplit=1)[0])
+        if why:
+            raise UserError(f"{body} {why}")
     GlobalHydra.instance().clear()
+    mount_interventions()       # picks up interventions a test or plugin stored since the last call
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="entropyrl"):
             cfg = hydra_compose(config_name=config_name, overrides=overrides)

@@ -8,7 +8,7 @@ import pytest
 from entropyrl.conf import CONF_DIR, compose, config_groups
 from entropyrl.errors import UserError
 
-TRAIN_GROUPS = ("algo", "model", "data", "rollout", "launcher", "tracking")
+TRAIN_GROUPS = ("algo", "model", "data", "rollout", "tracking")
 
 
 def test_default_train_config_has_stable_keys():
@@ -47,3 +47,11 @@ def test_every_yaml_documents_itself_with_an_example():
         head = [line for line in text.splitlines()[:25] if line.startswith("#")]
         assert head, f"{path} has no header comment"
         assert any("entropyrl " in line for line in head), f"{path}: header shows no example command"
+
+
+@pytest.mark.parametrize("override", ["launcher=slurm", "+launcher=slurm", "launcher.partition=gpu"])
+def test_train_has_no_launcher_and_says_launchers_are_for_sweeps(override):
+    assert "launcher" not in compose("train")
+    with pytest.raises(UserError, match=r"is for sweeps: launchers are for `entropyrl sweep`"):
+        compose("train", [override])
+    assert compose("sweep", ["launcher=slurm"], validate=False).launcher.name == "slurm"   # the sweep keeps its group

@@ -1,5 +1,8 @@
 """Extending entropyrl from outside the package: an intervention, a rollout engine and a benchmark,
 each registered from this file alone (no edit to the package, no YAML added) and run end to end.
+The intervention's ``Params`` dataclass, stored in Hydra's ConfigStore group ``intervention``, is
+its published defaults: ``entropyrl.conf.compose`` mounts it at ``algo.<name>`` like a
+``conf/intervention/<name>.yaml``.
 (The same for a launcher: tests/test_launchers.py.)"""
 
 from __future__ import annotations
@@ -9,8 +12,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from hydra.core.config_store import ConfigStore
 
 from entropyrl.conf import compose
+from entropyrl.errors import UserError
 from entropyrl.evals import benchmarks as bench_registry
 from entropyrl.evals.runner import run_eval
 from entropyrl.trainers import rollout as rollout_registry
@@ -45,14 +50,19 @@ def negative_damping():
             ctx.metrics["test_negative_damping/frac"] = float(negative.float().sum() / ctx.pg_mask.sum().clamp(min=1))
             ctx.metrics["test_negative_damping/factor"] = float(self.params.factor)
 
+    ConfigStore.instance().store(group="intervention", name="test_negative_damping", node=NegativeDamping.Params)
     yield "test_negative_damping"
     INTERVENTIONS.pop("test_negative_damping")
+    ConfigStore.instance().repo["intervention"].pop("test_negative_damping.yaml")
 
 
 @pytest.mark.slow
 def test_an_intervention_registered_here_trains_with_its_own_parameters(in_tmp, negative_damping):
     cfg = compose("train", RUN + ["output_dir=out", f"algo.interventions=[{negative_damping}]",
-                                  f"+algo.{negative_damping}.factor=0.25"])
+                                  f"algo.{negative_damping}.factor=0.25"])
+    assert compose("train", [])["algo"][negative_damping] == {"factor": 0.5, "scope": "micro"}   # its defaults
+    with pytest.raises(UserError, match=f"unknown config key 'algo.{negative_damping}.bogus'"):
+        compose("train", [f"algo.{negative_damping}.bogus=1"])
     train(cfg, log=lambda *_: None)
     rows = _rows(in_tmp / "out" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]

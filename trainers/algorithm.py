@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from entropyrl.conf import intervention_names
 from entropyrl.errors import UserError
 from entropyrl.trainers import core_algos
 from entropyrl.trainers.diagnostics import QUADRANTS, effective_entropy_change, quadrant_ids
@@ -345,15 +346,16 @@ class Algorithm:
 
 def tracked_config(cfg) -> dict:
     """The resolved config as a plain dict for MLflow params, without the parameter sections of
-    interventions the run does not use (``algo.<name>`` for every registered name not listed in
-    ``algo.interventions``): a run's params say what it ran, not every published default."""
+    interventions the run does not use (``algo.<name>`` for every intervention that is registered
+    or has a config in ``conf/intervention/`` but is not listed in ``algo.interventions``): a run's
+    params say what it ran, not every published default."""
     from omegaconf import DictConfig, OmegaConf
 
     plain = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     algo = plain.get("algo")
     if isinstance(algo, dict):
         active = set(algo.get("interventions") or [])
-        for name in INTERVENTIONS:
+        for name in set(INTERVENTIONS) | set(intervention_names()):
             if name not in active:
                 algo.pop(name, None)
     return plain

@@ -4,18 +4,28 @@ Every function is a pure function of tensors, in the style of verl's ``core_algo
 no I/O, shapes in docstrings. ``B`` responses, ``T`` response positions; ``mask [B, T]`` is 1 on
 the tokens that count ("valid tokens"). Advantage estimators and loss aggregations are registered
 by name (``ADVANTAGE_ESTIMATORS``, ``LOSS_AGGREGATIONS``) so a config string selects them and an
-unknown name fails with the list of valid ones.
+unknown name fails with the list of valid ones. The loss aggregations, their registry and the
+masked reductions they use live in ``loss_agg.py``; their names are importable from here too.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import torch
 
 from entropyrl.errors import UserError
+from entropyrl.trainers.loss_agg import (
+    LOSS_AGGREGATIONS,
+    LossAggregation,
+    agg_loss,
+    loss_aggregation,
+    masked_mean,
+    part_weight,
+    register_loss_agg,
+    zero_padding,
+)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "LOSS_AGGREGATIONS", "LossAggregation", "register_advantage", "register_loss_agg",
@@ -34,29 +44,8 @@ LOG_RATIO_CLAMP = 20.0  # |log rho| bound before exp, so a wild token cannot ove
 
 
 # --------------------------------------------------------------------------------------------
-# masked reductions
+# masked whitening (masked_mean and zero_padding live in loss_agg.py)
 # --------------------------------------------------------------------------------------------
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Mean of ``x`` over entries where ``mask`` is 1 (0 if there are none).
-
-    Args: ``x``, ``mask`` of the same shape; ``dim`` None for the global mean. Entries outside the
-    mask are zeroed before multiplying, so a NaN or inf in padding cannot reach the result.
-    """
-    x = zero_padding(x, mask)
-    mask = mask.to(x.dtype)
-    if dim is None:
-        return (x * mask).sum() / mask.sum().clamp(min=1.0)
-    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
-
-
-def zero_padding(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``x`` with 0 wherever ``mask`` is 0 (``[...]`` -> ``[...]``).
-
-    ``x * mask`` alone would keep ``nan * 0 = nan``; ``where`` also gives padding a zero gradient.
-    """
-    return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
-
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = WHITEN_EPS) -> torch.Tensor:
     """``(x - mean) / sqrt(var + eps)`` with mean and *unbiased* variance over valid entries.
@@ -208,7 +197,7 @@ def compute_advantages(name: str, rewards: torch.Tensor, group_ids: torch.Tensor
 
 
 # --------------------------------------------------------------------------------------------
-# §3 clipped surrogate, aggregation, KL, entropy bonus
+# §3 clipped surrogate, KL, entropy bonus (the aggregations: loss_agg.py)
 # --------------------------------------------------------------------------------------------
 
 class SurrogateOutput(NamedTuple):
@@ -253,96 +242,6 @@ def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
         dual_clipped = (advantages < 0) & (l_clip > l3)
         loss = torch.where(advantages < 0, torch.minimum(l_clip, l3), l_clip)
     return SurrogateOutput(loss, ratio_clipped | dual_clipped, ratio, l1, l_clip, ratio_clipped, dual_clipped)
-
-
-def _token_mean(loss_mat, mask, norm):
-    return masked_mean(loss_mat, mask)
-
-
-def _seq_mean_token_mean(loss_mat, mask, norm):
-    loss_mat = zero_padding(loss_mat, mask)
-    m = mask.to(loss_mat.dtype)
-    tokens = m.sum(-1)
-    seq = (loss_mat * m).sum(-1) / tokens.clamp(min=1.0)
-    has = (tokens > 0).to(loss_mat.dtype)
-    return (seq * has).sum() / has.sum().clamp(min=1.0)
-
-
-def _seq_mean_token_sum_norm(loss_mat, mask, norm):
-    if norm is None:
-        norm = loss_mat.shape[-1]  # verl's fallback: the padded length
-    loss_mat = zero_padding(loss_mat, mask)
-    return (loss_mat * mask.to(loss_mat.dtype)).sum() / float(norm)
-
-
-@dataclass(frozen=True)
-class LossAggregation:
-    """A loss aggregation and the normaliser it divides by.
-
-    ``fn(loss_mat [B, T], mask [B, T], norm) -> scalar``. ``denominator(mask [b, T]) -> scalar``:
-    what ``fn`` divides the summed loss of a batch by (valid tokens, responses with any token), or
-    ``None`` when it divides by a constant. Gradient accumulation over micro-batches and
-    data-parallel scaling over ranks weight each part by its share of that denominator, so an
-    aggregation registered with the wrong (or no) normaliser cannot silently change the gradient.
-    """
-
-    fn: Callable[[torch.Tensor, torch.Tensor, float | None], torch.Tensor]
-    denominator: Callable[[torch.Tensor], torch.Tensor] | None
-
-
-def _valid_tokens(mask: torch.Tensor) -> torch.Tensor:
-    return mask.sum()
-
-
-def _valid_responses(mask: torch.Tensor) -> torch.Tensor:
-    return (mask.sum(-1) > 0).sum()
-
-
-LOSS_AGGREGATIONS: dict[str, LossAggregation] = {
-    "token-mean": LossAggregation(_token_mean, _valid_tokens),
-    "seq-mean-token-mean": LossAggregation(_seq_mean_token_mean, _valid_responses),
-    "seq-mean-token-sum-norm": LossAggregation(_seq_mean_token_sum_norm, None),   # sum / constant
-}
-
-
-def register_loss_agg(name: str, *, denominator: Callable[[torch.Tensor], torch.Tensor] | None):
-    """Register ``fn(loss_mat [B, T], mask [B, T], norm) -> scalar`` under ``name``.
-
-    ``denominator(mask) -> scalar`` is what ``fn`` divides a batch's summed loss by, or ``None``
-    for a constant (the parts of a batch then simply add up); it is required so that gradient
-    accumulation and data-parallel scaling treat the new aggregation correctly."""
-    def deco(fn):
-        LOSS_AGGREGATIONS[name] = LossAggregation(fn, denominator)
-        return fn
-    return deco
-
-
-def loss_aggregation(mode: str) -> LossAggregation:
-    """The registered aggregation ``mode`` (a one-line error naming the valid ones if unknown)."""
-    if mode not in LOSS_AGGREGATIONS:
-        raise UserError(f"unknown loss_agg '{mode}'; valid choices: {', '.join(LOSS_AGGREGATIONS)}")
-    return LOSS_AGGREGATIONS[mode]
-
-
-def part_weight(mode: str, part_mask: torch.Tensor, whole_mask: torch.Tensor) -> float:
-    """Factor on the loss of a part of a batch (a micro-batch) so that the parts' weighted losses
-    add up to the loss of the whole: ``denominator(part) / denominator(whole)``, or 1 for an
-    aggregation with a constant normaliser. ``[b, T], [B, T] -> float``."""
-    denominator = loss_aggregation(mode).denominator
-    if denominator is None:
-        return 1.0
-    return float(denominator(part_mask) / denominator(whole_mask).clamp(min=1))
-
-
-def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
-             norm: float | None = None) -> torch.Tensor:
-    """Aggregate a per-token loss ``[B, T]`` over valid tokens to a scalar.
-
-    ``token-mean``: sum / number of valid tokens. ``seq-mean-token-mean``: per-response mean, then the
-    mean over responses with any valid token. ``seq-mean-token-sum-norm`` (Dr.GRPO): sum / ``norm``
-    (a constant, the max response length; defaults to ``T``).
-    """
-    return loss_aggregation(mode).fn(loss_mat, mask, norm)
 
 
 def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ from entropyrl.trainers import checkpoint as ckpt
 RESUMABLE_CHANGES = (
     "output_dir", "trainer.total_steps", "trainer.resume", "trainer.progress", "trainer.threads",
     "trainer.device", "trainer.val_every", "trainer.save_every", "trainer.keep_checkpoints",
-    "val.", "diagnostics.", "tracking.", "launcher.",
+    "val.", "diagnostics.", "tracking.", "launcher.",     # launcher.: configs saved when train had that group
 )
 
 #: What a run writes at the top of its folder besides ``checkpoints/`` (overwrite deletes these).

@@ -1,29 +1,26 @@
 """Entropy interventions, one module each, registered by name (see ``base.py``).
 
-Importing this package registers every built-in intervention; ``INTERVENTIONS`` maps the config
-name (``algo.interventions: [stare, ...]``) to its class.
+Importing this package imports every module in it, so each built-in intervention registers itself
+(a new module needs no edit here); ``INTERVENTIONS`` maps the config name
+(``algo.interventions: [stare, ...]``) to its class. Each one's published parameters are in
+``conf/intervention/<name>.yaml``.
 """
 
-from entropyrl.trainers.interventions import (  # noqa: F401
-                                                   clip_cov,
-                                                   entropy_bonus,
-                                                   high_entropy_mask,
-                                                   kl_cov,
-                                                   none,
-                                                   sample_reweight,
-                                                   stare,
-                                                   steer,
-                                                   tis,
-)
+import importlib
+import pkgutil
+
 from entropyrl.trainers.interventions.base import (
-                                                   INTERVENTIONS,
-                                                   SCOPES,
-                                                   Intervention,
-                                                   LossContext,
-                                                   TokenBatch,
-                                                   build_intervention,
-                                                   register_intervention,
+    INTERVENTIONS,
+    SCOPES,
+    Intervention,
+    LossContext,
+    TokenBatch,
+    build_intervention,
+    register_intervention,
 )
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["INTERVENTIONS", "SCOPES", "Intervention", "LossContext", "TokenBatch", "build_intervention",
            "register_intervention"]

@@ -12,19 +12,25 @@ moments of a training step:
    (``ctx.scale``), replaces the per-token policy loss, narrows the aggregation mask or adds a
    scalar term. With ``scope == "micro"`` the selection happens here, on the micro-batch.
 
-Adding an intervention is one module with a ``@register_intervention("name")`` class and a
-``Params`` dataclass of its published defaults, plus one ``conf/algo/<name>.yaml``. Its parameters
-are read from ``algo.<name>`` in the config, and unknown keys are rejected with the valid ones.
+Adding an intervention is one module in this package (imported automatically) with a
+``@register_intervention("name")`` class and a ``Params`` dataclass that declares its parameters'
+names and types (and ``validate``), plus one ``conf/intervention/<name>.yaml`` with their
+published defaults, each commented (``entropyrl.conf`` mounts it at ``algo.<name>``). Parameters
+are read from ``algo.<name>``: a missing key takes the YAML's value, an unknown key is rejected
+with the valid ones. (From outside the package, a ``Params`` with default values stored in Hydra's
+ConfigStore group ``intervention`` stands in for the YAML; see tests/test_extensions.py.)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
+from entropyrl.conf import intervention_defaults
 from entropyrl.errors import UserError
 
 __all__ = ["Intervention", "LossContext", "TokenBatch", "INTERVENTIONS", "register_intervention",
@@ -147,36 +153,59 @@ def register_intervention(name: str):
     return deco
 
 
-def _coerce(name: str, key: str, value: Any, default: Any) -> Any:
-    """Check a config value against the type of its default (bool/int/float/str)."""
+_KINDS = (bool, int, float, str)
+
+
+def _kind(params_cls: type, f: dataclasses.Field) -> type | None:
+    """The plain type (bool/int/float/str) a ``Params`` field declares, or None (not checked)."""
+    try:
+        hint = typing.get_type_hints(params_cls).get(f.name, f.type)
+    except Exception:  # an annotation that does not resolve: fall back to the default's type
+        hint = f.type
+    if hint in _KINDS:
+        return hint
+    if f.default is not dataclasses.MISSING and type(f.default) in _KINDS:
+        return type(f.default)
+    return None
+
+
+def _coerce(name: str, key: str, value: Any, kind: type | None) -> Any:
+    """Check a config value against its field's declared type (bool/int/float/str)."""
     where = f"algo.{name}.{key}"
-    if isinstance(default, bool):
+    if kind is bool:
         if isinstance(value, bool):
             return value
         raise UserError(f"{where} must be true or false, got {value!r}")
-    if isinstance(default, (int, float)) and not isinstance(default, bool):
+    if kind in (int, float):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UserError(f"{where} must be a number, got {value!r}")
-        return float(value) if isinstance(default, float) else value
-    if isinstance(default, str) and not isinstance(value, str):
+        return float(value) if kind is float else value
+    if kind is str and not isinstance(value, str):
         raise UserError(f"{where} must be a string, got {value!r}")
     return value
 
 
 def build_intervention(name: str, section: dict | None, *, seed: int = 0,
                        max_response_length: int | None = None) -> Intervention:
-    """Instantiate intervention ``name`` from its config section ``algo.<name>`` (None: defaults)."""
+    """Instantiate intervention ``name`` from its config section ``algo.<name>``: keys it leaves
+    out take the published defaults (``conf/intervention/<name>.yaml`` or its ConfigStore node,
+    else the ``Params`` field defaults); None means all defaults."""
     cls = INTERVENTIONS.get(name)
     if cls is None:
         raise UserError(f"unknown intervention '{name}'; valid choices: {', '.join(sorted(INTERVENTIONS))}")
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}
     section = dict(section or {})
-    unknown = sorted(set(section) - set(fields))
+    values = {**(intervention_defaults(name) or {}), **section}
+    unknown = sorted(set(values) - set(fields))
     if unknown:
         raise UserError(f"unknown key(s) {', '.join(f'algo.{name}.{k}' for k in unknown)}; "
                         f"valid keys: {', '.join(fields) or '(none)'}")
-    defaults = cls.Params()
-    kwargs = {k: _coerce(name, k, v, getattr(defaults, k)) for k, v in section.items()}
+    missing = [k for k, f in fields.items() if k not in values
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise UserError(f"algo.{name} has no value for {', '.join(missing)}: give them in "
+                        f"conf/intervention/{name}.yaml (or algo.{name}.{missing[0]}=...)")
+    kwargs = {k: _coerce(name, k, v, _kind(cls.Params, fields[k])) for k, v in values.items()}
     params = cls.Params(**kwargs)
     check = getattr(params, "validate", None)
     if check is not None:

@@ -33,9 +33,10 @@ class ClipCov(Intervention):
 
     @dataclass
     class Params:
-        ratio: float = 2e-4   # fraction of valid tokens to detach
-        lb: float = 1.0       # covariance window (lb, ub)
-        ub: float = 5.0
+        """Names and types; the published values: conf/intervention/clip_cov.yaml."""
+        ratio: float  # fraction of valid tokens to detach
+        lb: float  # covariance window (lb, ub)
+        ub: float
 
         def validate(self, name: str) -> None:
             if not 0.0 <= self.ratio <= 1.0 or not self.lb < self.ub:

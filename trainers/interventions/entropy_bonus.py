@@ -41,7 +41,8 @@ class EntropyBonus(_EntropyTerm):
 
     @dataclass
     class Params:
-        coef: float = 0.001   # beta
+        """Names and types; the published values: conf/intervention/entropy_bonus.yaml."""
+        coef: float  # beta
 
         def validate(self, name: str) -> None:
             if self.coef < 0:
@@ -57,11 +58,12 @@ class AdaptiveEntropy(_EntropyTerm):
 
     @dataclass
     class Params:
-        init_coef: float = 0.0
-        target: float = 0.3     # nats; the same set point as STARE's h_tgt
-        delta: float = 0.005    # step per training step
-        coef_min: float = 0.0
-        coef_max: float = 0.05
+        """Names and types; the published values: conf/intervention/adaptive_entropy.yaml."""
+        init_coef: float
+        target: float  # nats; the same set point as STARE's h_tgt
+        delta: float  # step per training step
+        coef_min: float
+        coef_max: float
 
         def validate(self, name: str) -> None:
             if not (0.0 <= self.coef_min <= self.init_coef <= self.coef_max) or self.delta < 0:

@@ -22,8 +22,9 @@ class HighEntropyMask(Intervention):
 
     @dataclass
     class Params:
-        rho: float = 0.2        # fraction of valid tokens kept (highest entropy)
-        scope: str = "micro"    # where the top-rho is taken: micro | mini | batch
+        """Names and types; the published values: conf/intervention/high_entropy_mask.yaml."""
+        rho: float  # fraction of valid tokens kept (highest entropy)
+        scope: str  # where the top-rho is taken: micro | mini | batch
 
         def validate(self, name: str) -> None:
             if not 0.0 < self.rho <= 1.0:

@@ -42,8 +42,9 @@ class KlCov(Intervention):
 
     @dataclass
     class Params:
-        ratio: float = 2e-4   # fraction of valid tokens that get the penalty
-        kappa: float = 1.0    # penalty coefficient
+        """Names and types; the published values: conf/intervention/kl_cov.yaml."""
+        ratio: float  # fraction of valid tokens that get the penalty
+        kappa: float  # penalty coefficient
 
         def validate(self, name: str) -> None:
             if not 0.0 <= self.ratio <= 1.0 or self.kappa < 0:

@@ -21,8 +21,9 @@ class SampleReweight(Intervention):
 
     @dataclass
     class Params:
-        pos_weight: float = 0.1   # lambda+
-        neg_weight: float = 1.0   # lambda-
+        """Names and types; the published values: conf/intervention/sample_reweight.yaml."""
+        pos_weight: float  # lambda+
+        neg_weight: float  # lambda-
 
         def validate(self, name: str) -> None:
             if self.pos_weight < 0 or self.neg_weight < 0:

@@ -28,17 +28,18 @@ class Stare(Intervention):
 
     @dataclass
     class Params:
-        p: float = 0.1          # top fraction of each pool by surprisal
-        w: float = 1.1          # weight on L+ (7B; 1.05 for 14B/32B)
-        m: float = 0.9          # weight on L- in C2 (7B; 0.95 for 14B/32B)
-        h_tgt: float = 0.3      # gate opens while batch entropy < h_tgt
-        variant: str = "O1"     # O1: only L+; C2: also L-
-        gate: bool = True       # false: always on (open-loop ablation)
-        adaptive: bool = False  # W/M schedule driven by sign(h_tgt - H)
-        alpha: float = 0.01
-        w_max: float = 1.5
-        m_min: float = 0.5
-        scope: str = "micro"    # where selection happens: micro | mini | batch
+        """Names and types; the published values: conf/intervention/stare.yaml."""
+        p: float  # top fraction of each pool by surprisal
+        w: float  # weight on L+ (7B; 1.05 for 14B/32B)
+        m: float  # weight on L- in C2 (7B; 0.95 for 14B/32B)
+        h_tgt: float  # gate opens while batch entropy < h_tgt
+        variant: str  # O1: only L+; C2: also L-
+        gate: bool  # false: always on (open-loop ablation)
+        adaptive: bool  # W/M schedule driven by sign(h_tgt - H)
+        alpha: float
+        w_max: float
+        m_min: float
+        scope: str  # where selection happens: micro | mini | batch
 
         def validate(self, name: str) -> None:
             if self.variant not in VARIANTS:

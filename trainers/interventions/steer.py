@@ -64,12 +64,13 @@ class Steer(Intervention):
 
     @dataclass
     class Params:
-        mapping: str = "exp"      # exp | linear
-        lambda_min: float = 0.8
-        lambda_max: float = 1.0
-        m_floor: float = 0.02     # floor on m_max in the exp mapping (no reweighting of tiny changes)
-        scope: str = "micro"      # extremes over: micro | mini | batch
-        entropy_source: str = "old"   # H in Omega: old (sampling policy, as the reference) | current
+        """Names and types; the published values: conf/intervention/steer.yaml."""
+        mapping: str  # exp | linear
+        lambda_min: float
+        lambda_max: float
+        m_floor: float  # floor on m_max in the exp mapping (no reweighting of tiny changes)
+        scope: str  # extremes over: micro | mini | batch
+        entropy_source: str  # H in Omega: old (sampling policy, as the reference) | current
 
         def validate(self, name: str) -> None:
             if self.mapping not in MAPPINGS:

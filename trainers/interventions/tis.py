@@ -52,8 +52,9 @@ class TruncatedIS(Intervention):
 
     @dataclass
     class Params:
-        cap: float = 2.0          # C: the ratio is truncated at this value (Yao et al. 2025 use 2)
-        scope: str = "micro"
+        """Names and types; the published values: conf/intervention/tis.yaml."""
+        cap: float  # C: the ratio is truncated at this value (Yao et al. 2025 use 2)
+        scope: str
 
         def validate(self, name: str) -> None:
             if not self.cap > 0:
