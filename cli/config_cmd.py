@@ -7,6 +7,7 @@ from typing import List, Optional
 import typer
 
 from entropyrl.cli.common import groups_help
+from entropyrl.conf import compose, config_groups, to_yaml
 
 
 def register(app: typer.Typer) -> None:
@@ -24,13 +25,11 @@ def register(app: typer.Typer) -> None:
         overrides: Optional[List[str]] = typer.Argument(None, help="key=value config overrides"),
         for_: str = typer.Option("train", "--for", help="which command's config: train, eval or sweep"),
     ) -> None:
-        from entropyrl.conf import compose, to_yaml
 
         typer.echo(to_yaml(compose(for_, overrides or [])), nl=False)
 
     @config_app.command("groups", help="List every config group and its options.")
     def groups() -> None:
-        from entropyrl.conf import config_groups
 
         for group, options in config_groups().items():
             typer.echo(f"{group}: {', '.join(options)}")

@@ -29,11 +29,17 @@ from typing import Optional
 
 import typer
 
+from entropyrl.errors import UserError
+from entropyrl.evals.benchmarks import gold_from
+from entropyrl.evals.code_eval import grade_code_rows
+from entropyrl.evals.code_tasks import is_code_row
+from entropyrl.evals.grader import grade_batch
+from entropyrl.evals.sandbox import SandboxPool
+from entropyrl.validation import check_output_file
+
 
 def read_items(path: Path) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
     """``([(line number, object)], [(line number, problem)])`` for a JSON-lines file."""
-    from entropyrl.errors import UserError
-    from entropyrl.evals.code_tasks import is_code_row
 
     try:
         handle = path.open("r", encoding="utf-8", errors="replace")
@@ -65,9 +71,6 @@ def read_items(path: Path) -> tuple[list[tuple[int, dict]], list[tuple[int, str]
 def _grade_code_lines(good: list, bad: list, workers) -> tuple[list, list]:
     """Math lines stay in ``good``; code lines (HumanEval layout or benchmark + id) are run in the
     code sandbox: ``(line number, row + program, correct, reason, ...)``; unresolvable ones go to ``bad``."""
-    from entropyrl.evals.code_eval import grade_code_rows
-    from entropyrl.evals.code_tasks import is_code_row
-    from entropyrl.evals.sandbox import SandboxPool
 
     code = [(n, o) for n, o in good if is_code_row(o)]
     if not code:
@@ -83,7 +86,6 @@ def _grade_code_lines(good: list, bad: list, workers) -> tuple[list, list]:
 
 
 def gold_text(answer) -> str:
-    from entropyrl.evals.benchmarks import gold_from
 
     return gold_from(answer, "list" if isinstance(answer, list) else "field")
 
@@ -110,9 +112,6 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-        from entropyrl.errors import UserError
-        from entropyrl.evals.grader import grade_batch
-        from entropyrl.validation import check_output_file
 
         err = Console(stderr=True, soft_wrap=True)
         if not file.is_file():

@@ -7,6 +7,11 @@ from typing import List, Optional
 import typer
 
 from entropyrl.cli.common import groups_help
+from entropyrl.conf import compose
+from entropyrl.trainers.distributed import launcher_env
+from entropyrl.trainers.run_dir import prepare_output_dir
+from entropyrl.trainers.stop_signals import RunInterrupted
+from entropyrl.trainers.trainer import train as run_training
 
 
 def register(app: typer.Typer) -> None:
@@ -23,15 +28,10 @@ def register(app: typer.Typer) -> None:
     def train(overrides: Optional[List[str]] = typer.Argument(None, help="key=value config overrides")) -> None:
         from rich.console import Console
 
-        from entropyrl.conf import compose
-        from entropyrl.trainers.distributed import launcher_env
 
         main_rank = launcher_env()["rank"] == 0       # under torchrun/srun only rank 0 talks
         console = Console(stderr=True, quiet=not main_rank)
         cfg = compose("train", overrides or [])     # launcher=... is an error here (conf.OWNED_ELSEWHERE)
-        from entropyrl.trainers.run_dir import prepare_output_dir
-        from entropyrl.trainers.stop_signals import RunInterrupted
-        from entropyrl.trainers.trainer import train as run_training
 
         prepare_output_dir(cfg, clear=False)    # refuse a folder this run may not use, before printing
 

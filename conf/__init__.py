@@ -24,6 +24,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from entropyrl.errors import UserError
+from entropyrl.validation import validate_config
 
 CONF_DIR = Path(__file__).resolve().parent
 INTERVENTION_GROUP = "intervention"         # conf/intervention/<name>.yaml, or ConfigStore group
@@ -159,7 +160,6 @@ def compose(config_name: str, overrides: list[str] | None = None, *, validate: b
     finally:
         GlobalHydra.instance().clear()
     if validate:
-        from entropyrl.validation import validate_config
 
         validate_config(cfg, config_name)
     return cfg

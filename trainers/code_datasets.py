@@ -20,6 +20,7 @@ from typing import Sequence
 
 from entropyrl.conf import cfg_get, to_plain
 from entropyrl.errors import UserError
+from entropyrl.evals.benchmarks import load_benchmark, read_rows, resolve_data_root
 from entropyrl.evals.code_eval import OPEN_FENCE, code_prompt, sandbox_for
 from entropyrl.evals.code_tasks import CodeProblem, grade_code, rows_to_code_problems
 from entropyrl.trainers.datasets import MathDatasetSource, split_holdout
@@ -30,7 +31,6 @@ REWARDS = {"pass_all": "all", "fraction": "fraction"}
 
 
 def load_code_problems(data_cfg) -> tuple[list[CodeProblem], str]:
-    from entropyrl.evals.benchmarks import load_benchmark, read_rows, resolve_data_root
 
     bench, raw = cfg_get(data_cfg, "benchmark", None), cfg_get(data_cfg, "path", None)
     if raw:

@@ -19,6 +19,8 @@ import signal
 import threading
 from typing import Callable
 
+from entropyrl.trainers import distributed
+
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2") if hasattr(signal, n))
 
 
@@ -104,6 +106,5 @@ class StopSignals:
         local = self.requested is not None
         if dist is None or getattr(dist, "world_size", 1) <= 1:
             return local
-        from entropyrl.trainers import distributed
 
         return float(distributed.max_across(1.0 if local else 0.0, dist)) > 0

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from entropyrl.errors import UserError
 from entropyrl.evals.metrics import mlflow_key
+from entropyrl.trainers.run_dir import atomic_write_text
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 
@@ -106,7 +107,6 @@ class RunTracker:
                 raise
             raise UserError(f"cannot open an MLflow run at {self.uri}: {str(exc).splitlines()[0]} "
                             f"(check MLFLOW_TRACKING_URI/tracking.uri)") from None
-        from entropyrl.trainers.run_dir import atomic_write_text
 
         atomic_write_text(self.state_path, json.dumps({"run_id": self.run_id, "uri": self.uri}))
 
@@ -127,7 +127,6 @@ class RunTracker:
         if damaged:
             self.log(f"warning: {self.metrics_path}: dropped {damaged} incomplete line(s) left by an "
                      f"interrupted write")
-        from entropyrl.trainers.run_dir import atomic_write_text
 
         atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows
                                                      if r.get("step", -1) <= resume_step))
