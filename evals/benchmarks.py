@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from entropyrl.errors import UserError
+from entropyrl.tasks import Problem
 
 BENCHMARK_DIR = Path(__file__).resolve().parents[1] / "conf" / "benchmark"
 # The benchmark files shipped with the package (see data/benchmarks/README.md for provenance).
@@ -47,18 +48,8 @@ PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
 HUB = "hub"                       # eval.data_root=hub: read every benchmark from the hub
 GOLD_MODES = ("field", "boxed", "list", "hash")
 
-__all__ = ["Problem", "BenchmarkSpec", "available_benchmarks", "get_spec", "expand_benchmarks",
+__all__ = ["BenchmarkSpec", "available_benchmarks", "get_spec", "expand_benchmarks",
            "PACKAGED_DATA", "resolve_data_root", "load_benchmark", "read_rows", "rows_to_problems"]
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One benchmark item. ``messages``: the original chat prompt when the file had one (verl)."""
-
-    id: str
-    problem: str
-    answer: str
-    messages: tuple[dict, ...] | None = None
 
 
 @dataclass
@@ -317,7 +308,7 @@ def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str =
         if key in seen:
             continue
         seen.add(key)
-        out.append(Problem(id=ident, problem=problem, answer=answer, messages=messages))
+        out.append(Problem(task="", prompt=problem, answer=answer, id=ident, messages=messages))
     return out
 
 
