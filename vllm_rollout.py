@@ -321,8 +321,9 @@ class VLLMRollout:
         special = bool(cfg_get(cfg, "add_special_tokens", False))
         stop = self._stop_ids()
         prompt_ids = [tok(p, add_special_tokens=special)["input_ids"] for p in prompts]
+        asked = 1 if greedy else int(n)        # vLLM refuses n > 1 greedy: one answer, repeated n times
         params = [self._vllm.SamplingParams(
-            n=int(n), temperature=0.0 if greedy else temperature,
+            n=asked, temperature=0.0 if greedy else temperature,
             top_p=1.0 if greedy else top_p,
             top_k=-1 if (greedy or top_k <= 0) else top_k,
             max_tokens=max_new_tokens, logprobs=0, seed=_prompt_seed(seed, i),
@@ -331,9 +332,9 @@ class VLLMRollout:
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
         rows_p, rows_r, rows_lp = [], [], []
         for ids, out in zip(prompt_ids, outputs):
-            completions = sorted(out.outputs, key=lambda c: c.index)
+            completions = sorted(out.outputs, key=lambda c: c.index) * (int(n) // asked)
             if len(completions) != n:
-                raise RuntimeError(f"vLLM returned {len(completions)} completions for n={n}")
+                raise RuntimeError(f"vLLM returned {len(out.outputs)} completions for n={asked}")
             for c in completions:
                 tokens = list(c.token_ids)[:max_new_tokens]
                 logps = [_sampled_logprob(c.logprobs, j, t) for j, t in enumerate(tokens)] if c.logprobs else [0.0] * len(tokens)
