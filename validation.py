@@ -206,7 +206,8 @@ EVAL = {
     "output_dir": FOLDER,
     "eval.n_samples": integer(1, nullable=True), "eval.limit": integer(1, nullable=True),
     "eval.temperature": number(0, nullable=True), "eval.top_p": number(0, 1, open_low=True, nullable=True),
-    "eval.max_new_tokens": POS_INT, "eval.backend": choice("hf", "vllm"), "eval.batch_size": POS_INT,
+    "eval.max_new_tokens": POS_INT, "eval.batch_size": POS_INT,
+    "eval.backend": STR,        # a registered rollout engine name: checked against rollout.ROLLOUT_ENGINES
     "eval.seed": NONNEG_INT, "eval.workers": integer(1, nullable=True), "eval.grade_timeout": POS,
     **MODEL, **TRACKING,
 }

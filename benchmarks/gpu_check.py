@@ -54,10 +54,10 @@ def run(argv=None) -> dict:
     from omegaconf import OmegaConf
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from entropyrl.rollout import Rollout
     from entropyrl.trainers import distributed
     from entropyrl.trainers.algorithm import Algorithm
     from entropyrl.trainers.policy_stats import response_token_stats
-    from entropyrl.trainers.rollout import Rollout
 
     smoke = args.cpu_smoke
     batch = args.batch or (4 if smoke else 16)

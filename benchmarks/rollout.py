@@ -43,7 +43,7 @@ def run() -> dict:
     from entropyrl import tasks
     from entropyrl.conf import compose
     from entropyrl.models import embedded_model_dir, load_policy
-    from entropyrl.trainers.rollout import build_rollout
+    from entropyrl.rollout import build_rollout
 
     cfg = compose("train")
     model, tok = load_policy(cfg.model, cfg.data, log=lambda *_: None)

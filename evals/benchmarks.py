@@ -42,6 +42,7 @@ from typing import Any, Iterable
 from entropyrl.errors import UserError
 from entropyrl.evals.code_tasks import is_code_row, load_humaneval, rows_to_code_problems
 from entropyrl.evals.grader import extract_answer
+from entropyrl.tasks import Problem
 
 BENCHMARK_DIR = Path(__file__).resolve().parents[1] / "conf" / "benchmark"
 # The benchmark files shipped with the package (see data/benchmarks/README.md for provenance).
@@ -49,18 +50,8 @@ PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
 HUB = "hub"                       # eval.data_root=hub: read every benchmark from the hub
 GOLD_MODES = ("field", "boxed", "list", "hash")
 
-__all__ = ["Problem", "BenchmarkSpec", "available_benchmarks", "get_spec", "expand_benchmarks",
+__all__ = ["BenchmarkSpec", "available_benchmarks", "get_spec", "expand_benchmarks",
            "PACKAGED_DATA", "resolve_data_root", "load_benchmark", "read_rows", "rows_to_problems"]
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One benchmark item. ``messages``: the original chat prompt when the file had one (verl)."""
-
-    id: str
-    problem: str
-    answer: str
-    messages: tuple[dict, ...] | None = None
 
 
 @dataclass
@@ -318,7 +309,7 @@ def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str =
         if key in seen:
             continue
         seen.add(key)
-        out.append(Problem(id=ident, problem=problem, answer=answer, messages=messages))
+        out.append(Problem(task="", prompt=problem, answer=answer, id=ident, messages=messages))
     return out
 
 

@@ -25,6 +25,7 @@ from entropyrl.evals.code_tasks import (
     record,
     rows_to_code_problems,
 )
+from entropyrl.evals.generation import sample_texts
 from entropyrl.evals.metrics import avg_at_n, mean_metrics, pass_at_k
 from entropyrl.evals.sandbox import SandboxLimits, SandboxPool
 
@@ -71,12 +72,12 @@ def _prompts(problems: Sequence[CodeProblem], tokenizer, chat: bool) -> tuple[li
     return [t for t, _ in pairs], [o for _, o in pairs]
 
 
-def _fit_context(generator, prompts: list[str], max_new_tokens: int) -> tuple[list[str], int]:
+def _fit_context(engine, prompts: list[str], max_new_tokens: int) -> tuple[list[str], int]:
     """Prompts and response cap that fit a model with a short context (the embedded tiny model:
     64 positions): keep the end of each prompt. Real models' contexts make this a no-op."""
-    model = getattr(generator, "model", None)
+    model = getattr(engine, "model", None)
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    tok = getattr(generator, "tokenizer", None)
+    tok = getattr(engine, "tokenizer", None)
     if not limit or tok is None:
         return prompts, max_new_tokens
     new = min(int(max_new_tokens), max(1, int(limit) // 2))
@@ -93,7 +94,7 @@ def _fit_context(generator, prompts: list[str], max_new_tokens: int) -> tuple[li
                               for p in prompts) else int(max_new_tokens)
 
 
-def evaluate_code(generator, tokenizer, bench: str, spec, problems: Sequence[CodeProblem], settings, *,
+def evaluate_code(engine, tokenizer, bench: str, spec, problems: Sequence[CodeProblem], settings, *,
                   chat: bool = False, progress: Callable[[str, str, int, int], None] | None = None
                   ) -> tuple[dict, list[dict]]:
     """``(result, samples)`` for one code benchmark; ``result`` in ``runner.evaluate``'s layout."""
@@ -110,10 +111,10 @@ def evaluate_code(generator, tokenizer, bench: str, spec, problems: Sequence[Cod
 
     pool = sandbox_for(spec.sandbox, getattr(settings, "sandbox", None), settings.workers)
     prompts, opened = _prompts(problems, tokenizer, chat)
-    prompts, max_new = _fit_context(generator, prompts, settings.max_new_tokens)
+    prompts, max_new = _fit_context(engine, prompts, settings.max_new_tokens)
     t0 = time.perf_counter()
-    completions = generator.generate(prompts, n=n, temperature=temperature, top_p=top_p,
-                                     max_new_tokens=max_new, seed=settings.seed, progress=tick("generate"))
+    completions = sample_texts(engine, prompts, n=n, temperature=temperature, top_p=top_p,
+                               max_new_tokens=max_new, seed=settings.seed, progress=tick("generate"))
     t1 = time.perf_counter()
     flat_problems = [p for p in problems for _ in range(n)]
     flat = [(OPEN_FENCE if opened[i] else "") + c for i, group in enumerate(completions) for c in group]

@@ -49,11 +49,7 @@ class CodeProblem:
     canonical: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
-    # What the prompt builders and the eval loop read from a math ``Problem``.
-    @property
-    def problem(self) -> str:
-        return self.prompt
-
+    # What the eval loop reads from a math ``tasks.Problem``: no gold answer, no chat prompt.
     answer = ""
     messages = None
 

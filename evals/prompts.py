@@ -51,8 +51,8 @@ def _wants_chat(tokenizer, use_chat_template) -> bool:
 
 
 def build_prompt(problem, template: str = "boxed", tokenizer=None, use_chat_template="auto") -> str:
-    """The text given to the model for ``problem`` (an ``evals.benchmarks.Problem`` or a string)."""
-    text = getattr(problem, "problem", problem)
+    """The text given to the model for ``problem`` (a ``tasks.Problem`` or a string)."""
+    text = getattr(problem, "prompt", problem)
     messages = getattr(problem, "messages", None)
     if template == NATIVE and messages:
         msgs = [dict(m) for m in messages]

@@ -1,12 +1,16 @@
 """The evaluation harness: benchmarks -> prompts -> samples -> grades -> metrics.
 
-- ``evaluate(generator, tokenizer, benchmarks, settings)``: the shared core (used by the CLI and by
+- ``evaluate(engine, tokenizer, benchmarks, settings)``: the shared core (used by the CLI and by
   training-time validation). Returns per-benchmark metrics and one record per sample.
 - ``run_eval(cfg)``: ``entropyrl eval``: loads data and model from a composed ``conf/eval.yaml``,
   prints a table, writes ``<output_dir>/samples.jsonl`` and ``summary.json`` and logs an MLflow
   run (metric keys ``eval/<bench>/avg@<n>`` with ``@`` spelled ``_at_``, as MLflow forbids ``@``).
 - ``validate(model, tokenizer, benchmarks, val_cfg)``: ``{"val/<bench>/avg@<n>": ...}`` for the
   trainer, with the in-memory policy, leaving its RNG state and train/eval mode as they were.
+
+Samples come from a rollout engine (``entropyrl.rollout``, the one stack training uses too):
+``eval.backend=hf|vllm|<registered>``, its settings from ``eval.*`` and the section named after it
+(``eval.vllm``).
 """
 
 from __future__ import annotations
@@ -20,12 +24,16 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from entropyrl import models
+from entropyrl.conf import to_plain
 from entropyrl.errors import UserError
-from entropyrl.evals.benchmarks import Problem, expand_benchmarks, get_spec, load_benchmark
+from entropyrl.evals.benchmarks import available_benchmarks, expand_benchmarks, get_spec, load_benchmark
 from entropyrl.evals.code_eval import evaluate_code, is_code_problem
+from entropyrl.evals.generation import sample_texts
 from entropyrl.evals.grader import DEFAULT_TIMEOUT, grade_batch, no_answer_warning, reason_counts
 from entropyrl.evals.metrics import mean_metrics, mlflow_key, problem_metrics
-from entropyrl.evals.prompts import build_prompts
+from entropyrl.evals.prompts import available_templates, build_prompts
+from entropyrl.rollout import RolloutEngine, build_rollout, rollout_engine
+from entropyrl.tasks import Problem
 
 __all__ = ["EvalSettings", "evaluate", "run_eval", "validate", "render_table"]
 
@@ -77,7 +85,7 @@ class EvalSettings:
 ProgressFn = Callable[[str, str, int, int], None]   # (benchmark, phase, advance, total)
 
 
-def evaluate(generator, tokenizer, benchmarks: Mapping[str, list[Problem]], settings: EvalSettings,
+def evaluate(engine: RolloutEngine, tokenizer, benchmarks: Mapping[str, list[Problem]], settings: EvalSettings,
              *, progress: ProgressFn | None = None) -> tuple[dict[str, dict], list[dict]]:
     """Sample, grade and score each benchmark.
 
@@ -90,7 +98,7 @@ def evaluate(generator, tokenizer, benchmarks: Mapping[str, list[Problem]], sett
         spec = get_spec(source)
         bench = spec.name                      # a data file given by path is labelled by its stem
         if problems and is_code_problem(problems[0]):     # run in the code sandbox: evals/code_eval.py
-            results[bench], recs = evaluate_code(generator, tokenizer, bench, spec, problems, settings,
+            results[bench], recs = evaluate_code(engine, tokenizer, bench, spec, problems, settings,
                                                  chat=_use_chat(tokenizer, settings.chat_template),
                                                  progress=progress)
             samples += recs
@@ -108,9 +116,9 @@ def evaluate(generator, tokenizer, benchmarks: Mapping[str, list[Problem]], sett
             return lambda k: progress(bench, phase, k, total)
 
         t0 = time.perf_counter()
-        completions = generator.generate(prompts, n=n, temperature=temperature, top_p=top_p,
-                                         max_new_tokens=settings.max_new_tokens, seed=settings.seed,
-                                         progress=tick("generate"))
+        completions = sample_texts(engine, prompts, n=n, temperature=temperature, top_p=top_p,
+                                   max_new_tokens=settings.max_new_tokens, seed=settings.seed,
+                                   progress=tick("generate"))
         t1 = time.perf_counter()
         flat = [c for group in completions for c in group]
         golds = [p.answer for p in problems for _ in range(n)]
@@ -173,17 +181,15 @@ def validate(model, tokenizer, benchmarks: list[str], val_cfg) -> dict[str, floa
     ``temperature`` (0 = greedy), ``top_p``, ``max_new_tokens`` (1024), ``prompt`` (boxed),
     ``chat_template`` (auto), ``batch_size`` (16), ``seed`` (0), ``data_root``, ``workers``,
     ``grade_timeout``. The model's RNG state and train/eval mode are restored afterwards."""
-    from entropyrl.evals.generation import HFGenerator
-
     val_cfg = val_cfg if val_cfg is not None else {}
     get = val_cfg.get
     settings = EvalSettings.from_cfg(val_cfg, n_samples=1)
     names = expand_benchmarks(benchmarks)
     data = {b: load_benchmark(b, get("data_root", None), get("limit", None)) for b in names}
     chat = _use_chat(tokenizer, settings.chat_template)
-    generator = HFGenerator(model, tokenizer, batch_size=int(get("batch_size", None) or 16),
-                            add_special_tokens=not chat)
-    results, _ = evaluate(generator, tokenizer, data, settings)
+    engine = build_rollout({"name": "hf", "batch_size": int(get("batch_size", None) or 16), "top_k": 0,
+                            "add_special_tokens": not chat}, model, tokenizer)
+    results, _ = evaluate(engine, tokenizer, data, settings)
     return flat_metrics(results, prefix="val")
 
 
@@ -217,30 +223,31 @@ def _device(setting: str):
         raise UserError(f"eval.device '{setting}' is not a torch device (auto, cpu, cuda, cuda:1...)") from None
 
 
-def make_generator(cfg, log: Callable[[str], None] = print):
-    """``(generator, tokenizer, model_label)`` for ``cfg.model`` and ``cfg.eval.backend``."""
+def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine, Any, str]:
+    """``(engine, tokenizer, model_label)`` for ``cfg.model`` and ``cfg.eval.backend``.
+
+    An engine that starts from the model's folder (``loads_from_path``: vLLM) gets that folder as
+    ``model_path`` and no model; any other gets the model loaded here, on ``eval.device``. Its
+    config: ``eval.batch_size``, ``eval.seed``, no top-k, then the ``eval.<backend>`` section."""
     ev = cfg.eval
     backend = str(ev.get("backend", "hf"))
-    from entropyrl.evals.generation import BACKENDS, HFGenerator, VLLMGenerator
-
-    if backend not in BACKENDS:
-        raise UserError(f"unknown eval.backend '{backend}'; valid: {', '.join(BACKENDS)}")
+    engine_cls = rollout_engine(backend, "eval.backend")
     label = str(cfg.model.get("path") or cfg.model.get("name") or "model")
-    chat = _chat_setting(cfg)
-    if backend == "hf":
+    engine_cfg = {"name": backend, "option": "eval.backend", "batch_size": int(ev.get("batch_size", 16) or 16),
+                  "top_k": 0, "seed": int(ev.get("seed", 0)),
+                  "dtype": cfg.model.get("dtype") or None}
+    engine_cfg.update({k: v for k, v in (to_plain(ev.get(backend, None)) or {}).items() if v is not None})
+    if getattr(engine_cls, "loads_from_path", False):
+        from transformers import AutoTokenizer
+
+        path = str(cfg.model.get("path") or models.embedded_model_dir(cfg.model, log=log))
+        model, tokenizer = None, AutoTokenizer.from_pretrained(path)
+        engine_cfg["model_path"] = path
+    else:
         model, tokenizer = models.load_policy(cfg.model, log=log)
         model.to(_device(ev.get("device", "auto")))
-        gen = HFGenerator(model, tokenizer, batch_size=int(ev.get("batch_size", 16) or 16),
-                          add_special_tokens=not _use_chat(tokenizer, chat))
-        return gen, tokenizer, label
-    path = cfg.model.get("path") or models.embedded_model_dir(cfg.model, log=log)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    vcfg = dict(ev.get("vllm") or {})
-    dtype = str(vcfg.pop("dtype", None) or cfg.model.get("dtype") or "auto")
-    gen = VLLMGenerator(str(path), dtype=dtype, seed=int(ev.get("seed", 0)), **vcfg)
-    return gen, tokenizer, label
+    engine_cfg["add_special_tokens"] = not _use_chat(tokenizer, _chat_setting(cfg))
+    return engine_cls(engine_cfg, model, tokenizer), tokenizer, label
 
 
 def render_table(results: Mapping[str, dict], title: str = "entropyrl eval"):
@@ -310,8 +317,6 @@ def run_eval(cfg, console=None) -> dict:
         requested.append(str(cfg.benchmark.name))
     names = expand_benchmarks(requested)
     if not names:
-        from entropyrl.evals.benchmarks import available_benchmarks
-
         raise UserError("no benchmark given: entropyrl eval BENCH... (one or more of "
                         f"{', '.join(available_benchmarks())}, or a .jsonl/.parquet file)")
     limit = ev.get("limit")
@@ -319,28 +324,29 @@ def run_eval(cfg, console=None) -> dict:
         raise UserError(f"eval.limit must be >= 1 (or null for every problem), got {limit}")
     settings = EvalSettings.from_cfg(ev)
     settings.chat_template = _chat_setting(cfg)
-    from entropyrl.evals.prompts import available_templates
-
     if settings.prompt not in available_templates():
         raise UserError(f"unknown eval.prompt '{settings.prompt}'; valid: {', '.join(available_templates())}")
     data = {b: load_benchmark(b, ev.get("data_root"), limit) for b in names}   # fail fast, before the model
     out_dir = Path(str(cfg.output_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    generator, tokenizer, label = make_generator(cfg, log=lambda m: console.print(f"[dim]{m}[/dim]"))
+    engine, tokenizer, label = make_engine(cfg, log=lambda m: console.print(f"[dim]{m}[/dim]"))
     started = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as bar:
-        tasks: dict[tuple[str, str], int] = {}
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=False) as bar:
+            tasks: dict[tuple[str, str], int] = {}
 
-        def progress(bench: str, phase: str, advance: int, total: int) -> None:
-            key = (bench, phase)
-            if key not in tasks:
-                tasks[key] = bar.add_task(f"{phase:8s} {bench}", total=total)
-            if advance:
-                bar.advance(tasks[key], advance)
+            def progress(bench: str, phase: str, advance: int, total: int) -> None:
+                key = (bench, phase)
+                if key not in tasks:
+                    tasks[key] = bar.add_task(f"{phase:8s} {bench}", total=total)
+                if advance:
+                    bar.advance(tasks[key], advance)
 
-        results, samples = evaluate(generator, tokenizer, data, settings, progress=progress)
+            results, samples = evaluate(engine, tokenizer, data, settings, progress=progress)
+    finally:
+        engine.close()
 
     warnings = [r["warning"] for r in results.values() if "warning" in r]   # many responses cut short
     for line in warnings:

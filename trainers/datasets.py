@@ -56,7 +56,7 @@ def _hub_offline() -> bool:
 
 
 def load_problems(data_cfg) -> tuple[list, str]:
-    """``(problems, where)``: ``evals.benchmarks.Problem`` items of ``data_cfg`` and where they came from."""
+    """``(problems, where)``: ``tasks.Problem`` items of ``data_cfg`` and where they came from."""
     from entropyrl.evals.benchmarks import read_rows, resolve_data_root, rows_to_problems
 
     name = str(cfg_get(data_cfg, "name", "data"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from entropyrl.trainers.rollout import Rollout
+from entropyrl.rollout import Rollout
 from entropyrl.trainers.token_stats import chunked_token_stats
 
 __all__ = ["sequence_inputs", "response_token_stats", "batch_token_stats", "masked_mean"]

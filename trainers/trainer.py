@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from entropyrl.errors import UserError
 from entropyrl.models import load_policy
 from entropyrl.resources import ThreadBudget
+from entropyrl.rollout import Rollout, build_rollout, cat_rollouts
 from entropyrl.trainers import checkpoint as ckpt
 from entropyrl.trainers import distributed, run_dir
 from entropyrl.trainers.algorithm import Algorithm, tracked_config
@@ -43,7 +44,6 @@ from entropyrl.trainers.policy_stats import batch_token_stats, response_token_st
 from entropyrl.trainers.probe import build_probe
 from entropyrl.trainers.prompts_source import build_prompt_source
 from entropyrl.trainers.regime import report_regime
-from entropyrl.trainers.rollout import Rollout, build_rollout, cat_rollouts
 from entropyrl.trainers.run_report import TrainingProgress, summarize
 from entropyrl.trainers.stop_signals import RunInterrupted, StopSignals
 from entropyrl.trainers.tracking import RunTracker, check_reachable, resolve_uri

