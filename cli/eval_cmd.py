@@ -7,6 +7,8 @@ from typing import List, Optional
 import typer
 
 from entropyrl.cli.common import groups_help
+from entropyrl.conf import compose
+from entropyrl.evals.runner import render_table, run_eval
 
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:
@@ -38,8 +40,6 @@ def register(app: typer.Typer) -> None:
         from omegaconf import open_dict
         from rich.console import Console
 
-        from entropyrl.conf import compose
-        from entropyrl.evals.runner import render_table, run_eval
 
         names, overrides = split_args(list(args or []))
         cfg = compose("eval", overrides)

@@ -23,7 +23,12 @@ from typing import List, Optional
 
 import typer
 
+from entropyrl.conf import compose, to_plain
 from entropyrl.errors import UserError
+from entropyrl.models import load_policy
+from entropyrl.trainers.lab_claims import compute_claims
+from entropyrl.trainers.lab_report import write_lab_outputs
+from entropyrl.trainers.tracking import RunTracker, read_metrics
 
 VARIANTS = ("grpo", "stare", "steer", "clip_cov", "kl_cov", "sample_reweight", "high_entropy_mask",
             "grpo_extreme", "steer_extreme")
@@ -71,7 +76,6 @@ def finished_run(cfg) -> bool:
     so a repeated or extended ``entropyrl lab`` reuses it instead of training it again."""
     from omegaconf import OmegaConf
 
-    from entropyrl.conf import to_plain
 
     out = Path(cfg.output_dir)
     try:
@@ -103,11 +107,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from rich.console import Console
 
-        from entropyrl.conf import compose, to_plain
-        from entropyrl.models import load_policy
-        from entropyrl.trainers.lab_claims import compute_claims
-        from entropyrl.trainers.lab_report import write_lab_outputs
-        from entropyrl.trainers.tracking import RunTracker, read_metrics
 
         console = Console(stderr=True)
         say = lambda msg: console.print(f"[bold]lab[/bold]: {msg}")  # noqa: E731

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Callable
 
 from entropyrl.sweeps import aggregate as agg
+from entropyrl.sweeps.jobs import read_job_state
 from entropyrl.sweeps.state import DONE, FAILED, PENDING, RUNNING, JobStatus, sweep_status
+from entropyrl.trainers.tracking import check_reachable
 
 PLOTS = [("entropy", "entropy", "policy entropy (nats/token)"),
          ("reward", "reward/mean", "reward (train)"),
@@ -175,7 +177,6 @@ def _json_default(o):
 
 
 def _job_json(st: JobStatus) -> dict:
-    from entropyrl.sweeps.jobs import read_job_state
 
     return read_job_state(Path(st.output_dir))
 
@@ -249,7 +250,6 @@ def _log_to_parent(sweep: dict, sweep_dir: Path, result: dict, log: Callable[[st
         from mlflow.entities import Metric, RunStatus
         from mlflow.tracking import MlflowClient
 
-        from entropyrl.trainers.tracking import check_reachable
 
         check_reachable(tr["uri"])
         client = MlflowClient(tr["uri"])

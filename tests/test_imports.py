@@ -103,3 +103,31 @@ def test_layers_point_one_way():
 
 def test_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _imports_inside_functions(mods: dict[str, Path]) -> list[str]:
+    """``module:line -> target`` for every import of a package module that is not at module top.
+    Such imports hide edges from a reader (and hid cycles before this test existed); a heavy
+    optional dependency (vLLM) is loaded lazily through the rollout registry's "module:Class"
+    strings, not by an import statement."""
+    found = []
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            if id(node) in top or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else ["." * node.level + (node.module or "")])
+            if any(n.startswith(("entropyrl", ".")) for n in names):
+                found.append(f"{mod}:{node.lineno} -> {names[0]}")
+    return found
+
+
+def test_package_imports_sit_at_module_top():
+    assert _imports_inside_functions(_modules()) == []
+
+
+def test_function_level_import_finder_finds_one(tmp_path):
+    (tmp_path / "m.py").write_text("import os\n\ndef f():\n    from entropyrl.errors import UserError\n")
+    assert _imports_inside_functions({"entropyrl.m": tmp_path / "m.py"}) == ["entropyrl.m:4 -> entropyrl.errors"]

@@ -36,6 +36,9 @@ from typing import Any, Sequence
 
 from entropyrl.conf import cfg_get, to_plain
 from entropyrl.errors import UserError
+from entropyrl.evals.benchmarks import read_rows, resolve_data_root, rows_to_problems
+from entropyrl.evals.grader import grade_batch
+from entropyrl.evals.prompts import available_templates, build_prompt
 
 __all__ = ["MathDatasetSource", "load_problems"]
 
@@ -57,7 +60,6 @@ def _hub_offline() -> bool:
 
 def load_problems(data_cfg) -> tuple[list, str]:
     """``(problems, where)``: ``tasks.Problem`` items of ``data_cfg`` and where they came from."""
-    from entropyrl.evals.benchmarks import read_rows, resolve_data_root, rows_to_problems
 
     name = str(cfg_get(data_cfg, "name", "data"))
     raw = cfg_get(data_cfg, "path", None)
@@ -115,7 +117,6 @@ class MathDatasetSource:
         self.chat_template = cfg_get(data_cfg, "chat_template", "auto")
         self.timeout = float(cfg_get(data_cfg, "grade_timeout", 5.0))
         self.workers = data_cfg.get("grade_workers", None) if data_cfg is not None else None
-        from entropyrl.evals.prompts import available_templates
 
         if self.template not in available_templates():
             raise UserError(f"data.prompt={self.template}: valid choices: {', '.join(available_templates())}")
@@ -162,13 +163,11 @@ class MathDatasetSource:
         return list(self.val_items[: int(n)])
 
     def prompt(self, problem) -> str:
-        from entropyrl.evals.prompts import build_prompt
 
         return build_prompt(problem, self.template, self.tokenizer, self.chat_template)
 
     # -- rewards ------------------------------------------------------------------------------
     def rewards(self, problems: Sequence, responses: Sequence[str]) -> list[float]:
-        from entropyrl.evals.grader import grade_batch
 
         results = grade_batch(list(responses), [p.answer for p in problems], workers=self.workers,
                               timeout=self.timeout)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from entropyrl.conf import compose
 from entropyrl.trainers.diagnostics import QUADRANTS, quadrant_ids
 from entropyrl.trainers.policy_stats import batch_token_stats, response_token_stats
 from entropyrl.trainers.probe import ProbeBatch
@@ -78,7 +79,6 @@ def main(argv: list[str]) -> None:
     import json
     from pathlib import Path
 
-    from entropyrl.conf import compose
 
     out, batches, overrides = Path(argv[0]), int(argv[1]), argv[2:]
     cfg = compose("train", overrides)

@@ -28,6 +28,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from entropyrl.errors import UserError
+from entropyrl.evals.runner import validate as validate_benchmarks
 from entropyrl.models import load_policy
 from entropyrl.resources import ThreadBudget
 from entropyrl.rollout import Rollout, build_rollout, cat_rollouts
@@ -46,7 +47,7 @@ from entropyrl.trainers.prompts_source import build_prompt_source
 from entropyrl.trainers.regime import report_regime
 from entropyrl.trainers.run_report import TrainingProgress, summarize
 from entropyrl.trainers.stop_signals import RunInterrupted, StopSignals
-from entropyrl.trainers.tracking import RunTracker, check_reachable, resolve_uri
+from entropyrl.trainers.tracking import RunTracker, check_reachable, read_metrics, resolve_uri
 from entropyrl.validation import validate_config
 
 
@@ -308,7 +309,6 @@ class GRPOTrainer:
             if int(self.cfg.val.get("pass_k") or 0) > 0:   # pass@1 / pass@k from sampled responses
                 out.update(sampled_pass_metrics(self.rollout, self.source, self.val_problems, int(self.cfg.val.pass_k)))
         if self.cfg.val.get("benchmarks"):
-            from entropyrl.evals.runner import validate as validate_benchmarks
 
             out.update(validate_benchmarks(self.model, self.tokenizer, list(self.cfg.val.benchmarks), self.cfg.val))
         return out
@@ -367,7 +367,6 @@ class GRPOTrainer:
         return summary
 
     def _finish(self, started: float, status: str) -> dict:
-        from entropyrl.trainers.tracking import read_metrics
 
         if not self.dist.is_main:     # rank 0 writes the summary, plots and artifacts
             return {"status": status, "steps": self.step, "algo": str(self.cfg.algo.name),
