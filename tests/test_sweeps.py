@@ -188,6 +188,11 @@ def make_synthetic_sweep(root: Path) -> Path:
     write_metrics(runs / "v1" / "s1", [1.0, 0.9, 0.6, 0.4, 0.26], {5: 0.7})
     for seed in (0, 1):
         (runs / "v1" / f"s{seed}" / "job.json").write_text(json.dumps({"state": "done", "steps": 5, "attempt": 1}))
+    # what the runs' regime checks wrote (trainers/regime.py): both seeds collapsed, one had a warning
+    collapse = {"id": "collapse", "message": "entropy collapsed", "first_step": 5}
+    (runs / "v1" / "s0" / "summary.json").write_text(json.dumps({"status": "FINISHED", "flags": [{**collapse, "first_step": 4}],
+        "warnings": [{"id": "kl_cov_on_policy", "message": "kl_cov's penalty was 0", "first_step": 1}]}))
+    (runs / "v1" / "s1" / "summary.json").write_text(json.dumps({"status": "FINISHED", "flags": [collapse], "warnings": []}))
     (runs / "v2" / "s0").mkdir(parents=True)
     (runs / "v2" / "s0" / "job.json").write_text(json.dumps({"state": "failed", "error": "RuntimeError: boom"}))
     (runs / "v2" / "s0" / "train.log").write_text("Traceback ... RuntimeError: boom\n")
@@ -220,8 +225,10 @@ def test_status_and_report_rebuild_from_files(tmp_path):
     md = (sw / "report.md").read_text()
     v1 = next(line for line in md.splitlines() if line.startswith("| `v1`"))
     cells = [c.strip() for c in v1.strip("|").split("|")]
-    # seeds, final val acc, entropy last 40% mean, min, AUC, first step below 0.3
-    assert cells[1:] == ["2/2", "0.600 ± 0.100", "0.240 ± 0.090", "0.180 ± 0.080", "2.29 ± 0.24", "4.5 (2/2)"]
+    # seeds, final val acc, entropy last 40% mean, min, AUC, first step below 0.3, warnings, flags
+    assert cells[1:] == ["2/2", "0.600 ± 0.100", "0.240 ± 0.090", "0.180 ± 0.080", "2.29 ± 0.24", "4.5 (2/2)",
+                         "kl_cov_on_policy@1 (1/2 seeds)", "collapse@4/5"]
+    assert "| `v1/s0` | done | 5 | 0.500 | 2.05 | kl_cov_on_policy@1 | collapse@4 |" in md
     assert "| `v2` | 0/2 | - |" in md
     assert "`v2/s0`: RuntimeError: boom" in md and str(sw / "runs" / "v2" / "s0" / "train.log") in md
     for name in ("entropy", "reward", "accuracy", "val_accuracy"):
@@ -230,7 +237,8 @@ def test_status_and_report_rebuild_from_files(tmp_path):
     assert rep["variants"]["v1"]["summary"]["entropy_auc"]["mean"] == pytest.approx((2.05 + 2.53) / 2)
     comparison = (sw / "comparison.csv").read_text().splitlines()
     assert comparison[0].startswith("variant,seeds_done,seeds_total,final_val_acc_mean")
-    assert comparison[1].startswith("v1,2,2,0.6")
+    assert comparison[1].startswith("v1,2,2,0.6") and comparison[1].endswith("kl_cov_on_policy@1 (1/2 seeds),collapse@4/5")
+    assert rep["jobs"][0]["flags"] == "collapse@4"
 
     # the report follows the files: v2/s1 finishes, the rebuild counts it
     write_metrics(sw / "runs" / "v2" / "s1", [1.0, 0.9, 0.8, 0.7, 0.6], {5: 0.2})

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from entropyrl.trainers.lab_claims import THEORY, entropy_ends, final_value  # noqa: E402
-from entropyrl.trainers.regime import entropy_flags, prediction_fit, regime_warnings  # noqa: E402
+from entropyrl.trainers.regime import entropy_flags, findings_cell, prediction_fit, regime_warnings  # noqa: E402
 
 __all__ = ["plot_band", "variant_table", "write_lab_outputs"]
 
@@ -69,8 +69,8 @@ def variant_table(runs: dict, algo_cfgs: dict, pass_key: str) -> list[dict]:
     out = []
     for name, by_seed in runs.items():
         rows_list = list(by_seed.values())
-        warnings = sorted({w["id"] for rows in rows_list for w in regime_warnings(rows, algo_cfgs.get(name, {}))})
-        flags = sorted({f"{f['id']}@{f['first_step']}" for rows in rows_list for f in entropy_flags(rows)})
+        warnings = findings_cell([regime_warnings(rows, algo_cfgs.get(name, {})) for rows in rows_list])
+        flags = findings_cell([entropy_flags(rows) for rows in rows_list])
         fits = [prediction_fit(rows) for rows in rows_list]
         out.append({
             "variant": name, "seeds": sorted(by_seed),
@@ -143,8 +143,8 @@ def write_lab_outputs(out: Path, runs: dict, claims: list[dict], *, algo_cfgs: d
               "|---|---|---|---|---|---|---|---|---|"]
     for t in table:
         lines.append(f"| {t['variant']} | {_ms(t['entropy_first_tenth'])} | {_ms(t['entropy_last_tenth'])} | {_ms(t['val_acc'])} | "
-                     f"{_ms(t['pass@1'])} | {_ms(t[k])} | {_ms(t['pred_r_detrended'])} | {', '.join(t['warnings']) or '-'} | "
-                     f"{', '.join(t['flags']) or '-'} |")
+                     f"{_ms(t['pass@1'])} | {_ms(t[k])} | {_ms(t['pred_r_detrended'])} | {t['warnings']} | "
+                     f"{t['flags']} |")
     lines += ["", "## Quadrant sign experiment", "",
               "One plain-SGD step restricted to one quadrant's tokens, from the starting policy; realised entropy "
               "change on the fixed probe batch (nats/token).", "", *_quadrants_md(quadrants or {}), ""]
