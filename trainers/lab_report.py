@@ -132,7 +132,7 @@ def write_lab_outputs(out: Path, runs: dict, claims: list[dict], *, algo_cfgs: d
     for name, key, label, variants in (("entropy", "entropy", "policy entropy (nats/token)", main),
                                        ("pass1", "val/pass@1", "validation pass@1", main),
                                        ("passk", pass_key, f"validation {pass_key.split('/')[-1]}", main),
-                                       ("extreme", "entropy", "entropy, stress test (clip 0.99/5, 16 updates/step)",
+                                       ("extreme", "entropy", "entropy, stress test (clip 0.99/5, many updates per step)",
                                         [v for v in runs if v.endswith("_extreme")])):
         p = plot_band(runs, key, out / f"lab-{name}.png", label, variants=variants)
         if p is not None:
