@@ -89,6 +89,21 @@ def test_claims_fail_when_the_effect_is_absent():
     assert c["quadrant_signs"]["reproduced"] is None                            # experiment not run
 
 
+def test_unreproduced_steer_claims_name_steer_weights_and_stress_accuracy():
+    runs, h_tgt = synthetic_runs(seeds=(0, 1))
+    # STEER near-uniform (mean weight ~0.99): its per-step change as spread as GRPO's, no warning fires
+    runs["steer"] = {s: rows(entropy=decay(0.05), **{"steer/weight_mean": lambda i: 0.985 + 0.01 * (i % 2),
+                                                      "entropy_change/realized": lambda i: -0.01 + 0.06 * (-1) ** i})
+                     for s in (0, 1)}
+    for v in ("grpo_extreme", "steer_extreme"):                                  # both broken: accuracy 0
+        runs[v] = {s: rows(entropy=lambda i: 1.0, **{"val/acc": 0.0}) for s in (0, 1)}
+    c = by_claim(compute_claims(runs, h_tgt=h_tgt))
+    assert c["steer_moderates_change"]["reproduced"] is False
+    assert "steer: mean token weight 0.990 (lowest 0.985), 0.990 (lowest 0.985)" in c["steer_moderates_change"]["reason"]
+    assert c["steer_extreme_stable"]["reproduced"] is False
+    assert "final val acc grpo_extreme 0/0, steer_extreme 0/0" in c["steer_extreme_stable"]["reason"]
+
+
 def test_missing_runs_give_not_run():
     c = by_claim(compute_claims({"grpo": {0: rows(entropy=decay(0.05))}}, h_tgt=0.3))
     assert c["grpo_collapses"]["reproduced"] is True

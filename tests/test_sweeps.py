@@ -21,6 +21,7 @@ from entropyrl.sweeps import aggregate as agg
 from entropyrl.sweeps.ablation import expand, merge_overrides, variants_of
 from entropyrl.sweeps.planning import validate_jobs
 from entropyrl.sweeps.state import save_sweep
+from entropyrl.trainers.regime import findings_cell
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 # A job of a few seconds: 3 steps of 4 prompts, validation only at the end, one checkpoint.
@@ -314,6 +315,12 @@ def test_local_sweep_reports_a_failed_job_and_rerun_retries_only_it(tmp_path):
     assert [json.loads(x)["step"] for x in (ok / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
     assert "`bad/s0`: UserError" in (sw / "report.md").read_text()
     assert (sw / "plots" / "entropy.png").exists()
+    # the finished job's regime warnings and flags, as its summary.json lists them
+    ok_summary = json.loads((ok / "summary.json").read_text())
+    cells = f"| {findings_cell([ok_summary['warnings']])} | {findings_cell([ok_summary['flags']])} |"
+    report_lines = (sw / "report.md").read_text().splitlines()
+    assert cells in next(line for line in report_lines if line.startswith("| `ok/s0` |"))
+    assert cells in next(line for line in report_lines if line.startswith("| `ok` |"))
 
     import mlflow
 
