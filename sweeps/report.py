@@ -5,6 +5,8 @@ Files (in ``<sweep_dir>``): ``report.md`` (the tables, the curves, failed jobs w
 ``report.json`` (the same numbers, machine-readable), ``comparison.csv`` (one row per variant:
 mean and std over seeds), ``runs.csv`` (one row per job), ``plots/{entropy,reward,accuracy,
 val_accuracy}.png`` (mean line and min-max band over seeds, per variant). Only finished jobs count.
+Each variant also shows its runs' regime warnings and entropy flags (``summary.json`` ``warnings`` and
+``flags``, trainers/regime.py), formatted as in the lab report.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Callable
 from entropyrl.sweeps import aggregate as agg
 from entropyrl.sweeps.jobs import read_job_state
 from entropyrl.sweeps.state import DONE, FAILED, PENDING, RUNNING, JobStatus, sweep_status
+from entropyrl.trainers.regime import findings_cell
 from entropyrl.trainers.tracking import check_reachable
 
 PLOTS = [("entropy", "entropy", "policy entropy (nats/token)"),
@@ -115,18 +118,26 @@ def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str
 
     # --- per job ---------------------------------------------------------------------------
     job_rows, curves, per_variant = [], {v: [] for v in order}, {v: [] for v in order}
+    findings: dict[str, dict[str, list[list[dict]]]] = {v: {"warnings": [], "flags": []} for v in order}
     for st in statuses:
         rows = agg.load_rows(Path(st.output_dir)) if st.state == DONE else []
         m = agg.run_metrics(rows, threshold, tail_frac) if rows else {}
         js = _job_json(st)
+        regime = _regime(st) if st.state == DONE else {"warnings": [], "flags": []}
         job_rows.append({"key": st.key, "variant": st.variant, "seed": st.seed, "state": st.state,
                          "detail": st.detail, "mlflow_run_id": js.get("mlflow_run_id") or _tracking_run(st),
-                         "output_dir": st.output_dir, "log": st.log, **m})
+                         "output_dir": st.output_dir, "log": st.log, **m,
+                         "warnings": findings_cell([regime["warnings"]]) if st.state == DONE else "",
+                         "flags": findings_cell([regime["flags"]]) if st.state == DONE else ""})
         if rows:
             curves[st.variant].append(rows)
             per_variant[st.variant].append(m)
+            for kind in ("warnings", "flags"):
+                findings[st.variant][kind].append(regime[kind])
     variants = {v: {"summary": agg.variant_summary(runs) if runs else {},
-                    "done": len(runs), "total": sum(1 for s in statuses if s.variant == v)}
+                    "done": len(runs), "total": sum(1 for s in statuses if s.variant == v),
+                    "warnings": findings_cell(findings[v]["warnings"]) if runs else "-",
+                    "flags": findings_cell(findings[v]["flags"]) if runs else "-"}
                 for v, runs in per_variant.items()}
     counts = {s: sum(1 for st in statuses if st.state == s) for s in (DONE, RUNNING, PENDING, FAILED)}
 
@@ -140,7 +151,7 @@ def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str
             plots.append(p)
     _write_csv(sweep_dir / "runs.csv", job_rows,
                ["variant", "seed", "state", "steps", *[c for c, _, _ in COLUMNS], "first_step_below",
-                "final_reward", "final_acc", "mlflow_run_id", "output_dir", "log", "detail"])
+                "final_reward", "final_acc", "warnings", "flags", "mlflow_run_id", "output_dir", "log", "detail"])
     comp_rows = []
     for v in order:
         s = variants[v]["summary"]
@@ -149,6 +160,7 @@ def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str
             row[f"{f}_mean"], row[f"{f}_std"] = s.get(f, {}).get("mean"), s.get(f, {}).get("std")
         fsb = s.get("first_step_below", {})
         row["first_step_below_mean"], row["first_step_below_crossed"] = fsb.get("mean"), fsb.get("crossed")
+        row["warnings"], row["flags"] = variants[v]["warnings"], variants[v]["flags"]
         comp_rows.append(row)
     _write_csv(sweep_dir / "comparison.csv", comp_rows, list(comp_rows[0]) if comp_rows else ["variant"])
 
@@ -179,6 +191,16 @@ def _json_default(o):
 def _job_json(st: JobStatus) -> dict:
 
     return read_job_state(Path(st.output_dir))
+
+
+def _regime(st: JobStatus) -> dict[str, list[dict]]:
+    """The run's regime warnings and entropy flags as its ``summary.json`` lists them (none when the
+    summary is missing or unreadable)."""
+    try:
+        summary = json.loads((Path(st.output_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {"warnings": [], "flags": []}
+    return {k: [f for f in summary.get(k) or [] if isinstance(f, dict) and "id" in f] for k in ("warnings", "flags")}
 
 
 def _tracking_run(st: JobStatus) -> str | None:
@@ -212,26 +234,30 @@ def _markdown(sweep, sweep_dir, order, variants, statuses, job_rows, plots, thre
     if sweep.get("budget") or sweep.get("train_overrides"):
         lines.append(f"- every job: `{' '.join([*sweep.get('budget', []), *sweep.get('train_overrides', [])])}`")
     lines += ["", "## Comparison (finished seeds; mean ± std over seeds)", ""]
-    header = ["variant", "seeds"] + [c[1].format(tail=tail_txt) for c in COLUMNS] + [f"first step H < {threshold:g}"]
+    header = (["variant", "seeds"] + [c[1].format(tail=tail_txt) for c in COLUMNS]
+              + [f"first step H < {threshold:g}", "warnings", "flags"])
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for v in order:
         s = variants[v]["summary"]
         cells = [f"`{v}`", f"{variants[v]['done']}/{variants[v]['total']}"]
         cells += [_pm(s.get(f, {}), d) for f, _, d in COLUMNS]
-        cells.append(_first_below(s.get("first_step_below", {})))
+        cells += [_first_below(s.get("first_step_below", {})), variants[v]["warnings"], variants[v]["flags"]]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Entropy AUC: trapezoid area under the entropy curve over steps (nats x steps). "
                   f"First step H < {threshold:g}: mean over the seeds whose entropy fell below it "
-                  f"(how many of them did).", ""]
+                  f"(how many of them did). Warnings (an intervention that cannot act in this regime) and "
+                  f"flags (entropy collapse < 0.2x / explosion > 3x its first tenth), from each run's "
+                  f"summary.json: `id@first step` per seed.", ""]
     if plots:
         lines += ["## Curves (mean line, min-max band over seeds)", ""]
         lines += [f"![{Path(p).stem}](plots/{Path(p).name})" for p in plots]
         lines.append("")
-    lines += ["## Jobs", "", "| job | state | steps | final val acc | entropy AUC | MLflow run | detail |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["## Jobs", "", "| job | state | steps | final val acc | entropy AUC | warnings | flags | MLflow run | detail |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in job_rows:
         lines.append(f"| `{r['key']}` | {r['state']} | {r.get('steps', '-')} | {_fmt(r.get('final_val_acc'))} | "
-                     f"{_fmt(r.get('entropy_auc'), 2)} | {r.get('mlflow_run_id') or '-'} | {r['detail']} |")
+                     f"{_fmt(r.get('entropy_auc'), 2)} | {r['warnings'] or '-'} | {r['flags'] or '-'} | "
+                     f"{r.get('mlflow_run_id') or '-'} | {r['detail']} |")
     failed = [s for s in statuses if s.state == FAILED]
     if failed:
         lines += ["", "## Failed jobs", ""]

@@ -15,6 +15,7 @@ from entropyrl.conf import CONF_DIR, compose
 from entropyrl.trainers.lab_claims import compute_claims, quadrant_claim
 from entropyrl.trainers.lab_report import write_lab_outputs
 from entropyrl.trainers.passk import pass_metrics_from_scores
+from entropyrl.trainers.regime import findings_cell
 
 
 def rows(n=50, entropy=lambda i: 1.0, **extra):
@@ -88,6 +89,21 @@ def test_claims_fail_when_the_effect_is_absent():
     assert c["quadrant_signs"]["reproduced"] is None                            # experiment not run
 
 
+def test_unreproduced_steer_claims_name_steer_weights_and_stress_accuracy():
+    runs, h_tgt = synthetic_runs(seeds=(0, 1))
+    # STEER near-uniform (mean weight ~0.99): its per-step change as spread as GRPO's, no warning fires
+    runs["steer"] = {s: rows(entropy=decay(0.05), **{"steer/weight_mean": lambda i: 0.985 + 0.01 * (i % 2),
+                                                      "entropy_change/realized": lambda i: -0.01 + 0.06 * (-1) ** i})
+                     for s in (0, 1)}
+    for v in ("grpo_extreme", "steer_extreme"):                                  # both broken: accuracy 0
+        runs[v] = {s: rows(entropy=lambda i: 1.0, **{"val/acc": 0.0}) for s in (0, 1)}
+    c = by_claim(compute_claims(runs, h_tgt=h_tgt))
+    assert c["steer_moderates_change"]["reproduced"] is False
+    assert "steer: mean token weight 0.990 (lowest 0.985), 0.990 (lowest 0.985)" in c["steer_moderates_change"]["reason"]
+    assert c["steer_extreme_stable"]["reproduced"] is False
+    assert "final val acc grpo_extreme 0/0, steer_extreme 0/0" in c["steer_extreme_stable"]["reason"]
+
+
 def test_missing_runs_give_not_run():
     c = by_claim(compute_claims({"grpo": {0: rows(entropy=decay(0.05))}}, h_tgt=0.3))
     assert c["grpo_collapses"]["reproduced"] is True
@@ -112,6 +128,20 @@ def test_report_files(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "grpo_collapses" in report and "![entropy](lab-entropy.png)" in report and "Quadrant" in report
     assert (tmp_path / "lab-entropy.png").stat().st_size > 1000 and "extreme" in paths
+    # each variant's regime flags and warnings, with their first step per seed (regime.findings_cell)
+    first_tenth = sum(decay(0.06)(i) for i in range(5)) / 5
+    step = next(i + 1 for i in range(50) if decay(0.06)(i) < 0.2 * first_tenth)         # kl_cov's collapse
+    kl = next(line for line in report.splitlines() if line.startswith("| kl_cov |"))
+    assert kl.rstrip(" |").endswith(f"| - | collapse@{step}/{step}")
+    assert next(v for v in doc["variants"] if v["variant"] == "kl_cov")["flags"] == f"collapse@{step}/{step}"
+
+
+def test_findings_cell_names_ids_steps_and_seed_share():
+    collapse = lambda step: {"id": "collapse", "message": "m", "first_step": step}  # noqa: E731
+    warn = {"id": "all_equal_groups", "message": "m", "first_step": 3}
+    assert findings_cell([[collapse(40)], [collapse(52), warn], []]) == "collapse@40/52 (2/3 seeds), all_equal_groups@3 (1/3 seeds)"
+    assert findings_cell([[warn], [warn]]) == "all_equal_groups@3/3"
+    assert findings_cell([[], []]) == "-" and findings_cell([]) == "-"
 
 
 # ------------------------------------------------------------------------------------------

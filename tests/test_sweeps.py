@@ -21,6 +21,7 @@ from entropyrl.sweeps import aggregate as agg
 from entropyrl.sweeps.ablation import expand, merge_overrides, variants_of
 from entropyrl.sweeps.planning import validate_jobs
 from entropyrl.sweeps.state import save_sweep
+from entropyrl.trainers.regime import findings_cell
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 # A job of a few seconds: 3 steps of 4 prompts, validation only at the end, one checkpoint.
@@ -188,6 +189,11 @@ def make_synthetic_sweep(root: Path) -> Path:
     write_metrics(runs / "v1" / "s1", [1.0, 0.9, 0.6, 0.4, 0.26], {5: 0.7})
     for seed in (0, 1):
         (runs / "v1" / f"s{seed}" / "job.json").write_text(json.dumps({"state": "done", "steps": 5, "attempt": 1}))
+    # what the runs' regime checks wrote (trainers/regime.py): both seeds collapsed, one had a warning
+    collapse = {"id": "collapse", "message": "entropy collapsed", "first_step": 5}
+    (runs / "v1" / "s0" / "summary.json").write_text(json.dumps({"status": "FINISHED", "flags": [{**collapse, "first_step": 4}],
+        "warnings": [{"id": "kl_cov_on_policy", "message": "kl_cov's penalty was 0", "first_step": 1}]}))
+    (runs / "v1" / "s1" / "summary.json").write_text(json.dumps({"status": "FINISHED", "flags": [collapse], "warnings": []}))
     (runs / "v2" / "s0").mkdir(parents=True)
     (runs / "v2" / "s0" / "job.json").write_text(json.dumps({"state": "failed", "error": "RuntimeError: boom"}))
     (runs / "v2" / "s0" / "train.log").write_text("Traceback ... RuntimeError: boom\n")
@@ -220,8 +226,10 @@ def test_status_and_report_rebuild_from_files(tmp_path):
     md = (sw / "report.md").read_text()
     v1 = next(line for line in md.splitlines() if line.startswith("| `v1`"))
     cells = [c.strip() for c in v1.strip("|").split("|")]
-    # seeds, final val acc, entropy last 40% mean, min, AUC, first step below 0.3
-    assert cells[1:] == ["2/2", "0.600 ± 0.100", "0.240 ± 0.090", "0.180 ± 0.080", "2.29 ± 0.24", "4.5 (2/2)"]
+    # seeds, final val acc, entropy last 40% mean, min, AUC, first step below 0.3, warnings, flags
+    assert cells[1:] == ["2/2", "0.600 ± 0.100", "0.240 ± 0.090", "0.180 ± 0.080", "2.29 ± 0.24", "4.5 (2/2)",
+                         "kl_cov_on_policy@1 (1/2 seeds)", "collapse@4/5"]
+    assert "| `v1/s0` | done | 5 | 0.500 | 2.05 | kl_cov_on_policy@1 | collapse@4 |" in md
     assert "| `v2` | 0/2 | - |" in md
     assert "`v2/s0`: RuntimeError: boom" in md and str(sw / "runs" / "v2" / "s0" / "train.log") in md
     for name in ("entropy", "reward", "accuracy", "val_accuracy"):
@@ -230,7 +238,8 @@ def test_status_and_report_rebuild_from_files(tmp_path):
     assert rep["variants"]["v1"]["summary"]["entropy_auc"]["mean"] == pytest.approx((2.05 + 2.53) / 2)
     comparison = (sw / "comparison.csv").read_text().splitlines()
     assert comparison[0].startswith("variant,seeds_done,seeds_total,final_val_acc_mean")
-    assert comparison[1].startswith("v1,2,2,0.6")
+    assert comparison[1].startswith("v1,2,2,0.6") and comparison[1].endswith("kl_cov_on_policy@1 (1/2 seeds),collapse@4/5")
+    assert rep["jobs"][0]["flags"] == "collapse@4"
 
     # the report follows the files: v2/s1 finishes, the rebuild counts it
     write_metrics(sw / "runs" / "v2" / "s1", [1.0, 0.9, 0.8, 0.7, 0.6], {5: 0.2})
@@ -306,6 +315,12 @@ def test_local_sweep_reports_a_failed_job_and_rerun_retries_only_it(tmp_path):
     assert [json.loads(x)["step"] for x in (ok / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
     assert "`bad/s0`: UserError" in (sw / "report.md").read_text()
     assert (sw / "plots" / "entropy.png").exists()
+    # the finished job's regime warnings and flags, as its summary.json lists them
+    ok_summary = json.loads((ok / "summary.json").read_text())
+    cells = f"| {findings_cell([ok_summary['warnings']])} | {findings_cell([ok_summary['flags']])} |"
+    report_lines = (sw / "report.md").read_text().splitlines()
+    assert cells in next(line for line in report_lines if line.startswith("| `ok/s0` |"))
+    assert cells in next(line for line in report_lines if line.startswith("| `ok` |"))
 
     import mlflow
 

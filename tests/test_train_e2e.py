@@ -110,3 +110,6 @@ def test_default_run_shows_grpo_entropy_collapse(in_tmp):
     assert summary["steps"] == 200 and summary["algo"] == "grpo"
     assert summary["entropy/last_tenth"] < 0.5 * summary["entropy/first_tenth"], summary
     assert summary["final/val/acc"] > 0.0
+    # the regime check names the collapse and the step it happened at (trainers/regime.py)
+    (collapse,) = [f for f in summary["flags"] if f["id"] == "collapse"]
+    assert 1 < collapse["first_step"] <= 200 and f"step {collapse['first_step']}" in collapse["message"], collapse

@@ -68,6 +68,27 @@ def _reasons(runs: dict, variants: tuple[str, ...], algo_cfgs: dict) -> str:
     return "; ".join(found)
 
 
+def _steer_weights(runs: dict, variant: str) -> str:
+    """STEER's measured lever: its mean token weight over the run's steps (1.0 = plain GRPO), per seed."""
+    per = []
+    for _seed, rows in sorted((runs.get(variant) or {}).items()):
+        w = _vals(rows, "steer/weight_mean")
+        if w:
+            per.append(f"{np.mean(w):.3f} (lowest {min(w):.3f})")
+    return f"{variant}: mean token weight {', '.join(per)}, 1.0 = plain GRPO" if per else ""
+
+
+def _extreme_accuracy(runs: dict) -> str:
+    """Final validation accuracy of the stress-test runs per seed: 0 means the policy broke, whatever its entropy."""
+    per = [f"{v} {'/'.join(_fmt(final_value(rows, 'val/acc')) for _s, rows in sorted(runs[v].items()))}"
+           for v in ("grpo_extreme", "steer_extreme") if runs.get(v)]
+    return "final val acc " + ", ".join(per) if per else ""
+
+
+def _join(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
 def _claim(id_: str, claim: str, per_seed: list[dict], ok_key: str, measured: str, reason: str = "") -> dict:
     oks = [p[ok_key] for p in per_seed if p.get(ok_key) is not None]
     reproduced = None if not oks else bool(all(oks))
@@ -128,7 +149,7 @@ def compute_claims(runs: dict[str, dict[int, list[dict]]], *, h_tgt: float,
         per.append({"seed": s, "std_grpo": g, "std_steer": st, "ok": st < g})
     claims.append(_claim("steer_moderates_change", "STEER's per-step entropy change has a lower std than GRPO's", per, "ok",
                          "std steer/grpo " + ", ".join(f"{_fmt(p['std_steer'])}/{_fmt(p['std_grpo'])}" for p in per),
-                         _reasons(runs, ("steer",), algo_cfgs)))
+                         _join(_reasons(runs, ("steer",), algo_cfgs), _steer_weights(runs, "steer"))))
 
     per = []
     for s in _seeds(runs, "grpo_extreme", "steer_extreme"):
@@ -141,7 +162,8 @@ def compute_claims(runs: dict[str, dict[int, list[dict]]], *, h_tgt: float,
     claims.append(_claim("steer_extreme_stable", "Under an extreme clip (0.99/5) with several updates per batch GRPO "
                          "collapses or explodes while STEER stays within a band", per, "ok",
                          "flags grpo/steer " + ", ".join(f"{p['grpo_flags'] or 'none'}/{p['steer_flags'] or 'none'}" for p in per),
-                         _reasons(runs, ("grpo_extreme", "steer_extreme"), algo_cfgs)))
+                         _join(_reasons(runs, ("grpo_extreme", "steer_extreme"), algo_cfgs),
+                               _extreme_accuracy(runs), _steer_weights(runs, "steer_extreme"))))
 
     for cid, variants, text in (("cov_keeps_entropy", COV_VARIANTS, "Clip-Cov / KL-Cov end with higher entropy than GRPO"),
                                 ("negative_samples_keep_entropy", ("sample_reweight",),

@@ -20,7 +20,7 @@ import numpy as np
 
 from entropyrl.conf import to_plain
 
-__all__ = ["regime_warnings", "entropy_flags", "prediction_fit", "report_regime", "COLLAPSE_RATIO",
+__all__ = ["regime_warnings", "entropy_flags", "prediction_fit", "report_regime", "findings_cell", "COLLAPSE_RATIO",
            "EXPLOSION_RATIO", "EXPLOSION_NATS", "DETREND_WINDOW"]
 
 COLLAPSE_RATIO = 0.2      # entropy below 0.2x its first-tenth mean
@@ -128,6 +128,28 @@ def entropy_flags(rows: list[dict]) -> list[dict]:
         out.append(_finding("explosion", f"entropy exploded: {high[1]:.3f} nats > {EXPLOSION_RATIO} x its "
                                          f"first-tenth mean {ref:.3f} or > {EXPLOSION_NATS} at step {high[0]}", high[0]))
     return out
+
+
+def findings_cell(per_seed: list[list[dict]]) -> str:
+    """One report cell for a variant's warnings or flags over its seeds (the lab and sweep reports).
+
+    ``per_seed``: one list of findings ``{"id", "first_step", ...}`` per finished seed. Each id once,
+    in order of first appearance, with the first step on every seed that had it and, when not all
+    did, how many: ``"collapse@104/98 (2/3 seeds)"``; ``"-"`` when there are none.
+    """
+    steps: dict[str, list[str]] = {}
+    for found in per_seed:
+        seen = set()
+        for f in found:
+            if f["id"] in seen:
+                continue
+            seen.add(f["id"])
+            steps.setdefault(f["id"], []).append("?" if f.get("first_step") is None else str(f["first_step"]))
+    cells = []
+    for id_, at in steps.items():
+        share = "" if len(at) == len(per_seed) else f" ({len(at)}/{len(per_seed)} seeds)"
+        cells.append(f"{id_}@{'/'.join(at)}{share}")
+    return ", ".join(cells) or "-"
 
 
 def rolling_mean(x: np.ndarray, window: int) -> np.ndarray:
