@@ -29,7 +29,7 @@ from entropyrl.conf import cfg_get
 from entropyrl.errors import UserError
 
 __all__ = ["Rollout", "RolloutEngine", "HFRollout", "ROLLOUT_ENGINES", "register_rollout", "rollout_engine",
-           "build_rollout", "stop_token_ids", "response_mask_from_eos", "concat", "cat_rollouts"]
+           "build_rollout", "stop_token_ids", "check_prompt_lengths", "response_mask_from_eos", "concat", "cat_rollouts"]
 
 
 @dataclass
@@ -100,6 +100,17 @@ def stop_token_ids(model, tokenizer) -> list[int]:
             if e is not None and int(e) not in ids:
                 ids.append(int(e))
     return ids
+
+
+def check_prompt_lengths(lengths: list[int], context: int, option: str) -> None:
+    """One-line ``UserError`` when a prompt leaves no room for a response in the engine's context
+    (for vLLM: its ``max_model_len``), instead of the engine's own traceback. ``option``:
+    the setting that chose the engine (``rollout`` or ``eval.backend``)."""
+    longest = max(range(len(lengths)), key=lengths.__getitem__, default=None)
+    if longest is not None and lengths[longest] >= context:
+        raise UserError(f"prompt {longest} has {lengths[longest]} tokens but the model's context "
+                        f"(max_model_len) is {context}, leaving no room for a response: use a "
+                        f"model with a longer context, shorter prompts, or {option}=hf")
 
 
 def response_mask_from_eos(response_ids: torch.Tensor, eos_id: int | Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:

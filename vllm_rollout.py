@@ -48,7 +48,7 @@ import torch
 
 from entropyrl.conf import cfg_get, to_plain
 from entropyrl.errors import UserError
-from entropyrl.rollout import Rollout, concat, register_rollout, response_mask_from_eos, stop_token_ids
+from entropyrl.rollout import Rollout, check_prompt_lengths, concat, register_rollout, response_mask_from_eos, stop_token_ids
 
 __all__ = ["VLLMRollout", "WeightSyncExtension", "EXTENSION"]
 
@@ -321,6 +321,8 @@ class VLLMRollout:
         special = bool(cfg_get(cfg, "add_special_tokens", False))
         stop = self._stop_ids()
         prompt_ids = [tok(p, add_special_tokens=special)["input_ids"] for p in prompts]
+        check_prompt_lengths([len(ids) for ids in prompt_ids], int(self.llm.model_config.max_model_len),
+                             str(cfg_get(cfg, "option", "rollout")))
         asked = 1 if greedy else int(n)        # vLLM refuses n > 1 greedy: one answer, repeated n times
         params = [self._vllm.SamplingParams(
             n=asked, temperature=0.0 if greedy else temperature,

@@ -21,7 +21,13 @@ import difflib
 import re
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from entropyrl.errors import UserError
 from entropyrl.validation import validate_config
@@ -52,8 +58,6 @@ def config_groups() -> dict[str, list[str]]:
 
 def _stored_interventions() -> dict:
     """``{name: ConfigNode}`` of the interventions stored in Hydra's ConfigStore (not the files)."""
-    from hydra.core.config_store import ConfigStore
-
     group = ConfigStore.instance().repo.get(INTERVENTION_GROUP, {})
     return {key[: -len(".yaml")]: node for key, node in group.items() if key.endswith(".yaml")}
 
@@ -84,8 +88,6 @@ def intervention_defaults(name: str) -> dict | None:
 def mount_interventions() -> None:
     """(Re)store the ``intervention_defaults`` node: a defaults list that mounts every intervention
     config at ``<package>.<name>`` (``algo.<name>`` where ``conf/algo/grpo.yaml`` includes it)."""
-    from hydra.core.config_store import ConfigStore
-
     ConfigStore.instance().store(
         name=INTERVENTION_MOUNT,
         node={"defaults": [{f"/{INTERVENTION_GROUP}@{name}": name} for name in intervention_names()]})
@@ -132,12 +134,6 @@ def compose(config_name: str, overrides: list[str] | None = None, *, validate: b
     (``validate``) for a value of the wrong type or range (``entropyrl.validation``), so every
     command rejects bad values before it creates anything.
     """
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     overrides = list(overrides or [])
     bad = [o for o in overrides if "=" not in o and not o.startswith("~")]
     if bad:
@@ -160,7 +156,6 @@ def compose(config_name: str, overrides: list[str] | None = None, *, validate: b
     finally:
         GlobalHydra.instance().clear()
     if validate:
-
         validate_config(cfg, config_name)
     return cfg
 
@@ -190,8 +185,6 @@ def cfg_get(cfg, key: str, default=None):
 
 def to_plain(value):
     """OmegaConf containers -> plain dicts/lists (resolved); anything else unchanged."""
-    from omegaconf import DictConfig, ListConfig
-
     if isinstance(value, (DictConfig, ListConfig)):
         return OmegaConf.to_container(value, resolve=True)
     return value

@@ -273,7 +273,8 @@ def test_vllm_engine_samples_n_per_prompt_for_eval(tiny_random, tmp_path):
     model, tok = tiny_random
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    engine = build_rollout({"name": "vllm", "model_path": str(tmp_path), "dtype": "float32", "max_model_len": 256,
+    engine = build_rollout({"name": "vllm", "option": "eval.backend", "model_path": str(tmp_path), "dtype": "float32",
+                            "max_model_len": 256,
                             "top_k": 0, "add_special_tokens": True}, None, tok, option="eval.backend")
     try:
         kw = dict(n=4, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0)
@@ -283,5 +284,17 @@ def test_vllm_engine_samples_n_per_prompt_for_eval(tiny_random, tmp_path):
         assert sample_texts(engine, ["What is 1+1?", "2+2="], **kw) == out
         greedy = sample_texts(engine, ["What is 1+1?"], **{**kw, "temperature": 0.0})
         assert len(set(greedy[0])) == 1
+        # a prompt longer than the engine's context: one line naming the fix, not vLLM's traceback
+        with pytest.raises(UserError, match=r"prompt 1 has \d+ tokens but the model's context .* is 256.*eval.backend=hf"):
+            sample_texts(engine, ["2+2=", "1+1=" * 200], **kw)
     finally:
         engine.close()
+
+
+def test_prompt_length_check_names_the_prompt_and_the_fix():
+    from entropyrl.rollout import check_prompt_lengths
+
+    check_prompt_lengths([3, 255], 256, "rollout")            # room for one response token
+    check_prompt_lengths([], 256, "rollout")
+    with pytest.raises(UserError, match=r"^prompt 1 has 256 tokens but the model's context \(max_model_len\) is 256.*rollout=hf$"):
+        check_prompt_lengths([3, 256, 12], 256, "rollout")
