@@ -111,16 +111,13 @@ def test_default_run_shows_grpo_entropy_collapse(in_tmp):
     assert summary["entropy/last_tenth"] < 0.5 * summary["entropy/first_tenth"], summary
     assert summary["final/val/acc"] > 0.0
     # the regime check flags the collapse at the first step whose entropy is below 0.2x the
-    # first-tenth mean (trainers/regime.py). How deep the default run falls depends on the torch
-    # thread count the machine allows (measured: 0.13x with the flag at step 104, or 0.32x with no
-    # step below 0.2x), so the flag is checked against the run's own entropy curve.
+    # first-tenth mean (trainers/regime.py). Measured with the default settings: flagged at steps
+    # 63-89 over seeds 0-2 at 1 and 2 torch threads, and at 54-124 from three other warm starts
+    # (warm_start.seed 1 and 2, and one built on 2 threads).
     rows = [json.loads(line) for line in (in_tmp / "default" / "metrics.jsonl").read_text().splitlines()]
     curve = [(r["step"], r["entropy"]) for r in rows if "entropy" in r]
     first_tenth = sum(v for _, v in curve[:len(curve) // 10]) / (len(curve) // 10)
     below = [step for step, v in curve if v < 0.2 * first_tenth]
     collapse = [f for f in summary["flags"] if f["id"] == "collapse"]
-    if below:
-        assert [f["first_step"] for f in collapse] == below[:1], (collapse, below[:3])
-        assert f"step {below[0]}" in collapse[0]["message"], collapse
-    else:
-        assert collapse == [], (collapse, min(v for _, v in curve), first_tenth)
+    assert below and [f["first_step"] for f in collapse] == below[:1], (collapse, below[:3], first_tenth)
+    assert f"step {below[0]}" in collapse[0]["message"], collapse
