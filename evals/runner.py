@@ -32,6 +32,7 @@ from entropyrl.evals.generation import sample_texts
 from entropyrl.evals.grader import DEFAULT_TIMEOUT, grade_batch, no_answer_warning, reason_counts
 from entropyrl.evals.metrics import mean_metrics, mlflow_key, problem_metrics
 from entropyrl.evals.prompts import available_templates, build_prompts
+from entropyrl.mlflow_store import store_lock
 from entropyrl.rollout import RolloutEngine, build_rollout, rollout_engine
 from entropyrl.tasks import Problem
 
@@ -282,7 +283,8 @@ def _log_mlflow(cfg, results, metrics: dict[str, float], files: list[Path], labe
     uri = str(tr.get("uri") or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db")
     try:
         mlflow.set_tracking_uri(uri)
-        mlflow.set_experiment(str(tr.get("experiment") or "entropyrl"))
+        with store_lock(uri):               # first use of a fresh sqlite store: one process at a time
+            mlflow.set_experiment(str(tr.get("experiment") or "entropyrl"))
         tags = {str(k): str(v) for k, v in (tr.get("tags") or {}).items()}
         tags.update({"entropyrl.command": "eval", "entropyrl.output_dir": str(Path(cfg.output_dir).resolve())})
         if tr.get("parent_run_id"):

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from entropyrl.conf import CONF_DIR, config_groups, primary_defaults
 from entropyrl.errors import UserError
+from entropyrl.mlflow_store import store_lock
 from entropyrl.sweeps.ablation import JOB_OWNED_KEYS, JobSpec, expand, override_key
 from entropyrl.sweeps.jobs import compose_job_config
 from entropyrl.sweeps.launchers import Launcher, check_number, find_launcher, get_launcher
@@ -251,8 +252,9 @@ def open_parent_run(tracking: dict, sweep: dict) -> str | None:
         if run_id:
             client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
             return run_id
-        exp = client.get_experiment_by_name(tracking["experiment"])
-        exp_id = exp.experiment_id if exp is not None else client.create_experiment(tracking["experiment"])
+        with store_lock(tracking["uri"]):   # first use of a fresh sqlite store: one process at a time
+            exp = client.get_experiment_by_name(tracking["experiment"])
+            exp_id = exp.experiment_id if exp is not None else client.create_experiment(tracking["experiment"])
         abl = sweep["ablation"]["name"]
         run = client.create_run(exp_id, run_name=f"sweep-{Path(sweep['sweep_dir']).name}", tags={
             "entropyrl.sweep_id": sweep["sweep_id"], "sweep_id": sweep["sweep_id"], "ablation": abl,

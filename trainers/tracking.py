@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from entropyrl.errors import UserError
 from entropyrl.evals.metrics import mlflow_key
+from entropyrl.mlflow_store import store_lock
 from entropyrl.trainers.run_dir import atomic_write_text
 
 DEFAULT_URI = "sqlite:///mlflow.db"
@@ -85,23 +86,24 @@ class RunTracker:
         mlflow.set_tracking_uri(self.uri)
         previous = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
         try:
-            if previous.get("run_id"):
-                run = mlflow.start_run(run_id=previous["run_id"])
-                self.run_id = run.info.run_id
-                self._logged_through = self._max_logged_step()
-            else:
-                mlflow.set_experiment(str(self.cfg.experiment))
-                tags = {str(k): str(v) for k, v in (self.cfg.get("tags") or {}).items()}
-                tags["entropyrl.output_dir"] = str(self.output_dir.resolve())
-                parent = self.cfg.get("parent_run_id")
-                if parent:
-                    tags["mlflow.parentRunId"] = str(parent)
-                run = mlflow.start_run(run_name=run_name, tags=tags)
-                self.run_id = run.info.run_id
-                params = flatten(full_cfg)
-                items = list(params.items())
-                for i in range(0, len(items), 100):
-                    mlflow.log_params({k: v[:6000] for k, v in items[i: i + 100]})
+            with store_lock(self.uri):       # first use of a fresh sqlite store: one process at a time
+                if previous.get("run_id"):
+                    run = mlflow.start_run(run_id=previous["run_id"])
+                    self.run_id = run.info.run_id
+                    self._logged_through = self._max_logged_step()
+                else:
+                    mlflow.set_experiment(str(self.cfg.experiment))
+                    tags = {str(k): str(v) for k, v in (self.cfg.get("tags") or {}).items()}
+                    tags["entropyrl.output_dir"] = str(self.output_dir.resolve())
+                    parent = self.cfg.get("parent_run_id")
+                    if parent:
+                        tags["mlflow.parentRunId"] = str(parent)
+                    run = mlflow.start_run(run_name=run_name, tags=tags)
+                    self.run_id = run.info.run_id
+                    params = flatten(full_cfg)
+                    items = list(params.items())
+                    for i in range(0, len(items), 100):
+                        mlflow.log_params({k: v[:6000] for k, v in items[i: i + 100]})
         except Exception as exc:  # noqa: BLE001 - any store failure is the user's setup
             if isinstance(exc, UserError):
                 raise
