@@ -1,4 +1,5 @@
-"""One process at a time through a local MLflow sqlite store's first use.
+"""Where runs are tracked (``resolve_uri``), and one process at a time through a local MLflow
+sqlite store's first use (``store_lock``).
 
 MLflow creates and migrates a sqlite store's tables the first time a process opens it. Two runs
 started together on a fresh ``mlflow.db`` (two `entropyrl train` in one folder, a train beside an
@@ -12,8 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 from collections.abc import Iterator
 from pathlib import Path
+
+DEFAULT_URI = "sqlite:///mlflow.db"
+
+
+def resolve_uri(tracking_cfg) -> str:
+    """``tracking.uri``, else ``$MLFLOW_TRACKING_URI``, else ``mlflow.db`` in the working directory."""
+    return str(tracking_cfg.get("uri") or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI)
 
 
 def sqlite_path(uri: str) -> Path | None:

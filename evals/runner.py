@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from entropyrl.evals.generation import sample_texts
 from entropyrl.evals.grader import DEFAULT_TIMEOUT, grade_batch, no_answer_warning, reason_counts
 from entropyrl.evals.metrics import mean_metrics, mlflow_key, problem_metrics
 from entropyrl.evals.prompts import available_templates, build_prompts
-from entropyrl.mlflow_store import store_lock
+from entropyrl.mlflow_store import resolve_uri, store_lock
 from entropyrl.rollout import RolloutEngine, build_rollout, rollout_engine
 from entropyrl.tasks import Problem
 
@@ -280,7 +279,7 @@ def _log_mlflow(cfg, results, metrics: dict[str, float], files: list[Path], labe
     from omegaconf import OmegaConf
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)     # no "Creating initial tables" chatter
-    uri = str(tr.get("uri") or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db")
+    uri = resolve_uri(tr)
     try:
         mlflow.set_tracking_uri(uri)
         with store_lock(uri):               # first use of a fresh sqlite store: one process at a time

@@ -20,12 +20,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from entropyrl.conf import CONF_DIR, config_groups, primary_defaults
 from entropyrl.errors import UserError
-from entropyrl.mlflow_store import store_lock
+from entropyrl.mlflow_store import resolve_uri, store_lock
 from entropyrl.sweeps.ablation import JOB_OWNED_KEYS, JobSpec, expand, override_key
 from entropyrl.sweeps.jobs import compose_job_config
 from entropyrl.sweeps.launchers import Launcher, check_number, find_launcher, get_launcher
 from entropyrl.sweeps.state import JobStatus, job_status, load_sweep, scheduler_ids, sweep_file
-from entropyrl.trainers.tracking import resolve_uri
 
 # Overrides that may differ between the first run of a sweep and its resumption.
 FREE_KEYS = {"trainer.threads", "trainer.progress"}

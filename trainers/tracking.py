@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,14 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from entropyrl.errors import UserError
 from entropyrl.evals.metrics import mlflow_key
-from entropyrl.mlflow_store import store_lock
+from entropyrl.mlflow_store import resolve_uri, store_lock
 from entropyrl.trainers.run_dir import atomic_write_text
-
-DEFAULT_URI = "sqlite:///mlflow.db"
-
-
-def resolve_uri(tracking_cfg) -> str:
-    return str(tracking_cfg.get("uri") or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI)
 
 
 def check_reachable(uri: str, timeout: float = 5.0) -> None:

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from entropyrl.errors import UserError
 from entropyrl.evals.runner import validate as validate_benchmarks
+from entropyrl.mlflow_store import resolve_uri
 from entropyrl.models import load_policy
 from entropyrl.resources import ThreadBudget
 from entropyrl.rollout import Rollout, build_rollout, cat_rollouts
@@ -47,7 +48,7 @@ from entropyrl.trainers.prompts_source import build_prompt_source
 from entropyrl.trainers.regime import report_regime
 from entropyrl.trainers.run_report import TrainingProgress, summarize
 from entropyrl.trainers.stop_signals import RunInterrupted, StopSignals
-from entropyrl.trainers.tracking import RunTracker, check_reachable, read_metrics, resolve_uri
+from entropyrl.trainers.tracking import RunTracker, check_reachable, read_metrics
 from entropyrl.validation import validate_config
 
 
