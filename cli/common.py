@@ -6,7 +6,7 @@ command modules and the entry point do not import each other.
 
 from __future__ import annotations
 
-from entropyrl.conf import config_groups, primary_defaults
+from ..conf import config_groups, primary_defaults
 
 
 def groups_help(config_name: str) -> str:

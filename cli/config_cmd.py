@@ -6,8 +6,8 @@ from typing import List, Optional
 
 import typer
 
-from entropyrl.cli.common import groups_help
-from entropyrl.conf import compose, config_groups, to_yaml
+from ..conf import compose, config_groups, to_yaml
+from .common import groups_help
 
 
 def register(app: typer.Typer) -> None:

@@ -6,9 +6,9 @@ from typing import List, Optional
 
 import typer
 
-from entropyrl.cli.common import groups_help
-from entropyrl.conf import compose
-from entropyrl.evals.runner import render_table, run_eval
+from ..conf import compose
+from ..evals.runner import render_table, run_eval
+from .common import groups_help
 
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:

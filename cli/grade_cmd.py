@@ -3,12 +3,12 @@
 Each input line is a JSON object with ``response`` (the model's text) and ``answer`` (the gold
 answer: a string, a number or a list of strings); other fields are kept. Each output line adds
 ``correct`` (bool), ``extracted`` (the answer found in the response, or null) and ``reason`` (which
-step decided: see ``entropyrl.evals.grader.REASONS``); the summary line counts the reasons. A malformed
+step decided: see ``entropyrl.evals.grading.grader.REASONS``); the summary line counts the reasons. A malformed
 line (bad JSON, missing or non-string ``response``, missing ``answer``) is reported on stderr with
 its line number and left out of the output; the other lines are still graded.
 
-Code lines (``evals/code_tasks.py``) are graded by running them in the code sandbox
-(``evals/sandbox.py``): a line with ``prompt``, ``test``, ``entry_point`` (HumanEval layout; or
+Code lines (``evals/code/code_tasks.py``) are graded by running them in the code sandbox
+(``evals/code/sandbox.py``): a line with ``prompt``, ``test``, ``entry_point`` (HumanEval layout; or
 MBPP's ``text`` + ``test_list``) and ``response`` (a fenced block, a bare completion of the prompt,
 or a whole function), or with ``benchmark`` (humaneval, mbpp, livecodebench) and ``id`` naming a
 problem. Each output line adds ``program`` (what ran), ``correct``, ``reason`` (pass, fail, error,
@@ -29,13 +29,13 @@ from typing import Optional
 
 import typer
 
-from entropyrl.errors import UserError
-from entropyrl.evals.benchmarks import gold_from
-from entropyrl.evals.code_eval import grade_code_rows
-from entropyrl.evals.code_tasks import is_code_row
-from entropyrl.evals.grader import grade_batch
-from entropyrl.evals.sandbox import SandboxPool
-from entropyrl.validation import check_output_file
+from ..core.errors import UserError
+from ..core.validation import check_output_file
+from ..evals.benchmarks import gold_from
+from ..evals.code.code_eval import grade_code_rows
+from ..evals.code.code_tasks import is_code_row
+from ..evals.code.sandbox import SandboxPool
+from ..evals.grading.grader import grade_batch
 
 
 def read_items(path: Path) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
@@ -59,7 +59,7 @@ def read_items(path: Path) -> tuple[list[tuple[int, dict]], list[tuple[int, str]
                 bad.append((lineno, "not a JSON object"))
             elif not isinstance(obj.get("response"), str):
                 bad.append((lineno, "no string field 'response'" if "response" in obj else "missing field 'response'"))
-            elif is_code_row(obj):                       # graded by running it: evals/sandbox.py
+            elif is_code_row(obj):                       # graded by running it: evals/code/sandbox.py
                 good.append((lineno, obj))
             elif obj.get("answer") is None or isinstance(obj["answer"], (dict, bool)):
                 bad.append((lineno, "missing field 'answer'" if "answer" not in obj else "field 'answer' is not a string, number or list"))

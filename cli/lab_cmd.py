@@ -23,12 +23,12 @@ from typing import List, Optional
 
 import typer
 
-from entropyrl.conf import compose, to_plain
-from entropyrl.errors import UserError
-from entropyrl.models import load_policy
-from entropyrl.trainers.lab_claims import compute_claims
-from entropyrl.trainers.lab_report import write_lab_outputs
-from entropyrl.trainers.tracking import RunTracker, read_metrics
+from ..conf import compose, to_plain
+from ..core.errors import UserError
+from ..core.tracking import RunTracker, read_metrics
+from ..models.loading import load_policy
+from ..sweeps.lab.claims import compute_claims
+from ..sweeps.lab.report import write_lab_outputs
 
 VARIANTS = ("grpo", "stare", "steer", "clip_cov", "kl_cov", "sample_reweight", "high_entropy_mask",
             "grpo_extreme", "steer_extreme")
@@ -138,7 +138,7 @@ def register(app: typer.Typer) -> None:
                 if qout.exists() and not fresh:
                     say(f"reusing the quadrant experiment {qout}")
                     continue
-                jobs_list.append((f"quadrants/s{s}", [sys.executable, "-m", "entropyrl.trainers.quadrant_probe", str(qout),
+                jobs_list.append((f"quadrants/s{s}", [sys.executable, "-m", "entropyrl.sweeps.lab.quadrant_probe", str(qout),
                                                       str(quadrant_batches), "experiment=lab_grpo", f"trainer.seed={s}",
                                                       "tracking.enabled=false", f"output_dir={out / 'quadrants' / f's{s}'}",
                                                       *extra], out / "quadrants" / f"s{s}.log"))

@@ -11,8 +11,8 @@ import sys
 
 import typer
 
-from entropyrl.cli import config_cmd, eval_cmd, grade_cmd, lab_cmd, sweep_cmd, train_cmd
-from entropyrl.errors import UserError
+from ..core.errors import UserError
+from . import config_cmd, eval_cmd, grade_cmd, lab_cmd, sweep_cmd, train_cmd
 
 app = typer.Typer(
     name="entropyrl",

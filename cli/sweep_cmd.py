@@ -12,13 +12,13 @@ from typing import Callable, Iterator, List, Optional
 import typer
 from rich.console import Console
 
-from entropyrl.cli.common import groups_help
-from entropyrl.conf import compose
-from entropyrl.errors import UserError
-from entropyrl.sweeps import following, planning
-from entropyrl.sweeps.planning import split_overrides
-from entropyrl.sweeps.report import build_report
-from entropyrl.sweeps.state import count_states, sweep_status
+from ..conf import compose
+from ..core.errors import UserError
+from ..sweeps import following, planning
+from ..sweeps.planning import split_overrides
+from ..sweeps.report import build_report
+from ..sweeps.state import count_states, sweep_status
+from .common import groups_help
 
 __all__ = ["register", "split_overrides"]
 

@@ -6,12 +6,12 @@ from typing import List, Optional
 
 import typer
 
-from entropyrl.cli.common import groups_help
-from entropyrl.conf import compose
-from entropyrl.trainers.distributed import launcher_env
-from entropyrl.trainers.run_dir import prepare_output_dir
-from entropyrl.trainers.stop_signals import RunInterrupted
-from entropyrl.trainers.trainer import train as run_training
+from ..conf import compose
+from ..trainers.parallel.distributed import launcher_env
+from ..trainers.run.run_dir import prepare_output_dir
+from ..trainers.run.stop_signals import RunInterrupted
+from ..trainers.trainer import train as run_training
+from .common import groups_help
 
 
 def register(app: typer.Typer) -> None:

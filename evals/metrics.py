@@ -18,10 +18,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
-from entropyrl.evals.grader import MAX_ANSWER_CHARS, compact_key
+from .grading.grader import MAX_ANSWER_CHARS, compact_key
 
-__all__ = ["pass_at_k", "avg_at_n", "maj_at_n", "ks_for", "problem_metrics", "mean_metrics",
-           "mlflow_key"]
+__all__ = ["pass_at_k", "avg_at_n", "maj_at_n", "ks_for", "problem_metrics", "mean_metrics"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -90,6 +89,3 @@ def mean_metrics(per_problem: Sequence[dict[str, float]]) -> dict[str, float]:
             for k in keys}
 
 
-def mlflow_key(name: str) -> str:
-    """MLflow-safe metric key: ``eval/aime24/avg@32`` -> ``eval/aime24/avg_at_32``."""
-    return name.replace("@", "_at_")

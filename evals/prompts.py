@@ -11,7 +11,7 @@ add_generation_prompt=True)``; otherwise the filled template text is the prompt 
 
 from __future__ import annotations
 
-from entropyrl.errors import UserError
+from ..core.errors import UserError
 
 TEMPLATES: dict[str, str] = {
     "boxed": "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",

@@ -22,18 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from entropyrl import models
-from entropyrl.conf import to_plain
-from entropyrl.errors import UserError
-from entropyrl.evals.benchmarks import available_benchmarks, expand_benchmarks, get_spec, load_benchmark
-from entropyrl.evals.code_eval import evaluate_code, is_code_problem
-from entropyrl.evals.generation import sample_texts
-from entropyrl.evals.grader import DEFAULT_TIMEOUT, grade_batch, no_answer_warning, reason_counts
-from entropyrl.evals.metrics import mean_metrics, mlflow_key, problem_metrics
-from entropyrl.evals.prompts import available_templates, build_prompts
-from entropyrl.mlflow_store import resolve_uri, store_lock
-from entropyrl.rollout import RolloutEngine, build_rollout, rollout_engine
-from entropyrl.tasks import Problem
+from ..conf import to_plain
+from ..core.errors import UserError
+from ..core.mlflow_store import mlflow_key, resolve_uri, store_lock
+from ..models import tiny as models
+from ..rollout.base import RolloutEngine, build_rollout, rollout_engine
+from ..tasks.problem import Problem
+from .benchmarks import available_benchmarks, expand_benchmarks, get_spec, load_benchmark
+from .code.code_eval import evaluate_code, is_code_problem
+from .generation import sample_texts
+from .grading.grader import DEFAULT_TIMEOUT, grade_batch, no_answer_warning, reason_counts
+from .metrics import mean_metrics, problem_metrics
+from .prompts import available_templates, build_prompts
 
 __all__ = ["EvalSettings", "evaluate", "run_eval", "validate", "render_table"]
 
@@ -97,7 +97,7 @@ def evaluate(engine: RolloutEngine, tokenizer, benchmarks: Mapping[str, list[Pro
     for source, problems in benchmarks.items():
         spec = get_spec(source)
         bench = spec.name                      # a data file given by path is labelled by its stem
-        if problems and is_code_problem(problems[0]):     # run in the code sandbox: evals/code_eval.py
+        if problems and is_code_problem(problems[0]):     # run in the code sandbox: evals/code/code_eval.py
             results[bench], recs = evaluate_code(engine, tokenizer, bench, spec, problems, settings,
                                                  chat=_use_chat(tokenizer, settings.chat_template),
                                                  progress=progress)

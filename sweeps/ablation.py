@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from entropyrl.errors import UserError
+from ..core.errors import UserError
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 # Keys the sweep sets itself for every job (the user cannot move them per variant).

@@ -17,13 +17,14 @@ from typing import Callable
 
 from omegaconf import DictConfig
 
-from entropyrl.conf import cfg_get
-from entropyrl.errors import UserError
-from entropyrl.sweeps.jobs import TrainJob, job_environment, read_job_state, write_job_state
-from entropyrl.sweeps.launchers import WAITING, Launcher, QueueEntry, find_launcher
-from entropyrl.sweeps.planning import Plan, close_parent_run, open_parent_run, tracking_settings
-from entropyrl.sweeps.report import build_report
-from entropyrl.sweeps.state import (
+from ..conf import cfg_get
+from ..core.errors import UserError
+from ..core.tracking import check_reachable
+from .jobs import TrainJob, job_environment, read_job_state, write_job_state
+from .launchers import WAITING, Launcher, QueueEntry, find_launcher
+from .planning import Plan, close_parent_run, open_parent_run, tracking_settings
+from .report import build_report
+from .state import (
     DONE,
     FAILED,
     PENDING,
@@ -36,7 +37,6 @@ from entropyrl.sweeps.state import (
     scheduler_ids,
     sweep_status,
 )
-from entropyrl.trainers.tracking import check_reachable
 
 Log = Callable[[str], None]
 

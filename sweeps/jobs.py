@@ -25,8 +25,8 @@ from typing import Any
 import submitit
 from omegaconf import DictConfig, open_dict
 
-from entropyrl.conf import compose
-from entropyrl.trainers.trainer import train
+from ..conf import compose
+from ..trainers.trainer import train
 
 JOB_STATE_FILE = "job.json"
 TRAIN_LOG = "train.log"

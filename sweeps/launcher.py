@@ -26,8 +26,8 @@ from typing import Any, Sequence
 import submitit
 from hydra.core.config_store import ConfigStore
 
-from entropyrl.conf import cfg_get
-from entropyrl.errors import UserError
+from ..conf import cfg_get
+from ..core.errors import UserError
 
 # Where a job stands in a scheduler's queue (``QueueEntry.phase``).
 WAITING, ACTIVE, ENDED = "waiting", "active", "ended"

@@ -17,9 +17,9 @@ from typing import Any
 
 import submitit
 
-from entropyrl.conf import cfg_get
-from entropyrl.resources import available_cpus
-from entropyrl.sweeps.launcher import (
+from ..conf import cfg_get
+from ..core.resources import available_cpus
+from .launcher import (
     ACTIVE,
     ENDED,
     WAITING,
@@ -31,7 +31,7 @@ from entropyrl.sweeps.launcher import (
     launcher_names,
     register_launcher,
 )
-from entropyrl.sweeps.slurm import SlurmLauncher
+from .slurm import SlurmLauncher
 
 __all__ = ["ACTIVE", "ENDED", "WAITING", "Launcher", "QueueEntry", "check_number", "find_launcher", "get_launcher", "launcher_names",
            "register_launcher", "LocalLauncher", "DebugLauncher", "SlurmLauncher"]

@@ -18,13 +18,13 @@ from typing import Iterator
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from entropyrl.conf import CONF_DIR, config_groups, primary_defaults
-from entropyrl.errors import UserError
-from entropyrl.mlflow_store import resolve_uri, store_lock
-from entropyrl.sweeps.ablation import JOB_OWNED_KEYS, JobSpec, expand, override_key
-from entropyrl.sweeps.jobs import compose_job_config
-from entropyrl.sweeps.launchers import Launcher, check_number, find_launcher, get_launcher
-from entropyrl.sweeps.state import JobStatus, job_status, load_sweep, scheduler_ids, sweep_file
+from ..conf import CONF_DIR, config_groups, primary_defaults
+from ..core.errors import UserError
+from ..core.mlflow_store import resolve_uri, store_lock
+from .ablation import JOB_OWNED_KEYS, JobSpec, expand, override_key
+from .jobs import compose_job_config
+from .launchers import Launcher, check_number, find_launcher, get_launcher
+from .state import JobStatus, job_status, load_sweep, scheduler_ids, sweep_file
 
 # Overrides that may differ between the first run of a sweep and its resumption.
 FREE_KEYS = {"trainer.threads", "trainer.progress"}

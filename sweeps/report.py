@@ -6,7 +6,7 @@ Files (in ``<sweep_dir>``): ``report.md`` (the tables, the curves, failed jobs w
 mean and std over seeds), ``runs.csv`` (one row per job), ``plots/{entropy,reward,accuracy,
 val_accuracy}.png`` (mean line and min-max band over seeds, per variant). Only finished jobs count.
 Each variant also shows its runs' regime warnings and entropy flags (``summary.json`` ``warnings`` and
-``flags``, trainers/regime.py), formatted as in the lab report.
+``flags``, trainers/run/regime.py), formatted as in the lab report.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from entropyrl.sweeps import aggregate as agg
-from entropyrl.sweeps.jobs import read_job_state
-from entropyrl.sweeps.state import DONE, FAILED, PENDING, RUNNING, JobStatus, sweep_status
-from entropyrl.trainers.regime import findings_cell
-from entropyrl.trainers.tracking import check_reachable
+from ..core.tracking import check_reachable
+from ..trainers.run.regime import findings_cell
+from . import aggregate as agg
+from .jobs import read_job_state
+from .state import DONE, FAILED, PENDING, RUNNING, JobStatus, sweep_status
 
 PLOTS = [("entropy", "entropy", "policy entropy (nats/token)"),
          ("reward", "reward/mean", "reward (train)"),

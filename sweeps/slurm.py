@@ -24,10 +24,10 @@ from typing import Any, Sequence
 import submitit
 from submitit.core.utils import FailedJobError
 
-from entropyrl.conf import cfg_get, to_plain
-from entropyrl.errors import UserError
-from entropyrl.sweeps.jobs import job_environment
-from entropyrl.sweeps.launcher import ACTIVE, ENDED, WAITING, Launcher, QueueEntry
+from ..conf import cfg_get, to_plain
+from ..core.errors import UserError
+from .jobs import job_environment
+from .launcher import ACTIVE, ENDED, WAITING, Launcher, QueueEntry
 
 # SLURM job states (squeue %T) in which the job will still run, or is running.
 SLURM_WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD",

@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from entropyrl.errors import UserError
-from entropyrl.sweeps.jobs import TRAIN_LOG, read_job_state
-from entropyrl.sweeps.launchers import ACTIVE, ENDED, WAITING, Launcher, QueueEntry, find_launcher
+from ..core.errors import UserError
+from .jobs import TRAIN_LOG, read_job_state
+from .launchers import ACTIVE, ENDED, WAITING, Launcher, QueueEntry, find_launcher
 
 SWEEP_FILE = "sweep.json"
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"

@@ -82,7 +82,7 @@ def _no_inherited_tracking_uri():
 @pytest.fixture(autouse=True)
 def _no_leaked_thread_env():
     """A run started in-process exports OMP/MKL/OpenBLAS thread counts for its children
-    (``entropyrl.resources``); restore them after each test so later subprocesses (and scripts
+    (``entropyrl.core.resources``); restore them after each test so later subprocesses (and scripts
     such as ``nproc`` in tests/slurm/start.sh) see the environment the suite started with."""
     names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "_ENTROPYRL_OMP")
     saved = {k: os.environ.get(k) for k in names}

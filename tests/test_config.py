@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from entropyrl.conf import CONF_DIR, compose, config_groups
-from entropyrl.errors import UserError
+from entropyrl.core.errors import UserError
 
 TRAIN_GROUPS = ("algo", "model", "data", "rollout", "tracking")
 

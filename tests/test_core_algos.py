@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entropyrl.errors import UserError
-from entropyrl.trainers import core_algos as ca
-from entropyrl.trainers.algorithm import Algorithm
+from entropyrl.core.errors import UserError
+from entropyrl.trainers.algos import core_algos as ca
+from entropyrl.trainers.algos.algorithm import Algorithm
 
 REPO = Path(__file__).resolve().parents[1]
 

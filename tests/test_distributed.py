@@ -1,4 +1,4 @@
-"""Data-parallel training (trainers/distributed.py): launcher environments, and FSDP2 on 2 CPU
+"""Data-parallel training (trainers/parallel/distributed.py): launcher environments, and FSDP2 on 2 CPU
 processes (torchrun, gloo) against one process on the same batch: same losses, same weights.
 
 The FSDP runs start real process groups with `torchrun`; this file is also their worker script
@@ -46,7 +46,7 @@ def _env() -> dict:
 # launcher environments (pure)
 # ---------------------------------------------------------------------------------------------
 def test_slurm_nodelist_expansion():
-    from entropyrl.trainers.distributed import expand_nodelist
+    from entropyrl.trainers.parallel.distributed import expand_nodelist
 
     assert expand_nodelist("gpu[01-03,07],cpu5") == ["gpu01", "gpu02", "gpu03", "gpu07", "cpu5"]
     assert expand_nodelist("node7") == ["node7"]
@@ -54,7 +54,7 @@ def test_slurm_nodelist_expansion():
 
 
 def test_launcher_environments():
-    from entropyrl.trainers.distributed import launcher_env
+    from entropyrl.trainers.parallel.distributed import launcher_env
 
     assert launcher_env({})["launcher"] == "single"
     tr = launcher_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1234"})
@@ -69,8 +69,8 @@ def test_launcher_environments():
 
 
 def test_uneven_batch_is_refused():
-    from entropyrl.errors import UserError
-    from entropyrl.trainers.distributed import DistInfo, check_batch_sizes, shard
+    from entropyrl.core.errors import UserError
+    from entropyrl.trainers.parallel.distributed import DistInfo, check_batch_sizes, shard
 
     info = DistInfo(rank=1, world_size=2)
     assert shard(list(range(6)), info) == [3, 4, 5]
@@ -88,7 +88,7 @@ def _worker(mode: str, workdir: Path) -> None:
     import torch
 
     from entropyrl.conf import compose
-    from entropyrl.trainers import distributed
+    from entropyrl.trainers.parallel import distributed
     from entropyrl.trainers.trainer import GRPOTrainer
 
     extra = ["trainer.gradient_checkpointing=true"] if mode == "dp" else []
@@ -140,7 +140,7 @@ def test_fsdp_two_processes_match_one_process(tmp_path):
     assert set(w1) == set(w2)
     initial = None
     from entropyrl.conf import compose
-    from entropyrl.models import load_policy
+    from entropyrl.models.loading import load_policy
 
     cfg = compose("train", OVERRIDES)
     initial = load_policy(cfg.model, cfg.data, log=lambda *_: None)[0].state_dict()
@@ -224,9 +224,9 @@ def test_cli_train_under_srun_two_tasks(slurm_node, in_tmp):
 
 
 # ---------------------------------------------------------------------------------------------
-# benchmarks/gpu_check.py (make gpu-check)
+# perf/gpu_check.py (make gpu-check)
 # ---------------------------------------------------------------------------------------------
-GPU_CHECK = HERE.parents[1] / "benchmarks" / "gpu_check.py"
+GPU_CHECK = HERE.parents[1] / "perf" / "gpu_check.py"
 
 
 def test_gpu_check_says_it_needs_a_gpu():

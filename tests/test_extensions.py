@@ -14,12 +14,13 @@ import pytest
 import torch
 from hydra.core.config_store import ConfigStore
 
-from entropyrl import rollout as rollout_registry
 from entropyrl.conf import compose
-from entropyrl.errors import UserError
+from entropyrl.core.errors import UserError
 from entropyrl.evals import benchmarks as bench_registry
 from entropyrl.evals.runner import run_eval
-from entropyrl.rollout import HFRollout, register_rollout
+from entropyrl.rollout import base as rollout_registry
+from entropyrl.rollout.base import register_rollout
+from entropyrl.rollout.hf_engine import HFRollout
 from entropyrl.trainers.interventions import INTERVENTIONS, Intervention, LossContext, register_intervention
 from entropyrl.trainers.trainer import train
 
@@ -145,8 +146,8 @@ def test_a_benchmark_registered_here_is_evaluated_and_graded(in_tmp, sums_benchm
 
 
 def test_mlflow_params_hold_only_the_active_interventions():
-    from entropyrl.trainers.algorithm import tracked_config
-    from entropyrl.trainers.tracking import flatten
+    from entropyrl.core.tracking import flatten
+    from entropyrl.trainers.algos.algorithm import tracked_config
 
     params = flatten(tracked_config(compose("train", ["algo=stare"])))
     assert params["algo.stare.p"] == "0.1" and params["algo.interventions"] == '["stare"]'

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from entropyrl.trainers import core_algos
-from entropyrl.trainers.algorithm import Algorithm
-from entropyrl.trainers.diagnostics import entropy_change_estimate, quadrant_ids, quadrant_metrics
+from entropyrl.trainers.algos import core_algos
+from entropyrl.trainers.algos.algorithm import Algorithm
 from entropyrl.trainers.interventions import TokenBatch
 from entropyrl.trainers.interventions.clip_cov import clip_cov_candidates
 from entropyrl.trainers.interventions.kl_cov import kl_cov_loss, kl_cov_selection
 from entropyrl.trainers.interventions.steer import steer_weights
-from entropyrl.trainers.token_stats import chunked_token_stats, logits_token_stats
+from entropyrl.trainers.stats.diagnostics import entropy_change_estimate, quadrant_ids, quadrant_metrics
+from entropyrl.trainers.stats.token_stats import chunked_token_stats, logits_token_stats
 
 TOL = dict(rtol=1e-6, atol=1e-6)
 DAPO_CLIP = {"low": 0.2, "high": 0.28, "dual_c": 10.0}

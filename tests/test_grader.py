@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from entropyrl.evals import grader
-from entropyrl.evals.grader import compact_key, extract_answer, grade_answers, grade_batch, is_equiv
+from entropyrl.evals.grading import grader
+from entropyrl.evals.grading.grader import compact_key, extract_answer, grade_answers, grade_batch, is_equiv
 
 
 def _rows(path):

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from entropyrl.evals.answer_normalize import split_parts
-from entropyrl.evals.grader import (
+from entropyrl.evals.grading.answer_normalize import split_parts
+from entropyrl.evals.grading.grader import (
     REASONS,
     GradeResult,
     extract_answer,

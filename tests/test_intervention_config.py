@@ -11,8 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from entropyrl.conf import CONF_DIR, compose, intervention_defaults, intervention_names
-from entropyrl.errors import UserError
-from entropyrl.trainers.algorithm import Algorithm
+from entropyrl.core.errors import UserError
+from entropyrl.trainers.algos.algorithm import Algorithm
 from entropyrl.trainers.interventions import INTERVENTIONS, build_intervention
 
 YAMLS = sorted(p.stem for p in (CONF_DIR / "intervention").glob("*.yaml"))

@@ -10,12 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entropyrl.errors import UserError
-from entropyrl.trainers import core_algos as ca
-from entropyrl.trainers.algorithm import Algorithm
-from entropyrl.trainers.diagnostics import entropy_change_estimate
+from entropyrl.core.errors import UserError
+from entropyrl.trainers.algos import core_algos as ca
+from entropyrl.trainers.algos.algorithm import Algorithm
 from entropyrl.trainers.interventions import INTERVENTIONS, Intervention, TokenBatch, register_intervention
 from entropyrl.trainers.interventions.steer import steer_weights
+from entropyrl.trainers.stats.diagnostics import entropy_change_estimate
 
 DAPO_CLIP = {"low": 0.2, "high": 0.28, "dual_c": 10.0}
 

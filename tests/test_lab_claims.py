@@ -1,4 +1,4 @@
-"""The lab's claim table computed from synthetic metric rows (trainers/lab_claims.py), the report
+"""The lab's claim table computed from synthetic metric rows (sweeps/lab/claims.py), the report
 writer, the countdown verifier, pass@k from sampled scores, and the lab presets."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import random
 import pytest
 from omegaconf import OmegaConf
 
-from entropyrl import countdown, tasks
 from entropyrl.conf import CONF_DIR, compose
-from entropyrl.trainers.lab_claims import compute_claims, quadrant_claim
-from entropyrl.trainers.lab_report import write_lab_outputs
-from entropyrl.trainers.passk import pass_metrics_from_scores
-from entropyrl.trainers.regime import findings_cell
+from entropyrl.sweeps.lab.claims import compute_claims, quadrant_claim
+from entropyrl.sweeps.lab.report import write_lab_outputs
+from entropyrl.tasks import builtin as tasks
+from entropyrl.tasks import countdown
+from entropyrl.trainers.run.regime import findings_cell
+from entropyrl.trainers.stats.passk import pass_metrics_from_scores
 
 
 def rows(n=50, entropy=lambda i: 1.0, **extra):
@@ -203,7 +204,7 @@ def test_countdown_text_survives_the_saved_embedded_tokenizer(tmp_path):
     """The embedded tokenizer drops spaces once saved and reloaded; countdown text must not need them."""
     from transformers import AutoTokenizer
 
-    from entropyrl.models import build_tokenizer
+    from entropyrl.models.tiny import build_tokenizer
 
     build_tokenizer().save_pretrained(tmp_path)
     tok = AutoTokenizer.from_pretrained(str(tmp_path))

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from entropyrl.trainers.algorithm import Algorithm
-from entropyrl.trainers.regime import entropy_flags, prediction_fit, regime_warnings, rolling_mean
+from entropyrl.trainers.algos.algorithm import Algorithm
+from entropyrl.trainers.run.regime import entropy_flags, prediction_fit, regime_warnings, rolling_mean
 
 
 # ------------------------------------------------------------------------------------------
@@ -72,7 +72,7 @@ def test_effective_prediction_matches_finite_difference(case, seed):
         q = logp.detach().exp()
         fd = (h_after - h_before) / (2 * (eta / n_tokens) * q) * mask     # in the prediction's units
     # per quadrant and in total, the prediction is the finite-difference change
-    from entropyrl.trainers.diagnostics import quadrant_ids
+    from entropyrl.trainers.stats.diagnostics import quadrant_ids
 
     ids = quadrant_ids(logp.detach(), entropy.detach(), adv, mask)
     for i in range(1, 5):

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from entropyrl.conf import compose
-from entropyrl.trainers import core_algos as ca
-from entropyrl.trainers.algorithm import Algorithm
+from entropyrl.trainers.algos import core_algos as ca
+from entropyrl.trainers.algos.algorithm import Algorithm
 from entropyrl.trainers.interventions import TokenBatch
 from entropyrl.trainers.interventions.steer import SAMPLING_ENTROPY_KEY
 

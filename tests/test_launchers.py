@@ -15,7 +15,7 @@ import submitit
 
 from entropyrl.cli.main import main
 from entropyrl.conf import cfg_get
-from entropyrl.errors import UserError
+from entropyrl.core.errors import UserError
 from entropyrl.sweeps.launchers import Launcher, QueueEntry, get_launcher, launcher_names, register_launcher
 from entropyrl.sweeps.planning import split_overrides
 from entropyrl.sweeps.slurm import WAITING, PartitionSize, SlurmLauncher, _gpus, _minutes, oversized

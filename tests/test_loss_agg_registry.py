@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entropyrl.errors import UserError
-from entropyrl.trainers import core_algos
+from entropyrl.core.errors import UserError
+from entropyrl.trainers.algos import core_algos
 from entropyrl.trainers.trainer import accumulation_weight
 
 

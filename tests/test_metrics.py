@@ -8,7 +8,8 @@ from math import comb
 
 import pytest
 
-from entropyrl.evals.metrics import avg_at_n, ks_for, maj_at_n, mean_metrics, mlflow_key, pass_at_k, problem_metrics
+from entropyrl.core.mlflow_store import mlflow_key
+from entropyrl.evals.metrics import avg_at_n, ks_for, maj_at_n, mean_metrics, pass_at_k, problem_metrics
 
 
 def test_pass_at_k_matches_golden_vectors(golden_dir):

@@ -7,13 +7,13 @@ import subprocess
 import sys
 import time
 
-from entropyrl.mlflow_store import sqlite_path
+from entropyrl.core.mlflow_store import sqlite_path
 
 OPEN_RUN = """
 import sys, time
 from pathlib import Path
 from omegaconf import OmegaConf
-from entropyrl.trainers.tracking import RunTracker
+from entropyrl.core.tracking import RunTracker
 uri, out, start_at = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])
 import mlflow  # noqa: F401  (imported before the common start so the processes meet in the store)
 tracker = RunTracker(OmegaConf.create({"uri": uri, "experiment": "together"}), out, log=lambda *_: None)

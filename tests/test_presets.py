@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from entropyrl.conf import CONF_DIR, compose, config_groups
-from entropyrl.errors import UserError
+from entropyrl.core.errors import UserError
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 EXPERIMENTS = ("stare_7b_short_cot", "steer_7b", "dapo_7b", "kl_cov_7b")
@@ -98,7 +98,7 @@ def test_model_presets_name_a_hub_id_and_take_a_local_path(model, hub):
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def dapo(data_dir):
-    from entropyrl.trainers.prompts_source import build_prompt_source
+    from entropyrl.trainers.data.prompts_source import build_prompt_source
 
     cfg = compose("train", ["data=dapo_math_17k", f"data.data_root={data_dir}"])
     return build_prompt_source(cfg.data, seed=3)
@@ -116,7 +116,7 @@ def test_dapo_parquet_loads_and_grades_an_answer_line(dapo):
 
 
 def test_dapo_prompt_stream_is_deterministic_and_covers_the_epoch(dapo, data_dir):
-    from entropyrl.trainers.prompts_source import build_prompt_source
+    from entropyrl.trainers.data.prompts_source import build_prompt_source
 
     again = build_prompt_source(compose("train", ["data=dapo_math_17k", f"data.data_root={data_dir}"]).data, seed=3)
     assert dapo.sample(16, step=5) == again.sample(16, step=5)
@@ -130,8 +130,8 @@ def test_dapo_prompt_stream_is_deterministic_and_covers_the_epoch(dapo, data_dir
 
 
 def test_dapo_filters_overlong_prompts_and_holds_out_validation(data_dir):
-    from entropyrl.models import build_tokenizer
-    from entropyrl.trainers.prompts_source import build_prompt_source
+    from entropyrl.models.tiny import build_tokenizer
+    from entropyrl.trainers.data.prompts_source import build_prompt_source
 
     tok = build_tokenizer()                                              # one token per character
     cfg = compose("train", ["data=dapo_math_17k", f"data.data_root={data_dir}", "data.limit=150",
@@ -144,7 +144,7 @@ def test_dapo_filters_overlong_prompts_and_holds_out_validation(data_dir):
 
 
 def test_missing_dataset_offline_is_one_actionable_error(tmp_path, monkeypatch):
-    from entropyrl.trainers.prompts_source import build_prompt_source
+    from entropyrl.trainers.data.prompts_source import build_prompt_source
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cfg = compose("train", ["data=dapo_math_17k", f"data.data_root={tmp_path}"])

@@ -1,4 +1,4 @@
-"""entropyrl.resources: the CPUs a run may use (affinity, cgroup v1/v2 quotas), the jobs and load
+"""entropyrl.core.resources: the CPUs a run may use (affinity, cgroup v1/v2 quotas), the jobs and load
 beside it, and the thread count that follows from them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from entropyrl import resources as res
+from entropyrl.core import resources as res
 
 
 def _write(path: Path, text: str) -> None:
@@ -114,7 +114,7 @@ def test_a_real_cpu_bound_process_counts_as_busy():
                     reason="needs an affinity mask of two CPUs or more")
 def test_affinity_mask_limits_a_real_process():
     cpu = min(os.sched_getaffinity(0))
-    code = ("import os, torch; from entropyrl.resources import available_cpus, apply_threads; "
+    code = ("import os, torch; from entropyrl.core.resources import available_cpus, apply_threads; "
             "n = apply_threads(0); print(available_cpus(), n, torch.get_num_threads(), os.environ['OMP_NUM_THREADS'])")
     env = {k: v for k, v in os.environ.items() if k not in res.THREAD_ENV_VARS}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
@@ -124,7 +124,7 @@ def test_affinity_mask_limits_a_real_process():
 
 
 def test_users_omp_num_threads_is_the_default_and_stays_fixed():
-    code = ("import os, torch; from entropyrl.resources import ThreadBudget, JOBS_ENV; "
+    code = ("import os, torch; from entropyrl.core.resources import ThreadBudget, JOBS_ENV; "
             "b = ThreadBudget(0, every_s=0); os.environ[JOBS_ENV] = '1000'; "
             "print(b.threads, b.refresh(), torch.get_num_threads(), os.environ['MKL_NUM_THREADS'])")
     env = {k: v for k, v in os.environ.items() if k not in (*res.THREAD_ENV_VARS, res._EXPORT_MARK)}
@@ -135,7 +135,7 @@ def test_users_omp_num_threads_is_the_default_and_stays_fixed():
 
 
 def test_explicit_count_wins_and_user_env_is_kept():
-    code = ("import os, torch; from entropyrl.resources import apply_threads; "
+    code = ("import os, torch; from entropyrl.core.resources import apply_threads; "
             "n = apply_threads(3); print(n, torch.get_num_threads(), os.environ['OMP_NUM_THREADS'])")
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from entropyrl.conf import compose
-from entropyrl.errors import UserError
-from entropyrl.trainers.run_dir import config_differences
+from entropyrl.core.errors import UserError
+from entropyrl.trainers.run.run_dir import config_differences
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from entropyrl.conf import compose
-from entropyrl.trainers import checkpoint as ckpt
-from entropyrl.trainers.tracking import read_metrics
+from entropyrl.core.tracking import read_metrics
+from entropyrl.trainers.run import checkpoint as ckpt
 
 
 def train(workdir: Path, fast_train: list[str], *extra: str, log: list | None = None) -> dict:
@@ -82,10 +82,10 @@ def test_checkpoint_files_and_folders_are_fsynced_before_the_rename(tmp_path, mo
     import torch
     from omegaconf import OmegaConf
 
-    from entropyrl.models import build_model, build_tokenizer
+    from entropyrl.models.tiny import build_model, build_tokenizer
 
     tokenizer = build_tokenizer()
-    arch = OmegaConf.load(Path(ckpt.__file__).parents[1] / "conf" / "model" / "tiny.yaml").arch
+    arch = OmegaConf.load(Path(ckpt.__file__).parents[2] / "conf" / "model" / "tiny.yaml").arch
     model = build_model(arch, tokenizer, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     events: list[tuple[str, str]] = []

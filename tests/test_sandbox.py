@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from entropyrl.errors import UserError
-from entropyrl.evals.sandbox import REASONS, SandboxLimits, SandboxPool, launcher, run_program
+from entropyrl.core.errors import UserError
+from entropyrl.evals.code.sandbox import REASONS, SandboxLimits, SandboxPool, launcher, run_program
 
 LIMITS = SandboxLimits(wall_seconds=2.0, cpu_seconds=2, memory_mb=512, processes=16)
 
@@ -203,7 +203,7 @@ def test_no_network_and_read_only_filesystem_under_bwrap():
 def test_pool_runs_in_parallel_and_keeps_order():
     pool = SandboxPool(workers=2, limits=LIMITS)
     jobs_src = [f"v = {i}" for i in range(6)]
-    from entropyrl.evals.sandbox import Job
+    from entropyrl.evals.code.sandbox import Job
 
     results = pool.map([Job(src, (f"assert v == {i}",)) for i, src in enumerate(jobs_src)] +
                        [Job("v = 0", ("assert v == 1",))])
@@ -219,7 +219,7 @@ def test_bad_limits_are_one_line_errors():
 
 @pytest.mark.parametrize("name", ["connect_listener", "detached_child", "sleep_past_limit", "kill_parent"])
 def test_unshare_fallback_still_contains_network_and_processes(name, listener, tmp_path):
-    from entropyrl.evals.sandbox_launch import _probe
+    from entropyrl.evals.code.sandbox_launch import _probe
 
     if not _probe("unshare"):
         pytest.skip("unshare cannot create namespaces here")
@@ -258,7 +258,7 @@ def test_run_folder_is_bounded_under_bwrap():
 
 
 def test_no_namespace_fallback_as_root_refuses_or_runs_unprivileged():
-    from entropyrl.evals.sandbox_launch import _others_can_run_python
+    from entropyrl.evals.code.sandbox_launch import _others_can_run_python
 
     limits = SandboxLimits(wall_seconds=3.0, isolation="none")
     if os.geteuid() == 0 and not _others_can_run_python():

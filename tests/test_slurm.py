@@ -52,7 +52,7 @@ def slurm_cluster():
 def warm_model():
     """Build the warm-started tiny model once, here, so parallel jobs never race to build it."""
     from entropyrl.conf import compose
-    from entropyrl.models import load_policy
+    from entropyrl.models.loading import load_policy
 
     cfg = compose("train")
     load_policy(cfg.model, cfg.data, log=lambda *_: None)

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from entropyrl.conf import compose, config_groups
-from entropyrl.errors import UserError
+from entropyrl.core.errors import UserError
 from entropyrl.sweeps import aggregate as agg
 from entropyrl.sweeps.ablation import expand, merge_overrides, variants_of
 from entropyrl.sweeps.planning import validate_jobs
 from entropyrl.sweeps.state import save_sweep
-from entropyrl.trainers.regime import findings_cell
+from entropyrl.trainers.run.regime import findings_cell
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 # A job of a few seconds: 3 steps of 4 prompts, validation only at the end, one checkpoint.
@@ -189,7 +189,7 @@ def make_synthetic_sweep(root: Path) -> Path:
     write_metrics(runs / "v1" / "s1", [1.0, 0.9, 0.6, 0.4, 0.26], {5: 0.7})
     for seed in (0, 1):
         (runs / "v1" / f"s{seed}" / "job.json").write_text(json.dumps({"state": "done", "steps": 5, "attempt": 1}))
-    # what the runs' regime checks wrote (trainers/regime.py): both seeds collapsed, one had a warning
+    # what the runs' regime checks wrote (trainers/run/regime.py): both seeds collapsed, one had a warning
     collapse = {"id": "collapse", "message": "entropy collapsed", "first_step": 5}
     (runs / "v1" / "s0" / "summary.json").write_text(json.dumps({"status": "FINISHED", "flags": [{**collapse, "first_step": 4}],
         "warnings": [{"id": "kl_cov_on_policy", "message": "kl_cov's penalty was 0", "first_step": 1}]}))

@@ -7,9 +7,10 @@ import random
 import torch
 from omegaconf import OmegaConf
 
-from entropyrl import models as tiny
-from entropyrl import tasks
 from entropyrl.conf import compose
+from entropyrl.models import tiny
+from entropyrl.models.loading import load_policy
+from entropyrl.tasks import builtin as tasks
 
 
 def test_tokenizer_round_trip_through_save_pretrained(tmp_path):
@@ -61,8 +62,8 @@ def test_tasks_rewards():
 
 def test_warm_start_gives_a_nonzero_unsaturated_policy():
     cfg = compose("train")
-    model, tok = tiny.load_policy(cfg.model, cfg.data)
-    from entropyrl.rollout import HFRollout
+    model, tok = load_policy(cfg.model, cfg.data)
+    from entropyrl.rollout.hf_engine import HFRollout
 
     problems = tasks.sample_problems(cfg.data, 64, random.Random(0))
     roll = HFRollout(OmegaConf.merge(cfg.rollout, {"batch_size": 512}), model, tok).generate(

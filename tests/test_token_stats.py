@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entropyrl.trainers.token_stats import chunked_token_stats, logits_token_stats
+from entropyrl.trainers.stats.token_stats import chunked_token_stats, logits_token_stats
 
 TOLS = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=1e-5, atol=1e-5)}
 

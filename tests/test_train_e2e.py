@@ -111,7 +111,7 @@ def test_default_run_shows_grpo_entropy_collapse(in_tmp):
     assert summary["entropy/last_tenth"] < 0.5 * summary["entropy/first_tenth"], summary
     assert summary["final/val/acc"] > 0.0
     # the regime check flags the collapse at the first step whose entropy is below 0.2x the
-    # first-tenth mean (trainers/regime.py). Measured with the default settings: flagged at steps
+    # first-tenth mean (trainers/run/regime.py). Measured with the default settings: flagged at steps
     # 63-89 over seeds 0-2 at 1 and 2 torch threads, and at 54-124 from three other warm starts
     # (warm_start.seed 1 and 2, and one built on 2 threads).
     rows = [json.loads(line) for line in (in_tmp / "default" / "metrics.jsonl").read_text().splitlines()]

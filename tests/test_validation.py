@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from entropyrl.conf import compose
-from entropyrl.errors import UserError
-from entropyrl.validation import SCHEMAS, Rule, validate_config
+from entropyrl.core.errors import UserError
+from entropyrl.core.validation import SCHEMAS, Rule, validate_config
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 

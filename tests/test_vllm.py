@@ -38,9 +38,9 @@ def _engine_worker(outdir: Path) -> None:
     """Start the engine on the embedded tiny model; sample with log-probs; compare them with the
     trainer's recomputation; change the trainer's weights, sync, sample again."""
     from entropyrl.conf import compose
-    from entropyrl.models import load_policy
-    from entropyrl.rollout import build_rollout
-    from entropyrl.trainers.policy_stats import response_token_stats
+    from entropyrl.models.loading import load_policy
+    from entropyrl.rollout.base import build_rollout
+    from entropyrl.trainers.stats.policy_stats import response_token_stats
 
     cfg = compose("train", ["rollout=vllm", "rollout.temperature=0.8"])
     model, tok = load_policy(cfg.model, cfg.data, log=lambda *_: None)
@@ -137,8 +137,8 @@ def test_truncated_is_weights_and_mismatch_metrics():
 
 
 def test_tis_intervention_scales_the_token_loss():
-    from entropyrl.trainers import core_algos
-    from entropyrl.trainers.algorithm import Algorithm
+    from entropyrl.trainers.algos import core_algos
+    from entropyrl.trainers.algos.algorithm import Algorithm
     from entropyrl.trainers.interventions.tis import SAMPLING_LOGP_KEY, truncated_is_weight
 
     g = torch.Generator().manual_seed(0)
@@ -163,7 +163,7 @@ def test_tis_intervention_scales_the_token_loss():
 
 
 def test_weight_transport_round_trip_and_layer_buckets():
-    from entropyrl.vllm_rollout import pack_tensor, unpack_tensor, weight_buckets
+    from entropyrl.rollout.vllm_engine import pack_tensor, unpack_tensor, weight_buckets
 
     for t in (torch.randn(3, 5), torch.randn(7).to(torch.bfloat16), torch.tensor(2.5), torch.zeros(0, 4)):
         name, back = unpack_tensor(pack_tensor("w", t))
@@ -181,7 +181,7 @@ def test_weight_transport_round_trip_and_layer_buckets():
 def test_full_named_parameters_skips_the_tied_head():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from entropyrl.vllm_rollout import full_named_parameters
+    from entropyrl.rollout.vllm_engine import full_named_parameters
 
     cfg = dict(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1,
                num_key_value_heads=1)
@@ -196,9 +196,9 @@ def test_vllm_rollout_without_vllm_is_a_user_error(monkeypatch, in_tmp):
     import builtins
 
     from entropyrl.conf import compose
-    from entropyrl.errors import UserError
+    from entropyrl.core.errors import UserError
     from entropyrl.evals.runner import run_eval
-    from entropyrl.vllm_rollout import VLLMRollout
+    from entropyrl.rollout.vllm_engine import VLLMRollout
 
     real_import = builtins.__import__
 

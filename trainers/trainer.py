@@ -27,29 +27,30 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from entropyrl.errors import UserError
-from entropyrl.evals.runner import validate as validate_benchmarks
-from entropyrl.mlflow_store import resolve_uri
-from entropyrl.models import load_policy
-from entropyrl.resources import ThreadBudget
-from entropyrl.rollout import Rollout, build_rollout, cat_rollouts
-from entropyrl.trainers import checkpoint as ckpt
-from entropyrl.trainers import distributed, run_dir
-from entropyrl.trainers.algorithm import Algorithm, tracked_config
-from entropyrl.trainers.core_algos import part_weight
-from entropyrl.trainers.diagnostics import quadrant_metrics
-from entropyrl.trainers.interventions import build_intervention
-from entropyrl.trainers.interventions.tis import SAMPLING_LOGP_KEY, sampler_mismatch_metrics
-from entropyrl.trainers.passk import sampled_pass_metrics
-from entropyrl.trainers.plots import plot_training_curves
-from entropyrl.trainers.policy_stats import batch_token_stats, response_token_stats
-from entropyrl.trainers.probe import build_probe
-from entropyrl.trainers.prompts_source import build_prompt_source
-from entropyrl.trainers.regime import report_regime
-from entropyrl.trainers.run_report import TrainingProgress, summarize
-from entropyrl.trainers.stop_signals import RunInterrupted, StopSignals
-from entropyrl.trainers.tracking import RunTracker, check_reachable, read_metrics
-from entropyrl.validation import validate_config
+from ..core.errors import UserError
+from ..core.mlflow_store import resolve_uri
+from ..core.resources import ThreadBudget
+from ..core.tracking import RunTracker, check_reachable, read_metrics
+from ..core.validation import validate_config
+from ..evals.runner import validate as validate_benchmarks
+from ..models.loading import load_policy
+from ..rollout.base import Rollout, build_rollout, cat_rollouts
+from .algos.algorithm import Algorithm, tracked_config
+from .algos.core_algos import part_weight
+from .data.prompts_source import build_prompt_source
+from .interventions import build_intervention
+from .interventions.tis import SAMPLING_LOGP_KEY, sampler_mismatch_metrics
+from .parallel import distributed
+from .run import checkpoint as ckpt
+from .run import run_dir
+from .run.plots import plot_training_curves
+from .run.regime import report_regime
+from .run.run_report import TrainingProgress, summarize
+from .run.stop_signals import RunInterrupted, StopSignals
+from .stats.diagnostics import quadrant_metrics
+from .stats.passk import sampled_pass_metrics
+from .stats.policy_stats import batch_token_stats, response_token_stats
+from .stats.probe import build_probe
 
 
 def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
@@ -74,7 +75,7 @@ class GRPOTrainer:
         self.output_dir = Path(cfg.output_dir)
         # trainer.threads, else the CPUs left to this job (affinity, quota, jobs and load beside it)
         self.threads = ThreadBudget(t.threads)
-        # torchrun / SLURM ranks, this rank's device, FSDP or not (trainers/distributed.py)
+        # torchrun / SLURM ranks, this rank's device, FSDP or not (trainers/parallel/distributed.py)
         self.dist = distributed.setup(t)
         self.log = log if self.dist.is_main else (lambda *_a, **_k: None)
         # resume / refuse / overwrite what output_dir holds, before minutes of model loading

@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from entropyrl.conf import intervention_defaults
-from entropyrl.errors import UserError
+from ...conf import intervention_defaults
+from ...core.errors import UserError
 
 __all__ = ["Intervention", "LossContext", "TokenBatch", "INTERVENTIONS", "register_intervention",
            "build_intervention", "SCOPES"]

@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from entropyrl.errors import UserError
-from entropyrl.trainers.core_algos import entropy_bonus_term
-from entropyrl.trainers.interventions.base import Intervention, LossContext, register_intervention
+from ...core.errors import UserError
+from ..algos.core_algos import entropy_bonus_term
+from .base import Intervention, LossContext, register_intervention
 
 
 class _EntropyTerm(Intervention):

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from entropyrl.errors import UserError
-from entropyrl.trainers.core_algos import select_top_fraction
-from entropyrl.trainers.interventions.base import Intervention, LossContext, TokenBatch, register_intervention
+from ...core.errors import UserError
+from ..algos.core_algos import select_top_fraction
+from .base import Intervention, LossContext, TokenBatch, register_intervention
 
 
 @register_intervention("high_entropy_mask")

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from entropyrl.errors import UserError
-from entropyrl.trainers.core_algos import token_covariance
-from entropyrl.trainers.interventions.base import Intervention, LossContext, register_intervention
+from ...core.errors import UserError
+from ..algos.core_algos import token_covariance
+from .base import Intervention, LossContext, register_intervention
 
 
 def kl_cov_selection(cov: torch.Tensor, valid: torch.Tensor, ratio: float) -> torch.Tensor:

@@ -3,7 +3,7 @@ sweep axis can name the baseline explicitly (``algo.interventions=[none]``)."""
 
 from __future__ import annotations
 
-from entropyrl.trainers.interventions.base import Intervention, LossContext, register_intervention
+from .base import Intervention, LossContext, register_intervention
 
 
 @register_intervention("none")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from entropyrl.errors import UserError
-from entropyrl.trainers.interventions.base import Intervention, LossContext, register_intervention
+from ...core.errors import UserError
+from .base import Intervention, LossContext, register_intervention
 
 
 @register_intervention("sample_reweight")

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from entropyrl.errors import UserError
-from entropyrl.trainers.diagnostics import entropy_change_estimate
-from entropyrl.trainers.interventions.base import Intervention, LossContext, TokenBatch, register_intervention
+from ...core.errors import UserError
+from ..stats.diagnostics import entropy_change_estimate
+from .base import Intervention, LossContext, TokenBatch, register_intervention
 
 MAPPINGS = ("exp", "linear")
 ENTROPY_SOURCES = ("old", "current")

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from entropyrl.errors import UserError
-from entropyrl.trainers.interventions.base import Intervention, LossContext, register_intervention
+from ...core.errors import UserError
+from .base import Intervention, LossContext, register_intervention
 
 SAMPLING_LOGP_KEY = "sampling_logp"     # extras key: the sampler's log-probs [b, T]
 

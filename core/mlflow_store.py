@@ -1,0 +1,55 @@
+"""Where runs are tracked (``resolve_uri``), and one process at a time through a local MLflow
+sqlite store's first use (``store_lock``).
+
+MLflow creates and migrates a sqlite store's tables the first time a process opens it. Two runs
+started together on a fresh ``mlflow.db`` (two `entropyrl train` in one folder, a train beside an
+eval) both run the migration and one of them dies ("table ... already exists", measured with three
+processes). ``store_lock(uri)`` serialises that opening, and the experiment lookup-or-create after
+it, with an exclusive ``flock`` on the database file itself: sqlite uses POSIX record locks, which
+``flock`` does not touch, and an empty file is a valid empty sqlite database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+DEFAULT_URI = "sqlite:///mlflow.db"
+
+
+def resolve_uri(tracking_cfg) -> str:
+    """``tracking.uri``, else ``$MLFLOW_TRACKING_URI``, else ``mlflow.db`` in the working directory."""
+    return str(tracking_cfg.get("uri") or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI)
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (relative or absolute), else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+@contextlib.contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Hold an exclusive lock on a local sqlite store while inside; a no-op for any other URI
+    (a tracking server serialises its own writes) or when the folder does not exist (MLflow's own
+    error then names it)."""
+    db = sqlite_path(uri)
+    if db is None or not db.parent.is_dir():
+        yield
+        return
+    with open(db, "ab") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def mlflow_key(name: str) -> str:
+    """MLflow-safe metric key: ``eval/aime24/avg@32`` -> ``eval/aime24/avg_at_32``."""
+    return name.replace("@", "_at_")

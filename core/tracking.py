@@ -1,0 +1,170 @@
+"""Run tracking: MLflow (local sqlite by default, any server via MLFLOW_TRACKING_URI or
+``tracking.uri``) plus ``<output_dir>/metrics.jsonl``, written side by side.
+
+A resumed job continues the *same* MLflow run (its id is kept in ``<output_dir>/tracking.json``)
+and never logs a step twice: steps already in the run's history are skipped, so a crash and
+resume (or a SLURM requeue) leave one continuous step sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from .errors import UserError
+from .files import atomic_write_text
+from .mlflow_store import mlflow_key, resolve_uri, store_lock
+
+
+def check_reachable(uri: str, timeout: float = 5.0) -> None:
+    """Fail fast (before any training) when an HTTP tracking server does not answer."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
+            if resp.status >= 500:
+                raise OSError(f"HTTP {resp.status}")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UserError(f"cannot reach the MLflow tracking server at {uri} ({reason}); start it "
+                        f"(mlflow server ...) or point MLFLOW_TRACKING_URI/tracking.uri elsewhere") from None
+
+
+def flatten(cfg: Any, prefix: str = "") -> dict[str, str]:
+    """``{"algo.clip.low": "0.2", ...}``: a nested config as MLflow params."""
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    out: dict[str, str] = {}
+    if isinstance(cfg, dict):
+        for k, v in cfg.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = json.dumps(cfg) if isinstance(cfg, (list, tuple)) else str(cfg)
+    return out
+
+
+class RunTracker:
+    """One training job's run: MLflow + metrics.jsonl. ``enabled=false`` keeps only the jsonl."""
+
+    def __init__(self, tracking_cfg, output_dir: Path, log=print):
+        self.cfg = tracking_cfg
+        self.log = log
+        self.output_dir = Path(output_dir)
+        self.metrics_path = self.output_dir / "metrics.jsonl"
+        self.state_path = self.output_dir / "tracking.json"
+        self.enabled = bool(tracking_cfg.get("enabled", True))
+        self.run_id: str | None = None
+        self.uri = resolve_uri(tracking_cfg)
+        self._logged_through = -1   # MLflow already holds steps <= this (from before a resume)
+        self._mlflow = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self, full_cfg, run_name: str, resume_step: int | None) -> None:
+        """Open (or re-open, when resuming) the run; log params and tags on a fresh run."""
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._truncate_jsonl(resume_step)
+        if not self.enabled:
+            return
+        check_reachable(self.uri)
+        import mlflow
+
+        self._mlflow = mlflow
+        mlflow.set_tracking_uri(self.uri)
+        previous = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
+        try:
+            with store_lock(self.uri):       # first use of a fresh sqlite store: one process at a time
+                if previous.get("run_id"):
+                    run = mlflow.start_run(run_id=previous["run_id"])
+                    self.run_id = run.info.run_id
+                    self._logged_through = self._max_logged_step()
+                else:
+                    mlflow.set_experiment(str(self.cfg.experiment))
+                    tags = {str(k): str(v) for k, v in (self.cfg.get("tags") or {}).items()}
+                    tags["entropyrl.output_dir"] = str(self.output_dir.resolve())
+                    parent = self.cfg.get("parent_run_id")
+                    if parent:
+                        tags["mlflow.parentRunId"] = str(parent)
+                    run = mlflow.start_run(run_name=run_name, tags=tags)
+                    self.run_id = run.info.run_id
+                    params = flatten(full_cfg)
+                    items = list(params.items())
+                    for i in range(0, len(items), 100):
+                        mlflow.log_params({k: v[:6000] for k, v in items[i: i + 100]})
+        except Exception as exc:  # noqa: BLE001 - any store failure is the user's setup
+            if isinstance(exc, UserError):
+                raise
+            raise UserError(f"cannot open an MLflow run at {self.uri}: {str(exc).splitlines()[0]} "
+                            f"(check MLFLOW_TRACKING_URI/tracking.uri)") from None
+
+        atomic_write_text(self.state_path, json.dumps({"run_id": self.run_id, "uri": self.uri}))
+
+    def _max_logged_step(self) -> int:
+        client = self._mlflow.tracking.MlflowClient()
+        history = client.get_metric_history(self.run_id, "entropy")
+        return max((m.step for m in history), default=-1)
+
+    def _truncate_jsonl(self, resume_step: int | None) -> None:
+        """Drop metrics.jsonl lines after the checkpoint we resume from (they are recomputed), and a
+        half-written line a killed run left behind (written again atomically)."""
+        if not self.metrics_path.exists():
+            return
+        if resume_step is None:
+            self.metrics_path.unlink()
+            return
+        rows, damaged = parse_metrics(self.metrics_path.read_text(errors="replace"))
+        if damaged:
+            self.log(f"warning: {self.metrics_path}: dropped {damaged} incomplete line(s) left by an "
+                     f"interrupted write")
+
+        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows
+                                                     if r.get("step", -1) <= resume_step))
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if v is not None}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps({"step": step, **{k: (v if math.isfinite(v) else None) for k, v in clean.items()}}) + "\n")
+        if self._mlflow is not None and step > self._logged_through:
+            # MLflow rejects '@' in names: val/math500/avg@4 is logged as val/math500/avg_at_4
+            finite = {mlflow_key(k): v for k, v in clean.items() if math.isfinite(v)}
+            self._mlflow.log_metrics(finite, step=step)
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        if self._mlflow is not None and Path(path).exists():
+            self._mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        if self._mlflow is not None and self._mlflow.active_run() is not None:
+            self._mlflow.end_run(status=status)
+
+
+def parse_metrics(text: str) -> tuple[list[dict], int]:
+    """``(rows, damaged)``: the JSON objects of a metrics.jsonl text and how many lines were not
+    complete JSON objects (a write cut short by a crash)."""
+    rows, damaged = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            damaged += 1
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            damaged += 1
+    return rows, damaged
+
+
+def read_metrics(output_dir: Path) -> list[dict]:
+    """The rows of ``<output_dir>/metrics.jsonl`` (incomplete lines from a crash are skipped)."""
+    path = Path(output_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return parse_metrics(path.read_text(errors="replace"))[0]

@@ -1,0 +1,368 @@
+"""Run one untrusted Python program with its tests, isolated, and say whether every test passed.
+
+``run_program(program, tests, limits)`` -> ``SandboxResult(passed, reason, seconds, stdout_tail,
+tests_passed, tests_total)``; ``reason`` is one of ``REASONS``. ``SandboxPool`` runs many at once.
+
+How one run is isolated (README "The code sandbox" says what this does *not* cover):
+
+- Launcher (``evals/code/sandbox_launch.py``), chosen once per process (``isolation``: ``auto`` | ``bwrap`` | ``unshare`` | ``none``):
+  ``bwrap`` (bubblewrap): new network, pid, ipc and uts namespaces, the whole filesystem bound
+  read-only except the run's own folder, private ``/tmp``, ``/root`` and ``/home`` hidden,
+  ``--die-with-parent``, a new session. ``unshare``: new network and pid namespaces only (the
+  filesystem stays as the user's; when root, the program runs as an unprivileged uid so it cannot
+  write what it does not own). ``none``: plain process with rlimits, a warning once per process
+  (no network isolation). ``auto`` takes the first that works on this kernel.
+- The harness (``HARNESS``, run by ``python -I -S``) first sets rlimits (CPU seconds, address
+  space, processes, open files, file size), and when started as root drops to a fresh uid/gid
+  picked at random per run (so the process limit counts only this run, and a final
+  ``kill(-1)`` as that uid reaches any child that escaped the pid namespace); only then does it
+  run the program. Environment: PATH, HOME/TMPDIR = the run folder, nothing of the caller's.
+- Pass/fail: the harness gets the spec (program, setup, tests, a random 128-bit nonce) on stdin
+  (``marshal``: the harness runs the same interpreter),
+  and after each test returns it writes ``<nonce> ok|fail <i>`` to a separate result pipe, then
+  ``<nonce> done`` after the last one. Exit status is ignored: a program that exits early
+  (``sys.exit(0)``, ``os._exit(0)``), kills its parent or dies never wrote ``done``. The nonce
+  is a Python object inside the process that runs the tests (a determined program can dig it
+  out of memory; see README).
+- Wall clock: past ``wall_seconds`` the whole process group is SIGKILLed (with it, through
+  ``--die-with-parent``, the pid namespace and every process in it). Output (stdout + stderr
+  together) is read as it comes and capped at ``max_output_bytes``; past it the run is killed.
+- The run folder is a fresh temporary directory, deleted afterwards (under bwrap a tmpfs of
+  ``disk_mb`` mounted over it, so a program cannot fill the host's disk either).
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+from ...core.errors import UserError
+from .sandbox_launch import ISOLATIONS, drop_uid, fresh_uid, interpreter, launch_prefix, launcher, sandbox_env, sweep_uid
+
+__all__ = ["REASONS", "SandboxLimits", "SandboxResult", "run_program", "SandboxPool", "launcher",
+           "ISOLATIONS"]
+
+REASONS = ("pass", "fail", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error")
+TAIL_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-run limits. ``processes``: at most that many processes/threads of the run at once."""
+
+    wall_seconds: float = 10.0
+    cpu_seconds: int = 10
+    memory_mb: int = 1024            # address space of each process
+    processes: int = 32
+    open_files: int = 64
+    file_size_mb: int = 16           # largest file the program may write
+    max_output_bytes: int = 64_000   # stdout + stderr kept; past it the run is killed
+    disk_mb: int = 64                # bwrap: size of the run folder (a tmpfs)
+    isolation: str = "auto"
+
+    @classmethod
+    def from_cfg(cls, cfg) -> SandboxLimits:
+        """From a mapping (``data.sandbox`` / ``eval.sandbox``); unknown keys are an error."""
+        d = dict(cfg or {})
+        d.pop("workers", None)
+        known = set(cls.__dataclass_fields__)
+        bad = sorted(set(d) - known)
+        if bad:
+            raise UserError(f"unknown sandbox key '{bad[0]}'; valid: {', '.join(sorted(known | {'workers'}))}")
+        lim = cls(**{k: v for k, v in d.items() if v is not None})
+        if lim.isolation not in ISOLATIONS:
+            raise UserError(f"sandbox.isolation={lim.isolation}: valid: {', '.join(ISOLATIONS)}")
+        if lim.wall_seconds <= 0 or lim.cpu_seconds < 1 or lim.memory_mb < 64 or lim.processes < 1:
+            raise UserError("sandbox limits must be positive (wall_seconds > 0, cpu_seconds >= 1, "
+                            "memory_mb >= 64, processes >= 1)")
+        return lim
+
+
+@dataclass
+class SandboxResult:
+    passed: bool
+    reason: str
+    seconds: float
+    stdout_tail: str = ""
+    tests_passed: int = 0
+    tests_total: int = 0
+    detail: str = ""                 # the exception line the harness reported, if any
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def fraction(self) -> float:
+        return self.tests_passed / self.tests_total if self.tests_total else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("extra")
+        return d
+
+
+# The harness: sets limits, drops privileges, reads the spec, runs program, setup and each test in
+# one namespace, reports each test on the result pipe. Kept to the standard library.
+HARNESS = r"""
+import os, sys, marshal, resource, builtins
+def main(spec):
+    fd, lim, write, run, comp = spec["fd"], spec["limits"], os.write, exec, compile
+    # Bound now: the program can rebind names in the real builtins module, not these locals.
+    AssertErr, MemErr, BaseExc, kind, text, items = AssertionError, MemoryError, BaseException, type, str, enumerate
+    def cap(kind, value, hard=None):
+        try:
+            resource.setrlimit(kind, (value, value if hard is None else hard))
+        except (ValueError, OSError):
+            pass
+    cap(resource.RLIMIT_CPU, lim["cpu"], lim["cpu"] + 1); cap(resource.RLIMIT_FSIZE, lim["fsize"])
+    cap(resource.RLIMIT_NOFILE, lim["nofile"]); cap(resource.RLIMIT_CORE, 0)
+    if spec["uid"] is not None:
+        os.setgroups([]); os.setgid(spec["uid"]); os.setuid(spec["uid"])
+    cap(resource.RLIMIT_NPROC, lim["nproc"]); cap(resource.RLIMIT_AS, lim["as"])
+    null = os.open(os.devnull, os.O_RDONLY); os.dup2(null, 0); os.close(null)
+    os.chdir(spec["cwd"])
+    nonce = spec.pop("nonce")
+    def say(msg):
+        write(fd, (nonce + " " + msg + "\n").encode())
+    def why(exc):
+        return kind(exc).__name__ + ": " + text(exc).replace("\n", " ")[:300]
+    # The program and the tests each get their own copy of the builtins: a program that replaces
+    # exec, len or AssertionError changes neither the harness nor what the tests see.
+    clean = dict(builtins.__dict__)
+    ns = {"__name__": "__main__", "__builtins__": dict(clean)}
+    try:
+        run(comp(spec["program"], "<program>", "exec"), ns)
+        ns = {k: v for k, v in ns.items() if k != "__builtins__"}
+        ns["__builtins__"] = dict(clean)
+        if spec["setup"]:
+            run(comp(spec["setup"], "<tests>", "exec"), ns)
+    except MemErr as exc:
+        say("memory " + why(exc)); return
+    except BaseExc as exc:
+        say("error " + why(exc)); return
+    for i, test in items(spec["tests"]):
+        try:
+            run(comp(test, "<test %d>" % i, "exec"), ns)
+        except MemErr as exc:
+            say("memory %d %s" % (i, why(exc)))
+        except AssertErr as exc:
+            say("fail %d %s" % (i, why(exc)))
+        except BaseExc as exc:
+            say("error %d %s" % (i, why(exc)))
+        else:
+            say("ok %d" % i)
+    say("done")
+main(marshal.loads(sys.stdin.buffer.read()))
+try:
+    sys.stdout.flush(); sys.stderr.flush()
+finally:
+    os._exit(0)
+"""
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _verdict(lines: list[str], nonce: str, n_tests: int) -> tuple[str, int, str, bool]:
+    """``(reason, tests passed, detail, done)`` from the result pipe's lines (only ours count)."""
+    ok, reason, detail, done = set(), None, "", False
+    for line in lines:
+        if not line.startswith(nonce + " "):
+            continue
+        parts = line[len(nonce) + 1:].split(" ", 2)
+        word = parts[0]
+        if word == "done":
+            done = True
+        elif word == "ok" and len(parts) > 1 and parts[1].isdigit():
+            ok.add(int(parts[1]))
+        elif word in ("fail", "error", "memory") and reason is None:
+            reason = word
+            detail = (f"test {parts[1]}: " + (parts[2] if len(parts) > 2 else "") if parts[1:2] and parts[1].isdigit()
+                      else " ".join(parts[1:]))
+    passed = len({i for i in ok if i < n_tests})
+    if done and passed == n_tests and n_tests > 0:
+        return "pass", passed, "", True
+    return reason or ("fail" if done else ""), passed, detail, done
+
+
+def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLimits | None = None,
+                setup: str = "") -> SandboxResult:
+    """Run ``program``, then ``setup``, then each of ``tests`` (Python source snippets, each a test:
+    it passes if it returns without raising) in one namespace, isolated; see the module docstring.
+    """
+    lim = limits or SandboxLimits()
+    tests = [tests] if isinstance(tests, str) else list(tests)
+    kind = launcher(lim.isolation)
+    started = time.perf_counter()
+    workdir = tempfile.mkdtemp(prefix="entropyrl-sbx-")
+    uid = fresh_uid() if drop_uid(kind) else None
+    nonce = secrets.token_hex(16)
+    proc, status = None, "sandbox_error"
+    read_fd, write_fd = os.pipe()
+    try:
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+        spec = {"program": program, "setup": setup, "tests": tests, "nonce": nonce, "fd": write_fd,
+                "uid": uid, "cwd": workdir,
+                "limits": {"cpu": int(lim.cpu_seconds), "as": int(lim.memory_mb) << 20,
+                           "nproc": int(lim.processes), "nofile": int(lim.open_files),
+                           "fsize": int(lim.file_size_mb) << 20}}
+        cmd = launch_prefix(kind, workdir, lim.disk_mb) + [interpreter(), "-I", "-S", "-c", HARNESS]
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, pass_fds=(write_fd,), cwd=workdir,
+                                    env=sandbox_env(workdir), start_new_session=True)
+        except OSError as exc:
+            return SandboxResult(False, "sandbox_error", time.perf_counter() - started, detail=str(exc))
+        os.close(write_fd)
+        write_fd = -1
+        out, res, status = _communicate(proc, marshal.dumps(spec), read_fd, lim, started)
+    finally:
+        if proc is not None:
+            _kill_group(proc)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        # A pid namespace dies with its first process (the kernel kills the rest) and bwrap /
+        # unshare wait for that; after a kill, or without a namespace, sweep the run's uid.
+        if uid is not None and (kind == "none" or status != "ok"):
+            sweep_uid(uid)
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        shutil.rmtree(workdir, ignore_errors=True)
+    seconds = time.perf_counter() - started
+    tail = out[-TAIL_CHARS:].decode("utf-8", "replace")
+    reason, n_ok, detail, done = _verdict(res.decode("utf-8", "replace").splitlines(), nonce, len(tests))
+    if status in ("timeout", "output_limit"):
+        reason = status
+    elif reason == "":
+        rc = proc.returncode if proc is not None else None
+        if rc is not None and rc < 0 and -rc == signal.SIGXCPU:
+            reason, detail = "timeout", "CPU time limit"
+        elif rc is not None and (rc < 0 or rc >= 128):   # bwrap reports a signal death as 128+sig
+            sig = -rc if rc < 0 else rc - 128
+            reason = "timeout" if sig == signal.SIGXCPU else "killed"
+            detail = f"killed by signal {sig}" + (" (the CPU hard limit, or the kernel's OOM killer)"
+                                                  if sig == signal.SIGKILL else "")
+        elif b"MemoryError" in out[-4000:]:
+            reason = "memory"
+        else:
+            reason, detail = "error", f"exited (status {rc}) before the tests finished"
+    return SandboxResult(reason == "pass", reason, round(seconds, 4), tail, n_ok, len(tests), detail)
+
+
+def _communicate(proc: subprocess.Popen, spec: bytes, read_fd: int, lim: SandboxLimits,
+                 started: float) -> tuple[bytes, bytes, str]:
+    """Feed the spec, collect output and results until both pipes close, the wall limit passes
+    or the output cap is hit. Returns ``(output, results, status)``, status in ok/timeout/output_limit."""
+    sel = selectors.DefaultSelector()
+    out, res, status = bytearray(), bytearray(), "ok"
+    os.set_blocking(proc.stdin.fileno(), False)
+    sel.register(proc.stdin, selectors.EVENT_WRITE)
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    sel.register(read_fd, selectors.EVENT_READ)
+    view, open_reads = memoryview(spec), 2
+    deadline = started + float(lim.wall_seconds)
+    try:
+        while open_reads:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                status = "timeout"
+                break
+            events = sel.select(timeout=min(left, 0.1))
+            if not events and proc.poll() is not None:
+                break           # the harness is gone and the pipes are idle: a leftover child holds them
+            for key, _ in events:
+                if key.fileobj is proc.stdin:
+                    try:
+                        n = os.write(proc.stdin.fileno(), view[:65536])
+                        view = view[n:]
+                    except (BrokenPipeError, BlockingIOError, OSError):
+                        view = view[:0]
+                    if not len(view):
+                        sel.unregister(proc.stdin)
+                        proc.stdin.close()
+                    continue
+                fd = key.fileobj if isinstance(key.fileobj, int) else key.fileobj.fileno()
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    open_reads -= 1
+                elif fd == read_fd:
+                    res += chunk[: 1_000_000 - len(res)]
+                else:
+                    out += chunk
+                    if len(out) > lim.max_output_bytes:
+                        status = "output_limit"
+                        return bytes(out[-TAIL_CHARS * 2:]), bytes(res), status
+        if status == "ok":
+            try:
+                proc.wait(timeout=max(0.05, deadline - time.perf_counter()))
+            except subprocess.TimeoutExpired:
+                status = "timeout"
+    finally:
+        sel.close()
+        if proc.stdin and not proc.stdin.closed:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+    return bytes(out), bytes(res), status
+
+
+# --------------------------------------------------------------------------------------------
+# Many runs
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Job:
+    program: str
+    tests: tuple[str, ...]
+    setup: str = ""
+
+
+class SandboxPool:
+    """Runs many programs, ``workers`` at a time (the CPU budget: about one core per worker).
+
+    ``workers``: None = the CPUs this process may use. Threads only wait on child processes."""
+
+    def __init__(self, workers: int | None = None, limits: SandboxLimits | None = None):
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.workers = max(1, int(workers) if workers else cpus)
+        self.limits = limits or SandboxLimits()
+        drop_uid(launcher(self.limits.isolation))   # probe, warn or refuse once, up front
+
+    def map(self, jobs: Sequence[Job], progress: Callable[[int], None] | None = None) -> list[SandboxResult]:
+        """One result per job, in order."""
+        def one(job: Job) -> SandboxResult:
+            try:
+                r = run_program(job.program, list(job.tests), self.limits, setup=job.setup)
+            except UserError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one broken run must not sink the batch
+                r = SandboxResult(False, "sandbox_error", 0.0, detail=f"{type(exc).__name__}: {exc}")
+            if progress:
+                progress(1)
+            return r
+
+        if self.workers == 1 or len(jobs) <= 1:
+            return [one(j) for j in jobs]
+        with ThreadPoolExecutor(max_workers=min(self.workers, len(jobs))) as ex:
+            return list(ex.map(one, jobs))

@@ -1,0 +1,62 @@
+"""math-verify on one (prediction, gold) pair: what a grading worker runs.
+
+Only ``LatexExtractionConfig`` is used, so no Python expression parser ever sees model text.
+Multi-part answers are compared part by part (``answer_normalize.match_parts``).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .answer_normalize import match_parts, normalize, split_parts
+
+__all__ = ["WARMUP", "mv_equiv", "mv_single"]
+
+
+@lru_cache(maxsize=4096)
+def _parsed(answer: str, inner_timeout: int) -> tuple:
+    """math-verify's reading of one answer, kept per worker: the same gold answer (and the same
+    extracted answer) comes back many times in a batch of samples."""
+    from math_verify import LatexExtractionConfig, parse
+
+    config = [LatexExtractionConfig(boxed_match_priority=0)]
+    return tuple(parse("\\boxed{" + answer + "}", extraction_config=config, parsing_timeout=inner_timeout))
+
+
+def mv_single(pred: str, gold: str, inner_timeout: int) -> bool:
+    """math-verify on the normalised pair, then on the raw pair. Runs in a worker."""
+    from math_verify import verify
+
+    pairs = [(normalize(gold), normalize(pred))]
+    if pairs[0] != (gold, pred):
+        pairs.append((gold, pred))
+    for g, p in pairs:
+        if not g or not p:
+            continue
+        gp, pp = _parsed(g, inner_timeout), _parsed(p, inner_timeout)
+        if gp and pp:
+            # Both sides parsed: this comparison is authoritative (the raw pair is only a
+            # fallback for when normalisation left something math-verify cannot read).
+            return bool(verify(list(gp), list(pp), timeout_seconds=inner_timeout))
+    return False
+
+
+def mv_equiv(pred: str, gold: str, inner_timeout: int) -> bool:
+    """Multi-part answers part by part (as a set, or by label), else the whole pair."""
+    gold_parts, pred_parts = split_parts(gold), split_parts(pred)
+    if len(gold_parts) == 1 and len(pred_parts) > 1:
+        # a list of candidates never matches a single answer, unless every part is that answer
+        return all(mv_single(p, gold, inner_timeout) for p in pred_parts)
+    if len(gold_parts) > 1 and len(pred_parts) > 1:
+        return match_parts(pred_parts, gold_parts, lambda p, g: mv_single(p, g, inner_timeout)) is True
+    return mv_single(pred, gold, inner_timeout)
+
+
+# A few answers of the usual shapes, graded once in the zygote so that every worker forked from
+# it starts with math-verify's parsers and sympy's caches warm (a cold process pays ~1 s).
+WARMUP = [
+    ("\\frac{1}{2}", "0.5"), ("2\\sqrt{3}", "\\sqrt{12}"), ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\pi/2)"),
+    ("[-2, 7]", "x \\in [-2,7]"), ("\\{1,2\\}", "1, 2"), ("x^2+2x+1", "(x+1)^2"), ("y = 2x - 3", "2x-3"),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "(1,2)"), ("\\text{(C)}", "C"), ("3-4i", "3 - 4 i"),
+    ("(0,9) \\cup (9,36)", "\\frac{1}{2}"), ("10\\%", "0.1"), ("\\infty", "-\\infty"), ("e^{i\\pi}", "-1"),
+]

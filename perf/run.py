@@ -1,0 +1,61 @@
+"""`make bench`: run every benchmark suite and merge the results into bench-results.json.
+
+Each module in this folder (except this one) exposes ``run() -> dict``; its result is stored under
+the module's name (``token_stats``, ``grading``, ``rollout``, ...). Ratios are always measured
+against a baseline in the same run, since the machines are noisy.
+
+    .venv/bin/python perf/run.py                 # all suites
+    .venv/bin/python perf/run.py grading         # only some
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPORT = HERE.parent / "bench-results.json"
+SKIP = {"run", "gpu_check", "__init__"}
+
+
+def suites() -> list[str]:
+    return sorted(p.stem for p in HERE.glob("*.py") if p.stem not in SKIP and not p.stem.startswith("_"))
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"entropyrl_bench_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv: list[str]) -> int:
+    wanted = argv or suites()
+    report = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+    failed = 0
+    for name in wanted:
+        print(f"== {name}", flush=True)
+        started = time.perf_counter()
+        try:
+            result = load(name).run()
+        except Exception:  # noqa: BLE001 - one broken suite must not hide the others
+            traceback.print_exc()
+            result = {"error": traceback.format_exc(limit=3).splitlines()[-1]}
+            failed += 1
+        result["seconds"] = round(time.perf_counter() - started, 2)
+        report[name] = result
+        print(json.dumps(result, indent=2), flush=True)
+    report["_machine"] = {"python": platform.python_version(), "platform": platform.platform(),
+                          "processor": platform.processor(), "cpus": __import__("os").cpu_count()}
+    REPORT.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {REPORT}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

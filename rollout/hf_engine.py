@@ -1,0 +1,77 @@
+"""The Hugging Face ``generate`` rollout engine (``rollout=hf``, ``eval.backend=hf``): samples from the
+live model the trainer updates, so it needs no weight sync."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..conf import cfg_get
+from .base import Rollout, concat, response_mask_from_eos, stop_token_ids
+
+
+class HFRollout:
+    """Sampling with ``model.generate`` (temperature, top-p, top-k), seeded per call."""
+
+    def __init__(self, rollout_cfg, model, tokenizer):
+        self.cfg = rollout_cfg
+        self.model = model
+        self.tokenizer = tokenizer
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+
+    def sync_weights(self) -> None:
+        """Nothing to do: generation uses the live model."""
+
+    def close(self) -> None:
+        """Nothing held beyond the model, which belongs to the caller."""
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], *, n: int, seed: int, temperature: float | None = None,
+                 top_p: float | None = None, max_new_tokens: int | None = None,
+                 progress: Callable[[int], None] | None = None) -> Rollout:
+        from transformers import GenerationConfig
+
+        cfg, tok, model = self.cfg, self.tokenizer, self.model
+        temperature = float(cfg_get(cfg, "temperature", 1.0) if temperature is None else temperature)
+        top_p = float(cfg_get(cfg, "top_p", 1.0) if top_p is None else top_p)
+        max_new_tokens = int(cfg_get(cfg, "max_new_tokens", 1024) if max_new_tokens is None else max_new_tokens)
+        batch_size = max(1, int(cfg_get(cfg, "batch_size", 16)))
+        special = bool(cfg_get(cfg, "add_special_tokens", False))
+        stop = stop_token_ids(model, tok)
+        sample = temperature > 0
+        # An explicit config: the model's generation_config.json (repetition penalty, top_k...) stays
+        # out of the sampling, as with vLLM's generation_config="vllm".
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens, do_sample=sample, pad_token_id=tok.pad_token_id, eos_token_id=stop,
+            **({"temperature": temperature, "top_p": top_p, "top_k": int(cfg_get(cfg, "top_k", 0))} if sample else {}))
+        device = next(model.parameters()).device
+        was_training, side = model.training, tok.padding_side
+        tok.padding_side = "left"
+        model.eval()
+        expanded = [p for p in prompts for _ in range(int(n))]
+        chunks = []
+        try:
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                torch.manual_seed(int(seed))
+                for start in range(0, len(expanded), batch_size):
+                    part = expanded[start: start + batch_size]
+                    enc = tok(part, return_tensors="pt", padding=True, add_special_tokens=special).to(device)
+                    out = model.generate(**enc, generation_config=config)
+                    width = enc["input_ids"].shape[1]
+                    chunks.append((enc["input_ids"].cpu(), enc["attention_mask"].cpu(), out[:, width:].cpu()))
+                    if progress:
+                        progress(len(part))
+        finally:
+            tok.padding_side = side
+            model.train(was_training)
+        p_width = max(c[0].shape[1] for c in chunks)
+        r_width = max(max(c[2].shape[1] for c in chunks), 1)
+        prompt_ids = concat([r for c in chunks for r in c[0]], tok.pad_token_id, p_width, left=True)
+        prompt_mask = concat([r for c in chunks for r in c[1]], 0, p_width, left=True)
+        response_ids = concat([r for c in chunks for r in c[2]], tok.pad_token_id, r_width, left=False)
+        response_mask, truncated = response_mask_from_eos(response_ids, stop)
+        response_ids = torch.where(response_mask.bool(), response_ids, tok.pad_token_id)
+        texts = tok.batch_decode(response_ids, skip_special_tokens=True)
+        return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, texts, truncated)

@@ -1,0 +1,166 @@
+"""The lab's outputs: mean-and-band figures over seeds, ``lab.json`` and ``report.md``.
+
+``write_lab_outputs(out, runs, claims, ...)`` takes the metric rows of every run
+(``{variant: {seed: rows}}``), the claim table (``lab_claims.compute_claims``) and the quadrant
+experiment, and writes everything a reader needs into ``out``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ...trainers.run.regime import entropy_flags, findings_cell, prediction_fit, regime_warnings  # noqa: E402
+from .claims import THEORY, entropy_ends, final_value  # noqa: E402
+
+__all__ = ["plot_band", "variant_table", "write_lab_outputs"]
+
+
+def _curve(rows: list[dict], key: str) -> dict[int, float]:
+    return {int(r["step"]): float(r[key]) for r in rows
+            if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])}
+
+
+def plot_band(runs: dict[str, dict[int, list[dict]]], key: str, path: Path, ylabel: str, title: str = "",
+              variants: list[str] | None = None) -> Path | None:
+    """Mean over seeds (line) and min-max over seeds (band) of ``key`` per variant."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    drawn = False
+    for name in list(runs) if variants is None else variants:
+        curves = [_curve(rows, key) for rows in (runs.get(name) or {}).values()]
+        steps = sorted(set.intersection(*[set(c) for c in curves])) if curves and all(curves) else []
+        if not steps:
+            continue
+        vals = np.array([[c[s] for s in steps] for c in curves])
+        line, = ax.plot(steps, vals.mean(0), lw=1.6, label=f"{name} (n={len(curves)})",
+                        marker="o" if len(steps) < 12 else None, ms=3)
+        ax.fill_between(steps, vals.min(0), vals.max(0), color=line.get_color(), alpha=0.18, lw=0)
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title or f"{ylabel}: mean over seeds, band = min-max", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    _save_small(fig, Path(path))
+    plt.close(fig)
+    return Path(path)
+
+
+def _save_small(fig, path: Path) -> None:
+    """Save ``fig`` as a 64-colour palette PNG: the README embeds these, and a full-colour PNG of
+    nine translucent bands is ~4x larger for no visible difference."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    buf = BytesIO()
+    fig.savefig(buf, dpi=110, format="png")
+    buf.seek(0)
+    Image.open(buf).convert("RGB").quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+
+
+def _ms(vals: list[float]) -> str:
+    vals = [v for v in vals if math.isfinite(v)]
+    if not vals:
+        return "-"
+    return f"{np.mean(vals):.3f} ± {np.std(vals):.3f}" if len(vals) > 1 else f"{vals[0]:.3f}"
+
+
+def variant_table(runs: dict, algo_cfgs: dict, pass_key: str) -> list[dict]:
+    """Per variant: entropy ends, final accuracies, prediction fit, warnings and flags over seeds."""
+    out = []
+    for name, by_seed in runs.items():
+        rows_list = list(by_seed.values())
+        warnings = findings_cell([regime_warnings(rows, algo_cfgs.get(name, {})) for rows in rows_list])
+        flags = findings_cell([entropy_flags(rows) for rows in rows_list])
+        fits = [prediction_fit(rows) for rows in rows_list]
+        out.append({
+            "variant": name, "seeds": sorted(by_seed),
+            "entropy_first_tenth": [entropy_ends(r)[0] for r in rows_list],
+            "entropy_last_tenth": [entropy_ends(r)[1] for r in rows_list],
+            "val_acc": [final_value(r, "val/acc") for r in rows_list],
+            "pass@1": [final_value(r, "val/pass@1") for r in rows_list],
+            pass_key.split("/")[-1]: [final_value(r, pass_key) for r in rows_list],
+            "pred_r_detrended": [f.get("pearson_r_detrended", float("nan")) for f in fits],
+            "warnings": warnings, "flags": flags,
+        })
+    return out
+
+
+def _claims_md(claims: list[dict]) -> list[str]:
+    lines = ["| claim | measured | reproduced | why not (measured) |", "|---|---|---|---|"]
+    for c in claims:
+        rep = {True: "yes", False: "no", None: "not run"}[c["reproduced"]]
+        lines.append(f"| `{c['id']}`: {c['claim']} | {c['measured'] or '-'} | {rep} | {c.get('reason', '')} |")
+    return lines
+
+
+def _quadrants_md(quadrants: dict) -> list[str]:
+    if not quadrants:
+        return ["(quadrant experiment not run)"]
+    lines = ["| quadrant | theory | " + " | ".join(f"seed {s}: mean ± std (n, sign held)" for s in sorted(quadrants)) + " |",
+             "|---|---|" + "---|" * len(quadrants)]
+    names = {"q1": "Q1 exploitation (A>0, low surprisal)", "q2": "Q2 exploration (A>0, high surprisal)",
+             "q3": "Q3 suppression (A<0, high surprisal)", "q4": "Q4 error-correction (A<0, low surprisal)"}
+    for q, sign in THEORY.items():
+        cells = []
+        for s in sorted(quadrants):
+            v = np.asarray(quadrants[s].get(q, []), dtype=float)
+            cells.append(f"{v.mean():+.2e} ± {v.std():.1e} ({v.size}, {np.mean(np.sign(v) == sign):.0%})" if v.size else "-")
+        lines.append(f"| {names[q]} | {'raises' if sign > 0 else 'lowers'} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_lab_outputs(out: Path, runs: dict, claims: list[dict], *, algo_cfgs: dict, quadrants: dict | None,
+                      pass_key: str, command: str, wall_seconds: float, failed: list[str]) -> dict[str, Path]:
+    """Figures, ``lab.json`` and ``report.md`` in ``out``; returns their paths by name."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    main = [v for v in runs if not v.endswith("_extreme")]
+    paths = {}
+    for name, key, label, variants in (("entropy", "entropy", "policy entropy (nats/token)", main),
+                                       ("pass1", "val/pass@1", "validation pass@1", main),
+                                       ("passk", pass_key, f"validation {pass_key.split('/')[-1]}", main),
+                                       ("extreme", "entropy", "entropy, stress test (clip 0.99/5, many updates per step)",
+                                        [v for v in runs if v.endswith("_extreme")])):
+        p = plot_band(runs, key, out / f"lab-{name}.png", label, variants=variants)
+        if p is not None:
+            paths[name] = p
+    table = variant_table(runs, algo_cfgs, pass_key)
+    doc = {"claims": claims, "variants": table, "quadrants": quadrants or {}, "command": command,
+           "wall_seconds": wall_seconds, "failed_runs": failed}
+    (out / "lab.json").write_text(json.dumps(doc, indent=2, default=float))
+    paths["lab.json"] = out / "lab.json"
+    k = pass_key.split("/")[-1]
+    lines = ["# entropyrl lab report", "", f"`{command}`: {len(runs)} variants, {wall_seconds / 60:.1f} min wall.", ""]
+    if failed:
+        lines += [f"**Failed runs** (see their log.txt): {', '.join(failed)}", ""]
+    lines += ["## Claims", "", *_claims_md(claims), "", "## Entropy", "", "![entropy](lab-entropy.png)", ""]
+    if "pass1" in paths:
+        lines += [f"![pass@1](lab-pass1.png) ![{k}](lab-passk.png)", ""]
+    if "extreme" in paths:
+        lines += ["![stress test](lab-extreme.png)", ""]
+    lines += ["## Variants (mean ± std over seeds)", "",
+              f"| variant | entropy first tenth | entropy last tenth | val acc | pass@1 | {k} | pred/realised r (detrended) | warnings | flags |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for t in table:
+        lines.append(f"| {t['variant']} | {_ms(t['entropy_first_tenth'])} | {_ms(t['entropy_last_tenth'])} | {_ms(t['val_acc'])} | "
+                     f"{_ms(t['pass@1'])} | {_ms(t[k])} | {_ms(t['pred_r_detrended'])} | {t['warnings']} | "
+                     f"{t['flags']} |")
+    lines += ["", "## Quadrant sign experiment", "",
+              "One plain-SGD step restricted to one quadrant's tokens, from the starting policy; realised entropy "
+              "change on the fixed probe batch (nats/token).", "", *_quadrants_md(quadrants or {}), ""]
+    (out / "report.md").write_text("\n".join(lines))
+    paths["report.md"] = out / "report.md"
+    return paths

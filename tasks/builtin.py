@@ -1,0 +1,152 @@
+"""Built-in, procedurally generated verifiable tasks for the embedded tiny model.
+
+Families, chosen so that entropy matters:
+- ``add``: ``"17+25="`` -> ``"42"``. Exactly one correct answer.
+- ``multiple``: ``"M7:"`` -> any multiple of 7 in [d, 99]. Many correct answers, so a policy can keep
+  several of them alive (high entropy, diverse) or collapse onto one (the GRPO failure mode).
+- ``countdown3`` / ``countdown4``: ``"3:7:12M16:"`` -> ``"12+7=19:19-3=16"``: reach the target with
+  three / four numbers in a chain of + and - steps (``countdown.py``). 15-35 token responses,
+  several solution paths, two difficulty tiers: the lab's task (``data=countdown``).
+
+A prompt stream is a pure function of (config, seed): same seed, same prompts.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+from ..core.errors import UserError
+from . import countdown
+from .problem import Problem
+
+# The character set of the embedded tokenizer must cover every prompt and answer.
+ALPHABET = "0123456789+-=:M "
+
+
+def _parse_int(text: str) -> int | None:
+    text = text.strip()
+    if not text or len(text) > 6 or not text.isdigit():
+        return None
+    return int(text)
+
+
+def _make_add(rng: random.Random, cfg) -> Problem:
+    a, b = rng.randint(0, cfg.max_operand), rng.randint(0, cfg.max_operand)
+    return Problem("add", f"{a}+{b}=", str(a + b), (a, b))
+
+
+def _verify_add(problem: Problem, response: str) -> float:
+    value = _parse_int(response)
+    return float(value is not None and value == sum(problem.params))
+
+
+def _make_multiple(rng: random.Random, cfg) -> Problem:
+    d = rng.choice(list(cfg.divisors))
+    return Problem("multiple", f"M{d}:", str(d * rng.randint(1, 99 // d)), (d,))
+
+
+def _verify_multiple(problem: Problem, response: str) -> float:
+    value = _parse_int(response)
+    (d,) = problem.params
+    # Leading zeros would make "07" and "7" two spellings of one answer; only canonical form counts.
+    return float(value is not None and str(value) == response.strip() and 0 < value < 100 and value % d == 0)
+
+
+def _answers_multiple(problem: Problem) -> list[str]:
+    (d,) = problem.params
+    return [str(d * k) for k in range(1, 99 // d + 1)]
+
+
+def _countdown_maker(k: int) -> Callable:
+    def make(rng: random.Random, cfg) -> Problem:
+        numbers, target = countdown.make_countdown(rng, k, int(cfg.get("max_number", 20)),
+                                                   int(cfg.get("max_target", 99)))
+        prompt = countdown.prompt(numbers, target)
+        # the reference answer: one solution path, drawn from all of them
+        return Problem(f"countdown{k}", prompt, rng.choice(countdown.solutions(numbers, target)), (*numbers, target))
+    return make
+
+
+def _verify_countdown(problem: Problem, response: str) -> float:
+    *numbers, target = problem.params
+    return countdown.verify_countdown(tuple(numbers), target, response)
+
+
+TASKS: dict[str, tuple[Callable, Callable]] = {
+    "add": (_make_add, _verify_add),
+    "multiple": (_make_multiple, _verify_multiple),
+    "countdown3": (_countdown_maker(3), _verify_countdown),
+    "countdown4": (_countdown_maker(4), _verify_countdown),
+}
+# Task settings that shape the warm-started model (tiny.py's cache key), beyond the toy task's.
+EXTRA_TASK_KEYS = ("max_number", "max_target")
+
+
+def check_task_names(names) -> None:
+    unknown = [n for n in names if n not in TASKS]
+    if unknown:
+        raise UserError(f"unknown built-in task '{unknown[0]}'; valid: {', '.join(TASKS)} (data.tasks=[...])")
+
+
+def sample_problems(data_cfg, n: int, rng: random.Random) -> list[Problem]:
+    """``n`` problems drawn from the configured task mix with ``rng``."""
+    names = list(data_cfg.tasks)
+    check_task_names(names)
+    return [TASKS[rng.choice(names)][0](rng, data_cfg) for _ in range(n)]
+
+
+def reward(problem: Problem, response: str) -> float:
+    """1.0 if ``response`` is a correct answer to ``problem`` else 0.0. Never executes the text."""
+    return TASKS[problem.task][1](problem, response)
+
+
+def correct_answers(problem: Problem) -> list[str]:
+    """Every correct answer (used to build the warm-start distribution)."""
+    if problem.task == "multiple":
+        return _answers_multiple(problem)
+    if problem.task.startswith("countdown"):
+        *numbers, target = problem.params
+        return list(countdown.solutions(tuple(numbers), target))
+    return [problem.answer]
+
+
+def wrong_answer(problem: Problem, rng: random.Random) -> str | None:
+    """A plausible wrong answer for the warm start's label noise; None: the caller's default."""
+    if problem.task.startswith("countdown"):
+        *numbers, target = problem.params
+        return countdown.wrong_chain(tuple(numbers), target, rng)
+    return None
+
+
+class BuiltinTaskSource:
+    """Training and validation prompts from the built-in tasks (``data.kind: builtin``).
+
+    Training prompts for step ``s`` are a pure function of ``(seed, s)``, so a resumed run sees the
+    same prompts it would have seen without the interruption. Validation prompts come from a
+    separate stream (``data.val_seed``) and never change.
+    """
+
+    def __init__(self, data_cfg, seed: int, tokenizer=None):
+        check_task_names(list(data_cfg.tasks))
+        self.cfg = data_cfg
+        self.seed = seed
+
+    def sample(self, n: int, step: int, attempt: int = 0) -> list[Problem]:
+        rng = random.Random(f"{self.seed}/{step}/{attempt}")
+        return sample_problems(self.cfg, n, rng)
+
+    def validation(self, n: int) -> list[Problem]:
+        return sample_problems(self.cfg, n, random.Random(int(self.cfg.val_seed)))
+
+    @staticmethod
+    def prompt(problem: Problem) -> str:
+        return problem.prompt
+
+    @staticmethod
+    def reward(problem: Problem, response: str) -> float:
+        return reward(problem, response)
+
+    @staticmethod
+    def group(problem: Problem) -> str:
+        return problem.task

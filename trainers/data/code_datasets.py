@@ -1,0 +1,87 @@
+"""Training prompts from code problems (``data.kind: code``), rewarded by running the program.
+
+Problems: ``data.benchmark`` (a code benchmark: ``humaneval``, ``mbpp``, ``livecodebench``,
+loaded as ``entropyrl eval`` does) or ``data.path`` (a jsonl/json/parquet of rows in the HumanEval,
+MBPP or LiveCodeBench layout, relative to the data root or absolute). Prompts are
+``evals.code_eval.code_prompt``: the bare HumanEval prompt for a model without a chat template,
+an instruction in the chat template otherwise (``data.chat_template``).
+
+Rewards (``data.reward``): ``pass_all`` = 1.0 when every test passed in the sandbox, else 0.0;
+``fraction`` = the share of tests (HumanEval: the asserts of ``check``) that passed. The batch's
+programs run in one ``SandboxPool`` of ``data.sandbox.workers`` processes (null: one per CPU)
+under ``data.sandbox`` limits. Order, resumption and holdout work as for math data
+(``datasets.MathDatasetSource``, whose sampling this reuses).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from ...conf import cfg_get, to_plain
+from ...core.errors import UserError
+from ...evals.benchmarks import load_benchmark, read_rows, resolve_data_root
+from ...evals.code.code_eval import OPEN_FENCE, code_prompt, sandbox_for
+from ...evals.code.code_tasks import CodeProblem, grade_code, rows_to_code_problems
+from .datasets import MathDatasetSource, split_holdout
+
+__all__ = ["CodeTaskSource", "REWARDS"]
+
+REWARDS = {"pass_all": "all", "fraction": "fraction"}
+
+
+def load_code_problems(data_cfg) -> tuple[list[CodeProblem], str]:
+
+    bench, raw = cfg_get(data_cfg, "benchmark", None), cfg_get(data_cfg, "path", None)
+    if raw:
+        path = Path(str(raw)).expanduser()
+        if not path.is_absolute():
+            root = resolve_data_root(cfg_get(data_cfg, "data_root", None))
+            path = root / path if root is not None else path
+        if not path.is_file():
+            raise UserError(f"data.path={raw}: no such file (relative paths are under data.data_root / "
+                            f"$ENTROPYRL_DATA); give a jsonl of HumanEval/MBPP-layout rows")
+        return rows_to_code_problems(read_rows(path), source=str(path)), str(path)
+    if not bench:
+        raise UserError("data.kind=code needs data.benchmark (humaneval, mbpp, livecodebench) or data.path")
+    problems = load_benchmark(str(bench), cfg_get(data_cfg, "data_root", None))
+    if problems and not isinstance(problems[0], CodeProblem):
+        raise UserError(f"data.benchmark={bench} is not a code benchmark: use humaneval, mbpp or livecodebench")
+    return problems, f"benchmark:{bench}"
+
+
+class CodeTaskSource(MathDatasetSource):
+    """A ``PROMPT_SOURCES`` entry (``data.kind: code``); see the module docstring."""
+
+    def __init__(self, data_cfg, seed: int, tokenizer=None):   # noqa: D107 - replaces the math loading
+        self.cfg, self.seed, self.tokenizer = data_cfg, int(seed), tokenizer
+        self.name = str(cfg_get(data_cfg, "name", "code"))
+        reward = str(cfg_get(data_cfg, "reward", "pass_all"))
+        if reward not in REWARDS:
+            raise UserError(f"data.reward={reward}: valid: {', '.join(REWARDS)}")
+        self.mode = REWARDS[reward]
+        chat = cfg_get(data_cfg, "chat_template", "auto")
+        has = bool(getattr(tokenizer, "chat_template", None))
+        self.chat = has if chat in (None, "auto") else bool(chat) and has
+        limits = to_plain(cfg_get(data_cfg, "sandbox", {})) or {}
+        self.pool = sandbox_for({}, limits)
+        problems, self.where = load_code_problems(data_cfg)
+        limit = cfg_get(data_cfg, "limit", None)
+        if limit:
+            problems = problems[: int(limit)]
+        if not problems:
+            raise UserError(f"data={self.name}: no code problems in {self.where}")
+        self.train_items, self.val_items = split_holdout(problems, data_cfg)
+        self._perms: dict[int, list[int]] = {}
+
+    def prompt(self, problem: CodeProblem) -> str:
+        return code_prompt(problem, self.tokenizer, self.chat)[0]
+
+    def rewards(self, problems: Sequence[CodeProblem], responses: Sequence[str]) -> list[float]:
+        texts = [(OPEN_FENCE if code_prompt(p, self.tokenizer, self.chat)[1] else "") + r
+                 for p, r in zip(problems, responses)]
+        graded = grade_code(list(problems), texts, self.pool, self.mode)
+        return [float(r.passed) if self.mode == "all" else r.fraction for _, r in graded]
+
+    def reward(self, problem: CodeProblem, response: str) -> float:
+        return self.rewards([problem], [response])[0]

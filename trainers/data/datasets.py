@@ -1,0 +1,180 @@
+"""Training prompts from math datasets (``data.kind: math``): verl parquet, jsonl/json, or the hub.
+
+``conf/data/dapo_math_17k.yaml`` is the reference use: DAPO-Math-17k in verl's parquet layout
+(``prompt`` = chat messages, gold answer in ``reward_model.ground_truth``), read from
+``<data root>/verl/DAPO-Math-17k.parquet`` where the data root is ``data.data_root``, else
+``$ENTROPYRL_DATA`` (training sets are not packaged with entropyrl); without the file, the
+hub dataset ``data.hub`` (``BytedTsinghua-SIA/DAPO-Math-17k``) through ``datasets``. Any
+jsonl/json/parquet with problem/answer fields works too (``data.fields``), read by the same
+loader as the eval harness (``evals.benchmarks.read_rows`` / ``rows_to_problems``; repeated rows
+are dropped).
+
+- Prompts: ``data.prompt`` = ``native`` (the file's own chat messages, verl), ``dapo`` (DAPO's
+  "Answer: $Answer" instruction) or ``boxed``, through the tokenizer's chat template when it has
+  one (``data.chat_template: auto``) -- the same ``evals.prompts.build_prompt`` the evaluation
+  uses. Prompts longer than ``data.max_prompt_length`` tokens are dropped (verl's
+  ``filter_overlong_prompts``).
+- Rewards: 1.0 when the response's final answer (last ``\\boxed{}``, else the text after the last
+  ``Answer:``) equals the gold answer under ``evals.grader`` (normalisation + math-verify in
+  time-limited worker processes; model text is never executed), else 0.0. ``rewards(items,
+  responses)`` grades a whole batch in parallel.
+- Order: training prompts are read epoch by epoch, each epoch a fresh permutation seeded by
+  (seed, epoch); step ``s`` takes positions ``[s*n, (s+1)*n)`` of that stream, so a resumed run
+  sees exactly the prompts it would have seen. Extra dynamic-sampling rounds (``attempt > 0``)
+  draw ``n`` prompts at random, seeded by (seed, step, attempt).
+- Validation (``val.prompts``): ``data.holdout`` problems are kept out of training and used for
+  it; with ``holdout: 0`` validation prompts are a fixed sample of the training set (use
+  ``val.benchmarks`` for real held-out benchmarks).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any, Sequence
+
+from ...conf import cfg_get, to_plain
+from ...core.errors import UserError
+from ...evals.benchmarks import read_rows, resolve_data_root, rows_to_problems
+from ...evals.grading.grader import grade_batch
+from ...evals.prompts import available_templates, build_prompt
+
+__all__ = ["MathDatasetSource", "load_problems"]
+
+
+def _python(value):
+    """numpy arrays / scalars (parquet, datasets) -> lists / Python scalars, recursively."""
+    if isinstance(value, dict):
+        return {k: _python(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_python(v) for v in value]
+    tolist = getattr(value, "tolist", None)
+    return _python(tolist()) if callable(tolist) else value
+
+
+def _hub_offline() -> bool:
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def load_problems(data_cfg) -> tuple[list, str]:
+    """``(problems, where)``: ``tasks.Problem`` items of ``data_cfg`` and where they came from."""
+
+    name = str(cfg_get(data_cfg, "name", "data"))
+    raw = cfg_get(data_cfg, "path", None)
+    fields = to_plain(cfg_get(data_cfg, "fields", {})) or {}
+    found = None
+    if raw:
+        path = Path(str(raw)).expanduser()
+        if not path.is_absolute():
+            root = resolve_data_root(cfg_get(data_cfg, "data_root", None))
+            path = (root / path) if root is not None else None
+        if path is not None and path.is_file():
+            found = path
+    if found is not None:
+        return rows_to_problems(read_rows(found), fields, source=str(found)), str(found)
+    hub = cfg_get(data_cfg, "hub", None)
+    looked = (f"{raw} under the data root (data.data_root or $ENTROPYRL_DATA)") if raw else "no data.path"
+    if not hub:
+        raise UserError(f"data={name}: no data file ({looked}) and no data.hub: set data.path or "
+                        f"ENTROPYRL_DATA=<data dir>")
+    if _hub_offline():
+        raise UserError(f"data={name}: no data file ({looked}) and the hub is off (HF_HUB_OFFLINE): "
+                        f"set ENTROPYRL_DATA=<data dir> or data.data_root=<data dir>")
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(str(hub), cfg_get(data_cfg, "hub_name", None), split=str(cfg_get(data_cfg, "hub_split", "train")))
+    except Exception as exc:  # noqa: BLE001 - network, auth, missing dataset: one actionable line
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise UserError(f"data={name}: no data file ({looked}) and hub dataset '{hub}' failed to load "
+                        f"({first[:160]}): set ENTROPYRL_DATA=<data dir> or data.path") from None
+    return rows_to_problems([_python(dict(r)) for r in ds], fields, source=str(hub)), f"hub:{hub}"
+
+
+
+def split_holdout(problems: list, data_cfg) -> tuple[list, list]:
+    """``(train, validation)``: ``data.holdout`` problems (at least one left to train on) drawn
+    with ``data.val_seed`` are held out for validation; with no holdout, validation uses every
+    problem in that seeded order."""
+    order = list(range(len(problems)))
+    random.Random(int(cfg_get(data_cfg, "val_seed", 987654))).shuffle(order)
+    holdout = min(int(cfg_get(data_cfg, "holdout", 0)), len(problems) - 1)
+    held = set(order[:holdout])
+    val = [problems[i] for i in order[:holdout]] or [problems[i] for i in order]
+    return [p for i, p in enumerate(problems) if i not in held], val
+
+class MathDatasetSource:
+    """A ``PROMPT_SOURCES`` entry (``data.kind: math``); see the module docstring."""
+
+    def __init__(self, data_cfg, seed: int, tokenizer=None):
+        self.cfg = data_cfg
+        self.seed = int(seed)
+        self.tokenizer = tokenizer
+        self.name = str(cfg_get(data_cfg, "name", "math"))
+        self.template = str(cfg_get(data_cfg, "prompt", "native"))
+        self.chat_template = cfg_get(data_cfg, "chat_template", "auto")
+        self.timeout = float(cfg_get(data_cfg, "grade_timeout", 5.0))
+        self.workers = data_cfg.get("grade_workers", None) if data_cfg is not None else None
+
+        if self.template not in available_templates():
+            raise UserError(f"data.prompt={self.template}: valid choices: {', '.join(available_templates())}")
+        problems, self.where = load_problems(data_cfg)
+        limit = cfg_get(data_cfg, "limit", None)
+        if limit:
+            problems = problems[: int(limit)]
+        max_len = cfg_get(data_cfg, "max_prompt_length", None)
+        if max_len and tokenizer is not None:
+            problems = [p for p in problems
+                        if len(tokenizer(self.prompt(p), add_special_tokens=False)["input_ids"]) <= int(max_len)]
+        if not problems:
+            raise UserError(f"data={self.name}: no usable problems in {self.where}"
+                            + (f" (all prompts longer than data.max_prompt_length={max_len} tokens)" if max_len else ""))
+        self.train_items, self.val_items = split_holdout(problems, data_cfg)
+        self._perms: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.train_items)
+
+    # -- prompts ------------------------------------------------------------------------------
+    def _epoch(self, epoch: int) -> list[int]:
+        if epoch not in self._perms:
+            if len(self._perms) > 2:
+                self._perms.pop(min(self._perms))
+            perm = list(range(len(self.train_items)))
+            random.Random(f"{self.seed}/epoch/{epoch}").shuffle(perm)
+            self._perms[epoch] = perm
+        return self._perms[epoch]
+
+    def sample(self, n: int, step: int, attempt: int = 0) -> list:
+        size = len(self.train_items)
+        if attempt == 0:
+            out = []
+            for pos in range(step * n, step * n + n):
+                epoch, k = divmod(pos, size)
+                out.append(self.train_items[self._epoch(epoch)[k]])
+            return out
+        rng = random.Random(f"{self.seed}/{step}/{attempt}")
+        picks = rng.sample(range(size), n) if n <= size else [rng.randrange(size) for _ in range(n)]
+        return [self.train_items[i] for i in picks]
+
+    def validation(self, n: int) -> list:
+        return list(self.val_items[: int(n)])
+
+    def prompt(self, problem) -> str:
+
+        return build_prompt(problem, self.template, self.tokenizer, self.chat_template)
+
+    # -- rewards ------------------------------------------------------------------------------
+    def rewards(self, problems: Sequence, responses: Sequence[str]) -> list[float]:
+
+        results = grade_batch(list(responses), [p.answer for p in problems], workers=self.workers,
+                              timeout=self.timeout)
+        return [1.0 if r.correct else 0.0 for r in results]
+
+    def reward(self, problem, response: str) -> float:
+        return self.rewards([problem], [response])[0]
+
+    def group(self, problem: Any) -> str:
+        return self.name

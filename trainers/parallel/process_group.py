@@ -1,0 +1,149 @@
+"""Where this process sits in a data-parallel run: the launcher's environment (torchrun or SLURM)
+and the process group (``setup``/``cleanup``). See ``distributed.py`` for how training is split.
+
+    info = setup(cfg.trainer)        # DistInfo(rank, world_size, device, fsdp, ...)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ...conf import cfg_get
+from ...core.errors import UserError
+
+__all__ = ["DistInfo", "launcher_env", "expand_nodelist", "setup", "cleanup"]
+
+
+@dataclass
+class DistInfo:
+    """Where this process sits. ``fsdp``: the policy is (to be) wrapped with ``fully_shard``."""
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    launcher: str = "single"               # single | torchrun | slurm
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    backend: str | None = None
+    fsdp: bool = False
+    owns_group: bool = False               # this module created the process group
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+# ---------------------------------------------------------------------------------------------
+# launcher environment
+# ---------------------------------------------------------------------------------------------
+def expand_nodelist(nodelist: str) -> list[str]:
+    """SLURM hostlist syntax -> host names: ``"gpu[01-03,07],cpu5"`` -> gpu01 gpu02 gpu03 gpu07 cpu5."""
+    hosts: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?(?:,|$)", nodelist.strip()):
+        prefix, ranges = m.group(1), m.group(2)
+        if not prefix and not ranges:
+            continue
+        if ranges is None:
+            hosts.append(prefix)
+            continue
+        for part in ranges.split(","):
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                width = len(lo)
+                hosts += [f"{prefix}{i:0{width}d}" for i in range(int(lo), int(hi) + 1)]
+            elif part:
+                hosts.append(f"{prefix}{part}")
+    return hosts
+
+
+def launcher_env(env: dict | None = None) -> dict[str, Any]:
+    """``{launcher, rank, world_size, local_rank, master_addr, master_port}`` from the environment."""
+    env = dict(os.environ if env is None else env)
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return {"launcher": "torchrun", "rank": int(env["RANK"]), "world_size": int(env["WORLD_SIZE"]),
+                "local_rank": int(env.get("LOCAL_RANK", 0)), "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
+                "master_port": int(env.get("MASTER_PORT", 29500))}
+    # Inside an `srun` step SLURM_STEP_NUM_TASKS is the step's size; a batch script itself (one
+    # process, even when the job asked for many tasks) has no step task count and runs alone.
+    world = int(env.get("SLURM_STEP_NUM_TASKS") or 1)
+    if world > 1 and "SLURM_PROCID" in env:
+        nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST") or env.get("SLURM_JOB_NODELIST", ""))
+        job = int(env.get("SLURM_JOB_ID", 0) or 0)
+        return {"launcher": "slurm", "rank": int(env["SLURM_PROCID"]), "world_size": world,
+                "local_rank": int(env.get("SLURM_LOCALID", 0)),
+                "master_addr": env.get("MASTER_ADDR") or (nodes[0] if nodes else "127.0.0.1"),
+                "master_port": int(env.get("MASTER_PORT") or 29500 + job % 1000)}
+    return {"launcher": "single", "rank": 0, "world_size": 1, "local_rank": 0,
+            "master_addr": "127.0.0.1", "master_port": 29500}
+
+
+def _wants_fsdp(trainer_cfg, world: int) -> bool:
+    setting = str(cfg_get(trainer_cfg, "fsdp", "auto")).lower()
+    dtype = str(cfg_get(trainer_cfg, "dtype", "float32"))
+    if dtype not in ("float32", "bfloat16"):
+        raise UserError(f"trainer.dtype must be float32 or bfloat16, got {dtype}")
+    if setting in ("true", "1", "yes"):
+        return True
+    if setting in ("false", "0", "no"):
+        if world > 1:
+            raise UserError("trainer.fsdp=false with several processes: data-parallel training "
+                            "shards the model with FSDP; drop trainer.fsdp or run one process")
+        if dtype == "bfloat16":
+            raise UserError("trainer.dtype=bfloat16 uses FSDP's mixed precision: drop trainer.fsdp=false")
+        return False
+    if setting != "auto":
+        raise UserError(f"trainer.fsdp must be auto, true or false, got {setting}")
+    return world > 1 or dtype == "bfloat16"
+
+
+def setup(trainer_cfg=None) -> DistInfo:
+    """Initialise torch.distributed when launched with several processes (or when FSDP is wanted
+    on one), pick this rank's device. Idempotent: an existing process group is reused."""
+    import torch.distributed as dist
+
+    info = launcher_env()
+    requested = str(cfg_get(trainer_cfg, "device", "auto"))
+    use_cuda = torch.cuda.is_available() if requested == "auto" else requested.startswith("cuda")
+    if use_cuda and not torch.cuda.is_available():
+        raise UserError(f"trainer.device={requested} but no CUDA device is available")
+    if use_cuda:
+        index = info["local_rank"] if info["world_size"] > 1 or requested in ("auto", "cuda") else \
+            torch.device(requested).index or 0
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu" if requested == "auto" else requested)
+    fsdp = _wants_fsdp(trainer_cfg, info["world_size"])
+    backend = "nccl" if use_cuda else "gloo"
+    owns = False
+    if (info["world_size"] > 1 or fsdp) and not dist.is_initialized():
+        if info["world_size"] > 1:
+            os.environ.setdefault("MASTER_ADDR", str(info["master_addr"]))
+            os.environ.setdefault("MASTER_PORT", str(info["master_port"]))
+            dist.init_process_group(backend=backend, init_method="env://", rank=info["rank"],
+                                    world_size=info["world_size"],
+                                    device_id=device if use_cuda else None)
+        else:   # FSDP on one process (bf16 mixed precision): a private one-process group
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+        owns = True
+    elif dist.is_initialized() and dist.get_world_size() != info["world_size"]:
+        raise UserError(f"torch.distributed is initialised with {dist.get_world_size()} processes but the "
+                        f"launcher environment says {info['world_size']}")
+    return DistInfo(rank=info["rank"], world_size=info["world_size"], local_rank=info["local_rank"],
+                    launcher=info["launcher"], device=device, backend=backend if (owns or dist.is_initialized()) else None,
+                    fsdp=fsdp, owns_group=owns)
+
+
+def cleanup(info: DistInfo) -> None:
+    """Destroy the process group this module created (end of ``train``)."""
+    import torch.distributed as dist
+
+    if info.owns_group and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,220 @@
+"""Regime checks of a finished run: can the configured intervention act, did entropy collapse or
+explode, and how well did the first-order prediction track the realised entropy change.
+
+Everything here is a pure function of the run's metric rows (``metrics.jsonl``), so the same checks
+run on a live run, on a sweep's runs and in tests on synthetic rows. ``report_regime`` is the one
+I/O edge: it prints one line per finding, tags the MLflow run and returns what goes into
+``summary.json``::
+
+    "warnings": [{"id": "kl_cov_on_policy", "message": "...", "first_step": 1}, ...]
+    "flags":    [{"id": "collapse", "message": "...", "first_step": 57}]
+    "entropy_change": {"n": 199, "pearson_r": ..., "slope": ..., "pearson_r_detrended": ..., ...}
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from ...conf import to_plain
+
+__all__ = ["regime_warnings", "entropy_flags", "prediction_fit", "report_regime", "findings_cell", "COLLAPSE_RATIO",
+           "EXPLOSION_RATIO", "EXPLOSION_NATS", "DETREND_WINDOW"]
+
+COLLAPSE_RATIO = 0.2      # entropy below 0.2x its first-tenth mean
+EXPLOSION_RATIO = 3.0     # ... or above 3x it
+EXPLOSION_NATS = 2.0      # ... or above 2 nats/token
+STEER_UNIFORM = 0.99      # STEER's mean weight above this: near-uniform scaling that Adam cancels
+ALL_EQUAL_SHARE = 0.5     # most groups all-equal: nothing to reweight
+DETREND_WINDOW = 21       # rolling mean removed before correlating predicted and realised change
+
+
+def _series(rows: list[dict], key: str) -> list[tuple[int, float]]:
+    out = []
+    for i, r in enumerate(rows):
+        v = r.get(key)
+        if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v)):
+            out.append((int(r.get("step", i + 1)), float(v)))
+    return out
+
+
+def _finding(id_: str, message: str, first_step: int | None) -> dict:
+    return {"id": id_, "message": message, "first_step": first_step}
+
+
+def _interventions(algo_cfg: dict) -> list[str]:
+    names = algo_cfg.get("interventions") or []
+    return [names] if isinstance(names, str) else list(names)
+
+
+def regime_warnings(rows: list[dict], algo_cfg: dict) -> list[dict]:
+    """Interventions that cannot act in this run's regime, from the metric rows.
+
+    ``algo_cfg``: the ``algo`` config as a plain dict (name, interventions, per-intervention
+    sections). Returns ``[{"id", "message", "first_step"}]`` in a fixed order.
+    """
+    ivs = _interventions(algo_cfg)
+    out: list[dict] = []
+    for name in ("clip_cov", "kl_cov"):
+        counts = _series(rows, f"{name}/count")
+        if name in ivs and counts:
+            low = [(s, v) for s, v in counts if v <= 1.0]
+            if len(low) * 2 > len(counts):
+                ratio = (algo_cfg.get(name) or {}).get("ratio")
+                out.append(_finding(
+                    f"{name}_one_token",
+                    f"{name} selects <= 1 token per micro-batch on {len(low)}/{len(counts)} steps "
+                    f"(ratio {ratio} x the micro-batch's valid tokens): it barely acts at this batch size; "
+                    f"raise algo.{name}.ratio (experiment=lab_{name} scales it to the lab)", low[0][0]))
+    zero = _series(rows, "kl_cov/penalty_zero")
+    if "kl_cov" in ivs and zero:
+        share = float(np.mean([v for _, v in zero]))
+        if share >= 0.5:
+            first = next(s for s, v in zero if v > 0)
+            out.append(_finding(
+                "kl_cov_on_policy",
+                f"kl_cov's penalty kappa|logp - old_logp| was exactly 0 on {share:.0%} of micro-batches: "
+                f"the update is on-policy there (first mini-batch of a step), where |x| has zero gradient; "
+                f"use several mini-batches or ppo_epochs > 1", first))
+    weights = _series(rows, "steer/weight_mean")
+    if "steer" in ivs and weights and all(v > STEER_UNIFORM for _, v in weights):
+        lo = min(v for _, v in weights)
+        out.append(_finding(
+            "steer_uniform",
+            f"steer's mean token weight stayed above {STEER_UNIFORM} (lowest {lo:.4f}): near-uniform "
+            f"scaling that Adam largely cancels; lower algo.steer.lambda_min or narrow the scope", weights[0][0]))
+    gate = _series(rows, "stare/gate_on")
+    stare_cfg = algo_cfg.get("stare") or {}
+    if "stare" in ivs and gate and stare_cfg.get("gate", True) and len(gate) >= 2:
+        h_tgt = stare_cfg.get("h_tgt")
+        if all(v == 0 for _, v in gate):
+            out.append(_finding("stare_gate_never_opens",
+                                f"stare's gate never opened (entropy stayed above h_tgt={h_tgt}): the run is plain GRPO",
+                                gate[0][0]))
+        elif all(v == 1 for _, v in gate):
+            out.append(_finding("stare_gate_never_closes",
+                                f"stare's gate never closed (entropy stayed below h_tgt={h_tgt}): STARE acted "
+                                f"open-loop on every step", gate[0][0]))
+    equal = _series(rows, "groups/all_equal_frac")
+    if equal:
+        share = float(np.mean([v for _, v in equal]))
+        if share > ALL_EQUAL_SHARE:
+            first = next(s for s, v in equal if v > ALL_EQUAL_SHARE) if any(v > ALL_EQUAL_SHARE for _, v in equal) else equal[0][0]
+            out.append(_finding(
+                "all_equal_groups",
+                f"{share:.0%} of prompt groups had all-equal rewards on average (zero advantage): "
+                f"{algo_cfg.get('name', 'the algorithm')} has little to reweight; use a harder task "
+                f"(data=countdown) or dynamic sampling", first))
+    return out
+
+
+def entropy_flags(rows: list[dict]) -> list[dict]:
+    """Collapse (entropy < 0.2x its first-tenth mean) and explosion (> 3x, or > 2 nats), with the
+    first step at which each happened. ``[{"id", "message", "first_step"}]``."""
+    ent = _series(rows, "entropy")
+    if len(ent) < 2:
+        return []
+    tenth = max(1, len(ent) // 10)
+    ref = float(np.mean([v for _, v in ent[:tenth]]))
+    out = []
+    low = next(((s, v) for s, v in ent if v < COLLAPSE_RATIO * ref), None)
+    if low is not None:
+        out.append(_finding("collapse", f"entropy collapsed: {low[1]:.3f} nats < {COLLAPSE_RATIO} x its "
+                                        f"first-tenth mean {ref:.3f} at step {low[0]}", low[0]))
+    high = next(((s, v) for s, v in ent if v > EXPLOSION_RATIO * ref or v > EXPLOSION_NATS), None)
+    if high is not None:
+        out.append(_finding("explosion", f"entropy exploded: {high[1]:.3f} nats > {EXPLOSION_RATIO} x its "
+                                         f"first-tenth mean {ref:.3f} or > {EXPLOSION_NATS} at step {high[0]}", high[0]))
+    return out
+
+
+def findings_cell(per_seed: list[list[dict]]) -> str:
+    """One report cell for a variant's warnings or flags over its seeds (the lab and sweep reports).
+
+    ``per_seed``: one list of findings ``{"id", "first_step", ...}`` per finished seed. Each id once,
+    in order of first appearance, with the first step on every seed that had it and, when not all
+    did, how many: ``"collapse@104/98 (2/3 seeds)"``; ``"-"`` when there are none.
+    """
+    steps: dict[str, list[str]] = {}
+    for found in per_seed:
+        seen = set()
+        for f in found:
+            if f["id"] in seen:
+                continue
+            seen.add(f["id"])
+            steps.setdefault(f["id"], []).append("?" if f.get("first_step") is None else str(f["first_step"]))
+    cells = []
+    for id_, at in steps.items():
+        share = "" if len(at) == len(per_seed) else f" ({len(at)}/{len(per_seed)} seeds)"
+        cells.append(f"{id_}@{'/'.join(at)}{share}")
+    return ", ".join(cells) or "-"
+
+
+def rolling_mean(x: np.ndarray, window: int) -> np.ndarray:
+    """Centred rolling mean ``[n] -> [n]`` (shorter windows at the ends)."""
+    half = window // 2
+    c = np.concatenate([[0.0], np.cumsum(x)])
+    lo = np.clip(np.arange(len(x)) - half, 0, len(x))
+    hi = np.clip(np.arange(len(x)) + half + 1, 0, len(x))
+    return (c[hi] - c[lo]) / (hi - lo)
+
+
+def _fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Pearson r and least-squares slope of ``y`` on ``x`` (nan when either is constant)."""
+    if len(x) < 3 or np.std(x) == 0 or np.std(y) == 0:
+        return float("nan"), float("nan")
+    r = float(np.corrcoef(x, y)[0, 1])
+    slope = float(np.polyfit(x, y, 1)[0])
+    return r, slope
+
+
+def prediction_fit(rows: list[dict], predicted_key: str = "entropy_change/predicted",
+                   realized_key: str = "entropy_change/realized", window: int = DETREND_WINDOW) -> dict:
+    """How the first-order prediction tracks the realised change: Pearson r and least-squares slope of
+    realised on predicted, raw and after removing a centred rolling mean of ``window`` steps from each.
+
+    Empty dict when the rows lack either series.
+    """
+    pairs = [(r[predicted_key], r[realized_key]) for r in rows
+             if isinstance(r.get(predicted_key), (int, float)) and isinstance(r.get(realized_key), (int, float))
+             and math.isfinite(r[predicted_key]) and math.isfinite(r[realized_key])]
+    if len(pairs) < 3:
+        return {}
+    x, y = (np.asarray(v, dtype=float) for v in zip(*pairs))
+    r, slope = _fit(x, y)
+    rd, slope_d = _fit(x - rolling_mean(x, window), y - rolling_mean(y, window))
+    return {"n": len(pairs), "pearson_r": r, "slope": slope, "pearson_r_detrended": rd,
+            "slope_detrended": slope_d, "detrend_window": window,
+            "sign_agreement": float(np.mean(np.sign(x) == np.sign(y)))}
+
+
+def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) -> dict:
+    """Warnings, flags and the prediction fit of a finished run, for ``summary.json``.
+
+    Prints one line per finding, tags the MLflow run (``entropyrl.warnings``, ``entropyrl.flags``).
+    """
+    algo_cfg = to_plain(cfg.algo) if cfg is not None else {}
+    warnings, flags = regime_warnings(rows, algo_cfg), entropy_flags(rows)
+    for kind, found in (("warning", warnings), ("flag", flags)):
+        for f in found:
+            log(f"{kind} {f['id']} (step {f['first_step']}): {f['message']}")
+    out: dict = {"warnings": warnings, "flags": flags}
+    fit = prediction_fit(rows)
+    if fit:
+        out["entropy_change"] = fit
+        base = prediction_fit(rows, predicted_key="entropy_change/predicted_base")
+        if base:
+            out["entropy_change"].update({"pearson_r_base": base["pearson_r"],
+                                          "pearson_r_detrended_base": base["pearson_r_detrended"]})
+    if tracker is not None and getattr(tracker, "enabled", False) and getattr(tracker, "run_id", None):
+        try:
+            import mlflow
+
+            client = mlflow.MlflowClient(tracking_uri=tracker.uri)
+            client.set_tag(tracker.run_id, "entropyrl.warnings", ",".join(w["id"] for w in warnings) or "none")
+            client.set_tag(tracker.run_id, "entropyrl.flags", ",".join(f["id"] for f in flags) or "none")
+        except Exception as exc:  # noqa: BLE001 - a tag is not worth losing the summary over
+            log(f"could not tag the MLflow run: {str(exc).splitlines()[0]}")
+    return out

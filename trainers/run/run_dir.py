@@ -1,0 +1,150 @@
+"""A training run's output folder: what it already holds, and whether this run may use it.
+
+``prepare_output_dir(cfg)`` runs before the model is loaded and before anything is written:
+
+- ``trainer.resume=auto`` continues the run in ``output_dir`` only when its saved ``config.yaml``
+  matches the requested config in everything but run length and logging options
+  (``RESUMABLE_CHANGES``); otherwise it refuses, listing the keys that differ;
+- ``trainer.resume=never`` refuses a folder that already holds a run (checkpoints, metrics or an
+  MLflow link) instead of silently mixing the two;
+- ``trainer.resume=overwrite`` deletes the old run's checkpoints, metrics, summary, plots and MLflow
+  link first, then starts fresh (the old MLflow run itself is left as it was).
+
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ...core.errors import UserError
+from ...core.files import atomic_write_text  # noqa: F401  (re-exported for callers of run_dir)
+from . import checkpoint as ckpt
+
+#: Keys (or key prefixes ending in '.') that may change between a run and its resumption: how long
+#: it runs, how often it validates/saves/logs, where it runs. Anything else would merge two runs.
+RESUMABLE_CHANGES = (
+    "output_dir", "trainer.total_steps", "trainer.resume", "trainer.progress", "trainer.threads",
+    "trainer.device", "trainer.val_every", "trainer.save_every", "trainer.keep_checkpoints",
+    "val.", "diagnostics.", "tracking.", "launcher.",     # launcher.: configs saved when train had that group
+)
+
+#: What a run writes at the top of its folder besides ``checkpoints/`` (overwrite deletes these).
+RUN_FILES = ("metrics.jsonl", "tracking.json", "summary.json", "curves.png", "config.yaml")
+
+
+@dataclass
+class RunFolder:
+    """What ``output_dir`` holds from an earlier run."""
+
+    path: Path
+    checkpoint_steps: list[int] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)           # of RUN_FILES, present
+    saved_config: dict | None = None
+
+    @property
+    def holds_run(self) -> bool:
+        return bool(self.checkpoint_steps) or any(f in self.files for f in ("metrics.jsonl", "tracking.json"))
+
+    def describe(self) -> str:
+        parts = []
+        if self.checkpoint_steps:
+            parts.append(f"checkpoints up to step {max(self.checkpoint_steps)}")
+        if "metrics.jsonl" in self.files:
+            parts.append("metrics.jsonl")
+        if "tracking.json" in self.files:
+            parts.append("an MLflow run link (tracking.json)")
+        return ", ".join(parts) or "nothing"
+
+
+def inspect_folder(output_dir: Path) -> RunFolder:
+    out = Path(output_dir)
+    folder = RunFolder(out)
+    if not out.is_dir():
+        return folder
+    folder.checkpoint_steps = ckpt.checkpoint_steps(out)
+    folder.files = [f for f in RUN_FILES if (out / f).exists()]
+    if "config.yaml" in folder.files:
+        from omegaconf import OmegaConf
+
+        try:
+            loaded = OmegaConf.to_container(OmegaConf.load(out / "config.yaml"), resolve=False)
+            folder.saved_config = loaded if isinstance(loaded, dict) else None
+        except Exception:  # noqa: BLE001 - an unreadable config.yaml compares as "unknown"
+            folder.saved_config = None
+    return folder
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out if out or not prefix else {prefix[:-1]: {}}
+    return {prefix[:-1]: node}
+
+
+def _resumable(key: str) -> bool:
+    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in RESUMABLE_CHANGES)
+
+
+def config_differences(saved: dict, requested: dict) -> list[tuple[str, Any, Any]]:
+    """``[(key, saved value, requested value)]`` for every key that differs and may not change on
+    resume (``RESUMABLE_CHANGES`` are ignored). A key only one side has shows ``<absent>``."""
+    a, b = _flat(saved), _flat(requested)
+    absent = "<absent>"
+    return [(k, a.get(k, absent), b.get(k, absent)) for k in sorted(set(a) | set(b))
+            if not _resumable(k) and a.get(k, absent) != b.get(k, absent)]
+
+
+def _fmt(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, (list, dict, bool)) or v is None else str(v)
+
+
+def prepare_output_dir(cfg, *, is_main: bool = True, log: Callable[[str], None] = print, clear: bool = True) -> str:
+    """Decide what this run does with ``cfg.output_dir`` (see the module doc); returns ``"fresh"``
+    (nothing to continue) or ``"resume"`` (continue the run there). Raises ``UserError`` when the
+    folder holds a run this one may not continue. With ``overwrite`` the main process deletes the
+    old run's files first (``clear=False``: only check, as the CLI does before it prints anything)."""
+    from omegaconf import OmegaConf
+
+    mode = str(cfg.trainer.get("resume", "auto"))
+    out = Path(str(cfg.output_dir))
+    folder = inspect_folder(out)
+    fresh = "start fresh with another output_dir=... or trainer.resume=overwrite (deletes the old run's files)"
+    if mode == "overwrite":
+        if folder.holds_run or folder.files:
+            if not clear:
+                return "fresh"
+            if is_main:
+                clear_run(out)
+            log(f"trainer.resume=overwrite: deleted the previous run in {out} ({folder.describe()})")
+        return "fresh"
+    if not folder.holds_run:
+        return "fresh"
+    if mode == "never":
+        raise UserError(f"output_dir={out} already holds a run ({folder.describe()}) and trainer.resume=never does not "
+                        f"reuse it: pass trainer.resume=auto to continue it, or {fresh}")
+    if mode != "auto":
+        raise UserError(f"trainer.resume={mode} is not allowed: it must be one of auto, never, overwrite")
+    if folder.saved_config is not None:
+        requested = OmegaConf.to_container(cfg, resolve=True)
+        diffs = config_differences(folder.saved_config, requested)
+        if diffs:
+            shown = "; ".join(f"{k}: {_fmt(old)} -> {_fmt(new)}" for k, old, new in diffs[:8])
+            more = f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else ""
+            raise UserError(f"output_dir={out} holds a run with other settings ({shown}{more}); only run length and "
+                            f"logging options may change on resume: run it with its own settings to "
+                            f"continue it, or {fresh}")
+    return "resume"
+
+
+def clear_run(output_dir: Path) -> None:
+    """Delete an earlier run's checkpoints, metrics, summary, plots and MLflow link in ``output_dir``."""
+    out = Path(output_dir)
+    shutil.rmtree(ckpt.checkpoint_dir(out), ignore_errors=True)
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)

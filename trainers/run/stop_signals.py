@@ -1,0 +1,110 @@
+"""Ending a training run on a signal, cleanly.
+
+SIGINT (Ctrl-C), SIGTERM (what SLURM, Kubernetes and ``timeout`` send), SIGUSR1 and SIGUSR2 all
+mean "stop": the first one lets the current step finish, then the trainer saves a checkpoint at
+that step boundary (the only place the model, optimizer and RNG agree), writes ``summary.json``,
+ends the MLflow run as KILLED and says how to resume. A second signal stops at once (the step in
+progress is lost; summary and MLflow status are still written: that last part, ``finishing()``,
+is not interrupted by a second signal); a third exits immediately.
+
+A signal that some other layer already handles in this process (submitit's preemption handler in
+a sweep job: it checkpoints and requeues the job itself) is left to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from typing import Callable
+
+from ..parallel import distributed
+
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2") if hasattr(signal, n))
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Training stopped on a signal; ``exit_code`` follows the shell convention 128 + signal number."""
+
+    def __init__(self, signum: int, message: str = ""):
+        super().__init__(message or f"stopped by {signal_name(signum)}")
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(self.signum)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _is_ours_to_take(handler) -> bool:
+    """Default, ignored or Python's Ctrl-C handler: take it. Another Python handler: leave it."""
+    return handler in (signal.SIG_DFL, signal.SIG_IGN, None, signal.default_int_handler)
+
+
+class StopSignals:
+    """``with StopSignals(log) as stop: ... if stop.requested: ...`` (see the module doc).
+
+    Installs its handlers only in the main thread (signals are delivered there) and restores the
+    previous ones on exit."""
+
+    def __init__(self, log: Callable[[str], None] = print):
+        self.log = log
+        self.requested: int | None = None     # the first stop signal received
+        self.count = 0
+        self._previous: dict[int, object] = {}
+        self._finishing = False
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in STOP_SIGNALS:
+            previous = signal.getsignal(sig)
+            if _is_ours_to_take(previous):
+                self._previous[sig] = previous
+                signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+        return False
+
+    def _handle(self, signum: int, _frame) -> None:
+        self.count += 1
+        if self.count == 1:
+            self.requested = signum
+            self.log(f"received {signal_name(signum)}: stopping after the current step (checkpoint, summary, "
+                     f"MLflow run KILLED); send it again to stop at once")
+            return
+        if self.count == 2:
+            if self._finishing:
+                self.log(f"received {signal_name(signum)} again: writing the summary and MLflow status "
+                         f"(a few seconds); a third signal exits without them")
+                return
+            raise RunInterrupted(signum, f"stopped at once by a second signal ({signal_name(signum)})")
+        os._exit(128 + signum)
+
+    @contextlib.contextmanager
+    def finishing(self):
+        """The run's last words (summary, MLflow status): a second signal waits for them."""
+        self._finishing = True
+        try:
+            yield
+        finally:
+            self._finishing = False
+
+    def agreed(self, dist=None) -> bool:
+        """Whether to stop now; with several processes, every rank stops at the same step."""
+        local = self.requested is not None
+        if dist is None or getattr(dist, "world_size", 1) <= 1:
+            return local
+
+        return float(distributed.max_across(1.0 if local else 0.0, dist)) > 0

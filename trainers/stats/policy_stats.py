@@ -1,0 +1,60 @@
+"""Token statistics of a batch of (prompt, response) rows under a model: the log-prob of each
+sampled token and the entropy of the distribution it was sampled from, at valid response positions.
+
+The trainer's recomputation of the sampler's statistics (``old_logp``, ``H``), the log-probs the
+loss differentiates, and the diagnostics' probe batch all go through ``response_token_stats``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...rollout.base import Rollout
+from .token_stats import chunked_token_stats
+
+__all__ = ["sequence_inputs", "response_token_stats", "batch_token_stats", "masked_mean"]
+
+
+def sequence_inputs(rollout: Rollout, device) -> dict[str, torch.Tensor]:
+    """Prompt + response as one left-padded sequence, with positions that match generation."""
+    input_ids = torch.cat([rollout.prompt_ids, rollout.response_ids], dim=1).to(device)
+    attention = torch.cat([rollout.prompt_mask, rollout.response_mask], dim=1).to(device)
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids}
+
+
+def response_token_stats(model, rollout: Rollout, *, temperature: float, chunk_size: int,
+                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logp [B,R], entropy [B,R])`` of the response tokens under ``model`` at ``temperature``.
+
+    Log-probs and entropy come from the last hidden states and the output projection in token
+    chunks (``token_stats.chunked_token_stats``), only at valid response positions, so no
+    ``[B, T, V]`` logits tensor is ever built. ``logp`` carries gradients when grad is enabled.
+    """
+    device = next(model.parameters()).device
+    inputs = sequence_inputs(rollout, device)
+    base = getattr(model, model.base_model_prefix)
+    fsdp_forward = getattr(model, "response_hidden", None)          # FSDP root forward (distributed.py)
+    hidden = fsdp_forward(**inputs) if fsdp_forward is not None else base(**inputs).last_hidden_state  # [B, P+R, D]
+    p_len, r_len = rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]
+    hidden = hidden[:, p_len - 1: p_len + r_len - 1]                 # position t predicts token t+1
+    mask = rollout.response_mask.to(device).bool()
+    head = model.get_output_embeddings()
+    logp_valid, ent_valid = chunked_token_stats(
+        hidden[mask], head.weight, rollout.response_ids.to(device)[mask], bias=getattr(head, "bias", None),
+        temperature=temperature, chunk_size=chunk_size, entropy_grad=entropy_grad)
+    logp = torch.zeros(mask.shape, dtype=logp_valid.dtype, device=device).masked_scatter(mask, logp_valid)
+    entropy = torch.zeros(mask.shape, dtype=ent_valid.dtype, device=device).masked_scatter(mask, ent_valid)
+    return logp, entropy
+
+
+@torch.no_grad()
+def batch_token_stats(model, rollout: Rollout, rows_per_chunk: int, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    outs = [response_token_stats(model, rollout.select(torch.arange(s, min(s + rows_per_chunk, len(rollout.texts)))), **kw)
+            for s in range(0, len(rollout.texts), rows_per_chunk)]
+    return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    n = mask.sum()
+    return float((x * mask).sum() / n) if n > 0 else float("nan")
