@@ -34,6 +34,7 @@ from ..core.tracking import RunTracker, check_reachable, read_metrics
 from ..core.validation import validate_config
 from ..evals.runner import validate as validate_benchmarks
 from ..models.loading import load_policy
+from ..rewards import build_reward_runner, reward_metrics
 from ..rollout.base import Rollout, build_rollout, cat_rollouts
 from .algos.algorithm import Algorithm, tracked_config
 from .algos.core_algos import part_weight
@@ -88,12 +89,16 @@ class GRPOTrainer:
         distributed.check_batch_sizes(t, self.dist)
         if cfg.tracking.get("enabled", True):  # fail before minutes of model loading, not after
             check_reachable(resolve_uri(cfg.tracking))
+        # reward.functions / reward.url (else the data's verifier, rewards/runner.py): a reference
+        # that does not import or a judge that is down fails here, before the model loads
+        self.rewards = build_reward_runner(cfg.get("reward"), None, log=self.log)
         self._seed_everything(int(t.seed))
         self.model, self.tokenizer = load_policy(cfg.model, cfg.data, log=self.log)
         self.model.to(self.device)
         self.model.config.use_cache = True
         self.model = distributed.prepare_model(self.model, t, self.dist)   # FSDP2 / checkpointing
         self.source = build_prompt_source(cfg.data, int(t.seed), tokenizer=self.tokenizer)
+        self.rewards.bind(self.source)
         self.algo = Algorithm.from_config(cfg.algo, max_response_length=int(cfg.rollout.max_new_tokens),
                                           seed=int(t.seed))
         self.ref_model = None
@@ -129,6 +134,7 @@ class GRPOTrainer:
         close = getattr(self.rollout, "close", None)
         if close is not None:
             close()
+        self.rewards.close()
         distributed.cleanup(self.dist)
 
     # -- resume / checkpoint ----------------------------------------------------------------
@@ -172,18 +178,20 @@ class GRPOTrainer:
         max_batches = int(ds.get("max_num_gen_batches", 1)) if ds.get("enabled", False) else 1
         kept: list[tuple[Rollout, torch.Tensor, torch.Tensor]] = []
         n_kept, all_correct, all_rewards, all_len, all_trunc, per_group = 0, [], [], [], [], defaultdict(list)
-        unique_frac, attempts = [], 0
+        unique_frac, attempts, scored = [], 0, []
         for attempt in range(max_batches):
             attempts += 1
             problems = distributed.shard(self.source.sample(want * self.dist.world_size, self.step, attempt), self.dist)
             seed = int(t.seed) * 1_000_003 + self.step * 101 + attempt + self.dist.rank * 7_919_993
-            roll = self.rollout.generate([self.source.prompt(p) for p in problems], n=n, seed=seed)
-            batch_reward = getattr(self.source, "rewards", None)   # sources that grade a batch at once
-            scores = (batch_reward([problems[i // n] for i in range(len(roll.texts))], roll.texts) if batch_reward
-                      else [self.source.reward(problems[i // n], txt) for i, txt in enumerate(roll.texts)])
-            correct = torch.tensor(scores, dtype=torch.float32)
-            rewards = self.algo.shape_rewards(correct.clone(), roll.lengths)
+            prompt_texts = [self.source.prompt(p) for p in problems]
+            roll = self.rollout.generate(prompt_texts, n=n, seed=seed)
             group_ids = torch.arange(len(problems)).repeat_interleave(n) + attempt * want
+            batch = self.rewards.score([problems[i // n] for i in range(len(roll.texts))],
+                                       [prompt_texts[i // n] for i in range(len(roll.texts))], roll.texts,
+                                       group_ids.tolist())
+            scored.append(batch)
+            correct = torch.tensor(batch.correct, dtype=torch.float32)   # the verifier's verdict: acc/*
+            rewards = self.algo.shape_rewards(torch.tensor(batch.total, dtype=torch.float32), roll.lengths)
             all_correct.append(correct), all_rewards.append(rewards)
             all_len.append(roll.lengths.float()), all_trunc.append(roll.truncated.float())
             for i, p in enumerate(problems):
@@ -203,6 +211,7 @@ class GRPOTrainer:
             "diversity/unique_frac": float(np.mean(unique_frac)),
             "dynamic_sampling/gen_batches": float(attempts),
             **{f"acc/{g}": float(np.mean(v)) for g, v in per_group.items()},
+            **reward_metrics(scored),      # reward/<name>/mean, reward/<name>/fallback/<reason>
         }
         # Same number of rows on every rank (whole groups): FSDP needs matching forward passes.
         rows = int(distributed.min_across(min(want * n, sum(len(k[0].texts) for k in kept)), self.dist))
