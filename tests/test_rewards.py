@@ -146,3 +146,52 @@ def test_missing_function_in_file_and_duplicate_names(user_module):
     with pytest.raises(UserError, match="two entries are named 'short'"):
         RewardRunner({"functions": [f"{user_module}:short", f"{user_module}:short"]}, None)
     assert not math.isnan(RewardRunner({"functions": ["builtin:toy"]}, None).entries[0].weight)
+
+
+ROWS = [{"question": "What is 2+3?", "solution": "5", "keywords": ["add", "small"], "meta": {"level": 1},
+         "max_len": 12},
+        {"question": "What is 7*6?", "solution": "42", "keywords": [], "meta": {"level": 2, "src": "x"},
+         "max_len": 30}]
+
+FIELD_CHECK = '''
+SEEN = {}
+
+def record(responses, **fields):
+    SEEN.update(fields)
+    return [float(len(r) <= m) for r, m in zip(responses, fields["max_len"])]
+'''
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "json", "parquet"])
+def test_data_fields_reach_reward_functions_untouched(tmp_path, suffix):
+    from omegaconf import OmegaConf
+
+    from entropyrl.trainers.data.datasets import MathDatasetSource
+
+    path = tmp_path / f"rows.{suffix}"
+    if suffix == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    elif suffix == "json":
+        path.write_text(json.dumps(ROWS))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(ROWS), path)
+    module = tmp_path / "field_rewards.py"
+    module.write_text(FIELD_CHECK)
+    source = MathDatasetSource(OmegaConf.create({"name": "mine", "path": str(path), "prompt": "boxed",
+                                                 "chat_template": False, "grade_workers": 1,
+                                                 "fields": {"problem": "question", "answer": "solution"}}), 0)
+    runner = RewardRunner({"functions": [f"{module}:record", {"fn": "builtin:math", "weight": 2.0}]}, None)
+    runner.bind(source)
+    problems = sorted(source.train_items, key=lambda p: p.answer)
+    batch = runner.score(problems, [source.prompt(p) for p in problems], ["\\boxed{42}", "\\boxed{5}"], [0, 1])
+    seen = runner.entries[0].fn.__globals__["SEEN"]
+    assert seen["keywords"] == [[], ["add", "small"]]
+    # parquet stores a struct column: every row has every key (null where the row had none)
+    meta_1 = {"level": 1, "src": None} if suffix == "parquet" else {"level": 1}
+    assert seen["meta"] == [{"level": 2, "src": "x"}, meta_1]
+    assert seen["question"] == ["What is 7*6?", "What is 2+3?"] and seen["answer"] == ["42", "5"]
+    assert seen["max_len"] == [30, 12]
+    assert batch.correct == [1.0, 1.0] and batch.total == [1.0 + 2.0, 1.0 + 2.0]
