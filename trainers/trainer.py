@@ -34,6 +34,7 @@ from ..core.tracking import RunTracker, check_reachable, read_metrics
 from ..core.validation import validate_config
 from ..evals.runner import validate as validate_benchmarks
 from ..models.loading import load_policy
+from ..models.lora import apply_lora
 from ..rewards import build_reward_runner, reward_metrics
 from ..rollout.base import Rollout, build_rollout, cat_rollouts
 from .algos.algorithm import Algorithm, tracked_config
@@ -96,13 +97,18 @@ class GRPOTrainer:
         self.model, self.tokenizer = load_policy(cfg.model, cfg.data, log=self.log)
         self.model.to(self.device)
         self.model.config.use_cache = True
+        # model.lora: an adapter injected in place; only it trains (models/lora.py)
+        self.lora = apply_lora(self.model, cfg.model)
+        if self.lora is not None:
+            trainable, total = self.lora.trainable()
+            self.log(f"LoRA rank {self.lora.settings['r']}: {trainable:,} of {total:,} parameters train")
         self.model = distributed.prepare_model(self.model, t, self.dist)   # FSDP2 / checkpointing
         self.source = build_prompt_source(cfg.data, int(t.seed), tokenizer=self.tokenizer)
         self.rewards.bind(self.source)
         self.algo = Algorithm.from_config(cfg.algo, max_response_length=int(cfg.rollout.max_new_tokens),
                                           seed=int(t.seed))
         self.ref_model = None
-        if self.algo.needs_ref:
+        if self.algo.needs_ref and self.lora is None:   # with LoRA: the adapter disabled (_reference_logp)
             self.ref_model, _ = load_policy(cfg.model, cfg.data, log=self.log)
             self.ref_model.to(self.device).eval().requires_grad_(False)
             self.ref_model = distributed.prepare_model(self.ref_model, t, self.dist, trainable=False)
@@ -147,6 +153,9 @@ class GRPOTrainer:
         if found is None:
             return None
         latest, state, weights = found
+        if self.lora is not None:     # an adapter checkpoint: the adapter in, the frozen base as it is
+            self.lora.load_adapter(latest / "model")
+            weights = self.model.state_dict()
         distributed.load_full_state(self.model, self.optimizer, weights, state["optimizer"])
         self.rollout.sync_weights()         # an engine holding its own weights (vLLM) gets the restored ones
         self.algo.load_state_dict(state.get("algo", {}))
@@ -160,9 +169,14 @@ class GRPOTrainer:
         model, optimizer = distributed.checkpoint_views(self.model, self.optimizer, self.dist)
         path = None
         if self.dist.is_main:
+            export = None
+            if self.lora is not None:     # the adapter only; the merged model too on request
+                model = self.lora.peft
+                if self.cfg.model.lora.get("save_merged", False):
+                    export = lambda folder: self.lora.save_merged(folder / "merged", self.tokenizer)  # noqa: E731
             path = ckpt.save_checkpoint(self.output_dir, self.step, model, self.tokenizer, optimizer,
                                         extra={"algo": self.algo.state_dict()},
-                                        keep=int(self.cfg.trainer.keep_checkpoints))
+                                        keep=int(self.cfg.trainer.keep_checkpoints), export=export)
         distributed.barrier(self.dist)
         return path
 
@@ -223,6 +237,16 @@ class GRPOTrainer:
         metrics["dynamic_sampling/kept_frac"] = n_kept / (attempts * want)
         return roll.select(idx), rewards[idx], correct[idx], group_ids[idx], metrics
 
+    def _reference_logp(self, roll: Rollout, rows_per_chunk: int, stats_kw: dict) -> torch.Tensor | None:
+        """Log-probs under the KL reference: the reference model, or with LoRA the policy with its
+        adapter disabled; None when the algorithm has no KL term."""
+        if self.ref_model is not None:
+            return batch_token_stats(self.ref_model, roll, rows_per_chunk, **stats_kw)[0]
+        if self.lora is not None and self.algo.needs_ref:
+            with self.lora.reference() as base:
+                return batch_token_stats(base, roll, rows_per_chunk, **stats_kw)[0]
+        return None
+
     # -- one training step ------------------------------------------------------------------
     def train_step(self, batch=None) -> dict[str, float]:
         """One step; ``batch`` (what ``collect`` returns) skips generation, e.g. to replay a fixed batch."""
@@ -239,9 +263,7 @@ class GRPOTrainer:
             self.probe.before_update(self.model)
         rows_per_chunk = int(t.micro_batch_responses)
         old_logp, entropy = batch_token_stats(self.model, roll, rows_per_chunk, **stats_kw)
-        ref_logp = None
-        if self.ref_model is not None:
-            ref_logp, _ = batch_token_stats(self.ref_model, roll, rows_per_chunk, **stats_kw)
+        ref_logp = self._reference_logp(roll, rows_per_chunk, stats_kw)
         if roll.sampling_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are
             metrics.update(sampler_mismatch_metrics(old_logp, roll.sampling_logp.to(self.device), mask))
         sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
