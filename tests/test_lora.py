@@ -102,3 +102,41 @@ def test_merged_export_evaluates_with_entropyrl_eval(in_tmp, data_dir):
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((in_tmp / "ev" / "summary.json").read_text())
     assert summary["benchmarks"]["aime24"]["problems"] == 2
+
+
+def test_merged_parameters_use_the_base_names_and_equal_peft_merge():
+    import copy
+
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from entropyrl.models.lora import apply_lora, is_lora, merged_named_parameters
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, tie_word_embeddings=False))
+    base_names = [n for n, _ in model.named_parameters()]
+    policy = apply_lora(model, OmegaConf.create({"lora": {"rank": 2, "target_modules": ["q_proj", "down_proj"]}}))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.2)
+    assert is_lora(model)
+    merged = dict(merged_named_parameters(model))
+    assert list(merged) == base_names
+    reference = dict(copy.deepcopy(policy.peft).merge_and_unload().named_parameters())
+    assert all(torch.allclose(merged[n], reference[n], atol=1e-6) for n in base_names)
+    assert not torch.allclose(merged["model.layers.0.self_attn.q_proj.weight"],
+                              model.model.layers[0].self_attn.q_proj.base_layer.weight)
+
+
+def test_bad_lora_settings_are_one_line_errors():
+    from omegaconf import OmegaConf
+
+    from entropyrl.core.errors import UserError
+    from entropyrl.models.lora import lora_settings
+
+    with pytest.raises(UserError, match="model.lora.dropout=1 is not allowed"):
+        lora_settings(OmegaConf.create({"lora": {"rank": 2, "dropout": 1.0}}))
+    assert lora_settings(OmegaConf.create({"lora": {"rank": None}})) is None
+    assert lora_settings(OmegaConf.create({"lora": {"rank": 8}}))["lora_alpha"] == 16

@@ -195,3 +195,17 @@ def test_data_fields_reach_reward_functions_untouched(tmp_path, suffix):
     assert seen["question"] == ["What is 7*6?", "What is 2+3?"] and seen["answer"] == ["42", "5"]
     assert seen["max_len"] == [30, 12]
     assert batch.correct == [1.0, 1.0] and batch.total == [1.0 + 2.0, 1.0 + 2.0]
+
+
+def test_the_example_reward_file_loads_and_scores(tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    runner = RewardRunner({"functions": [{"fn": "builtin:toy"},
+                                         {"fn": f"{repo / 'examples' / 'rewards.py'}:plain_number", "weight": 0.2},
+                                         {"fn": f"{repo / 'examples' / 'rewards.py'}:length_penalty", "name": "length"},
+                                         {"fn": f"{repo / 'examples' / 'rewards.py'}:group_diversity"}]}, None)
+    runner.bind(_toy_source())
+    batch = runner.score(_problems(), ["p"] * 3, ["1", "02", "3 4"], [0, 0, 1])
+    assert batch.components["plain_number"] == [1.0, 0.0, 0.0]
+    assert batch.components["length"] == pytest.approx([0.0, -0.1, -0.2])
+    assert batch.components["group_diversity"] == [1.0, 1.0, 1.0]
+    assert batch.correct == [1.0, 1.0, 0.0]     # the add checker reads "02" as 2
