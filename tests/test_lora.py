@@ -140,3 +140,22 @@ def test_bad_lora_settings_are_one_line_errors():
         lora_settings(OmegaConf.create({"lora": {"rank": 2, "dropout": 1.0}}))
     assert lora_settings(OmegaConf.create({"lora": {"rank": None}})) is None
     assert lora_settings(OmegaConf.create({"lora": {"rank": 8}}))["lora_alpha"] == 16
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["stare", "steer", "clip_cov", "kl_cov", "entropy_bonus"])
+def test_interventions_work_unchanged_with_lora(algo, in_tmp):
+    import math
+
+    from entropyrl.conf import compose
+    from entropyrl.trainers.trainer import train
+
+    from .test_algos_e2e import INTERVENTION_KEYS, rows
+
+    cfg = compose("train", [f"algo={algo}", *TINY_RUN, "trainer.total_steps=1", "model.lora.rank=4",
+                            "output_dir=run"])
+    assert train(cfg, log=lambda *_: None)["status"] == "FINISHED"
+    (row,) = rows(in_tmp / "run")
+    for name in cfg.algo.interventions:
+        for key in ["loss/policy", "entropy", *INTERVENTION_KEYS.get(name, [])]:
+            assert row.get(key) is not None and math.isfinite(row[key]), (algo, key, row)
