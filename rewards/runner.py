@@ -16,6 +16,7 @@ Per step and entry: ``reward/<name>/mean`` (the raw component, before its weight
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
@@ -98,6 +99,10 @@ class RewardRunner:
         if cfg.get("url"):
             raw.append({"url": cfg["url"], "weight": 1.0})
         self.entries = [self._entry(i, e) for i, e in enumerate(raw)]
+        for i, e in enumerate(self.entries):     # a metric name part: reward/<name>/mean
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", e.name):
+                raise UserError(f"reward.functions[{i}]: name {e.name!r} is not usable in metric names: "
+                                f"use letters, digits, _ . - (name: ...)")
         names = Counter(e.name for e in self.entries)
         dup = next((n for n, c in names.items() if c > 1), None)
         if dup:

@@ -145,6 +145,8 @@ def test_missing_function_in_file_and_duplicate_names(user_module):
         RewardRunner({"functions": [f"{user_module}:absent"]}, None)
     with pytest.raises(UserError, match="two entries are named 'short'"):
         RewardRunner({"functions": [f"{user_module}:short", f"{user_module}:short"]}, None)
+    with pytest.raises(UserError, match="name 'a/b' is not usable in metric names"):
+        RewardRunner({"functions": [{"fn": "builtin:toy", "name": "a/b"}]}, None)
     assert not math.isnan(RewardRunner({"functions": ["builtin:toy"]}, None).entries[0].weight)
 
 
