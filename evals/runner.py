@@ -245,7 +245,7 @@ def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine,
         model, tokenizer = None, AutoTokenizer.from_pretrained(path)
         engine_cfg["model_path"] = path
     else:
-        model, tokenizer = load_policy(cfg.model, log=log)   # models.loading (tiny has none since the layout move)
+        model, tokenizer = load_policy(cfg.model, log=log)
         model.to(_device(ev.get("device", "auto")))
     engine_cfg["add_special_tokens"] = not _use_chat(tokenizer, _chat_setting(cfg))
     return engine_cls(engine_cfg, model, tokenizer), tokenizer, label
