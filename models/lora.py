@@ -93,6 +93,13 @@ class LoraPolicy:
         if missing:
             raise ValueError(f"adapter weights do not fit this model ({missing[0]}): resume with the same model.lora")
 
+    def checkpoint_parts(self, lora_cfg, tokenizer):
+        """``(what save_pretrained writes: the adapter, export(folder) or None)``: a checkpoint's
+        ``model/`` holds the adapter; with ``save_merged``, ``merged/`` the merged model."""
+        if not lora_cfg.get("save_merged", False):
+            return self.peft, None
+        return self.peft, lambda folder: self.save_merged(Path(folder) / "merged", tokenizer)
+
     def save_merged(self, folder: Path, tokenizer=None) -> None:
         """The base model with the adapter folded in, as a plain Hugging Face folder (what
         ``entropyrl eval model.path=`` and vLLM load)."""
@@ -119,7 +126,7 @@ def lora_settings(model_cfg) -> dict | None:
             "target_modules": targets}
 
 
-def apply_lora(model, model_cfg) -> LoraPolicy | None:
+def apply_lora(model, model_cfg, log=None) -> LoraPolicy | None:
     """Inject ``model.lora``'s adapter into ``model`` (in place: every base weight frozen), or None."""
     settings = lora_settings(model_cfg)
     if settings is None:
@@ -131,4 +138,8 @@ def apply_lora(model, model_cfg) -> LoraPolicy | None:
     except ValueError as exc:   # e.g. target modules the model does not have
         raise UserError(f"model.lora: {str(exc).splitlines()[0]} (set model.lora.target_modules to module "
                         f"names of this model, e.g. [q_proj, v_proj], or all-linear)") from None
-    return LoraPolicy(peft_model, settings)
+    policy = LoraPolicy(peft_model, settings)
+    if log is not None:
+        trainable, total = policy.trainable()
+        log(f"LoRA rank {settings['r']}: {trainable:,} of {total:,} parameters train")
+    return policy

@@ -98,10 +98,7 @@ class GRPOTrainer:
         self.model.to(self.device)
         self.model.config.use_cache = True
         # model.lora: an adapter injected in place; only it trains (models/lora.py)
-        self.lora = apply_lora(self.model, cfg.model)
-        if self.lora is not None:
-            trainable, total = self.lora.trainable()
-            self.log(f"LoRA rank {self.lora.settings['r']}: {trainable:,} of {total:,} parameters train")
+        self.lora = apply_lora(self.model, cfg.model, log=self.log)
         self.model = distributed.prepare_model(self.model, t, self.dist)   # FSDP2 / checkpointing
         self.source = build_prompt_source(cfg.data, int(t.seed), tokenizer=self.tokenizer)
         self.rewards.bind(self.source)
@@ -171,9 +168,7 @@ class GRPOTrainer:
         if self.dist.is_main:
             export = None
             if self.lora is not None:     # the adapter only; the merged model too on request
-                model = self.lora.peft
-                if self.cfg.model.lora.get("save_merged", False):
-                    export = lambda folder: self.lora.save_merged(folder / "merged", self.tokenizer)  # noqa: E731
+                model, export = self.lora.checkpoint_parts(self.cfg.model.lora, self.tokenizer)
             path = ckpt.save_checkpoint(self.output_dir, self.step, model, self.tokenizer, optimizer,
                                         extra={"algo": self.algo.state_dict()},
                                         keep=int(self.cfg.trainer.keep_checkpoints), export=export)
