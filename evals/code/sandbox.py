@@ -33,6 +33,7 @@ How one run is isolated (README "The code sandbox" says what this does *not* cov
 
 from __future__ import annotations
 
+import json
 import marshal
 import os
 import secrets
@@ -44,6 +45,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 from ...core.errors import UserError
@@ -109,63 +111,9 @@ class SandboxResult:
         return d
 
 
-# The harness: sets limits, drops privileges, reads the spec, runs program, setup and each test in
-# one namespace, reports each test on the result pipe. Kept to the standard library.
-HARNESS = r"""
-import os, sys, marshal, resource, builtins
-def main(spec):
-    fd, lim, write, run, comp = spec["fd"], spec["limits"], os.write, exec, compile
-    # Bound now: the program can rebind names in the real builtins module, not these locals.
-    AssertErr, MemErr, BaseExc, kind, text, items = AssertionError, MemoryError, BaseException, type, str, enumerate
-    def cap(kind, value, hard=None):
-        try:
-            resource.setrlimit(kind, (value, value if hard is None else hard))
-        except (ValueError, OSError):
-            pass
-    cap(resource.RLIMIT_CPU, lim["cpu"], lim["cpu"] + 1); cap(resource.RLIMIT_FSIZE, lim["fsize"])
-    cap(resource.RLIMIT_NOFILE, lim["nofile"]); cap(resource.RLIMIT_CORE, 0)
-    if spec["uid"] is not None:
-        os.setgroups([]); os.setgid(spec["uid"]); os.setuid(spec["uid"])
-    cap(resource.RLIMIT_NPROC, lim["nproc"]); cap(resource.RLIMIT_AS, lim["as"])
-    null = os.open(os.devnull, os.O_RDONLY); os.dup2(null, 0); os.close(null)
-    os.chdir(spec["cwd"])
-    nonce = spec.pop("nonce")
-    def say(msg):
-        write(fd, (nonce + " " + msg + "\n").encode())
-    def why(exc):
-        return kind(exc).__name__ + ": " + text(exc).replace("\n", " ")[:300]
-    # The program and the tests each get their own copy of the builtins: a program that replaces
-    # exec, len or AssertionError changes neither the harness nor what the tests see.
-    clean = dict(builtins.__dict__)
-    ns = {"__name__": "__main__", "__builtins__": dict(clean)}
-    try:
-        run(comp(spec["program"], "<program>", "exec"), ns)
-        ns = {k: v for k, v in ns.items() if k != "__builtins__"}
-        ns["__builtins__"] = dict(clean)
-        if spec["setup"]:
-            run(comp(spec["setup"], "<tests>", "exec"), ns)
-    except MemErr as exc:
-        say("memory " + why(exc)); return
-    except BaseExc as exc:
-        say("error " + why(exc)); return
-    for i, test in items(spec["tests"]):
-        try:
-            run(comp(test, "<test %d>" % i, "exec"), ns)
-        except MemErr as exc:
-            say("memory %d %s" % (i, why(exc)))
-        except AssertErr as exc:
-            say("fail %d %s" % (i, why(exc)))
-        except BaseExc as exc:
-            say("error %d %s" % (i, why(exc)))
-        else:
-            say("ok %d" % i)
-    say("done")
-main(marshal.loads(sys.stdin.buffer.read()))
-try:
-    sys.stdout.flush(); sys.stderr.flush()
-finally:
-    os._exit(0)
-"""
+# The harness (``oracle_harness.py``, run by ``python -I -S -c``): splits into the candidate and
+# the oracle before it reads the spec; see that file.
+HARNESS = (Path(__file__).parent / "oracle_harness.py").read_text(encoding="utf-8")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -198,28 +146,31 @@ def _verdict(lines: list[str], nonce: str, n_tests: int) -> tuple[str, int, str,
 
 
 def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLimits | None = None,
-                setup: str = "") -> SandboxResult:
-    """Run ``program``, then ``setup``, then each of ``tests`` (Python source snippets, each a test:
-    it passes if it returns without raising) in one namespace, isolated; see the module docstring.
+                setup: str = "", stdio: bool = False) -> SandboxResult:
+    """Run ``program`` in the candidate process, then ``setup`` and each of ``tests`` (trusted
+    Python snippets, each a test: it passes if it returns without raising) in the oracle process,
+    where a name the tests do not define is the program's (see the module docstring).
+    ``stdio``: the program is only compiled at load; ``_stdio_case(input, want)`` runs it per case.
     """
     lim = limits or SandboxLimits()
     tests = [tests] if isinstance(tests, str) else list(tests)
     kind = launcher(lim.isolation)
     started = time.perf_counter()
     workdir = tempfile.mkdtemp(prefix="entropyrl-sbx-")
-    uid = fresh_uid() if drop_uid(kind) else None
+    uids = (fresh_uid(), fresh_uid()) if drop_uid(kind) else (None, None)
+    uid = uids[1]
     nonce = secrets.token_hex(16)
     proc, status = None, "sandbox_error"
     read_fd, write_fd = os.pipe()
     try:
         if uid is not None:
             os.chown(workdir, uid, uid)
-        spec = {"program": program, "setup": setup, "tests": tests, "nonce": nonce, "fd": write_fd,
-                "uid": uid, "cwd": workdir,
-                "limits": {"cpu": int(lim.cpu_seconds), "as": int(lim.memory_mb) << 20,
-                           "nproc": int(lim.processes), "nofile": int(lim.open_files),
-                           "fsize": int(lim.file_size_mb) << 20}}
-        cmd = launch_prefix(kind, workdir, lim.disk_mb) + [interpreter(), "-I", "-S", "-c", HARNESS]
+        spec = {"program": program, "setup": setup, "tests": tests, "nonce": nonce, "stdio": bool(stdio)}
+        limits = {"cpu": int(lim.cpu_seconds), "as": int(lim.memory_mb) << 20, "nproc": int(lim.processes),
+                  "nofile": int(lim.open_files), "fsize": int(lim.file_size_mb) << 20, "cwd": workdir}
+        cmd = launch_prefix(kind, workdir, lim.disk_mb) + [
+            interpreter(), "-I", "-S", "-c", HARNESS, str(write_fd),
+            *("-" if u is None else str(u) for u in uids), json.dumps(limits)]
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, pass_fds=(write_fd,), cwd=workdir,
@@ -238,8 +189,9 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
                 pass
         # A pid namespace dies with its first process (the kernel kills the rest) and bwrap /
         # unshare wait for that; after a kill, or without a namespace, sweep the run's uid.
-        if uid is not None and (kind == "none" or status != "ok"):
-            sweep_uid(uid)
+        for u in uids:
+            if u is not None and (kind == "none" or status != "ok"):
+                sweep_uid(u)
         for fd in (read_fd, write_fd):
             if fd >= 0:
                 try:
@@ -336,6 +288,7 @@ class Job:
     program: str
     tests: tuple[str, ...]
     setup: str = ""
+    stdio: bool = False
 
 
 class SandboxPool:
@@ -353,7 +306,7 @@ class SandboxPool:
         """One result per job, in order."""
         def one(job: Job) -> SandboxResult:
             try:
-                r = run_program(job.program, list(job.tests), self.limits, setup=job.setup)
+                r = run_program(job.program, list(job.tests), self.limits, setup=job.setup, stdio=job.stdio)
             except UserError:
                 raise
             except Exception as exc:  # noqa: BLE001 - one broken run must not sink the batch
