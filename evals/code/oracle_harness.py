@@ -26,6 +26,10 @@ class CrossingError(Exception):
     """A value or a message that cannot cross between the two processes (a typed ``fail``)."""
 
 
+class Ended(CrossingError):
+    """The candidate's process is gone (exited, killed, out of CPU time)."""
+
+
 class CandidateError(Exception):
     """An exception of a type the program defined itself, rebuilt by name and message."""
 
@@ -113,7 +117,7 @@ def _read(fd, n):
     while len(buf) < n:
         chunk = os.read(fd, n - len(buf))
         if not chunk:
-            raise CrossingError("the program's process ended")
+            raise Ended("the program's process ended")
         buf += chunk
     return buf
 
@@ -199,7 +203,7 @@ class Link:
         try:
             send(self.req, msg)
         except OSError:
-            raise CrossingError("the program's process ended") from None
+            raise Ended("the program's process ended") from None
         try:
             reply = recv(self.resp)
         except (ValueError, RecursionError) as exc:
@@ -250,7 +254,25 @@ class TestGlobals(dict):
         return value
 
 
-def oracle(link, spec, fd):
+def ended(pid):
+    """``(reason, detail)`` for a candidate that is gone, from its exit status."""
+    import signal
+
+    status = 0
+    for _ in range(100):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.01)
+    else:
+        return "error", "the program's process closed its pipe"
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return ("timeout", "CPU time limit") if sig == signal.SIGXCPU else ("killed", f"killed by signal {sig}")
+    return "error", f"the program's process exited (status {os.WEXITSTATUS(status)}) before the tests finished"
+
+
+def oracle(link, spec, fd, pid):
     nonce = spec["nonce"]
 
     def say(msg):
@@ -281,6 +303,9 @@ def oracle(link, spec, fd):
     except MemoryError as exc:
         say("memory " + why(exc))
         return
+    except Ended:
+        say("%s %s" % ended(pid))
+        return
     except CrossingError as exc:
         say("error program: " + why(exc))
         return
@@ -292,6 +317,10 @@ def oracle(link, spec, fd):
             exec(compile(test, "<test %d>" % i, "exec"), ns)
         except MemoryError as exc:
             say("memory %d %s" % (i, why(exc)))
+        except Ended:
+            reason, detail = ended(pid)
+            say("%s %d %s" % (reason, i, detail))
+            return
         except (AssertionError, CrossingError) as exc:
             say("fail %d %s" % (i, why(exc)))
         except BaseException as exc:  # noqa: BLE001
@@ -362,7 +391,7 @@ def main():
         send(from_oracle, [spec["program"], bool(spec["stdio"])])
     except OSError:
         pass
-    oracle(link, spec, fd)
+    oracle(link, spec, fd, pid)
     os.close(from_oracle)
     # The candidate ends on the closed pipe (flushing what it printed); wait briefly for it.
     for _ in range(50):

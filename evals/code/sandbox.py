@@ -135,7 +135,7 @@ def _verdict(lines: list[str], nonce: str, n_tests: int) -> tuple[str, int, str,
             done = True
         elif word == "ok" and len(parts) > 1 and parts[1].isdigit():
             ok.add(int(parts[1]))
-        elif word in ("fail", "error", "memory") and reason is None:
+        elif word in ("fail", "error", "memory", "killed", "timeout") and reason is None:
             reason = word
             detail = (f"test {parts[1]}: " + (parts[2] if len(parts) > 2 else "") if parts[1:2] and parts[1].isdigit()
                       else " ".join(parts[1:]))

@@ -94,7 +94,7 @@ def _root_mounts() -> list[str]:
             while p != "/":
                 parents.add(p)
                 p = os.path.dirname(p)
-        for p in sorted(parents - dirs):
+        for p in sorted((parents - dirs) | {os.path.dirname(interpreter())}):
             args += ["--chmod", "0755", p]
         _MOUNTS.append(args)
         return args
