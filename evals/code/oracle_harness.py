@@ -9,118 +9,23 @@ program ever reaches the tests' ``==``. argv: result fd, oracle uid, candidate u
 """
 
 import builtins
-import json
 import marshal
 import os
 import resource
 import sys
 import time
 
-MAX_REPLY = 32 << 20
-BUILTIN_NAMES = frozenset(builtins.__dict__)
-EXCEPTIONS = {k: v for k, v in builtins.__dict__.items()
-              if isinstance(v, type) and issubclass(v, Exception) and not issubclass(v, Warning)}
-
-
-class CrossingError(Exception):
-    """A value or a message that cannot cross between the two processes (a typed ``fail``)."""
-
-
-class Ended(CrossingError):
-    """The candidate's process is gone (exited, killed, out of CPU time)."""
-
-
-class CandidateError(Exception):
-    """An exception of a type the program defined itself, rebuilt by name and message."""
-
-
-# --- plain data: encode exactly-typed builtin values, decode into fresh builtin values -----------
-
-def encode(x, depth=0):
-    if depth > 200:
-        raise CrossingError("value nested deeper than 200 levels")
-    t = type(x)
-    if x is None:
-        return None
-    if t is bool:
-        return x
-    if t is int:
-        return ["i", hex(x)]
-    if t is float:
-        return ["f", x.hex()]
-    if t is complex:
-        return ["c", x.real.hex(), x.imag.hex()]
-    if t is str:
-        return ["s", x]
-    if t is bytes:
-        return ["b", x.hex()]
-    if t in (list, tuple, set, frozenset):
-        return [{list: "l", tuple: "t", set: "S", frozenset: "F"}[t], [encode(v, depth + 1) for v in x]]
-    if t is dict:
-        return ["d", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in x.items()]]
-    raise CrossingError(f"a value of type {t.__name__} cannot cross the process boundary (plain data only)")
-
-
-def decode(x):
-    if x is None or x is True or x is False:
-        return x
-    if type(x) is not list or not x or type(x[0]) is not str:
-        raise CrossingError("malformed value")
-    tag = x[0]
-    if tag == "i":
-        return int(x[1], 16)
-    if tag == "f":
-        return float.fromhex(x[1])
-    if tag == "c":
-        return complex(float.fromhex(x[1]), float.fromhex(x[2]))
-    if tag == "s" and type(x[1]) is str:
-        return x[1]
-    if tag == "b":
-        return bytes.fromhex(x[1])
-    if tag in ("l", "t", "S", "F") and type(x[1]) is list:
-        items = [decode(v) for v in x[1]]
-        return {"l": list, "t": tuple, "S": set, "F": frozenset}[tag](items)
-    if tag == "d" and type(x[1]) is list:
-        return {decode(k): decode(v) for k, v in x[1]}
-    raise CrossingError("malformed value")
-
-
-def encode_exc(exc):
-    return ["E", type(exc).__name__, str(exc)[:2000]]
-
-
-def decode_exc(msg):
-    name, text = str(msg[1]), str(msg[2])
-    cls = EXCEPTIONS.get(name)
-    return cls(text) if cls is not None else CandidateError(f"{name}: {text}")
-
-
-# --- framing: 4-byte length, then JSON ---------------------------------------------------------
-
-def send(fd, obj):
-    data = json.dumps(obj).encode()
-    data = len(data).to_bytes(4, "big") + data
-    while data:
-        data = data[os.write(fd, data):]
-
-
-def recv(fd, limit=MAX_REPLY):
-    head = _read(fd, 4)
-    size = int.from_bytes(head, "big")
-    if size > limit:
-        raise CrossingError(f"reply of {size} bytes is over the {limit}-byte limit")
-    return json.loads(_read(fd, size))
-
-
-def _read(fd, n):
-    buf = b""
-    while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            raise Ended("the program's process ended")
-        buf += chunk
-    return buf
-
+from .harness_wire import (  # noqa: E501  # harness: inlined
+    BUILTIN_NAMES,
+    CrossingError,
+    Ended,
+    decode,
+    decode_exc,
+    encode,
+    encode_exc,
+    recv,
+    send,
+)
 
 # --- the candidate's side -----------------------------------------------------------------------
 
@@ -133,7 +38,7 @@ def serve(req, resp, program, stdio):
         code = compile(program, "<program>", "exec")
         if not stdio:
             exec(code, ns)
-        reply = ["ok"]
+        reply = ["ok", [k for k, v in list(ns.items()) if type(k) is str and callable(v)]]
     except BaseException as exc:  # noqa: BLE001 - reported, the oracle decides
         reply = encode_exc(exc)
     send(resp, reply)
@@ -193,21 +98,39 @@ def run_stdio(code, text, clean):
 
 # --- the oracle's side --------------------------------------------------------------------------
 
+class LoadFailed(Exception):
+    """The program raised (or its process ended) while it was being loaded."""
+
+
 class Link:
-    """The oracle's end of the two pipes to the candidate."""
+    """The oracle's end of the two pipes to the candidate. The load reply is read when first
+    needed, so the oracle prepares the tests while the candidate loads the program."""
 
     def __init__(self, req, resp):
-        self.req, self.resp = req, resp
+        self.req, self.resp, self.loaded, self.on_load = req, resp, False, None
+
+    def ensure_loaded(self):
+        if self.loaded:
+            return
+        self.loaded = True
+        try:
+            reply = recv(self.resp)
+        except CrossingError as exc:
+            raise LoadFailed(exc) from None
+        if type(reply) is list and len(reply) == 3 and reply[0] == "E":
+            raise LoadFailed(decode_exc(reply))
+        if type(reply) is not list or len(reply) != 2 or reply[0] != "ok" or type(reply[1]) is not list:
+            raise LoadFailed(CrossingError("malformed load reply"))
+        if self.on_load:
+            self.on_load([n for n in reply[1] if type(n) is str])
 
     def ask(self, msg):
+        self.ensure_loaded()
         try:
             send(self.req, msg)
         except OSError:
             raise Ended("the program's process ended") from None
-        try:
-            reply = recv(self.resp)
-        except (ValueError, RecursionError) as exc:
-            raise CrossingError(f"malformed reply ({type(exc).__name__})") from None
+        reply = recv(self.resp)
         if type(reply) is not list or not reply:
             raise CrossingError("malformed reply")
         if reply[0] == "v" and len(reply) == 2:
@@ -294,39 +217,49 @@ def oracle(link, spec, fd, pid):
         return link.ask(["method", cls, name, encode(list(args)), encode(dict(kwargs))])
 
     ns["_stdio_case"], ns["_method_of"] = stdio_case, method_of
+
+    def known(names):
+        # The program's functions, listed at load: the tests reach them without asking by name.
+        for name in names:
+            if name not in BUILTIN_NAMES and not name.startswith("__"):
+                ns.setdefault(name, RemoteFunction(link, name))
+
+    link.on_load = known
     try:
-        loaded = recv(link.resp)
-        if loaded != ["ok"]:
-            raise decode_exc(loaded) if type(loaded) is list and len(loaded) == 3 else CrossingError("bad load")
-        if spec["setup"]:
-            exec(compile(spec["setup"], "<tests>", "exec"), ns)
+        try:
+            if spec["setup"]:
+                exec(compile(spec["setup"], "<tests>", "exec"), ns)
+        finally:
+            link.ensure_loaded()
+    except LoadFailed as failed:
+        exc = failed.args[0]
+        if isinstance(exc, Ended):
+            say(" ".join(ended(pid)))
+        else:
+            say(("memory " if isinstance(exc, MemoryError) else "error ")
+                + ("program: " if isinstance(exc, CrossingError) else "") + why(exc))
+        return
     except MemoryError as exc:
         say("memory " + why(exc))
-        return
-    except Ended:
-        say("%s %s" % ended(pid))
-        return
-    except CrossingError as exc:
-        say("error program: " + why(exc))
         return
     except BaseException as exc:  # noqa: BLE001
         say("error " + why(exc))
         return
     for i, test in enumerate(spec["tests"]):
         try:
-            exec(compile(test, "<test %d>" % i, "exec"), ns)
+            exec(compile(test, f"<test {i}>", "exec"), ns)
         except MemoryError as exc:
-            say("memory %d %s" % (i, why(exc)))
+            say(f"memory {i} {why(exc)}")
         except Ended:
             reason, detail = ended(pid)
-            say("%s %d %s" % (reason, i, detail))
+            say(f"{reason} {i} {detail}")
             return
         except (AssertionError, CrossingError) as exc:
-            say("fail %d %s" % (i, why(exc)))
+            say(f"fail {i} {why(exc)}")
         except BaseException as exc:  # noqa: BLE001
-            say("error %d %s" % (i, why(exc)))
+            say(f"error {i} {why(exc)}")
         else:
-            say("ok %d" % i)
+            say(f"ok {i}")
     say("done")
 
 
@@ -351,7 +284,8 @@ def become(uid, lim):
 def main():
     fd = int(sys.argv[1])
     oracle_uid, candidate_uid = (None if a == "-" else int(a) for a in sys.argv[2:4])
-    lim = json.loads(sys.argv[4])
+    keys = ("cpu", "as", "nproc", "nofile", "fsize")
+    lim = dict(zip(keys, map(int, sys.argv[4:9])), cwd=sys.argv[9])
     sys.set_int_max_str_digits(0)
     cap(resource.RLIMIT_CPU, lim["cpu"], lim["cpu"] + 1)
     cap(resource.RLIMIT_FSIZE, lim["fsize"])
@@ -393,11 +327,8 @@ def main():
         pass
     oracle(link, spec, fd, pid)
     os.close(from_oracle)
-    # The candidate ends on the closed pipe (flushing what it printed); wait briefly for it.
-    for _ in range(50):
-        if os.waitpid(pid, os.WNOHANG)[0]:
-            break
-        time.sleep(0.01)
+    # No wait for the candidate: it flushed its output before each reply, and the namespace (or
+    # the caller's sweep of its uid) ends it with us.
 
 
 if __name__ == "__main__":

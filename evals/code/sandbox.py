@@ -33,7 +33,6 @@ How one run is isolated (README "The code sandbox" says what this does *not* cov
 
 from __future__ import annotations
 
-import json
 import marshal
 import os
 import secrets
@@ -113,7 +112,9 @@ class SandboxResult:
 
 # The harness (``oracle_harness.py``, run by ``python -I -S -c``): splits into the candidate and
 # the oracle before it reads the spec; see that file.
-HARNESS = (Path(__file__).parent / "oracle_harness.py").read_text(encoding="utf-8")
+HARNESS = "\n".join(line for name in ("harness_wire.py", "oracle_harness.py")
+                    for line in (Path(__file__).parent / name).read_text(encoding="utf-8").splitlines()
+                    if not line.endswith("# harness: inlined"))
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -167,10 +168,11 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
             os.chown(workdir, uid, uid)
         spec = {"program": program, "setup": setup, "tests": tests, "nonce": nonce, "stdio": bool(stdio)}
         limits = {"cpu": int(lim.cpu_seconds), "as": int(lim.memory_mb) << 20, "nproc": int(lim.processes),
-                  "nofile": int(lim.open_files), "fsize": int(lim.file_size_mb) << 20, "cwd": workdir}
+                  "nofile": int(lim.open_files), "fsize": int(lim.file_size_mb) << 20}
         cmd = launch_prefix(kind, workdir, lim.disk_mb) + [
             interpreter(), "-I", "-S", "-c", HARNESS, str(write_fd),
-            *("-" if u is None else str(u) for u in uids), json.dumps(limits)]
+            *("-" if u is None else str(u) for u in uids),
+            *(str(limits[k]) for k in ("cpu", "as", "nproc", "nofile", "fsize")), workdir]
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, pass_fds=(write_fd,), cwd=workdir,
