@@ -234,3 +234,10 @@ def test_the_same_problems_pass_with_their_canonical_solutions(humaneval):
     results = SandboxPool(workers=2, limits=LIMITS).map(jobs)
     assert [r.reason for r in results] == ["pass"] * len(jobs)
     assert all(r.fraction == 1.0 for r in results)
+
+
+def test_harness_is_one_self_contained_program():
+    from entropyrl.evals.code.sandbox import HARNESS
+
+    assert "harness_wire import" not in HARNESS and "import entropyrl" not in HARNESS
+    compile(HARNESS, "<harness>", "exec")

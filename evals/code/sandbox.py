@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import marshal
 import os
+import re
 import secrets
 import selectors
 import shutil
@@ -112,9 +113,9 @@ class SandboxResult:
 
 # The harness (``oracle_harness.py``, run by ``python -I -S -c``): splits into the candidate and
 # the oracle before it reads the spec; see that file.
-HARNESS = "\n".join(line for name in ("harness_wire.py", "oracle_harness.py")
-                    for line in (Path(__file__).parent / name).read_text(encoding="utf-8").splitlines()
-                    if not line.endswith("# harness: inlined"))
+HARNESS = (Path(__file__).parent / "harness_wire.py").read_text(encoding="utf-8") + "\n" + re.sub(
+    r"^from \.harness_wire import \([^)]*\)\n", "", (Path(__file__).parent / "oracle_harness.py").read_text(encoding="utf-8"),
+    flags=re.M)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
