@@ -241,3 +241,26 @@ def test_harness_is_one_self_contained_program():
 
     assert "harness_wire import" not in HARNESS and "import entropyrl" not in HARNESS
     compile(HARNESS, "<harness>", "exec")
+
+
+def test_what_cannot_cross_is_a_typed_fail_and_plain_data_round_trips():
+    from entropyrl.evals.code.sandbox import run_program
+
+    program = ("def gen(n):\n    yield from range(n)\n"
+               "def apply(f, x):\n    return f(x)\n"
+               "def echo(x):\n    return x\n"
+               "def boom():\n    raise ValueError('bad input')\n"
+               "class Mine(Exception):\n    pass\n"
+               "def mine():\n    raise Mine('custom')\n")
+    tests = ["assert list(gen(3)) == [0, 1, 2]",                     # a generator result
+             "assert apply(lambda v: v + 1, 1) == 2",                  # a callable argument
+             "v = {'a': [1, 2.5, (3, None)], 2: {frozenset({1}), b'x'}, 'c': 1 + 2j, 'n': -10 ** 40}\n"
+             "assert echo(v) == v and type(echo(v)['a'][2]) is tuple",
+             "try:\n    boom()\nexcept ValueError as e:\n    assert str(e) == 'bad input'\nelse:\n    raise AssertionError",
+             "try:\n    mine()\nexcept ValueError:\n    raise AssertionError\nexcept Exception as e:\n    assert 'Mine: custom' in str(e)"]
+    r = run_program(program, tests, LIMITS)
+    lines = r.detail
+    assert r.tests_passed == 3 and r.reason == "fail", (r.reason, r.detail)
+    assert "generator cannot cross the process boundary" in lines, lines
+    one = run_program(program, [tests[1]], LIMITS)
+    assert one.reason == "fail" and "function cannot cross" in one.detail, one.detail
