@@ -6,24 +6,25 @@ tests_passed, tests_total)``; ``reason`` is one of ``REASONS``. ``SandboxPool`` 
 How one run is isolated (README "The code sandbox" says what this does *not* cover):
 
 - Launcher (``evals/code/sandbox_launch.py``), chosen once per process (``isolation``: ``auto`` | ``bwrap`` | ``unshare`` | ``none``):
-  ``bwrap`` (bubblewrap): new network, pid, ipc and uts namespaces, the whole filesystem bound
-  read-only except the run's own folder, private ``/tmp``, ``/root`` and ``/home`` hidden,
-  ``--die-with-parent``, a new session. ``unshare``: new network and pid namespaces only (the
+  ``bwrap`` (bubblewrap): new network, pid, ipc and uts namespaces, a root holding only the
+  interpreter, its standard library and shared libraries (read-only), private ``/tmp`` and the
+  run's own folder, ``--die-with-parent``, a new session. ``unshare``: new network and pid namespaces only (the
   filesystem stays as the user's; when root, the program runs as an unprivileged uid so it cannot
   write what it does not own). ``none``: plain process with rlimits, a warning once per process
   (no network isolation). ``auto`` takes the first that works on this kernel.
-- The harness (``HARNESS``, run by ``python -I -S``) first sets rlimits (CPU seconds, address
-  space, processes, open files, file size), and when started as root drops to a fresh uid/gid
-  picked at random per run (so the process limit counts only this run, and a final
-  ``kill(-1)`` as that uid reaches any child that escaped the pid namespace); only then does it
-  run the program. Environment: PATH, HOME/TMPDIR = the run folder, nothing of the caller's.
-- Pass/fail: the harness gets the spec (program, setup, tests, a random 128-bit nonce) on stdin
-  (``marshal``: the harness runs the same interpreter),
-  and after each test returns it writes ``<nonce> ok|fail <i>`` to a separate result pipe, then
-  ``<nonce> done`` after the last one. Exit status is ignored: a program that exits early
-  (``sys.exit(0)``, ``os._exit(0)``), kills its parent or dies never wrote ``done``. The nonce
-  is a Python object inside the process that runs the tests (a determined program can dig it
-  out of memory; see README).
+- The harness (``HARNESS``: ``harness_wire.py`` + ``oracle_harness.py``, run by ``python -I -S``)
+  sets rlimits (CPU seconds, address space, processes, open files, file size), then forks before
+  it reads anything: the *candidate* (drops to its own fresh uid when root, keeps two pipes, runs
+  the program) and the *oracle* (another fresh uid, non-dumpable; reads the spec on stdin,
+  ``marshal``, and runs setup and tests). Environment: PATH, HOME/TMPDIR = the run folder.
+- The tests reach the program only across the pipe: a name they do not define is the program's,
+  a function called with plain-data arguments whose result (or exception) comes back as plain data
+  and is rebuilt from builtin types (``harness_wire``); anything else is a ``fail``. A stdin/stdout
+  problem (``stdio=True``) is compiled at load and run per case by ``_stdio_case(input, want)``.
+- Pass/fail: after each test the oracle writes ``<nonce> ok|fail|error <i>`` to a result pipe
+  only it holds (the nonce: 128 random bits in the spec, which the candidate never sees), then
+  ``<nonce> done``. Exit status is ignored: a program that exits early, kills its parent or dies
+  leaves no ``done``; a candidate that dies is reported by its status (killed, timeout, error).
 - Wall clock: past ``wall_seconds`` the whole process group is SIGKILLed (with it, through
   ``--die-with-parent``, the pid namespace and every process in it). Output (stdout + stderr
   together) is read as it comes and capped at ``max_output_bytes``; past it the run is killed.
@@ -116,6 +117,20 @@ class SandboxResult:
 HARNESS = (Path(__file__).parent / "harness_wire.py").read_text(encoding="utf-8") + "\n" + re.sub(
     r"^from \.harness_wire import \([^)]*\)\n", "", (Path(__file__).parent / "oracle_harness.py").read_text(encoding="utf-8"),
     flags=re.M)
+# Compiled once here and sent on stdin ahead of the spec (compiling it in every run would cost
+# more than the rest of the harness): ``BOOT`` reads exactly its bytes, unbuffered, so nothing of
+# the spec is in memory when the harness forks the candidate.
+HARNESS_CODE = marshal.dumps(compile(HARNESS, "<harness>", "exec"))
+BOOT = ("import marshal, os\n"
+        "def take(n):\n"
+        "    b = b''\n"
+        "    while len(b) < n:\n"
+        "        c = os.read(0, n - len(b))\n"
+        "        if not c:\n"
+        "            raise SystemExit(1)\n"
+        "        b += c\n"
+        "    return b\n"
+        "exec(marshal.loads(take(int.from_bytes(take(4), 'big'))))\n")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -171,7 +186,7 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
         limits = {"cpu": int(lim.cpu_seconds), "as": int(lim.memory_mb) << 20, "nproc": int(lim.processes),
                   "nofile": int(lim.open_files), "fsize": int(lim.file_size_mb) << 20}
         cmd = launch_prefix(kind, workdir, lim.disk_mb) + [
-            interpreter(), "-I", "-S", "-c", HARNESS, str(write_fd),
+            interpreter(), "-I", "-S", "-c", BOOT, str(write_fd),
             *("-" if u is None else str(u) for u in uids),
             *(str(limits[k]) for k in ("cpu", "as", "nproc", "nofile", "fsize")), workdir]
         try:
@@ -182,7 +197,8 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
             return SandboxResult(False, "sandbox_error", time.perf_counter() - started, detail=str(exc))
         os.close(write_fd)
         write_fd = -1
-        out, res, status = _communicate(proc, marshal.dumps(spec), read_fd, lim, started)
+        payload = len(HARNESS_CODE).to_bytes(4, "big") + HARNESS_CODE + marshal.dumps(spec)
+        out, res, status = _communicate(proc, payload, read_fd, lim, started)
     finally:
         if proc is not None:
             _kill_group(proc)
