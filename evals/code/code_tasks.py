@@ -233,16 +233,28 @@ def split_check(test: str) -> list[str] | None:
     return tests or None
 
 
-def oracle_helpers(prompt: str, entry_point: str) -> str:
-    """The prompt's own code without the function to write (imports, helpers such as HumanEval's
-    ``poly`` or ``encode_cyclic`` that the tests call): run in the oracle, so the tests use the
-    benchmark's helpers, never the program's."""
+def oracle_helpers(prompt: str, entry_point: str, test: str = "") -> str:
+    """The prompt's own code that the tests call, without the function to write (helpers such as
+    HumanEval's ``poly`` or ``encode_cyclic``, with the prompt's imports): run in the oracle, so
+    the tests use the benchmark's helpers, never the program's. Empty when the tests call none."""
     try:
         tree = ast.parse(prompt)
+        used = {n.id for n in ast.walk(ast.parse(test)) if isinstance(n, ast.Name)} if test else None
     except SyntaxError:
         return ""
-    keep = [n for n in tree.body if not (isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == entry_point)]
-    return "\n".join(ast.unparse(n) for n in keep)
+    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and n.name != entry_point]
+    if used is not None:                    # and the helpers those helpers call
+        while True:
+            more = {x.id for n in defs if n.name in used for x in ast.walk(n) if isinstance(x, ast.Name)} - used
+            if not more:
+                break
+            used |= more
+    helpers = [n for n in defs if used is None or n.name in used]
+    if not helpers:
+        return ""
+    imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    return "\n".join(ast.unparse(n) for n in imports + helpers)
 
 
 def job_for(problem: CodeProblem, program: str, mode: str = "all") -> Job:
@@ -251,7 +263,7 @@ def job_for(problem: CodeProblem, program: str, mode: str = "all") -> Job:
     if mode not in MODES:
         raise UserError(f"unknown code reward mode '{mode}'; valid: {', '.join(MODES)}")
     if problem.test:
-        helpers = oracle_helpers(problem.prompt, problem.entry_point)
+        helpers = oracle_helpers(problem.prompt, problem.entry_point, problem.test)
         setup = (helpers + "\n" if helpers else "") + problem.test
         if mode == "fraction":
             parts = split_check(problem.test)
