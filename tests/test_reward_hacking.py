@@ -264,3 +264,11 @@ def test_what_cannot_cross_is_a_typed_fail_and_plain_data_round_trips():
     assert "generator cannot cross the process boundary" in lines, lines
     one = run_program(program, [tests[1]], LIMITS)
     assert one.reason == "fail" and "function cannot cross" in one.detail, one.detail
+
+
+def test_a_module_the_program_imported_is_the_oracles_own_copy():
+    from entropyrl.evals.code.sandbox import run_program
+
+    program = "import math\nmath.isclose = lambda *a, **k: True\ndef area(r):\n    return 3.0 * r * r\n"
+    r = run_program(program, ["assert math.isclose(area(1.0), 3.0)", "assert math.isclose(area(2.0), 12.566, rel_tol=1e-3)"], LIMITS)
+    assert (r.tests_passed, r.reason) == (1, "fail"), (r.reason, r.detail)
