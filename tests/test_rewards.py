@@ -211,3 +211,20 @@ def test_the_example_reward_file_loads_and_scores(tmp_path):
     assert batch.components["length"] == pytest.approx([0.0, -0.1, -0.2])
     assert batch.components["group_diversity"] == [1.0, 1.0, 1.0]
     assert batch.correct == [1.0, 1.0, 0.0]     # the add checker reads "02" as 2
+
+
+def test_builtin_countdown_entry_grades_countdown_and_refuses_toy_problems():
+    import random
+
+    from omegaconf import OmegaConf
+
+    from entropyrl.tasks import builtin as tasks
+
+    cfg = OmegaConf.create({"tasks": ["countdown3"], "max_number": 9, "max_target": 40, "val_seed": 1})
+    problems = tasks.sample_problems(cfg, 2, random.Random(0))
+    runner = RewardRunner({"functions": ["builtin:countdown"]}, None)
+    runner.bind(BuiltinTaskSource(cfg, 0))
+    batch = runner.score(problems, [p.prompt for p in problems], [problems[0].answer, "1+1=2"], [0, 1])
+    assert batch.components["countdown"] == [1.0, 0.0] == batch.correct
+    with pytest.raises(UserError, match="builtin:countdown grades countdown problems; this data has task 'add'"):
+        runner.score(_problems(1), ["p"], ["1"], [0])
