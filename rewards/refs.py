@@ -25,11 +25,6 @@ from .builtin import BUILTIN_REWARDS
 BUILTIN_PREFIX = "builtin:"
 
 
-def describe(ref: str) -> str:
-    """What a reference names, for error lines."""
-    return f"reward function {ref}"
-
-
 def _load_file(path: Path, ref: str):
     if not path.is_file():
         raise UserError(f"reward function {ref}: no file {path} (give path/to/rewards.py:fn)")

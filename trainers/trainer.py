@@ -2,7 +2,8 @@
 
 One training step:
   1. sample ``prompts_per_step`` prompts and ``rollout.n`` responses each (the policy samples);
-  2. score them with the verifiable reward (plus DAPO overlong shaping when enabled), and with
+  2. score them with the reward (``reward.functions``, else the data's verifier: rewards/; plus DAPO
+     overlong shaping when enabled), and with
      dynamic sampling drop all-equal groups and keep generating until the batch is full;
   3. recompute the sampling policy's log-probs and entropy (no grad): ``old_logp``, ``H``;
   4. the algorithm's controllers look at the batch entropy (STARE's gate, adaptive schedules),
