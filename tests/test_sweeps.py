@@ -110,7 +110,7 @@ def test_shipped_ablations_compose_and_cover_every_algo(tmp_path):
 
 
 def test_split_overrides():
-    from entropyrl.cli.sweep_cmd import split_overrides
+    from entropyrl.sweeps.planning import split_overrides
 
     sweep, train = split_overrides(["ablation=gate", "train.trainer.total_steps=5", "+train.tracking.tags.x=1",
                                     "seeds=[0,1]", "~train.val.benchmarks"])
