@@ -24,6 +24,8 @@ def register(app: typer.Typer) -> None:
     def train(overrides: Optional[List[str]] = typer.Argument(None, help="key=value config overrides")) -> None:
         from rich.console import Console
 
+        from ..trainers.optim import check_optim
+
         # the implementation (torch, transformers, MLflow) loads when the command runs, not for --help
         from ..trainers.parallel.distributed import launcher_env
         from ..trainers.run.run_dir import prepare_output_dir
@@ -35,6 +37,7 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=True, quiet=not main_rank)
         cfg = compose("train", overrides or [])     # launcher=... is an error here (conf.OWNED_ELSEWHERE)
 
+        check_optim(cfg.optim)                  # optim.name / optim.scheduler: registered names
         prepare_output_dir(cfg, clear=False)    # refuse a folder this run may not use, before printing
 
         console.print(f"[bold]entropyrl train[/bold] algo={cfg.algo.name} model={cfg.model.name} "
