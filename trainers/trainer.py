@@ -8,7 +8,8 @@ One training step:
   4. the algorithm's controllers look at the batch entropy (STARE's gate, adaptive schedules),
      group advantages are computed, the four-quadrant diagnostics are logged;
   5. ``ppo_epochs`` passes of mini-batch updates of the clipped surrogate (with the configured
-     entropy interventions), gradient accumulation over micro-batches;
+     entropy interventions), gradient accumulation over micro-batches; then the lr schedule
+     (``optim.scheduler``) advances by one step;
   6. metrics to MLflow + metrics.jsonl, periodic validation and atomic checkpoints.
 
 ``train(cfg)`` resumes from the latest checkpoint in ``output_dir`` when there is one
