@@ -21,7 +21,7 @@ from ..conf import cfg_get
 from ..core.errors import UserError
 from ..core.tracking import check_reachable
 from .job_kinds import job_class
-from .jobs import TrainJob, job_environment, job_kind, read_job_state, write_job_state
+from .jobs import TRAIN_KIND, TrainJob, job_environment, job_kind, read_job_state, write_job_state
 from .launchers import WAITING, Launcher, QueueEntry, find_launcher
 from .planning import Plan, close_parent_run, open_parent_run, tracking_settings
 from .report import build_report
@@ -297,7 +297,10 @@ class _Follower:
 
     def _announce(self, st: JobStatus) -> None:
         n = len(self.final)
-        if st.state == DONE:
+        kind = job_kind(self.records.get(st.key, {}))
+        if st.state == DONE and kind != TRAIN_KIND:
+            self.log(f"[{n}/{self.total}] done {st.key} ({kind}): {st.detail}")
+        elif st.state == DONE:
             s = _summary(Path(st.output_dir))
             self.log(f"[{n}/{self.total}] done {st.key}: {s.get('steps')} steps, entropy "
                      f"{_f(s.get('entropy/first_tenth'))} -> {_f(s.get('entropy/last_tenth'))}, "
