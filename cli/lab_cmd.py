@@ -27,9 +27,11 @@ from ..conf import compose
 from ..core.errors import UserError
 from ..models.loading import load_policy
 from ..sweeps import following, planning
+from ..sweeps.ablation import variants_of
 from ..sweeps.planning import split_overrides
 from ..sweeps.state import sweep_file
 
+# the default --algos (`make lab`); any training variant of conf/ablation/lab.yaml may be named
 VARIANTS = ("grpo", "stare", "steer", "clip_cov", "kl_cov", "sample_reweight", "high_entropy_mask",
             "grpo_extreme", "steer_extreme")
 EXPERIMENTS = ("all", "claims", "quadrants")
@@ -44,6 +46,12 @@ def _parse_seeds(text: str) -> list[int]:
     if not seeds or len(set(seeds)) != len(seeds):
         raise UserError(f"--seeds needs distinct integers, e.g. 0,1,2; got '{text}'")
     return seeds
+
+
+def lab_variants() -> list[str]:
+    """The training variants of the lab ablation (``conf/ablation/lab.yaml``): a new lab preset is
+    one ``experiment=lab_<name>`` YAML plus one line there."""
+    return [v.name for v in variants_of(compose("sweep", ["ablation=lab"]).ablation) if v.kind == "train"]
 
 
 def lab_sweep_overrides(variants: list[str], seeds: list[int], out: Path, jobs: int, quadrant_batches: int) -> list[str]:
@@ -87,9 +95,10 @@ def register(app: typer.Typer) -> None:
         if quadrant_batches < 1:
             raise UserError(f"--quadrant-batches must be >= 1, got {quadrant_batches}")
         names = [a.strip() for a in algos.split(",") if a.strip()] if experiment != "quadrants" else []
-        unknown = [n for n in names if n not in VARIANTS]
+        valid = lab_variants()
+        unknown = [n for n in names if n not in valid]
         if unknown:
-            raise UserError(f"unknown lab variant '{unknown[0]}'; valid: {', '.join(VARIANTS)}")
+            raise UserError(f"unknown lab variant '{unknown[0]}'; valid: {', '.join(valid)}")
         seed_list = _parse_seeds(seeds)
         out = out.resolve()
         if resume and not sweep_file(out).exists():
