@@ -14,7 +14,7 @@ import torch
 
 from .test_rewards import TINY_RUN
 
-LORA_RUN = [*TINY_RUN, "model.lora.rank=4", "algo.kl_coef=0.1", "trainer.save_every=1", "trainer.lr=1e-2"]
+LORA_RUN = [*TINY_RUN, "model.lora.rank=4", "algo.kl_coef=0.1", "trainer.save_every=1", "optim.lr=1e-2"]
 
 
 def _trainer(overrides):

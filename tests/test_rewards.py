@@ -228,3 +228,17 @@ def test_builtin_countdown_entry_grades_countdown_and_refuses_toy_problems():
     assert batch.components["countdown"] == [1.0, 0.0] == batch.correct
     with pytest.raises(UserError, match="builtin:countdown grades countdown problems; this data has task 'add'"):
         runner.score(_problems(1), ["p"], ["1"], [0])
+
+
+def test_a_run_saved_before_reward_and_lora_existed_still_resumes():
+    from omegaconf import OmegaConf
+
+    from entropyrl.conf import compose
+    from entropyrl.trainers.run.run_dir import config_differences, upgrade_saved_config
+
+    requested = OmegaConf.to_container(compose("train", ["output_dir=x"]), resolve=True)
+    saved = {k: v for k, v in requested.items() if k != "reward"}
+    saved["model"] = {k: v for k, v in requested["model"].items() if k != "lora"}
+    assert config_differences(upgrade_saved_config(saved, requested), requested) == []
+    with_lora = OmegaConf.to_container(compose("train", ["output_dir=x", "model.lora.rank=4"]), resolve=True)
+    assert [d[0] for d in config_differences(upgrade_saved_config(saved, with_lora), with_lora)] == ["model.lora.rank"]

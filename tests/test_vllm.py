@@ -119,7 +119,7 @@ def test_cli_train_with_vllm_rollouts(vllm_importable, in_tmp):
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_cli_train_lora_with_vllm_rollouts_syncs_merged_weights(vllm_importable, in_tmp):
-    args = ["train", "rollout=vllm", "model.lora.rank=4", "trainer.lr=1e-2", "trainer.total_steps=2",
+    args = ["train", "rollout=vllm", "model.lora.rank=4", "optim.lr=1e-2", "trainer.total_steps=2",
             "trainer.prompts_per_step=8", "trainer.mini_batch_prompts=4", "trainer.val_every=0",
             "trainer.save_every=0", "val.prompts=0", "trainer.progress=false", "tracking.enabled=false",
             "output_dir=run"]
