@@ -24,8 +24,9 @@ other downwards only (rollout -> models -> tasks -> core).
 import sys as _sys
 
 # An editable install maps ``entropyrl`` onto the repository root, so the repository's own folders
-# that are not part of the package (the tests, the docs, the shipped data, the speed suites) would
-# import as namespace packages (``entropyrl.tests``); examples/ too. They are not the package's: refuse them.
+# that are not part of the package (the tests, the docs, the shipped data, the speed suites, the
+# examples) would import as namespace packages (``entropyrl.tests``). They are not the package's:
+# refuse them.
 _NOT_PACKAGES = frozenset(f"{__name__}.{name}" for name in ("tests", "docs", "data", "perf", "build", "outputs", "examples"))
 
 
