@@ -106,7 +106,8 @@ class GRPOTrainer:
         tis = cfg.rollout.get("tis", None)
         if tis is not None and tis.get("enabled", False) and "tis" not in self.algo.intervention_names:
             # rollout.tis.enabled: the truncated-IS intervention on the sampler/trainer mismatch
-            self.algo.interventions.append(build_intervention("tis", {"cap": float(tis.get("cap", 2.0))}))
+            self.algo.interventions.append(build_intervention("tis", {"cap": float(tis.get("cap", 2.0)),
+                                                                      "mode": str(tis.get("mode", "token"))}))
         self.rollout = build_rollout(cfg.rollout, self.model, self.tokenizer)
         self.tracker = RunTracker(cfg.tracking, self.output_dir, log=self.log) if self.dist.is_main else distributed.NullTracker()
         self.step = 0

@@ -32,12 +32,12 @@ from ...core.errors import UserError
 from ..interventions import INTERVENTIONS, Intervention, LossContext, TokenBatch, build_intervention
 from ..interventions.steer import SAMPLING_ENTROPY_KEY
 from ..stats.diagnostics import QUADRANTS, effective_entropy_change, quadrant_ids
-from . import core_algos
+from . import core_algos, objectives
 
 __all__ = ["Algorithm", "LossOutput", "tracked_config"]
 
 _TOP_KEYS = ("name", "advantage", "clip", "loss_agg", "loss_agg_norm", "kl_coef", "interventions",
-             "dynamic_sampling", "overlong")
+             "dynamic_sampling", "overlong", "objective", "objective_args")
 PREPARE_LEVELS = ("batch", "mini")
 
 
@@ -62,6 +62,14 @@ def _to_dict(cfg: Any) -> dict:
     raise TypeError(f"algo config must be a dict or DictConfig, got {type(cfg).__name__}")
 
 
+def _objective_args(v) -> dict:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise UserError(f"algo.objective_args must be a mapping, e.g. {{tau_pos: 1.0}}; got {v!r}")
+    return dict(v)
+
+
 def _num(cfg: dict, key: str, default, where: str, *, allow_none: bool = False):
     v = cfg.get(key, default)
     if v is None and allow_none:
@@ -79,7 +87,10 @@ class Algorithm:
                  loss_agg_norm: float | None = None, kl_coef: float = 0.0,
                  interventions: list[Intervention] | None = None, dynamic_sampling: bool = False,
                  max_num_gen_batches: int = 10, overlong: bool = False, overlong_buffer: int = 0,
-                 max_response_length: int = 1):
+                 max_response_length: int = 1, objective: str = "ppo_clip",
+                 objective_args: dict | None = None):
+        self.objective = str(objective)
+        self.objective_args = objectives.check_objective_args(self.objective, dict(objective_args or {}))
         if advantage not in core_algos.ADVANTAGE_ESTIMATORS:
             raise UserError(f"unknown algo.advantage '{advantage}'; valid choices: "
                             f"{', '.join(sorted(core_algos.ADVANTAGE_ESTIMATORS))}")
@@ -156,6 +167,8 @@ class Algorithm:
             overlong=bool(ol.get("enabled", False)),
             overlong_buffer=int(_num(ol, "buffer", 0, "algo.overlong")),
             max_response_length=int(max_response_length),
+            objective=str(cfg.get("objective") or "ppo_clip"),
+            objective_args=_objective_args(cfg.get("objective_args")),
         )
 
     # ------------------------------------------------------------------ properties
@@ -167,7 +180,7 @@ class Algorithm:
     @property
     def needs_ref(self) -> bool:
         """True when the loss has a KL term to the reference policy (loop passes ``ref_logp``)."""
-        return self.kl_coef > 0.0
+        return self.kl_coef > 0.0 or any(getattr(iv, "needs_ref", False) for iv in self.interventions)
 
     @property
     def intervention_names(self) -> list[str]:
@@ -235,12 +248,13 @@ class Algorithm:
         for nm, t in (("old_logp", old_logp), ("entropy", entropy), ("advantages", advantages), ("mask", mask)):
             if t.shape != shape:
                 raise ValueError(f"{nm} has shape {tuple(t.shape)}, expected {tuple(shape)} like logp")
-        surr = core_algos.clipped_surrogate(logp, old_logp, advantages, eps_low=self.eps_low,
-                                            eps_high=self.eps_high, dual_c=self.dual_c)
+        surr = self._surrogate(logp, old_logp, advantages, mask)
         ctx = LossContext(logp=logp, old_logp=old_logp, entropy=entropy, advantages=advantages, mask=mask,
                           surrogate=surr, pg_loss=surr.loss, clipped=surr.clipped, pg_mask=mask,
                           dual_clipped=surr.dual_clipped, loss_agg=self.loss_agg,
-                          loss_agg_norm=self.loss_agg_norm, extras=dict(extras or {}))
+                          loss_agg_norm=self.loss_agg_norm, extras=dict(extras or {}),
+                          eps_low=self.eps_low, eps_high=self.eps_high, dual_c=self.dual_c,
+                          ref_logp=ref_logp, surrogate_fn=self._surrogate)
         for iv in self.interventions:
             iv.apply(ctx)
         # Multiply only when some intervention set weights: omega = 1 must stay bit-identical.
@@ -272,6 +286,14 @@ class Algorithm:
         metrics["loss/total"] = float(total.detach().item())
         metrics.update(ctx.metrics)
         return LossOutput(total, metrics)
+
+    def _surrogate(self, logp, old_logp, advantages, mask) -> core_algos.SurrogateOutput:
+        """The configured policy objective's per-token pieces (``ppo_clip``: the clipped surrogate)."""
+        if self.objective == "ppo_clip":
+            return core_algos.clipped_surrogate(logp, old_logp, advantages, eps_low=self.eps_low,
+                                                eps_high=self.eps_high, dual_c=self.dual_c)
+        return objectives.policy_objective(self.objective, logp, old_logp, advantages, mask, eps_low=self.eps_low,
+                                           eps_high=self.eps_high, dual_c=self.dual_c, **self.objective_args)
 
     # ------------------------------------------------------------------ diagnostics
     def _accumulate_prediction(self, ctx: LossContext, loss_mat: torch.Tensor) -> None:
