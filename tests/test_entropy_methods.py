@@ -13,10 +13,12 @@ import torch
 from entropyrl.core.errors import UserError
 from entropyrl.trainers.algos.algorithm import Algorithm
 from entropyrl.trainers.interventions.tis import SAMPLING_LOGP_KEY, mismatch_weight
+from entropyrl.trainers.stats.vocab_stats import VOCAB_STATS, chunked_vocab_stat
 
 GOLDEN = Path(__file__).parent / "golden"
 TOL = dict(rtol=1e-6, atol=1e-6)
-FILES = ("ce_gppo", "archer", "entropy_adv", "entropic", "gspo", "gmpo", "cispo", "sapo", "tis_modes")
+FILES = ("ce_gppo", "archer", "entropy_adv", "entropic", "gspo", "gmpo", "cispo", "sapo", "tis_modes",
+         "vocab_stats")
 
 
 def load(name: str) -> dict:
@@ -168,3 +170,84 @@ def test_bad_objective_and_args_are_user_errors():
         Algorithm.from_config({"objective": "sapo", "objective_args": {"tau": 1.0}}, max_response_length=4)
     with pytest.raises(UserError, match="mode"):
         Algorithm.from_config({"interventions": ["tis"], "tis": {"mode": "bogus"}}, max_response_length=4)
+
+
+# --- full-distribution statistics (AEnt, SIREN, Lp-Reg) -------------------------------------------
+
+def vocab_inputs():
+    inp = json.loads((GOLDEN / "inputs.json").read_text())["inputs"]
+    return t64(inp["logits"]), t64(inp["mask"]), t64(inp["logp"]), inp
+
+
+@pytest.mark.parametrize("case", load("vocab_stats")["cases"])
+def test_vocab_statistics_match_numpy(case):
+    want = load("vocab_stats")["cases"][case]
+    z, mask, _, _ = vocab_inputs()
+    p = want["params"]
+    flat = z.reshape(-1, z.shape[-1])
+    got = {"topk_entropy": VOCAB_STATS["topk_entropy"](flat, k=p["k"]),
+           "topp_entropy": VOCAB_STATS["topp_entropy"](flat, p=p["top_p"]),
+           "proxy_kl": VOCAB_STATS["proxy_kl"](flat, kappa=p["kappa"]),
+           "max_logp": VOCAB_STATS["max_logp"](flat)}
+    for key, val in got.items():
+        torch.testing.assert_close(val.view(z.shape[:2]), t64(want[key]), **TOL)
+
+
+@pytest.mark.parametrize("name,params", [("topk_entropy", {"k": 4}), ("topp_entropy", {"p": 0.8}),
+                                         ("proxy_kl", {"kappa": 0.2})])
+def test_vocab_statistics_are_differentiable_and_chunking_changes_nothing(name, params):
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(13, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(11, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    direct = VOCAB_STATS[name]((hidden @ weight.t()) / 0.7, **params)
+    chunked = chunked_vocab_stat(hidden, weight, name, params, temperature=0.7, chunk_size=4)
+    torch.testing.assert_close(chunked, direct, **TOL)
+    g1 = torch.autograd.grad(direct.sum(), (hidden, weight))
+    g2 = torch.autograd.grad(chunked.sum(), (hidden, weight))
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, **TOL)
+    assert g1[0].abs().sum() > 0
+    # the selection (top-k / nucleus / proxy) is fixed locally: the gradient is the restricted one's
+    assert torch.autograd.gradcheck(lambda h: VOCAB_STATS[name](h @ weight.detach().t(), **params),
+                                    (hidden.detach().clone().requires_grad_(True),))
+
+
+@pytest.mark.parametrize("case", load("vocab_stats")["cases"])
+def test_aent_and_lp_reg_terms(case):
+    want = load("vocab_stats")["cases"][case]
+    z, mask, logp, inp = vocab_inputs()
+    p = want["params"]
+    flat = z.reshape(-1, z.shape[-1])
+    shape = z.shape[:2]
+    extras = {"aent/topk_entropy": VOCAB_STATS["topk_entropy"](flat, k=p["k"]).view(shape),
+              "lp_reg/proxy_kl": VOCAB_STATS["proxy_kl"](flat, kappa=p["kappa"]).view(shape),
+              "lp_reg/max_logp": VOCAB_STATS["max_logp"](flat).view(shape)}
+    lp = want["lp_reg"]
+    cfg = {"interventions": ["aent", "lp_reg"], "aent": {"top_k": p["k"], "init_coef": want["aent_term"]["coef"],
+                                                         "coef_max": 0.05},
+           "lp_reg": {"coef": lp["coef"], "kappa": p["kappa"], "rho": lp["rho"]}}
+    a = Algorithm.from_config(cfg, max_response_length=7)
+    assert set(a.vocab_stats()) == set(extras)
+    out = a.loss(logp=logp, old_logp=t64(inp["old_logp"]), entropy=t64(inp["entropy"]),
+                 advantages=t64(lp["advantages"]), mask=mask, extras=extras)
+    assert out.metrics["loss/aent"] == pytest.approx(want["aent_term"]["value"], rel=1e-9)
+    assert out.metrics["loss/lp_reg"] == pytest.approx(lp["value"], rel=1e-9, abs=1e-12)
+    assert out.metrics["lp_reg/frac"] == pytest.approx(float(t64(lp["selected"]).sum() / mask.sum()))
+    # AEnt's coefficient moves once per step from the clamped entropy it saw (above `high`: down)
+    a.begin_step(0.5)
+    assert a.step_metrics()["aent/coef"] == pytest.approx(want["aent_term"]["coef"] - 0.0005)
+
+
+def test_siren_is_self_anchored():
+    z, mask, logp, inp = vocab_inputs()
+    h = VOCAB_STATS["topp_entropy"](z.reshape(-1, z.shape[-1]), p=0.8).view(z.shape[:2])
+    a = Algorithm.from_config({"interventions": ["siren"], "siren": {"top_p": 0.8, "peak_frac": 0.5, "coef": 2.0}},
+                              max_response_length=7)
+    kw = dict(logp=logp, old_logp=t64(inp["old_logp"]), entropy=t64(inp["entropy"]),
+              advantages=torch.zeros_like(logp), mask=mask)
+    first = a.loss(**kw, extras={"siren/topp_entropy": h})
+    assert first.metrics["loss/siren"] == 0.0                      # the anchor is the first reading
+    anchor = a.step_metrics()["siren/anchor"]
+    second = a.loss(**kw, extras={"siren/topp_entropy": h + 0.1})
+    assert second.metrics["loss/siren"] == pytest.approx(2.0 * 0.1 ** 2, rel=1e-9)
+    assert a.state_dict()["interventions"]["siren"]["anchor"] == anchor

@@ -270,12 +270,14 @@ class GRPOTrainer:
                 for u_start in range(0, len(mini), rows_per_chunk):
                     local = torch.arange(u_start, min(u_start + rows_per_chunk, len(mini)))
                     micro = mini[local]
-                    logp, ent = response_token_stats(self.model, roll.select(micro), entropy_grad=self.algo.needs_entropy_grad,
-                                                     **stats_kw)
+                    logp, ent, *vocab = response_token_stats(self.model, roll.select(micro),
+                                                             entropy_grad=self.algo.needs_entropy_grad,
+                                                             vocab_stats=self.algo.vocab_stats(), **stats_kw)
                     out = self.algo.loss(logp=logp, old_logp=old_logp[micro], entropy=ent,
                                          advantages=advantages[micro], mask=mask[micro],
                                          ref_logp=_slice(ref_logp, micro),
-                                         extras={k: v[local] for k, v in mini_extras.items()})
+                                         extras={**{k: v[local] for k, v in mini_extras.items()},
+                                                 **(vocab[0] if vocab else {})})
                     weight = accumulation_weight(agg, mask[micro], mask[mini]) * dp_scale
                     (out.loss * weight).backward()
                     objective += float(out.loss.detach()) * weight

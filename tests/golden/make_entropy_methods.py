@@ -195,6 +195,56 @@ def tis_modes(x, p):
     return {"params": p, **{k: v.tolist() for k, v in res.items()}}
 
 
+# --- full-distribution statistics (tests/golden/inputs.json logits) ----------------------------------
+
+def softmax(z):
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def restricted_entropy(z, keep):
+    q = np.where(keep, softmax(np.where(keep, z, -np.inf)), 0.0)
+    return -np.where(keep, q * np.log(np.where(keep, q, 1.0)), 0.0).sum(-1)
+
+
+def vocab_stats(folder: Path, k: int, top_p: float, kappa: float) -> dict:
+    inp = json.loads((folder / "inputs.json").read_text())["inputs"]
+    z = np.array(inp["logits"], dtype=float)
+    m = np.array(inp["mask"], dtype=float)
+    p = softmax(z)
+    order = np.argsort(-z, axis=-1, kind="stable")
+    topk = np.zeros_like(z, dtype=bool)
+    np.put_along_axis(topk, order[..., :k], True, axis=-1)
+    sp = np.take_along_axis(p, order, -1)
+    nucleus_sorted = (np.cumsum(sp, -1) - sp) < top_p
+    nucleus = np.zeros_like(nucleus_sorted)
+    np.put_along_axis(nucleus, order, nucleus_sorted, axis=-1)
+    keep = p >= kappa * p.max(-1, keepdims=True)
+    proxy = np.where(keep, p, 0.0)
+    proxy /= proxy.sum(-1, keepdims=True)
+    kl = np.where(keep, proxy * (np.log(np.where(keep, proxy, 1.0)) - np.log(p)), 0.0).sum(-1)
+    logp = np.array(inp["logp"], dtype=float)
+    return {"params": {"k": k, "top_p": top_p, "kappa": kappa},
+            "topk_entropy": restricted_entropy(z, topk).tolist(),
+            "topp_entropy": restricted_entropy(z, nucleus).tolist(),
+            "proxy_kl": kl.tolist(), "max_logp": np.log(p.max(-1)).tolist(),
+            "aent_term": {"coef": 0.01, "value": -0.01 * agg(restricted_entropy(z, topk), m, "token-mean")},
+            "lp_reg": lp_reg_ref(logp, np.log(p.max(-1)), kl, m, inp, rho=0.5, kappa=kappa, coef=0.3)}
+
+
+def lp_reg_ref(logp, max_logp, kl, m, inp, rho, kappa, coef):
+    rewards, groups = np.array(inp["rewards"], float), np.array(inp["groups"])
+    adv = np.zeros_like(rewards)
+    for g in np.unique(groups):
+        r = rewards[groups == g]
+        adv[groups == g] = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+    a = adv[:, None] * m
+    thr = np.quantile(logp[m > 0], rho)
+    sel = (m > 0) & (a < 0) & (logp < thr) & (logp >= max_logp + np.log(kappa))
+    return {"rho": rho, "coef": coef, "advantages": a.tolist(), "selected": sel.tolist(),
+            "value": float(coef * (kl * sel).sum() / m.sum())}
+
+
 def main(folder: str) -> None:
     x = batch()
     inputs = {k: v.tolist() for k, v in x.items()}
@@ -245,6 +295,13 @@ def main(folder: str) -> None:
           {"cases": {"narrow": tis_modes(x, tis_p),
                      "published": tis_modes(x, {"cap": 2.0, "icepop_low": 0.5, "icepop_high": 5.0,
                                                 "seq_low": 0.999, "seq_high": 1.001})}})
+
+
+    doc = {"about": "issue 22: full-distribution statistics of tests/golden/inputs.json's logits (AEnt, SIREN, "
+                    "Lp-Reg); numpy float64 (tests/golden/make_entropy_methods.py)",
+           "source": "from the papers (AEnt, SIREN 2509.25133, Lp-Reg 2510.03222): their code was not readable here",
+           "cases": {"small": vocab_stats(folder, 4, 0.8, 0.2), "wide": vocab_stats(folder, 8, 0.95, 0.05)}}
+    (folder / "vocab_stats.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -177,6 +177,14 @@ class Algorithm:
         """True when the loss differentiates the entropy (entropy_bonus / adaptive_entropy)."""
         return any(iv.needs_entropy_grad for iv in self.interventions)
 
+    def vocab_stats(self) -> dict:
+        """``{key: (name, params)}``: the full-distribution statistics the interventions read from
+        ``extras[key]`` (trainers/stats/vocab_stats.py); empty for every other algorithm."""
+        out: dict = {}
+        for iv in self.interventions:
+            out.update(iv.vocab_stats())
+        return out
+
     @property
     def needs_ref(self) -> bool:
         """True when the loss has a KL term to the reference policy (loop passes ``ref_logp``)."""

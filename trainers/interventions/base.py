@@ -120,6 +120,11 @@ class Intervention:
             raise UserError(f"algo.{self.name}.scope: unknown scope '{scope}'; valid choices: {', '.join(SCOPES)}")
         self.scope: str = scope
 
+    def vocab_stats(self) -> dict:
+        """``{key: (name, params)}``: full-distribution statistics (``stats/vocab_stats.py``) this
+        intervention reads from ``ctx.extras[key]``; default none (the loop computes nothing more)."""
+        return {}
+
     # -- step-level control ----------------------------------------------------------------
     def begin_step(self, sampling_entropy: float) -> None:
         """Once per training step, before any update. Default: stateless."""
