@@ -17,7 +17,7 @@ from entropyrl.trainers.stats.vocab_stats import VOCAB_STATS, chunked_vocab_stat
 
 GOLDEN = Path(__file__).parent / "golden"
 TOL = dict(rtol=1e-6, atol=1e-6)
-FILES = ("ce_gppo", "archer", "entropy_adv", "entropic", "gspo", "gmpo", "cispo", "sapo", "tis_modes",
+FILES = ("gtpo", "ce_gppo", "archer", "entropy_adv", "entropic", "gspo", "gmpo", "cispo", "sapo", "tis_modes",
          "vocab_stats")
 
 
@@ -95,6 +95,22 @@ def test_entropy_adv(case):
     check(out, grad, want)
     psi = t64(want["psi"])
     assert out.metrics["entropy_adv/psi_mean"] == pytest.approx(float(psi.sum() / t64(g["inputs"]["mask"]).sum()))
+
+
+@pytest.mark.parametrize("case", load("gtpo")["cases"])
+def test_gtpo_advantages(case):
+    g = load("gtpo")
+    want = g["cases"][case]
+    inp = g["inputs"]
+    a1, a2 = want["alpha"]
+    algo = Algorithm.from_config({"interventions": ["gtpo"], "gtpo": {"alpha1": a1, "alpha2": a2}}, max_response_length=8)
+    mask = t64(inp["mask"])
+    shaped = algo.interventions[0].shape_advantages(t64(inp["advantages"]), t64(inp["entropy"]),
+                                                     torch.tensor(want["groups"]), mask)
+    torch.testing.assert_close(shaped, t64(want["advantages"]), **TOL)
+    assert algo.step_metrics()["gtpo/share_max"] > 1.0
+    with pytest.raises(ValueError, match="entropy"):
+        algo.advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), torch.ones(2, 3))
 
 
 @pytest.mark.parametrize("case", load("entropic")["cases"])

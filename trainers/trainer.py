@@ -238,7 +238,7 @@ class GRPOTrainer:
             metrics.update(sampler_mismatch_metrics(old_logp, roll.sampling_logp.to(self.device), mask))
         sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
         self.algo.begin_step(sampling_entropy)
-        advantages = self.algo.advantages(rewards.to(self.device), group_ids.to(self.device), mask)
+        advantages = self.algo.advantages(rewards.to(self.device), group_ids.to(self.device), mask, entropy=entropy)
         metrics["entropy"] = sampling_entropy
         if self.cfg.diagnostics.quadrants:
             metrics.update(quadrant_metrics(old_logp, old_logp, entropy, advantages, mask))

@@ -47,7 +47,8 @@ def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=pr
                 continue
             mask = roll.response_mask.to(trainer.device).float()
             old_logp, entropy = batch_token_stats(model, roll, rows, **kw)
-            adv = trainer.algo.advantages(rewards.to(trainer.device), group_ids.to(trainer.device), mask)
+            adv = trainer.algo.advantages(rewards.to(trainer.device), group_ids.to(trainer.device), mask,
+                                          entropy=entropy)
             ids = quadrant_ids(old_logp, entropy, adv, mask)
             n_valid = mask.sum().clamp(min=1.0)
             for i, q in enumerate(QUADRANTS, start=1):

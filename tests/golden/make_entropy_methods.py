@@ -182,6 +182,22 @@ def sapo(x, tau_pos, tau_neg):
     return out(agg(val, m, "seq-mean-token-mean"), agg_grad(g, m, "seq-mean-token-mean"))
 
 
+def gtpo(x, groups, a1, a2):
+    m, a, h = x["mask"], x["advantages"], np.maximum(x["entropy"], 1e-6)
+    shaped = a.copy()
+    b, t = m.shape
+    for g in set(groups):
+        for s in (1.0, -1.0):
+            for pos in range(t):
+                rows = [i for i in range(b) if groups[i] == g and m[i, pos] > 0 and np.sign(a[i, pos]) == s]
+                if not rows:
+                    continue
+                xs = [h[i, pos] if s > 0 else 1.0 / h[i, pos] for i in rows]
+                for i, xi in zip(rows, xs):
+                    shaped[i, pos] = a[i, pos] * (a1 + a2 * len(rows) * xi / sum(xs))
+    return {"groups": list(groups), "alpha": [a1, a2], "advantages": shaped.tolist()}
+
+
 def tis_modes(x, p):
     m = x["mask"] > 0
     d = x["old_logp"] - x["sampling_logp"]
@@ -289,6 +305,8 @@ def main(folder: str) -> None:
     write("sapo", VERL + " compute_policy_loss_sapo", {"cases": {
         "published": {"tau": [1.0, 1.05], **sapo(x, 1.0, 1.05)},
         "sharp": {"tau": [4.0, 8.0], **sapo(x, 4.0, 8.0)}}})
+    write("gtpo", "GTPO (2508.04349), our reading of the paper: no public code read", {"cases": {
+        "ours": gtpo(x, [0, 0, 0, 1, 1, 1], 1.0, 0.5), "pure_share": gtpo(x, [0, 1, 0, 1, 0, 1], 0.0, 1.0)}})
     tis_p = {"cap": 1.2, "icepop_low": 0.8, "icepop_high": 1.25, "seq_low": 0.95, "seq_high": 1.05}
     write("tis_modes", "Yao et al. 2025 (token); masked IS; IcePop; " + VERL.split()[0]
           + " verl/trainer/ppo/rollout_corr_helper.py seq_mean_k1 (seq_mask)",

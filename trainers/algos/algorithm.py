@@ -210,14 +210,22 @@ class Algorithm:
         return core_algos.filter_all_equal_groups(rewards, group_ids)
 
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor,
-                   response_mask: torch.Tensor) -> torch.Tensor:
-        """Token-level advantages ``[B, T]`` (0 on masked tokens)."""
+                   response_mask: torch.Tensor, entropy: torch.Tensor | None = None) -> torch.Tensor:
+        """Token-level advantages ``[B, T]`` (0 on masked tokens); interventions that shape advantages
+        (``shape_advantages``, e.g. GTPO) then apply, with the sampling ``entropy [B, T]``."""
         if rewards.numel():
             keep = core_algos.filter_all_equal_groups(rewards.float(), group_ids)
             groups = torch.unique(group_ids)
             mixed = torch.unique(group_ids[keep]).numel()
             self.all_equal_frac = 1.0 - mixed / max(int(groups.numel()), 1)
-        return core_algos.compute_advantages(self.advantage_name, rewards, group_ids, response_mask)
+        adv = core_algos.compute_advantages(self.advantage_name, rewards, group_ids, response_mask)
+        for iv in self.interventions:
+            shape = getattr(iv, "shape_advantages", None)
+            if shape is not None:
+                if entropy is None:
+                    raise ValueError(f"{iv.name} shapes advantages by entropy: pass advantages(..., entropy=...)")
+                adv = shape(adv, entropy, group_ids, response_mask)
+        return adv
 
     # ------------------------------------------------------------------ step control
     def begin_step(self, sampling_entropy: float) -> None:
