@@ -2,6 +2,7 @@
 
     entropyrl lab                                        # every lab variant x seeds 0,1,2 + quadrant experiment
     entropyrl lab --algos grpo,stare --seeds 0,1         # a subset
+    entropyrl lab --algos all                            # also issue 22's methods (ce_gppo, gspo, ...)
     entropyrl lab --experiment quadrants --seeds 0       # only the quadrant sign experiment
     entropyrl lab trainer.total_steps=40                 # overrides apply to every run
 
@@ -28,10 +29,15 @@ from ..core.errors import UserError
 from ..core.tracking import RunTracker, read_metrics
 from ..models.loading import load_policy
 from ..sweeps.lab.claims import compute_claims
+from ..sweeps.lab.method_claims import method_claims
 from ..sweeps.lab.report import write_lab_outputs
 
 VARIANTS = ("grpo", "stare", "steer", "clip_cov", "kl_cov", "sample_reweight", "high_entropy_mask",
             "grpo_extreme", "steer_extreme")
+# issue 22's methods: in the lab with --algos all (the default set keeps `make lab` at ~30 min)
+NEW_VARIANTS = ("ce_gppo", "entropic", "aent", "siren", "archer", "entropy_adv", "gtpo", "lp_reg",
+                "gspo", "gmpo", "cispo", "sapo")
+ALL_VARIANTS = VARIANTS + NEW_VARIANTS
 EXPERIMENTS = ("all", "claims", "quadrants")
 
 
@@ -97,7 +103,8 @@ def register(app: typer.Typer) -> None:
     )
     def lab(
         overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides for every run"),
-        algos: str = typer.Option(",".join(VARIANTS), help="comma-separated lab variants (experiment=lab_<name>)"),
+        algos: str = typer.Option(",".join(VARIANTS), help="comma-separated lab variants (experiment=lab_<name>), "
+                                                            "or 'all' for every variant (issue 22's methods too)"),
         seeds: str = typer.Option("0,1,2", help="comma-separated training seeds"),
         experiment: str = typer.Option("all", help="all | claims (training runs) | quadrants (sign experiment only)"),
         quadrant_batches: int = typer.Option(20, help="batches of the quadrant sign experiment (per seed)"),
@@ -114,10 +121,12 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--experiment must be one of {', '.join(EXPERIMENTS)}; got '{experiment}'")
         if jobs < 1:
             raise UserError(f"--jobs must be >= 1, got {jobs}")
+        if algos.strip() == "all":
+            algos = ",".join(ALL_VARIANTS)
         names = [a.strip() for a in algos.split(",") if a.strip()] if experiment != "quadrants" else []
-        unknown = [n for n in names if n not in VARIANTS]
+        unknown = [n for n in names if n not in ALL_VARIANTS]
         if unknown:
-            raise UserError(f"unknown lab variant '{unknown[0]}'; valid: {', '.join(VARIANTS)}")
+            raise UserError(f"unknown lab variant '{unknown[0]}'; valid: {', '.join(ALL_VARIANTS)} (or all)")
         seed_list = _parse_seeds(seeds)
         extra = list(overrides or [])
         out = out.resolve()
@@ -167,6 +176,7 @@ def register(app: typer.Typer) -> None:
             else float(compose("train", ["experiment=lab_stare", *extra]).algo.stare.h_tgt)
         pass_key = f"val/pass@{int(base.val.pass_k)}"
         claims = compute_claims(runs, h_tgt=h_tgt, algo_cfgs=algo_cfgs, quadrants=quadrants or None, pass_key=pass_key)
+        claims += method_claims(runs, algo_cfgs)   # issue 22's methods, where their runs are present
         command = "entropyrl lab " + " ".join([f"--algos {algos}" if algos != ",".join(VARIANTS) else "",
                                                f"--seeds {seeds}", f"--experiment {experiment}" if experiment != "all" else "",
                                                *extra]).strip()

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from entropyrl.core.errors import UserError
+from entropyrl.sweeps.lab.method_claims import NO_CLAIM, method_claims
 from entropyrl.trainers.algos.algorithm import Algorithm
 from entropyrl.trainers.interventions.tis import SAMPLING_LOGP_KEY, mismatch_weight
 from entropyrl.trainers.stats.vocab_stats import VOCAB_STATS, chunked_vocab_stat
@@ -267,3 +268,30 @@ def test_siren_is_self_anchored():
     second = a.loss(**kw, extras={"siren/topp_entropy": h + 0.1})
     assert second.metrics["loss/siren"] == pytest.approx(2.0 * 0.1 ** 2, rel=1e-9)
     assert a.state_dict()["interventions"]["siren"]["anchor"] == anchor
+
+
+# --- lab claims ---------------------------------------------------------------------------------
+
+def _rows(entropies):
+    return [{"step": i, "entropy": h} for i, h in enumerate(entropies)]
+
+
+def test_method_claims_are_measured_per_seed_and_only_for_present_runs():
+    falling = _rows(list(np_linspace(1.0, 0.1, 30)))
+    held = _rows([0.3 + 0.01 * (-1) ** i for i in range(30)])
+    wobbly = _rows([0.3 + 0.2 * (-1) ** i for i in range(30)])
+    assert method_claims({"grpo": {0: falling}}) == []                 # the default lab's table is unchanged
+    runs = {"grpo": {0: falling, 1: falling}, "ce_gppo": {0: held, 1: falling}, "entropic": {0: held},
+            "stare": {0: wobbly}, "gspo": {0: held}}
+    claims = {c["id"]: c for c in method_claims(runs, {"entropic": {"entropic": {"target": 0.3}}})}
+    assert claims["ce_gppo_keeps_entropy"]["reproduced"] is False      # seed 1 ends at GRPO's level
+    assert [p["ok"] for p in claims["ce_gppo_keeps_entropy"]["per_seed"]] == [True, False]
+    assert claims["entropic_holds_target"]["reproduced"] is True
+    assert claims["gspo_no_claim"]["reproduced"] is None and "gspo" in NO_CLAIM
+    runs["entropic"] = {0: wobbly}
+    runs["stare"] = {0: held}
+    assert method_claims(runs, {})[0]["reproduced"] is False           # oscillates more than the gate
+
+
+def np_linspace(a, b, n):
+    return [a + (b - a) * i / (n - 1) for i in range(n)]
