@@ -62,8 +62,9 @@ def test_every_algo_runs_and_logs_its_metrics(algo, in_tmp):
 @pytest.mark.parametrize("method", NEW_METHODS)
 def test_new_methods_train_on_the_lab_task(method, in_tmp):
     """Issue 22: every method trains on the lab task (experiment=lab_<method>, countdown) and logs its state."""
+    # a 40-step warm start (the lab's is 1000, a cold build of minutes): one small cached model for all methods
     cfg = compose("train", [f"experiment=lab_{method}", *SHORT, "trainer.total_steps=2", "val.prompts=0",
-                            "diagnostics.entropy_change=false", "output_dir=run"])
+                            "model.warm_start.steps=40", "diagnostics.entropy_change=false", "output_dir=run"])
     summary = train(cfg, log=lambda *_: None)
     assert summary["status"] == "FINISHED" and summary["steps"] == 2
     assert cfg.algo.name == method
