@@ -54,11 +54,12 @@ class Siren(Intervention):
         if self.anchor is None:
             self.anchor = float(regulated.detach().item())
         ctx.extra_terms["siren"] = self.params.coef * (regulated - self.anchor) ** 2
+        ctx.metrics["siren/anchor"] = self.anchor
         ctx.metrics["siren/regulated_entropy"] = float(regulated.detach().item())
         ctx.metrics["siren/peak_frac"] = float(m.sum().item()) / max(float(ctx.mask.sum().item()), 1.0)
 
     def step_metrics(self) -> dict[str, float]:
-        return {"siren/anchor": float("nan") if self.anchor is None else self.anchor}
+        return {} if self.anchor is None else {"siren/anchor": self.anchor}
 
     def state_dict(self) -> dict:
         return {"anchor": self.anchor}
