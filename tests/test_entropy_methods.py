@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from entropyrl.cli.lab_cmd import ALL_VARIANTS, NEW_VARIANTS, VARIANTS
+from entropyrl.conf import CONF_DIR
 from entropyrl.core.errors import UserError
 from entropyrl.sweeps.lab.method_claims import NO_CLAIM, method_claims
 from entropyrl.trainers.algos.algorithm import Algorithm
@@ -295,3 +297,15 @@ def test_method_claims_are_measured_per_seed_and_only_for_present_runs():
 
 def np_linspace(a, b, n):
     return [a + (b - a) * i / (n - 1) for i in range(n)]
+
+
+def test_lab_default_set_is_unchanged_and_all_adds_every_method():
+    assert VARIANTS == ("grpo", "stare", "steer", "clip_cov", "kl_cov", "sample_reweight", "high_entropy_mask",
+                        "grpo_extreme", "steer_extreme")       # `make lab` keeps its ~30 min
+    assert set(NEW_VARIANTS) == {"ce_gppo", "entropic", "aent", "siren", "archer", "entropy_adv", "gtpo", "lp_reg",
+                                 "gspo", "gmpo", "cispo", "sapo"}
+    assert ALL_VARIANTS == VARIANTS + NEW_VARIANTS
+    for name in NEW_VARIANTS:
+        assert (CONF_DIR / "experiment" / f"lab_{name}.yaml").is_file()
+        assert (CONF_DIR / "algo" / f"{name}.yaml").is_file()
+        assert f"algo={name}" in (CONF_DIR / "ablation" / "interventions.yaml").read_text()
