@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from entropyrl.cli.lab_cmd import ALL_VARIANTS, NEW_VARIANTS, VARIANTS
+from entropyrl.cli.lab_cmd import ALL_VARIANTS, NEW_VARIANTS, VARIANTS, lab_variants
 from entropyrl.conf import CONF_DIR
 from entropyrl.core.errors import UserError
 from entropyrl.sweeps.lab.method_claims import NO_CLAIM, method_claims
@@ -309,3 +309,4 @@ def test_lab_default_set_is_unchanged_and_all_adds_every_method():
         assert (CONF_DIR / "experiment" / f"lab_{name}.yaml").is_file()
         assert (CONF_DIR / "algo" / f"{name}.yaml").is_file()
         assert f"algo={name}" in (CONF_DIR / "ablation" / "interventions.yaml").read_text()
+    assert set(ALL_VARIANTS) <= set(lab_variants())            # --algos all runs them with the others
