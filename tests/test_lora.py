@@ -143,7 +143,7 @@ def test_bad_lora_settings_are_one_line_errors():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["stare", "steer", "clip_cov", "kl_cov", "entropy_bonus"])
+@pytest.mark.parametrize("algo", ["stare", "steer", "clip_cov", "kl_cov", "entropy_bonus", "archer", "siren", "gspo"])
 def test_interventions_work_unchanged_with_lora(algo, in_tmp):
     import math
 
