@@ -7,8 +7,9 @@ from typing import List, Optional
 import typer
 
 from ..conf import compose
+from ..core.validation import validate_config
 from ..trainers.parallel.distributed import launcher_env
-from ..trainers.run.run_dir import prepare_output_dir
+from ..trainers.run.run_dir import prepare_output_dir, run_lock
 from ..trainers.run.stop_signals import RunInterrupted
 from ..trainers.trainer import train as run_training
 from .common import groups_help
@@ -33,6 +34,10 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=True, quiet=not main_rank)
         cfg = compose("train", overrides or [])     # launcher=... is an error here (conf.OWNED_ELSEWHERE)
 
+        validate_config(cfg, "train")           # bad values: one line before anything is printed or made
+        lock = run_lock(cfg)
+        if hasattr(lock, "check_free"):
+            lock.check_free()                   # another process writes there: say who, before anything
         prepare_output_dir(cfg, clear=False)    # refuse a folder this run may not use, before printing
 
         console.print(f"[bold]entropyrl train[/bold] algo={cfg.algo.name} model={cfg.model.name} "

@@ -9,8 +9,6 @@ previous `entropyrl sweep` left queued or running are adopted, not submitted twi
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
 from pathlib import Path
 from typing import Callable
@@ -19,6 +17,7 @@ from omegaconf import DictConfig
 
 from ..conf import cfg_get
 from ..core.errors import UserError
+from ..core.folder_lock import FolderLock
 from ..core.tracking import check_reachable
 from .jobs import TrainJob, job_environment, read_job_state, write_job_state
 from .launchers import WAITING, Launcher, QueueEntry, find_launcher
@@ -63,35 +62,10 @@ def run(plan_: Plan, *, wait: bool = True, log: Log = print, progress: Log | Non
                         f"live there; pass tracking.uri={old_tr['uri']}")
     tracking["parent_run_id"] = old_tr.get("parent_run_id") if tracking["enabled"] else None
     sweep = plan_.sweep_record(tracking)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    with _FolderLock(sweep_dir):
+    lock = FolderLock(sweep_dir, "`entropyrl sweep`", name=".sweep.lock", key="sweep_dir",
+                      hint=f"wait for it or stop it (`entropyrl status {sweep_dir}` shows the jobs)")
+    with lock:        # one follower per sweep folder: a second one would submit the same jobs again
         return _run_locked(plan_, sweep, tracking, wait, log, progress)
-
-
-class _FolderLock:
-    """One `entropyrl sweep` process follows a sweep folder at a time (a second one would submit the
-    same pending jobs again)."""
-
-    def __init__(self, sweep_dir: Path):
-        self.path = sweep_dir / ".sweep.lock"
-
-    def __enter__(self):
-        try:
-            held = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            held = {}
-        if held and pid_alive(held.get("pid"), held.get("host")) and held.get("pid") != os.getpid():
-            raise UserError(f"another `entropyrl sweep` (pid {held['pid']}) is following {self.path.parent}; "
-                            f"wait for it or stop it (`entropyrl status {self.path.parent}` shows the jobs)")
-        self.path.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}))
-        return self
-
-    def __exit__(self, *exc):
-        try:
-            self.path.unlink()
-        except OSError:
-            pass
-        return False
 
 
 def _run_locked(plan_: Plan, sweep: dict, tracking: dict, wait: bool, log: Log, progress: Log | None) -> dict:

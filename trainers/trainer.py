@@ -399,8 +399,9 @@ def train(cfg: DictConfig, log=print) -> dict:
     Raises ``UserError`` for a bad value or an output_dir this run may not use (before anything is
     created), ``RunInterrupted`` (a ``KeyboardInterrupt``) when a signal stopped it."""
     validate_config(cfg, "train")
-    trainer = GRPOTrainer(cfg, log=log)
-    try:
-        return trainer.fit()
-    finally:
-        trainer.close()
+    with run_dir.run_lock(cfg):     # one writer per output_dir, held until the summary is written
+        trainer = GRPOTrainer(cfg, log=log)
+        try:
+            return trainer.fit()
+        finally:
+            trainer.close()

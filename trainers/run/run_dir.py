@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from typing import Any, Callable
 
 from ...core.errors import UserError
 from ...core.files import atomic_write_text  # noqa: F401  (re-exported for callers of run_dir)
+from ...core.folder_lock import FolderLock
+from ..parallel.process_group import launcher_env
 from . import checkpoint as ckpt
 
 #: Keys (or key prefixes ending in '.') that may change between a run and its resumption: how long
@@ -140,6 +143,15 @@ def prepare_output_dir(cfg, *, is_main: bool = True, log: Callable[[str], None] 
                             f"logging options may change on resume: run it with its own settings to "
                             f"continue it, or {fresh}")
     return "resume"
+
+
+def run_lock(cfg):
+    """The lock that makes this process ``output_dir``'s only writer (a context manager); other
+    ranks of a distributed run write nothing there on their own and take none."""
+    if launcher_env()["rank"] != 0:
+        return contextlib.nullcontext()
+    return FolderLock(Path(str(cfg.output_dir)), "`entropyrl train`", key="output_dir",
+                      hint="wait for it to end (or stop it), or run this one with another output_dir=...")
 
 
 def clear_run(output_dir: Path) -> None:
