@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 
 from ..conf import to_plain
 from ..core.errors import UserError
+from ..core.files import atomic_write_lines, atomic_write_text
 from ..core.mlflow_store import mlflow_key, resolve_uri, store_lock
 from ..models import tiny as models
 from ..rollout.base import RolloutEngine, build_rollout, rollout_engine
@@ -355,18 +356,16 @@ def run_eval(cfg, console=None) -> dict:
 
     metrics = flat_metrics(results, prefix="eval")
     samples_path, summary_path = out_dir / "samples.jsonl", out_dir / "summary.json"
-    with samples_path.open("w", encoding="utf-8") as f:
-        for s in samples:
-            f.write(json.dumps(s) + "\n")
+    atomic_write_lines(samples_path, (json.dumps(s) for s in samples))
     summary = {
         "model": label, "benchmarks": results, "average": average_over_benchmarks(results),
         "metrics": metrics, "output_dir": str(out_dir.resolve()),
         "seconds": round(time.perf_counter() - started, 3), "warnings": warnings,
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
-    summary_path.write_text(json.dumps(summary, indent=2))
+    atomic_write_text(summary_path, json.dumps(summary, indent=2))
     run_id, uri = _log_mlflow(cfg, results, metrics, [samples_path, summary_path], label, names)
     if run_id:
         summary.update({"mlflow_run_id": run_id, "tracking_uri": uri})
-        summary_path.write_text(json.dumps(summary, indent=2))
+        atomic_write_text(summary_path, json.dumps(summary, indent=2))
     return summary

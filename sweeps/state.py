@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import UserError
+from ..core.files import atomic_write_text
 from .jobs import TRAIN_LOG, read_job_state
 from .launchers import ACTIVE, ENDED, WAITING, Launcher, QueueEntry, find_launcher
 
@@ -46,9 +47,7 @@ def load_sweep(sweep_dir: Path) -> dict:
 def save_sweep(sweep_dir: Path, state: dict) -> None:
     path = sweep_file(sweep_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(state, indent=2, default=str))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(state, indent=2, default=str))
 
 
 # ---------------------------------------------------------------------------------------------
