@@ -90,11 +90,18 @@ def save_checkpoint(output_dir: Path, step: int, model, tokenizer, optimizer, ex
     remove_staging(output_dir)
     final = root / f"step_{step:06d}"
     staging = Path(tempfile.mkdtemp(dir=root, prefix=STAGING_PREFIX))
-    model.save_pretrained(staging / "model")
-    tokenizer.save_pretrained(staging / "model")
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state(), **extra},
-               staging / "trainer_state.pt")
-    fsync_tree(staging)               # data on disk before the rename makes it visible
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would make the checkpoint private to its writer
+    try:
+        model.save_pretrained(staging / "model")
+        tokenizer.save_pretrained(staging / "model")
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state(), **extra},
+                   staging / "trainer_state.pt")
+        fsync_tree(staging)               # data on disk before the rename makes it visible
+    except BaseException:                 # a full disk, a signal: no half checkpoint stays behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)
