@@ -49,7 +49,7 @@ class FolderLock:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def acquire(self) -> FolderLock:
+    def acquire(self, record: bool = True) -> FolderLock:
         make_folder(self.folder, self.key)
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -64,10 +64,11 @@ class FolderLock:
             since = time.strftime("%H:%M:%S", time.localtime(held["since"])) if held.get("since") else "?"
             raise UserError(f"{self.key}={self.folder} is in use by another {self.what} (host "
                             f"{held.get('host', '?')}, pid {held.get('pid', '?')}, since {since}): {self.hint}") from None
-        record = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()})
+        holder = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()})
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, record.encode(), 0)
+            if record:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, holder.encode(), 0)
         except OSError:       # a full disk: the lock itself holds, only the holder's name is missing
             pass
         self._fd = fd
@@ -84,7 +85,7 @@ class FolderLock:
     def check_free(self) -> None:
         """Raise the refusal now if another process holds the lock (takes and drops it at once)."""
         if self.path.exists():
-            self.acquire().release()
+            self.acquire(record=False).release()
 
     def __enter__(self) -> FolderLock:
         return self.acquire()
