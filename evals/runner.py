@@ -26,6 +26,8 @@ from ..conf import to_plain
 from ..core.errors import UserError
 from ..core.files import atomic_write_lines, atomic_write_text
 from ..core.mlflow_store import mlflow_key, resolve_uri, store_lock
+from ..core.outbox import short_http_retries
+from ..core.tracking import check_reachable
 from ..models import tiny as models
 from ..models.loading import load_policy
 from ..rollout.base import RolloutEngine, build_rollout, rollout_engine
@@ -330,6 +332,10 @@ def run_eval(cfg, console=None) -> dict:
     if settings.prompt not in available_templates():
         raise UserError(f"unknown eval.prompt '{settings.prompt}'; valid: {', '.join(available_templates())}")
     data = {b: load_benchmark(b, ev.get("data_root"), limit) for b in names}   # fail fast, before the model
+    tr = cfg.get("tracking") or {}
+    if tr.get("enabled", True):      # as train does: an unreachable server fails before generating, not after
+        check_reachable(resolve_uri(tr))
+        short_http_retries()
     out_dir = Path(str(cfg.output_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
 

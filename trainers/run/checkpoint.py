@@ -112,8 +112,9 @@ def save_checkpoint(output_dir: Path, step: int, model, tokenizer, optimizer, ex
             shutil.copyfile(record, staging / "metrics.jsonl")
         fsync_tree(staging)               # data on disk before the rename makes it visible
     except BaseException as exc:          # a full disk, a signal: no half checkpoint stays behind
+        full = isinstance(exc, Exception) and not isinstance(exc, OSError) and _storage_failing(root)
         shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, Exception) and not isinstance(exc, OSError) and _storage_failing(root):
+        if full:
             # torch/safetensors report a full disk as RuntimeError: say what it is
             raise OSError(errno.ENOSPC, f"no space left while writing checkpoint step {step}", str(root)) from None
         raise

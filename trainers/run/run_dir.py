@@ -169,6 +169,7 @@ def storage_error(exc: OSError, output_dir: Path, saved_step: int) -> UserError:
     fixes = {errno.ENOSPC: "free space on that disk (or run with output_dir=... on another one)",
              errno.EDQUOT: "free space in your quota (or run with output_dir=... elsewhere)",
              errno.EROFS: "make that file system writable again",
+             errno.EFBIG: "raise the file-size limit (ulimit -f)",
              errno.EACCES: "make the folder writable again", errno.EPERM: "make the folder writable again",
              errno.ENOENT: "the folder vanished: restore it (or start fresh with another output_dir=...)"}
     fix = fixes.get(exc.errno, "make the folder writable again")
