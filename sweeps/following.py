@@ -8,7 +8,10 @@ previous `entropyrl sweep` left queued or running are adopted, not submitted twi
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Callable
@@ -97,6 +100,7 @@ def _run_locked(plan_: Plan, sweep: dict, tracking: dict, wait: bool, log: Log, 
         follower.go(todo, adopted, wait)
     except KeyboardInterrupt:
         follower.interrupted()
+        close_parent_run(tracking, "KILLED")
         raise
     except JobsCannotStart:
         close_parent_run(tracking, "FAILED")
@@ -284,9 +288,29 @@ class _Follower:
             return
         if self.launcher.in_process:
             return
-        self.launcher.cancel([], [sj for sj in self.inflight.values() if sj is not None])
-        self.log(f"interrupted: {self.launcher.name} jobs stopped; continue with `entropyrl sweep ... "
-                 f"sweep_dir={self.sweep_dir}` (jobs resume from their checkpoints)")
+        # SIGINT to each training process itself (not to submitit's controller, which would SIGKILL
+        # it a second later): it finishes its step, checkpoints and ends its MLflow run KILLED
+        pids = []
+        for key in self.inflight:
+            js = read_job_state(Path(self.records[key]["output_dir"]))
+            if js.get("pid") and pid_alive(js.get("pid"), js.get("host")):
+                with contextlib.suppress(OSError):
+                    os.kill(int(js["pid"]), signal.SIGINT)
+                    pids.append(int(js["pid"]))
+        deadline = time.monotonic() + float(cfg_get(self.launcher_cfg, "stop_wait_s", 120.0))
+        while time.monotonic() < deadline and any(pid_alive(pid, None) for pid in pids):   # no orphan left
+            time.sleep(0.2)
+        handles = [sj for sj in self.inflight.values() if sj is not None]
+        self.launcher.cancel([], [sj for sj in handles if not _ended(sj)])    # what did not stop by itself
+        self.log(f"interrupted: {self.launcher.name} jobs stopped at their last step (checkpointed); they resume "
+                 f"from there with `entropyrl sweep ... --resume sweep_dir={self.sweep_dir}`")
+
+
+def _ended(sj) -> bool:
+    try:
+        return bool(sj.done())
+    except Exception:  # noqa: BLE001 - a job whose state cannot be read has gone
+        return True
 
 
 def _summary(output_dir: Path) -> dict:
