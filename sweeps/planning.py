@@ -150,6 +150,9 @@ def resume_overrides(cfg: DictConfig, sweep_ov: list[str], train_ov: list[str], 
         sweep_ov.append(f"sweep_dir={sweep_dir.resolve()}")
     if "seeds" not in keys and saved.get("seeds"):
         sweep_ov.append(f"seeds=[{','.join(str(x) for x in saved['seeds'])}]")
+    ran = list(dict.fromkeys(str(j["variant"]) for j in saved.get("jobs", []) if j.get("variant")))
+    if "variants" not in keys and ran:
+        sweep_ov.append("variants=[" + ",".join(json.dumps(v) for v in ran) + "]")
     if "budget" not in keys and saved.get("budget"):
         sweep_ov.append("budget=[" + ",".join(json.dumps(str(o)) for o in saved["budget"]) + "]")
     if not train_ov and saved.get("train_overrides"):
