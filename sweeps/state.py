@@ -39,9 +39,13 @@ def load_sweep(sweep_dir: Path) -> dict:
         raise UserError(f"{sweep_dir} is not a sweep folder (no {SWEEP_FILE}); pass the folder "
                         f"`entropyrl sweep` printed, e.g. outputs/sweeps/gate-20260101-120000")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except ValueError as exc:
         raise UserError(f"{path} is not valid JSON ({exc}); restore it or start a new sweep_dir") from None
+    if not isinstance(data, dict) or not data.get("sweep_id") or not isinstance(data.get("jobs"), list):
+        raise UserError(f"{path} holds no sweep (no sweep_id and jobs list: emptied or cut short); restore it, "
+                        f"or start the sweep again with a new sweep_dir")
+    return data
 
 
 def save_sweep(sweep_dir: Path, state: dict) -> None:

@@ -75,3 +75,13 @@ def test_a_bare_resume_reuses_the_sweeps_overrides(tmp_path):
     changed = subprocess.run([*CLI, "sweep", "ablation=gate", "--resume", uri, "trainer.total_steps=3", *JOB],
                              cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert changed.returncode == 2 and "trainer.total_steps: 2 -> 3" in changed.stderr, changed.stderr[-3000:]
+
+
+@pytest.mark.parametrize("content", ["", "{}", "[]"])
+def test_status_of_an_emptied_sweep_file_is_one_line(tmp_path, content):
+    (tmp_path / "sw").mkdir()
+    (tmp_path / "sw" / "sweep.json").write_text(content)
+    out = subprocess.run([*CLI, "status", "sw"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and "sweep None" not in out.stdout, out.stderr[-2000:]
+    assert lines[0].startswith("error: ") and "sweep.json" in lines[0]
