@@ -211,11 +211,8 @@ def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) ->
     if (tracker is not None and getattr(tracker, "enabled", False) and getattr(tracker, "run_id", None)
             and getattr(tracker, "online", True)):     # a server that went away: no tag, no second warning
         try:
-            import mlflow
-
-            client = mlflow.MlflowClient(tracking_uri=tracker.uri)
-            client.set_tag(tracker.run_id, "entropyrl.warnings", ",".join(w["id"] for w in warnings) or "none")
-            client.set_tag(tracker.run_id, "entropyrl.flags", ",".join(f["id"] for f in flags) or "none")
+            tracker.set_tags({"entropyrl.warnings": ",".join(w["id"] for w in warnings) or "none",
+                              "entropyrl.flags": ",".join(f["id"] for f in flags) or "none"})
         except Exception as exc:  # noqa: BLE001 - a tag is not worth losing the summary over
             log(f"could not tag the MLflow run: {str(exc).splitlines()[0]}")
     return out
