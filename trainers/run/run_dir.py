@@ -25,6 +25,7 @@ from typing import Any, Callable
 from ...core.errors import UserError
 from ...core.files import atomic_write_text  # noqa: F401  (re-exported for callers of run_dir)
 from ...core.folder_lock import FolderLock
+from ...core.tracking import parse_metrics
 from ...core.validation import RENAMED
 from ..parallel.process_group import launcher_env
 from . import checkpoint as ckpt
@@ -212,8 +213,6 @@ def check_metrics_record(output_dir: Path, resumed: int | None, log: Callable[[s
     before the checkpoint), rebuild it from the checkpoint's copy of the record or say what is lost."""
     if resumed is None:
         return
-    from ...core.tracking import parse_metrics
-
     path = Path(output_dir) / "metrics.jsonl"
     rows = parse_metrics(path.read_text(errors="replace"))[0] if path.exists() else []
     have = {int(r["step"]) for r in rows if isinstance(r.get("step"), (int, float))}
