@@ -168,7 +168,7 @@ class GRPOTrainer:
             metrics.update(sampler_mismatch_metrics(old_logp, roll.sampling_logp.to(self.device), mask))
         sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
         self.algo.begin_step(sampling_entropy)
-        advantages = self.algo.advantages(rewards.to(self.device), group_ids.to(self.device), mask)
+        advantages = self.algo.advantages(rewards.to(self.device), group_ids.to(self.device), mask, entropy=entropy)
         metrics["entropy"] = sampling_entropy
         if self.cfg.diagnostics.quadrants:
             metrics.update(quadrant_metrics(old_logp, old_logp, entropy, advantages, mask))
@@ -200,12 +200,14 @@ class GRPOTrainer:
                 for u_start in range(0, len(mini), rows_per_chunk):
                     local = torch.arange(u_start, min(u_start + rows_per_chunk, len(mini)))
                     micro = mini[local]
-                    logp, ent = response_token_stats(self.model, roll.select(micro), entropy_grad=self.algo.needs_entropy_grad,
-                                                     **stats_kw)
+                    logp, ent, *vocab = response_token_stats(self.model, roll.select(micro),
+                                                             entropy_grad=self.algo.needs_entropy_grad,
+                                                             vocab_stats=self.algo.vocab_stats(), **stats_kw)
                     out = self.algo.loss(logp=logp, old_logp=old_logp[micro], entropy=ent,
                                          advantages=advantages[micro], mask=mask[micro],
                                          ref_logp=_slice(ref_logp, micro),
-                                         extras={k: v[local] for k, v in mini_extras.items()})
+                                         extras={**{k: v[local] for k, v in mini_extras.items()},
+                                                 **(vocab[0] if vocab else {})})
                     weight = accumulation_weight(agg, mask[micro], mask[mini]) * dp_scale
                     (out.loss * weight).backward()
                     objective += float(out.loss.detach()) * weight
