@@ -30,6 +30,7 @@ from typing import Optional
 import typer
 
 from ..core.errors import UserError
+from ..core.files import atomic_write_lines, same_file
 from ..core.validation import check_output_file
 from ..evals.benchmarks import gold_from
 from ..evals.code.code_tasks import is_code_row
@@ -116,6 +117,9 @@ def register(app: typer.Typer) -> None:
         from ..evals.code.code_eval import grade_code_rows  # loads torch: only when the command runs
 
         err = Console(stderr=True, soft_wrap=True)
+        if file.is_dir():
+            raise UserError(f"{file} is a folder: give a .jsonl file in it with response and answer fields "
+                            f"(e.g. an eval's {file / 'samples.jsonl'})")
         if not file.is_file():
             raise UserError(f"{file}: no such file (give a .jsonl with response and answer fields)")
         if timeout <= 0:
@@ -123,6 +127,9 @@ def register(app: typer.Typer) -> None:
         if workers is not None and workers < 1:
             raise UserError(f"--workers must be >= 1 (or left out: one per CPU), got {workers}")
         target = out or file.with_name(file.name.removesuffix(".jsonl") + ".graded.jsonl")
+        if same_file(target, file):             # by inode: also through ../, a symlink or a hard link
+            raise UserError(f"--out {target} is the input file {file}: grading would overwrite it; "
+                            f"give another --out (default: {file.name.removesuffix('.jsonl')}.graded.jsonl)")
         check_output_file(target, "--out")      # before minutes of grading, not after
         good, bad = read_items(file)
         good, code_lines = _grade_code_lines(good, bad, workers, grade_code_rows)
@@ -137,12 +144,9 @@ def register(app: typer.Typer) -> None:
             results = grade_batch([o["response"] for _, o in good], [gold_text(o["answer"]) for _, o in good],
                                   workers=workers, timeout=timeout,
                                   progress=lambda k: bar.advance(task, k)) if good else []
-        target.parent.mkdir(parents=True, exist_ok=True)
         lines = sorted([(n, {**obj, "correct": r.correct, "extracted": r.extracted, "reason": r.reason}) for (n, obj), r in zip(good, results)]
                        + code_lines, key=lambda item: item[0])
-        with target.open("w", encoding="utf-8") as f:
-            for _, row in lines:
-                f.write(json.dumps(row) + "\n")
+        atomic_write_lines(target, (json.dumps(row) for _, row in lines))   # whole or not at all
         results = [row for _, row in lines]
         correct = sum(bool(r["correct"]) for r in results)
         Console(soft_wrap=True).print(f"graded [bold]{len(results)}[/bold] lines: accuracy [bold]{correct / len(results):.4f}[/bold] "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import signal
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional
 
@@ -73,6 +74,10 @@ def register(app: typer.Typer) -> None:
         sweep_ov, train_ov = split_overrides(list(overrides or []))
         cfg = compose("sweep", sweep_ov)
         explicit_dir = any(o.lstrip("+").startswith("sweep_dir=") for o in sweep_ov)
+        if resume:      # --resume alone: the sweep's own saved overrides, seeds and budget
+            sweep_ov, train_ov = planning.resume_overrides(cfg, sweep_ov, train_ov, explicit_dir=explicit_dir,
+                                                           log=lambda m: console.print(m, markup=False, soft_wrap=True))
+            cfg = compose("sweep", sweep_ov)
         plan = planning.plan(cfg, train_ov, explicit_dir=explicit_dir, resume=resume)
         if dry_run:
             rows = plan.rows()
@@ -85,9 +90,25 @@ def register(app: typer.Typer) -> None:
         if not wait and not plan.launcher.detached:
             raise UserError(f"--no-wait needs a launcher whose jobs outlive this process, e.g. launcher=slurm "
                             f"(launcher={cfg.launcher.name} jobs run under this process)")
-        with _live_line(console) as progress:
-            result = following.run(plan, wait=wait, log=lambda m: console.print(m, markup=False, soft_wrap=True),
-                                   progress=progress)
+        stopped_by: list[int] = []
+
+        def _stop(signum, _frame):      # SIGTERM stops a sweep as Ctrl-C does: jobs stopped, parent KILLED
+            stopped_by.append(signum)
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, _stop)
+        try:
+            with _live_line(console) as progress:
+                result = following.run(plan, wait=wait, log=lambda m: console.print(m, markup=False, soft_wrap=True),
+                                       progress=progress)
+        except KeyboardInterrupt:
+            sig = stopped_by[0] if stopped_by else signal.SIGINT
+            console.print(f"stopped by {signal.Signals(sig).name}; to continue: entropyrl sweep "
+                          f"ablation={cfg.ablation.name} --resume sweep_dir={plan.sweep_dir}", soft_wrap=True,
+                          markup=False)
+            raise SystemExit(128 + int(sig)) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         c = result["counts"]
         console.print(f"[bold]sweep {result['sweep_id']}[/bold]: {c['done']} done, {c['failed']} failed, "
                       f"{c['running'] + c['pending']} not finished; folder {result['sweep_dir']}", soft_wrap=True)

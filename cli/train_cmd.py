@@ -24,11 +24,12 @@ def register(app: typer.Typer) -> None:
     def train(overrides: Optional[List[str]] = typer.Argument(None, help="key=value config overrides")) -> None:
         from rich.console import Console
 
+        from ..core.validation import validate_config
         from ..trainers.optim import check_optim
 
         # the implementation (torch, transformers, MLflow) loads when the command runs, not for --help
         from ..trainers.parallel.distributed import launcher_env
-        from ..trainers.run.run_dir import prepare_output_dir
+        from ..trainers.run.run_dir import prepare_output_dir, run_lock
         from ..trainers.run.stop_signals import RunInterrupted
         from ..trainers.trainer import train as run_training
 
@@ -37,7 +38,11 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=True, quiet=not main_rank)
         cfg = compose("train", overrides or [])     # launcher=... is an error here (conf.OWNED_ELSEWHERE)
 
+        validate_config(cfg, "train")           # bad values: one line before anything is printed or made
         check_optim(cfg.optim)                  # optim.name / optim.scheduler: registered names
+        lock = run_lock(cfg)
+        if hasattr(lock, "check_free"):
+            lock.check_free()                   # another process writes there: say who, before anything
         prepare_output_dir(cfg, clear=False)    # refuse a folder this run may not use, before printing
 
         console.print(f"[bold]entropyrl train[/bold] algo={cfg.algo.name} model={cfg.model.name} "

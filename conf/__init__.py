@@ -102,8 +102,65 @@ def _close(word: str, choices: list[str]) -> str:
     return f" (did you mean {near[0]}?)" if near else ""
 
 
-def _explain(exc: Exception, overrides: list[str]) -> str:
+def _flat_keys(node, prefix: str = "") -> list[str]:
+    if isinstance(node, dict):
+        return [k for key, v in node.items() for k in ([f"{prefix}{key}"] + _flat_keys(v, f"{prefix}{key}."))]
+    return []
+
+
+def _near_key(name: str, known: list[str]) -> str:
+    """`` (did you mean `trainer.total_steps`?)`` for the closest existing key, or nothing."""
+    near = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    return f" (did you mean `{near[0]}`?)" if near else ""
+
+
+def _known_keys(config_name: str, overrides: list[str]) -> list[str]:
+    """Every dotted key of ``config_name`` composed with the overrides that only pick group options."""
+    picks = [o for o in overrides if "=" in o and "." not in o.split("=", 1)[0] and not o.startswith(("+", "~"))]
+    for attempt in (picks, []):
+        try:
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="entropyrl"):
+                cfg = hydra_compose(config_name=config_name, overrides=attempt)
+            return _flat_keys(OmegaConf.to_container(cfg, resolve=False))
+        except (HydraException, OmegaConfBaseException):
+            continue
+        finally:
+            GlobalHydra.instance().clear()
+    return []
+
+
+def _check_added_keys(cfg: DictConfig, overrides: list[str], known: list[str]) -> None:
+    """``+trainer.total_step=5`` adds a key nothing reads: refuse it when it is a near miss of a real one."""
+    for o in overrides:
+        if o.startswith("+") and not o.startswith("++") and "=" in o:
+            name = o[1:].split("=", 1)[0]
+            hint = _near_key(name, [k for k in known if k != name])
+            if name not in known and hint:
+                raise UserError(f"+{name} adds a key that nothing reads{hint}; drop the + and fix the name")
+
+
+def _check_intervention_params(cfg: DictConfig, overrides: list[str]) -> None:
+    """``algo.stare.p=0.2`` with ``algo=grpo``: a parameter of an intervention the run does not apply."""
+    algo = cfg.get("algo") if hasattr(cfg, "get") else None
+    if algo is None or "interventions" not in algo:
+        return
+    used = {str(x) for x in (algo.get("interventions") or [])} | {"tis"}   # tis: rollout.tis.enabled
+    names = set(intervention_names())
+    for name in sorted(used - names):          # what `train` would refuse, refused at compose time
+        raise UserError(f"unknown intervention '{name}' in algo.interventions{_close(name, sorted(names))}; "
+                        f"valid: {', '.join(sorted(names))}")
+    for o in overrides:
+        parts = o.lstrip("+~").split("=", 1)[0].split(".")
+        if len(parts) >= 3 and parts[0] == "algo" and parts[1] in names and parts[1] not in used:
+            active = ", ".join(sorted(used - {"tis"})) or "none"
+            raise UserError(f"{o.lstrip('+~')} sets a parameter of the {parts[1]} intervention, which algo={algo.name} "
+                            f"does not apply (its interventions: {active}); use algo={parts[1]} or add it with "
+                            f"algo.interventions=[{parts[1]}]")
+
+
+def _explain(exc: Exception, overrides: list[str], known: list[str] | None = None) -> str:
     """Turn Hydra's multi-line composition errors into one actionable line."""
+    known = known or []
     msg = str(exc)
     missing = re.search(r"Could not find '([^']+)/([^']+)'", msg)
     if missing:
@@ -116,8 +173,7 @@ def _explain(exc: Exception, overrides: list[str]) -> str:
     key = re.search(r"Could not override '([^']+)'", msg) or re.search(r"Key '([^']+)' is not in struct", msg)
     if key:
         name = key.group(1)
-        return (f"unknown config key '{name}'; see `entropyrl config show` for the valid keys "
-                f"(prefix with + to add a new key: +{name}=...)")
+        return f"unknown config key '{name}'{_near_key(name, known)}; `entropyrl config show` lists the valid keys"
     if msg.startswith("Error merging override") and exc.__cause__ is not None:
         cause = next((line.strip() for line in str(exc.__cause__).splitlines() if line.strip()), "")
         return f"bad value in {msg[len('Error merging override'):].strip()}: {cause}"
@@ -158,11 +214,17 @@ def compose(config_name: str, overrides: list[str] | None = None, *, validate: b
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="entropyrl"):
             cfg = hydra_compose(config_name=config_name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
-        raise UserError(_explain(exc, overrides)) from None
+        GlobalHydra.instance().clear()
+        known = _known_keys(config_name, overrides) if "override" in str(exc) or "struct" in str(exc) else []
+        raise UserError(_explain(exc, overrides, known)) from None
     finally:
         GlobalHydra.instance().clear()
+    if any(o.startswith("+") for o in overrides):
+        _check_added_keys(cfg, overrides, _known_keys(config_name, overrides))
     if validate:
         validate_config(cfg, config_name)
+    if config_name == "train":
+        _check_intervention_params(cfg, overrides)
     return cfg
 
 

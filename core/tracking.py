@@ -12,10 +12,16 @@ The one place the package talks to MLflow (``tests/test_tracking_interface.py`` 
 A resumed job continues the *same* MLflow run (its id is kept in ``<output_dir>/tracking.json``)
 and never logs a step twice: steps already in the run's history are skipped, so a crash and
 resume (or a SLURM requeue) leave one continuous step sequence.
+
+``metrics.jsonl`` is the record. What goes to MLflow passes through an ``Outbox``
+(``core/outbox.py``): when the server stops answering mid-run, training goes on with one warning,
+entries are queued on disk and delivered when it answers again, at the latest at the end of the
+run or on resume; the run's final state is delivered last, so FINISHED means every step is there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -30,6 +36,16 @@ from omegaconf import DictConfig, OmegaConf
 from .errors import UserError
 from .files import atomic_write_text
 from .mlflow_store import mlflow_key, resolve_uri, store_lock
+from .outbox import Outbox, short_http_retries
+
+
+def server_answers(uri: str, timeout: float = 3.0) -> bool:
+    """Whether an HTTP tracking server answers ``/health`` now (a local store always does)."""
+    try:
+        check_reachable(uri, timeout=timeout)
+        return True
+    except UserError:
+        return False
 
 
 def check_reachable(uri: str, timeout: float = 5.0) -> None:
@@ -73,6 +89,11 @@ class RunTracker:
         self.uri = resolve_uri(tracking_cfg)
         self._logged_through = -1   # MLflow already holds steps <= this (from before a resume)
         self._mlflow = None
+        self._client = None
+        self.outbox: Outbox | None = None   # what MLflow has not received yet (tracking.queue.jsonl)
+        self.queue_path = self.output_dir / "tracking.queue.jsonl"
+        self._lines: list[str] | None = None    # this run's copy of metrics.jsonl (read at its first step)
+        self._size = 0
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, full_cfg, run_name: str, resume_step: int | None) -> None:
@@ -82,16 +103,26 @@ class RunTracker:
         if not self.enabled:
             return
         check_reachable(self.uri)
+        short_http_retries()                 # seconds, not minutes, per call when the server goes away
         import mlflow
 
         self._mlflow = mlflow
         mlflow.set_tracking_uri(self.uri)
+        self._client = mlflow.tracking.MlflowClient(self.uri)
         previous = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
+        if resume_step is None:
+            self.queue_path.unlink(missing_ok=True)
+        self.outbox = Outbox(self.queue_path, self._deliver, lambda: server_answers(self.uri), self.uri, self.log,
+                             retry_s=float(self.cfg.get("retry_s", 10.0) or 10.0))
         try:
             with store_lock(self.uri):       # first use of a fresh sqlite store: one process at a time
                 if previous.get("run_id"):
                     run = mlflow.start_run(run_id=previous["run_id"])
                     self.run_id = run.info.run_id
+                    # what an earlier process queued, up to the checkpoint (later steps are recomputed)
+                    self.outbox.keep(lambda e: e.get("kind") == "artifact" or (
+                        e.get("kind") == "metrics" and int(e.get("step", 0)) <= int(resume_step or 0)))
+                    self.outbox.flush(wait_s=0.01)
                     self._logged_through = self._max_logged_step()
                 else:
                     mlflow.set_experiment(str(self.cfg.experiment))
@@ -135,27 +166,84 @@ class RunTracker:
         atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows
                                                      if r.get("step", -1) <= resume_step))
 
+    def _guard_record(self) -> None:
+        """metrics.jsonl deleted or cut short under a live run: write it again from this run's copy."""
+        if self._lines is None:
+            self._lines = [json.dumps(r) for r in read_metrics(self.output_dir)]
+            self._size = self.metrics_path.stat().st_size if self.metrics_path.exists() else 0
+            return
+        size = self.metrics_path.stat().st_size if self.metrics_path.exists() else -1
+        if size < self._size:
+            atomic_write_text(self.metrics_path, "".join(line + "\n" for line in self._lines))
+            self.log(f"warning: {self.metrics_path} was deleted or cut short while the run wrote it: written "
+                     f"again from the run's own copy ({len(self._lines)} steps)")
+
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: float(v) for k, v in metrics.items() if v is not None}
+        line = json.dumps({"step": step, **{k: (v if math.isfinite(v) else None) for k, v in clean.items()}})
+        self._guard_record()
         with self.metrics_path.open("a") as f:
-            f.write(json.dumps({"step": step, **{k: (v if math.isfinite(v) else None) for k, v in clean.items()}}) + "\n")
-        if self._mlflow is not None and step > self._logged_through:
+            f.write(line + "\n")
+        self._lines.append(line)
+        self._size = self.metrics_path.stat().st_size
+        if self.outbox is not None and step > self._logged_through:
             # MLflow rejects '@' in names: val/math500/avg@4 is logged as val/math500/avg_at_4
             finite = {mlflow_key(k): v for k, v in clean.items() if math.isfinite(v)}
-            self._mlflow.log_metrics(finite, step=step)
+            self.outbox.put({"kind": "metrics", "step": step, "time": int(time.time() * 1000), "metrics": finite})
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        if self._mlflow is not None and Path(path).exists():
-            self._mlflow.log_artifact(str(path), artifact_path=artifact_path)
+        if self.outbox is not None and Path(path).exists():
+            self.outbox.put({"kind": "artifact", "path": str(Path(path).resolve()), "artifact_path": artifact_path})
+
+    @property
+    def online(self) -> bool:
+        """Whether MLflow holds everything sent so far (nothing queued)."""
+        return self.outbox is None or self.outbox.pending == 0
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         """Tag the run (no-op when tracking is off or the run was never opened)."""
-        if self.enabled and self.run_id:
+        if self.enabled and self.run_id and self.online:     # a server that went away: no tag, no stall
             TrackingStore(self.uri).set_tags(self.run_id, tags)
 
     def finish(self, status: str = "FINISHED") -> None:
-        if self._mlflow is not None and self._mlflow.active_run() is not None:
-            self._mlflow.end_run(status=status)
+        """End the run with ``status``, delivered after everything queued before it (waiting a
+        bounded ``tracking.flush_wait_s`` for a server that went away)."""
+        if self.outbox is None:
+            return
+        self.outbox.put({"kind": "end", "status": status})
+        if self.outbox.pending and not self.outbox.flush(wait_s=float(self.cfg.get("flush_wait_s", 60) or 0)):
+            self.log(f"warning: the MLflow server at {self.uri} did not come back: {self.outbox.pending} entries "
+                     f"(metrics, files, the run's {status} state) stay queued in {self.queue_path}; running the same "
+                     f"command again (same output_dir) delivers them")
+        active = self._mlflow.active_run()
+        if active is not None and active.info.run_id == self.run_id:
+            _pop_active_run(self._mlflow)      # its end state went (or waits) through the outbox
+
+    def _deliver(self, entry: dict) -> None:
+        """Send one outbox entry to the run (raises when the server does not take it)."""
+        from mlflow.entities import Metric
+
+        kind = entry.get("kind")
+        if kind == "metrics":
+            metrics = [Metric(k, v, int(entry.get("time", 0)), int(entry["step"])) for k, v in entry["metrics"].items()]
+            for i in range(0, len(metrics), 500):
+                self._client.log_batch(self.run_id, metrics=metrics[i: i + 500])
+        elif kind == "artifact" and Path(entry["path"]).exists():
+            self._client.log_artifact(self.run_id, entry["path"], artifact_path=entry.get("artifact_path"))
+        elif kind == "end":
+            self._client.set_terminated(self.run_id, status=str(entry["status"]))
+
+
+def _pop_active_run(mlflow) -> None:
+    """Leave the fluent API's active run without a call to a server that is away (its end state is
+    queued); otherwise MLflow's exit hook would mark it FINISHED."""
+    from mlflow.environment_variables import MLFLOW_RUN_ID
+
+    with contextlib.suppress(Exception):       # private API: at worst the exit hook ends it
+        stack = mlflow.tracking.fluent._active_run_stack.get()
+        if stack:
+            MLFLOW_RUN_ID.unset()
+            stack.pop()
 
 
 class TrackingStore:

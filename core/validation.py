@@ -339,6 +339,8 @@ def folder_problem(path: str | Path) -> str | None:
     base = _first_existing(p)
     if not base.is_dir():
         return f"{p} lies under {base}, which is a file, not a folder"
+    if p.parts[1:2] in (("proc",), ("sys",)):     # the kernel's own files: root may "write", mkdir fails
+        return f"{p} lies under /{p.parts[1]}, the kernel's pseudo file system, where no folder can be made"
     if not os.access(base, os.W_OK | os.X_OK):
         return f"{base} is not writable"
     return None

@@ -198,7 +198,7 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
                     return [r for r in data[key] if isinstance(r, dict)]
             raise UserError(f"{p}: a JSON object without a list of rows (expected a list, or a "
                             f"'data' list)")
-    rows = []
+    rows = Rows()
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -208,7 +208,24 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
             raise UserError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
         if isinstance(row, dict):
             rows.append(row)
+            rows.lines.append(lineno)
     return rows
+
+
+class Rows(list):
+    """The rows of a JSON-lines file, with ``lines[i]``: the line number row ``i`` came from."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.lines: list[int] = []
+
+
+def _where(rows: list[dict], i: int, source: str) -> str:
+    """``file:line`` of row ``i`` when the rows came from JSON lines, else ``source: row N`` (1-based)."""
+    lines = getattr(rows, "lines", None)
+    if lines and i < len(lines):
+        return f"{source or 'data'}:{lines[i]}"
+    return f"{source or 'data'}: row {i + 1}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,11 +310,14 @@ def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str =
             extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
             ident = _text(extra.get("index")) if extra.get("index") is not None else str(i)
         else:
-            f = fields if fields.get("problem") and fields.get("answer") else _auto_fields(row)
+            try:
+                f = fields if fields.get("problem") and fields.get("answer") else _auto_fields(row)
+            except UserError as exc:
+                raise UserError(f"{_where(rows, i, source)}: {exc}") from None
             if f["problem"] not in row or f["answer"] not in row:
                 missing = f["problem"] if f["problem"] not in row else f["answer"]
-                raise UserError(f"{source or 'data'}: row {i} has no field '{missing}' "
-                                f"(fields: {sorted(row)}); fix 'fields' in the benchmark YAML")
+                raise UserError(f"{_where(rows, i, source)}: row has no field '{missing}' (fields: {sorted(row)}); "
+                                f"fix that row, or 'fields' in the benchmark YAML")
             problem = _text(row[f["problem"]])
             context = f.get("context")
             if context and row.get(context):

@@ -24,8 +24,10 @@ from typing import Any, Callable, Mapping
 
 from ..conf import to_plain
 from ..core.errors import UserError
+from ..core.files import atomic_write_lines, atomic_write_text
 from ..core.mlflow_store import resolve_uri
-from ..core.tracking import TrackingStore
+from ..core.outbox import short_http_retries
+from ..core.tracking import TrackingStore, check_reachable
 from ..models import tiny as models
 from ..models.loading import load_policy
 from ..rollout.base import RolloutEngine, build_rollout, rollout_engine
@@ -326,6 +328,10 @@ def run_eval(cfg, console=None) -> dict:
     if settings.prompt not in available_templates():
         raise UserError(f"unknown eval.prompt '{settings.prompt}'; valid: {', '.join(available_templates())}")
     data = {b: load_benchmark(b, ev.get("data_root"), limit) for b in names}   # fail fast, before the model
+    tr = cfg.get("tracking") or {}
+    if tr.get("enabled", True):      # as train does: an unreachable server fails before generating, not after
+        check_reachable(resolve_uri(tr))
+        short_http_retries()
     out_dir = Path(str(cfg.output_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -353,18 +359,16 @@ def run_eval(cfg, console=None) -> dict:
 
     metrics = flat_metrics(results, prefix="eval")
     samples_path, summary_path = out_dir / "samples.jsonl", out_dir / "summary.json"
-    with samples_path.open("w", encoding="utf-8") as f:
-        for s in samples:
-            f.write(json.dumps(s) + "\n")
+    atomic_write_lines(samples_path, (json.dumps(s) for s in samples))
     summary = {
         "model": label, "benchmarks": results, "average": average_over_benchmarks(results),
         "metrics": metrics, "output_dir": str(out_dir.resolve()),
         "seconds": round(time.perf_counter() - started, 3), "warnings": warnings,
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
-    summary_path.write_text(json.dumps(summary, indent=2))
+    atomic_write_text(summary_path, json.dumps(summary, indent=2))
     run_id, uri = _log_mlflow(cfg, results, metrics, [samples_path, summary_path], label, names)
     if run_id:
         summary.update({"mlflow_run_id": run_id, "tracking_uri": uri})
-        summary_path.write_text(json.dumps(summary, indent=2))
+        atomic_write_text(summary_path, json.dumps(summary, indent=2))
     return summary

@@ -8,9 +8,10 @@ previous `entropyrl sweep` left queued or running are adopted, not submitted twi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import socket
+import signal
 import time
 from pathlib import Path
 from typing import Callable
@@ -19,6 +20,7 @@ from omegaconf import DictConfig
 
 from ..conf import cfg_get
 from ..core.errors import UserError
+from ..core.folder_lock import FolderLock
 from ..core.tracking import check_reachable
 from .job_kinds import job_class
 from .jobs import TRAIN_KIND, TrainJob, job_environment, job_kind, read_job_state, write_job_state
@@ -64,35 +66,10 @@ def run(plan_: Plan, *, wait: bool = True, log: Log = print, progress: Log | Non
                         f"live there; pass tracking.uri={old_tr['uri']}")
     tracking["parent_run_id"] = old_tr.get("parent_run_id") if tracking["enabled"] else None
     sweep = plan_.sweep_record(tracking)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    with _FolderLock(sweep_dir):
+    lock = FolderLock(sweep_dir, "`entropyrl sweep`", name=".sweep.lock", key="sweep_dir",
+                      hint=f"wait for it or stop it (`entropyrl status {sweep_dir}` shows the jobs)")
+    with lock:        # one follower per sweep folder: a second one would submit the same jobs again
         return _run_locked(plan_, sweep, tracking, wait, log, progress)
-
-
-class _FolderLock:
-    """One `entropyrl sweep` process follows a sweep folder at a time (a second one would submit the
-    same pending jobs again)."""
-
-    def __init__(self, sweep_dir: Path):
-        self.path = sweep_dir / ".sweep.lock"
-
-    def __enter__(self):
-        try:
-            held = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            held = {}
-        if held and pid_alive(held.get("pid"), held.get("host")) and held.get("pid") != os.getpid():
-            raise UserError(f"another `entropyrl sweep` (pid {held['pid']}) is following {self.path.parent}; "
-                            f"wait for it or stop it (`entropyrl status {self.path.parent}` shows the jobs)")
-        self.path.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}))
-        return self
-
-    def __exit__(self, *exc):
-        try:
-            self.path.unlink()
-        except OSError:
-            pass
-        return False
 
 
 def _run_locked(plan_: Plan, sweep: dict, tracking: dict, wait: bool, log: Log, progress: Log | None) -> dict:
@@ -124,6 +101,7 @@ def _run_locked(plan_: Plan, sweep: dict, tracking: dict, wait: bool, log: Log, 
         follower.go(todo, adopted, wait)
     except KeyboardInterrupt:
         follower.interrupted()
+        close_parent_run(tracking, "KILLED")
         raise
     except JobsCannotStart:
         close_parent_run(tracking, "FAILED")
@@ -315,9 +293,29 @@ class _Follower:
             return
         if self.launcher.in_process:
             return
-        self.launcher.cancel([], [sj for sj in self.inflight.values() if sj is not None])
-        self.log(f"interrupted: {self.launcher.name} jobs stopped; continue with `entropyrl sweep ... "
-                 f"sweep_dir={self.sweep_dir}` (jobs resume from their checkpoints)")
+        # SIGINT to each training process itself (not to submitit's controller, which would SIGKILL
+        # it a second later): it finishes its step, checkpoints and ends its MLflow run KILLED
+        pids = []
+        for key in self.inflight:
+            js = read_job_state(Path(self.records[key]["output_dir"]))
+            if js.get("pid") and pid_alive(js.get("pid"), js.get("host")):
+                with contextlib.suppress(OSError):
+                    os.kill(int(js["pid"]), signal.SIGINT)
+                    pids.append(int(js["pid"]))
+        deadline = time.monotonic() + float(cfg_get(self.launcher_cfg, "stop_wait_s", 120.0))
+        while time.monotonic() < deadline and any(pid_alive(pid, None) for pid in pids):   # no orphan left
+            time.sleep(0.2)
+        handles = [sj for sj in self.inflight.values() if sj is not None]
+        self.launcher.cancel([], [sj for sj in handles if not _ended(sj)])    # what did not stop by itself
+        self.log(f"interrupted: {self.launcher.name} jobs stopped at their last step (checkpointed); they resume "
+                 f"from there with `entropyrl sweep ... --resume sweep_dir={self.sweep_dir}`")
+
+
+def _ended(sj) -> bool:
+    try:
+        return bool(sj.done())
+    except Exception:  # noqa: BLE001 - a job whose state cannot be read has gone
+        return True
 
 
 def _summary(output_dir: Path) -> dict:

@@ -26,6 +26,7 @@ import submitit
 from omegaconf import DictConfig, open_dict
 
 from ..conf import compose
+from ..core.files import atomic_write_text
 from ..trainers.optim import check_optim
 from ..trainers.trainer import train
 
@@ -68,9 +69,7 @@ def read_job_state(output_dir: Path) -> dict:
 def write_job_state(output_dir: Path, state: dict) -> None:
     path = Path(output_dir) / JOB_STATE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(state, indent=2))
 
 
 def compose_job_config(overrides: list[str], tracking: dict | None = None, run_name: str | None = None) -> DictConfig:

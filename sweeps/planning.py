@@ -140,6 +140,31 @@ def find_latest_sweep(cfg: DictConfig) -> Path:
     return found[-1]
 
 
+def resume_overrides(cfg: DictConfig, sweep_ov: list[str], train_ov: list[str], *, explicit_dir: bool,
+                     log=print) -> tuple[list[str], list[str]]:
+    """For ``--resume``: the saved sweep's training overrides, seeds and budget wherever the command
+    line gives none, so a bare ``entropyrl sweep ablation=X --resume`` continues the sweep as started."""
+    sweep_dir = Path(str(cfg.sweep_dir)) if explicit_dir else find_latest_sweep(cfg)
+    if not sweep_file(sweep_dir).exists():
+        return sweep_ov, train_ov
+    saved = load_sweep(sweep_dir)
+    keys = {override_key(o) for o in sweep_ov}
+    sweep_ov = list(sweep_ov)
+    if not explicit_dir:
+        sweep_ov.append(f"sweep_dir={sweep_dir.resolve()}")
+    if "seeds" not in keys and saved.get("seeds"):
+        sweep_ov.append(f"seeds=[{','.join(str(x) for x in saved['seeds'])}]")
+    ran = list(dict.fromkeys(str(j["variant"]) for j in saved.get("jobs", []) if j.get("variant")))
+    if "variants" not in keys and ran:
+        sweep_ov.append("variants=[" + ",".join(json.dumps(v) for v in ran) + "]")
+    if "budget" not in keys and saved.get("budget"):
+        sweep_ov.append("budget=[" + ",".join(json.dumps(str(o)) for o in saved["budget"]) + "]")
+    if not train_ov and saved.get("train_overrides"):
+        train_ov = list(saved["train_overrides"])
+        log(f"--resume: the sweep's own overrides: {' '.join(train_ov)}")
+    return sweep_ov, train_ov
+
+
 def plan(cfg: DictConfig, train_overrides: list[str], *, explicit_dir: bool, resume: bool) -> Plan:
     """Every job of the sweep, each training config composed and checked, the launcher's request
     checked; raises ``UserError`` before anything is created or submitted."""
@@ -194,9 +219,24 @@ def _check_compatible(existing: dict, jobs: list[JobSpec], sweep_dir: Path, cfg:
         a = [o for o in rec["overrides"] if override_key(o) not in FREE_KEYS]
         b = [o for o in job.overrides if override_key(o) not in FREE_KEYS]
         if a != b:
-            diff = next((f"{x} -> {y}" for x, y in zip(a, b) if x != y), f"{a[len(b):] or b[len(a):]}")
-            raise UserError(f"{sweep_dir} already holds job {job.key} with other training settings ({diff}); "
-                            f"resume it unchanged or start a new sweep_dir=...")
+            raise UserError(f"{sweep_dir} already holds job {job.key} with other training settings "
+                            f"({override_diff(a, b)}); resume it unchanged (--resume alone reuses the sweep's own "
+                            f"overrides) or start a new sweep_dir=...")
+
+
+def override_diff(old: list[str], new: list[str]) -> str:
+    """``trainer.total_steps: 3 -> 4; algo.stare.p: removed (was 0.2)``: two override lists compared by key."""
+    a = {override_key(o): o.split("=", 1)[-1] for o in old}
+    b = {override_key(o): o.split("=", 1)[-1] for o in new}
+    parts = []
+    for key in dict.fromkeys([*a, *b]):
+        if key not in b:
+            parts.append(f"{key}: removed (was {a[key]})")
+        elif key not in a:
+            parts.append(f"{key}: added ({b[key]})")
+        elif a[key] != b[key]:
+            parts.append(f"{key}: {a[key]} -> {b[key]}")
+    return "; ".join(parts) or f"order {old} -> {new}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Callable
 
 from ..core.errors import UserError
+from ..core.files import atomic_path, atomic_write_text
 from ..core.tracking import TrackingStore, check_reachable
+from ..trainers.run.plots import save_figure
 from ..trainers.run.regime import findings_cell
 from . import aggregate as agg
 from .jobs import TRAIN_KIND, job_kind, read_job_state
@@ -112,10 +114,7 @@ def _plot(curves: dict[str, list], key: str, label: str, path: Path, title: str,
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str], None] = print) -> dict:
@@ -193,12 +192,12 @@ def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str
     # an ablation with a report step (the lab) keeps the sweep's own report beside the step's report.md
     md_name = "sweep-report.md" if step is not None else "report.md"
     report_path = sweep_dir / md_name
-    report_path.write_text(md)
+    atomic_write_text(report_path, md)
     result = {"report": str(report_path), "plots": [str(p) for p in plots], "variants": variants,
               "jobs": job_rows, "counts": counts, "threshold": threshold, "tail_frac": tail_frac,
               "sweep_id": sweep.get("sweep_id"), "built": time.time(),
               "files": [md_name, "report.json", "comparison.csv", "runs.csv"]}
-    (sweep_dir / "report.json").write_text(json.dumps(result, indent=2, default=_json_default))
+    atomic_write_text(sweep_dir / "report.json", json.dumps(result, indent=2, default=_json_default))
     if step is not None:
         out = step(sweep_dir, sweep, statuses, log)
         result["files"] += [str(Path(p).relative_to(sweep_dir)) for p in out.get("paths", {}).values()]
@@ -246,7 +245,7 @@ def _tracking_run(st: JobStatus) -> str | None:
 
 
 def _write_csv(path: Path, rows: list[dict], fields: list[str]) -> None:
-    with path.open("w", newline="") as f:
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         for r in rows:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import UserError
+from ..core.files import atomic_write_text
 from .jobs import TRAIN_LOG, read_job_state
 from .launchers import ACTIVE, ENDED, WAITING, Launcher, QueueEntry, find_launcher
 
@@ -38,17 +39,19 @@ def load_sweep(sweep_dir: Path) -> dict:
         raise UserError(f"{sweep_dir} is not a sweep folder (no {SWEEP_FILE}); pass the folder "
                         f"`entropyrl sweep` printed, e.g. outputs/sweeps/gate-20260101-120000")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except ValueError as exc:
         raise UserError(f"{path} is not valid JSON ({exc}); restore it or start a new sweep_dir") from None
+    if not isinstance(data, dict) or not data.get("sweep_id") or not isinstance(data.get("jobs"), list):
+        raise UserError(f"{path} holds no sweep (no sweep_id and jobs list: emptied or cut short); restore it, "
+                        f"or start the sweep again with a new sweep_dir")
+    return data
 
 
 def save_sweep(sweep_dir: Path, state: dict) -> None:
     path = sweep_file(sweep_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(state, indent=2, default=str))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(state, indent=2, default=str))
 
 
 # ---------------------------------------------------------------------------------------------

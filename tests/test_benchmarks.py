@@ -168,6 +168,15 @@ def test_a_data_file_can_stand_in_for_a_benchmark(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"question": "x", "answer": "1"}\n{oops\n')
     with pytest.raises(UserError, match="bad.jsonl:2"):
         load_benchmark(str(tmp_path / "bad.jsonl"))
+    # issue 24, case 11: a row missing a field is named by its line (blank lines counted), limit or not
+    (tmp_path / "gap.jsonl").write_text('{"question": "x", "answer": "1"}\n\n{"question": "y", "answer": "2"}\n'
+                                        '{"question": "z"}\n')
+    for limit in (None, 2):
+        with pytest.raises(UserError, match=r"gap.jsonl:4: .*'question'"):
+            load_benchmark(str(tmp_path / "gap.jsonl"), limit=limit)
+    (tmp_path / "gap.json").write_text(json.dumps([{"question": "x", "answer": "1"}, {"question": "z"}]))
+    with pytest.raises(UserError, match=r"gap.json: row 2: "):
+        load_benchmark(str(tmp_path / "gap.json"))
 
 
 # -- prompts ------------------------------------------------------------------------------------

@@ -157,6 +157,11 @@ def test_eval_humaneval_with_the_tiny_model(tmp_path):
     assert all(s["reason"] in ("pass", "fail", "error", "timeout", "memory", "output_limit", "killed")
                and "program" in s for s in samples)
     assert bench["metrics"]["avg@2"] == pytest.approx(sum(s["correct"] for s in samples) / 10)
+    # issue 24, case 11: `grade` reads eval's own samples.jsonl (problem_id, not id) and agrees with it
+    regraded = run_cli("grade", "run/samples.jsonl", "--out", "regraded.jsonl", cwd=tmp_path)
+    assert regraded.returncode == 0 and "malformed" not in regraded.stdout, regraded.stderr[-3000:]
+    again = [json.loads(line) for line in (tmp_path / "regraded.jsonl").read_text().splitlines()]
+    assert [g["correct"] for g in again] == [s["correct"] for s in samples]
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")

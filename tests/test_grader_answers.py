@@ -187,6 +187,44 @@ def test_grade_cli_writes_reasons_and_counts_them(tmp_path):
     assert "reasons: match 2, mismatch 1, empty_response 1" in run.stdout
 
 
+def _grade_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "entropyrl.cli.main", "grade", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_grade_refuses_an_out_that_is_its_input_by_any_name(tmp_path):
+    """Issue 24, case 2: `grade X --out X` (also via ../, a symlink, a hard link) leaves X intact."""
+    (tmp_path / "sub").mkdir()
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"response": "\\boxed{2}", "answer": "2"}) + "\nnot json\n")
+    before = src.read_bytes()
+    (tmp_path / "link.jsonl").symlink_to(src)
+    os.link(src, tmp_path / "hard.jsonl")
+    for out in ("in.jsonl", "sub/../in.jsonl", "link.jsonl", "hard.jsonl", str(src)):
+        run = _grade_cli("in.jsonl", "--out", out, cwd=tmp_path)
+        lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
+        assert run.returncode == 2 and len(lines) == 1, run.stderr[-2000:]
+        assert lines[0].startswith(f"error: --out {out} is the input file") and "Traceback" not in run.stderr
+        assert src.read_bytes() == before
+    assert _grade_cli(str(tmp_path / "link.jsonl"), "--out", "in.jsonl", cwd=tmp_path).returncode == 2
+    assert src.read_bytes() == before
+
+
+def test_grade_on_a_folder_says_it_is_a_folder(tmp_path):
+    run = _grade_cli(str(tmp_path))
+    assert run.returncode == 2 and f"error: {tmp_path} is a folder" in run.stderr and "no such file" not in run.stderr
+
+
+def test_grade_output_appears_whole_or_not_at_all(tmp_path):
+    """The graded file is written beside and renamed into place: no temp file is left, and an
+    existing output stays as it was until the new one is complete."""
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps({"response": f"\\boxed{{{i}}}", "answer": str(i)}) + "\n" for i in range(5)))
+    dst.write_text("old\n")
+    assert _grade_cli(str(src), "--out", str(dst)).returncode == 0
+    assert len(dst.read_text().splitlines()) == 5 and sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("entropyrl.models") is None, reason="no tiny model")
 def test_eval_warns_when_most_responses_are_cut_short(tmp_path, data_dir):

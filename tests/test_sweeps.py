@@ -17,6 +17,7 @@ import pytest
 
 from entropyrl.conf import compose, config_groups
 from entropyrl.core.errors import UserError
+from entropyrl.core.folder_lock import FolderLock
 from entropyrl.sweeps import aggregate as agg
 from entropyrl.sweeps.ablation import expand, merge_overrides, variants_of
 from entropyrl.sweeps.planning import validate_jobs
@@ -357,9 +358,9 @@ def test_report_fields_are_finite_or_nan():
 
 
 def test_a_second_sweep_process_on_the_same_folder_is_refused(tmp_path):
-    (tmp_path / "sw").mkdir()
-    (tmp_path / "sw" / ".sweep.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
-    out = run_cli("sweep", "ablation=gate", "seeds=[0]", "sweep_dir=sw", "launcher=debug", *TINY, cwd=tmp_path)
-    assert out.returncode == 2
-    assert f"another `entropyrl sweep` (pid {os.getpid()}) is following" in out.stderr
+    with FolderLock(tmp_path / "sw", name=".sweep.lock"):     # this process follows the folder
+        out = run_cli("sweep", "ablation=gate", "seeds=[0]", "sweep_dir=sw", "launcher=debug", *TINY, cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert (f"is in use by another `entropyrl sweep` (host {socket.gethostname()}, pid {os.getpid()}"
+            in out.stderr), out.stderr[-2000:]
     assert not (tmp_path / "sw" / "runs").exists()

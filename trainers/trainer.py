@@ -287,19 +287,23 @@ class GRPOTrainer:
     def _fit(self, stop: StopSignals) -> dict:
         t = self.cfg.trainer
         resumed = self.maybe_resume()
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        if self.dist.is_main:
-            run_dir.atomic_write_text(self.output_dir / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
-        run_name = self.cfg.tracking.get("run_name") or f"{self.cfg.algo.name}-s{t.seed}"
-        self.tracker.start(tracked_config(self.cfg), run_name, resume_step=resumed)
-        if resumed is None:
-            self.tracker.log_artifact(self.output_dir / "config.yaml")
         total = int(t.total_steps)
+        if self.step >= total:
+            self.log(f"the run is already at step {self.step} (trainer.total_steps={total}): nothing to train; "
+                     f"raise trainer.total_steps to continue it")
+        run_name = self.cfg.tracking.get("run_name") or f"{self.cfg.algo.name}-s{t.seed}"
+        # start-up succeeded: only now the folder gets its MLflow run and config.yaml
+        self.tracker.start(tracked_config(self.cfg), run_name, resume_step=resumed)
         started = time.perf_counter()
         status = "FAILED"
         saved_step = resumed or 0
         try:
-            with TrainingProgress(bool(t.progress) and self.dist.is_main, total, self.step) as bar:
+            run_dir.check_metrics_record(self.output_dir, resumed, self.log)   # deleted/cut short: rebuilt
+            if self.dist.is_main:
+                run_dir.atomic_write_text(self.output_dir / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
+            if resumed is None:
+                self.tracker.log_artifact(self.output_dir / "config.yaml")
+            with TrainingProgress(bool(t.progress) and self.dist.is_main, max(total, self.step), self.step) as bar:
                 while self.step < total and not stop.agreed(self.dist):
                     metrics = self.train_step()
                     self.threads.refresh()          # follows processes starting or ending beside us
@@ -321,6 +325,8 @@ class GRPOTrainer:
         except (KeyboardInterrupt, SystemExit):  # a stop signal, or submitit exiting for a preemption requeue
             status = "KILLED"
             raise
+        except OSError as exc:                   # disk full, read-only or vanished folder: one line, resumable
+            raise run_dir.storage_error(exc, self.output_dir, saved_step) from None
         finally:
             with stop.finishing():
                 summary = self._finish(started, status)
@@ -339,8 +345,11 @@ class GRPOTrainer:
         rows = read_metrics(self.output_dir)
         plot = None
         if rows:
-            plot = plot_training_curves(rows, self.output_dir / "curves.png",
-                                        title=f"{self.cfg.algo.name} on {self.cfg.data.name} (seed {self.cfg.trainer.seed})")
+            try:            # written beside and renamed: a full disk leaves the old figure, never 0 bytes
+                plot = plot_training_curves(rows, self.output_dir / "curves.png",
+                                            title=f"{self.cfg.algo.name} on {self.cfg.data.name} (seed {self.cfg.trainer.seed})")
+            except OSError:
+                plot = None
         summary = summarize(rows)
         summary.update(report_regime(rows, self.cfg, self.tracker, log=self.log))   # warnings, flags, r
         summary.update({"status": status, "steps": self.step, "algo": str(self.cfg.algo.name),
@@ -348,11 +357,13 @@ class GRPOTrainer:
                         "mlflow_run_id": self.tracker.run_id,
                         "tracking_uri": self.tracker.uri if self.tracker.enabled else None,
                         "wall_seconds": time.perf_counter() - started})
-        run_dir.atomic_write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2))
-        for path in (plot, self.output_dir / "summary.json", self.output_dir / "metrics.jsonl"):
-            if path is not None:
-                self.tracker.log_artifact(path)
-        self.tracker.finish(status)
+        try:
+            run_dir.atomic_write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2))
+            for path in (plot, self.output_dir / "summary.json", self.output_dir / "metrics.jsonl"):
+                if path is not None:
+                    self.tracker.log_artifact(path)
+        finally:        # a full disk loses the summary file, never the run's final state
+            self.tracker.finish(status)
         return summary
 
 
@@ -363,8 +374,9 @@ def train(cfg: DictConfig, log=print) -> dict:
     created), ``RunInterrupted`` (a ``KeyboardInterrupt``) when a signal stopped it."""
     validate_config(cfg, "train")
     check_optim(cfg.optim)          # optim.name / optim.scheduler are registered names
-    trainer = GRPOTrainer(cfg, log=log)
-    try:
-        return trainer.fit()
-    finally:
-        trainer.close()
+    with run_dir.run_lock(cfg):     # one writer per output_dir, held until the summary is written
+        trainer = GRPOTrainer(cfg, log=log)
+        try:
+            return trainer.fit()
+        finally:
+            trainer.close()

@@ -19,7 +19,7 @@ from ...core.errors import UserError
 from ..benchmarks import load_benchmark
 from ..generation import sample_texts
 from ..metrics import avg_at_n, mean_metrics, pass_at_k
-from .code_tasks import CODE_BENCHMARKS, CodeProblem, code_user_message, grade_code, record, rows_to_code_problems
+from .code_tasks import CODE_BENCHMARKS, CodeProblem, code_user_message, grade_code, record, row_problem_id, rows_to_code_problems
 from .sandbox import SandboxLimits, SandboxPool
 
 __all__ = ["CODE_KS", "OPEN_FENCE", "code_problem_metrics", "code_prompt", "sandbox_for", "evaluate_code",
@@ -147,14 +147,14 @@ def grade_code_rows(rows: Sequence[dict], pool: SandboxPool, mode: str = "all",
     problems: list[CodeProblem | str] = []
     for row in rows:
         try:
-            if row.get("benchmark") is not None and row.get("id") is not None and not (
+            if row.get("benchmark") is not None and row_problem_id(row) is not None and not (
                     isinstance(row.get("test"), str) or "test_list" in row or "public_test_cases" in row):
                 bench = str(row["benchmark"])
                 if bench not in CODE_BENCHMARKS:
                     raise UserError(f"benchmark '{bench}' is not a code benchmark ({', '.join(CODE_BENCHMARKS)})")
                 if bench not in loaded:
                     loaded[bench] = load_benchmark(bench, data_root)
-                problems.append(_find(loaded[bench], row["id"], bench))
+                problems.append(_find(loaded[bench], row_problem_id(row), bench))
             else:
                 problems.append(rows_to_code_problems([row])[0])
         except UserError as exc:

@@ -80,7 +80,13 @@ def is_code_row(row: dict) -> bool:
         return True
     if isinstance(row.get("test_list"), list) or "public_test_cases" in row:
         return True
-    return str(row.get("benchmark", "")) in CODE_BENCHMARKS and row.get("id") is not None
+    return str(row.get("benchmark", "")) in CODE_BENCHMARKS and row_problem_id(row) is not None
+
+
+def row_problem_id(row: dict):
+    """The problem a ``benchmark`` row names: ``id``, or ``problem_id`` as `entropyrl eval` writes
+    it in samples.jsonl."""
+    return row.get("id") if row.get("id") is not None else row.get("problem_id")
 
 
 CODE_BENCHMARKS = ("humaneval", "mbpp", "livecodebench")

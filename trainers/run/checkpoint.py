@@ -12,6 +12,7 @@ previous intact one is used (``load_latest_intact``).
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
@@ -84,6 +85,14 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _storage_failing(folder: Path) -> bool:
+    """Whether ``folder``'s disk is (nearly) full, judged after a write failed."""
+    try:
+        return shutil.disk_usage(folder).free < 1 << 20
+    except OSError:
+        return True
+
+
 def save_checkpoint(output_dir: Path, step: int, model, tokenizer, optimizer, extra: dict, keep: int = 2,
                     export=None) -> Path:
     """Write checkpoint ``step`` atomically and delete all but the newest ``keep``. ``model``: what
@@ -94,13 +103,27 @@ def save_checkpoint(output_dir: Path, step: int, model, tokenizer, optimizer, ex
     remove_staging(output_dir)
     final = root / f"step_{step:06d}"
     staging = Path(tempfile.mkdtemp(dir=root, prefix=STAGING_PREFIX))
-    model.save_pretrained(staging / "model")
-    tokenizer.save_pretrained(staging / "model")
-    if export is not None:
-        export(staging)
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state(), **extra},
-               staging / "trainer_state.pt")
-    fsync_tree(staging)               # data on disk before the rename makes it visible
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would make the checkpoint private to its writer
+    try:
+        model.save_pretrained(staging / "model")
+        tokenizer.save_pretrained(staging / "model")
+        if export is not None:
+            export(staging)
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state(), **extra},
+                   staging / "trainer_state.pt")
+        record = Path(output_dir) / "metrics.jsonl"
+        if record.exists():                # the record up to this step: rebuilt from here if it is lost
+            shutil.copyfile(record, staging / "metrics.jsonl")
+        fsync_tree(staging)               # data on disk before the rename makes it visible
+    except BaseException as exc:          # a full disk, a signal: no half checkpoint stays behind
+        full = isinstance(exc, Exception) and not isinstance(exc, OSError) and _storage_failing(root)
+        shutil.rmtree(staging, ignore_errors=True)
+        if full:
+            # torch/safetensors report a full disk as RuntimeError: say what it is
+            raise OSError(errno.ENOSPC, f"no space left while writing checkpoint step {step}", str(root)) from None
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import matplotlib
 
+from ...core.files import atomic_path
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -30,9 +32,17 @@ def plot_training_curves(rows: list[dict], path: Path, title: str = "") -> Path:
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Render ``fig`` beside ``path`` and rename it into place: never a 0-byte or half PNG."""
     path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png")
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -51,6 +61,4 @@ def plot_compare(curves: dict[str, list[dict]], key: str, path: Path, ylabel: st
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)

@@ -208,7 +208,8 @@ def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) ->
         if base:
             out["entropy_change"].update({"pearson_r_base": base["pearson_r"],
                                           "pearson_r_detrended_base": base["pearson_r_detrended"]})
-    if tracker is not None and getattr(tracker, "enabled", False) and getattr(tracker, "run_id", None):
+    if (tracker is not None and getattr(tracker, "enabled", False) and getattr(tracker, "run_id", None)
+            and getattr(tracker, "online", True)):     # a server that went away: no tag, no second warning
         try:
             tracker.set_tags({"entropyrl.warnings": ",".join(w["id"] for w in warnings) or "none",
                               "entropyrl.flags": ",".join(f["id"] for f in flags) or "none"})

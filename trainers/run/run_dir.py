@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import shutil
 from dataclasses import dataclass, field
@@ -22,7 +24,10 @@ from typing import Any, Callable
 
 from ...core.errors import UserError
 from ...core.files import atomic_write_text  # noqa: F401  (re-exported for callers of run_dir)
+from ...core.folder_lock import FolderLock
+from ...core.tracking import parse_metrics
 from ...core.validation import RENAMED
+from ..parallel.process_group import launcher_env
 from . import checkpoint as ckpt
 
 #: Keys (or key prefixes ending in '.') that may change between a run and its resumption: how long
@@ -192,9 +197,60 @@ def prepare_output_dir(cfg, *, is_main: bool = True, log: Callable[[str], None] 
     return "resume"
 
 
+def run_lock(cfg):
+    """The lock that makes this process ``output_dir``'s only writer (a context manager); other
+    ranks of a distributed run write nothing there on their own and take none."""
+    if launcher_env()["rank"] != 0:
+        return contextlib.nullcontext()
+    return FolderLock(Path(str(cfg.output_dir)), "`entropyrl train`", key="output_dir",
+                      hint="wait for it to end (or stop it), or run this one with another output_dir=...")
+
+
 def clear_run(output_dir: Path) -> None:
     """Delete an earlier run's checkpoints, metrics, summary, plots and MLflow link in ``output_dir``."""
     out = Path(output_dir)
     shutil.rmtree(ckpt.checkpoint_dir(out), ignore_errors=True)
     for name in RUN_FILES:
         (out / name).unlink(missing_ok=True)
+
+
+def storage_error(exc: OSError, output_dir: Path, saved_step: int) -> UserError:
+    """One line for a write that failed mid-run (disk full, read-only, vanished folder): the path,
+    the fix, and where a resume starts."""
+    fixes = {errno.ENOSPC: "free space on that disk (or run with output_dir=... on another one)",
+             errno.EDQUOT: "free space in your quota (or run with output_dir=... elsewhere)",
+             errno.EROFS: "make that file system writable again",
+             errno.EFBIG: "raise the file-size limit (ulimit -f)",
+             errno.EACCES: "make the folder writable again", errno.EPERM: "make the folder writable again",
+             errno.ENOENT: "the folder vanished: restore it (or start fresh with another output_dir=...)"}
+    fix = fixes.get(exc.errno, "make the folder writable again")
+    resume = (f"the checkpoint at step {saved_step} is intact: run the same command again to resume from it"
+              if saved_step else "no checkpoint was saved yet: run the same command again to start over")
+    return UserError(f"cannot write {exc.filename or output_dir}: {exc.strerror or exc}; {fix}, then {resume}")
+
+
+def check_metrics_record(output_dir: Path, resumed: int | None, log: Callable[[str], None] = print) -> None:
+    """Before a resumed run appends to metrics.jsonl: if it was deleted or cut short (steps missing
+    before the checkpoint), rebuild it from the checkpoint's copy of the record or say what is lost."""
+    if resumed is None:
+        return
+    path = Path(output_dir) / "metrics.jsonl"
+    rows = parse_metrics(path.read_text(errors="replace"))[0] if path.exists() else []
+    have = {int(r["step"]) for r in rows if isinstance(r.get("step"), (int, float))}
+    missing = [s for s in range(1, resumed + 1) if s not in have]
+    if not missing:
+        return
+    saved = ckpt.checkpoint_dir(output_dir) / f"step_{resumed:06d}" / "metrics.jsonl"
+    copy = parse_metrics(saved.read_text(errors="replace"))[0] if saved.exists() else []
+    if {int(r["step"]) for r in copy} >= set(missing):
+        merged = {int(r["step"]): r for r in copy if int(r["step"]) <= resumed}
+        merged.update({int(r["step"]): r for r in rows if int(r["step"]) <= resumed})
+        atomic_write_text(path, "".join(json.dumps(merged[k]) + "\n" for k in sorted(merged)))
+        log(f"warning: {path} lacked steps {_span(missing)}: rebuilt from the checkpoint at step {resumed}")
+    else:
+        log(f"warning: {path} lacks steps {_span(missing)} and the checkpoint holds no copy of them: the "
+            f"summary's first-tenth figures cover only the steps still there")
+
+
+def _span(steps: list[int]) -> str:
+    return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
