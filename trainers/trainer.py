@@ -78,6 +78,7 @@ class GRPOTrainer:
         # torchrun / SLURM ranks, this rank's device, FSDP or not (trainers/parallel/distributed.py)
         self.dist = distributed.setup(t)
         self.log = log if self.dist.is_main else (lambda *_a, **_k: None)
+        self.nodes = distributed.node_names(self.dist)      # by rank, for summary.json
         # resume / refuse / overwrite what output_dir holds, before minutes of model loading
         self.run_mode = run_dir.prepare_output_dir(cfg, is_main=self.dist.is_main, log=self.log)
         distributed.barrier(self.dist)
@@ -382,7 +383,7 @@ class GRPOTrainer:
         summary.update(report_regime(rows, self.cfg, self.tracker, log=self.log))   # warnings, flags, r
         summary.update({"status": status, "steps": self.step, "algo": str(self.cfg.algo.name),
                         "output_dir": str(self.output_dir), "world_size": self.dist.world_size,
-                        "mlflow_run_id": self.tracker.run_id,
+                        "nodes": self.nodes, "mlflow_run_id": self.tracker.run_id,
                         "tracking_uri": self.tracker.uri if self.tracker.enabled else None,
                         "wall_seconds": time.perf_counter() - started})
         run_dir.atomic_write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2))
