@@ -198,7 +198,7 @@ TRAIN = {
     "diagnostics.probe_prompts": POS_INT, "diagnostics.probe_responses": POS_INT, "val.pass_k": NONNEG_INT,
     "algo.steer.entropy_source": choice("old", "current"), "algo.tis.cap": POS,
     "rollout.n": POS_INT, "rollout.temperature": POS, "rollout.top_p": OPEN_PROB, "rollout.top_k": NONNEG_INT,
-    "rollout.max_new_tokens": POS_INT, "rollout.batch_size": POS_INT,
+    "rollout.max_new_tokens": POS_INT, "rollout.batch_size": POS_INT, "rollout.seed_scope": choice("call", "group"),
     **ALGO, **MODEL, **TRACKING,
 }
 
@@ -219,6 +219,7 @@ SWEEP = {
     "report.entropy_threshold": NONNEG, "report.tail_frac": OPEN_PROB,
     "launcher.max_parallel": POS_INT, "launcher.timeout_min": POS_INT, "launcher.max_num_timeout": NONNEG_INT,
     "launcher.signal_delay_s": NONNEG_INT, "launcher.nodes": POS_INT, "launcher.gpus_per_node": NONNEG_INT,
+    "launcher.tasks_per_node": integer(1, nullable=True),
     "launcher.cpus_per_task": POS_INT, "launcher.mem_gb": number(0, open_low=True, nullable=True),
     "launcher.array_parallelism": POS_INT,
     **TRACKING,

@@ -177,8 +177,7 @@ class GRPOTrainer:
         for attempt in range(max_batches):
             attempts += 1
             problems = distributed.shard(self.source.sample(want * self.dist.world_size, self.step, attempt), self.dist)
-            seed = int(t.seed) * 1_000_003 + self.step * 101 + attempt + self.dist.rank * 7_919_993
-            roll = self.rollout.generate([self.source.prompt(p) for p in problems], n=n, seed=seed)
+            roll = self._generate(problems, n, attempt, first=self.dist.rank * len(problems))
             batch_reward = getattr(self.source, "rewards", None)   # sources that grade a batch at once
             scores = (batch_reward([problems[i // n] for i in range(len(roll.texts))], roll.texts) if batch_reward
                       else [self.source.reward(problems[i // n], txt) for i, txt in enumerate(roll.texts)])
@@ -214,6 +213,19 @@ class GRPOTrainer:
         idx = torch.arange(rows)
         metrics["dynamic_sampling/kept_frac"] = n_kept / (attempts * want)
         return roll.select(idx), rewards[idx], correct[idx], group_ids[idx], metrics
+
+    def _generate(self, problems: list, n: int, attempt: int, first: int) -> Rollout:
+        """``n`` responses to each of this rank's ``problems`` (``first``: the index of the first one
+        among the step's prompts). ``rollout.seed_scope=group`` samples every group alone, seeded by
+        its index in the step, so the responses do not depend on the number of ranks."""
+        t = self.cfg.trainer
+        base = int(t.seed) * 1_000_003 + self.step * 101 + attempt
+        if str(self.cfg.rollout.get("seed_scope", "call")) != "group":
+            return self.rollout.generate([self.source.prompt(p) for p in problems], n=n,
+                                         seed=base + self.dist.rank * 7_919_993)
+        parts = [self.rollout.generate([self.source.prompt(p)], n=n, seed=base * 65_537 + first + i)
+                 for i, p in enumerate(problems)]
+        return cat_rollouts(parts, self.tokenizer.pad_token_id)
 
     # -- one training step ------------------------------------------------------------------
     def train_step(self, batch=None) -> dict[str, float]:
