@@ -110,6 +110,42 @@ def test_slurm_request_against_the_largest_node():
     assert "set launcher.partition to one of: cpu, gpu" in oversized({**ok, "partition": "big"}, sizes, "cpu")
 
 
+def test_ranks_per_job_and_requests_no_node_can_hold():
+    from entropyrl.sweeps.launchers import LocalLauncher
+
+    slurm = SlurmLauncher()
+    assert slurm.tasks_per_node({"gpus_per_node": 8}) == 8 and slurm.tasks_per_node({}) == 1
+    assert slurm.world_size({"nodes": 2, "gpus_per_node": 4}) == 8
+    assert slurm.world_size({"nodes": 2, "tasks_per_node": 2, "gpus_per_node": 4}) == 4
+    with pytest.raises(UserError, match=r"launcher.tasks_per_node=3 exceeds launcher.gpus_per_node=2 \(one GPU per rank\)"):
+        slurm.check_values({"tasks_per_node": 3, "gpus_per_node": 2})
+    sizes = {"cpu": PartitionSize("cpu", cpus=4, mem_mb=4096, gpus=0, nodes=2, time_limit_min=None)}
+    assert oversized({"cpus_per_task": 2, "tasks_per_node": 2, "nodes": 2}, sizes, "cpu") is None
+    assert oversized({"cpus_per_task": 2, "tasks_per_node": 3}, sizes, "cpu") == (
+        "launcher.tasks_per_node=3 x launcher.cpus_per_task=2 exceeds the largest node of partition cpu (4 CPUs); "
+        "set launcher.tasks_per_node<=2 or lower launcher.cpus_per_task")
+    local = LocalLauncher()
+    with pytest.raises(UserError, match="launcher=local runs on this machine only"):
+        local.check({"nodes": 2})
+    from entropyrl.core.resources import available_cpus
+
+    with pytest.raises(UserError, match=rf"exceed the {available_cpus()} CPUs"):
+        local.check({"tasks_per_node": available_cpus() + 1})
+    local.check({"tasks_per_node": 1})
+
+
+def test_prompts_that_do_not_split_over_a_jobs_ranks_are_refused_at_plan_time(tmp_path):
+    out = subprocess.run([*CLI, "sweep", "ablation=gate", "seeds=[0]", "sweep_dir=sw", "launcher=slurm",
+                          "launcher.nodes=3", "launcher.check_request=false", "trainer.prompts_per_step=4",
+                          "trainer.mini_batch_prompts=4", "--dry-run"], capture_output=True, text=True, cwd=tmp_path,
+                         timeout=300)
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert lines == ["error: variant gated: trainer.prompts_per_step=4 must be a multiple of the job's 3 ranks "
+                     "(launcher.nodes x launcher.tasks_per_node); set train.trainer.prompts_per_step to a multiple of 3"]
+    assert not (tmp_path / "sw").exists()
+
+
 @pytest.mark.parametrize("reason, advice", [
     ("InvalidAccount", "change launcher.account (now proj)"),
     ("PartitionTimeLimit", "change launcher.timeout_min (now 240)"),
