@@ -155,6 +155,9 @@ TRACKING = {
     "tracking.experiment": STR,
 }
 
+#: where a token selection is taken (trainers/interventions/base.py SCOPES; core sits below trainers)
+SELECTION_SCOPES = ("micro", "mini", "batch", "global")
+
 ALGO = {
     "algo.clip.low": NONNEG, "algo.clip.high": NONNEG, "algo.clip.dual_c": number(1, open_low=True, nullable=True),
     "algo.loss_agg_norm": number(0, open_low=True, nullable=True),
@@ -164,13 +167,14 @@ ALGO = {
     "algo.stare.p": OPEN_PROB, "algo.stare.w": POS, "algo.stare.m": POS, "algo.stare.h_tgt": NONNEG,
     "algo.stare.variant": choice("O1", "C2"), "algo.stare.gate": BOOL, "algo.stare.adaptive": BOOL,
     "algo.stare.alpha": NONNEG, "algo.stare.w_max": POS, "algo.stare.m_min": POS,
-    "algo.stare.scope": choice("micro", "mini", "batch"),
+    "algo.stare.scope": choice(*SELECTION_SCOPES),
     "algo.steer.mapping": choice("exp", "linear"), "algo.steer.lambda_min": PROB,
     "algo.steer.lambda_max": POS,   # > 1 boosts low-|Omega| tokens (the linear run uses 1.2)
-    "algo.steer.m_floor": POS, "algo.steer.scope": choice("micro", "mini", "batch"),
+    "algo.steer.m_floor": POS, "algo.steer.scope": choice(*SELECTION_SCOPES),
     "algo.clip_cov.ratio": PROB, "algo.clip_cov.lb": number(), "algo.clip_cov.ub": number(),
     "algo.kl_cov.ratio": PROB, "algo.kl_cov.kappa": NONNEG,
-    "algo.high_entropy_mask.rho": PROB, "algo.high_entropy_mask.scope": choice("micro", "mini", "batch"),
+    "algo.clip_cov.scope": choice(*SELECTION_SCOPES), "algo.kl_cov.scope": choice(*SELECTION_SCOPES),
+    "algo.high_entropy_mask.rho": PROB, "algo.high_entropy_mask.scope": choice(*SELECTION_SCOPES),
     "algo.sample_reweight.pos_weight": NONNEG, "algo.sample_reweight.neg_weight": NONNEG,
     "algo.entropy_bonus.coef": number(),
     "algo.adaptive_entropy.init_coef": NONNEG, "algo.adaptive_entropy.target": NONNEG,

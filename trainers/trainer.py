@@ -275,7 +275,8 @@ class GRPOTrainer:
                 with torch.no_grad():
                     mini_extras.update(self.algo.prepare(
                         "mini", logp=old_logp[mini], old_logp=old_logp[mini], entropy=entropy[mini],
-                        advantages=advantages[mini], mask=mask[mini]))
+                        advantages=advantages[mini], mask=mask[mini],
+                        gather=lambda tensors: distributed.gather_rows(tensors, self.dist)))   # scope global
                 self.optimizer.zero_grad(set_to_none=True)
                 dp_scale = distributed.loss_scale(agg, mask[mini], self.dist)   # 1.0 on one process
                 objective = 0.0

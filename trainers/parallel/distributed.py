@@ -52,7 +52,7 @@ from ..algos.loss_agg import loss_aggregation
 from .fsdp import checkpoint_views, decoder_layers, is_fsdp, load_full_state, prepare_model
 from .process_group import DistInfo, cleanup, expand_nodelist, launcher_env, node_name, setup
 
-__all__ = ["DistInfo", "launcher_env", "expand_nodelist", "node_name", "node_names", "setup", "prepare_model", "shard",
+__all__ = ["DistInfo", "launcher_env", "expand_nodelist", "node_name", "node_names", "gather_rows", "setup", "prepare_model", "shard",
            "sum_across", "min_across", "max_across", "mean_metrics", "masked_mean_across", "loss_scale",
            "clip_grad_norm", "barrier", "checkpoint_views", "load_full_state", "is_fsdp", "decoder_layers",
            "check_batch_sizes", "NullTracker", "cleanup"]
@@ -110,6 +110,31 @@ def mean_metrics(metrics: dict[str, float], info: DistInfo) -> dict[str, float]:
         vals = [g[key] for g in gathered if g and key in g and g[key] == g[key]]
         out[key] = float(sum(vals) / len(vals)) if vals else float("nan")
     return out
+
+
+def gather_rows(tensors: dict[str, torch.Tensor], info: DistInfo) -> tuple[dict[str, torch.Tensor], slice]:
+    """Every rank's ``[b_r, T_r]`` tensors stacked by rank (rank 0's rows first), right-padded to
+    the widest ``T`` with zeros (a zero mask: padding is never valid), and the rows of this rank in
+    the result. Identity on one process. Every rank must call it (same keys)."""
+    if not _active(info):
+        return tensors, slice(None)
+    import torch.distributed as dist
+
+    first = next(iter(tensors.values()))
+    shapes: list[tuple[int, int] | None] = [None] * info.world_size
+    dist.all_gather_object(shapes, (int(first.shape[0]), int(first.shape[1])))
+    rows, width = max(s[0] for s in shapes), max(s[1] for s in shapes)
+    start = sum(s[0] for s in shapes[:info.rank])
+    device = info.device if info.backend == "nccl" else torch.device("cpu")
+    out = {}
+    for key, t in tensors.items():
+        wire = torch.uint8 if t.dtype == torch.bool else t.dtype     # gloo has no bool collectives
+        padded = torch.zeros((rows, width), dtype=wire, device=device)
+        padded[:t.shape[0], :t.shape[1]] = t.detach().to(device, wire)
+        parts = [torch.empty_like(padded) for _ in range(info.world_size)]
+        dist.all_gather(parts, padded)
+        out[key] = torch.cat([part[:s[0]] for part, s in zip(parts, shapes)]).to(t.device, t.dtype)
+    return out, slice(start, start + int(first.shape[0]))
 
 
 def node_names(info: DistInfo) -> list[str]:
