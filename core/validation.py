@@ -191,6 +191,7 @@ TRAIN = {
     "trainer.total_steps": POS_INT, "trainer.seed": NONNEG_INT,
     "trainer.prompts_per_step": POS_INT, "trainer.mini_batch_prompts": POS_INT,
     "trainer.micro_batch_responses": POS_INT, "trainer.ppo_epochs": POS_INT,
+    "trainer.micro_batch_tokens": integer(1, nullable=True),
     "trainer.lr": POS, "trainer.weight_decay": NONNEG, "trainer.grad_clip": POS,
     "trainer.val_every": NONNEG_INT, "trainer.save_every": NONNEG_INT, "trainer.keep_checkpoints": NONNEG_INT,
     "trainer.resume": choice(*RESUME_MODES),

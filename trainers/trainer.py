@@ -37,6 +37,7 @@ from ..models.loading import load_policy
 from ..rollout.base import Rollout, build_rollout, cat_rollouts
 from .algos.algorithm import Algorithm, tracked_config
 from .algos.core_algos import part_weight
+from .data import micro_batches
 from .data.prompts_source import build_prompt_source
 from .interventions import build_intervention
 from .interventions.tis import SAMPLING_LOGP_KEY, sampler_mismatch_metrics
@@ -59,10 +60,6 @@ def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Ten
     token-mean, responses for seq-mean-token-mean, 1 for a constant normaliser), as the aggregation
     declared it when registered (``core_algos.register_loss_agg``)."""
     return part_weight(agg, micro_mask, mini_mask)
-
-
-def _slice(t, idx):
-    return None if t is None else t[idx]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,6 +224,25 @@ class GRPOTrainer:
                  for i, p in enumerate(problems)]
         return cat_rollouts(parts, self.tokenizer.pad_token_id)
 
+    def _micro_batches(self, roll: Rollout, mini: torch.Tensor) -> list[torch.Tensor]:
+        """Positions in ``mini`` of each forward/backward pass: ``trainer.micro_batch_responses``
+        rows at a time, or packed by ``trainer.micro_batch_tokens`` (trainers/data/micro_batches.py),
+        as many passes on every rank."""
+        t = self.cfg.trainer
+        budget = t.get("micro_batch_tokens")
+        if not budget:
+            return micro_batches.by_count(len(mini), int(t.micro_batch_responses))
+        rows = roll.select(mini)
+        passes = micro_batches.by_tokens(rows.prompt_mask.sum(1), rows.response_mask.sum(1), int(budget))
+        return micro_batches.balance(passes, int(distributed.max_across(len(passes), self.dist)))
+
+    def _pass_rows(self, roll: Rollout, micro: torch.Tensor) -> tuple[Rollout, int]:
+        """The rows of one pass, trimmed to their own width under a token budget; the response width."""
+        part = roll.select(micro)
+        if self.cfg.trainer.get("micro_batch_tokens"):
+            return micro_batches.trim(part)
+        return part, part.response_ids.shape[1]
+
     # -- one training step ------------------------------------------------------------------
     def train_step(self, batch=None) -> dict[str, float]:
         """One step; ``batch`` (what ``collect`` returns) skips generation, e.g. to replay a fixed batch."""
@@ -280,16 +296,19 @@ class GRPOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 dp_scale = distributed.loss_scale(agg, mask[mini], self.dist)   # 1.0 on one process
                 objective = 0.0
-                for u_start in range(0, len(mini), rows_per_chunk):
-                    local = torch.arange(u_start, min(u_start + rows_per_chunk, len(mini)))
+                for local in self._micro_batches(roll, mini):
+                    pairing = len(local) == 0     # only to pair this rank's collectives with the others'
+                    local = torch.zeros(1, dtype=torch.long) if pairing else local
                     micro = mini[local]
-                    logp, ent = response_token_stats(self.model, roll.select(micro), entropy_grad=self.algo.needs_entropy_grad,
+                    part, w = self._pass_rows(roll, micro)          # w: response columns of this pass
+                    logp, ent = response_token_stats(self.model, part, entropy_grad=self.algo.needs_entropy_grad,
                                                      **stats_kw)
-                    out = self.algo.loss(logp=logp, old_logp=old_logp[micro], entropy=ent,
-                                         advantages=advantages[micro], mask=mask[micro],
-                                         ref_logp=_slice(ref_logp, micro),
-                                         extras={k: v[local] for k, v in mini_extras.items()})
-                    weight = accumulation_weight(agg, mask[micro], mask[mini]) * dp_scale
+                    out = self.algo.loss(logp=logp, old_logp=old_logp[micro, :w], entropy=ent,
+                                         advantages=advantages[micro, :w], mask=mask[micro, :w],
+                                         ref_logp=None if ref_logp is None else ref_logp[micro, :w],
+                                         extras={k: v[local][:, :w] if v.dim() == 2 else v[local]
+                                                 for k, v in mini_extras.items()})
+                    weight = 0.0 if pairing else accumulation_weight(agg, mask[micro], mask[mini]) * dp_scale
                     (out.loss * weight).backward()
                     objective += float(out.loss.detach()) * weight
                     for k, v in out.metrics.items():
