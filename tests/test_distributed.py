@@ -64,6 +64,12 @@ def test_launcher_environments():
                          "SLURM_NODELIST": "gpu[12-15]", "SLURM_JOB_ID": "4242"})
     assert (srun["launcher"], srun["rank"], srun["world_size"], srun["local_rank"], srun["master_addr"],
             srun["master_port"]) == ("slurm", 5, 8, 1, "gpu12", 29500 + 242)
+    # submitit's local tasks (launcher=local launcher.tasks_per_node=2): the port follows the job
+    local = launcher_env({"SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "1", "SUBMITIT_LOCAL_LOCALID": "1",
+                          "SUBMITIT_LOCAL_JOB_ID": "43210"})
+    assert (local["launcher"], local["rank"], local["world_size"], local["master_addr"], local["master_port"]) == \
+        ("local", 1, 2, "127.0.0.1", 20000 + 43210 % 20000)
+    assert launcher_env({"SUBMITIT_LOCAL_NTASKS": "1", "SUBMITIT_LOCAL_GLOBALID": "0"})["launcher"] == "single"
     # A batch script of a many-task job is one process (no srun step): not distributed.
     assert launcher_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_NODELIST": "gpu1"})["launcher"] == "single"
 

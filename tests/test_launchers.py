@@ -182,3 +182,26 @@ def test_sweep_accepts_training_keys_on_the_command_line(tmp_path):
     bad = subprocess.run([*CLI, "sweep", "ablation=gate", "trainer.bogus=5", "sweep_dir=sw", "--dry-run"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert bad.returncode == 2 and "variant gated: unknown config key 'trainer.bogus'" in bad.stderr
+
+
+@pytest.mark.slow
+def test_local_sweep_job_runs_as_two_ranks_into_one_mlflow_run(tmp_path):
+    """launcher=local launcher.tasks_per_node=2: each job is 2 gloo processes, one folder, one MLflow run."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = subprocess.run([*CLI, "sweep", "ablation=gate", "variants=[off]", "seeds=[0]", "sweep_dir=sw", "launcher=local",
+                          "launcher.tasks_per_node=2", "poll_seconds=0.5", f"tracking.uri={uri}",
+                          "tracking.experiment=local-ranks", "trainer.total_steps=2", "trainer.prompts_per_step=4",
+                          "trainer.mini_batch_prompts=2", "trainer.val_every=0", "trainer.save_every=0", "val.prompts=0"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:]
+    run = tmp_path / "sw" / "runs" / "off" / "s0"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 2 and len(summary["nodes"]) == 2
+    assert "rank 1 of 2" in (run / "train.rank1.log").read_text()
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    children = client.search_runs([client.get_experiment_by_name("local-ranks").experiment_id], "tags.variant = 'off'")
+    assert [r.info.run_id for r in children] == [summary["mlflow_run_id"]]
