@@ -22,9 +22,12 @@ ROWS, P, R = 8, 32, 224
 
 
 def _plan(*args: str) -> dict:
-    out = subprocess.run([*CLI, "plan", *args, "--json"], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout)
+    """``entropyrl plan <overrides> [--ranks N] --json``, in this process."""
+    from entropyrl.cli.plan_cmd import plan_figures
+
+    overrides = [a for a in args if "=" in a]
+    ranks = int(args[args.index("--ranks") + 1]) if "--ranks" in args else 1
+    return json.loads(json.dumps(plan_figures(overrides, ranks=ranks, mfu=0.4, peak_tflops=989.0, prompt_len=None)))
 
 
 def test_parameters_of_the_published_architectures_and_the_memory_split():
@@ -41,8 +44,11 @@ def test_parameters_of_the_published_architectures_and_the_memory_split():
         assert eight["step_seconds"] == pytest.approx(one["step_seconds"] / 8, rel=1e-6)
         assert eight["tokens"] == 512 * 16 * (2048 + 8192)                               # the DAPO step
     table = subprocess.run([*CLI, "plan", "experiment=dapo_7b", "--ranks", "8"], capture_output=True, text=True,
-                           timeout=300).stdout
-    assert "memory per rank (8 ranks, FSDP on)" in table and "step time at MFU 40%" in table
+                           timeout=300)
+    assert table.returncode == 0, table.stderr[-2000:]
+    assert "memory per rank (8 ranks, FSDP on)" in table.stdout and "step time at MFU 40%" in table.stdout
+    bad = subprocess.run([*CLI, "plan", "--mfu", "2"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: entropyrl plan: need --ranks >= 1")
 
 
 def test_a_model_folders_config_json_is_read_offline(tmp_path):
