@@ -311,7 +311,7 @@ class GRPOTrainer:
                     weight = 0.0 if pairing else accumulation_weight(agg, mask[micro], mask[mini]) * dp_scale
                     (out.loss * weight).backward()
                     objective += float(out.loss.detach()) * weight
-                    for k, v in out.metrics.items():
+                    for k, v in ({} if pairing else out.metrics).items():
                         loss_metrics[k].append(float(v))
                 loss_metrics["loss/objective"].append(objective)   # the mini-batch loss minimised
                 grad_norms.append(distributed.clip_grad_norm(self.model, float(t.grad_clip)))
