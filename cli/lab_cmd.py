@@ -26,9 +26,7 @@ import typer
 from ..conf import compose, to_plain
 from ..core.errors import UserError
 from ..core.tracking import RunTracker, read_metrics
-from ..models.loading import load_policy
 from ..sweeps.lab.claims import compute_claims
-from ..sweeps.lab.report import write_lab_outputs
 
 VARIANTS = ("grpo", "stare", "steer", "clip_cov", "kl_cov", "sample_reweight", "high_entropy_mask",
             "grpo_extreme", "steer_extreme")
@@ -107,6 +105,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from rich.console import Console
 
+        from ..models.loading import load_policy  # torch and matplotlib load when it runs
+        from ..sweeps.lab.report import write_lab_outputs
 
         console = Console(stderr=True)
         say = lambda msg: console.print(f"[bold]lab[/bold]: {msg}")  # noqa: E731

@@ -31,6 +31,7 @@ import submitit
 from omegaconf import DictConfig, open_dict
 
 from ..conf import compose
+from ..trainers.optim import check_optim
 from ..trainers.parallel.process_group import launcher_env
 from ..trainers.trainer import train
 
@@ -79,6 +80,7 @@ def compose_job_config(overrides: list[str], tracking: dict | None = None, run_n
     Used by the job itself and, at plan time, by ``planning.job_configs`` for every job.
     """
     cfg = compose("train", list(overrides))
+    check_optim(cfg.optim)          # an unknown optim.name / optim.scheduler fails the plan, not the job
     if tracking is None:
         return cfg
     with open_dict(cfg):

@@ -23,7 +23,7 @@ CLI_MODULE = "entropyrl.cli.main"
 # from weights the first step changed).
 OVERRIDES = ["trainer.prompts_per_step=8", "trainer.mini_batch_prompts=8", "trainer.micro_batch_responses=6",
              "rollout.n=4", "tracking.enabled=false", "trainer.progress=false", "val.prompts=0",
-             "trainer.seed=5", "algo.clip.high=0.28", "trainer.lr=1e-3"]
+             "trainer.seed=5", "algo.clip.high=0.28", "optim.lr=1e-3"]
 STEPS = 2
 
 
@@ -199,7 +199,7 @@ def test_checkpoint_resumes_on_another_number_of_ranks(in_tmp):
 
     uri = f"sqlite:///{in_tmp / 'mlflow.db'}"
     args = ["trainer.prompts_per_step=4", "trainer.mini_batch_prompts=4", "trainer.micro_batch_responses=6",
-            "rollout.n=4", "rollout.seed_scope=group", "trainer.lr=1e-3", "trainer.save_every=1", "trainer.val_every=0",
+            "rollout.n=4", "rollout.seed_scope=group", "optim.lr=1e-3", "trainer.save_every=1", "trainer.val_every=0",
             "val.prompts=0", "trainer.progress=false", "trainer.threads=1", f"tracking.uri={uri}",
             "tracking.experiment=elastic"]
     one = [sys.executable, "-m", CLI_MODULE, "train"]

@@ -234,7 +234,7 @@ def test_a_job_that_can_never_start_stops_the_sweep(slurm_cluster, tmp_path):
 # one mini-batch per step, so both update on the same rows; two steps (the second from changed weights).
 SAME_BATCH = ["train.trainer.total_steps=2", "train.trainer.prompts_per_step=4", "train.trainer.mini_batch_prompts=4",
               "train.trainer.micro_batch_responses=6", "train.rollout.n=4", "train.rollout.seed_scope=group",
-              "train.trainer.lr=1e-3", "train.trainer.val_every=0", "train.trainer.save_every=0", "train.val.prompts=0",
+              "train.optim.lr=1e-3", "train.trainer.val_every=0", "train.trainer.save_every=0", "train.val.prompts=0",
               "tracking.enabled=false"]
 _REFERENCE: dict[tuple, Path] = {}
 

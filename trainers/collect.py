@@ -1,0 +1,87 @@
+"""One training batch: sample prompts, generate responses, score them, and (with dynamic
+sampling) keep generating until the batch has enough groups with a learning signal.
+
+``collect_rollouts`` needs only the prompt source, the rollout engine and the algorithm
+(``trainers/components.py``), not a trainer: the lab's quadrant experiment calls it too.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from ..rollout.base import Rollout, cat_rollouts
+from .parallel import distributed
+
+__all__ = ["collect_rollouts", "generate_groups"]
+
+
+def generate_groups(cfg, source, rollout, problems: list, n: int, *, seed: int, rank: int, first: int,
+                    pad_token_id: int) -> Rollout:
+    """``n`` responses to each of this rank's ``problems`` (``first``: the index of the first one
+    among the step's prompts; ``seed``: the step's). ``rollout.seed_scope=group`` samples every group
+    alone, seeded by its index in the step, so the responses do not depend on the number of ranks;
+    the default ``call`` seeds one generate call per rank."""
+    if str(cfg.rollout.get("seed_scope", "call")) != "group":
+        return rollout.generate([source.prompt(p) for p in problems], n=n, seed=seed + rank * 7_919_993)
+    parts = [rollout.generate([source.prompt(p)], n=n, seed=seed * 65_537 + first + i) for i, p in enumerate(problems)]
+    return cat_rollouts(parts, pad_token_id)
+
+
+def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, step: int
+                     ) -> tuple[Rollout, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """Generate, score and (with dynamic sampling) filter until the batch is full.
+
+    ``step`` (the training step) seeds the prompts and the sampling; each rank of ``dist`` takes
+    its share. Returns ``(rollout, rewards [B], correct [B], group_ids [B], metrics)``, the first
+    four None when nothing was kept.
+    """
+    t, n = cfg.trainer, int(cfg.rollout.n)
+    want = int(t.prompts_per_step) // dist.world_size      # this rank's share of the prompts
+    ds = cfg.algo.get("dynamic_sampling", {})
+    max_batches = int(ds.get("max_num_gen_batches", 1)) if ds.get("enabled", False) else 1
+    kept: list[tuple[Rollout, torch.Tensor, torch.Tensor]] = []
+    n_kept, all_correct, all_rewards, all_len, all_trunc, per_group = 0, [], [], [], [], defaultdict(list)
+    unique_frac, attempts = [], 0
+    for attempt in range(max_batches):
+        attempts += 1
+        problems = distributed.shard(source.sample(want * dist.world_size, step, attempt), dist)
+        roll = generate_groups(cfg, source, rollout, problems, n, seed=int(t.seed) * 1_000_003 + step * 101 + attempt,
+                               rank=dist.rank, first=dist.rank * len(problems), pad_token_id=pad_token_id)
+        batch_reward = getattr(source, "rewards", None)   # sources that grade a batch at once
+        scores = (batch_reward([problems[i // n] for i in range(len(roll.texts))], roll.texts) if batch_reward
+                  else [source.reward(problems[i // n], txt) for i, txt in enumerate(roll.texts)])
+        correct = torch.tensor(scores, dtype=torch.float32)
+        rewards = algo.shape_rewards(correct.clone(), roll.lengths)
+        group_ids = torch.arange(len(problems)).repeat_interleave(n) + attempt * want
+        all_correct.append(correct), all_rewards.append(rewards)
+        all_len.append(roll.lengths.float()), all_trunc.append(roll.truncated.float())
+        for i, p in enumerate(problems):
+            per_group[source.group(p)].append(correct[i * n:(i + 1) * n].mean().item())
+            unique_frac.append(len(set(roll.texts[i * n:(i + 1) * n])) / n)
+        keep = algo.keep_groups(rewards, group_ids)
+        if keep.any():
+            kept.append((roll.select(keep), rewards[keep], correct[keep], group_ids[keep]))
+            n_kept += int(keep.sum()) // n
+        if int(distributed.min_across(n_kept, dist)) >= want:   # every rank has its share
+            break
+    metrics = {
+        "reward/mean": torch.cat(all_rewards).mean().item(),
+        "acc/mean": torch.cat(all_correct).mean().item(),
+        "response_length/mean": torch.cat(all_len).mean().item(),
+        "response_length/clip_frac": torch.cat(all_trunc).mean().item(),
+        "diversity/unique_frac": float(np.mean(unique_frac)),
+        "dynamic_sampling/gen_batches": float(attempts),
+        **{f"acc/{g}": float(np.mean(v)) for g, v in per_group.items()},
+    }
+    # Same number of rows on every rank (whole groups): FSDP needs matching forward passes.
+    rows = int(distributed.min_across(min(want * n, sum(len(k[0].texts) for k in kept)), dist))
+    if rows == 0:
+        return None, None, None, None, metrics
+    roll = cat_rollouts([k[0] for k in kept], pad_token_id)
+    rewards, correct, group_ids = (torch.cat([k[i] for k in kept]) for i in (1, 2, 3))
+    idx = torch.arange(rows)
+    metrics["dynamic_sampling/kept_frac"] = n_kept / (attempts * want)
+    return roll.select(idx), rewards[idx], correct[idx], group_ids[idx], metrics
