@@ -1,5 +1,5 @@
 """``entropyrl plan [overrides...]``: what one training step of the composed run costs, offline
-(``models/cost.py``): parameters, FLOPs, tokens, memory per rank, step time at a stated MFU."""
+(``models/cost.plan_figures``): parameters, FLOPs, tokens, memory per rank, step time at a stated MFU."""
 
 from __future__ import annotations
 
@@ -7,31 +7,6 @@ import json
 from typing import List, Optional
 
 import typer
-
-from ..conf import cfg_get, compose
-from ..core.errors import UserError
-from ..models.cost import architecture, step_cost
-
-
-def plan_figures(overrides: list[str], *, ranks: int, mfu: float, peak_tflops: float,
-                 prompt_len: int | None) -> dict:
-    """The cost table of ``entropyrl train <overrides>`` on ``ranks`` ranks, as a dict."""
-    if ranks < 1 or not 0 < mfu <= 1 or peak_tflops <= 0:
-        raise UserError("entropyrl plan: need --ranks >= 1, 0 < --mfu <= 1 and --peak-tflops > 0")
-    cfg = compose("train", overrides)
-    t = cfg.trainer
-    arch = architecture(cfg.model)
-    prompt = int(prompt_len or cfg_get(cfg.data, "max_prompt_length", 0) or 256)
-    fsdp = str(t.get("fsdp", "auto")).lower() not in ("false", "0", "no") and (ranks > 1 or t.dtype == "bfloat16")
-    cost = step_cost(arch, prompts=int(t.prompts_per_step), n=int(cfg.rollout.n), prompt_len=prompt,
-                     response_len=int(cfg.rollout.max_new_tokens), ranks=ranks,
-                     micro_rows=int(t.micro_batch_responses), micro_tokens=t.get("micro_batch_tokens"),
-                     epochs=int(t.ppo_epochs), checkpointing=bool(t.gradient_checkpointing),
-                     compute_bytes=2 if t.dtype == "bfloat16" else 4, chunk=int(t.token_chunk_size), fsdp=fsdp,
-                     ref_model=float(cfg.algo.get("kl_coef", 0) or 0) > 0, mfu=mfu, peak_flops=peak_tflops * 1e12)
-    return {"model": str(cfg.model.name), "architecture": arch.source, "ranks": ranks, "mfu": mfu,
-            "peak_tflops_per_rank": peak_tflops, "prompt_len": prompt, "response_len": int(cfg.rollout.max_new_tokens),
-            "fsdp": fsdp, "gradient_checkpointing": bool(t.gradient_checkpointing), **cost.to_dict()}
 
 
 def _table(f: dict) -> str:
@@ -71,5 +46,7 @@ def register(app: typer.Typer) -> None:
         prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="prompt tokens (default data.max_prompt_length, else 256)"),
         as_json: bool = typer.Option(False, "--json", help="print the figures as JSON"),
     ) -> None:
+        from ..models.cost import plan_figures  # torch (the embedded tokenizer) loads when it runs
+
         figures = plan_figures(overrides or [], ranks=ranks, mfu=mfu, peak_tflops=peak_tflops, prompt_len=prompt_len)
         typer.echo(json.dumps(figures, indent=2) if as_json else _table(figures))

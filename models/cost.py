@@ -28,11 +28,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..conf import cfg_get, to_plain
+from ..conf import cfg_get, compose, to_plain
 from ..core.errors import UserError
 from .tiny import build_tokenizer
 
-__all__ = ["Architecture", "architecture", "parameters", "step_cost"]
+__all__ = ["Architecture", "architecture", "parameters", "step_cost", "plan_figures"]
 
 ARCH_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "num_key_value_heads", "vocab_size")
@@ -149,3 +149,24 @@ def step_cost(a: Architecture, *, prompts: int, n: int, prompt_len: int, respons
         seconds = (train + gen) / (mfu * peak_flops * ranks)
     return StepCost(p["total"], seqs, tokens, generated, float(train), float(gen),
                     {k: round(v, 4) for k, v in memory.items()}, seconds)
+
+
+def plan_figures(overrides: list[str], *, ranks: int, mfu: float, peak_tflops: float,
+                 prompt_len: int | None) -> dict:
+    """The cost table of ``entropyrl train <overrides>`` on ``ranks`` ranks, as a dict."""
+    if ranks < 1 or not 0 < mfu <= 1 or peak_tflops <= 0:
+        raise UserError("entropyrl plan: need --ranks >= 1, 0 < --mfu <= 1 and --peak-tflops > 0")
+    cfg = compose("train", overrides)
+    t = cfg.trainer
+    arch = architecture(cfg.model)
+    prompt = int(prompt_len or cfg_get(cfg.data, "max_prompt_length", 0) or 256)
+    fsdp = str(t.get("fsdp", "auto")).lower() not in ("false", "0", "no") and (ranks > 1 or t.dtype == "bfloat16")
+    cost = step_cost(arch, prompts=int(t.prompts_per_step), n=int(cfg.rollout.n), prompt_len=prompt,
+                     response_len=int(cfg.rollout.max_new_tokens), ranks=ranks,
+                     micro_rows=int(t.micro_batch_responses), micro_tokens=t.get("micro_batch_tokens"),
+                     epochs=int(t.ppo_epochs), checkpointing=bool(t.gradient_checkpointing),
+                     compute_bytes=2 if t.dtype == "bfloat16" else 4, chunk=int(t.token_chunk_size), fsdp=fsdp,
+                     ref_model=float(cfg.algo.get("kl_coef", 0) or 0) > 0, mfu=mfu, peak_flops=peak_tflops * 1e12)
+    return {"model": str(cfg.model.name), "architecture": arch.source, "ranks": ranks, "mfu": mfu,
+            "peak_tflops_per_rank": peak_tflops, "prompt_len": prompt, "response_len": int(cfg.rollout.max_new_tokens),
+            "fsdp": fsdp, "gradient_checkpointing": bool(t.gradient_checkpointing), **cost.to_dict()}

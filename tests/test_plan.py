@@ -23,7 +23,7 @@ ROWS, P, R = 8, 32, 224
 
 def _plan(*args: str) -> dict:
     """``entropyrl plan <overrides> [--ranks N] --json``, in this process."""
-    from entropyrl.cli.plan_cmd import plan_figures
+    from entropyrl.models.cost import plan_figures
 
     overrides = [a for a in args if "=" in a]
     ranks = int(args[args.index("--ranks") + 1]) if "--ranks" in args else 1
