@@ -105,8 +105,11 @@ def test_slurm_request_against_the_largest_node():
     assert "set launcher.gpus_per_node<=0" in oversized({**ok, "gpus_per_node": 1}, sizes, "cpu")
     assert "set launcher.nodes<=1" in oversized({**ok, "nodes": 2}, sizes, "cpu")
     assert "set launcher.timeout_min<=60" in oversized({**ok, "timeout_min": 240}, sizes, "cpu")
-    assert oversized({**ok, "partition": "gpu", "cpus_per_task": 16, "gpus_per_node": 8, "timeout_min": 9999},
+    # one task (rank) per GPU by default: cpus_per_task is per rank, 8 x 4 fill the 32 CPUs
+    assert oversized({**ok, "partition": "gpu", "cpus_per_task": 4, "gpus_per_node": 8, "timeout_min": 9999},
                      sizes, "cpu") is None
+    assert "set launcher.tasks_per_node<=2" in oversized({**ok, "partition": "gpu", "cpus_per_task": 16,
+                                                          "gpus_per_node": 8}, sizes, "cpu")
     assert "set launcher.partition to one of: cpu, gpu" in oversized({**ok, "partition": "big"}, sizes, "cpu")
 
 
