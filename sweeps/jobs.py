@@ -37,6 +37,7 @@ from ..trainers.trainer import train
 
 JOB_STATE_FILE = "job.json"
 TRAIN_LOG = "train.log"
+TRAIN_KIND = "train"
 
 # Environment a job needs to behave like the submitting shell (passed explicitly: a SLURM node or
 # a cluster with `--export=NONE` may not inherit it).
@@ -55,6 +56,11 @@ def job_environment() -> dict[str, str]:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("TRANSFORMERS_VERBOSITY", "error")
     return env
+
+
+def job_kind(record: dict) -> str:
+    """The kind of a sweep job record (``train`` unless its variant names another)."""
+    return str((record.get("extra") or {}).get("kind") or TRAIN_KIND)
 
 
 def read_job_state(output_dir: Path) -> dict:
@@ -152,6 +158,11 @@ class TrainJob(submitit.helpers.Checkpointable):
                                   run_name=f"{self.spec['variant']}-s{self.spec['seed']}")
 
     # -- the job ------------------------------------------------------------------------------
+    def run(self, cfg: DictConfig) -> dict:
+        """The work itself; returns a summary with ``status`` (FINISHED when it succeeded) and
+        ``steps``. Another job kind overrides this (sweeps/job_kinds.py)."""
+        return train(cfg, log=self._log)
+
     def __call__(self) -> dict:
         self._requeueing = False
         os.environ.update(self.env)
@@ -167,10 +178,7 @@ class TrainJob(submitit.helpers.Checkpointable):
         self._log(f"job {self.spec['key']} attempt {attempt} on {socket.gethostname()} (pid {os.getpid()}{ranks}"
                   + (f", scheduler job {sched_id}" if sched_id else "") + f") python {sys.executable}")
         try:
-            cfg = self.config()
-            # torch and transformers (seconds to import) load on the worker only, not in `entropyrl sweep`
-
-            summary = train(cfg, log=self._log)
+            summary = self.run(self.config())
             if summary.get("status") != "FINISHED":
                 raise RuntimeError(f"training ended with status {summary.get('status')}")
         except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised for the scheduler

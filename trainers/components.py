@@ -89,13 +89,14 @@ def build_source(cfg, tokenizer):
 
 
 def build_algorithm(cfg) -> Algorithm:
-    """The algorithm of ``cfg.algo``; with ``rollout.tis.enabled`` also the truncated-IS
-    intervention on the sampler/trainer mismatch."""
+    """The algorithm of ``cfg.algo``; with ``rollout.tis.enabled`` also the sampler/trainer mismatch
+    correction (``rollout.tis.mode``: token | mis | icepop | seq_mask)."""
     algo = Algorithm.from_config(cfg.algo, max_response_length=int(cfg.rollout.max_new_tokens),
                                  seed=int(cfg.trainer.seed))
     tis = cfg.rollout.get("tis", None)
     if tis is not None and tis.get("enabled", False) and "tis" not in algo.intervention_names:
-        algo.interventions.append(build_intervention("tis", {"cap": float(tis.get("cap", 2.0))}))
+        algo.interventions.append(build_intervention("tis", {"cap": float(tis.get("cap", 2.0)),
+                                                             "mode": str(tis.get("mode", "token"))}))
     return algo
 
 

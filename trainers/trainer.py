@@ -185,7 +185,7 @@ class GRPOTrainer:
             metrics.update(sampler_mismatch_metrics(old_logp, roll.sampling_logp.to(self.device), mask))
         sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
         self.algo.begin_step(sampling_entropy)
-        advantages = self.algo.advantages(rewards.to(self.device), group_ids.to(self.device), mask)
+        advantages = self.algo.advantages(rewards.to(self.device), group_ids.to(self.device), mask, entropy=entropy)
         metrics["entropy"] = sampling_entropy
         if self.cfg.diagnostics.quadrants:
             metrics.update(quadrant_metrics(old_logp, old_logp, entropy, advantages, mask))
@@ -220,13 +220,15 @@ class GRPOTrainer:
                     local = torch.zeros(1, dtype=torch.long) if pairing else local
                     micro = mini[local]
                     part, w = self._pass_rows(roll, micro)          # w: response columns of this pass
-                    logp, ent = response_token_stats(self.model, part, entropy_grad=self.algo.needs_entropy_grad,
-                                                     **stats_kw)
+                    logp, ent, *vocab = response_token_stats(self.model, part,
+                                                             entropy_grad=self.algo.needs_entropy_grad,
+                                                             vocab_stats=self.algo.vocab_stats(), **stats_kw)
                     out = self.algo.loss(logp=logp, old_logp=old_logp[micro, :w], entropy=ent,
                                          advantages=advantages[micro, :w], mask=mask[micro, :w],
                                          ref_logp=None if ref_logp is None else ref_logp[micro, :w],
-                                         extras={k: v[local][:, :w] if v.dim() == 2 else v[local]
-                                                 for k, v in mini_extras.items()})
+                                         extras={**{k: v[local][:, :w] if v.dim() == 2 else v[local]
+                                                    for k, v in mini_extras.items()},
+                                                 **(vocab[0] if vocab else {})})
                     weight = 0.0 if pairing else accumulation_weight(agg, mask[micro], mask[mini]) * dp_scale
                     (out.loss * weight).backward()
                     objective += float(out.loss.detach()) * weight

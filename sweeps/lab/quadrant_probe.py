@@ -9,11 +9,18 @@ tokens), and measure the realised entropy change on a fixed held-out probe batch
 small step because a reused Adam state or a large step breaks the first-order picture (measured on the earlier toy lab, see the README lab section).
 
     entropyrl lab --experiment quadrants --seeds 0,1,2
+
+In a sweep it is the job kind ``quadrant_probe`` (``QuadrantJob``, the lab ablation's ``quadrants``
+variant): one job per seed, writing ``<output_dir>/quadrants.json``.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
+from omegaconf import DictConfig, open_dict
 
 from ...conf import compose
 from ...rollout.base import build_rollout
@@ -23,8 +30,11 @@ from ...trainers.parallel import distributed
 from ...trainers.stats.diagnostics import QUADRANTS, quadrant_ids
 from ...trainers.stats.policy_stats import batch_token_stats, response_token_stats
 from ...trainers.stats.probe import ProbeBatch
+from ..jobs import TrainJob
 
-__all__ = ["quadrant_sign_experiment"]
+__all__ = ["quadrant_sign_experiment", "QuadrantJob", "RESULT_FILE"]
+
+RESULT_FILE = "quadrants.json"
 
 
 def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=print) -> dict[str, list[float]]:
@@ -54,7 +64,7 @@ def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=pr
                 continue
             mask = roll.response_mask.to(dist.device).float()
             old_logp, entropy = batch_token_stats(model, roll, rows, **kw)
-            adv = algo.advantages(rewards.to(dist.device), group_ids.to(dist.device), mask)
+            adv = algo.advantages(rewards.to(dist.device), group_ids.to(dist.device), mask, entropy=entropy)
             ids = quadrant_ids(old_logp, entropy, adv, mask)
             n_valid = mask.sum().clamp(min=1.0)
             for i, q in enumerate(QUADRANTS, start=1):
@@ -84,12 +94,24 @@ def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=pr
         distributed.cleanup(dist)
 
 
+class QuadrantJob(TrainJob):
+    """The sweep job kind ``quadrant_probe``: the experiment from the job's training config
+    (tracking off: it trains nothing), ``params.batches`` batches, its result in
+    ``<output_dir>/quadrants.json``."""
+
+    def run(self, cfg: DictConfig) -> dict:
+        batches = int((self.spec.get("extra") or {}).get("params", {}).get("batches", 20))
+        with open_dict(cfg):
+            cfg.tracking.enabled = False
+        torch.set_num_threads(int(cfg.trainer.threads) or 1)
+        result = quadrant_sign_experiment(cfg, batches=batches, log=self._log)
+        (self.output_dir / RESULT_FILE).write_text(json.dumps(result))
+        return {"status": "FINISHED", "steps": batches}
+
+
 def main(argv: list[str]) -> None:
-    """``python -m entropyrl.sweeps.lab.quadrant_probe OUT.json BATCHES key=value...`` (``entropyrl lab`` runs this)."""
-    import json
-    from pathlib import Path
-
-
+    """``python -m entropyrl.sweeps.lab.quadrant_probe OUT.json BATCHES key=value...`` (the
+    experiment alone, outside a sweep)."""
     out, batches, overrides = Path(argv[0]), int(argv[1]), argv[2:]
     cfg = compose("train", overrides)
     torch.set_num_threads(int(cfg.trainer.threads) or 1)

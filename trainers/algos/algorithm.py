@@ -32,12 +32,12 @@ from ...core.errors import UserError
 from ..interventions import INTERVENTIONS, Intervention, LossContext, TokenBatch, build_intervention
 from ..interventions.steer import SAMPLING_ENTROPY_KEY
 from ..stats.diagnostics import QUADRANTS, effective_entropy_change, quadrant_ids
-from . import core_algos
+from . import core_algos, objectives
 
 __all__ = ["Algorithm", "LossOutput", "tracked_config"]
 
 _TOP_KEYS = ("name", "advantage", "clip", "loss_agg", "loss_agg_norm", "kl_coef", "interventions",
-             "dynamic_sampling", "overlong")
+             "dynamic_sampling", "overlong", "objective", "objective_args")
 PREPARE_LEVELS = ("batch", "mini")
 # scope "global" selects at the mini-batch level, over the rows of every rank (``gather``)
 _AT_LEVEL = {"batch": ("batch",), "mini": ("mini", "global")}
@@ -64,6 +64,14 @@ def _to_dict(cfg: Any) -> dict:
     raise TypeError(f"algo config must be a dict or DictConfig, got {type(cfg).__name__}")
 
 
+def _objective_args(v) -> dict:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise UserError(f"algo.objective_args must be a mapping, e.g. {{tau_pos: 1.0}}; got {v!r}")
+    return dict(v)
+
+
 def _num(cfg: dict, key: str, default, where: str, *, allow_none: bool = False):
     v = cfg.get(key, default)
     if v is None and allow_none:
@@ -81,7 +89,10 @@ class Algorithm:
                  loss_agg_norm: float | None = None, kl_coef: float = 0.0,
                  interventions: list[Intervention] | None = None, dynamic_sampling: bool = False,
                  max_num_gen_batches: int = 10, overlong: bool = False, overlong_buffer: int = 0,
-                 max_response_length: int = 1):
+                 max_response_length: int = 1, objective: str = "ppo_clip",
+                 objective_args: dict | None = None):
+        self.objective = str(objective)
+        self.objective_args = objectives.check_objective_args(self.objective, dict(objective_args or {}))
         if advantage not in core_algos.ADVANTAGE_ESTIMATORS:
             raise UserError(f"unknown algo.advantage '{advantage}'; valid choices: "
                             f"{', '.join(sorted(core_algos.ADVANTAGE_ESTIMATORS))}")
@@ -158,6 +169,8 @@ class Algorithm:
             overlong=bool(ol.get("enabled", False)),
             overlong_buffer=int(_num(ol, "buffer", 0, "algo.overlong")),
             max_response_length=int(max_response_length),
+            objective=str(cfg.get("objective") or "ppo_clip"),
+            objective_args=_objective_args(cfg.get("objective_args")),
         )
 
     # ------------------------------------------------------------------ properties
@@ -166,10 +179,18 @@ class Algorithm:
         """True when the loss differentiates the entropy (entropy_bonus / adaptive_entropy)."""
         return any(iv.needs_entropy_grad for iv in self.interventions)
 
+    def vocab_stats(self) -> dict:
+        """``{key: (name, params)}``: the full-distribution statistics the interventions read from
+        ``extras[key]`` (trainers/stats/vocab_stats.py); empty for every other algorithm."""
+        out: dict = {}
+        for iv in self.interventions:
+            out.update(iv.vocab_stats())
+        return out
+
     @property
     def needs_ref(self) -> bool:
         """True when the loss has a KL term to the reference policy (loop passes ``ref_logp``)."""
-        return self.kl_coef > 0.0
+        return self.kl_coef > 0.0 or any(getattr(iv, "needs_ref", False) for iv in self.interventions)
 
     @property
     def intervention_names(self) -> list[str]:
@@ -191,14 +212,22 @@ class Algorithm:
         return core_algos.filter_all_equal_groups(rewards, group_ids)
 
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor,
-                   response_mask: torch.Tensor) -> torch.Tensor:
-        """Token-level advantages ``[B, T]`` (0 on masked tokens)."""
+                   response_mask: torch.Tensor, entropy: torch.Tensor | None = None) -> torch.Tensor:
+        """Token-level advantages ``[B, T]`` (0 on masked tokens); interventions that shape advantages
+        (``shape_advantages``, e.g. GTPO) then apply, with the sampling ``entropy [B, T]``."""
         if rewards.numel():
             keep = core_algos.filter_all_equal_groups(rewards.float(), group_ids)
             groups = torch.unique(group_ids)
             mixed = torch.unique(group_ids[keep]).numel()
             self.all_equal_frac = 1.0 - mixed / max(int(groups.numel()), 1)
-        return core_algos.compute_advantages(self.advantage_name, rewards, group_ids, response_mask)
+        adv = core_algos.compute_advantages(self.advantage_name, rewards, group_ids, response_mask)
+        for iv in self.interventions:
+            shape = getattr(iv, "shape_advantages", None)
+            if shape is not None:
+                if entropy is None:
+                    raise ValueError(f"{iv.name} shapes advantages by entropy: pass advantages(..., entropy=...)")
+                adv = shape(adv, entropy, group_ids, response_mask)
+        return adv
 
     # ------------------------------------------------------------------ step control
     def begin_step(self, sampling_entropy: float) -> None:
@@ -252,12 +281,13 @@ class Algorithm:
         for nm, t in (("old_logp", old_logp), ("entropy", entropy), ("advantages", advantages), ("mask", mask)):
             if t.shape != shape:
                 raise ValueError(f"{nm} has shape {tuple(t.shape)}, expected {tuple(shape)} like logp")
-        surr = core_algos.clipped_surrogate(logp, old_logp, advantages, eps_low=self.eps_low,
-                                            eps_high=self.eps_high, dual_c=self.dual_c)
+        surr = self._surrogate(logp, old_logp, advantages, mask)
         ctx = LossContext(logp=logp, old_logp=old_logp, entropy=entropy, advantages=advantages, mask=mask,
                           surrogate=surr, pg_loss=surr.loss, clipped=surr.clipped, pg_mask=mask,
                           dual_clipped=surr.dual_clipped, loss_agg=self.loss_agg,
-                          loss_agg_norm=self.loss_agg_norm, extras=dict(extras or {}))
+                          loss_agg_norm=self.loss_agg_norm, extras=dict(extras or {}),
+                          eps_low=self.eps_low, eps_high=self.eps_high, dual_c=self.dual_c,
+                          ref_logp=ref_logp, surrogate_fn=self._surrogate)
         for iv in self.interventions:
             iv.apply(ctx)
         # Multiply only when some intervention set weights: omega = 1 must stay bit-identical.
@@ -289,6 +319,14 @@ class Algorithm:
         metrics["loss/total"] = float(total.detach().item())
         metrics.update(ctx.metrics)
         return LossOutput(total, metrics)
+
+    def _surrogate(self, logp, old_logp, advantages, mask) -> core_algos.SurrogateOutput:
+        """The configured policy objective's per-token pieces (``ppo_clip``: the clipped surrogate)."""
+        if self.objective == "ppo_clip":
+            return core_algos.clipped_surrogate(logp, old_logp, advantages, eps_low=self.eps_low,
+                                                eps_high=self.eps_high, dual_c=self.dual_c)
+        return objectives.policy_objective(self.objective, logp, old_logp, advantages, mask, eps_low=self.eps_low,
+                                           eps_high=self.eps_high, dual_c=self.dual_c, **self.objective_args)
 
     # ------------------------------------------------------------------ diagnostics
     def _accumulate_prediction(self, ctx: LossContext, loss_mat: torch.Tensor) -> None:
