@@ -12,7 +12,7 @@ import sys
 import typer
 
 from ..core.errors import UserError
-from . import config_cmd, eval_cmd, grade_cmd, lab_cmd, sweep_cmd, train_cmd
+from . import config_cmd, eval_cmd, grade_cmd, lab_cmd, plan_cmd, sweep_cmd, train_cmd
 
 app = typer.Typer(
     name="entropyrl",
@@ -37,7 +37,7 @@ def _quiet_libraries() -> None:
 
 
 def _register_commands() -> None:
-    for module in (train_cmd, eval_cmd, grade_cmd, sweep_cmd, lab_cmd, config_cmd):
+    for module in (train_cmd, eval_cmd, grade_cmd, sweep_cmd, lab_cmd, config_cmd, plan_cmd):
         module.register(app)
 
 

@@ -163,6 +163,9 @@ TRACKING = {
     "tracking.experiment": STR,
 }
 
+#: where a token selection is taken (trainers/interventions/base.py SCOPES; core sits below trainers)
+SELECTION_SCOPES = ("micro", "mini", "batch", "global")
+
 ALGO = {
     "algo.clip.low": NONNEG, "algo.clip.high": NONNEG, "algo.clip.dual_c": number(1, open_low=True, nullable=True),
     "algo.loss_agg_norm": number(0, open_low=True, nullable=True),
@@ -172,13 +175,14 @@ ALGO = {
     "algo.stare.p": OPEN_PROB, "algo.stare.w": POS, "algo.stare.m": POS, "algo.stare.h_tgt": NONNEG,
     "algo.stare.variant": choice("O1", "C2"), "algo.stare.gate": BOOL, "algo.stare.adaptive": BOOL,
     "algo.stare.alpha": NONNEG, "algo.stare.w_max": POS, "algo.stare.m_min": POS,
-    "algo.stare.scope": choice("micro", "mini", "batch"),
+    "algo.stare.scope": choice(*SELECTION_SCOPES),
     "algo.steer.mapping": choice("exp", "linear"), "algo.steer.lambda_min": PROB,
     "algo.steer.lambda_max": POS,   # > 1 boosts low-|Omega| tokens (the linear run uses 1.2)
-    "algo.steer.m_floor": POS, "algo.steer.scope": choice("micro", "mini", "batch"),
+    "algo.steer.m_floor": POS, "algo.steer.scope": choice(*SELECTION_SCOPES),
     "algo.clip_cov.ratio": PROB, "algo.clip_cov.lb": number(), "algo.clip_cov.ub": number(),
     "algo.kl_cov.ratio": PROB, "algo.kl_cov.kappa": NONNEG,
-    "algo.high_entropy_mask.rho": PROB, "algo.high_entropy_mask.scope": choice("micro", "mini", "batch"),
+    "algo.clip_cov.scope": choice(*SELECTION_SCOPES), "algo.kl_cov.scope": choice(*SELECTION_SCOPES),
+    "algo.high_entropy_mask.rho": PROB, "algo.high_entropy_mask.scope": choice(*SELECTION_SCOPES),
     "algo.sample_reweight.pos_weight": NONNEG, "algo.sample_reweight.neg_weight": NONNEG,
     "algo.entropy_bonus.coef": number(),
     "algo.adaptive_entropy.init_coef": NONNEG, "algo.adaptive_entropy.target": NONNEG,
@@ -206,6 +210,7 @@ TRAIN = {
     "trainer.total_steps": POS_INT, "trainer.seed": NONNEG_INT,
     "trainer.prompts_per_step": POS_INT, "trainer.mini_batch_prompts": POS_INT,
     "trainer.micro_batch_responses": POS_INT, "trainer.ppo_epochs": POS_INT,
+    "trainer.micro_batch_tokens": integer(1, nullable=True),
     "trainer.grad_clip": POS,
     "trainer.val_every": NONNEG_INT, "trainer.save_every": NONNEG_INT, "trainer.keep_checkpoints": NONNEG_INT,
     "trainer.resume": choice(*RESUME_MODES),
@@ -217,7 +222,7 @@ TRAIN = {
     "diagnostics.probe_prompts": POS_INT, "diagnostics.probe_responses": POS_INT, "val.pass_k": NONNEG_INT,
     "algo.steer.entropy_source": choice("old", "current"), "algo.tis.cap": POS,
     "rollout.n": POS_INT, "rollout.temperature": POS, "rollout.top_p": OPEN_PROB, "rollout.top_k": NONNEG_INT,
-    "rollout.max_new_tokens": POS_INT, "rollout.batch_size": POS_INT,
+    "rollout.max_new_tokens": POS_INT, "rollout.batch_size": POS_INT, "rollout.seed_scope": choice("call", "group"),
     "model.lora.rank": integer(1, nullable=True), "model.lora.alpha": number(0, open_low=True, nullable=True),
     "model.lora.dropout": number(0, 1, open_high=True), "model.lora.save_merged": BOOL,
     "reward.timeout_s": number(0, open_low=True, nullable=True), "reward.workers": NONNEG_INT,
@@ -242,6 +247,7 @@ SWEEP = {
     "report.entropy_threshold": NONNEG, "report.tail_frac": OPEN_PROB,
     "launcher.max_parallel": POS_INT, "launcher.timeout_min": POS_INT, "launcher.max_num_timeout": NONNEG_INT,
     "launcher.signal_delay_s": NONNEG_INT, "launcher.nodes": POS_INT, "launcher.gpus_per_node": NONNEG_INT,
+    "launcher.tasks_per_node": integer(1, nullable=True),
     "launcher.cpus_per_task": POS_INT, "launcher.mem_gb": number(0, open_low=True, nullable=True),
     "launcher.array_parallelism": POS_INT,
     **TRACKING,

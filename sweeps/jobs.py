@@ -9,6 +9,11 @@ kept in ``<output_dir>/tracking.json``).
 Each attempt writes ``<output_dir>/job.json`` (state running/done/failed/requeued, attempt number,
 host, pid, scheduler job id, error) and appends its log to ``<output_dir>/train.log``; the
 sweep's status and reports read these files.
+
+A job of several ranks (``launcher.nodes`` x ``launcher.tasks_per_node``) runs this callable once
+per rank (srun's tasks, or submitit's local tasks); the ranks train one data-parallel run, and rank
+0 alone writes ``job.json``, ``train.log`` and the run's files (one MLflow run, one folder). The
+other ranks log to ``train.rank<k>.log``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from omegaconf import DictConfig, open_dict
 from ..conf import compose
 from ..core.files import atomic_write_text
 from ..trainers.optim import check_optim
+from ..trainers.parallel.process_group import launcher_env
 from ..trainers.trainer import train
 
 JOB_STATE_FILE = "job.json"
@@ -124,14 +130,22 @@ class TrainJob(submitit.helpers.Checkpointable):
     def output_dir(self) -> Path:
         return Path(self.spec["output_dir"])
 
+    @property
+    def rank(self) -> int:
+        """This process's rank in the job (0 for a one-process job)."""
+        return int(launcher_env()["rank"])
+
     def _log(self, msg: str) -> None:
         line = f"[{time.strftime('%H:%M:%S')}] {msg}"
-        with (self.output_dir / TRAIN_LOG).open("a") as f:
+        name = TRAIN_LOG if self.rank == 0 else f"train.rank{self.rank}.log"
+        with (self.output_dir / name).open("a") as f:
             f.write(line + "\n")
         if self.echo:
             print(line, flush=True)
 
     def _state(self, **updates: Any) -> dict:
+        if self.rank != 0:           # one job.json per job, however many ranks
+            return updates
         state = read_job_state(self.output_dir)
         state.update(updates)
         write_job_state(self.output_dir, state)
@@ -158,7 +172,9 @@ class TrainJob(submitit.helpers.Checkpointable):
         self._state(state="running", attempt=attempt, key=self.spec["key"], host=socket.gethostname(),
                     pid=os.getpid(), scheduler_job_id=sched_id, started=time.time(), ended=None, error=None,
                     traceback=None)
-        self._log(f"job {self.spec['key']} attempt {attempt} on {socket.gethostname()} (pid {os.getpid()}"
+        where = launcher_env()
+        ranks = f", rank {where['rank']} of {where['world_size']}" if where["world_size"] > 1 else ""
+        self._log(f"job {self.spec['key']} attempt {attempt} on {socket.gethostname()} (pid {os.getpid()}{ranks}"
                   + (f", scheduler job {sched_id}" if sched_id else "") + f") python {sys.executable}")
         try:
             summary = self.run(self.config())

@@ -65,6 +65,7 @@ class Launcher:
         "max_num_timeout": (True, 0, False, False),
         "signal_delay_s": (True, 0, False, False),
         "nodes": (True, 1, False, False),
+        "tasks_per_node": (True, 1, False, True),
         "gpus_per_node": (True, 0, False, True),
         "cpus_per_task": (True, 1, False, True),
         "mem_gb": (False, 0, True, True),
@@ -80,6 +81,17 @@ class Launcher:
                 check_number(f"launcher.{key}", cfg[key], integer=integer, minimum=minimum, strict=strict,
                              nullable=nullable)
         self.threads(cfg)
+        tasks, gpus = self.tasks_per_node(cfg), int(cfg_get(cfg, "gpus_per_node", 0) or 0)
+        if gpus and tasks > gpus:
+            raise UserError(f"launcher.tasks_per_node={tasks} exceeds launcher.gpus_per_node={gpus} (one GPU per "
+                            f"rank); set launcher.tasks_per_node<={gpus} or launcher.gpus_per_node>={tasks}")
+
+    def tasks_per_node(self, cfg: Any) -> int:
+        return tasks_per_node(cfg)
+
+    def world_size(self, cfg: Any) -> int:
+        """Data-parallel ranks of one job: ``launcher.nodes`` x ``tasks_per_node``."""
+        return int(cfg_get(cfg, "nodes", 1) or 1) * self.tasks_per_node(cfg)
 
     def executor(self, cfg: Any, folder: Path) -> submitit.Executor:
         """A submitit executor configured from the ``launcher`` config (``cfg``), logs under ``folder``."""
@@ -141,6 +153,15 @@ class Launcher:
                 job.cancel(check=False)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+
+
+def tasks_per_node(cfg: Any) -> int:
+    """Ranks per node of one job: ``launcher.tasks_per_node``, else one per GPU (``gpus_per_node``),
+    else 1."""
+    value = cfg_get(cfg, "tasks_per_node", None)
+    if value is not None:
+        return int(value)
+    return int(cfg_get(cfg, "gpus_per_node", 0) or 0) or 1
 
 
 def check_number(key: str, value: Any, *, integer: bool, minimum: float, strict: bool = False,

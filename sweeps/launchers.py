@@ -3,7 +3,8 @@
 - ``debug``: in this process, one job after another (submitit's ``DebugExecutor``). For debugging a
   sweep: tracebacks in your terminal, ``launcher.post_mortem=true`` drops into pdb on a failure.
 - ``local``: one process per job on this machine (submitit's ``LocalExecutor``), at most
-  ``launcher.max_parallel`` at once.
+  ``launcher.max_parallel`` at once; ``launcher.tasks_per_node=N`` runs each job as N
+  data-parallel processes (gloo on CPU, ranks from submitit's ``SUBMITIT_LOCAL_*`` environment).
 - ``slurm``: a SLURM job array (``sweeps/slurm.py``).
 
 The protocol and the registry live in ``sweeps/launcher.py``; this module is what the sweep imports
@@ -18,6 +19,7 @@ from typing import Any
 import submitit
 
 from ..conf import cfg_get
+from ..core.errors import UserError
 from ..core.resources import available_cpus
 from .launcher import (
     ACTIVE,
@@ -43,15 +45,28 @@ class LocalLauncher(Launcher):
     def executor(self, cfg: Any, folder: Path) -> submitit.Executor:
         ex = submitit.LocalExecutor(folder, max_num_timeout=int(cfg_get(cfg, "max_num_timeout", 3)))
         ex.update_parameters(timeout_min=float(cfg_get(cfg, "timeout_min", 1440)),
-                             signal_delay_s=int(cfg_get(cfg, "signal_delay_s", 30)))
+                             signal_delay_s=int(cfg_get(cfg, "signal_delay_s", 30)),
+                             tasks_per_node=self.tasks_per_node(cfg))
         return ex
 
     def auto_threads(self, cfg: Any) -> int | None:
-        """The machine's cores shared by the jobs running at once."""
-        return max(1, available_cpus() // max(1, int(cfg_get(cfg, "max_parallel", 1))))
+        """The machine's cores shared by the processes running at once (jobs x ranks)."""
+        return max(1, available_cpus() // max(1, int(cfg_get(cfg, "max_parallel", 1)) * self.tasks_per_node(cfg)))
+
+    def check(self, cfg: Any) -> None:
+        nodes, tasks = int(cfg_get(cfg, "nodes", 1) or 1), self.tasks_per_node(cfg)
+        if nodes != 1:
+            raise UserError(f"launcher.nodes={nodes}: launcher=local runs on this machine only; set launcher.nodes=1 "
+                            f"(or launcher=slurm for several nodes)")
+        parallel, cpus = max(1, int(cfg_get(cfg, "max_parallel", 1))), available_cpus()
+        if tasks * parallel > cpus:
+            raise UserError(f"launcher.tasks_per_node={tasks} x launcher.max_parallel={parallel} processes exceed "
+                            f"the {cpus} CPUs this machine lets us use; set launcher.tasks_per_node<="
+                            f"{max(1, cpus // parallel)}" + (" or lower launcher.max_parallel" if parallel > 1 else ""))
 
     def describe(self, cfg: Any) -> str:
-        return f"local (at most {cfg_get(cfg, 'max_parallel', 1)} at once)"
+        tasks = self.tasks_per_node(cfg)
+        return f"local (at most {cfg_get(cfg, 'max_parallel', 1)} at once" + (f", {tasks} ranks each)" if tasks > 1 else ")")
 
 
 class DebugLauncher(Launcher):

@@ -183,7 +183,7 @@ def plan(cfg: DictConfig, train_overrides: list[str], *, explicit_dir: bool, res
                   extra_overrides=[f"trainer.threads={threads}"] if threads else [])
     if existing is not None:
         _check_compatible(existing, jobs, sweep_dir, cfg)
-    validate_jobs(jobs)
+    validate_jobs(jobs, world_size=launcher.world_size(cfg.launcher))
     launcher.check(cfg.launcher)
     return Plan(cfg, sweep_dir, jobs, list(train_overrides), existing, launcher)
 
@@ -265,13 +265,19 @@ def job_configs(jobs: list[JobSpec]) -> Iterator[tuple[JobSpec, DictConfig]]:
         yield job, with_own
 
 
-def validate_jobs(jobs: list[JobSpec]) -> None:
+def validate_jobs(jobs: list[JobSpec], world_size: int = 1) -> None:
     """Compose every job's training config now, and check its kind, so a mistake fails before
-    anything is submitted."""
+    anything is submitted; with ``world_size`` ranks per job, its prompt counts must split evenly
+    over them."""
     for job in jobs:
         job_class(job_kind(job.to_dict()))
     for job, cfg in job_configs(jobs):
-        del job, cfg  # composing is the check today; value checks of `cfg` belong here
+        for key in ("prompts_per_step", "mini_batch_prompts"):
+            value = int(cfg.trainer[key]) if "trainer" in cfg and key in cfg.trainer else 0
+            if world_size > 1 and value % world_size:
+                raise UserError(f"variant {job.variant}: trainer.{key}={value} must be a multiple of the job's "
+                                f"{world_size} ranks (launcher.nodes x launcher.tasks_per_node); set "
+                                f"train.trainer.{key} to a multiple of {world_size}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from submitit.core.utils import FailedJobError
 from ..conf import cfg_get, to_plain
 from ..core.errors import UserError
 from .jobs import job_environment
-from .launcher import ACTIVE, ENDED, WAITING, Launcher, QueueEntry
+from .launcher import ACTIVE, ENDED, WAITING, Launcher, QueueEntry, tasks_per_node
 
 # SLURM job states (squeue %T) in which the job will still run, or is running.
 SLURM_WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD",
@@ -135,6 +135,11 @@ def oversized(cfg: Any, sizes: dict[str, PartitionSize], default: str | None) ->
     cpus = int(cfg_get(cfg, "cpus_per_task", 0) or 0)
     if cpus > part.cpus:
         return f"launcher.cpus_per_task={cpus} exceeds {where} ({part.cpus} CPUs); set launcher.cpus_per_task<={part.cpus}"
+    tasks = tasks_per_node(cfg)
+    if tasks * max(cpus, 1) > part.cpus:
+        return (f"launcher.tasks_per_node={tasks} x launcher.cpus_per_task={max(cpus, 1)} exceeds {where} "
+                f"({part.cpus} CPUs); set launcher.tasks_per_node<={max(part.cpus // max(cpus, 1), 1)}"
+                + (" or lower launcher.cpus_per_task" if cpus > 1 else ""))
     mem = float(cfg_get(cfg, "mem_gb", 0) or 0)
     if part.mem_mb and mem * 1024 > part.mem_mb:
         return (f"launcher.mem_gb={mem:g} exceeds {where} ({part.mem_mb / 1024:.1f} GB); "
@@ -168,7 +173,8 @@ class SlurmLauncher(Launcher):
             "name": str(cfg_get(cfg, "job_name", "entropyrl")),
             "timeout_min": int(cfg_get(cfg, "timeout_min", 240)),
             "nodes": int(cfg_get(cfg, "nodes", 1)),
-            "tasks_per_node": 1,
+            # one task per rank: srun starts them all, each reads its rank from SLURM_PROCID
+            "tasks_per_node": self.tasks_per_node(cfg),
             "slurm_array_parallelism": int(cfg_get(cfg, "array_parallelism", 16)),
             "slurm_signal_delay_s": int(cfg_get(cfg, "signal_delay_s", 90)),
             "slurm_use_srun": bool(cfg_get(cfg, "use_srun", True)),
@@ -202,8 +208,9 @@ class SlurmLauncher(Launcher):
         return int(cfg_get(cfg, "cpus_per_task", 0)) or None
 
     def describe(self, cfg: Any) -> str:
-        bits = [f"partition={cfg_get(cfg, 'partition', 'default')}"]
-        for key in ("gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min", "array_parallelism"):
+        bits = [f"partition={cfg_get(cfg, 'partition', 'default')}",
+                f"{self.world_size(cfg)} rank(s) per job"]
+        for key in ("nodes", "gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min", "array_parallelism"):
             if cfg_get(cfg, key):
                 bits.append(f"{key}={cfg[key]}")
         return "slurm (" + ", ".join(bits) + ")"

@@ -233,7 +233,7 @@ def batch(seed=0, B=6, T=5):
     ({"interventions": ["stare", "stare"]}, "more than once"),
     ({"interventions": ["stare"], "stare": {"pp": 0.2}}, "algo.stare.pp.*valid keys"),
     ({"interventions": ["stare"], "stare": {"p": "x"}}, "must be a number"),
-    ({"interventions": ["stare"], "stare": {"scope": "global"}}, "scope"),
+    ({"interventions": ["stare"], "stare": {"scope": "everywhere"}}, "scope"),
     ({"interventions": ["steer"], "steer": {"mapping": "cubic"}}, "exp, linear"),
     ({"clip": {"dual_c": 0.5}}, "dual_c"),
     ({"overlong": {"enabled": True, "buffer": 50}}, "buffer"),

@@ -64,6 +64,12 @@ def test_launcher_environments():
                          "SLURM_NODELIST": "gpu[12-15]", "SLURM_JOB_ID": "4242"})
     assert (srun["launcher"], srun["rank"], srun["world_size"], srun["local_rank"], srun["master_addr"],
             srun["master_port"]) == ("slurm", 5, 8, 1, "gpu12", 29500 + 242)
+    # submitit's local tasks (launcher=local launcher.tasks_per_node=2): the port follows the job
+    local = launcher_env({"SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "1", "SUBMITIT_LOCAL_LOCALID": "1",
+                          "SUBMITIT_LOCAL_JOB_ID": "43210"})
+    assert (local["launcher"], local["rank"], local["world_size"], local["master_addr"], local["master_port"]) == \
+        ("local", 1, 2, "127.0.0.1", 20000 + 43210 % 20000)
+    assert launcher_env({"SUBMITIT_LOCAL_NTASKS": "1", "SUBMITIT_LOCAL_GLOBALID": "0"})["launcher"] == "single"
     # A batch script of a many-task job is one process (no srun step): not distributed.
     assert launcher_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_NODELIST": "gpu1"})["launcher"] == "single"
 
@@ -182,6 +188,50 @@ def test_cli_train_under_torchrun(in_tmp):
     assert "resumed from" in again.stdout + again.stderr
     rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_checkpoint_resumes_on_another_number_of_ranks(in_tmp):
+    """Elastic resume: 2 ranks write the step-2 checkpoint, 1 process resumes it to step 3, 2 ranks
+    again to step 4; same steps, one MLflow run, the optimizer state carried over (Adam's step
+    count, and the losses of one uninterrupted 4-step process)."""
+    import torch
+
+    uri = f"sqlite:///{in_tmp / 'mlflow.db'}"
+    args = ["trainer.prompts_per_step=4", "trainer.mini_batch_prompts=4", "trainer.micro_batch_responses=6",
+            "rollout.n=4", "rollout.seed_scope=group", "optim.lr=1e-3", "trainer.save_every=1", "trainer.val_every=0",
+            "val.prompts=0", "trainer.progress=false", "trainer.threads=1", f"tracking.uri={uri}",
+            "tracking.experiment=elastic"]
+    one = [sys.executable, "-m", CLI_MODULE, "train"]
+    for steps, ranks in ((2, 2), (3, 1), (4, 2)):
+        cmd = [*TORCHRUN, str(_free_port()), "-m", CLI_MODULE, "train"] if ranks == 2 else one
+        out = subprocess.run(cmd + args + [f"trainer.total_steps={steps}", "output_dir=run"], capture_output=True,
+                             text=True, timeout=900, env=_env())
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+        summary = json.loads((in_tmp / "run" / "summary.json").read_text())
+        assert summary["steps"] == steps and summary["world_size"] == ranks
+        if steps > 2:
+            assert f"(step {steps - 1})" in out.stdout + out.stderr   # resumed from the previous run's last step
+    rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    state = torch.load(in_tmp / "run" / "checkpoints" / "step_000004" / "trainer_state.pt", weights_only=False)
+    adam_steps = {float(s["step"]) for s in state["optimizer"]["state"].values()}
+    assert adam_steps == {4.0}, adam_steps                           # 4 updates: none restarted from zero
+
+    straight = subprocess.run(one + args + ["trainer.total_steps=4", "output_dir=straight", "tracking.enabled=false"],
+                              capture_output=True, text=True, timeout=900, env=_env())
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    ref = [json.loads(line) for line in (in_tmp / "straight" / "metrics.jsonl").read_text().splitlines()]
+    for a, b in zip(ref, rows):
+        for key in ("loss/objective", "entropy", "grad_norm"):
+            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (a["step"], key, a[key], b[key])
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("elastic").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "entropy")) == [1, 2, 3, 4]
 
 
 @pytest.fixture(scope="module")

@@ -105,9 +105,48 @@ def test_slurm_request_against_the_largest_node():
     assert "set launcher.gpus_per_node<=0" in oversized({**ok, "gpus_per_node": 1}, sizes, "cpu")
     assert "set launcher.nodes<=1" in oversized({**ok, "nodes": 2}, sizes, "cpu")
     assert "set launcher.timeout_min<=60" in oversized({**ok, "timeout_min": 240}, sizes, "cpu")
-    assert oversized({**ok, "partition": "gpu", "cpus_per_task": 16, "gpus_per_node": 8, "timeout_min": 9999},
+    # one task (rank) per GPU by default: cpus_per_task is per rank, 8 x 4 fill the 32 CPUs
+    assert oversized({**ok, "partition": "gpu", "cpus_per_task": 4, "gpus_per_node": 8, "timeout_min": 9999},
                      sizes, "cpu") is None
+    assert "set launcher.tasks_per_node<=2" in oversized({**ok, "partition": "gpu", "cpus_per_task": 16,
+                                                          "gpus_per_node": 8}, sizes, "cpu")
     assert "set launcher.partition to one of: cpu, gpu" in oversized({**ok, "partition": "big"}, sizes, "cpu")
+
+
+def test_ranks_per_job_and_requests_no_node_can_hold():
+    from entropyrl.sweeps.launchers import LocalLauncher
+
+    slurm = SlurmLauncher()
+    assert slurm.tasks_per_node({"gpus_per_node": 8}) == 8 and slurm.tasks_per_node({}) == 1
+    assert slurm.world_size({"nodes": 2, "gpus_per_node": 4}) == 8
+    assert slurm.world_size({"nodes": 2, "tasks_per_node": 2, "gpus_per_node": 4}) == 4
+    with pytest.raises(UserError, match=r"launcher.tasks_per_node=3 exceeds launcher.gpus_per_node=2 \(one GPU per rank\)"):
+        slurm.check_values({"tasks_per_node": 3, "gpus_per_node": 2})
+    sizes = {"cpu": PartitionSize("cpu", cpus=4, mem_mb=4096, gpus=0, nodes=2, time_limit_min=None)}
+    assert oversized({"cpus_per_task": 2, "tasks_per_node": 2, "nodes": 2}, sizes, "cpu") is None
+    assert oversized({"cpus_per_task": 2, "tasks_per_node": 3}, sizes, "cpu") == (
+        "launcher.tasks_per_node=3 x launcher.cpus_per_task=2 exceeds the largest node of partition cpu (4 CPUs); "
+        "set launcher.tasks_per_node<=2 or lower launcher.cpus_per_task")
+    local = LocalLauncher()
+    with pytest.raises(UserError, match="launcher=local runs on this machine only"):
+        local.check({"nodes": 2})
+    from entropyrl.core.resources import available_cpus
+
+    with pytest.raises(UserError, match=rf"exceed the {available_cpus()} CPUs"):
+        local.check({"tasks_per_node": available_cpus() + 1})
+    local.check({"tasks_per_node": 1})
+
+
+def test_prompts_that_do_not_split_over_a_jobs_ranks_are_refused_at_plan_time(tmp_path):
+    out = subprocess.run([*CLI, "sweep", "ablation=gate", "seeds=[0]", "sweep_dir=sw", "launcher=slurm",
+                          "launcher.nodes=3", "launcher.check_request=false", "trainer.prompts_per_step=4",
+                          "trainer.mini_batch_prompts=4", "--dry-run"], capture_output=True, text=True, cwd=tmp_path,
+                         timeout=300)
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert lines == ["error: variant gated: trainer.prompts_per_step=4 must be a multiple of the job's 3 ranks "
+                     "(launcher.nodes x launcher.tasks_per_node); set train.trainer.prompts_per_step to a multiple of 3"]
+    assert not (tmp_path / "sw").exists()
 
 
 @pytest.mark.parametrize("reason, advice", [
@@ -146,3 +185,26 @@ def test_sweep_accepts_training_keys_on_the_command_line(tmp_path):
     bad = subprocess.run([*CLI, "sweep", "ablation=gate", "trainer.bogus=5", "sweep_dir=sw", "--dry-run"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert bad.returncode == 2 and "variant gated: unknown config key 'trainer.bogus'" in bad.stderr
+
+
+@pytest.mark.slow
+def test_local_sweep_job_runs_as_two_ranks_into_one_mlflow_run(tmp_path):
+    """launcher=local launcher.tasks_per_node=2: each job is 2 gloo processes, one folder, one MLflow run."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = subprocess.run([*CLI, "sweep", "ablation=gate", "variants=[off]", "seeds=[0]", "sweep_dir=sw", "launcher=local",
+                          "launcher.tasks_per_node=2", "poll_seconds=0.5", f"tracking.uri={uri}",
+                          "tracking.experiment=local-ranks", "trainer.total_steps=2", "trainer.prompts_per_step=4",
+                          "trainer.mini_batch_prompts=2", "trainer.val_every=0", "trainer.save_every=0", "val.prompts=0"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:]
+    run = tmp_path / "sw" / "runs" / "off" / "s0"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 2 and len(summary["nodes"]) == 2
+    assert "rank 1 of 2" in (run / "train.rank1.log").read_text()
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    children = client.search_runs([client.get_experiment_by_name("local-ranks").experiment_id], "tags.variant = 'off'")
+    assert [r.info.run_id for r in children] == [summary["mlflow_run_id"]]

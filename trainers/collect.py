@@ -16,7 +16,19 @@ from ..rewards import build_reward_runner, reward_metrics
 from ..rollout.base import Rollout, cat_rollouts
 from .parallel import distributed
 
-__all__ = ["collect_rollouts"]
+__all__ = ["collect_rollouts", "generate_groups"]
+
+
+def generate_groups(cfg, source, rollout, problems: list, n: int, *, seed: int, rank: int, first: int,
+                    pad_token_id: int) -> Rollout:
+    """``n`` responses to each of this rank's ``problems`` (``first``: the index of the first one
+    among the step's prompts; ``seed``: the step's). ``rollout.seed_scope=group`` samples every group
+    alone, seeded by its index in the step, so the responses do not depend on the number of ranks;
+    the default ``call`` seeds one generate call per rank."""
+    if str(cfg.rollout.get("seed_scope", "call")) != "group":
+        return rollout.generate([source.prompt(p) for p in problems], n=n, seed=seed + rank * 7_919_993)
+    parts = [rollout.generate([source.prompt(p)], n=n, seed=seed * 65_537 + first + i) for i, p in enumerate(problems)]
+    return cat_rollouts(parts, pad_token_id)
 
 
 def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, step: int, reward_runner=None
@@ -40,9 +52,9 @@ def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, ste
     for attempt in range(max_batches):
         attempts += 1
         problems = distributed.shard(source.sample(want * dist.world_size, step, attempt), dist)
-        seed = int(t.seed) * 1_000_003 + step * 101 + attempt + dist.rank * 7_919_993
         prompt_texts = [source.prompt(p) for p in problems]
-        roll = rollout.generate(prompt_texts, n=n, seed=seed)
+        roll = generate_groups(cfg, source, rollout, problems, n, seed=int(t.seed) * 1_000_003 + step * 101 + attempt,
+                               rank=dist.rank, first=dist.rank * len(problems), pad_token_id=pad_token_id)
         group_ids = torch.arange(len(problems)).repeat_interleave(n) + attempt * want
         batch = reward_runner.score([problems[i // n] for i in range(len(roll.texts))],
                                     [prompt_texts[i // n] for i in range(len(roll.texts))], roll.texts, group_ids.tolist())

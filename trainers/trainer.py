@@ -37,6 +37,7 @@ from . import components
 from .algos.algorithm import tracked_config
 from .algos.core_algos import part_weight
 from .collect import collect_rollouts
+from .data import micro_batches
 from .interventions.tis import SAMPLING_LOGP_KEY, sampler_mismatch_metrics
 from .optim import build_optimizer, build_scheduler, check_optim, resume_scheduler
 from .parallel import distributed
@@ -60,10 +61,6 @@ def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Ten
     return part_weight(agg, micro_mask, mini_mask)
 
 
-def _slice(t, idx):
-    return None if t is None else t[idx]
-
-
 # ---------------------------------------------------------------------------------------------
 # the recipe
 # ---------------------------------------------------------------------------------------------
@@ -78,6 +75,7 @@ class GRPOTrainer:
         # torchrun / SLURM ranks, this rank's device, FSDP or not (trainers/parallel/distributed.py)
         self.dist = distributed.setup(t)
         self.log = log if self.dist.is_main else (lambda *_a, **_k: None)
+        self.nodes = distributed.node_names(self.dist)      # by rank, for summary.json
         # resume / refuse / overwrite what output_dir holds, before minutes of model loading
         self.run_mode = run_dir.prepare_output_dir(cfg, is_main=self.dist.is_main, log=self.log)
         distributed.barrier(self.dist)
@@ -170,6 +168,25 @@ class GRPOTrainer:
                 return batch_token_stats(base, roll, rows_per_chunk, **stats_kw)[0]
         return None
 
+    def _micro_batches(self, roll: Rollout, mini: torch.Tensor) -> list[torch.Tensor]:
+        """Positions in ``mini`` of each forward/backward pass: ``trainer.micro_batch_responses``
+        rows at a time, or packed by ``trainer.micro_batch_tokens`` (trainers/data/micro_batches.py),
+        as many passes on every rank."""
+        t = self.cfg.trainer
+        budget = t.get("micro_batch_tokens")
+        if not budget:
+            return micro_batches.by_count(len(mini), int(t.micro_batch_responses))
+        rows = roll.select(mini)
+        passes = micro_batches.by_tokens(rows.prompt_mask.sum(1), rows.response_mask.sum(1), int(budget))
+        return micro_batches.balance(passes, int(distributed.max_across(len(passes), self.dist)))
+
+    def _pass_rows(self, roll: Rollout, micro: torch.Tensor) -> tuple[Rollout, int]:
+        """The rows of one pass, trimmed to their own width under a token budget; the response width."""
+        part = roll.select(micro)
+        if self.cfg.trainer.get("micro_batch_tokens"):
+            return micro_batches.trim(part)
+        return part, part.response_ids.shape[1]
+
     # -- one training step ------------------------------------------------------------------
     def train_step(self, batch=None) -> dict[str, float]:
         """One step; ``batch`` (what ``collect`` returns) skips generation, e.g. to replay a fixed batch."""
@@ -217,25 +234,29 @@ class GRPOTrainer:
                 with torch.no_grad():
                     mini_extras.update(self.algo.prepare(
                         "mini", logp=old_logp[mini], old_logp=old_logp[mini], entropy=entropy[mini],
-                        advantages=advantages[mini], mask=mask[mini]))
+                        advantages=advantages[mini], mask=mask[mini],
+                        gather=lambda tensors: distributed.gather_rows(tensors, self.dist)))   # scope global
                 self.optimizer.zero_grad(set_to_none=True)
                 dp_scale = distributed.loss_scale(agg, mask[mini], self.dist)   # 1.0 on one process
                 objective = 0.0
-                for u_start in range(0, len(mini), rows_per_chunk):
-                    local = torch.arange(u_start, min(u_start + rows_per_chunk, len(mini)))
+                for local in self._micro_batches(roll, mini):
+                    pairing = len(local) == 0     # only to pair this rank's collectives with the others'
+                    local = torch.zeros(1, dtype=torch.long) if pairing else local
                     micro = mini[local]
-                    logp, ent, *vocab = response_token_stats(self.model, roll.select(micro),
+                    part, w = self._pass_rows(roll, micro)          # w: response columns of this pass
+                    logp, ent, *vocab = response_token_stats(self.model, part,
                                                              entropy_grad=self.algo.needs_entropy_grad,
                                                              vocab_stats=self.algo.vocab_stats(), **stats_kw)
-                    out = self.algo.loss(logp=logp, old_logp=old_logp[micro], entropy=ent,
-                                         advantages=advantages[micro], mask=mask[micro],
-                                         ref_logp=_slice(ref_logp, micro),
-                                         extras={**{k: v[local] for k, v in mini_extras.items()},
+                    out = self.algo.loss(logp=logp, old_logp=old_logp[micro, :w], entropy=ent,
+                                         advantages=advantages[micro, :w], mask=mask[micro, :w],
+                                         ref_logp=None if ref_logp is None else ref_logp[micro, :w],
+                                         extras={**{k: v[local][:, :w] if v.dim() == 2 else v[local]
+                                                    for k, v in mini_extras.items()},
                                                  **(vocab[0] if vocab else {})})
-                    weight = accumulation_weight(agg, mask[micro], mask[mini]) * dp_scale
+                    weight = 0.0 if pairing else accumulation_weight(agg, mask[micro], mask[mini]) * dp_scale
                     (out.loss * weight).backward()
                     objective += float(out.loss.detach()) * weight
-                    for k, v in out.metrics.items():
+                    for k, v in ({} if pairing else out.metrics).items():
                         loss_metrics[k].append(float(v))
                 loss_metrics["loss/objective"].append(objective)   # the mini-batch loss minimised
                 grad_norms.append(distributed.clip_grad_norm(self.model, float(t.grad_clip)))
@@ -354,7 +375,7 @@ class GRPOTrainer:
         summary.update(report_regime(rows, self.cfg, self.tracker, log=self.log))   # warnings, flags, r
         summary.update({"status": status, "steps": self.step, "algo": str(self.cfg.algo.name),
                         "output_dir": str(self.output_dir), "world_size": self.dist.world_size,
-                        "mlflow_run_id": self.tracker.run_id,
+                        "nodes": self.nodes, "mlflow_run_id": self.tracker.run_id,
                         "tracking_uri": self.tracker.uri if self.tracker.enabled else None,
                         "wall_seconds": time.perf_counter() - started})
         try:

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Start a single-node SLURM cluster on this machine for the tests.
+# Start the SLURM test cluster on this machine: partition `debug` (default) of one node named after
+# the host, and partition `two` of two nodes `n1`, `n2` (two more slurmd on this host, ports
+# 17001/17002, started as `slurmd -N n1` / `-N n2`; the names resolve to 127.0.0.1 through
+# /etc/hosts lines this script adds) for multi-node jobs.
 # Idempotent: installs slurmctld/slurmd/munge with apt-get only when missing, (re)writes
-# /etc/slurm/slurm.conf, starts munged, slurmctld and slurmd only when they are not running, and
-# waits until `sinfo` shows the node idle. Needs root. Stop it with tests/slurm/stop.sh.
+# /etc/slurm/slurm.conf (a changed file restarts the daemons this script runs), starts munged,
+# slurmctld and the three slurmd only when they are not running, and waits until `sinfo` shows
+# every node idle. Needs root. Stop it with tests/slurm/stop.sh.
 #
-#   sudo tests/slurm/start.sh && sinfo && sbatch --wrap "hostname"
+#   sudo tests/slurm/start.sh && sinfo && sbatch --wrap "hostname" && srun -p two -N 2 hostname
 #
 # Exit status: 0 ready; 3 cannot run here (not root / no apt-get); 1 failed to start (see logs
 # under /var/log/slurm/).
@@ -60,7 +64,7 @@ CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 MEM_MB=$(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
 REAL_MEM=$(( MEM_MB * 9 / 10 ))
 CONF=$(cat <<CONF
-# Written by entropyrl tests/slurm/start.sh: a single-node test cluster.
+# Written by entropyrl tests/slurm/start.sh: a one-node partition and a two-node one, on one host.
 ClusterName=entropyrl-test
 SlurmctldHost=${HOST}
 AuthType=auth/munge
@@ -84,17 +88,30 @@ KillWait=2
 MinJobAge=600
 DefMemPerCPU=1024
 StateSaveLocation=/var/spool/slurmctld
-SlurmdSpoolDir=/var/spool/slurmd
+# Several slurmd on one host: each its own spool, pid file and log (%n: the node name)
+SlurmdSpoolDir=/var/spool/slurmd/%n
 SlurmctldPidFile=/run/slurmctld.pid
-SlurmdPidFile=/run/slurmd.pid
+SlurmdPidFile=/run/slurmd-%n.pid
 SlurmctldLogFile=${LOG_DIR}/slurmctld.log
-SlurmdLogFile=${LOG_DIR}/slurmd.log
+SlurmdLogFile=${LOG_DIR}/slurmd-%n.log
 SlurmctldTimeout=30
 SlurmdTimeout=60
 NodeName=${HOST} CPUs=${CPUS} RealMemory=${REAL_MEM} State=UNKNOWN
+NodeName=n1 NodeHostname=${HOST} NodeAddr=127.0.0.1 Port=17001 CPUs=${CPUS} RealMemory=${REAL_MEM} State=UNKNOWN
+NodeName=n2 NodeHostname=${HOST} NodeAddr=127.0.0.1 Port=17002 CPUs=${CPUS} RealMemory=${REAL_MEM} State=UNKNOWN
 PartitionName=debug Nodes=${HOST} Default=YES MaxTime=INFINITE State=UP
+PartitionName=two Nodes=n1,n2 MaxTime=INFINITE State=UP
 CONF
 )
+NODES=("$HOST" n1 n2)
+
+# n1, n2 resolve to this host (the ranks of a two-node job meet at the first node's name)
+for name in n1 n2; do
+  if ! getent hosts "$name" >/dev/null; then
+    echo "127.0.0.1 $name  # entropyrl-slurm" >> /etc/hosts
+  fi
+done
+for name in "${NODES[@]}"; do mkdir -p "/var/spool/slurmd/$name"; done
 CONF_CHANGED=0
 if [[ ! -f /etc/slurm/slurm.conf ]] || [[ "$(cat /etc/slurm/slurm.conf)" != "$CONF" ]]; then
   printf '%s\n' "$CONF" > /etc/slurm/slurm.conf
@@ -105,25 +122,45 @@ alive() {  # alive PIDFILE: the daemon whose pid is in PIDFILE runs
   [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null
 }
 
-if alive /run/slurmctld.pid && [[ $CONF_CHANGED -eq 1 ]]; then
-  scontrol reconfigure >/dev/null 2>&1 || true
+# A changed node set needs the daemons restarted (reconfigure cannot add nodes): stop what runs.
+if [[ $CONF_CHANGED -eq 1 ]] && alive /run/slurmctld.pid; then
+  scontrol shutdown >/dev/null 2>&1 || true
+  for _ in $(seq 1 50); do alive /run/slurmctld.pid || break; sleep 0.2; done
+fi
+if [[ $CONF_CHANGED -eq 1 ]]; then
+  for pidfile in /run/slurmd.pid /run/slurmd-*.pid; do   # /run/slurmd.pid: an older start.sh's slurmd
+    if alive "$pidfile"; then
+      kill "$(cat "$pidfile")" 2>/dev/null || true
+      for _ in $(seq 1 50); do alive "$pidfile" || break; sleep 0.2; done
+    fi
+  done
 fi
 if ! alive /run/slurmctld.pid; then
   slurmctld || { echo "start.sh: slurmctld failed to start; see ${LOG_DIR}/slurmctld.log" >&2; exit 1; }
 fi
 for _ in $(seq 1 100); do scontrol ping 2>/dev/null | grep -q "is UP" && break; sleep 0.2; done
-if ! alive /run/slurmd.pid; then
-  slurmd || { echo "start.sh: slurmd failed to start; see ${LOG_DIR}/slurmd.log" >&2; exit 1; }
-fi
+for name in "${NODES[@]}"; do
+  if ! alive "/run/slurmd-${name}.pid"; then
+    slurmd -N "$name" || { echo "start.sh: slurmd -N ${name} failed to start; see ${LOG_DIR}/slurmd-${name}.log" >&2; exit 1; }
+  fi
+done
 
-# --- wait until the node is idle -------------------------------------------------------------
+# --- wait until every node is idle -----------------------------------------------------------
 for i in $(seq 1 120); do
-  state=$(sinfo -h -n "$HOST" -o "%T" 2>/dev/null | head -n1 || true)
-  case "$state" in
-    idle|mixed|allocated|completing) echo "start.sh: SLURM ready (node ${HOST} ${state}, partition debug)" >&2; exit 0 ;;
-    down*|drain*|drained*) scontrol update nodename="$HOST" state=resume >/dev/null 2>&1 || true ;;
-  esac
+  waiting=""
+  for name in "${NODES[@]}"; do
+    state=$(sinfo -h -n "$name" -o "%T" 2>/dev/null | head -n1 || true)
+    case "$state" in
+      idle|mixed|allocated|completing) ;;
+      down*|drain*|drained*) scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true; waiting+=" $name:$state" ;;
+      *) waiting+=" $name:${state:-nothing}" ;;
+    esac
+  done
+  if [[ -z "$waiting" ]]; then
+    echo "start.sh: SLURM ready (partition debug: node ${HOST}; partition two: nodes n1,n2)" >&2
+    exit 0
+  fi
   sleep 0.5
 done
-echo "start.sh: node ${HOST} did not become idle (sinfo: ${state:-nothing}); see ${LOG_DIR}/slurmctld.log and slurmd.log" >&2
+echo "start.sh: nodes did not become idle (${waiting# }); see ${LOG_DIR}/slurmctld.log and slurmd-<node>.log" >&2
 exit 1

@@ -39,6 +39,8 @@ __all__ = ["Algorithm", "LossOutput", "tracked_config"]
 _TOP_KEYS = ("name", "advantage", "clip", "loss_agg", "loss_agg_norm", "kl_coef", "interventions",
              "dynamic_sampling", "overlong", "objective", "objective_args")
 PREPARE_LEVELS = ("batch", "mini")
+# scope "global" selects at the mini-batch level, over the rows of every rank (``gather``)
+_AT_LEVEL = {"batch": ("batch",), "mini": ("mini", "global")}
 
 
 @dataclass
@@ -235,9 +237,13 @@ class Algorithm:
             iv.begin_step(h)
 
     def prepare(self, level: str, *, logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor,
-                advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Selections of interventions whose scope is ``level`` ("batch" or "mini"), ``{key: [b, T]}``.
+                advantages: torch.Tensor, mask: torch.Tensor, gather=None) -> dict[str, torch.Tensor]:
+        """Selections of interventions whose scope is ``level`` ("batch" or "mini"; "mini" also
+        computes the "global" ones), ``{key: [b, T]}``.
 
+        ``gather(tensors) -> (all ranks' tensors, this rank's rows)`` (``distributed.gather_rows``):
+        a "global" selection is computed on every rank's rows of the mini-batch together and this
+        rank's rows are kept; without it (one process) "global" is "mini".
         The loop slices them row-wise with the batch and passes them to ``loss(extras=...)``.
         """
         if level not in PREPARE_LEVELS:
@@ -250,6 +256,17 @@ class Algorithm:
         for iv in self.interventions:
             if iv.scope == level:
                 out.update(iv.select(batch))
+        wide = [iv for iv in self.interventions if iv.scope == "global" and level in _AT_LEVEL["mini"]]
+        if wide:
+            fields = ("logp", "old_logp", "entropy", "advantages", "mask")
+            if gather is None:
+                whole, rows = batch, slice(None)
+            else:
+                tensors, rows = gather({f: getattr(batch, f) for f in fields})
+                whole = TokenBatch(*(tensors[f] for f in fields))
+            width = mask.shape[1]
+            for iv in wide:
+                out.update({k: v[rows, :width] for k, v in iv.select(whole).items()})
         return out
 
     # ------------------------------------------------------------------ the loss

@@ -6,7 +6,9 @@ moments of a training step:
 1. ``begin_step(sampling_entropy)``: once per step, before any update, with the batch-mean entropy
    of the sampling policy (closed-loop controllers: STARE's gate, adaptive entropy coefficient).
 2. ``select(batch)``: token selection on a whole step batch or mini-batch, when the intervention's
-   ``scope`` is ``"batch"`` or ``"mini"`` (``Algorithm.prepare``). The returned per-token tensors are
+   ``scope`` is ``"batch"`` or ``"mini"`` (``Algorithm.prepare``), or on the mini-batch of every
+   rank together when it is ``"global"`` (the rows of all ranks gathered, the same selection
+   computed on each, this rank's rows kept: N ranks select what one process selects). The returned per-token tensors are
    sliced row-wise by the loop along with everything else and come back in ``ctx.extras``.
 3. ``apply(ctx)``: in every micro-batch loss, edits the ``LossContext``: multiplies token weights
    (``ctx.scale``), replaces the per-token policy loss, narrows the aggregation mask or adds a
@@ -36,7 +38,9 @@ from ...core.errors import UserError
 __all__ = ["Intervention", "LossContext", "TokenBatch", "INTERVENTIONS", "register_intervention",
            "build_intervention", "SCOPES"]
 
-SCOPES = ("micro", "mini", "batch")
+# micro: each micro-batch (the published reference codes); mini / batch: this rank's mini-batch /
+# step batch; global: the mini-batch of all ranks (the selection does not depend on the rank count).
+SCOPES = ("micro", "mini", "batch", "global")
 
 
 @dataclass

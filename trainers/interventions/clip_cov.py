@@ -9,6 +9,10 @@ reference implementation (verl ``compute_policy_loss_clip_cov``).
 
 The random pick is reproducible: the generator is seeded from the run seed and a call counter that
 is part of the checkpointed state.
+
+``scope``: micro (the reference) picks in every micro-batch from the current log-probs; mini and
+global pick once per mini-batch before the update, from the sampling policy's log-probs (nothing
+is ratio-clipped yet), global over the tokens of every rank.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch
 
 from ...core.errors import UserError
 from ..algos.core_algos import token_covariance
-from .base import Intervention, LossContext, register_intervention
+from .base import Intervention, LossContext, TokenBatch, register_intervention
 
 
 def clip_cov_candidates(cov: torch.Tensor, valid: torch.Tensor, ratio_clipped: torch.Tensor,
@@ -37,6 +41,7 @@ class ClipCov(Intervention):
         ratio: float  # fraction of valid tokens to detach
         lb: float  # covariance window (lb, ub)
         ub: float
+        scope: str  # where tokens are picked: micro | mini | batch | global
 
         def validate(self, name: str) -> None:
             if not 0.0 <= self.ratio <= 1.0 or not self.lb < self.ub:
@@ -46,20 +51,32 @@ class ClipCov(Intervention):
         super().__init__(params, **kw)
         self.calls = 0
 
-    def apply(self, ctx: LossContext) -> None:
+    def _pick(self, logp: torch.Tensor, advantages: torch.Tensor, valid: torch.Tensor,
+              ratio_clipped: torch.Tensor) -> torch.Tensor:
+        """Bool ``[b, T]``: the tokens to detach (``k`` at random among the candidates)."""
         p = self.params
-        valid = ctx.pg_mask.bool()
-        cov = token_covariance(ctx.advantages, ctx.logp, valid)
-        cand = torch.nonzero(clip_cov_candidates(cov, valid, ctx.surrogate.ratio_clipped, p.lb, p.ub).reshape(-1),
-                             as_tuple=True)[0]
-        n_valid = int(valid.sum().item())
-        k = min(max(1, int(p.ratio * n_valid)), int(cand.numel()))
+        cov = token_covariance(advantages, logp, valid)
+        cand = torch.nonzero(clip_cov_candidates(cov, valid, ratio_clipped, p.lb, p.ub).reshape(-1), as_tuple=True)[0]
+        k = min(max(1, int(p.ratio * int(valid.sum().item()))), int(cand.numel()))
         gen = torch.Generator().manual_seed((self.seed * 1_000_003 + self.calls) % (2**63))
         self.calls += 1
-        corr = torch.ones(valid.numel(), dtype=ctx.pg_loss.dtype, device=ctx.pg_loss.device)
+        picked = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
         if k > 0:
-            chosen = cand[torch.randperm(int(cand.numel()), generator=gen)[:k].to(cand.device)]
-            corr[chosen] = 0.0
+            picked[cand[torch.randperm(int(cand.numel()), generator=gen)[:k].to(cand.device)]] = True
+        return picked.view_as(valid)
+
+    def select(self, batch: TokenBatch) -> dict[str, torch.Tensor]:
+        valid = batch.mask.bool()
+        return {"clip_cov/detach": self._pick(batch.logp, batch.advantages, valid, torch.zeros_like(valid))}
+
+    def apply(self, ctx: LossContext) -> None:
+        valid = ctx.pg_mask.bool()
+        if self.scope == "micro":
+            picked = self._pick(ctx.logp, ctx.advantages, valid, ctx.surrogate.ratio_clipped)
+        else:
+            picked = self.selection(ctx)["clip_cov/detach"].bool() & valid
+        n_valid, k = int(valid.sum().item()), int(picked.sum().item())
+        corr = (~picked).to(ctx.pg_loss.dtype).reshape(-1)
         ctx.pg_loss = ctx.surrogate.loss_ratio_clipped
         ctx.clipped = ctx.surrogate.ratio_clipped
         ctx.dual_clipped = None                 # the reference's clip-cov mode has no dual clip

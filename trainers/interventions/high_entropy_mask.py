@@ -24,7 +24,7 @@ class HighEntropyMask(Intervention):
     class Params:
         """Names and types; the published values: conf/intervention/high_entropy_mask.yaml."""
         rho: float  # fraction of valid tokens kept (highest entropy)
-        scope: str  # where the top-rho is taken: micro | mini | batch
+        scope: str  # where the top-rho is taken: micro | mini | batch | global
 
         def validate(self, name: str) -> None:
             if not 0.0 < self.rho <= 1.0:

@@ -5,6 +5,10 @@ docs/algorithms.md §5. The ``max(1, floor(ratio * n_valid))`` valid tokens with
 covariance between advantage and log-prob get a KL-like penalty ``kappa * |logp - old_logp|`` on
 top of the unclipped surrogate ``-A * rho``; all other tokens use ``-A * rho``. No ratio clipping
 in this mode (verl ``compute_policy_loss_kl_cov``).
+
+``scope``: micro (the reference) selects in every micro-batch from the current log-probs; mini and
+global select once per mini-batch before the update, from the sampling policy's log-probs, global
+over the tokens of every rank.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import torch
 
 from ...core.errors import UserError
 from ..algos.core_algos import token_covariance
-from .base import Intervention, LossContext, register_intervention
+from .base import Intervention, LossContext, TokenBatch, register_intervention
 
 
 def kl_cov_selection(cov: torch.Tensor, valid: torch.Tensor, ratio: float) -> torch.Tensor:
@@ -45,15 +49,23 @@ class KlCov(Intervention):
         """Names and types; the published values: conf/intervention/kl_cov.yaml."""
         ratio: float  # fraction of valid tokens that get the penalty
         kappa: float  # penalty coefficient
+        scope: str  # where tokens are selected: micro | mini | batch | global
 
         def validate(self, name: str) -> None:
             if not 0.0 <= self.ratio <= 1.0 or self.kappa < 0:
                 raise UserError(f"algo.{name}: need 0 <= ratio <= 1 and kappa >= 0")
 
+    def select(self, batch: TokenBatch) -> dict[str, torch.Tensor]:
+        valid = batch.mask.bool()
+        return {"kl_cov/selected": kl_cov_selection(token_covariance(batch.advantages, batch.logp, valid), valid,
+                                                    self.params.ratio)}
+
     def apply(self, ctx: LossContext) -> None:
         valid = ctx.pg_mask.bool()
-        cov = token_covariance(ctx.advantages, ctx.logp, valid)
-        sel = kl_cov_selection(cov, valid, self.params.ratio)
+        if self.scope == "micro":
+            sel = kl_cov_selection(token_covariance(ctx.advantages, ctx.logp, valid), valid, self.params.ratio)
+        else:
+            sel = self.selection(ctx)["kl_cov/selected"].bool() & valid
         ctx.pg_loss = kl_cov_loss(ctx.logp, ctx.old_logp, ctx.advantages, ctx.surrogate.ratio, sel,
                                   self.params.kappa)
         ctx.clipped = torch.zeros_like(ctx.clipped)  # no ratio clip in this mode

@@ -39,7 +39,7 @@ class Stare(Intervention):
         alpha: float
         w_max: float
         m_min: float
-        scope: str  # where selection happens: micro | mini | batch
+        scope: str  # where selection happens: micro | mini | batch | global
 
         def validate(self, name: str) -> None:
             if self.variant not in VARIANTS:

@@ -69,7 +69,7 @@ class Steer(Intervention):
         lambda_min: float
         lambda_max: float
         m_floor: float  # floor on m_max in the exp mapping (no reweighting of tiny changes)
-        scope: str  # extremes over: micro | mini | batch
+        scope: str  # extremes over: micro | mini | batch | global
         entropy_source: str  # H in Omega: old (sampling policy, as the reference) | current
 
         def validate(self, name: str) -> None:

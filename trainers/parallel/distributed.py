@@ -8,7 +8,9 @@ The same ``entropyrl train ...`` command runs single-process or under a launcher
          --rdzv_backend c10d --rdzv_endpoint $MASTER:29500 -m entropyrl.cli.main train ...
 
 ``setup(trainer_cfg)`` reads the launcher's environment: torchrun's ``RANK``/``WORLD_SIZE``/
-``LOCAL_RANK`` (+ ``MASTER_ADDR``/``MASTER_PORT``), else SLURM's ``SLURM_PROCID``/``SLURM_NTASKS``
+``LOCAL_RANK`` (+ ``MASTER_ADDR``/``MASTER_PORT``), else submitit's local tasks
+(``SUBMITIT_LOCAL_GLOBALID``/``SUBMITIT_LOCAL_NTASKS``: ``entropyrl sweep launcher=local
+launcher.tasks_per_node=N``), else SLURM's ``SLURM_PROCID``/``SLURM_NTASKS``
 (``SLURM_STEP_NUM_TASKS`` inside an ``srun`` step)/``SLURM_LOCALID``, the master being the first
 host of ``SLURM_NODELIST`` (``MASTER_ADDR``/``MASTER_PORT`` override it; the port defaults to
 29500 + the job id mod 1000). Backend: NCCL on GPUs, gloo on CPU.
@@ -48,9 +50,9 @@ import torch
 from ...core.errors import UserError
 from ..algos.loss_agg import loss_aggregation
 from .fsdp import checkpoint_views, decoder_layers, is_fsdp, load_full_state, prepare_model
-from .process_group import DistInfo, cleanup, expand_nodelist, launcher_env, setup
+from .process_group import DistInfo, cleanup, expand_nodelist, launcher_env, node_name, setup
 
-__all__ = ["DistInfo", "launcher_env", "expand_nodelist", "setup", "prepare_model", "shard",
+__all__ = ["DistInfo", "launcher_env", "expand_nodelist", "node_name", "node_names", "gather_rows", "setup", "prepare_model", "shard",
            "sum_across", "min_across", "max_across", "mean_metrics", "masked_mean_across", "loss_scale",
            "clip_grad_norm", "barrier", "checkpoint_views", "load_full_state", "is_fsdp", "decoder_layers",
            "check_batch_sizes", "NullTracker", "cleanup"]
@@ -108,6 +110,42 @@ def mean_metrics(metrics: dict[str, float], info: DistInfo) -> dict[str, float]:
         vals = [g[key] for g in gathered if g and key in g and g[key] == g[key]]
         out[key] = float(sum(vals) / len(vals)) if vals else float("nan")
     return out
+
+
+def gather_rows(tensors: dict[str, torch.Tensor], info: DistInfo) -> tuple[dict[str, torch.Tensor], slice]:
+    """Every rank's ``[b_r, T_r]`` tensors stacked by rank (rank 0's rows first), right-padded to
+    the widest ``T`` with zeros (a zero mask: padding is never valid), and the rows of this rank in
+    the result. Identity on one process. Every rank must call it (same keys)."""
+    if not _active(info):
+        return tensors, slice(None)
+    import torch.distributed as dist
+
+    first = next(iter(tensors.values()))
+    shapes: list[tuple[int, int] | None] = [None] * info.world_size
+    dist.all_gather_object(shapes, (int(first.shape[0]), int(first.shape[1])))
+    rows, width = max(s[0] for s in shapes), max(s[1] for s in shapes)
+    start = sum(s[0] for s in shapes[:info.rank])
+    device = info.device if info.backend == "nccl" else torch.device("cpu")
+    out = {}
+    for key, t in tensors.items():
+        wire = torch.uint8 if t.dtype == torch.bool else t.dtype     # gloo has no bool collectives
+        padded = torch.zeros((rows, width), dtype=wire, device=device)
+        padded[:t.shape[0], :t.shape[1]] = t.detach().to(device, wire)
+        parts = [torch.empty_like(padded) for _ in range(info.world_size)]
+        dist.all_gather(parts, padded)
+        out[key] = torch.cat([part[:s[0]] for part, s in zip(parts, shapes)]).to(t.device, t.dtype)
+    return out, slice(start, start + int(first.shape[0]))
+
+
+def node_names(info: DistInfo) -> list[str]:
+    """Every rank's node name, by rank (``[node_name()]`` on one process). Every rank must call it."""
+    if not _active(info):
+        return [node_name()]
+    import torch.distributed as dist
+
+    gathered: list[str | None] = [None] * info.world_size
+    dist.all_gather_object(gathered, node_name())
+    return [str(g) for g in gathered]
 
 
 def masked_mean_across(x: torch.Tensor, mask: torch.Tensor, info: DistInfo) -> float:

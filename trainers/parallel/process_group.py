@@ -16,7 +16,7 @@ import torch
 from ...conf import cfg_get
 from ...core.errors import UserError
 
-__all__ = ["DistInfo", "launcher_env", "expand_nodelist", "setup", "cleanup"]
+__all__ = ["DistInfo", "launcher_env", "expand_nodelist", "node_name", "setup", "cleanup"]
 
 
 @dataclass
@@ -25,7 +25,7 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    launcher: str = "single"               # single | torchrun | slurm
+    launcher: str = "single"               # single | torchrun | slurm | local (submitit's local tasks)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str | None = None
     fsdp: bool = False
@@ -70,6 +70,16 @@ def launcher_env(env: dict | None = None) -> dict[str, Any]:
         return {"launcher": "torchrun", "rank": int(env["RANK"]), "world_size": int(env["WORLD_SIZE"]),
                 "local_rank": int(env.get("LOCAL_RANK", 0)), "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
                 "master_port": int(env.get("MASTER_PORT", 29500))}
+    # submitit's LocalExecutor with tasks_per_node > 1 (``launcher=local launcher.tasks_per_node=N``):
+    # N processes on this machine; the port follows the job (its controller's pid), so jobs
+    # running side by side do not meet.
+    local_world = int(env.get("SUBMITIT_LOCAL_NTASKS") or 1)
+    if local_world > 1 and "SUBMITIT_LOCAL_GLOBALID" in env:
+        job = int(env.get("SUBMITIT_LOCAL_JOB_ID", 0) or 0)
+        return {"launcher": "local", "rank": int(env["SUBMITIT_LOCAL_GLOBALID"]), "world_size": local_world,
+                "local_rank": int(env.get("SUBMITIT_LOCAL_LOCALID", 0)),
+                "master_addr": env.get("MASTER_ADDR") or "127.0.0.1",
+                "master_port": int(env.get("MASTER_PORT") or 20000 + job % 20000)}
     # Inside an `srun` step SLURM_STEP_NUM_TASKS is the step's size; a batch script itself (one
     # process, even when the job asked for many tasks) has no step task count and runs alone.
     world = int(env.get("SLURM_STEP_NUM_TASKS") or 1)
@@ -82,6 +92,15 @@ def launcher_env(env: dict | None = None) -> dict[str, Any]:
                 "master_port": int(env.get("MASTER_PORT") or 29500 + job % 1000)}
     return {"launcher": "single", "rank": 0, "world_size": 1, "local_rank": 0,
             "master_addr": "127.0.0.1", "master_port": 29500}
+
+
+def node_name(env: dict | None = None) -> str:
+    """The name of the node this process runs on: SLURM's (``SLURMD_NODENAME``, which tells apart
+    several slurmd on one host), else the host name."""
+    import socket
+
+    env = os.environ if env is None else env
+    return str(env.get("SLURMD_NODENAME") or socket.gethostname())
 
 
 def _wants_fsdp(trainer_cfg, world: int) -> bool:

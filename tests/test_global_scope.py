@@ -1,0 +1,116 @@
+"""``scope: global`` (trainers/interventions/base.py): every token selection computed over the
+mini-batch of all ranks selects, on 2 gloo ranks on CPU, exactly what one process selects on the
+whole mini-batch (bit-identical), each rank holding only its rows, padded to its own width.
+
+This file is also the 2-rank worker (``torchrun ... tests/test_global_scope.py <dir>``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve()
+ROWS, WIDTH = 12, 9
+
+# every selecting intervention, with values that select a fair share of a small batch
+SETTINGS = {
+    "stare": {"variant": "C2", "p": 0.3},
+    "steer": {},
+    "high_entropy_mask": {"rho": 0.2},
+    "clip_cov": {"ratio": 0.2, "lb": -10.0, "ub": 10.0},
+    "kl_cov": {"ratio": 0.2},
+}
+
+
+def _mini_batch() -> dict[str, torch.Tensor]:
+    """A mini-batch of ROWS responses of random lengths, the same on every process (seeded)."""
+    gen = torch.Generator().manual_seed(7)
+    lengths = torch.randint(2, WIDTH + 1, (ROWS,), generator=gen)
+    lengths[0], lengths[ROWS // 2:] = WIDTH, lengths[ROWS // 2:].clamp(max=WIDTH - 3)   # rank 1's rows are shorter
+    mask = (torch.arange(WIDTH)[None, :] < lengths[:, None]).float()
+    logp = -torch.rand(ROWS, WIDTH, generator=gen) * 3
+    entropy = torch.rand(ROWS, WIDTH, generator=gen) * 2
+    rewards = torch.randint(0, 2, (ROWS // 2,), generator=gen).float()
+    advantages = ((rewards - rewards.mean()).repeat_interleave(2)[:, None] + 0.1 * torch.randn(ROWS, 1, generator=gen))
+    return {"logp": logp * mask, "old_logp": logp * mask, "entropy": entropy * mask,
+            "advantages": advantages.expand(ROWS, WIDTH) * mask, "mask": mask}
+
+
+def _algorithm():
+    from entropyrl.trainers.algos.algorithm import Algorithm
+    from entropyrl.trainers.interventions import build_intervention
+
+    ivs = [build_intervention(name, {**values, "scope": "global"}, seed=3) for name, values in SETTINGS.items()]
+    return Algorithm(interventions=ivs, max_response_length=WIDTH)
+
+
+def _select(rows: slice, gather=None) -> dict[str, torch.Tensor]:
+    batch = {k: v[rows] for k, v in _mini_batch().items()}
+    width = int(batch["mask"].sum(1).max())             # this rank's own padded width
+    batch = {k: v[:, :width].contiguous() for k, v in batch.items()}
+    return _algorithm().prepare("mini", **batch, gather=gather)
+
+
+def _worker(out_dir: Path) -> None:
+    import torch.distributed as dist
+
+    from entropyrl.trainers.parallel import distributed
+
+    info = distributed.setup({"device": "cpu"})
+    assert info.world_size == 2
+    share = ROWS // info.world_size
+    mine = _select(slice(info.rank * share, (info.rank + 1) * share),
+                   gather=lambda tensors: distributed.gather_rows(tensors, info))
+    everyone: list = [None] * info.world_size
+    dist.all_gather_object(everyone, {k: v.clone() for k, v in mine.items()})
+    if info.is_main:
+        torch.save(everyone, out_dir / "ranks.pt")
+    distributed.cleanup(info)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_global_selections_on_two_ranks_equal_one_process(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          str(_free_port()), str(HERE), str(tmp_path)], capture_output=True, text=True, timeout=600,
+                         env=env)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    ranks = torch.load(tmp_path / "ranks.pt", weights_only=False)
+    one = _select(slice(None))
+    assert {k.split("/")[0] for k in one} == set(SETTINGS)
+    for key, whole in one.items():
+        parts = [r[key] for r in ranks]
+        assert min(p.shape[1] for p in parts) < whole.shape[1]      # a rank narrower than the whole: padding met
+        stacked = torch.cat([torch.nn.functional.pad(p, (0, whole.shape[1] - p.shape[1])) for p in parts])
+        assert torch.equal(stacked, whole), key                   # bit-identical, rows and tokens
+        valid = _mini_batch()["mask"].bool()
+        if whole.dtype == torch.bool:
+            assert 0 < int(whole[valid].sum()) < int(valid.sum()), key   # a real selection, not all or none
+        else:
+            assert float(whole[valid].std()) > 0, key                     # STEER weights vary
+
+
+def test_micro_scope_stays_per_rank_while_global_does_not():
+    """The published default (micro, here: this rank's mini-batch) selects by rank; global does not:
+    the same top-20 % entropy mask on half of the rows differs from the whole batch's."""
+    from entropyrl.trainers.algos.core_algos import select_top_fraction
+
+    batch = _mini_batch()
+    whole = select_top_fraction(batch["entropy"], batch["mask"].bool(), 0.2)
+    halves = torch.cat([select_top_fraction(batch["entropy"][r], batch["mask"][r].bool(), 0.2)
+                        for r in (slice(0, ROWS // 2), slice(ROWS // 2, ROWS))])
+    assert not torch.equal(whole, halves)
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]))
