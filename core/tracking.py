@@ -108,14 +108,15 @@ class RunTracker:
 
         self._mlflow = mlflow
         mlflow.set_tracking_uri(self.uri)
-        self._client = mlflow.tracking.MlflowClient(self.uri)
         previous = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
         if resume_step is None:
             self.queue_path.unlink(missing_ok=True)
-        self.outbox = Outbox(self.queue_path, self._deliver, lambda: server_answers(self.uri), self.uri, self.log,
-                             retry_s=float(self.cfg.get("retry_s", 10.0) or 10.0))
         try:
             with store_lock(self.uri):       # first use of a fresh sqlite store: one process at a time
+                # the client opens (and on a fresh sqlite file, creates) the store: inside the lock
+                self._client = mlflow.tracking.MlflowClient(self.uri)
+                self.outbox = Outbox(self.queue_path, self._deliver, lambda: server_answers(self.uri), self.uri,
+                                     self.log, retry_s=float(self.cfg.get("retry_s", 10.0) or 10.0))
                 if previous.get("run_id"):
                     run = mlflow.start_run(run_id=previous["run_id"])
                     self.run_id = run.info.run_id
