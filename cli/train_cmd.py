@@ -8,7 +8,7 @@ import typer
 
 from ..conf import compose
 from ..trainers.parallel.distributed import launcher_env
-from ..trainers.run.run_dir import prepare_output_dir
+from ..trainers.preflight import check_training
 from ..trainers.run.stop_signals import RunInterrupted
 from ..trainers.trainer import train as run_training
 from .common import groups_help
@@ -32,14 +32,15 @@ def register(app: typer.Typer) -> None:
         main_rank = launcher_env()["rank"] == 0       # under torchrun/srun only rank 0 talks
         console = Console(stderr=True, quiet=not main_rank)
         cfg = compose("train", overrides or [])     # launcher=... is an error here (conf.OWNED_ELSEWHERE)
-
-        prepare_output_dir(cfg, clear=False)    # refuse a folder this run may not use, before printing
+        # algorithm/intervention values and the output folder, once, before anything is printed or created
+        checked = check_training(cfg)
 
         console.print(f"[bold]entropyrl train[/bold] algo={cfg.algo.name} model={cfg.model.name} "
                       f"data={cfg.data.name} steps={cfg.trainer.total_steps} -> {cfg.output_dir}")
         try:
-            summary = run_training(cfg, log=lambda msg: console.print(msg, style="dim", markup=False,
-                                                                      highlight=False, soft_wrap=True))
+            summary = run_training(cfg, checked=checked,
+                                   log=lambda msg: console.print(msg, style="dim", markup=False,
+                                                                 highlight=False, soft_wrap=True))
         except RunInterrupted as stopped:   # the trainer said where it stopped and how to resume
             raise SystemExit(stopped.exit_code) from None
         console.print(f"[green]done[/green]: {summary.get('steps')} steps, "

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from ..conf import CONF_DIR, config_groups, primary_defaults
 from ..core.errors import UserError
 from ..core.mlflow_store import resolve_uri, store_lock
+from ..trainers.algos.algorithm import Algorithm
 from .ablation import JOB_OWNED_KEYS, JobSpec, expand, override_key
 from .jobs import compose_job_config
 from .launchers import Launcher, check_number, find_launcher, get_launcher
@@ -222,9 +223,14 @@ def job_configs(jobs: list[JobSpec]) -> Iterator[tuple[JobSpec, DictConfig]]:
 
 
 def validate_jobs(jobs: list[JobSpec]) -> None:
-    """Compose every job's training config now, so a mistake fails before anything is submitted."""
+    """Compose every job's training config now and check its algorithm and interventions
+    (``Algorithm.from_train_config``: the check a training run makes before it creates anything),
+    so a mistake fails before anything is submitted."""
     for job, cfg in job_configs(jobs):
-        del job, cfg  # composing is the check today; value checks of `cfg` belong here
+        try:
+            Algorithm.from_train_config(cfg)
+        except UserError as exc:
+            raise UserError(f"variant {job.variant}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ def loss_and_grad(algo: Algorithm, b: dict, extras=None, entropy_grad=False):
     out = algo.loss(logp=logp, old_logp=b["old_logp"], entropy=ent, advantages=b["advantages"], mask=b["mask"],
                     extras=extras)
     out.loss.backward()
+    algo.after_loss()           # as the loop does after each micro-batch loss (Clip-Cov's next draw)
     return out, logp.grad
 
 

@@ -31,16 +31,16 @@ from ..core.errors import UserError
 from ..core.mlflow_store import resolve_uri
 from ..core.resources import ThreadBudget
 from ..core.tracking import RunTracker, check_reachable, read_metrics
-from ..core.validation import validate_config
 from ..evals.runner import validate as validate_benchmarks
 from ..models.loading import load_policy
 from ..rollout.base import Rollout, build_rollout, cat_rollouts
 from .algos.algorithm import Algorithm, tracked_config
-from .algos.core_algos import part_weight
+from .algos.core_algos import all_equal_group_share, part_weight
+from .algos.step_batch import StepBatch
 from .data.prompts_source import build_prompt_source
-from .interventions import build_intervention
-from .interventions.tis import SAMPLING_LOGP_KEY, sampler_mismatch_metrics
+from .interventions.tis import sampler_mismatch_metrics
 from .parallel import distributed
+from .preflight import TrainingCheck, check_training
 from .run import checkpoint as ckpt
 from .run import run_dir
 from .run.plots import plot_training_curves
@@ -50,6 +50,7 @@ from .run.stop_signals import RunInterrupted, StopSignals
 from .stats.diagnostics import quadrant_metrics
 from .stats.passk import sampled_pass_metrics
 from .stats.policy_stats import batch_token_stats, response_token_stats
+from .stats.prediction import EntropyPrediction
 from .stats.probe import build_probe
 
 
@@ -61,15 +62,14 @@ def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Ten
     return part_weight(agg, micro_mask, mini_mask)
 
 
-def _slice(t, idx):
-    return None if t is None else t[idx]
-
-
 # ---------------------------------------------------------------------------------------------
 # the recipe
 # ---------------------------------------------------------------------------------------------
 class GRPOTrainer:
-    def __init__(self, cfg: DictConfig, log=print):
+    """``algo`` and ``run_mode``: what ``check_training`` already built and decided (so the checks
+    run once per command); without them the trainer runs those checks itself."""
+
+    def __init__(self, cfg: DictConfig, log=print, *, algo: Algorithm | None = None, run_mode: str | None = None):
         self.cfg = cfg
         t = cfg.trainer
         self.output_dir = Path(cfg.output_dir)
@@ -78,8 +78,13 @@ class GRPOTrainer:
         # torchrun / SLURM ranks, this rank's device, FSDP or not (trainers/parallel/distributed.py)
         self.dist = distributed.setup(t)
         self.log = log if self.dist.is_main else (lambda *_a, **_k: None)
+        # every algorithm and intervention value checked (and its object built) before anything exists
+        self.algo = algo if algo is not None else Algorithm.from_train_config(cfg)
         # resume / refuse / overwrite what output_dir holds, before minutes of model loading
-        self.run_mode = run_dir.prepare_output_dir(cfg, is_main=self.dist.is_main, log=self.log)
+        self.run_mode = run_mode if run_mode is not None else run_dir.check_output_dir(cfg)
+        if self.run_mode == "overwrite":
+            run_dir.clear_previous_run(self.output_dir, is_main=self.dist.is_main, log=self.log)
+            self.run_mode = "fresh"
         distributed.barrier(self.dist)
         self.device = self.dist.device
         if t.prompts_per_step % t.mini_batch_prompts:
@@ -94,8 +99,6 @@ class GRPOTrainer:
         self.model.config.use_cache = True
         self.model = distributed.prepare_model(self.model, t, self.dist)   # FSDP2 / checkpointing
         self.source = build_prompt_source(cfg.data, int(t.seed), tokenizer=self.tokenizer)
-        self.algo = Algorithm.from_config(cfg.algo, max_response_length=int(cfg.rollout.max_new_tokens),
-                                          seed=int(t.seed))
         self.ref_model = None
         if self.algo.needs_ref:
             self.ref_model, _ = load_policy(cfg.model, cfg.data, log=self.log)
@@ -103,10 +106,6 @@ class GRPOTrainer:
             self.ref_model = distributed.prepare_model(self.ref_model, t, self.dist, trainable=False)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=float(t.lr),
                                            weight_decay=float(t.weight_decay), betas=tuple(t.betas))
-        tis = cfg.rollout.get("tis", None)
-        if tis is not None and tis.get("enabled", False) and "tis" not in self.algo.intervention_names:
-            # rollout.tis.enabled: the truncated-IS intervention on the sampler/trainer mismatch
-            self.algo.interventions.append(build_intervention("tis", {"cap": float(tis.get("cap", 2.0))}))
         self.rollout = build_rollout(cfg.rollout, self.model, self.tokenizer)
         self.tracker = RunTracker(cfg.tracking, self.output_dir, log=self.log) if self.dist.is_main else distributed.NullTracker()
         self.step = 0
@@ -161,15 +160,15 @@ class GRPOTrainer:
         return path
 
     # -- rollouts ---------------------------------------------------------------------------
-    def collect(self) -> tuple[Rollout, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    def collect(self) -> tuple[StepBatch | None, dict]:
         """Generate, score and (with dynamic sampling) filter until the batch is full.
 
-        Returns ``(rollout, rewards [B], correct [B], group_ids [B], metrics)``.
+        Returns ``(batch, metrics)``: a ``StepBatch`` of the responses with their ``rewards``,
+        ``correct`` and ``group_ids`` (None when every group was all-equal), and the metrics.
         """
         t, n = self.cfg.trainer, int(self.cfg.rollout.n)
         want = int(t.prompts_per_step) // self.dist.world_size      # this rank's share of the prompts
-        ds = self.cfg.algo.get("dynamic_sampling", {})
-        max_batches = int(ds.get("max_num_gen_batches", 1)) if ds.get("enabled", False) else 1
+        max_batches = self.algo.max_num_gen_batches if self.algo.dynamic_sampling else 1
         kept: list[tuple[Rollout, torch.Tensor, torch.Tensor]] = []
         n_kept, all_correct, all_rewards, all_len, all_trunc, per_group = 0, [], [], [], [], defaultdict(list)
         unique_frac, attempts = [], 0
@@ -207,75 +206,88 @@ class GRPOTrainer:
         # Same number of rows on every rank (whole groups): FSDP needs matching forward passes.
         rows = int(distributed.min_across(min(want * n, sum(len(k[0].texts) for k in kept)), self.dist))
         if rows == 0:
-            return None, None, None, None, metrics
+            return None, metrics
         roll = cat_rollouts([k[0] for k in kept], self.tokenizer.pad_token_id)
         rewards, correct, group_ids = (torch.cat([k[i] for k in kept]) for i in (1, 2, 3))
-        idx = torch.arange(rows)
         metrics["dynamic_sampling/kept_frac"] = n_kept / (attempts * want)
-        return roll.select(idx), rewards[idx], correct[idx], group_ids[idx], metrics
+        return StepBatch(roll, rewards, correct, group_ids)[torch.arange(rows)], metrics
 
     # -- one training step ------------------------------------------------------------------
-    def train_step(self, batch=None) -> dict[str, float]:
-        """One step; ``batch`` (what ``collect`` returns) skips generation, e.g. to replay a fixed batch."""
-        t = self.cfg.trainer
+    def train_step(self, collected: tuple[StepBatch | None, dict] | None = None) -> dict[str, float]:
+        """One step; ``collected`` (what ``collect`` returns) skips generation, e.g. to replay a fixed batch."""
         started = time.perf_counter()
-        roll, rewards, _correct, group_ids, metrics = batch if batch is not None else self.collect()
+        batch, metrics = collected if collected is not None else self.collect()
+        metrics = dict(metrics)
         gen_time = time.perf_counter() - started
-        if roll is None:  # every group was all-equal: nothing to learn from this step
+        if batch is None:  # every group was all-equal: nothing to learn from this step
             metrics.update({"time/step": time.perf_counter() - started, "skipped": 1.0})
             return distributed.mean_metrics(metrics, self.dist)
+        batch = self._score(batch, metrics)
+        prediction = self._update(batch, metrics)
+        self.rollout.sync_weights()
+        if prediction is not None:                # effective vs plain-GRPO first-order entropy change
+            metrics.update(prediction.metrics())
+        if self.probe is not None:                # realised change on the fixed held-out probe batch
+            metrics.update(self.probe.after_update(self.model))
+        metrics["time/generate"] = gen_time
+        metrics["time/step"] = time.perf_counter() - started
+        return distributed.mean_metrics(metrics, self.dist)   # averaged over ranks (identity on one)
+
+    def _score(self, batch: StepBatch, metrics: dict) -> StepBatch:
+        """Steps 3-4: the sampling policy's token statistics, the controllers, the advantages, the
+        quadrant diagnostics and the batch-scope selections, filled into the step batch."""
+        roll, rows_per_chunk, stats_kw = batch.responses, int(self.cfg.trainer.micro_batch_responses), self._stats_kwargs()
         mask = roll.response_mask.to(self.device).float()
-        stats_kw = self._stats_kwargs()
         if self.probe is not None:
             self.probe.before_update(self.model)
-        rows_per_chunk = int(t.micro_batch_responses)
         old_logp, entropy = batch_token_stats(self.model, roll, rows_per_chunk, **stats_kw)
         ref_logp = None
         if self.ref_model is not None:
             ref_logp, _ = batch_token_stats(self.ref_model, roll, rows_per_chunk, **stats_kw)
-        if roll.sampling_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are
-            metrics.update(sampler_mismatch_metrics(old_logp, roll.sampling_logp.to(self.device), mask))
+        sampler_logp = None if roll.sampling_logp is None else roll.sampling_logp.to(self.device)
+        if sampler_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are
+            metrics.update(sampler_mismatch_metrics(old_logp, sampler_logp, mask))
         sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
         self.algo.begin_step(sampling_entropy)
-        advantages = self.algo.advantages(rewards.to(self.device), group_ids.to(self.device), mask)
+        rewards, group_ids = batch.rewards.to(self.device), batch.group_ids.to(self.device)
+        advantages = self.algo.advantages(rewards, group_ids, mask)
         metrics["entropy"] = sampling_entropy
         if self.cfg.diagnostics.quadrants:
             metrics.update(quadrant_metrics(old_logp, old_logp, entropy, advantages, mask))
+        metrics["groups/all_equal_frac"] = all_equal_group_share(rewards, group_ids)
         metrics.update(self.algo.step_metrics())
+        batch = batch.with_(mask=mask, old_logp=old_logp, entropy=entropy, sampler_logp=sampler_logp,
+                            ref_logp=ref_logp, advantages=advantages)
+        return self.algo.select(batch, "batch")
 
-        batch_extras = self.algo.prepare("batch", logp=old_logp, old_logp=old_logp, entropy=entropy,
-                                         advantages=advantages, mask=mask)
-        if roll.sampling_logp is not None:      # read by interventions that need them (tis)
-            batch_extras[SAMPLING_LOGP_KEY] = roll.sampling_logp.to(self.device)
+    def _update(self, batch: StepBatch, metrics: dict) -> EntropyPrediction | None:
+        """Step 5: ``ppo_epochs`` passes of mini-batch updates, gradient accumulation over micro-batches.
+        Returns the first-order entropy prediction of the step's losses (``diagnostics.quadrants``)."""
+        t, stats_kw = self.cfg.trainer, self._stats_kwargs()
+        rows_per_chunk = int(t.micro_batch_responses)
+        prediction = EntropyPrediction() if self.cfg.diagnostics.quadrants else None
         loss_metrics: dict[str, list[float]] = defaultdict(list)
-        rows = len(roll.texts)
+        rows, agg = len(batch), self.algo.loss_agg
         mini_rows = int(t.mini_batch_prompts) * int(self.cfg.rollout.n)
-        agg = str(self.cfg.algo.get("loss_agg", "token-mean"))
         shuffle = torch.Generator().manual_seed(int(t.seed) * 7919 + self.step)
         self.model.train()
         grad_norms = []
         for _epoch in range(int(t.ppo_epochs)):
             order = torch.randperm(rows, generator=shuffle)
             for m_start in range(0, rows, mini_rows):
-                mini = order[m_start: m_start + mini_rows]
-                mini_extras = {k: v[mini] for k, v in batch_extras.items()}
-                with torch.no_grad():
-                    mini_extras.update(self.algo.prepare(
-                        "mini", logp=old_logp[mini], old_logp=old_logp[mini], entropy=entropy[mini],
-                        advantages=advantages[mini], mask=mask[mini]))
+                mini = self.algo.select(batch[order[m_start: m_start + mini_rows]], "mini")
                 self.optimizer.zero_grad(set_to_none=True)
-                dp_scale = distributed.loss_scale(agg, mask[mini], self.dist)   # 1.0 on one process
+                dp_scale = distributed.loss_scale(agg, mini.mask, self.dist)   # 1.0 on one process
                 objective = 0.0
                 for u_start in range(0, len(mini), rows_per_chunk):
-                    local = torch.arange(u_start, min(u_start + rows_per_chunk, len(mini)))
-                    micro = mini[local]
-                    logp, ent = response_token_stats(self.model, roll.select(micro), entropy_grad=self.algo.needs_entropy_grad,
-                                                     **stats_kw)
-                    out = self.algo.loss(logp=logp, old_logp=old_logp[micro], entropy=ent,
-                                         advantages=advantages[micro], mask=mask[micro],
-                                         ref_logp=_slice(ref_logp, micro),
-                                         extras={k: v[local] for k, v in mini_extras.items()})
-                    weight = accumulation_weight(agg, mask[micro], mask[mini]) * dp_scale
+                    micro = mini[torch.arange(u_start, min(u_start + rows_per_chunk, len(mini)))]
+                    logp, ent = response_token_stats(self.model, micro.responses,
+                                                     entropy_grad=self.algo.needs_entropy_grad, **stats_kw)
+                    out = self.algo.micro_loss(micro, logp=logp, entropy=ent)
+                    self.algo.after_loss()
+                    if prediction is not None:   # reads the graph: before the backward frees it
+                        prediction.add(out)
+                    weight = accumulation_weight(agg, micro.mask, mini.mask) * dp_scale
                     (out.loss * weight).backward()
                     objective += float(out.loss.detach()) * weight
                     for k, v in out.metrics.items():
@@ -283,17 +295,9 @@ class GRPOTrainer:
                 loss_metrics["loss/objective"].append(objective)   # the mini-batch loss minimised
                 grad_norms.append(distributed.clip_grad_norm(self.model, float(t.grad_clip)))
                 self.optimizer.step()
-        self.rollout.sync_weights()
         metrics.update({k: float(np.nanmean(v)) for k, v in loss_metrics.items()})
         metrics["grad_norm"] = float(np.mean(grad_norms))
-        prediction = self.algo.pop_prediction()   # effective vs plain-GRPO first-order entropy change
-        if self.cfg.diagnostics.quadrants:
-            metrics.update(prediction)
-        if self.probe is not None:                # realised change on the fixed held-out probe batch
-            metrics.update(self.probe.after_update(self.model))
-        metrics["time/generate"] = gen_time
-        metrics["time/step"] = time.perf_counter() - started
-        return distributed.mean_metrics(metrics, self.dist)   # averaged over ranks (identity on one)
+        return prediction
 
     # -- validation -------------------------------------------------------------------------
     @torch.no_grad()
@@ -393,13 +397,15 @@ class GRPOTrainer:
         return summary
 
 
-def train(cfg: DictConfig, log=print) -> dict:
+def train(cfg: DictConfig, log=print, *, checked: TrainingCheck | None = None) -> dict:
     """Run (or resume) the training job described by ``cfg``; returns the summary dict.
 
-    Raises ``UserError`` for a bad value or an output_dir this run may not use (before anything is
-    created), ``RunInterrupted`` (a ``KeyboardInterrupt``) when a signal stopped it."""
-    validate_config(cfg, "train")
-    trainer = GRPOTrainer(cfg, log=log)
+    ``checked``: what ``check_training(cfg)`` returned, when the caller ran it (the CLI, before it
+    prints); else it runs here. Raises ``UserError`` for a bad value or an output_dir this run may
+    not use (before anything is created), ``RunInterrupted`` (a ``KeyboardInterrupt``) when a
+    signal stopped it."""
+    checked = checked if checked is not None else check_training(cfg)
+    trainer = GRPOTrainer(cfg, log=log, algo=checked.algo, run_mode=checked.run_mode)
     try:
         return trainer.fit()
     finally:

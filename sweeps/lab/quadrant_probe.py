@@ -42,9 +42,10 @@ def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=pr
         out: dict[str, list[float]] = {q: [] for q in QUADRANTS}
         for b in range(batches):
             trainer.step = 10_000 + b          # fresh prompts, apart from the training stream
-            roll, rewards, _c, group_ids, _m = trainer.collect()
-            if roll is None:
+            batch, _m = trainer.collect()
+            if batch is None:
                 continue
+            roll, rewards, group_ids = batch.responses, batch.rewards, batch.group_ids
             mask = roll.response_mask.to(trainer.device).float()
             old_logp, entropy = batch_token_stats(model, roll, rows, **kw)
             adv = trainer.algo.advantages(rewards.to(trainer.device), group_ids.to(trainer.device), mask)

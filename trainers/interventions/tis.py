@@ -4,8 +4,9 @@ When a separate engine samples (vLLM), its log-probs of the sampled tokens diffe
 trainer's recomputation (kernels, precision, a weight sync that lags). The policy loss of each token
 is then weighted by ``w = min(exp(old_logp - sampling_logp), C)`` (Yao et al. 2025, "Your efficient
 RL framework secretly brings you off-policy RL training"), detached. The trainer passes the
-sampler's log-probs to every loss call as ``extras[SAMPLING_LOGP_KEY]``; batches without them (the
-``hf`` engine samples with the trained model itself) are left unchanged.
+sampler's log-probs to every loss call as the step batch's ``sampler_logp`` (``ctx.sampler_logp``);
+batches without them (the ``hf`` engine samples with the trained model itself) are left unchanged.
+``rollout.tis.enabled`` adds it after the listed interventions (``Algorithm.from_train_config``).
 
     entropyrl train rollout=vllm rollout.tis.enabled=true rollout.tis.cap=2.0
     entropyrl train rollout=vllm algo.interventions=[stare,tis] algo.tis.cap=2.0
@@ -19,8 +20,6 @@ import torch
 
 from ...core.errors import UserError
 from .base import Intervention, LossContext, register_intervention
-
-SAMPLING_LOGP_KEY = "sampling_logp"     # extras key: the sampler's log-probs [b, T]
 
 
 def sampler_mismatch_metrics(old_logp: torch.Tensor, sampling_logp: torch.Tensor,
@@ -61,7 +60,7 @@ class TruncatedIS(Intervention):
                 raise UserError(f"algo.{name}.cap must be > 0, got {self.cap}")
 
     def apply(self, ctx: LossContext) -> None:
-        sampling_logp = ctx.extras.get(SAMPLING_LOGP_KEY)
+        sampling_logp = ctx.sampler_logp
         if sampling_logp is None:            # the trained model sampled: nothing to correct
             return
         w, clipped = truncated_is_weight(ctx.old_logp, sampling_logp, ctx.pg_mask, float(self.params.cap))
