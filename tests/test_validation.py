@@ -99,6 +99,12 @@ def test_sweep_dry_run_checks_every_jobs_composed_config(tmp_path):
     assert_nothing_created(tmp_path)
 
 
+def test_sweep_dry_run_checks_every_jobs_algorithm_and_interventions(tmp_path):
+    out = run_cli("sweep", "ablation=gate", "--dry-run", "train.algo.stare.p=2", "sweep_dir=sw", cwd=tmp_path)
+    assert_one_line_error(out, "algo.stare.p=2 is not allowed", "in (0, 1]", "variant ")
+    assert_nothing_created(tmp_path)
+
+
 def test_grade_out_under_a_file_fails_before_grading(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"response": "\\boxed{2}", "answer": "2"}) + "\n")
@@ -145,9 +151,9 @@ def test_bad_values_name_key_value_and_allowed(config_name, override, fragment):
     ("algo.dynamic_sampling.max_num_gen_batches=0", "max_num_gen_batches=0 is not allowed: it must be a positive"),
     ("algo.dynamic_sampling.enabled=maybe", "algo.dynamic_sampling.enabled=maybe is not allowed: it must be true or false"),
     ("algo=clip_cov algo.clip_cov.ratio=2", "algo.clip_cov: need 0 <= ratio <= 1"),
-    ("algo.loss_agg=sum", "algo.loss_agg=sum is not allowed: it must be one of"),
+    ("algo.loss_agg=sum", "unknown algo.loss_agg 'sum'; valid choices: "),
     ("algo.overlong.enabled=true algo.overlong.buffer=0", "algo.overlong.buffer=0 is not allowed"),
-    ("rollout.tis.enabled=true rollout.tis.cap=0", "algo.tis.cap must be > 0"),
+    ("rollout=vllm rollout.tis.enabled=true rollout.tis.cap=0", "rollout.tis.cap must be > 0"),
 ])
 def test_component_values_are_checked_once_before_anything_is_created(override, fragment, tmp_path):
     from entropyrl.trainers.preflight import check_training

@@ -32,7 +32,7 @@ import torch
 
 from ...conf import intervention_names
 from ...core.errors import UserError
-from ...core.validation import BOOL, NONNEG, POS_INT, Rule, check_value, choice, integer, number
+from ...core.validation import BOOL, NONNEG, POS_INT, Rule, check_value, integer, number
 from ..interventions import INTERVENTIONS, Intervention, LossContext, TokenBatch, build_intervention, intervention_params
 from . import core_algos
 from .step_batch import StepBatch
@@ -99,8 +99,10 @@ def _read(cfg: dict, key: str) -> Any:
 
 
 def _registered(cfg: dict, key: str, registry, default: str) -> str:
+    """``algo.<key>``: the name of a registered function (advantage estimator, loss aggregation)."""
     value = cfg.get(key, default)
-    check_value(f"algo.{key}", value, choice(*sorted(registry)))
+    if not isinstance(value, str) or value not in registry:
+        raise UserError(f"unknown algo.{key} '{value}'; valid choices: {', '.join(sorted(registry))}")
     return value
 
 
@@ -165,7 +167,14 @@ class Algorithm:
                 raise UserError(f"algo.{n} must be a mapping of {n}'s parameters, got {section!r}")
             if n not in names and section is not None:
                 intervention_params(n, section)   # a section the run does not use is still checked
-        ivs = [build_intervention(n, sections[n], seed=seed, max_response_length=max_response_length) for n in names]
+        ivs = []
+        for n in names:
+            try:
+                ivs.append(build_intervention(n, sections[n], seed=seed, max_response_length=max_response_length))
+            except UserError as exc:
+                if n == "tis" and n not in (cfg.get("interventions") or []):   # the user set rollout.tis.*
+                    raise UserError(str(exc).replace("algo.tis.", "rollout.tis.")) from None
+                raise
         overlong, buffer = _read(cfg, "overlong.enabled"), _read(cfg, "overlong.buffer")
         if overlong and not 1 <= buffer <= max_response_length:
             raise UserError(f"algo.overlong.buffer={buffer} is not allowed: it must be in [1, "

@@ -190,7 +190,7 @@ def _coerce(name: str, key: str, value: Any, kind: type | None) -> Any:
         raise UserError(f"{where} must be true or false, got {value!r}")
     if kind in (int, float):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise UserError(f"{where} must be a (finite) number, got {value!r}")
+            raise UserError(f"{where} must be a number, got {value!r}")
         return float(value) if kind is float else value
     if kind is str and not isinstance(value, str):
         raise UserError(f"{where} must be a string, got {value!r}")
