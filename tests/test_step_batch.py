@@ -184,3 +184,18 @@ def test_training_step_runs_the_prediction_only_when_switched_on(quadrants, tmp_
     assert spy.calls == (n_losses if quadrants else 0)
     assert ("entropy_change/predicted" in row) == quadrants and ("quadrant/q1/pred_dH_base" in row) == quadrants
     assert "groups/all_equal_frac" in row and "loss/policy" in row
+
+
+def test_the_whole_train_config_is_read_once_by_the_builder():
+    # rollout.tis switches TIS on after the listed interventions; dynamic sampling and the loss
+    # aggregation come from algo.*; nothing else reads them
+    cfg = compose("train", ["rollout=vllm", "rollout.tis.enabled=true", "rollout.tis.cap=1.5", "algo=dapo"])
+    algo = Algorithm.from_train_config(cfg)
+    assert algo.intervention_names[-1] == "tis" and algo.interventions[-1].params.cap == 1.5
+    assert algo.dynamic_sampling == bool(cfg.algo.dynamic_sampling.enabled)
+    assert algo.max_num_gen_batches == int(cfg.algo.dynamic_sampling.max_num_gen_batches)
+    assert algo.loss_agg == cfg.algo.loss_agg and algo.max_response_length == int(cfg.rollout.max_new_tokens)
+    listed = Algorithm.from_train_config(compose("train", ["rollout=vllm", "rollout.tis.enabled=true",
+                                                           "algo.interventions=[tis,stare]"]))
+    assert listed.intervention_names == ["tis", "stare"]          # listed: not added twice
+    assert "tis" not in Algorithm.from_train_config(compose("train", ["rollout=vllm"])).intervention_names

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from ...conf import intervention_names
 from ...core.errors import UserError
@@ -135,11 +136,13 @@ class Algorithm:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_config(cls, algo_cfg, *, max_response_length: int, seed: int = 0,
-                    tis: dict | None = None) -> Algorithm:
+                    switches: dict[str, Any] | None = None) -> Algorithm:
         """Build from the ``algo`` config group (DictConfig or dict); bad values raise ``UserError``.
 
-        ``tis``: the ``rollout.tis`` section; when enabled, the ``tis`` intervention is added after
-        the listed ones (unless listed)."""
+        ``switches``: ``{config path: section}`` for the interventions switched on from outside
+        ``algo`` (``Intervention.switched_on_by``, e.g. ``rollout.tis``): one whose section says
+        ``enabled: true`` is added after the listed ones (unless listed), with the section's other
+        keys as its parameters."""
         cfg = _to_dict(algo_cfg)
         if isinstance(max_response_length, bool) or not isinstance(max_response_length, int) or max_response_length < 1:
             raise UserError(f"rollout.max_new_tokens must be a positive integer, got {max_response_length!r}")
@@ -156,11 +159,15 @@ class Algorithm:
             raise UserError(f"unknown intervention '{unknown[0]}' in algo.interventions; valid choices: "
                             f"{', '.join(sorted(INTERVENTIONS))}")
         sections = {n: cfg.get(n) for n in names}
-        tis = _to_dict(tis)
-        check_value("rollout.tis.enabled", tis.get("enabled", False), BOOL)
-        if tis.get("enabled", False) and "tis" not in names:
-            names = [*names, "tis"]    # rollout.tis.enabled: truncated IS on the sampler/trainer mismatch
-            sections["tis"] = {"cap": tis.get("cap", 2.0)}
+        listed, where = list(names), {}
+        for n, cls_ in INTERVENTIONS.items():
+            path = cls_.switched_on_by
+            switch = _to_dict((switches or {}).get(path)) if path else {}
+            check_value(f"{path}.enabled", switch.get("enabled", False), BOOL)
+            if switch.get("enabled", False) and n not in names:
+                names = [*names, n]
+                sections[n] = {k: v for k, v in switch.items() if k != "enabled"}
+                where[n] = path
         for n in INTERVENTIONS:
             section = sections.get(n, cfg.get(n))
             if section is not None and not isinstance(section, dict):
@@ -172,8 +179,8 @@ class Algorithm:
             try:
                 ivs.append(build_intervention(n, sections[n], seed=seed, max_response_length=max_response_length))
             except UserError as exc:
-                if n == "tis" and n not in (cfg.get("interventions") or []):   # the user set rollout.tis.*
-                    raise UserError(str(exc).replace("algo.tis.", "rollout.tis.")) from None
+                if n in where and n not in listed:       # the user set <path>.*, not algo.<name>.*
+                    raise UserError(str(exc).replace(f"algo.{n}.", f"{where[n]}.")) from None
                 raise
         overlong, buffer = _read(cfg, "overlong.enabled"), _read(cfg, "overlong.buffer")
         if overlong and not 1 <= buffer <= max_response_length:
@@ -199,11 +206,13 @@ class Algorithm:
     @classmethod
     def from_train_config(cls, cfg) -> Algorithm:
         """The algorithm of a composed ``train`` config: ``algo``, with ``rollout.max_new_tokens``
-        as the response length, ``rollout.tis`` and ``trainer.seed``. The one place that reads
+        as the response length, the sections that switch interventions on from outside ``algo``
+        (``rollout.tis``) and ``trainer.seed``. The one place that reads
         them; it checks every algorithm and intervention value (``UserError``)."""
-        tis = cfg.rollout.get("tis", None)
+        paths = {c.switched_on_by for c in INTERVENTIONS.values() if c.switched_on_by}
+        switches = {p: OmegaConf.select(cfg, p, default=None) for p in paths}
         return cls.from_config(cfg.algo, max_response_length=int(cfg.rollout.max_new_tokens),
-                               seed=int(cfg.trainer.seed), tis=tis)
+                               seed=int(cfg.trainer.seed), switches=switches)
 
     # ------------------------------------------------------------------ properties
     @property

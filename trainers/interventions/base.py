@@ -102,6 +102,9 @@ class Intervention:
 
     name: ClassVar[str] = ""
     needs_entropy_grad: ClassVar[bool] = False
+    #: A config path outside ``algo`` (e.g. ``"rollout.tis"``) whose ``enabled: true`` adds this
+    #: intervention after the listed ones, with the section's other keys as its parameters.
+    switched_on_by: ClassVar[str | None] = None
 
     @dataclass
     class Params:

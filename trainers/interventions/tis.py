@@ -49,6 +49,8 @@ def truncated_is_weight(old_logp: torch.Tensor, sampling_logp: torch.Tensor, mas
 class TruncatedIS(Intervention):
     """Weights each token's policy loss by the truncated sampler/trainer importance ratio."""
 
+    switched_on_by = "rollout.tis"      # rollout.tis.enabled=true adds it (after algo.interventions)
+
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/tis.yaml."""
