@@ -47,6 +47,7 @@ from .run.plots import plot_training_curves
 from .run.regime import report_regime
 from .run.run_report import TrainingProgress, summarize
 from .run.stop_signals import RunInterrupted, StopSignals
+from .stats.attribution import build_attribution
 from .stats.diagnostics import quadrant_metrics
 from .stats.passk import sampled_pass_metrics
 from .stats.policy_stats import batch_token_stats, response_token_stats
@@ -112,6 +113,8 @@ class GRPOTrainer:
         self.val_problems = self.source.validation(int(cfg.val.prompts)) if cfg.val.prompts else []
         self.probe = build_probe(cfg, self.source, self.rollout, lambda model, roll: batch_token_stats(
             model, roll, int(t.micro_batch_responses), **self._stats_kwargs()))
+        self.attribution = build_attribution(cfg, self.probe, self.dist.world_size, lambda model, roll: (
+            response_token_stats(model, roll, entropy_grad=True, **self._stats_kwargs())[1]))
 
     @staticmethod
     def _seed_everything(seed: int) -> None:
@@ -229,6 +232,8 @@ class GRPOTrainer:
             metrics.update(prediction.metrics())
         if self.probe is not None:                # realised change on the fixed held-out probe batch
             metrics.update(self.probe.after_update(self.model))
+        if self.attribution is not None:          # its net first-order prediction (when measured)
+            metrics.update(self.attribution.finish(self.model))
         metrics["time/generate"] = gen_time
         metrics["time/step"] = time.perf_counter() - started
         return distributed.mean_metrics(metrics, self.dist)   # averaged over ranks (identity on one)
@@ -240,6 +245,8 @@ class GRPOTrainer:
         mask = roll.response_mask.to(self.device).float()
         if self.probe is not None:
             self.probe.before_update(self.model)
+        if self.attribution is not None and self.attribution.due(self.step):
+            self.attribution.begin(self.model)
         old_logp, entropy = batch_token_stats(self.model, roll, rows_per_chunk, **stats_kw)
         ref_logp = None
         if self.ref_model is not None:
