@@ -26,6 +26,7 @@ from ..conf import to_plain
 from ..core.errors import UserError
 from ..core.mlflow_store import mlflow_key, resolve_uri, store_lock
 from ..models import tiny as models
+from ..models.loading import load_policy
 from ..rollout.base import RolloutEngine, build_rollout, rollout_engine
 from ..tasks.problem import Problem
 from .benchmarks import available_benchmarks, expand_benchmarks, get_spec, load_benchmark
@@ -244,7 +245,7 @@ def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine,
         model, tokenizer = None, AutoTokenizer.from_pretrained(path)
         engine_cfg["model_path"] = path
     else:
-        model, tokenizer = models.load_policy(cfg.model, log=log)
+        model, tokenizer = load_policy(cfg.model, log=log)
         model.to(_device(ev.get("device", "auto")))
     engine_cfg["add_special_tokens"] = not _use_chat(tokenizer, _chat_setting(cfg))
     return engine_cls(engine_cfg, model, tokenizer), tokenizer, label
