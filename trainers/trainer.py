@@ -11,6 +11,10 @@ One training step:
      entropy interventions), gradient accumulation over micro-batches;
   6. metrics to MLflow + metrics.jsonl, periodic validation and atomic checkpoints.
 
+The step travels as one ``StepBatch`` (``algos/step_batch.py``), sliced with ``batch[idx]`` per
+mini- and micro-batch; the loss returns what it computed, and the diagnostics that need extra
+gradients (``diagnostics.quadrants``, ``diagnostics.attribution``) are explicit steps around it.
+
 ``train(cfg)`` resumes from the latest checkpoint in ``output_dir`` when there is one
 (``trainer.resume=auto``), continuing the step count and the same MLflow run.
 """
