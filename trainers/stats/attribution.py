@@ -72,7 +72,8 @@ class EntropyAttribution:
         return step % self.every == 0
 
     def begin(self, model) -> None:
-        self.probe.entropy(model)       # samples the probe's responses on first use
+        if self.probe.batch is None:    # the probe's responses are sampled on first use
+            self.probe.entropy(model)
         self._grad = probe_entropy_gradient(model, self.probe.batch, self.entropy_fn, self.rows)
         self._before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
 
