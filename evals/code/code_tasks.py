@@ -28,7 +28,7 @@ from ...core.errors import UserError
 from .sandbox import Job, SandboxPool, SandboxResult
 
 __all__ = ["CodeProblem", "load_humaneval", "rows_to_code_problems", "is_code_row", "extract_program",
-           "job_for", "grade_code", "split_check", "code_user_message", "record"]
+           "job_for", "grade_code", "split_check", "code_user_message", "record", "oracle_helpers"]
 
 MODES = ("all", "fraction")
 
@@ -86,24 +86,6 @@ def is_code_row(row: dict) -> bool:
 CODE_BENCHMARKS = ("humaneval", "mbpp", "livecodebench")
 
 
-def _stdio_setup() -> str:
-    # Runs the program's source once per case with stdin/stdout swapped for strings; compares
-    # whitespace-normalised output lines.
-    return (
-        "import io as _io, sys as _sys\n"
-        "def _stdio_case(_src, _inp, _want):\n"
-        "    _old = (_sys.stdin, _sys.stdout)\n"
-        "    _sys.stdin, _sys.stdout = _io.StringIO(_inp), _io.StringIO()\n"
-        "    try:\n"
-        "        exec(compile(_src, '<program>', 'exec'), {'__name__': '__main__'})\n"
-        "        _got = _sys.stdout.getvalue()\n"
-        "    finally:\n"
-        "        _sys.stdin, _sys.stdout = _old\n"
-        "    _norm = lambda s: [ln.strip() for ln in s.strip().splitlines()]\n"
-        "    assert _norm(_got) == _norm(_want), 'wrong output'\n"
-    )
-
-
 def _lcb_tests(row: dict) -> tuple[tuple[str, ...], str, bool]:
     """``(tests, setup, stdio)`` from LiveCodeBench's JSON test cases (public, and private when
     they are plain JSON; the hub's compressed-pickle private cases are not unpickled)."""
@@ -129,10 +111,11 @@ def _lcb_tests(row: dict) -> tuple[tuple[str, ...], str, bool]:
     for c in cases:
         if c.get("testtype") == "functional" and func:
             args = ", ".join(line for line in str(c.get("input", "")).splitlines() if line.strip())
-            tests.append(f"assert Solution().{func}({args}) == {c.get('output', '').strip()}")
+            # Solution().<func>(args) in the program's process; the result comes back as data.
+            tests.append(f"assert _method_of('Solution', {func!r}, {args}) == {c.get('output', '').strip()}")
         else:
-            tests.append(f"_stdio_case(PROGRAM, {str(c.get('input', ''))!r}, {str(c.get('output', ''))!r})")
-    return tuple(tests), (_stdio_setup() if stdio else ""), stdio
+            tests.append(f"_stdio_case({str(c.get('input', ''))!r}, {str(c.get('output', ''))!r})")
+    return tuple(tests), "", stdio
 
 
 def rows_to_code_problems(rows: Sequence[dict], source: str = "") -> list[CodeProblem]:
@@ -250,19 +233,46 @@ def split_check(test: str) -> list[str] | None:
     return tests or None
 
 
+def oracle_helpers(prompt: str, entry_point: str, test: str = "") -> str:
+    """The prompt's own code that the tests call, without the function to write (helpers such as
+    HumanEval's ``poly`` or ``encode_cyclic``, with the prompt's imports): run in the oracle, so
+    the tests use the benchmark's helpers, never the program's. Empty when the tests call none."""
+    try:
+        tree = ast.parse(prompt)
+        used = {n.id for n in ast.walk(ast.parse(test)) if isinstance(n, ast.Name)} if test else None
+    except SyntaxError:
+        return ""
+    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and n.name != entry_point]
+    if used is not None:                    # and the helpers those helpers call
+        while True:
+            more = {x.id for n in defs if n.name in used for x in ast.walk(n) if isinstance(x, ast.Name)} - used
+            if not more:
+                break
+            used |= more
+    helpers = [n for n in defs if used is None or n.name in used]
+    if not helpers:
+        return ""
+    imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    return "\n".join(ast.unparse(n) for n in imports + helpers)
+
+
 def job_for(problem: CodeProblem, program: str, mode: str = "all") -> Job:
-    """The sandbox job testing ``program`` against ``problem``'s tests."""
+    """The sandbox job testing ``program`` against ``problem``'s tests (they run in the oracle
+    process; the entry point and any other name of the program are reached across the pipe)."""
     if mode not in MODES:
         raise UserError(f"unknown code reward mode '{mode}'; valid: {', '.join(MODES)}")
     if problem.test:
+        helpers = oracle_helpers(problem.prompt, problem.entry_point, problem.test)
+        setup = (helpers + "\n" if helpers else "") + problem.test
         if mode == "fraction":
             parts = split_check(problem.test)
             if parts:
-                return Job(program, tuple(parts), problem.test + f"\ncandidate = {problem.entry_point}\n")
-        return Job(program, (f"check({problem.entry_point})",), problem.test)
+                return Job(program, tuple(parts), setup + f"\ncandidate = {problem.entry_point}\n")
+        return Job(program, (f"check({problem.entry_point})",), setup)
     if problem.extra.get("stdio"):
         # The program runs per case with its own stdin; at load time it only has to compile.
-        return Job("", problem.tests, f"PROGRAM = {program!r}\ncompile(PROGRAM, '<program>', 'exec')\n" + problem.setup)
+        return Job(program, problem.tests, problem.setup, stdio=True)
     if not problem.tests:
         raise UserError(f"code problem {problem.id} has no tests")
     return Job(program, problem.tests, problem.setup)

@@ -6,24 +6,25 @@ tests_passed, tests_total)``; ``reason`` is one of ``REASONS``. ``SandboxPool`` 
 How one run is isolated (README "The code sandbox" says what this does *not* cover):
 
 - Launcher (``evals/code/sandbox_launch.py``), chosen once per process (``isolation``: ``auto`` | ``bwrap`` | ``unshare`` | ``none``):
-  ``bwrap`` (bubblewrap): new network, pid, ipc and uts namespaces, the whole filesystem bound
-  read-only except the run's own folder, private ``/tmp``, ``/root`` and ``/home`` hidden,
-  ``--die-with-parent``, a new session. ``unshare``: new network and pid namespaces only (the
+  ``bwrap`` (bubblewrap): new network, pid, ipc and uts namespaces, a root holding only the
+  interpreter, its standard library and shared libraries (read-only), private ``/tmp`` and the
+  run's own folder, ``--die-with-parent``, a new session. ``unshare``: new network and pid namespaces only (the
   filesystem stays as the user's; when root, the program runs as an unprivileged uid so it cannot
   write what it does not own). ``none``: plain process with rlimits, a warning once per process
   (no network isolation). ``auto`` takes the first that works on this kernel.
-- The harness (``HARNESS``, run by ``python -I -S``) first sets rlimits (CPU seconds, address
-  space, processes, open files, file size), and when started as root drops to a fresh uid/gid
-  picked at random per run (so the process limit counts only this run, and a final
-  ``kill(-1)`` as that uid reaches any child that escaped the pid namespace); only then does it
-  run the program. Environment: PATH, HOME/TMPDIR = the run folder, nothing of the caller's.
-- Pass/fail: the harness gets the spec (program, setup, tests, a random 128-bit nonce) on stdin
-  (``marshal``: the harness runs the same interpreter),
-  and after each test returns it writes ``<nonce> ok|fail <i>`` to a separate result pipe, then
-  ``<nonce> done`` after the last one. Exit status is ignored: a program that exits early
-  (``sys.exit(0)``, ``os._exit(0)``), kills its parent or dies never wrote ``done``. The nonce
-  is a Python object inside the process that runs the tests (a determined program can dig it
-  out of memory; see README).
+- The harness (``HARNESS``: ``harness_wire.py`` + ``oracle_harness.py``, run by ``python -I -S``)
+  sets rlimits (CPU seconds, address space, processes, open files, file size), then forks before
+  it reads anything: the *candidate* (drops to its own fresh uid when root, keeps two pipes, runs
+  the program) and the *oracle* (another fresh uid, non-dumpable; reads the spec on stdin,
+  ``marshal``, and runs setup and tests). Environment: PATH, HOME/TMPDIR = the run folder.
+- The tests reach the program only across the pipe: a name they do not define is the program's,
+  a function called with plain-data arguments whose result (or exception) comes back as plain data
+  and is rebuilt from builtin types (``harness_wire``); anything else is a ``fail``. A stdin/stdout
+  problem (``stdio=True``) is compiled at load and run per case by ``_stdio_case(input, want)``.
+- Pass/fail: after each test the oracle writes ``<nonce> ok|fail|error <i>`` to a result pipe
+  only it holds (the nonce: 128 random bits in the spec, which the candidate never sees), then
+  ``<nonce> done``. Exit status is ignored: a program that exits early, kills its parent or dies
+  leaves no ``done``; a candidate that dies is reported by its status (killed, timeout, error).
 - Wall clock: past ``wall_seconds`` the whole process group is SIGKILLed (with it, through
   ``--die-with-parent``, the pid namespace and every process in it). Output (stdout + stderr
   together) is read as it comes and capped at ``max_output_bytes``; past it the run is killed.
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import marshal
 import os
+import re
 import secrets
 import selectors
 import shutil
@@ -44,6 +46,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 from ...core.errors import UserError
@@ -109,63 +112,25 @@ class SandboxResult:
         return d
 
 
-# The harness: sets limits, drops privileges, reads the spec, runs program, setup and each test in
-# one namespace, reports each test on the result pipe. Kept to the standard library.
-HARNESS = r"""
-import os, sys, marshal, resource, builtins
-def main(spec):
-    fd, lim, write, run, comp = spec["fd"], spec["limits"], os.write, exec, compile
-    # Bound now: the program can rebind names in the real builtins module, not these locals.
-    AssertErr, MemErr, BaseExc, kind, text, items = AssertionError, MemoryError, BaseException, type, str, enumerate
-    def cap(kind, value, hard=None):
-        try:
-            resource.setrlimit(kind, (value, value if hard is None else hard))
-        except (ValueError, OSError):
-            pass
-    cap(resource.RLIMIT_CPU, lim["cpu"], lim["cpu"] + 1); cap(resource.RLIMIT_FSIZE, lim["fsize"])
-    cap(resource.RLIMIT_NOFILE, lim["nofile"]); cap(resource.RLIMIT_CORE, 0)
-    if spec["uid"] is not None:
-        os.setgroups([]); os.setgid(spec["uid"]); os.setuid(spec["uid"])
-    cap(resource.RLIMIT_NPROC, lim["nproc"]); cap(resource.RLIMIT_AS, lim["as"])
-    null = os.open(os.devnull, os.O_RDONLY); os.dup2(null, 0); os.close(null)
-    os.chdir(spec["cwd"])
-    nonce = spec.pop("nonce")
-    def say(msg):
-        write(fd, (nonce + " " + msg + "\n").encode())
-    def why(exc):
-        return kind(exc).__name__ + ": " + text(exc).replace("\n", " ")[:300]
-    # The program and the tests each get their own copy of the builtins: a program that replaces
-    # exec, len or AssertionError changes neither the harness nor what the tests see.
-    clean = dict(builtins.__dict__)
-    ns = {"__name__": "__main__", "__builtins__": dict(clean)}
-    try:
-        run(comp(spec["program"], "<program>", "exec"), ns)
-        ns = {k: v for k, v in ns.items() if k != "__builtins__"}
-        ns["__builtins__"] = dict(clean)
-        if spec["setup"]:
-            run(comp(spec["setup"], "<tests>", "exec"), ns)
-    except MemErr as exc:
-        say("memory " + why(exc)); return
-    except BaseExc as exc:
-        say("error " + why(exc)); return
-    for i, test in items(spec["tests"]):
-        try:
-            run(comp(test, "<test %d>" % i, "exec"), ns)
-        except MemErr as exc:
-            say("memory %d %s" % (i, why(exc)))
-        except AssertErr as exc:
-            say("fail %d %s" % (i, why(exc)))
-        except BaseExc as exc:
-            say("error %d %s" % (i, why(exc)))
-        else:
-            say("ok %d" % i)
-    say("done")
-main(marshal.loads(sys.stdin.buffer.read()))
-try:
-    sys.stdout.flush(); sys.stderr.flush()
-finally:
-    os._exit(0)
-"""
+# The harness (``oracle_harness.py``, run by ``python -I -S -c``): splits into the candidate and
+# the oracle before it reads the spec; see that file.
+HARNESS = (Path(__file__).parent / "harness_wire.py").read_text(encoding="utf-8") + "\n" + re.sub(
+    r"^from \.harness_wire import \([^)]*\)\n", "", (Path(__file__).parent / "oracle_harness.py").read_text(encoding="utf-8"),
+    flags=re.M)
+# Compiled once here and sent on stdin ahead of the spec (compiling it in every run would cost
+# more than the rest of the harness): ``BOOT`` reads exactly its bytes, unbuffered, so nothing of
+# the spec is in memory when the harness forks the candidate.
+HARNESS_CODE = marshal.dumps(compile(HARNESS, "<harness>", "exec"))
+BOOT = ("import marshal, os\n"
+        "def take(n):\n"
+        "    b = b''\n"
+        "    while len(b) < n:\n"
+        "        c = os.read(0, n - len(b))\n"
+        "        if not c:\n"
+        "            raise SystemExit(1)\n"
+        "        b += c\n"
+        "    return b\n"
+        "exec(marshal.loads(take(int.from_bytes(take(4), 'big'))))\n")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -187,7 +152,7 @@ def _verdict(lines: list[str], nonce: str, n_tests: int) -> tuple[str, int, str,
             done = True
         elif word == "ok" and len(parts) > 1 and parts[1].isdigit():
             ok.add(int(parts[1]))
-        elif word in ("fail", "error", "memory") and reason is None:
+        elif word in ("fail", "error", "memory", "killed", "timeout") and reason is None:
             reason = word
             detail = (f"test {parts[1]}: " + (parts[2] if len(parts) > 2 else "") if parts[1:2] and parts[1].isdigit()
                       else " ".join(parts[1:]))
@@ -198,28 +163,32 @@ def _verdict(lines: list[str], nonce: str, n_tests: int) -> tuple[str, int, str,
 
 
 def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLimits | None = None,
-                setup: str = "") -> SandboxResult:
-    """Run ``program``, then ``setup``, then each of ``tests`` (Python source snippets, each a test:
-    it passes if it returns without raising) in one namespace, isolated; see the module docstring.
+                setup: str = "", stdio: bool = False) -> SandboxResult:
+    """Run ``program`` in the candidate process, then ``setup`` and each of ``tests`` (trusted
+    Python snippets, each a test: it passes if it returns without raising) in the oracle process,
+    where a name the tests do not define is the program's (see the module docstring).
+    ``stdio``: the program is only compiled at load; ``_stdio_case(input, want)`` runs it per case.
     """
     lim = limits or SandboxLimits()
     tests = [tests] if isinstance(tests, str) else list(tests)
     kind = launcher(lim.isolation)
     started = time.perf_counter()
     workdir = tempfile.mkdtemp(prefix="entropyrl-sbx-")
-    uid = fresh_uid() if drop_uid(kind) else None
+    uids = (fresh_uid(), fresh_uid()) if drop_uid(kind) else (None, None)
+    uid = uids[1]
     nonce = secrets.token_hex(16)
     proc, status = None, "sandbox_error"
     read_fd, write_fd = os.pipe()
     try:
         if uid is not None:
             os.chown(workdir, uid, uid)
-        spec = {"program": program, "setup": setup, "tests": tests, "nonce": nonce, "fd": write_fd,
-                "uid": uid, "cwd": workdir,
-                "limits": {"cpu": int(lim.cpu_seconds), "as": int(lim.memory_mb) << 20,
-                           "nproc": int(lim.processes), "nofile": int(lim.open_files),
-                           "fsize": int(lim.file_size_mb) << 20}}
-        cmd = launch_prefix(kind, workdir, lim.disk_mb) + [interpreter(), "-I", "-S", "-c", HARNESS]
+        spec = {"program": program, "setup": setup, "tests": tests, "nonce": nonce, "stdio": bool(stdio)}
+        limits = {"cpu": int(lim.cpu_seconds), "as": int(lim.memory_mb) << 20, "nproc": int(lim.processes),
+                  "nofile": int(lim.open_files), "fsize": int(lim.file_size_mb) << 20}
+        cmd = launch_prefix(kind, workdir, lim.disk_mb) + [
+            interpreter(), "-I", "-S", "-c", BOOT, str(write_fd),
+            *("-" if u is None else str(u) for u in uids),
+            *(str(limits[k]) for k in ("cpu", "as", "nproc", "nofile", "fsize")), workdir]
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, pass_fds=(write_fd,), cwd=workdir,
@@ -228,7 +197,8 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
             return SandboxResult(False, "sandbox_error", time.perf_counter() - started, detail=str(exc))
         os.close(write_fd)
         write_fd = -1
-        out, res, status = _communicate(proc, marshal.dumps(spec), read_fd, lim, started)
+        payload = len(HARNESS_CODE).to_bytes(4, "big") + HARNESS_CODE + marshal.dumps(spec)
+        out, res, status = _communicate(proc, payload, read_fd, lim, started)
     finally:
         if proc is not None:
             _kill_group(proc)
@@ -238,8 +208,9 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
                 pass
         # A pid namespace dies with its first process (the kernel kills the rest) and bwrap /
         # unshare wait for that; after a kill, or without a namespace, sweep the run's uid.
-        if uid is not None and (kind == "none" or status != "ok"):
-            sweep_uid(uid)
+        for u in uids:
+            if u is not None and (kind == "none" or status != "ok"):
+                sweep_uid(u)
         for fd in (read_fd, write_fd):
             if fd >= 0:
                 try:
@@ -336,6 +307,7 @@ class Job:
     program: str
     tests: tuple[str, ...]
     setup: str = ""
+    stdio: bool = False
 
 
 class SandboxPool:
@@ -353,7 +325,7 @@ class SandboxPool:
         """One result per job, in order."""
         def one(job: Job) -> SandboxResult:
             try:
-                r = run_program(job.program, list(job.tests), self.limits, setup=job.setup)
+                r = run_program(job.program, list(job.tests), self.limits, setup=job.setup, stdio=job.stdio)
             except UserError:
                 raise
             except Exception as exc:  # noqa: BLE001 - one broken run must not sink the batch

@@ -26,50 +26,90 @@ _LAUNCHER: dict[str, str] = {}
 _LOCK = threading.Lock()
 
 
-def _private_dirs() -> list[str]:
-    """Home-like folders hidden from the program (a tmpfs over each), when they exist."""
-    return [d for d in ("/root", "/home") if os.path.isdir(d)]
-
-
-def _hidden_dirs() -> list[str]:
-    """Everything a tmpfs covers inside bwrap: the home-like folders and ``/tmp``."""
-    return _private_dirs() + ["/tmp"]
-
-
 def interpreter() -> str:
-    """The Python the sandbox runs: the real file behind ``sys.executable``. A virtual environment's
-    ``bin/python`` is a link that may live under a hidden folder (a checkout in ``/tmp``); the
-    sandbox runs ``-I -S`` (no site-packages), so the base interpreter is all it needs."""
+    """The Python the sandbox runs: the real file behind ``sys.executable`` (a virtual
+    environment's ``bin/python`` is a link into the checkout, which the sandbox does not show;
+    the sandbox runs ``-I -S``, no site-packages, so the base interpreter is all it needs)."""
     return os.path.realpath(sys.executable)
 
 
-def _interpreter_dirs() -> list[str]:
-    """Folders the interpreter needs that live under a hidden folder: bound back read-only."""
-    dirs = []
-    for p in {os.path.realpath(sys.base_prefix), os.path.dirname(interpreter())}:
-        if any(p == h or p.startswith(h + "/") for h in _hidden_dirs()):
-            dirs.append(p)
-    # A folder inside another one is bound with it.
-    return sorted(d for d in dirs if not any(d != o and d.startswith(o + "/") for o in dirs))
+_MOUNTS: list[list[str]] = []
+_MOUNTS_LOCK = threading.Lock()
+
+
+def _shared_libraries() -> set[str]:
+    """The shared libraries the interpreter and its standard-library extensions load (``ldd``)."""
+    import glob
+    import sysconfig
+
+    files = [interpreter()] + glob.glob(os.path.join(sysconfig.get_path("stdlib"), "lib-dynload", "*.so"))
+    libs: set[str] = set()
+    for i in range(0, len(files), 64):
+        try:
+            out = subprocess.run(["ldd", *files[i:i + 64]], capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        for line in out.splitlines():
+            parts = line.split()
+            path = parts[2] if "=>" in parts and len(parts) > 2 else (parts[0] if parts else "")
+            if path.startswith("/"):
+                libs.add(path)
+    return libs
+
+
+def _root_mounts() -> list[str]:
+    """bwrap arguments for a root that holds only the interpreter, its standard library (its
+    ``site-packages`` covered by an empty tmpfs) and the shared libraries they load, each folder
+    read-only; computed once per process."""
+    with _MOUNTS_LOCK:
+        if _MOUNTS:
+            return _MOUNTS[0]
+        import sysconfig
+
+        stdlib = os.path.realpath(sysconfig.get_path("stdlib"))
+        dirs = {stdlib, os.path.dirname(interpreter())}
+        for lib in _shared_libraries():
+            dirs.add(os.path.dirname(os.path.realpath(lib)))
+            dirs.add(os.path.realpath(os.path.dirname(lib)))   # /lib64 -> /usr/lib64 holds the loader's link
+        args: list[str] = []
+        # Top-level links (/lib -> usr/lib on merged-/usr systems) keep the paths the loader knows.
+        for name in sorted(os.listdir("/")):
+            if os.path.islink("/" + name):
+                args += ["--symlink", os.readlink("/" + name), "/" + name]
+        for d in sorted(dirs):
+            if d == os.path.dirname(interpreter()):
+                continue                          # only the interpreter itself from its bin/
+            args += ["--ro-bind", d, d]
+        args += ["--ro-bind", interpreter(), interpreter()]
+        if os.path.exists("/etc/ld.so.cache"):
+            args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+        for extra in sorted({os.path.realpath(os.path.join(stdlib, "site-packages")),
+                             os.path.realpath(os.path.join(stdlib, "dist-packages"))}):
+            if os.path.isdir(extra):
+                args += ["--tmpfs", extra]
+        # bwrap creates the folders leading to a bind 0700 on some versions: open them up.
+        parents = set()
+        for d in dirs | {stdlib}:
+            p = os.path.dirname(d)
+            while p != "/":
+                parents.add(p)
+                p = os.path.dirname(p)
+        for p in sorted((parents - dirs) | {os.path.dirname(interpreter())}):
+            args += ["--chmod", "0755", p]
+        _MOUNTS.append(args)
+        return args
 
 
 def launch_prefix(kind: str, workdir: str, disk_mb: int = 64) -> list[str]:
-    """The command in front of the interpreter. bwrap: the run folder is a tmpfs of ``disk_mb``
-    (writes past it fail with ENOSPC), sticky and world-writable for the run's uid."""
+    """The command in front of the interpreter. bwrap: a root holding only the interpreter and
+    its standard library (``_root_mounts``); the run folder is a tmpfs of ``disk_mb`` (writes past
+    it fail with ENOSPC), sticky and world-writable for the run's uids."""
     if kind == "bwrap":
-        args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+        args = ["bwrap", *_root_mounts(), "--dev", "/dev", "--proc", "/proc",
                 "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
-        for d in _private_dirs():
-            args += ["--tmpfs", d]
-        for d in _interpreter_dirs():
-            args += ["--ro-bind", d, d]
-            # bwrap makes the folders leading to a bind inside a tmpfs 0700: open them up.
-            parent = os.path.dirname(d)
-            while parent not in _hidden_dirs() and parent != "/":
-                args += ["--chmod", "0755", parent]
-                parent = os.path.dirname(parent)
-        args += ["--perms", "01777", "--size", str(int(disk_mb) << 20), "--tmpfs", workdir, "--chdir", workdir, "--unshare-net", "--unshare-pid",
-                 "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session"]
+        args += ["--perms", "01777", "--size", str(int(disk_mb) << 20), "--tmpfs", workdir, "--chdir", workdir,
+                 "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
+                 "--new-session"]
         if os.geteuid() != 0:
             args += ["--unshare-user"]
         return args + ["--"]

@@ -4,7 +4,8 @@ The final answer is the *last answer marker by position* in the text:
 
 - a box: ``\\boxed{...}``, ``\\fbox{...}``, ``\\framebox[..]{...}`` (balanced braces, escaped
   ``\\{ \\}`` skipped; ``\\boxed 5`` takes one token);
-- a text marker: ``Answer: X`` (the rest of the line), ``The final answer is X`` (the Minerva
+- a text marker: ``Answer: X`` (the rest of the line; inside a line, "hence the Answer: 12",
+  only in a response without a box and when X starts like math), ``The final answer is X`` (the Minerva
   format ``Final Answer: The final answer is $X$. I hope it is correct.``) and ``the answer is X``
   (only when X starts like math: a delimiter, a digit, a sign or a backslash, so that "the answer
   is correct" after a box is not read as an answer). A value in ``$...$`` / ``\\(...\\)`` is that
@@ -30,8 +31,9 @@ __all__ = ["extract_answer", "extract_with_reason", "unwrap_gold"]
 
 _BOX_RE = re.compile(r"\\(boxed|fbox|framebox)(?![A-Za-z])")
 # "Answer:" opens a line or follows "Final" ("we may check our answer: ..." is not a marker).
-_TEXT_MARKER_RE = re.compile(r"(?:^[ \t*#_>]*|\bfinal\s+)answer\s*[:\uff1a]|\bthe\s+(final\s+)?answer\s+is\b\s*:?",
-                             re.IGNORECASE | re.MULTILINE)
+# "... hence the Answer: 12" (inside a line): only when no box was given and the value is math.
+_TEXT_MARKER_RE = re.compile(r"(?:^[ \t*#_>]*|\bfinal\s+)answer\s*[:\uff1a]|\bthe\s+(final\s+)?answer\s+is\b\s*:?"
+                             r"|(?P<mid>\banswer\s*[:\uff1a])", re.IGNORECASE | re.MULTILINE)
 _MATHLIKE_START_RE = re.compile(r"[$\\(\[\d+\-.]")
 _SENTENCE_END_RE = re.compile(r"\.\s+(?=[A-Z])")
 _DELIMS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
@@ -137,8 +139,8 @@ def _text_value(text: str, m: re.Match) -> str | None:
         line = line[2:line.index('\\"', 2)].strip()
     if not line:
         return None
-    if m.group(0)[:1].lower() == "t" and not _MATHLIKE_START_RE.match(line):
-        return None                       # "the answer is correct": not an answer
+    if (m.group(0)[:1].lower() == "t" or m.group("mid")) and not _MATHLIKE_START_RE.match(line):
+        return None                       # "the answer is correct", "our answer: it holds": not answers
     value = _strip_delimiters(line)
     if value is line:
         value = _SENTENCE_END_RE.split(value, 1)[0]
@@ -154,6 +156,8 @@ def _last_text_answer(text: str, after: int) -> tuple[str | None, int]:
     for tries, m in enumerate(reversed(list(_TEXT_MARKER_RE.finditer(text)))):
         if m.start() <= after or tries >= 50:
             break
+        if m.group("mid") and after >= 0:
+            continue                      # a box was given: a mid-line "answer:" is a remark about it
         value = _text_value(text, m)
         if value is not None:
             return value, m.start()

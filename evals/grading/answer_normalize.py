@@ -179,6 +179,29 @@ def _top_level_splits(s: str) -> list[str]:
     return parts
 
 
+_LABELLED_RE = re.compile(r"^\s*[A-Za-z](?:_\{?\w+\}?)?\s*=\s*(?=[^=])")
+
+
+def _labelled_groups(s: str) -> list[str] | None:
+    """``["(5, 2)", "(7, 2)"]`` for "p=5,q=2;p=7,q=2": groups separated by ';', each a comma list
+    of ``name = value`` with the same names in the same order, read as tuples; else None."""
+    groups = [g for g in s.split(";") if g.strip()]
+    if len(groups) < 2:
+        return None
+    names, out = None, []
+    for g in groups:
+        items = _top_level_splits(g)
+        heads = [_LABELLED_RE.match(i) for i in items]
+        if len(items) < 2 or not all(heads):
+            return None
+        these = [h.group(0).split("=")[0].strip() for h in heads]
+        if names is not None and these != names:
+            return None
+        names = these
+        out.append("(" + ", ".join(i[h.end():].strip() for i, h in zip(items, heads)) + ")")
+    return out
+
+
 def split_parts(answer: str) -> list[str]:
     """The parts of a multi-part answer, or ``[answer]``.
 
@@ -192,6 +215,9 @@ def split_parts(answer: str) -> list[str]:
         s = m.group(1)
     elif s.startswith("{") and (got := balanced_group(s, 0)) is not None and got[1] == len(s):
         s = got[0]                           # "{1,2,3}": a set written with plain braces
+    grouped = _labelled_groups(s) if ";" in s else None
+    if grouped:
+        return grouped
     pieces = []
     for chunk in _top_level_splits(s):
         pieces += _JOIN_WORD_RE.split(chunk) if ("and" in chunk or "or" in chunk) else [chunk]

@@ -120,11 +120,23 @@ def _not_a_number(answer: str) -> bool:
     return any(c.isascii() and c.isalpha() and c != "e" for c in letters)
 
 
+_EQUATION_RE = re.compile(r"(?<![<>!=\\])=(?!=)")
+
+
+def _has_equation(key: str) -> bool:
+    """Whether an answer key is an equation (a top-level ``=``; not ``<=``, ``>=``, ``!=``)."""
+    return bool(_EQUATION_RE.search(key))
+
+
 def _fast_single(pred: str, gold: str) -> bool | None:
     """True / False when the fast path is sure about a one-part pair, else None."""
     pk, gk = compact_key(pred), compact_key(gold)
     if pk and pk == gk:
         return True
+    if _has_equation(pk) != _has_equation(gk):
+        # "f(x)=1", "|AB|=1", "\\frac{NO}{BO}=..." against a bare value: math-verify compares
+        # the right-hand side; the fast path does not guess which side is the label.
+        return None
     pf, gf = lossy(pred), lossy(gold)
     pv, gv = rational(pk), rational(gk)
     if pv is not None and gv is not None and not (pf or gf):

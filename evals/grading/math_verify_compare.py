@@ -30,14 +30,22 @@ def mv_single(pred: str, gold: str, inner_timeout: int) -> bool:
     pairs = [(normalize(gold), normalize(pred))]
     if pairs[0] != (gold, pred):
         pairs.append((gold, pred))
-    for g, p in pairs:
+    for k, (g, p) in enumerate(pairs):
         if not g or not p:
             continue
         gp, pp = _parsed(g, inner_timeout), _parsed(p, inner_timeout)
         if gp and pp:
             # Both sides parsed: this comparison is authoritative (the raw pair is only a
-            # fallback for when normalisation left something math-verify cannot read).
-            return bool(verify(list(gp), list(pp), timeout_seconds=inner_timeout))
+            # fallback for when normalisation left something math-verify cannot read), except
+            # that two equations are also compared as written: normalisation drops a "y =" head,
+            # and "2x+4y-3=0" equals "y=-x/2+3/4" only as equations.
+            if verify(list(gp), list(pp), timeout_seconds=inner_timeout):
+                return True
+            raw = pairs[-1]
+            if k == 0 and len(pairs) == 2 and "=" in raw[0] and "=" in raw[1]:
+                rg, rp = _parsed(raw[0], inner_timeout), _parsed(raw[1], inner_timeout)
+                return bool(rg and rp and verify(list(rg), list(rp), timeout_seconds=inner_timeout))
+            return False
     return False
 
 
