@@ -7,8 +7,7 @@ from typing import List, Optional
 import typer
 
 from ..conf import compose
-from ..evals.runner import render_table, run_eval
-from .common import groups_help
+from .common import groups_help, quiet_transformers
 
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:
@@ -40,7 +39,9 @@ def register(app: typer.Typer) -> None:
         from omegaconf import open_dict
         from rich.console import Console
 
+        from ..evals.runner import render_table, run_eval  # torch and transformers load when it runs
 
+        quiet_transformers()
         names, overrides = split_args(list(args or []))
         cfg = compose("eval", overrides)
         if names:

@@ -32,7 +32,6 @@ import typer
 from ..core.errors import UserError
 from ..core.validation import check_output_file
 from ..evals.benchmarks import gold_from
-from ..evals.code.code_eval import grade_code_rows
 from ..evals.code.code_tasks import is_code_row
 from ..evals.code.sandbox import SandboxPool
 from ..evals.grading.grader import grade_batch
@@ -68,9 +67,11 @@ def read_items(path: Path) -> tuple[list[tuple[int, dict]], list[tuple[int, str]
     return good, bad
 
 
-def _grade_code_lines(good: list, bad: list, workers) -> tuple[list, list]:
+def _grade_code_lines(good: list, bad: list, workers, grade_code_rows) -> tuple[list, list]:
     """Math lines stay in ``good``; code lines (HumanEval layout or benchmark + id) are run in the
-    code sandbox: ``(line number, row + program, correct, reason, ...)``; unresolvable ones go to ``bad``."""
+    code sandbox by ``grade_code_rows`` (``evals/code/code_eval.py``, passed in by the command, which
+    imports it when it runs): ``(line number, row + program, correct, reason, ...)``; unresolvable
+    ones go to ``bad``."""
 
     code = [(n, o) for n, o in good if is_code_row(o)]
     if not code:
@@ -112,6 +113,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+        from ..evals.code.code_eval import grade_code_rows  # loads torch: only when the command runs
 
         err = Console(stderr=True, soft_wrap=True)
         if not file.is_file():
@@ -123,7 +125,7 @@ def register(app: typer.Typer) -> None:
         target = out or file.with_name(file.name.removesuffix(".jsonl") + ".graded.jsonl")
         check_output_file(target, "--out")      # before minutes of grading, not after
         good, bad = read_items(file)
-        good, code_lines = _grade_code_lines(good, bad, workers)
+        good, code_lines = _grade_code_lines(good, bad, workers, grade_code_rows)
         for lineno, problem in bad:
             err.print(f"[red]error[/red]: {file}:{lineno}: {problem}; line skipped", highlight=False)
         if not good and not code_lines:

@@ -26,19 +26,14 @@ app = typer.Typer(
 
 
 def _quiet_libraries() -> None:
+    """Environment and loggers only: importing transformers here would make ``--help`` wait for
+    torch (the commands that load a model call ``common.quiet_transformers``)."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import logging
 
     for name in ("mlflow", "alembic", "httpx", "urllib3"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
-    except Exception:  # noqa: BLE001 - cosmetic only
-        pass
 
 
 def _register_commands() -> None:

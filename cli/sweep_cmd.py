@@ -14,13 +14,9 @@ from rich.console import Console
 
 from ..conf import compose
 from ..core.errors import UserError
-from ..sweeps import following, planning
-from ..sweeps.planning import split_overrides
-from ..sweeps.report import build_report
-from ..sweeps.state import count_states, sweep_status
 from .common import groups_help
 
-__all__ = ["register", "split_overrides"]
+__all__ = ["register"]
 
 
 @contextlib.contextmanager
@@ -70,6 +66,9 @@ def register(app: typer.Typer) -> None:
         wait: bool = typer.Option(True, "--wait/--no-wait", help="follow the jobs and build the report "
                                                                  "(--no-wait: submit to SLURM and return)"),
     ) -> None:
+        from ..sweeps import following, planning  # the sweep machinery (and torch) load when it runs
+        from ..sweeps.planning import split_overrides
+
         console = Console(stderr=True, highlight=False)
         sweep_ov, train_ov = split_overrides(list(overrides or []))
         cfg = compose("sweep", sweep_ov)
@@ -109,6 +108,8 @@ def register(app: typer.Typer) -> None:
         sweep_dir: Path = typer.Argument(..., help="the sweep folder (holds sweep.json)"),
         mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="also log the report to the parent run"),
     ) -> None:
+        from ..sweeps.report import build_report
+
         rep = build_report(sweep_dir, log_mlflow=mlflow, log=lambda m: typer.echo(m, err=True))
         c = rep["counts"]
         typer.echo(f"report: {rep['report']} ({c['done']} done, {c['failed']} failed, "
@@ -121,6 +122,8 @@ def register(app: typer.Typer) -> None:
         sweep_dir: Path = typer.Argument(..., help="the sweep folder (holds sweep.json)"),
         as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
     ) -> None:
+        from ..sweeps.state import count_states, sweep_status
+
         sweep, statuses = sweep_status(sweep_dir)
         if as_json:
             typer.echo(json.dumps([dataclasses.asdict(s) for s in statuses], indent=2))

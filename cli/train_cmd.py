@@ -7,11 +7,7 @@ from typing import List, Optional
 import typer
 
 from ..conf import compose
-from ..trainers.parallel.distributed import launcher_env
-from ..trainers.preflight import check_training
-from ..trainers.run.stop_signals import RunInterrupted
-from ..trainers.trainer import train as run_training
-from .common import groups_help
+from .common import groups_help, quiet_transformers
 
 
 def register(app: typer.Typer) -> None:
@@ -28,11 +24,17 @@ def register(app: typer.Typer) -> None:
     def train(overrides: Optional[List[str]] = typer.Argument(None, help="key=value config overrides")) -> None:
         from rich.console import Console
 
+        # the implementation (torch, transformers, MLflow) loads when the command runs, not for --help
+        from ..trainers.parallel.distributed import launcher_env
+        from ..trainers.preflight import check_training
+        from ..trainers.run.stop_signals import RunInterrupted
+        from ..trainers.trainer import train as run_training
 
+        quiet_transformers()
         main_rank = launcher_env()["rank"] == 0       # under torchrun/srun only rank 0 talks
         console = Console(stderr=True, quiet=not main_rank)
         cfg = compose("train", overrides or [])     # launcher=... is an error here (conf.OWNED_ELSEWHERE)
-        # algorithm/intervention values and the output folder, once, before anything is printed or created
+        # algorithm, interventions, optimizer names and the output folder, once, before anything is printed
         checked = check_training(cfg)
 
         console.print(f"[bold]entropyrl train[/bold] algo={cfg.algo.name} model={cfg.model.name} "

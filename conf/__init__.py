@@ -30,7 +30,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..core.errors import UserError
-from ..core.validation import validate_config
+from ..core.validation import renamed_problem, validate_config
 
 CONF_DIR = Path(__file__).resolve().parent
 INTERVENTION_GROUP = "intervention"         # conf/intervention/<name>.yaml, or ConfigStore group
@@ -143,6 +143,12 @@ def compose(config_name: str, overrides: list[str] | None = None, *, validate: b
         raise UserError(f"unknown config '{config_name}'; valid: {', '.join(primary_configs())}")
     for o in overrides:
         body = o.lstrip("+~")
+        key, _, value = body.partition("=")
+        renamed = None
+        if config_name == "train":    # trainer.lr=... -> "trainer.lr was renamed optim.lr; use optim.lr=..."
+            renamed = renamed_problem(key, value) if value else renamed_problem(key)
+        if renamed:
+            raise UserError(renamed)
         why = OWNED_ELSEWHERE.get(config_name, {}).get(re.split(r"[.=@]", body, maxsplit=1)[0])
         if why:
             raise UserError(f"{body} {why}")

@@ -1,6 +1,14 @@
 """Run tracking: MLflow (local sqlite by default, any server via MLFLOW_TRACKING_URI or
 ``tracking.uri``) plus ``<output_dir>/metrics.jsonl``, written side by side.
 
+The one place the package talks to MLflow (``tests/test_tracking_interface.py`` keeps it so):
+
+- ``RunTracker``: one training job's run, opened in the job's process (``start``, ``log_metrics``,
+  ``log_artifact``, ``set_tags``, ``finish``);
+- ``TrackingStore``: runs addressed by id from any process: a sweep's (or the lab's) parent run,
+  an eval's run (``open_run``, ``reopen``, ``log_params``, ``log_metrics``, ``log_artifact``,
+  ``set_tags``, ``finish``).
+
 A resumed job continues the *same* MLflow run (its id is kept in ``<output_dir>/tracking.json``)
 and never logs a step twice: steps already in the run's history are skipped, so a crash and
 resume (or a SLURM requeue) leave one continuous step sequence.
@@ -10,6 +18,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -138,9 +148,96 @@ class RunTracker:
         if self._mlflow is not None and Path(path).exists():
             self._mlflow.log_artifact(str(path), artifact_path=artifact_path)
 
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        """Tag the run (no-op when tracking is off or the run was never opened)."""
+        if self.enabled and self.run_id:
+            TrackingStore(self.uri).set_tags(self.run_id, tags)
+
     def finish(self, status: str = "FINISHED") -> None:
         if self._mlflow is not None and self._mlflow.active_run() is not None:
             self._mlflow.end_run(status=status)
+
+
+class TrackingStore:
+    """Runs of one tracking store (``uri``), addressed by run id, for runs that are not one
+    process's active run: the parent run of a sweep or of the lab (opened by the sweep process,
+    ended by its report), an eval's run, tags on a finished training run.
+
+    MLflow is imported on first use (about two seconds), so a dry run never pays for it. Store
+    failures raise MLflow's own exceptions; the caller decides whether they are fatal.
+    """
+
+    PARAM_CHARS = 6000          # MLflow's limit on a param value
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        self._client = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(self.uri)
+        return self._client
+
+    def experiment_id(self, name: str) -> str:
+        """The id of experiment ``name``, created when missing (one process at a time on a fresh
+        sqlite store: ``store_lock``)."""
+        with store_lock(self.uri):
+            exp = self.client.get_experiment_by_name(name)
+            return exp.experiment_id if exp is not None else self.client.create_experiment(name)
+
+    def open_run(self, experiment: str, run_name: str, *, tags: dict[str, Any] | None = None,
+                 params: dict[str, Any] | None = None, parent_run_id: str | None = None,
+                 description: str | None = None) -> str:
+        """Create a RUNNING run (a child of ``parent_run_id`` when given) with its tags and
+        params; returns its id."""
+        all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
+        if parent_run_id:
+            all_tags["mlflow.parentRunId"] = str(parent_run_id)
+        if description:
+            all_tags["mlflow.note.content"] = description
+        run = self.client.create_run(self.experiment_id(experiment), run_name=run_name, tags=all_tags)
+        if params:
+            self.log_params(run.info.run_id, params)
+        return run.info.run_id
+
+    def reopen(self, run_id: str) -> None:
+        """Mark an ended run RUNNING again (a resumed sweep)."""
+        from mlflow.entities import RunStatus
+
+        self.client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(str(k), str(v)[: self.PARAM_CHARS]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(run_id, params=items[i: i + 100])
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+        """Finite values only, keys made MLflow-safe (``mlflow_key``)."""
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        items = [Metric(mlflow_key(k), float(v), ts, step) for k, v in metrics.items()
+                 if v is not None and math.isfinite(float(v))]
+        for i in range(0, len(items), 500):
+            self.client.log_batch(run_id, metrics=items[i: i + 500])
+
+    def log_artifact(self, run_id: str, path: Path | str, artifact_path: str | None = None) -> None:
+        if Path(path).exists():
+            self.client.log_artifact(run_id, str(path), artifact_path=artifact_path)
+
+    def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(run_id, str(k), str(v))
+
+    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        """End the run: FINISHED, FAILED or KILLED."""
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # callers say where it is
+        self.client.set_terminated(run_id, status=status)
 
 
 def parse_metrics(text: str) -> tuple[list[dict], int]:

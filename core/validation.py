@@ -5,15 +5,17 @@ key is one line. ``entropyrl.conf.compose`` checks the composed config against i
 command (and every job of a sweep, composed at plan time) rejects a bad value with one line naming
 the key, the value and what is allowed, before a folder, a model or an MLflow run exists:
 
-    validate_config(compose("train", ["trainer.lr=-1"]), "train")
-    # UserError: trainer.lr=-1 is not allowed: it must be a number > 0
+    validate_config(compose("train", ["optim.lr=-1"]), "train")
+    # UserError: optim.lr=-1 is not allowed: it must be a number > 0
 
 Keys a config does not have are skipped. Paths are checked for being usable folders: not a file,
-not under a file, and writable where they will be created.
+not under a file, and writable where they will be created. Keys that were renamed (``RENAMED``)
+are one-line errors naming the new key, wherever they are set (an override, an experiment or
+ablation YAML).
 
-The tables hold what the commands share (trainer, rollout, model, tracking, launcher keys) and
-the rule machinery (``Rule``, ``check_value``). A component with its own parameters declares and
-checks them once, beside its code, with the same rules: the algorithm's keys in
+The tables hold what the commands share (trainer, optim, rollout, model, tracking, launcher keys)
+and the rule machinery (``Rule``, ``check_value``). A component with its own parameters declares
+and checks them once, beside its code, with the same rules: the algorithm's keys in
 ``trainers/algos/algorithm.py`` (``ALGO_KEYS``), each entropy intervention's in its ``Params``
 (``validate``); ``trainers/preflight.py`` runs those checks before a training run creates anything.
 """
@@ -33,10 +35,11 @@ _ABSENT = object()
 
 @dataclass(frozen=True)
 class Rule:
-    """What one config value may be. ``kind``: int, float, bool, choice, str, path, int_list.
+    """What one config value may be. ``kind``: int, float, bool, choice, str, path, int_list,
+    float_list.
 
     ``low``/``high`` bound numbers (``open_low``/``open_high`` exclude the bound); ``choices`` are
-    the values of a choice; ``nullable`` also allows null.
+    the values of a choice; ``length`` fixes the length of a list; ``nullable`` also allows null.
     """
 
     kind: str
@@ -46,6 +49,7 @@ class Rule:
     open_high: bool = False
     choices: tuple = ()
     nullable: bool = False
+    length: int | None = None
 
     def allowed(self) -> str:
         """What is allowed, in words (the end of the error line)."""
@@ -58,7 +62,10 @@ class Rule:
         elif self.kind == "path":
             text = "a folder path that can be created (not a file, not under a file, writable)"
         else:
-            noun = {"int": "an integer", "float": "a number", "int_list": "a list of integers"}[self.kind]
+            noun = {"int": "an integer", "float": "a number", "int_list": "a list of integers",
+                    "float_list": "a list of numbers"}[self.kind]
+            if self.length is not None:
+                noun = f"a list of {self.length} {'integers' if self.kind == 'int_list' else 'numbers'}"
             if self.kind == "int" and self.low == 1 and self.high is None:
                 noun = "a positive integer"
             elif self.kind == "int" and self.low == 0 and self.high is None:
@@ -73,8 +80,8 @@ class Rule:
                     lo, hi = ("(" if self.open_low else "["), (")" if self.open_high else "]")
                     bounds = [f"in {lo}{_show(self.low)}, {_show(self.high)}{hi}"]
                 if bounds:
-                    noun += (" (each " if self.kind == "int_list" else " ") + " and ".join(bounds) + \
-                        (")" if self.kind == "int_list" else "")
+                    listed = self.kind.endswith("_list")
+                    noun += (" (each " if listed else " ") + " and ".join(bounds) + (")" if listed else "")
             text = noun
         return text + (", or null" if self.nullable else "")
 
@@ -89,9 +96,11 @@ class Rule:
             return isinstance(value, str) and value.strip() != ""
         if self.kind == "path":
             return isinstance(value, (str, Path)) and str(value).strip() != "" and folder_problem(value) is None
-        if self.kind == "int_list":
+        if self.kind in ("int_list", "float_list"):
             items = list(value) if isinstance(value, (list, tuple)) else []
-            return bool(items) and all(self._number_ok(v, integer=True) for v in items)
+            if self.length is not None and len(items) != self.length:
+                return False
+            return bool(items) and all(self._number_ok(v, integer=self.kind == "int_list") for v in items)
         return self._number_ok(value, integer=self.kind == "int")
 
     def _number_ok(self, value: Any, *, integer: bool) -> bool:
@@ -164,12 +173,23 @@ TRACKING = {
 #: overwrite deletes the old run's checkpoints, metrics and tracking link and starts fresh.
 RESUME_MODES = ("auto", "never", "overwrite")
 
+#: ``optim``: the optimizer and its schedule (``trainers/optim.py``). ``optim.name`` and
+#: ``optim.scheduler`` are names in that module's registries; ``check_optim`` there lists the valid ones.
+OPTIM = {
+    "optim.name": STR, "optim.lr": POS, "optim.weight_decay": NONNEG,
+    "optim.betas": Rule("float_list", low=0, high=1, open_high=True, length=2),
+    "optim.scheduler": STR, "optim.warmup_steps": NONNEG_INT, "optim.min_lr_ratio": PROB,
+}
+
+#: Keys that moved: ``{old key: new key}``. Setting an old one is an error naming the new one.
+RENAMED = {"trainer.lr": "optim.lr", "trainer.weight_decay": "optim.weight_decay", "trainer.betas": "optim.betas"}
+
 TRAIN = {
     "output_dir": FOLDER,
     "trainer.total_steps": POS_INT, "trainer.seed": NONNEG_INT,
     "trainer.prompts_per_step": POS_INT, "trainer.mini_batch_prompts": POS_INT,
     "trainer.micro_batch_responses": POS_INT, "trainer.ppo_epochs": POS_INT,
-    "trainer.lr": POS, "trainer.weight_decay": NONNEG, "trainer.grad_clip": POS,
+    "trainer.grad_clip": POS,
     "trainer.val_every": NONNEG_INT, "trainer.save_every": NONNEG_INT, "trainer.keep_checkpoints": NONNEG_INT,
     "trainer.resume": choice(*RESUME_MODES),
     "trainer.dtype": choice("float32", "bfloat16"), "trainer.fsdp": choice("auto", True, False),
@@ -181,7 +201,7 @@ TRAIN = {
     "diagnostics.attribution": BOOL, "diagnostics.attribution_every": POS_INT, "val.pass_k": NONNEG_INT,
     "rollout.n": POS_INT, "rollout.temperature": POS, "rollout.top_p": OPEN_PROB, "rollout.top_k": NONNEG_INT,
     "rollout.max_new_tokens": POS_INT, "rollout.batch_size": POS_INT,
-    **MODEL, **TRACKING,
+    **OPTIM, **MODEL, **TRACKING,
 }
 
 EVAL = {
@@ -240,6 +260,15 @@ def _get(cfg, key: str) -> Any:
     return node
 
 
+def renamed_problem(key: str, value: Any = _ABSENT) -> str | None:
+    """The error line for setting renamed key ``key`` (to ``value``, when known), or None."""
+    new = RENAMED.get(key)
+    if new is None:
+        return None
+    shown = "..." if value is _ABSENT else _show(value)
+    return f"{key} was renamed {new}; use {new}={shown}"
+
+
 def check_value(key: str, value: Any, rule: Rule) -> None:
     """Raise ``UserError`` when ``value`` breaks ``rule`` (the message names key, value, allowed)."""
     if rule.ok(value):
@@ -251,6 +280,11 @@ def check_value(key: str, value: Any, rule: Rule) -> None:
 
 def validate_config(cfg, config_name: str) -> None:
     """Check every value of a composed ``config_name`` config against its table (see module doc)."""
+    if config_name == "train":
+        for old in RENAMED:
+            value = _get(cfg, old)
+            if value is not _ABSENT:
+                raise UserError(renamed_problem(old, value))
     for key, rule in SCHEMAS.get(config_name, {}).items():
         value = _get(cfg, key)
         if value is not _ABSENT:

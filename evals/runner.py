@@ -24,7 +24,8 @@ from typing import Any, Callable, Mapping
 
 from ..conf import to_plain
 from ..core.errors import UserError
-from ..core.mlflow_store import mlflow_key, resolve_uri, store_lock
+from ..core.mlflow_store import resolve_uri
+from ..core.tracking import TrackingStore
 from ..models import tiny as models
 from ..models.loading import load_policy
 from ..rollout.base import RolloutEngine, build_rollout, rollout_engine
@@ -276,29 +277,25 @@ def _log_mlflow(cfg, results, metrics: dict[str, float], files: list[Path], labe
         return None, None
     import logging
 
-    import mlflow
     from omegaconf import OmegaConf
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)     # no "Creating initial tables" chatter
     uri = resolve_uri(tr)
     try:
-        mlflow.set_tracking_uri(uri)
-        with store_lock(uri):               # first use of a fresh sqlite store: one process at a time
-            mlflow.set_experiment(str(tr.get("experiment") or "entropyrl"))
+        store = TrackingStore(uri)
         tags = {str(k): str(v) for k, v in (tr.get("tags") or {}).items()}
         tags.update({"entropyrl.command": "eval", "entropyrl.output_dir": str(Path(cfg.output_dir).resolve())})
-        if tr.get("parent_run_id"):
-            tags["mlflow.parentRunId"] = str(tr.parent_run_id)
         run_name = tr.get("run_name") or f"eval-{Path(label).name}-{'-'.join(names)[:60]}"
-        with mlflow.start_run(run_name=str(run_name), tags=tags, nested=mlflow.active_run() is not None) as run:
-            params = {f"eval.{k}": str(v) for k, v in OmegaConf.to_container(cfg.eval, resolve=True).items()}
-            params.update({"model": label, "benchmarks": ",".join(names)})
-            params.update({f"eval.n_samples.{b}": str(r["n_samples"]) for b, r in results.items()})
-            mlflow.log_params({k: v[:6000] for k, v in params.items()})
-            mlflow.log_metrics({mlflow_key(k): v for k, v in metrics.items() if math.isfinite(v)})
-            for f in files:
-                mlflow.log_artifact(str(f))
-            return run.info.run_id, uri
+        params = {f"eval.{k}": str(v) for k, v in OmegaConf.to_container(cfg.eval, resolve=True).items()}
+        params.update({"model": label, "benchmarks": ",".join(names)})
+        params.update({f"eval.n_samples.{b}": str(r["n_samples"]) for b, r in results.items()})
+        run_id = store.open_run(str(tr.get("experiment") or "entropyrl"), str(run_name), tags=tags, params=params,
+                                parent_run_id=tr.get("parent_run_id"))
+        store.log_metrics(run_id, metrics)
+        for f in files:
+            store.log_artifact(run_id, f)
+        store.finish(run_id)
+        return run_id, uri
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - tracking store trouble is the user's setup

@@ -9,6 +9,10 @@ An ablation (``conf/ablation/<name>.yaml``) is::
     grid:                                   # and/or a cartesian grid over any config keys
       algo.stare.p: [0.05, 0.1, 0.2]        #   -> variants p0.05, p0.1, p0.2
 
+A named variant may be another job kind than a training run (``kind: quadrant_probe``, the lab's
+quadrant sign experiment, with its ``params``; sweeps/job_kinds.py); it is planned, submitted,
+followed and resumed like the training jobs, and left out of the comparison.
+
 ``variants`` and ``grid`` combine as a product (variant x grid point). Each variant runs once per
 seed; a job's training overrides are, in order (a later value for the same key wins):
 ``sweep.budget`` < ``ablation.base`` < the variant's overrides < the command line's ``train.*``
@@ -36,6 +40,8 @@ JOB_OWNED_KEYS = ("output_dir", "trainer.seed", "trainer.resume", "trainer.progr
 class Variant:
     name: str
     overrides: tuple[str, ...]
+    kind: str = "train"                                   # the job kind (sweeps/job_kinds.py) that runs it
+    params: dict[str, Any] = field(default_factory=dict)  # that kind's own settings (e.g. batches)
 
 
 @dataclass
@@ -120,7 +126,8 @@ def variants_of(ablation: DictConfig | dict) -> list[Variant]:
         if not isinstance(item, dict) or "name" not in item:
             raise UserError(f"ablation {name}: variant #{i + 1} needs a name and overrides, "
                             f"e.g. {{name: gated, overrides: [algo=stare]}}")
-        listed.append(Variant(str(item["name"]), tuple(str(o) for o in _as_list(item.get("overrides")))))
+        listed.append(Variant(str(item["name"]), tuple(str(o) for o in _as_list(item.get("overrides"))),
+                              kind=str(item.get("kind") or "train"), params=dict(item.get("params") or {})))
     grid = abl.get("grid")
     points: list[Variant] = []
     if grid:
@@ -134,7 +141,7 @@ def variants_of(ablation: DictConfig | dict) -> list[Variant]:
             points.append(Variant(",".join(_grid_name(k, v) for k, v in zip(keys, combo)),
                                   tuple(f"{k}={_fmt_value(v)}" for k, v in zip(keys, combo))))
     if listed and points:
-        out = [Variant(f"{a.name},{b.name}", a.overrides + b.overrides) for a in listed for b in points]
+        out = [Variant(f"{a.name},{b.name}", a.overrides + b.overrides, a.kind, a.params) for a in listed for b in points]
     else:
         out = listed or points
     if not out:
@@ -192,6 +199,7 @@ def expand(ablation: DictConfig | dict, *, seeds: Iterable[int], sweep_dir: Path
                 _as_list(budget), _as_list(abl.get("base")), v.overrides, _as_list(extra_overrides),
                 _as_list(train_overrides),
                 [f"trainer.seed={seed}", f"output_dir={out}", "trainer.resume=auto", "trainer.progress=false"])
+            extra = {} if v.kind == "train" else {"kind": v.kind, "params": dict(v.params)}
             jobs.append(JobSpec(key=f"{v.name}/s{seed}", variant=v.name, seed=seed, overrides=overrides,
-                                output_dir=str(out)))
+                                output_dir=str(out), extra=extra))
     return jobs

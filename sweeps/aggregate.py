@@ -9,7 +9,10 @@ Per run (one seed of one variant):
 - ``first_step_below``: the first step whose entropy is below a threshold (``None``: never).
 
 Per variant: mean, standard deviation (``ddof=0``), min and max over seeds of each figure, and
-per-step curves (mean with a min-max band over seeds).
+per-step curves (``seed_band``: mean with a min-max band over seeds), the one band both the sweep
+report's plots and the lab's figures draw. Missing steps: a step counts only the seeds that logged
+a finite value at it, and the band says how many (``n`` per step); a seed that skipped a step (a
+validation step, a run cut short) neither drops that step for the others nor counts as zero.
 """
 
 from __future__ import annotations
@@ -113,6 +116,19 @@ def variant_summary(runs: list[dict]) -> dict:
     crossed = [float(x) for x in fsb if x is not None]
     out["first_step_below"] = {**_stats(crossed), "crossed": len(crossed), "of": len(runs)}
     return out
+
+
+def seed_band(rows_per_seed: Iterable[list[dict]], key: str) -> dict | None:
+    """Mean and min-max band of metric ``key`` over seeds, step by step (see the module docstring
+    for missing steps). ``rows_per_seed``: each seed's ``metrics.jsonl`` rows.
+
+    Returns ``{steps, mean, lo, hi, n}`` (arrays over the steps any seed logged; ``n`` = seeds at
+    that step) plus ``seeds`` (how many seeds logged ``key`` at all), or None when none did.
+    """
+    curves = [c for c in (series(rows, key) for rows in rows_per_seed) if len(c[0])]
+    if not curves:
+        return None
+    return {**band(curves), "seeds": len(curves)}
 
 
 def band(curves: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:

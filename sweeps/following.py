@@ -20,7 +20,8 @@ from omegaconf import DictConfig
 from ..conf import cfg_get
 from ..core.errors import UserError
 from ..core.tracking import check_reachable
-from .jobs import TrainJob, job_environment, read_job_state, write_job_state
+from .job_kinds import job_class
+from .jobs import TRAIN_KIND, TrainJob, job_environment, job_kind, read_job_state, write_job_state
 from .launchers import WAITING, Launcher, QueueEntry, find_launcher
 from .planning import Plan, close_parent_run, open_parent_run, tracking_settings
 from .report import build_report
@@ -170,12 +171,13 @@ class _Follower:
     # -- submission ---------------------------------------------------------------------------
     def _callable(self, rec: dict) -> TrainJob:
         spec = {k: rec[k] for k in ("key", "variant", "seed", "overrides", "output_dir")}
+        spec["extra"] = dict(rec.get("extra") or {})
         tags = {"sweep_id": self.sweep["sweep_id"], "ablation": self.sweep["ablation"]["name"],
                 "variant": rec["variant"], "seed": rec["seed"], "entropyrl.sweep_dir": str(self.sweep_dir)}
         tracking = {**{k: self.tracking[k] for k in ("enabled", "uri", "experiment", "parent_run_id")},
                     "run_name": f"{rec['variant']}-s{rec['seed']}", "tags": tags}
         in_process = self.launcher.in_process  # its own train.log is its log; the terminal stays the sweep's
-        return TrainJob(spec, tracking, env=self.env, raise_errors=self.launcher.raise_job_errors(self.launcher_cfg),
+        return job_class(job_kind(rec))(spec, tracking, env=self.env, raise_errors=self.launcher.raise_job_errors(self.launcher_cfg),
                         echo=not in_process)
 
     def _prepare(self, rec: dict) -> None:
@@ -295,7 +297,10 @@ class _Follower:
 
     def _announce(self, st: JobStatus) -> None:
         n = len(self.final)
-        if st.state == DONE:
+        kind = job_kind(self.records.get(st.key, {}))
+        if st.state == DONE and kind != TRAIN_KIND:
+            self.log(f"[{n}/{self.total}] done {st.key} ({kind}): {st.detail}")
+        elif st.state == DONE:
             s = _summary(Path(st.output_dir))
             self.log(f"[{n}/{self.total}] done {st.key}: {s.get('steps')} steps, entropy "
                      f"{_f(s.get('entropy/first_tenth'))} -> {_f(s.get('entropy/last_tenth'))}, "

@@ -26,10 +26,12 @@ import submitit
 from omegaconf import DictConfig, open_dict
 
 from ..conf import compose
+from ..trainers.optim import check_optim
 from ..trainers.trainer import train
 
 JOB_STATE_FILE = "job.json"
 TRAIN_LOG = "train.log"
+TRAIN_KIND = "train"
 
 # Environment a job needs to behave like the submitting shell (passed explicitly: a SLURM node or
 # a cluster with `--export=NONE` may not inherit it).
@@ -48,6 +50,11 @@ def job_environment() -> dict[str, str]:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("TRANSFORMERS_VERBOSITY", "error")
     return env
+
+
+def job_kind(record: dict) -> str:
+    """The kind of a sweep job record (``train`` unless its variant names another)."""
+    return str((record.get("extra") or {}).get("kind") or TRAIN_KIND)
 
 
 def read_job_state(output_dir: Path) -> dict:
@@ -73,6 +80,7 @@ def compose_job_config(overrides: list[str], tracking: dict | None = None, run_n
     Used by the job itself and, at plan time, by ``planning.job_configs`` for every job.
     """
     cfg = compose("train", list(overrides))
+    check_optim(cfg.optim)          # an unknown optim.name / optim.scheduler fails the plan, not the job
     if tracking is None:
         return cfg
     with open_dict(cfg):
@@ -136,6 +144,11 @@ class TrainJob(submitit.helpers.Checkpointable):
                                   run_name=f"{self.spec['variant']}-s{self.spec['seed']}")
 
     # -- the job ------------------------------------------------------------------------------
+    def run(self, cfg: DictConfig) -> dict:
+        """The work itself; returns a summary with ``status`` (FINISHED when it succeeded) and
+        ``steps``. Another job kind overrides this (sweeps/job_kinds.py)."""
+        return train(cfg, log=self._log)
+
     def __call__(self) -> dict:
         self._requeueing = False
         os.environ.update(self.env)
@@ -149,10 +162,7 @@ class TrainJob(submitit.helpers.Checkpointable):
         self._log(f"job {self.spec['key']} attempt {attempt} on {socket.gethostname()} (pid {os.getpid()}"
                   + (f", scheduler job {sched_id}" if sched_id else "") + f") python {sys.executable}")
         try:
-            cfg = self.config()
-            # torch and transformers (seconds to import) load on the worker only, not in `entropyrl sweep`
-
-            summary = train(cfg, log=self._log)
+            summary = self.run(self.config())
             if summary.get("status") != "FINISHED":
                 raise RuntimeError(f"training ended with status {summary.get('status')}")
         except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised for the scheduler

@@ -20,10 +20,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ..conf import CONF_DIR, config_groups, primary_defaults
 from ..core.errors import UserError
-from ..core.mlflow_store import resolve_uri, store_lock
+from ..core.mlflow_store import resolve_uri
+from ..core.tracking import TrackingStore
 from ..trainers.algos.algorithm import Algorithm
 from .ablation import JOB_OWNED_KEYS, JobSpec, expand, override_key
-from .jobs import compose_job_config
+from .job_kinds import job_class
+from .jobs import compose_job_config, job_kind
 from .launchers import Launcher, check_number, find_launcher, get_launcher
 from .state import JobStatus, job_status, load_sweep, scheduler_ids, sweep_file
 
@@ -76,6 +78,7 @@ class Plan:
     train_overrides: list[str]
     existing: dict | None          # sweep.json of a sweep already in sweep_dir
     launcher: Launcher
+    command: str | None = None     # the command line that started it, for reports (the lab's)
 
     def rows(self) -> list[dict]:
         """The job table (dry-run): key, variant, seed, state, overrides, output dir."""
@@ -111,6 +114,7 @@ class Plan:
             "launcher": OmegaConf.to_container(cfg.launcher, resolve=True),
             "tracking": tracking,
             "report": OmegaConf.to_container(cfg.report, resolve=True) if "report" in cfg else {},
+            "command": self.command or existing.get("command"),
             "jobs": records,
         }
 
@@ -223,9 +227,11 @@ def job_configs(jobs: list[JobSpec]) -> Iterator[tuple[JobSpec, DictConfig]]:
 
 
 def validate_jobs(jobs: list[JobSpec]) -> None:
-    """Compose every job's training config now and check its algorithm and interventions
-    (``Algorithm.from_train_config``: the check a training run makes before it creates anything),
-    so a mistake fails before anything is submitted."""
+    """Compose every job's training config now, and check its kind and its algorithm and
+    interventions (``Algorithm.from_train_config``: the check a training run makes before it
+    creates anything), so a mistake fails before anything is submitted."""
+    for job in jobs:
+        job_class(job_kind(job.to_dict()))
     for job, cfg in job_configs(jobs):
         try:
             Algorithm.from_train_config(cfg)
@@ -247,31 +253,23 @@ def open_parent_run(tracking: dict, sweep: dict) -> str | None:
     """Create the sweep's parent run (or mark the existing one RUNNING again); returns its id."""
     if not tracking["enabled"]:
         return None
-    # mlflow takes about two seconds to import: only a sweep that runs pays for it, not --dry-run
-    from mlflow.entities import Param, RunStatus
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking["uri"])
+    store = TrackingStore(tracking["uri"])   # mlflow loads here: a --dry-run never pays for it
     try:
         run_id = tracking.get("parent_run_id")
         if run_id:
-            client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+            store.reopen(run_id)
             return run_id
-        with store_lock(tracking["uri"]):   # first use of a fresh sqlite store: one process at a time
-            exp = client.get_experiment_by_name(tracking["experiment"])
-            exp_id = exp.experiment_id if exp is not None else client.create_experiment(tracking["experiment"])
         abl = sweep["ablation"]["name"]
-        run = client.create_run(exp_id, run_name=f"sweep-{Path(sweep['sweep_dir']).name}", tags={
-            "entropyrl.sweep_id": sweep["sweep_id"], "sweep_id": sweep["sweep_id"], "ablation": abl,
-            "entropyrl.role": "sweep", "entropyrl.sweep_dir": sweep["sweep_dir"],
-            "launcher": sweep["launcher"]["name"], "mlflow.note.content":
-                f"Sweep of ablation `{abl}`: {len(sweep['jobs'])} jobs (child runs); report under artifacts/report."})
+        tags = {"entropyrl.sweep_id": sweep["sweep_id"], "sweep_id": sweep["sweep_id"], "ablation": abl,
+                "entropyrl.role": "sweep", "entropyrl.sweep_dir": sweep["sweep_dir"],
+                "launcher": sweep["launcher"]["name"]}
         params = {"ablation": abl, "seeds": json.dumps(sweep["seeds"]), "n_jobs": str(len(sweep["jobs"])),
-                  "variants": json.dumps(list(dict.fromkeys(j["variant"] for j in sweep["jobs"])))[:6000],
+                  "variants": json.dumps(list(dict.fromkeys(j["variant"] for j in sweep["jobs"]))),
                   "launcher": sweep["launcher"]["name"],
-                  "every_job": " ".join([*sweep.get("budget", []), *sweep.get("train_overrides", [])])[:6000]}
-        client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
-        return run.info.run_id
+                  "every_job": " ".join([*sweep.get("budget", []), *sweep.get("train_overrides", [])])}
+        return store.open_run(tracking["experiment"], f"sweep-{Path(sweep['sweep_dir']).name}", tags=tags,
+                              params=params, description=f"Sweep of ablation `{abl}`: {len(sweep['jobs'])} jobs "
+                                                         f"(child runs); report under artifacts/report.")
     except Exception as exc:  # noqa: BLE001 - any store failure is the user's setup
         raise UserError(f"cannot open the sweep's MLflow parent run at {tracking['uri']}: "
                         f"{str(exc).strip().splitlines()[0]}") from None
@@ -281,9 +279,7 @@ def close_parent_run(tracking: dict, status: str) -> None:
     """End the parent run (``FAILED``/``KILLED``) when the sweep stops without a report."""
     if not tracking.get("enabled") or not tracking.get("parent_run_id"):
         return
-    from mlflow.tracking import MlflowClient
-
     try:
-        MlflowClient(tracking["uri"]).set_terminated(tracking["parent_run_id"], status=status)
+        TrackingStore(tracking["uri"]).finish(tracking["parent_run_id"], status=status)
     except Exception:  # noqa: BLE001 - the sweep's own error is the one to report
         pass

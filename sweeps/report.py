@@ -6,7 +6,12 @@ Files (in ``<sweep_dir>``): ``report.md`` (the tables, the curves, failed jobs w
 mean and std over seeds), ``runs.csv`` (one row per job), ``plots/{entropy,reward,accuracy,
 val_accuracy}.png`` (mean line and min-max band over seeds, per variant). Only finished jobs count.
 Each variant also shows its runs' regime warnings and entropy flags (``summary.json`` ``warnings`` and
-``flags``, trainers/run/regime.py), formatted as in the lab report.
+``flags``, trainers/run/regime.py), formatted as in the lab report. The bands come from
+``aggregate.seed_band`` (a step counts the seeds that logged it), as the lab's figures do.
+
+An ablation may name a ``report_step`` (``REPORT_STEPS``; the lab's: ``lab``) that runs after this
+report over the same folder; its own ``report.md`` then takes that name and this report is kept as
+``sweep-report.md``.
 """
 
 from __future__ import annotations
@@ -14,16 +19,17 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import re
 import time
 from pathlib import Path
 from typing import Callable
 
-from ..core.tracking import check_reachable
+from ..core.errors import UserError
+from ..core.tracking import TrackingStore, check_reachable
 from ..trainers.run.regime import findings_cell
 from . import aggregate as agg
-from .jobs import read_job_state
+from .jobs import TRAIN_KIND, job_kind, read_job_state
+from .lab.sweep_step import lab_report_step
 from .state import DONE, FAILED, PENDING, RUNNING, JobStatus, sweep_status
 
 PLOTS = [("entropy", "entropy", "policy entropy (nats/token)"),
@@ -33,6 +39,18 @@ PLOTS = [("entropy", "entropy", "policy entropy (nats/token)"),
 
 COLUMNS = [("final_val_acc", "final val acc", 3), ("entropy_tail_mean", "entropy, last {tail} (mean)", 3),
            ("entropy_tail_min", "entropy, last {tail} (min)", 3), ("entropy_auc", "entropy AUC", 2)]
+
+
+# What an ablation's ``report_step`` names: ``step(sweep_dir, sweep, statuses, log)`` runs after the
+# sweep's own report over the same folder and returns ``{"paths": {name: path}, "metrics": {...}}``
+# (its files are logged to the parent run with the report, its metrics on the parent run).
+ReportStep = Callable[[Path, dict, list, Callable[[str], None]], dict]
+REPORT_STEPS: dict[str, ReportStep] = {"lab": lab_report_step}
+
+
+def register_report_step(name: str, step: ReportStep) -> None:
+    """Make ``ablation.report_step: <name>`` run ``step`` after the sweep's report."""
+    REPORT_STEPS[name] = step
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:
@@ -72,14 +90,12 @@ def _plot(curves: dict[str, list], key: str, label: str, path: Path, title: str,
     drawn = False
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for variant, seed_rows in curves.items():
-        per_seed = [agg.series(rows, key) for rows in seed_rows]
-        per_seed = [c for c in per_seed if len(c[0])]
-        if not per_seed:
+        b = agg.seed_band(seed_rows, key)
+        if b is None:
             continue
-        b = agg.band(per_seed)
         line, = ax.plot(b["steps"], b["mean"], lw=1.6, marker="o" if len(b["steps"]) < 12 else None, ms=3,
-                        label=f"{variant} (n={len(per_seed)})")
-        if len(per_seed) > 1:
+                        label=f"{variant} (n={b['seeds']})")
+        if b["seeds"] > 1:
             ax.fill_between(b["steps"], b["lo"], b["hi"], color=line.get_color(), alpha=0.18, lw=0)
         drawn = True
     if not drawn:
@@ -114,7 +130,9 @@ def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str
     tail_frac = float(rep_cfg.get("tail_frac", 0.1))
     tail_txt = f"{tail_frac:.0%}" if tail_frac != 0.1 else "tenth"
     ablation = sweep.get("ablation", {}).get("name", "sweep")
-    order = list(dict.fromkeys(r["variant"] for r in sweep.get("jobs", [])))
+    # the comparison covers training jobs; other job kinds (the lab's quadrant experiment) are
+    # listed in the job table and read by the ablation's report step
+    order = list(dict.fromkeys(r["variant"] for r in sweep.get("jobs", []) if job_kind(r) == TRAIN_KIND))
 
     # --- per job ---------------------------------------------------------------------------
     job_rows, curves, per_variant = [], {v: [] for v in order}, {v: [] for v in order}
@@ -129,7 +147,7 @@ def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str
                          "output_dir": st.output_dir, "log": st.log, **m,
                          "warnings": findings_cell([regime["warnings"]]) if st.state == DONE else "",
                          "flags": findings_cell([regime["flags"]]) if st.state == DONE else ""})
-        if rows:
+        if rows and st.variant in curves:
             curves[st.variant].append(rows)
             per_variant[st.variant].append(m)
             for kind in ("warnings", "flags"):
@@ -164,13 +182,30 @@ def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str
         comp_rows.append(row)
     _write_csv(sweep_dir / "comparison.csv", comp_rows, list(comp_rows[0]) if comp_rows else ["variant"])
 
+    step_name = sweep.get("ablation", {}).get("report_step")
+    step = None
+    if step_name:
+        step = REPORT_STEPS.get(str(step_name))
+        if step is None:
+            raise UserError(f"ablation {ablation} names report_step '{step_name}', which is not registered; "
+                            f"registered: {', '.join(sorted(REPORT_STEPS)) or 'none'}")
     md = _markdown(sweep, sweep_dir, order, variants, statuses, job_rows, plots, threshold, tail_txt, counts)
-    report_path = sweep_dir / "report.md"
+    # an ablation with a report step (the lab) keeps the sweep's own report beside the step's report.md
+    md_name = "sweep-report.md" if step is not None else "report.md"
+    report_path = sweep_dir / md_name
     report_path.write_text(md)
     result = {"report": str(report_path), "plots": [str(p) for p in plots], "variants": variants,
               "jobs": job_rows, "counts": counts, "threshold": threshold, "tail_frac": tail_frac,
-              "sweep_id": sweep.get("sweep_id"), "built": time.time()}
+              "sweep_id": sweep.get("sweep_id"), "built": time.time(),
+              "files": [md_name, "report.json", "comparison.csv", "runs.csv"]}
     (sweep_dir / "report.json").write_text(json.dumps(result, indent=2, default=_json_default))
+    if step is not None:
+        out = step(sweep_dir, sweep, statuses, log)
+        result["files"] += [str(Path(p).relative_to(sweep_dir)) for p in out.get("paths", {}).values()]
+        result["step_metrics"] = dict(out.get("metrics") or {})
+        result["step"] = out
+        if "report.md" in out.get("paths", {}):
+            result["report"] = str(out["paths"]["report.md"])
 
     if log_mlflow:
         _log_to_parent(sweep, sweep_dir, result, log)
@@ -273,31 +308,25 @@ def _log_to_parent(sweep: dict, sweep_dir: Path, result: dict, log: Callable[[st
     if not tr.get("enabled", True) or not run_id:
         return
     try:
-        from mlflow.entities import Metric, RunStatus
-        from mlflow.tracking import MlflowClient
-
-
         check_reachable(tr["uri"])
-        client = MlflowClient(tr["uri"])
-        for name in ("report.md", "report.json", "comparison.csv", "runs.csv"):
-            client.log_artifact(run_id, str(sweep_dir / name), artifact_path="report")
+        store = TrackingStore(tr["uri"])
+        for name in result["files"]:
+            store.log_artifact(run_id, sweep_dir / name, artifact_path="report")
         for p in result["plots"]:
-            client.log_artifact(run_id, p, artifact_path="report/plots")
-        ts = int(time.time() * 1000)
-        metrics = []
+            store.log_artifact(run_id, p, artifact_path="report/plots")
+        metrics = {}
         for v, info in result["variants"].items():
             for field, stats in info["summary"].items():
-                if stats.get("n") and math.isfinite(stats["mean"]):
-                    metrics.append(Metric(metric_key(f"{v}/{field}"), float(stats["mean"]), ts, 0))
-        for i in range(0, len(metrics), 500):
-            client.log_batch(run_id, metrics=metrics[i:i + 500])
+                if stats.get("n"):
+                    metrics[metric_key(f"{v}/{field}")] = stats["mean"]
+        metrics.update(result.get("step_metrics") or {})
+        store.log_metrics(run_id, metrics)
         counts = result["counts"]
         if counts[RUNNING] == 0 and counts[PENDING] == 0:
             status = "FAILED" if counts[FAILED] else "FINISHED"
-            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # we say it ourselves
-            client.set_terminated(run_id, status=status)
+            store.finish(run_id, status=status)
             log(f"report logged to MLflow parent run {run_id} ({status}) at {tr['uri']}")
         else:
-            client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+            store.reopen(run_id)
     except Exception as exc:  # noqa: BLE001 - the files are written; MLflow is best effort here
         log(f"warning: report written but not logged to MLflow run {run_id}: {str(exc).splitlines()[0]}")

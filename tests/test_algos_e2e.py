@@ -51,7 +51,7 @@ def test_every_algo_runs_and_logs_its_metrics(algo, in_tmp):
 def test_stare_gate_opens_when_entropy_falls_below_target(in_tmp):
     # The warm-started policy starts near 1.1 nats and GRPO-style updates bring it down within a few
     # steps, so a 0.8 target is crossed mid-run: the gate must be closed before and open after.
-    cfg = compose("train", ["algo=stare", "algo.stare.h_tgt=0.8", "trainer.total_steps=12", "trainer.lr=1e-3",
+    cfg = compose("train", ["algo=stare", "algo.stare.h_tgt=0.8", "trainer.total_steps=12", "optim.lr=1e-3",
                             "trainer.prompts_per_step=16", "trainer.mini_batch_prompts=8", "trainer.val_every=0",
                             "trainer.save_every=0", "trainer.progress=false", "tracking.enabled=false",
                             "output_dir=run"])

@@ -23,7 +23,7 @@ CLI_MODULE = "entropyrl.cli.main"
 # from weights the first step changed).
 OVERRIDES = ["trainer.prompts_per_step=8", "trainer.mini_batch_prompts=8", "trainer.micro_batch_responses=6",
              "rollout.n=4", "tracking.enabled=false", "trainer.progress=false", "val.prompts=0",
-             "trainer.seed=5", "algo.clip.high=0.28", "trainer.lr=1e-3"]
+             "trainer.seed=5", "algo.clip.high=0.28", "optim.lr=1e-3"]
 STEPS = 2
 
 

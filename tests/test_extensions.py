@@ -152,4 +152,4 @@ def test_mlflow_params_hold_only_the_active_interventions():
     params = flatten(tracked_config(compose("train", ["algo=stare"])))
     assert params["algo.stare.p"] == "0.1" and params["algo.interventions"] == '["stare"]'
     assert not any(k.startswith(("algo.steer.", "algo.clip_cov.", "algo.kl_cov.", "algo.tis.")) for k in params)
-    assert "algo.clip.low" in params and "trainer.lr" in params
+    assert "algo.clip.low" in params and "optim.lr" in params

@@ -129,9 +129,9 @@ def test_slurm_pending_reasons_that_never_clear(reason, advice):
 def test_training_keys_go_to_the_jobs_as_they_are():
     sweep, train = split_overrides(["ablation=gate", "trainer.total_steps=5", "algo.stare.p=0.2", "+val.x=1",
                                     "~val.benchmarks", "seeds=[0]", "launcher.max_parallel=2", "tracking.uri=x",
-                                    "train.trainer.lr=0.1", "model=tiny", "report.tail_frac=0.2"])
+                                    "train.optim.lr=0.1", "model=tiny", "report.tail_frac=0.2"])
     assert sweep == ["ablation=gate", "seeds=[0]", "launcher.max_parallel=2", "tracking.uri=x", "report.tail_frac=0.2"]
-    assert train == ["trainer.total_steps=5", "algo.stare.p=0.2", "+val.x=1", "~val.benchmarks", "trainer.lr=0.1",
+    assert train == ["trainer.total_steps=5", "algo.stare.p=0.2", "+val.x=1", "~val.benchmarks", "optim.lr=0.1",
                      "model=tiny"]
 
 

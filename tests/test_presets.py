@@ -36,7 +36,7 @@ def test_config_show_prints_the_stare_7b_short_cot_configuration():
     assert cfg["algo"]["dynamic_sampling"] == {"enabled": True, "max_num_gen_batches": 10}
     assert cfg["model"]["path"] == "Qwen/Qwen2.5-Math-7B" and cfg["data"]["name"] == "dapo_math_17k"
     t = cfg["trainer"]
-    assert (t["prompts_per_step"], t["mini_batch_prompts"], t["lr"], t["grad_clip"]) == (64, 64, 1e-6, 1.0)
+    assert (t["prompts_per_step"], t["mini_batch_prompts"], cfg["optim"]["lr"], t["grad_clip"]) == (64, 64, 1e-6, 1.0)
     assert t["dtype"] == "bfloat16" and t["gradient_checkpointing"] is True
     r = cfg["rollout"]
     assert (r["name"], r["n"], r["max_new_tokens"], r["temperature"], r["top_p"]) == ("vllm", 8, 3072, 1.0, 1.0)
@@ -49,14 +49,14 @@ def test_steer_and_dapo_presets():
     steer = compose("train", ["experiment=steer_7b"])
     assert steer.algo.name == "steer" and steer.algo.steer.lambda_min == 0.8 and steer.algo.steer.mapping == "exp"
     assert (steer.trainer.prompts_per_step, steer.trainer.mini_batch_prompts, steer.rollout.n) == (512, 32, 8)
-    assert steer.trainer.lr == 1e-6 and steer.rollout.max_new_tokens == 3072 and not steer.algo.dynamic_sampling.enabled
+    assert steer.optim.lr == 1e-6 and steer.rollout.max_new_tokens == 3072 and not steer.algo.dynamic_sampling.enabled
     assert (steer.algo.clip.high, steer.algo.clip.dual_c) == (0.28, 10.0)
 
     dapo = compose("train", ["experiment=dapo_7b"])
     assert dapo.algo.name == "dapo" and dapo.algo.dynamic_sampling.enabled and dapo.algo.overlong.enabled
     assert (dapo.trainer.prompts_per_step, dapo.trainer.mini_batch_prompts, dapo.rollout.n) == (512, 32, 16)
     assert (dapo.rollout.max_new_tokens, dapo.algo.overlong.buffer, dapo.data.max_prompt_length) == (8192, 4096, 2048)
-    assert dapo.trainer.weight_decay == 0.1 and dapo.trainer.total_steps == 200
+    assert dapo.optim.weight_decay == 0.1 and dapo.trainer.total_steps == 200
     assert dapo.rollout.engine_kwargs.hf_overrides.max_position_embeddings == 32768
 
 

@@ -71,8 +71,8 @@ def test_expand_jobs_order_overrides_and_dirs(tmp_path):
     abl = {"name": "g", "base": ["algo=stare"],
            "variants": [{"name": "on", "overrides": ["algo.stare.gate=true", "trainer.total_steps=9"]},
                         {"name": "off", "overrides": ["algo=grpo"]}]}
-    jobs = expand(abl, seeds=[3, 4], sweep_dir=tmp_path / "sw", budget=["trainer.total_steps=5", "trainer.lr=0.1"],
-                  train_overrides=["trainer.lr=0.2"], extra_overrides=["trainer.threads=1"])
+    jobs = expand(abl, seeds=[3, 4], sweep_dir=tmp_path / "sw", budget=["trainer.total_steps=5", "optim.lr=0.1"],
+                  train_overrides=["optim.lr=0.2"], extra_overrides=["trainer.threads=1"])
     assert [(j.variant, j.seed) for j in jobs] == [("on", 3), ("on", 4), ("off", 3), ("off", 4)]
     on3, off4 = jobs[0], jobs[3]
     assert on3.key == "on/s3" and on3.output_dir == str((tmp_path / "sw" / "runs" / "on" / "s3").resolve())
@@ -80,7 +80,7 @@ def test_expand_jobs_order_overrides_and_dirs(tmp_path):
     assert "trainer.total_steps=9" in on3.overrides and "trainer.total_steps=5" not in on3.overrides
     assert "trainer.total_steps=5" in off4.overrides and "algo=grpo" in off4.overrides
     assert "algo=stare" not in off4.overrides
-    assert "trainer.lr=0.2" in on3.overrides and "trainer.lr=0.1" not in on3.overrides
+    assert "optim.lr=0.2" in on3.overrides and "optim.lr=0.1" not in on3.overrides
     assert on3.overrides[-4:] == ["trainer.seed=3", f"output_dir={on3.output_dir}", "trainer.resume=auto",
                                   "trainer.progress=false"]
     assert len({j.output_dir for j in jobs}) == 4
@@ -110,7 +110,7 @@ def test_shipped_ablations_compose_and_cover_every_algo(tmp_path):
 
 
 def test_split_overrides():
-    from entropyrl.cli.sweep_cmd import split_overrides
+    from entropyrl.sweeps.planning import split_overrides
 
     sweep, train = split_overrides(["ablation=gate", "train.trainer.total_steps=5", "+train.tracking.tags.x=1",
                                     "seeds=[0,1]", "~train.val.benchmarks"])

@@ -55,8 +55,8 @@ def assert_nothing_created(workdir, *names: str) -> None:
     ("trainer.total_steps=abc", "a positive integer"),
     ("trainer.total_steps=-5", "a positive integer"),      # used to "succeed" with 0 steps
     ("trainer.total_steps=2.5", "a positive integer"),     # used to run 2 steps silently
-    ("trainer.lr=-1", "a number > 0"),
-    ("trainer.lr=abc", "a number > 0"),
+    ("optim.lr=-1", "a number > 0"),
+    ("optim.lr=abc", "a number > 0"),
     ("rollout.n=0", "a positive integer"),
     ("trainer.resume=maybe", "one of auto, never, overwrite"),  # used to be taken as auto
     ("algo.stare.p=1.5", "in (0, 1]"),
@@ -123,7 +123,7 @@ def test_shipped_defaults_pass_their_table(config_name):
 
 
 @pytest.mark.parametrize("config_name, override, fragment", [
-    ("train", "trainer.weight_decay=-0.1", "trainer.weight_decay=-0.1 is not allowed: it must be a number >= 0"),
+    ("train", "optim.weight_decay=-0.1", "optim.weight_decay=-0.1 is not allowed: it must be a number >= 0"),
     ("train", "trainer.progress=maybe", "must be true or false"),
     ("train", "val.top_p=0", "val.top_p=0 is not allowed: it must be a number in (0, 1]"),
     ("train", "model.warm_start.label_noise=2", "in [0, 1]"),

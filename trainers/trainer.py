@@ -8,7 +8,8 @@ One training step:
   4. the algorithm's controllers look at the batch entropy (STARE's gate, adaptive schedules),
      group advantages are computed, the four-quadrant diagnostics are logged;
   5. ``ppo_epochs`` passes of mini-batch updates of the clipped surrogate (with the configured
-     entropy interventions), gradient accumulation over micro-batches;
+     entropy interventions), gradient accumulation over micro-batches; then the lr schedule
+     (``optim.scheduler``) advances by one step;
   6. metrics to MLflow + metrics.jsonl, periodic validation and atomic checkpoints.
 
 The step travels as one ``StepBatch`` (``algos/step_batch.py``), sliced with ``batch[idx]`` per
@@ -22,7 +23,6 @@ gradients (``diagnostics.quadrants``, ``diagnostics.attribution``) are explicit 
 from __future__ import annotations
 
 import json
-import random
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -31,18 +31,17 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ..core.errors import UserError
-from ..core.mlflow_store import resolve_uri
 from ..core.resources import ThreadBudget
-from ..core.tracking import RunTracker, check_reachable, read_metrics
+from ..core.tracking import read_metrics
 from ..evals.runner import validate as validate_benchmarks
-from ..models.loading import load_policy
-from ..rollout.base import Rollout, build_rollout, cat_rollouts
+from ..rollout.base import build_rollout
+from . import components
 from .algos.algorithm import Algorithm, tracked_config
 from .algos.core_algos import all_equal_group_share, part_weight
 from .algos.step_batch import StepBatch
-from .data.prompts_source import build_prompt_source
+from .collect import collect_rollouts
 from .interventions.tis import sampler_mismatch_metrics
+from .optim import build_optimizer, build_scheduler, resume_scheduler
 from .parallel import distributed
 from .preflight import TrainingCheck, check_training
 from .run import checkpoint as ckpt
@@ -71,10 +70,11 @@ def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Ten
 # the recipe
 # ---------------------------------------------------------------------------------------------
 class GRPOTrainer:
-    """``algo`` and ``run_mode``: what ``check_training`` already built and decided (so the checks
-    run once per command); without them the trainer runs those checks itself."""
-
     def __init__(self, cfg: DictConfig, log=print, *, algo: Algorithm | None = None, run_mode: str | None = None):
+        """Set up the run's components one by one (each buildable alone: ``trainers/components.py``).
+
+        ``algo`` and ``run_mode``: what ``check_training`` already built and decided (so the checks
+        run once per command); without them the trainer runs those checks itself."""
         self.cfg = cfg
         t = cfg.trainer
         self.output_dir = Path(cfg.output_dir)
@@ -84,7 +84,7 @@ class GRPOTrainer:
         self.dist = distributed.setup(t)
         self.log = log if self.dist.is_main else (lambda *_a, **_k: None)
         # every algorithm and intervention value checked (and its object built) before anything exists
-        self.algo = algo if algo is not None else Algorithm.from_train_config(cfg)
+        self.algo = algo if algo is not None else components.build_algorithm(cfg)
         # resume / refuse / overwrite what output_dir holds, before minutes of model loading
         self.run_mode = run_mode if run_mode is not None else run_dir.check_output_dir(cfg)
         if self.run_mode == "overwrite":
@@ -92,27 +92,16 @@ class GRPOTrainer:
             self.run_mode = "fresh"
         distributed.barrier(self.dist)
         self.device = self.dist.device
-        if t.prompts_per_step % t.mini_batch_prompts:
-            raise UserError(f"trainer.prompts_per_step ({t.prompts_per_step}) must be a multiple of "
-                            f"trainer.mini_batch_prompts ({t.mini_batch_prompts})")
-        distributed.check_batch_sizes(t, self.dist)
-        if cfg.tracking.get("enabled", True):  # fail before minutes of model loading, not after
-            check_reachable(resolve_uri(cfg.tracking))
-        self._seed_everything(int(t.seed))
-        self.model, self.tokenizer = load_policy(cfg.model, cfg.data, log=self.log)
-        self.model.to(self.device)
-        self.model.config.use_cache = True
-        self.model = distributed.prepare_model(self.model, t, self.dist)   # FSDP2 / checkpointing
-        self.source = build_prompt_source(cfg.data, int(t.seed), tokenizer=self.tokenizer)
-        self.ref_model = None
-        if self.algo.needs_ref:
-            self.ref_model, _ = load_policy(cfg.model, cfg.data, log=self.log)
-            self.ref_model.to(self.device).eval().requires_grad_(False)
-            self.ref_model = distributed.prepare_model(self.ref_model, t, self.dist, trainable=False)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=float(t.lr),
-                                           weight_decay=float(t.weight_decay), betas=tuple(t.betas))
+        components.check_batches(cfg, self.dist)
+        components.check_tracking(cfg)
+        components.seed_everything(int(t.seed))
+        self.model, self.tokenizer = components.build_policy(cfg, self.dist, log=self.log)
+        self.source = components.build_source(cfg, self.tokenizer)
+        self.ref_model = components.build_reference(cfg, self.dist, log=self.log) if self.algo.needs_ref else None
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, int(t.total_steps))   # one step per training step
         self.rollout = build_rollout(cfg.rollout, self.model, self.tokenizer)
-        self.tracker = RunTracker(cfg.tracking, self.output_dir, log=self.log) if self.dist.is_main else distributed.NullTracker()
+        self.tracker = components.build_tracker(cfg, self.output_dir, self.dist, log=self.log)
         self.step = 0
         self.val_problems = self.source.validation(int(cfg.val.prompts)) if cfg.val.prompts else []
         self.probe = build_probe(cfg, self.source, self.rollout, lambda model, roll: batch_token_stats(
@@ -120,15 +109,8 @@ class GRPOTrainer:
         self.attribution = build_attribution(cfg, self.probe, self.dist.world_size, lambda model, roll: (
             response_token_stats(model, roll, entropy_grad=True, **self._stats_kwargs())[1]))
 
-    @staticmethod
-    def _seed_everything(seed: int) -> None:
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
-
     def _stats_kwargs(self) -> dict:
-        return dict(temperature=float(self.cfg.rollout.temperature),
-                    chunk_size=int(self.cfg.trainer.token_chunk_size))
+        return components.stats_kwargs(self.cfg)
 
     def close(self) -> None:
         """Stop a rollout engine that runs apart (vLLM) and leave the process group we created."""
@@ -150,6 +132,7 @@ class GRPOTrainer:
         distributed.load_full_state(self.model, self.optimizer, weights, state["optimizer"])
         self.rollout.sync_weights()         # an engine holding its own weights (vLLM) gets the restored ones
         self.algo.load_state_dict(state.get("algo", {}))
+        resume_scheduler(self.scheduler, state.get("scheduler"), int(state["step"]))   # none before schedules
         ckpt.set_rng_state(state["rng"])
         self.step = int(state["step"])
         self.log(f"resumed from {latest} (step {self.step})")
@@ -161,63 +144,17 @@ class GRPOTrainer:
         path = None
         if self.dist.is_main:
             path = ckpt.save_checkpoint(self.output_dir, self.step, model, self.tokenizer, optimizer,
-                                        extra={"algo": self.algo.state_dict()},
+                                        extra={"algo": self.algo.state_dict(), "scheduler": self.scheduler.state_dict()},
                                         keep=int(self.cfg.trainer.keep_checkpoints))
         distributed.barrier(self.dist)
         return path
 
     # -- rollouts ---------------------------------------------------------------------------
     def collect(self) -> tuple[StepBatch | None, dict]:
-        """Generate, score and (with dynamic sampling) filter until the batch is full.
-
-        Returns ``(batch, metrics)``: a ``StepBatch`` of the responses with their ``rewards``,
-        ``correct`` and ``group_ids`` (None when every group was all-equal), and the metrics.
-        """
-        t, n = self.cfg.trainer, int(self.cfg.rollout.n)
-        want = int(t.prompts_per_step) // self.dist.world_size      # this rank's share of the prompts
-        max_batches = self.algo.max_num_gen_batches if self.algo.dynamic_sampling else 1
-        kept: list[tuple[Rollout, torch.Tensor, torch.Tensor]] = []
-        n_kept, all_correct, all_rewards, all_len, all_trunc, per_group = 0, [], [], [], [], defaultdict(list)
-        unique_frac, attempts = [], 0
-        for attempt in range(max_batches):
-            attempts += 1
-            problems = distributed.shard(self.source.sample(want * self.dist.world_size, self.step, attempt), self.dist)
-            seed = int(t.seed) * 1_000_003 + self.step * 101 + attempt + self.dist.rank * 7_919_993
-            roll = self.rollout.generate([self.source.prompt(p) for p in problems], n=n, seed=seed)
-            batch_reward = getattr(self.source, "rewards", None)   # sources that grade a batch at once
-            scores = (batch_reward([problems[i // n] for i in range(len(roll.texts))], roll.texts) if batch_reward
-                      else [self.source.reward(problems[i // n], txt) for i, txt in enumerate(roll.texts)])
-            correct = torch.tensor(scores, dtype=torch.float32)
-            rewards = self.algo.shape_rewards(correct.clone(), roll.lengths)
-            group_ids = torch.arange(len(problems)).repeat_interleave(n) + attempt * want
-            all_correct.append(correct), all_rewards.append(rewards)
-            all_len.append(roll.lengths.float()), all_trunc.append(roll.truncated.float())
-            for i, p in enumerate(problems):
-                per_group[self.source.group(p)].append(correct[i * n:(i + 1) * n].mean().item())
-                unique_frac.append(len(set(roll.texts[i * n:(i + 1) * n])) / n)
-            keep = self.algo.keep_groups(rewards, group_ids)
-            if keep.any():
-                kept.append((roll.select(keep), rewards[keep], correct[keep], group_ids[keep]))
-                n_kept += int(keep.sum()) // n
-            if int(distributed.min_across(n_kept, self.dist)) >= want:   # every rank has its share
-                break
-        metrics = {
-            "reward/mean": torch.cat(all_rewards).mean().item(),
-            "acc/mean": torch.cat(all_correct).mean().item(),
-            "response_length/mean": torch.cat(all_len).mean().item(),
-            "response_length/clip_frac": torch.cat(all_trunc).mean().item(),
-            "diversity/unique_frac": float(np.mean(unique_frac)),
-            "dynamic_sampling/gen_batches": float(attempts),
-            **{f"acc/{g}": float(np.mean(v)) for g, v in per_group.items()},
-        }
-        # Same number of rows on every rank (whole groups): FSDP needs matching forward passes.
-        rows = int(distributed.min_across(min(want * n, sum(len(k[0].texts) for k in kept)), self.dist))
-        if rows == 0:
-            return None, metrics
-        roll = cat_rollouts([k[0] for k in kept], self.tokenizer.pad_token_id)
-        rewards, correct, group_ids = (torch.cat([k[i] for k in kept]) for i in (1, 2, 3))
-        metrics["dynamic_sampling/kept_frac"] = n_kept / (attempts * want)
-        return StepBatch(roll, rewards, correct, group_ids)[torch.arange(rows)], metrics
+        """This step's batch (``collect.collect_rollouts``): ``(StepBatch of the responses with their
+        rewards, correct and group ids, or None when nothing was kept; metrics)``."""
+        return collect_rollouts(self.cfg, source=self.source, rollout=self.rollout, algo=self.algo, dist=self.dist,
+                                pad_token_id=self.tokenizer.pad_token_id, step=self.step)
 
     # -- one training step ------------------------------------------------------------------
     def train_step(self, collected: tuple[StepBatch | None, dict] | None = None) -> dict[str, float]:
@@ -227,6 +164,7 @@ class GRPOTrainer:
         metrics = dict(metrics)
         gen_time = time.perf_counter() - started
         if batch is None:  # every group was all-equal: nothing to learn from this step
+            self._advance_schedule(metrics)
             metrics.update({"time/step": time.perf_counter() - started, "skipped": 1.0})
             return distributed.mean_metrics(metrics, self.dist)
         batch = self._score(batch, metrics)
@@ -272,8 +210,8 @@ class GRPOTrainer:
         return self.algo.select(batch, "batch")
 
     def _update(self, batch: StepBatch, metrics: dict) -> EntropyPrediction | None:
-        """Step 5: ``ppo_epochs`` passes of mini-batch updates, gradient accumulation over micro-batches.
-        Returns the first-order entropy prediction of the step's losses (``diagnostics.quadrants``)."""
+        """Step 5: ``ppo_epochs`` passes of mini-batch updates, gradient accumulation over micro-batches,
+        then the lr schedule moves on by one step. Returns the first-order entropy prediction of the step's losses (``diagnostics.quadrants``)."""
         t, stats_kw = self.cfg.trainer, self._stats_kwargs()
         rows_per_chunk = int(t.micro_batch_responses)
         prediction = EntropyPrediction() if self.cfg.diagnostics.quadrants else None
@@ -306,9 +244,15 @@ class GRPOTrainer:
                 loss_metrics["loss/objective"].append(objective)   # the mini-batch loss minimised
                 grad_norms.append(distributed.clip_grad_norm(self.model, float(t.grad_clip)))
                 self.optimizer.step()
+        self._advance_schedule(metrics)
         metrics.update({k: float(np.nanmean(v)) for k, v in loss_metrics.items()})
         metrics["grad_norm"] = float(np.mean(grad_norms))
         return prediction
+
+    def _advance_schedule(self, metrics: dict) -> None:
+        """Log the lr this step used (``lr``) and move the schedule on by one training step."""
+        metrics["lr"] = float(self.scheduler.get_last_lr()[0])
+        self.scheduler.step()
 
     # -- validation -------------------------------------------------------------------------
     @torch.no_grad()

@@ -9,19 +9,32 @@ tokens), and measure the realised entropy change on a fixed held-out probe batch
 small step because a reused Adam state or a large step breaks the first-order picture (measured on the earlier toy lab, see the README lab section).
 
     entropyrl lab --experiment quadrants --seeds 0,1,2
+
+In a sweep it is the job kind ``quadrant_probe`` (``QuadrantJob``, the lab ablation's ``quadrants``
+variant): one job per seed, writing ``<output_dir>/quadrants.json``.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
+from omegaconf import DictConfig, open_dict
 
 from ...conf import compose
+from ...rollout.base import build_rollout
+from ...trainers import components
+from ...trainers.collect import collect_rollouts
+from ...trainers.parallel import distributed
 from ...trainers.stats.diagnostics import QUADRANTS, quadrant_ids
 from ...trainers.stats.policy_stats import batch_token_stats, response_token_stats
 from ...trainers.stats.probe import ProbeBatch
-from ...trainers.trainer import GRPOTrainer
+from ..jobs import TrainJob
 
-__all__ = ["quadrant_sign_experiment"]
+__all__ = ["quadrant_sign_experiment", "QuadrantJob", "RESULT_FILE"]
+
+RESULT_FILE = "quadrants.json"
 
 
 def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=print) -> dict[str, list[float]]:
@@ -29,26 +42,30 @@ def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=pr
 
     ``cfg``: a composed ``train`` config (the model, task and batch size to use).
     """
-    trainer = GRPOTrainer(cfg, log=log)
+    dist = distributed.setup(cfg.trainer)         # one process: this rank's device, no process group
+    components.seed_everything(int(cfg.trainer.seed))
+    model, tokenizer = components.build_policy(cfg, dist, log=log)   # only what the experiment uses:
+    source = components.build_source(cfg, tokenizer)                 # no output folder, tracking or optimizer
+    algo = components.build_algorithm(cfg)
+    engine = build_rollout(cfg.rollout, model, tokenizer)
     try:
-        model = trainer.model
-        kw = trainer._stats_kwargs()
+        kw = components.stats_kwargs(cfg)
         rows = int(cfg.trainer.micro_batch_responses)
-        probe = ProbeBatch(trainer.source.validation(int(cfg.diagnostics.get("probe_prompts", 32))),
-                           trainer.source.prompt, trainer.rollout,
+        probe = ProbeBatch(source.validation(int(cfg.diagnostics.get("probe_prompts", 32))), source.prompt, engine,
                            lambda m, r: batch_token_stats(m, r, rows, **kw), int(cfg.diagnostics.get("probe_responses", 4)))
         start = {k: v.detach().clone() for k, v in model.state_dict().items()}
         h0 = probe.entropy(model)
         out: dict[str, list[float]] = {q: [] for q in QUADRANTS}
         for b in range(batches):
-            trainer.step = 10_000 + b          # fresh prompts, apart from the training stream
-            batch, _m = trainer.collect()
+            # fresh prompts, apart from the training stream (steps 10_000 + b)
+            batch, _m = collect_rollouts(cfg, source=source, rollout=engine, algo=algo, dist=dist,
+                                         pad_token_id=tokenizer.pad_token_id, step=10_000 + b)
             if batch is None:
                 continue
             roll, rewards, group_ids = batch.responses, batch.rewards, batch.group_ids
-            mask = roll.response_mask.to(trainer.device).float()
+            mask = roll.response_mask.to(dist.device).float()
             old_logp, entropy = batch_token_stats(model, roll, rows, **kw)
-            adv = trainer.algo.advantages(rewards.to(trainer.device), group_ids.to(trainer.device), mask)
+            adv = algo.advantages(rewards.to(dist.device), group_ids.to(dist.device), mask)
             ids = quadrant_ids(old_logp, entropy, adv, mask)
             n_valid = mask.sum().clamp(min=1.0)
             for i, q in enumerate(QUADRANTS, start=1):
@@ -72,15 +89,30 @@ def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=pr
         model.load_state_dict(start)
         return out
     finally:
-        trainer.close()
+        close = getattr(engine, "close", None)   # an engine that runs apart (vLLM)
+        if close is not None:
+            close()
+        distributed.cleanup(dist)
+
+
+class QuadrantJob(TrainJob):
+    """The sweep job kind ``quadrant_probe``: the experiment from the job's training config
+    (tracking off: it trains nothing), ``params.batches`` batches, its result in
+    ``<output_dir>/quadrants.json``."""
+
+    def run(self, cfg: DictConfig) -> dict:
+        batches = int((self.spec.get("extra") or {}).get("params", {}).get("batches", 20))
+        with open_dict(cfg):
+            cfg.tracking.enabled = False
+        torch.set_num_threads(int(cfg.trainer.threads) or 1)
+        result = quadrant_sign_experiment(cfg, batches=batches, log=self._log)
+        (self.output_dir / RESULT_FILE).write_text(json.dumps(result))
+        return {"status": "FINISHED", "steps": batches}
 
 
 def main(argv: list[str]) -> None:
-    """``python -m entropyrl.sweeps.lab.quadrant_probe OUT.json BATCHES key=value...`` (``entropyrl lab`` runs this)."""
-    import json
-    from pathlib import Path
-
-
+    """``python -m entropyrl.sweeps.lab.quadrant_probe OUT.json BATCHES key=value...`` (the
+    experiment alone, outside a sweep)."""
     out, batches, overrides = Path(argv[0]), int(argv[1]), argv[2:]
     cfg = compose("train", overrides)
     torch.set_num_threads(int(cfg.trainer.threads) or 1)

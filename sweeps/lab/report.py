@@ -18,30 +18,25 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ...trainers.run.regime import entropy_flags, findings_cell, prediction_fit, regime_warnings  # noqa: E402
+from ..aggregate import seed_band  # noqa: E402
 from .claims import THEORY, entropy_ends, final_value  # noqa: E402
 
 __all__ = ["plot_band", "variant_table", "write_lab_outputs"]
 
 
-def _curve(rows: list[dict], key: str) -> dict[int, float]:
-    return {int(r["step"]): float(r[key]) for r in rows
-            if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])}
-
-
 def plot_band(runs: dict[str, dict[int, list[dict]]], key: str, path: Path, ylabel: str, title: str = "",
               variants: list[str] | None = None) -> Path | None:
-    """Mean over seeds (line) and min-max over seeds (band) of ``key`` per variant."""
+    """Mean over seeds (line) and min-max over seeds (band) of ``key`` per variant
+    (``sweeps.aggregate.seed_band``: a step counts the seeds that logged it)."""
     fig, ax = plt.subplots(figsize=(7, 4))
     drawn = False
     for name in list(runs) if variants is None else variants:
-        curves = [_curve(rows, key) for rows in (runs.get(name) or {}).values()]
-        steps = sorted(set.intersection(*[set(c) for c in curves])) if curves and all(curves) else []
-        if not steps:
+        b = seed_band((runs.get(name) or {}).values(), key)
+        if b is None:
             continue
-        vals = np.array([[c[s] for s in steps] for c in curves])
-        line, = ax.plot(steps, vals.mean(0), lw=1.6, label=f"{name} (n={len(curves)})",
-                        marker="o" if len(steps) < 12 else None, ms=3)
-        ax.fill_between(steps, vals.min(0), vals.max(0), color=line.get_color(), alpha=0.18, lw=0)
+        line, = ax.plot(b["steps"], b["mean"], lw=1.6, label=f"{name} (n={b['seeds']})",
+                        marker="o" if len(b["steps"]) < 12 else None, ms=3)
+        ax.fill_between(b["steps"], b["lo"], b["hi"], color=line.get_color(), alpha=0.18, lw=0)
         drawn = True
     if not drawn:
         plt.close(fig)

@@ -210,11 +210,8 @@ def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) ->
                                           "pearson_r_detrended_base": base["pearson_r_detrended"]})
     if tracker is not None and getattr(tracker, "enabled", False) and getattr(tracker, "run_id", None):
         try:
-            import mlflow
-
-            client = mlflow.MlflowClient(tracking_uri=tracker.uri)
-            client.set_tag(tracker.run_id, "entropyrl.warnings", ",".join(w["id"] for w in warnings) or "none")
-            client.set_tag(tracker.run_id, "entropyrl.flags", ",".join(f["id"] for f in flags) or "none")
+            tracker.set_tags({"entropyrl.warnings": ",".join(w["id"] for w in warnings) or "none",
+                              "entropyrl.flags": ",".join(f["id"] for f in flags) or "none"})
         except Exception as exc:  # noqa: BLE001 - a tag is not worth losing the summary over
             log(f"could not tag the MLflow run: {str(exc).splitlines()[0]}")
     return out

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from ...core.errors import UserError
 from ...core.files import atomic_write_text  # noqa: F401  (re-exported for callers of run_dir)
+from ...core.validation import RENAMED
 from . import checkpoint as ckpt
 
 #: Keys (or key prefixes ending in '.') that may change between a run and its resumption: how long
@@ -32,6 +33,11 @@ RESUMABLE_CHANGES = (
     "trainer.device", "trainer.val_every", "trainer.save_every", "trainer.keep_checkpoints",
     "val.", "diagnostics.", "tracking.", "launcher.",     # launcher.: configs saved when train had that group
 )
+
+#: What runs saved before the ``optim`` section did for the keys that did not exist yet (their
+#: ``trainer.lr``/``weight_decay``/``betas`` moved as ``core.validation.RENAMED`` says): AdamW at a
+#: constant lr.
+FORMER_OPTIM = {"name": "adamw", "scheduler": "constant", "warmup_steps": 0}
 
 #: What a run writes at the top of its folder besides ``checkpoints/`` (overwrite deletes these).
 RUN_FILES = ("metrics.jsonl", "tracking.json", "summary.json", "curves.png", "config.yaml")
@@ -101,6 +107,29 @@ def config_differences(saved: dict, requested: dict) -> list[tuple[str, Any, Any
             if not _resumable(k) and a.get(k, absent) != b.get(k, absent)]
 
 
+def upgrade_saved_config(saved: dict, requested: dict) -> dict:
+    """A saved ``config.yaml`` (plain dict) in today's keys: a run saved before the ``optim``
+    section has its ``trainer.lr``/``weight_decay``/``betas`` moved there, and the keys it lacked set
+    to what it ran with (AdamW, constant lr, no warmup; ``min_lr_ratio``, unused at a constant lr,
+    as requested), so it still resumes with the same settings."""
+    trainer = saved.get("trainer")
+    if not isinstance(trainer, dict) or not any(old.split(".", 1)[1] in trainer for old in RENAMED):
+        return saved
+    upgraded = {**saved, "trainer": dict(trainer)}
+    optim = dict(upgraded.get("optim") or {})
+    for old, new in RENAMED.items():
+        leaf = old.split(".", 1)[1]
+        if leaf in upgraded["trainer"]:
+            optim.setdefault(new.split(".", 1)[1], upgraded["trainer"].pop(leaf))
+    for key, value in FORMER_OPTIM.items():
+        optim.setdefault(key, value)
+    wanted = requested.get("optim") if isinstance(requested.get("optim"), dict) else {}
+    if "min_lr_ratio" in wanted:
+        optim.setdefault("min_lr_ratio", wanted["min_lr_ratio"])
+    upgraded["optim"] = optim
+    return upgraded
+
+
 def _fmt(v: Any) -> str:
     return json.dumps(v) if isinstance(v, (list, dict, bool)) or v is None else str(v)
 
@@ -127,7 +156,7 @@ def check_output_dir(cfg) -> str:
         raise UserError(f"trainer.resume={mode} is not allowed: it must be one of auto, never, overwrite")
     if folder.saved_config is not None:
         requested = OmegaConf.to_container(cfg, resolve=True)
-        diffs = config_differences(folder.saved_config, requested)
+        diffs = config_differences(upgrade_saved_config(folder.saved_config, requested), requested)
         if diffs:
             shown = "; ".join(f"{k}: {_fmt(old)} -> {_fmt(new)}" for k, old, new in diffs[:8])
             more = f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else ""

@@ -1,0 +1,27 @@
+"""The kinds of job a sweep can run, by name: a variant of an ablation says ``kind: <name>``
+(default ``train``). Each kind is a ``jobs.TrainJob`` subclass overriding ``run(cfg)``; the
+sweep plans, submits, follows, resumes and tracks every kind alike (``job.json``, ``train.log``).
+
+- ``train``: ``entropyrl train <overrides>`` (``jobs.TrainJob``);
+- ``quadrant_probe``: the lab's quadrant sign experiment (``lab/quadrant_probe.QuadrantJob``).
+"""
+
+from __future__ import annotations
+
+from ..core.errors import UserError
+from .jobs import TRAIN_KIND, TrainJob
+from .lab.quadrant_probe import QuadrantJob
+
+JOB_KINDS: dict[str, type[TrainJob]] = {TRAIN_KIND: TrainJob, "quadrant_probe": QuadrantJob}
+
+
+def register_job_kind(name: str, job_class: type[TrainJob]) -> None:
+    """Let ablation variants say ``kind: <name>``."""
+    JOB_KINDS[name] = job_class
+
+
+def job_class(kind: str) -> type[TrainJob]:
+    try:
+        return JOB_KINDS[kind]
+    except KeyError:
+        raise UserError(f"unknown job kind '{kind}' in the ablation; known kinds: {', '.join(sorted(JOB_KINDS))}") from None

@@ -1,0 +1,103 @@
+"""The pieces a training run is made of, each built on its own from a composed ``train`` config.
+
+``GRPOTrainer.__init__`` (trainers/trainer.py) sets them up one by one, in this order; anything
+that needs only some of them (the lab's quadrant experiment, a test) builds those alone, without
+a trainer, an output folder, an MLflow check or an optimizer:
+
+    check_batches(cfg, dist); check_tracking(cfg)      # refuse a bad run before loading a model
+    seed_everything(cfg.trainer.seed)
+    model, tokenizer = build_policy(cfg, dist)          # the policy, on its device, FSDP-wrapped
+    source = build_source(cfg, tokenizer)               # prompts and their verifiable rewards
+    algo = build_algorithm(cfg)                         # advantages, loss, interventions
+    ref_model = build_reference(cfg, dist)              # when the algorithm needs one (KL)
+    optimizer = build_optimizer(model.parameters(), cfg.optim)       # trainers/optim.py
+    scheduler = build_scheduler(optimizer, cfg.optim, total_steps)
+    rollout = build_rollout(cfg.rollout, model, tokenizer)           # rollout/base.py
+    tracker = build_tracker(cfg, output_dir, dist)      # MLflow + metrics.jsonl on rank 0
+
+``collect_rollouts`` (trainers/collect.py) samples and scores one batch from the source, rollout
+engine and algorithm.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..core.errors import UserError
+from ..core.mlflow_store import resolve_uri
+from ..core.tracking import RunTracker, check_reachable
+from ..models.loading import load_policy
+from .algos.algorithm import Algorithm
+from .data.prompts_source import build_prompt_source
+from .parallel import distributed
+
+__all__ = ["check_batches", "check_tracking", "seed_everything", "build_policy", "build_source",
+           "build_algorithm", "build_reference", "build_tracker", "stats_kwargs"]
+
+
+def check_batches(cfg, dist) -> None:
+    """``UserError`` when the batch sizes cannot be split into mini-batches and ranks."""
+    t = cfg.trainer
+    if t.prompts_per_step % t.mini_batch_prompts:
+        raise UserError(f"trainer.prompts_per_step ({t.prompts_per_step}) must be a multiple of "
+                        f"trainer.mini_batch_prompts ({t.mini_batch_prompts})")
+    distributed.check_batch_sizes(t, dist)
+
+
+def check_tracking(cfg) -> None:
+    """``UserError`` when tracking is on and its store cannot be reached: before minutes of model
+    loading, not after."""
+    if cfg.tracking.get("enabled", True):
+        check_reachable(resolve_uri(cfg.tracking))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _on_device(model, cfg, dist, *, trainable: bool):
+    model.to(dist.device)
+    if not trainable:
+        model.eval().requires_grad_(False)
+    return distributed.prepare_model(model, cfg.trainer, dist, trainable=trainable)   # FSDP2 / checkpointing
+
+
+def build_policy(cfg, dist, log=print):
+    """``(model, tokenizer)``: the policy on this rank's device, sharded under FSDP."""
+    model, tokenizer = load_policy(cfg.model, cfg.data, log=log)
+    model.to(dist.device)
+    model.config.use_cache = True
+    return distributed.prepare_model(model, cfg.trainer, dist), tokenizer
+
+
+def build_reference(cfg, dist, log=print):
+    """A frozen copy of the starting policy (the KL reference), on this rank's device."""
+    model, _ = load_policy(cfg.model, cfg.data, log=log)
+    return _on_device(model, cfg, dist, trainable=False)
+
+
+def build_source(cfg, tokenizer):
+    """The prompt source of ``cfg.data``: training prompts, held-out prompts, rewards."""
+    return build_prompt_source(cfg.data, int(cfg.trainer.seed), tokenizer=tokenizer)
+
+
+def build_algorithm(cfg) -> Algorithm:
+    """The algorithm of a ``train`` config (``Algorithm.from_train_config``: ``algo.*``, with
+    ``rollout.tis.enabled`` also the truncated-IS intervention); checks every value."""
+    return Algorithm.from_train_config(cfg)
+
+
+def build_tracker(cfg, output_dir: Path, dist, log=print):
+    """MLflow + metrics.jsonl on the main rank; a tracker that does nothing on the others."""
+    return RunTracker(cfg.tracking, Path(output_dir), log=log) if dist.is_main else distributed.NullTracker()
+
+
+def stats_kwargs(cfg) -> dict:
+    """Keyword arguments of the token statistics (``stats/policy_stats.py``) for this config."""
+    return dict(temperature=float(cfg.rollout.temperature), chunk_size=int(cfg.trainer.token_chunk_size))
