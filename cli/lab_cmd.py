@@ -2,6 +2,7 @@
 
     entropyrl lab                                        # every lab variant x seeds 0,1,2 + quadrant experiment
     entropyrl lab --algos grpo,stare --seeds 0,1         # a subset
+    entropyrl lab --algos all                            # also issue 22's methods (ce_gppo, gspo, ...)
     entropyrl lab --experiment quadrants --seeds 0       # only the quadrant sign experiment
     entropyrl lab trainer.total_steps=40                 # overrides apply to every run
 
@@ -30,6 +31,10 @@ from ..sweeps.ablation import variants_of
 # the default --algos (`make lab`); any training variant of conf/ablation/lab.yaml may be named
 VARIANTS = ("grpo", "stare", "steer", "clip_cov", "kl_cov", "sample_reweight", "high_entropy_mask",
             "grpo_extreme", "steer_extreme")
+# issue 22's methods: in the lab with --algos all (the default set keeps `make lab` at ~30 min)
+NEW_VARIANTS = ("ce_gppo", "entropic", "aent", "siren", "archer", "entropy_adv", "gtpo", "lp_reg",
+                "gspo", "gmpo", "cispo", "sapo")
+ALL_VARIANTS = VARIANTS + NEW_VARIANTS
 EXPERIMENTS = ("all", "claims", "quadrants")
 QUADRANTS = "quadrants"          # the lab ablation's quadrant-experiment variant
 
@@ -70,7 +75,8 @@ def register(app: typer.Typer) -> None:
     )
     def lab(
         overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides for every run"),
-        algos: str = typer.Option(",".join(VARIANTS), help="comma-separated lab variants (experiment=lab_<name>)"),
+        algos: str = typer.Option(",".join(VARIANTS), help="comma-separated lab variants (experiment=lab_<name>), "
+                                                            "or 'all' (every training variant of the lab ablation)"),
         seeds: str = typer.Option("0,1,2", help="comma-separated training seeds"),
         experiment: str = typer.Option("all", help="all | claims (training runs) | quadrants (sign experiment only)"),
         quadrant_batches: int = typer.Option(20, help="batches of the quadrant sign experiment (per seed)"),
@@ -95,8 +101,10 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--jobs must be >= 1, got {jobs}")
         if quadrant_batches < 1:
             raise UserError(f"--quadrant-batches must be >= 1, got {quadrant_batches}")
-        names = [a.strip() for a in algos.split(",") if a.strip()] if experiment != "quadrants" else []
         valid = lab_variants()
+        if algos.strip() == "all":
+            algos = ",".join(valid)
+        names = [a.strip() for a in algos.split(",") if a.strip()] if experiment != "quadrants" else []
         unknown = [n for n in names if n not in valid]
         if unknown:
             raise UserError(f"unknown lab variant '{unknown[0]}'; valid: {', '.join(valid)}")

@@ -21,7 +21,18 @@ INTERVENTION_KEYS = {
     "kl_cov": ["kl_cov/frac"],
     "entropy_bonus": ["entropy_bonus/coef"],
     "adaptive_entropy": ["entropy_bonus/coef"],
+    # issue 22: each method logs its state (what it selected, its weights or coefficient)
+    "ce_gppo": ["ce_gppo/low_frac", "ce_gppo/high_frac", "ce_gppo/beta1"],
+    "entropic": ["entropic/alpha", "entropic/integral", "entropic/pos_high_frac"],
+    "aent": ["aent/coef", "aent/clamped_entropy", "loss/aent"],
+    "siren": ["siren/anchor", "siren/regulated_entropy", "loss/siren"],
+    "archer": ["archer/high_frac", "archer/kl_low", "loss/archer_kl"],
+    "entropy_adv": ["entropy_adv/psi_mean", "entropy_adv/alpha"],
+    "gtpo": ["gtpo/share_max"],
+    "lp_reg": ["lp_reg/frac", "loss/lp_reg"],
 }
+NEW_METHODS = ["ce_gppo", "entropic", "aent", "siren", "archer", "entropy_adv", "gtpo", "lp_reg",
+               "gspo", "gmpo", "cispo", "sapo"]
 SHORT = ["trainer.total_steps=2", "trainer.prompts_per_step=8", "trainer.mini_batch_prompts=4",
          "trainer.val_every=0", "trainer.save_every=0", "trainer.progress=false", "tracking.enabled=false"]
 
@@ -45,6 +56,21 @@ def test_every_algo_runs_and_logs_its_metrics(algo, in_tmp):
         # shares are over all valid tokens; tokens of all-equal groups (A = 0) belong to no quadrant
         shares = sum(row[f"quadrant/q{q}/share"] for q in range(1, 5))
         assert 0.0 <= shares <= 1.0 + 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", NEW_METHODS)
+def test_new_methods_train_on_the_lab_task(method, in_tmp):
+    """Issue 22: every method trains on the lab task (experiment=lab_<method>, countdown) and logs its state."""
+    # a 40-step warm start (the lab's is 1000, a cold build of minutes): one small cached model for all methods
+    cfg = compose("train", [f"experiment=lab_{method}", *SHORT, "trainer.total_steps=2", "val.prompts=0",
+                            "model.warm_start.steps=40", "diagnostics.entropy_change=false", "output_dir=run"])
+    summary = train(cfg, log=lambda *_: None)
+    assert summary["status"] == "FINISHED" and summary["steps"] == 2
+    assert cfg.algo.name == method
+    for row in rows(in_tmp / "run"):
+        for key in ["entropy", "loss/policy", *INTERVENTION_KEYS.get(method, [])]:
+            assert row.get(key) is not None and math.isfinite(row[key]), (method, key)
 
 
 @pytest.mark.slow

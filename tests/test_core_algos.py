@@ -312,7 +312,9 @@ def test_every_algo_option_composes_and_builds():
         assert a.name == name
         a.begin_step(0.1)
         ent = b["entropy"].clone().requires_grad_(a.needs_entropy_grad)
-        out = a.loss(**{**b, "entropy": ent}, ref_logp=b["old_logp"] if a.needs_ref else None)
+        # full-distribution statistics (AEnt, SIREN, Lp-Reg) come from the loop as extras
+        extras = {k: b["entropy"].detach().clone().requires_grad_(True) for k in a.vocab_stats()}
+        out = a.loss(**{**b, "entropy": ent}, ref_logp=b["old_logp"] if a.needs_ref else None, extras=extras)
         assert torch.isfinite(out.loss)
     over = compose("train", ["algo=stare", "algo.stare.p=0.2", "algo.interventions=[stare,entropy_bonus]"])
     a = Algorithm.from_config(over.algo, max_response_length=8)

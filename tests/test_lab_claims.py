@@ -186,7 +186,9 @@ def test_pass_metrics_from_scores():
 
 
 @pytest.mark.parametrize("variant", ["grpo", "stare", "steer", "clip_cov", "kl_cov", "sample_reweight",
-                                     "high_entropy_mask", "grpo_extreme", "steer_extreme"])
+                                     "high_entropy_mask", "grpo_extreme", "steer_extreme",
+                                     "ce_gppo", "entropic", "aent", "siren", "archer", "entropy_adv", "gtpo",
+                                     "lp_reg", "gspo", "gmpo", "cispo", "sapo"])
 def test_lab_presets_state_every_deviation(variant):
     cfg = compose("train", [f"experiment=lab_{variant}"])
     assert cfg.data.name == "countdown" and cfg.val.pass_k == 8 and cfg.diagnostics.entropy_change

@@ -199,7 +199,7 @@ class GRPOTrainer:
         sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
         self.algo.begin_step(sampling_entropy)
         rewards, group_ids = batch.rewards.to(self.device), batch.group_ids.to(self.device)
-        advantages = self.algo.advantages(rewards, group_ids, mask)
+        advantages = self.algo.advantages(rewards, group_ids, mask, entropy=entropy)
         metrics["entropy"] = sampling_entropy
         if self.cfg.diagnostics.quadrants:
             metrics.update(quadrant_metrics(old_logp, old_logp, entropy, advantages, mask))
@@ -230,9 +230,10 @@ class GRPOTrainer:
                 objective = 0.0
                 for u_start in range(0, len(mini), rows_per_chunk):
                     micro = mini[torch.arange(u_start, min(u_start + rows_per_chunk, len(mini)))]
-                    logp, ent = response_token_stats(self.model, micro.responses,
-                                                     entropy_grad=self.algo.needs_entropy_grad, **stats_kw)
-                    out = self.algo.micro_loss(micro, logp=logp, entropy=ent)
+                    logp, ent, *vocab = response_token_stats(self.model, micro.responses,
+                                                             entropy_grad=self.algo.needs_entropy_grad,
+                                                             vocab_stats=self.algo.vocab_stats(), **stats_kw)
+                    out = self.algo.micro_loss(micro, logp=logp, entropy=ent, vocab=vocab[0] if vocab else None)
                     self.algo.after_loss()
                     if prediction is not None:   # reads the graph: before the backward frees it
                         prediction.add(out)

@@ -35,7 +35,7 @@ from ...conf import intervention_names
 from ...core.errors import UserError
 from ...core.validation import BOOL, NONNEG, POS_INT, Rule, check_value, integer, number
 from ..interventions import INTERVENTIONS, Intervention, LossContext, TokenBatch, build_intervention, intervention_params
-from . import core_algos
+from . import core_algos, objectives
 from .step_batch import StepBatch
 
 __all__ = ["Algorithm", "LossOutput", "ALGO_KEYS", "tracked_config"]
@@ -107,6 +107,14 @@ def _registered(cfg: dict, key: str, registry, default: str) -> str:
     return value
 
 
+def _objective_args(v) -> dict:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise UserError(f"algo.objective_args must be a mapping, e.g. {{tau_pos: 1.0}}; got {v!r}")
+    return dict(v)
+
+
 class Algorithm:
     """Advantage estimator + clipped surrogate + aggregation + KL + interventions, from config.
 
@@ -118,7 +126,10 @@ class Algorithm:
                  loss_agg_norm: float | None = None, kl_coef: float = 0.0,
                  interventions: list[Intervention] | None = None, dynamic_sampling: bool = False,
                  max_num_gen_batches: int = 10, overlong: bool = False, overlong_buffer: int = 0,
-                 max_response_length: int = 1):
+                 max_response_length: int = 1, objective: str = "ppo_clip",
+                 objective_args: dict | None = None):
+        self.objective = str(objective)
+        self.objective_args = objectives.check_objective_args(self.objective, dict(objective_args or {}))
         self.name = name
         self.advantage_name = advantage
         self.eps_low, self.eps_high, self.dual_c = float(eps_low), float(eps_high), dual_c
@@ -201,6 +212,8 @@ class Algorithm:
             overlong=overlong,
             overlong_buffer=int(buffer),
             max_response_length=int(max_response_length),
+            objective=str(cfg.get("objective") or "ppo_clip"),
+            objective_args=_objective_args(cfg.get("objective_args")),
         )
 
     @classmethod
@@ -220,10 +233,18 @@ class Algorithm:
         """True when the loss differentiates the entropy (entropy_bonus / adaptive_entropy)."""
         return any(iv.needs_entropy_grad for iv in self.interventions)
 
+    def vocab_stats(self) -> dict:
+        """``{key: (name, params)}``: the full-distribution statistics the interventions read from
+        ``extras[key]`` (trainers/stats/vocab_stats.py); empty for every other algorithm."""
+        out: dict = {}
+        for iv in self.interventions:
+            out.update(iv.vocab_stats())
+        return out
+
     @property
     def needs_ref(self) -> bool:
         """True when the loss has a KL term to the reference policy (loop passes ``ref_logp``)."""
-        return self.kl_coef > 0.0
+        return self.kl_coef > 0.0 or any(getattr(iv, "needs_ref", False) for iv in self.interventions)
 
     @property
     def intervention_names(self) -> list[str]:
@@ -245,9 +266,17 @@ class Algorithm:
         return core_algos.filter_all_equal_groups(rewards, group_ids)
 
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor,
-                   response_mask: torch.Tensor) -> torch.Tensor:
-        """Token-level advantages ``[B, T]`` (0 on masked tokens)."""
-        return core_algos.compute_advantages(self.advantage_name, rewards, group_ids, response_mask)
+                   response_mask: torch.Tensor, entropy: torch.Tensor | None = None) -> torch.Tensor:
+        """Token-level advantages ``[B, T]`` (0 on masked tokens); interventions that shape advantages
+        (``shape_advantages``, e.g. GTPO) then apply, with the sampling ``entropy [B, T]``."""
+        adv = core_algos.compute_advantages(self.advantage_name, rewards, group_ids, response_mask)
+        for iv in self.interventions:
+            shape = getattr(iv, "shape_advantages", None)
+            if shape is not None:
+                if entropy is None:
+                    raise ValueError(f"{iv.name} shapes advantages by entropy: pass advantages(..., entropy=...)")
+                adv = shape(adv, entropy, group_ids, response_mask)
+        return adv
 
     # ------------------------------------------------------------------ step control
     def begin_step(self, sampling_entropy: float) -> None:
@@ -278,11 +307,13 @@ class Algorithm:
         return batch.with_(selections={**batch.selections, **made}) if made else batch
 
     # ------------------------------------------------------------------ the loss
-    def micro_loss(self, batch: StepBatch, *, logp: torch.Tensor, entropy: torch.Tensor) -> LossOutput:
+    def micro_loss(self, batch: StepBatch, *, logp: torch.Tensor, entropy: torch.Tensor,
+                   vocab: dict[str, torch.Tensor] | None = None) -> LossOutput:
         """``loss`` of a micro-batch of the step batch; ``logp``/``entropy`` ``[b, T]``: the policy
-        being updated (``logp`` with gradient)."""
+        being updated (``logp`` with gradient); ``vocab``: the full-distribution statistics of this
+        micro-batch that interventions asked for (``vocab_stats``), read from ``ctx.extras``."""
         return self.loss(logp=logp, old_logp=batch.old_logp, entropy=entropy, advantages=batch.advantages,
-                         mask=batch.mask, ref_logp=batch.ref_logp, extras=batch.selections,
+                         mask=batch.mask, ref_logp=batch.ref_logp, extras={**batch.selections, **(vocab or {})},
                          sampling_entropy=batch.entropy, sampler_logp=batch.sampler_logp)
 
     def loss(self, *, logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor,
@@ -300,14 +331,14 @@ class Algorithm:
         for nm, t in (("old_logp", old_logp), ("entropy", entropy), ("advantages", advantages), ("mask", mask)):
             if t.shape != shape:
                 raise ValueError(f"{nm} has shape {tuple(t.shape)}, expected {tuple(shape)} like logp")
-        surr = core_algos.clipped_surrogate(logp, old_logp, advantages, eps_low=self.eps_low,
-                                            eps_high=self.eps_high, dual_c=self.dual_c)
+        surr = self._surrogate(logp, old_logp, advantages, mask)
         ctx = LossContext(logp=logp, old_logp=old_logp, entropy=entropy, advantages=advantages, mask=mask,
                           surrogate=surr, pg_loss=surr.loss, clipped=surr.clipped, pg_mask=mask,
                           dual_clipped=surr.dual_clipped, loss_agg=self.loss_agg,
                           loss_agg_norm=self.loss_agg_norm, extras=dict(extras or {}),
                           sampling_entropy=None if sampling_entropy is None else sampling_entropy.detach(),
-                          sampler_logp=sampler_logp)
+                          sampler_logp=sampler_logp, eps_low=self.eps_low, eps_high=self.eps_high,
+                          dual_c=self.dual_c, ref_logp=ref_logp, surrogate_fn=self._surrogate)
         for iv in self.interventions:
             iv.apply(ctx)
         # Multiply only when some intervention set weights: omega = 1 must stay bit-identical.
@@ -343,6 +374,14 @@ class Algorithm:
         """After each micro-batch loss of the loop: the interventions advance their per-loss state."""
         for iv in self.interventions:
             iv.after_loss()
+
+    def _surrogate(self, logp, old_logp, advantages, mask) -> core_algos.SurrogateOutput:
+        """The configured policy objective's per-token pieces (``ppo_clip``: the clipped surrogate)."""
+        if self.objective == "ppo_clip":
+            return core_algos.clipped_surrogate(logp, old_logp, advantages, eps_low=self.eps_low,
+                                                eps_high=self.eps_high, dual_c=self.dual_c)
+        return objectives.policy_objective(self.objective, logp, old_logp, advantages, mask, eps_low=self.eps_low,
+                                           eps_high=self.eps_high, dual_c=self.dual_c, **self.objective_args)
 
     # ------------------------------------------------------------------ state
     def step_metrics(self) -> dict[str, float]:

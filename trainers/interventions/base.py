@@ -84,11 +84,25 @@ class LossContext:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)      # selections (Algorithm.select)
     sampling_entropy: torch.Tensor | None = None  # [b, T] the sampling policy's entropy (no grad)
     sampler_logp: torch.Tensor | None = None      # [b, T] the rollout engine's log-probs (vLLM)
+    eps_low: float = 0.2                         # the configured clip (interventions that re-clip read it)
+    eps_high: float = 0.2
+    dual_c: float | None = 3.0
+    ref_logp: torch.Tensor | None = None         # the reference policy (when Algorithm.needs_ref)
+    surrogate_fn: Any = None                     # (logp, old_logp, advantages, mask) -> SurrogateOutput
 
     def scale(self, w: torch.Tensor) -> None:
         """Multiply the token weights by ``w [b, T]`` (detached: weights never carry gradient)."""
         w = w.detach().to(self.pg_loss.dtype)
         self.weights = w if self.weights is None else self.weights * w
+
+    def set_advantages(self, advantages: torch.Tensor) -> None:
+        """Replace the token advantages ``[b, T]`` (detached) and rebuild the policy loss from the
+        configured objective: for interventions that shape advantages, listed before the others."""
+        self.advantages = advantages.detach().to(self.pg_loss.dtype)
+        if self.surrogate_fn is None:
+            raise RuntimeError("LossContext.set_advantages needs surrogate_fn (Algorithm.loss sets it)")
+        surr = self.surrogate_fn(self.logp, self.old_logp, self.advantages, self.mask)
+        self.surrogate, self.pg_loss, self.clipped, self.dual_clipped = surr, surr.loss, surr.clipped, surr.dual_clipped
 
     def batch(self) -> TokenBatch:
         """Detached view for selection rules; the current ``pg_mask`` defines valid tokens, so an
@@ -105,6 +119,7 @@ class Intervention:
     #: A config path outside ``algo`` (e.g. ``"rollout.tis"``) whose ``enabled: true`` adds this
     #: intervention after the listed ones, with the section's other keys as its parameters.
     switched_on_by: ClassVar[str | None] = None
+    needs_ref: bool = False                      # the loss reads ctx.ref_logp (the loop loads the reference)
 
     @dataclass
     class Params:
@@ -115,6 +130,11 @@ class Intervention:
         self.seed = seed
         self.max_response_length = max_response_length
         self.scope: str = getattr(params, "scope", "micro")   # checked by intervention_params
+
+    def vocab_stats(self) -> dict:
+        """``{key: (name, params)}``: full-distribution statistics (``stats/vocab_stats.py``) this
+        intervention reads from ``ctx.extras[key]``; default none (the loop computes nothing more)."""
+        return {}
 
     # -- step-level control ----------------------------------------------------------------
     def begin_step(self, sampling_entropy: float) -> None:

@@ -1,14 +1,24 @@
-"""Truncated importance sampling (TIS) on the sampler/trainer mismatch.
+"""Sampler/trainer mismatch corrections: truncated IS (TIS) and its masked variants.
 
 When a separate engine samples (vLLM), its log-probs of the sampled tokens differ slightly from the
-trainer's recomputation (kernels, precision, a weight sync that lags). The policy loss of each token
-is then weighted by ``w = min(exp(old_logp - sampling_logp), C)`` (Yao et al. 2025, "Your efficient
-RL framework secretly brings you off-policy RL training"), detached. The trainer passes the
-sampler's log-probs to every loss call as the step batch's ``sampler_logp`` (``ctx.sampler_logp``);
-batches without them (the ``hf`` engine samples with the trained model itself) are left unchanged.
-``rollout.tis.enabled`` adds it after the listed interventions (``Algorithm.from_train_config``).
+trainer's recomputation (kernels, precision, a weight sync that lags). With the per-token ratio
+``r = exp(old_logp - sampling_logp)`` (trainer over sampler) the policy loss of each token is
+weighted, detached, by (``mode``):
 
-    entropyrl train rollout=vllm rollout.tis.enabled=true rollout.tis.cap=2.0
+- ``token`` (TIS, Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
+  training"): ``w = min(r, cap)``;
+- ``mis`` (masked IS, Liu et al. 2025, "When speed kills stability"): ``w = r`` where ``r <= cap``,
+  0 where it is larger (the token is dropped rather than truncated);
+- ``icepop`` (IcePop, Ring-1T / inclusionAI 2025): ``w = r`` inside ``[icepop_low, icepop_high]``,
+  0 outside (two-sided mask);
+- ``seq_mask`` (geometric sequence mask, verl's ``seq_mean_k1`` rejection): every token of a
+  response whose geometric-mean ratio ``exp(mean_t log r)`` lies outside ``[seq_low, seq_high]``
+  gets 0, the others 1.
+
+The trainer passes the sampler's log-probs to every loss call as the step batch's ``sampler_logp``;
+batches without them (the ``hf`` engine samples with the trained model itself) are left unchanged.
+
+    entropyrl train rollout=vllm rollout.tis.enabled=true rollout.tis.mode=icepop
     entropyrl train rollout=vllm algo.interventions=[stare,tis] algo.tis.cap=2.0
 """
 
@@ -20,6 +30,9 @@ import torch
 
 from ...core.errors import UserError
 from .base import Intervention, LossContext, register_intervention
+
+TIS_MODES = ("token", "mis", "icepop", "seq_mask")
+_LOG_RATIO_MAX = 20.0
 
 
 def sampler_mismatch_metrics(old_logp: torch.Tensor, sampling_logp: torch.Tensor,
@@ -40,33 +53,72 @@ def truncated_is_weight(old_logp: torch.Tensor, sampling_logp: torch.Tensor, mas
     The log-ratio is bounded above by 20 before ``exp`` so a wild token cannot overflow."""
     valid = mask.bool()
     d = old_logp.detach().float() - sampling_logp.to(old_logp.device).float()
-    ratio = torch.exp(d.clamp(max=20.0))
+    ratio = torch.exp(d.clamp(max=_LOG_RATIO_MAX))
     w = torch.clamp(ratio, max=cap) * valid
     return w.to(old_logp.dtype), (ratio > cap) & valid
 
 
+def mismatch_weight(mode: str, old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor, *,
+                    cap: float, icepop_low: float, icepop_high: float, seq_low: float, seq_high: float
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(w, corrected)``, ``[B, T]``: the detached weight of correction ``mode`` (see the module
+    docstring) on valid tokens (0 elsewhere) and the valid tokens it truncated or masked."""
+    if mode == "token":
+        return truncated_is_weight(old_logp, sampling_logp, mask, cap)
+    valid = mask.bool()
+    dt = torch.promote_types(old_logp.dtype, torch.float32)
+    d = (old_logp.detach().to(dt) - sampling_logp.to(old_logp.device, dt)).clamp(-_LOG_RATIO_MAX, _LOG_RATIO_MAX)
+    ratio = torch.exp(d)
+    if mode == "mis":
+        keep = ratio <= cap
+        w = ratio * keep
+    elif mode == "icepop":
+        keep = (ratio >= icepop_low) & (ratio <= icepop_high)
+        w = ratio * keep
+    elif mode == "seq_mask":
+        m = valid.to(d.dtype)
+        geo = torch.exp((d * m).sum(-1) / m.sum(-1).clamp(min=1.0))
+        keep = ((geo >= seq_low) & (geo <= seq_high)).unsqueeze(-1).expand_as(valid)
+        w = keep.to(d.dtype)
+    else:
+        raise UserError(f"unknown rollout.tis.mode '{mode}'; valid choices: {', '.join(TIS_MODES)}")
+    return (w * valid).to(old_logp.dtype), ~keep & valid
+
+
 @register_intervention("tis")
 class TruncatedIS(Intervention):
-    """Weights each token's policy loss by the truncated sampler/trainer importance ratio."""
+    """Weights each token's policy loss by a sampler/trainer mismatch correction (``mode``)."""
 
     switched_on_by = "rollout.tis"      # rollout.tis.enabled=true adds it (after algo.interventions)
 
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/tis.yaml."""
-        cap: float  # C: the ratio is truncated at this value (Yao et al. 2025 use 2)
+        cap: float  # C: the ratio is truncated (token) or masked (mis) above this value
         scope: str
+        mode: str  # token | mis | icepop | seq_mask
+        icepop_low: float  # IcePop keeps tokens with ratio in [icepop_low, icepop_high]
+        icepop_high: float
+        seq_low: float  # seq_mask keeps responses with geometric-mean ratio in [seq_low, seq_high]
+        seq_high: float
 
         def validate(self, name: str) -> None:
             if not self.cap > 0:
                 raise UserError(f"algo.{name}.cap must be > 0, got {self.cap}")
+            if self.mode not in TIS_MODES:
+                raise UserError(f"algo.{name}.mode: unknown mode '{self.mode}'; valid choices: {', '.join(TIS_MODES)}")
+            if not 0 < self.icepop_low < self.icepop_high or not 0 < self.seq_low < self.seq_high:
+                raise UserError(f"algo.{name}: need 0 < icepop_low < icepop_high and 0 < seq_low < seq_high")
 
     def apply(self, ctx: LossContext) -> None:
         sampling_logp = ctx.sampler_logp
         if sampling_logp is None:            # the trained model sampled: nothing to correct
             return
-        w, clipped = truncated_is_weight(ctx.old_logp, sampling_logp, ctx.pg_mask, float(self.params.cap))
+        p = self.params
+        w, corrected = mismatch_weight(p.mode, ctx.old_logp, sampling_logp, ctx.pg_mask, cap=float(p.cap),
+                                       icepop_low=p.icepop_low, icepop_high=p.icepop_high,
+                                       seq_low=p.seq_low, seq_high=p.seq_high)
         ctx.scale(w)
         n = ctx.pg_mask.sum().clamp(min=1)
         ctx.metrics["rollout/tis_weight_mean"] = float(w.sum() / n)
-        ctx.metrics["rollout/tis_clip_frac"] = float(clipped.sum() / n)
+        ctx.metrics["rollout/tis_clip_frac"] = float(corrected.sum() / n)

@@ -11,6 +11,7 @@ import torch
 
 from ...rollout.base import Rollout
 from .token_stats import chunked_token_stats
+from .vocab_stats import chunked_vocab_stat
 
 __all__ = ["sequence_inputs", "response_token_stats", "batch_token_stats", "masked_mean"]
 
@@ -24,8 +25,11 @@ def sequence_inputs(rollout: Rollout, device) -> dict[str, torch.Tensor]:
 
 
 def response_token_stats(model, rollout: Rollout, *, temperature: float, chunk_size: int,
-                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                         entropy_grad: bool = False, vocab_stats: dict | None = None):
     """``(logp [B,R], entropy [B,R])`` of the response tokens under ``model`` at ``temperature``.
+
+    With ``vocab_stats`` ``{key: (name, params)}`` (what ``Algorithm.vocab_stats()`` asks for) a third
+    element ``{key: [B, R]}`` holds those full-distribution statistics (``vocab_stats.py``).
 
     Log-probs and entropy come from the last hidden states and the output projection in token
     chunks (``token_stats.chunked_token_stats``), only at valid response positions, so no
@@ -45,7 +49,14 @@ def response_token_stats(model, rollout: Rollout, *, temperature: float, chunk_s
         temperature=temperature, chunk_size=chunk_size, entropy_grad=entropy_grad)
     logp = torch.zeros(mask.shape, dtype=logp_valid.dtype, device=device).masked_scatter(mask, logp_valid)
     entropy = torch.zeros(mask.shape, dtype=ent_valid.dtype, device=device).masked_scatter(mask, ent_valid)
-    return logp, entropy
+    if not vocab_stats:
+        return logp, entropy
+    extra = {}
+    for key, (name, params) in vocab_stats.items():
+        vals = chunked_vocab_stat(hidden[mask], head.weight, name, params, bias=getattr(head, "bias", None),
+                                  temperature=temperature, chunk_size=chunk_size)
+        extra[key] = torch.zeros(mask.shape, dtype=vals.dtype, device=device).masked_scatter(mask, vals)
+    return logp, entropy, extra
 
 
 @torch.no_grad()

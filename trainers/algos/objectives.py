@@ -1,0 +1,153 @@
+"""Policy objectives: the per-token surrogate a micro-batch loss starts from (docs/algorithms.md §3b).
+
+``algo.objective`` names one of ``POLICY_OBJECTIVES``; ``ppo_clip`` (the default) is
+``core_algos.clipped_surrogate`` itself, so the default path is unchanged. The others are the
+sequence-level and soft objectives of 2025, cross-checked against verl's ``core_algos.py``
+(volcengine/verl b178a3cd, ``compute_policy_loss_{gspo,geo_mean,cispo,sapo}``):
+
+- ``gspo``  (Zheng et al. 2025, 2507.18071): one importance ratio per response,
+  ``s_i = exp(mean_t (logp - old_logp))``, clipped PPO-style; the token's gradient is ``s_i`` times
+  its own log-prob gradient (``s_i,t = sg[s_i] * pi / sg[pi]``).
+- ``gmpo``  (Zhao et al. 2025, 2507.20673): the geometric mean of token ratios, each log-ratio
+  clipped to ``[-eps_low, eps_high]`` on the side the advantage's sign pushes, times the
+  response's mean advantage; one loss per response.
+- ``cispo`` (MiniMax-M1, 2506.13585): REINFORCE on ``logp`` with a detached, clipped IS weight
+  ``sg[clip(rho, 1 - eps_low, 1 + eps_high)]``: no token loses its gradient.
+- ``sapo``  (Gao et al. 2025, 2511.20347): a soft gate ``4/tau * sigmoid(tau (rho - 1))`` instead of
+  the hard clip, ``tau_pos`` for positive and ``tau_neg`` for other advantages.
+
+Every objective returns ``core_algos.SurrogateOutput`` (per-token ``[B, T]`` pieces) so the
+aggregation, the interventions and the diagnostics see the same fields. A response-level loss
+(GMPO) is written on each of the response's tokens: with ``seq-mean-token-mean`` (the presets) it
+aggregates to the mean over responses, as verl's ``torch.mean(pg_losses)``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import torch
+
+from ...core.errors import UserError
+from .core_algos import LOG_RATIO_CLAMP, SurrogateOutput, clipped_surrogate
+
+__all__ = ["POLICY_OBJECTIVES", "register_objective", "policy_objective", "check_objective_args",
+           "gspo_objective", "gmpo_objective", "cispo_objective", "sapo_objective"]
+
+GSPO_LOG_RATIO_MAX = 10.0   # verl clamps the sequence log-ratio at 10 before exp
+GMPO_EPS = 1e-8             # verl's length floor in the geometric mean
+
+# name -> fn(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_c, **args) -> SurrogateOutput
+POLICY_OBJECTIVES: dict[str, Callable[..., SurrogateOutput]] = {}
+
+
+def register_objective(name: str):
+    """Register ``fn(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_c, **args)``."""
+    def deco(fn):
+        POLICY_OBJECTIVES[name] = fn
+        return fn
+    return deco
+
+
+def _extra_args(fn) -> dict[str, object]:
+    """The objective's own keyword parameters (beyond the clip) and their defaults."""
+    sig = inspect.signature(fn)
+    skip = {"logp", "old_logp", "advantages", "mask", "eps_low", "eps_high", "dual_c"}
+    return {k: p.default for k, p in sig.parameters.items() if k not in skip}
+
+
+def check_objective_args(name: str, args: dict) -> dict:
+    """Validate ``algo.objective`` / ``algo.objective_args``; returns the args as floats."""
+    fn = POLICY_OBJECTIVES.get(name)
+    if fn is None:
+        raise UserError(f"unknown algo.objective '{name}'; valid choices: {', '.join(sorted(POLICY_OBJECTIVES))}")
+    valid = _extra_args(fn)
+    unknown = sorted(set(args) - set(valid))
+    if unknown:
+        raise UserError(f"unknown key(s) {', '.join(f'algo.objective_args.{k}' for k in unknown)} for objective "
+                        f"'{name}'; valid keys: {', '.join(valid) or '(none)'}")
+    out = {}
+    for k, v in args.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not float(v) > 0:
+            raise UserError(f"algo.objective_args.{k} must be a number > 0, got {v!r}")
+        out[k] = float(v)
+    return out
+
+
+def policy_objective(name: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                     mask: torch.Tensor, *, eps_low: float, eps_high: float, dual_c: float | None,
+                     **args) -> SurrogateOutput:
+    """The per-token surrogate of objective ``name``; all tensors ``[B, T]``."""
+    return POLICY_OBJECTIVES[name](logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high,
+                                   dual_c=dual_c, **args)
+
+
+@register_objective("ppo_clip")
+def _ppo_clip(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_c):
+    return clipped_surrogate(logp, old_logp, advantages, eps_low=eps_low, eps_high=eps_high, dual_c=dual_c)
+
+
+@register_objective("gspo")
+def gspo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+                   eps_low: float, eps_high: float, dual_c: float | None = None) -> SurrogateOutput:
+    """GSPO: ``L = max(-A s, -A clip(s, 1 - eps_low, 1 + eps_high))`` with the response ratio
+    ``s_i = exp(min(mean_valid(logp - old_logp), 10))``; each token's gradient is
+    ``s_i * d logp_t`` (the sequence ratio detached, the token's own log-prob live). No dual clip.
+    ``[B, T] -> SurrogateOutput [B, T]``."""
+    m = mask.to(logp.dtype)
+    n = m.sum(-1).clamp(min=1.0)
+    seq_log = (((logp - old_logp) * m).sum(-1) / n).detach()
+    log_s = torch.clamp(logp - logp.detach() + seq_log.unsqueeze(-1), max=GSPO_LOG_RATIO_MAX)
+    s = torch.exp(log_s)
+    l1 = -advantages * s
+    l2 = -advantages * torch.clamp(s, 1.0 - eps_low, 1.0 + eps_high)
+    loss = torch.maximum(l1, l2)
+    clipped = l2 > l1
+    return SurrogateOutput(loss, clipped, s, l1, loss, clipped, torch.zeros_like(clipped))
+
+
+@register_objective("gmpo")
+def gmpo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+                   eps_low: float, eps_high: float, dual_c: float | None = None) -> SurrogateOutput:
+    """GMPO: per response ``L_i = -mean_valid(A) * exp(mean_valid(sgn(A) min(sgn(A) d, sgn(A) clip(d, -eps_low,
+    eps_high))))`` with ``d = logp - old_logp``; ``L_i`` is written on every token of response ``i``.
+    ``clipped``: the token's log-ratio was cut (the clipped side of the min). ``[B, T] -> SurrogateOutput``."""
+    m = mask.to(logp.dtype)
+    d = logp - old_logp
+    sgn = torch.sign(advantages)
+    d_clip = torch.clamp(d, -eps_low, eps_high)
+    d_min = sgn * torch.minimum(sgn * d, sgn * d_clip)
+    n = m.sum(-1)
+    ratio_seq = torch.exp((d_min * m).sum(-1) / (n + GMPO_EPS))
+    adv_seq = (advantages * m).sum(-1) / (n + GMPO_EPS)
+    loss = (-adv_seq * ratio_seq).unsqueeze(-1).expand_as(logp)
+    clipped = (sgn * d_clip < sgn * d) & mask.bool()
+    ratio = torch.exp(torch.clamp(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return SurrogateOutput(loss, clipped, ratio, loss, loss, clipped, torch.zeros_like(clipped))
+
+
+@register_objective("cispo")
+def cispo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+                    eps_low: float, eps_high: float, dual_c: float | None = None) -> SurrogateOutput:
+    """CISPO: ``L = -sg[clip(rho, 1 - eps_low, 1 + eps_high)] * A * logp``. ``clipped`` marks tokens whose
+    weight was clipped (their gradient is kept, only its weight bounded). ``[B, T] -> SurrogateOutput``."""
+    ratio = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    w = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high).detach()
+    loss = -w * advantages * logp
+    clipped = ratio.detach() != w
+    return SurrogateOutput(loss, clipped, ratio, loss, loss, clipped, torch.zeros_like(clipped))
+
+
+@register_objective("sapo")
+def sapo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+                   eps_low: float = 0.0, eps_high: float = 0.0, dual_c: float | None = None,
+                   tau_pos: float = 1.0, tau_neg: float = 1.05) -> SurrogateOutput:
+    """SAPO: ``L = -A * 4/tau * sigmoid(tau (rho - 1))``, ``tau = tau_pos`` where ``A > 0`` else ``tau_neg``
+    (the clip range is not used: the gate decays smoothly instead). ``[B, T] -> SurrogateOutput``."""
+    ratio = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    tau = torch.where(advantages > 0, torch.full_like(advantages, tau_pos), torch.full_like(advantages, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    loss = -gate * advantages
+    none = torch.zeros_like(mask, dtype=torch.bool)
+    return SurrogateOutput(loss, none, ratio, loss, loss, none, none)

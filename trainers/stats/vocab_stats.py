@@ -1,0 +1,107 @@
+"""Opt-in per-token statistics of the full next-token distribution (docs/algorithms.md §1b).
+
+Most interventions need only the sampled token's log-prob and the entropy (``token_stats.py``).
+A few need more of the distribution: AEnt's entropy of the re-normalised top-k tokens, SIREN's
+entropy of the top-p nucleus, Lp-Reg's KL from a filtered proxy. An intervention asks for one by
+returning ``{key: (name, params)}`` from ``vocab_stats()``; the loop then computes it beside
+``logp`` and hands it to the loss as ``extras[key]`` (``[b, T]``, differentiable).
+
+Each statistic is a pure function ``fn(z [c, V], **params) -> [c]`` of the scaled logits
+``z = (h W^T + b) / temperature``, registered in ``VOCAB_STATS``. ``chunked_vocab_stat`` applies it
+``chunk_size`` tokens at a time under activation checkpointing, so only one ``[chunk, V]`` block of
+logits is alive at a time in forward and in backward (recomputed): no ``[tokens x V]`` tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["VOCAB_STATS", "register_vocab_stat", "chunked_vocab_stat", "topk_entropy", "topp_entropy",
+           "proxy_kl", "max_logp"]
+
+VOCAB_STATS: dict[str, Callable[..., torch.Tensor]] = {}
+
+
+def register_vocab_stat(name: str):
+    def deco(fn):
+        VOCAB_STATS[name] = fn
+        return fn
+    return deco
+
+
+def _entropy_of(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Entropy of ``softmax`` restricted to ``keep`` (bool, same shape) and re-normalised. ``[c, V] -> [c]``."""
+    z = logits.masked_fill(~keep, float("-inf"))
+    logq = torch.log_softmax(z, dim=-1)
+    q = logq.exp()
+    return -(q * torch.where(keep, logq, torch.zeros_like(logq))).sum(-1)
+
+
+@register_vocab_stat("topk_entropy")
+def topk_entropy(z: torch.Tensor, *, k: int) -> torch.Tensor:
+    """Entropy over the ``k`` most probable tokens, re-normalised (AEnt's clamped entropy). ``[c, V] -> [c]``."""
+    k = min(int(k), z.shape[-1])
+    idx = torch.topk(z.detach(), k, dim=-1).indices
+    keep = torch.zeros_like(z, dtype=torch.bool).scatter_(-1, idx, True)
+    return _entropy_of(z, keep)
+
+
+@register_vocab_stat("topp_entropy")
+def topp_entropy(z: torch.Tensor, *, p: float) -> torch.Tensor:
+    """Entropy over the top-p nucleus (the fewest most probable tokens whose probability reaches
+    ``p``, the token that crosses it included), re-normalised; the nucleus is chosen on detached
+    probabilities. ``[c, V] -> [c]``."""
+    probs = torch.softmax(z.detach(), dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    before = torch.cumsum(sorted_p, dim=-1) - sorted_p          # mass strictly above each token
+    keep_sorted = before < p
+    keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+    return _entropy_of(z, keep)
+
+
+@register_vocab_stat("proxy_kl")
+def proxy_kl(z: torch.Tensor, *, kappa: float) -> torch.Tensor:
+    """Lp-Reg's forward ``KL(proxy || pi)``: ``proxy`` is the detached ``pi`` with every token below
+    ``kappa * max pi`` removed (presumed noise) and re-normalised. ``[c, V] -> [c]``."""
+    logp = torch.log_softmax(z, dim=-1)
+    pd = logp.detach().exp()
+    keep = pd >= kappa * pd.amax(-1, keepdim=True)
+    proxy = torch.where(keep, pd, torch.zeros_like(pd))
+    proxy = proxy / proxy.sum(-1, keepdim=True)
+    log_proxy = torch.where(keep, proxy.clamp(min=torch.finfo(pd.dtype).tiny).log(), torch.zeros_like(pd))
+    return (proxy * (log_proxy - logp)).sum(-1)
+
+
+@register_vocab_stat("max_logp")
+def max_logp(z: torch.Tensor) -> torch.Tensor:
+    """Log-probability of the most probable token (detached). ``[c, V] -> [c]``."""
+    return torch.log_softmax(z.detach(), dim=-1).amax(-1)
+
+
+def _block(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float,
+           fn: Callable[..., torch.Tensor], params: dict) -> torch.Tensor:
+    z = torch.mm(hidden, weight.t()) if bias is None else torch.addmm(bias, hidden, weight.t())
+    if z.dtype in (torch.float16, torch.bfloat16):
+        z = z.float()
+    return fn(z / temperature, **params)
+
+
+def chunked_vocab_stat(hidden: torch.Tensor, weight: torch.Tensor, name: str, params: dict, *,
+                       bias: torch.Tensor | None = None, temperature: float = 1.0,
+                       chunk_size: int = 1024) -> torch.Tensor:
+    """Statistic ``name`` of every token's distribution: ``hidden [N, D]``, ``weight [V, D]`` -> ``[N]``,
+    differentiable w.r.t. ``hidden``/``weight``/``bias`` when grad is enabled."""
+    fn = VOCAB_STATS[name]
+    outs = []
+    for s in range(0, hidden.shape[0], chunk_size):
+        h = hidden[s: s + chunk_size]
+        if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+            outs.append(checkpoint(_block, h, weight, bias, temperature, fn, params, use_reentrant=False))
+        else:
+            outs.append(_block(h, weight, bias, temperature, fn, params))
+    if not outs:
+        return hidden.new_zeros(0, dtype=torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype)
+    return torch.cat(outs)
