@@ -8,6 +8,8 @@ The repository root is the package; its folders are its layers, and imports poin
     trainers/   the loop (trainer.py); algos/ (math), interventions/, stats/ (token statistics,
                 diagnostics), data/ (prompt sources), parallel/ (ranks, FSDP), run/ (folder,
                 checkpoints, signals, summary, plots)
+    rewards/    reward functions from config (user callables, HTTP judges, the built-in verifiers),
+                weighted, time-limited, with fallbacks; imports evals, imported by trainers
     evals/      benchmarks, runner, metrics; grading/ (math answers), code/ (sandbox)
     rollout/    the rollout engines that sample for training and eval (hf, vllm)
     models/     the embedded tiny model and ``load_policy``
@@ -22,9 +24,10 @@ other downwards only (rollout -> models -> tasks -> core).
 import sys as _sys
 
 # An editable install maps ``entropyrl`` onto the repository root, so the repository's own folders
-# that are not part of the package (the tests, the docs, the shipped data, the speed suites) would
-# import as namespace packages (``entropyrl.tests``). They are not the package's: refuse them.
-_NOT_PACKAGES = frozenset(f"{__name__}.{name}" for name in ("tests", "docs", "data", "perf", "build", "outputs"))
+# that are not part of the package (the tests, the docs, the shipped data, the speed suites, the
+# examples) would import as namespace packages (``entropyrl.tests``). They are not the package's:
+# refuse them.
+_NOT_PACKAGES = frozenset(f"{__name__}.{name}" for name in ("tests", "docs", "data", "perf", "build", "outputs", "examples"))
 
 
 class _RepositoryFolders:

@@ -201,6 +201,10 @@ TRAIN = {
     "diagnostics.attribution": BOOL, "diagnostics.attribution_every": POS_INT, "val.pass_k": NONNEG_INT,
     "rollout.n": POS_INT, "rollout.temperature": POS, "rollout.top_p": OPEN_PROB, "rollout.top_k": NONNEG_INT,
     "rollout.max_new_tokens": POS_INT, "rollout.batch_size": POS_INT,
+    "model.lora.rank": integer(1, nullable=True), "model.lora.alpha": number(0, open_low=True, nullable=True),
+    "model.lora.dropout": number(0, 1, open_high=True), "model.lora.save_merged": BOOL,
+    "reward.timeout_s": number(0, open_low=True, nullable=True), "reward.workers": NONNEG_INT,
+    "reward.fallback": number(), "reward.retries": NONNEG_INT, "reward.backoff_s": NONNEG,
     **OPTIM, **MODEL, **TRACKING,
 }
 

@@ -309,7 +309,8 @@ def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str =
         if key in seen:
             continue
         seen.add(key)
-        out.append(Problem(task="", prompt=problem, answer=answer, id=ident, messages=messages))
+        out.append(Problem(task="", prompt=problem, answer=answer, id=ident, messages=messages,
+                           fields=dict(row)))   # every column, untouched: for reward functions
     return out
 
 

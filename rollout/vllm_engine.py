@@ -48,6 +48,7 @@ import torch
 
 from ..conf import cfg_get, to_plain
 from ..core.errors import UserError
+from ..models.lora import is_lora, merged_named_parameters
 from .base import Rollout, check_prompt_lengths, concat, register_rollout, response_mask_from_eos, stop_token_ids
 
 __all__ = ["VLLMRollout", "WeightSyncExtension", "EXTENSION"]
@@ -285,7 +286,8 @@ class VLLMRollout:
         self._push_weights()
 
     def _push_weights(self) -> None:
-        named = full_named_parameters(self.model)
+        # a LoRA policy: the adapter folded into the base weights (vLLM knows the base architecture)
+        named = merged_named_parameters(self.model) if is_lora(self.model) else full_named_parameters(self.model)
         bucket_bytes = int(float(cfg_get(self.cfg, "sync_bucket_mb", 512)) * 2**20)
         for bucket in weight_buckets(named, bucket_bytes):
             payload = bucket if self.inprocess else [pack_tensor(n, t) for n, t in bucket]

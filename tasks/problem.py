@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,8 @@ class Problem:
     params:   task parameters a built-in verifier uses
     id:       the item's id in its data file ("" for generated problems)
     messages: the file's own chat prompt when it has one (verl parquet), else None
+    fields:   every column of the data row, untouched (what reward functions receive; ``{}`` for
+              generated problems); not part of equality or the hash
     """
 
     task: str
@@ -27,3 +29,4 @@ class Problem:
     params: tuple[int, ...] = ()
     id: str = ""
     messages: tuple[dict, ...] | None = None
+    fields: dict = field(default_factory=dict, compare=False, hash=False, repr=False)

@@ -228,3 +228,23 @@ def test_programs_cannot_redefine_the_checker_or_the_function_under_test(humanev
     verdicts = [r for _, r in grade_code([p] * len(cheats), cheats, pool)]
     assert [v.passed for v in verdicts] == [False, False, False]
     assert all(v.reason in ("fail", "error") for v in verdicts)
+
+
+def test_builtin_code_reward_entry_grades_in_the_sandbox_beside_a_user_function(task_file, tmp_path):
+    from entropyrl.rewards import RewardRunner
+
+    src = _source(task_file, "pass_all")
+    inc, sq = sorted(src.sample(2, step=0), key=lambda p: p.id)
+    user = tmp_path / "short.py"
+    user.write_text("def short(responses, **_):\n    return [float(len(r) < 20) for r in responses]\n")
+    runner = RewardRunner({"functions": [{"fn": "builtin:code", "weight": 1.0},
+                                         {"fn": f"{user}:short", "weight": 0.5}]}, None)
+    runner.bind(src)
+    responses = ["    return x + 1\n", "    return 1\n", "    return x * x\n"]
+    batch = runner.score([inc, inc, sq], ["p"] * 3, responses, [0, 0, 1])
+    assert batch.components["code"] == [1.0, 0.0, 1.0] and batch.correct == [1.0, 0.0, 1.0]
+    assert batch.total == [1.5, 0.5, 1.5]
+    toy = RewardRunner({"functions": ["builtin:toy"]}, None)
+    toy.bind(src)
+    with pytest.raises(UserError, match="builtin:toy grades the toy tasks"):
+        toy.score([inc], ["p"], ["x"], [0])

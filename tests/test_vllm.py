@@ -116,6 +116,21 @@ def test_cli_train_with_vllm_rollouts(vllm_importable, in_tmp):
     assert (in_tmp / "run" / "checkpoints" / "step_000003" / "model" / "model.safetensors").is_file()
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_cli_train_lora_with_vllm_rollouts_syncs_merged_weights(vllm_importable, in_tmp):
+    args = ["train", "rollout=vllm", "model.lora.rank=4", "optim.lr=1e-2", "trainer.total_steps=2",
+            "trainer.prompts_per_step=8", "trainer.mini_batch_prompts=4", "trainer.val_every=0",
+            "trainer.save_every=0", "val.prompts=0", "trainer.progress=false", "tracking.enabled=false",
+            "output_dir=run"]
+    out = subprocess.run(CLI + args, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+    # step 2 samples after the first update: the engine got base + adapter folded in, so its
+    # log-probs match the trainer's adapted policy
+    assert len(rows) == 2 and all(r["rollout/logp_diff_max"] < 1e-3 for r in rows), rows
+
+
 # ---------------------------------------------------------------------------------------------
 # no vLLM needed: truncated IS, weight transport
 # ---------------------------------------------------------------------------------------------

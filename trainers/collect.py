@@ -12,6 +12,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from ..rewards import build_reward_runner, reward_metrics
 from ..rollout.base import Rollout, cat_rollouts
 from .algos.step_batch import StepBatch
 from .parallel import distributed
@@ -19,39 +20,44 @@ from .parallel import distributed
 __all__ = ["collect_rollouts"]
 
 
-def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, step: int
+def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, step: int, reward_runner=None
                      ) -> tuple[StepBatch | None, dict]:
     """Generate, score and (with dynamic sampling, as ``algo`` says) filter until the batch is full.
 
     ``step`` (the training step) seeds the prompts and the sampling; each rank of ``dist`` takes
     its share. Returns ``(batch, metrics)``: a ``StepBatch`` of the responses with their
     ``rewards [B]``, ``correct [B]`` and ``group_ids [B]``, None when nothing was kept.
+    ``reward_runner``: the run's ``rewards.RewardRunner`` (None: the source's verifier alone, as
+    ``reward.functions: []``).
     """
+    if reward_runner is None:
+        reward_runner = build_reward_runner(None, source)
     t, n = cfg.trainer, int(cfg.rollout.n)
     want = int(t.prompts_per_step) // dist.world_size      # this rank's share of the prompts
     max_batches = algo.max_num_gen_batches if algo.dynamic_sampling else 1
     kept: list[tuple[Rollout, torch.Tensor, torch.Tensor]] = []
     n_kept, all_correct, all_rewards, all_len, all_trunc, per_group = 0, [], [], [], [], defaultdict(list)
-    unique_frac, attempts = [], 0
+    unique_frac, attempts, scored = [], 0, []
     for attempt in range(max_batches):
         attempts += 1
         problems = distributed.shard(source.sample(want * dist.world_size, step, attempt), dist)
         seed = int(t.seed) * 1_000_003 + step * 101 + attempt + dist.rank * 7_919_993
-        roll = rollout.generate([source.prompt(p) for p in problems], n=n, seed=seed)
-        batch_reward = getattr(source, "rewards", None)   # sources that grade a batch at once
-        scores = (batch_reward([problems[i // n] for i in range(len(roll.texts))], roll.texts) if batch_reward
-                  else [source.reward(problems[i // n], txt) for i, txt in enumerate(roll.texts)])
-        correct = torch.tensor(scores, dtype=torch.float32)
-        rewards = algo.shape_rewards(correct.clone(), roll.lengths)
+        prompt_texts = [source.prompt(p) for p in problems]
+        roll = rollout.generate(prompt_texts, n=n, seed=seed)
         group_ids = torch.arange(len(problems)).repeat_interleave(n) + attempt * want
-        all_correct.append(correct), all_rewards.append(rewards)
+        batch = reward_runner.score([problems[i // n] for i in range(len(roll.texts))],
+                                    [prompt_texts[i // n] for i in range(len(roll.texts))], roll.texts, group_ids.tolist())
+        scored.append(batch)
+        correct = torch.tensor(batch.correct, dtype=torch.float32)   # the verifier's verdict: acc/*
+        shaped = algo.shape_rewards(torch.tensor(batch.total, dtype=torch.float32), roll.lengths)
+        all_correct.append(correct), all_rewards.append(shaped)
         all_len.append(roll.lengths.float()), all_trunc.append(roll.truncated.float())
         for i, p in enumerate(problems):
             per_group[source.group(p)].append(correct[i * n:(i + 1) * n].mean().item())
             unique_frac.append(len(set(roll.texts[i * n:(i + 1) * n])) / n)
-        keep = algo.keep_groups(rewards, group_ids)
+        keep = algo.keep_groups(shaped, group_ids)
         if keep.any():
-            kept.append((roll.select(keep), rewards[keep], correct[keep], group_ids[keep]))
+            kept.append((roll.select(keep), shaped[keep], correct[keep], group_ids[keep]))
             n_kept += int(keep.sum()) // n
         if int(distributed.min_across(n_kept, dist)) >= want:   # every rank has its share
             break
@@ -63,6 +69,7 @@ def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, ste
         "diversity/unique_frac": float(np.mean(unique_frac)),
         "dynamic_sampling/gen_batches": float(attempts),
         **{f"acc/{g}": float(np.mean(v)) for g, v in per_group.items()},
+        **reward_metrics(scored),      # reward/<name>/mean, reward/<name>/fallback/<reason>
     }
     # Same number of rows on every rank (whole groups): FSDP needs matching forward passes.
     rows = int(distributed.min_across(min(want * n, sum(len(k[0].texts) for k in kept)), dist))

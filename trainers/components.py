@@ -8,6 +8,7 @@ a trainer, an output folder, an MLflow check or an optimizer:
     seed_everything(cfg.trainer.seed)
     model, tokenizer = build_policy(cfg, dist)          # the policy, on its device, FSDP-wrapped
     source = build_source(cfg, tokenizer)               # prompts and their verifiable rewards
+    rewards = build_rewards(cfg, source)                # reward.functions / reward.url, else the source's
     algo = build_algorithm(cfg)                         # advantages, loss, interventions
     ref_model = build_reference(cfg, dist)              # when the algorithm needs one (KL)
     optimizer = build_optimizer(model.parameters(), cfg.optim)       # trainers/optim.py
@@ -31,12 +32,15 @@ from ..core.errors import UserError
 from ..core.mlflow_store import resolve_uri
 from ..core.tracking import RunTracker, check_reachable
 from ..models.loading import load_policy
+from ..models.lora import apply_lora
+from ..rewards import RewardRunner, build_reward_runner
 from .algos.algorithm import Algorithm
 from .data.prompts_source import build_prompt_source
 from .parallel import distributed
 
 __all__ = ["check_batches", "check_tracking", "seed_everything", "build_policy", "build_source",
-           "build_algorithm", "build_reference", "build_tracker", "stats_kwargs"]
+           "build_algorithm", "build_reference", "build_tracker", "stats_kwargs", "build_policy_and_adapter",
+           "build_rewards"]
 
 
 def check_batches(cfg, dist) -> None:
@@ -68,12 +72,26 @@ def _on_device(model, cfg, dist, *, trainable: bool):
     return distributed.prepare_model(model, cfg.trainer, dist, trainable=trainable)   # FSDP2 / checkpointing
 
 
-def build_policy(cfg, dist, log=print):
-    """``(model, tokenizer)``: the policy on this rank's device, sharded under FSDP."""
+def build_policy_and_adapter(cfg, dist, log=print):
+    """``(model, tokenizer, lora)``: the policy on this rank's device with ``model.lora``'s adapter
+    injected (``lora``: its ``models.lora.LoraPolicy``, None without LoRA), sharded under FSDP."""
     model, tokenizer = load_policy(cfg.model, cfg.data, log=log)
     model.to(dist.device)
     model.config.use_cache = True
-    return distributed.prepare_model(model, cfg.trainer, dist), tokenizer
+    lora = apply_lora(model, cfg.model, log=log)     # before FSDP wraps the layers
+    return distributed.prepare_model(model, cfg.trainer, dist), tokenizer, lora
+
+
+def build_policy(cfg, dist, log=print):
+    """``(model, tokenizer)``: the policy on this rank's device (with its LoRA adapter when
+    ``model.lora.rank`` is set), sharded under FSDP."""
+    model, tokenizer, _lora = build_policy_and_adapter(cfg, dist, log=log)
+    return model, tokenizer
+
+
+def build_rewards(cfg, source=None, log=print) -> RewardRunner:
+    """The reward of ``cfg.reward`` (``rewards/runner.py``); ``bind(source)`` once the source exists."""
+    return build_reward_runner(cfg.get("reward"), source, log=log)
 
 
 def build_reference(cfg, dist, log=print):

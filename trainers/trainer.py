@@ -2,7 +2,8 @@
 
 One training step:
   1. sample ``prompts_per_step`` prompts and ``rollout.n`` responses each (the policy samples);
-  2. score them with the verifiable reward (plus DAPO overlong shaping when enabled), and with
+  2. score them with the reward (``reward.functions``, else the data's verifier: rewards/; plus
+     DAPO overlong shaping when enabled), and with
      dynamic sampling drop all-equal groups and keep generating until the batch is full;
   3. recompute the sampling policy's log-probs and entropy (no grad): ``old_logp``, ``H``;
   4. the algorithm's controllers look at the batch entropy (STARE's gate, adaptive schedules),
@@ -34,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..core.resources import ThreadBudget
 from ..core.tracking import read_metrics
 from ..evals.runner import validate as validate_benchmarks
-from ..rollout.base import build_rollout
+from ..rollout.base import Rollout, build_rollout
 from . import components
 from .algos.algorithm import Algorithm, tracked_config
 from .algos.core_algos import all_equal_group_share, part_weight
@@ -94,10 +95,17 @@ class GRPOTrainer:
         self.device = self.dist.device
         components.check_batches(cfg, self.dist)
         components.check_tracking(cfg)
+        # reward.functions / reward.url (else the data's verifier, rewards/runner.py): a reference
+        # that does not import or a judge that is down fails here, before the model loads
+        self.rewards = components.build_rewards(cfg, log=self.log)
         components.seed_everything(int(t.seed))
-        self.model, self.tokenizer = components.build_policy(cfg, self.dist, log=self.log)
+        # model.lora: an adapter injected in place, only it trains (models/lora.py); else None
+        self.model, self.tokenizer, self.lora = components.build_policy_and_adapter(cfg, self.dist, log=self.log)
         self.source = components.build_source(cfg, self.tokenizer)
-        self.ref_model = components.build_reference(cfg, self.dist, log=self.log) if self.algo.needs_ref else None
+        self.rewards.bind(self.source)
+        self.ref_model = None        # with LoRA the reference is the adapter disabled (_reference_logp)
+        if self.algo.needs_ref and self.lora is None:
+            self.ref_model = components.build_reference(cfg, self.dist, log=self.log)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, int(t.total_steps))   # one step per training step
         self.rollout = build_rollout(cfg.rollout, self.model, self.tokenizer)
@@ -117,6 +125,7 @@ class GRPOTrainer:
         close = getattr(self.rollout, "close", None)
         if close is not None:
             close()
+        self.rewards.close()
         distributed.cleanup(self.dist)
 
     # -- resume / checkpoint ----------------------------------------------------------------
@@ -129,6 +138,9 @@ class GRPOTrainer:
         if found is None:
             return None
         latest, state, weights = found
+        if self.lora is not None:     # an adapter checkpoint: the adapter in, the frozen base as it is
+            self.lora.load_adapter(latest / "model")
+            weights = self.model.state_dict()
         distributed.load_full_state(self.model, self.optimizer, weights, state["optimizer"])
         self.rollout.sync_weights()         # an engine holding its own weights (vLLM) gets the restored ones
         self.algo.load_state_dict(state.get("algo", {}))
@@ -143,9 +155,12 @@ class GRPOTrainer:
         model, optimizer = distributed.checkpoint_views(self.model, self.optimizer, self.dist)
         path = None
         if self.dist.is_main:
+            export = None
+            if self.lora is not None:     # the adapter only; the merged model too on request
+                model, export = self.lora.checkpoint_parts(self.cfg.model.lora, self.tokenizer)
             path = ckpt.save_checkpoint(self.output_dir, self.step, model, self.tokenizer, optimizer,
                                         extra={"algo": self.algo.state_dict(), "scheduler": self.scheduler.state_dict()},
-                                        keep=int(self.cfg.trainer.keep_checkpoints))
+                                        keep=int(self.cfg.trainer.keep_checkpoints), export=export)
         distributed.barrier(self.dist)
         return path
 
@@ -154,7 +169,18 @@ class GRPOTrainer:
         """This step's batch (``collect.collect_rollouts``): ``(StepBatch of the responses with their
         rewards, correct and group ids, or None when nothing was kept; metrics)``."""
         return collect_rollouts(self.cfg, source=self.source, rollout=self.rollout, algo=self.algo, dist=self.dist,
-                                pad_token_id=self.tokenizer.pad_token_id, step=self.step)
+                                pad_token_id=self.tokenizer.pad_token_id, step=self.step,
+                                reward_runner=self.rewards)
+
+    def _reference_logp(self, roll: Rollout, rows_per_chunk: int, stats_kw: dict) -> torch.Tensor | None:
+        """Log-probs under the KL reference: the reference model, or with LoRA the policy with its
+        adapter disabled; None when the algorithm has no KL term."""
+        if self.ref_model is not None:
+            return batch_token_stats(self.ref_model, roll, rows_per_chunk, **stats_kw)[0]
+        if self.lora is not None and self.algo.needs_ref:
+            with self.lora.reference() as base:
+                return batch_token_stats(base, roll, rows_per_chunk, **stats_kw)[0]
+        return None
 
     # -- one training step ------------------------------------------------------------------
     def train_step(self, collected: tuple[StepBatch | None, dict] | None = None) -> dict[str, float]:
@@ -190,9 +216,7 @@ class GRPOTrainer:
         if self.attribution is not None and self.attribution.due(self.step):
             self.attribution.begin(self.model)
         old_logp, entropy = batch_token_stats(self.model, roll, rows_per_chunk, **stats_kw)
-        ref_logp = None
-        if self.ref_model is not None:
-            ref_logp, _ = batch_token_stats(self.ref_model, roll, rows_per_chunk, **stats_kw)
+        ref_logp = self._reference_logp(roll, rows_per_chunk, stats_kw)
         sampler_logp = None if roll.sampling_logp is None else roll.sampling_logp.to(self.device)
         if sampler_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are
             metrics.update(sampler_mismatch_metrics(old_logp, sampler_logp, mask))

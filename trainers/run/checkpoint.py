@@ -1,6 +1,7 @@
 """Checkpoints: Hugging Face model folder + optimizer, RNG and algorithm state, written atomically.
 
-Layout: ``<output_dir>/checkpoints/step_000020/{model/, trainer_state.pt}``. A checkpoint is
+Layout: ``<output_dir>/checkpoints/step_000020/{model/, trainer_state.pt}`` (a LoRA run: ``model/``
+holds the adapter, and ``merged/`` the merged model when ``model.lora.save_merged``). A checkpoint is
 written to a hidden staging folder (``.tmp-*``), its files and folders are fsync'd, and only then
 is it renamed into place (and the parent folder fsync'd), so neither a crash mid-write nor a power
 loss right after leaves a half checkpoint that resume would pick up. Staging folders left behind by
@@ -83,8 +84,11 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(output_dir: Path, step: int, model, tokenizer, optimizer, extra: dict, keep: int = 2) -> Path:
-    """Write checkpoint ``step`` atomically and delete all but the newest ``keep``."""
+def save_checkpoint(output_dir: Path, step: int, model, tokenizer, optimizer, extra: dict, keep: int = 2,
+                    export=None) -> Path:
+    """Write checkpoint ``step`` atomically and delete all but the newest ``keep``. ``model``: what
+    ``save_pretrained`` writes (a LoRA run: the adapter); ``export(folder)`` writes more into the
+    staging folder (a LoRA run's merged model) before it is made visible."""
     root = checkpoint_dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     remove_staging(output_dir)
@@ -92,6 +96,8 @@ def save_checkpoint(output_dir: Path, step: int, model, tokenizer, optimizer, ex
     staging = Path(tempfile.mkdtemp(dir=root, prefix=STAGING_PREFIX))
     model.save_pretrained(staging / "model")
     tokenizer.save_pretrained(staging / "model")
+    if export is not None:
+        export(staging)
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state(), **extra},
                staging / "trainer_state.pt")
     fsync_tree(staging)               # data on disk before the rename makes it visible
@@ -123,6 +129,10 @@ def load_checkpoint(path: Path, dtype=None) -> tuple[dict, dict]:
     missing = [k for k in ("step", "optimizer", "rng") if k not in state]
     if missing:
         raise ValueError(f"trainer_state.pt lacks {', '.join(missing)}")
+    if (Path(path) / "model" / "adapter_config.json").exists():   # a LoRA run: the adapter only
+        from safetensors.torch import load_file
+
+        return state, load_file(str(Path(path) / "model" / "adapter_model.safetensors"))
     model = AutoModelForCausalLM.from_pretrained(Path(path) / "model", dtype=dtype)
     return state, model.state_dict()
 

@@ -107,11 +107,32 @@ def config_differences(saved: dict, requested: dict) -> list[tuple[str, Any, Any
             if not _resumable(k) and a.get(k, absent) != b.get(k, absent)]
 
 
+#: Sections added after runs were saved without them, as those runs ran: the data's own verifier
+#: as the reward (``reward``), full fine-tuning (``model.lora``).
+ADDED_SECTIONS = {
+    "reward": {"functions": [], "url": None, "timeout_s": 60, "workers": 0, "fallback": 0.0, "retries": 2,
+               "backoff_s": 0.5},
+    "model.lora": {"rank": None, "alpha": None, "dropout": 0.0, "target_modules": "all-linear", "save_merged": False},
+}
+
+
+def _with_added_sections(saved: dict) -> dict:
+    out = dict(saved)
+    for key, value in ADDED_SECTIONS.items():
+        head, _, leaf = key.partition(".")
+        if not leaf and head not in out:
+            out[head] = dict(value)
+        elif leaf and isinstance(out.get(head), dict) and leaf not in out[head]:
+            out[head] = {**out[head], leaf: dict(value)}
+    return out
+
+
 def upgrade_saved_config(saved: dict, requested: dict) -> dict:
     """A saved ``config.yaml`` (plain dict) in today's keys: a run saved before the ``optim``
     section has its ``trainer.lr``/``weight_decay``/``betas`` moved there, and the keys it lacked set
     to what it ran with (AdamW, constant lr, no warmup; ``min_lr_ratio``, unused at a constant lr,
-    as requested), so it still resumes with the same settings."""
+    as requested), so it still resumes with the same settings; so do the ``ADDED_SECTIONS``."""
+    saved = _with_added_sections(saved)
     trainer = saved.get("trainer")
     if not isinstance(trainer, dict) or not any(old.split(".", 1)[1] in trainer for old in RENAMED):
         return saved

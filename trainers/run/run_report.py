@@ -20,6 +20,16 @@ def summarize(rows: list[dict]) -> dict:
         vals = [r[key] for r in rows if r.get(key) is not None]
         if vals:
             out[f"final/{key}"] = float(vals[-1])
+    # responses that got reward.fallback, per reward function and reason, over the whole run
+    fallbacks: dict = {}
+    for r in rows:
+        for key, value in r.items():
+            parts = key.split("/")
+            if len(parts) == 4 and parts[0] == "reward" and parts[2] == "fallback" and value:
+                per = fallbacks.setdefault(parts[1], {})
+                per[parts[3]] = per.get(parts[3], 0) + int(value)
+    if fallbacks:
+        out["reward_fallbacks"] = fallbacks
     return out
 
 

@@ -1,0 +1,152 @@
+"""Running one reward function on one batch: a time limit, optional worker processes, and the
+fallback for what fails.
+
+Outcomes of a call: the values; or a failure reason (``exception``, ``timeout``, ``http_error``)
+that gives the whole batch the fallback. A value that is not finite gets the fallback alone
+(reason ``non_finite``). A function that returns the wrong number of values, or something that is
+not a number, is a programming error: ``UserError`` naming the function.
+
+In the trainer's process (``workers: 0``) the call runs in a daemon thread that is abandoned past
+the time limit (Python cannot stop a thread): a function that may hang belongs in worker processes
+(``workers >= 1``), which are killed at the limit and started afresh for the next batch.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import math
+import multiprocessing as mp
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..core.errors import UserError
+from .refs import call_in_worker, warm_worker
+
+
+class CallFailed(Exception):
+    """A batch that gets the fallback: ``reason`` is counted, ``detail`` logged."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+@dataclass
+class Outcome:
+    values: list[float]
+    fallbacks: dict[str, int] = field(default_factory=dict)   # reason -> responses given the fallback
+    detail: str = ""
+
+
+def check_values(label: str, values, expected: int) -> list:
+    """``values`` as a list of ``expected`` items, else ``UserError`` naming ``label``."""
+    try:
+        out = list(values)
+    except TypeError:
+        raise UserError(f"{label} returned {type(values).__name__}, not a list: return one float per "
+                        f"response ({expected} here)") from None
+    if len(out) != expected:
+        raise UserError(f"{label} returned {len(out)} values for {expected} responses: return one "
+                        f"float per response")
+    try:
+        return [float(v) for v in out]
+    except (TypeError, ValueError):
+        bad = next(v for v in out if not isinstance(v, (int, float)))
+        raise UserError(f"{label} returned {type(bad).__name__} {bad!r:.40}: return one float per response") from None
+
+
+def finite_or_fallback(values: list[float], fallback: float) -> tuple[list[float], int]:
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    for i in bad:
+        values[i] = fallback
+    return values, len(bad)
+
+
+def call_in_thread(fn: Callable, kwargs: dict, timeout: float | None):
+    box: dict = {}
+
+    def target():
+        try:
+            box["values"] = fn(**kwargs)
+        except BaseException as exc:  # noqa: BLE001 - the user's code: any failure is a fallback
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, daemon=True, name="entropyrl-reward")
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise CallFailed("timeout", f"no answer within {timeout:g} s")
+    if "error" in box:
+        exc = box["error"]
+        raise CallFailed("exception", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    return box["values"]
+
+
+class WorkerPool:
+    """``workers`` spawned processes for one reward function; killed and replaced after a timeout."""
+
+    def __init__(self, ref: str, workers: int):
+        self.ref, self.workers = ref, int(workers)
+        self.pool: cf.ProcessPoolExecutor | None = None
+
+    def _start(self) -> cf.ProcessPoolExecutor:
+        """The pool, started and warm: each process has imported the function (outside the time
+        limit, which is for the function, not for a process starting)."""
+        if self.pool is None:
+            self.pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+            try:
+                for fut in [self.pool.submit(warm_worker, self.ref) for _ in range(self.workers)]:
+                    fut.result(timeout=300)
+            except Exception as exc:  # noqa: BLE001 - the reference resolved here but not there
+                self.kill()
+                raise UserError(f"reward function {self.ref}: cannot be loaded in a reward.workers process "
+                                f"({type(exc).__name__}: {exc}); make it importable there, or use reward.workers=0") from None
+        return self.pool
+
+    def call(self, kwargs: dict, n: int, timeout: float | None, label: str) -> list:
+        """The batch split into ``workers`` contiguous parts, one per process."""
+        size = -(-n // self.workers)
+        parts = [(s, min(s + size, n)) for s in range(0, n, size)]
+        pool = self._start()
+        futures = [pool.submit(call_in_worker, self.ref, {k: v[a:b] for k, v in kwargs.items()}) for a, b in parts]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out: list = []
+        try:
+            for (a, b), fut in zip(parts, futures):
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                out.extend(check_values(label, fut.result(timeout=left), b - a))
+        except cf.TimeoutError:
+            self.kill()
+            raise CallFailed("timeout", f"no answer within {timeout:g} s (worker processes killed)") from None
+        except UserError:
+            raise
+        except cf.process.BrokenProcessPool as exc:
+            self.kill()
+            raise CallFailed("exception", f"a worker process died ({exc})") from None
+        except Exception as exc:  # noqa: BLE001 - raised by the user's function in the worker
+            raise CallFailed("exception", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        return out
+
+    def kill(self) -> None:
+        pool, self.pool = self.pool, None
+        if pool is None:
+            return
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            if proc.is_alive():
+                proc.kill()       # only the processes this pool started
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def run_call(label: str, call: Callable[[], list], n: int, fallback: float) -> Outcome:
+    """Outcome of ``call()`` (which raises ``CallFailed`` for a fallback batch)."""
+    try:
+        values = check_values(label, call(), n)
+    except CallFailed as failed:
+        return Outcome([float(fallback)] * n, {failed.reason: n}, failed.detail)
+    values, bad = finite_or_fallback(values, float(fallback))
+    return Outcome(values, {"non_finite": bad} if bad else {}, f"{bad} non-finite values" if bad else "")
+
+
+__all__ = ["CallFailed", "Outcome", "WorkerPool", "check_values", "run_call", "call_in_thread"]
