@@ -24,12 +24,10 @@ def register(app: typer.Typer) -> None:
     def train(overrides: Optional[List[str]] = typer.Argument(None, help="key=value config overrides")) -> None:
         from rich.console import Console
 
-        from ..core.validation import validate_config
-        from ..trainers.optim import check_optim
-
         # the implementation (torch, transformers, MLflow) loads when the command runs, not for --help
         from ..trainers.parallel.distributed import launcher_env
-        from ..trainers.run.run_dir import prepare_output_dir, run_lock
+        from ..trainers.preflight import check_training
+        from ..trainers.run.run_dir import run_lock
         from ..trainers.run.stop_signals import RunInterrupted
         from ..trainers.trainer import train as run_training
 
@@ -38,18 +36,18 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=True, quiet=not main_rank)
         cfg = compose("train", overrides or [])     # launcher=... is an error here (conf.OWNED_ELSEWHERE)
 
-        validate_config(cfg, "train")           # bad values: one line before anything is printed or made
-        check_optim(cfg.optim)                  # optim.name / optim.scheduler: registered names
         lock = run_lock(cfg)
         if hasattr(lock, "check_free"):
             lock.check_free()                   # another process writes there: say who, before anything
-        prepare_output_dir(cfg, clear=False)    # refuse a folder this run may not use, before printing
+        # algorithm, interventions, optimizer names and the output folder, once, before anything is printed
+        checked = check_training(cfg)
 
         console.print(f"[bold]entropyrl train[/bold] algo={cfg.algo.name} model={cfg.model.name} "
                       f"data={cfg.data.name} steps={cfg.trainer.total_steps} -> {cfg.output_dir}")
         try:
-            summary = run_training(cfg, log=lambda msg: console.print(msg, style="dim", markup=False,
-                                                                      highlight=False, soft_wrap=True))
+            summary = run_training(cfg, checked=checked,
+                                   log=lambda msg: console.print(msg, style="dim", markup=False,
+                                                                 highlight=False, soft_wrap=True))
         except RunInterrupted as stopped:   # the trainer said where it stopped and how to resume
             raise SystemExit(stopped.exit_code) from None
         console.print(f"[green]done[/green]: {summary.get('steps')} steps, "

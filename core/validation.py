@@ -8,10 +8,16 @@ the key, the value and what is allowed, before a folder, a model or an MLflow ru
     validate_config(compose("train", ["optim.lr=-1"]), "train")
     # UserError: optim.lr=-1 is not allowed: it must be a number > 0
 
-Keys a config does not have are skipped (``algo.stare`` only matters where it exists). Paths are
-checked for being usable folders: not a file, not under a file, and writable where they will be
-created. Keys that were renamed (``RENAMED``) are one-line errors naming the new key, wherever they
-are set (an override, an experiment or ablation YAML).
+Keys a config does not have are skipped. Paths are checked for being usable folders: not a file,
+not under a file, and writable where they will be created. Keys that were renamed (``RENAMED``)
+are one-line errors naming the new key, wherever they are set (an override, an experiment or
+ablation YAML).
+
+The tables hold what the commands share (trainer, optim, rollout, model, tracking, launcher keys)
+and the rule machinery (``Rule``, ``check_value``). A component with its own parameters declares
+and checks them once, beside its code, with the same rules: the algorithm's keys in
+``trainers/algos/algorithm.py`` (``ALGO_KEYS``), each entropy intervention's in its ``Params``
+(``validate``); ``trainers/preflight.py`` runs those checks before a training run creates anything.
 """
 
 from __future__ import annotations
@@ -163,33 +169,6 @@ TRACKING = {
     "tracking.experiment": STR,
 }
 
-#: where a token selection is taken (trainers/interventions/base.py SCOPES; core sits below trainers)
-SELECTION_SCOPES = ("micro", "mini", "batch", "global")
-
-ALGO = {
-    "algo.clip.low": NONNEG, "algo.clip.high": NONNEG, "algo.clip.dual_c": number(1, open_low=True, nullable=True),
-    "algo.loss_agg_norm": number(0, open_low=True, nullable=True),
-    "algo.kl_coef": NONNEG,
-    "algo.dynamic_sampling.enabled": BOOL, "algo.dynamic_sampling.max_num_gen_batches": POS_INT,
-    "algo.overlong.enabled": BOOL, "algo.overlong.buffer": NONNEG_INT,
-    "algo.stare.p": OPEN_PROB, "algo.stare.w": POS, "algo.stare.m": POS, "algo.stare.h_tgt": NONNEG,
-    "algo.stare.variant": choice("O1", "C2"), "algo.stare.gate": BOOL, "algo.stare.adaptive": BOOL,
-    "algo.stare.alpha": NONNEG, "algo.stare.w_max": POS, "algo.stare.m_min": POS,
-    "algo.stare.scope": choice(*SELECTION_SCOPES),
-    "algo.steer.mapping": choice("exp", "linear"), "algo.steer.lambda_min": PROB,
-    "algo.steer.lambda_max": POS,   # > 1 boosts low-|Omega| tokens (the linear run uses 1.2)
-    "algo.steer.m_floor": POS, "algo.steer.scope": choice(*SELECTION_SCOPES),
-    "algo.clip_cov.ratio": PROB, "algo.clip_cov.lb": number(), "algo.clip_cov.ub": number(),
-    "algo.kl_cov.ratio": PROB, "algo.kl_cov.kappa": NONNEG,
-    "algo.clip_cov.scope": choice(*SELECTION_SCOPES), "algo.kl_cov.scope": choice(*SELECTION_SCOPES),
-    "algo.high_entropy_mask.rho": PROB, "algo.high_entropy_mask.scope": choice(*SELECTION_SCOPES),
-    "algo.sample_reweight.pos_weight": NONNEG, "algo.sample_reweight.neg_weight": NONNEG,
-    "algo.entropy_bonus.coef": number(),
-    "algo.adaptive_entropy.init_coef": NONNEG, "algo.adaptive_entropy.target": NONNEG,
-    "algo.adaptive_entropy.delta": NONNEG, "algo.adaptive_entropy.coef_min": NONNEG,
-    "algo.adaptive_entropy.coef_max": NONNEG,
-}
-
 #: ``trainer.resume``: auto continues a matching run, never refuses a folder that holds one,
 #: overwrite deletes the old run's checkpoints, metrics and tracking link and starts fresh.
 RESUME_MODES = ("auto", "never", "overwrite")
@@ -219,15 +198,15 @@ TRAIN = {
     "val.prompts": NONNEG_INT, "val.temperature": NONNEG, "val.top_p": OPEN_PROB,
     "val.max_new_tokens": integer(1, nullable=True), "val.n_samples": POS_INT, "val.limit": integer(1, nullable=True),
     "diagnostics.quadrants": BOOL, "diagnostics.entropy_change": BOOL,
-    "diagnostics.probe_prompts": POS_INT, "diagnostics.probe_responses": POS_INT, "val.pass_k": NONNEG_INT,
-    "algo.steer.entropy_source": choice("old", "current"), "algo.tis.cap": POS,
+    "diagnostics.probe_prompts": POS_INT, "diagnostics.probe_responses": POS_INT,
+    "diagnostics.attribution": BOOL, "diagnostics.attribution_every": POS_INT, "val.pass_k": NONNEG_INT,
     "rollout.n": POS_INT, "rollout.temperature": POS, "rollout.top_p": OPEN_PROB, "rollout.top_k": NONNEG_INT,
     "rollout.max_new_tokens": POS_INT, "rollout.batch_size": POS_INT, "rollout.seed_scope": choice("call", "group"),
     "model.lora.rank": integer(1, nullable=True), "model.lora.alpha": number(0, open_low=True, nullable=True),
     "model.lora.dropout": number(0, 1, open_high=True), "model.lora.save_merged": BOOL,
     "reward.timeout_s": number(0, open_low=True, nullable=True), "reward.workers": NONNEG_INT,
     "reward.fallback": number(), "reward.retries": NONNEG_INT, "reward.backoff_s": NONNEG,
-    **OPTIM, **ALGO, **MODEL, **TRACKING,
+    **OPTIM, **MODEL, **TRACKING,
 }
 
 EVAL = {
@@ -264,17 +243,10 @@ def _divisible(cfg) -> str | None:
     return None
 
 
-def _steer_order(cfg) -> str | None:
-    lo, hi = _get(cfg, "algo.steer.lambda_min"), _get(cfg, "algo.steer.lambda_max")
-    if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo > hi:
-        return f"algo.steer.lambda_min={_show(lo)} must be <= algo.steer.lambda_max={_show(hi)}"
-    return None
-
-
 #: Checks that involve several keys: each returns a problem (one line) or None. (``_divisible`` is
 #: also enforced by the trainer at start; tests/test_sweeps.py uses it as a job that fails at run
 #: time, so it is not in this list yet.)
-CROSS_CHECKS: dict[str, list[Callable[[Any], str | None]]] = {"train": [_steer_order]}
+CROSS_CHECKS: dict[str, list[Callable[[Any], str | None]]] = {}
 
 
 # -- checking ----------------------------------------------------------------------------------

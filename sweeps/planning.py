@@ -22,6 +22,7 @@ from ..conf import CONF_DIR, config_groups, primary_defaults
 from ..core.errors import UserError
 from ..core.mlflow_store import resolve_uri
 from ..core.tracking import TrackingStore
+from ..trainers.algos.algorithm import Algorithm
 from .ablation import JOB_OWNED_KEYS, JobSpec, expand, override_key
 from .job_kinds import job_class
 from .jobs import compose_job_config, job_kind
@@ -266,12 +267,17 @@ def job_configs(jobs: list[JobSpec]) -> Iterator[tuple[JobSpec, DictConfig]]:
 
 
 def validate_jobs(jobs: list[JobSpec], world_size: int = 1) -> None:
-    """Compose every job's training config now, and check its kind, so a mistake fails before
-    anything is submitted; with ``world_size`` ranks per job, its prompt counts must split evenly
-    over them."""
+    """Compose every job's training config now, and check its kind and its algorithm and
+    interventions (``Algorithm.from_train_config``: the check a training run makes before it
+    creates anything), so a mistake fails before anything is submitted; with ``world_size`` ranks
+    per job, its prompt counts must split evenly over them."""
     for job in jobs:
         job_class(job_kind(job.to_dict()))
     for job, cfg in job_configs(jobs):
+        try:
+            Algorithm.from_train_config(cfg)
+        except UserError as exc:
+            raise UserError(f"variant {job.variant}: {exc}") from None
         for key in ("prompts_per_step", "mini_batch_prompts"):
             value = int(cfg.trainer[key]) if "trainer" in cfg and key in cfg.trainer else 0
             if world_size > 1 and value % world_size:

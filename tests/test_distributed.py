@@ -102,17 +102,15 @@ def _worker(mode: str, workdir: Path) -> None:
     trainer = GRPOTrainer(cfg, log=lambda *_: None)
     batch_path = workdir / "batch.pt"
     if mode == "single":
-        roll, rewards, correct, gids, _ = trainer.collect()
-        torch.save({"roll": roll, "rewards": rewards, "correct": correct, "gids": gids}, batch_path)
-    saved = torch.load(batch_path, weights_only=False)
-    roll, rewards, correct, gids = saved["roll"], saved["rewards"], saved["correct"], saved["gids"]
+        batch, _ = trainer.collect()
+        torch.save({"batch": batch}, batch_path)
+    batch = torch.load(batch_path, weights_only=False)["batch"]
     if mode == "dp":
         assert distributed.is_fsdp(trainer.model) and trainer.dist.world_size == 2
-        rows = torch.arange(len(roll.texts)).chunk(trainer.dist.world_size)[trainer.dist.rank]
-        roll, rewards, correct, gids = roll.select(rows), rewards[rows], correct[rows], gids[rows]
+        batch = batch[torch.arange(len(batch)).chunk(trainer.dist.world_size)[trainer.dist.rank]]
     history = []
     for _ in range(STEPS):
-        m = trainer.train_step(batch=(roll, rewards, correct, gids, {}))
+        m = trainer.train_step((batch, {}))
         history.append({k: m[k] for k in ("loss/objective", "entropy", "grad_norm", "clip/frac")})
         trainer.step += 1
     view, _ = distributed.checkpoint_views(trainer.model, trainer.optimizer, trainer.dist)

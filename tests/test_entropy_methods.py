@@ -15,7 +15,7 @@ from entropyrl.conf import CONF_DIR
 from entropyrl.core.errors import UserError
 from entropyrl.sweeps.lab.method_claims import NO_CLAIM, method_claims
 from entropyrl.trainers.algos.algorithm import Algorithm
-from entropyrl.trainers.interventions.tis import SAMPLING_LOGP_KEY, mismatch_weight
+from entropyrl.trainers.interventions.tis import mismatch_weight
 from entropyrl.trainers.stats.vocab_stats import VOCAB_STATS, chunked_vocab_stat
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -32,7 +32,8 @@ def t64(x) -> torch.Tensor:
     return torch.tensor(x, dtype=torch.float64)
 
 
-def run(cfg: dict, inputs: dict, *, begin: list[float] = (), extras: dict | None = None, adv_scale: float = 1.0):
+def run(cfg: dict, inputs: dict, *, begin: list[float] = (), extras: dict | None = None, adv_scale: float = 1.0,
+        sampler_logp=None):
     """(algorithm, loss output, d loss / d logp) of the stored batch under ``cfg``."""
     a = Algorithm.from_config(cfg, max_response_length=8)
     for h in begin:
@@ -40,7 +41,7 @@ def run(cfg: dict, inputs: dict, *, begin: list[float] = (), extras: dict | None
     logp = t64(inputs["logp"]).requires_grad_(True)
     out = a.loss(logp=logp, old_logp=t64(inputs["old_logp"]), entropy=t64(inputs["entropy"]),
                  advantages=adv_scale * t64(inputs["advantages"]), mask=t64(inputs["mask"]),
-                 ref_logp=t64(inputs["ref_logp"]) if a.needs_ref else None, extras=extras)
+                 ref_logp=t64(inputs["ref_logp"]) if a.needs_ref else None, extras=extras, sampler_logp=sampler_logp)
     (grad,) = torch.autograd.grad(out.loss, logp)
     return a, out, grad
 
@@ -168,7 +169,7 @@ def test_tis_modes(case, mode):
     torch.testing.assert_close(w.double(), t64(want[mode]), rtol=1e-6, atol=1e-6)
     # through the loss: the weights multiply the GRPO per-token loss
     cfg = {"interventions": ["tis"], "tis": {**p, "mode": mode}}
-    _, out, _ = run(cfg, inp, extras={SAMPLING_LOGP_KEY: t64(inp["sampling_logp"])})
+    _, out, _ = run(cfg, inp, sampler_logp=t64(inp["sampling_logp"]))
     _, plain, _ = run({}, inp)
     assert out.metrics["rollout/tis_weight_mean"] == pytest.approx(float(t64(want[mode]).sum() / t64(inp["mask"]).sum()),
                                                                   rel=1e-6)

@@ -80,11 +80,14 @@ def test_a_section_left_out_takes_the_published_values():
 
 @pytest.mark.parametrize("overrides, message", [
     (["algo.stare.bogus=1"], "unknown config key 'algo.stare.bogus'"),
-    (["algo.stare.p=2"], "algo.stare.p=2 is not allowed"),
+    (["algo=stare", "algo.stare.p=2"], "algo.stare.p=2 is not allowed"),
 ])
-def test_bad_intervention_overrides_are_one_line_errors(overrides, message):
+def test_bad_intervention_overrides_are_one_line_errors(overrides, message, tmp_path):
+    # an unknown key fails the composition; a bad value the pre-flight check (the Params' ranges)
+    from entropyrl.trainers.preflight import check_training
+
     with pytest.raises(UserError, match=re.escape(message)):
-        compose("train", overrides)
+        check_training(compose("train", [*overrides, f"output_dir={tmp_path / 'run'}"]))
 
 
 def test_bad_values_are_rejected_by_the_params():

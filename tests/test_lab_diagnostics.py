@@ -15,6 +15,7 @@ import torch
 
 from entropyrl.trainers.algos.algorithm import Algorithm
 from entropyrl.trainers.run.regime import entropy_flags, prediction_fit, regime_warnings, rolling_mean
+from entropyrl.trainers.stats.prediction import micro_batch_prediction
 
 
 # ------------------------------------------------------------------------------------------
@@ -62,7 +63,7 @@ def test_effective_prediction_matches_finite_difference(case, seed):
     logp, entropy = stats(z, tokens)
     old_logp = (logp.detach() + old_shift) * mask
     out = algo.loss(logp=logp, old_logp=old_logp, entropy=entropy.detach(), advantages=adv, mask=mask)
-    pred = algo.pop_prediction()
+    pred = micro_batch_prediction(out.tokens, out.token_loss)     # reads the graph before the backward
     out.loss.backward()
     n_tokens = float(mask.sum())                  # token-mean: the summed coefficient is divided by N
     eta = 1e-4

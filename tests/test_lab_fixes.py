@@ -15,7 +15,6 @@ from entropyrl.conf import compose
 from entropyrl.trainers.algos import core_algos as ca
 from entropyrl.trainers.algos.algorithm import Algorithm
 from entropyrl.trainers.interventions import TokenBatch
-from entropyrl.trainers.interventions.steer import SAMPLING_ENTROPY_KEY
 
 LAB_GOLDEN = json.loads((Path(__file__).parent / "golden" / "lab_fixes.json").read_text())
 
@@ -33,10 +32,10 @@ def batch(golden_dir):
             "mask": mask, "adv": adv}
 
 
-def run_loss(algo: Algorithm, b: dict, old_shift: float = 0.0, entropy=None, extras=None):
+def run_loss(algo: Algorithm, b: dict, old_shift: float = 0.0, entropy=None, extras=None, sampling_entropy=None):
     return algo.loss(logp=b["logp"], old_logp=b["old_logp"] - old_shift,
                      entropy=b["entropy"] if entropy is None else entropy, advantages=b["adv"], mask=b["mask"],
-                     extras=extras)
+                     extras=extras, sampling_entropy=sampling_entropy)
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
@@ -77,11 +76,11 @@ def test_steer_entropy_source(batch, source):
                                  max_response_length=7)
     extras = algo.prepare("batch", logp=batch["old_logp"], old_logp=batch["old_logp"], entropy=batch["entropy"],
                           advantages=batch["adv"], mask=batch["mask"])
-    assert SAMPLING_ENTROPY_KEY in extras
+    assert extras == {}                      # micro scope: nothing selected on the whole batch
     sel = []
     orig = algo.interventions[0].select
     algo.interventions[0].select = lambda b: sel.append(b.entropy) or orig(b)   # see which H reached Omega
-    out = run_loss(algo, batch, entropy=current, extras=extras)
+    out = run_loss(algo, batch, entropy=current, extras=extras, sampling_entropy=batch["entropy"])
     want_h = batch["entropy"] if source == "old" else current
     torch.testing.assert_close(sel[0], want_h)
     w = orig(TokenBatch(batch["logp"], batch["old_logp"], want_h, batch["adv"], batch["mask"]))["steer/weight"]

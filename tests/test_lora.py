@@ -48,7 +48,7 @@ def test_lora_trains_only_the_adapter_against_the_disabled_adapter_and_resumes(i
         assert changed and changed <= trainable                       # only adapter weights moved
         assert any("lora_B" in n for n in changed)
         # the KL reference is the base model: the adapter disabled gives the untouched weights' log-probs
-        roll, *_ = trainer.collect()
+        roll = trainer.collect()[0].responses
         kw = trainer._stats_kwargs()
         ref = trainer._reference_logp(roll, 64, kw)
         base, _ = load_policy(trainer.cfg.model, trainer.cfg.data, log=lambda *_: None)

@@ -40,13 +40,13 @@ def _trainer(extra: list[str]):
 def test_token_budget_step_has_the_padded_paths_gradients(in_tmp):
     padded = _trainer([])
     before = {k: v.detach().clone() for k, v in padded.model.state_dict().items()}
-    batch = padded.collect()
-    roll = batch[0]
+    collected = padded.collect()
+    roll = collected[0].responses
     lengths = roll.prompt_mask.sum(1) + roll.response_mask.sum(1)
     assert int(lengths.max()) > int(lengths.min())                       # lengths spread: packing matters
-    m_pad = padded.train_step(batch=batch)
+    m_pad = padded.train_step(collected)
     budget = _trainer(["trainer.micro_batch_tokens=60"])
-    m_tok = budget.train_step(batch=batch)
+    m_tok = budget.train_step(collected)
     moved = {k: before[k] - v for k, v in padded.model.state_dict().items()}
     for key, value in budget.model.state_dict().items():
         grad_tok, grad_pad = before[key] - value, moved[key]
@@ -54,7 +54,7 @@ def test_token_budget_step_has_the_padded_paths_gradients(in_tmp):
     assert max(float(g.abs().max()) for g in moved.values()) > 1e-3       # the step did move the weights
     assert abs(m_pad["loss/objective"] - m_tok["loss/objective"]) <= 1e-6 * max(1.0, abs(m_pad["loss/objective"]))
     # fewer positions through the model than the padded passes
-    passes = budget._micro_batches(roll, torch.arange(len(roll.texts)))
+    passes = budget._micro_batches(roll)
     assert len(passes) > 1
     assert padded_tokens(roll, passes, trimmed=True) < padded_tokens(roll, by_count(len(roll.texts), 8), trimmed=False)
 

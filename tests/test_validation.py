@@ -59,11 +59,11 @@ def assert_nothing_created(workdir, *names: str) -> None:
     ("optim.lr=abc", "a number > 0"),
     ("rollout.n=0", "a positive integer"),
     ("trainer.resume=maybe", "one of auto, never, overwrite"),  # used to be taken as auto
-    ("algo.stare.p=1.5", "in (0, 1]"),
+    ("algo=stare algo.stare.p=1.5", "in (0, 1]"),   # the intervention's own range (Params.validate)
 ])
 def test_bad_train_values_fail_before_anything_is_created(override, allowed, tmp_path, capsys, monkeypatch):
-    out = run_main("train", override, "output_dir=run", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
-    assert_one_line_error(out, override, allowed)
+    out = run_main("train", *override.split(), "output_dir=run", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert_one_line_error(out, override.split()[-1], allowed)
     assert_nothing_created(tmp_path)
 
 
@@ -99,6 +99,12 @@ def test_sweep_dry_run_checks_every_jobs_composed_config(tmp_path):
     assert_nothing_created(tmp_path)
 
 
+def test_sweep_dry_run_checks_every_jobs_algorithm_and_interventions(tmp_path):
+    out = run_cli("sweep", "ablation=gate", "--dry-run", "train.algo.stare.p=2", "sweep_dir=sw", cwd=tmp_path)
+    assert_one_line_error(out, "algo.stare.p=2 is not allowed", "in (0, 1]", "variant ")
+    assert_nothing_created(tmp_path)
+
+
 def test_grade_out_under_a_file_fails_before_grading(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"response": "\\boxed{2}", "answer": "2"}) + "\n")
@@ -120,7 +126,6 @@ def test_shipped_defaults_pass_their_table(config_name):
     ("train", "optim.weight_decay=-0.1", "optim.weight_decay=-0.1 is not allowed: it must be a number >= 0"),
     ("train", "trainer.progress=maybe", "must be true or false"),
     ("train", "val.top_p=0", "val.top_p=0 is not allowed: it must be a number in (0, 1]"),
-    ("train", "algo.steer.lambda_min=0.9 algo.steer.lambda_max=0.5", "lambda_min=0.9 must be <="),
     ("train", "model.warm_start.label_noise=2", "in [0, 1]"),
     ("train", "tracking.experiment=''", "a non-empty string"),
     ("eval", "eval.n_samples=0", "a positive integer, or null"),
@@ -134,6 +139,38 @@ def test_bad_values_name_key_value_and_allowed(config_name, override, fragment):
         compose(config_name, override.split())
     assert fragment in str(info.value)
     assert "\n" not in str(info.value)
+
+
+# -- a component's own values: declared beside it, checked once by the training pre-flight -------
+@pytest.mark.parametrize("override, fragment", [
+    ("algo=steer algo.steer.lambda_min=0.9 algo.steer.lambda_max=0.5", "algo.steer.lambda_min=0.9 must be <="),
+    ("algo=stare algo.stare.p=0", "algo.stare.p=0 is not allowed: it must be a number in (0, 1]"),
+    ("algo.clip.low=1.5", "algo.clip.low=1.5 is not allowed: it must be a number in [0, 1]"),
+    ("algo.clip.low=-0.1", "algo.clip.low=-0.1 is not allowed"),
+    ("algo.kl_coef=-1", "algo.kl_coef=-1 is not allowed: it must be a number >= 0"),
+    ("algo.dynamic_sampling.max_num_gen_batches=0", "max_num_gen_batches=0 is not allowed: it must be a positive"),
+    ("algo.dynamic_sampling.enabled=maybe", "algo.dynamic_sampling.enabled=maybe is not allowed: it must be true or false"),
+    ("algo=clip_cov algo.clip_cov.ratio=2", "algo.clip_cov: need 0 <= ratio <= 1"),
+    ("algo.loss_agg=sum", "unknown algo.loss_agg 'sum'; valid choices: "),
+    ("algo.overlong.enabled=true algo.overlong.buffer=0", "algo.overlong.buffer=0 is not allowed"),
+    ("rollout=vllm rollout.tis.enabled=true rollout.tis.cap=0", "rollout.tis.cap must be > 0"),
+])
+def test_component_values_are_checked_once_before_anything_is_created(override, fragment, tmp_path):
+    from entropyrl.trainers.preflight import check_training
+
+    cfg = compose("train", [*override.split(), f"output_dir={tmp_path / 'run'}"])   # compose leaves them
+    with pytest.raises(UserError) as info:
+        check_training(cfg)
+    assert fragment in str(info.value) and "\n" not in str(info.value), str(info.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_shared_tables_hold_no_component_keys():
+    # the algorithm's keys live in ALGO_KEYS, each intervention's in its Params: nowhere else
+    from entropyrl.trainers.algos.algorithm import ALGO_KEYS
+
+    assert not [k for table in SCHEMAS.values() for k in table if k.startswith("algo.")]
+    assert "clip.low" in ALGO_KEYS and "stare.p" not in ALGO_KEYS
 
 
 def test_integral_floats_are_integers_but_fractions_are_not():

@@ -154,7 +154,7 @@ def test_truncated_is_weights_and_mismatch_metrics():
 def test_tis_intervention_scales_the_token_loss():
     from entropyrl.trainers.algos import core_algos
     from entropyrl.trainers.algos.algorithm import Algorithm
-    from entropyrl.trainers.interventions.tis import SAMPLING_LOGP_KEY, truncated_is_weight
+    from entropyrl.trainers.interventions.tis import truncated_is_weight
 
     g = torch.Generator().manual_seed(0)
     logp = torch.randn(3, 4, generator=g) - 1
@@ -167,8 +167,8 @@ def test_tis_intervention_scales_the_token_loss():
                                 max_response_length=4)
     kw = dict(logp=logp, old_logp=old, entropy=torch.zeros(3, 4), advantages=adv, mask=mask)
     base = plain.loss(**kw).loss
-    same = tis.loss(**kw, extras={SAMPLING_LOGP_KEY: old.clone()}).loss   # no mismatch: weight 1
-    out = tis.loss(**kw, extras={SAMPLING_LOGP_KEY: sampling})
+    same = tis.loss(**kw, sampler_logp=old.clone()).loss   # no mismatch: weight 1
+    out = tis.loss(**kw, sampler_logp=sampling)
     w, clipped = truncated_is_weight(old, sampling, mask, cap=1.5)
     surr = core_algos.clipped_surrogate(logp, old, adv, eps_low=0.2, eps_high=0.2, dual_c=3.0)
     assert torch.allclose(same, base)

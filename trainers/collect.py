@@ -14,6 +14,7 @@ import torch
 
 from ..rewards import build_reward_runner, reward_metrics
 from ..rollout.base import Rollout, cat_rollouts
+from .algos.step_batch import StepBatch
 from .parallel import distributed
 
 __all__ = ["collect_rollouts", "generate_groups"]
@@ -32,20 +33,20 @@ def generate_groups(cfg, source, rollout, problems: list, n: int, *, seed: int, 
 
 
 def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, step: int, reward_runner=None
-                     ) -> tuple[Rollout, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
-    """Generate, score and (with dynamic sampling) filter until the batch is full.
+                     ) -> tuple[StepBatch | None, dict]:
+    """Generate, score and (with dynamic sampling, as ``algo`` says) filter until the batch is full.
 
     ``step`` (the training step) seeds the prompts and the sampling; each rank of ``dist`` takes
-    its share. Returns ``(rollout, rewards [B], correct [B], group_ids [B], metrics)``, the first
-    four None when nothing was kept. ``reward_runner``: the run's ``rewards.RewardRunner`` (None: the
-    source's verifier alone, as ``reward.functions: []``).
+    its share. Returns ``(batch, metrics)``: a ``StepBatch`` of the responses with their
+    ``rewards [B]``, ``correct [B]`` and ``group_ids [B]``, None when nothing was kept.
+    ``reward_runner``: the run's ``rewards.RewardRunner`` (None: the source's verifier alone, as
+    ``reward.functions: []``).
     """
     if reward_runner is None:
         reward_runner = build_reward_runner(None, source)
     t, n = cfg.trainer, int(cfg.rollout.n)
     want = int(t.prompts_per_step) // dist.world_size      # this rank's share of the prompts
-    ds = cfg.algo.get("dynamic_sampling", {})
-    max_batches = int(ds.get("max_num_gen_batches", 1)) if ds.get("enabled", False) else 1
+    max_batches = algo.max_num_gen_batches if algo.dynamic_sampling else 1
     kept: list[tuple[Rollout, torch.Tensor, torch.Tensor]] = []
     n_kept, all_correct, all_rewards, all_len, all_trunc, per_group = 0, [], [], [], [], defaultdict(list)
     unique_frac, attempts, scored = [], 0, []
@@ -85,9 +86,8 @@ def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, ste
     # Same number of rows on every rank (whole groups): FSDP needs matching forward passes.
     rows = int(distributed.min_across(min(want * n, sum(len(k[0].texts) for k in kept)), dist))
     if rows == 0:
-        return None, None, None, None, metrics
+        return None, metrics
     roll = cat_rollouts([k[0] for k in kept], pad_token_id)
     rewards, correct, group_ids = (torch.cat([k[i] for k in kept]) for i in (1, 2, 3))
-    idx = torch.arange(rows)
     metrics["dynamic_sampling/kept_frac"] = n_kept / (attempts * want)
-    return roll.select(idx), rewards[idx], correct[idx], group_ids[idx], metrics
+    return StepBatch(roll, rewards, correct, group_ids)[torch.arange(rows)], metrics

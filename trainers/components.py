@@ -36,7 +36,6 @@ from ..models.lora import apply_lora
 from ..rewards import RewardRunner, build_reward_runner
 from .algos.algorithm import Algorithm
 from .data.prompts_source import build_prompt_source
-from .interventions import build_intervention
 from .parallel import distributed
 
 __all__ = ["check_batches", "check_tracking", "seed_everything", "build_policy", "build_source",
@@ -107,15 +106,9 @@ def build_source(cfg, tokenizer):
 
 
 def build_algorithm(cfg) -> Algorithm:
-    """The algorithm of ``cfg.algo``; with ``rollout.tis.enabled`` also the sampler/trainer mismatch
-    correction (``rollout.tis.mode``: token | mis | icepop | seq_mask)."""
-    algo = Algorithm.from_config(cfg.algo, max_response_length=int(cfg.rollout.max_new_tokens),
-                                 seed=int(cfg.trainer.seed))
-    tis = cfg.rollout.get("tis", None)
-    if tis is not None and tis.get("enabled", False) and "tis" not in algo.intervention_names:
-        algo.interventions.append(build_intervention("tis", {"cap": float(tis.get("cap", 2.0)),
-                                                             "mode": str(tis.get("mode", "token"))}))
-    return algo
+    """The algorithm of a ``train`` config (``Algorithm.from_train_config``: ``algo.*``, with
+    ``rollout.tis.enabled`` also the truncated-IS intervention); checks every value."""
+    return Algorithm.from_train_config(cfg)
 
 
 def build_tracker(cfg, output_dir: Path, dist, log=print):

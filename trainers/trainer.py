@@ -13,6 +13,10 @@ One training step:
      (``optim.scheduler``) advances by one step;
   6. metrics to MLflow + metrics.jsonl, periodic validation and atomic checkpoints.
 
+The step travels as one ``StepBatch`` (``algos/step_batch.py``), sliced with ``batch[idx]`` per
+mini- and micro-batch; the loss returns what it computed, and the diagnostics that need extra
+gradients (``diagnostics.quadrants``, ``diagnostics.attribution``) are explicit steps around it.
+
 ``train(cfg)`` resumes from the latest checkpoint in ``output_dir`` when there is one
 (``trainer.resume=auto``), continuing the step count and the same MLflow run.
 """
@@ -30,26 +34,29 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..core.resources import ThreadBudget
 from ..core.tracking import read_metrics
-from ..core.validation import validate_config
 from ..evals.runner import validate as validate_benchmarks
 from ..rollout.base import Rollout, build_rollout
 from . import components
-from .algos.algorithm import tracked_config
-from .algos.core_algos import part_weight
+from .algos.algorithm import Algorithm, tracked_config
+from .algos.core_algos import all_equal_group_share, part_weight
+from .algos.step_batch import StepBatch
 from .collect import collect_rollouts
 from .data import micro_batches
-from .interventions.tis import SAMPLING_LOGP_KEY, sampler_mismatch_metrics
-from .optim import build_optimizer, build_scheduler, check_optim, resume_scheduler
+from .interventions.tis import sampler_mismatch_metrics
+from .optim import build_optimizer, build_scheduler, resume_scheduler
 from .parallel import distributed
+from .preflight import TrainingCheck, check_training
 from .run import checkpoint as ckpt
 from .run import run_dir
 from .run.plots import plot_training_curves
 from .run.regime import report_regime
 from .run.run_report import TrainingProgress, summarize
 from .run.stop_signals import RunInterrupted, StopSignals
+from .stats.attribution import build_attribution
 from .stats.diagnostics import quadrant_metrics
 from .stats.passk import sampled_pass_metrics
 from .stats.policy_stats import batch_token_stats, response_token_stats
+from .stats.prediction import EntropyPrediction
 from .stats.probe import build_probe
 
 
@@ -65,8 +72,11 @@ def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Ten
 # the recipe
 # ---------------------------------------------------------------------------------------------
 class GRPOTrainer:
-    def __init__(self, cfg: DictConfig, log=print):
-        """Set up the run's components one by one (each buildable alone: ``trainers/components.py``)."""
+    def __init__(self, cfg: DictConfig, log=print, *, algo: Algorithm | None = None, run_mode: str | None = None):
+        """Set up the run's components one by one (each buildable alone: ``trainers/components.py``).
+
+        ``algo`` and ``run_mode``: what ``check_training`` already built and decided (so the checks
+        run once per command); without them the trainer runs those checks itself."""
         self.cfg = cfg
         t = cfg.trainer
         self.output_dir = Path(cfg.output_dir)
@@ -76,8 +86,13 @@ class GRPOTrainer:
         self.dist = distributed.setup(t)
         self.log = log if self.dist.is_main else (lambda *_a, **_k: None)
         self.nodes = distributed.node_names(self.dist)      # by rank, for summary.json
+        # every algorithm and intervention value checked (and its object built) before anything exists
+        self.algo = algo if algo is not None else components.build_algorithm(cfg)
         # resume / refuse / overwrite what output_dir holds, before minutes of model loading
-        self.run_mode = run_dir.prepare_output_dir(cfg, is_main=self.dist.is_main, log=self.log)
+        self.run_mode = run_mode if run_mode is not None else run_dir.check_output_dir(cfg)
+        if self.run_mode == "overwrite":
+            run_dir.clear_previous_run(self.output_dir, is_main=self.dist.is_main, log=self.log)
+            self.run_mode = "fresh"
         distributed.barrier(self.dist)
         self.device = self.dist.device
         components.check_batches(cfg, self.dist)
@@ -90,7 +105,6 @@ class GRPOTrainer:
         self.model, self.tokenizer, self.lora = components.build_policy_and_adapter(cfg, self.dist, log=self.log)
         self.source = components.build_source(cfg, self.tokenizer)
         self.rewards.bind(self.source)
-        self.algo = components.build_algorithm(cfg)
         self.ref_model = None        # with LoRA the reference is the adapter disabled (_reference_logp)
         if self.algo.needs_ref and self.lora is None:
             self.ref_model = components.build_reference(cfg, self.dist, log=self.log)
@@ -102,6 +116,8 @@ class GRPOTrainer:
         self.val_problems = self.source.validation(int(cfg.val.prompts)) if cfg.val.prompts else []
         self.probe = build_probe(cfg, self.source, self.rollout, lambda model, roll: batch_token_stats(
             model, roll, int(t.micro_batch_responses), **self._stats_kwargs()))
+        self.attribution = build_attribution(cfg, self.probe, self.dist.world_size, lambda model, roll: (
+            response_token_stats(model, roll, entropy_grad=True, **self._stats_kwargs())[1]))
 
     def _stats_kwargs(self) -> dict:
         return components.stats_kwargs(self.cfg)
@@ -151,9 +167,9 @@ class GRPOTrainer:
         return path
 
     # -- rollouts ---------------------------------------------------------------------------
-    def collect(self) -> tuple[Rollout, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
-        """This step's batch (``collect.collect_rollouts``): ``(rollout, rewards [B], correct [B],
-        group_ids [B], metrics)``."""
+    def collect(self) -> tuple[StepBatch | None, dict]:
+        """This step's batch (``collect.collect_rollouts``): ``(StepBatch of the responses with their
+        rewards, correct and group ids, or None when nothing was kept; metrics)``."""
         return collect_rollouts(self.cfg, source=self.source, rollout=self.rollout, algo=self.algo, dist=self.dist,
                                 pad_token_id=self.tokenizer.pad_token_id, step=self.step,
                                 reward_runner=self.rewards)
@@ -168,92 +184,107 @@ class GRPOTrainer:
                 return batch_token_stats(base, roll, rows_per_chunk, **stats_kw)[0]
         return None
 
-    def _micro_batches(self, roll: Rollout, mini: torch.Tensor) -> list[torch.Tensor]:
-        """Positions in ``mini`` of each forward/backward pass: ``trainer.micro_batch_responses``
-        rows at a time, or packed by ``trainer.micro_batch_tokens`` (trainers/data/micro_batches.py),
-        as many passes on every rank."""
+    def _micro_batches(self, rows: Rollout) -> list[torch.Tensor]:
+        """Positions in the mini-batch ``rows`` of each forward/backward pass:
+        ``trainer.micro_batch_responses`` rows at a time, or packed by ``trainer.micro_batch_tokens``
+        (trainers/data/micro_batches.py), as many passes on every rank."""
         t = self.cfg.trainer
         budget = t.get("micro_batch_tokens")
         if not budget:
-            return micro_batches.by_count(len(mini), int(t.micro_batch_responses))
-        rows = roll.select(mini)
+            return micro_batches.by_count(len(rows.texts), int(t.micro_batch_responses))
         passes = micro_batches.by_tokens(rows.prompt_mask.sum(1), rows.response_mask.sum(1), int(budget))
         return micro_batches.balance(passes, int(distributed.max_across(len(passes), self.dist)))
 
-    def _pass_rows(self, roll: Rollout, micro: torch.Tensor) -> tuple[Rollout, int]:
-        """The rows of one pass, trimmed to their own width under a token budget; the response width."""
-        part = roll.select(micro)
-        if self.cfg.trainer.get("micro_batch_tokens"):
-            return micro_batches.trim(part)
-        return part, part.response_ids.shape[1]
+    def _pass_rows(self, rows: StepBatch) -> StepBatch:
+        """The rows of one pass, trimmed to their own width under a token budget."""
+        if not self.cfg.trainer.get("micro_batch_tokens"):
+            return rows
+        responses, width = micro_batches.trim(rows.responses)
+        return rows.narrowed(responses, width)
 
     # -- one training step ------------------------------------------------------------------
-    def train_step(self, batch=None) -> dict[str, float]:
-        """One step; ``batch`` (what ``collect`` returns) skips generation, e.g. to replay a fixed batch."""
-        t = self.cfg.trainer
+    def train_step(self, collected: tuple[StepBatch | None, dict] | None = None) -> dict[str, float]:
+        """One step; ``collected`` (what ``collect`` returns) skips generation, e.g. to replay a fixed batch."""
         started = time.perf_counter()
-        roll, rewards, _correct, group_ids, metrics = batch if batch is not None else self.collect()
+        batch, metrics = collected if collected is not None else self.collect()
+        metrics = dict(metrics)
         gen_time = time.perf_counter() - started
-        if roll is None:  # every group was all-equal: nothing to learn from this step
+        if batch is None:  # every group was all-equal: nothing to learn from this step
             self._advance_schedule(metrics)
             metrics.update({"time/step": time.perf_counter() - started, "skipped": 1.0})
             return distributed.mean_metrics(metrics, self.dist)
+        batch = self._score(batch, metrics)
+        prediction = self._update(batch, metrics)
+        self.rollout.sync_weights()
+        if prediction is not None:                # effective vs plain-GRPO first-order entropy change
+            metrics.update(prediction.metrics())
+        if self.probe is not None:                # realised change on the fixed held-out probe batch
+            metrics.update(self.probe.after_update(self.model))
+        if self.attribution is not None:          # its net first-order prediction (when measured)
+            metrics.update(self.attribution.finish(self.model))
+        metrics["time/generate"] = gen_time
+        metrics["time/step"] = time.perf_counter() - started
+        return distributed.mean_metrics(metrics, self.dist)   # averaged over ranks (identity on one)
+
+    def _score(self, batch: StepBatch, metrics: dict) -> StepBatch:
+        """Steps 3-4: the sampling policy's token statistics, the controllers, the advantages, the
+        quadrant diagnostics and the batch-scope selections, filled into the step batch."""
+        roll, rows_per_chunk, stats_kw = batch.responses, int(self.cfg.trainer.micro_batch_responses), self._stats_kwargs()
         mask = roll.response_mask.to(self.device).float()
-        stats_kw = self._stats_kwargs()
         if self.probe is not None:
             self.probe.before_update(self.model)
-        rows_per_chunk = int(t.micro_batch_responses)
+        if self.attribution is not None and self.attribution.due(self.step):
+            self.attribution.begin(self.model)
         old_logp, entropy = batch_token_stats(self.model, roll, rows_per_chunk, **stats_kw)
         ref_logp = self._reference_logp(roll, rows_per_chunk, stats_kw)
-        if roll.sampling_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are
-            metrics.update(sampler_mismatch_metrics(old_logp, roll.sampling_logp.to(self.device), mask))
+        sampler_logp = None if roll.sampling_logp is None else roll.sampling_logp.to(self.device)
+        if sampler_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are
+            metrics.update(sampler_mismatch_metrics(old_logp, sampler_logp, mask))
         sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
         self.algo.begin_step(sampling_entropy)
-        advantages = self.algo.advantages(rewards.to(self.device), group_ids.to(self.device), mask, entropy=entropy)
+        rewards, group_ids = batch.rewards.to(self.device), batch.group_ids.to(self.device)
+        advantages = self.algo.advantages(rewards, group_ids, mask, entropy=entropy)
         metrics["entropy"] = sampling_entropy
         if self.cfg.diagnostics.quadrants:
             metrics.update(quadrant_metrics(old_logp, old_logp, entropy, advantages, mask))
+        metrics["groups/all_equal_frac"] = all_equal_group_share(rewards, group_ids)
         metrics.update(self.algo.step_metrics())
+        batch = batch.with_(mask=mask, old_logp=old_logp, entropy=entropy, sampler_logp=sampler_logp,
+                            ref_logp=ref_logp, advantages=advantages)
+        return self.algo.select(batch, "batch")
 
-        batch_extras = self.algo.prepare("batch", logp=old_logp, old_logp=old_logp, entropy=entropy,
-                                         advantages=advantages, mask=mask)
-        if roll.sampling_logp is not None:      # read by interventions that need them (tis)
-            batch_extras[SAMPLING_LOGP_KEY] = roll.sampling_logp.to(self.device)
+    def _update(self, batch: StepBatch, metrics: dict) -> EntropyPrediction | None:
+        """Step 5: ``ppo_epochs`` passes of mini-batch updates, gradient accumulation over micro-batches,
+        then the lr schedule moves on by one step. Returns the first-order entropy prediction of the step's losses (``diagnostics.quadrants``)."""
+        t, stats_kw = self.cfg.trainer, self._stats_kwargs()
+        prediction = EntropyPrediction() if self.cfg.diagnostics.quadrants else None
         loss_metrics: dict[str, list[float]] = defaultdict(list)
-        rows = len(roll.texts)
+        rows, agg = len(batch), self.algo.loss_agg
         mini_rows = int(t.mini_batch_prompts) * int(self.cfg.rollout.n)
-        agg = str(self.cfg.algo.get("loss_agg", "token-mean"))
         shuffle = torch.Generator().manual_seed(int(t.seed) * 7919 + self.step)
         self.model.train()
         grad_norms = []
         for _epoch in range(int(t.ppo_epochs)):
             order = torch.randperm(rows, generator=shuffle)
             for m_start in range(0, rows, mini_rows):
-                mini = order[m_start: m_start + mini_rows]
-                mini_extras = {k: v[mini] for k, v in batch_extras.items()}
-                with torch.no_grad():
-                    mini_extras.update(self.algo.prepare(
-                        "mini", logp=old_logp[mini], old_logp=old_logp[mini], entropy=entropy[mini],
-                        advantages=advantages[mini], mask=mask[mini],
-                        gather=lambda tensors: distributed.gather_rows(tensors, self.dist)))   # scope global
+                mini = self.algo.select(batch[order[m_start: m_start + mini_rows]], "mini",
+                                        gather=lambda tensors: distributed.gather_rows(tensors, self.dist))  # scope global
                 self.optimizer.zero_grad(set_to_none=True)
-                dp_scale = distributed.loss_scale(agg, mask[mini], self.dist)   # 1.0 on one process
+                dp_scale = distributed.loss_scale(agg, mini.mask, self.dist)   # 1.0 on one process
                 objective = 0.0
-                for local in self._micro_batches(roll, mini):
+                for local in self._micro_batches(mini.responses):
                     pairing = len(local) == 0     # only to pair this rank's collectives with the others'
-                    local = torch.zeros(1, dtype=torch.long) if pairing else local
-                    micro = mini[local]
-                    part, w = self._pass_rows(roll, micro)          # w: response columns of this pass
-                    logp, ent, *vocab = response_token_stats(self.model, part,
+                    rows = mini[torch.zeros(1, dtype=torch.long) if pairing else local]
+                    micro = self._pass_rows(rows)          # trimmed to its own width under a token budget
+                    logp, ent, *vocab = response_token_stats(self.model, micro.responses,
                                                              entropy_grad=self.algo.needs_entropy_grad,
                                                              vocab_stats=self.algo.vocab_stats(), **stats_kw)
-                    out = self.algo.loss(logp=logp, old_logp=old_logp[micro, :w], entropy=ent,
-                                         advantages=advantages[micro, :w], mask=mask[micro, :w],
-                                         ref_logp=None if ref_logp is None else ref_logp[micro, :w],
-                                         extras={**{k: v[local][:, :w] if v.dim() == 2 else v[local]
-                                                    for k, v in mini_extras.items()},
-                                                 **(vocab[0] if vocab else {})})
-                    weight = 0.0 if pairing else accumulation_weight(agg, mask[micro], mask[mini]) * dp_scale
+                    out = self.algo.micro_loss(micro, logp=logp, entropy=ent, vocab=vocab[0] if vocab else None)
+                    if not pairing:
+                        self.algo.after_loss()
+                        if prediction is not None:   # reads the graph: before the backward frees it
+                            prediction.add(out)
+                    weight = 0.0 if pairing else accumulation_weight(agg, rows.mask, mini.mask) * dp_scale
                     (out.loss * weight).backward()
                     objective += float(out.loss.detach()) * weight
                     for k, v in ({} if pairing else out.metrics).items():
@@ -262,17 +293,9 @@ class GRPOTrainer:
                 grad_norms.append(distributed.clip_grad_norm(self.model, float(t.grad_clip)))
                 self.optimizer.step()
         self._advance_schedule(metrics)
-        self.rollout.sync_weights()
         metrics.update({k: float(np.nanmean(v)) for k, v in loss_metrics.items()})
         metrics["grad_norm"] = float(np.mean(grad_norms))
-        prediction = self.algo.pop_prediction()   # effective vs plain-GRPO first-order entropy change
-        if self.cfg.diagnostics.quadrants:
-            metrics.update(prediction)
-        if self.probe is not None:                # realised change on the fixed held-out probe batch
-            metrics.update(self.probe.after_update(self.model))
-        metrics["time/generate"] = gen_time
-        metrics["time/step"] = time.perf_counter() - started
-        return distributed.mean_metrics(metrics, self.dist)   # averaged over ranks (identity on one)
+        return prediction
 
     def _advance_schedule(self, metrics: dict) -> None:
         """Log the lr this step used (``lr``) and move the schedule on by one training step."""
@@ -388,15 +411,16 @@ class GRPOTrainer:
         return summary
 
 
-def train(cfg: DictConfig, log=print) -> dict:
+def train(cfg: DictConfig, log=print, *, checked: TrainingCheck | None = None) -> dict:
     """Run (or resume) the training job described by ``cfg``; returns the summary dict.
 
-    Raises ``UserError`` for a bad value or an output_dir this run may not use (before anything is
-    created), ``RunInterrupted`` (a ``KeyboardInterrupt``) when a signal stopped it."""
-    validate_config(cfg, "train")
-    check_optim(cfg.optim)          # optim.name / optim.scheduler are registered names
+    ``checked``: what ``check_training(cfg)`` returned, when the caller ran it (the CLI, before it
+    prints); else it runs here. Raises ``UserError`` for a bad value or an output_dir this run may
+    not use (before anything is created), ``RunInterrupted`` (a ``KeyboardInterrupt``) when a
+    signal stopped it."""
+    checked = checked if checked is not None else check_training(cfg)
     with run_dir.run_lock(cfg):     # one writer per output_dir, held until the summary is written
-        trainer = GRPOTrainer(cfg, log=log)
+        trainer = GRPOTrainer(cfg, log=log, algo=checked.algo, run_mode=checked.run_mode)
         try:
             return trainer.fit()
         finally:

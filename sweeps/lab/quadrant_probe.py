@@ -58,10 +58,11 @@ def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=pr
         out: dict[str, list[float]] = {q: [] for q in QUADRANTS}
         for b in range(batches):
             # fresh prompts, apart from the training stream (steps 10_000 + b)
-            roll, rewards, _c, group_ids, _m = collect_rollouts(cfg, source=source, rollout=engine, algo=algo, dist=dist,
-                                                                pad_token_id=tokenizer.pad_token_id, step=10_000 + b)
-            if roll is None:
+            batch, _m = collect_rollouts(cfg, source=source, rollout=engine, algo=algo, dist=dist,
+                                         pad_token_id=tokenizer.pad_token_id, step=10_000 + b)
+            if batch is None:
                 continue
+            roll, rewards, group_ids = batch.responses, batch.rewards, batch.group_ids
             mask = roll.response_mask.to(dist.device).float()
             old_logp, entropy = batch_token_stats(model, roll, rows, **kw)
             adv = algo.advantages(rewards.to(dist.device), group_ids.to(dist.device), mask, entropy=entropy)

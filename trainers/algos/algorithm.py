@@ -1,53 +1,78 @@
 """The algorithm facade the training loop talks to.
 
-``Algorithm.from_config(cfg.algo, max_response_length=..., seed=...)`` turns the ``algo`` config
-group into an object that owns every piece of RL math of a training step, in the order the loop
-calls them::
+``Algorithm.from_train_config(cfg)`` (or ``Algorithm.from_config(cfg.algo, ...)``) turns the config
+into an object that owns every piece of RL math of a training step, in the order the loop calls
+them; it is built, and its parameters checked, before anything of a run is created::
 
     rewards = algo.shape_rewards(rewards, lengths)            # DAPO overlong shaping (if enabled)
     keep    = algo.keep_groups(rewards, group_ids)            # DAPO dynamic sampling (if enabled)
-    adv     = algo.advantages(rewards, group_ids, mask)       # [B, T]
     algo.begin_step(sampling_entropy)                         # controllers: STARE gate, adaptive beta
-    extras  = algo.prepare("batch", logp=..., ...)            # selections with scope=batch
-    for mini in minibatches:
-        extras_m = algo.prepare("mini", logp=..., ...)        # selections with scope=mini
-        for micro in micro_batches:
-            out = algo.loss(logp=..., ..., extras=sliced)     # LossOutput(loss, metrics)
+    adv     = algo.advantages(rewards, group_ids, mask)       # [B, T]
+    batch   = algo.select(batch, "batch")                     # selections with scope=batch
+    for mini in minibatches:                                  # mini = batch[idx]
+        mini = algo.select(mini, "mini")                      # selections with scope=mini
+        for micro in micro_batches:                           # micro = mini[idx]
+            out = algo.micro_loss(micro, logp=..., entropy=...)   # LossOutput(loss, metrics, ...)
+            algo.after_loss()                                 # per-loss state (Clip-Cov's draws)
     algo.step_metrics()                                       # controller state for logging
 
-The loop never branches on the algorithm name: everything algorithm-specific is config data read
-here or an intervention module (``interventions/``).
+``loss`` returns what it computed and changes nothing. The loop never branches on the algorithm
+name and neither does this module: everything algorithm-specific is config data read here or an
+intervention module (``interventions/``). The algorithm's own keys are declared once in
+``ALGO_KEYS`` (type, range, default) and checked in ``from_config``; an intervention's parameters
+are checked by its ``Params``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from ...conf import intervention_names
 from ...core.errors import UserError
-from ..interventions import INTERVENTIONS, Intervention, LossContext, TokenBatch, build_intervention
-from ..interventions.steer import SAMPLING_ENTROPY_KEY
-from ..stats.diagnostics import QUADRANTS, effective_entropy_change, quadrant_ids
+from ...core.validation import BOOL, NONNEG, POS_INT, Rule, check_value, integer, number
+from ..interventions import INTERVENTIONS, Intervention, LossContext, TokenBatch, build_intervention, intervention_params
 from . import core_algos, objectives
+from .step_batch import StepBatch
 
-__all__ = ["Algorithm", "LossOutput", "tracked_config"]
+__all__ = ["Algorithm", "LossOutput", "ALGO_KEYS", "tracked_config"]
 
-_TOP_KEYS = ("name", "advantage", "clip", "loss_agg", "loss_agg_norm", "kl_coef", "interventions",
-             "dynamic_sampling", "overlong", "objective", "objective_args")
 PREPARE_LEVELS = ("batch", "mini")
 # scope "global" selects at the mini-batch level, over the rows of every rank (``gather``)
 _AT_LEVEL = {"batch": ("batch",), "mini": ("mini", "global")}
 
+#: The algorithm's own keys under ``algo.``: ``key -> (rule, default)``, declared once and checked
+#: once (``from_config``). ``advantage`` and ``loss_agg`` are checked against their registries.
+ALGO_KEYS: dict[str, tuple[Rule, Any]] = {
+    # [0, 1]: the ratio's lower bound 1 - low stays >= 0; 1 turns the low clip off (Clip-Cov's preset)
+    "clip.low": (number(0, 1), 0.2),
+    "clip.high": (NONNEG, 0.2),
+    "clip.dual_c": (number(1, open_low=True, nullable=True), 3.0),
+    "loss_agg_norm": (number(0, open_low=True, nullable=True), None),
+    "kl_coef": (NONNEG, 0.0),
+    "dynamic_sampling.enabled": (BOOL, False),
+    "dynamic_sampling.max_num_gen_batches": (POS_INT, 10),
+    "overlong.enabled": (BOOL, False),
+    "overlong.buffer": (integer(0), 0),
+}
+
 
 @dataclass
 class LossOutput:
-    """``loss``: scalar tensor to backpropagate; ``metrics``: plain floats for logging."""
+    """What one micro-batch loss computed.
+
+    ``loss``: scalar tensor to backpropagate; ``metrics``: plain floats for logging; ``tokens``: the
+    ``LossContext`` it was built from (the per-token pieces after every intervention);
+    ``token_loss``: ``[b, T]`` the weighted per-token policy loss the aggregation saw (still on the
+    graph: diagnostics read gradients off it, ``stats/prediction.py``).
+    """
     loss: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
+    tokens: LossContext | None = None
+    token_loss: torch.Tensor | None = None
 
 
 def _to_dict(cfg: Any) -> dict:
@@ -64,6 +89,26 @@ def _to_dict(cfg: Any) -> dict:
     raise TypeError(f"algo config must be a dict or DictConfig, got {type(cfg).__name__}")
 
 
+def _read(cfg: dict, key: str) -> Any:
+    """``algo.<key>`` checked against ``ALGO_KEYS`` (its default when absent; null stays null)."""
+    rule, default = ALGO_KEYS[key]
+    *sections, last = key.split(".")
+    node: Any = cfg
+    for part in sections:
+        node = node.get(part) if isinstance(node, dict) else None
+    value = node.get(last, default) if isinstance(node, dict) else default
+    check_value(f"algo.{key}", value, rule)
+    return value
+
+
+def _registered(cfg: dict, key: str, registry, default: str) -> str:
+    """``algo.<key>``: the name of a registered function (advantage estimator, loss aggregation)."""
+    value = cfg.get(key, default)
+    if not isinstance(value, str) or value not in registry:
+        raise UserError(f"unknown algo.{key} '{value}'; valid choices: {', '.join(sorted(registry))}")
+    return value
+
+
 def _objective_args(v) -> dict:
     if v is None:
         return {}
@@ -72,17 +117,11 @@ def _objective_args(v) -> dict:
     return dict(v)
 
 
-def _num(cfg: dict, key: str, default, where: str, *, allow_none: bool = False):
-    v = cfg.get(key, default)
-    if v is None and allow_none:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
-        raise UserError(f"{where}.{key} must be a number, got {v!r}")
-    return v
-
-
 class Algorithm:
-    """Advantage estimator + clipped surrogate + aggregation + KL + interventions, from config."""
+    """Advantage estimator + clipped surrogate + aggregation + KL + interventions, from config.
+
+    Build it with ``from_config`` / ``from_train_config``, which check every value; the constructor
+    takes checked values."""
 
     def __init__(self, *, name: str = "grpo", advantage: str = "grpo", eps_low: float = 0.2,
                  eps_high: float = 0.2, dual_c: float | None = 3.0, loss_agg: str = "token-mean",
@@ -93,25 +132,6 @@ class Algorithm:
                  objective_args: dict | None = None):
         self.objective = str(objective)
         self.objective_args = objectives.check_objective_args(self.objective, dict(objective_args or {}))
-        if advantage not in core_algos.ADVANTAGE_ESTIMATORS:
-            raise UserError(f"unknown algo.advantage '{advantage}'; valid choices: "
-                            f"{', '.join(sorted(core_algos.ADVANTAGE_ESTIMATORS))}")
-        if loss_agg not in core_algos.LOSS_AGGREGATIONS:
-            raise UserError(f"unknown algo.loss_agg '{loss_agg}'; valid choices: "
-                            f"{', '.join(core_algos.LOSS_AGGREGATIONS)}")
-        if not (0.0 <= eps_low <= 1.0 and eps_high >= 0.0):
-            raise UserError(f"algo.clip: need 0 <= low <= 1 and high >= 0, got low={eps_low}, high={eps_high}")
-        if dual_c is not None and dual_c <= 1.0:
-            raise UserError(f"algo.clip.dual_c must be > 1 (or null to disable), got {dual_c}")
-        if kl_coef < 0:
-            raise UserError(f"algo.kl_coef must be >= 0, got {kl_coef}")
-        if max_response_length < 1:
-            raise UserError(f"max_response_length must be >= 1, got {max_response_length}")
-        if overlong and not 1 <= overlong_buffer <= max_response_length:
-            raise UserError(f"algo.overlong.buffer must be in [1, max_response_length={max_response_length}], "
-                            f"got {overlong_buffer}")
-        if dynamic_sampling and max_num_gen_batches < 1:
-            raise UserError(f"algo.dynamic_sampling.max_num_gen_batches must be >= 1, got {max_num_gen_batches}")
         self.name = name
         self.advantage_name = advantage
         self.eps_low, self.eps_high, self.dual_c = float(eps_low), float(eps_high), dual_c
@@ -125,17 +145,20 @@ class Algorithm:
         self.overlong = bool(overlong)
         self.overlong_buffer = int(overlong_buffer)
         self.max_response_length = int(max_response_length)
-        self.all_equal_frac: float | None = None   # share of groups with all-equal rewards, last step
-        self._pred: dict[str, float] = {}          # first-order entropy change, summed since the last pop
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_config(cls, algo_cfg, *, max_response_length: int, seed: int = 0) -> Algorithm:
-        """Build from the ``algo`` config group (DictConfig or dict); bad values raise ``UserError``."""
+    def from_config(cls, algo_cfg, *, max_response_length: int, seed: int = 0,
+                    switches: dict[str, Any] | None = None) -> Algorithm:
+        """Build from the ``algo`` config group (DictConfig or dict); bad values raise ``UserError``.
+
+        ``switches``: ``{config path: section}`` for the interventions switched on from outside
+        ``algo`` (``Intervention.switched_on_by``, e.g. ``rollout.tis``): one whose section says
+        ``enabled: true`` is added after the listed ones (unless listed), with the section's other
+        keys as its parameters."""
         cfg = _to_dict(algo_cfg)
-        clip = cfg.get("clip") or {}
-        ds = cfg.get("dynamic_sampling") or {}
-        ol = cfg.get("overlong") or {}
+        if isinstance(max_response_length, bool) or not isinstance(max_response_length, int) or max_response_length < 1:
+            raise UserError(f"rollout.max_new_tokens must be a positive integer, got {max_response_length!r}")
         names = cfg.get("interventions") or []
         if isinstance(names, str):
             names = [names]
@@ -148,30 +171,63 @@ class Algorithm:
         if unknown:
             raise UserError(f"unknown intervention '{unknown[0]}' in algo.interventions; valid choices: "
                             f"{', '.join(sorted(INTERVENTIONS))}")
-        ivs = []
-        for n in names:
-            section = cfg.get(n)
+        sections = {n: cfg.get(n) for n in names}
+        listed, where = list(names), {}
+        for n, cls_ in INTERVENTIONS.items():
+            path = cls_.switched_on_by
+            switch = _to_dict((switches or {}).get(path)) if path else {}
+            check_value(f"{path}.enabled", switch.get("enabled", False), BOOL)
+            if switch.get("enabled", False) and n not in names:
+                names = [*names, n]
+                sections[n] = {k: v for k, v in switch.items() if k != "enabled"}
+                where[n] = path
+        for n in INTERVENTIONS:
+            section = sections.get(n, cfg.get(n))
             if section is not None and not isinstance(section, dict):
                 raise UserError(f"algo.{n} must be a mapping of {n}'s parameters, got {section!r}")
-            ivs.append(build_intervention(n, section, seed=seed, max_response_length=max_response_length))
+            if n not in names and section is not None:
+                intervention_params(n, section)   # a section the run does not use is still checked
+        ivs = []
+        for n in names:
+            try:
+                ivs.append(build_intervention(n, sections[n], seed=seed, max_response_length=max_response_length))
+            except UserError as exc:
+                if n in where and n not in listed:       # the user set <path>.*, not algo.<name>.*
+                    raise UserError(str(exc).replace(f"algo.{n}.", f"{where[n]}.")) from None
+                raise
+        overlong, buffer = _read(cfg, "overlong.enabled"), _read(cfg, "overlong.buffer")
+        if overlong and not 1 <= buffer <= max_response_length:
+            raise UserError(f"algo.overlong.buffer={buffer} is not allowed: it must be in [1, "
+                            f"rollout.max_new_tokens={max_response_length}]")
         return cls(
             name=str(cfg.get("name", "custom")),
-            advantage=str(cfg.get("advantage", "grpo")),
-            eps_low=float(_num(clip, "low", 0.2, "algo.clip")),
-            eps_high=float(_num(clip, "high", 0.2, "algo.clip")),
-            dual_c=_num(clip, "dual_c", 3.0, "algo.clip", allow_none=True),
-            loss_agg=str(cfg.get("loss_agg", "token-mean")),
-            loss_agg_norm=_num(cfg, "loss_agg_norm", None, "algo", allow_none=True),
-            kl_coef=float(_num(cfg, "kl_coef", 0.0, "algo")),
+            advantage=_registered(cfg, "advantage", core_algos.ADVANTAGE_ESTIMATORS, "grpo"),
+            eps_low=float(_read(cfg, "clip.low")),
+            eps_high=float(_read(cfg, "clip.high")),
+            dual_c=_read(cfg, "clip.dual_c"),
+            loss_agg=_registered(cfg, "loss_agg", core_algos.LOSS_AGGREGATIONS, "token-mean"),
+            loss_agg_norm=_read(cfg, "loss_agg_norm"),
+            kl_coef=float(_read(cfg, "kl_coef")),
             interventions=ivs,
-            dynamic_sampling=bool(ds.get("enabled", False)),
-            max_num_gen_batches=int(_num(ds, "max_num_gen_batches", 10, "algo.dynamic_sampling")),
-            overlong=bool(ol.get("enabled", False)),
-            overlong_buffer=int(_num(ol, "buffer", 0, "algo.overlong")),
+            dynamic_sampling=_read(cfg, "dynamic_sampling.enabled"),
+            max_num_gen_batches=int(_read(cfg, "dynamic_sampling.max_num_gen_batches")),
+            overlong=overlong,
+            overlong_buffer=int(buffer),
             max_response_length=int(max_response_length),
             objective=str(cfg.get("objective") or "ppo_clip"),
             objective_args=_objective_args(cfg.get("objective_args")),
         )
+
+    @classmethod
+    def from_train_config(cls, cfg) -> Algorithm:
+        """The algorithm of a composed ``train`` config: ``algo``, with ``rollout.max_new_tokens``
+        as the response length, the sections that switch interventions on from outside ``algo``
+        (``rollout.tis``) and ``trainer.seed``. The one place that reads
+        them; it checks every algorithm and intervention value (``UserError``)."""
+        paths = {c.switched_on_by for c in INTERVENTIONS.values() if c.switched_on_by}
+        switches = {p: OmegaConf.select(cfg, p, default=None) for p in paths}
+        return cls.from_config(cfg.algo, max_response_length=int(cfg.rollout.max_new_tokens),
+                               seed=int(cfg.trainer.seed), switches=switches)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -215,11 +271,6 @@ class Algorithm:
                    response_mask: torch.Tensor, entropy: torch.Tensor | None = None) -> torch.Tensor:
         """Token-level advantages ``[B, T]`` (0 on masked tokens); interventions that shape advantages
         (``shape_advantages``, e.g. GTPO) then apply, with the sampling ``entropy [B, T]``."""
-        if rewards.numel():
-            keep = core_algos.filter_all_equal_groups(rewards.float(), group_ids)
-            groups = torch.unique(group_ids)
-            mixed = torch.unique(group_ids[keep]).numel()
-            self.all_equal_frac = 1.0 - mixed / max(int(groups.numel()), 1)
         adv = core_algos.compute_advantages(self.advantage_name, rewards, group_ids, response_mask)
         for iv in self.interventions:
             shape = getattr(iv, "shape_advantages", None)
@@ -244,15 +295,12 @@ class Algorithm:
         ``gather(tensors) -> (all ranks' tensors, this rank's rows)`` (``distributed.gather_rows``):
         a "global" selection is computed on every rank's rows of the mini-batch together and this
         rank's rows are kept; without it (one process) "global" is "mini".
-        The loop slices them row-wise with the batch and passes them to ``loss(extras=...)``.
+        ``select`` puts them into a ``StepBatch``; a direct caller passes them as ``loss(extras=...)``.
         """
         if level not in PREPARE_LEVELS:
             raise ValueError(f"prepare level must be one of {PREPARE_LEVELS}, got {level!r}")
         batch = TokenBatch(logp.detach(), old_logp.detach(), entropy.detach(), advantages.detach(), mask)
         out: dict[str, torch.Tensor] = {}
-        if level == "batch" and any(iv.name == "steer" for iv in self.interventions):
-
-            out[SAMPLING_ENTROPY_KEY] = entropy.detach()   # STEER's entropy_source=old
         for iv in self.interventions:
             if iv.scope == level:
                 out.update(iv.select(batch))
@@ -269,13 +317,35 @@ class Algorithm:
                 out.update({k: v[rows, :width] for k, v in iv.select(whole).items()})
         return out
 
+    def select(self, batch: StepBatch, level: str, gather=None) -> StepBatch:
+        """``batch`` with the selections of the interventions whose scope is ``level`` added (made
+        on the sampling policy's statistics, before any update of the step); ``gather``: as in
+        ``prepare`` (scope "global")."""
+        with torch.no_grad():
+            made = self.prepare(level, logp=batch.old_logp, old_logp=batch.old_logp, entropy=batch.entropy,
+                                advantages=batch.advantages, mask=batch.mask, gather=gather)
+        return batch.with_(selections={**batch.selections, **made}) if made else batch
+
     # ------------------------------------------------------------------ the loss
+    def micro_loss(self, batch: StepBatch, *, logp: torch.Tensor, entropy: torch.Tensor,
+                   vocab: dict[str, torch.Tensor] | None = None) -> LossOutput:
+        """``loss`` of a micro-batch of the step batch; ``logp``/``entropy`` ``[b, T]``: the policy
+        being updated (``logp`` with gradient); ``vocab``: the full-distribution statistics of this
+        micro-batch that interventions asked for (``vocab_stats``), read from ``ctx.extras``."""
+        return self.loss(logp=logp, old_logp=batch.old_logp, entropy=entropy, advantages=batch.advantages,
+                         mask=batch.mask, ref_logp=batch.ref_logp, extras={**batch.selections, **(vocab or {})},
+                         sampling_entropy=batch.entropy, sampler_logp=batch.sampler_logp)
+
     def loss(self, *, logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor,
              advantages: torch.Tensor, mask: torch.Tensor, ref_logp: torch.Tensor | None = None,
-             extras: dict[str, torch.Tensor] | None = None) -> LossOutput:
-        """Policy loss of one micro-batch; all tensors ``[b, T]``.
+             extras: dict[str, torch.Tensor] | None = None, sampling_entropy: torch.Tensor | None = None,
+             sampler_logp: torch.Tensor | None = None) -> LossOutput:
+        """Policy loss of one micro-batch; all tensors ``[b, T]``. Changes nothing (no state, no
+        hidden accumulation): what it computed is in the returned ``LossOutput``.
 
-        ``loss = agg(omega * L) + extra terms (entropy bonus) + kl_coef * agg(k3)``.
+        ``loss = agg(omega * L) + extra terms (entropy bonus) + kl_coef * agg(k3)``. ``extras``:
+        the selections made on a wider scope; ``sampling_entropy`` / ``sampler_logp``: the step
+        batch's sampling entropy and engine log-probs (``LossContext``).
         """
         shape = logp.shape
         for nm, t in (("old_logp", old_logp), ("entropy", entropy), ("advantages", advantages), ("mask", mask)):
@@ -286,15 +356,15 @@ class Algorithm:
                           surrogate=surr, pg_loss=surr.loss, clipped=surr.clipped, pg_mask=mask,
                           dual_clipped=surr.dual_clipped, loss_agg=self.loss_agg,
                           loss_agg_norm=self.loss_agg_norm, extras=dict(extras or {}),
-                          eps_low=self.eps_low, eps_high=self.eps_high, dual_c=self.dual_c,
-                          ref_logp=ref_logp, surrogate_fn=self._surrogate)
+                          sampling_entropy=None if sampling_entropy is None else sampling_entropy.detach(),
+                          sampler_logp=sampler_logp, eps_low=self.eps_low, eps_high=self.eps_high,
+                          dual_c=self.dual_c, ref_logp=ref_logp, surrogate_fn=self._surrogate)
         for iv in self.interventions:
             iv.apply(ctx)
         # Multiply only when some intervention set weights: omega = 1 must stay bit-identical.
         loss_mat = ctx.pg_loss if ctx.weights is None else ctx.pg_loss * ctx.weights
         pg = core_algos.agg_loss(loss_mat, ctx.pg_mask, self.loss_agg, self.loss_agg_norm)
         total = pg
-        self._accumulate_prediction(ctx, loss_mat)
         with torch.no_grad():
             dual = ctx.dual_clipped if ctx.dual_clipped is not None else torch.zeros_like(ctx.clipped)
             metrics: dict[str, float] = {
@@ -318,7 +388,12 @@ class Algorithm:
             metrics["loss/kl"] = float(kl.detach().item())
         metrics["loss/total"] = float(total.detach().item())
         metrics.update(ctx.metrics)
-        return LossOutput(total, metrics)
+        return LossOutput(total, metrics, tokens=ctx, token_loss=loss_mat)
+
+    def after_loss(self) -> None:
+        """After each micro-batch loss of the loop: the interventions advance their per-loss state."""
+        for iv in self.interventions:
+            iv.after_loss()
 
     def _surrogate(self, logp, old_logp, advantages, mask) -> core_algos.SurrogateOutput:
         """The configured policy objective's per-token pieces (``ppo_clip``: the clipped surrogate)."""
@@ -328,56 +403,10 @@ class Algorithm:
         return objectives.policy_objective(self.objective, logp, old_logp, advantages, mask, eps_low=self.eps_low,
                                            eps_high=self.eps_high, dual_c=self.dual_c, **self.objective_args)
 
-    # ------------------------------------------------------------------ diagnostics
-    def _accumulate_prediction(self, ctx: LossContext, loss_mat: torch.Tensor) -> None:
-        """Add this micro-batch's first-order entropy change per quadrant to the running sums.
-
-        The effective per-token coefficient is ``g_t = -d(sum_t omega_t L_t)/d logp_t`` over the
-        tokens that reach the aggregation: advantage x ratio x intervention weights x clip mask
-        (and KL-Cov's penalty slope), read off the autograd graph when ``logp`` carries gradient.
-        The base is plain GRPO's ``A rho`` with the configured clip, on the same tokens.
-        """
-        with torch.no_grad():
-            valid = ctx.mask.bool()
-            base = ctx.advantages * ctx.surrogate.ratio * (~ctx.surrogate.clipped).to(ctx.advantages.dtype)
-        if ctx.logp.requires_grad and torch.is_grad_enabled():
-            summed = core_algos.zero_padding(loss_mat, ctx.pg_mask).sum()
-            (grad,) = torch.autograd.grad(summed, ctx.logp, retain_graph=True, allow_unused=True)
-            eff = torch.zeros_like(base) if grad is None else -grad.detach()
-        else:
-            with torch.no_grad():
-                w = ctx.weights if ctx.weights is not None else torch.ones_like(base)
-                eff = (ctx.advantages * ctx.surrogate.ratio * w * (~ctx.clipped).to(base.dtype)
-                       * ctx.pg_mask.to(base.dtype))
-        with torch.no_grad():
-            lp, h = ctx.logp.detach(), ctx.entropy.detach()
-            ids = quadrant_ids(lp, h, ctx.advantages, valid)
-            d_eff = effective_entropy_change(eff, lp, h, valid)
-            d_base = effective_entropy_change(base, lp, h, valid)
-            for i, q in enumerate(QUADRANTS, start=1):
-                sel = ids == i
-                for key, d in ((f"quadrant/{q}/pred_dH", d_eff), (f"quadrant/{q}/pred_dH_base", d_base)):
-                    self._pred[key] = self._pred.get(key, 0.0) + float(d[sel].sum().item())
-            for key, d in (("entropy_change/predicted", d_eff), ("quadrant/pred_dH", d_eff),
-                           ("entropy_change/predicted_base", d_base), ("quadrant/pred_dH_base", d_base)):
-                self._pred[key] = self._pred.get(key, 0.0) + float(d.sum().item())
-
-    def pop_prediction(self) -> dict[str, float]:
-        """The first-order entropy change summed over every micro-batch loss since the last call.
-
-        ``quadrant/q*/pred_dH`` and ``entropy_change/predicted`` with the effective coefficients,
-        ``.../pred_dH_base`` and ``entropy_change/predicted_base`` with plain GRPO's; their
-        difference is the intervention's predicted effect.
-        """
-        out, self._pred = self._pred, {}
-        return out
-
     # ------------------------------------------------------------------ state
     def step_metrics(self) -> dict[str, float]:
         """Controller state after ``begin_step`` (``stare/gate_on``, ``stare/w``, ``entropy_bonus/coef``...)."""
         out: dict[str, float] = {}
-        if self.all_equal_frac is not None:
-            out["groups/all_equal_frac"] = float(self.all_equal_frac)
         for iv in self.interventions:
             out.update(iv.step_metrics())
         return out

@@ -34,7 +34,7 @@ __all__ = [
     "grpo_advantage", "drgrpo_advantage", "rloo_advantage", "opo_advantage",
     "reinforce_pp_baseline_advantage", "broadcast_advantages",
     "SurrogateOutput", "clipped_surrogate", "agg_loss", "low_var_kl", "entropy_bonus_term",
-    "filter_all_equal_groups", "overlong_penalty", "selection_count", "select_top_fraction",
+    "filter_all_equal_groups", "all_equal_group_share", "overlong_penalty", "selection_count", "select_top_fraction",
     "token_covariance",
 ]
 
@@ -282,6 +282,17 @@ def filter_all_equal_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> t
     gmax = torch.full((g,), -big, dtype=rewards.dtype, device=rewards.device).scatter_reduce(0, inv, rewards, "amax")
     gmin = torch.full((g,), big, dtype=rewards.dtype, device=rewards.device).scatter_reduce(0, inv, rewards, "amin")
     return (gmax != gmin)[inv]
+
+
+def all_equal_group_share(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
+    """Share of the groups (``group_ids [B]``) whose ``rewards [B]`` are all equal: no learning
+    signal (logged as ``groups/all_equal_frac``). 0.0 for an empty batch."""
+    if not rewards.numel():
+        return 0.0
+    keep = filter_all_equal_groups(rewards.float(), group_ids)
+    groups = torch.unique(group_ids)
+    mixed = torch.unique(group_ids[keep]).numel()
+    return 1.0 - mixed / max(int(groups.numel()), 1)
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int) -> torch.Tensor:

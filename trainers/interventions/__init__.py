@@ -9,10 +9,19 @@ Importing this package imports every module in it, so each built-in intervention
 import importlib
 import pkgutil
 
-from .base import INTERVENTIONS, SCOPES, Intervention, LossContext, TokenBatch, build_intervention, register_intervention
+from .base import (
+    INTERVENTIONS,
+    SCOPES,
+    Intervention,
+    LossContext,
+    TokenBatch,
+    build_intervention,
+    intervention_params,
+    register_intervention,
+)
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["INTERVENTIONS", "SCOPES", "Intervention", "LossContext", "TokenBatch", "build_intervention",
-           "register_intervention"]
+           "intervention_params", "register_intervention"]

@@ -6,26 +6,31 @@ moments of a training step:
 1. ``begin_step(sampling_entropy)``: once per step, before any update, with the batch-mean entropy
    of the sampling policy (closed-loop controllers: STARE's gate, adaptive entropy coefficient).
 2. ``select(batch)``: token selection on a whole step batch or mini-batch, when the intervention's
-   ``scope`` is ``"batch"`` or ``"mini"`` (``Algorithm.prepare``), or on the mini-batch of every
+   ``scope`` is ``"batch"`` or ``"mini"`` (``Algorithm.select``), or on the mini-batch of every
    rank together when it is ``"global"`` (the rows of all ranks gathered, the same selection
-   computed on each, this rank's rows kept: N ranks select what one process selects). The returned per-token tensors are
-   sliced row-wise by the loop along with everything else and come back in ``ctx.extras``.
+   computed on each, this rank's rows kept: N ranks select what one process selects). The returned
+   per-token tensors go into the step batch's ``selections``, are sliced with it and come back in
+   ``ctx.extras``.
 3. ``apply(ctx)``: in every micro-batch loss, edits the ``LossContext``: multiplies token weights
    (``ctx.scale``), replaces the per-token policy loss, narrows the aggregation mask or adds a
    scalar term. With ``scope == "micro"`` the selection happens here, on the micro-batch.
+   ``apply`` reads and edits only the context: the loss has no side effects. State that must move
+   per loss (Clip-Cov's draw counter) moves in ``after_loss``, which the loop calls.
 
 Adding an intervention is one module in this package (imported automatically) with a
 ``@register_intervention("name")`` class and a ``Params`` dataclass that declares its parameters'
 names and types (and ``validate``), plus one ``conf/intervention/<name>.yaml`` with their
 published defaults, each commented (``entropyrl.conf`` mounts it at ``algo.<name>``). Parameters
 are read from ``algo.<name>``: a missing key takes the YAML's value, an unknown key is rejected
-with the valid ones. (From outside the package, a ``Params`` with default values stored in Hydra's
+with the valid ones, the types are checked here and the ranges by ``Params.validate`` only (the
+one place an intervention's ranges live; ``core/validation.py`` does not list them). (From outside the package, a ``Params`` with default values stored in Hydra's
 ConfigStore group ``intervention`` stands in for the YAML; see tests/test_extensions.py.)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -36,7 +41,7 @@ from ...conf import intervention_defaults
 from ...core.errors import UserError
 
 __all__ = ["Intervention", "LossContext", "TokenBatch", "INTERVENTIONS", "register_intervention",
-           "build_intervention", "SCOPES"]
+           "build_intervention", "intervention_params", "SCOPES"]
 
 # micro: each micro-batch (the published reference codes); mini / batch: this rank's mini-batch /
 # step batch; global: the mini-batch of all ranks (the selection does not depend on the rank count).
@@ -60,6 +65,11 @@ class LossContext:
     Tensors are ``[b, T]``. ``logp`` carries gradient; ``entropy`` carries gradient only when the
     algorithm ``needs_entropy_grad``. ``surrogate`` holds the clipped-surrogate pieces
     (``core_algos.SurrogateOutput``), ``pg_loss`` the per-token policy loss the aggregation will see.
+    ``sampling_entropy`` and ``sampler_logp`` are the step batch's named fields (``StepBatch.entropy``,
+    ``.sampler_logp``): the sampling policy's entropy, computed before the step, and the log-probs
+    the rollout engine reported; None when the caller has none (a direct ``loss`` call, the ``hf``
+    engine). ``extras`` holds the selections that ``Algorithm.select`` made on the whole batch or a
+    mini-batch (``StepBatch.selections``, keys ``"<intervention>/..."``).
     """
     logp: torch.Tensor
     old_logp: torch.Tensor
@@ -76,7 +86,9 @@ class LossContext:
     weights: torch.Tensor | None = None          # token weights omega (detached); None means 1
     extra_terms: dict[str, torch.Tensor] = field(default_factory=dict)  # scalars added to the loss
     metrics: dict[str, float] = field(default_factory=dict)
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)      # from Algorithm.prepare
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)      # selections (Algorithm.select)
+    sampling_entropy: torch.Tensor | None = None  # [b, T] the sampling policy's entropy (no grad)
+    sampler_logp: torch.Tensor | None = None      # [b, T] the rollout engine's log-probs (vLLM)
     eps_low: float = 0.2                         # the configured clip (interventions that re-clip read it)
     eps_high: float = 0.2
     dual_c: float | None = 3.0
@@ -109,6 +121,9 @@ class Intervention:
 
     name: ClassVar[str] = ""
     needs_entropy_grad: ClassVar[bool] = False
+    #: A config path outside ``algo`` (e.g. ``"rollout.tis"``) whose ``enabled: true`` adds this
+    #: intervention after the listed ones, with the section's other keys as its parameters.
+    switched_on_by: ClassVar[str | None] = None
     needs_ref: bool = False                      # the loss reads ctx.ref_logp (the loop loads the reference)
 
     @dataclass
@@ -119,10 +134,7 @@ class Intervention:
         self.params = params
         self.seed = seed
         self.max_response_length = max_response_length
-        scope = getattr(params, "scope", "micro")
-        if scope not in SCOPES:
-            raise UserError(f"algo.{self.name}.scope: unknown scope '{scope}'; valid choices: {', '.join(SCOPES)}")
-        self.scope: str = scope
+        self.scope: str = getattr(params, "scope", "micro")   # checked by intervention_params
 
     def vocab_stats(self) -> dict:
         """``{key: (name, params)}``: full-distribution statistics (``stats/vocab_stats.py``) this
@@ -136,6 +148,10 @@ class Intervention:
     def step_metrics(self) -> dict[str, float]:
         return {}
 
+    def after_loss(self) -> None:
+        """Once after each micro-batch loss the loop computed: advance per-loss state (a random
+        draw counter). ``apply`` itself must not change the intervention. Default: nothing."""
+
     def state_dict(self) -> dict:
         return {}
 
@@ -148,14 +164,14 @@ class Intervention:
         return {}
 
     def selection(self, ctx: LossContext) -> dict[str, torch.Tensor]:
-        """The selection for this micro-batch: computed now (scope micro) or taken from the extras
-        that ``Algorithm.prepare`` produced at the mini/batch level and the loop sliced."""
+        """The selection for this micro-batch: computed now (scope micro) or taken from the
+        selections ``Algorithm.select`` made at the mini/batch level, sliced with the batch."""
         if self.scope == "micro":
             return self.select(ctx.batch())
         sel = {k: v for k, v in ctx.extras.items() if k.startswith(f"{self.name}/")}
         if not sel:
-            raise RuntimeError(f"{self.name}: scope '{self.scope}' needs Algorithm.prepare('{self.scope}', ...) "
-                               f"outputs passed to loss(extras=...), found keys {sorted(ctx.extras)}")
+            raise RuntimeError(f"{self.name}: scope '{self.scope}' needs the selections of Algorithm.select(batch, "
+                               f"'{self.scope}') (or prepare) passed to the loss, found keys {sorted(ctx.extras)}")
         return {k: v.to(ctx.pg_loss.device) for k, v in sel.items()}
 
     # -- the loss --------------------------------------------------------------------------
@@ -201,7 +217,7 @@ def _coerce(name: str, key: str, value: Any, kind: type | None) -> Any:
             return value
         raise UserError(f"{where} must be true or false, got {value!r}")
     if kind in (int, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise UserError(f"{where} must be a number, got {value!r}")
         return float(value) if kind is float else value
     if kind is str and not isinstance(value, str):
@@ -209,11 +225,11 @@ def _coerce(name: str, key: str, value: Any, kind: type | None) -> Any:
     return value
 
 
-def build_intervention(name: str, section: dict | None, *, seed: int = 0,
-                       max_response_length: int | None = None) -> Intervention:
-    """Instantiate intervention ``name`` from its config section ``algo.<name>``: keys it leaves
-    out take the published defaults (``conf/intervention/<name>.yaml`` or its ConfigStore node,
-    else the ``Params`` field defaults); None means all defaults."""
+def intervention_params(name: str, section: dict | None):
+    """The checked ``Params`` of intervention ``name`` from its config section ``algo.<name>``:
+    keys it leaves out take the published defaults (``conf/intervention/<name>.yaml`` or its
+    ConfigStore node, else the ``Params`` field defaults); None means all defaults. Types are
+    checked here, ranges by ``Params.validate``; a bad value raises ``UserError``."""
     cls = INTERVENTIONS.get(name)
     if cls is None:
         raise UserError(f"unknown intervention '{name}'; valid choices: {', '.join(sorted(INTERVENTIONS))}")
@@ -234,4 +250,15 @@ def build_intervention(name: str, section: dict | None, *, seed: int = 0,
     check = getattr(params, "validate", None)
     if check is not None:
         check(name)
-    return cls(params, seed=seed, max_response_length=max_response_length)
+    scope = getattr(params, "scope", "micro")
+    if scope not in SCOPES:
+        raise UserError(f"algo.{name}.scope: unknown scope '{scope}'; valid choices: {', '.join(SCOPES)}")
+    return params
+
+
+def build_intervention(name: str, section: dict | None, *, seed: int = 0,
+                       max_response_length: int | None = None) -> Intervention:
+    """Instantiate intervention ``name`` from its config section ``algo.<name>`` (see
+    ``intervention_params``)."""
+    params = intervention_params(name, section)
+    return INTERVENTIONS[name](params, seed=seed, max_response_length=max_response_length)

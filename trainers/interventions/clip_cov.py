@@ -7,8 +7,9 @@ not-already-ratio-clipped tokens whose centred covariance lies in ``(lb, ub)`` a
 (zero loss, no gradient). The remaining tokens use ``max(L1, L2)`` without the dual clip, as the
 reference implementation (verl ``compute_policy_loss_clip_cov``).
 
-The random pick is reproducible: the generator is seeded from the run seed and a call counter that
-is part of the checkpointed state.
+The random pick is reproducible: the generator is seeded from the run seed and a counter of the
+losses computed so far, which the loop advances after each micro-batch loss (``after_loss``; the
+loss itself changes nothing) and which is part of the checkpointed state.
 
 ``scope``: micro (the reference) picks in every micro-batch from the current log-probs; mini and
 global pick once per mini-batch before the update, from the sampling policy's log-probs (nothing
@@ -59,7 +60,6 @@ class ClipCov(Intervention):
         cand = torch.nonzero(clip_cov_candidates(cov, valid, ratio_clipped, p.lb, p.ub).reshape(-1), as_tuple=True)[0]
         k = min(max(1, int(p.ratio * int(valid.sum().item()))), int(cand.numel()))
         gen = torch.Generator().manual_seed((self.seed * 1_000_003 + self.calls) % (2**63))
-        self.calls += 1
         picked = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
         if k > 0:
             picked[cand[torch.randperm(int(cand.numel()), generator=gen)[:k].to(cand.device)]] = True
@@ -83,6 +83,9 @@ class ClipCov(Intervention):
         ctx.scale(corr.view_as(ctx.pg_loss))
         ctx.metrics["clip_cov/frac"] = k / max(n_valid, 1)
         ctx.metrics["clip_cov/count"] = float(k)
+
+    def after_loss(self) -> None:
+        self.calls += 1             # the next loss draws afresh
 
     def state_dict(self) -> dict:
         return {"calls": self.calls}

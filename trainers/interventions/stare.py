@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.errors import UserError
+from ...core.validation import OPEN_PROB, check_value
 from ..algos.core_algos import select_top_fraction
 from .base import Intervention, LossContext, TokenBatch, register_intervention
 
@@ -44,10 +45,11 @@ class Stare(Intervention):
         def validate(self, name: str) -> None:
             if self.variant not in VARIANTS:
                 raise UserError(f"algo.{name}.variant: unknown '{self.variant}'; valid choices: {', '.join(VARIANTS)}")
-            if not 0.0 <= self.p <= 1.0:
-                raise UserError(f"algo.{name}.p must be in [0, 1], got {self.p}")
+            check_value(f"algo.{name}.p", self.p, OPEN_PROB)    # (0, 1]: a top fraction that selects
             if self.w <= 0 or self.m <= 0:
                 raise UserError(f"algo.{name}.w and .m must be > 0 (a weight <= 0 would flip or kill gradients)")
+            if self.h_tgt < 0:
+                raise UserError(f"algo.{name}.h_tgt must be >= 0 (an entropy in nats), got {self.h_tgt}")
             if self.adaptive and not (self.w_max >= 1.0 and 0.0 < self.m_min <= 1.0 and self.alpha >= 0):
                 raise UserError(f"algo.{name}: adaptive needs w_max >= 1, 0 < m_min <= 1, alpha >= 0")
 

@@ -28,7 +28,6 @@ from .base import Intervention, LossContext, TokenBatch, register_intervention
 
 MAPPINGS = ("exp", "linear")
 ENTROPY_SOURCES = ("old", "current")
-SAMPLING_ENTROPY_KEY = "sampling/entropy"   # Algorithm.prepare("batch") puts the sampling entropy here
 
 
 def steer_weights(omega: torch.Tensor, mask: torch.Tensor, *, mapping: str = "exp",
@@ -75,9 +74,11 @@ class Steer(Intervention):
         def validate(self, name: str) -> None:
             if self.mapping not in MAPPINGS:
                 raise UserError(f"algo.{name}.mapping: unknown '{self.mapping}'; valid choices: {', '.join(MAPPINGS)}")
-            if not 0.0 < self.lambda_min <= self.lambda_max:
-                raise UserError(f"algo.{name}: need 0 < lambda_min <= lambda_max, got "
-                                f"{self.lambda_min}, {self.lambda_max}")
+            if not 0.0 < self.lambda_min:
+                raise UserError(f"algo.{name}.lambda_min={self.lambda_min:g} is not allowed: it must be > 0")
+            if self.lambda_min > self.lambda_max:
+                raise UserError(f"algo.{name}.lambda_min={self.lambda_min:g} must be <= "
+                                f"algo.{name}.lambda_max={self.lambda_max:g}")
             if self.mapping == "exp" and self.lambda_min > 1.0:
                 raise UserError(f"algo.{name}.lambda_min must be <= 1 for the exp mapping")
             if self.entropy_source not in ENTROPY_SOURCES:
@@ -95,8 +96,8 @@ class Steer(Intervention):
 
     def apply(self, ctx: LossContext) -> None:
         if self.scope == "micro" and self.params.entropy_source == "old":
-            # A direct call to loss() without the loop's extras: the entropy passed in is all we know.
-            old_h = ctx.extras.get(SAMPLING_ENTROPY_KEY, ctx.entropy).to(ctx.entropy.device)
+            # The step batch's sampling entropy; a direct loss() call without it: the entropy passed in.
+            old_h = (ctx.entropy if ctx.sampling_entropy is None else ctx.sampling_entropy).to(ctx.entropy.device)
             b = ctx.batch()
             w = self.select(TokenBatch(b.logp, b.old_logp, old_h.detach(), b.advantages, b.mask))["steer/weight"]
         else:

@@ -15,7 +15,7 @@ weighted, detached, by (``mode``):
   response whose geometric-mean ratio ``exp(mean_t log r)`` lies outside ``[seq_low, seq_high]``
   gets 0, the others 1.
 
-The trainer passes the sampler's log-probs to every loss call as ``extras[SAMPLING_LOGP_KEY]``;
+The trainer passes the sampler's log-probs to every loss call as the step batch's ``sampler_logp``;
 batches without them (the ``hf`` engine samples with the trained model itself) are left unchanged.
 
     entropyrl train rollout=vllm rollout.tis.enabled=true rollout.tis.mode=icepop
@@ -31,7 +31,6 @@ import torch
 from ...core.errors import UserError
 from .base import Intervention, LossContext, register_intervention
 
-SAMPLING_LOGP_KEY = "sampling_logp"     # extras key: the sampler's log-probs [b, T]
 TIS_MODES = ("token", "mis", "icepop", "seq_mask")
 _LOG_RATIO_MAX = 20.0
 
@@ -90,6 +89,8 @@ def mismatch_weight(mode: str, old_logp: torch.Tensor, sampling_logp: torch.Tens
 class TruncatedIS(Intervention):
     """Weights each token's policy loss by a sampler/trainer mismatch correction (``mode``)."""
 
+    switched_on_by = "rollout.tis"      # rollout.tis.enabled=true adds it (after algo.interventions)
+
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/tis.yaml."""
@@ -110,7 +111,7 @@ class TruncatedIS(Intervention):
                 raise UserError(f"algo.{name}: need 0 < icepop_low < icepop_high and 0 < seq_low < seq_high")
 
     def apply(self, ctx: LossContext) -> None:
-        sampling_logp = ctx.extras.get(SAMPLING_LOGP_KEY)
+        sampling_logp = ctx.sampler_logp
         if sampling_logp is None:            # the trained model sampled: nothing to correct
             return
         p = self.params

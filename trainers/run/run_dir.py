@@ -1,6 +1,7 @@
 """A training run's output folder: what it already holds, and whether this run may use it.
 
-``prepare_output_dir(cfg)`` runs before the model is loaded and before anything is written:
+``check_output_dir(cfg)`` decides, once per command, before the model is loaded and before anything
+is written (it only reads the folder; the trainer then acts on its answer):
 
 - ``trainer.resume=auto`` continues the run in ``output_dir`` only when its saved ``config.yaml``
   matches the requested config in everything but run length and logging options
@@ -159,11 +160,11 @@ def _fmt(v: Any) -> str:
     return json.dumps(v) if isinstance(v, (list, dict, bool)) or v is None else str(v)
 
 
-def prepare_output_dir(cfg, *, is_main: bool = True, log: Callable[[str], None] = print, clear: bool = True) -> str:
-    """Decide what this run does with ``cfg.output_dir`` (see the module doc); returns ``"fresh"``
-    (nothing to continue) or ``"resume"`` (continue the run there). Raises ``UserError`` when the
-    folder holds a run this one may not continue. With ``overwrite`` the main process deletes the
-    old run's files first (``clear=False``: only check, as the CLI does before it prints anything)."""
+def check_output_dir(cfg) -> str:
+    """What this run does with ``cfg.output_dir`` (see the module doc), without changing it:
+    ``"fresh"`` (nothing there to continue), ``"resume"`` (continue the run there) or
+    ``"overwrite"`` (delete the old run's files first: ``clear_previous_run``). Raises
+    ``UserError`` when the folder holds a run this one may not continue."""
     from omegaconf import OmegaConf
 
     mode = str(cfg.trainer.get("resume", "auto"))
@@ -171,13 +172,7 @@ def prepare_output_dir(cfg, *, is_main: bool = True, log: Callable[[str], None] 
     folder = inspect_folder(out)
     fresh = "start fresh with another output_dir=... or trainer.resume=overwrite (deletes the old run's files)"
     if mode == "overwrite":
-        if folder.holds_run or folder.files:
-            if not clear:
-                return "fresh"
-            if is_main:
-                clear_run(out)
-            log(f"trainer.resume=overwrite: deleted the previous run in {out} ({folder.describe()})")
-        return "fresh"
+        return "overwrite" if folder.holds_run or folder.files else "fresh"
     if not folder.holds_run:
         return "fresh"
     if mode == "never":
@@ -204,6 +199,23 @@ def run_lock(cfg):
         return contextlib.nullcontext()
     return FolderLock(Path(str(cfg.output_dir)), "`entropyrl train`", key="output_dir",
                       hint="wait for it to end (or stop it), or run this one with another output_dir=...")
+def prepare_output_dir(cfg, *, is_main: bool = True, log: Callable[[str], None] = print, clear: bool = True) -> str:
+    """``check_output_dir`` and, for ``overwrite`` (``clear``), the old run's files deleted by the
+    main process; returns ``"fresh"`` or ``"resume"``."""
+    mode = check_output_dir(cfg)
+    if mode == "overwrite":
+        if clear:
+            clear_previous_run(Path(str(cfg.output_dir)), is_main=is_main, log=log)
+        return "fresh"
+    return mode
+
+
+def clear_previous_run(output_dir: Path, *, is_main: bool = True, log: Callable[[str], None] = print) -> None:
+    """``trainer.resume=overwrite``: the main process deletes the previous run's files; said once."""
+    folder = inspect_folder(Path(output_dir))
+    if is_main:
+        clear_run(folder.path)
+    log(f"trainer.resume=overwrite: deleted the previous run in {folder.path} ({folder.describe()})")
 
 
 def clear_run(output_dir: Path) -> None:

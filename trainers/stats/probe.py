@@ -58,9 +58,10 @@ class ProbeBatch:
 
 
 def build_probe(cfg, source, rollout_engine, stats: Callable) -> ProbeBatch | None:
-    """A probe when ``diagnostics.entropy_change`` is on and the prompt source has held-out prompts."""
+    """A probe when ``diagnostics.entropy_change`` or ``diagnostics.attribution`` is on and the
+    prompt source has held-out prompts."""
     diag = cfg.get("diagnostics", {}) or {}
-    if not diag.get("entropy_change", False):
+    if not (diag.get("entropy_change", False) or diag.get("attribution", False)):
         return None
     n_prompts = int(diag.get("probe_prompts", 32))
     problems = source.validation(n_prompts) if n_prompts > 0 else []

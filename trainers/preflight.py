@@ -1,0 +1,35 @@
+"""Every check of a training run that needs no model, run once per command before anything of the
+run is created (no folder, no model, no MLflow run): the algorithm's and the interventions' values,
+by building the ``Algorithm``, the optimizer's and schedule's names (``optim.check_optim``) and
+what to do with ``output_dir``. The composed config's own table
+(types and ranges of trainer, rollout, model, tracking keys) was checked by ``conf.compose``.
+
+    checked = check_training(cfg)          # UserError: one line naming the key
+    train(cfg, checked=checked)            # the trainer uses checked.algo and checked.run_mode
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .algos.algorithm import Algorithm
+from .optim import check_optim
+from .run import run_dir
+
+__all__ = ["TrainingCheck", "check_training"]
+
+
+@dataclass(frozen=True)
+class TrainingCheck:
+    """What ``check_training`` built and decided: the algorithm and what to do with ``output_dir``."""
+    algo: Algorithm
+    run_mode: str       # fresh | resume | overwrite (run_dir.check_output_dir)
+
+
+def check_training(cfg) -> TrainingCheck:
+    """The algorithm (``Algorithm.from_train_config``), the optimizer (``optim.name`` /
+    ``optim.scheduler`` are registered names) and the output folder's mode
+    (``run_dir.check_output_dir``) of a composed ``train`` config; raises ``UserError``."""
+    algo = Algorithm.from_train_config(cfg)
+    check_optim(cfg.optim)
+    return TrainingCheck(algo, run_dir.check_output_dir(cfg))
