@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from entropyrl.trainers.data import micro_batches
 from entropyrl.trainers.data.micro_batches import balance, by_count, by_tokens, padded_tokens, trim
 
 
@@ -54,7 +55,7 @@ def test_token_budget_step_has_the_padded_paths_gradients(in_tmp):
     assert max(float(g.abs().max()) for g in moved.values()) > 1e-3       # the step did move the weights
     assert abs(m_pad["loss/objective"] - m_tok["loss/objective"]) <= 1e-6 * max(1.0, abs(m_pad["loss/objective"]))
     # fewer positions through the model than the padded passes
-    passes = budget._micro_batches(roll)
+    passes = micro_batches.passes(roll, budget.cfg.trainer, budget.dist)
     assert len(passes) > 1
     assert padded_tokens(roll, passes, trimmed=True) < padded_tokens(roll, by_count(len(roll.texts), 8), trimmed=False)
 

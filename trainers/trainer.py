@@ -37,7 +37,8 @@ from ..core.tracking import read_metrics
 from ..evals.runner import validate as validate_benchmarks
 from ..rollout.base import Rollout, build_rollout
 from . import components
-from .algos.algorithm import Algorithm, tracked_config
+from .algos.algo_config import tracked_config
+from .algos.algorithm import Algorithm
 from .algos.core_algos import all_equal_group_share, part_weight
 from .algos.step_batch import StepBatch
 from .collect import collect_rollouts
@@ -184,24 +185,6 @@ class GRPOTrainer:
                 return batch_token_stats(base, roll, rows_per_chunk, **stats_kw)[0]
         return None
 
-    def _micro_batches(self, rows: Rollout) -> list[torch.Tensor]:
-        """Positions in the mini-batch ``rows`` of each forward/backward pass:
-        ``trainer.micro_batch_responses`` rows at a time, or packed by ``trainer.micro_batch_tokens``
-        (trainers/data/micro_batches.py), as many passes on every rank."""
-        t = self.cfg.trainer
-        budget = t.get("micro_batch_tokens")
-        if not budget:
-            return micro_batches.by_count(len(rows.texts), int(t.micro_batch_responses))
-        passes = micro_batches.by_tokens(rows.prompt_mask.sum(1), rows.response_mask.sum(1), int(budget))
-        return micro_batches.balance(passes, int(distributed.max_across(len(passes), self.dist)))
-
-    def _pass_rows(self, rows: StepBatch) -> StepBatch:
-        """The rows of one pass, trimmed to their own width under a token budget."""
-        if not self.cfg.trainer.get("micro_batch_tokens"):
-            return rows
-        responses, width = micro_batches.trim(rows.responses)
-        return rows.narrowed(responses, width)
-
     # -- one training step ------------------------------------------------------------------
     def train_step(self, collected: tuple[StepBatch | None, dict] | None = None) -> dict[str, float]:
         """One step; ``collected`` (what ``collect`` returns) skips generation, e.g. to replay a fixed batch."""
@@ -272,10 +255,10 @@ class GRPOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 dp_scale = distributed.loss_scale(agg, mini.mask, self.dist)   # 1.0 on one process
                 objective = 0.0
-                for local in self._micro_batches(mini.responses):
+                for local in micro_batches.passes(mini.responses, self.cfg.trainer, self.dist):
                     pairing = len(local) == 0     # only to pair this rank's collectives with the others'
                     rows = mini[torch.zeros(1, dtype=torch.long) if pairing else local]
-                    micro = self._pass_rows(rows)          # trimmed to its own width under a token budget
+                    micro = micro_batches.pass_rows(rows, self.cfg.trainer)   # trimmed to its width under a token budget
                     logp, ent, *vocab = response_token_stats(self.model, micro.responses,
                                                              entropy_grad=self.algo.needs_entropy_grad,
                                                              vocab_stats=self.algo.vocab_stats(), **stats_kw)

@@ -31,11 +31,12 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from ...conf import intervention_names
 from ...core.errors import UserError
-from ...core.validation import BOOL, NONNEG, POS_INT, Rule, check_value, integer, number
+from ...core.validation import BOOL, check_value
 from ..interventions import INTERVENTIONS, Intervention, LossContext, TokenBatch, build_intervention, intervention_params
 from . import core_algos, objectives
+from .algo_config import ALGO_KEYS, read_key, registered_name, to_dict, tracked_config
+from .algo_config import objective_args as read_objective_args
 from .step_batch import StepBatch
 
 __all__ = ["Algorithm", "LossOutput", "ALGO_KEYS", "tracked_config"]
@@ -43,22 +44,6 @@ __all__ = ["Algorithm", "LossOutput", "ALGO_KEYS", "tracked_config"]
 PREPARE_LEVELS = ("batch", "mini")
 # scope "global" selects at the mini-batch level, over the rows of every rank (``gather``)
 _AT_LEVEL = {"batch": ("batch",), "mini": ("mini", "global")}
-
-#: The algorithm's own keys under ``algo.``: ``key -> (rule, default)``, declared once and checked
-#: once (``from_config``). ``advantage`` and ``loss_agg`` are checked against their registries.
-ALGO_KEYS: dict[str, tuple[Rule, Any]] = {
-    # [0, 1]: the ratio's lower bound 1 - low stays >= 0; 1 turns the low clip off (Clip-Cov's preset)
-    "clip.low": (number(0, 1), 0.2),
-    "clip.high": (NONNEG, 0.2),
-    "clip.dual_c": (number(1, open_low=True, nullable=True), 3.0),
-    "loss_agg_norm": (number(0, open_low=True, nullable=True), None),
-    "kl_coef": (NONNEG, 0.0),
-    "dynamic_sampling.enabled": (BOOL, False),
-    "dynamic_sampling.max_num_gen_batches": (POS_INT, 10),
-    "overlong.enabled": (BOOL, False),
-    "overlong.buffer": (integer(0), 0),
-}
-
 
 @dataclass
 class LossOutput:
@@ -73,48 +58,6 @@ class LossOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     tokens: LossContext | None = None
     token_loss: torch.Tensor | None = None
-
-
-def _to_dict(cfg: Any) -> dict:
-    if cfg is None:
-        return {}
-    if isinstance(cfg, dict):
-        return dict(cfg)
-    try:
-        from omegaconf import DictConfig, OmegaConf
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        DictConfig = ()
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    raise TypeError(f"algo config must be a dict or DictConfig, got {type(cfg).__name__}")
-
-
-def _read(cfg: dict, key: str) -> Any:
-    """``algo.<key>`` checked against ``ALGO_KEYS`` (its default when absent; null stays null)."""
-    rule, default = ALGO_KEYS[key]
-    *sections, last = key.split(".")
-    node: Any = cfg
-    for part in sections:
-        node = node.get(part) if isinstance(node, dict) else None
-    value = node.get(last, default) if isinstance(node, dict) else default
-    check_value(f"algo.{key}", value, rule)
-    return value
-
-
-def _registered(cfg: dict, key: str, registry, default: str) -> str:
-    """``algo.<key>``: the name of a registered function (advantage estimator, loss aggregation)."""
-    value = cfg.get(key, default)
-    if not isinstance(value, str) or value not in registry:
-        raise UserError(f"unknown algo.{key} '{value}'; valid choices: {', '.join(sorted(registry))}")
-    return value
-
-
-def _objective_args(v) -> dict:
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise UserError(f"algo.objective_args must be a mapping, e.g. {{tau_pos: 1.0}}; got {v!r}")
-    return dict(v)
 
 
 class Algorithm:
@@ -156,7 +99,7 @@ class Algorithm:
         ``algo`` (``Intervention.switched_on_by``, e.g. ``rollout.tis``): one whose section says
         ``enabled: true`` is added after the listed ones (unless listed), with the section's other
         keys as its parameters."""
-        cfg = _to_dict(algo_cfg)
+        cfg = to_dict(algo_cfg)
         if isinstance(max_response_length, bool) or not isinstance(max_response_length, int) or max_response_length < 1:
             raise UserError(f"rollout.max_new_tokens must be a positive integer, got {max_response_length!r}")
         names = cfg.get("interventions") or []
@@ -175,7 +118,7 @@ class Algorithm:
         listed, where = list(names), {}
         for n, cls_ in INTERVENTIONS.items():
             path = cls_.switched_on_by
-            switch = _to_dict((switches or {}).get(path)) if path else {}
+            switch = to_dict((switches or {}).get(path)) if path else {}
             check_value(f"{path}.enabled", switch.get("enabled", False), BOOL)
             if switch.get("enabled", False) and n not in names:
                 names = [*names, n]
@@ -195,27 +138,27 @@ class Algorithm:
                 if n in where and n not in listed:       # the user set <path>.*, not algo.<name>.*
                     raise UserError(str(exc).replace(f"algo.{n}.", f"{where[n]}.")) from None
                 raise
-        overlong, buffer = _read(cfg, "overlong.enabled"), _read(cfg, "overlong.buffer")
+        overlong, buffer = read_key(cfg, "overlong.enabled"), read_key(cfg, "overlong.buffer")
         if overlong and not 1 <= buffer <= max_response_length:
             raise UserError(f"algo.overlong.buffer={buffer} is not allowed: it must be in [1, "
                             f"rollout.max_new_tokens={max_response_length}]")
         return cls(
             name=str(cfg.get("name", "custom")),
-            advantage=_registered(cfg, "advantage", core_algos.ADVANTAGE_ESTIMATORS, "grpo"),
-            eps_low=float(_read(cfg, "clip.low")),
-            eps_high=float(_read(cfg, "clip.high")),
-            dual_c=_read(cfg, "clip.dual_c"),
-            loss_agg=_registered(cfg, "loss_agg", core_algos.LOSS_AGGREGATIONS, "token-mean"),
-            loss_agg_norm=_read(cfg, "loss_agg_norm"),
-            kl_coef=float(_read(cfg, "kl_coef")),
+            advantage=registered_name(cfg, "advantage", core_algos.ADVANTAGE_ESTIMATORS, "grpo"),
+            eps_low=float(read_key(cfg, "clip.low")),
+            eps_high=float(read_key(cfg, "clip.high")),
+            dual_c=read_key(cfg, "clip.dual_c"),
+            loss_agg=registered_name(cfg, "loss_agg", core_algos.LOSS_AGGREGATIONS, "token-mean"),
+            loss_agg_norm=read_key(cfg, "loss_agg_norm"),
+            kl_coef=float(read_key(cfg, "kl_coef")),
             interventions=ivs,
-            dynamic_sampling=_read(cfg, "dynamic_sampling.enabled"),
-            max_num_gen_batches=int(_read(cfg, "dynamic_sampling.max_num_gen_batches")),
+            dynamic_sampling=read_key(cfg, "dynamic_sampling.enabled"),
+            max_num_gen_batches=int(read_key(cfg, "dynamic_sampling.max_num_gen_batches")),
             overlong=overlong,
             overlong_buffer=int(buffer),
             max_response_length=int(max_response_length),
             objective=str(cfg.get("objective") or "ppo_clip"),
-            objective_args=_objective_args(cfg.get("objective_args")),
+            objective_args=read_objective_args(cfg.get("objective_args")),
         )
 
     @classmethod
@@ -426,20 +369,3 @@ class Algorithm:
         return (f"Algorithm(name={self.name!r}, advantage={self.advantage_name!r}, clip=({self.eps_low}, "
                 f"{self.eps_high}, dual_c={self.dual_c}), loss_agg={self.loss_agg!r}, kl_coef={self.kl_coef}, "
                 f"interventions={self.intervention_names})")
-
-
-def tracked_config(cfg) -> dict:
-    """The resolved config as a plain dict for MLflow params, without the parameter sections of
-    interventions the run does not use (``algo.<name>`` for every intervention that is registered
-    or has a config in ``conf/intervention/`` but is not listed in ``algo.interventions``): a run's
-    params say what it ran, not every published default."""
-    from omegaconf import DictConfig, OmegaConf
-
-    plain = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    algo = plain.get("algo")
-    if isinstance(algo, dict):
-        active = set(algo.get("interventions") or [])
-        for name in set(INTERVENTIONS) | set(intervention_names()):
-            if name not in active:
-                algo.pop(name, None)
-    return plain

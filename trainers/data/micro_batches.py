@@ -17,8 +17,29 @@ from __future__ import annotations
 import torch
 
 from ...rollout.base import Rollout
+from ..algos.step_batch import StepBatch
+from ..parallel import distributed
 
-__all__ = ["by_count", "by_tokens", "balance", "trim", "padded_tokens"]
+__all__ = ["passes", "pass_rows", "by_count", "by_tokens", "balance", "trim", "padded_tokens"]
+
+
+def passes(rows: Rollout, trainer_cfg, dist) -> list[torch.Tensor]:
+    """Positions in the mini-batch ``rows`` of each forward/backward pass:
+    ``trainer.micro_batch_responses`` rows at a time, or packed by ``trainer.micro_batch_tokens``,
+    as many passes on every rank of ``dist``."""
+    budget = trainer_cfg.get("micro_batch_tokens")
+    if not budget:
+        return by_count(len(rows.texts), int(trainer_cfg.micro_batch_responses))
+    packed = by_tokens(rows.prompt_mask.sum(1), rows.response_mask.sum(1), int(budget))
+    return balance(packed, int(distributed.max_across(len(packed), dist)))
+
+
+def pass_rows(rows: StepBatch, trainer_cfg) -> StepBatch:
+    """The rows of one pass, trimmed to their own width under a token budget."""
+    if not trainer_cfg.get("micro_batch_tokens"):
+        return rows
+    responses, width = trim(rows.responses)
+    return rows.narrowed(responses, width)
 
 
 def by_count(n_rows: int, rows: int) -> list[torch.Tensor]:
