@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import torch
 
@@ -69,3 +70,68 @@ def test_a_run_logs_the_net_prediction_beside_the_realised_change(tmp_path):
     measured = [r for r in rows if "entropy_change/predicted_net" in r]
     assert all(math.isfinite(r["entropy_change/predicted_net"]) and r["entropy_change/predicted_net"] != 0.0
                for r in measured)
+
+
+def test_a_runs_parts_sum_to_the_net_prediction(tmp_path):
+    """Item 2: momentum, weight decay, Q1-Q4, zero-advantage and the rest add up to predicted_net."""
+    from entropyrl.trainers.stats.update_split import GROUPS
+    from entropyrl.trainers.trainer import train
+
+    cfg = compose("train", ["trainer.total_steps=2", "trainer.threads=1", "trainer.val_every=0",
+                            "trainer.progress=false", "tracking.enabled=false", "trainer.prompts_per_step=8",
+                            "trainer.mini_batch_prompts=4", "diagnostics.attribution=true",
+                            "diagnostics.probe_prompts=8", "optim.weight_decay=0.1",
+                            f"output_dir={tmp_path / 'run'}"])
+    train(cfg, log=lambda *_: None)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    names = ["momentum", "weight_decay", *GROUPS, "other", "float_rounding"]
+    for r in rows:
+        net = r["entropy_change/predicted_net"]
+        parts = [r[f"attribution/{n}"] for n in names]
+        assert abs(sum(parts) - net) <= 1e-6 * abs(net), (sum(parts), net)
+        assert r["attribution/weight_decay"] != 0.0
+        largest = max(abs(v) for v in parts)
+        assert abs(r["attribution/other"]) <= 1e-5 * largest   # only through logp/entropy: float32 sums' order
+        assert abs(r["attribution/float_rounding"]) <= 1e-4 * abs(net)   # float32 storage of the update
+    assert all(r["attribution/momentum"] != 0.0 for r in rows)   # 2 mini-batches a step: the 2nd carries the 1st's
+
+
+def test_a_step_on_one_quadrants_tokens_is_attributed_to_that_quadrant():
+    """Item 2: fresh AdamW state, a loss on Q3 tokens only: all of the prediction lands in q3."""
+    from entropyrl.trainers.stats.diagnostics import quadrant_ids
+    from entropyrl.trainers.stats.update_split import GROUPS, UpdateSplit
+
+    cfg = compose("train", [])
+    torch.manual_seed(0)
+    model, tok = load_policy(cfg.model, cfg.data, log=lambda *_: None)
+    source = build_prompt_source(cfg.data, 0, tokenizer=tok)
+    roll = build_rollout(cfg.rollout, model, tok).generate([source.prompt(p) for p in source.validation(8)],
+                                                          n=4, seed=1)
+    kw = dict(temperature=float(cfg.rollout.temperature), chunk_size=int(cfg.trainer.token_chunk_size))
+    mask = roll.response_mask.float()
+    params = [p for p in model.parameters() if p.requires_grad]
+    g_h = probe_entropy_gradient(model, roll, lambda m, r: response_token_stats(m, r, entropy_grad=True, **kw)[1], 16)
+    with torch.no_grad():
+        old_logp, entropy = response_token_stats(model, roll, **kw)
+    adv = torch.randn(len(roll.texts), 1, generator=torch.Generator().manual_seed(0)).expand_as(mask) * mask
+    q3 = (quadrant_ids(old_logp, entropy, adv, mask) == 3).float()
+    assert q3.sum() > 0
+    before = [p.detach().clone() for p in params]
+    optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)
+    split = UpdateSplit(g_h, params)
+    logp, ent = response_token_stats(model, roll, entropy_grad=True, **kw)
+    loss = -(adv * logp * q3).sum() / q3.sum()
+    micro = SimpleNamespace(old_logp=old_logp, entropy=entropy, advantages=adv, mask=mask)   # what it reads
+    split.add_micro(loss, [logp, ent], micro)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    split.before_step(optimizer, float(torch.sqrt(sum((p.grad ** 2).sum() for p in params))))
+    optimizer.step()
+    split.after_step(optimizer)
+    parts = split.metrics()
+    net = predicted_change(g_h, before, [p.detach() for p in params])
+    assert net != 0.0
+    assert abs(parts["attribution/q3"] - net) <= 1e-4 * abs(net), (parts, net)
+    for name in (*[g for g in GROUPS if g != "q3"], "momentum", "weight_decay", "other"):
+        assert abs(parts[f"attribution/{name}"]) <= 1e-6 * abs(net), (name, parts)
+    assert abs(parts["attribution/float_rounding"]) <= 1e-4 * abs(net)   # float32 storage of the update

@@ -247,6 +247,7 @@ class GRPOTrainer:
         shuffle = torch.Generator().manual_seed(int(t.seed) * 7919 + self.step)
         self.model.train()
         grad_norms = []
+        split = None if self.attribution is None else self.attribution.split   # set on measured steps
         for _epoch in range(int(t.ppo_epochs)):
             order = torch.randperm(rows, generator=shuffle)
             for m_start in range(0, rows, mini_rows):
@@ -268,13 +269,19 @@ class GRPOTrainer:
                         if prediction is not None:   # reads the graph: before the backward frees it
                             prediction.add(out)
                     weight = 0.0 if pairing else accumulation_weight(agg, rows.mask, mini.mask) * dp_scale
+                    if split is not None and not pairing:   # per token group, before the backward
+                        split.add_micro(out.loss * weight, [logp, ent], micro)
                     (out.loss * weight).backward()
                     objective += float(out.loss.detach()) * weight
                     for k, v in ({} if pairing else out.metrics).items():
                         loss_metrics[k].append(float(v))
                 loss_metrics["loss/objective"].append(objective)   # the mini-batch loss minimised
                 grad_norms.append(distributed.clip_grad_norm(self.model, float(t.grad_clip)))
+                if split is not None:
+                    split.before_step(self.optimizer, grad_norms[-1])
                 self.optimizer.step()
+                if split is not None:
+                    split.after_step(self.optimizer)
         self._advance_schedule(metrics)
         metrics.update({k: float(np.nanmean(v)) for k, v in loss_metrics.items()})
         metrics["grad_norm"] = float(np.mean(grad_norms))

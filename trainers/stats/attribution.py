@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from ...core.errors import UserError
+from .update_split import UpdateSplit
 
 __all__ = ["probe_entropy_gradient", "predicted_change", "EntropyAttribution", "build_attribution"]
 
@@ -66,6 +67,7 @@ class EntropyAttribution:
         self.probe, self.entropy_fn, self.rows, self.every = probe, entropy_fn, rows_per_chunk, max(int(every), 1)
         self._grad: list[torch.Tensor] | None = None
         self._before: list[torch.Tensor] | None = None
+        self.split: UpdateSplit | None = None      # the step's update split into parts (update_split.py)
 
     def due(self, step: int) -> bool:
         """Step ``step`` (0-based count of steps done) is measured: the first, then every ``every``."""
@@ -76,13 +78,16 @@ class EntropyAttribution:
             self.probe.entropy(model)
         self._grad = probe_entropy_gradient(model, self.probe.batch, self.entropy_fn, self.rows)
         self._before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+        self.split = UpdateSplit(self._grad, [p for p in model.parameters() if p.requires_grad])
 
     def finish(self, model) -> dict[str, float]:
         if self._grad is None or self._before is None:
             return {}
         after = [p.detach() for p in model.parameters() if p.requires_grad]
         out = {"entropy_change/predicted_net": predicted_change(self._grad, self._before, after)}
-        self._grad = self._before = None
+        if self.split is not None:
+            out.update(self.split.metrics())
+        self._grad = self._before = self.split = None
         return out
 
 
