@@ -9,6 +9,7 @@ import json
 import math
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from entropyrl.conf import compose
@@ -72,19 +73,22 @@ def test_a_run_logs_the_net_prediction_beside_the_realised_change(tmp_path):
                for r in measured)
 
 
-def test_a_runs_parts_sum_to_the_net_prediction(tmp_path):
-    """Item 2: momentum, weight decay, Q1-Q4, zero-advantage and the rest add up to predicted_net."""
+@pytest.mark.parametrize("algo,extra", [("grpo", []), ("entropy_bonus", []),
+                                        ("stare", ["algo.stare.h_tgt=100"])])   # STARE's gate open
+def test_a_runs_parts_sum_to_the_net_prediction(tmp_path, algo, extra):
+    """Item 2: momentum, weight decay, Q1-Q4, zero-advantage, the intervention and the rest add up to
+    predicted_net; the intervention's part is 0 for plain GRPO and not for an intervention."""
     from entropyrl.trainers.stats.update_split import GROUPS
     from entropyrl.trainers.trainer import train
 
-    cfg = compose("train", ["trainer.total_steps=2", "trainer.threads=1", "trainer.val_every=0",
+    cfg = compose("train", [f"algo={algo}", "trainer.total_steps=2", "trainer.threads=1", "trainer.val_every=0",
                             "trainer.progress=false", "tracking.enabled=false", "trainer.prompts_per_step=8",
                             "trainer.mini_batch_prompts=4", "diagnostics.attribution=true",
                             "diagnostics.probe_prompts=8", "optim.weight_decay=0.1",
-                            f"output_dir={tmp_path / 'run'}"])
+                            f"output_dir={tmp_path / 'run'}", *extra])
     train(cfg, log=lambda *_: None)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    names = ["momentum", "weight_decay", *GROUPS, "other", "float_rounding"]
+    names = ["momentum", "weight_decay", *GROUPS, "intervention", "other", "float_rounding"]
     for r in rows:
         net = r["entropy_change/predicted_net"]
         parts = [r[f"attribution/{n}"] for n in names]
@@ -92,6 +96,10 @@ def test_a_runs_parts_sum_to_the_net_prediction(tmp_path):
         assert r["attribution/weight_decay"] != 0.0
         largest = max(abs(v) for v in parts)
         assert abs(r["attribution/other"]) <= 1e-5 * largest   # only through logp/entropy: float32 sums' order
+        if algo == "grpo":
+            assert abs(r["attribution/intervention"]) <= 1e-5 * largest   # plain GRPO: no intervention
+        else:
+            assert abs(r["attribution/intervention"]) > 1e-4 * largest
         assert abs(r["attribution/float_rounding"]) <= 1e-4 * abs(net)   # float32 storage of the update
     assert all(r["attribution/momentum"] != 0.0 for r in rows)   # 2 mini-batches a step: the 2nd carries the 1st's
 
@@ -132,6 +140,6 @@ def test_a_step_on_one_quadrants_tokens_is_attributed_to_that_quadrant():
     net = predicted_change(g_h, before, [p.detach() for p in params])
     assert net != 0.0
     assert abs(parts["attribution/q3"] - net) <= 1e-4 * abs(net), (parts, net)
-    for name in (*[g for g in GROUPS if g != "q3"], "momentum", "weight_decay", "other"):
+    for name in (*[g for g in GROUPS if g != "q3"], "intervention", "momentum", "weight_decay", "other"):
         assert abs(parts[f"attribution/{name}"]) <= 1e-6 * abs(net), (name, parts)
     assert abs(parts["attribution/float_rounding"]) <= 1e-4 * abs(net)   # float32 storage of the update
