@@ -102,6 +102,11 @@ def test_a_runs_parts_sum_to_the_net_prediction(tmp_path, algo, extra):
             assert abs(r["attribution/intervention"]) > 1e-4 * largest
         assert abs(r["attribution/float_rounding"]) <= 1e-4 * abs(net)   # float32 storage of the update
     assert all(r["attribution/momentum"] != 0.0 for r in rows)   # 2 mini-batches a step: the 2nd carries the 1st's
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())["attribution"]
+    assert set(summary["share"]) == set(names)
+    assert abs(sum(abs(v) for v in summary["share"].values()) - 1.0) < 1e-9
+    assert abs(sum(summary["total"].values()) - sum(r["entropy_change/predicted_net"] for r in rows)) \
+        <= 1e-6 * sum(abs(r["entropy_change/predicted_net"]) for r in rows)
 
 
 def test_a_step_on_one_quadrants_tokens_is_attributed_to_that_quadrant():
@@ -143,3 +148,19 @@ def test_a_step_on_one_quadrants_tokens_is_attributed_to_that_quadrant():
     for name in (*[g for g in GROUPS if g != "q3"], "intervention", "momentum", "weight_decay", "other"):
         assert abs(parts[f"attribution/{name}"]) <= 1e-6 * abs(net), (name, parts)
     assert abs(parts["attribution/float_rounding"]) <= 1e-4 * abs(net)   # float32 storage of the update
+
+
+def test_the_summary_fits_predicted_net_to_the_realised_change_and_shares_the_parts():
+    from entropyrl.trainers.run.regime import attribution_summary
+
+    rng = torch.Generator().manual_seed(0)
+    net = torch.randn(40, generator=rng).tolist()
+    rows = [{"entropy_change/predicted_net": x, "entropy_change/realized": 0.9 * x + 0.01 * float(e),
+             "attribution/q1": 2 * x, "attribution/momentum": -x}
+            for x, e in zip(net, torch.randn(40, generator=rng))]
+    out = attribution_summary(rows)
+    assert out["fit"]["n"] == 40 and out["fit"]["pearson_r_detrended"] > 0.99
+    assert abs(out["fit"]["slope"] - 0.9) < 0.01
+    sign = math.copysign(1.0, sum(net))
+    assert abs(out["share"]["q1"] - sign * 2 / 3) < 1e-9 and abs(out["share"]["momentum"] + sign / 3) < 1e-9
+    assert attribution_summary([{"entropy_change/realized": 0.1}]) == {}

@@ -9,6 +9,7 @@ I/O edge: it prints one line per finding, tags the MLflow run and returns what g
     "warnings": [{"id": "kl_cov_on_policy", "message": "...", "first_step": 1}, ...]
     "flags":    [{"id": "collapse", "message": "...", "first_step": 57}]
     "entropy_change": {"n": 199, "pearson_r": ..., "slope": ..., "pearson_r_detrended": ..., ...}
+    "attribution": {"fit": {...as entropy_change, of predicted_net...}, "total": {"q1": ...}, "share": {...}}
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from ...conf import to_plain
 
-__all__ = ["regime_warnings", "entropy_flags", "prediction_fit", "report_regime", "findings_cell", "COLLAPSE_RATIO",
+__all__ = ["regime_warnings", "entropy_flags", "prediction_fit", "attribution_summary", "report_regime", "findings_cell", "COLLAPSE_RATIO",
            "EXPLOSION_RATIO", "EXPLOSION_NATS", "DETREND_WINDOW"]
 
 COLLAPSE_RATIO = 0.2      # entropy below 0.2x its first-tenth mean
@@ -190,6 +191,27 @@ def prediction_fit(rows: list[dict], predicted_key: str = "entropy_change/predic
             "sign_agreement": float(np.mean(np.sign(x) == np.sign(y)))}
 
 
+def attribution_summary(rows: list[dict]) -> dict:
+    """``diagnostics.attribution`` over a run: the fit of ``entropy_change/predicted_net`` to the
+    realised change (``prediction_fit``), and per part (``attribution/<part>``) its ``total`` over
+    the measured steps (the totals add up to the summed predicted_net) and its ``share``, the total
+    over the sum of the parts' absolute totals (signed; the absolute shares add up to 1).
+
+    Empty dict when the rows hold no attribution.
+    """
+    prefix = "attribution/"
+    totals: dict[str, float] = {}
+    for r in rows:
+        for key, value in r.items():
+            if key.startswith(prefix) and isinstance(value, (int, float)) and math.isfinite(value):
+                totals[key[len(prefix):]] = totals.get(key[len(prefix):], 0.0) + float(value)
+    if not totals:
+        return {}
+    scale = sum(abs(v) for v in totals.values())
+    return {"fit": prediction_fit(rows, predicted_key="entropy_change/predicted_net"), "total": totals,
+            "share": {k: (v / scale if scale > 0 else 0.0) for k, v in totals.items()}}
+
+
 def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) -> dict:
     """Warnings, flags and the prediction fit of a finished run, for ``summary.json``.
 
@@ -208,6 +230,9 @@ def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) ->
         if base:
             out["entropy_change"].update({"pearson_r_base": base["pearson_r"],
                                           "pearson_r_detrended_base": base["pearson_r_detrended"]})
+    attribution = attribution_summary(rows)
+    if attribution:
+        out["attribution"] = attribution
     if (tracker is not None and getattr(tracker, "enabled", False) and getattr(tracker, "run_id", None)
             and getattr(tracker, "online", True)):     # a server that went away: no tag, no second warning
         try:
