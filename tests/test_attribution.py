@@ -102,6 +102,7 @@ def test_a_runs_parts_sum_to_the_net_prediction(tmp_path, algo, extra):
             assert abs(r["attribution/intervention"]) > 1e-4 * largest
         assert abs(r["attribution/float_rounding"]) <= 1e-4 * abs(net)   # float32 storage of the update
     assert all(r["attribution/momentum"] != 0.0 for r in rows)   # 2 mini-batches a step: the 2nd carries the 1st's
+    assert (tmp_path / "run" / "why_entropy_moved.png").stat().st_size > 1000     # the stacked figure
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())["attribution"]
     assert set(summary["share"]) == set(names)
     assert abs(sum(abs(v) for v in summary["share"].values()) - 1.0) < 1e-9

@@ -49,7 +49,7 @@ from .parallel import distributed
 from .preflight import TrainingCheck, check_training
 from .run import checkpoint as ckpt
 from .run import run_dir
-from .run.plots import plot_training_curves
+from .run.plots import plot_attribution, plot_training_curves
 from .run.regime import report_regime
 from .run.run_report import TrainingProgress, summarize
 from .run.stop_signals import RunInterrupted, StopSignals
@@ -378,13 +378,14 @@ class GRPOTrainer:
             return {"status": status, "steps": self.step, "algo": str(self.cfg.algo.name),
                     "output_dir": str(self.output_dir), "rank": self.dist.rank}
         rows = read_metrics(self.output_dir)
-        plot = None
+        plot = why = None
         if rows:
             try:            # written beside and renamed: a full disk leaves the old figure, never 0 bytes
-                plot = plot_training_curves(rows, self.output_dir / "curves.png",
-                                            title=f"{self.cfg.algo.name} on {self.cfg.data.name} (seed {self.cfg.trainer.seed})")
+                title = f"{self.cfg.algo.name} on {self.cfg.data.name} (seed {self.cfg.trainer.seed})"
+                plot = plot_training_curves(rows, self.output_dir / "curves.png", title=title)
+                why = plot_attribution(rows, self.output_dir / "why_entropy_moved.png", title=f"why entropy moved: {title}")
             except OSError:
-                plot = None
+                plot = why = None
         summary = summarize(rows)
         summary.update(report_regime(rows, self.cfg, self.tracker, log=self.log))   # warnings, flags, r
         summary.update({"status": status, "steps": self.step, "algo": str(self.cfg.algo.name),
@@ -394,7 +395,7 @@ class GRPOTrainer:
                         "wall_seconds": time.perf_counter() - started})
         try:
             run_dir.atomic_write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2))
-            for path in (plot, self.output_dir / "summary.json", self.output_dir / "metrics.jsonl"):
+            for path in (plot, why, self.output_dir / "summary.json", self.output_dir / "metrics.jsonl"):
                 if path is not None:
                     self.tracker.log_artifact(path)
         finally:        # a full disk loses the summary file, never the run's final state

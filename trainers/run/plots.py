@@ -62,3 +62,36 @@ def plot_compare(curves: dict[str, list[dict]], key: str, path: Path, ylabel: st
     ax.legend(fontsize=8)
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+def plot_attribution(rows: list[dict], path: Path, title: str = "") -> Path | None:
+    """"Why entropy moved": per measured step the ``attribution/<part>`` values stacked as bars (the
+    positive parts above zero, the negative below), the realised probe change as a line and
+    ``entropy_change/predicted_net`` as a dashed one. None when no row holds an attribution."""
+    measured = [r for r in rows if any(k.startswith("attribution/") for k in r)]
+    if not measured:
+        return None
+    parts = sorted({k for r in measured for k in r if k.startswith("attribution/")})
+    steps = [r["step"] for r in measured]
+    width = 0.8 * (min(b - a for a, b in zip(steps, steps[1:])) if len(steps) > 1 else 1)
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    up, down = [0.0] * len(measured), [0.0] * len(measured)
+    for key in parts:
+        vals = [float(r.get(key, 0.0)) for r in measured]
+        base = [u if v >= 0 else d for v, u, d in zip(vals, up, down)]
+        ax.bar(steps, vals, width, bottom=base, label=key.split("/", 1)[1])
+        up = [u + max(v, 0.0) for v, u in zip(vals, up)]
+        down = [d + min(v, 0.0) for v, d in zip(vals, down)]
+    for key, style, label in (("entropy_change/realized", "k-o", "realised"),
+                              ("entropy_change/predicted_net", "k--", "predicted_net")):
+        pts = [(r["step"], r[key]) for r in measured if r.get(key) is not None]
+        if pts:
+            ax.plot(*zip(*pts), style, lw=1.2, ms=3, label=label)
+    ax.axhline(0.0, color="grey", lw=0.6)
+    ax.set_xlabel("step")
+    ax.set_ylabel("probe entropy change (nats/token)")
+    ax.set_title(title or "why entropy moved", fontsize=10)
+    ax.legend(fontsize=7, ncol=2, loc="best")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return save_figure(fig, path)
