@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -141,7 +142,7 @@ class Check:
             return False
         try:
             import vllm  # noqa: F401
-        except ImportError:
+        except Exception:  # noqa: BLE001 - any import failure means "no vLLM here"
             return False
         return True
 
@@ -229,8 +230,11 @@ def vllm_phase(check: Check) -> dict:
                             "engine_kwargs": {"skip_tokenizer_init": True}})
     engine = VLLMRollout(cfg, check.model, None)
     try:
-        engine.start()                                           # from the saved random-init folder
         import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()                             # vLLM sizes its cache from the free memory
+        engine.start()                                           # from the saved random-init folder
         from vllm import SamplingParams
 
         params = SamplingParams(n=1, temperature=1.0, max_tokens=check.r_len, min_tokens=check.r_len,
@@ -315,6 +319,8 @@ def run(argv=None) -> dict:
         result["vllm"] = {"skipped": "--rollouts none, --cpu-smoke or no GPU (pass --rollouts vllm on CPU), "
                                      "or vLLM does not import"}
     distributed.cleanup(check.info)
+    if check.folder:
+        shutil.rmtree(check.folder, ignore_errors=True)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     n = args.ranks if args.ranks is not None else gpus
     del check
@@ -327,7 +333,17 @@ def run(argv=None) -> dict:
 
 
 def main(argv=None) -> int:
-    result = run(sys.argv[1:] if argv is None else argv)
+    # vLLM (and its engine processes) log to stdout: send everything to stderr while the check runs,
+    # so that stdout carries the JSON alone
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        result = run(sys.argv[1:] if argv is None else argv)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
     print(json.dumps(result, indent=2))
     return 0
 
