@@ -30,6 +30,7 @@ Without a CUDA device (and without ``--cpu-smoke``) it prints a skip message and
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -325,6 +326,7 @@ def run(argv=None) -> dict:
     n = args.ranks if args.ranks is not None else gpus
     del check
     if n > 1 and gpus >= n:
+        gc.collect()                                             # this process's model off GPU 0 before rank 0 starts
         torch.cuda.empty_cache()
         result["ranks"] = ranks_phase(args, n)
     else:
