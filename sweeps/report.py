@@ -27,7 +27,7 @@ from typing import Callable
 from ..core.errors import UserError
 from ..core.files import atomic_path, atomic_write_text
 from ..core.tracking import TrackingStore, check_reachable
-from ..trainers.run.plots import save_figure
+from ..trainers.run.plots import mean_by_step, plot_attribution, save_figure
 from ..trainers.run.regime import findings_cell
 from . import aggregate as agg
 from .jobs import TRAIN_KIND, job_kind, read_job_state
@@ -164,6 +164,11 @@ def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str
         p = _plot(curves, key, label, sweep_dir / "plots" / f"{fname}.png",
                   f"{ablation}: {label} (mean, min-max band over seeds)",
                   threshold if key == "entropy" else None)
+        if p is not None:
+            plots.append(p)
+    for v in order:     # diagnostics.attribution runs: "why entropy moved", the seed mean per variant
+        p = plot_attribution(mean_by_step(curves[v]), sweep_dir / "plots" / f"why_entropy_moved_{re.sub(r'[^A-Za-z0-9._-]', '_', v)}.png",
+                             title=f"{ablation}: why entropy moved, {v} (mean over seeds)")
         if p is not None:
             plots.append(p)
     _write_csv(sweep_dir / "runs.csv", job_rows,

@@ -165,3 +165,15 @@ def test_the_summary_fits_predicted_net_to_the_realised_change_and_shares_the_pa
     sign = math.copysign(1.0, sum(net))
     assert abs(out["share"]["q1"] - sign * 2 / 3) < 1e-9 and abs(out["share"]["momentum"] + sign / 3) < 1e-9
     assert attribution_summary([{"entropy_change/realized": 0.1}]) == {}
+
+
+def test_a_sweep_variants_figure_draws_the_seed_mean(tmp_path):
+    from entropyrl.trainers.run.plots import mean_by_step, plot_attribution
+
+    seeds = [[{"step": 1, "attribution/q1": a, "entropy_change/realized": a / 2, "entropy": 1.0},
+              {"step": 2, "entropy": 0.9}] for a in (0.1, 0.3)]
+    mean = mean_by_step(seeds)
+    assert [r["step"] for r in mean] == [1] and "entropy" not in mean[0]     # step 2 measured nothing
+    assert abs(mean[0]["attribution/q1"] - 0.2) < 1e-12 and abs(mean[0]["entropy_change/realized"] - 0.1) < 1e-12
+    assert plot_attribution(mean, tmp_path / "why.png").stat().st_size > 1000
+    assert plot_attribution([{"step": 1, "entropy": 1.0}], tmp_path / "none.png") is None

@@ -95,3 +95,15 @@ def plot_attribution(rows: list[dict], path: Path, title: str = "") -> Path | No
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+def mean_by_step(runs: list[list[dict]], prefixes: tuple[str, ...] = ("attribution/", "entropy_change/")) -> list[dict]:
+    """The seed-mean row per step of ``runs`` (each a run's metric rows) over the keys starting with
+    ``prefixes``: what a sweep variant's attribution figure draws. Steps no run measured are left out."""
+    sums: dict[int, dict[str, list[float]]] = {}
+    for rows in runs:
+        for r in rows:
+            for key, value in r.items():
+                if key.startswith(prefixes) and isinstance(value, (int, float)):
+                    sums.setdefault(int(r["step"]), {}).setdefault(key, []).append(float(value))
+    return [{"step": step, **{k: sum(v) / len(v) for k, v in keys.items()}} for step, keys in sorted(sums.items())]
