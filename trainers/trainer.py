@@ -259,8 +259,8 @@ class GRPOTrainer:
                 objective = 0.0
                 for local in micro_batches.passes(mini.responses, self.cfg.trainer, self.dist):
                     pairing = len(local) == 0     # only to pair this rank's collectives with the others'
-                    rows = mini[torch.zeros(1, dtype=torch.long) if pairing else local]
-                    micro = micro_batches.pass_rows(rows, self.cfg.trainer)   # trimmed to its width under a token budget
+                    part = mini[torch.zeros(1, dtype=torch.long) if pairing else local]
+                    micro = micro_batches.pass_rows(part, self.cfg.trainer)   # trimmed to its width under a token budget
                     logp, ent, *vocab = response_token_stats(self.model, micro.responses,
                                                              entropy_grad=self.algo.needs_entropy_grad,
                                                              vocab_stats=self.algo.vocab_stats(), **stats_kw)
@@ -269,7 +269,7 @@ class GRPOTrainer:
                         self.algo.after_loss()
                         if prediction is not None:   # reads the graph: before the backward frees it
                             prediction.add(out)
-                    weight = 0.0 if pairing else accumulation_weight(agg, rows.mask, mini.mask) * dp_scale
+                    weight = 0.0 if pairing else accumulation_weight(agg, part.mask, mini.mask) * dp_scale
                     if split is not None and not pairing:   # per token group, before the backward
                         split.add_micro(out.loss * weight, [logp, ent], micro, plain_grpo_upstream(out.tokens, weight))
                     (out.loss * weight).backward()
