@@ -21,7 +21,7 @@ from ...trainers.run.regime import entropy_flags, findings_cell, prediction_fit,
 from ..aggregate import seed_band  # noqa: E402
 from .claims import THEORY, entropy_ends, final_value  # noqa: E402
 
-__all__ = ["plot_band", "variant_table", "write_lab_outputs"]
+__all__ = ["plot_band", "variant_table", "claim_status", "write_lab_outputs"]
 
 
 def plot_band(runs: dict[str, dict[int, list[dict]]], key: str, path: Path, ylabel: str, title: str = "",
@@ -93,10 +93,18 @@ def variant_table(runs: dict, algo_cfgs: dict, pass_key: str) -> list[dict]:
     return out
 
 
+def claim_status(claim: dict) -> str:
+    """``yes`` | ``no`` (reproduced or not) | ``no claim`` (the method states none the lab can
+    measure, ``method_claims.NO_CLAIM``) | ``not run`` (the runs it needs are missing)."""
+    if claim.get("no_claim"):
+        return "no claim"
+    return {True: "yes", False: "no", None: "not run"}[claim["reproduced"]]
+
+
 def _claims_md(claims: list[dict]) -> list[str]:
     lines = ["| claim | measured | reproduced | why not (measured) |", "|---|---|---|---|"]
     for c in claims:
-        rep = {True: "yes", False: "no", None: "not run"}[c["reproduced"]]
+        rep = claim_status(c)
         lines.append(f"| `{c['id']}`: {c['claim']} | {c['measured'] or '-'} | {rep} | {c.get('reason', '')} |")
     return lines
 
@@ -133,6 +141,7 @@ def write_lab_outputs(out: Path, runs: dict, claims: list[dict], *, algo_cfgs: d
         if p is not None:
             paths[name] = p
     table = variant_table(runs, algo_cfgs, pass_key)
+    claims = [{**c, "status": claim_status(c)} for c in claims]
     doc = {"claims": claims, "variants": table, "quadrants": quadrants or {}, "command": command,
            "wall_seconds": wall_seconds, "failed_runs": failed}
     (out / "lab.json").write_text(json.dumps(doc, indent=2, default=float))
