@@ -55,6 +55,7 @@ ADDED_TERMS = {"aent": "loss/aent", "siren": "loss/siren", "lp_reg": "loss/lp_re
 EMPTY_FRAC = 1e-3        # a selection below 0.1 % of the tokens on average selected nothing
 SMALL_TERM = 0.01        # an added term < 1 % of |policy loss|
 UNIT_WEIGHTS = 0.02      # EntroPIC's mean |alpha| below this: its weights 1 -/+ alpha are ~1
+FINAL = ("entropic/alpha", "aent/coef")   # controllers: where they ended says whether they had converged
 
 
 def _cfg(algo_cfgs: dict, v: str) -> dict:
@@ -107,6 +108,8 @@ def method_levers(runs: dict, v: str, algo_cfgs: dict) -> str:
         means = [float(np.mean(x)) if x else float("nan") for x in (_vals(r, key) for r in per_seed_rows)]
         if any(math.isfinite(m) for m in means):
             cell = "/".join("nan" if not math.isfinite(m) else (f"{m:.2%}" if kind == "frac" else f"{m:.3g}") for m in means)
+            if key in FINAL:
+                cell += " (final " + "/".join(f"{r[-1]:.3g}" if r else "nan" for r in (_vals(x, key) for x in per_seed_rows)) + ")"
             parts.append(f"{what} {cell}")
     levers = f"{v}: mean over steps per seed: " + ", ".join(parts) if parts else ""
     return _join(levers, "; ".join(_inert(v, per_seed_rows, _cfg(algo_cfgs, v))))
