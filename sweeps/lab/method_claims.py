@@ -115,13 +115,18 @@ def method_levers(runs: dict, v: str, algo_cfgs: dict) -> str:
     return _join(levers, "; ".join(_inert(v, per_seed_rows, _cfg(algo_cfgs, v))))
 
 
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if math.isfinite(a) and math.isfinite(b) and b > 0 else "nan"
+
+
 def _higher(runs: dict, v: str, text: str, algo_cfgs: dict) -> dict:
     per = []
     for s in _seeds(runs, "grpo", v):
         g, e = entropy_ends(runs["grpo"][s])[1], entropy_ends(runs[v][s])[1]
         per.append({"seed": s, "last_tenth_grpo": g, f"last_tenth_{v}": e, "ok": e > g})
     return _claim(f"{v}_keeps_entropy", text, per, "ok", "last tenth " + ", ".join(
-        f"{_fmt(p[f'last_tenth_{v}'])} vs grpo {_fmt(p['last_tenth_grpo'])}" for p in per),
+        f"{_fmt(p[f'last_tenth_{v}'])} vs grpo {_fmt(p['last_tenth_grpo'])} ({_ratio(p[f'last_tenth_{v}'], p['last_tenth_grpo'])})"
+        for p in per),
         _join(_reasons(runs, (v,), algo_cfgs), method_levers(runs, v, algo_cfgs)))
 
 
