@@ -64,6 +64,7 @@ def test_inert_levers_are_named_in_the_reason():
     c = by_id(method_claims(runs, cfgs))
     assert "lp_reg_selects_nothing" in c["lp_reg_keeps_entropy"]["reason"]
     assert "protected tokens 0.00%" in c["lp_reg_keeps_entropy"]["reason"]
+    assert "|loss/lp_reg| / |loss/policy| 0" in c["lp_reg_keeps_entropy"]["reason"]
     assert "aent_coef_at_max (coef = 0.02 on 85% of steps)" in c["aent_keeps_entropy"]["reason"]
     assert "(final 0.02)" in c["aent_keeps_entropy"]["reason"]
     assert "siren_term_negligible" in c["siren_keeps_entropy"]["reason"]

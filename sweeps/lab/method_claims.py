@@ -111,6 +111,14 @@ def method_levers(runs: dict, v: str, algo_cfgs: dict) -> str:
             if key in FINAL:
                 cell += " (final " + "/".join(f"{r[-1]:.3g}" if r else "nan" for r in (_vals(x, key) for x in per_seed_rows)) + ")"
             parts.append(f"{what} {cell}")
+    if v in ADDED_TERMS:
+        ratios = []
+        for r in per_seed_rows:
+            term, pol = _vals(r, ADDED_TERMS[v]), _vals(r, "loss/policy")
+            ratios.append(float(np.mean(np.abs(term)) / np.mean(np.abs(pol))) if term and pol and np.mean(np.abs(pol)) > 0
+                          else float("nan"))
+        if any(math.isfinite(x) for x in ratios):
+            parts.append(f"|{ADDED_TERMS[v]}| / |loss/policy| " + "/".join(_fmt(x) for x in ratios))
     levers = f"{v}: mean over steps per seed: " + ", ".join(parts) if parts else ""
     return _join(levers, "; ".join(_inert(v, per_seed_rows, _cfg(algo_cfgs, v))))
 
