@@ -118,7 +118,7 @@ def method_levers(runs: dict, v: str, algo_cfgs: dict) -> str:
             ratios.append(float(np.mean(np.abs(term)) / np.mean(np.abs(pol))) if term and pol and np.mean(np.abs(pol)) > 0
                           else float("nan"))
         if any(math.isfinite(x) for x in ratios):
-            parts.append(f"|{ADDED_TERMS[v]}| / |loss/policy| " + "/".join(_fmt(x) for x in ratios))
+            parts.append(f"{ADDED_TERMS[v]} size over loss/policy size (mean abs) " + "/".join(_fmt(x) for x in ratios))
     levers = f"{v}: mean over steps per seed: " + ", ".join(parts) if parts else ""
     return _join(levers, "; ".join(_inert(v, per_seed_rows, _cfg(algo_cfgs, v))))
 
