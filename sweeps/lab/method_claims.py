@@ -41,7 +41,7 @@ def _higher(runs: dict, v: str, text: str, algo_cfgs: dict) -> dict:
 
 
 def _entropic(runs: dict, algo_cfgs: dict) -> dict:
-    target = float(((algo_cfgs.get("entropic") or {}).get("entropic") or {}).get("target", 0.3))
+    target = float(((algo_cfgs.get("entropic") or {}).get("entropic") or {}).get("target", 0.1))
     gate = "stare" if runs.get("stare") else None
     per = []
     for s in _seeds(runs, "entropic", *([gate] if gate else [])):
