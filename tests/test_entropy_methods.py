@@ -20,7 +20,7 @@ from entropyrl.trainers.stats.vocab_stats import VOCAB_STATS, chunked_vocab_stat
 
 GOLDEN = Path(__file__).parent / "golden"
 TOL = dict(rtol=1e-6, atol=1e-6)
-FILES = ("gtpo", "ce_gppo", "archer", "entropy_adv", "entropic", "aent", "lp_reg", "gspo", "gmpo", "cispo", "sapo",
+FILES = ("gtpo", "ce_gppo", "archer", "entropy_adv", "entropic", "aent", "lp_reg", "siren", "gspo", "gmpo", "cispo", "sapo",
          "tis_modes", "vocab_stats")
 
 
@@ -59,7 +59,7 @@ def test_every_file_names_its_source():
     for name in FILES:
         doc = load(name)
         assert doc["source"] and doc["cases"], name
-        if name in ("ce_gppo", "archer", "entropic", "aent", "lp_reg", "gspo", "gmpo", "cispo", "sapo"):
+        if name in ("ce_gppo", "archer", "entropic", "aent", "lp_reg", "siren", "gspo", "gmpo", "cispo", "sapo"):
             assert "@" in doc["source"], f"{name}: the commit of the reference code read"
 
 
@@ -216,14 +216,15 @@ def test_vocab_statistics_match_numpy(case):
     p = want["params"]
     flat = z.reshape(-1, z.shape[-1])
     got = {"clamped_entropy": VOCAB_STATS["clamped_entropy"](flat, clamp=p["clamp"]),
-           "topp_entropy": VOCAB_STATS["topp_entropy"](flat, p=p["top_p"]),
+           "topp_entropy": VOCAB_STATS["topp_entropy"](flat, p=p["top_p"], k=p["top_k"]),
            "minp_log_mass": VOCAB_STATS["minp_log_mass"](flat, kappa=p["kappa"]),
            "max_logp": VOCAB_STATS["max_logp"](flat)}
     for key, val in got.items():
         torch.testing.assert_close(val.view(z.shape[:2]), t64(want[key]), **TOL)
 
 
-@pytest.mark.parametrize("name,params", [("clamped_entropy", {"clamp": 0.4}), ("topp_entropy", {"p": 0.8})])
+@pytest.mark.parametrize("name,params", [("clamped_entropy", {"clamp": 0.4}), ("topp_entropy", {"p": 0.8}),
+                                         ("topp_entropy", {"p": 0.95, "k": 5})])
 def test_vocab_statistics_are_differentiable_and_chunking_changes_nothing(name, params):
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(13, 5, dtype=torch.float64, generator=gen, requires_grad=True)
@@ -306,19 +307,29 @@ def test_lp_reg_matches_reference(case):
     assert out.metrics["loss/lp_reg"] == pytest.approx(want["kl_term"], rel=1e-9, abs=1e-15)
 
 
-def test_siren_is_self_anchored():
+@pytest.mark.parametrize("case", load("siren")["cases"])
+def test_siren_matches_reference(case):
+    """Linn3a/siren: top-p entropy, the per-response quantile mask (twice), the anchor from the first
+    loss, coef * (H - anchor)^2 and its gradient with respect to the top-p entropies."""
+    want = load("siren")["cases"][case]
     z, mask, logp, inp = vocab_inputs()
-    h = VOCAB_STATS["topp_entropy"](z.reshape(-1, z.shape[-1]), p=0.8).view(z.shape[:2])
-    a = Algorithm.from_config({"interventions": ["siren"], "siren": {"top_p": 0.8, "peak_frac": 0.5, "coef": 2.0}},
-                              max_response_length=7)
+    p = want["params"]
+    a = Algorithm.from_config({"interventions": ["siren"], "siren": p}, max_response_length=7)
+    assert a.vocab_stats() == {"siren/topp_entropy": ("topp_entropy", {"p": p["top_p"], "k": p["top_k"]})}
+    torch.testing.assert_close(VOCAB_STATS["topp_entropy"](z.reshape(-1, z.shape[-1]), p=p["top_p"], k=p["top_k"])
+                               .view(z.shape[:2]), t64(want["calls"][0]["h"]), **TOL)
     kw = dict(logp=logp, old_logp=t64(inp["old_logp"]), entropy=t64(inp["entropy"]),
               advantages=torch.zeros_like(logp), mask=mask)
-    first = a.loss(**kw, extras={"siren/topp_entropy": h})
-    assert first.metrics["loss/siren"] == 0.0                      # the anchor is the first reading
-    anchor = a.step_metrics()["siren/anchor"]
-    second = a.loss(**kw, extras={"siren/topp_entropy": h + 0.1})
-    assert second.metrics["loss/siren"] == pytest.approx(2.0 * 0.1 ** 2, rel=1e-9)
-    assert a.state_dict()["interventions"]["siren"]["anchor"] == anchor
+    for call in want["calls"]:
+        h = t64(call["h"]).requires_grad_(True)
+        out = a.loss(**kw, extras={"siren/topp_entropy": h})
+        (grad,) = torch.autograd.grad(out.loss, h)      # the policy loss does not depend on h
+        assert out.metrics["loss/siren"] == pytest.approx(call["value"], rel=1e-9, abs=1e-15)
+        assert out.metrics["siren/anchor"] == pytest.approx(call["anchor"], rel=1e-12)
+        assert out.metrics["siren/regulated_entropy"] == pytest.approx(call["regulated"], rel=1e-12)
+        torch.testing.assert_close(grad, t64(call["grad_h"]), **TOL)
+        a.after_loss()
+    assert a.state_dict()["interventions"]["siren"]["anchor"] == pytest.approx(want["calls"][0]["anchor"])
 
 
 # --- lab claims ---------------------------------------------------------------------------------

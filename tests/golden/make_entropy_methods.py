@@ -1,5 +1,5 @@
 """Regenerate the golden vectors of issue 22's methods (ce_gppo, archer, entropy_adv, entropic,
-aent, lp_reg, gspo, gmpo, cispo, sapo, tis_modes, vocab_stats): plain numpy float64,
+aent, lp_reg, siren, gspo, gmpo, cispo, sapo, tis_modes, vocab_stats): plain numpy float64,
 independent of entropyrl's torch code.
 
 Each reference re-derives the arithmetic of the authors' code (the commit is stored in the file)
@@ -27,6 +27,8 @@ AENT = ("inclusionAI/AReaL@a0ec9ceece6cb81cf58bb439587e466d74bf494f recipe/AEnt/
         "clamped_softmax_entropy + actor.py (coefficient update) + configs/gsm8k_aent_grpo.yaml")
 LP_REG = ("CarlanLark/Lp-Reg-dev@33b27e273b14f8eeb14c8a52209fca568b4bd718 verl/trainer/ppo/core_algos.py "
           "compute_policy_loss_lp_reg + verl/workers/actor/dp_actor.py apply_min_p")
+SIREN = ("Linn3a/siren@fa59a8dfbecf5c3936ed905d5902a06c0ca425ee verl/verl/workers/actor/dp_actor.py "
+         "efficient_top_p_sampling + mask_by_quantile + the siren branch; ray_trainer.py (anchor)")
 ARCHER = ("wizard-III/ArcherCodeR@8a1785beff0749a5b5b7f3d8751cd19c1d0e570a verl/trainer/ppo/core_algos.py "
           "compute_policy_loss + verl/workers/actor/dp_actor.py (token entropy split, two-part KL)")
 
@@ -253,19 +255,64 @@ def minp_log_mass(z, kappa):
     return np.log(np.where(keep, p, 0.0).sum(-1))
 
 
-def vocab_stats(folder: Path, clamp: float, top_p: float, kappa: float) -> dict:
+def topp_entropy(z, top_p, k):
+    """SIREN (Linn3a/siren efficient_top_p_sampling): among the k highest logits, the tokens whose
+    inclusive cumulative probability is below top_p (searchsorted-left cut), re-normalised; 0 if none."""
+    p = softmax(z)
+    order = np.argsort(-z, axis=-1, kind="stable")[..., :min(k, z.shape[-1])]
+    sp = np.take_along_axis(p, order, -1)
+    nucleus = np.zeros_like(z, dtype=bool)
+    np.put_along_axis(nucleus, order, np.cumsum(sp, -1) < top_p, axis=-1)
+    some = nucleus.any(-1)
+    return np.where(some, restricted_entropy(z, nucleus | ~some[..., None]), 0.0)
+
+
+def vocab_stats(folder: Path, clamp: float, top_p: float, kappa: float, k: int = 10000) -> dict:
     inp = json.loads((folder / "inputs.json").read_text())["inputs"]
     z = np.array(inp["logits"], dtype=float)
     p = softmax(z)
-    order = np.argsort(-z, axis=-1, kind="stable")
-    sp = np.take_along_axis(p, order, -1)
-    nucleus_sorted = (np.cumsum(sp, -1) - sp) < top_p
-    nucleus = np.zeros_like(nucleus_sorted)
-    np.put_along_axis(nucleus, order, nucleus_sorted, axis=-1)
-    return {"params": {"clamp": clamp, "top_p": top_p, "kappa": kappa},
+    return {"params": {"clamp": clamp, "top_p": top_p, "top_k": k, "kappa": kappa},
             "clamped_entropy": restricted_entropy(z, clamped_keep(z, clamp)).tolist(),
-            "topp_entropy": restricted_entropy(z, nucleus).tolist(),
+            "topp_entropy": topp_entropy(z, top_p, k).tolist(),
             "minp_log_mass": minp_log_mass(z, kappa).tolist(), "max_logp": np.log(p.max(-1)).tolist()}
+
+
+def peak_mask(h, m, q):
+    """Valid tokens above their response's q-quantile (numpy's linear method, as torch.nanquantile)."""
+    out = np.zeros_like(m, dtype=bool)
+    for i in range(m.shape[0]):
+        v = m[i] > 0
+        if v.any():
+            out[i] = v & (h[i] > np.quantile(h[i][v], q))
+    return out
+
+
+def seq_mean_token_mean_all(x, mk):
+    n = mk.sum(-1)
+    return float(np.where(n > 0, (x * mk).sum(-1) / np.maximum(n, 1.0), 0.0).mean())
+
+
+def siren(folder: Path, p: dict, second: tuple) -> dict:
+    """SIREN (Linn3a/siren dp_actor.py "siren" branch): the quantile mask applied to the top-p
+    entropies, then again to the masked entropies; seq-mean-token-mean over all responses; the
+    anchor is the first loss's one-pass value; term coef * (H - anchor)^2 and its gradient w.r.t. h."""
+    inp = json.loads((folder / "inputs.json").read_text())["inputs"]
+    z, m = np.array(inp["logits"], dtype=float), np.array(inp["mask"], dtype=float)
+    h0 = topp_entropy(z, p["top_p"], p["top_k"])
+    calls, anchor = [], None
+    for h in (h0, h0 * second[0] + second[1]):
+        m1 = peak_mask(h, m, p["quantile"])
+        masked = np.where(m1, h, 0.0)
+        m2 = peak_mask(masked, m, p["quantile"])
+        big_h = seq_mean_token_mean_all(masked, m2.astype(float))
+        if anchor is None:
+            anchor = seq_mean_token_mean_all(masked, m1.astype(float))
+        n2 = m2.sum(-1, keepdims=True)
+        dh = np.where(m2, 1.0 / np.maximum(n2, 1.0), 0.0) / m.shape[0]
+        calls.append({"h": h.tolist(), "regulated": big_h, "anchor": anchor, "mask": m2.tolist(),
+                      "value": p["coef"] * (big_h - anchor) ** 2,
+                      "grad_h": (2.0 * p["coef"] * (big_h - anchor) * dh).tolist()})
+    return {"params": p, "calls": calls}
 
 
 def aent(folder: Path, p: dict, scales: list, splits: list) -> dict:
@@ -403,9 +450,8 @@ def main(folder: str) -> None:
     doc = {"about": "issue 22: full-distribution statistics of tests/golden/inputs.json's logits (AEnt's "
                     "clamped entropy, SIREN's top-p entropy, Lp-Reg's min-p kept mass); numpy float64 "
                     "(tests/golden/make_entropy_methods.py)",
-           "source": f"clamped_entropy: {AENT}; minp_log_mass: {LP_REG}; topp_entropy: SIREN (2509.25133), "
-                     "from the paper: no public code found",
-           "cases": {"published": vocab_stats(folder, 0.4, 0.8, 0.02), "small": vocab_stats(folder, 0.2, 0.8, 0.2),
+           "source": f"clamped_entropy: {AENT}; minp_log_mass: {LP_REG}; topp_entropy: {SIREN}",
+           "cases": {"published": vocab_stats(folder, 0.4, 0.8, 0.02), "small": vocab_stats(folder, 0.2, 0.5, 0.2, 3),
                      "wide": vocab_stats(folder, 0.0, 0.95, 0.05)}}
     (folder / "vocab_stats.json").write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -419,6 +465,13 @@ def main(folder: str) -> None:
                "boxed": aent(folder, {**aent_p, "lr": 0.5, "warmup_steps": 0, "clamp": 0.0}, [0.001, 0.001, 9.0, 9.0],
                              [[0, 1], [2, 3, 4, 5]])}}
     (folder / "aent.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+    siren_p = {"top_p": 0.8, "top_k": 10000, "quantile": 0.8, "coef": 0.005}
+    doc = {"about": "issue 22 golden vectors for siren on tests/golden/inputs.json's logits; numpy float64 "
+                    "(tests/golden/make_entropy_methods.py)", "source": SIREN, "cases": {
+               "published": siren(folder, siren_p, (1.3, 0.05)),
+               "half": siren(folder, {**siren_p, "top_p": 0.95, "top_k": 6, "quantile": 0.5, "coef": 2.0}, (0.7, 0.0))}}
+    (folder / "siren.json").write_text(json.dumps(doc, indent=1) + "\n")
 
     y = lp_reg_batch()
     doc = {"about": "issue 22 golden vectors for lp_reg; numpy float64 re-derivation (tests/golden/"

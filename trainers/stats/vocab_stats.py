@@ -54,16 +54,19 @@ def clamped_entropy(z: torch.Tensor, *, clamp: float) -> torch.Tensor:
 
 
 @register_vocab_stat("topp_entropy")
-def topp_entropy(z: torch.Tensor, *, p: float) -> torch.Tensor:
-    """Entropy over the top-p nucleus (the fewest most probable tokens whose probability reaches
-    ``p``, the token that crosses it included), re-normalised; the nucleus is chosen on detached
-    probabilities. ``[c, V] -> [c]``."""
+def topp_entropy(z: torch.Tensor, *, p: float, k: int = 10000) -> torch.Tensor:
+    """SIREN's top-p entropy: among the ``k`` highest logits, the tokens whose cumulative probability
+    (sorted, themselves included) stays below ``p`` (the token that reaches ``p`` is out), chosen on
+    detached probabilities and re-normalised; 0 where none is (the top token alone reaches ``p``).
+    ``[c, V] -> [c]``."""
     probs = torch.softmax(z.detach(), dim=-1)
-    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-    before = torch.cumsum(sorted_p, dim=-1) - sorted_p          # mass strictly above each token
-    keep_sorted = before < p
-    keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
-    return _entropy_of(z, keep)
+    k = min(int(k), z.shape[-1])
+    top_p, order = torch.topk(probs, k, dim=-1)
+    keep_sorted = torch.cumsum(top_p, dim=-1) < p
+    keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, keep_sorted)
+    some = keep.any(-1, keepdim=True)
+    h = _entropy_of(z, keep | ~some)                  # rows with nothing kept: any finite value, zeroed
+    return torch.where(some[..., 0], h, torch.zeros_like(h))
 
 
 @register_vocab_stat("minp_log_mass")
