@@ -202,3 +202,26 @@ def test_a_sweep_variants_figure_draws_the_seed_mean(tmp_path):
     assert abs(mean[0]["attribution/q1"] - 0.2) < 1e-12 and abs(mean[0]["entropy_change/realized"] - 0.1) < 1e-12
     assert plot_attribution(mean, tmp_path / "why.png").stat().st_size > 1000
     assert plot_attribution([{"step": 1, "entropy": 1.0}], tmp_path / "none.png") is None
+
+
+def test_measuring_the_attribution_does_not_change_the_run(tmp_path):
+    """A measurement, not an intervention: with and without it the same seed trains identically
+    (every logged value but the timings and the attribution's own keys)."""
+    from entropyrl.trainers.trainer import train
+
+    def run(name, on):
+        cfg = compose("train", ["algo=stare", "algo.stare.h_tgt=100", "trainer.total_steps=3", "trainer.threads=1",
+                                "trainer.val_every=0", "trainer.progress=false", "tracking.enabled=false",
+                                "trainer.prompts_per_step=8", "trainer.mini_batch_prompts=4",
+                                "diagnostics.entropy_change=true", "diagnostics.probe_prompts=8",
+                                f"diagnostics.attribution={str(on).lower()}", f"output_dir={tmp_path / name}"])
+        train(cfg, log=lambda *_: None)
+        return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+    on, off = run("on", True), run("off", False)
+    own = ("time/", "attribution/", "entropy_change/predicted_net")
+    for a, b in zip(on, off):
+        assert any(k.startswith("attribution/") for k in a) and not any(k.startswith("attribution/") for k in b)
+        keys = {k for k in b if not k.startswith(own)}
+        assert keys == {k for k in a if not k.startswith(own)}
+        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
