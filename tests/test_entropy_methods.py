@@ -141,6 +141,11 @@ def test_entropic_matches_reference(case):
         a.after_loss()
         assert a.step_metrics()["entropic/integral"] == pytest.approx(call["integral"], abs=1e-12)
         assert out.metrics["entropic/high_frac"] == pytest.approx(float(t64(call["high"]).sum() / mask.sum()))
+    # the attribution rebuilds a committed micro-batch's loss (the same logp tensor): same alpha, same loss
+    again = a.loss(logp=logp, old_logp=inp["old_logp"][rows], entropy=inp["entropy"][rows] * call["entropy_scale"],
+                   advantages=inp["advantages"][rows], mask=mask, extras=extras)
+    assert again.metrics["entropic/alpha"] == out.metrics["entropic/alpha"]
+    torch.testing.assert_close(again.loss, out.loss, rtol=0, atol=0)
     # the integral state survives a checkpoint round trip
     fresh = Algorithm.from_config(cfg, max_response_length=8)
     fresh.load_state_dict(json.loads(json.dumps(a.state_dict())))

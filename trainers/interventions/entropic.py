@@ -22,6 +22,7 @@ compute_policy_loss_entropic, dp_actor.py); tests/test_entropy_methods.py reprod
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -70,7 +71,9 @@ class EntroPIC(Intervention):
         super().__init__(params, **kw)
         self.integral = 0.0
         self.alpha = 0.0
-        self._pending: tuple[float, float] | None = None
+        self._pending: tuple | None = None
+        self._replay: weakref.ref | None = None       # the logp of the last committed loss
+        self._replay_alpha = 0.0
         self.scope = "mini"          # select() records each mini-batch's row count (the integral's b / B)
 
     def select(self, batch: TokenBatch) -> dict[str, torch.Tensor]:
@@ -80,7 +83,11 @@ class EntroPIC(Intervention):
     def apply(self, ctx: LossContext) -> None:
         p = self.params
         h = float(agg_loss(ctx.entropy.detach(), ctx.mask, ctx.loss_agg, ctx.loss_agg_norm).item())
-        alpha = pi_alpha(self.integral, h, p.target, p.kp, p.ki, p.alpha_max)
+        replay = self._replay() if self._replay is not None else None
+        # the same micro-batch rebuilt after after_loss (the attribution's loss prefixes) keeps the
+        # alpha its loss used, so the rebuilt loss equals it
+        alpha = self._replay_alpha if replay is ctx.logp else pi_alpha(self.integral, h, p.target, p.kp, p.ki,
+                                                                       p.alpha_max)
         term, high = entropic_term(ctx.logp, ctx.old_logp, ctx.advantages, ctx.pg_mask, alpha, p.prob_threshold,
                                    ctx.loss_agg, ctx.loss_agg_norm)
         ctx.extra_terms["entropic"] = term
@@ -93,11 +100,13 @@ class EntroPIC(Intervention):
         e = h - p.target if math.isfinite(h) else 0.0
         rows = ctx.extras.get(ROWS_KEY)
         share = 1.0 if rows is None or rows.numel() == 0 else ctx.logp.shape[0] / float(rows.reshape(-1)[0].item())
-        self._pending = (alpha, e * share)
+        if replay is not ctx.logp:
+            self._pending = (alpha, e * share, weakref.ref(ctx.logp))
 
     def after_loss(self) -> None:
         if self._pending is not None:
-            self.alpha, de = self._pending
+            self.alpha, de, self._replay = self._pending
+            self._replay_alpha = self.alpha
             self.integral += de
             self._pending = None
 
