@@ -183,7 +183,8 @@ def test_a_sweep_variants_figure_draws_the_seed_mean(tmp_path):
 def test_two_fsdp_ranks_predict_what_one_process_predicts(tmp_path):
     """Item 1 under FSDP: 2 gloo ranks (torchrun) log the same predicted_net and realised change as one
     process of the same seed; the probe's 9 rows split 5/4 over the ranks in chunks of 4, so one rank
-    pairs an empty chunk. The split into parts is skipped there, with one line, not an error."""
+    pairs an empty chunk. The split into parts is skipped there, with one line, not an error; summary.json
+    still fits predicted_net to the realised change (item 3)."""
     import os
     import socket
     import subprocess
@@ -217,3 +218,7 @@ def test_two_fsdp_ranks_predict_what_one_process_predicts(tmp_path):
         for key in ("entropy_change/predicted_net", "entropy_change/realized"):   # |value| ~ 1e-2 on this run
             assert a[key] != 0.0 and math.isfinite(a[key])
             assert abs(a[key] - b[key]) <= 1e-4 * abs(a[key]) + 1e-6, (a["step"], key, a[key], b[key])
+    fits = [json.loads((tmp_path / name / "summary.json").read_text())["attribution"] for name in ("one", "two")]
+    assert fits[1]["share"] == {} and set(fits[0]["share"]) >= {"momentum", "q1"}   # rank 0's rows: no parts
+    assert fits[0]["fit"]["n"] == fits[1]["fit"]["n"] == 3
+    assert abs(fits[0]["fit"]["slope"] - fits[1]["fit"]["slope"]) <= 1e-3 * abs(fits[0]["fit"]["slope"])
