@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -222,3 +223,50 @@ def test_two_fsdp_ranks_predict_what_one_process_predicts(tmp_path):
     assert fits[1]["share"] == {} and set(fits[0]["share"]) >= {"momentum", "q1"}   # rank 0's rows: no parts
     assert fits[0]["fit"]["n"] == fits[1]["fit"]["n"] == 3
     assert abs(fits[0]["fit"]["slope"] - fits[1]["fit"]["slope"]) <= 1e-3 * abs(fits[0]["fit"]["slope"])
+
+
+def _probe_check_worker(rank: int, port: int, out_dir: str) -> None:
+    """One of 2 gloo ranks: the same probe batch on both ranks, then one that differs on rank 1."""
+    import torch.distributed as dist
+
+    from entropyrl.rollout.base import Rollout
+    from entropyrl.trainers.parallel.process_group import DistInfo
+    from entropyrl.trainers.stats.attribution import EntropyAttribution
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        ids = torch.arange(24).reshape(4, 6) % 7 + 3
+        results, lines = [], []
+        for differ in (False, True):
+            resp = ids.clone()
+            if differ and rank == 1:
+                resp[2, 3] += 1                     # one token of one response differs
+            batch = Rollout(torch.ones(4, 2, dtype=torch.long), torch.ones(4, 2, dtype=torch.long), resp,
+                            torch.ones(4, 6, dtype=torch.long), [""] * 4, torch.zeros(4, dtype=torch.bool))
+            attr = EntropyAttribution(SimpleNamespace(batch=batch), None, 4, dist=DistInfo(rank=rank, world_size=2),
+                                      log=lines.append)
+            if differ:
+                attr.begin(model=None)              # refuses before it touches a model
+                results.append({"off": attr.off, "finish": attr.finish(model=None)})
+            else:
+                results.append({"same": attr._same_probe_on_every_rank()})
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"results": results, "lines": lines}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_holding_different_probe_batches_log_no_prediction(tmp_path):
+    """Under FSDP g_H is the sum of the ranks' shares of ONE probe batch; were the ranks' batches
+    different (they are the same prompts and seed), the prediction is switched off with one line."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_probe_check_worker, args=(port, str(tmp_path)), nprocs=2, start_method="fork")
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got["results"] == [{"same": True}, {"off": True, "finish": {}}]
+        assert len(got["lines"]) == 1 and "different probe batches" in got["lines"][0]

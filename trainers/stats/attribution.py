@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from ..parallel.distributed import DistInfo, sum_across
+from ..parallel.distributed import DistInfo, max_across, min_across, sum_across
 from ..parallel.fsdp import sharded_parameters
 from .update_split import UpdateSplit
 
@@ -128,9 +128,12 @@ class EntropyAttribution:
     all-reduced, and there is no split."""
 
     def __init__(self, probe, entropy_fn: Callable, rows_per_chunk: int, every: int = 1,
-                 dist: DistInfo | None = None):
+                 dist: DistInfo | None = None, log: Callable[[str], None] = print):
         self.probe, self.entropy_fn, self.rows, self.every = probe, entropy_fn, rows_per_chunk, max(int(every), 1)
         self.dist = dist if dist is not None and dist.world_size > 1 else None
+        self.log = log
+        self._probe_checked = self.dist is None
+        self.off = False                           # several ranks holding different probe batches
         self._grad: list[torch.Tensor] | None = None
         self._before: list[torch.Tensor] | None = None
         self.split: UpdateSplit | None = None      # the step's update split into parts (update_split.py)
@@ -139,9 +142,27 @@ class EntropyAttribution:
         """Step ``step`` (0-based count of steps done) is measured: the first, then every ``every``."""
         return step % self.every == 0
 
+    def _same_probe_on_every_rank(self) -> bool:
+        """Every rank sampled the same probe batch (same prompts and seed): a fingerprint of its
+        tokens compared across ranks (two all-reduces, once per run)."""
+        batch = self.probe.batch
+        ids, mask = batch.response_ids.double(), batch.response_mask.double()
+        place = torch.arange(1, ids.numel() + 1, dtype=torch.float64).reshape(ids.shape)
+        mark = torch.stack([(ids * mask * place.remainder(9973)).sum(), mask.sum(), torch.tensor(float(len(ids)))])
+        return bool(torch.equal(min_across(mark, self.dist), max_across(mark, self.dist)))
+
     def begin(self, model) -> None:
+        if self.off:
+            return
         if self.probe.batch is None:    # the probe's responses are sampled on first use
             self.probe.entropy(model)
+        if not self._probe_checked:
+            self._probe_checked = True
+            if not self._same_probe_on_every_rank():   # then g_H would mix batches: log nothing wrong
+                self.off = True
+                self.log("diagnostics.attribution: the ranks sampled different probe batches, so "
+                         "entropy_change/predicted_net is not logged in this run")
+                return
         if self.dist is None:
             self._grad = probe_entropy_gradient(model, self.probe.batch, self.entropy_fn, self.rows)
             self.split = UpdateSplit(self._grad, _trainable(model))
@@ -177,4 +198,4 @@ def build_attribution(cfg, probe, dist: DistInfo, entropy_fn: Callable,
             log(f"diagnostics.attribution: {dist.world_size} ranks, so entropy_change/predicted_net only "
                 f"(FSDP shards, dot product all-reduced); the split into attribution/<part> runs on one process")
     return EntropyAttribution(probe, entropy_fn, int(cfg.trainer.micro_batch_responses),
-                              int(diag.get("attribution_every", 1)), dist=dist)
+                              int(diag.get("attribution_every", 1)), dist=dist, log=log)
