@@ -12,8 +12,11 @@ Their steps run round-robin (one step of each in turn), so the machine's load fa
 alike. The first step of each (it samples the probe batch and warms up) is not timed; ``off`` and
 ``every_10`` then time ``STEPS`` steps, two of them measured (steps 10 and 20), the share a long
 run has. Reported: seconds per step (mean: the measured steps' cost spread over the run, as in a
-run's wall time; and median), ``every_10_vs_off`` (target <= 1.25, issue 21) and
-``every_step_vs_off``. ``calls`` counts, per trainer, the probe-gradient computations (``g_H``) and
+run's wall time; and median), ``every_10_vs_off`` (ratio of the means, target <= 1.25, issue 21),
+``every_10_vs_off_medians`` (the same run composed from medians: ``every_10``'s plain steps and
+``every_step``'s measured ones, each at its median, in ``every_10``'s proportions; insensitive to a
+load spike landing on one of the two measured steps),
+``every_step_vs_off`` and ``measured_step_vs_off_medians``; ``meets_target`` holds both. ``calls`` counts, per trainer, the probe-gradient computations (``g_H``) and
 the micro-batches split into parts: ``off`` must show none (``off_pays_nothing``).
 Validation and checkpoints are not run (they are the same in all three): the ratio is of the
 training step alone, an upper bound on the share of a lab run's wall time.
@@ -80,6 +83,7 @@ def _measure(counts: dict) -> dict:
         times = {name: [] for name in VARIANTS}
         calls = {name: {"g_H": 0, "split_micro_batches": 0} for name in VARIANTS}
         measured = {name: 0 for name in VARIANTS}
+        kinds = {name: {"measured": [], "plain": []} for name in VARIANTS}
         try:
             for step in range(STEPS + 1):
                 for name, (_, steps) in VARIANTS.items():
@@ -97,11 +101,16 @@ def _measure(counts: dict) -> dict:
                     calls[name]["split_micro_batches"] += counts["add_micro"] - before["add_micro"]
                     if step > 0:                       # the first step samples the probe and warms up
                         times[name].append(seconds)
+                        kinds[name]["measured" if "entropy_change/predicted_net" in metrics else "plain"].append(seconds)
                         measured[name] += int("entropy_change/predicted_net" in metrics)
         finally:
             for trainer in trainers.values():
                 trainer.close()
     mean = {name: statistics.fmean(v) for name, v in times.items()}
+    median = {name: {k: statistics.median(v) for k, v in split.items() if v} for name, split in kinds.items()}
+    # robust to the load spikes of a shared machine: each kind of step at its median, in the run's proportions
+    share = len(kinds["every_10"]["measured"]) / len(times["every_10"])
+    composed = ((1 - share) * median["every_10"]["plain"] + share * median["every_step"]["measured"]) / median["off"]["plain"]
     off_nothing = calls["off"] == {"g_H": 0, "split_micro_batches": 0} and trainers["off"].attribution is None
     return {
         "setting": "experiment=lab_grpo trainer.threads=1, CPU; steps run round-robin, first step untimed",
@@ -111,10 +120,13 @@ def _measure(counts: dict) -> dict:
         "step_seconds_median": {name: round(statistics.median(v), 4) for name, v in times.items()},
         "build_seconds": {name: round(v, 2) for name, v in built.items()},
         "calls": calls,
+        "step_seconds_median_by_kind": {name: {k: round(v, 4) for k, v in m.items()} for name, m in median.items()},
         "every_10_vs_off": round(mean["every_10"] / mean["off"], 3),
+        "every_10_vs_off_medians": round(composed, 3),
         "every_step_vs_off": round(mean["every_step"] / mean["off"], 3),
+        "measured_step_vs_off_medians": round(median["every_step"]["measured"] / median["off"]["plain"], 3),
         "target_every_10_vs_off": TARGET,
-        "meets_target": mean["every_10"] / mean["off"] <= TARGET,
+        "meets_target": max(composed, mean["every_10"] / mean["off"]) <= TARGET,
         "off_pays_nothing": off_nothing,
     }
 
