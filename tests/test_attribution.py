@@ -230,10 +230,11 @@ def test_measuring_the_attribution_does_not_change_the_run(tmp_path):
 
 @pytest.mark.slow
 def test_two_fsdp_ranks_predict_what_one_process_predicts(tmp_path):
-    """Item 1 under FSDP: 2 gloo ranks (torchrun) log the same predicted_net and realised change as one
+    """Item 1 under FSDP: 2 gloo ranks (torchrun), and one process with its policy wrapped by FSDP
+    (trainer.fsdp=true, as bfloat16 does), log the same predicted_net and realised change as one plain
     process of the same seed; the probe's 9 rows split 5/4 over the ranks in chunks of 4, so one rank
-    pairs an empty chunk. The split into parts is skipped there, with one line, not an error; summary.json
-    still fits predicted_net to the realised change (item 3)."""
+    pairs an empty chunk. The split into parts is skipped under FSDP, with one line, not an error;
+    summary.json still fits predicted_net to the realised change (item 3)."""
     import os
     import socket
     import subprocess
@@ -250,23 +251,28 @@ def test_two_fsdp_ranks_predict_what_one_process_predicts(tmp_path):
             "diagnostics.probe_prompts=3", "diagnostics.probe_responses=3"]
     cli = ["-m", "entropyrl.cli.main", "train"]
     runs = {}
-    for name, launcher in (("one", [sys.executable]), ("two", [sys.executable, "-m", "torch.distributed.run",
-                                                                   "--nproc_per_node", "2", "--master_port", str(port)])):
-        out = subprocess.run(launcher + cli + args + [f"output_dir={tmp_path / name}"], capture_output=True,
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    for name, launcher, extra in (("one", [sys.executable], []), ("two", torchrun, []),
+                                  ("one_fsdp", [sys.executable], ["trainer.fsdp=true"])):
+        out = subprocess.run(launcher + cli + args + extra + [f"output_dir={tmp_path / name}"], capture_output=True,
                              text=True, timeout=900, env=env, cwd=os.fspath(tmp_path))
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
         rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         runs[name] = (rows, out.stdout + out.stderr)
-    (one, _), (two, log) = runs["one"], runs["two"]
-    assert [r["step"] for r in two] == [1, 2, 3]
-    assert log.count("the split into attribution/<part> runs on one process") == 1
-    assert not any(k.startswith("attribution/") for r in two for k in r)
+    (one, plain_log) = runs["one"]
+    assert "sharded with FSDP" not in plain_log
     assert all(any(k.startswith("attribution/") for k in r) for r in one)
-    for a, b in zip(one, two):
+    for sharded in ("two", "one_fsdp"):
+        rows, log = runs[sharded]
+        assert [r["step"] for r in rows] == [1, 2, 3]
+        assert log.count("the split into attribution/<part> needs one process without FSDP") == 1
+        assert not any(k.startswith("attribution/") for r in rows for k in r)
+    for a, b, c in zip(one, runs["two"][0], runs["one_fsdp"][0]):
         assert abs(a["loss/objective"] - b["loss/objective"]) <= 1e-5 * max(1.0, abs(a["loss/objective"]))  # same run
         for key in ("entropy_change/predicted_net", "entropy_change/realized"):   # |value| ~ 1e-2 on this run
             assert a[key] != 0.0 and math.isfinite(a[key])
-            assert abs(a[key] - b[key]) <= 1e-4 * abs(a[key]) + 1e-6, (a["step"], key, a[key], b[key])
+            for other in (b, c):
+                assert abs(a[key] - other[key]) <= 1e-4 * abs(a[key]) + 1e-6, (a["step"], key, a[key], other[key])
     fits = [json.loads((tmp_path / name / "summary.json").read_text())["attribution"] for name in ("one", "two")]
     assert fits[1]["share"] == {} and set(fits[0]["share"]) >= {"momentum", "q1"}   # rank 0's rows: no parts
     assert fits[0]["fit"]["n"] == fits[1]["fit"]["n"] == 3

@@ -118,7 +118,7 @@ class GRPOTrainer:
         self.probe = build_probe(cfg, self.source, self.rollout, lambda model, roll: batch_token_stats(
             model, roll, int(t.micro_batch_responses), **self._stats_kwargs()))
         self.attribution = build_attribution(cfg, self.probe, self.dist, lambda model, roll: (
-            response_token_stats(model, roll, entropy_grad=True, **self._stats_kwargs())[1]), log=self.log)
+            response_token_stats(model, roll, entropy_grad=True, **self._stats_kwargs())[1]), self.model, log=self.log)
 
     def _stats_kwargs(self) -> dict:
         return components.stats_kwargs(self.cfg)

@@ -12,12 +12,13 @@ Unlike the per-token prediction (``prediction.py``), it sees everything the opti
 preconditioning, clipping, several mini-batches), so the gap to the realised change is the
 second-order part alone. It costs one backward through the probe and a copy of the parameters.
 
-Under FSDP (several ranks) every rank holds the same probe batch (same prompts, same sampling
-seed) and takes a contiguous share of its rows; their backward passes go through FSDP's
-reduce-scatter, which averages over ranks, so each rank's share is scaled by ``world_size`` and
-the local gradient shard is that rank's slice of the single-process ``g_H``. The dot product is
-the sum of the ranks' local shard dot products (an all-reduce). The split into parts
-(``update_split.py``) runs on one process only; with several ranks it is skipped.
+Under FSDP (several ranks, or one with ``trainer.fsdp=true`` / ``trainer.dtype=bfloat16``) every
+rank holds the same probe batch (same prompts, same sampling seed) and takes a contiguous share of
+its rows; their backward passes go through FSDP's reduce-scatter, which averages over ranks, so
+each rank's share is scaled by ``world_size`` and the local gradient shard is that rank's slice of
+the single-process ``g_H``. The dot product is the sum of the ranks' local shard dot products (an
+all-reduce). The split into parts (``update_split.py``) needs the unsharded parameters: one
+process without FSDP; under FSDP it is skipped.
 
     entropyrl train diagnostics.attribution=true diagnostics.attribution_every=5
 """
@@ -30,7 +31,7 @@ from typing import Callable
 import torch
 
 from ..parallel.distributed import DistInfo, max_across, min_across, sum_across
-from ..parallel.fsdp import sharded_parameters
+from ..parallel.fsdp import is_fsdp, sharded_parameters
 from .update_split import UpdateSplit
 
 __all__ = ["probe_entropy_gradient", "sharded_probe_entropy_gradient", "predicted_change", "EntropyAttribution",
@@ -123,16 +124,17 @@ def predicted_change(grad: list[torch.Tensor], before: list[torch.Tensor], after
 class EntropyAttribution:
     """``begin`` before a step's updates (gradient and parameters), ``finish`` after them.
 
-    ``dist``: the process group (None or one process: the single-process path, with the split
-    into parts); with several ranks the gradient and parameters are FSDP shards, the dot product is
-    all-reduced, and there is no split."""
+    ``sharded``: the policy is wrapped with FSDP (``dist``: its process group, None for one
+    process): the gradient and parameters are this rank's shards, the dot product is all-reduced,
+    and there is no split into parts. Otherwise the single-process path, with the split."""
 
     def __init__(self, probe, entropy_fn: Callable, rows_per_chunk: int, every: int = 1,
-                 dist: DistInfo | None = None, log: Callable[[str], None] = print):
+                 dist: DistInfo | None = None, log: Callable[[str], None] = print, sharded: bool | None = None):
         self.probe, self.entropy_fn, self.rows, self.every = probe, entropy_fn, rows_per_chunk, max(int(every), 1)
-        self.dist = dist if dist is not None and dist.world_size > 1 else None
+        self.dist = dist if dist is not None else DistInfo()
+        self.sharded = self.dist.world_size > 1 if sharded is None else bool(sharded)
         self.log = log
-        self._probe_checked = self.dist is None
+        self._probe_checked = self.dist.world_size == 1
         self.off = False                           # several ranks holding different probe batches
         self._grad: list[torch.Tensor] | None = None
         self._before: list[torch.Tensor] | None = None
@@ -163,7 +165,7 @@ class EntropyAttribution:
                 self.log("diagnostics.attribution: the ranks sampled different probe batches, so "
                          "entropy_change/predicted_net is not logged in this run")
                 return
-        if self.dist is None:
+        if not self.sharded:
             self._grad = probe_entropy_gradient(model, self.probe.batch, self.entropy_fn, self.rows)
             self.split = UpdateSplit(self._grad, _trainable(model))
         else:
@@ -176,7 +178,7 @@ class EntropyAttribution:
             return {}
         after = [_local(p.detach()) for p in _trainable(model)]
         net = predicted_change(self._grad, self._before, after)
-        if self.dist is not None:       # each rank holds its shards: the dot product is their sum
+        if self.sharded:                # each rank holds its shards: the dot product is their sum
             net = float(sum_across(net, self.dist))
         out = {"entropy_change/predicted_net": net}
         if self.split is not None:
@@ -185,17 +187,19 @@ class EntropyAttribution:
         return out
 
 
-def build_attribution(cfg, probe, dist: DistInfo, entropy_fn: Callable,
+def build_attribution(cfg, probe, dist: DistInfo, entropy_fn: Callable, model,
                       log: Callable[[str], None] = print) -> EntropyAttribution | None:
     """The attribution step when ``diagnostics.attribution`` is on and there is a probe batch.
-    With several ranks (always FSDP: ``process_group`` refuses ``trainer.fsdp=false`` there)
-    ``predicted_net`` only, and one line from rank 0 says the split into parts is skipped."""
+    With ``model`` sharded by FSDP (always with several ranks: ``process_group`` refuses
+    ``trainer.fsdp=false`` there) ``predicted_net`` only, and one line from rank 0 says the split
+    into parts is skipped."""
     diag = cfg.get("diagnostics", {}) or {}
     if not diag.get("attribution", False) or probe is None:
         return None
-    if dist.world_size > 1:
-        if dist.is_main:
-            log(f"diagnostics.attribution: {dist.world_size} ranks, so entropy_change/predicted_net only "
-                f"(FSDP shards, dot product all-reduced); the split into attribution/<part> runs on one process")
+    sharded = is_fsdp(model)
+    if sharded and dist.is_main:
+        log(f"diagnostics.attribution: the policy is sharded with FSDP ({dist.world_size} rank(s)), so "
+            f"entropy_change/predicted_net only (dot product reduced over shards); the split into "
+            f"attribution/<part> needs one process without FSDP (trainer.fsdp=false, float32)")
     return EntropyAttribution(probe, entropy_fn, int(cfg.trainer.micro_batch_responses),
-                              int(diag.get("attribution_every", 1)), dist=dist, log=log)
+                              int(diag.get("attribution_every", 1)), dist=dist, log=log, sharded=sharded)
