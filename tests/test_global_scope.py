@@ -24,6 +24,8 @@ SETTINGS = {
     "high_entropy_mask": {"rho": 0.2},
     "clip_cov": {"ratio": 0.2, "lb": -10.0, "ub": 10.0},
     "kl_cov": {"ratio": 0.2},
+    "siren": {"peak_frac": 0.2},          # its peak-entropy mask
+    "lp_reg": {"rho": 0.2},               # its low-probability quantile
 }
 
 
@@ -110,6 +112,35 @@ def test_micro_scope_stays_per_rank_while_global_does_not():
     halves = torch.cat([select_top_fraction(batch["entropy"][r], batch["mask"][r].bool(), 0.2)
                         for r in (slice(0, ROWS // 2), slice(ROWS // 2, ROWS))])
     assert not torch.equal(whole, halves)
+
+
+def test_siren_and_lp_reg_losses_read_the_wide_selection():
+    """A mini-scope selection made on the batch the loss sees, from the same statistics, gives the
+    loss of the micro scope (the reference path) exactly; a selection from other rows changes it."""
+    from entropyrl.trainers.algos.algorithm import Algorithm
+    from entropyrl.trainers.interventions import build_intervention
+
+    batch = _mini_batch()
+    gen = torch.Generator().manual_seed(11)
+    vocab = {"siren/topp_entropy": torch.rand(ROWS, WIDTH, generator=gen),
+             "lp_reg/proxy_kl": torch.rand(ROWS, WIDTH, generator=gen),
+             "lp_reg/max_logp": -0.5 * torch.rand(ROWS, WIDTH, generator=gen)}
+    settings = {"siren": {"peak_frac": 0.2, "coef": 1.0}, "lp_reg": {"rho": 0.3, "kappa": 0.02}}
+
+    def losses(scope: str, selections_from: dict | None = None) -> dict[str, float]:
+        ivs = [build_intervention(n, {**v, "scope": scope}) for n, v in settings.items()]
+        algo = Algorithm(interventions=ivs, max_response_length=WIDTH)
+        algo.interventions[0].anchor = 0.0              # SIREN's anchor fixed: the term shows the mask
+        made = algo.prepare("mini", **(selections_from or batch)) if scope != "micro" else {}
+        out = algo.loss(**batch, extras={**vocab, **made})
+        return {k: out.metrics[k] for k in ("loss/siren", "loss/lp_reg", "lp_reg/frac", "siren/peak_frac")}
+
+    micro = losses("micro")
+    assert micro["loss/siren"] > 0 and micro["lp_reg/frac"] > 0
+    assert losses("mini") == micro
+    other = {**batch, "entropy": batch["entropy"].flip(0), "logp": batch["logp"].flip(0)}
+    moved = losses("mini", other)
+    assert moved["loss/siren"] != micro["loss/siren"] and moved["lp_reg/frac"] != micro["lp_reg/frac"]
 
 
 if __name__ == "__main__":
