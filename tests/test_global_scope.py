@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 HERE = Path(__file__).resolve()
@@ -58,6 +59,26 @@ def _select(rows: slice, gather=None) -> dict[str, torch.Tensor]:
     return _algorithm().prepare("mini", **batch, gather=gather)
 
 
+def _aent_step(rows: slice, scope: str, reduce=None, micro_rows: int = 2) -> tuple[float, float]:
+    """AEnt's ``(last clamped entropy, coefficient)`` after one step of losses on ``rows`` (micro-batches
+    of ``micro_rows``) and the next ``begin_step``; the clamped entropy is seeded, per row."""
+    from entropyrl.trainers.algos.algorithm import Algorithm
+    from entropyrl.trainers.interventions import build_intervention
+
+    batch = _mini_batch()
+    clamped = torch.rand(ROWS, WIDTH, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 2
+    algo = Algorithm(interventions=[build_intervention("aent", {"scope": scope})], max_response_length=WIDTH)
+    algo.begin_step(0.5, reduce=reduce)
+    picked = torch.arange(ROWS)[rows]
+    for start in range(0, len(picked), micro_rows):
+        idx = picked[start:start + micro_rows]
+        out = algo.loss(**{k: v[idx].double() for k, v in batch.items()}, extras={"aent/topk_entropy": clamped[idx]})
+        algo.after_loss(out)
+    algo.begin_step(0.5, reduce=reduce)
+    metrics = algo.step_metrics()
+    return metrics["aent/last_clamped_entropy"], metrics["aent/coef"]
+
+
 def _worker(out_dir: Path) -> None:
     import torch.distributed as dist
 
@@ -70,8 +91,13 @@ def _worker(out_dir: Path) -> None:
                    gather=lambda tensors: distributed.gather_rows(tensors, info))
     everyone: list = [None] * info.world_size
     dist.all_gather_object(everyone, {k: v.clone() for k, v in mine.items()})
+    reduce = lambda t: distributed.sum_across(t, info)      # noqa: E731 (as the trainer passes it)
+    rows = slice(info.rank * share, (info.rank + 1) * share)
+    aent: list = [None] * info.world_size
+    dist.all_gather_object(aent, {scope: _aent_step(rows, scope, reduce) for scope in ("global", "micro")})
     if info.is_main:
         torch.save(everyone, out_dir / "ranks.pt")
+        torch.save(aent, out_dir / "aent.pt")
     distributed.cleanup(info)
 
 
@@ -81,13 +107,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_global_selections_on_two_ranks_equal_one_process(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    """The folder where one 2-rank gloo run of ``_worker`` left its results."""
+    where = tmp_path_factory.mktemp("two_ranks")
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          str(_free_port()), str(HERE), str(tmp_path)], capture_output=True, text=True, timeout=600,
-                         env=env)
+                          str(_free_port()), str(HERE), str(where)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    ranks = torch.load(tmp_path / "ranks.pt", weights_only=False)
+    return where
+
+
+def test_global_selections_on_two_ranks_equal_one_process(two_ranks):
+    ranks = torch.load(two_ranks / "ranks.pt", weights_only=False)
     one = _select(slice(None))
     assert {k.split("/")[0] for k in one} == set(SETTINGS)
     for key, whole in one.items():
@@ -100,6 +132,18 @@ def test_global_selections_on_two_ranks_equal_one_process(tmp_path):
             assert 0 < int(whole[valid].sum()) < int(valid.sum()), key   # a real selection, not all or none
         else:
             assert float(whole[valid].std()) > 0, key                     # STEER weights vary
+
+
+def test_aent_global_coefficient_on_two_ranks_equals_one_process(two_ranks):
+    """AEnt's controller reads a step mean, not a token selection: with scope global both ranks
+    read the token mean of all the step's tokens (what one process reads, to float64 rounding) and
+    move to the same coefficient; with micro each rank reads its own micro-batch means."""
+    ranks = torch.load(two_ranks / "aent.pt", weights_only=False)
+    h_one, coef_one = _aent_step(slice(None), "global", micro_rows=5)   # other micro-batches: same token mean
+    for r in ranks:
+        assert r["global"][0] == pytest.approx(h_one, rel=1e-12) and r["global"][1] == pytest.approx(coef_one, rel=1e-12)
+    assert ranks[0]["micro"][0] != ranks[1]["micro"][0]           # the published-style mean is per rank
+    assert coef_one != 0.001                                      # the coefficient moved (init_coef 0.001)
 
 
 def test_micro_scope_stays_per_rank_while_global_does_not():

@@ -225,7 +225,7 @@ class GRPOTrainer:
         if sampler_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are
             metrics.update(sampler_mismatch_metrics(old_logp, sampler_logp, mask))
         sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
-        self.algo.begin_step(sampling_entropy)
+        self.algo.begin_step(sampling_entropy, reduce=lambda t: distributed.sum_across(t, self.dist))
         rewards, group_ids = batch.rewards.to(self.device), batch.group_ids.to(self.device)
         advantages = self.algo.advantages(rewards, group_ids, mask, entropy=entropy)
         metrics["entropy"] = sampling_entropy
@@ -266,7 +266,7 @@ class GRPOTrainer:
                                                              vocab_stats=self.algo.vocab_stats(), **stats_kw)
                     out = self.algo.micro_loss(micro, logp=logp, entropy=ent, vocab=vocab[0] if vocab else None)
                     if not pairing:
-                        self.algo.after_loss()
+                        self.algo.after_loss(out)
                         if prediction is not None:   # reads the graph: before the backward frees it
                             prediction.add(out)
                     weight = 0.0 if pairing else accumulation_weight(agg, part.mask, mini.mask) * dp_scale
