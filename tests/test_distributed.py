@@ -111,7 +111,8 @@ def _worker(mode: str, workdir: Path) -> None:
     history = []
     for _ in range(STEPS):
         m = trainer.train_step((batch, {}))
-        history.append({k: m[k] for k in ("loss/objective", "entropy", "grad_norm", "clip/frac")})
+        history.append({k: m[k] for k in ("loss/objective", "entropy", "grad_norm", "clip/frac", "entropy/p10",
+                                          "entropy/p50", "entropy/p90", "entropy/p99")})   # quantiles: all ranks
         trainer.step += 1
     view, _ = distributed.checkpoint_views(trainer.model, trainer.optimizer, trainer.dist)
     weights = view.state_dict_full if hasattr(view, "state_dict_full") else trainer.model.state_dict()
@@ -175,6 +176,7 @@ def test_cli_train_under_torchrun(in_tmp):
     rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]                     # logged once, by rank 0
     assert all(r["entropy"] == r["entropy"] and r.get("loss/objective") is not None for r in rows)
+    assert all(r["entropy/p10"] <= r["entropy/p50"] <= r["entropy/p90"] <= r["entropy/p99"] for r in rows)
     assert (in_tmp / "run" / "checkpoints" / "step_000002" / "model" / "model.safetensors").is_file()
     summary = json.loads((in_tmp / "run" / "summary.json").read_text())
     assert summary["status"] == "FINISHED" and summary["world_size"] == 2

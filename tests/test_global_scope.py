@@ -17,6 +17,7 @@ import torch
 
 HERE = Path(__file__).resolve()
 ROWS, WIDTH = 12, 9
+QUANTILES = [0.1, 0.5, 0.9, 0.99]
 
 # every selecting intervention, with values that select a fair share of a small batch
 SETTINGS = {
@@ -83,6 +84,7 @@ def _worker(out_dir: Path) -> None:
     import torch.distributed as dist
 
     from entropyrl.trainers.parallel import distributed
+    from entropyrl.trainers.stats.diagnostics import entropy_quantile_metrics
 
     info = distributed.setup({"device": "cpu"})
     assert info.world_size == 2
@@ -95,7 +97,13 @@ def _worker(out_dir: Path) -> None:
     rows = slice(info.rank * share, (info.rank + 1) * share)
     aent: list = [None] * info.world_size
     dist.all_gather_object(aent, {scope: _aent_step(rows, scope, reduce) for scope in ("global", "micro")})
+    batch = _mini_batch()
+    quantiles = entropy_quantile_metrics(
+        distributed.gather_values(batch["entropy"][rows][batch["mask"][rows].bool()], info), QUANTILES)
+    everyone_q: list = [None] * info.world_size
+    dist.all_gather_object(everyone_q, quantiles)
     if info.is_main:
+        torch.save(everyone_q, out_dir / "quantiles.pt")
         torch.save(everyone, out_dir / "ranks.pt")
         torch.save(aent, out_dir / "aent.pt")
     distributed.cleanup(info)
@@ -144,6 +152,30 @@ def test_aent_global_coefficient_on_two_ranks_equals_one_process(two_ranks):
         assert r["global"][0] == pytest.approx(h_one, rel=1e-12) and r["global"][1] == pytest.approx(coef_one, rel=1e-12)
     assert ranks[0]["micro"][0] != ranks[1]["micro"][0]           # the published-style mean is per rank
     assert coef_one != 0.001                                      # the coefficient moved (init_coef 0.001)
+
+
+def test_entropy_quantiles_on_two_ranks_equal_one_process(two_ranks):
+    """``entropy/p10 ... p99`` of the valid tokens, every rank's gathered: bit-identical to one
+    process's over the whole batch on both ranks, and not what a rank's own tokens give."""
+    from entropyrl.trainers.stats.diagnostics import entropy_quantile_metrics
+
+    batch = _mini_batch()
+    valid = batch["mask"].bool()
+    one = entropy_quantile_metrics(batch["entropy"][valid], QUANTILES)
+    assert list(one) == ["entropy/p10", "entropy/p50", "entropy/p90", "entropy/p99"]
+    ranks = torch.load(two_ranks / "quantiles.pt", weights_only=False)
+    assert ranks == [one, one]
+    half = entropy_quantile_metrics(batch["entropy"][:ROWS // 2][valid[:ROWS // 2]], QUANTILES)
+    assert half != one
+
+
+def test_sorted_quantiles_match_torch_quantile():
+    from entropyrl.trainers.stats.diagnostics import sorted_quantiles
+
+    values = torch.rand(1001, generator=torch.Generator().manual_seed(2))
+    want = torch.quantile(values.double(), torch.tensor(QUANTILES, dtype=torch.float64)).tolist()
+    assert sorted_quantiles(values, QUANTILES) == pytest.approx(want, rel=1e-12)
+    assert all(v != v for v in sorted_quantiles(torch.empty(0), QUANTILES))     # no tokens: nan
 
 
 def test_micro_scope_stays_per_rank_while_global_does_not():

@@ -54,7 +54,7 @@ from .run.regime import report_regime
 from .run.run_report import TrainingProgress, summarize
 from .run.stop_signals import RunInterrupted, StopSignals
 from .stats.attribution import build_attribution
-from .stats.diagnostics import quadrant_metrics
+from .stats.diagnostics import entropy_quantile_metrics, quadrant_metrics
 from .stats.passk import sampled_pass_metrics
 from .stats.policy_stats import batch_token_stats, response_token_stats
 from .stats.prediction import EntropyPrediction
@@ -229,6 +229,10 @@ class GRPOTrainer:
         rewards, group_ids = batch.rewards.to(self.device), batch.group_ids.to(self.device)
         advantages = self.algo.advantages(rewards, group_ids, mask, entropy=entropy)
         metrics["entropy"] = sampling_entropy
+        if self.cfg.diagnostics.get("entropy_quantiles"):   # every rank's tokens gathered; rank 0 reports them
+            quantiles = entropy_quantile_metrics(distributed.gather_values(entropy[mask.bool()], self.dist),
+                                                 list(self.cfg.diagnostics.entropy_quantiles))
+            metrics.update(quantiles if self.dist.is_main else {})
         if self.cfg.diagnostics.quadrants:
             metrics.update(quadrant_metrics(old_logp, old_logp, entropy, advantages, mask))
         metrics["groups/all_equal_frac"] = all_equal_group_share(rewards, group_ids)
