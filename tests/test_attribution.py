@@ -73,11 +73,14 @@ def test_a_run_logs_the_net_prediction_beside_the_realised_change(tmp_path):
                for r in measured)
 
 
-@pytest.mark.parametrize("algo,extra", [("grpo", []), ("entropy_bonus", []),
-                                        ("stare", ["algo.stare.h_tgt=100"])])   # STARE's gate open
-def test_a_runs_parts_sum_to_the_net_prediction(tmp_path, algo, extra):
-    """Item 2: momentum, weight decay, Q1-Q4, zero-advantage, the intervention and the rest add up to
-    predicted_net; the intervention's part is 0 for plain GRPO and not for an intervention."""
+@pytest.mark.parametrize("algo,extra,ivs", [
+    ("grpo", [], []), ("entropy_bonus", [], ["entropy_bonus"]),
+    ("stare", ["algo.stare.h_tgt=100"], ["stare"]),                     # STARE's gate open
+    ("clip_cov", ["algo.kl_coef=0.05", "+algo.interventions=[clip_cov,entropy_bonus]"],
+     ["clip_cov", "entropy_bonus"])])                                    # two interventions and a KL term
+def test_a_runs_parts_sum_to_the_net_prediction(tmp_path, algo, extra, ivs):
+    """Item 2: momentum, weight decay, Q1-Q4, zero-advantage, each intervention, the KL term and the
+    rest add up to predicted_net; an intervention's part is nonzero, the KL part only with a KL term."""
     from entropyrl.trainers.stats.update_split import GROUPS
     from entropyrl.trainers.trainer import train
 
@@ -88,18 +91,21 @@ def test_a_runs_parts_sum_to_the_net_prediction(tmp_path, algo, extra):
                             f"output_dir={tmp_path / 'run'}", *extra])
     train(cfg, log=lambda *_: None)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    names = ["momentum", "weight_decay", *GROUPS, "intervention", "other", "float_rounding"]
+    names = ["momentum", "weight_decay", *GROUPS, *ivs, "kl", "other", "float_rounding"]
     for r in rows:
         net = r["entropy_change/predicted_net"]
+        assert sorted(k for k in r if k.startswith("attribution/")) == sorted(f"attribution/{n}" for n in names)
         parts = [r[f"attribution/{n}"] for n in names]
         assert abs(sum(parts) - net) <= 1e-6 * abs(net), (sum(parts), net)
         assert r["attribution/weight_decay"] != 0.0
         largest = max(abs(v) for v in parts)
         assert abs(r["attribution/other"]) <= 1e-5 * largest   # only through logp/entropy: float32 sums' order
-        if algo == "grpo":
-            assert abs(r["attribution/intervention"]) <= 1e-5 * largest   # plain GRPO: no intervention
+        for iv in ivs:
+            assert abs(r[f"attribution/{iv}"]) > 1e-4 * largest, iv
+        if "algo.kl_coef=0.05" in extra:
+            assert abs(r["attribution/kl"]) > 1e-4 * largest
         else:
-            assert abs(r["attribution/intervention"]) > 1e-4 * largest
+            assert r["attribution/kl"] == 0.0
         assert abs(r["attribution/float_rounding"]) <= 1e-4 * abs(net)   # float32 storage of the update
     assert all(r["attribution/momentum"] != 0.0 for r in rows)   # 2 mini-batches a step: the 2nd carries the 1st's
     assert (tmp_path / "run" / "why_entropy_moved.png").stat().st_size > 1000     # the stacked figure
@@ -146,7 +152,8 @@ def test_a_step_on_one_quadrants_tokens_is_attributed_to_that_quadrant():
     net = predicted_change(g_h, before, [p.detach() for p in params])
     assert net != 0.0
     assert abs(parts["attribution/q3"] - net) <= 1e-4 * abs(net), (parts, net)
-    for name in (*[g for g in GROUPS if g != "q3"], "intervention", "momentum", "weight_decay", "other"):
+    assert not any(k.startswith("attribution/kl") for k in parts)        # no prefixes: groups only
+    for name in (*[g for g in GROUPS if g != "q3"], "momentum", "weight_decay", "other"):
         assert abs(parts[f"attribution/{name}"]) <= 1e-6 * abs(net), (name, parts)
     assert abs(parts["attribution/float_rounding"]) <= 1e-4 * abs(net)   # float32 storage of the update
 
@@ -167,6 +174,24 @@ def test_the_summary_fits_predicted_net_to_the_realised_change_and_shares_the_pa
     assert attribution_summary([{"entropy_change/realized": 0.1}]) == {}
 
 
+def test_the_detrended_fit_of_a_series_measured_every_10_steps_removes_a_21_step_trend():
+    """Measured every 10 steps, the 21-step rolling mean spans 3 points (not the whole run): a shared
+    slow trend inflates the raw r, not the detrended one."""
+    import numpy as np
+
+    from entropyrl.trainers.run.regime import prediction_fit
+
+    rng = np.random.default_rng(0)
+    steps = np.arange(1, 401, 10)
+    trend = -np.exp(-steps / 100.0)                                    # both series fall early
+    rows = [{"step": int(s), "entropy_change/predicted_net": t + 0.01 * a,
+             "entropy_change/realized": t + 0.01 * b}
+            for s, t, a, b in zip(steps, trend, rng.normal(size=40), rng.normal(size=40))]   # noise uncorrelated
+    fit = prediction_fit(rows, predicted_key="entropy_change/predicted_net")
+    assert fit["pearson_r"] > 0.9                                      # the trend alone
+    assert abs(fit["pearson_r_detrended"]) < 0.5                       # gone once detrended
+
+
 def test_a_sweep_variants_figure_draws_the_seed_mean(tmp_path):
     from entropyrl.trainers.run.plots import mean_by_step, plot_attribution
 
@@ -177,3 +202,26 @@ def test_a_sweep_variants_figure_draws_the_seed_mean(tmp_path):
     assert abs(mean[0]["attribution/q1"] - 0.2) < 1e-12 and abs(mean[0]["entropy_change/realized"] - 0.1) < 1e-12
     assert plot_attribution(mean, tmp_path / "why.png").stat().st_size > 1000
     assert plot_attribution([{"step": 1, "entropy": 1.0}], tmp_path / "none.png") is None
+
+
+def test_measuring_the_attribution_does_not_change_the_run(tmp_path):
+    """A measurement, not an intervention: with and without it the same seed trains identically
+    (every logged value but the timings and the attribution's own keys)."""
+    from entropyrl.trainers.trainer import train
+
+    def run(name, on):
+        cfg = compose("train", ["algo=stare", "algo.stare.h_tgt=100", "trainer.total_steps=3", "trainer.threads=1",
+                                "trainer.val_every=0", "trainer.progress=false", "tracking.enabled=false",
+                                "trainer.prompts_per_step=8", "trainer.mini_batch_prompts=4",
+                                "diagnostics.entropy_change=true", "diagnostics.probe_prompts=8",
+                                f"diagnostics.attribution={str(on).lower()}", f"output_dir={tmp_path / name}"])
+        train(cfg, log=lambda *_: None)
+        return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+    on, off = run("on", True), run("off", False)
+    own = ("time/", "attribution/", "entropy_change/predicted_net")
+    for a, b in zip(on, off):
+        assert any(k.startswith("attribution/") for k in a) and not any(k.startswith("attribution/") for k in b)
+        keys = {k for k in b if not k.startswith(own)}
+        assert keys == {k for k in a if not k.startswith(own)}
+        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}

@@ -59,7 +59,6 @@ from .stats.passk import sampled_pass_metrics
 from .stats.policy_stats import batch_token_stats, response_token_stats
 from .stats.prediction import EntropyPrediction
 from .stats.probe import build_probe
-from .stats.update_split import plain_grpo_upstream
 
 
 def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
@@ -275,7 +274,9 @@ class GRPOTrainer:
                             prediction.add(out)
                     weight = 0.0 if pairing else accumulation_weight(agg, part.mask, mini.mask) * dp_scale
                     if split is not None and not pairing:   # per token group, before the backward
-                        split.add_micro(out.loss * weight, [logp, ent], micro, plain_grpo_upstream(out.tokens, weight))
+                        prefixes = self.algo.loss_prefixes(micro, logp=logp, entropy=ent, vocab=vocab[0] if vocab else None)
+                        split.add_micro(out.loss * weight, [logp, ent, *(vocab[0].values() if vocab else ())], micro,
+                                        [(name, partial * weight) for name, partial in prefixes])
                     (out.loss * weight).backward()
                     objective += float(out.loss.detach()) * weight
                     for k, v in ({} if pairing else out.metrics).items():

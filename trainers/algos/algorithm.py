@@ -25,6 +25,7 @@ are checked by its ``Params``.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -282,6 +283,22 @@ class Algorithm:
         return self.loss(logp=logp, old_logp=batch.old_logp, entropy=entropy, advantages=batch.advantages,
                          mask=batch.mask, ref_logp=batch.ref_logp, extras={**batch.selections, **(vocab or {})},
                          sampling_entropy=batch.entropy, sampler_logp=batch.sampler_logp)
+
+    def loss_prefixes(self, batch: StepBatch, *, logp: torch.Tensor, entropy: torch.Tensor,
+                      vocab: dict[str, torch.Tensor] | None = None) -> list[tuple[str, torch.Tensor]]:
+        """The micro-batch loss built up one term at a time, for the entropy attribution
+        (``stats/update_split.py``): ``[("objective", L_0), (iv_1.name, L_1), ..., (iv_n.name, L_n)]``
+        where ``L_0`` is the configured objective without interventions or KL and ``L_k`` adds the first
+        ``k`` interventions (in the order they apply); ``micro_loss`` (which adds the KL term) follows.
+        Consecutive differences are each intervention's own contribution given the ones before it, so
+        they telescope to the whole loss. Pure, like ``loss``."""
+        out = []
+        for k in range(len(self.interventions) + 1):
+            partial = copy.copy(self)
+            partial.interventions, partial.kl_coef = self.interventions[:k], 0.0
+            name = "objective" if k == 0 else self.interventions[k - 1].name
+            out.append((name, partial.micro_loss(batch, logp=logp, entropy=entropy, vocab=vocab).loss))
+        return out
 
     def loss(self, *, logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor,
              advantages: torch.Tensor, mask: torch.Tensor, ref_logp: torch.Tensor | None = None,
