@@ -253,7 +253,9 @@ def test_aent_and_lp_reg_terms(case):
     assert out.metrics["loss/aent"] == pytest.approx(want["aent_term"]["value"], rel=1e-9)
     assert out.metrics["loss/lp_reg"] == pytest.approx(lp["value"], rel=1e-9, abs=1e-12)
     assert out.metrics["lp_reg/frac"] == pytest.approx(float(t64(lp["selected"]).sum() / mask.sum()))
-    # AEnt's coefficient moves once per step from the clamped entropy it saw (above `high`: down)
+    # AEnt's coefficient moves once per step from the clamped entropy it saw (above `high`: down),
+    # recorded after the loss as the loop does
+    a.after_loss(out)
     a.begin_step(0.5)
     assert a.step_metrics()["aent/coef"] == pytest.approx(want["aent_term"]["coef"] - 0.0005)
 

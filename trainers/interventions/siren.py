@@ -5,7 +5,11 @@ is that of the re-normalised nucleus (``vocab_stats.topp_entropy``), so the tail
 (2) a peak-entropy mask, only the ``peak_frac`` of valid tokens of highest entropy count. It is
 self-anchored: the first step's masked entropy is kept as the anchor ``H_0`` and the loss gains
 ``coef * (mean_peak(H_p) - H_0)^2``, which pulls the regulated entropy back to where the run
-started instead of pushing it up without bound. No public code was available here: implemented
+started instead of pushing it up without bound. The top-p mask is per token (its nucleus is the
+token's own distribution); the peak-entropy mask ranks tokens against the others of the batch, so
+it has a ``scope``: micro (each micro-batch, the current entropy: our default) or mini / batch /
+global (selected before the update from the sampling entropy; global: over all ranks' mini-batch,
+the same tokens on 1 or N ranks). No public code was available here: implemented
 from the paper's description; conf/intervention/siren.yaml marks our numbers.
 """
 
@@ -17,7 +21,7 @@ import torch
 
 from ...core.errors import UserError
 from ..algos.core_algos import select_top_fraction
-from .base import Intervention, LossContext, register_intervention
+from .base import Intervention, LossContext, TokenBatch, register_intervention
 
 KEY = "siren/topp_entropy"
 
@@ -32,6 +36,7 @@ class Siren(Intervention):
         top_p: float  # nucleus of the top-p mask
         peak_frac: float  # fraction of valid tokens (highest entropy) the regulariser sees
         coef: float  # weight of the anchored term
+        scope: str  # where the peak-entropy mask is taken: micro | mini | batch | global
 
         def validate(self, name: str) -> None:
             if not 0 < self.top_p <= 1 or not 0 < self.peak_frac <= 1 or self.coef < 0:
@@ -44,11 +49,18 @@ class Siren(Intervention):
     def vocab_stats(self) -> dict:
         return {KEY: ("topp_entropy", {"p": float(self.params.top_p)})}
 
+    def select(self, batch: TokenBatch) -> dict[str, torch.Tensor]:
+        """The peak-entropy mask of a wider scope (``[b, T]`` bool) from the sampling entropy."""
+        return {"siren/peak": select_top_fraction(batch.entropy, batch.mask.bool(), self.params.peak_frac)}
+
     def apply(self, ctx: LossContext) -> None:
         h = ctx.extras.get(KEY)
         if h is None:
             raise RuntimeError(f"siren: extras['{KEY}'] missing; compute Algorithm.vocab_stats() in the loss loop")
-        peak = select_top_fraction(ctx.entropy.detach(), ctx.mask.bool(), self.params.peak_frac)
+        if self.scope == "micro":
+            peak = select_top_fraction(ctx.entropy.detach(), ctx.mask.bool(), self.params.peak_frac)
+        else:
+            peak = self.selection(ctx)["siren/peak"].bool() & ctx.mask.bool()
         m = peak.to(h.dtype)
         regulated = (torch.where(peak, h, torch.zeros_like(h)) * m).sum() / m.sum().clamp(min=1.0)
         if self.anchor is None:
