@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -225,3 +226,101 @@ def test_measuring_the_attribution_does_not_change_the_run(tmp_path):
         keys = {k for k in b if not k.startswith(own)}
         assert keys == {k for k in a if not k.startswith(own)}
         assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
+
+
+@pytest.mark.slow
+def test_two_fsdp_ranks_predict_what_one_process_predicts(tmp_path):
+    """Item 1 under FSDP: 2 gloo ranks (torchrun), and one process with its policy wrapped by FSDP
+    (trainer.fsdp=true, as bfloat16 does), log the same predicted_net and realised change as one plain
+    process of the same seed; the probe's 9 rows split 5/4 over the ranks in chunks of 4, so one rank
+    pairs an empty chunk. The split into parts is skipped under FSDP, with one line, not an error;
+    summary.json still fits predicted_net to the realised change (item 3)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    args = ["trainer.total_steps=3", "trainer.prompts_per_step=4", "trainer.mini_batch_prompts=4",
+            "trainer.micro_batch_responses=4", "rollout.n=4", "rollout.seed_scope=group", "optim.lr=1e-3",
+            "trainer.val_every=0", "val.prompts=0", "trainer.save_every=0", "trainer.progress=false",
+            "trainer.threads=1", "tracking.enabled=false", "diagnostics.attribution=true",
+            "diagnostics.probe_prompts=3", "diagnostics.probe_responses=3"]
+    cli = ["-m", "entropyrl.cli.main", "train"]
+    runs = {}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    for name, launcher, extra in (("one", [sys.executable], []), ("two", torchrun, []),
+                                  ("one_fsdp", [sys.executable], ["trainer.fsdp=true"])):
+        out = subprocess.run(launcher + cli + args + extra + [f"output_dir={tmp_path / name}"], capture_output=True,
+                             text=True, timeout=900, env=env, cwd=os.fspath(tmp_path))
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        runs[name] = (rows, out.stdout + out.stderr)
+    (one, plain_log) = runs["one"]
+    assert "sharded with FSDP" not in plain_log
+    assert all(any(k.startswith("attribution/") for k in r) for r in one)
+    for sharded in ("two", "one_fsdp"):
+        rows, log = runs[sharded]
+        assert [r["step"] for r in rows] == [1, 2, 3]
+        assert log.count("the split into attribution/<part> needs one process without FSDP") == 1
+        assert not any(k.startswith("attribution/") for r in rows for k in r)
+    for a, b, c in zip(one, runs["two"][0], runs["one_fsdp"][0]):
+        assert abs(a["loss/objective"] - b["loss/objective"]) <= 1e-5 * max(1.0, abs(a["loss/objective"]))  # same run
+        for key in ("entropy_change/predicted_net", "entropy_change/realized"):   # |value| ~ 1e-2 on this run
+            assert a[key] != 0.0 and math.isfinite(a[key])
+            for other in (b, c):
+                assert abs(a[key] - other[key]) <= 1e-4 * abs(a[key]) + 1e-6, (a["step"], key, a[key], other[key])
+    fits = [json.loads((tmp_path / name / "summary.json").read_text())["attribution"] for name in ("one", "two")]
+    assert fits[1]["share"] == {} and set(fits[0]["share"]) >= {"momentum", "q1"}   # rank 0's rows: no parts
+    assert fits[0]["fit"]["n"] == fits[1]["fit"]["n"] == 3
+    assert abs(fits[0]["fit"]["slope"] - fits[1]["fit"]["slope"]) <= 1e-3 * abs(fits[0]["fit"]["slope"])
+
+
+def _probe_check_worker(rank: int, port: int, out_dir: str) -> None:
+    """One of 2 gloo ranks: the same probe batch on both ranks, then one that differs on rank 1."""
+    import torch.distributed as dist
+
+    from entropyrl.rollout.base import Rollout
+    from entropyrl.trainers.parallel.process_group import DistInfo
+    from entropyrl.trainers.stats.attribution import EntropyAttribution
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        ids = torch.arange(24).reshape(4, 6) % 7 + 3
+        results, lines = [], []
+        for differ in (False, True):
+            resp = ids.clone()
+            if differ and rank == 1:
+                resp[2, 3] += 1                     # one token of one response differs
+            batch = Rollout(torch.ones(4, 2, dtype=torch.long), torch.ones(4, 2, dtype=torch.long), resp,
+                            torch.ones(4, 6, dtype=torch.long), [""] * 4, torch.zeros(4, dtype=torch.bool))
+            attr = EntropyAttribution(SimpleNamespace(batch=batch), None, 4, dist=DistInfo(rank=rank, world_size=2),
+                                      log=lines.append)
+            if differ:
+                attr.begin(model=None)              # refuses before it touches a model
+                results.append({"off": attr.off, "finish": attr.finish(model=None)})
+            else:
+                results.append({"same": attr._same_probe_on_every_rank()})
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"results": results, "lines": lines}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_holding_different_probe_batches_log_no_prediction(tmp_path):
+    """Under FSDP g_H is the sum of the ranks' shares of ONE probe batch; were the ranks' batches
+    different (they are the same prompts and seed), the prediction is switched off with one line."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_probe_check_worker, args=(port, str(tmp_path)), nprocs=2, start_method="fork")
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got["results"] == [{"same": True}, {"off": True, "finish": {}}]
+        assert len(got["lines"]) == 1 and "different probe batches" in got["lines"][0]

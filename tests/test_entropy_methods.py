@@ -138,7 +138,7 @@ def test_entropic_matches_reference(case):
         (grad,) = torch.autograd.grad(out.loss, logp)
         check(out, grad, call)
         assert out.metrics["entropic/alpha"] == pytest.approx(call["alpha"], abs=1e-12)
-        a.after_loss()
+        a.after_loss(out)
         assert a.step_metrics()["entropic/integral"] == pytest.approx(call["integral"], abs=1e-12)
         assert out.metrics["entropic/high_frac"] == pytest.approx(float(t64(call["high"]).sum() / mask.sum()))
     # the attribution rebuilds a committed micro-batch's loss (the same logp tensor): same alpha, same loss
@@ -275,7 +275,7 @@ def test_aent_matches_reference(case):
                          advantages=torch.zeros_like(logp[rows]), mask=mask[rows],
                          extras={"aent/clamped_entropy": hc[rows] * step["scale"]})
             assert out.metrics["loss/aent"] == pytest.approx(part["value"], rel=1e-9, abs=1e-15)
-            a.after_loss()
+            a.after_loss(out)
     a.begin_step(0.0)                                   # the last step's update
     coefs = [s["coef_after"] for s in want["steps"]]
     assert a.step_metrics()["aent/coef"] == pytest.approx(coefs[-1], rel=1e-9)
@@ -333,7 +333,7 @@ def test_siren_matches_reference(case):
         assert out.metrics["siren/anchor"] == pytest.approx(call["anchor"], rel=1e-12)
         assert out.metrics["siren/regulated_entropy"] == pytest.approx(call["regulated"], rel=1e-12)
         torch.testing.assert_close(grad, t64(call["grad_h"]), **TOL)
-        a.after_loss()
+        a.after_loss(out)
     assert a.state_dict()["interventions"]["siren"]["anchor"] == pytest.approx(want["calls"][0]["anchor"])
 
 

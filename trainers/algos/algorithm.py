@@ -13,7 +13,7 @@ them; it is built, and its parameters checked, before anything of a run is creat
         mini = algo.select(mini, "mini")                      # selections with scope=mini
         for micro in micro_batches:                           # micro = mini[idx]
             out = algo.micro_loss(micro, logp=..., entropy=...)   # LossOutput(loss, metrics, ...)
-            algo.after_loss()                                 # per-loss state (Clip-Cov's draws)
+            algo.after_loss(out)                              # per-loss state (Clip-Cov's draws, AEnt's sums)
     algo.step_metrics()                                       # controller state for logging
 
 ``loss`` returns what it computed and changes nothing. The loop never branches on the algorithm
@@ -225,10 +225,14 @@ class Algorithm:
         return adv
 
     # ------------------------------------------------------------------ step control
-    def begin_step(self, sampling_entropy: float) -> None:
-        """Once per training step, before any update, with the sampling policy's token-mean entropy."""
+    def begin_step(self, sampling_entropy: float, reduce=None) -> None:
+        """Once per training step, before any update, with the sampling policy's token-mean entropy;
+        ``reduce(tensor)``: the sum over ranks (``distributed.sum_across``) of the per-step sums
+        that global-scope controllers recorded (``Intervention.reduce_step``); None on one process."""
         h = float(sampling_entropy)
         for iv in self.interventions:
+            if reduce is not None:
+                iv.reduce_step(reduce)
             iv.begin_step(h)
 
     def prepare(self, level: str, *, logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor,
@@ -350,10 +354,13 @@ class Algorithm:
         metrics.update(ctx.metrics)
         return LossOutput(total, metrics, tokens=ctx, token_loss=loss_mat)
 
-    def after_loss(self) -> None:
-        """After each micro-batch loss of the loop: the interventions advance their per-loss state."""
+    def after_loss(self, out: LossOutput | None = None) -> None:
+        """After each micro-batch loss of the loop: the interventions advance their per-loss state
+        and, given the loss's ``out``, record what their controllers read next step (``record``)."""
         for iv in self.interventions:
             iv.after_loss()
+            if out is not None and out.tokens is not None:
+                iv.record(out.tokens)
 
     def _surrogate(self, logp, old_logp, advantages, mask) -> core_algos.SurrogateOutput:
         """The configured policy objective's per-token pieces (``ppo_clip``: the clipped surrogate)."""

@@ -10,6 +10,9 @@ the step's token-mean clamped entropy ``H`` by how far it lies outside ``[low, h
 
     coef <- clip(coef - lr * (min(0, H - low) + max(0, H - high)), coef_min, coef_max)
 
+The step mean has a ``scope``: global (the token mean over every rank's tokens of the step, summed
+over ranks at the next ``begin_step``: the reference, whose statistics are reduced over the
+data-parallel group; the same coefficient on 1 or N ranks) or micro (this rank's tokens only).
 Cross-checked against the authors' code (inclusionAI/AReaL@a0ec9cee recipe/AEnt: functional.py,
 actor.py, aent_args.py); tests/test_entropy_methods.py reproduces it.
 """
@@ -19,11 +22,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 from ...core.errors import UserError
 from ..algos.core_algos import masked_mean
 from .base import Intervention, LossContext, register_intervention
 
 KEY = "aent/clamped_entropy"
+AENT_SCOPES = ("micro", "global")
 
 
 def adjust_coef(coef: float, h: float, low: float, high: float, lr: float, lo: float, hi: float) -> float:
@@ -49,8 +55,12 @@ class AEnt(Intervention):
         coef_min: float  # coefficient box
         coef_max: float
         warmup_steps: int  # the coefficient first moves after step warmup_steps + 1
+        scope: str  # the step mean: global (all ranks' tokens, the reference) | micro (this rank's)
 
         def validate(self, name: str) -> None:
+            if self.scope not in AENT_SCOPES:
+                raise UserError(f"algo.{name}.scope: '{self.scope}' is not one of {', '.join(AENT_SCOPES)} "
+                                f"(the coefficient reads a step mean, not a token selection)")
             if not 0 <= self.clamp < 1 or not 0 <= self.coef_min <= self.coef_max or self.lr < 0 \
                     or not self.low <= self.high or self.init_coef < 0 or self.warmup_steps < 0:
                 raise UserError(f"algo.{name}: need 0 <= clamp < 1, 0 <= coef_min <= coef_max, init_coef >= 0, "
@@ -60,8 +70,7 @@ class AEnt(Intervention):
         super().__init__(params, **kw)
         self.coef = float(params.init_coef)
         self.step = 0
-        self._sum, self._n = 0.0, 0.0
-        self._pending: tuple[float, float] | None = None
+        self._tokens = torch.zeros(2, dtype=torch.float64)     # clamped-entropy sum, token count
         self.last_h = float("nan")
 
     def vocab_stats(self) -> dict:
@@ -71,12 +80,17 @@ class AEnt(Intervention):
         # the update the reference makes at the end of its step g (0-based) when g > warmup_steps,
         # made here before the next step from step g's token-mean clamped entropy
         p = self.params
-        if self._n:
-            self.last_h = self._sum / self._n
+        total, count = (float(v) for v in self._tokens)
+        if count > 0:
+            self.last_h = total / count
             if p.adaptive and self.step - 1 > p.warmup_steps:
                 self.coef = adjust_coef(self.coef, self.last_h, p.low, p.high, p.lr, p.coef_min, p.coef_max)
-        self._sum, self._n = 0.0, 0.0
+        self._tokens = torch.zeros(2, dtype=torch.float64)
         self.step += 1
+
+    def reduce_step(self, reduce) -> None:
+        if self.scope == "global":
+            self._tokens = torch.as_tensor(reduce(self._tokens), dtype=torch.float64).cpu()
 
     def apply(self, ctx: LossContext) -> None:
         h = ctx.extras.get(KEY)
@@ -87,14 +101,10 @@ class AEnt(Intervention):
         term = (h * valid).sum() / n.clamp(min=1.0)
         ctx.extra_terms["aent"] = -self.coef * term
         ctx.metrics["aent/clamped_entropy"] = float(masked_mean(h.detach(), ctx.mask).item())
-        # this loss's share of the step's token-weighted entropy; committed by after_loss (a
-        # recomputed loss overwrites it, so apply stays repeatable)
-        self._pending = (float((h.detach() * valid).sum().item()), float(n.item()))
 
-    def after_loss(self) -> None:
-        if self._pending is not None:
-            self._sum, self._n = self._sum + self._pending[0], self._n + self._pending[1]
-            self._pending = None
+    def record(self, ctx: LossContext) -> None:
+        h, valid = ctx.extras[KEY].detach().double(), ctx.mask.detach().double()
+        self._tokens = self._tokens + torch.stack([(h * valid).sum().cpu(), valid.sum().cpu()])
 
     def step_metrics(self) -> dict[str, float]:
         return {"aent/coef": self.coef, "aent/last_clamped_entropy": self.last_h}

@@ -14,8 +14,9 @@ adds to the policy loss
 
 (unclipped ratio, aggregated over the high-probability tokens only). Entropy above target
 (alpha > 0) pushes both signs of high-probability tokens up (positive ones as 1 + alpha, negative
-ones as 1 - alpha), lowering entropy; below target the opposite. The integral is checkpointed.
-Cross-checked against the authors' code (yk7333/EntroPIC@2470730c core_algos.py
+ones as 1 - alpha), lowering entropy; below target the opposite. The integral is checkpointed and
+moves in ``record`` after each loss. As in the reference each rank's controller reads its own
+micro-batches (no ``scope``). Cross-checked against the authors' code (yk7333/EntroPIC@2470730c core_algos.py
 compute_policy_loss_entropic, dp_actor.py); tests/test_entropy_methods.py reproduces it.
 """
 
@@ -71,7 +72,6 @@ class EntroPIC(Intervention):
         super().__init__(params, **kw)
         self.integral = 0.0
         self.alpha = 0.0
-        self._pending: tuple | None = None
         self._replay: weakref.ref | None = None       # the logp of the last committed loss
         self._replay_alpha = 0.0
         self.scope = "mini"          # select() records each mini-batch's row count (the integral's b / B)
@@ -84,7 +84,7 @@ class EntroPIC(Intervention):
         p = self.params
         h = float(agg_loss(ctx.entropy.detach(), ctx.mask, ctx.loss_agg, ctx.loss_agg_norm).item())
         replay = self._replay() if self._replay is not None else None
-        # the same micro-batch rebuilt after after_loss (the attribution's loss prefixes) keeps the
+        # the same micro-batch rebuilt after record (the attribution's loss prefixes) keeps the
         # alpha its loss used, so the rebuilt loss equals it
         alpha = self._replay_alpha if replay is ctx.logp else pi_alpha(self.integral, h, p.target, p.kp, p.ki,
                                                                        p.alpha_max)
@@ -94,21 +94,21 @@ class EntroPIC(Intervention):
         n = max(int(ctx.pg_mask.bool().sum().item()), 1)
         ctx.metrics["entropic/high_frac"] = float(high.sum().item()) / n
         ctx.metrics["entropic/alpha"] = alpha
+        ctx.metrics["entropic/entropy"] = h
         # the integral moves by this micro-batch's error times its rows' share of the mini-batch
-        # (a direct loss call without the selection counts as a whole mini-batch); after_loss
-        # commits it, so a recomputed loss gives the same value
+        # (a direct loss call without the selection counts as a whole mini-batch); record commits
+        # it, so a recomputed loss gives the same value
         e = h - p.target if math.isfinite(h) else 0.0
         rows = ctx.extras.get(ROWS_KEY)
         share = 1.0 if rows is None or rows.numel() == 0 else ctx.logp.shape[0] / float(rows.reshape(-1)[0].item())
-        if replay is not ctx.logp:
-            self._pending = (alpha, e * share, weakref.ref(ctx.logp))
+        ctx.metrics["entropic/d_integral"] = 0.0 if replay is ctx.logp else e * share
 
-    def after_loss(self) -> None:
-        if self._pending is not None:
-            self.alpha, de, self._replay = self._pending
-            self._replay_alpha = self.alpha
-            self.integral += de
-            self._pending = None
+    def record(self, ctx: LossContext) -> None:
+        if "entropic/alpha" not in ctx.metrics:
+            return
+        self.alpha = self._replay_alpha = float(ctx.metrics["entropic/alpha"])
+        self.integral += float(ctx.metrics["entropic/d_integral"])
+        self._replay = weakref.ref(ctx.logp)
 
     def step_metrics(self) -> dict[str, float]:
         return {"entropic/alpha": self.alpha, "entropic/integral": self.integral}

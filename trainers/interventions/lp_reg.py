@@ -16,8 +16,12 @@ and every other token keeps ``max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high
 in this mode). ``rho_pos`` does the same for ``A > 0`` (0 in the published runs). The proxy is taken
 from the policy being updated (the reference's ``minp_old_log_prob=False`` path; its scripts set
 True, which reads it from the sampling policy: the same on an on-policy step's first update).
-Cross-checked against the authors' code (CarlanLark/Lp-Reg-dev@33b27e27 compute_policy_loss_lp_reg,
-dp_actor.py apply_min_p); tests/test_entropy_methods.py reproduces it.
+The candidates rank a token against the others of the micro-batch, so they have a ``scope``: micro
+(each micro-batch, the current log-probs: the reference) or mini / batch / global (taken before the
+update from the sampling log-probs; global: over all ranks' mini-batch, the same tokens on 1 or N
+ranks); the filter check stays per token, in the loss. Cross-checked against the authors' code
+(CarlanLark/Lp-Reg-dev@33b27e27 compute_policy_loss_lp_reg, dp_actor.py apply_min_p);
+tests/test_entropy_methods.py reproduces it.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import torch
 
 from ...core.errors import UserError
 from ..algos.core_algos import agg_loss
-from .base import Intervention, LossContext, register_intervention
+from .base import Intervention, LossContext, TokenBatch, register_intervention
 
 MASS_KEY, MAX_KEY = "lp_reg/minp_log_mass", "lp_reg/max_logp"
 
@@ -47,12 +51,21 @@ def lowest_fraction(lp: torch.Tensor, pool: torch.Tensor, frac: float) -> torch.
     return out.reshape(-1).index_fill(0, idx[low], True).view_as(pool)
 
 
-def lp_reg_selection(logp: torch.Tensor, proxy_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                     rho: float, rho_pos: float = 0.0) -> torch.Tensor:
-    """Bool ``[b, T]``: the regularised tokens (see the module docstring)."""
+def lp_reg_candidates(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, rho: float,
+                      rho_pos: float = 0.0) -> torch.Tensor:
+    """Bool ``[b, T]``: the lowest-probability fractions of the valid A < 0 (``rho``) and A > 0
+    (``rho_pos``) tokens."""
     lp, valid = logp.detach(), mask.bool()
-    cand = lowest_fraction(lp, valid & (advantages < 0), rho) | lowest_fraction(lp, valid & (advantages > 0), rho_pos)
-    return cand & (lp < proxy_logp)
+    return lowest_fraction(lp, valid & (advantages < 0), rho) | lowest_fraction(lp, valid & (advantages > 0), rho_pos)
+
+
+def lp_reg_selection(logp: torch.Tensor, proxy_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                     rho: float, rho_pos: float = 0.0, cand: torch.Tensor | None = None) -> torch.Tensor:
+    """Bool ``[b, T]``: the regularised tokens (see the module docstring); ``cand``: the candidates
+    of a wider scope, else this micro-batch's."""
+    if cand is None:
+        cand = lp_reg_candidates(logp, advantages, mask, rho, rho_pos)
+    return cand.bool() & mask.bool() & (logp.detach() < proxy_logp)
 
 
 def proxy_logp(logp: torch.Tensor, max_logp: torch.Tensor, log_mass: torch.Tensor, kappa: float) -> torch.Tensor:
@@ -72,6 +85,7 @@ class LpReg(Intervention):
         kappa: float  # min-p filter: tokens below kappa * max prob are noise (minp_p_threshold)
         rho: float  # fraction of the A < 0 tokens (lowest prob) that are candidates (logp_neg_k_percent)
         rho_pos: float  # the same for A > 0 (logp_pos_k_percent)
+        scope: str  # where the candidates are ranked: micro (reference) | mini | batch | global
 
         def validate(self, name: str) -> None:
             if self.coef < 0 or not 0 < self.kappa < 1 or not 0 <= self.rho <= 1 or not 0 <= self.rho_pos <= 1:
@@ -80,13 +94,19 @@ class LpReg(Intervention):
     def vocab_stats(self) -> dict:
         return {MASS_KEY: ("minp_log_mass", {"kappa": float(self.params.kappa)}), MAX_KEY: ("max_logp", {})}
 
+    def select(self, batch: TokenBatch) -> dict[str, torch.Tensor]:
+        """The candidates of a wider scope (``[b, T]`` bool) from the sampling log-probs."""
+        p = self.params
+        return {"lp_reg/cand": lp_reg_candidates(batch.logp, batch.advantages, batch.mask, p.rho, p.rho_pos)}
+
     def apply(self, ctx: LossContext) -> None:
         mass, mx = ctx.extras.get(MASS_KEY), ctx.extras.get(MAX_KEY)
         if mass is None or mx is None:
             raise RuntimeError("lp_reg: proxy statistics missing; compute Algorithm.vocab_stats() in the loss loop")
         p = self.params
         q = proxy_logp(ctx.logp, mx, mass, p.kappa)
-        sel = lp_reg_selection(ctx.logp, q, ctx.advantages, ctx.pg_mask, p.rho, p.rho_pos)
+        cand = None if self.scope == "micro" else self.selection(ctx)["lp_reg/cand"]
+        sel = lp_reg_selection(ctx.logp, q, ctx.advantages, ctx.pg_mask, p.rho, p.rho_pos, cand=cand)
         surr = ctx.surrogate
         ctx.pg_loss = torch.where(sel, surr.loss_unclipped, surr.loss_ratio_clipped)
         ctx.clipped = surr.ratio_clipped & ~sel

@@ -13,7 +13,9 @@ loss's value ``H_0`` (one mask pass, as the reference's anchor) is kept, and the
 verl/workers/actor/dp_actor.py: efficient_top_p_sampling, mask_by_quantile, the "siren" branch;
 ray_trainer.py: the anchor); tests/test_entropy_methods.py reproduces it. The reference takes the
 anchor on the sampling policy's whole first batch; here it is the first micro-batch's value under
-the policy being updated (the same policy on an on-policy step's first update).
+the policy being updated (the same policy on an on-policy step's first update). The peak mask is
+each response's own quantile (a response never straddles ranks or micro-batches), so it needs no
+``scope``: 1 or N ranks regulate the same tokens.
 """
 
 from __future__ import annotations
@@ -73,7 +75,6 @@ class Siren(Intervention):
     def __init__(self, params, **kw):
         super().__init__(params, **kw)
         self.anchor: float | None = None
-        self._pending: float | None = None
 
     def vocab_stats(self) -> dict:
         return {KEY: ("topp_entropy", {"p": float(self.params.top_p), "k": int(self.params.top_k)})}
@@ -83,17 +84,15 @@ class Siren(Intervention):
         if h is None:
             raise RuntimeError(f"siren: extras['{KEY}'] missing; compute Algorithm.vocab_stats() in the loss loop")
         regulated, one_pass, m2 = siren_entropy(h, ctx.mask, self.params.quantile)
-        anchor = float(one_pass.detach().item()) if self.anchor is None else self.anchor
-        self._pending = anchor                      # committed by after_loss (the first loss sets it)
+        anchor = float(one_pass.detach().item()) if self.anchor is None else self.anchor   # kept by record
         ctx.extra_terms["siren"] = self.params.coef * (regulated - anchor) ** 2
         ctx.metrics["siren/anchor"] = anchor
         ctx.metrics["siren/regulated_entropy"] = float(regulated.detach().item())
         ctx.metrics["siren/peak_frac"] = float(m2.sum().item()) / max(float(ctx.mask.sum().item()), 1.0)
 
-    def after_loss(self) -> None:
-        if self.anchor is None and self._pending is not None:
-            self.anchor = self._pending
-        self._pending = None
+    def record(self, ctx: LossContext) -> None:
+        if self.anchor is None and "siren/anchor" in ctx.metrics:
+            self.anchor = float(ctx.metrics["siren/anchor"])
 
     def step_metrics(self) -> dict[str, float]:
         return {} if self.anchor is None else {"siren/anchor": self.anchor}

@@ -211,6 +211,7 @@ def attribution_summary(rows: list[dict]) -> dict:
     the measured steps (the totals add up to the summed predicted_net) and its ``share``, the total
     over the sum of the parts' absolute totals (signed; the absolute shares add up to 1).
 
+    Several ranks log predicted_net without parts: the fit alone, ``total`` and ``share`` empty.
     Empty dict when the rows hold no attribution.
     """
     prefix = "attribution/"
@@ -219,11 +220,11 @@ def attribution_summary(rows: list[dict]) -> dict:
         for key, value in r.items():
             if key.startswith(prefix) and isinstance(value, (int, float)) and math.isfinite(value):
                 totals[key[len(prefix):]] = totals.get(key[len(prefix):], 0.0) + float(value)
-    if not totals:
+    fit = prediction_fit(rows, predicted_key="entropy_change/predicted_net")
+    if not totals and not fit:
         return {}
     scale = sum(abs(v) for v in totals.values())
-    return {"fit": prediction_fit(rows, predicted_key="entropy_change/predicted_net"), "total": totals,
-            "share": {k: (v / scale if scale > 0 else 0.0) for k, v in totals.items()}}
+    return {"fit": fit, "total": totals, "share": {k: (v / scale if scale > 0 else 0.0) for k, v in totals.items()}}
 
 
 def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) -> dict:
