@@ -77,6 +77,8 @@ def test_a_run_logs_the_net_prediction_beside_the_realised_change(tmp_path):
 @pytest.mark.parametrize("algo,extra,ivs", [
     ("grpo", [], []), ("entropy_bonus", [], ["entropy_bonus"]),
     ("stare", ["algo.stare.h_tgt=100"], ["stare"]),                     # STARE's gate open
+    ("clip_cov", [], ["clip_cov"]),            # a random pick per loss: the rebuilt losses must pick the same tokens
+    ("entropic", [], ["entropic"]),            # a controller advanced after each loss
     ("clip_cov", ["algo.kl_coef=0.05", "+algo.interventions=[clip_cov,entropy_bonus]"],
      ["clip_cov", "entropy_bonus"])])                                    # two interventions and a KL term
 def test_a_runs_parts_sum_to_the_net_prediction(tmp_path, algo, extra, ivs):

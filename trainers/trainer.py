@@ -268,15 +268,17 @@ class GRPOTrainer:
                                                              entropy_grad=self.algo.needs_entropy_grad,
                                                              vocab_stats=self.algo.vocab_stats(), **stats_kw)
                     out = self.algo.micro_loss(micro, logp=logp, entropy=ent, vocab=vocab[0] if vocab else None)
+                    weight = 0.0 if pairing else accumulation_weight(agg, part.mask, mini.mask) * dp_scale
+                    if split is not None and not pairing:   # per token group, before the backward, and before
+                        # after_loss advances the interventions' state (Clip-Cov's draw, EntroPIC's integral):
+                        # the rebuilt losses must select what this one did
+                        prefixes = self.algo.loss_prefixes(micro, logp=logp, entropy=ent, vocab=vocab[0] if vocab else None)
+                        split.add_micro(out.loss * weight, [logp, ent, *(vocab[0].values() if vocab else ())], micro,
+                                        [(name, partial * weight) for name, partial in prefixes])
                     if not pairing:
                         self.algo.after_loss(out)
                         if prediction is not None:   # reads the graph: before the backward frees it
                             prediction.add(out)
-                    weight = 0.0 if pairing else accumulation_weight(agg, part.mask, mini.mask) * dp_scale
-                    if split is not None and not pairing:   # per token group, before the backward
-                        prefixes = self.algo.loss_prefixes(micro, logp=logp, entropy=ent, vocab=vocab[0] if vocab else None)
-                        split.add_micro(out.loss * weight, [logp, ent, *(vocab[0].values() if vocab else ())], micro,
-                                        [(name, partial * weight) for name, partial in prefixes])
                     (out.loss * weight).backward()
                     objective += float(out.loss.detach()) * weight
                     for k, v in ({} if pairing else out.metrics).items():
