@@ -46,9 +46,11 @@ def _g(x: float) -> str:
 
 
 def variant_attribution(by_seed: dict[int, list[dict]]) -> dict:
-    """``{"r_detrended": [per seed], "slope": [...], "n": [...], "total": {part: [...]}, "share":
-    {part: [...]}}`` over the seeds whose rows hold an attribution; ``{}`` when none does."""
-    out: dict = {"seeds": [], "r_detrended": [], "slope": [], "n": [], "total": {}, "share": {}}
+    """``{"r_detrended": [per seed], "slope": [...], "slope_detrended", "n", "r_detrended_2nd",
+    "slope_2nd" (the trapezoid prediction's fit), "total": {part: [...]}, "share": {part: [...]}}`` over
+    the seeds whose rows hold an attribution; ``{}`` when none does."""
+    out: dict = {"seeds": [], "r_detrended": [], "slope": [], "slope_detrended": [], "n": [],
+                 "r_detrended_2nd": [], "slope_2nd": [], "total": {}, "share": {}}
     summaries = [(s, attribution_summary(rows)) for s, rows in sorted(by_seed.items())]
     summaries = [(s, a) for s, a in summaries if a]
     if not summaries:
@@ -59,6 +61,10 @@ def variant_attribution(by_seed: dict[int, list[dict]]) -> dict:
         out["seeds"].append(s)
         out["r_detrended"].append(float(fit.get("pearson_r_detrended", float("nan"))))
         out["slope"].append(float(fit.get("slope", float("nan"))))
+        out["slope_detrended"].append(float(fit.get("slope_detrended", float("nan"))))
+        second = a.get("fit_2nd") or {}      # the trapezoid prediction (stats/attribution.py)
+        out["r_detrended_2nd"].append(float(second.get("pearson_r_detrended", float("nan"))))
+        out["slope_2nd"].append(float(second.get("slope", float("nan"))))
         out["n"].append(int(fit.get("n", 0)))
         for p in parts:
             out["total"].setdefault(p, []).append(float(a["total"].get(p, 0.0)))

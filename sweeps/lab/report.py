@@ -110,13 +110,15 @@ def _attribution_md(table: list[dict]) -> list[str]:
     rows = [t for t in table if t.get("attribution")]
     if not rows:
         return ["(no run measured the attribution: diagnostics.attribution=false)"]
-    lines = ["| variant | predicted_net vs realised: r detrended | slope | parts' share of the effect (mean over seeds) |",
-             "|---|---|---|---|"]
+    lines = ["| variant | predicted_net vs realised: r detrended | slope | trapezoid (2nd order): r detrended | slope | "
+             "parts' share of the effect (mean over seeds) |",
+             "|---|---|---|---|---|---|"]
     for t in rows:
         a = t["attribution"]
         share = {p: float(np.mean(v)) for p, v in a["share"].items()}
         top = sorted(share, key=lambda p: -abs(share[p]))[:5]
         lines.append(f"| {t['variant']} | {_ms(a['r_detrended'])} | {_ms(a['slope'])} | "
+                     f"{_ms(a.get('r_detrended_2nd', []))} | {_ms(a.get('slope_2nd', []))} | "
                      + ", ".join(f"{p} {share[p]:+.0%}" for p in top) + " |")
     return lines
 

@@ -209,7 +209,8 @@ def attribution_summary(rows: list[dict]) -> dict:
     """``diagnostics.attribution`` over a run: the fit of ``entropy_change/predicted_net`` to the
     realised change (``prediction_fit``), and per part (``attribution/<part>``) its ``total`` over
     the measured steps (the totals add up to the summed predicted_net) and its ``share``, the total
-    over the sum of the parts' absolute totals (signed; the absolute shares add up to 1).
+    over the sum of the parts' absolute totals (signed; the absolute shares add up to 1);
+    ``fit_2nd``: the same fit of the trapezoid ``entropy_change/predicted_net_2nd``.
 
     Several ranks log predicted_net without parts: the fit alone, ``total`` and ``share`` empty.
     Empty dict when the rows hold no attribution.
@@ -224,7 +225,8 @@ def attribution_summary(rows: list[dict]) -> dict:
     if not totals and not fit:
         return {}
     scale = sum(abs(v) for v in totals.values())
-    return {"fit": fit, "total": totals, "share": {k: (v / scale if scale > 0 else 0.0) for k, v in totals.items()}}
+    return {"fit": fit, "fit_2nd": prediction_fit(rows, predicted_key="entropy_change/predicted_net_2nd"),
+            "total": totals, "share": {k: (v / scale if scale > 0 else 0.0) for k, v in totals.items()}}
 
 
 def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) -> dict:

@@ -137,6 +137,7 @@ class EntropyAttribution:
         self._probe_checked = self.dist.world_size == 1
         self.off = False                           # several ranks holding different probe batches
         self._grad: list[torch.Tensor] | None = None
+        self._training = False                     # the model's mode when g_H was taken
         self._before: list[torch.Tensor] | None = None
         self.split: UpdateSplit | None = None      # the step's update split into parts (update_split.py)
 
@@ -165,22 +166,41 @@ class EntropyAttribution:
                 self.log("diagnostics.attribution: the ranks sampled different probe batches, so "
                          "entropy_change/predicted_net is not logged in this run")
                 return
+        self._training = model.training
+        self._grad = self._gradient(model)
         if not self.sharded:
-            self._grad = probe_entropy_gradient(model, self.probe.batch, self.entropy_fn, self.rows)
             self.split = UpdateSplit(self._grad, _trainable(model))
-        else:
-            self._grad = sharded_probe_entropy_gradient(model, self.probe.batch, self.entropy_fn, self.rows,
-                                                        self.dist.rank, self.dist.world_size)
         self._before = [_local(p.detach()).clone() for p in _trainable(model)]
 
+    def _gradient(self, model) -> list[torch.Tensor]:
+        if not self.sharded:
+            return probe_entropy_gradient(model, self.probe.batch, self.entropy_fn, self.rows)
+        return sharded_probe_entropy_gradient(model, self.probe.batch, self.entropy_fn, self.rows,
+                                              self.dist.rank, self.dist.world_size)
+
+    def _dot(self, grad, after) -> float:
+        value = predicted_change(grad, self._before, after)
+        if self.sharded:                # each rank holds its shards: the dot product is their sum
+            value = float(sum_across(value, self.dist))
+        return value
+
     def finish(self, model) -> dict[str, float]:
+        """``predicted_net`` (first order, g_H at theta_before: what the parts add up to) and
+        ``predicted_net_2nd``, the trapezoid ``(g_H(before) + g_H(after))/2 . dtheta``: exact for an
+        entropy quadratic along the step, so its gap to the realised change is third order and what
+        separates it from ``predicted_net`` is the curvature (large on Adam's first, sign-like step)."""
         if self._grad is None or self._before is None:
             return {}
         after = [_local(p.detach()) for p in _trainable(model)]
-        net = predicted_change(self._grad, self._before, after)
-        if self.sharded:                # each rank holds its shards: the dot product is their sum
-            net = float(sum_across(net, self.dist))
-        out = {"entropy_change/predicted_net": net}
+        net = self._dot(self._grad, after)
+        was = model.training
+        model.train(self._training)       # the mode g_H was taken in (dropout)
+        try:
+            grad_after = self._gradient(model)
+        finally:
+            model.train(was)
+        out = {"entropy_change/predicted_net": net,
+               "entropy_change/predicted_net_2nd": 0.5 * (net + self._dot(grad_after, after))}
         if self.split is not None:
             out.update(self.split.metrics())
         self._grad = self._before = self.split = None
