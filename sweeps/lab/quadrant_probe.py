@@ -8,6 +8,13 @@ quadrant's tokens only (``-sum_t A_t logp_t`` over the quadrant, divided by the 
 tokens), and measure the realised entropy change on a fixed held-out probe batch. Plain SGD with a
 small step because a reused Adam state or a large step breaks the first-order picture (measured on the earlier toy lab, see the README lab section).
 
+Beside each realised change it records two predictions of it: the network's own first-order one,
+``g_H . (theta_after - theta_before)`` with ``g_H = dH_probe/dtheta`` taken once at the checkpoint
+(``stats/attribution.py``), and the tabular-softmax formula's (``diagnostics.effective_entropy_change``
+summed over the quadrant's tokens, times the step size: every position treated as its own logit
+table, the picture behind ``quadrant/*/pred_dH``). The formula predicts the change at the trained
+tokens' own positions, not at the probe's, so only its signs and the quadrants' shares compare.
+
     entropyrl lab --experiment quadrants --seeds 0,1,2
 
 In a sweep it is the job kind ``quadrant_probe`` (``QuadrantJob``, the lab ablation's ``quadrants``
@@ -27,7 +34,8 @@ from ...rollout.base import build_rollout
 from ...trainers import components
 from ...trainers.collect import collect_rollouts
 from ...trainers.parallel import distributed
-from ...trainers.stats.diagnostics import QUADRANTS, quadrant_ids
+from ...trainers.stats.attribution import predicted_change, probe_entropy_gradient
+from ...trainers.stats.diagnostics import QUADRANTS, effective_entropy_change, quadrant_ids
 from ...trainers.stats.policy_stats import batch_token_stats, response_token_stats
 from ...trainers.stats.probe import ProbeBatch
 from ..jobs import TrainJob
@@ -37,8 +45,9 @@ __all__ = ["quadrant_sign_experiment", "QuadrantJob", "RESULT_FILE"]
 RESULT_FILE = "quadrants.json"
 
 
-def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=print) -> dict[str, list[float]]:
-    """``{"q1": [realised change per batch], ..., "q4": [...]}`` (nats/token on the probe batch).
+def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=print) -> dict:
+    """``{"q1": [realised change per batch], ..., "q4": [...], "predicted": {"q1": [...], ...},
+    "tabular": {"q1": [...], ...}}`` (nats/token on the probe batch; see the module docstring).
 
     ``cfg``: a composed ``train`` config (the model, task and batch size to use).
     """
@@ -55,7 +64,12 @@ def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=pr
                            lambda m, r: batch_token_stats(m, r, rows, **kw), int(cfg.diagnostics.get("probe_responses", 4)))
         start = {k: v.detach().clone() for k, v in model.state_dict().items()}
         h0 = probe.entropy(model)
-        out: dict[str, list[float]] = {q: [] for q in QUADRANTS}
+        model.eval()
+        params = [p for p in model.parameters() if p.requires_grad]
+        g_h = probe_entropy_gradient(model, probe.batch, lambda m, r: response_token_stats(m, r, entropy_grad=True, **kw)[1], rows)
+        theta0 = [p.detach().clone() for p in params]
+        out: dict = {q: [] for q in QUADRANTS}
+        out["predicted"], out["tabular"] = {q: [] for q in QUADRANTS}, {q: [] for q in QUADRANTS}
         for b in range(batches):
             # fresh prompts, apart from the training stream (steps 10_000 + b)
             batch, _m = collect_rollouts(cfg, source=source, rollout=engine, algo=algo, dist=dist,
@@ -85,7 +99,12 @@ def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=pr
                             p.add_(p.grad, alpha=-lr)
                 model.eval()
                 out[q].append(probe.entropy(model) - h0)
-            log(f"quadrant probe batch {b + 1}/{batches}: " + " ".join(f"{q} {v[-1]:+.2e}" for q, v in out.items() if v))
+                out["predicted"][q].append(predicted_change(g_h, theta0, [p.detach() for p in params]))
+                # the formula's coefficient: g_t = -dloss/dlogp_t = A_t sel_t / n_valid, times the step
+                coef = adv * sel / n_valid
+                out["tabular"][q].append(lr * float(effective_entropy_change(coef, old_logp, entropy, sel).sum()))
+            log(f"quadrant probe batch {b + 1}/{batches}: " + " ".join(
+                f"{q} {out[q][-1]:+.2e} (pred {out['predicted'][q][-1]:+.2e})" for q in QUADRANTS if out[q]))
         model.load_state_dict(start)
         return out
     finally:

@@ -20,8 +20,9 @@ import numpy as np  # noqa: E402
 from ...trainers.run.regime import entropy_flags, findings_cell, prediction_fit, regime_warnings  # noqa: E402
 from ..aggregate import seed_band  # noqa: E402
 from .claims import THEORY, entropy_ends, final_value  # noqa: E402
+from .explain import variant_attribution  # noqa: E402
 
-__all__ = ["plot_band", "variant_table", "claim_status", "write_lab_outputs"]
+__all__ = ["plot_band", "variant_table", "claim_status", "quadrant_comparison", "write_lab_outputs"]
 
 
 def plot_band(runs: dict[str, dict[int, list[dict]]], key: str, path: Path, ylabel: str, title: str = "",
@@ -88,6 +89,7 @@ def variant_table(runs: dict, algo_cfgs: dict, pass_key: str) -> list[dict]:
             "pass@1": [final_value(r, "val/pass@1") for r in rows_list],
             pass_key.split("/")[-1]: [final_value(r, pass_key) for r in rows_list],
             "pred_r_detrended": [f.get("pearson_r_detrended", float("nan")) for f in fits],
+            "attribution": variant_attribution(by_seed),   # predicted_net's fit and the parts (explain.py)
             "warnings": warnings, "flags": flags,
         })
     return out
@@ -102,11 +104,53 @@ def claim_status(claim: dict) -> str:
 
 
 def _claims_md(claims: list[dict]) -> list[str]:
-    lines = ["| claim | measured | reproduced | why not (measured) |", "|---|---|---|---|"]
+    lines = ["| claim | measured | reproduced | why not (measured) | why entropy moved (attribution, first seed) |",
+             "|---|---|---|---|---|"]
     for c in claims:
         rep = claim_status(c)
-        lines.append(f"| `{c['id']}`: {c['claim']} | {c['measured'] or '-'} | {rep} | {c.get('reason', '')} |")
+        lines.append(f"| `{c['id']}`: {c['claim']} | {c['measured'] or '-'} | {rep} | {c.get('reason', '')} | "
+                     f"{c.get('attribution_text', '')} |")
     return lines
+
+
+def _attribution_md(table: list[dict]) -> list[str]:
+    """Per variant: how well predicted_net tracks the realised probe change, and the parts' shares."""
+    rows = [t for t in table if t.get("attribution")]
+    if not rows:
+        return ["(no run measured the attribution: diagnostics.attribution=false)"]
+    lines = ["| variant | predicted_net vs realised: r detrended | slope | trapezoid (2nd order): r detrended | slope | "
+             "parts' share of the effect (mean over seeds) |",
+             "|---|---|---|---|---|---|"]
+    for t in rows:
+        a = t["attribution"]
+        share = {p: float(np.mean(v)) for p, v in a["share"].items()}
+        top = sorted(share, key=lambda p: -abs(share[p]))[:5]
+        lines.append(f"| {t['variant']} | {_ms(a['r_detrended'])} | {_ms(a['slope'])} | "
+                     f"{_ms(a.get('r_detrended_2nd', []))} | {_ms(a.get('slope_2nd', []))} | "
+                     + ", ".join(f"{p} {share[p]:+.0%}" for p in top) + " |")
+    return lines
+
+
+def quadrant_comparison(quadrants: dict) -> dict:
+    """Per quadrant over seeds and batches: the realised change, the network's first-order prediction
+    (``predicted``) and the tabular-softmax formula's (``tabular``): means, each one's share of the
+    four quadrants' absolute sum, and how often the prediction's sign is the realised one."""
+    out = {}
+    for q in THEORY:
+        real = np.concatenate([np.asarray(quadrants[s].get(q, []), dtype=float) for s in quadrants] or [np.zeros(0)])
+        row = {"realised": float(real.mean()) if real.size else float("nan"), "n": int(real.size)}
+        for kind in ("predicted", "tabular"):
+            vals = [np.asarray((quadrants[s].get(kind) or {}).get(q, []), dtype=float) for s in quadrants]
+            v = np.concatenate(vals) if vals else np.zeros(0)
+            row[kind] = float(v.mean()) if v.size else float("nan")
+            row[f"{kind}_sign_agreement"] = (float(np.mean(np.sign(v) == np.sign(real))) if v.size == real.size and v.size
+                                             else float("nan"))
+        out[q] = row
+    for kind in ("realised", "predicted", "tabular"):
+        total = sum(abs(out[q][kind]) for q in THEORY if math.isfinite(out[q][kind]))
+        for q in THEORY:
+            out[q][f"{kind}_share"] = abs(out[q][kind]) / total if total > 0 and math.isfinite(out[q][kind]) else float("nan")
+    return out
 
 
 def _quadrants_md(quadrants: dict) -> list[str]:
@@ -122,6 +166,17 @@ def _quadrants_md(quadrants: dict) -> list[str]:
             v = np.asarray(quadrants[s].get(q, []), dtype=float)
             cells.append(f"{v.mean():+.2e} ± {v.std():.1e} ({v.size}, {np.mean(np.sign(v) == sign):.0%})" if v.size else "-")
         lines.append(f"| {names[q]} | {'raises' if sign > 0 else 'lowers'} | " + " | ".join(cells) + " |")
+    comp = quadrant_comparison(quadrants)
+    if any(math.isfinite(comp[q]["predicted"]) for q in THEORY):
+        lines += ["", "Predicted beside realised (all seeds and batches): the network's first-order prediction "
+                  "(g_H . dtheta) and the tabular-softmax formula (each position its own logit table; its values are at the "
+                  "trained tokens' positions, so only its signs and shares compare).", "",
+                  "| quadrant | realised mean | network prediction (sign agrees) | share: realised / network / tabular |",
+                  "|---|---|---|---|"]
+        for q in THEORY:
+            c = comp[q]
+            lines.append(f"| {q} | {c['realised']:+.2e} | {c['predicted']:+.2e} ({c['predicted_sign_agreement']:.0%}) | "
+                         f"{c['realised_share']:.0%} / {c['predicted_share']:.0%} / {c['tabular_share']:.0%} |")
     return lines
 
 
@@ -142,7 +197,8 @@ def write_lab_outputs(out: Path, runs: dict, claims: list[dict], *, algo_cfgs: d
             paths[name] = p
     table = variant_table(runs, algo_cfgs, pass_key)
     claims = [{**c, "status": claim_status(c)} for c in claims]
-    doc = {"claims": claims, "variants": table, "quadrants": quadrants or {}, "command": command,
+    doc = {"claims": claims, "variants": table, "quadrants": quadrants or {},
+           "quadrant_comparison": quadrant_comparison(quadrants) if quadrants else {}, "command": command,
            "wall_seconds": wall_seconds, "failed_runs": failed}
     (out / "lab.json").write_text(json.dumps(doc, indent=2, default=float))
     paths["lab.json"] = out / "lab.json"
@@ -162,6 +218,10 @@ def write_lab_outputs(out: Path, runs: dict, claims: list[dict], *, algo_cfgs: d
         lines.append(f"| {t['variant']} | {_ms(t['entropy_first_tenth'])} | {_ms(t['entropy_last_tenth'])} | {_ms(t['val_acc'])} | "
                      f"{_ms(t['pass@1'])} | {_ms(t[k])} | {_ms(t['pred_r_detrended'])} | {t['warnings']} | "
                      f"{t['flags']} |")
+    lines += ["", "## Why entropy moved (attribution, every 10 steps)", "",
+              "`entropy_change/predicted_net` = dH_probe/dtheta . (theta_after - theta_before), split into parts that add "
+              "up to it (docs/algorithms.md, \"Entropy-change attribution\"); each run's figure is "
+              "`runs/<variant>/s<seed>/why_entropy_moved.png`.", "", *_attribution_md(table)]
     lines += ["", "## Quadrant sign experiment", "",
               "One plain-SGD step restricted to one quadrant's tokens, from the starting policy; realised entropy "
               "change on the fixed probe batch (nats/token).", "", *_quadrants_md(quadrants or {}), ""]

@@ -21,6 +21,7 @@ from ..aggregate import load_rows
 from ..jobs import TRAIN_KIND, job_kind, read_job_state
 from ..state import DONE, FAILED
 from .claims import compute_claims
+from .explain import explain_claims
 from .method_claims import method_claims
 from .quadrant_probe import RESULT_FILE
 from .report import write_lab_outputs
@@ -76,6 +77,7 @@ def lab_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[
     pass_key = f"val/pass@{int(any_cfg['val']['pass_k'])}"
     claims = compute_claims(runs, h_tgt=h_tgt, algo_cfgs=algo_cfgs, quadrants=quadrants or None, pass_key=pass_key)
     claims += method_claims(runs, algo_cfgs)   # issue 22's methods, where their runs are present
+    claims = explain_claims(claims, runs)      # why entropy moved, from the runs' attribution
     failed = [st.key for st in statuses if st.state == FAILED]
     command = sweep.get("command") or " ".join(["entropyrl sweep", f"ablation={sweep.get('ablation', {}).get('name')}",
                                                  *every_job])

@@ -1,5 +1,6 @@
 """Regenerate the golden vectors of issue 22's methods (ce_gppo, archer, entropy_adv, entropic,
-gspo, gmpo, cispo, sapo, tis_modes): plain numpy float64, independent of entropyrl's torch code.
+aent, lp_reg, siren, gspo, gmpo, cispo, sapo, tis_modes, vocab_stats): plain numpy float64,
+independent of entropyrl's torch code.
 
 Each reference re-derives the arithmetic of the authors' code (the commit is stored in the file)
 or, where none was readable, of the paper; losses are the aggregated scalar and ``grad`` is its
@@ -7,6 +8,8 @@ analytic derivative with respect to ``logp`` (the stop-gradients of the referenc
 which factors are differentiated). The random batch is stored with the outputs.
 
     python tests/golden/make_entropy_methods.py tests/golden
+
+The full-distribution methods (aent, siren, lp_reg, vocab_stats) live in make_vocab_methods.py.
 """
 
 from __future__ import annotations
@@ -20,6 +23,14 @@ import numpy as np
 VERL = "volcengine/verl@b178a3cd56f58b2d502255daba591e92833930a7 verl/trainer/ppo/core_algos.py"
 CE_GPPO = ("Kwai-Klear/CE-GPPO@10558fe017ac776773fd7f29753d8353a11c0813 verl/trainer/ppo/core_algos.py "
            "compute_gppo_loss_general_beta")
+ENTROPIC = ("yk7333/EntroPIC@2470730c345806e15a1b235c7a2c17decc0dcd5e core_algos.py compute_policy_loss_entropic "
+            "+ dp_actor.py (PI signal, per micro-batch integral; README of the same repository)")
+AENT = ("inclusionAI/AReaL@a0ec9ceece6cb81cf58bb439587e466d74bf494f recipe/AEnt/functional.py "
+        "clamped_softmax_entropy + actor.py (coefficient update) + configs/gsm8k_aent_grpo.yaml")
+LP_REG = ("CarlanLark/Lp-Reg-dev@33b27e273b14f8eeb14c8a52209fca568b4bd718 verl/trainer/ppo/core_algos.py "
+          "compute_policy_loss_lp_reg + verl/workers/actor/dp_actor.py apply_min_p")
+SIREN = ("Linn3a/siren@fa59a8dfbecf5c3936ed905d5902a06c0ca425ee verl/verl/workers/actor/dp_actor.py "
+         "efficient_top_p_sampling + mask_by_quantile + the siren branch; ray_trainer.py (anchor)")
 ARCHER = ("wizard-III/ArcherCodeR@8a1785beff0749a5b5b7f3d8751cd19c1d0e570a verl/trainer/ppo/core_algos.py "
           "compute_policy_loss + verl/workers/actor/dp_actor.py (token entropy split, two-part KL)")
 
@@ -121,20 +132,28 @@ def entropy_adv(x, alpha, kappa, lo, hi, c):
     return out(agg(val, m, "token-mean"), agg_grad(g, m, "token-mean"), psi=psi)
 
 
-def entropic(x, p, entropies, lo, hi, c):
-    integral, alphas, integrals = 0.0, [], []
-    for h in entropies:
-        e = p["target"] - h
-        integral += e
-        alphas.append(min(max(p["kp"] * e + p["ki"] * integral, -p["alpha_max"]), p["alpha_max"]))
-        integrals.append(integral)
-    alpha = alphas[-1]
-    m, a = x["mask"], x["advantages"]
-    highp = (np.exp(x["old_logp"]) >= p["prob_threshold"]) & (m > 0)
-    w = np.where(highp & (a > 0), 1 - alpha, np.where(highp & (a < 0), 1 + alpha, 1.0))
-    val, g = ppo(np.exp(x["logp"] - x["old_logp"]), a, lo, hi, c)
-    return {"params": p, "entropies": entropies, "alpha": alphas, "integral": integrals,
-            **out(agg(val * w, m, "token-mean"), agg_grad(g * w, m, "token-mean"), weights=w)}
+def entropic(x, p, calls, integral0, lo, hi, c):
+    """EntroPIC per micro-batch loss (yk7333/EntroPIC): the PI signal from the integral before the
+    call, then the dual-clip PPO token mean plus alpha times the token mean of -rho |A| over the
+    valid tokens with pi > prob_threshold; the integral then grows by (H - target) * rows / mini_rows."""
+    integral, out_calls = integral0, []
+    for call in calls:
+        rows = np.array(call["rows"])
+        xm = {k: v[rows] for k, v in x.items()}
+        xm["entropy"] = xm["entropy"] * call["entropy_scale"]
+        m, a = xm["mask"], xm["advantages"]
+        h = agg(xm["entropy"], m, "token-mean")
+        e = h - p["target"]
+        alpha = min(max(p["kp"] * e + p["ki"] * integral, -p["alpha_max"]), p["alpha_max"])
+        rho = np.exp(np.clip(xm["logp"] - xm["old_logp"], -20, 20))
+        val, g = ppo(rho, a, lo, hi, c)
+        high = ((m > 0) & (xm["logp"] > np.log(p["prob_threshold"]))).astype(float)
+        loss = agg(val, m, "token-mean") + alpha * agg(-rho * np.abs(a), high, "token-mean")
+        grad = agg_grad(g, m, "token-mean") + alpha * agg_grad(-rho * np.abs(a), high, "token-mean")
+        integral = integral + e * len(rows) / call["mini_rows"]
+        out_calls.append({**call, "entropy_mean": h, "alpha": alpha, "integral": integral, "high": high.tolist(),
+                          **out(loss, grad)})
+    return {"params": p, "clip": [lo, hi, c], "integral0": integral0, "calls": out_calls}
 
 
 def gspo(x, lo, hi):
@@ -211,56 +230,6 @@ def tis_modes(x, p):
     return {"params": p, **{k: v.tolist() for k, v in res.items()}}
 
 
-# --- full-distribution statistics (tests/golden/inputs.json logits) ----------------------------------
-
-def softmax(z):
-    e = np.exp(z - z.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
-def restricted_entropy(z, keep):
-    q = np.where(keep, softmax(np.where(keep, z, -np.inf)), 0.0)
-    return -np.where(keep, q * np.log(np.where(keep, q, 1.0)), 0.0).sum(-1)
-
-
-def vocab_stats(folder: Path, k: int, top_p: float, kappa: float) -> dict:
-    inp = json.loads((folder / "inputs.json").read_text())["inputs"]
-    z = np.array(inp["logits"], dtype=float)
-    m = np.array(inp["mask"], dtype=float)
-    p = softmax(z)
-    order = np.argsort(-z, axis=-1, kind="stable")
-    topk = np.zeros_like(z, dtype=bool)
-    np.put_along_axis(topk, order[..., :k], True, axis=-1)
-    sp = np.take_along_axis(p, order, -1)
-    nucleus_sorted = (np.cumsum(sp, -1) - sp) < top_p
-    nucleus = np.zeros_like(nucleus_sorted)
-    np.put_along_axis(nucleus, order, nucleus_sorted, axis=-1)
-    keep = p >= kappa * p.max(-1, keepdims=True)
-    proxy = np.where(keep, p, 0.0)
-    proxy /= proxy.sum(-1, keepdims=True)
-    kl = np.where(keep, proxy * (np.log(np.where(keep, proxy, 1.0)) - np.log(p)), 0.0).sum(-1)
-    logp = np.array(inp["logp"], dtype=float)
-    return {"params": {"k": k, "top_p": top_p, "kappa": kappa},
-            "topk_entropy": restricted_entropy(z, topk).tolist(),
-            "topp_entropy": restricted_entropy(z, nucleus).tolist(),
-            "proxy_kl": kl.tolist(), "max_logp": np.log(p.max(-1)).tolist(),
-            "aent_term": {"coef": 0.01, "value": -0.01 * agg(restricted_entropy(z, topk), m, "token-mean")},
-            "lp_reg": lp_reg_ref(logp, np.log(p.max(-1)), kl, m, inp, rho=0.5, kappa=kappa, coef=0.3)}
-
-
-def lp_reg_ref(logp, max_logp, kl, m, inp, rho, kappa, coef):
-    rewards, groups = np.array(inp["rewards"], float), np.array(inp["groups"])
-    adv = np.zeros_like(rewards)
-    for g in np.unique(groups):
-        r = rewards[groups == g]
-        adv[groups == g] = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
-    a = adv[:, None] * m
-    thr = np.quantile(logp[m > 0], rho)
-    sel = (m > 0) & (a < 0) & (logp < thr) & (logp >= max_logp + np.log(kappa))
-    return {"rho": rho, "coef": coef, "advantages": a.tolist(), "selected": sel.tolist(),
-            "value": float(coef * (kl * sel).sum() / m.sum())}
-
-
 def main(folder: str) -> None:
     x = batch()
     inputs = {k: v.tolist() for k, v in x.items()}
@@ -287,10 +256,16 @@ def main(folder: str) -> None:
                       **entropy_adv(x, 0.4, 2.0, 0.2, 0.2, 3.0)},
         "strong": {"params": {"alpha": 2.0, "kappa": 1.5}, "clip": [0.2, 0.28, 10.0],
                    **entropy_adv(x, 2.0, 1.5, 0.2, 0.28, 10.0)}}})
-    pic = {"target": 0.3, "kp": 1.0, "ki": 0.05, "alpha_max": 1.0, "prob_threshold": 0.5}
-    write("entropic", "EntroPIC (2511.15248), from the paper: yk7333/EntroPIC not readable here", {"cases": {
-        "below_target": entropic(x, pic, [0.6, 0.4, 0.25, 0.1, 0.05], 0.2, 0.2, 3.0),
-        "above_target": entropic(x, {**pic, "kp": 2.0, "alpha_max": 0.5}, [0.9, 0.8, 0.7], 0.2, 0.2, 3.0)}})
+    pic = {"target": 0.1, "kp": 1.0, "ki": 0.01, "alpha_max": 1.0, "prob_threshold": 0.95}
+    halves = [{"rows": [0, 1, 2], "mini_rows": 6}, {"rows": [3, 4, 5], "mini_rows": 6}]
+    write("entropic", ENTROPIC, {"cases": {
+        "published": entropic(x, pic, [{**c, "entropy_scale": 1.0} for c in halves] * 2, 0.0, 0.2, 0.2, 3.0),
+        "below_target": entropic(x, {**pic, "target": 1.5, "prob_threshold": 0.5},
+                                 [{**c, "entropy_scale": s} for s, c in zip((1.0, 0.8, 0.6), halves * 2)], 0.3,
+                                 0.2, 0.28, 10.0),
+        "saturated": entropic(x, {**pic, "kp": 5.0, "ki": 0.5, "alpha_max": 0.5, "prob_threshold": 0.3},
+                              [{"rows": [0, 1, 2, 3, 4, 5], "mini_rows": 6, "entropy_scale": 1.0}] * 3, -0.2,
+                              0.2, 0.2, 3.0)}})
     write("gspo", VERL + " compute_policy_loss_gspo", {"cases": {
         "published": {"clip": [3e-4, 4e-4], **gspo(x, 3e-4, 4e-4)},
         "wide": {"clip": [0.05, 0.08], **gspo(x, 0.05, 0.08)},
@@ -313,13 +288,8 @@ def main(folder: str) -> None:
           {"cases": {"narrow": tis_modes(x, tis_p),
                      "published": tis_modes(x, {"cap": 2.0, "icepop_low": 0.5, "icepop_high": 5.0,
                                                 "seq_low": 0.999, "seq_high": 1.001})}})
-
-
-    doc = {"about": "issue 22: full-distribution statistics of tests/golden/inputs.json's logits (AEnt, SIREN, "
-                    "Lp-Reg); numpy float64 (tests/golden/make_entropy_methods.py)",
-           "source": "from the papers (AEnt, SIREN 2509.25133, Lp-Reg 2510.03222): their code was not readable here",
-           "cases": {"small": vocab_stats(folder, 4, 0.8, 0.2), "wide": vocab_stats(folder, 8, 0.95, 0.05)}}
-    (folder / "vocab_stats.json").write_text(json.dumps(doc, indent=1) + "\n")
+    from make_vocab_methods import write_vocab_methods  # its module imports this one
+    write_vocab_methods(folder)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ them; it is built, and its parameters checked, before anything of a run is creat
         mini = algo.select(mini, "mini")                      # selections with scope=mini
         for micro in micro_batches:                           # micro = mini[idx]
             out = algo.micro_loss(micro, logp=..., entropy=...)   # LossOutput(loss, metrics, ...)
-            algo.after_loss()                                 # per-loss state (Clip-Cov's draws)
+            algo.after_loss(out)                              # per-loss state (Clip-Cov's draws, AEnt's sums)
     algo.step_metrics()                                       # controller state for logging
 
 ``loss`` returns what it computed and changes nothing. The loop never branches on the algorithm
@@ -25,6 +25,7 @@ are checked by its ``Params``.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,10 +225,14 @@ class Algorithm:
         return adv
 
     # ------------------------------------------------------------------ step control
-    def begin_step(self, sampling_entropy: float) -> None:
-        """Once per training step, before any update, with the sampling policy's token-mean entropy."""
+    def begin_step(self, sampling_entropy: float, reduce=None) -> None:
+        """Once per training step, before any update, with the sampling policy's token-mean entropy;
+        ``reduce(tensor)``: the sum over ranks (``distributed.sum_across``) of the per-step sums
+        that global-scope controllers recorded (``Intervention.reduce_step``); None on one process."""
         h = float(sampling_entropy)
         for iv in self.interventions:
+            if reduce is not None:
+                iv.reduce_step(reduce)
             iv.begin_step(h)
 
     def prepare(self, level: str, *, logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor,
@@ -278,6 +283,22 @@ class Algorithm:
         return self.loss(logp=logp, old_logp=batch.old_logp, entropy=entropy, advantages=batch.advantages,
                          mask=batch.mask, ref_logp=batch.ref_logp, extras={**batch.selections, **(vocab or {})},
                          sampling_entropy=batch.entropy, sampler_logp=batch.sampler_logp)
+
+    def loss_prefixes(self, batch: StepBatch, *, logp: torch.Tensor, entropy: torch.Tensor,
+                      vocab: dict[str, torch.Tensor] | None = None) -> list[tuple[str, torch.Tensor]]:
+        """The micro-batch loss built up one term at a time, for the entropy attribution
+        (``stats/update_split.py``): ``[("objective", L_0), (iv_1.name, L_1), ..., (iv_n.name, L_n)]``
+        where ``L_0`` is the configured objective without interventions or KL and ``L_k`` adds the first
+        ``k`` interventions (in the order they apply); ``micro_loss`` (which adds the KL term) follows.
+        Consecutive differences are each intervention's own contribution given the ones before it, so
+        they telescope to the whole loss. Pure, like ``loss``."""
+        out = []
+        for k in range(len(self.interventions) + 1):
+            partial = copy.copy(self)
+            partial.interventions, partial.kl_coef = self.interventions[:k], 0.0
+            name = "objective" if k == 0 else self.interventions[k - 1].name
+            out.append((name, partial.micro_loss(batch, logp=logp, entropy=entropy, vocab=vocab).loss))
+        return out
 
     def loss(self, *, logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor,
              advantages: torch.Tensor, mask: torch.Tensor, ref_logp: torch.Tensor | None = None,
@@ -333,10 +354,13 @@ class Algorithm:
         metrics.update(ctx.metrics)
         return LossOutput(total, metrics, tokens=ctx, token_loss=loss_mat)
 
-    def after_loss(self) -> None:
-        """After each micro-batch loss of the loop: the interventions advance their per-loss state."""
+    def after_loss(self, out: LossOutput | None = None) -> None:
+        """After each micro-batch loss of the loop: the interventions advance their per-loss state
+        and, given the loss's ``out``, record what their controllers read next step (``record``)."""
         for iv in self.interventions:
             iv.after_loss()
+            if out is not None and out.tokens is not None:
+                iv.record(out.tokens)
 
     def _surrogate(self, logp, old_logp, advantages, mask) -> core_algos.SurrogateOutput:
         """The configured policy objective's per-token pieces (``ppo_clip``: the clipped surrogate)."""

@@ -152,6 +152,14 @@ class Intervention:
         """Once after each micro-batch loss the loop computed: advance per-loss state (a random
         draw counter). ``apply`` itself must not change the intervention. Default: nothing."""
 
+    def record(self, ctx: LossContext) -> None:
+        """Once after each micro-batch loss the loop computed (not its pairing passes), with that
+        loss's context: accumulate what a controller reads at the next ``begin_step``. Default: nothing."""
+
+    def reduce_step(self, reduce) -> None:
+        """Before ``begin_step`` under data parallelism: ``reduce(tensor) -> tensor`` sums over
+        ranks (``distributed.sum_across``), for a controller whose ``scope`` is global. Default: nothing."""
+
     def state_dict(self) -> dict:
         return {}
 

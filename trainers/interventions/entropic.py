@@ -1,49 +1,55 @@
 """EntroPIC ("Towards Stable Long-Term Training of LLMs via Entropy Stabilization with
-Proportional-Integral Control", Yang et al. 2025, 2511.15248; yk7333/EntroPIC).
+Proportional-Integral Control", Yang et al. 2025, 2511.15248).
 
-docs/algorithms.md §5. Positive-advantage updates on high-probability tokens lower entropy,
-negative ones raise it. A PI controller on the entropy error ``e_k = target - H_k`` (sampling
-policy, once per step) sets
+docs/algorithms.md §5. Updates on high-probability tokens move entropy: positive ones lower it,
+negative ones raise it. A PI controller on the entropy error sets, in every micro-batch loss,
 
-    I_k = I_{k-1} + e_k,    alpha_k = clip(kp * e_k + ki * I_k, -alpha_max, alpha_max)
+    e = H - target,   alpha = clip(kp * e + ki * I, -alpha_max, alpha_max),   then I <- I + e * b / B
 
-and the token weights are ``1 - alpha`` on high-probability (``p_old >= prob_threshold``) tokens
-with ``A > 0`` and ``1 + alpha`` on those with ``A < 0``; all other tokens keep weight 1. Entropy
-below target (alpha > 0) damps the entropy-lowering updates and boosts the raising ones. The
-integral ``I`` and ``alpha`` are checkpointed. The authors' repository could not be read here:
-implemented from the paper; ``kp``, ``ki``, ``prob_threshold`` and ``alpha_max`` are our defaults
-(conf/intervention/entropic.yaml says which).
+(``H``: the current policy's entropy aggregated over the micro-batch as the loss is; ``I``: the
+integral before this micro-batch; ``b / B``: the micro-batch's share of its mini-batch's rows), and
+adds to the policy loss
+
+    alpha * agg_{valid, pi(y) > prob_threshold}( -rho * |A| ),   rho = exp(clip(logp - old_logp, -20, 20))
+
+(unclipped ratio, aggregated over the high-probability tokens only). Entropy above target
+(alpha > 0) pushes both signs of high-probability tokens up (positive ones as 1 + alpha, negative
+ones as 1 - alpha), lowering entropy; below target the opposite. The integral is checkpointed and
+moves in ``record`` after each loss. As in the reference each rank's controller reads its own
+micro-batches (no ``scope``). Cross-checked against the authors' code (yk7333/EntroPIC@2470730c core_algos.py
+compute_policy_loss_entropic, dp_actor.py); tests/test_entropy_methods.py reproduces it.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
 
 from ...core.errors import UserError
-from .base import Intervention, LossContext, register_intervention
+from ..algos.core_algos import agg_loss
+from .base import Intervention, LossContext, TokenBatch, register_intervention
+
+ROWS_KEY = "entropic/mini_rows"
 
 
-def pi_step(integral: float, entropy: float, target: float, kp: float, ki: float,
-            alpha_max: float) -> tuple[float, float]:
-    """One PI update: ``(integral', alpha)`` from the sampling entropy (a non-finite reading keeps
-    the integral and gives its current action)."""
-    e = target - entropy if math.isfinite(entropy) else 0.0
-    integral = integral + e
-    return integral, min(max(kp * e + ki * integral, -alpha_max), alpha_max)
+def pi_alpha(integral: float, entropy: float, target: float, kp: float, ki: float, alpha_max: float) -> float:
+    """The control signal from the integral *before* this reading (a non-finite entropy: 0 error)."""
+    e = entropy - target if math.isfinite(entropy) else 0.0
+    return min(max(kp * e + ki * integral, -alpha_max), alpha_max)
 
 
-def entropic_weights(old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, alpha: float,
-                     prob_threshold: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(w, pos_high, neg_high)``, ``[B, T]``: ``1 - alpha`` on valid high-probability tokens with
-    ``A > 0``, ``1 + alpha`` on those with ``A < 0``, 1 elsewhere."""
-    high = (old_logp.detach().exp() >= prob_threshold) & mask.bool()
-    pos, neg = high & (advantages > 0), high & (advantages < 0)
-    w = torch.ones_like(old_logp)
-    w = torch.where(pos, torch.full_like(w, 1.0 - alpha), w)
-    return torch.where(neg, torch.full_like(w, 1.0 + alpha), w), pos, neg
+def entropic_term(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                  alpha: float, prob_threshold: float, loss_agg: str = "token-mean",
+                  loss_agg_norm: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(alpha * agg_high(-rho |A|), high)``: the scalar added to the loss and the bool ``[B, T]``
+    high-probability valid tokens (``logp > log prob_threshold``, current policy)."""
+    high = mask.bool() & (logp.detach() > math.log(prob_threshold))
+    rho = torch.exp(torch.clamp(logp - old_logp, -20.0, 20.0))
+    adj = agg_loss(-rho * advantages.abs(), high.to(logp.dtype), loss_agg, loss_agg_norm)
+    return alpha * adj, high
 
 
 @register_intervention("entropic")
@@ -55,28 +61,54 @@ class EntroPIC(Intervention):
         target: float  # entropy set point (nats)
         kp: float  # proportional gain
         ki: float  # integral gain
-        alpha_max: float  # |alpha| bound (weights stay in [1 - alpha_max, 1 + alpha_max])
-        prob_threshold: float  # a token is high-probability when p_old >= this
+        alpha_max: float  # |alpha| bound
+        prob_threshold: float  # a token is high-probability when pi(y) > this (current policy)
 
         def validate(self, name: str) -> None:
-            if self.kp < 0 or self.ki < 0 or not 0.0 < self.alpha_max <= 1.0 or not 0.0 <= self.prob_threshold < 1.0:
-                raise UserError(f"algo.{name}: need kp, ki >= 0, 0 < alpha_max <= 1, 0 <= prob_threshold < 1")
+            if self.kp < 0 or self.ki < 0 or not 0.0 < self.alpha_max or not 0.0 < self.prob_threshold < 1.0:
+                raise UserError(f"algo.{name}: need kp, ki >= 0, alpha_max > 0 and 0 < prob_threshold < 1")
 
     def __init__(self, params, **kw):
         super().__init__(params, **kw)
         self.integral = 0.0
         self.alpha = 0.0
+        self._replay: weakref.ref | None = None       # the logp of the last committed loss
+        self._replay_alpha = 0.0
+        self.scope = "mini"          # select() records each mini-batch's row count (the integral's b / B)
 
-    def begin_step(self, sampling_entropy: float) -> None:
-        p = self.params
-        self.integral, self.alpha = pi_step(self.integral, float(sampling_entropy), p.target, p.kp, p.ki, p.alpha_max)
+    def select(self, batch: TokenBatch) -> dict[str, torch.Tensor]:
+        rows = batch.mask.shape[0]
+        return {ROWS_KEY: torch.full(batch.mask.shape, float(rows), dtype=torch.float32, device=batch.mask.device)}
 
     def apply(self, ctx: LossContext) -> None:
-        w, pos, neg = entropic_weights(ctx.old_logp, ctx.advantages, ctx.pg_mask, self.alpha, self.params.prob_threshold)
-        ctx.scale(w)
+        p = self.params
+        h = float(agg_loss(ctx.entropy.detach(), ctx.mask, ctx.loss_agg, ctx.loss_agg_norm).item())
+        replay = self._replay() if self._replay is not None else None
+        # the same micro-batch rebuilt after record (the attribution's loss prefixes) keeps the
+        # alpha its loss used, so the rebuilt loss equals it
+        alpha = self._replay_alpha if replay is ctx.logp else pi_alpha(self.integral, h, p.target, p.kp, p.ki,
+                                                                       p.alpha_max)
+        term, high = entropic_term(ctx.logp, ctx.old_logp, ctx.advantages, ctx.pg_mask, alpha, p.prob_threshold,
+                                   ctx.loss_agg, ctx.loss_agg_norm)
+        ctx.extra_terms["entropic"] = term
         n = max(int(ctx.pg_mask.bool().sum().item()), 1)
-        ctx.metrics["entropic/pos_high_frac"] = float(pos.sum().item()) / n
-        ctx.metrics["entropic/neg_high_frac"] = float(neg.sum().item()) / n
+        ctx.metrics["entropic/high_frac"] = float(high.sum().item()) / n
+        ctx.metrics["entropic/alpha"] = alpha
+        ctx.metrics["entropic/entropy"] = h
+        # the integral moves by this micro-batch's error times its rows' share of the mini-batch
+        # (a direct loss call without the selection counts as a whole mini-batch); record commits
+        # it, so a recomputed loss gives the same value
+        e = h - p.target if math.isfinite(h) else 0.0
+        rows = ctx.extras.get(ROWS_KEY)
+        share = 1.0 if rows is None or rows.numel() == 0 else ctx.logp.shape[0] / float(rows.reshape(-1)[0].item())
+        ctx.metrics["entropic/d_integral"] = 0.0 if replay is ctx.logp else e * share
+
+    def record(self, ctx: LossContext) -> None:
+        if "entropic/alpha" not in ctx.metrics:
+            return
+        self.alpha = self._replay_alpha = float(ctx.metrics["entropic/alpha"])
+        self.integral += float(ctx.metrics["entropic/d_integral"])
+        self._replay = weakref.ref(ctx.logp)
 
     def step_metrics(self) -> dict[str, float]:
         return {"entropic/alpha": self.alpha, "entropic/integral": self.integral}

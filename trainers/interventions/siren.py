@@ -1,12 +1,21 @@
-"""SIREN (selective entropy regularisation, 2509.25133).
+"""SIREN ("Rethinking Entropy Regularization in Large Reasoning Models", 2509.25133): selective,
+self-anchored entropy regularisation.
 
-docs/algorithms.md §5. The entropy regulariser is restricted twice: (1) a top-p mask, the entropy
-is that of the re-normalised nucleus (``vocab_stats.topp_entropy``), so the tail does not drive it;
-(2) a peak-entropy mask, only the ``peak_frac`` of valid tokens of highest entropy count. It is
-self-anchored: the first step's masked entropy is kept as the anchor ``H_0`` and the loss gains
-``coef * (mean_peak(H_p) - H_0)^2``, which pulls the regulated entropy back to where the run
-started instead of pushing it up without bound. No public code was available here: implemented
-from the paper's description; conf/intervention/siren.yaml marks our numbers.
+docs/algorithms.md §5. The regulated entropy is restricted twice. (1) Top-p: each token's entropy
+is that of its re-normalised nucleus, the tokens whose cumulative probability stays below
+``top_p`` (``vocab_stats.topp_entropy``), so the tail does not drive it. (2) Peak entropy: per
+response, only tokens above the ``quantile`` of that response's top-p entropies count; the
+reference applies this mask twice (once to the entropies, then again to the masked entropies, the
+zeros included), and so does this module. The masked entropies are aggregated seq-mean-token-mean
+(every response in the mean, one without a peak token as 0) into ``H``. Self-anchored: the first
+loss's value ``H_0`` (one mask pass, as the reference's anchor) is kept, and the loss gains
+``coef * (H - H_0)^2``. Cross-checked against the authors' code (Linn3a/siren@fa59a8df
+verl/workers/actor/dp_actor.py: efficient_top_p_sampling, mask_by_quantile, the "siren" branch;
+ray_trainer.py: the anchor); tests/test_entropy_methods.py reproduces it. The reference takes the
+anchor on the sampling policy's whole first batch; here it is the first micro-batch's value under
+the policy being updated (the same policy on an on-policy step's first update). The peak mask is
+each response's own quantile (a response never straddles ranks or micro-batches), so it needs no
+``scope``: 1 or N ranks regulate the same tokens.
 """
 
 from __future__ import annotations
@@ -16,10 +25,35 @@ from dataclasses import dataclass
 import torch
 
 from ...core.errors import UserError
-from ..algos.core_algos import select_top_fraction
 from .base import Intervention, LossContext, register_intervention
 
 KEY = "siren/topp_entropy"
+
+
+def peak_mask(h: torch.Tensor, mask: torch.Tensor, q: float) -> torch.Tensor:
+    """Bool ``[B, T]``: valid tokens above their response's ``q``-quantile of ``h`` (linear, as
+    ``torch.nanquantile``; a response without valid tokens has none)."""
+    valid = mask.bool()
+    x = h.detach()
+    thr = torch.nanquantile(torch.where(valid, x, torch.full_like(x, float("nan"))), q, dim=-1, keepdim=True)
+    return valid & (x > thr)
+
+
+def seq_mean_token_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Mean over *all* responses of each one's token mean over ``m`` (0 for a response with none)."""
+    n = m.sum(-1)
+    per = torch.where(n > 0, (x * m).sum(-1) / n.clamp(min=1.0), torch.zeros_like(n))
+    return per.mean()
+
+
+def siren_entropy(h: torch.Tensor, mask: torch.Tensor, q: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(H, H_one_pass, m2)``: the regulated entropy (two mask passes), the one-pass value the
+    anchor is taken from, and the final bool mask."""
+    m1 = peak_mask(h, mask, q)
+    masked = torch.where(m1, h, torch.zeros_like(h))
+    m2 = peak_mask(masked, mask, q)
+    one = seq_mean_token_mean(masked, m1.to(h.dtype))
+    return seq_mean_token_mean(masked, m2.to(h.dtype)), one, m2
 
 
 @register_intervention("siren")
@@ -30,33 +64,35 @@ class Siren(Intervention):
     class Params:
         """Names and types; the published values: conf/intervention/siren.yaml."""
         top_p: float  # nucleus of the top-p mask
-        peak_frac: float  # fraction of valid tokens (highest entropy) the regulariser sees
+        top_k: int  # candidates of the nucleus (highest logits)
+        quantile: float  # per-response entropy quantile above which a token is regulated
         coef: float  # weight of the anchored term
 
         def validate(self, name: str) -> None:
-            if not 0 < self.top_p <= 1 or not 0 < self.peak_frac <= 1 or self.coef < 0:
-                raise UserError(f"algo.{name}: need 0 < top_p <= 1, 0 < peak_frac <= 1, coef >= 0")
+            if not 0 < self.top_p <= 1 or self.top_k < 1 or not 0 <= self.quantile < 1 or self.coef < 0:
+                raise UserError(f"algo.{name}: need 0 < top_p <= 1, top_k >= 1, 0 <= quantile < 1, coef >= 0")
 
     def __init__(self, params, **kw):
         super().__init__(params, **kw)
         self.anchor: float | None = None
 
     def vocab_stats(self) -> dict:
-        return {KEY: ("topp_entropy", {"p": float(self.params.top_p)})}
+        return {KEY: ("topp_entropy", {"p": float(self.params.top_p), "k": int(self.params.top_k)})}
 
     def apply(self, ctx: LossContext) -> None:
         h = ctx.extras.get(KEY)
         if h is None:
             raise RuntimeError(f"siren: extras['{KEY}'] missing; compute Algorithm.vocab_stats() in the loss loop")
-        peak = select_top_fraction(ctx.entropy.detach(), ctx.mask.bool(), self.params.peak_frac)
-        m = peak.to(h.dtype)
-        regulated = (torch.where(peak, h, torch.zeros_like(h)) * m).sum() / m.sum().clamp(min=1.0)
-        if self.anchor is None:
-            self.anchor = float(regulated.detach().item())
-        ctx.extra_terms["siren"] = self.params.coef * (regulated - self.anchor) ** 2
-        ctx.metrics["siren/anchor"] = self.anchor
+        regulated, one_pass, m2 = siren_entropy(h, ctx.mask, self.params.quantile)
+        anchor = float(one_pass.detach().item()) if self.anchor is None else self.anchor   # kept by record
+        ctx.extra_terms["siren"] = self.params.coef * (regulated - anchor) ** 2
+        ctx.metrics["siren/anchor"] = anchor
         ctx.metrics["siren/regulated_entropy"] = float(regulated.detach().item())
-        ctx.metrics["siren/peak_frac"] = float(m.sum().item()) / max(float(ctx.mask.sum().item()), 1.0)
+        ctx.metrics["siren/peak_frac"] = float(m2.sum().item()) / max(float(ctx.mask.sum().item()), 1.0)
+
+    def record(self, ctx: LossContext) -> None:
+        if self.anchor is None and "siren/anchor" in ctx.metrics:
+            self.anchor = float(ctx.metrics["siren/anchor"])
 
     def step_metrics(self) -> dict[str, float]:
         return {} if self.anchor is None else {"siren/anchor": self.anchor}

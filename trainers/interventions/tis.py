@@ -38,12 +38,20 @@ _LOG_RATIO_MAX = 20.0
 def sampler_mismatch_metrics(old_logp: torch.Tensor, sampling_logp: torch.Tensor,
                              mask: torch.Tensor) -> dict[str, float]:
     """``rollout/logp_diff_mean`` and ``rollout/logp_diff_max``: mean and max over valid tokens of
-    ``|old_logp - sampling_logp|`` (trainer minus sampler). ``[B, T]`` each."""
+    ``|old_logp - sampling_logp|`` (trainer minus sampler), the log of the token-level ratio a
+    token objective sees; ``rollout/seq_logp_diff_mean`` / ``_max``: mean and max over responses of
+    ``|mean_t (old_logp - sampling_logp)|``, the log of GSPO's sequence-level ratio between the two
+    engines. ``[B, T]`` each."""
     valid = mask.bool()
-    d = (old_logp.detach().float() - sampling_logp.to(old_logp.device).float()).abs() * valid
+    signed = (old_logp.detach().float() - sampling_logp.to(old_logp.device).float()) * valid
+    d = signed.abs()
     n = valid.sum().clamp(min=1)
+    rows = valid.any(-1)
+    seq = (signed.sum(-1) / valid.sum(-1).clamp(min=1)).abs()[rows]
     return {"rollout/logp_diff_mean": float(d.sum() / n),
-            "rollout/logp_diff_max": float(d.max()) if valid.any() else 0.0}
+            "rollout/logp_diff_max": float(d.max()) if valid.any() else 0.0,
+            "rollout/seq_logp_diff_mean": float(seq.mean()) if rows.any() else 0.0,
+            "rollout/seq_logp_diff_max": float(seq.max()) if rows.any() else 0.0}
 
 
 def truncated_is_weight(old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor,

@@ -52,7 +52,7 @@ from ..algos.loss_agg import loss_aggregation
 from .fsdp import checkpoint_views, decoder_layers, is_fsdp, load_full_state, prepare_model
 from .process_group import DistInfo, cleanup, expand_nodelist, launcher_env, node_name, setup
 
-__all__ = ["DistInfo", "launcher_env", "expand_nodelist", "node_name", "node_names", "gather_rows", "setup", "prepare_model", "shard",
+__all__ = ["DistInfo", "launcher_env", "expand_nodelist", "node_name", "node_names", "gather_rows", "gather_values", "setup", "prepare_model", "shard",
            "sum_across", "min_across", "max_across", "mean_metrics", "masked_mean_across", "loss_scale",
            "clip_grad_norm", "barrier", "checkpoint_views", "load_full_state", "is_fsdp", "decoder_layers",
            "check_batch_sizes", "NullTracker", "cleanup"]
@@ -135,6 +135,24 @@ def gather_rows(tensors: dict[str, torch.Tensor], info: DistInfo) -> tuple[dict[
         dist.all_gather(parts, padded)
         out[key] = torch.cat([part[:s[0]] for part, s in zip(parts, shapes)]).to(t.device, t.dtype)
     return out, slice(start, start + int(first.shape[0]))
+
+
+def gather_values(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Every rank's 1-D ``values [n_r]`` concatenated by rank (rank 0's first), on this rank's
+    device: one all-gather of the counts, one of the values padded to the largest count. Identity
+    on one process. Every rank must call it."""
+    if not _active(info):
+        return values
+    import torch.distributed as dist
+
+    counts: list[int | None] = [None] * info.world_size
+    dist.all_gather_object(counts, int(values.numel()))
+    device = info.device if info.backend == "nccl" else torch.device("cpu")
+    padded = torch.zeros(max(counts), dtype=values.dtype, device=device)
+    padded[:values.numel()] = values.detach().reshape(-1).to(device)
+    parts = [torch.empty_like(padded) for _ in range(info.world_size)]
+    dist.all_gather(parts, padded)
+    return torch.cat([part[:n] for part, n in zip(parts, counts)]).to(values.device)
 
 
 def node_names(info: DistInfo) -> list[str]:

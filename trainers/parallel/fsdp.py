@@ -15,7 +15,7 @@ from ...conf import cfg_get
 from ...core.errors import UserError
 from .process_group import DistInfo
 
-__all__ = ["decoder_layers", "is_fsdp", "prepare_model", "checkpoint_views", "load_full_state"]
+__all__ = ["decoder_layers", "is_fsdp", "prepare_model", "sharded_parameters", "checkpoint_views", "load_full_state"]
 
 
 def _response_hidden(self, **inputs):
@@ -38,6 +38,20 @@ def is_fsdp(model) -> bool:
     except ImportError:  # pragma: no cover
         return False
     return isinstance(model, FSDPModule)
+
+
+def sharded_parameters(model) -> list[torch.nn.Parameter]:
+    """The trainable parameters as the optimizer holds them: with FSDP the sharded ones (DTensors).
+    Between a forward and its backward, or after a forward of the root (``reshard_after_forward=False``),
+    ``model.parameters()`` yields the gathered full tensors instead; every FSDP module is resharded
+    first (a no-op when it already is, no collective)."""
+    if is_fsdp(model):
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def prepare_model(model, trainer_cfg, info: DistInfo, *, trainable: bool = True):

@@ -22,7 +22,8 @@ import numpy as np
 from ...conf import to_plain
 
 __all__ = ["regime_warnings", "entropy_flags", "prediction_fit", "attribution_summary", "report_regime", "findings_cell", "COLLAPSE_RATIO",
-           "EXPLOSION_RATIO", "EXPLOSION_NATS", "DETREND_WINDOW"]
+           "EXPLOSION_RATIO", "EXPLOSION_NATS", "DETREND_WINDOW",
+           "rolling_mean_by_step"]
 
 COLLAPSE_RATIO = 0.2      # entropy below 0.2x its first-tenth mean
 EXPLOSION_RATIO = 3.0     # ... or above 3x it
@@ -171,21 +172,34 @@ def _fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return r, slope
 
 
+def rolling_mean_by_step(x: np.ndarray, steps: np.ndarray, window: int) -> np.ndarray:
+    """Centred rolling mean ``[n] -> [n]`` over the points within ``window // 2`` *steps* of each
+    point: the same as ``rolling_mean`` for a series logged every step, and still a 21-step window
+    for one measured every 10 steps (``diagnostics.attribution_every``), where a window of 21 *points*
+    would span the whole run and remove nothing but the mean."""
+    half = window // 2
+    order = np.argsort(steps, kind="stable")
+    s, c = steps[order], np.concatenate([[0.0], np.cumsum(x[order])])
+    lo, hi = np.searchsorted(s, steps - half, "left"), np.searchsorted(s, steps + half, "right")
+    return (c[hi] - c[lo]) / (hi - lo)
+
+
 def prediction_fit(rows: list[dict], predicted_key: str = "entropy_change/predicted",
                    realized_key: str = "entropy_change/realized", window: int = DETREND_WINDOW) -> dict:
     """How the first-order prediction tracks the realised change: Pearson r and least-squares slope of
-    realised on predicted, raw and after removing a centred rolling mean of ``window`` steps from each.
+    realised on predicted, raw and after removing from each a centred rolling mean over ``window``
+    steps (by the rows' ``step``; by position for rows without one).
 
     Empty dict when the rows lack either series.
     """
-    pairs = [(r[predicted_key], r[realized_key]) for r in rows
+    pairs = [(r[predicted_key], r[realized_key], r.get("step", i)) for i, r in enumerate(rows)
              if isinstance(r.get(predicted_key), (int, float)) and isinstance(r.get(realized_key), (int, float))
              and math.isfinite(r[predicted_key]) and math.isfinite(r[realized_key])]
     if len(pairs) < 3:
         return {}
-    x, y = (np.asarray(v, dtype=float) for v in zip(*pairs))
+    x, y, steps = (np.asarray(v, dtype=float) for v in zip(*pairs))
     r, slope = _fit(x, y)
-    rd, slope_d = _fit(x - rolling_mean(x, window), y - rolling_mean(y, window))
+    rd, slope_d = _fit(x - rolling_mean_by_step(x, steps, window), y - rolling_mean_by_step(y, steps, window))
     return {"n": len(pairs), "pearson_r": r, "slope": slope, "pearson_r_detrended": rd,
             "slope_detrended": slope_d, "detrend_window": window,
             "sign_agreement": float(np.mean(np.sign(x) == np.sign(y)))}
@@ -195,8 +209,10 @@ def attribution_summary(rows: list[dict]) -> dict:
     """``diagnostics.attribution`` over a run: the fit of ``entropy_change/predicted_net`` to the
     realised change (``prediction_fit``), and per part (``attribution/<part>``) its ``total`` over
     the measured steps (the totals add up to the summed predicted_net) and its ``share``, the total
-    over the sum of the parts' absolute totals (signed; the absolute shares add up to 1).
+    over the sum of the parts' absolute totals (signed; the absolute shares add up to 1);
+    ``fit_2nd``: the same fit of the trapezoid ``entropy_change/predicted_net_2nd``.
 
+    Several ranks log predicted_net without parts: the fit alone, ``total`` and ``share`` empty.
     Empty dict when the rows hold no attribution.
     """
     prefix = "attribution/"
@@ -205,11 +221,12 @@ def attribution_summary(rows: list[dict]) -> dict:
         for key, value in r.items():
             if key.startswith(prefix) and isinstance(value, (int, float)) and math.isfinite(value):
                 totals[key[len(prefix):]] = totals.get(key[len(prefix):], 0.0) + float(value)
-    if not totals:
+    fit = prediction_fit(rows, predicted_key="entropy_change/predicted_net")
+    if not totals and not fit:
         return {}
     scale = sum(abs(v) for v in totals.values())
-    return {"fit": prediction_fit(rows, predicted_key="entropy_change/predicted_net"), "total": totals,
-            "share": {k: (v / scale if scale > 0 else 0.0) for k, v in totals.items()}}
+    return {"fit": fit, "fit_2nd": prediction_fit(rows, predicted_key="entropy_change/predicted_net_2nd"),
+            "total": totals, "share": {k: (v / scale if scale > 0 else 0.0) for k, v in totals.items()}}
 
 
 def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) -> dict:

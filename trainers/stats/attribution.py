@@ -12,19 +12,39 @@ Unlike the per-token prediction (``prediction.py``), it sees everything the opti
 preconditioning, clipping, several mini-batches), so the gap to the realised change is the
 second-order part alone. It costs one backward through the probe and a copy of the parameters.
 
+Under FSDP (several ranks, or one with ``trainer.fsdp=true`` / ``trainer.dtype=bfloat16``) every
+rank holds the same probe batch (same prompts, same sampling seed) and takes a contiguous share of
+its rows; their backward passes go through FSDP's reduce-scatter, which averages over ranks, so
+each rank's share is scaled by ``world_size`` and the local gradient shard is that rank's slice of
+the single-process ``g_H``. The dot product is the sum of the ranks' local shard dot products (an
+all-reduce). The split into parts (``update_split.py``) needs the unsharded parameters: one
+process without FSDP; under FSDP it is skipped.
+
     entropyrl train diagnostics.attribution=true diagnostics.attribution_every=5
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
 
-from ...core.errors import UserError
+from ..parallel.distributed import DistInfo, max_across, min_across, sum_across
+from ..parallel.fsdp import is_fsdp, sharded_parameters
 from .update_split import UpdateSplit
 
-__all__ = ["probe_entropy_gradient", "predicted_change", "EntropyAttribution", "build_attribution"]
+__all__ = ["probe_entropy_gradient", "sharded_probe_entropy_gradient", "predicted_change", "EntropyAttribution",
+           "build_attribution"]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 parameter or gradient (a DTensor); a plain tensor as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _trainable(model) -> list[torch.Tensor]:
+    return sharded_parameters(model)        # model.parameters() as they are without FSDP
 
 
 def probe_entropy_gradient(model, rollout, entropy_fn: Callable, rows_per_chunk: int) -> list[torch.Tensor]:
@@ -52,6 +72,47 @@ def probe_entropy_gradient(model, rollout, entropy_fn: Callable, rows_per_chunk:
     return total
 
 
+def sharded_probe_entropy_gradient(model, rollout, entropy_fn: Callable, rows_per_chunk: int,
+                                   rank: int, world_size: int) -> list[torch.Tensor]:
+    """``g_H`` under FSDP2: this rank's local shard of each trainable parameter's gradient.
+
+    Every rank passes the same ``rollout`` (the probe batch) and takes its share of the rows
+    (``tensor_split``); every rank runs the same number of backward passes (a rank with fewer rows
+    adds zero-weighted ones), so FSDP's reduce-scatters pair up. The token mean is over the whole
+    probe's valid tokens, and each share is scaled by ``world_size`` because FSDP averages the
+    ranks' gradients. Runs through ``.grad`` (FSDP reduces there); the ``.grad`` held before are
+    put back.
+    """
+    params = _trainable(model)
+    total = [torch.zeros_like(_local(p)) for p in params]
+    n_valid = int(rollout.response_mask.sum())
+    if n_valid == 0:            # the same on every rank: no rank runs a backward
+        return total
+    rows = len(rollout.texts)
+    mine = torch.arange(rows).tensor_split(world_size)[rank]
+    largest = math.ceil(rows / world_size)                  # tensor_split: the first shares are the largest
+    passes = max(math.ceil(largest / rows_per_chunk), 1)
+    held = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    try:
+        for k in range(passes):
+            idx = mine[k * rows_per_chunk: (k + 1) * rows_per_chunk]
+            pairing = len(idx) == 0         # only to pair this rank's reduce-scatter with the others'
+            part = rollout.select(torch.zeros(1, dtype=torch.long) if pairing else idx)
+            entropy = entropy_fn(model, part)
+            mask = part.response_mask.to(entropy.device).bool()
+            weight = 0.0 if pairing else world_size / n_valid
+            (torch.where(mask, entropy, torch.zeros_like(entropy)).sum() * weight).backward()
+        for acc, p in zip(total, params):
+            if p.grad is not None:
+                acc.add_(_local(p.grad).detach())
+    finally:
+        for p, g in zip(params, held):
+            p.grad = g
+    return total
+
+
 def predicted_change(grad: list[torch.Tensor], before: list[torch.Tensor], after: list[torch.Tensor]) -> float:
     """``sum_i g_i . (after_i - before_i)`` over the parameter tensors (float64 accumulation)."""
     total = torch.zeros((), dtype=torch.float64)
@@ -61,11 +122,22 @@ def predicted_change(grad: list[torch.Tensor], before: list[torch.Tensor], after
 
 
 class EntropyAttribution:
-    """``begin`` before a step's updates (gradient and parameters), ``finish`` after them."""
+    """``begin`` before a step's updates (gradient and parameters), ``finish`` after them.
 
-    def __init__(self, probe, entropy_fn: Callable, rows_per_chunk: int, every: int = 1):
+    ``sharded``: the policy is wrapped with FSDP (``dist``: its process group, None for one
+    process): the gradient and parameters are this rank's shards, the dot product is all-reduced,
+    and there is no split into parts. Otherwise the single-process path, with the split."""
+
+    def __init__(self, probe, entropy_fn: Callable, rows_per_chunk: int, every: int = 1,
+                 dist: DistInfo | None = None, log: Callable[[str], None] = print, sharded: bool | None = None):
         self.probe, self.entropy_fn, self.rows, self.every = probe, entropy_fn, rows_per_chunk, max(int(every), 1)
+        self.dist = dist if dist is not None else DistInfo()
+        self.sharded = self.dist.world_size > 1 if sharded is None else bool(sharded)
+        self.log = log
+        self._probe_checked = self.dist.world_size == 1
+        self.off = False                           # several ranks holding different probe batches
         self._grad: list[torch.Tensor] | None = None
+        self._training = False                     # the model's mode when g_H was taken
         self._before: list[torch.Tensor] | None = None
         self.split: UpdateSplit | None = None      # the step's update split into parts (update_split.py)
 
@@ -73,31 +145,81 @@ class EntropyAttribution:
         """Step ``step`` (0-based count of steps done) is measured: the first, then every ``every``."""
         return step % self.every == 0
 
+    def _same_probe_on_every_rank(self) -> bool:
+        """Every rank sampled the same probe batch (same prompts and seed): a fingerprint of its
+        tokens compared across ranks (two all-reduces, once per run)."""
+        batch = self.probe.batch
+        ids, mask = batch.response_ids.double(), batch.response_mask.double()
+        place = torch.arange(1, ids.numel() + 1, dtype=torch.float64).reshape(ids.shape)
+        mark = torch.stack([(ids * mask * place.remainder(9973)).sum(), mask.sum(), torch.tensor(float(len(ids)))])
+        return bool(torch.equal(min_across(mark, self.dist), max_across(mark, self.dist)))
+
     def begin(self, model) -> None:
+        if self.off:
+            return
         if self.probe.batch is None:    # the probe's responses are sampled on first use
             self.probe.entropy(model)
-        self._grad = probe_entropy_gradient(model, self.probe.batch, self.entropy_fn, self.rows)
-        self._before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
-        self.split = UpdateSplit(self._grad, [p for p in model.parameters() if p.requires_grad])
+        if not self._probe_checked:
+            self._probe_checked = True
+            if not self._same_probe_on_every_rank():   # then g_H would mix batches: log nothing wrong
+                self.off = True
+                self.log("diagnostics.attribution: the ranks sampled different probe batches, so "
+                         "entropy_change/predicted_net is not logged in this run")
+                return
+        self._training = model.training
+        self._grad = self._gradient(model)
+        if not self.sharded:
+            self.split = UpdateSplit(self._grad, _trainable(model))
+        self._before = [_local(p.detach()).clone() for p in _trainable(model)]
+
+    def _gradient(self, model) -> list[torch.Tensor]:
+        if not self.sharded:
+            return probe_entropy_gradient(model, self.probe.batch, self.entropy_fn, self.rows)
+        return sharded_probe_entropy_gradient(model, self.probe.batch, self.entropy_fn, self.rows,
+                                              self.dist.rank, self.dist.world_size)
+
+    def _dot(self, grad, after) -> float:
+        value = predicted_change(grad, self._before, after)
+        if self.sharded:                # each rank holds its shards: the dot product is their sum
+            value = float(sum_across(value, self.dist))
+        return value
 
     def finish(self, model) -> dict[str, float]:
+        """``predicted_net`` (first order, g_H at theta_before: what the parts add up to) and
+        ``predicted_net_2nd``, the trapezoid ``(g_H(before) + g_H(after))/2 . dtheta``: exact for an
+        entropy quadratic along the step, so its gap to the realised change is third order and what
+        separates it from ``predicted_net`` is the curvature (large on Adam's first, sign-like step)."""
         if self._grad is None or self._before is None:
             return {}
-        after = [p.detach() for p in model.parameters() if p.requires_grad]
-        out = {"entropy_change/predicted_net": predicted_change(self._grad, self._before, after)}
+        after = [_local(p.detach()) for p in _trainable(model)]
+        net = self._dot(self._grad, after)
+        was = model.training
+        model.train(self._training)       # the mode g_H was taken in (dropout)
+        try:
+            grad_after = self._gradient(model)
+        finally:
+            model.train(was)
+        out = {"entropy_change/predicted_net": net,
+               "entropy_change/predicted_net_2nd": 0.5 * (net + self._dot(grad_after, after))}
         if self.split is not None:
             out.update(self.split.metrics())
         self._grad = self._before = self.split = None
         return out
 
 
-def build_attribution(cfg, probe, world_size: int, entropy_fn: Callable) -> EntropyAttribution | None:
-    """The attribution step when ``diagnostics.attribution`` is on and there is a probe batch."""
+def build_attribution(cfg, probe, dist: DistInfo, entropy_fn: Callable, model,
+                      log: Callable[[str], None] = print) -> EntropyAttribution | None:
+    """The attribution step when ``diagnostics.attribution`` is on and there is a probe batch.
+    With ``model`` sharded by FSDP (always with several ranks: ``process_group`` refuses
+    ``trainer.fsdp=false`` there) ``predicted_net`` only, and one line from rank 0 says the split
+    into parts is skipped."""
     diag = cfg.get("diagnostics", {}) or {}
     if not diag.get("attribution", False) or probe is None:
         return None
-    if world_size > 1:
-        raise UserError("diagnostics.attribution=true runs on one process (its dot product of gradient and "
-                        "parameter change is not sharded): switch it off under torchrun/srun")
+    sharded = is_fsdp(model)
+    if sharded and dist.is_main:
+        log(f"diagnostics.attribution: the policy is sharded with FSDP ({dist.world_size} rank(s)), so "
+            f"entropy_change/predicted_net only (dot product reduced over shards); the split into "
+            f"attribution/<part> needs one process without FSDP (trainer.fsdp=false, float32)")
     return EntropyAttribution(probe, entropy_fn, int(cfg.trainer.micro_batch_responses),
-                              int(diag.get("attribution_every", 1)))
+                              int(diag.get("attribution_every", 1)), dist=dist, log=log, sharded=sharded)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["entropy_change_estimate", "effective_entropy_change", "quadrant_ids", "quadrant_metrics",
-           "QUADRANTS"]
+           "QUADRANTS", "quantile_key", "sorted_quantiles", "entropy_quantile_metrics"]
 
 QUADRANTS = ("q1", "q2", "q3", "q4")
 _P_MIN = 1e-8
@@ -91,3 +91,32 @@ def quadrant_metrics(logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.
         out[f"quadrant/{q}/pred_dH"] = float(pred[sel].sum().item())
     out["quadrant/pred_dH"] = float(pred.sum().item())
     return out
+
+
+def quantile_key(q: float) -> str:
+    """The metric suffix of quantile ``q``: 0.1 -> ``p10``, 0.99 -> ``p99``, 0.999 -> ``p99.9``."""
+    return f"p{round(float(q) * 100, 6):g}"
+
+
+def sorted_quantiles(values: torch.Tensor, qs) -> list[float]:
+    """Quantiles ``qs`` (each in (0, 1)) of the 1-D ``values [N]``, linear interpolation between
+    order statistics (``torch.quantile``'s default) from one sort, so any ``N`` works (``torch.quantile``
+    refuses more than 2^24 elements); nan for each when ``N == 0``."""
+    n = int(values.numel())
+    if n == 0:
+        return [float("nan")] * len(qs)
+    ordered = torch.sort(values.detach().reshape(-1).double()).values
+    out = []
+    for q in qs:
+        pos = float(q) * (n - 1)
+        lo = int(pos)
+        hi = min(lo + 1, n - 1)
+        a, b = float(ordered[lo]), float(ordered[hi])
+        out.append(a + (pos - lo) * (b - a))
+    return out
+
+
+def entropy_quantile_metrics(values: torch.Tensor, qs) -> dict[str, float]:
+    """``{"entropy/p10": float, ...}``: quantiles ``qs`` of the token entropies ``values [N]``
+    (the valid response tokens of a step; every rank's, gathered, for a rank-count-free figure)."""
+    return {f"entropy/{quantile_key(q)}": v for q, v in zip(qs, sorted_quantiles(values, qs))}

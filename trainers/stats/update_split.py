@@ -6,51 +6,44 @@ For one AdamW step (torch's algorithm: decoupled decay, then the moment update) 
 
     delta = -lr wd theta                                      weight_decay
             - s b1 m_{t-1} / d                                momentum (carried from earlier steps)
-            - s (1 - b1) c G_k / d      for each token group k (Q1-Q4, zero-advantage tokens)
-            - s (1 - b1) c G_iv / d                           intervention
-            - s (1 - b1) c (G - sum_k G_k - G_iv) / d         other (gradient not through logp/entropy)
+            - s (1 - b1) c G_k / d      for each token group k (q1-q4, zero_adv)
+            - s (1 - b1) c G_j / d      for each intervention j (by its name), and kl
+            - s (1 - b1) c (G - sum_k G_k - sum_j G_j) / d    other (gradient not through the token statistics)
             + (stored change - the sum above)                 float_rounding (float32 parameters)
 
 with ``s = lr / (1 - b1^t)``, ``d = sqrt(v_t) / sqrt(1 - b2^t) + eps`` held at this step's value
-(``v_t`` already holds ``g_t^2``), ``c`` the clip factor and ``G_k`` the gradient of the loss's
-back-propagated signal restricted to group k's tokens: plain GRPO's signal (``-A rho`` on unclipped
-tokens, the configured aggregation), while ``G_iv`` is what the configured loss's signal adds to it
-(the interventions' weights, masks, extra terms and the KL term, all of them together). With ``d`` fixed the split is linear, so the
-parts sum to ``delta``; ``float_rounding`` is what storing ``theta + delta`` in float32 (and the
-optimizer's own float32 arithmetic) changed, about 1e-6 of the net on the tiny model. The prediction of each part is first-order in the same
-way as ``predicted_net``. Plain SGD is the same with ``b1 = 0``, ``s = lr``, ``d = 1``.
-Several optimizer steps in one training step add up part by part (``g_H`` is taken once, before).
+(``v_t`` already holds ``g_t^2``) and ``c`` the clip factor. ``G_k`` is the gradient of the
+configured objective's back-propagated signal (the clipped surrogate, or GSPO's ...; no
+intervention, no KL) restricted to group k's tokens; ``G_j`` is what intervention j adds to the
+signal given the interventions applied before it (``Algorithm.loss_prefixes``: the loss built up one
+intervention at a time, so the differences telescope) and ``kl`` what the KL term adds. With ``d``
+fixed the split is linear, so the parts sum to ``delta``; ``float_rounding`` is what storing
+``theta + delta`` in float32 (and the optimizer's own float32 arithmetic) changed, about 1e-6 of the
+net on the tiny model. The prediction of each part is first-order in the same way as
+``predicted_net``. Plain SGD is the same with ``b1 = 0``, ``s = lr``, ``d = 1``. Several optimizer
+steps in one training step add up part by part (``g_H`` is taken once, before).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..algos.loss_agg import agg_loss
 from .diagnostics import QUADRANTS, quadrant_ids
 
-__all__ = ["GROUPS", "plain_grpo_upstream", "group_gradients", "UpdateSplit"]
+__all__ = ["GROUPS", "group_gradients", "UpdateSplit"]
 
 GROUPS = (*QUADRANTS, "zero_adv")        # quadrant_ids 1-4, then 0 (A == 0 or not a valid token)
 
 
-def plain_grpo_upstream(ctx, weight: float) -> torch.Tensor:
-    """``[b, T]``: d(plain GRPO's loss on this micro-batch)/d logp, with the configured clip and
-    aggregation but none of the interventions (their weights, masks, extra terms, KL).
-
-    Plain GRPO's per-token gradient on ``logp`` is ``-A rho`` on unclipped tokens
-    (``ctx.surrogate``, computed before the interventions), times the aggregation's factor.
-    """
-    with torch.no_grad():
-        base = ctx.advantages * ctx.surrogate.ratio * (~ctx.surrogate.clipped).to(ctx.advantages.dtype)
-    probe = torch.zeros_like(base, requires_grad=True)
-    with torch.enable_grad():
-        (factor,) = torch.autograd.grad(agg_loss(probe, ctx.mask, ctx.loss_agg, ctx.loss_agg_norm), probe)
-    return -base * factor * weight
+def _upstream(loss: torch.Tensor, outs: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """``dloss/doutput`` for each output on the graph (None for the others); graphs are retained."""
+    live = [o for o in outs if o is not None]
+    got = iter(torch.autograd.grad(loss, live, retain_graph=True, allow_unused=True))
+    return [None if o is None else next(got) for o in outs]
 
 
 def _backward(outputs, upstream, params) -> list[torch.Tensor]:
-    pairs = [(o, u) for o, u in zip(outputs, upstream) if u is not None and bool((u != 0).any())]
+    pairs = [(o, u) for o, u in zip(outputs, upstream) if o is not None and u is not None and bool((u != 0).any())]
     if not pairs:
         return [torch.zeros_like(p) for p in params]
     grads = torch.autograd.grad([o for o, _ in pairs], params, grad_outputs=[u for _, u in pairs],
@@ -58,31 +51,39 @@ def _backward(outputs, upstream, params) -> list[torch.Tensor]:
     return [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)]
 
 
+def _minus(a: list[torch.Tensor | None], b: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    return [None if x is None and y is None else (x if y is None else (-y if x is None else x - y))
+            for x, y in zip(a, b)]
+
+
 def group_gradients(loss: torch.Tensor, outputs: list[torch.Tensor], ids: torch.Tensor,
-                    params: list[torch.Tensor], base: torch.Tensor | None = None) -> list[list[torch.Tensor]]:
-    """Per token group (``GROUPS``), then the intervention, the parameter gradient of ``loss``.
+                    params: list[torch.Tensor],
+                    prefixes: list[tuple[str, torch.Tensor]] | None = None) -> list[tuple[str, list[torch.Tensor]]]:
+    """The parameter gradient of ``loss`` split into named parts that add up to it.
 
     ``outputs``: ``[logp, entropy]`` (``[b, T]``) the loss was built from, still on the graph;
-    ``ids``: ``[b, T]`` long, quadrant ids (0 = zero-advantage); ``base``: plain GRPO's upstream
-    on logp (``plain_grpo_upstream``) or None (then the loss's whole signal is split by group and
-    the intervention part is 0). By the chain rule the loss's gradient is the backward of its
-    upstream ``dloss/doutputs``; the groups split ``base`` by token mask, the intervention is the
-    upstream minus ``base``: linear, so the parts sum to the gradient. Graphs are retained.
+    ``ids``: ``[b, T]`` long, quadrant ids (0 = zero-advantage); ``prefixes``: the loss built up a term
+    at a time (``Algorithm.loss_prefixes``: the objective alone, then one intervention more each).
+    By the chain rule a loss's gradient is the backward of its upstream ``dloss/doutputs``, which is
+    linear, so: the objective's upstream is split by token mask into the groups (``GROUPS``), each
+    further prefix's upstream minus the one before is that intervention's part, and ``loss``'s minus
+    the last prefix's is ``kl`` (the KL term; 0 without one). Without ``prefixes`` the whole loss is
+    split by group. Graphs are retained.
     """
     outs = [o if o is not None and o.requires_grad else None for o in outputs]
-    live = [o for o in outs if o is not None]
-    got = iter(torch.autograd.grad(loss, live, retain_graph=True, allow_unused=True))
-    upstream = [None if o is None else next(got) for o in outs]
-    own = [torch.zeros_like(outputs[0]) if upstream[0] is None else upstream[0], *upstream[1:]]
-    signal = [own[0] if base is None else base.to(own[0].dtype)] + [None if base is not None else u
-                                                                   for u in own[1:]]
+    total = _upstream(loss, outs)
+    base = total if not prefixes else _upstream(prefixes[0][1], outs)
     result = []
-    for k in (1, 2, 3, 4, 0):
+    for name, k in zip(GROUPS, (1, 2, 3, 4, 0)):
         sel = (ids == k)
-        masked = [None if u is None else u * sel.to(u.dtype) for u in signal]
-        result.append(_backward(outs, masked, params))
-    extra = [own[0] - signal[0], *[u if base is not None else None for u in own[1:]]]
-    result.append(_backward(outs, extra, params))
+        result.append((name, _backward(outs, [None if u is None else u * sel.to(u.dtype) for u in base], params)))
+    if prefixes:
+        previous = base
+        for name, partial in prefixes[1:]:
+            current = _upstream(partial, outs)
+            result.append((name, _backward(outs, _minus(current, previous), params)))
+            previous = current
+        result.append(("kl", _backward(outs, _minus(total, previous), params)))
     return result
 
 
@@ -92,19 +93,18 @@ class UpdateSplit:
     def __init__(self, g_h: list[torch.Tensor], params: list[torch.Tensor]):
         self.g_h, self.params = g_h, params
         self.parts: dict[str, float] = {}
-        self._groups: list[list[torch.Tensor]] | None = None
+        self._groups: dict[str, list[torch.Tensor]] = {}   # part -> this optimizer step's gradient
 
     def add_micro(self, loss: torch.Tensor, outputs: list[torch.Tensor], micro,
-                  base: torch.Tensor | None = None) -> None:
-        """Add one micro-batch's (weighted) loss, before its backward (``base``: see ``group_gradients``)."""
+                  prefixes: list[tuple[str, torch.Tensor]] | None = None) -> None:
+        """Add one micro-batch's (weighted) loss, before its backward (``prefixes``: see ``group_gradients``)."""
         with torch.no_grad():
             ids = quadrant_ids(micro.old_logp, micro.entropy, micro.advantages, micro.mask)
-        grads = group_gradients(loss, outputs, ids, self.params, base)
-        if self._groups is None:
-            self._groups = grads
-        else:
-            for acc, new in zip(self._groups, grads):
-                for a, n in zip(acc, new):
+        for name, grads in group_gradients(loss, outputs, ids, self.params, prefixes):
+            if name not in self._groups:
+                self._groups[name] = grads
+            else:
+                for a, n in zip(self._groups[name], grads):
                     a.add_(n)
 
     def _dot(self, key: str, vectors) -> None:
@@ -127,7 +127,7 @@ class UpdateSplit:
 
     def after_step(self, optimizer) -> None:
         """After ``optimizer.step()``: the step's parts, from this step's optimizer state."""
-        groups = self._groups or [[torch.zeros_like(p) for p in self.params] for _ in (*GROUPS, "intervention")]
+        groups = self._groups or {g: [torch.zeros_like(p) for p in self.params] for g in GROUPS}
         index = {id(p): i for i, p in enumerate(self.params)}
         n = len(self.params)
         wd_part, mom_part = [torch.zeros(())] * n, [torch.zeros(())] * n
@@ -156,7 +156,7 @@ class UpdateSplit:
         total_grad = [torch.zeros_like(p, dtype=torch.float64) if p.grad is None else p.grad.double() / self._clip
                       for p in self.params]
         rest = [t.clone() for t in total_grad]
-        for name, grads in zip((*GROUPS, "intervention"), groups):
+        for name, grads in groups.items():
             self._dot(name, [sc * g.double() for sc, g in zip(scale, grads)])
             for r, g in zip(rest, grads):
                 r.sub_(g.double())
@@ -164,7 +164,7 @@ class UpdateSplit:
         applied = [p.detach().double() - self._prev[id(p)][0] for p in self.params]   # what was stored
         exact = [w + m + sc * g for w, m, sc, g in zip(wd_part, mom_part, scale, total_grad)]
         self._dot("float_rounding", [a - e for a, e in zip(applied, exact)])
-        self._groups = None
+        self._groups = {}
 
     def metrics(self) -> dict[str, float]:
         return {f"attribution/{k}": v for k, v in self.parts.items()}

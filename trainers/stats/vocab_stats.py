@@ -1,8 +1,8 @@
 """Opt-in per-token statistics of the full next-token distribution (docs/algorithms.md §1b).
 
 Most interventions need only the sampled token's log-prob and the entropy (``token_stats.py``).
-A few need more of the distribution: AEnt's entropy of the re-normalised top-k tokens, SIREN's
-entropy of the top-p nucleus, Lp-Reg's KL from a filtered proxy. An intervention asks for one by
+A few need more of the distribution: AEnt's entropy with the lowest-logit tokens clamped away,
+SIREN's entropy of the top-p nucleus, the mass Lp-Reg's min-p proxy keeps. An intervention asks for one by
 returning ``{key: (name, params)}`` from ``vocab_stats()``; the loop then computes it beside
 ``logp`` and hands it to the loss as ``extras[key]`` (``[b, T]``, differentiable).
 
@@ -14,13 +14,14 @@ logits is alive at a time in forward and in backward (recomputed): no ``[tokens 
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["VOCAB_STATS", "register_vocab_stat", "chunked_vocab_stat", "topk_entropy", "topp_entropy",
-           "proxy_kl", "max_logp"]
+__all__ = ["VOCAB_STATS", "register_vocab_stat", "chunked_vocab_stat", "clamped_entropy", "topp_entropy",
+           "minp_log_mass", "max_logp"]
 
 VOCAB_STATS: dict[str, Callable[..., torch.Tensor]] = {}
 
@@ -40,39 +41,43 @@ def _entropy_of(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return -(q * torch.where(keep, logq, torch.zeros_like(logq))).sum(-1)
 
 
-@register_vocab_stat("topk_entropy")
-def topk_entropy(z: torch.Tensor, *, k: int) -> torch.Tensor:
-    """Entropy over the ``k`` most probable tokens, re-normalised (AEnt's clamped entropy). ``[c, V] -> [c]``."""
-    k = min(int(k), z.shape[-1])
-    idx = torch.topk(z.detach(), k, dim=-1).indices
-    keep = torch.zeros_like(z, dtype=torch.bool).scatter_(-1, idx, True)
+@register_vocab_stat("clamped_entropy")
+def clamped_entropy(z: torch.Tensor, *, clamp: float) -> torch.Tensor:
+    """AEnt's clamped entropy: the ``floor(V * clamp)`` lowest-logit tokens removed (chosen on
+    detached logits), the rest re-normalised; ``clamp = 0`` is the full entropy. ``[c, V] -> [c]``."""
+    n_out = int(z.shape[-1] * float(clamp))
+    if n_out <= 0:
+        return _entropy_of(z, torch.ones_like(z, dtype=torch.bool))
+    idx = torch.topk(z.detach(), n_out, dim=-1, largest=False).indices
+    keep = torch.ones_like(z, dtype=torch.bool).scatter_(-1, idx, False)
     return _entropy_of(z, keep)
 
 
 @register_vocab_stat("topp_entropy")
-def topp_entropy(z: torch.Tensor, *, p: float) -> torch.Tensor:
-    """Entropy over the top-p nucleus (the fewest most probable tokens whose probability reaches
-    ``p``, the token that crosses it included), re-normalised; the nucleus is chosen on detached
-    probabilities. ``[c, V] -> [c]``."""
+def topp_entropy(z: torch.Tensor, *, p: float, k: int = 10000) -> torch.Tensor:
+    """SIREN's top-p entropy: among the ``k`` highest logits, the tokens whose cumulative probability
+    (sorted, themselves included) stays below ``p`` (the token that reaches ``p`` is out), chosen on
+    detached probabilities and re-normalised; 0 where none is (the top token alone reaches ``p``).
+    ``[c, V] -> [c]``."""
     probs = torch.softmax(z.detach(), dim=-1)
-    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-    before = torch.cumsum(sorted_p, dim=-1) - sorted_p          # mass strictly above each token
-    keep_sorted = before < p
-    keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
-    return _entropy_of(z, keep)
+    k = min(int(k), z.shape[-1])
+    top_p, order = torch.topk(probs, k, dim=-1)
+    keep_sorted = torch.cumsum(top_p, dim=-1) < p
+    keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, keep_sorted)
+    some = keep.any(-1, keepdim=True)
+    h = _entropy_of(z, keep | ~some)                  # rows with nothing kept: any finite value, zeroed
+    return torch.where(some[..., 0], h, torch.zeros_like(h))
 
 
-@register_vocab_stat("proxy_kl")
-def proxy_kl(z: torch.Tensor, *, kappa: float) -> torch.Tensor:
-    """Lp-Reg's forward ``KL(proxy || pi)``: ``proxy`` is the detached ``pi`` with every token below
-    ``kappa * max pi`` removed (presumed noise) and re-normalised. ``[c, V] -> [c]``."""
+@register_vocab_stat("minp_log_mass")
+def minp_log_mass(z: torch.Tensor, *, kappa: float) -> torch.Tensor:
+    """Log of the probability mass that a min-p filter keeps (tokens with ``p >= kappa * max p``),
+    detached; ``<= 0``. Lp-Reg's proxy of a kept token ``y`` is ``log pi(y) - this`` (the filtered
+    distribution re-normalised). ``[c, V] -> [c]``."""
+    z = z.detach()
     logp = torch.log_softmax(z, dim=-1)
-    pd = logp.detach().exp()
-    keep = pd >= kappa * pd.amax(-1, keepdim=True)
-    proxy = torch.where(keep, pd, torch.zeros_like(pd))
-    proxy = proxy / proxy.sum(-1, keepdim=True)
-    log_proxy = torch.where(keep, proxy.clamp(min=torch.finfo(pd.dtype).tiny).log(), torch.zeros_like(pd))
-    return (proxy * (log_proxy - logp)).sum(-1)
+    keep = logp >= logp.amax(-1, keepdim=True) + math.log(kappa)
+    return torch.logsumexp(logp.masked_fill(~keep, float("-inf")), dim=-1)
 
 
 @register_vocab_stat("max_logp")
