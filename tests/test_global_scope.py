@@ -73,13 +73,14 @@ def _aent_step(rows: slice, scope: str, reduce=None, micro_rows: int = 2) -> tup
     algo = Algorithm(interventions=[build_intervention("aent", params)], max_response_length=WIDTH)
     picked = torch.arange(ROWS)[rows]
     for _ in range(2):
-        algo.begin_step(0.5, reduce=reduce)
+        algo.begin_step(0.5)
         for start in range(0, len(picked), micro_rows):
             idx = picked[start:start + micro_rows]
             out = algo.loss(**{k: v[idx].double() for k, v in batch.items()},
                             extras={"aent/clamped_entropy": clamped[idx]})
             algo.after_loss(out)
-    algo.begin_step(0.5, reduce=reduce)
+        algo.end_step(reduce)
+    algo.begin_step(0.5)
     metrics = algo.step_metrics()
     return metrics["aent/last_clamped_entropy"], metrics["aent/coef"]
 

@@ -198,6 +198,7 @@ class GRPOTrainer:
             return distributed.mean_metrics(metrics, self.dist)
         batch = self._score(batch, metrics)
         prediction = self._update(batch, metrics)
+        self.algo.end_step(reduce=lambda t: distributed.sum_across(t, self.dist))
         self.rollout.sync_weights()
         if prediction is not None:                # effective vs plain-GRPO first-order entropy change
             metrics.update(prediction.metrics())
@@ -224,7 +225,7 @@ class GRPOTrainer:
         if sampler_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are
             metrics.update(sampler_mismatch_metrics(old_logp, sampler_logp, mask))
         sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
-        self.algo.begin_step(sampling_entropy, reduce=lambda t: distributed.sum_across(t, self.dist))
+        self.algo.begin_step(sampling_entropy)
         rewards, group_ids = batch.rewards.to(self.device), batch.group_ids.to(self.device)
         advantages = self.algo.advantages(rewards, group_ids, mask, entropy=entropy)
         metrics["entropy"] = sampling_entropy

@@ -14,6 +14,7 @@ them; it is built, and its parameters checked, before anything of a run is creat
         for micro in micro_batches:                           # micro = mini[idx]
             out = algo.micro_loss(micro, logp=..., entropy=...)   # LossOutput(loss, metrics, ...)
             algo.after_loss(out)                              # per-loss state (Clip-Cov's draws, AEnt's sums)
+    algo.end_step(reduce)                                     # global-scope sums over ranks (AEnt), before a save
     algo.step_metrics()                                       # controller state for logging
 
 ``loss`` returns what it computed and changes nothing. The loop never branches on the algorithm
@@ -225,15 +226,20 @@ class Algorithm:
         return adv
 
     # ------------------------------------------------------------------ step control
-    def begin_step(self, sampling_entropy: float, reduce=None) -> None:
-        """Once per training step, before any update, with the sampling policy's token-mean entropy;
-        ``reduce(tensor)``: the sum over ranks (``distributed.sum_across``) of the per-step sums
-        that global-scope controllers recorded (``Intervention.reduce_step``); None on one process."""
+    def begin_step(self, sampling_entropy: float) -> None:
+        """Once per training step, before any update, with the sampling policy's token-mean entropy."""
         h = float(sampling_entropy)
         for iv in self.interventions:
-            if reduce is not None:
-                iv.reduce_step(reduce)
             iv.begin_step(h)
+
+    def end_step(self, reduce=None) -> None:
+        """Once per training step, after its updates and before a checkpoint is saved:
+        ``reduce(tensor)`` sums over ranks (``distributed.sum_across``) what global-scope controllers
+        recorded this step (``Intervention.reduce_step``); None on one process. Reduced here, not at the
+        next ``begin_step``, so the state a checkpoint holds is the same on every rank and complete."""
+        if reduce is not None:
+            for iv in self.interventions:
+                iv.reduce_step(reduce)
 
     def prepare(self, level: str, *, logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor,
                 advantages: torch.Tensor, mask: torch.Tensor, gather=None) -> dict[str, torch.Tensor]:

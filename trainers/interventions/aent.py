@@ -11,7 +11,7 @@ the step's token-mean clamped entropy ``H`` by how far it lies outside ``[low, h
     coef <- clip(coef - lr * (min(0, H - low) + max(0, H - high)), coef_min, coef_max)
 
 The step mean has a ``scope``: global (the token mean over every rank's tokens of the step, summed
-over ranks at the next ``begin_step``: the reference, whose statistics are reduced over the
+over ranks at the end of the step, ``Algorithm.end_step``: the reference, whose statistics are reduced over the
 data-parallel group; the same coefficient on 1 or N ranks) or micro (this rank's tokens only).
 Cross-checked against the authors' code (inclusionAI/AReaL@a0ec9cee recipe/AEnt: functional.py,
 actor.py, aent_args.py); tests/test_entropy_methods.py reproduces it.
@@ -110,9 +110,14 @@ class AEnt(Intervention):
         return {"aent/coef": self.coef, "aent/last_clamped_entropy": self.last_h}
 
     def state_dict(self) -> dict:
-        return {"coef": self.coef, "step": self.step}
+        # the step's sums too: the coefficient moves from them at the next begin_step, which after a
+        # resume is the first step of the new process
+        return {"coef": self.coef, "step": self.step, "tokens": [float(v) for v in self._tokens],
+                "last_h": self.last_h}
 
     def load_state_dict(self, state: dict) -> None:
         self.coef = float(state["coef"])
         self.step = int(state.get("step", 0))
+        self._tokens = torch.tensor(state.get("tokens", [0.0, 0.0]), dtype=torch.float64)  # older runs: none
+        self.last_h = float(state.get("last_h", float("nan")))
 

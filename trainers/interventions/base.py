@@ -157,7 +157,7 @@ class Intervention:
         loss's context: accumulate what a controller reads at the next ``begin_step``. Default: nothing."""
 
     def reduce_step(self, reduce) -> None:
-        """Before ``begin_step`` under data parallelism: ``reduce(tensor) -> tensor`` sums over
+        """At the end of a step under data parallelism (``Algorithm.end_step``): ``reduce(tensor) -> tensor`` sums over
         ranks (``distributed.sum_across``), for a controller whose ``scope`` is global. Default: nothing."""
 
     def state_dict(self) -> dict:
