@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from entropyrl.conf import compose
 from entropyrl.core.errors import UserError
 from entropyrl.core.validation import validate_config
-from entropyrl.trainers.optim import LR_SCHEDULES, build_optimizer, build_scheduler, check_optim, lr_factor
+from entropyrl.trainers.optim import LR_SCHEDULES, advance_scheduler, build_optimizer, build_scheduler, check_optim, lr_factor
 from entropyrl.trainers.run.run_dir import config_differences, upgrade_saved_config
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
@@ -66,6 +66,22 @@ def test_the_scheduler_applies_the_factor_per_training_step():
         opt.step()
         sched.step()
     assert seen == [0.5 * f for f in factors(cfg, 6)]
+
+
+def test_a_first_step_without_an_update_still_advances_the_schedule_without_a_warning():
+    # an all-equal first batch makes no optimizer step; the schedule counts training steps anyway
+    import warnings
+
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    cfg = optim(lr=0.5, warmup_steps=4)
+    opt = build_optimizer(params, cfg)
+    sched = build_scheduler(opt, cfg, total_steps=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                     # torch's "lr_scheduler.step() before optimizer.step()"
+        advance_scheduler(sched)
+    assert opt.param_groups[0]["lr"] == 0.5 * 0.25
+    with pytest.warns(UserWarning, match="before `optimizer.step"):    # what plain .step() would have said
+        build_scheduler(build_optimizer([torch.nn.Parameter(torch.zeros(2))], cfg), cfg, 8).step()
 
 
 def test_unknown_names_list_the_registered_ones():

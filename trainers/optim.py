@@ -16,6 +16,7 @@ during warmup (0 on the first step).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Callable, Iterable
 
 import torch
@@ -122,6 +123,16 @@ def build_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: in
     def factor(step: int) -> float:
         return lr_factor(optim_cfg, step, total_steps)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def advance_scheduler(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """One training step on the schedule. A step whose groups were all equal makes no optimizer
+    step but still advances the schedule (it counts training steps, as verl's); torch would warn
+    that ``lr_scheduler.step()`` came before ``optimizer.step()`` when that is the run's first step,
+    which here is intended."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+        scheduler.step()
 
 
 def resume_scheduler(scheduler: torch.optim.lr_scheduler.LambdaLR, state: dict | None, step: int) -> None:

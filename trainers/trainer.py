@@ -44,7 +44,7 @@ from .algos.step_batch import StepBatch
 from .collect import collect_rollouts
 from .data import micro_batches
 from .interventions.tis import sampler_mismatch_metrics
-from .optim import build_optimizer, build_scheduler, resume_scheduler
+from .optim import advance_scheduler, build_optimizer, build_scheduler, resume_scheduler
 from .parallel import distributed
 from .preflight import TrainingCheck, check_training
 from .run import checkpoint as ckpt
@@ -299,7 +299,7 @@ class GRPOTrainer:
     def _advance_schedule(self, metrics: dict) -> None:
         """Log the lr this step used (``lr``) and move the schedule on by one training step."""
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
-        self.scheduler.step()
+        advance_scheduler(self.scheduler)
 
     # -- validation -------------------------------------------------------------------------
     @torch.no_grad()
