@@ -117,6 +117,11 @@ def test_a_runs_parts_sum_to_the_net_prediction(tmp_path, algo, extra, ivs):
         assert sorted(k for k in r if k.startswith("attribution/")) == sorted(f"attribution/{n}" for n in names)
         parts = [r[f"attribution/{n}"] for n in names]
         assert abs(sum(parts) - net) <= 1e-6 * abs(net), (sum(parts), net)
+        # the same parts to second order (trapezoid) add up to predicted_net_2nd
+        assert sorted(k for k in r if k.startswith("attribution_2nd/")) == sorted(f"attribution_2nd/{n}" for n in names)
+        net_2nd, parts_2nd = r["entropy_change/predicted_net_2nd"], [r[f"attribution_2nd/{n}"] for n in names]
+        assert abs(sum(parts_2nd) - net_2nd) <= 1e-6 * abs(net_2nd), (sum(parts_2nd), net_2nd)
+        assert parts_2nd != parts
         assert r["attribution/weight_decay"] != 0.0
         largest = max(abs(v) for v in parts)
         assert abs(r["attribution/other"]) <= 1e-5 * largest   # only through logp/entropy: float32 sums' order
@@ -134,6 +139,9 @@ def test_a_runs_parts_sum_to_the_net_prediction(tmp_path, algo, extra, ivs):
     assert abs(sum(abs(v) for v in summary["share"].values()) - 1.0) < 1e-9
     assert abs(sum(summary["total"].values()) - sum(r["entropy_change/predicted_net"] for r in rows)) \
         <= 1e-6 * sum(abs(r["entropy_change/predicted_net"]) for r in rows)
+    assert set(summary["share_2nd"]) == set(names)
+    assert abs(sum(summary["total_2nd"].values()) - sum(r["entropy_change/predicted_net_2nd"] for r in rows)) \
+        <= 1e-6 * sum(abs(r["entropy_change/predicted_net_2nd"]) for r in rows)
 
 
 def test_a_step_on_one_quadrants_tokens_is_attributed_to_that_quadrant():
@@ -216,6 +224,10 @@ def test_a_sweep_variants_figure_draws_the_seed_mean(tmp_path):
     assert abs(mean[0]["attribution/q1"] - 0.2) < 1e-12 and abs(mean[0]["entropy_change/realized"] - 0.1) < 1e-12
     assert plot_attribution(mean, tmp_path / "why.png").stat().st_size > 1000
     assert plot_attribution([{"step": 1, "entropy": 1.0}], tmp_path / "none.png") is None
+    second = mean_by_step([[{"step": 1, "attribution/q1": 0.1, "attribution_2nd/q1": 0.08,
+                             "entropy_change/predicted_net_2nd": 0.08}]])
+    assert second[0]["attribution_2nd/q1"] == 0.08            # the second-order parts are averaged too
+    assert plot_attribution(second, tmp_path / "why2.png").stat().st_size > 1000
 
 
 def test_measuring_the_attribution_does_not_change_the_run(tmp_path):
@@ -233,7 +245,7 @@ def test_measuring_the_attribution_does_not_change_the_run(tmp_path):
         return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
 
     on, off = run("on", True), run("off", False)
-    own = ("time/", "attribution/", "entropy_change/predicted_net")
+    own = ("time/", "attribution/", "attribution_2nd/", "entropy_change/predicted_net")
     for a, b in zip(on, off):
         assert any(k.startswith("attribution/") for k in a) and not any(k.startswith("attribution/") for k in b)
         keys = {k for k in b if not k.startswith(own)}

@@ -59,3 +59,18 @@ def test_the_quadrant_comparison_puts_the_predictions_beside_the_realised_change
     assert c["q1"]["tabular_share"] > c["q3"]["tabular_share"] and c["q3"]["realised_share"] > c["q4"]["realised_share"]
     old = quadrant_comparison({0: {"q1": [-1.0], "q2": [1.0], "q3": [-1.0], "q4": [1.0]}})   # before the predictions
     assert math.isnan(old["q1"]["predicted"]) and old["q1"]["realised_share"] == 0.25
+
+
+def test_the_sentences_use_the_second_order_parts_where_the_runs_logged_them():
+    rows = _rows([{"q1": -0.02, "clip_cov": 0.01}] * 3)
+    for r in rows:
+        r.update({"attribution_2nd/q1": -0.015, "attribution_2nd/clip_cov": 0.008,
+                  "entropy_change/predicted_net_2nd": -0.007})
+    text = explain_claims([{"id": "cov_keeps_entropy"}], {"clip_cov": {0: rows}})[0]["attribution_text"]
+    assert "predicted -0.021 to second order (-0.03 to first; realised -0.027)" in text
+    assert "clip_cov's own part +0.024 against the quadrants' -0.045" in text
+    a = variant_attribution({0: rows})
+    assert set(a["total_2nd"]) == {"clip_cov", "q1"}
+    assert abs(a["total_2nd"]["clip_cov"][0] - 0.024) < 1e-12 and abs(a["total_2nd"]["q1"][0] + 0.045) < 1e-12
+    first_only = explain_claims([{"id": "cov_keeps_entropy"}], {"clip_cov": {0: _rows([{"q1": -0.02, "clip_cov": 0.01}] * 3)}})
+    assert "to second order" not in first_only[0]["attribution_text"]

@@ -8,7 +8,10 @@ Every lab run measures ``diagnostics.attribution`` every 10 steps (``lab_common.
 - ``variant_attribution(by_seed)``: per seed, the fit of predicted_net to the realised probe change
   (detrended r, slope) and each part's total and share over the run;
 - ``explain_claims(claims, runs)``: adds to each claim an ``attribution`` sentence, measured on the
-  runs the claim is about: which part moved entropy (for STARE: on the steps its gate was open; for
+  runs the claim is about, from the second-order parts ``attribution_2nd/<part>`` where the runs
+  logged them (they add up to the trapezoid prediction, which tracks the realised change at the
+  lab's step sizes; the first-order parts overshoot it by up to a third), else the first-order ones:
+  which part moved entropy (for STARE: on the steps its gate was open; for
   Clip-Cov / KL-Cov: what their detached or penalised tokens' part was; for STEER: how small its own
   part is), so a reader sees *why* a claim held or not, not only whether.
 """
@@ -50,12 +53,13 @@ def variant_attribution(by_seed: dict[int, list[dict]]) -> dict:
     "slope_2nd" (the trapezoid prediction's fit), "total": {part: [...]}, "share": {part: [...]}}`` over
     the seeds whose rows hold an attribution; ``{}`` when none does."""
     out: dict = {"seeds": [], "r_detrended": [], "slope": [], "slope_detrended": [], "n": [],
-                 "r_detrended_2nd": [], "slope_2nd": [], "total": {}, "share": {}}
+                 "r_detrended_2nd": [], "slope_2nd": [], "total": {}, "share": {}, "total_2nd": {}, "share_2nd": {}}
     summaries = [(s, attribution_summary(rows)) for s, rows in sorted(by_seed.items())]
     summaries = [(s, a) for s, a in summaries if a]
     if not summaries:
         return {}
     parts = sorted({p for _s, a in summaries for p in a["total"]})
+    parts_2nd = sorted({p for _s, a in summaries for p in a.get("total_2nd") or {}})
     for s, a in summaries:
         fit = a.get("fit") or {}
         out["seeds"].append(s)
@@ -69,25 +73,40 @@ def variant_attribution(by_seed: dict[int, list[dict]]) -> dict:
         for p in parts:
             out["total"].setdefault(p, []).append(float(a["total"].get(p, 0.0)))
             out["share"].setdefault(p, []).append(float(a["share"].get(p, 0.0)))
+        for p in parts_2nd:
+            out["total_2nd"].setdefault(p, []).append(float((a.get("total_2nd") or {}).get(p, 0.0)))
+            out["share_2nd"].setdefault(p, []).append(float((a.get("share_2nd") or {}).get(p, 0.0)))
     return out
 
 
+FIRST, SECOND = "attribution/", "attribution_2nd/"
+
+
+def _prefix(rows: list[dict]) -> str:
+    """The second-order parts where every measured row has them, else the first-order ones."""
+    return SECOND if rows and all(any(k.startswith(SECOND) for k in r) for r in rows) else FIRST
+
+
 def _sum_parts(rows: list[dict], parts, where=lambda r: True) -> float:
-    return float(sum(float(r.get(f"attribution/{p}", 0.0)) for r in rows if where(r) for p in parts))
+    prefix = _prefix(rows)
+    return float(sum(float(r.get(f"{prefix}{p}", 0.0)) for r in rows if where(r) for p in parts))
 
 
 def _measured(rows: list[dict]) -> list[dict]:
     return [r for r in rows if isinstance(r.get("entropy_change/predicted_net"), (int, float))]
 
 
+def _part_names(rows: list[dict]) -> set[str]:
+    prefix = _prefix(rows)
+    return {k[len(prefix):] for r in rows for k in r if k.startswith(prefix)}
+
+
 def _interventions(rows: list[dict]) -> list[str]:
-    names = {k[len("attribution/"):] for r in rows for k in r if k.startswith("attribution/")}
-    return sorted(n for n in names if n not in OWN_PARTS and n != "objective")
+    return sorted(n for n in _part_names(rows) if n not in OWN_PARTS and n != "objective")
 
 
 def _part_totals(rows: list[dict]) -> dict[str, float]:
-    names = {k[len("attribution/"):] for r in rows for k in r if k.startswith("attribution/")}
-    return {n: _sum_parts(rows, (n,)) for n in sorted(names)}
+    return {n: _sum_parts(rows, (n,)) for n in sorted(_part_names(rows))}
 
 
 def _largest(rows: list[dict], k: int = 3) -> str:
@@ -104,7 +123,12 @@ def _explain_variant(variant: str, rows: list[dict]) -> str:
     net = sum(float(r["entropy_change/predicted_net"]) for r in m)
     real = sum(float(r.get("entropy_change/realized", float("nan"))) for r in m)
     ivs = _interventions(m)
-    text = f"{len(m)} measured steps: predicted {_g(net)} (realised {_g(real)}); largest parts {_largest(m)}"
+    if _prefix(m) == SECOND:
+        net_2nd = sum(float(r.get("entropy_change/predicted_net_2nd", float("nan"))) for r in m)
+        text = (f"{len(m)} measured steps: predicted {_g(net_2nd)} to second order ({_g(net)} to first; "
+                f"realised {_g(real)}); largest parts {_largest(m)}")
+    else:
+        text = f"{len(m)} measured steps: predicted {_g(net)} (realised {_g(real)}); largest parts {_largest(m)}"
     for iv in ivs:
         own = _sum_parts(m, (iv,))
         quad = _sum_parts(m, QUADRANT_PARTS)

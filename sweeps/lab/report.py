@@ -119,11 +119,11 @@ def _attribution_md(table: list[dict]) -> list[str]:
     if not rows:
         return ["(no run measured the attribution: diagnostics.attribution=false)"]
     lines = ["| variant | predicted_net vs realised: r detrended | slope | trapezoid (2nd order): r detrended | slope | "
-             "parts' share of the effect (mean over seeds) |",
+             "parts' share of the effect (mean over seeds; second-order parts where logged) |",
              "|---|---|---|---|---|---|"]
     for t in rows:
         a = t["attribution"]
-        share = {p: float(np.mean(v)) for p, v in a["share"].items()}
+        share = {p: float(np.mean(v)) for p, v in (a.get("share_2nd") or a["share"]).items()}
         top = sorted(share, key=lambda p: -abs(share[p]))[:5]
         lines.append(f"| {t['variant']} | {_ms(a['r_detrended'])} | {_ms(a['slope'])} | "
                      f"{_ms(a.get('r_detrended_2nd', []))} | {_ms(a.get('slope_2nd', []))} | "

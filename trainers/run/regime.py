@@ -210,23 +210,30 @@ def attribution_summary(rows: list[dict]) -> dict:
     realised change (``prediction_fit``), and per part (``attribution/<part>``) its ``total`` over
     the measured steps (the totals add up to the summed predicted_net) and its ``share``, the total
     over the sum of the parts' absolute totals (signed; the absolute shares add up to 1);
-    ``fit_2nd``: the same fit of the trapezoid ``entropy_change/predicted_net_2nd``.
+    ``fit_2nd``: the same fit of the trapezoid ``entropy_change/predicted_net_2nd``, and
+    ``total_2nd``/``share_2nd`` of its parts (``attribution_2nd/<part>``, which add up to it).
 
     Several ranks log predicted_net without parts: the fit alone, ``total`` and ``share`` empty.
     Empty dict when the rows hold no attribution.
     """
-    prefix = "attribution/"
-    totals: dict[str, float] = {}
-    for r in rows:
-        for key, value in r.items():
-            if key.startswith(prefix) and isinstance(value, (int, float)) and math.isfinite(value):
-                totals[key[len(prefix):]] = totals.get(key[len(prefix):], 0.0) + float(value)
+    def totals_of(prefix: str) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for r in rows:
+            for key, value in r.items():
+                if key.startswith(prefix) and isinstance(value, (int, float)) and math.isfinite(value):
+                    totals[key[len(prefix):]] = totals.get(key[len(prefix):], 0.0) + float(value)
+        return totals
+
+    def shares(totals: dict[str, float]) -> dict[str, float]:
+        scale = sum(abs(v) for v in totals.values())
+        return {k: (v / scale if scale > 0 else 0.0) for k, v in totals.items()}
+
+    totals, totals_2nd = totals_of("attribution/"), totals_of("attribution_2nd/")
     fit = prediction_fit(rows, predicted_key="entropy_change/predicted_net")
     if not totals and not fit:
         return {}
-    scale = sum(abs(v) for v in totals.values())
     return {"fit": fit, "fit_2nd": prediction_fit(rows, predicted_key="entropy_change/predicted_net_2nd"),
-            "total": totals, "share": {k: (v / scale if scale > 0 else 0.0) for k, v in totals.items()}}
+            "total": totals, "share": shares(totals), "total_2nd": totals_2nd, "share_2nd": shares(totals_2nd)}
 
 
 def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) -> dict:

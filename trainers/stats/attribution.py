@@ -202,6 +202,7 @@ class EntropyAttribution:
         out = {"entropy_change/predicted_net": net,
                "entropy_change/predicted_net_2nd": 0.5 * (net + self._dot(grad_after, after))}
         if self.split is not None:
+            self.split.finish(grad_after)
             out.update(self.split.metrics())
         self._grad = self._before = self.split = None
         return out

@@ -22,6 +22,14 @@ fixed the split is linear, so the parts sum to ``delta``; ``float_rounding`` is 
 net on the tiny model. The prediction of each part is first-order in the same way as
 ``predicted_net``. Plain SGD is the same with ``b1 = 0``, ``s = lr``, ``d = 1``. Several optimizer
 steps in one training step add up part by part (``g_H`` is taken once, before).
+
+Second order (``attribution_2nd/<part>``): each part's change ``delta_k`` is kept (float64, summed
+over the step's optimizer steps) and, once ``g_H`` at theta_after is known, predicted with the
+trapezoid ``(g_H(before) + g_H(after))/2 . delta_k``. The ``delta_k`` add up to the applied change,
+so these parts add up to ``entropy_change/predicted_net_2nd``, which tracks the realised change
+where a large step's curvature makes the first order overshoot (the lab's Adam steps). It is the
+straight-path integral of the gradient (integrated gradients) by a two-point rule. Memory: one
+float64 copy of the trainable parameters per part, as the first-order split's own state.
 """
 
 from __future__ import annotations
@@ -93,7 +101,9 @@ class UpdateSplit:
     def __init__(self, g_h: list[torch.Tensor], params: list[torch.Tensor]):
         self.g_h, self.params = g_h, params
         self.parts: dict[str, float] = {}
+        self.parts_2nd: dict[str, float] = {}
         self._groups: dict[str, list[torch.Tensor]] = {}   # part -> this optimizer step's gradient
+        self._deltas: dict[str, list[torch.Tensor]] = {}   # part -> its change so far (float64)
 
     def add_micro(self, loss: torch.Tensor, outputs: list[torch.Tensor], micro,
                   prefixes: list[tuple[str, torch.Tensor]] | None = None) -> None:
@@ -112,6 +122,21 @@ class UpdateSplit:
         for g, v in zip(self.g_h, vectors):
             total += (g.double() * v).sum().cpu()
         self.parts[key] = self.parts.get(key, 0.0) + float(total)
+        kept = self._deltas.get(key)
+        if kept is None:
+            self._deltas[key] = [torch.as_tensor(v, dtype=torch.float64).expand_as(g).clone()
+                                 for g, v in zip(self.g_h, vectors)]
+        else:
+            for a, v in zip(kept, vectors):
+                a.add_(v)
+
+    def finish(self, g_after: list[torch.Tensor]) -> None:
+        """After the step's last optimizer step, with ``g_H`` at theta_after: the trapezoid
+        prediction of each part (``parts_2nd``); the kept changes are freed."""
+        for key, deltas in self._deltas.items():
+            after = sum(float((g.double() * d).sum().cpu()) for g, d in zip(g_after, deltas))
+            self.parts_2nd[key] = 0.5 * (self.parts[key] + after)
+        self._deltas = {}
 
     def before_step(self, optimizer, grad_norm_before: float) -> None:
         """After clipping, before ``optimizer.step()``: snapshot what the step reads."""
@@ -167,4 +192,5 @@ class UpdateSplit:
         self._groups = {}
 
     def metrics(self) -> dict[str, float]:
-        return {f"attribution/{k}": v for k, v in self.parts.items()}
+        return {**{f"attribution/{k}": v for k, v in self.parts.items()},
+                **{f"attribution_2nd/{k}": v for k, v in self.parts_2nd.items()}}
