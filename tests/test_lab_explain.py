@@ -10,11 +10,11 @@ from entropyrl.sweeps.lab.explain import explain_claims, variant_attribution
 from entropyrl.sweeps.lab.report import quadrant_comparison
 
 
-def _rows(parts_by_step: list[dict], **extra) -> list[dict]:
+def _rows(parts_by_step: list[dict], first_step: int = 11, **extra) -> list[dict]:
     rows = []
     for i, parts in enumerate(parts_by_step):
         net = sum(parts.values())
-        row = {"step": 1 + 10 * i, "entropy_change/predicted_net": net, "entropy_change/realized": 0.9 * net,
+        row = {"step": first_step + 10 * i, "entropy_change/predicted_net": net, "entropy_change/realized": 0.9 * net,
                **{f"attribution/{k}": v for k, v in parts.items()}}
         row.update({k: (v[i] if isinstance(v, list) else v) for k, v in extra.items()})
         rows.append(row)
@@ -74,3 +74,17 @@ def test_the_sentences_use_the_second_order_parts_where_the_runs_logged_them():
     assert abs(a["total_2nd"]["clip_cov"][0] - 0.024) < 1e-12 and abs(a["total_2nd"]["q1"][0] + 0.045) < 1e-12
     first_only = explain_claims([{"id": "cov_keeps_entropy"}], {"clip_cov": {0: _rows([{"q1": -0.02, "clip_cov": 0.01}] * 3)}})
     assert "to second order" not in first_only[0]["attribution_text"]
+
+
+def test_adamws_first_step_is_told_apart_from_the_rest_of_the_run():
+    # step 1: large parts that cancel (Adam's first step normalises every coordinate); later: small ones
+    steps = [{"q3": -0.6, "q4": 0.5, "clip_cov": 0.09}, {"q1": -0.002, "clip_cov": 0.003}, {"q1": -0.002, "clip_cov": 0.001}]
+    rows = _rows(steps, first_step=1)
+    text = explain_claims([{"id": "cov_keeps_entropy"}], {"clip_cov": {0: rows}})[0]["attribution_text"]
+    assert text.startswith("clip_cov seed 0: 2 measured steps after the first: predicted +0")
+    assert "clip_cov's own part +0.004 against the quadrants' -0.004" in text           # steps 11 and 21 only
+    assert "; step 1 (AdamW's first" in text and "largest parts q3 -0.6, q4 +0.5, clip_cov +0.09" in text
+    a = variant_attribution({0: rows})
+    assert abs(a["share_after_first"]["clip_cov"][0] - 0.5) < 1e-12 and a["share"]["q3"][0] < -0.5   # whole run: step 1's
+    one = explain_claims([{"id": "cov_keeps_entropy"}], {"clip_cov": {0: rows[:1]}})[0]["attribution_text"]
+    assert "1 measured steps: predicted" in one and "after the first" not in one          # nothing to set apart

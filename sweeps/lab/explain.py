@@ -24,7 +24,7 @@ import numpy as np
 
 from ...trainers.run.regime import attribution_summary
 
-__all__ = ["variant_attribution", "explain_claims", "OWN_PARTS", "CLAIM_VARIANTS"]
+__all__ = ["variant_attribution", "explain_claims", "after_first_step", "OWN_PARTS", "CLAIM_VARIANTS"]
 
 # parts that are not an intervention's own (everything else in attribution/<part> is one)
 OWN_PARTS = ("q1", "q2", "q3", "q4", "zero_adv", "momentum", "weight_decay", "kl", "other", "float_rounding")
@@ -50,10 +50,13 @@ def _g(x: float) -> str:
 
 def variant_attribution(by_seed: dict[int, list[dict]]) -> dict:
     """``{"r_detrended": [per seed], "slope": [...], "slope_detrended", "n", "r_detrended_2nd",
-    "slope_2nd" (the trapezoid prediction's fit), "total": {part: [...]}, "share": {part: [...]}}`` over
-    the seeds whose rows hold an attribution; ``{}`` when none does."""
+    "slope_2nd" (the trapezoid prediction's fit), "total": {part: [...]}, "share": {part: [...]},
+    "total_2nd", "share_2nd" (second-order parts), "share_after_first" (the shares over the measured
+    steps after step 1, second order where logged)}`` over the seeds whose rows hold an attribution;
+    ``{}`` when none does."""
     out: dict = {"seeds": [], "r_detrended": [], "slope": [], "slope_detrended": [], "n": [],
-                 "r_detrended_2nd": [], "slope_2nd": [], "total": {}, "share": {}, "total_2nd": {}, "share_2nd": {}}
+                 "r_detrended_2nd": [], "slope_2nd": [], "total": {}, "share": {}, "total_2nd": {}, "share_2nd": {},
+                 "share_after_first": {}}
     summaries = [(s, attribution_summary(rows)) for s, rows in sorted(by_seed.items())]
     summaries = [(s, a) for s, a in summaries if a]
     if not summaries:
@@ -76,6 +79,10 @@ def variant_attribution(by_seed: dict[int, list[dict]]) -> dict:
         for p in parts_2nd:
             out["total_2nd"].setdefault(p, []).append(float((a.get("total_2nd") or {}).get(p, 0.0)))
             out["share_2nd"].setdefault(p, []).append(float((a.get("share_2nd") or {}).get(p, 0.0)))
+        # the shares without AdamW's first step (after_first_step), second order where logged
+        later = attribution_summary(after_first_step(by_seed[s]))
+        for p, v in (later.get("share_2nd") or later.get("share") or {}).items():
+            out["share_after_first"].setdefault(p, []).append(float(v))
     return out
 
 
@@ -115,20 +122,46 @@ def _largest(rows: list[dict], k: int = 3) -> str:
     return ", ".join(f"{n} {_g(totals[n])}" for n in top)
 
 
+def _net_text(m: list[dict]) -> str:
+    net = sum(float(r["entropy_change/predicted_net"]) for r in m)
+    real = sum(float(r.get("entropy_change/realized", float("nan"))) for r in m)
+    if _prefix(m) == SECOND:
+        net_2nd = sum(float(r.get("entropy_change/predicted_net_2nd", float("nan"))) for r in m)
+        return f"predicted {_g(net_2nd)} to second order ({_g(net)} to first; realised {_g(real)})"
+    return f"predicted {_g(net)} (realised {_g(real)})"
+
+
+def after_first_step(rows: list[dict]) -> list[dict]:
+    """The measured rows but step 1's, when there are others. AdamW's first step moves every
+    coordinate by about lr (``m/sqrt(v) = g/|g|``), so a part's change there is lr times its signed
+    share of each coordinate's gradient: parts of +-0.2-0.6 nats cancelling to a net of ~0.01 (the
+    lab), which would outweigh the rest of a run in any total."""
+    m = _measured(rows)
+    later = [r for r in m if int(r.get("step", 0)) != 1]
+    return later if later and len(later) < len(m) else m
+
+
 def _explain_variant(variant: str, rows: list[dict]) -> str:
-    """One seed's sentence: net prediction, realised change, the intervention's own part, the largest parts."""
+    """One seed's sentence: net prediction, realised change, the intervention's own part, the largest
+    parts, over the measured steps after the first; then step 1 on its own (``after_first_step``)."""
     m = _measured(rows)
     if not m:
         return ""
-    net = sum(float(r["entropy_change/predicted_net"]) for r in m)
-    real = sum(float(r.get("entropy_change/realized", float("nan"))) for r in m)
+    later = after_first_step(rows)
+    first = [r for r in m if int(r.get("step", 0)) == 1] if len(later) < len(m) else []
+    m = later
+    label = "measured steps after the first" if first else "measured steps"
+    text = f"{len(m)} {label}: {_net_text(m)}; largest parts {_largest(m)}"
+    text += _intervention_text(m)
+    if first:
+        text += (f"; step 1 (AdamW's first, about lr in every coordinate: large parts that cancel): "
+                 f"{_net_text(first)}, largest parts {_largest(first)}")
+    return text
+
+
+def _intervention_text(m: list[dict]) -> str:
+    text = ""
     ivs = _interventions(m)
-    if _prefix(m) == SECOND:
-        net_2nd = sum(float(r.get("entropy_change/predicted_net_2nd", float("nan"))) for r in m)
-        text = (f"{len(m)} measured steps: predicted {_g(net_2nd)} to second order ({_g(net)} to first; "
-                f"realised {_g(real)}); largest parts {_largest(m)}")
-    else:
-        text = f"{len(m)} measured steps: predicted {_g(net)} (realised {_g(real)}); largest parts {_largest(m)}"
     for iv in ivs:
         own = _sum_parts(m, (iv,))
         quad = _sum_parts(m, QUADRANT_PARTS)

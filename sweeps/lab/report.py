@@ -119,11 +119,11 @@ def _attribution_md(table: list[dict]) -> list[str]:
     if not rows:
         return ["(no run measured the attribution: diagnostics.attribution=false)"]
     lines = ["| variant | predicted_net vs realised: r detrended | slope | trapezoid (2nd order): r detrended | slope | "
-             "parts' share of the effect (mean over seeds; second-order parts where logged) |",
+             "parts' share of the effect after step 1 (mean over seeds; second-order parts where logged) |",
              "|---|---|---|---|---|---|"]
     for t in rows:
         a = t["attribution"]
-        share = {p: float(np.mean(v)) for p, v in (a.get("share_2nd") or a["share"]).items()}
+        share = {p: float(np.mean(v)) for p, v in (a.get("share_after_first") or a.get("share_2nd") or a["share"]).items()}
         top = sorted(share, key=lambda p: -abs(share[p]))[:5]
         lines.append(f"| {t['variant']} | {_ms(a['r_detrended'])} | {_ms(a['slope'])} | "
                      f"{_ms(a.get('r_detrended_2nd', []))} | {_ms(a.get('slope_2nd', []))} | "
@@ -219,9 +219,10 @@ def write_lab_outputs(out: Path, runs: dict, claims: list[dict], *, algo_cfgs: d
                      f"{_ms(t['pass@1'])} | {_ms(t[k])} | {_ms(t['pred_r_detrended'])} | {t['warnings']} | "
                      f"{t['flags']} |")
     lines += ["", "## Why entropy moved (attribution, every 10 steps)", "",
-              "`entropy_change/predicted_net` = dH_probe/dtheta . (theta_after - theta_before), split into parts that add "
-              "up to it (docs/algorithms.md, \"Entropy-change attribution\"); each run's figure is "
-              "`runs/<variant>/s<seed>/why_entropy_moved.png`.", "", *_attribution_md(table)]
+              "`entropy_change/predicted_net` = dH_probe/dtheta . (theta_after - theta_before) (first order), and the "
+              "trapezoid `predicted_net_2nd` with the gradient at both ends (second order), each split into parts "
+              "that add up to it (`attribution/<part>`, `attribution_2nd/<part>`; docs/algorithms.md §6); each run's "
+              "figure is `runs/<variant>/s<seed>/why_entropy_moved.png`.", "", *_attribution_md(table)]
     lines += ["", "## Quadrant sign experiment", "",
               "One plain-SGD step restricted to one quadrant's tokens, from the starting policy; realised entropy "
               "change on the fixed probe batch (nats/token).", "", *_quadrants_md(quadrants or {}), ""]

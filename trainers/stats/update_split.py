@@ -1,5 +1,5 @@
 """Split a step's parameter update into parts whose predictions ``g_H . delta_part`` add up to
-``entropy_change/predicted_net`` (issue 21, item 2; docs/algorithms.md, "Entropy-change attribution").
+``entropy_change/predicted_net`` (issue 21, item 2; docs/algorithms.md §6).
 
 For one AdamW step (torch's algorithm: decoupled decay, then the moment update) with gradient
 ``g_t`` after clipping, the change of a parameter is exactly
