@@ -139,7 +139,7 @@ def test_a_runs_parts_sum_to_the_net_prediction(tmp_path, algo, extra, ivs):
     assert abs(sum(abs(v) for v in summary["share"].values()) - 1.0) < 1e-9
     assert abs(sum(summary["total"].values()) - sum(r["entropy_change/predicted_net"] for r in rows)) \
         <= 1e-6 * sum(abs(r["entropy_change/predicted_net"]) for r in rows)
-    assert set(summary["share_2nd"]) == set(names)
+    assert set(summary["share_2nd"]) == set(names) and set(summary["share_after_first"]) == set(names)
     assert abs(sum(summary["total_2nd"].values()) - sum(r["entropy_change/predicted_net_2nd"] for r in rows)) \
         <= 1e-6 * sum(abs(r["entropy_change/predicted_net_2nd"]) for r in rows)
 
@@ -194,6 +194,21 @@ def test_the_summary_fits_predicted_net_to_the_realised_change_and_shares_the_pa
     sign = math.copysign(1.0, sum(net))
     assert abs(out["share"]["q1"] - sign * 2 / 3) < 1e-9 and abs(out["share"]["momentum"] + sign / 3) < 1e-9
     assert attribution_summary([{"entropy_change/realized": 0.1}]) == {}
+
+
+def test_the_summary_sets_adamws_first_step_apart():
+    """Step 1's parts are large and cancel (AdamW's first step): the shares without it are the run's."""
+    from entropyrl.trainers.run.regime import attribution_summary
+
+    first = {"step": 1, "entropy_change/predicted_net": -0.01, "entropy_change/realized": -0.01,
+             "attribution/q3": -0.5, "attribution/q4": 0.49}
+    later = [{"step": s, "entropy_change/predicted_net": -0.004, "entropy_change/realized": -0.003,
+              "attribution/q3": -0.003, "attribution/q1": -0.001} for s in (11, 21, 31)]
+    out = attribution_summary([first, *later])
+    assert out["share"]["q3"] < -0.5 and out["share"]["q4"] > 0.45            # the whole run: step 1's
+    assert set(out["share_after_first"]) == {"q1", "q3"}
+    assert abs(out["share_after_first"]["q3"] + 0.75) < 1e-12 and abs(out["share_after_first"]["q1"] + 0.25) < 1e-12
+    assert attribution_summary([first])["share_after_first"] == attribution_summary([first])["share"]   # nothing else
 
 
 def test_the_detrended_fit_of_a_series_measured_every_10_steps_removes_a_21_step_trend():

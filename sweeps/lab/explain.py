@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from ...trainers.run.regime import attribution_summary
+from ...trainers.run.regime import after_first_step, attribution_summary
 
 __all__ = ["variant_attribution", "explain_claims", "after_first_step", "OWN_PARTS", "CLAIM_VARIANTS"]
 
@@ -63,6 +63,7 @@ def variant_attribution(by_seed: dict[int, list[dict]]) -> dict:
         return {}
     parts = sorted({p for _s, a in summaries for p in a["total"]})
     parts_2nd = sorted({p for _s, a in summaries for p in a.get("total_2nd") or {}})
+    parts_after = sorted({p for _s, a in summaries for p in a.get("share_after_first") or {}})
     for s, a in summaries:
         fit = a.get("fit") or {}
         out["seeds"].append(s)
@@ -79,10 +80,8 @@ def variant_attribution(by_seed: dict[int, list[dict]]) -> dict:
         for p in parts_2nd:
             out["total_2nd"].setdefault(p, []).append(float((a.get("total_2nd") or {}).get(p, 0.0)))
             out["share_2nd"].setdefault(p, []).append(float((a.get("share_2nd") or {}).get(p, 0.0)))
-        # the shares without AdamW's first step (after_first_step), second order where logged
-        later = attribution_summary(after_first_step(by_seed[s]))
-        for p, v in (later.get("share_2nd") or later.get("share") or {}).items():
-            out["share_after_first"].setdefault(p, []).append(float(v))
+        for p in parts_after:                                      # without AdamW's first step
+            out["share_after_first"].setdefault(p, []).append(float((a.get("share_after_first") or {}).get(p, 0.0)))
     return out
 
 
@@ -129,16 +128,6 @@ def _net_text(m: list[dict]) -> str:
         net_2nd = sum(float(r.get("entropy_change/predicted_net_2nd", float("nan"))) for r in m)
         return f"predicted {_g(net_2nd)} to second order ({_g(net)} to first; realised {_g(real)})"
     return f"predicted {_g(net)} (realised {_g(real)})"
-
-
-def after_first_step(rows: list[dict]) -> list[dict]:
-    """The measured rows but step 1's, when there are others. AdamW's first step moves every
-    coordinate by about lr (``m/sqrt(v) = g/|g|``), so a part's change there is lr times its signed
-    share of each coordinate's gradient: parts of +-0.2-0.6 nats cancelling to a net of ~0.01 (the
-    lab), which would outweigh the rest of a run in any total."""
-    m = _measured(rows)
-    later = [r for r in m if int(r.get("step", 0)) != 1]
-    return later if later and len(later) < len(m) else m
 
 
 def _explain_variant(variant: str, rows: list[dict]) -> str:

@@ -205,13 +205,25 @@ def prediction_fit(rows: list[dict], predicted_key: str = "entropy_change/predic
             "sign_agreement": float(np.mean(np.sign(x) == np.sign(y)))}
 
 
-def attribution_summary(rows: list[dict]) -> dict:
+def after_first_step(rows: list[dict]) -> list[dict]:
+    """The rows that measured the attribution, but step 1's when there are others. AdamW's first step
+    moves every coordinate by about lr (``m/sqrt(v) = g/|g|``), so a part's change there is lr times
+    its signed share of each coordinate's gradient: parts of +-0.2-0.6 nats cancelling to a net of
+    ~0.01 on the lab, which would outweigh the rest of a run in any total."""
+    measured = [r for r in rows if isinstance(r.get("entropy_change/predicted_net"), (int, float))]
+    later = [r for r in measured if int(r.get("step", 0)) != 1]
+    return later if later and len(later) < len(measured) else measured
+
+
+def attribution_summary(rows: list[dict], *, _nested: bool = False) -> dict:
     """``diagnostics.attribution`` over a run: the fit of ``entropy_change/predicted_net`` to the
     realised change (``prediction_fit``), and per part (``attribution/<part>``) its ``total`` over
     the measured steps (the totals add up to the summed predicted_net) and its ``share``, the total
     over the sum of the parts' absolute totals (signed; the absolute shares add up to 1);
     ``fit_2nd``: the same fit of the trapezoid ``entropy_change/predicted_net_2nd``, and
-    ``total_2nd``/``share_2nd`` of its parts (``attribution_2nd/<part>``, which add up to it).
+    ``total_2nd``/``share_2nd`` of its parts (``attribution_2nd/<part>``, which add up to it);
+    ``share_after_first``: the shares over the measured steps after step 1 (``after_first_step``),
+    second order where logged.
 
     Several ranks log predicted_net without parts: the fit alone, ``total`` and ``share`` empty.
     Empty dict when the rows hold no attribution.
@@ -232,8 +244,12 @@ def attribution_summary(rows: list[dict]) -> dict:
     fit = prediction_fit(rows, predicted_key="entropy_change/predicted_net")
     if not totals and not fit:
         return {}
-    return {"fit": fit, "fit_2nd": prediction_fit(rows, predicted_key="entropy_change/predicted_net_2nd"),
-            "total": totals, "share": shares(totals), "total_2nd": totals_2nd, "share_2nd": shares(totals_2nd)}
+    out = {"fit": fit, "fit_2nd": prediction_fit(rows, predicted_key="entropy_change/predicted_net_2nd"),
+           "total": totals, "share": shares(totals), "total_2nd": totals_2nd, "share_2nd": shares(totals_2nd)}
+    if not _nested:
+        later = attribution_summary(after_first_step(rows), _nested=True)
+        out["share_after_first"] = (later.get("share_2nd") or later.get("share") or {}) if later else {}
+    return out
 
 
 def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) -> dict:
