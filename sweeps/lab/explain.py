@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from ...trainers.run.regime import after_first_step, attribution_summary
+from ...trainers.run.regime import SECOND_ORDER, after_first_step, attribution_summary, part_totals, parts_prefix
 
 __all__ = ["variant_attribution", "explain_claims", "after_first_step", "OWN_PARTS", "CLAIM_VARIANTS"]
 
@@ -85,34 +85,21 @@ def variant_attribution(by_seed: dict[int, list[dict]]) -> dict:
     return out
 
 
-FIRST, SECOND = "attribution/", "attribution_2nd/"
-
-
-def _prefix(rows: list[dict]) -> str:
-    """The second-order parts where every measured row has them, else the first-order ones."""
-    return SECOND if rows and all(any(k.startswith(SECOND) for k in r) for r in rows) else FIRST
-
-
-def _sum_parts(rows: list[dict], parts, where=lambda r: True) -> float:
-    prefix = _prefix(rows)
-    return float(sum(float(r.get(f"{prefix}{p}", 0.0)) for r in rows if where(r) for p in parts))
+def _sum_parts(rows: list[dict], parts) -> float:
+    totals = part_totals(rows, parts_prefix(rows))
+    return float(sum(totals.get(p, 0.0) for p in parts))
 
 
 def _measured(rows: list[dict]) -> list[dict]:
     return [r for r in rows if isinstance(r.get("entropy_change/predicted_net"), (int, float))]
 
 
-def _part_names(rows: list[dict]) -> set[str]:
-    prefix = _prefix(rows)
-    return {k[len(prefix):] for r in rows for k in r if k.startswith(prefix)}
-
-
 def _interventions(rows: list[dict]) -> list[str]:
-    return sorted(n for n in _part_names(rows) if n not in OWN_PARTS and n != "objective")
+    return sorted(n for n in part_totals(rows, parts_prefix(rows)) if n not in OWN_PARTS and n != "objective")
 
 
 def _part_totals(rows: list[dict]) -> dict[str, float]:
-    return {n: _sum_parts(rows, (n,)) for n in sorted(_part_names(rows))}
+    return part_totals(rows, parts_prefix(rows))
 
 
 def _largest(rows: list[dict], k: int = 3) -> str:
@@ -124,7 +111,7 @@ def _largest(rows: list[dict], k: int = 3) -> str:
 def _net_text(m: list[dict]) -> str:
     net = sum(float(r["entropy_change/predicted_net"]) for r in m)
     real = sum(float(r.get("entropy_change/realized", float("nan"))) for r in m)
-    if _prefix(m) == SECOND:
+    if parts_prefix(m) == SECOND_ORDER:
         net_2nd = sum(float(r.get("entropy_change/predicted_net_2nd", float("nan"))) for r in m)
         return f"predicted {_g(net_2nd)} to second order ({_g(net)} to first; realised {_g(real)})"
     return f"predicted {_g(net)} (realised {_g(real)})"

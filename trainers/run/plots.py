@@ -7,6 +7,7 @@ from pathlib import Path
 import matplotlib
 
 from ...core.files import atomic_path
+from .regime import SECOND_ORDER, parts_prefix
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -73,8 +74,8 @@ def plot_attribution(rows: list[dict], path: Path, title: str = "") -> Path | No
     measured = [r for r in rows if any(k.startswith("attribution/") for k in r)]
     if not measured:
         return None
-    second = all(any(k.startswith("attribution_2nd/") for k in r) for r in measured)
-    prefix = "attribution_2nd/" if second else "attribution/"
+    prefix = parts_prefix(measured)
+    second = prefix == SECOND_ORDER
     parts = sorted({k for r in measured for k in r if k.startswith(prefix)})
     steps = [r["step"] for r in measured]
     width = 0.8 * (min(b - a for a, b in zip(steps, steps[1:])) if len(steps) > 1 else 1)

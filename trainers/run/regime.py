@@ -205,6 +205,32 @@ def prediction_fit(rows: list[dict], predicted_key: str = "entropy_change/predic
             "sign_agreement": float(np.mean(np.sign(x) == np.sign(y)))}
 
 
+FIRST_ORDER, SECOND_ORDER = "attribution/", "attribution_2nd/"   # the parts' key prefixes
+
+
+def parts_prefix(rows: list[dict]) -> str:
+    """``attribution_2nd/`` where every row holding parts has the second-order ones too, else
+    ``attribution/``: which parts a summary, a figure or a sentence reads."""
+    measured = [r for r in rows if any(k.startswith(FIRST_ORDER) for k in r)]
+    second = measured and all(any(k.startswith(SECOND_ORDER) for k in r) for r in measured)
+    return SECOND_ORDER if second else FIRST_ORDER
+
+
+def part_totals(rows: list[dict], prefix: str) -> dict[str, float]:
+    """Per part (keys ``<prefix><part>``) its sum over ``rows`` (finite values only)."""
+    totals: dict[str, float] = {}
+    for r in rows:
+        for key, value in r.items():
+            if key.startswith(prefix) and isinstance(value, (int, float)) and math.isfinite(value):
+                totals[key[len(prefix):]] = totals.get(key[len(prefix):], 0.0) + float(value)
+    return totals
+
+
+def _shares(totals: dict[str, float]) -> dict[str, float]:
+    scale = sum(abs(v) for v in totals.values())
+    return {k: (v / scale if scale > 0 else 0.0) for k, v in totals.items()}
+
+
 def after_first_step(rows: list[dict]) -> list[dict]:
     """The rows that measured the attribution, but step 1's when there are others. AdamW's first step
     moves every coordinate by about lr (``m/sqrt(v) = g/|g|``), so a part's change there is lr times
@@ -215,7 +241,7 @@ def after_first_step(rows: list[dict]) -> list[dict]:
     return later if later and len(later) < len(measured) else measured
 
 
-def attribution_summary(rows: list[dict], *, _nested: bool = False) -> dict:
+def attribution_summary(rows: list[dict]) -> dict:
     """``diagnostics.attribution`` over a run: the fit of ``entropy_change/predicted_net`` to the
     realised change (``prediction_fit``), and per part (``attribution/<part>``) its ``total`` over
     the measured steps (the totals add up to the summed predicted_net) and its ``share``, the total
@@ -228,28 +254,14 @@ def attribution_summary(rows: list[dict], *, _nested: bool = False) -> dict:
     Several ranks log predicted_net without parts: the fit alone, ``total`` and ``share`` empty.
     Empty dict when the rows hold no attribution.
     """
-    def totals_of(prefix: str) -> dict[str, float]:
-        totals: dict[str, float] = {}
-        for r in rows:
-            for key, value in r.items():
-                if key.startswith(prefix) and isinstance(value, (int, float)) and math.isfinite(value):
-                    totals[key[len(prefix):]] = totals.get(key[len(prefix):], 0.0) + float(value)
-        return totals
-
-    def shares(totals: dict[str, float]) -> dict[str, float]:
-        scale = sum(abs(v) for v in totals.values())
-        return {k: (v / scale if scale > 0 else 0.0) for k, v in totals.items()}
-
-    totals, totals_2nd = totals_of("attribution/"), totals_of("attribution_2nd/")
+    totals, totals_2nd = part_totals(rows, FIRST_ORDER), part_totals(rows, SECOND_ORDER)
     fit = prediction_fit(rows, predicted_key="entropy_change/predicted_net")
     if not totals and not fit:
         return {}
-    out = {"fit": fit, "fit_2nd": prediction_fit(rows, predicted_key="entropy_change/predicted_net_2nd"),
-           "total": totals, "share": shares(totals), "total_2nd": totals_2nd, "share_2nd": shares(totals_2nd)}
-    if not _nested:
-        later = attribution_summary(after_first_step(rows), _nested=True)
-        out["share_after_first"] = (later.get("share_2nd") or later.get("share") or {}) if later else {}
-    return out
+    later = after_first_step(rows)
+    return {"fit": fit, "fit_2nd": prediction_fit(rows, predicted_key="entropy_change/predicted_net_2nd"),
+            "total": totals, "share": _shares(totals), "total_2nd": totals_2nd, "share_2nd": _shares(totals_2nd),
+            "share_after_first": _shares(part_totals(later, parts_prefix(later)))}
 
 
 def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) -> dict:
