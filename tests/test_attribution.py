@@ -91,6 +91,47 @@ def test_a_run_logs_the_net_prediction_beside_the_realised_change(tmp_path):
                r["entropy_change/predicted_net_2nd"] != r["entropy_change/predicted_net"] for r in measured)
 
 
+def test_each_optimizer_step_is_predicted_from_the_gradient_at_its_own_start(tmp_path):
+    """A training step of several optimizer steps (prompts_per_step / mini_batch_prompts = 2): the
+    logged ``predicted_net`` is ``sum_k g_H(theta_k) . (theta_{k+1} - theta_k)`` and the trapezoid the
+    sum of each step's ``(g_H(theta_k) + g_H(theta_{k+1}))/2 . dtheta_k``, with ``g_H`` recomputed here
+    at every parameter vector the optimizer left; not ``g_H(theta_0) . (theta_2 - theta_0)``."""
+    from entropyrl.trainers.stats.policy_stats import response_token_stats as stats
+    from entropyrl.trainers.trainer import GRPOTrainer
+
+    cfg = compose("train", ["trainer.total_steps=1", "trainer.threads=1", "trainer.val_every=0",
+                            "trainer.progress=false", "tracking.enabled=false", "trainer.prompts_per_step=8",
+                            "trainer.mini_batch_prompts=4", "diagnostics.attribution=true",
+                            "diagnostics.probe_prompts=8", f"output_dir={tmp_path / 'run'}"])
+    trainer = GRPOTrainer(cfg, log=lambda *_: None)
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    visited = []                                  # the parameters before each optimizer step, then after the last
+    trainer.optimizer.register_step_pre_hook(lambda *_: visited.append([p.detach().clone() for p in params]))
+    trainer.optimizer.register_step_post_hook(lambda *_: visited.append([p.detach().clone() for p in params]))
+    try:
+        metrics = trainer.train_step()
+        kw = trainer._stats_kwargs()
+        points = visited[::2] + visited[-1:]      # theta_0, theta_1, theta_2 (post k == pre k+1)
+        assert len(points) == 3 and all(torch.equal(a, b) for a, b in zip(visited[1], visited[2]))
+        grads = []
+        with torch.no_grad():
+            for point in points:
+                for p, v in zip(params, point):
+                    p.copy_(v)
+                with torch.enable_grad():
+                    grads.append(probe_entropy_gradient(trainer.model, trainer.probe.batch, lambda m, r: stats(
+                        m, r, entropy_grad=True, **kw)[1], int(cfg.trainer.micro_batch_responses)))
+    finally:
+        trainer.close()
+    first = [predicted_change(grads[k], points[k], points[k + 1]) for k in range(2)]
+    ends = [predicted_change(grads[k + 1], points[k], points[k + 1]) for k in range(2)]
+    net, net_2nd = metrics["entropy_change/predicted_net"], metrics["entropy_change/predicted_net_2nd"]
+    assert net == pytest.approx(sum(first), rel=1e-6, abs=1e-12)
+    assert net_2nd == pytest.approx(0.5 * sum(f + e for f, e in zip(first, ends)), rel=1e-6, abs=1e-12)
+    once = predicted_change(grads[0], points[0], points[2])        # g_H taken once, before the step
+    assert abs(once - net) > 1e-4 * abs(net)
+
+
 @pytest.mark.parametrize("algo,extra,ivs", [
     ("grpo", [], []), ("entropy_bonus", [], ["entropy_bonus"]),
     ("stare", ["algo.stare.h_tgt=100"], ["stare"]),                     # STARE's gate open
@@ -271,8 +312,8 @@ def test_measuring_the_attribution_does_not_change_the_run(tmp_path):
 @pytest.mark.slow
 def test_two_fsdp_ranks_predict_what_one_process_predicts(tmp_path):
     """Item 1 under FSDP: 2 gloo ranks (torchrun), and one process with its policy wrapped by FSDP
-    (trainer.fsdp=true, as bfloat16 does), log the same predicted_net and realised change as one plain
-    process of the same seed; the probe's 9 rows split 5/4 over the ranks in chunks of 4, so one rank
+    (trainer.fsdp=true, as bfloat16 does), log the same predicted_net (g_H re-taken, sharded, between
+    the step's two optimizer steps), trapezoid and realised change as one plain process of the same seed; the probe's 9 rows split 5/4 over the ranks in chunks of 4, so one rank
     pairs an empty chunk. The split into parts is skipped under FSDP, with one line, not an error;
     summary.json still fits predicted_net to the realised change (item 3)."""
     import os
@@ -285,6 +326,7 @@ def test_two_fsdp_ranks_predict_what_one_process_predicts(tmp_path):
         port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     args = ["trainer.total_steps=3", "trainer.prompts_per_step=4", "trainer.mini_batch_prompts=4",
+            "trainer.ppo_epochs=2",      # two updates a step, each on the whole batch: the same rows on 1 or 2 ranks
             "trainer.micro_batch_responses=4", "rollout.n=4", "rollout.seed_scope=group", "optim.lr=1e-3",
             "trainer.val_every=0", "val.prompts=0", "trainer.save_every=0", "trainer.progress=false",
             "trainer.threads=1", "tracking.enabled=false", "diagnostics.attribution=true",
@@ -309,7 +351,8 @@ def test_two_fsdp_ranks_predict_what_one_process_predicts(tmp_path):
         assert not any(k.startswith("attribution/") for r in rows for k in r)
     for a, b, c in zip(one, runs["two"][0], runs["one_fsdp"][0]):
         assert abs(a["loss/objective"] - b["loss/objective"]) <= 1e-5 * max(1.0, abs(a["loss/objective"]))  # same run
-        for key in ("entropy_change/predicted_net", "entropy_change/realized"):   # |value| ~ 1e-2 on this run
+        for key in ("entropy_change/predicted_net", "entropy_change/predicted_net_2nd",
+                    "entropy_change/realized"):            # |value| ~ 1e-2 on this run
             assert a[key] != 0.0 and math.isfinite(a[key])
             for other in (b, c):
                 assert abs(a[key] - other[key]) <= 1e-4 * abs(a[key]) + 1e-6, (a["step"], key, a[key], other[key])

@@ -204,7 +204,7 @@ class GRPOTrainer:
             metrics.update(prediction.metrics())
         if self.probe is not None:                # realised change on the fixed held-out probe batch
             metrics.update(self.probe.after_update(self.model))
-        if self.attribution is not None:          # its net first-order prediction (when measured)
+        if self.attribution is not None:          # its net prediction and parts (when measured)
             metrics.update(self.attribution.finish(self.model))
         metrics["time/generate"] = gen_time
         metrics["time/step"] = time.perf_counter() - started
@@ -252,7 +252,8 @@ class GRPOTrainer:
         shuffle = torch.Generator().manual_seed(int(t.seed) * 7919 + self.step)
         self.model.train()
         grad_norms = []
-        split = None if self.attribution is None else self.attribution.split   # set on measured steps
+        measured = self.attribution is not None and self.attribution.due(self.step)
+        split = self.attribution.split if measured else None   # None under FSDP
         for _epoch in range(int(t.ppo_epochs)):
             order = torch.randperm(rows, generator=shuffle)
             for m_start in range(0, rows, mini_rows):
@@ -291,6 +292,8 @@ class GRPOTrainer:
                 self.optimizer.step()
                 if split is not None:
                     split.after_step(self.optimizer)
+                if measured:                  # this optimizer step's prediction; g_H where it ended
+                    self.attribution.after_optimizer_step(self.model)
         self._advance_schedule(metrics)
         metrics.update({k: float(np.nanmean(v)) for k, v in loss_metrics.items()})
         metrics["grad_norm"] = float(np.mean(grad_norms))

@@ -219,8 +219,9 @@ def write_lab_outputs(out: Path, runs: dict, claims: list[dict], *, algo_cfgs: d
                      f"{_ms(t['pass@1'])} | {_ms(t[k])} | {_ms(t['pred_r_detrended'])} | {t['warnings']} | "
                      f"{t['flags']} |")
     lines += ["", "## Why entropy moved (attribution, every 10 steps)", "",
-              "`entropy_change/predicted_net` = dH_probe/dtheta . (theta_after - theta_before) (first order), and the "
-              "trapezoid `predicted_net_2nd` with the gradient at both ends (second order), each split into parts "
+              "`entropy_change/predicted_net` = sum over the step's optimizer steps of dH_probe/dtheta at the "
+              "optimizer step's start . its parameter change (first order), and the trapezoid `predicted_net_2nd` "
+              "with the gradient at both ends of each (second order), each split into parts "
               "that add up to it (`attribution/<part>`, `attribution_2nd/<part>`; docs/algorithms.md §6); each run's "
               "figure is `runs/<variant>/s<seed>/why_entropy_moved.png`.", "", *_attribution_md(table)]
     lines += ["", "## Quadrant sign experiment", "",

@@ -21,15 +21,17 @@ fixed the split is linear, so the parts sum to ``delta``; ``float_rounding`` is 
 ``theta + delta`` in float32 (and the optimizer's own float32 arithmetic) changed, about 1e-6 of the
 net on the tiny model. The prediction of each part is first-order in the same way as
 ``predicted_net``. Plain SGD is the same with ``b1 = 0``, ``s = lr``, ``d = 1``. Several optimizer
-steps in one training step add up part by part (``g_H`` is taken once, before).
+steps in one training step add up part by part, each predicted from ``g_H`` at its own start
+(``end_segment``), as ``predicted_net`` is.
 
-Second order (``attribution_2nd/<part>``): each part's change ``delta_k`` is kept (float64, summed
-over the step's optimizer steps) and, once ``g_H`` at theta_after is known, predicted with the
-trapezoid ``(g_H(before) + g_H(after))/2 . delta_k``. The ``delta_k`` add up to the applied change,
-so these parts add up to ``entropy_change/predicted_net_2nd``, which tracks the realised change
-where a large step's curvature makes the first order overshoot (the lab's Adam steps). It is the
-straight-path integral of the gradient (integrated gradients) by a two-point rule. Memory: one
-float64 copy of the trainable parameters per part, as the first-order split's own state.
+Second order (``attribution_2nd/<part>``): each part's change ``delta_k`` over an optimizer step is
+kept (float64) and, once ``g_H`` where that step ended is known, predicted with the trapezoid
+``(g_H(start) + g_H(end))/2 . delta_k``, summed over the optimizer steps. The ``delta_k`` add up to
+the applied change, so these parts add up to ``entropy_change/predicted_net_2nd``, which tracks the
+realised change where a large step's curvature makes the first order overshoot (the lab's Adam
+steps). It is the straight-path integral of the gradient (integrated gradients) by a two-point
+rule. Memory: one float64 copy of the trainable parameters per part, as the first-order split's own
+state.
 """
 
 from __future__ import annotations
@@ -96,14 +98,17 @@ def group_gradients(loss: torch.Tensor, outputs: list[torch.Tensor], ids: torch.
 
 
 class UpdateSplit:
-    """Accumulates the parts of a training step's optimizer steps (a fresh one per measured step)."""
+    """Accumulates the parts of a training step's optimizer steps (a fresh one per measured step):
+    ``add_micro`` per micro-batch, ``before_step``/``after_step`` around each optimizer step, then
+    ``end_segment`` with ``g_H`` where it ended."""
 
     def __init__(self, g_h: list[torch.Tensor], params: list[torch.Tensor]):
         self.g_h, self.params = g_h, params
         self.parts: dict[str, float] = {}
         self.parts_2nd: dict[str, float] = {}
         self._groups: dict[str, list[torch.Tensor]] = {}   # part -> this optimizer step's gradient
-        self._deltas: dict[str, list[torch.Tensor]] = {}   # part -> its change so far (float64)
+        self._deltas: dict[str, list[torch.Tensor]] = {}   # part -> its change in this optimizer step (float64)
+        self._segment: dict[str, float] = {}               # part -> its first-order value in it
 
     def add_micro(self, loss: torch.Tensor, outputs: list[torch.Tensor], micro,
                   prefixes: list[tuple[str, torch.Tensor]] | None = None) -> None:
@@ -122,6 +127,7 @@ class UpdateSplit:
         for g, v in zip(self.g_h, vectors):
             total += (g.double() * v).sum().cpu()
         self.parts[key] = self.parts.get(key, 0.0) + float(total)
+        self._segment[key] = self._segment.get(key, 0.0) + float(total)
         kept = self._deltas.get(key)
         if kept is None:
             self._deltas[key] = [torch.as_tensor(v, dtype=torch.float64).expand_as(g).clone()
@@ -130,13 +136,14 @@ class UpdateSplit:
             for a, v in zip(kept, vectors):
                 a.add_(v)
 
-    def finish(self, g_after: list[torch.Tensor]) -> None:
-        """After the step's last optimizer step, with ``g_H`` at theta_after: the trapezoid
-        prediction of each part (``parts_2nd``); the kept changes are freed."""
+    def end_segment(self, g_end: list[torch.Tensor]) -> None:
+        """After an optimizer step, with ``g_H`` where it ended: the trapezoid prediction of each
+        part's change over it is added to ``parts_2nd``, the kept changes are freed, and the next
+        optimizer step's parts are predicted from ``g_end``."""
         for key, deltas in self._deltas.items():
-            after = sum(float((g.double() * d).sum().cpu()) for g, d in zip(g_after, deltas))
-            self.parts_2nd[key] = 0.5 * (self.parts[key] + after)
-        self._deltas = {}
+            at_end = sum(float((g.double() * d).sum().cpu()) for g, d in zip(g_end, deltas))
+            self.parts_2nd[key] = self.parts_2nd.get(key, 0.0) + 0.5 * (self._segment[key] + at_end)
+        self._deltas, self._segment, self.g_h = {}, {}, g_end
 
     def before_step(self, optimizer, grad_norm_before: float) -> None:
         """After clipping, before ``optimizer.step()``: snapshot what the step reads."""
