@@ -241,11 +241,16 @@ def test_the_summary_sets_adamws_first_step_apart():
     """Step 1's parts are large and cancel (AdamW's first step): the shares without it are the run's."""
     from entropyrl.trainers.run.regime import attribution_summary
 
-    first = {"step": 1, "entropy_change/predicted_net": -0.01, "entropy_change/realized": -0.01,
+    first = {"step": 1, "entropy_change/predicted_net": -0.01, "entropy_change/realized": +0.01,
              "attribution/q3": -0.5, "attribution/q4": 0.49}
     later = [{"step": s, "entropy_change/predicted_net": -0.004, "entropy_change/realized": -0.003,
               "attribution/q3": -0.003, "attribution/q1": -0.001} for s in (11, 21, 31)]
+    for row, x in zip(later, (-0.004, 0.002, -0.001)):      # realised 0.9x predicted after step 1
+        row.update({"entropy_change/predicted_net": x, "entropy_change/realized": 0.9 * x})
     out = attribution_summary([first, *later])
+    assert out["fit"]["n"] == 4 and out["fit"]["slope"] < 0                  # step 1 of the wrong sign decides it
+    assert out["fit_after_first"]["n"] == 3 and abs(out["fit_after_first"]["slope"] - 0.9) < 1e-9
+    assert attribution_summary(later)["fit_after_first"] == {}               # step 1 not measured: nothing apart
     assert out["share"]["q3"] < -0.5 and out["share"]["q4"] > 0.45            # the whole run: step 1's
     assert set(out["share_after_first"]) == {"q1", "q3"}
     assert abs(out["share_after_first"]["q3"] + 0.75) < 1e-12 and abs(out["share_after_first"]["q1"] + 0.25) < 1e-12

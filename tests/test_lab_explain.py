@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from entropyrl.sweeps.lab.explain import explain_claims, variant_attribution
 from entropyrl.sweeps.lab.report import quadrant_comparison
 
@@ -45,6 +47,9 @@ def test_variant_attribution_fits_and_shares_per_seed():
     assert a["seeds"] == [0, 1]                                 # seed 2 measured nothing
     assert all(abs(s - 0.9) < 1e-9 for s in a["slope"]) and all(r > 0.99 for r in a["r_detrended"])
     assert set(a["share"]) == {"q1", "q4"} and a["share"]["q1"][0] < 0 < a["share"]["q4"][0]
+    assert all(math.isnan(s) for s in a["slope_after_first"])   # step 1 not measured: no fit apart
+    b = variant_attribution({0: _rows(steps, first_step=1)})   # steps 1, 11, ...: the fit without step 1 too
+    assert b["slope_after_first"][0] == pytest.approx(0.9) and b["r_detrended_after_first"][0] > 0.99
     assert variant_attribution({0: [{"step": 1}]}) == {}
 
 

@@ -50,12 +50,14 @@ def _g(x: float) -> str:
 
 def variant_attribution(by_seed: dict[int, list[dict]]) -> dict:
     """``{"r_detrended": [per seed], "slope": [...], "slope_detrended", "n", "r_detrended_2nd",
-    "slope_2nd" (the trapezoid prediction's fit), "total": {part: [...]}, "share": {part: [...]},
+    "slope_2nd" (the trapezoid prediction's fit), "r_detrended_after_first", "slope_after_first" (the
+    first-order fit without AdamW's first step), "total": {part: [...]}, "share": {part: [...]},
     "total_2nd", "share_2nd" (second-order parts), "share_after_first" (the shares over the measured
     steps after step 1, second order where logged)}`` over the seeds whose rows hold an attribution;
     ``{}`` when none does."""
     out: dict = {"seeds": [], "r_detrended": [], "slope": [], "slope_detrended": [], "n": [],
-                 "r_detrended_2nd": [], "slope_2nd": [], "total": {}, "share": {}, "total_2nd": {}, "share_2nd": {},
+                 "r_detrended_2nd": [], "slope_2nd": [], "r_detrended_after_first": [], "slope_after_first": [],
+                 "total": {}, "share": {}, "total_2nd": {}, "share_2nd": {},
                  "share_after_first": {}}
     summaries = [(s, attribution_summary(rows)) for s, rows in sorted(by_seed.items())]
     summaries = [(s, a) for s, a in summaries if a]
@@ -73,6 +75,9 @@ def variant_attribution(by_seed: dict[int, list[dict]]) -> dict:
         second = a.get("fit_2nd") or {}      # the trapezoid prediction (stats/attribution.py)
         out["r_detrended_2nd"].append(float(second.get("pearson_r_detrended", float("nan"))))
         out["slope_2nd"].append(float(second.get("slope", float("nan"))))
+        later = a.get("fit_after_first") or {}   # nan where step 1 was not measured apart
+        out["r_detrended_after_first"].append(float(later.get("pearson_r_detrended", float("nan"))))
+        out["slope_after_first"].append(float(later.get("slope", float("nan"))))
         out["n"].append(int(fit.get("n", 0)))
         for p in parts:
             out["total"].setdefault(p, []).append(float(a["total"].get(p, 0.0)))

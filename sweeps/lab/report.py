@@ -118,14 +118,16 @@ def _attribution_md(table: list[dict]) -> list[str]:
     rows = [t for t in table if t.get("attribution")]
     if not rows:
         return ["(no run measured the attribution: diagnostics.attribution=false)"]
-    lines = ["| variant | predicted_net vs realised: r detrended | slope | trapezoid (2nd order): r detrended | slope | "
+    lines = ["| variant | predicted_net vs realised: r detrended | slope | the same after step 1: r detrended | slope | "
+             "trapezoid (2nd order): r detrended | slope | "
              "parts' share of the effect after step 1 (mean over seeds; second-order parts where logged) |",
-             "|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|"]
     for t in rows:
         a = t["attribution"]
         share = {p: float(np.mean(v)) for p, v in (a.get("share_after_first") or a.get("share_2nd") or a["share"]).items()}
         top = sorted(share, key=lambda p: -abs(share[p]))[:5]
         lines.append(f"| {t['variant']} | {_ms(a['r_detrended'])} | {_ms(a['slope'])} | "
+                     f"{_ms(a.get('r_detrended_after_first', []))} | {_ms(a.get('slope_after_first', []))} | "
                      f"{_ms(a.get('r_detrended_2nd', []))} | {_ms(a.get('slope_2nd', []))} | "
                      + ", ".join(f"{p} {share[p]:+.0%}" for p in top) + " |")
     return lines
