@@ -23,9 +23,9 @@ gradients (``diagnostics.quadrants``, ``diagnostics.attribution``) are explicit 
 
 from __future__ import annotations
 
-import json
 import time
 from collections import defaultdict
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -49,9 +49,7 @@ from .parallel import distributed
 from .preflight import TrainingCheck, check_training
 from .run import checkpoint as ckpt
 from .run import run_dir
-from .run.plots import plot_attribution, plot_training_curves
-from .run.regime import report_regime
-from .run.run_report import TrainingProgress, summarize
+from .run.run_report import TrainingProgress, write_run_report
 from .run.stop_signals import RunInterrupted, StopSignals
 from .stats.attribution import build_attribution
 from .stats.diagnostics import entropy_quantile_metrics, quadrant_metrics
@@ -287,13 +285,10 @@ class GRPOTrainer:
                         loss_metrics[k].append(float(v))
                 loss_metrics["loss/objective"].append(objective)   # the mini-batch loss minimised
                 grad_norms.append(distributed.clip_grad_norm(self.model, float(t.grad_clip)))
-                if split is not None:
-                    split.before_step(self.optimizer, grad_norms[-1])
-                self.optimizer.step()
-                if split is not None:
-                    split.after_step(self.optimizer)
-                if measured:                  # this optimizer step's prediction; g_H where it ended
-                    self.attribution.after_optimizer_step(self.model)
+                around = (self.attribution.optimizer_step(self.model, self.optimizer, grad_norms[-1]) if measured
+                          else nullcontext())   # measured: the split's parts, this update's prediction, g_H after
+                with around:
+                    self.optimizer.step()
         self._advance_schedule(metrics)
         metrics.update({k: float(np.nanmean(v)) for k, v in loss_metrics.items()})
         metrics["grad_norm"] = float(np.mean(grad_norms))
@@ -388,30 +383,12 @@ class GRPOTrainer:
         if not self.dist.is_main:     # rank 0 writes the summary, plots and artifacts
             return {"status": status, "steps": self.step, "algo": str(self.cfg.algo.name),
                     "output_dir": str(self.output_dir), "rank": self.dist.rank}
-        rows = read_metrics(self.output_dir)
-        plot = why = None
-        if rows:
-            try:            # written beside and renamed: a full disk leaves the old figure, never 0 bytes
-                title = f"{self.cfg.algo.name} on {self.cfg.data.name} (seed {self.cfg.trainer.seed})"
-                plot = plot_training_curves(rows, self.output_dir / "curves.png", title=title)
-                why = plot_attribution(rows, self.output_dir / "why_entropy_moved.png", title=f"why entropy moved: {title}")
-            except OSError:
-                plot = why = None
-        summary = summarize(rows)
-        summary.update(report_regime(rows, self.cfg, self.tracker, log=self.log))   # warnings, flags, r
-        summary.update({"status": status, "steps": self.step, "algo": str(self.cfg.algo.name),
-                        "output_dir": str(self.output_dir), "world_size": self.dist.world_size,
-                        "nodes": self.nodes, "mlflow_run_id": self.tracker.run_id,
-                        "tracking_uri": self.tracker.uri if self.tracker.enabled else None,
-                        "wall_seconds": time.perf_counter() - started})
-        try:
-            run_dir.atomic_write_text(self.output_dir / "summary.json", json.dumps(summary, indent=2))
-            for path in (plot, why, self.output_dir / "summary.json", self.output_dir / "metrics.jsonl"):
-                if path is not None:
-                    self.tracker.log_artifact(path)
-        finally:        # a full disk loses the summary file, never the run's final state
-            self.tracker.finish(status)
-        return summary
+        return write_run_report(read_metrics(self.output_dir), self.cfg, self.output_dir, self.tracker, status,
+                                {"status": status, "steps": self.step, "algo": str(self.cfg.algo.name),
+                                 "output_dir": str(self.output_dir), "world_size": self.dist.world_size,
+                                 "nodes": self.nodes, "mlflow_run_id": self.tracker.run_id,
+                                 "tracking_uri": self.tracker.uri if self.tracker.enabled else None,
+                                 "wall_seconds": time.perf_counter() - started}, log=self.log)
 
 
 def train(cfg: DictConfig, log=print, *, checked: TrainingCheck | None = None) -> dict:

@@ -1,11 +1,19 @@
-"""What a finished (or stopped) run reports: headline figures from its metric rows, and the live
-progress bar of the training loop."""
+"""What a finished (or stopped) run reports: headline figures from its metric rows, the files rank 0
+writes at the end (``write_run_report``), and the live progress bar of the training loop."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Callable
+
 import numpy as np
 
-__all__ = ["summarize", "TrainingProgress"]
+from .plots import plot_attribution, plot_training_curves
+from .regime import report_regime
+from .run_dir import atomic_write_text
+
+__all__ = ["summarize", "write_run_report", "TrainingProgress"]
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -31,6 +39,33 @@ def summarize(rows: list[dict]) -> dict:
     if fallbacks:
         out["reward_fallbacks"] = fallbacks
     return out
+
+
+def write_run_report(rows: list[dict], cfg, output_dir: Path, tracker, status: str, run_facts: dict,
+                     log: Callable = print) -> dict:
+    """Rank 0 at the end of a run: ``curves.png`` and ``why_entropy_moved.png``, then ``summary.json``
+    (``summarize``, ``report_regime``'s warnings, flags and fits, then ``run_facts``), each logged to
+    MLflow with ``metrics.jsonl``; the MLflow run is finished with ``status`` whatever happens to the
+    files. Returns the summary."""
+    plot = why = None
+    if rows:
+        try:            # written beside and renamed: a full disk leaves the old figure, never 0 bytes
+            title = f"{cfg.algo.name} on {cfg.data.name} (seed {cfg.trainer.seed})"
+            plot = plot_training_curves(rows, output_dir / "curves.png", title=title)
+            why = plot_attribution(rows, output_dir / "why_entropy_moved.png", title=f"why entropy moved: {title}")
+        except OSError:
+            plot = why = None
+    summary = summarize(rows)
+    summary.update(report_regime(rows, cfg, tracker, log=log))   # warnings, flags, r
+    summary.update(run_facts)
+    try:
+        atomic_write_text(output_dir / "summary.json", json.dumps(summary, indent=2))
+        for path in (plot, why, output_dir / "summary.json", output_dir / "metrics.jsonl"):
+            if path is not None:
+                tracker.log_artifact(path)
+    finally:        # a full disk loses the summary file, never the run's final state
+        tracker.finish(status)
+    return summary
 
 
 class TrainingProgress:

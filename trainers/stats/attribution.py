@@ -32,6 +32,7 @@ process without FSDP; under FSDP it is skipped.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
@@ -128,9 +129,9 @@ def predicted_change(grad: list[torch.Tensor], before: list[torch.Tensor], after
 
 
 class EntropyAttribution:
-    """``begin`` before a step's first optimizer step (gradient and parameters), ``after_optimizer_step``
-    after each of them (that optimizer step's prediction, and ``g_H`` where it ended), ``finish`` after
-    the step (the metrics).
+    """``begin`` before a step's first optimizer step (gradient and parameters), ``optimizer_step``
+    around each of them (the split's parts, that optimizer step's prediction, and ``g_H`` where it
+    ended), ``finish`` after the step (the metrics).
 
     ``sharded``: the policy is wrapped with FSDP (``dist``: its process group, None for one
     process): the gradient and parameters are this rank's shards, the dot product is all-reduced,
@@ -198,6 +199,17 @@ class EntropyAttribution:
         if self.sharded:                # each rank holds its shards: the dot product is their sum
             value = float(sum_across(value, self.dist))
         return value
+
+    @contextmanager
+    def optimizer_step(self, model, optimizer, grad_norm_before_clip: float):
+        """Around one of the measured step's ``optimizer.step()`` (after clipping): the split reads the
+        optimizer's state before and after it, then ``after_optimizer_step``."""
+        if self.split is not None:
+            self.split.before_step(optimizer, grad_norm_before_clip)
+        yield
+        if self.split is not None:
+            self.split.after_step(optimizer)
+        self.after_optimizer_step(model)
 
     def after_optimizer_step(self, model) -> None:
         """After one of the measured step's optimizer steps: its first-order prediction
