@@ -185,6 +185,38 @@ def test_a_runs_parts_sum_to_the_net_prediction(tmp_path, algo, extra, ivs):
         <= 1e-6 * sum(abs(r["entropy_change/predicted_net_2nd"]) for r in rows)
 
 
+def test_every_algorithms_parts_add_up_to_its_net_prediction(tmp_path):
+    """Item 2 for every ``conf/algo`` method (sequence-level ratios, clipped or reweighted tokens,
+    controllers, extra loss terms): one measured step of two optimizer steps, its first- and
+    second-order parts add up to ``predicted_net`` / ``predicted_net_2nd`` within 1e-6, and what does
+    not go through the token statistics (``other``) stays at float order."""
+    from entropyrl.trainers.trainer import GRPOTrainer
+
+    names = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "algo").glob("*.yaml"))
+    assert len(names) >= 25
+    measured = []
+    for name in names:
+        cfg = compose("train", [f"algo={name}", "trainer.total_steps=1", "trainer.threads=1", "trainer.val_every=0",
+                                "trainer.progress=false", "tracking.enabled=false", "trainer.prompts_per_step=4",
+                                "trainer.mini_batch_prompts=2", "diagnostics.attribution=true",
+                                "diagnostics.probe_prompts=4", f"output_dir={tmp_path / name}"])
+        trainer = GRPOTrainer(cfg, log=lambda *_: None)
+        try:
+            r = trainer.train_step()
+        finally:
+            trainer.close()
+        if r.get("skipped"):            # every group all-equal: nothing to attribute
+            continue
+        measured.append(name)
+        for prefix, net_key in (("attribution/", "entropy_change/predicted_net"),
+                                ("attribution_2nd/", "entropy_change/predicted_net_2nd")):
+            parts = {k[len(prefix):]: v for k, v in r.items() if k.startswith(prefix)}
+            net = r[net_key]
+            assert abs(sum(parts.values()) - net) <= 1e-6 * abs(net), (name, prefix, sum(parts.values()), net)
+            assert abs(parts["other"]) <= 1e-5 * max(abs(v) for v in parts.values()), (name, parts)
+    assert len(measured) >= len(names) - 2, sorted(set(names) - set(measured))
+
+
 def test_a_step_on_one_quadrants_tokens_is_attributed_to_that_quadrant():
     """Item 2: fresh AdamW state, a loss on Q3 tokens only: all of the prediction lands in q3."""
     from entropyrl.trainers.stats.diagnostics import quadrant_ids
