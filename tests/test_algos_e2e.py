@@ -98,3 +98,38 @@ def test_entropy_change_diagnostic(in_tmp):
     for row in rows(in_tmp / "run"):
         assert math.isfinite(row["entropy_change/realized"]) and math.isfinite(row["entropy_change/predicted"])
         assert row["entropy_change/realized"] != 0.0
+
+
+def test_siren_anchors_on_the_first_steps_whole_batch(tmp_path):
+    """The reference's anchor: the one-pass SIREN entropy of the whole first batch under the sampling
+    policy (not of the first micro-batch): the same with micro-batches of 4 responses or of the
+    whole mini-batch, equal to that value computed here from the collected batch, and kept after."""
+    import torch
+
+    from entropyrl.trainers.interventions.siren import KEY, peak_mask, seq_mean_token_mean
+    from entropyrl.trainers.stats.policy_stats import batch_token_stats
+    from entropyrl.trainers.trainer import GRPOTrainer
+
+    anchors = {}
+    for micro in (4, 256):
+        cfg = compose("train", ["algo=siren", *SHORT, f"trainer.micro_batch_responses={micro}",
+                                f"output_dir={tmp_path / str(micro)}"])
+        trainer = GRPOTrainer(cfg, log=lambda *_: None)
+        try:
+            collected = trainer.collect()
+            roll = collected[0].responses
+            iv = trainer.algo.interventions[0]
+            _, _, stats = batch_token_stats(trainer.model, roll, 256, vocab_stats=iv.vocab_stats(),
+                                            **trainer._stats_kwargs())
+            h, mask = stats[KEY].double(), roll.response_mask.double()
+            m1 = peak_mask(h, mask, iv.params.quantile)
+            want = float(seq_mean_token_mean(torch.where(m1, h, torch.zeros_like(h)), m1.double()))
+            first = trainer.train_step(collected)
+            trainer.step += 1
+            second = trainer.train_step()
+        finally:
+            trainer.close()
+        assert first["siren/anchor"] == pytest.approx(want, rel=1e-6)
+        assert second["siren/anchor"] == first["siren/anchor"]      # taken once
+        anchors[micro] = first["siren/anchor"]
+    assert anchors[4] == pytest.approx(anchors[256], rel=1e-6)

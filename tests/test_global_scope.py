@@ -85,6 +85,20 @@ def _aent_step(rows: slice, scope: str, reduce=None, micro_rows: int = 2) -> tup
     return metrics["aent/last_clamped_entropy"], metrics["aent/coef"]
 
 
+def _siren_anchor(rows: slice, reduce=None) -> float:
+    """SIREN's anchor from ``observe_sampling`` on ``rows`` of the batch (top-p entropies seeded)."""
+    from entropyrl.trainers.interventions import build_intervention
+    from entropyrl.trainers.interventions.siren import KEY
+
+    batch = _mini_batch()
+    h = torch.rand(ROWS, WIDTH, generator=torch.Generator().manual_seed(11), dtype=torch.float64) * batch["mask"]
+    siren = build_intervention("siren", {"top_p": 0.95, "top_k": 50, "quantile": 0.5, "coef": 1.0})
+    assert siren.sampling_vocab_stats()                          # asked for until the anchor is set
+    siren.observe_sampling({KEY: h[rows]}, batch["mask"][rows], reduce)
+    assert siren.sampling_vocab_stats() == {}
+    return siren.anchor
+
+
 def _worker(out_dir: Path) -> None:
     import torch.distributed as dist
 
@@ -102,6 +116,8 @@ def _worker(out_dir: Path) -> None:
     rows = slice(info.rank * share, (info.rank + 1) * share)
     aent: list = [None] * info.world_size
     dist.all_gather_object(aent, {scope: _aent_step(rows, scope, reduce) for scope in ("global", "micro")})
+    anchors: list = [None] * info.world_size
+    dist.all_gather_object(anchors, _siren_anchor(rows, reduce))
     batch = _mini_batch()
     quantiles = entropy_quantile_metrics(
         distributed.gather_values(batch["entropy"][rows][batch["mask"][rows].bool()], info), QUANTILES)
@@ -111,6 +127,7 @@ def _worker(out_dir: Path) -> None:
         torch.save(everyone_q, out_dir / "quantiles.pt")
         torch.save(everyone, out_dir / "ranks.pt")
         torch.save(aent, out_dir / "aent.pt")
+        torch.save(anchors, out_dir / "siren.pt")
     distributed.cleanup(info)
 
 
@@ -157,6 +174,23 @@ def test_aent_global_coefficient_on_two_ranks_equals_one_process(two_ranks):
         assert r["global"][0] == pytest.approx(h_one, rel=1e-12) and r["global"][1] == pytest.approx(coef_one, rel=1e-12)
     assert ranks[0]["micro"][0] != ranks[1]["micro"][0]           # the per-rank mean differs by rank
     assert 1e-5 < coef_one < 0.0002                               # the coefficient moved, inside its box
+
+
+def test_siren_anchor_on_two_ranks_equals_one_process(two_ranks):
+    """SIREN's anchor is the one-pass value over the whole first batch (the reference's): each rank
+    holds half the responses, and both anchor on what one process computes on all of them, which
+    is the one-pass value the loss itself would take on the whole batch."""
+    from entropyrl.trainers.interventions.siren import peak_mask, seq_mean_token_mean
+
+    ranks = torch.load(two_ranks / "siren.pt", weights_only=False)
+    one = _siren_anchor(slice(None))
+    assert all(a == pytest.approx(one, rel=1e-12) for a in ranks)
+    batch = _mini_batch()
+    h = torch.rand(ROWS, WIDTH, generator=torch.Generator().manual_seed(11), dtype=torch.float64) * batch["mask"]
+    m1 = peak_mask(h, batch["mask"], 0.5)
+    assert one == pytest.approx(float(seq_mean_token_mean(torch.where(m1, h, torch.zeros_like(h)), m1.double())),
+                                rel=1e-12)
+    assert _siren_anchor(slice(0, ROWS // 2)) != pytest.approx(one, rel=1e-6)   # half the batch anchors elsewhere
 
 
 def test_entropy_quantiles_on_two_ranks_equal_one_process(two_ranks):

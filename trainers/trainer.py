@@ -217,7 +217,10 @@ class GRPOTrainer:
             self.probe.before_update(self.model)
         if self.attribution is not None and self.attribution.due(self.step):
             self.attribution.begin(self.model)
-        old_logp, entropy = batch_token_stats(self.model, roll, rows_per_chunk, **stats_kw)
+        wanted = self.algo.sampling_vocab_stats()          # SIREN's anchor: the first batch's top-p entropies
+        old_logp, entropy, *sampled = batch_token_stats(self.model, roll, rows_per_chunk, vocab_stats=wanted, **stats_kw)
+        if sampled:
+            self.algo.observe_sampling(sampled[0], mask, reduce=lambda t: distributed.sum_across(t, self.dist))
         ref_logp = self._reference_logp(roll, rows_per_chunk, stats_kw)
         sampler_logp = None if roll.sampling_logp is None else roll.sampling_logp.to(self.device)
         if sampler_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are

@@ -226,6 +226,22 @@ class Algorithm:
         return adv
 
     # ------------------------------------------------------------------ step control
+    def sampling_vocab_stats(self) -> dict:
+        """``{key: (name, params)}`` the interventions need this step on the whole batch under the
+        sampling policy (``Intervention.sampling_vocab_stats``); empty almost always."""
+        out: dict = {}
+        for iv in self.interventions:
+            out.update(iv.sampling_vocab_stats())
+        return out
+
+    def observe_sampling(self, stats: dict, mask: torch.Tensor, reduce=None) -> None:
+        """The statistics ``sampling_vocab_stats`` asked for, ``{key: [B, T]}`` on this rank's rows;
+        ``reduce(tensor)`` sums over ranks (None on one process)."""
+        for iv in self.interventions:
+            wanted = iv.sampling_vocab_stats()
+            if wanted:
+                iv.observe_sampling({k: stats[k] for k in wanted}, mask, reduce)
+
     def begin_step(self, sampling_entropy: float) -> None:
         """Once per training step, before any update, with the sampling policy's token-mean entropy."""
         h = float(sampling_entropy)

@@ -141,7 +141,18 @@ class Intervention:
         intervention reads from ``ctx.extras[key]``; default none (the loop computes nothing more)."""
         return {}
 
+    def sampling_vocab_stats(self) -> dict:
+        """``{key: (name, params)}`` this intervention needs on the step's *whole* batch under the
+        sampling policy, before any update (``observe_sampling``); default none. Asked every step, so
+        an intervention asks only while it needs them (SIREN: until its anchor is set)."""
+        return {}
+
     # -- step-level control ----------------------------------------------------------------
+    def observe_sampling(self, stats: dict[str, torch.Tensor], mask: torch.Tensor, reduce=None) -> None:
+        """Once per training step where ``sampling_vocab_stats`` asked: ``stats[key]`` ``[B, T]`` over
+        this rank's rows of the step batch (sampling policy), ``mask`` ``[B, T]``; ``reduce(tensor)``
+        sums over ranks (None on one process). Default: nothing."""
+
     def begin_step(self, sampling_entropy: float) -> None:
         """Once per training step, before any update. Default: stateless."""
 

@@ -11,11 +11,14 @@ zeros included), and so does this module. The masked entropies are aggregated se
 loss's value ``H_0`` (one mask pass, as the reference's anchor) is kept, and the loss gains
 ``coef * (H - H_0)^2``. Cross-checked against the authors' code (Linn3a/siren@fa59a8df
 verl/workers/actor/dp_actor.py: efficient_top_p_sampling, mask_by_quantile, the "siren" branch;
-ray_trainer.py: the anchor); tests/test_entropy_methods.py reproduces it. The reference takes the
-anchor on the sampling policy's whole first batch; here it is the first micro-batch's value under
-the policy being updated (the same policy on an on-policy step's first update). The peak mask is
-each response's own quantile (a response never straddles ranks or micro-batches), so it needs no
-``scope``: 1 or N ranks regulate the same tokens.
+ray_trainer.py: the anchor); tests/test_entropy_methods.py reproduces it. The anchor is taken as
+the reference takes it: on the first step's whole batch under the sampling policy, before any
+update (``observe_sampling``: the loop computes the batch's top-p entropies once, at the scoring
+pass, and the per-response values are summed over ranks), so 1 or N ranks and any micro-batch size
+anchor on the same value. Without that pass (a loss computed alone, as in the golden test) the
+first loss's own value is the anchor. The peak mask is each response's own quantile (a response
+never straddles ranks or micro-batches), so it needs no ``scope``: 1 or N ranks regulate the same
+tokens.
 """
 
 from __future__ import annotations
@@ -39,11 +42,15 @@ def peak_mask(h: torch.Tensor, mask: torch.Tensor, q: float) -> torch.Tensor:
     return valid & (x > thr)
 
 
+def response_means(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """``[B]``: each response's token mean of ``x`` over ``m`` (0 for a response with none)."""
+    n = m.sum(-1)
+    return torch.where(n > 0, (x * m).sum(-1) / n.clamp(min=1.0), torch.zeros_like(n))
+
+
 def seq_mean_token_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """Mean over *all* responses of each one's token mean over ``m`` (0 for a response with none)."""
-    n = m.sum(-1)
-    per = torch.where(n > 0, (x * m).sum(-1) / n.clamp(min=1.0), torch.zeros_like(n))
-    return per.mean()
+    return response_means(x, m).mean()
 
 
 def siren_entropy(h: torch.Tensor, mask: torch.Tensor, q: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -78,6 +85,21 @@ class Siren(Intervention):
 
     def vocab_stats(self) -> dict:
         return {KEY: ("topp_entropy", {"p": float(self.params.top_p), "k": int(self.params.top_k)})}
+
+    def sampling_vocab_stats(self) -> dict:
+        return self.vocab_stats() if self.anchor is None else {}     # the first step's batch, once
+
+    def observe_sampling(self, stats: dict[str, torch.Tensor], mask: torch.Tensor, reduce=None) -> None:
+        """The anchor: the one-pass value over the whole batch, every rank's responses (the sum of
+        the per-response values over the number of responses, each summed over ranks)."""
+        h = stats[KEY].detach().double()
+        m1 = peak_mask(h, mask, self.params.quantile)
+        per = response_means(torch.where(m1, h, torch.zeros_like(h)), m1.to(h.dtype))
+        total = torch.stack([per.sum().cpu(), torch.tensor(float(per.numel()), dtype=torch.float64)])
+        if reduce is not None:
+            total = reduce(total)
+        if float(total[1]) > 0:
+            self.anchor = float(total[0] / total[1])
 
     def apply(self, ctx: LossContext) -> None:
         h = ctx.extras.get(KEY)

@@ -60,10 +60,16 @@ def response_token_stats(model, rollout: Rollout, *, temperature: float, chunk_s
 
 
 @torch.no_grad()
-def batch_token_stats(model, rollout: Rollout, rows_per_chunk: int, **kw) -> tuple[torch.Tensor, torch.Tensor]:
-    outs = [response_token_stats(model, rollout.select(torch.arange(s, min(s + rows_per_chunk, len(rollout.texts)))), **kw)
+def batch_token_stats(model, rollout: Rollout, rows_per_chunk: int, *, vocab_stats: dict | None = None, **kw):
+    """``(logp, entropy)`` ``[B, R]`` of ``response_token_stats``, ``rows_per_chunk`` rows at a time,
+    without gradient; with ``vocab_stats`` a third element ``{key: [B, R]}`` as there."""
+    outs = [response_token_stats(model, rollout.select(torch.arange(s, min(s + rows_per_chunk, len(rollout.texts)))),
+                                 vocab_stats=vocab_stats, **kw)
             for s in range(0, len(rollout.texts), rows_per_chunk)]
-    return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+    logp, entropy = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+    if not vocab_stats:
+        return logp, entropy
+    return logp, entropy, {key: torch.cat([o[2][key] for o in outs]) for key in vocab_stats}
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
