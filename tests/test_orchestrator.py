@@ -159,6 +159,7 @@ def test_entropyrl_lab_runs_through_the_sweep_machinery(in_tmp):
     assert set(doc["quadrant_comparison"]) == {"q1", "q2", "q3", "q4"}
     report = (lab / "report.md").read_text()
     assert "## Why entropy moved" in report and "network prediction" in report
+    assert "| the same after step 1: r detrended |" in report     # the first-order fit without AdamW's first step
     assert (lab / "report.md").read_text().startswith("# entropyrl lab report")
     assert (lab / "sweep-report.md").exists() and (lab / "lab-entropy.png").exists()
 

@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from ...trainers.run.regime import SECOND_ORDER, after_first_step, attribution_summary, part_totals, parts_prefix
+from ...trainers.run.regime import SECOND_ORDER, after_first_step, attribution_summary, measured_rows, part_totals, parts_prefix
 
 __all__ = ["variant_attribution", "explain_claims", "after_first_step", "OWN_PARTS", "CLAIM_VARIANTS"]
 
@@ -95,10 +95,6 @@ def _sum_parts(rows: list[dict], parts) -> float:
     return float(sum(totals.get(p, 0.0) for p in parts))
 
 
-def _measured(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if isinstance(r.get("entropy_change/predicted_net"), (int, float))]
-
-
 def _interventions(rows: list[dict]) -> list[str]:
     return sorted(n for n in part_totals(rows, parts_prefix(rows)) if n not in OWN_PARTS and n != "objective")
 
@@ -125,7 +121,7 @@ def _net_text(m: list[dict]) -> str:
 def _explain_variant(variant: str, rows: list[dict]) -> str:
     """One seed's sentence: net prediction, realised change, the intervention's own part, the largest
     parts, over the measured steps after the first; then step 1 on its own (``after_first_step``)."""
-    m = _measured(rows)
+    m = measured_rows(rows)
     if not m:
         return ""
     later = after_first_step(rows)

@@ -231,12 +231,17 @@ def _shares(totals: dict[str, float]) -> dict[str, float]:
     return {k: (v / scale if scale > 0 else 0.0) for k, v in totals.items()}
 
 
+def measured_rows(rows: list[dict]) -> list[dict]:
+    """The rows of the steps that measured the attribution (``entropy_change/predicted_net`` logged)."""
+    return [r for r in rows if isinstance(r.get("entropy_change/predicted_net"), (int, float))]
+
+
 def after_first_step(rows: list[dict]) -> list[dict]:
     """The rows that measured the attribution, but step 1's when there are others. AdamW's first step
     moves every coordinate by about lr (``m/sqrt(v) = g/|g|``), so a part's change there is lr times
     its signed share of each coordinate's gradient: parts of +-0.2-0.6 nats cancelling to a net of
     ~0.01 on the lab, which would outweigh the rest of a run in any total."""
-    measured = [r for r in rows if isinstance(r.get("entropy_change/predicted_net"), (int, float))]
+    measured = measured_rows(rows)
     later = [r for r in measured if int(r.get("step", 0)) != 1]
     return later if later and len(later) < len(measured) else measured
 
@@ -261,7 +266,7 @@ def attribution_summary(rows: list[dict]) -> dict:
     if not totals and not fit:
         return {}
     later = after_first_step(rows)
-    step_1_apart = len(later) < sum(isinstance(r.get("entropy_change/predicted_net"), (int, float)) for r in rows)
+    step_1_apart = len(later) < len(measured_rows(rows))
     return {"fit": fit, "fit_2nd": prediction_fit(rows, predicted_key="entropy_change/predicted_net_2nd"),
             "fit_after_first": prediction_fit(later, predicted_key="entropy_change/predicted_net") if step_1_apart else {},
             "total": totals, "share": _shares(totals), "total_2nd": totals_2nd, "share_2nd": _shares(totals_2nd),
