@@ -12,12 +12,16 @@ from entropyrl.sweeps.lab.explain import explain_claims, variant_attribution
 from entropyrl.sweeps.lab.report import quadrant_comparison
 
 
-def _rows(parts_by_step: list[dict], first_step: int = 11, **extra) -> list[dict]:
+def _rows(parts_by_step: list[dict], first_step: int = 10, **extra) -> list[dict]:
+    """Rows measured every 10 steps: the parts (trapezoid), the first order 1.2 times them, and a
+    realised change 0.9 times the net."""
     rows = []
     for i, parts in enumerate(parts_by_step):
         net = sum(parts.values())
         row = {"step": first_step + 10 * i, "entropy_change/predicted_net": net, "entropy_change/realized": 0.9 * net,
-               **{f"attribution/{k}": v for k, v in parts.items()}}
+               "entropy_change/predicted_net_1st": 1.2 * net,
+               **{f"attribution/{k}": v for k, v in parts.items()},
+               **{f"attribution_1st/{k}": 1.2 * v for k, v in parts.items()}}
         row.update({k: (v[i] if isinstance(v, list) else v) for k, v in extra.items()})
         rows.append(row)
     return rows
@@ -47,9 +51,9 @@ def test_variant_attribution_fits_and_shares_per_seed():
     assert a["seeds"] == [0, 1]                                 # seed 2 measured nothing
     assert all(abs(s - 0.9) < 1e-9 for s in a["slope"]) and all(r > 0.99 for r in a["r_detrended"])
     assert set(a["share"]) == {"q1", "q4"} and a["share"]["q1"][0] < 0 < a["share"]["q4"][0]
-    assert all(math.isnan(s) for s in a["slope_after_first"])   # step 1 not measured: no fit apart
-    b = variant_attribution({0: _rows(steps, first_step=1)})   # steps 1, 11, ...: the fit without step 1 too
-    assert b["slope_after_first"][0] == pytest.approx(0.9) and b["r_detrended_after_first"][0] > 0.99
+    assert all(s == pytest.approx(0.75) for s in a["slope_1st"]) and all(r > 0.99 for r in a["r_detrended_1st"])
+    assert a["total_1st"]["q1"][0] == pytest.approx(1.2 * a["total"]["q1"][0])
+    assert a["share_1st"]["q4"][0] == pytest.approx(a["share"]["q4"][0])
     assert variant_attribution({0: [{"step": 1}]}) == {}
 
 
@@ -66,19 +70,16 @@ def test_the_quadrant_comparison_puts_the_predictions_beside_the_realised_change
     assert math.isnan(old["q1"]["predicted"]) and old["q1"]["realised_share"] == 0.25
 
 
-def test_the_sentences_use_the_second_order_parts_where_the_runs_logged_them():
+def test_the_sentences_read_the_parts_of_predicted_net_and_give_the_first_order_beside_it():
     rows = _rows([{"q1": -0.02, "clip_cov": 0.01}] * 3)
-    for r in rows:
-        r.update({"attribution_2nd/q1": -0.015, "attribution_2nd/clip_cov": 0.008,
-                  "entropy_change/predicted_net_2nd": -0.007})
+    for r in rows:                       # first-order parts that differ from the trapezoid's
+        r.update({"attribution_1st/q1": -0.05, "attribution_1st/clip_cov": 0.0})
     text = explain_claims([{"id": "cov_keeps_entropy"}], {"clip_cov": {0: rows}})[0]["attribution_text"]
-    assert "predicted -0.021 to second order (-0.03 to first; realised -0.027)" in text
-    assert "clip_cov's own part +0.024 against the quadrants' -0.045" in text
+    assert "predicted -0.03 (-0.036 to first order; realised -0.027)" in text
+    assert "clip_cov's own part +0.03 against the quadrants' -0.06" in text
     a = variant_attribution({0: rows})
-    assert set(a["total_2nd"]) == {"clip_cov", "q1"}
-    assert abs(a["total_2nd"]["clip_cov"][0] - 0.024) < 1e-12 and abs(a["total_2nd"]["q1"][0] + 0.045) < 1e-12
-    first_only = explain_claims([{"id": "cov_keeps_entropy"}], {"clip_cov": {0: _rows([{"q1": -0.02, "clip_cov": 0.01}] * 3)}})
-    assert "to second order" not in first_only[0]["attribution_text"]
+    assert set(a["total_1st"]) == {"clip_cov", "q1"} and set(a["total"]) == {"clip_cov", "q1"}
+    assert abs(a["total_1st"]["q1"][0] + 0.15) < 1e-12 and abs(a["total"]["clip_cov"][0] - 0.03) < 1e-12
 
 
 def test_adamws_first_step_is_told_apart_from_the_rest_of_the_run():

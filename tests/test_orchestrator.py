@@ -128,6 +128,7 @@ def test_entropyrl_lab_runs_through_the_sweep_machinery(in_tmp):
     db = in_tmp / "mlflow.db"
     cmd = [*CLI, "lab", "--algos", "grpo", "--seeds", "0", "--quadrant-batches", "1", "--jobs", "2", "--out", "lab",
            "trainer.total_steps=2", "trainer.val_every=2", "val.prompts=8", "diagnostics.probe_prompts=4",
+           "diagnostics.attribution_every=2",
            f"tracking.uri=sqlite:///{db}"]
     first = subprocess.run(cmd, capture_output=True, text=True, cwd=in_tmp, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -152,14 +153,14 @@ def test_entropyrl_lab_runs_through_the_sweep_machinery(in_tmp):
     assert claims["grpo_collapses"]["reproduced"] is not None and len(claims["grpo_collapses"]["per_seed"]) == 1
     assert claims["quadrant_signs"]["per_seed"][0]["seed"] == 0
     assert claims["stare_holds_target"]["reproduced"] is None                    # not run
-    # the lab measures the attribution (every 10 steps: step 1 here) and explains the claims with it
+    # the lab measures the attribution (every 10 steps; every 2nd here: step 2) and explains the claims with it
     grpo = next(v for v in doc["variants"] if v["variant"] == "grpo")
     assert grpo["attribution"]["seeds"] == [0] and {"q1", "q3", "momentum"} <= set(grpo["attribution"]["total"])
     assert "grpo seed 0: 1 measured steps: predicted" in claims["grpo_collapses"]["attribution_text"]
     assert set(doc["quadrant_comparison"]) == {"q1", "q2", "q3", "q4"}
     report = (lab / "report.md").read_text()
     assert "## Why entropy moved" in report and "network prediction" in report
-    assert "| the same after step 1: r detrended |" in report     # the first-order fit without AdamW's first step
+    assert "| first order (predicted_net_1st): r detrended |" in report     # the first order's fit beside the trapezoid's
     assert (lab / "report.md").read_text().startswith("# entropyrl lab report")
     assert (lab / "sweep-report.md").exists() and (lab / "lab-entropy.png").exists()
 

@@ -8,10 +8,9 @@ Every lab run measures ``diagnostics.attribution`` every 10 steps (``lab_common.
 - ``variant_attribution(by_seed)``: per seed, the fit of predicted_net to the realised probe change
   (detrended r, slope) and each part's total and share over the run;
 - ``explain_claims(claims, runs)``: adds to each claim an ``attribution`` sentence, measured on the
-  runs the claim is about, from the second-order parts ``attribution_2nd/<part>`` where the runs
-  logged them (they add up to the trapezoid prediction, which tracks the realised change at the
-  lab's step sizes; the first-order parts overshoot it by up to a third), else the first-order ones:
-  which part moved entropy (for STARE: on the steps its gate was open; for
+  runs the claim is about, from the parts (which add up to the trapezoid prediction; the first-order
+  parts, ``attribution_1st/<part>``, overshoot it by up to a third at the lab's step sizes): which
+  part moved entropy (for STARE: on the steps its gate was open; for
   Clip-Cov / KL-Cov: what their detached or penalised tokens' part was; for STEER: how small its own
   part is), so a reader sees *why* a claim held or not, not only whether.
 """
@@ -22,7 +21,7 @@ import math
 
 import numpy as np
 
-from ...trainers.run.regime import SECOND_ORDER, after_first_step, attribution_summary, measured_rows, part_totals, parts_prefix
+from ...trainers.run.regime import PARTS, after_first_step, attribution_summary, measured_rows, part_totals
 
 __all__ = ["variant_attribution", "explain_claims", "after_first_step", "OWN_PARTS", "CLAIM_VARIANTS"]
 
@@ -49,22 +48,21 @@ def _g(x: float) -> str:
 
 
 def variant_attribution(by_seed: dict[int, list[dict]]) -> dict:
-    """``{"r_detrended": [per seed], "slope": [...], "slope_detrended", "n", "r_detrended_2nd",
-    "slope_2nd" (the trapezoid prediction's fit), "r_detrended_after_first", "slope_after_first" (the
-    first-order fit without AdamW's first step), "total": {part: [...]}, "share": {part: [...]},
-    "total_2nd", "share_2nd" (second-order parts), "share_after_first" (the shares over the measured
-    steps after step 1, second order where logged)}`` over the seeds whose rows hold an attribution;
-    ``{}`` when none does."""
+    """``{"r_detrended": [per seed], "slope": [...], "slope_detrended", "n"`` (the fit of
+    ``predicted_net``, the trapezoid), ``"r_detrended_1st", "slope_1st", "slope_detrended_1st"`` (the
+    first-order ``predicted_net_1st``'s), ``"total": {part: [...]}, "share": {part: [...]},
+    "total_1st", "share_1st"`` (first-order parts), ``"share_after_first"`` (the shares over the
+    measured steps after step 1)``}`` over the seeds whose rows hold an attribution; ``{}`` when none
+    does."""
     out: dict = {"seeds": [], "r_detrended": [], "slope": [], "slope_detrended": [], "n": [],
-                 "r_detrended_2nd": [], "slope_2nd": [], "r_detrended_after_first": [], "slope_after_first": [],
-                 "total": {}, "share": {}, "total_2nd": {}, "share_2nd": {},
-                 "share_after_first": {}}
+                 "r_detrended_1st": [], "slope_1st": [], "slope_detrended_1st": [],
+                 "total": {}, "share": {}, "total_1st": {}, "share_1st": {}, "share_after_first": {}}
     summaries = [(s, attribution_summary(rows)) for s, rows in sorted(by_seed.items())]
     summaries = [(s, a) for s, a in summaries if a]
     if not summaries:
         return {}
     parts = sorted({p for _s, a in summaries for p in a["total"]})
-    parts_2nd = sorted({p for _s, a in summaries for p in a.get("total_2nd") or {}})
+    parts_1st = sorted({p for _s, a in summaries for p in a.get("total_1st") or {}})
     parts_after = sorted({p for _s, a in summaries for p in a.get("share_after_first") or {}})
     for s, a in summaries:
         fit = a.get("fit") or {}
@@ -72,35 +70,33 @@ def variant_attribution(by_seed: dict[int, list[dict]]) -> dict:
         out["r_detrended"].append(float(fit.get("pearson_r_detrended", float("nan"))))
         out["slope"].append(float(fit.get("slope", float("nan"))))
         out["slope_detrended"].append(float(fit.get("slope_detrended", float("nan"))))
-        second = a.get("fit_2nd") or {}      # the trapezoid prediction (stats/attribution.py)
-        out["r_detrended_2nd"].append(float(second.get("pearson_r_detrended", float("nan"))))
-        out["slope_2nd"].append(float(second.get("slope", float("nan"))))
-        later = a.get("fit_after_first") or {}   # nan where step 1 was not measured apart
-        out["r_detrended_after_first"].append(float(later.get("pearson_r_detrended", float("nan"))))
-        out["slope_after_first"].append(float(later.get("slope", float("nan"))))
+        first = a.get("fit_1st") or {}       # the first-order prediction (stats/attribution.py)
+        out["r_detrended_1st"].append(float(first.get("pearson_r_detrended", float("nan"))))
+        out["slope_1st"].append(float(first.get("slope", float("nan"))))
+        out["slope_detrended_1st"].append(float(first.get("slope_detrended", float("nan"))))
         out["n"].append(int(fit.get("n", 0)))
         for p in parts:
             out["total"].setdefault(p, []).append(float(a["total"].get(p, 0.0)))
             out["share"].setdefault(p, []).append(float(a["share"].get(p, 0.0)))
-        for p in parts_2nd:
-            out["total_2nd"].setdefault(p, []).append(float((a.get("total_2nd") or {}).get(p, 0.0)))
-            out["share_2nd"].setdefault(p, []).append(float((a.get("share_2nd") or {}).get(p, 0.0)))
+        for p in parts_1st:
+            out["total_1st"].setdefault(p, []).append(float((a.get("total_1st") or {}).get(p, 0.0)))
+            out["share_1st"].setdefault(p, []).append(float((a.get("share_1st") or {}).get(p, 0.0)))
         for p in parts_after:                                      # without AdamW's first step
             out["share_after_first"].setdefault(p, []).append(float((a.get("share_after_first") or {}).get(p, 0.0)))
     return out
 
 
 def _sum_parts(rows: list[dict], parts) -> float:
-    totals = part_totals(rows, parts_prefix(rows))
+    totals = part_totals(rows, PARTS)
     return float(sum(totals.get(p, 0.0) for p in parts))
 
 
 def _interventions(rows: list[dict]) -> list[str]:
-    return sorted(n for n in part_totals(rows, parts_prefix(rows)) if n not in OWN_PARTS and n != "objective")
+    return sorted(n for n in part_totals(rows, PARTS) if n not in OWN_PARTS and n != "objective")
 
 
 def _part_totals(rows: list[dict]) -> dict[str, float]:
-    return part_totals(rows, parts_prefix(rows))
+    return part_totals(rows, PARTS)
 
 
 def _largest(rows: list[dict], k: int = 3) -> str:
@@ -111,11 +107,9 @@ def _largest(rows: list[dict], k: int = 3) -> str:
 
 def _net_text(m: list[dict]) -> str:
     net = sum(float(r["entropy_change/predicted_net"]) for r in m)
+    net_1st = sum(float(r.get("entropy_change/predicted_net_1st", float("nan"))) for r in m)
     real = sum(float(r.get("entropy_change/realized", float("nan"))) for r in m)
-    if parts_prefix(m) == SECOND_ORDER:
-        net_2nd = sum(float(r.get("entropy_change/predicted_net_2nd", float("nan"))) for r in m)
-        return f"predicted {_g(net_2nd)} to second order ({_g(net)} to first; realised {_g(real)})"
-    return f"predicted {_g(net)} (realised {_g(real)})"
+    return f"predicted {_g(net)} ({_g(net_1st)} to first order; realised {_g(real)})"
 
 
 def _explain_variant(variant: str, rows: list[dict]) -> str:

@@ -118,17 +118,16 @@ def _attribution_md(table: list[dict]) -> list[str]:
     rows = [t for t in table if t.get("attribution")]
     if not rows:
         return ["(no run measured the attribution: diagnostics.attribution=false)"]
-    lines = ["| variant | predicted_net vs realised: r detrended | slope | the same after step 1: r detrended | slope | "
-             "trapezoid (2nd order): r detrended | slope | "
-             "parts' share of the effect after step 1 (mean over seeds; second-order parts where logged) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| variant | predicted_net vs realised: r detrended | slope | "
+             "first order (predicted_net_1st): r detrended | slope | "
+             "parts' share of the effect after step 1 (mean over seeds) |",
+             "|---|---|---|---|---|---|"]
     for t in rows:
         a = t["attribution"]
-        share = {p: float(np.mean(v)) for p, v in (a.get("share_after_first") or a.get("share_2nd") or a["share"]).items()}
+        share = {p: float(np.mean(v)) for p, v in (a.get("share_after_first") or a["share"]).items()}
         top = sorted(share, key=lambda p: -abs(share[p]))[:5]
         lines.append(f"| {t['variant']} | {_ms(a['r_detrended'])} | {_ms(a['slope'])} | "
-                     f"{_ms(a.get('r_detrended_after_first', []))} | {_ms(a.get('slope_after_first', []))} | "
-                     f"{_ms(a.get('r_detrended_2nd', []))} | {_ms(a.get('slope_2nd', []))} | "
+                     f"{_ms(a.get('r_detrended_1st', []))} | {_ms(a.get('slope_1st', []))} | "
                      + ", ".join(f"{p} {share[p]:+.0%}" for p in top) + " |")
     return lines
 
@@ -221,10 +220,10 @@ def write_lab_outputs(out: Path, runs: dict, claims: list[dict], *, algo_cfgs: d
                      f"{_ms(t['pass@1'])} | {_ms(t[k])} | {_ms(t['pred_r_detrended'])} | {t['warnings']} | "
                      f"{t['flags']} |")
     lines += ["", "## Why entropy moved (attribution, every 10 steps)", "",
-              "`entropy_change/predicted_net` = sum over the step's optimizer steps of dH_probe/dtheta at the "
-              "optimizer step's start . its parameter change (first order), and the trapezoid `predicted_net_2nd` "
-              "with the gradient at both ends of each (second order), each split into parts "
-              "that add up to it (`attribution/<part>`, `attribution_2nd/<part>`; docs/algorithms.md §6); each run's "
+              "`entropy_change/predicted_net` = sum over the step's optimizer steps of the mean of dH_probe/dtheta "
+              "at the optimizer step's start and end . its parameter change (the trapezoid), and `predicted_net_1st` "
+              "with the gradient at the start only (first order), each split into parts that add up to it "
+              "(`attribution/<part>`, `attribution_1st/<part>`; docs/algorithms.md §6); each run's "
               "figure is `runs/<variant>/s<seed>/why_entropy_moved.png`.", "", *_attribution_md(table)]
     lines += ["", "## Quadrant sign experiment", "",
               "One plain-SGD step restricted to one quadrant's tokens, from the starting policy; realised entropy "

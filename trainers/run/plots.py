@@ -7,7 +7,7 @@ from pathlib import Path
 import matplotlib
 
 from ...core.files import atomic_path
-from .regime import SECOND_ORDER, parts_prefix
+from .regime import PARTS, PARTS_1ST
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -67,16 +67,13 @@ def plot_compare(curves: dict[str, list[dict]], key: str, path: Path, ylabel: st
 
 def plot_attribution(rows: list[dict], path: Path, title: str = "") -> Path | None:
     """"Why entropy moved": per measured step the parts stacked as bars (the positive parts above
-    zero, the negative below): the second-order ``attribution_2nd/<part>`` where every measured step
-    has them (they add up to ``predicted_net_2nd``, dashed), else ``attribution/<part>`` (adding up to
-    ``predicted_net``, dashed); the realised probe change as a line, and the first-order
-    ``predicted_net`` dotted beside the second-order one. None when no row holds an attribution."""
-    measured = [r for r in rows if any(k.startswith("attribution/") for k in r)]
+    zero, the negative below): ``attribution/<part>``, adding up to ``predicted_net`` (dashed); the
+    realised probe change as a line, and the first-order ``predicted_net_1st`` dotted beside it.
+    None when no row holds an attribution."""
+    measured = [r for r in rows if any(k.startswith(PARTS) for k in r)]
     if not measured:
         return None
-    prefix = parts_prefix(measured)
-    second = prefix == SECOND_ORDER
-    parts = sorted({k for r in measured for k in r if k.startswith(prefix)})
+    parts = sorted({k for r in measured for k in r if k.startswith(PARTS)})
     steps = [r["step"] for r in measured]
     width = 0.8 * (min(b - a for a, b in zip(steps, steps[1:])) if len(steps) > 1 else 1)
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
@@ -88,9 +85,8 @@ def plot_attribution(rows: list[dict], path: Path, title: str = "") -> Path | No
         up = [u + max(v, 0.0) for v, u in zip(vals, up)]
         down = [d + min(v, 0.0) for v, d in zip(vals, down)]
     lines = [("entropy_change/realized", "k-o", "realised")]
-    lines += ([("entropy_change/predicted_net_2nd", "k--", "predicted (2nd order)"),
-               ("entropy_change/predicted_net", "k:", "predicted_net (1st order)")] if second
-              else [("entropy_change/predicted_net", "k--", "predicted_net")])
+    lines += [("entropy_change/predicted_net", "k--", "predicted_net (trapezoid)"),
+              ("entropy_change/predicted_net_1st", "k:", "predicted_net_1st (first order)")]
     for key, style, label in lines:
         pts = [(r["step"], r[key]) for r in measured if r.get(key) is not None]
         if pts:
@@ -106,7 +102,7 @@ def plot_attribution(rows: list[dict], path: Path, title: str = "") -> Path | No
 
 
 def mean_by_step(runs: list[list[dict]],
-                 prefixes: tuple[str, ...] = ("attribution/", "attribution_2nd/", "entropy_change/")) -> list[dict]:
+                 prefixes: tuple[str, ...] = (PARTS, PARTS_1ST, "entropy_change/")) -> list[dict]:
     """The seed-mean row per step of ``runs`` (each a run's metric rows) over the keys starting with
     ``prefixes``: what a sweep variant's attribution figure draws. Steps no run measured are left out."""
     sums: dict[int, dict[str, list[float]]] = {}

@@ -205,15 +205,8 @@ def prediction_fit(rows: list[dict], predicted_key: str = "entropy_change/predic
             "sign_agreement": float(np.mean(np.sign(x) == np.sign(y)))}
 
 
-FIRST_ORDER, SECOND_ORDER = "attribution/", "attribution_2nd/"   # the parts' key prefixes
-
-
-def parts_prefix(rows: list[dict]) -> str:
-    """``attribution_2nd/`` where every row holding parts has the second-order ones too, else
-    ``attribution/``: which parts a summary, a figure or a sentence reads."""
-    measured = [r for r in rows if any(k.startswith(FIRST_ORDER) for k in r)]
-    second = measured and all(any(k.startswith(SECOND_ORDER) for k in r) for r in measured)
-    return SECOND_ORDER if second else FIRST_ORDER
+# the parts' key prefixes: adding up to predicted_net (trapezoid) and to predicted_net_1st (first order)
+PARTS, PARTS_1ST = "attribution/", "attribution_1st/"
 
 
 def part_totals(rows: list[dict], prefix: str) -> dict[str, float]:
@@ -247,30 +240,24 @@ def after_first_step(rows: list[dict]) -> list[dict]:
 
 
 def attribution_summary(rows: list[dict]) -> dict:
-    """``diagnostics.attribution`` over a run: the fit of ``entropy_change/predicted_net`` to the
-    realised change (``prediction_fit``), and per part (``attribution/<part>``) its ``total`` over
-    the measured steps (the totals add up to the summed predicted_net) and its ``share``, the total
-    over the sum of the parts' absolute totals (signed; the absolute shares add up to 1);
-    ``fit_2nd``: the same fit of the trapezoid ``entropy_change/predicted_net_2nd``, and
-    ``total_2nd``/``share_2nd`` of its parts (``attribution_2nd/<part>``, which add up to it);
-    ``share_after_first``: the shares over the measured steps after step 1 (``after_first_step``),
-    second order where logged; ``fit_after_first``: the first-order fit over those steps (``{}`` when
-    step 1 was not measured or nothing else was): AdamW's first step is the one the first order misses
-    most (the lab: overshot by 9-100 %, or the wrong sign), and on 10 measured points it can decide r.
+    """``diagnostics.attribution`` over a run: the fit of ``entropy_change/predicted_net`` (the
+    trapezoid) to the realised change (``prediction_fit``), and per part (``attribution/<part>``) its
+    ``total`` over the measured steps (the totals add up to the summed predicted_net) and its
+    ``share``, the total over the sum of the parts' absolute totals (signed; the absolute shares add
+    up to 1); ``fit_1st``, ``total_1st``, ``share_1st``: the same of the first-order
+    ``predicted_net_1st`` and its parts ``attribution_1st/<part>``; ``share_after_first``: the shares
+    over the measured steps after step 1 (``after_first_step``).
 
-    Several ranks log predicted_net without parts: the fit alone, ``total`` and ``share`` empty.
+    Several ranks log the predictions without parts: the fits alone, totals and shares empty.
     Empty dict when the rows hold no attribution.
     """
-    totals, totals_2nd = part_totals(rows, FIRST_ORDER), part_totals(rows, SECOND_ORDER)
+    totals, totals_1st = part_totals(rows, PARTS), part_totals(rows, PARTS_1ST)
     fit = prediction_fit(rows, predicted_key="entropy_change/predicted_net")
     if not totals and not fit:
         return {}
-    later = after_first_step(rows)
-    step_1_apart = len(later) < len(measured_rows(rows))
-    return {"fit": fit, "fit_2nd": prediction_fit(rows, predicted_key="entropy_change/predicted_net_2nd"),
-            "fit_after_first": prediction_fit(later, predicted_key="entropy_change/predicted_net") if step_1_apart else {},
-            "total": totals, "share": _shares(totals), "total_2nd": totals_2nd, "share_2nd": _shares(totals_2nd),
-            "share_after_first": _shares(part_totals(later, parts_prefix(later)))}
+    return {"fit": fit, "fit_1st": prediction_fit(rows, predicted_key="entropy_change/predicted_net_1st"),
+            "total": totals, "share": _shares(totals), "total_1st": totals_1st, "share_1st": _shares(totals_1st),
+            "share_after_first": _shares(part_totals(after_first_step(rows), PARTS))}
 
 
 def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) -> dict:

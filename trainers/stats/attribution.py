@@ -1,30 +1,38 @@
-"""The net first-order prediction of an update's effect on the probe entropy.
+"""The network's own prediction of an update's effect on the probe entropy.
 
-``diagnostics.attribution=true`` (every ``diagnostics.attribution_every`` steps): before each of the
-step's optimizer steps the gradient of the probe batch's token-mean entropy with respect to the
-trainable parameters, ``g_H = dH_probe/dtheta``, is taken (the probe of ``probe.py``: held-out
-responses, re-scored), and after it the parameter change gives that optimizer step's prediction;
-over the training step's optimizer steps k (``prompts_per_step / mini_batch_prompts`` per epoch)
+``diagnostics.attribution=true`` (on steps ``diagnostics.attribution_every``, twice that, ...): at
+the start of each of the step's optimizer steps the gradient of the probe batch's token-mean
+entropy with respect to the trainable parameters, ``g_H = dH_probe/dtheta``, is taken (the probe of
+``probe.py``: held-out responses, re-scored), and again after the last; with the parameter change
+``d_k = theta_{k+1} - theta_k`` of each optimizer step k (``prompts_per_step / mini_batch_prompts``
+per epoch) the step logs
 
-    entropy_change/predicted_net = sum_k g_H(theta_k) . (theta_{k+1} - theta_k)
+    entropy_change/predicted_net_1st = sum_k g_H(theta_k) . d_k                                (first order)
+    entropy_change/predicted_net     = sum_k (g_H(theta_k) + g_H(theta_{k+1})) / 2 . d_k       (trapezoid)
 
-logged beside ``entropy_change/realized`` (the measured ``H_probe(after) - H_probe(before)``).
-Unlike the per-token prediction (``prediction.py``), it sees everything the optimizer did (Adam's
-preconditioning, clipping, momentum), so the gap to the realised change is the second-order part
-alone. ``g_H`` is re-taken at each optimizer step's start because a training step of several Adam
-steps is not small: with ``g_H`` at the first one's start only, the curvature over the whole path
-(the cross term between consecutive, momentum-correlated updates included) made the first order
-overshoot by 15-30 % on the lab (slope 0.70-0.85 on GRPO). Cost per measured step: one backward
-through the probe per optimizer step plus one at the end (for the trapezoid ``predicted_net_2nd``),
-and a copy of the parameters.
+beside ``entropy_change/realized`` (the measured ``H_probe(after) - H_probe(before)``). Unlike the
+per-token prediction (``prediction.py``), both see everything the optimizer did (Adam's
+preconditioning, clipping, momentum). The first order's gap to the realised change is the
+curvature along the step, ``d' H d / 2``; the trapezoid is exact for an entropy quadratic along each
+optimizer step, so its gap is third order. ``predicted_net`` is the trapezoid because at the step
+sizes that make a run collapse the curvature is not small beside the change: on the lab
+(lr 3e-4) the first order overshoots a step's change by 0.0005-0.001 nats where the change is
+0.001-0.005 (and AdamW's first step, about lr in every coordinate, by up to its whole size or with
+the wrong sign), while the trapezoid is within about 1e-4 (README, docs/algorithms.md §6).
+``g_H`` is re-taken at each optimizer step's start because a training step of several Adam steps
+is not small: with one ``g_H`` for the whole step the curvature over the path (the cross term
+between consecutive, momentum-correlated updates included) about doubled the first order's error.
+Cost per measured step: one backward through the probe per optimizer step plus one at the end, and
+a copy of the parameters.
 
 Under FSDP (several ranks, or one with ``trainer.fsdp=true`` / ``trainer.dtype=bfloat16``) every
 rank holds the same probe batch (same prompts, same sampling seed) and takes a contiguous share of
 its rows; their backward passes go through FSDP's reduce-scatter, which averages over ranks, so
 each rank's share is scaled by ``world_size`` and the local gradient shard is that rank's slice of
-the single-process ``g_H``. The dot product is the sum of the ranks' local shard dot products (an
-all-reduce). The split into parts (``update_split.py``) needs the unsharded parameters: one
-process without FSDP; under FSDP it is skipped.
+the single-process ``g_H``. The dot products are the sums of the ranks' local shard dot products:
+one all-reduce of both predictions when the step finishes. The split into parts
+(``update_split.py``) needs the unsharded parameters: one process without FSDP; under FSDP it is
+skipped.
 
     entropyrl train diagnostics.attribution=true diagnostics.attribution_every=5
 """
@@ -148,12 +156,14 @@ class EntropyAttribution:
         self._grad: list[torch.Tensor] | None = None   # g_H at the current optimizer step's start
         self._training = False                     # the model's mode when g_H was first taken
         self._before: list[torch.Tensor] | None = None  # the parameters there
-        self._net = self._net_2nd = 0.0            # the step's predictions so far
+        self._net = self._net_1st = 0.0            # the step's predictions so far (this rank's shards)
         self.split: UpdateSplit | None = None      # the step's update split into parts (update_split.py)
 
     def due(self, step: int) -> bool:
-        """Step ``step`` (0-based count of steps done) is measured: the first, then every ``every``."""
-        return step % self.every == 0
+        """The step about to run, ``step + 1`` (``step``: the steps done), is measured: steps ``every``,
+        ``2 * every``, ..., counted as ``trainer.val_every`` and ``save_every`` count (and verl's
+        ``*_freq``); every step when ``every`` is 1."""
+        return (step + 1) % self.every == 0
 
     def _same_probe_on_every_rank(self) -> bool:
         """Every rank sampled the same probe batch (same prompts and seed): a fingerprint of its
@@ -181,7 +191,7 @@ class EntropyAttribution:
         if not self.sharded:
             self.split = UpdateSplit(self._grad, _trainable(model))
         self._before = [_local(p.detach()).clone() for p in _trainable(model)]
-        self._net = self._net_2nd = 0.0
+        self._net = self._net_1st = 0.0
 
     def _gradient(self, model) -> list[torch.Tensor]:
         was = model.training
@@ -193,12 +203,6 @@ class EntropyAttribution:
                                                   self.dist.rank, self.dist.world_size)
         finally:
             model.train(was)
-
-    def _dot(self, grad, after) -> float:
-        value = predicted_change(grad, self._before, after)
-        if self.sharded:                # each rank holds its shards: the dot product is their sum
-            value = float(sum_across(value, self.dist))
-        return value
 
     @contextmanager
     def optimizer_step(self, model, optimizer, grad_norm_before_clip: float):
@@ -213,27 +217,30 @@ class EntropyAttribution:
 
     def after_optimizer_step(self, model) -> None:
         """After one of the measured step's optimizer steps: its first-order prediction
-        ``g_H(start) . dtheta`` and trapezoid ``(g_H(start) + g_H(end))/2 . dtheta`` are added up, and
-        ``g_H(end)`` is where the next one starts (and the split's parts move on with it)."""
+        ``g_H(start) . dtheta`` and trapezoid ``(g_H(start) + g_H(end))/2 . dtheta`` are added up
+        (this rank's shards under FSDP: ``finish`` sums the ranks), and ``g_H(end)`` is where the next
+        one starts (and the split's parts move on with it)."""
         if self._grad is None or self._before is None:
             return
         after = [_local(p.detach()) for p in _trainable(model)]
-        first = self._dot(self._grad, after)
+        first = predicted_change(self._grad, self._before, after)
         grad_end = self._gradient(model)
-        self._net += first
-        self._net_2nd += 0.5 * (first + self._dot(grad_end, after))
+        self._net_1st += first
+        self._net += 0.5 * (first + predicted_change(grad_end, self._before, after))
         if self.split is not None:
             self.split.end_segment(grad_end)
         self._grad, self._before = grad_end, [a.clone() for a in after]
 
     def finish(self, model) -> dict[str, float]:
-        """``predicted_net`` (first order per optimizer step: what the parts add up to) and
-        ``predicted_net_2nd``, the trapezoid per optimizer step: exact for an entropy quadratic along
-        each step, so its gap to the realised change is third order and what separates it from
-        ``predicted_net`` is the curvature (large on Adam's first, sign-like step)."""
+        """``predicted_net`` (the trapezoid per optimizer step, what ``attribution/<part>`` adds up
+        to) and ``predicted_net_1st`` (first order per optimizer step, what ``attribution_1st/<part>``
+        adds up to); what separates them is the curvature (largest on Adam's first, sign-like step)."""
         if self._grad is None or self._before is None:
             return {}
-        out = {"entropy_change/predicted_net": self._net, "entropy_change/predicted_net_2nd": self._net_2nd}
+        net, net_1st = self._net, self._net_1st
+        if self.sharded:                # each rank holds its shards: the dot products are their sums
+            net, net_1st = (float(v) for v in sum_across(torch.tensor([net, net_1st], dtype=torch.float64), self.dist))
+        out = {"entropy_change/predicted_net": net, "entropy_change/predicted_net_1st": net_1st}
         if self.split is not None:
             out.update(self.split.metrics())
         self._grad = self._before = self.split = None

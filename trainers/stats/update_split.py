@@ -1,5 +1,6 @@
-"""Split a step's parameter update into parts whose predictions ``g_H . delta_part`` add up to
-``entropy_change/predicted_net`` (issue 21, item 2; docs/algorithms.md §6).
+"""Split a step's parameter update into parts whose predictions add up to the step's
+(``attribution/<part>`` to ``entropy_change/predicted_net``, ``attribution_1st/<part>`` to
+``predicted_net_1st``; issue 21, item 2; docs/algorithms.md §6).
 
 For one AdamW step (torch's algorithm: decoupled decay, then the moment update) with gradient
 ``g_t`` after clipping, the change of a parameter is exactly
@@ -19,19 +20,16 @@ signal given the interventions applied before it (``Algorithm.loss_prefixes``: t
 intervention at a time, so the differences telescope) and ``kl`` what the KL term adds. With ``d``
 fixed the split is linear, so the parts sum to ``delta``; ``float_rounding`` is what storing
 ``theta + delta`` in float32 (and the optimizer's own float32 arithmetic) changed, about 1e-6 of the
-net on the tiny model. The prediction of each part is first-order in the same way as
-``predicted_net``. Plain SGD is the same with ``b1 = 0``, ``s = lr``, ``d = 1``. Several optimizer
-steps in one training step add up part by part, each predicted from ``g_H`` at its own start
-(``end_segment``), as ``predicted_net`` is.
+net on the tiny model. Plain SGD is the same with ``b1 = 0``, ``s = lr``, ``d = 1``.
 
-Second order (``attribution_2nd/<part>``): each part's change ``delta_k`` over an optimizer step is
-kept (float64) and, once ``g_H`` where that step ended is known, predicted with the trapezoid
-``(g_H(start) + g_H(end))/2 . delta_k``, summed over the optimizer steps. The ``delta_k`` add up to
-the applied change, so these parts add up to ``entropy_change/predicted_net_2nd``, which tracks the
-realised change where a large step's curvature makes the first order overshoot (the lab's Adam
-steps). It is the straight-path integral of the gradient (integrated gradients) by a two-point
-rule. Memory: one float64 copy of the trainable parameters per part, as the first-order split's own
-state.
+Each part's change ``delta_k`` over an optimizer step is predicted two ways, as the net is
+(``attribution.py``): to first order, ``g_H(start) . delta_k`` (``attribution_1st/<part>``), and
+with the trapezoid ``(g_H(start) + g_H(end))/2 . delta_k`` once ``g_H`` where that step ended is
+known (``attribution/<part>``: the straight-path integral of the gradient, integrated gradients,
+by a two-point rule). Several optimizer steps in one training step add up part by part, each from
+``g_H`` at its own start and end (``end_segment``). The ``delta_k`` add up to the applied change, so
+each set of parts adds up to its net. Memory: ``delta_k`` is kept in float64 until the step ends,
+one copy of the trainable parameters per part.
 """
 
 from __future__ import annotations
@@ -104,8 +102,8 @@ class UpdateSplit:
 
     def __init__(self, g_h: list[torch.Tensor], params: list[torch.Tensor]):
         self.g_h, self.params = g_h, params
-        self.parts: dict[str, float] = {}
-        self.parts_2nd: dict[str, float] = {}
+        self.parts: dict[str, float] = {}       # part -> trapezoid prediction (attribution/<part>)
+        self.parts_1st: dict[str, float] = {}   # part -> first-order prediction (attribution_1st/<part>)
         self._groups: dict[str, list[torch.Tensor]] = {}   # part -> this optimizer step's gradient
         self._deltas: dict[str, list[torch.Tensor]] = {}   # part -> its change in this optimizer step (float64)
         self._segment: dict[str, float] = {}               # part -> its first-order value in it
@@ -126,7 +124,7 @@ class UpdateSplit:
         total = torch.zeros((), dtype=torch.float64)
         for g, v in zip(self.g_h, vectors):
             total += (g.double() * v).sum().cpu()
-        self.parts[key] = self.parts.get(key, 0.0) + float(total)
+        self.parts_1st[key] = self.parts_1st.get(key, 0.0) + float(total)
         self._segment[key] = self._segment.get(key, 0.0) + float(total)
         kept = self._deltas.get(key)
         if kept is None:
@@ -138,11 +136,11 @@ class UpdateSplit:
 
     def end_segment(self, g_end: list[torch.Tensor]) -> None:
         """After an optimizer step, with ``g_H`` where it ended: the trapezoid prediction of each
-        part's change over it is added to ``parts_2nd``, the kept changes are freed, and the next
+        part's change over it is added to ``parts``, the kept changes are freed, and the next
         optimizer step's parts are predicted from ``g_end``."""
         for key, deltas in self._deltas.items():
             at_end = sum(float((g.double() * d).sum().cpu()) for g, d in zip(g_end, deltas))
-            self.parts_2nd[key] = self.parts_2nd.get(key, 0.0) + 0.5 * (self._segment[key] + at_end)
+            self.parts[key] = self.parts.get(key, 0.0) + 0.5 * (self._segment[key] + at_end)
         self._deltas, self._segment, self.g_h = {}, {}, g_end
 
     def before_step(self, optimizer, grad_norm_before: float) -> None:
@@ -200,4 +198,4 @@ class UpdateSplit:
 
     def metrics(self) -> dict[str, float]:
         return {**{f"attribution/{k}": v for k, v in self.parts.items()},
-                **{f"attribution_2nd/{k}": v for k, v in self.parts_2nd.items()}}
+                **{f"attribution_1st/{k}": v for k, v in self.parts_1st.items()}}
