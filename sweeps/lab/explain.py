@@ -9,7 +9,7 @@ Every lab run measures ``diagnostics.attribution`` every 10 steps (``lab_common.
   (detrended r, slope) and each part's total and share over the run;
 - ``explain_claims(claims, runs)``: adds to each claim an ``attribution`` sentence, measured on the
   runs the claim is about, from the parts (which add up to the trapezoid prediction; the first-order
-  parts, ``attribution_1st/<part>``, overshoot it by up to a third at the lab's step sizes): which
+  parts, ``attribution_1st/<part>``, overshoot the decline at the lab's step sizes): which
   part moved entropy (for STARE: on the steps its gate was open; for
   Clip-Cov / KL-Cov: what their detached or penalised tokens' part was; for STEER: how small its own
   part is), so a reader sees *why* a claim held or not, not only whether.

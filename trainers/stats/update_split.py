@@ -28,7 +28,7 @@ with the trapezoid ``(g_H(start) + g_H(end))/2 . delta_k`` once ``g_H`` where th
 known (``attribution/<part>``: the straight-path integral of the gradient, integrated gradients,
 by a two-point rule). Several optimizer steps in one training step add up part by part, each from
 ``g_H`` at its own start and end (``end_segment``). The ``delta_k`` add up to the applied change, so
-each set of parts adds up to its net. Memory: ``delta_k`` is kept in float64 until the step ends,
+each set of parts adds up to its net. Memory: ``delta_k`` is kept in float64 until its optimizer step ends,
 one copy of the trainable parameters per part.
 """
 
