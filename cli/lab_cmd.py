@@ -2,7 +2,7 @@
 
     entropyrl lab                                        # every lab variant x seeds 0,1,2 + quadrant experiment
     entropyrl lab --algos grpo,stare --seeds 0,1         # a subset
-    entropyrl lab --algos all                            # also issue 22's methods (ce_gppo, gspo, ...)
+    entropyrl lab --algos all                            # also the newer methods (ce_gppo, gspo, ...)
     entropyrl lab --experiment quadrants --seeds 0       # only the quadrant sign experiment
     entropyrl lab trainer.total_steps=40                 # overrides apply to every run
 
@@ -31,7 +31,7 @@ from ..sweeps.ablation import variants_of
 # the default --algos (`make lab`); any training variant of conf/ablation/lab.yaml may be named
 VARIANTS = ("grpo", "stare", "steer", "clip_cov", "kl_cov", "sample_reweight", "high_entropy_mask",
             "grpo_extreme", "steer_extreme")
-# issue 22's methods: in the lab with --algos all (the default set keeps `make lab` at ~30 min)
+# the newer methods: in the lab with --algos all (the default set keeps `make lab` at ~30 min)
 NEW_VARIANTS = ("ce_gppo", "entropic", "aent", "siren", "archer", "entropy_adv", "gtpo", "lp_reg",
                 "gspo", "gmpo", "cispo", "sapo")
 ALL_VARIANTS = VARIANTS + NEW_VARIANTS

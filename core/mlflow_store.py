@@ -3,8 +3,7 @@ sqlite store's first use (``store_lock``).
 
 MLflow creates and migrates a sqlite store's tables the first time a process opens it. Two runs
 started together on a fresh ``mlflow.db`` (two `entropyrl train` in one folder, a train beside an
-eval) both run the migration and one of them dies ("table ... already exists", measured with three
-processes). ``store_lock(uri)`` serialises that opening, and the experiment lookup-or-create after
+eval) both run the migration and one of them dies ("table ... already exists"). ``store_lock(uri)`` serialises that opening, and the experiment lookup-or-create after
 it, with an exclusive ``flock`` on the database file itself: sqlite uses POSIX record locks, which
 ``flock`` does not touch, and an empty file is a valid empty sqlite database.
 """

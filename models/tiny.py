@@ -31,9 +31,9 @@ SPECIAL_TOKENS = [PAD, EOS, UNK]
 # Bump when the warm-start recipe or tokenizer changes, so stale caches are not reused.
 # 4: the warm start runs on one torch thread (WARM_START_THREADS).
 RECIPE_VERSION = 4
-# The warm start is chaotic in float rounding: built with 2 threads instead of 1 (other reduction
-# orders), the default model's weights differed by up to 0.30 and it started GRPO at 1.03 nats/token
-# (ending at 56 % greedy accuracy, not 85 %; measured). One thread makes the embedded model
+# The warm start is chaotic in float rounding: other reduction orders (more threads) build a
+# visibly different model, enough to change how deep GRPO's collapse goes (docs/performance.md).
+# One thread makes the embedded model
 # the same whatever the machine's load or core count (on the same CPU kind and torch build).
 WARM_START_THREADS = 1
 

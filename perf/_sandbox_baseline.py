@@ -1,5 +1,5 @@
 """The code sandbox's previous design, for ``perf/sandbox.py`` only: program, tests and pass
-marker in ONE interpreter (the design issue 20 replaced because a program could game it). Started
+marker in ONE interpreter (the design that was replaced because a program could game it). Started
 with the same launcher and mounts as the current sandbox, so the two differ only in the harness."""
 
 from __future__ import annotations

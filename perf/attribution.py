@@ -12,7 +12,7 @@ Their steps run round-robin (one step of each in turn), so the machine's load fa
 alike. The first step of each (it samples the probe batch and warms up) is not timed; ``off`` and
 ``every_10`` then time ``STEPS`` steps, two of them measured (steps 10 and 20), the share a long
 run has. Reported: seconds per step (mean: the measured steps' cost spread over the run, as in a
-run's wall time; and median), ``every_10_vs_off`` (ratio of the means, target <= 1.25, issue 21),
+run's wall time; and median), ``every_10_vs_off`` (ratio of the means, target <= 1.25),
 ``every_10_vs_off_medians`` (the same run composed from medians: ``every_10``'s plain steps and
 ``every_step``'s measured ones, each at its median, in ``every_10``'s proportions; insensitive to a
 load spike landing on one of the two measured steps),

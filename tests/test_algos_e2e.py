@@ -13,7 +13,7 @@ from entropyrl.trainers.trainer import train
 
 QUADRANT_KEYS = [f"quadrant/q{q}/{k}" for q in range(1, 5) for k in ("share", "pred_dH")]
 BASE_KEYS = ["entropy", "reward/mean", "acc/mean", "response_length/mean", "loss/policy", "clip/frac", *QUADRANT_KEYS]
-# metrics each intervention must log (docs/algorithms.md §5 and issue 3's stable names)
+# metrics each intervention must log (docs/algorithms.md §5's stable names)
 INTERVENTION_KEYS = {
     "stare": ["stare/gate_on", "stare/w", "stare/m", "stare/l_plus_frac", "stare/l_minus_frac"],
     "steer": ["steer/weight_mean", "steer/weight_min"],
@@ -21,7 +21,7 @@ INTERVENTION_KEYS = {
     "kl_cov": ["kl_cov/frac"],
     "entropy_bonus": ["entropy_bonus/coef"],
     "adaptive_entropy": ["entropy_bonus/coef"],
-    # issue 22: each method logs its state (what it selected, its weights or coefficient)
+    # each method logs its state (what it selected, its weights or coefficient)
     "ce_gppo": ["ce_gppo/low_frac", "ce_gppo/high_frac", "ce_gppo/beta1"],
     "entropic": ["entropic/alpha", "entropic/integral", "entropic/high_frac", "loss/entropic"],
     "aent": ["aent/coef", "aent/clamped_entropy", "loss/aent"],
@@ -61,7 +61,7 @@ def test_every_algo_runs_and_logs_its_metrics(algo, in_tmp):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", NEW_METHODS)
 def test_new_methods_train_on_the_lab_task(method, in_tmp):
-    """Issue 22: every method trains on the lab task (experiment=lab_<method>, countdown) and logs its state."""
+    """Every method trains on the lab task (experiment=lab_<method>, countdown) and logs its state."""
     # a 40-step warm start (the lab's is 1000, a cold build of minutes): one small cached model for all methods
     cfg = compose("train", [f"experiment=lab_{method}", *SHORT, "trainer.total_steps=2", "val.prompts=0",
                             "model.warm_start.steps=40", "diagnostics.entropy_change=false", "output_dir=run"])

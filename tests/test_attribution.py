@@ -1,4 +1,4 @@
-"""``diagnostics.attribution`` (issue 21, item 1): ``entropy_change/predicted_net_1st = g_H . dtheta``
+"""``diagnostics.attribution``: ``entropy_change/predicted_net_1st = g_H . dtheta``
 with ``g_H = dH_probe/dtheta`` on the probe batch, and the trapezoid ``predicted_net`` (``g_H`` at
 both ends). On the embedded tiny model a small SGD step's
 measured probe-entropy change (finite difference) matches the prediction within 5 %; a training run

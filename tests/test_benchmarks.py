@@ -168,7 +168,7 @@ def test_a_data_file_can_stand_in_for_a_benchmark(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"question": "x", "answer": "1"}\n{oops\n')
     with pytest.raises(UserError, match="bad.jsonl:2"):
         load_benchmark(str(tmp_path / "bad.jsonl"))
-    # issue 24, case 11: a row missing a field is named by its line (blank lines counted), limit or not
+    # a row missing a field is named by its line (blank lines counted), limit or not
     (tmp_path / "gap.jsonl").write_text('{"question": "x", "answer": "1"}\n\n{"question": "y", "answer": "2"}\n'
                                         '{"question": "z"}\n')
     for limit in (None, 2):

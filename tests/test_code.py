@@ -157,7 +157,7 @@ def test_eval_humaneval_with_the_tiny_model(tmp_path):
     assert all(s["reason"] in ("pass", "fail", "error", "timeout", "memory", "output_limit", "killed")
                and "program" in s for s in samples)
     assert bench["metrics"]["avg@2"] == pytest.approx(sum(s["correct"] for s in samples) / 10)
-    # issue 24, case 11: `grade` reads eval's own samples.jsonl (problem_id, not id) and agrees with it
+    # `grade` reads eval's own samples.jsonl (problem_id, not id) and agrees with it
     regraded = run_cli("grade", "run/samples.jsonl", "--out", "regraded.jsonl", cwd=tmp_path)
     assert regraded.returncode == 0 and "malformed" not in regraded.stdout, regraded.stderr[-3000:]
     again = [json.loads(line) for line in (tmp_path / "regraded.jsonl").read_text().splitlines()]

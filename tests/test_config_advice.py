@@ -1,4 +1,4 @@
-"""Issue 24, cases 9 and 12: advice that helps. An unknown key names the key it is close to (never
+"""Advice that helps. An unknown key names the key it is close to (never
 the `+key` advice that made a silent no-op key), a near-miss `+key` is refused, a parameter of an
 intervention the algo does not apply is refused, an unknown intervention is refused at compose time
 (as `train` refuses it). Real Hydra composition of the shipped configs."""

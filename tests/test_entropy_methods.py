@@ -1,4 +1,4 @@
-"""Issue 22's methods reproduce their golden vectors (tests/golden/<name>.json, numpy float64
+"""The newer methods reproduce their golden vectors (tests/golden/<name>.json, numpy float64
 re-derivations of the authors' code or paper, tests/golden/make_entropy_methods.py): the loss
 and its gradient with respect to ``logp`` through ``Algorithm.loss``, to 1e-6 in float64."""
 

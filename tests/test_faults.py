@@ -1,4 +1,4 @@
-"""Issue 24, cases 3, 4, 7 and 8: nothing lost whatever happens around a run.
+"""Nothing lost whatever happens around a run.
 
 - a real `mlflow server` (started here on a free loopback port) killed mid-run and started again:
   training goes on with one warning line, every step reaches MLflow once the server is back, and

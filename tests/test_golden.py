@@ -71,9 +71,9 @@ def loss_of(a: Algorithm, b) -> torch.Tensor:
                   mask=b["mask"]).loss
 
 
-# Checked by tests/test_lab_fixes.py (issue 9 fidelity fixes), wherever the golden folder lives.
+# Checked by tests/test_lab_fixes.py (the lab's fidelity fixes), wherever the golden folder lives.
 CHECKED_ELSEWHERE = {"lab_fixes.json",
-                     # issue 22's methods: tests/test_entropy_methods.py
+                     # the newer methods: tests/test_entropy_methods.py
                      *(f"{n}.json" for n in ("ce_gppo", "archer", "entropy_adv", "entropic", "gspo", "gmpo",
                                             "cispo", "sapo", "tis_modes", "vocab_stats", "gtpo", "aent", "lp_reg", "siren"))}
 

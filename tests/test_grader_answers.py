@@ -193,7 +193,7 @@ def _grade_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
 
 
 def test_grade_refuses_an_out_that_is_its_input_by_any_name(tmp_path):
-    """Issue 24, case 2: `grade X --out X` (also via ../, a symlink, a hard link) leaves X intact."""
+    """`grade X --out X` (also via ../, a symlink, a hard link) leaves X intact."""
     (tmp_path / "sub").mkdir()
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"response": "\\boxed{2}", "answer": "2"}) + "\nnot json\n")

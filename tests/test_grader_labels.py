@@ -1,4 +1,4 @@
-"""Math answers with labels and other equivalent forms (issue 20): graded as math-verify grades
+"""Math answers with labels and other equivalent forms: graded as math-verify grades
 them, through the real fast path and math-verify workers, with their wrong twins still wrong."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Diagnostics that see the interventions (issue 9): the effective-coefficient entropy prediction
+"""Diagnostics that see the interventions: the effective-coefficient entropy prediction
 against a finite-difference entropy change on a small softmax model, the regime warnings and
 flags on synthetic metric rows, and the predicted-vs-realised fit."""
 

@@ -1,4 +1,4 @@
-"""The lab's claims explained with the attribution (issue 21, item 4), on synthetic metric rows:
+"""The lab's claims explained with the attribution, on synthetic metric rows:
 the sentences carry the measured parts, and the quadrant table compares the network's prediction
 and the tabular formula with the realised change."""
 

@@ -1,4 +1,4 @@
-"""Issue 9 fidelity fixes against golden vectors: the entropy bonus follows the loss aggregation,
+"""Fidelity fixes against golden vectors: the entropy bonus follows the loss aggregation,
 clip fractions split into ratio and dual clip, STEER's entropy_source, NaN-proof masked means,
 and the presets that carry published values (steer_linear lambda_max 1.2, 7B KL-Cov ratio 2e-3)."""
 

@@ -1,4 +1,4 @@
-"""Issue 22's lab claims (sweeps/lab/method_claims.py) on small synthetic metric rows: each claim
+"""The newer methods' lab claims (sweeps/lab/method_claims.py) on small synthetic metric rows: each claim
 reproduced when the effect is there and not when it is absent, the measured reason naming the
 method's lever when it was inert, and every method's status (yes / no / no claim) in lab.json
 and report.md."""

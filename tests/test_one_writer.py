@@ -1,4 +1,4 @@
-"""Issue 24, case 1 (and 5): one writer per run folder. A second `entropyrl train` into a folder a
+"""one writer per run folder. A second `entropyrl train` into a folder a
 live run writes is refused with one line naming the holder's host and pid, and the first run's
 metrics stay one continuous sequence; a lock left by a killed process is taken over; an output_dir
 that cannot be created is one line. Real `entropyrl train` subprocesses, a real MLflow sqlite store."""

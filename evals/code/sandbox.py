@@ -3,7 +3,7 @@
 ``run_program(program, tests, limits)`` -> ``SandboxResult(passed, reason, seconds, stdout_tail,
 tests_passed, tests_total)``; ``reason`` is one of ``REASONS``. ``SandboxPool`` runs many at once.
 
-How one run is isolated (README "The code sandbox" says what this does *not* cover):
+How one run is isolated (docs/sandbox.md says what this does *not* cover):
 
 - Launcher (``evals/code/sandbox_launch.py``), chosen once per process (``isolation``: ``auto`` | ``bwrap`` | ``unshare`` | ``none``):
   ``bwrap`` (bubblewrap): new network, pid, ipc and uts namespaces, a root holding only the

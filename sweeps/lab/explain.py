@@ -1,4 +1,4 @@
-"""The lab's claims explained with the entropy-change attribution (issue 21, item 4).
+"""The lab's claims explained with the entropy-change attribution.
 
 Every lab run measures ``diagnostics.attribution`` every 10 steps (``lab_common.yaml``):
 ``entropy_change/predicted_net`` and its parts ``attribution/<part>`` (``q1``-``q4``, ``zero_adv``,

@@ -1,4 +1,4 @@
-"""Lab claims of issue 22's methods (CE-GPPO, EntroPIC, AEnt, SIREN, Archer, GTPO, Lp-Reg, GMPO;
+"""Lab claims of the newer methods (CE-GPPO, EntroPIC, AEnt, SIREN, Archer, GTPO, Lp-Reg, GMPO;
 the others state no entropy claim the lab can measure), measured per seed like ``claims.py``.
 
 A method's claim appears in the table only when its runs are in ``runs`` (``entropyrl lab --algos
@@ -160,7 +160,7 @@ def _entropic(runs: dict, algo_cfgs: dict) -> dict:
 
 
 def method_claims(runs: dict, algo_cfgs: dict | None = None) -> list[dict]:
-    """The claims of the issue-22 methods present in ``runs`` (see module docstring)."""
+    """The claims of the newer methods present in ``runs`` (see module docstring)."""
     algo_cfgs = algo_cfgs or {}
     out = []
     if runs.get("entropic"):

@@ -6,7 +6,7 @@ From a fixed checkpoint (the run's starting policy), for each of ``batches`` fre
 and each quadrant: restore the checkpoint, take one small plain-SGD policy-gradient step on that
 quadrant's tokens only (``-sum_t A_t logp_t`` over the quadrant, divided by the batch's valid
 tokens), and measure the realised entropy change on a fixed held-out probe batch. Plain SGD with a
-small step because a reused Adam state or a large step breaks the first-order picture (measured on the earlier toy lab, see the README lab section).
+small step because a reused Adam state or a large step breaks the first-order picture (measured on the earlier toy lab, see docs/lab.md).
 
 Beside each realised change it records two predictions of it: the network's own first-order one,
 ``g_H . (theta_after - theta_before)`` with ``g_H = dH_probe/dtheta`` taken once at the checkpoint

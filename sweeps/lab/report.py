@@ -54,7 +54,7 @@ def plot_band(runs: dict[str, dict[int, list[dict]]], key: str, path: Path, ylab
 
 
 def _save_small(fig, path: Path) -> None:
-    """Save ``fig`` as a 64-colour palette PNG: the README embeds these, and a full-colour PNG of
+    """Save ``fig`` as a 64-colour palette PNG: the docs embed these, and a full-colour PNG of
     nine translucent bands is ~4x larger for no visible difference."""
     from io import BytesIO
 

@@ -76,7 +76,7 @@ def lab_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[
     any_cfg = next(iter(configs.values()), None) or to_plain(compose("train", ["experiment=lab_grpo", *every_job]))
     pass_key = f"val/pass@{int(any_cfg['val']['pass_k'])}"
     claims = compute_claims(runs, h_tgt=h_tgt, algo_cfgs=algo_cfgs, quadrants=quadrants or None, pass_key=pass_key)
-    claims += method_claims(runs, algo_cfgs)   # issue 22's methods, where their runs are present
+    claims += method_claims(runs, algo_cfgs)   # the newer methods, where their runs are present
     claims = explain_claims(claims, runs)      # why entropy moved, from the runs' attribution
     failed = [st.key for st in statuses if st.state == FAILED]
     command = sweep.get("command") or " ".join(["entropyrl sweep", f"ablation={sweep.get('ablation', {}).get('name')}",

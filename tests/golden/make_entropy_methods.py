@@ -1,4 +1,4 @@
-"""Regenerate the golden vectors of issue 22's methods (ce_gppo, archer, entropy_adv, entropic,
+"""Regenerate the golden vectors of the newer methods (ce_gppo, archer, entropy_adv, entropic,
 aent, lp_reg, siren, gspo, gmpo, cispo, sapo, tis_modes, vocab_stats): plain numpy float64,
 independent of entropyrl's torch code.
 
@@ -237,7 +237,7 @@ def main(folder: str) -> None:
     folder = Path(folder)
 
     def write(name, source, cases):
-        doc = {"about": f"issue 22 golden vectors for {name}; numpy float64 re-derivation "
+        doc = {"about": f"golden vectors for {name}; numpy float64 re-derivation "
                         "(tests/golden/make_entropy_methods.py)", "source": source, "inputs": inputs, **cases}
         (folder / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
 

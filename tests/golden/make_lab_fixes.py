@@ -1,4 +1,4 @@
-"""Regenerate lab_fixes.json: golden vectors for the fidelity fixes of issue 9, computed in plain
+"""Regenerate lab_fixes.json: golden vectors for the lab's fidelity fixes, computed in plain
 numpy float64 from the shared golden inputs (an implementation independent of entropyrl's torch code).
 
     python tests/golden/make_lab_fixes.py path/to/golden/inputs.json path/to/golden/advantages.json
@@ -45,7 +45,7 @@ def main(inputs_path: str, adv_path: str) -> None:
     m = np.array(inp["mask"], dtype=float)
     logp, old, ent = (np.array(inp[k], dtype=float) for k in ("logp", "old_logp", "entropy"))
     adv = np.array(json.loads(Path(adv_path).read_text())["grpo"], dtype=float)[:, None] * m
-    out: dict = {"about": "issue 9 fidelity fixes; from tests/golden/inputs.json (grpo advantages), numpy float64"}
+    out: dict = {"about": "fidelity fixes; from tests/golden/inputs.json (grpo advantages), numpy float64"}
     out["entropy_bonus"] = {"coef": 0.01, "norm": 7.0,
                             **{mode: -0.01 * agg(ent, m, mode) for mode in
                                ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")}}

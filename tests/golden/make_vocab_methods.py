@@ -1,4 +1,4 @@
-"""Golden vectors of issue 22's full-distribution methods (AEnt, SIREN, Lp-Reg; part of
+"""Golden vectors of the newer full-distribution methods (AEnt, SIREN, Lp-Reg; part of
 tests/golden/make_entropy_methods.py, which calls ``write_vocab_methods``): plain numpy float64
 re-derivations of the authors' code, independent of entropyrl's torch code."""
 
@@ -169,7 +169,7 @@ def lp_reg(x: dict, p: dict, lo: float, hi: float) -> dict:
 
 
 def write_vocab_methods(folder: Path) -> None:
-    doc = {"about": "issue 22: full-distribution statistics of tests/golden/inputs.json's logits (AEnt's "
+    doc = {"about": "full-distribution statistics of tests/golden/inputs.json's logits (AEnt's "
                     "clamped entropy, SIREN's top-p entropy, Lp-Reg's min-p kept mass); numpy float64 "
                     "(tests/golden/make_entropy_methods.py)",
            "source": f"clamped_entropy: {AENT}; minp_log_mass: {LP_REG}; topp_entropy: {SIREN}",
@@ -179,7 +179,7 @@ def write_vocab_methods(folder: Path) -> None:
 
     aent_p = {"clamp": 0.4, "init_coef": 0.0002, "adaptive": True, "lr": 0.001, "low": 0.05, "high": 0.23,
               "coef_min": 1e-5, "coef_max": 0.003, "warmup_steps": 1}
-    doc = {"about": "issue 22 golden vectors for aent (clamped entropy term, adaptive coefficient) on "
+    doc = {"about": "golden vectors for aent (clamped entropy term, adaptive coefficient) on "
                     "tests/golden/inputs.json's logits; numpy float64 (tests/golden/make_entropy_methods.py)",
            "source": AENT, "cases": {
                "published": aent(folder, aent_p, [1.0, 1.0, 0.2, 0.01, 0.01, 3.0], [[0, 1, 2], [3, 4, 5]]),
@@ -189,14 +189,14 @@ def write_vocab_methods(folder: Path) -> None:
     (folder / "aent.json").write_text(json.dumps(doc, indent=1) + "\n")
 
     siren_p = {"top_p": 0.8, "top_k": 10000, "quantile": 0.8, "coef": 0.005}
-    doc = {"about": "issue 22 golden vectors for siren on tests/golden/inputs.json's logits; numpy float64 "
+    doc = {"about": "golden vectors for siren on tests/golden/inputs.json's logits; numpy float64 "
                     "(tests/golden/make_entropy_methods.py)", "source": SIREN, "cases": {
                "published": siren(folder, siren_p, (1.3, 0.05)),
                "half": siren(folder, {**siren_p, "top_p": 0.95, "top_k": 6, "quantile": 0.5, "coef": 2.0}, (0.7, 0.0))}}
     (folder / "siren.json").write_text(json.dumps(doc, indent=1) + "\n")
 
     y = lp_reg_batch()
-    doc = {"about": "issue 22 golden vectors for lp_reg; numpy float64 re-derivation (tests/golden/"
+    doc = {"about": "golden vectors for lp_reg; numpy float64 re-derivation (tests/golden/"
                     "make_entropy_methods.py); its own batch with logits [6, 8, 16] and sampled tokens",
            "source": LP_REG, "inputs": {k: v.tolist() for k, v in y.items()}, "cases": {
                "published": lp_reg(y, {"coef": 1.0, "kappa": 0.02, "rho": 0.01, "rho_pos": 0.0}, 1.0, 9.0),

@@ -15,10 +15,8 @@ per-token prediction (``prediction.py``), both see everything the optimizer did 
 preconditioning, clipping, momentum). The first order's gap to the realised change is the
 curvature along the step, ``d' H d / 2``; the trapezoid is exact for an entropy quadratic along each
 optimizer step, so its gap is third order. ``predicted_net`` is the trapezoid because at the step
-sizes that make a run collapse the curvature is not small beside the change: on the lab
-(lr 3e-4, 40 runs) the first order overshoots a measured step's decline by up to 0.0016-0.0022 nats
-where a step's change is 0.001-0.005 (AdamW's first step, about lr in every coordinate, by 9-40 %,
-once with the wrong sign), the trapezoid by up to 0.0007 (README, docs/algorithms.md §6).
+sizes that make a run collapse the curvature is not small beside the change, and the first order
+overshoots a step's decline by a share of the change itself (docs/algorithms.md §6, docs/lab.md).
 ``g_H`` is re-taken at each optimizer step's start because a training step of several Adam steps
 is not small: with one ``g_H`` for the whole step the curvature over the path (the cross term
 between consecutive, momentum-correlated updates included) about doubled the first order's error.

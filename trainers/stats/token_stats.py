@@ -11,7 +11,7 @@ Two entry points:
   vocab block) in practice). ``logp`` keeps its gradient through a custom autograd Function that
   recomputes each block's logits in backward instead of saving them. At Qwen2.5-0.5B's head size
   (512 tokens) it uses ~7% of the naive path's extra memory at equal or better speed
-  (``benchmarks/token_stats.py``).
+  (``perf/token_stats.py``).
 
 Entropy uses ``H = logsumexp(z) - sum(softmax(z) * z)``: both terms are finite for any finite logits,
 whereas ``-sum(p * log p)`` on a materialised softmax produces ``0 * -inf = nan`` where p underflows.
@@ -24,7 +24,7 @@ import torch
 
 __all__ = ["logits_token_stats", "chunked_token_stats", "DEFAULT_VOCAB_CHUNK"]
 
-# Vocabulary rows per block inside a token chunk; tuned on a 2-core CPU (benchmarks/token_stats.py).
+# Vocabulary rows per block inside a token chunk; tuned on a 2-core CPU (perf/token_stats.py).
 DEFAULT_VOCAB_CHUNK = 16384
 
 

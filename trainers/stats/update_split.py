@@ -1,6 +1,6 @@
 """Split a step's parameter update into parts whose predictions add up to the step's
 (``attribution/<part>`` to ``entropy_change/predicted_net``, ``attribution_1st/<part>`` to
-``predicted_net_1st``; issue 21, item 2; docs/algorithms.md §6).
+``predicted_net_1st``; docs/algorithms.md §6).
 
 For one AdamW step (torch's algorithm: decoupled decay, then the moment update) with gradient
 ``g_t`` after clipping, the change of a parameter is exactly
