@@ -26,7 +26,6 @@ import typer
 
 from ..conf import compose
 from ..core.errors import UserError
-from ..sweeps.ablation import variants_of
 
 # the default --algos (`make lab`); any training variant of conf/ablation/lab.yaml may be named
 VARIANTS = ("grpo", "stare", "steer", "clip_cov", "kl_cov", "sample_reweight", "high_entropy_mask",
@@ -52,6 +51,8 @@ def _parse_seeds(text: str) -> list[int]:
 def lab_variants() -> list[str]:
     """The training variants of the lab ablation (``conf/ablation/lab.yaml``): a new lab preset is
     one ``experiment=lab_<name>`` YAML plus one line there."""
+    from ..sweeps.ablation import variants_of
+
     return [v.name for v in variants_of(compose("sweep", ["ablation=lab"]).ablation) if v.kind == "train"]
 
 

@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 from pathlib import Path
-
-from hydra import compose as hydra_compose
-from hydra import initialize_config_dir
-from hydra.core.config_store import ConfigStore
-from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import HydraException
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from typing import TYPE_CHECKING
 
 from ..core.errors import UserError
 from ..core.validation import renamed_problem, validate_config
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+# Hydra and OmegaConf are imported where a config is composed or read, not with the package: the
+# command line's --help and the group lists (``config_groups``, ``primary_defaults``) need neither.
 
 CONF_DIR = Path(__file__).resolve().parent
 INTERVENTION_GROUP = "intervention"         # conf/intervention/<name>.yaml, or ConfigStore group
@@ -58,6 +58,8 @@ def config_groups() -> dict[str, list[str]]:
 
 def _stored_interventions() -> dict:
     """``{name: ConfigNode}`` of the interventions stored in Hydra's ConfigStore (not the files)."""
+    from hydra.core.config_store import ConfigStore
+
     group = ConfigStore.instance().repo.get(INTERVENTION_GROUP, {})
     return {key[: -len(".yaml")]: node for key, node in group.items() if key.endswith(".yaml")}
 
@@ -72,6 +74,8 @@ def intervention_names() -> list[str]:
 def intervention_defaults(name: str) -> dict | None:
     """The published parameters of intervention ``name`` as a plain dict (its YAML, or its
     ConfigStore node), or None when it has none (then its ``Params`` dataclass must say them)."""
+    from omegaconf import OmegaConf
+
     path = CONF_DIR / INTERVENTION_GROUP / f"{name}.yaml"
     if path.is_file():
         node = OmegaConf.load(path)
@@ -88,6 +92,8 @@ def intervention_defaults(name: str) -> dict | None:
 def mount_interventions() -> None:
     """(Re)store the ``intervention_defaults`` node: a defaults list that mounts every intervention
     config at ``<package>.<name>`` (``algo.<name>`` where ``conf/algo/grpo.yaml`` includes it)."""
+    from hydra.core.config_store import ConfigStore
+
     ConfigStore.instance().store(
         name=INTERVENTION_MOUNT,
         node={"defaults": [{f"/{INTERVENTION_GROUP}@{name}": name} for name in intervention_names()]})
@@ -116,6 +122,13 @@ def _near_key(name: str, known: list[str]) -> str:
 
 def _known_keys(config_name: str, overrides: list[str]) -> list[str]:
     """Every dotted key of ``config_name`` composed with the overrides that only pick group options."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     picks = [o for o in overrides if "=" in o and "." not in o.split("=", 1)[0] and not o.startswith(("+", "~"))]
     for attempt in (picks, []):
         try:
@@ -190,6 +203,12 @@ def compose(config_name: str, overrides: list[str] | None = None, *, validate: b
     (``validate``) for a value of the wrong type or range (``entropyrl.core.validation``), so every
     command rejects bad values before it creates anything.
     """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
     overrides = list(overrides or [])
     bad = [o for o in overrides if "=" not in o and not o.startswith("~")]
     if bad:
@@ -229,15 +248,19 @@ def compose(config_name: str, overrides: list[str] | None = None, *, validate: b
 
 
 def to_yaml(cfg: DictConfig) -> str:
+    from omegaconf import OmegaConf
+
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
 def primary_defaults(config_name: str) -> dict[str, str]:
-    """``{group: default option}`` from a primary config's defaults list."""
-    raw = OmegaConf.load(CONF_DIR / f"{config_name}.yaml")
+    """``{group: default option}`` from a primary config's defaults list (plain YAML: no Hydra)."""
+    import yaml
+
+    raw = yaml.safe_load((CONF_DIR / f"{config_name}.yaml").read_text()) or {}
     out: dict[str, str] = {}
     for item in raw.get("defaults", []):
-        if isinstance(item, (dict, DictConfig)):
+        if isinstance(item, dict):
             for k, v in item.items():
                 out[str(k).split("@")[0].lstrip("/")] = str(v)
     return out
@@ -253,6 +276,7 @@ def cfg_get(cfg, key: str, default=None):
 
 def to_plain(value):
     """OmegaConf containers -> plain dicts/lists (resolved); anything else unchanged."""
-    if isinstance(value, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(value, resolve=True)
+    omegaconf = sys.modules.get("omegaconf")     # not imported: nothing can be one of its containers
+    if omegaconf is not None and isinstance(value, (omegaconf.DictConfig, omegaconf.ListConfig)):
+        return omegaconf.OmegaConf.to_container(value, resolve=True)
     return value

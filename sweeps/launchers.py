@@ -1,42 +1,167 @@
-"""The launchers shipped with entropyrl, all through submitit, registered by name:
+"""Where a sweep's jobs run: the ``Launcher`` protocol, the registry of launchers by name, and the
+launchers shipped with entropyrl (all through submitit).
 
 - ``debug``: in this process, one job after another (submitit's ``DebugExecutor``). For debugging a
   sweep: tracebacks in your terminal, ``launcher.post_mortem=true`` drops into pdb on a failure.
 - ``local``: one process per job on this machine (submitit's ``LocalExecutor``), at most
   ``launcher.max_parallel`` at once; ``launcher.tasks_per_node=N`` runs each job as N
   data-parallel processes (gloo on CPU, ranks from submitit's ``SUBMITIT_LOCAL_*`` environment).
-- ``slurm``: a SLURM job array (``sweeps/slurm.py``).
+- ``slurm``: a SLURM job array (``sweeps/slurm.py``, registered when the registry is first read).
 
-The protocol and the registry live in ``sweeps/launcher.py``; this module is what the sweep imports
-to get them with the built-in launchers registered.
+A launcher turns the ``launcher`` config group (``conf/launcher/<name>.yaml``, or the defaults
+given to ``register_launcher``) into a submitit executor and answers the few questions the sweep
+asks about it: how many jobs to keep in flight, how many torch threads each job gets, where a
+submitted job stands in the scheduler's queue (and whether a waiting job can ever start), how to
+cancel jobs, and a one-line description. ``sweeps/`` never branches on a launcher's name.
+
+Adding one (see CONTRIBUTING.md): subclass ``Launcher``, set ``name`` and the behaviour flags,
+implement ``executor`` (and ``queue``/``stuck``/``cancel`` for a scheduler), then
+``register_launcher(MyLauncher(), defaults={...})``; ``entropyrl sweep launcher=<name>`` works::
+
+    class Mine(Launcher):
+        name = "mine"
+        def executor(self, cfg, folder):
+            return submitit.LocalExecutor(folder)
+    register_launcher(Mine(), defaults={"max_parallel": 2})
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import submitit
+from hydra.core.config_store import ConfigStore
 
 from ..conf import cfg_get
 from ..core.errors import UserError
 from ..core.resources import available_cpus
-from .launcher import (
-    ACTIVE,
-    ENDED,
-    WAITING,
-    Launcher,
-    QueueEntry,
-    check_number,
-    find_launcher,
-    get_launcher,
-    launcher_names,
-    register_launcher,
-)
-from .slurm import SlurmLauncher
 
-__all__ = ["ACTIVE", "ENDED", "WAITING", "Launcher", "QueueEntry", "check_number", "find_launcher", "get_launcher", "launcher_names",
-           "register_launcher", "LocalLauncher", "DebugLauncher", "SlurmLauncher"]
+# Where a job stands in a scheduler's queue (``QueueEntry.phase``).
+WAITING, ACTIVE, ENDED = "waiting", "active", "ended"
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    """One job as its scheduler sees it."""
+
+    phase: str                   # waiting (will or may still run) | active (running) | ended
+    state: str                   # the scheduler's own word, e.g. SLURM's PENDING, RUNNING, CANCELLED
+    reason: str = ""             # why it waits, in the scheduler's words (SLURM's %r), e.g. Priority
+
+
+class Launcher:
+    """Base of every launcher; the defaults fit a launcher that runs jobs as local processes.
+
+    Flags (class attributes):
+      ``in_process``: jobs run inside the sweep process, one after another, when their result is
+      asked for (submitit's DebugExecutor); their own train.log is their log.
+      ``detached``: jobs belong to a scheduler and outlive the sweep process: ``--no-wait`` is
+      allowed, Ctrl-C leaves them running, a re-run adopts the ones still in ``queue``.
+    """
+
+    name: str = ""
+    in_process: bool = False
+    detached: bool = False
+    scheduler: str = ""          # how job states are labelled, e.g. "SLURM" -> "SLURM PENDING (Priority)"
+
+    # The launcher keys that are numbers, checked when present:
+    # key -> (integer, minimum, strict: > instead of >=, nullable). Subclasses add their own.
+    numbers: dict[str, tuple[bool, float, bool, bool]] = {
+        "max_parallel": (True, 1, False, False),
+        "timeout_min": (False, 0, True, False),
+        "max_num_timeout": (True, 0, False, False),
+        "signal_delay_s": (True, 0, False, False),
+        "nodes": (True, 1, False, False),
+        "tasks_per_node": (True, 1, False, True),
+        "gpus_per_node": (True, 0, False, True),
+        "cpus_per_task": (True, 1, False, True),
+        "mem_gb": (False, 0, True, True),
+        "array_parallelism": (True, 1, False, False),
+        "stuck_after_s": (False, 0, False, False),
+    }
+
+    # -- what every launcher provides -------------------------------------------------------------
+    def check_values(self, cfg: Any) -> None:
+        """Refuse (``UserError``) a launcher value of the wrong type or range, naming the key."""
+        for key, (integer, minimum, strict, nullable) in self.numbers.items():
+            if key in cfg:
+                check_number(f"launcher.{key}", cfg[key], integer=integer, minimum=minimum, strict=strict,
+                             nullable=nullable)
+        self.threads(cfg)
+        tasks, gpus = self.tasks_per_node(cfg), int(cfg_get(cfg, "gpus_per_node", 0) or 0)
+        if gpus and tasks > gpus:
+            raise UserError(f"launcher.tasks_per_node={tasks} exceeds launcher.gpus_per_node={gpus} (one GPU per "
+                            f"rank); set launcher.tasks_per_node<={gpus} or launcher.gpus_per_node>={tasks}")
+
+    def tasks_per_node(self, cfg: Any) -> int:
+        return tasks_per_node(cfg)
+
+    def world_size(self, cfg: Any) -> int:
+        """Data-parallel ranks of one job: ``launcher.nodes`` x ``tasks_per_node``."""
+        return int(cfg_get(cfg, "nodes", 1) or 1) * self.tasks_per_node(cfg)
+
+    def executor(self, cfg: Any, folder: Path) -> submitit.Executor:
+        """A submitit executor configured from the ``launcher`` config (``cfg``), logs under ``folder``."""
+        raise NotImplementedError
+
+    def parallelism(self, cfg: Any) -> int | None:
+        """How many jobs the sweep process keeps submitted at once; None: submit all (the scheduler
+        throttles them)."""
+        n = int(cfg_get(cfg, "max_parallel", 1))
+        if n < 1:
+            raise UserError(f"launcher.max_parallel must be >= 1 (got {n})")
+        return n
+
+    def threads(self, cfg: Any) -> int | None:
+        """torch threads per job (``trainer.threads``), so parallel jobs do not fight over cores:
+        ``launcher.threads_per_job`` (``auto`` = ``auto_threads``; 0 = torch's default = None)."""
+        value = cfg_get(cfg, "threads_per_job", "auto")
+        if value == "auto":
+            return self.auto_threads(cfg)
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            raise UserError(f"launcher.threads_per_job must be auto or an integer >= 0 (got {value!r})") from None
+        if n < 0:
+            raise UserError(f"launcher.threads_per_job must be auto or an integer >= 0 (got {n})")
+        return n or None
+
+    def auto_threads(self, cfg: Any) -> int | None:
+        return None
+
+    def describe(self, cfg: Any) -> str:
+        return self.name
+
+    def check(self, cfg: Any) -> None:
+        """Refuse (``UserError``) a request that can never run, before anything is submitted."""
+
+    def raise_job_errors(self, cfg: Any) -> bool:
+        """Whether a failing job raises (the executor then marks it failed); False: it returns its error."""
+        return True
+
+    def submit(self, executor: submitit.Executor, callables: Sequence[Any]) -> list[submitit.Job]:
+        return [executor.submit(c) for c in callables]
+
+    # -- what a scheduler adds --------------------------------------------------------------------
+    def queue(self, job_ids: Sequence[str]) -> dict[str, QueueEntry] | None:
+        """``{job_id: QueueEntry}`` for the jobs the scheduler still knows (forgotten ones absent);
+        None when there is no queue to ask (then the job's files and pid tell its state)."""
+        return None
+
+    def stuck(self, cfg: Any, entry: QueueEntry) -> str | None:
+        """For a waiting job: why it can never start and which ``launcher.*`` key to change (one
+        line), or None when the wait may clear by itself."""
+        return None
+
+    def cancel(self, job_ids: Sequence[str], handles: Sequence[submitit.Job]) -> None:
+        """Stop these jobs (``handles``: the submitit jobs this process submitted)."""
+        for job in handles:
+            try:
+                job.cancel(check=False)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
 
 
 class LocalLauncher(Launcher):
@@ -86,6 +211,74 @@ class DebugLauncher(Launcher):
         return "debug (in this process, one at a time)"
 
 
-for _builtin in (DebugLauncher(), LocalLauncher(), SlurmLauncher()):
-    if find_launcher(_builtin.name) is None:
-        register_launcher(_builtin)  # their configs are conf/launcher/<name>.yaml
+def tasks_per_node(cfg: Any) -> int:
+    """Ranks per node of one job: ``launcher.tasks_per_node``, else one per GPU (``gpus_per_node``),
+    else 1."""
+    value = cfg_get(cfg, "tasks_per_node", None)
+    if value is not None:
+        return int(value)
+    return int(cfg_get(cfg, "gpus_per_node", 0) or 0) or 1
+
+
+def check_number(key: str, value: Any, *, integer: bool, minimum: float, strict: bool = False,
+                 nullable: bool = False) -> None:
+    """``UserError`` unless ``value`` is a number (an integer if ``integer``) >= ``minimum``
+    (> if ``strict``), or None when ``nullable``."""
+    if value is None and nullable:
+        return
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if is_number and (not integer or float(value).is_integer()) and (value > minimum if strict else value >= minimum):
+        return
+    kind = "an integer" if integer else "a number"
+    raise UserError(f"{key}={value!r} is not allowed: {key} must be {kind} {'>' if strict else '>='} {minimum:g}"
+                    + (" or null" if nullable else ""))
+
+
+_REGISTRY: dict[str, Launcher] = {}
+_BUILTINS_REGISTERED: list[bool] = []
+
+
+def register_launcher(launcher: Launcher, defaults: dict | None = None) -> Launcher:
+    """Make ``launcher=<launcher.name>`` usable by ``entropyrl sweep``.
+
+    ``defaults``: the launcher's config keys, for a launcher without ``conf/launcher/<name>.yaml``
+    (they become that config group option; ``name`` is added).
+    """
+    if not launcher.name:
+        raise ValueError("a launcher needs a name")
+    _builtins()[launcher.name] = launcher
+    if defaults is not None:
+        ConfigStore.instance().store(group="launcher", name=launcher.name,
+                                     node={"name": launcher.name, **defaults})
+    return launcher
+
+
+def _builtins() -> dict[str, Launcher]:
+    """The registry, with the shipped launchers in it (registered on first use: ``slurm.py`` builds
+    on this module, so it cannot be imported while this one loads)."""
+    if not _BUILTINS_REGISTERED:
+        _BUILTINS_REGISTERED.append(True)
+        from .slurm import SlurmLauncher
+
+        for builtin in (DebugLauncher(), LocalLauncher(), SlurmLauncher()):
+            _REGISTRY.setdefault(builtin.name, builtin)   # their configs are conf/launcher/<name>.yaml
+    return _REGISTRY
+
+
+def launcher_names() -> list[str]:
+    return sorted(_builtins())
+
+
+def find_launcher(name: str | None) -> Launcher | None:
+    """The registered launcher called ``name``, or None (e.g. a sweep.json written by a launcher
+    this process has not registered: its jobs are then followed through their files only)."""
+    return _builtins().get(str(name)) if name else None
+
+
+def get_launcher(cfg_or_name: Any) -> Launcher:
+    """The launcher for a ``launcher`` config (its ``name``) or a name; ``UserError`` if unknown."""
+    name = cfg_or_name if isinstance(cfg_or_name, str) else str(cfg_get(cfg_or_name, "name", "local"))
+    found = find_launcher(name)
+    if found is None:
+        raise UserError(f"unknown launcher '{name}'; valid: {', '.join(launcher_names())}")
+    return found

@@ -27,7 +27,7 @@ from submitit.core.utils import FailedJobError
 from ..conf import cfg_get, to_plain
 from ..core.errors import UserError
 from .jobs import job_environment
-from .launcher import ACTIVE, ENDED, WAITING, Launcher, QueueEntry, tasks_per_node
+from .launchers import ACTIVE, ENDED, WAITING, Launcher, QueueEntry, tasks_per_node
 
 # SLURM job states (squeue %T) in which the job will still run, or is running.
 SLURM_WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD",

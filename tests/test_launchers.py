@@ -1,4 +1,4 @@
-"""Launchers (sweeps/launcher.py protocol, sweeps/launchers.py registry): a new launcher registered
+"""Launchers (sweeps/launchers.py: the protocol, the registry, the built-ins): a new launcher registered
 from this file alone runs a sweep end to end; the SLURM launcher's reading of sinfo/squeue answers
 and its one-line advice; training keys given to `entropyrl sweep` as they are."""
 
