@@ -58,7 +58,7 @@ def test_every_mentioned_repository_path_resolves():
     missing = []
     for rel in files:
         path = REPO / rel
-        if not path.is_file():
+        if not path.is_file() or rel == "tests/test_docs_paths.py":     # this file names wrong paths on purpose
             continue
         for number, token in _mentions(path.read_text(errors="replace")):
             if not _resolves(token, path):
