@@ -9,28 +9,11 @@ import math
 import pytest
 
 from entropyrl.conf import compose, config_groups
+from entropyrl.trainers.interventions import INTERVENTIONS
 from entropyrl.trainers.trainer import train
 
 QUADRANT_KEYS = [f"quadrant/q{q}/{k}" for q in range(1, 5) for k in ("share", "pred_dH")]
 BASE_KEYS = ["entropy", "reward/mean", "acc/mean", "response_length/mean", "loss/policy", "clip/frac", *QUADRANT_KEYS]
-# metrics each intervention must log (docs/algorithms.md §5's stable names)
-INTERVENTION_KEYS = {
-    "stare": ["stare/gate_on", "stare/w", "stare/m", "stare/l_plus_frac", "stare/l_minus_frac"],
-    "steer": ["steer/weight_mean", "steer/weight_min"],
-    "clip_cov": ["clip_cov/frac"],
-    "kl_cov": ["kl_cov/frac"],
-    "entropy_bonus": ["entropy_bonus/coef"],
-    "adaptive_entropy": ["entropy_bonus/coef"],
-    # each method logs its state (what it selected, its weights or coefficient)
-    "ce_gppo": ["ce_gppo/low_frac", "ce_gppo/high_frac", "ce_gppo/beta1"],
-    "entropic": ["entropic/alpha", "entropic/integral", "entropic/high_frac", "loss/entropic"],
-    "aent": ["aent/coef", "aent/clamped_entropy", "loss/aent"],
-    "siren": ["siren/anchor", "siren/regulated_entropy", "loss/siren"],
-    "archer": ["archer/high_frac", "archer/kl_low", "loss/archer_kl"],
-    "entropy_adv": ["entropy_adv/psi_mean", "entropy_adv/alpha"],
-    "gtpo": ["gtpo/share_max"],
-    "lp_reg": ["lp_reg/frac", "loss/lp_reg"],
-}
 NEW_METHODS = ["ce_gppo", "entropic", "aent", "siren", "archer", "entropy_adv", "gtpo", "lp_reg",
                "gspo", "gmpo", "cispo", "sapo"]
 SHORT = ["trainer.total_steps=2", "trainer.prompts_per_step=8", "trainer.mini_batch_prompts=4",
@@ -49,7 +32,7 @@ def test_every_algo_runs_and_logs_its_metrics(algo, in_tmp):
     assert summary["status"] == "FINISHED" and summary["steps"] == 2
     expected = list(BASE_KEYS)
     for name in cfg.algo.interventions:
-        expected += INTERVENTION_KEYS.get(name, [])
+        expected += INTERVENTIONS[name].logged_metrics     # what the intervention declares it logs
     for row in rows(in_tmp / "run"):
         for key in expected:
             assert row.get(key) is not None and math.isfinite(row[key]), (algo, key, row)
@@ -69,7 +52,7 @@ def test_new_methods_train_on_the_lab_task(method, in_tmp):
     assert summary["status"] == "FINISHED" and summary["steps"] == 2
     assert cfg.algo.name == method
     for row in rows(in_tmp / "run"):
-        for key in ["entropy", "loss/policy", *INTERVENTION_KEYS.get(method, [])]:
+        for key in ["entropy", "loss/policy", *(k for name in cfg.algo.interventions for k in INTERVENTIONS[name].logged_metrics)]:
             assert row.get(key) is not None and math.isfinite(row[key]), (method, key)
 
 

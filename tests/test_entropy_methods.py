@@ -21,7 +21,7 @@ from entropyrl.trainers.stats.vocab_stats import VOCAB_STATS, chunked_vocab_stat
 GOLDEN = Path(__file__).parent / "golden"
 TOL = dict(rtol=1e-6, atol=1e-6)
 FILES = ("gtpo", "ce_gppo", "archer", "entropy_adv", "entropic", "aent", "lp_reg", "siren", "gspo", "gmpo", "cispo", "sapo",
-         "tis_modes", "vocab_stats")
+         "tis_modes", "vocab_stats", "high_entropy_mask", "sample_reweight", "adaptive_entropy")
 
 
 def load(name: str) -> dict:
@@ -99,6 +99,36 @@ def test_entropy_adv(case):
     check(out, grad, want)
     psi = t64(want["psi"])
     assert out.metrics["entropy_adv/psi_mean"] == pytest.approx(float(psi.sum() / t64(g["inputs"]["mask"]).sum()))
+
+
+@pytest.mark.parametrize("name, case", cases("high_entropy_mask") + cases("sample_reweight"))
+def test_token_weights(name, case):
+    g = load(name)
+    want = g["cases"][case]
+    lo, hi, c = g["clip"]
+    cfg = {"clip": {"low": lo, "high": hi, "dual_c": c}, "interventions": [name], name: want["params"]}
+    _, out, grad = run(cfg, g["inputs"])
+    check(out, grad, want)
+    if name == "high_entropy_mask":
+        keep, mask = t64(want["keep"]), t64(g["inputs"]["mask"])
+        assert out.metrics["high_entropy_mask/frac"] == pytest.approx(float(keep.sum() / mask.sum()))
+
+
+def test_adaptive_entropy_coefficient_and_term():
+    g = load("adaptive_entropy")
+    want = g["cases"]["stepped"]
+    a = Algorithm.from_config({"interventions": ["adaptive_entropy"], "adaptive_entropy": want["params"]},
+                              max_response_length=8)
+    for h, coef in zip(want["readings"], want["coef"]):
+        a.begin_step(float("nan") if h is None else h)
+        assert a.step_metrics()["entropy_bonus/coef"] == pytest.approx(coef, abs=1e-12)
+    inp = g["inputs"]
+    entropy = t64(inp["entropy"]).requires_grad_(True)
+    out = a.loss(logp=t64(inp["logp"]), old_logp=t64(inp["old_logp"]), entropy=entropy,
+                 advantages=t64(inp["advantages"]), mask=t64(inp["mask"]))
+    assert out.metrics["loss/entropy_bonus"] == pytest.approx(want["term"], rel=1e-9)
+    (grad,) = torch.autograd.grad(out.loss, entropy)
+    torch.testing.assert_close(grad, t64(want["term_grad_entropy"]), **TOL)
 
 
 @pytest.mark.parametrize("case", load("gtpo")["cases"])

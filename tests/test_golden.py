@@ -75,7 +75,8 @@ def loss_of(a: Algorithm, b) -> torch.Tensor:
 CHECKED_ELSEWHERE = {"lab_fixes.json",
                      # the newer methods: tests/test_entropy_methods.py
                      *(f"{n}.json" for n in ("ce_gppo", "archer", "entropy_adv", "entropic", "gspo", "gmpo",
-                                            "cispo", "sapo", "tis_modes", "vocab_stats", "gtpo", "aent", "lp_reg", "siren"))}
+                                            "cispo", "sapo", "tis_modes", "vocab_stats", "gtpo", "aent", "lp_reg", "siren",
+                                            "high_entropy_mask", "sample_reweight", "adaptive_entropy"))}
 
 
 def test_every_golden_file_is_checked(gdir):

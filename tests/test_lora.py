@@ -149,14 +149,15 @@ def test_interventions_work_unchanged_with_lora(algo, in_tmp):
     import math
 
     from entropyrl.conf import compose
+    from entropyrl.trainers.interventions import INTERVENTIONS
     from entropyrl.trainers.trainer import train
 
-    from .test_algos_e2e import INTERVENTION_KEYS, rows
+    from .test_algos_e2e import rows
 
     cfg = compose("train", [f"algo={algo}", *TINY_RUN, "trainer.total_steps=1", "model.lora.rank=4",
                             "output_dir=run"])
     assert train(cfg, log=lambda *_: None)["status"] == "FINISHED"
     (row,) = rows(in_tmp / "run")
     for name in cfg.algo.interventions:
-        for key in ["loss/policy", "entropy", *INTERVENTION_KEYS.get(name, [])]:
+        for key in ["loss/policy", "entropy", *INTERVENTIONS[name].logged_metrics]:
             assert row.get(key) is not None and math.isfinite(row[key]), (algo, key, row)

@@ -42,6 +42,7 @@ def adjust_coef(coef: float, h: float, low: float, high: float, lr: float, lo: f
 
 @register_intervention("aent")
 class AEnt(Intervention):
+    logged_metrics = ("aent/coef", "aent/clamped_entropy", "loss/aent")
 
     @dataclass
     class Params:

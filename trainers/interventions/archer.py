@@ -45,6 +45,7 @@ def dual_clip_loss(ratio: torch.Tensor, advantages: torch.Tensor, lo: torch.Tens
 
 @register_intervention("archer")
 class Archer(Intervention):
+    logged_metrics = ("archer/high_frac", "archer/kl_low", "loss/archer_kl")
 
     @dataclass
     class Params:

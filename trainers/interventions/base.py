@@ -125,6 +125,9 @@ class Intervention:
     #: intervention after the listed ones, with the section's other keys as its parameters.
     switched_on_by: ClassVar[str | None] = None
     needs_ref: bool = False                      # the loss reads ctx.ref_logp (the loop loads the reference)
+    #: The metrics it logs each step it runs (what it selected, its weights or coefficient), under
+    #: stable names (docs/algorithms.md §5); the end-to-end tests check every one appears.
+    logged_metrics: ClassVar[tuple[str, ...]] = ()
 
     @dataclass
     class Params:

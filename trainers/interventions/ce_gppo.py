@@ -45,6 +45,7 @@ def gppo_token_loss(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: floa
 
 @register_intervention("ce_gppo")
 class CEGPPO(Intervention):
+    logged_metrics = ("ce_gppo/low_frac", "ce_gppo/high_frac", "ce_gppo/beta1")
 
     @dataclass
     class Params:

@@ -35,6 +35,7 @@ def clip_cov_candidates(cov: torch.Tensor, valid: torch.Tensor, ratio_clipped: t
 
 @register_intervention("clip_cov")
 class ClipCov(Intervention):
+    logged_metrics = ("clip_cov/frac",)
 
     @dataclass
     class Params:

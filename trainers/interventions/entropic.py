@@ -54,6 +54,7 @@ def entropic_term(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
 
 @register_intervention("entropic")
 class EntroPIC(Intervention):
+    logged_metrics = ("entropic/alpha", "entropic/integral", "entropic/high_frac", "loss/entropic")
 
     @dataclass
     class Params:

@@ -30,6 +30,7 @@ def entropy_advantage_term(entropy: torch.Tensor, advantages: torch.Tensor, mask
 
 @register_intervention("entropy_adv")
 class EntropyAdvantage(Intervention):
+    logged_metrics = ("entropy_adv/psi_mean", "entropy_adv/alpha")
 
     @dataclass
     class Params:

@@ -38,6 +38,7 @@ class _EntropyTerm(Intervention):
 
 @register_intervention("entropy_bonus")
 class EntropyBonus(_EntropyTerm):
+    logged_metrics = ("entropy_bonus/coef",)
 
     @dataclass
     class Params:
@@ -55,6 +56,7 @@ class EntropyBonus(_EntropyTerm):
 
 @register_intervention("adaptive_entropy")
 class AdaptiveEntropy(_EntropyTerm):
+    logged_metrics = ("entropy_bonus/coef",)
 
     @dataclass
     class Params:

@@ -50,6 +50,7 @@ def gtpo_advantages(adv: torch.Tensor, entropy: torch.Tensor, group_ids: torch.T
 
 @register_intervention("gtpo")
 class GTPO(Intervention):
+    logged_metrics = ("gtpo/share_max",)
 
     @dataclass
     class Params:

@@ -19,6 +19,7 @@ from .base import Intervention, LossContext, TokenBatch, register_intervention
 
 @register_intervention("high_entropy_mask")
 class HighEntropyMask(Intervention):
+    logged_metrics = ("high_entropy_mask/frac",)
 
     @dataclass
     class Params:

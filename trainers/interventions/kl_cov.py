@@ -43,6 +43,7 @@ def kl_cov_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
 @register_intervention("kl_cov")
 class KlCov(Intervention):
+    logged_metrics = ("kl_cov/frac",)
 
     @dataclass
     class Params:

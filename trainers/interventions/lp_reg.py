@@ -77,6 +77,7 @@ def proxy_logp(logp: torch.Tensor, max_logp: torch.Tensor, log_mass: torch.Tenso
 
 @register_intervention("lp_reg")
 class LpReg(Intervention):
+    logged_metrics = ("lp_reg/frac", "loss/lp_reg")
 
     @dataclass
     class Params:

@@ -65,6 +65,7 @@ def siren_entropy(h: torch.Tensor, mask: torch.Tensor, q: float) -> tuple[torch.
 
 @register_intervention("siren")
 class Siren(Intervention):
+    logged_metrics = ("siren/anchor", "siren/regulated_entropy", "loss/siren")
     needs_entropy_grad = False
 
     @dataclass

@@ -26,6 +26,7 @@ VARIANTS = ("O1", "C2")
 
 @register_intervention("stare")
 class Stare(Intervention):
+    logged_metrics = ("stare/gate_on", "stare/w", "stare/m", "stare/l_plus_frac", "stare/l_minus_frac")
 
     @dataclass
     class Params:

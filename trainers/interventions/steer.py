@@ -60,6 +60,7 @@ def steer_weights(omega: torch.Tensor, mask: torch.Tensor, *, mapping: str = "ex
 
 @register_intervention("steer")
 class Steer(Intervention):
+    logged_metrics = ("steer/weight_mean", "steer/weight_min")
 
     @dataclass
     class Params:

@@ -96,6 +96,7 @@ def mismatch_weight(mode: str, old_logp: torch.Tensor, sampling_logp: torch.Tens
 @register_intervention("tis")
 class TruncatedIS(Intervention):
     """Weights each token's policy loss by a sampler/trainer mismatch correction (``mode``)."""
+    logged_metrics = ("rollout/tis_weight_mean", "rollout/tis_clip_frac")
 
     switched_on_by = "rollout.tis"      # rollout.tis.enabled=true adds it (after algo.interventions)
 
