@@ -27,13 +27,6 @@ import typer
 from ..conf import compose
 from ..core.errors import UserError
 
-# the default --algos (`make lab`); any training variant of conf/ablation/lab.yaml may be named
-VARIANTS = ("grpo", "stare", "steer", "clip_cov", "kl_cov", "sample_reweight", "high_entropy_mask",
-            "grpo_extreme", "steer_extreme")
-# the newer methods: in the lab with --algos all (the default set keeps `make lab` at ~30 min)
-NEW_VARIANTS = ("ce_gppo", "entropic", "aent", "siren", "archer", "entropy_adv", "gtpo", "lp_reg",
-                "gspo", "gmpo", "cispo", "sapo")
-ALL_VARIANTS = VARIANTS + NEW_VARIANTS
 EXPERIMENTS = ("all", "claims", "quadrants")
 QUADRANTS = "quadrants"          # the lab ablation's quadrant-experiment variant
 
@@ -56,6 +49,11 @@ def lab_variants() -> list[str]:
     return [v.name for v in variants_of(compose("sweep", ["ablation=lab"]).ablation) if v.kind == "train"]
 
 
+def default_lab_variants() -> list[str]:
+    """What ``entropyrl lab`` trains without ``--algos``: the lab ablation's ``default_variants``."""
+    return [str(v) for v in compose("sweep", ["ablation=lab"]).ablation.default_variants]
+
+
 def lab_sweep_overrides(variants: list[str], seeds: list[int], out: Path, jobs: int, quadrant_batches: int) -> list[str]:
     """The ``entropyrl sweep`` overrides that make the lab: the lab ablation, its variants and seeds,
     the folder, the local launcher at ``jobs`` in parallel with one torch thread each, MLflow
@@ -76,8 +74,8 @@ def register(app: typer.Typer) -> None:
     )
     def lab(
         overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides for every run"),
-        algos: str = typer.Option(",".join(VARIANTS), help="comma-separated lab variants (experiment=lab_<name>), "
-                                                            "or 'all' (every training variant of the lab ablation)"),
+        algos: str = typer.Option("default", help="comma-separated lab variants (experiment=lab_<name>), 'default' "
+                                                   "(the lab ablation's default_variants) or 'all' (every training variant)"),
         seeds: str = typer.Option("0,1,2", help="comma-separated training seeds"),
         experiment: str = typer.Option("all", help="all | claims (training runs) | quadrants (sign experiment only)"),
         quadrant_batches: int = typer.Option(20, help="batches of the quadrant sign experiment (per seed)"),
@@ -103,8 +101,11 @@ def register(app: typer.Typer) -> None:
         if quadrant_batches < 1:
             raise UserError(f"--quadrant-batches must be >= 1, got {quadrant_batches}")
         valid = lab_variants()
-        if algos.strip() == "all":
+        asked = algos.strip()
+        if asked == "all":
             algos = ",".join(valid)
+        elif asked == "default":
+            algos = ",".join(default_lab_variants())
         names = [a.strip() for a in algos.split(",") if a.strip()] if experiment != "quadrants" else []
         unknown = [n for n in names if n not in valid]
         if unknown:
@@ -117,7 +118,7 @@ def register(app: typer.Typer) -> None:
         sweep_ov, train_ov = split_overrides(list(overrides or []))
         cfg = compose("sweep", [*lab_sweep_overrides(variants, seed_list, out, jobs, quadrant_batches), *sweep_ov])
         plan = planning.plan(cfg, train_ov, explicit_dir=True, resume=resume)   # every run checked before any starts
-        plan.command = " ".join(["entropyrl lab", f"--algos {algos}" if algos != ",".join(VARIANTS) else "",
+        plan.command = " ".join(["entropyrl lab", f"--algos {asked}" if asked != "default" else "",
                                  f"--seeds {seeds}", f"--experiment {experiment}" if experiment != "all" else "",
                                  *(overrides or [])]).strip()
         plan.command = " ".join(plan.command.split())

@@ -3,16 +3,17 @@
 sweep plans, submits, follows, resumes and tracks every kind alike (``job.json``, ``train.log``).
 
 - ``train``: ``entropyrl train <overrides>`` (``jobs.TrainJob``);
-- ``quadrant_probe``: the lab's quadrant sign experiment (``lab/quadrant_probe.QuadrantJob``).
+- ``quadrant_probe``: the lab's quadrant sign experiment (``lab/quadrant_probe.QuadrantJob``),
+  registered by the lab plugin (``plugins.py``).
 """
 
 from __future__ import annotations
 
 from ..core.errors import UserError
 from .jobs import TRAIN_KIND, TrainJob
-from .lab.quadrant_probe import QuadrantJob
+from .plugins import load_plugins
 
-JOB_KINDS: dict[str, type[TrainJob]] = {TRAIN_KIND: TrainJob, "quadrant_probe": QuadrantJob}
+JOB_KINDS: dict[str, type[TrainJob]] = {TRAIN_KIND: TrainJob}
 
 
 def register_job_kind(name: str, job_class: type[TrainJob]) -> None:
@@ -21,6 +22,8 @@ def register_job_kind(name: str, job_class: type[TrainJob]) -> None:
 
 
 def job_class(kind: str) -> type[TrainJob]:
+    if kind not in JOB_KINDS:
+        load_plugins()
     try:
         return JOB_KINDS[kind]
     except KeyError:

@@ -31,7 +31,7 @@ from ..trainers.run.plots import mean_by_step, plot_attribution, save_figure
 from ..trainers.run.regime import findings_cell
 from . import aggregate as agg
 from .jobs import TRAIN_KIND, job_kind, read_job_state
-from .lab.sweep_step import lab_report_step
+from .plugins import load_plugins
 from .state import DONE, FAILED, PENDING, RUNNING, JobStatus, sweep_status
 
 PLOTS = [("entropy", "entropy", "policy entropy (nats/token)"),
@@ -47,7 +47,7 @@ COLUMNS = [("final_val_acc", "final val acc", 3), ("entropy_tail_mean", "entropy
 # sweep's own report over the same folder and returns ``{"paths": {name: path}, "metrics": {...}}``
 # (its files are logged to the parent run with the report, its metrics on the parent run).
 ReportStep = Callable[[Path, dict, list, Callable[[str], None]], dict]
-REPORT_STEPS: dict[str, ReportStep] = {"lab": lab_report_step}
+REPORT_STEPS: dict[str, ReportStep] = {}     # the lab plugin registers "lab"
 
 
 def register_report_step(name: str, step: ReportStep) -> None:
@@ -189,6 +189,8 @@ def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str
     step_name = sweep.get("ablation", {}).get("report_step")
     step = None
     if step_name:
+        if str(step_name) not in REPORT_STEPS:
+            load_plugins()
         step = REPORT_STEPS.get(str(step_name))
         if step is None:
             raise UserError(f"ablation {ablation} names report_step '{step_name}', which is not registered; "

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from entropyrl.cli.lab_cmd import ALL_VARIANTS, VARIANTS
+from entropyrl.cli.lab_cmd import default_lab_variants, lab_variants
 from entropyrl.conf import compose
 from entropyrl.sweeps import aggregate as agg
 from entropyrl.sweeps.ablation import expand
@@ -110,9 +110,23 @@ def test_the_lab_ablation_plans_the_quadrant_experiment_as_a_job_kind(tmp_path):
     assert by_key["quadrants/s1"].extra == {"kind": "quadrant_probe", "params": {"batches": 3}}
     assert by_key["stare/s0"].extra == {} and "experiment=lab_stare" in by_key["stare/s0"].overrides
     # the ablation holds every lab variant; `entropyrl lab` runs its default set unless --algos all
-    assert {j.variant for j in jobs} - {"quadrants"} == set(ALL_VARIANTS)
-    assert set(VARIANTS) < set(ALL_VARIANTS) and {"ce_gppo", "entropic", "gspo"} <= set(ALL_VARIANTS)
-    assert set(JOB_KINDS) >= {"train", "quadrant_probe"}
+    assert {j.variant for j in jobs} - {"quadrants"} == set(lab_variants())
+    assert set(default_lab_variants()) < set(lab_variants()) and {"ce_gppo", "entropic", "gspo"} <= set(lab_variants())
+    assert set(JOB_KINDS) >= {"train", "quadrant_probe"}      # the lab plugin registered its kind
+
+
+def test_the_generic_sweep_imports_no_plugin_and_loads_them_on_lookup():
+    """sweeps/ reaches the lab only through its seams: importing the sweep machinery imports no
+    plugin; asking for a kind or report step it does not know loads them."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import entropyrl.sweeps.planning, entropyrl.sweeps.report, entropyrl.sweeps.following; "
+            "assert not [m for m in sys.modules if m.startswith('entropyrl.sweeps.lab')], 'lab imported'; "
+            "from entropyrl.sweeps.job_kinds import job_class; from entropyrl.sweeps.report import REPORT_STEPS; "
+            "assert job_class('quadrant_probe').__module__ == 'entropyrl.sweeps.lab.quadrant_probe'; "
+            "assert 'lab' in REPORT_STEPS")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def _mlflow_runs(db: Path, experiment: str) -> list:
