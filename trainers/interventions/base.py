@@ -41,7 +41,7 @@ from ...conf import intervention_defaults
 from ...core.errors import UserError
 
 __all__ = ["Intervention", "LossContext", "TokenBatch", "INTERVENTIONS", "register_intervention",
-           "build_intervention", "intervention_params", "SCOPES"]
+           "build_intervention", "intervention_params", "SCOPES", "finding"]
 
 # micro: each micro-batch (the published reference codes); mini / batch: this rank's mini-batch /
 # step batch; global: the mini-batch of all ranks (the selection does not depend on the rank count).
@@ -116,6 +116,11 @@ class LossContext:
                           self.advantages.detach(), self.pg_mask)
 
 
+def finding(id_: str, message: str, first_step: int | None) -> dict:
+    """A regime finding as ``summary.json`` stores it (``trainers/run/regime.py``)."""
+    return {"id": id_, "message": message, "first_step": first_step}
+
+
 class Intervention:
     """Base class. Subclasses set ``name`` (via the decorator) and a ``Params`` dataclass."""
 
@@ -149,6 +154,13 @@ class Intervention:
         sampling policy, before any update (``observe_sampling``); default none. Asked every step, so
         an intervention asks only while it needs them (SIREN: until its anchor is set)."""
         return {}
+
+    @classmethod
+    def regime_warnings(cls, series, params: dict) -> list[dict]:
+        """Why this intervention could not act in a finished run, read from the run's metric rows:
+        ``series(key)`` is ``[(step, value)]`` of a logged metric (finite values only), ``params`` its
+        ``algo.<name>`` section as a plain dict. Returns ``finding``s; default none. Pure."""
+        return []
 
     # -- step-level control ----------------------------------------------------------------
     def observe_sampling(self, stats: dict[str, torch.Tensor], mask: torch.Tensor, reduce=None) -> None:

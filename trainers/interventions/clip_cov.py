@@ -24,7 +24,20 @@ import torch
 
 from ...core.errors import UserError
 from ..algos.core_algos import token_covariance
-from .base import Intervention, LossContext, TokenBatch, register_intervention
+from .base import Intervention, LossContext, TokenBatch, finding, register_intervention
+
+
+def one_token_warning(name: str, series, params: dict) -> list[dict]:
+    """``<name>_one_token`` when the covariance pick selected <= 1 token per micro-batch on most
+    steps (``<name>/count``): at this batch size the published ratio barely acts."""
+    counts = series(f"{name}/count")
+    low = [(s, v) for s, v in counts if v <= 1.0]
+    if not counts or len(low) * 2 <= len(counts):
+        return []
+    return [finding(f"{name}_one_token",
+                    f"{name} selects <= 1 token per micro-batch on {len(low)}/{len(counts)} steps "
+                    f"(ratio {params.get('ratio')} x the micro-batch's valid tokens): it barely acts at this batch "
+                    f"size; raise algo.{name}.ratio (experiment=lab_{name} scales it to the lab)", low[0][0])]
 
 
 def clip_cov_candidates(cov: torch.Tensor, valid: torch.Tensor, ratio_clipped: torch.Tensor,
@@ -36,6 +49,10 @@ def clip_cov_candidates(cov: torch.Tensor, valid: torch.Tensor, ratio_clipped: t
 @register_intervention("clip_cov")
 class ClipCov(Intervention):
     logged_metrics = ("clip_cov/frac",)
+
+    @classmethod
+    def regime_warnings(cls, series, params: dict) -> list[dict]:
+        return one_token_warning(cls.name, series, params)
 
     @dataclass
     class Params:

@@ -19,7 +19,8 @@ import torch
 
 from ...core.errors import UserError
 from ..algos.core_algos import token_covariance
-from .base import Intervention, LossContext, TokenBatch, register_intervention
+from .base import Intervention, LossContext, TokenBatch, finding, register_intervention
+from .clip_cov import one_token_warning
 
 
 def kl_cov_selection(cov: torch.Tensor, valid: torch.Tensor, ratio: float) -> torch.Tensor:
@@ -44,6 +45,20 @@ def kl_cov_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 @register_intervention("kl_cov")
 class KlCov(Intervention):
     logged_metrics = ("kl_cov/frac",)
+
+    @classmethod
+    def regime_warnings(cls, series, params: dict) -> list[dict]:
+        out = one_token_warning(cls.name, series, params)
+        zero = series("kl_cov/penalty_zero")
+        share = sum(v for _, v in zero) / len(zero) if zero else 0.0
+        if share >= 0.5:
+            first = next(s for s, v in zero if v > 0)
+            out.append(finding(
+                "kl_cov_on_policy",
+                f"kl_cov's penalty kappa|logp - old_logp| was exactly 0 on {share:.0%} of micro-batches: "
+                f"the update is on-policy there (first mini-batch of a step), where |x| has zero gradient; "
+                f"use several mini-batches or ppo_epochs > 1", first))
+        return out
 
     @dataclass
     class Params:

@@ -19,7 +19,7 @@ import torch
 from ...core.errors import UserError
 from ...core.validation import OPEN_PROB, check_value
 from ..algos.core_algos import select_top_fraction
-from .base import Intervention, LossContext, TokenBatch, register_intervention
+from .base import Intervention, LossContext, TokenBatch, finding, register_intervention
 
 VARIANTS = ("O1", "C2")
 
@@ -27,6 +27,22 @@ VARIANTS = ("O1", "C2")
 @register_intervention("stare")
 class Stare(Intervention):
     logged_metrics = ("stare/gate_on", "stare/w", "stare/m", "stare/l_plus_frac", "stare/l_minus_frac")
+
+    @classmethod
+    def regime_warnings(cls, series, params: dict) -> list[dict]:
+        gate = series("stare/gate_on")
+        if not params.get("gate", True) or len(gate) < 2:
+            return []
+        h_tgt = params.get("h_tgt")
+        if all(v == 0 for _, v in gate):
+            return [finding("stare_gate_never_opens",
+                            f"stare's gate never opened (entropy stayed above h_tgt={h_tgt}): the run is plain GRPO",
+                            gate[0][0])]
+        if all(v == 1 for _, v in gate):
+            return [finding("stare_gate_never_closes",
+                            f"stare's gate never closed (entropy stayed below h_tgt={h_tgt}): STARE acted "
+                            f"open-loop on every step", gate[0][0])]
+        return []
 
     @dataclass
     class Params:

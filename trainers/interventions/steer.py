@@ -24,7 +24,9 @@ import torch
 
 from ...core.errors import UserError
 from ..stats.diagnostics import entropy_change_estimate
-from .base import Intervention, LossContext, TokenBatch, register_intervention
+from .base import Intervention, LossContext, TokenBatch, finding, register_intervention
+
+UNIFORM_WEIGHT = 0.99     # mean weight above this: near-uniform scaling that Adam cancels
 
 MAPPINGS = ("exp", "linear")
 ENTROPY_SOURCES = ("old", "current")
@@ -61,6 +63,17 @@ def steer_weights(omega: torch.Tensor, mask: torch.Tensor, *, mapping: str = "ex
 @register_intervention("steer")
 class Steer(Intervention):
     logged_metrics = ("steer/weight_mean", "steer/weight_min")
+
+    @classmethod
+    def regime_warnings(cls, series, params: dict) -> list[dict]:
+        weights = series("steer/weight_mean")
+        if not weights or any(v <= UNIFORM_WEIGHT for _, v in weights):
+            return []
+        lo = min(v for _, v in weights)
+        return [finding("steer_uniform",
+                        f"steer's mean token weight stayed above {UNIFORM_WEIGHT} (lowest {lo:.4f}): near-uniform "
+                        f"scaling that Adam largely cancels; lower algo.steer.lambda_min or narrow the scope",
+                        weights[0][0])]
 
     @dataclass
     class Params:

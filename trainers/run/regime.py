@@ -28,7 +28,6 @@ __all__ = ["regime_warnings", "entropy_flags", "prediction_fit", "attribution_su
 COLLAPSE_RATIO = 0.2      # entropy below 0.2x its first-tenth mean
 EXPLOSION_RATIO = 3.0     # ... or above 3x it
 EXPLOSION_NATS = 2.0      # ... or above 2 nats/token
-STEER_UNIFORM = 0.99      # STEER's mean weight above this: near-uniform scaling that Adam cancels
 ALL_EQUAL_SHARE = 0.5     # most groups all-equal: nothing to reweight
 DETREND_WINDOW = 21       # rolling mean removed before correlating predicted and realised change
 
@@ -57,48 +56,13 @@ def regime_warnings(rows: list[dict], algo_cfg: dict) -> list[dict]:
     ``algo_cfg``: the ``algo`` config as a plain dict (name, interventions, per-intervention
     sections). Returns ``[{"id", "message", "first_step"}]`` in a fixed order.
     """
-    ivs = _interventions(algo_cfg)
+    from ..interventions import INTERVENTIONS   # here: the row checks below need no torch
+
     out: list[dict] = []
-    for name in ("clip_cov", "kl_cov"):
-        counts = _series(rows, f"{name}/count")
-        if name in ivs and counts:
-            low = [(s, v) for s, v in counts if v <= 1.0]
-            if len(low) * 2 > len(counts):
-                ratio = (algo_cfg.get(name) or {}).get("ratio")
-                out.append(_finding(
-                    f"{name}_one_token",
-                    f"{name} selects <= 1 token per micro-batch on {len(low)}/{len(counts)} steps "
-                    f"(ratio {ratio} x the micro-batch's valid tokens): it barely acts at this batch size; "
-                    f"raise algo.{name}.ratio (experiment=lab_{name} scales it to the lab)", low[0][0]))
-    zero = _series(rows, "kl_cov/penalty_zero")
-    if "kl_cov" in ivs and zero:
-        share = float(np.mean([v for _, v in zero]))
-        if share >= 0.5:
-            first = next(s for s, v in zero if v > 0)
-            out.append(_finding(
-                "kl_cov_on_policy",
-                f"kl_cov's penalty kappa|logp - old_logp| was exactly 0 on {share:.0%} of micro-batches: "
-                f"the update is on-policy there (first mini-batch of a step), where |x| has zero gradient; "
-                f"use several mini-batches or ppo_epochs > 1", first))
-    weights = _series(rows, "steer/weight_mean")
-    if "steer" in ivs and weights and all(v > STEER_UNIFORM for _, v in weights):
-        lo = min(v for _, v in weights)
-        out.append(_finding(
-            "steer_uniform",
-            f"steer's mean token weight stayed above {STEER_UNIFORM} (lowest {lo:.4f}): near-uniform "
-            f"scaling that Adam largely cancels; lower algo.steer.lambda_min or narrow the scope", weights[0][0]))
-    gate = _series(rows, "stare/gate_on")
-    stare_cfg = algo_cfg.get("stare") or {}
-    if "stare" in ivs and gate and stare_cfg.get("gate", True) and len(gate) >= 2:
-        h_tgt = stare_cfg.get("h_tgt")
-        if all(v == 0 for _, v in gate):
-            out.append(_finding("stare_gate_never_opens",
-                                f"stare's gate never opened (entropy stayed above h_tgt={h_tgt}): the run is plain GRPO",
-                                gate[0][0]))
-        elif all(v == 1 for _, v in gate):
-            out.append(_finding("stare_gate_never_closes",
-                                f"stare's gate never closed (entropy stayed below h_tgt={h_tgt}): STARE acted "
-                                f"open-loop on every step", gate[0][0]))
+    for name in _interventions(algo_cfg):      # each intervention says when it could not act
+        cls = INTERVENTIONS.get(name)
+        if cls is not None:
+            out += cls.regime_warnings(lambda key: _series(rows, key), dict(algo_cfg.get(name) or {}))
     equal = _series(rows, "groups/all_equal_frac")
     if equal:
         share = float(np.mean([v for _, v in equal]))
