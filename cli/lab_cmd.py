@@ -41,19 +41,6 @@ def _parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def lab_variants() -> list[str]:
-    """The training variants of the lab ablation (``conf/ablation/lab.yaml``): a new lab preset is
-    one ``experiment=lab_<name>`` YAML plus one line there."""
-    from ..sweeps.ablation import variants_of
-
-    return [v.name for v in variants_of(compose("sweep", ["ablation=lab"]).ablation) if v.kind == "train"]
-
-
-def default_lab_variants() -> list[str]:
-    """What ``entropyrl lab`` trains without ``--algos``: the lab ablation's ``default_variants``."""
-    return [str(v) for v in compose("sweep", ["ablation=lab"]).ablation.default_variants]
-
-
 def lab_sweep_overrides(variants: list[str], seeds: list[int], out: Path, jobs: int, quadrant_batches: int) -> list[str]:
     """The ``entropyrl sweep`` overrides that make the lab: the lab ablation, its variants and seeds,
     the folder, the local launcher at ``jobs`` in parallel with one torch thread each, MLflow
@@ -89,6 +76,7 @@ def register(app: typer.Typer) -> None:
 
         from ..models.loading import load_policy  # torch and matplotlib load when it runs
         from ..sweeps import following, planning
+        from ..sweeps.ablation import default_variants, training_variants
         from ..sweeps.planning import split_overrides
         from ..sweeps.state import sweep_file
 
@@ -100,12 +88,12 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--jobs must be >= 1, got {jobs}")
         if quadrant_batches < 1:
             raise UserError(f"--quadrant-batches must be >= 1, got {quadrant_batches}")
-        valid = lab_variants()
+        valid = training_variants("lab")
         asked = algos.strip()
         if asked == "all":
             algos = ",".join(valid)
         elif asked == "default":
-            algos = ",".join(default_lab_variants())
+            algos = ",".join(default_variants("lab"))
         names = [a.strip() for a in algos.split(",") if a.strip()] if experiment != "quadrants" else []
         unknown = [n for n in names if n not in valid]
         if unknown:

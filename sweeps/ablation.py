@@ -29,6 +29,7 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from ..conf import compose
 from ..core.errors import UserError
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -203,3 +204,15 @@ def expand(ablation: DictConfig | dict, *, seeds: Iterable[int], sweep_dir: Path
             jobs.append(JobSpec(key=f"{v.name}/s{seed}", variant=v.name, seed=seed, overrides=overrides,
                                 output_dir=str(out), extra=extra))
     return jobs
+
+
+def training_variants(ablation_name: str) -> list[str]:
+    """The names of ``conf/ablation/<ablation_name>.yaml``'s training variants (``kind: train``)."""
+    return [v.name for v in variants_of(compose("sweep", [f"ablation={ablation_name}"]).ablation) if v.kind == "train"]
+
+
+def default_variants(ablation_name: str) -> list[str]:
+    """The ablation's ``default_variants`` (what a command runs unless told otherwise), else all its
+    training variants."""
+    listed = compose("sweep", [f"ablation={ablation_name}"]).ablation.get("default_variants")
+    return [str(v) for v in listed] if listed else training_variants(ablation_name)

@@ -6,7 +6,8 @@ launchers shipped with entropyrl (all through submitit).
 - ``local``: one process per job on this machine (submitit's ``LocalExecutor``), at most
   ``launcher.max_parallel`` at once; ``launcher.tasks_per_node=N`` runs each job as N
   data-parallel processes (gloo on CPU, ranks from submitit's ``SUBMITIT_LOCAL_*`` environment).
-- ``slurm``: a SLURM job array (``sweeps/slurm.py``, registered when the registry is first read).
+- ``slurm``: a SLURM job array (``sweeps/slurm.py``, which registers itself; imported when the
+  registry is first read).
 
 A launcher turns the ``launcher`` config group (``conf/launcher/<name>.yaml``, or the defaults
 given to ``register_launcher``) into a submitit executor and answers the few questions the sweep
@@ -27,6 +28,7 @@ implement ``executor`` (and ``queue``/``stuck``/``cancel`` for a scheduler), the
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -253,15 +255,20 @@ def register_launcher(launcher: Launcher, defaults: dict | None = None) -> Launc
     return launcher
 
 
+#: Modules of launchers built on this one that register themselves when imported (``slurm.py`` ends
+#: with its ``register_launcher``); imported on the registry's first use, so neither imports the other
+#: while it loads.
+LAUNCHER_MODULES = ("entropyrl.sweeps.slurm",)
+
+
 def _builtins() -> dict[str, Launcher]:
-    """The registry, with the shipped launchers in it (registered on first use: ``slurm.py`` builds
-    on this module, so it cannot be imported while this one loads)."""
+    """The registry, with the shipped launchers in it (their configs are conf/launcher/<name>.yaml)."""
     if not _BUILTINS_REGISTERED:
         _BUILTINS_REGISTERED.append(True)
-        from .slurm import SlurmLauncher
-
-        for builtin in (DebugLauncher(), LocalLauncher(), SlurmLauncher()):
-            _REGISTRY.setdefault(builtin.name, builtin)   # their configs are conf/launcher/<name>.yaml
+        for builtin in (DebugLauncher(), LocalLauncher()):
+            _REGISTRY.setdefault(builtin.name, builtin)
+        for module in LAUNCHER_MODULES:
+            importlib.import_module(module)
     return _REGISTRY
 
 

@@ -27,7 +27,7 @@ from submitit.core.utils import FailedJobError
 from ..conf import cfg_get, to_plain
 from ..core.errors import UserError
 from .jobs import job_environment
-from .launchers import ACTIVE, ENDED, WAITING, Launcher, QueueEntry, tasks_per_node
+from .launchers import ACTIVE, ENDED, WAITING, Launcher, QueueEntry, register_launcher, tasks_per_node
 
 # SLURM job states (squeue %T) in which the job will still run, or is running.
 SLURM_WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD",
@@ -301,3 +301,6 @@ class SlurmLauncher(Launcher):
         ids = sorted({str(j) for j in job_ids if j})
         if ids:
             subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=60)
+
+
+register_launcher(SlurmLauncher())   # its config: conf/launcher/slurm.yaml

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from entropyrl.cli.lab_cmd import default_lab_variants, lab_variants
 from entropyrl.conf import CONF_DIR
 from entropyrl.core.errors import UserError
+from entropyrl.sweeps.ablation import default_variants, training_variants
 from entropyrl.sweeps.lab.method_claims import NO_CLAIM, method_claims
 from entropyrl.trainers.algos.algorithm import Algorithm
 from entropyrl.trainers.interventions.tis import mismatch_weight
@@ -395,10 +395,10 @@ def np_linspace(a, b, n):
 
 
 def test_lab_default_set_is_unchanged_and_all_adds_every_method():
-    default = default_lab_variants()
+    default = default_variants("lab")
     assert default == ["grpo", "stare", "steer", "clip_cov", "kl_cov", "sample_reweight", "high_entropy_mask",
                        "grpo_extreme", "steer_extreme"]     # `make lab` keeps its ~30 min
-    newer = [v for v in lab_variants() if v not in default]
+    newer = [v for v in training_variants("lab") if v not in default]
     assert set(newer) >= {"ce_gppo", "entropic", "aent", "siren", "archer", "entropy_adv", "gtpo", "lp_reg",
                           "gspo", "gmpo", "cispo", "sapo"}
     for name in newer:

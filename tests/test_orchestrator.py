@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from entropyrl.cli.lab_cmd import default_lab_variants, lab_variants
 from entropyrl.conf import compose
 from entropyrl.sweeps import aggregate as agg
-from entropyrl.sweeps.ablation import expand
+from entropyrl.sweeps.ablation import default_variants, expand, training_variants
 from entropyrl.sweeps.job_kinds import JOB_KINDS
 from entropyrl.sweeps.lab.report import plot_band
 
@@ -110,8 +109,8 @@ def test_the_lab_ablation_plans_the_quadrant_experiment_as_a_job_kind(tmp_path):
     assert by_key["quadrants/s1"].extra == {"kind": "quadrant_probe", "params": {"batches": 3}}
     assert by_key["stare/s0"].extra == {} and "experiment=lab_stare" in by_key["stare/s0"].overrides
     # the ablation holds every lab variant; `entropyrl lab` runs its default set unless --algos all
-    assert {j.variant for j in jobs} - {"quadrants"} == set(lab_variants())
-    assert set(default_lab_variants()) < set(lab_variants()) and {"ce_gppo", "entropic", "gspo"} <= set(lab_variants())
+    assert {j.variant for j in jobs} - {"quadrants"} == set(training_variants("lab"))
+    assert set(default_variants("lab")) < set(training_variants("lab")) and {"ce_gppo", "entropic", "gspo"} <= set(training_variants("lab"))
     assert set(JOB_KINDS) >= {"train", "quadrant_probe"}      # the lab plugin registered its kind
 
 

@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from ...conf import to_plain
+from ..interventions import INTERVENTIONS
 
 __all__ = ["regime_warnings", "entropy_flags", "prediction_fit", "attribution_summary", "report_regime", "findings_cell", "COLLAPSE_RATIO",
            "EXPLOSION_RATIO", "EXPLOSION_NATS", "DETREND_WINDOW",
@@ -56,8 +57,6 @@ def regime_warnings(rows: list[dict], algo_cfg: dict) -> list[dict]:
     ``algo_cfg``: the ``algo`` config as a plain dict (name, interventions, per-intervention
     sections). Returns ``[{"id", "message", "first_step"}]`` in a fixed order.
     """
-    from ..interventions import INTERVENTIONS   # here: the row checks below need no torch
-
     out: list[dict] = []
     for name in _interventions(algo_cfg):      # each intervention says when it could not act
         cls = INTERVENTIONS.get(name)
