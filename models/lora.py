@@ -79,9 +79,6 @@ class LoraPolicy:
         return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
 
     # -- saving / loading ---------------------------------------------------------------------
-    def save_adapter(self, folder: Path) -> None:
-        self.peft.save_pretrained(str(folder))
-
     def load_adapter(self, folder: Path) -> None:
         """Load a saved adapter's weights into this one (raises what reading raises)."""
         from peft import set_peft_model_state_dict

@@ -90,10 +90,6 @@ class WeightSyncExtension:
             self.model_runner.model.load_weights(weights=weights)
         return len(weights)
 
-    def entropyrl_param_sums(self) -> dict[str, float]:
-        """``{name: sum}`` of the engine's parameters (float64): lets tests see that weights moved."""
-        return {n: float(p.detach().double().sum().item()) for n, p in self.model_runner.model.named_parameters()}
-
 
 def _layer_key(name: str) -> str:
     """``model.layers.3.mlp.up_proj.weight`` -> ``model.layers.3``; other names -> their module."""
@@ -294,11 +290,6 @@ class VLLMRollout:
             self.llm.collective_rpc("entropyrl_load_weights", args=(payload,))
         self.llm.reset_prefix_cache()
         self._pending_sync = False
-
-    def engine_param_sums(self) -> dict[str, float]:
-        """``{name: sum}`` of the engine's parameters (vLLM's names: fused ``qkv_proj``, ...)."""
-        self.start()
-        return dict(self.llm.collective_rpc("entropyrl_param_sums")[0])
 
     # -- sampling -----------------------------------------------------------------------------
     def _stop_ids(self) -> list[int]:

@@ -59,11 +59,6 @@ class JobSpec:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> JobSpec:
-        return cls(key=d["key"], variant=d["variant"], seed=int(d["seed"]), overrides=list(d["overrides"]),
-                   output_dir=d["output_dir"], extra=dict(d.get("extra") or {}))
-
 
 def override_key(override: str) -> str:
     """``"+tracking.tags.a=1"`` -> ``"tracking.tags.a"``; the key an override string sets."""

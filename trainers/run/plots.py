@@ -47,24 +47,6 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
-def plot_compare(curves: dict[str, list[dict]], key: str, path: Path, ylabel: str | None = None,
-                 title: str = "") -> Path:
-    """One line per named run for metric ``key`` (e.g. entropy of grpo vs stare vs steer)."""
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for name, rows in curves.items():
-        pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-        if pts:
-            ax.plot(*zip(*pts), label=name, lw=1.5)
-    ax.set_xlabel("step")
-    ax.set_ylabel(ylabel or key)
-    if title:
-        ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
 def plot_attribution(rows: list[dict], path: Path, title: str = "") -> Path | None:
     """"Why entropy moved": per measured step the parts stacked as bars (the positive parts above
     zero, the negative below): ``attribution/<part>``, adding up to ``predicted_net`` (dashed); the
