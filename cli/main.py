@@ -1,56 +1,26 @@
-"""The ``entropyrl`` command line: thin Typer commands over the library.
+"""The ``entropyrl`` entry point. The two first help screens are answered at once (``quick_help``);
+everything else goes to the Typer app (``cli/app.py``), imported only then.
 
-Every command takes Hydra overrides as trailing ``key=value`` arguments, composed with the
-configs shipped in ``entropyrl/conf``. User mistakes print one ``error: ...`` line and exit 2.
+Every command takes Hydra overrides as trailing ``key=value`` arguments. User mistakes print one
+``error: ...`` line and exit 2.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
-import typer
-
-from ..core.errors import UserError
-from . import config_cmd, eval_cmd, grade_cmd, lab_cmd, plan_cmd, sweep_cmd, train_cmd
-
-app = typer.Typer(
-    name="entropyrl",
-    help="RLVR experiments around policy entropy collapse: train (GRPO, DAPO, STARE, STEER, Clip-Cov, "
-         "KL-Cov, ...), evaluate on math benchmarks, sweep ablations on SLURM, everything in MLflow.",
-    rich_markup_mode="rich",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-def _quiet_libraries() -> None:
-    """Environment and loggers only: importing transformers here would make ``--help`` wait for
-    torch (the commands that load a model call ``common.quiet_transformers``)."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import logging
-
-    for name in ("mlflow", "alembic", "httpx", "urllib3"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
-def _register_commands() -> None:
-    for module in (train_cmd, eval_cmd, grade_cmd, sweep_cmd, lab_cmd, config_cmd, plan_cmd):
-        module.register(app)
-
-
-_register_commands()
+from .quick_help import quick_help
 
 
 def main(argv: list[str] | None = None) -> None:
-    _quiet_libraries()
-    try:
-        app(args=argv if argv is not None else sys.argv[1:], standalone_mode=True)
-    except UserError as exc:
-        typer.secho(f"error: {exc}", err=True, fg="red")
-        raise SystemExit(2) from None
+    args = list(sys.argv[1:] if argv is None else argv)
+    text = quick_help(args)
+    if text is not None:
+        sys.stdout.write(text)
+        return
+    from .app import run  # Typer, Rich and the commands' option declarations
+
+    run(args)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.errors import UserError
+from ..core.registry import unknown_choice
 from ..core.validation import renamed_problem, validate_config
 
 if TYPE_CHECKING:
@@ -103,11 +104,6 @@ def primary_configs() -> list[str]:
     return sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
 
 
-def _close(word: str, choices: list[str]) -> str:
-    near = difflib.get_close_matches(word, choices, n=1)
-    return f" (did you mean {near[0]}?)" if near else ""
-
-
 def _flat_keys(node, prefix: str = "") -> list[str]:
     if isinstance(node, dict):
         return [k for key, v in node.items() for k in ([f"{prefix}{key}"] + _flat_keys(v, f"{prefix}{key}."))]
@@ -160,8 +156,7 @@ def _check_intervention_params(cfg: DictConfig, overrides: list[str]) -> None:
     used = {str(x) for x in (algo.get("interventions") or [])} | {"tis"}   # tis: rollout.tis.enabled
     names = set(intervention_names())
     for name in sorted(used - names):          # what `train` would refuse, refused at compose time
-        raise UserError(f"unknown intervention '{name}' in algo.interventions{_close(name, sorted(names))}; "
-                        f"valid: {', '.join(sorted(names))}")
+        raise UserError(unknown_choice("algo.interventions entry", name, names))
     for o in overrides:
         parts = o.lstrip("+~").split("=", 1)[0].split(".")
         if len(parts) >= 3 and parts[0] == "algo" and parts[1] in names and parts[1] not in used:
@@ -180,8 +175,7 @@ def _explain(exc: Exception, overrides: list[str], known: list[str] | None = Non
         group, option = missing.groups()
         choices = config_groups().get(group, [])
         if choices:
-            return (f"unknown {group}={option}{_close(option, choices)}; "
-                    f"valid choices: {', '.join(choices)}")
+            return unknown_choice(group, option, choices)
         return f"unknown config group '{group}'; valid groups: {', '.join(config_groups())}"
     key = re.search(r"Could not override '([^']+)'", msg) or re.search(r"Key '([^']+)' is not in struct", msg)
     if key:

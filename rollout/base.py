@@ -19,7 +19,6 @@ holds the defaults a call may override: ``temperature``, ``top_p``, ``top_k`` (0
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
@@ -27,6 +26,7 @@ import torch
 
 from ..conf import cfg_get
 from ..core.errors import UserError
+from ..core.registry import Registry
 
 __all__ = ["Rollout", "RolloutEngine", "ROLLOUT_ENGINES", "register_rollout", "rollout_engine",
            "build_rollout", "stop_token_ids", "check_prompt_lengths", "response_mask_from_eos", "concat", "cat_rollouts"]
@@ -152,10 +152,10 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
 
 # name -> engine class, or "module:Class" for an engine whose module imports a heavy optional
 # dependency (vLLM): it is imported only when a run asks for it.
-ROLLOUT_ENGINES: dict[str, Callable | str] = {
+ROLLOUT_ENGINES: Registry = Registry("rollout", {
     "hf": "entropyrl.rollout.hf_engine:HFRollout",
     "vllm": "entropyrl.rollout.vllm_engine:VLLMRollout",
-}
+})
 
 
 def register_rollout(name: str, target: Callable | str | None = None):
@@ -174,14 +174,7 @@ def register_rollout(name: str, target: Callable | str | None = None):
 def rollout_engine(name: str, option: str = "rollout") -> Callable:
     """The engine class registered as ``name`` (importing its module if it was registered lazily).
     ``option``: the setting that named it, for the error line (``rollout``, ``eval.backend``)."""
-    if name not in ROLLOUT_ENGINES:
-        raise UserError(f"unknown {option}={name}; valid: {', '.join(sorted(ROLLOUT_ENGINES))}")
-    target = ROLLOUT_ENGINES[name]
-    if isinstance(target, str):
-        module, _, attr = target.partition(":")
-        target = getattr(importlib.import_module(module), attr)
-        ROLLOUT_ENGINES[name] = target
-    return target
+    return ROLLOUT_ENGINES.lookup(name, option)
 
 
 def build_rollout(rollout_cfg, model, tokenizer, option: str = "rollout") -> RolloutEngine:

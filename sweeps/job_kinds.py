@@ -9,11 +9,11 @@ sweep plans, submits, follows, resumes and tracks every kind alike (``job.json``
 
 from __future__ import annotations
 
-from ..core.errors import UserError
+from ..core.registry import Registry
 from .jobs import TRAIN_KIND, TrainJob
 from .plugins import load_plugins
 
-JOB_KINDS: dict[str, type[TrainJob]] = {TRAIN_KIND: TrainJob}
+JOB_KINDS: Registry = Registry("kind", {TRAIN_KIND: TrainJob})
 
 
 def register_job_kind(name: str, job_class: type[TrainJob]) -> None:
@@ -24,7 +24,4 @@ def register_job_kind(name: str, job_class: type[TrainJob]) -> None:
 def job_class(kind: str) -> type[TrainJob]:
     if kind not in JOB_KINDS:
         load_plugins()
-    try:
-        return JOB_KINDS[kind]
-    except KeyError:
-        raise UserError(f"unknown job kind '{kind}' in the ablation; known kinds: {', '.join(sorted(JOB_KINDS))}") from None
+    return JOB_KINDS.lookup(kind, "kind (of an ablation variant)")

@@ -38,6 +38,7 @@ from hydra.core.config_store import ConfigStore
 
 from ..conf import cfg_get
 from ..core.errors import UserError
+from ..core.registry import Registry
 from ..core.resources import available_cpus
 
 # Where a job stands in a scheduler's queue (``QueueEntry.phase``).
@@ -236,7 +237,7 @@ def check_number(key: str, value: Any, *, integer: bool, minimum: float, strict:
                     + (" or null" if nullable else ""))
 
 
-_REGISTRY: dict[str, Launcher] = {}
+_REGISTRY: Registry = Registry("launcher")
 _BUILTINS_REGISTERED: list[bool] = []
 
 
@@ -285,7 +286,4 @@ def find_launcher(name: str | None) -> Launcher | None:
 def get_launcher(cfg_or_name: Any) -> Launcher:
     """The launcher for a ``launcher`` config (its ``name``) or a name; ``UserError`` if unknown."""
     name = cfg_or_name if isinstance(cfg_or_name, str) else str(cfg_get(cfg_or_name, "name", "local"))
-    found = find_launcher(name)
-    if found is None:
-        raise UserError(f"unknown launcher '{name}'; valid: {', '.join(launcher_names())}")
-    return found
+    return _builtins().lookup(name)

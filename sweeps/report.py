@@ -26,6 +26,7 @@ from typing import Callable
 
 from ..core.errors import UserError
 from ..core.files import atomic_path, atomic_write_text
+from ..core.registry import Registry, unknown_choice
 from ..core.tracking import TrackingStore, check_reachable
 from ..trainers.run.plots import mean_by_step, plot_attribution, save_figure
 from ..trainers.run.regime import findings_cell
@@ -47,7 +48,7 @@ COLUMNS = [("final_val_acc", "final val acc", 3), ("entropy_tail_mean", "entropy
 # sweep's own report over the same folder and returns ``{"paths": {name: path}, "metrics": {...}}``
 # (its files are logged to the parent run with the report, its metrics on the parent run).
 ReportStep = Callable[[Path, dict, list, Callable[[str], None]], dict]
-REPORT_STEPS: dict[str, ReportStep] = {}     # the lab plugin registers "lab"
+REPORT_STEPS: Registry = Registry("report_step")     # the lab plugin registers "lab"
 
 
 def register_report_step(name: str, step: ReportStep) -> None:
@@ -193,8 +194,7 @@ def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str
             load_plugins()
         step = REPORT_STEPS.get(str(step_name))
         if step is None:
-            raise UserError(f"ablation {ablation} names report_step '{step_name}', which is not registered; "
-                            f"registered: {', '.join(sorted(REPORT_STEPS)) or 'none'}")
+            raise UserError(f"ablation {ablation}: " + unknown_choice("report_step", step_name, REPORT_STEPS))
     md = _markdown(sweep, sweep_dir, order, variants, statuses, job_rows, plots, threshold, tail_txt, counts)
     # an ablation with a report step (the lab) keeps the sweep's own report beside the step's report.md
     md_name = "sweep-report.md" if step is not None else "report.md"

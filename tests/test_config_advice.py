@@ -18,7 +18,7 @@ from entropyrl.core.errors import UserError
     (["+trainer.total_step=5"], "+trainer.total_step adds a key that nothing reads (did you mean `trainer.total_steps`?)"),
     (["algo.stare.p=0.2"], "algo.stare.p=0.2 sets a parameter of the stare intervention, which algo=grpo does not apply"),
     (["algo=dapo", "algo.steer.lambda_min=0.5"], "which algo=dapo does not apply"),
-    (["algo.interventions=[stareX]"], "unknown intervention 'stareX' in algo.interventions (did you mean stare?)"),
+    (["algo.interventions=[stareX]"], "unknown algo.interventions entry=stareX; valid: "),
 ])
 def test_advice_names_the_fix(overrides, message):
     with pytest.raises(UserError, match=re.escape(message)) as info:

@@ -96,7 +96,7 @@ def test_grpo_group_of_one_and_permutation():
 
 
 def test_unknown_advantage_is_user_error():
-    with pytest.raises(UserError, match="valid choices: .*grpo"):
+    with pytest.raises(UserError, match="unknown algo.advantage=.*; valid: .*grpo"):
         ca.compute_advantages("gpro", torch.ones(2), torch.zeros(2, dtype=torch.long), torch.ones(2, 3))
 
 
@@ -227,9 +227,9 @@ def batch(seed=0, B=6, T=5):
 
 
 @pytest.mark.parametrize("cfg,match", [
-    ({"advantage": "gpro"}, "valid choices"),
-    ({"loss_agg": "mean"}, "valid choices"),
-    ({"interventions": ["stare", "nope"]}, "unknown intervention 'nope'.*stare"),
+    ({"advantage": "gpro"}, "unknown algo.advantage=gpro; valid: "),
+    ({"loss_agg": "mean"}, "unknown algo.loss_agg=mean; valid: "),
+    ({"interventions": ["stare", "nope"]}, "unknown algo.interventions entry=nope; valid: .*stare"),
     ({"interventions": ["stare", "stare"]}, "more than once"),
     ({"interventions": ["stare"], "stare": {"pp": 0.2}}, "algo.stare.pp.*valid keys"),
     ({"interventions": ["stare"], "stare": {"p": "x"}}, "must be a number"),

@@ -229,7 +229,7 @@ def test_default_objective_is_bit_identical_to_the_clipped_surrogate():
 
 
 def test_bad_objective_and_args_are_user_errors():
-    with pytest.raises(UserError, match="valid choices"):
+    with pytest.raises(UserError, match="unknown algo.objective=nope; valid: "):
         Algorithm.from_config({"objective": "nope"}, max_response_length=4)
     with pytest.raises(UserError, match="tau_pos"):
         Algorithm.from_config({"objective": "sapo", "objective_args": {"tau": 1.0}}, max_response_length=4)

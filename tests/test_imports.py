@@ -115,11 +115,14 @@ def _cli_command_bodies(mod: str, tree: ast.Module) -> set[int]:
     """``id`` of every import statement inside a CLI command body: a function nested in a cli/
     module's ``register(app)`` (where the Typer commands are declared). The one stated exception to
     imports at module top: a command imports its implementation (torch, transformers, MLflow) when
-    it runs, so that ``entropyrl --help`` starts at once."""
+    it runs, so that ``entropyrl --help`` starts at once; likewise the entry point ``cli/main.py``'s
+    ``main`` imports the Typer app only when the quick help screens do not answer."""
     if not mod.startswith("entropyrl.cli."):
         return set()
     found = set()
     for top in tree.body:
+        if mod == "entropyrl.cli.main" and isinstance(top, ast.FunctionDef) and top.name == "main":
+            found.update(id(n) for n in ast.walk(top) if isinstance(n, (ast.Import, ast.ImportFrom)))
         if isinstance(top, ast.FunctionDef) and top.name == "register":
             for command in ast.walk(top):
                 if command is not top and isinstance(command, ast.FunctionDef):

@@ -406,7 +406,7 @@ def test_real_interventions_compose_in_list_order():
 def test_registry_rejects_duplicates_and_lists_choices():
     with pytest.raises(ValueError, match="already registered"):
         register_intervention("stare")(type("Other", (Intervention,), {}))
-    with pytest.raises(UserError, match="valid choices: .*clip_cov.*stare.*steer"):
+    with pytest.raises(UserError, match="unknown algo.interventions entry=starre; valid: .*clip_cov.*stare.*steer"):
         build({"interventions": ["starre"]})
     assert {"none", "stare", "steer", "clip_cov", "kl_cov", "high_entropy_mask", "sample_reweight",
             "entropy_bonus", "adaptive_entropy"} <= set(INTERVENTIONS)

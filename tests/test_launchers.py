@@ -80,7 +80,7 @@ def test_a_launcher_registered_here_runs_a_sweep_end_to_end(in_tmp, capsys):
 
 
 def test_unknown_launcher_name_is_a_user_error():
-    with pytest.raises(UserError, match="unknown launcher 'nope'; valid: .*debug, local"):
+    with pytest.raises(UserError, match="unknown launcher=nope; valid: .*debug, local"):
         get_launcher("nope")
 
 

@@ -151,7 +151,7 @@ def test_bad_values_name_key_value_and_allowed(config_name, override, fragment):
     ("algo.dynamic_sampling.max_num_gen_batches=0", "max_num_gen_batches=0 is not allowed: it must be a positive"),
     ("algo.dynamic_sampling.enabled=maybe", "algo.dynamic_sampling.enabled=maybe is not allowed: it must be true or false"),
     ("algo=clip_cov algo.clip_cov.ratio=2", "algo.clip_cov: need 0 <= ratio <= 1"),
-    ("algo.loss_agg=sum", "unknown algo.loss_agg 'sum'; valid choices: "),
+    ("algo.loss_agg=sum", "unknown algo.loss_agg=sum; valid: "),
     ("algo.overlong.enabled=true algo.overlong.buffer=0", "algo.overlong.buffer=0 is not allowed"),
     ("rollout=vllm rollout.tis.enabled=true rollout.tis.cap=0", "rollout.tis.cap must be > 0"),
 ])

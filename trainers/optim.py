@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 import torch
 
 from ..conf import cfg_get
-from ..core.errors import UserError
+from ..core.registry import Registry
 
 __all__ = ["OPTIMIZERS", "LR_SCHEDULES", "register_optimizer", "register_lr_schedule", "check_optim",
            "build_optimizer", "build_scheduler", "lr_factor", "resume_scheduler"]
@@ -30,8 +30,8 @@ __all__ = ["OPTIMIZERS", "LR_SCHEDULES", "register_optimizer", "register_lr_sche
 OptimizerBuilder = Callable[[Iterable[torch.nn.Parameter], object], torch.optim.Optimizer]
 LrFactor = Callable[[int, int, int, float], float]
 
-OPTIMIZERS: dict[str, OptimizerBuilder] = {}
-LR_SCHEDULES: dict[str, LrFactor] = {}
+OPTIMIZERS: Registry = Registry("optim.name")
+LR_SCHEDULES: Registry = Registry("optim.scheduler")
 
 
 def register_optimizer(name: str):
@@ -90,10 +90,8 @@ def _cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float)
     return min_lr_ratio + (1.0 - min_lr_ratio) * half_wave
 
 
-def _lookup(registry: dict, key: str, name: str):
-    if name not in registry:
-        raise UserError(f"unknown {key}={name}; valid: {', '.join(sorted(registry))}")
-    return registry[name]
+def _lookup(registry: Registry, key: str, name: str):
+    return registry.lookup(name, key)
 
 
 def check_optim(optim_cfg) -> None:

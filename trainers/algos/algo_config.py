@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ...conf import intervention_names
 from ...core.errors import UserError
+from ...core.registry import unknown_choice
 from ...core.validation import BOOL, NONNEG, POS_INT, Rule, check_value, integer, number
 from ..interventions import INTERVENTIONS
 
@@ -57,7 +58,7 @@ def registered_name(cfg: dict, key: str, registry, default: str) -> str:
     """``algo.<key>``: the name of a registered function (advantage estimator, loss aggregation)."""
     value = cfg.get(key, default)
     if not isinstance(value, str) or value not in registry:
-        raise UserError(f"unknown algo.{key} '{value}'; valid choices: {', '.join(sorted(registry))}")
+        raise UserError(unknown_choice(f"algo.{key}", value, registry))
     return value
 
 

@@ -34,6 +34,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ...core.errors import UserError
+from ...core.registry import unknown_choice
 from ...core.validation import BOOL, check_value
 from ..interventions import INTERVENTIONS, Intervention, LossContext, TokenBatch, build_intervention, intervention_params
 from . import core_algos, objectives
@@ -114,8 +115,7 @@ class Algorithm:
             raise UserError(f"algo.interventions lists {', '.join(dup)} more than once; list each at most once")
         unknown = [n for n in names if n not in INTERVENTIONS]
         if unknown:
-            raise UserError(f"unknown intervention '{unknown[0]}' in algo.interventions; valid choices: "
-                            f"{', '.join(sorted(INTERVENTIONS))}")
+            raise UserError(unknown_choice("algo.interventions entry", unknown[0], INTERVENTIONS))
         sections = {n: cfg.get(n) for n in names}
         listed, where = list(names), {}
         for n, cls_ in INTERVENTIONS.items():

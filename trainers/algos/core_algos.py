@@ -11,11 +11,12 @@ masked reductions they use live in ``loss_agg.py``; their names are importable f
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from ...core.errors import UserError
+from ...core.registry import Registry
 from .loss_agg import (
     LOSS_AGGREGATIONS,
     LossAggregation,
@@ -139,7 +140,7 @@ def reinforce_pp_baseline_advantage(rewards: torch.Tensor, group_ids: torch.Tens
 
 
 # name -> fn(rewards [B], group_ids [B], response_mask [B, T]) -> advantages [B, T]
-ADVANTAGE_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {}
+ADVANTAGE_ESTIMATORS: Registry = Registry("algo.advantage")
 
 
 def register_advantage(name: str):
@@ -184,10 +185,7 @@ def compute_advantages(name: str, rewards: torch.Tensor, group_ids: torch.Tensor
         rewards: ``[B]`` float outcome rewards. group_ids: ``[B]`` long prompt-group ids.
         response_mask: ``[B, T]`` 1 on response tokens.
     """
-    fn = ADVANTAGE_ESTIMATORS.get(name)
-    if fn is None:
-        raise UserError(f"unknown advantage estimator '{name}'; valid choices: "
-                        f"{', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
+    fn = ADVANTAGE_ESTIMATORS.lookup(name)
     if response_mask.dim() != 2 or response_mask.shape[0] != rewards.shape[0]:
         raise ValueError(f"response_mask must be [B, T] with B={rewards.shape[0]}, got {tuple(response_mask.shape)}")
     if not rewards.is_floating_point():

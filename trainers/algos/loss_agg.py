@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from ...core.errors import UserError
+from ...core.registry import Registry
 
 __all__ = ["LOSS_AGGREGATIONS", "LossAggregation", "register_loss_agg", "loss_aggregation", "part_weight",
            "agg_loss", "masked_mean", "zero_padding"]
@@ -87,11 +87,11 @@ def _valid_responses(mask: torch.Tensor) -> torch.Tensor:
     return (mask.sum(-1) > 0).sum()
 
 
-LOSS_AGGREGATIONS: dict[str, LossAggregation] = {
+LOSS_AGGREGATIONS: Registry = Registry("algo.loss_agg", {
     "token-mean": LossAggregation(_token_mean, _valid_tokens),
     "seq-mean-token-mean": LossAggregation(_seq_mean_token_mean, _valid_responses),
     "seq-mean-token-sum-norm": LossAggregation(_seq_mean_token_sum_norm, None),   # sum / constant
-}
+})
 
 
 def register_loss_agg(name: str, *, denominator: Callable[[torch.Tensor], torch.Tensor] | None):
@@ -108,9 +108,7 @@ def register_loss_agg(name: str, *, denominator: Callable[[torch.Tensor], torch.
 
 def loss_aggregation(mode: str) -> LossAggregation:
     """The registered aggregation ``mode`` (a one-line error naming the valid ones if unknown)."""
-    if mode not in LOSS_AGGREGATIONS:
-        raise UserError(f"unknown loss_agg '{mode}'; valid choices: {', '.join(LOSS_AGGREGATIONS)}")
-    return LOSS_AGGREGATIONS[mode]
+    return LOSS_AGGREGATIONS.lookup(mode)
 
 
 def part_weight(mode: str, part_mask: torch.Tensor, whole_mask: torch.Tensor) -> float:

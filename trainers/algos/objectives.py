@@ -25,11 +25,11 @@ aggregates to the mean over responses, as verl's ``torch.mean(pg_losses)``.
 from __future__ import annotations
 
 import inspect
-from typing import Callable
 
 import torch
 
 from ...core.errors import UserError
+from ...core.registry import Registry
 from .core_algos import LOG_RATIO_CLAMP, SurrogateOutput, clipped_surrogate
 
 __all__ = ["POLICY_OBJECTIVES", "register_objective", "policy_objective", "check_objective_args",
@@ -39,7 +39,7 @@ GSPO_LOG_RATIO_MAX = 10.0   # verl clamps the sequence log-ratio at 10 before ex
 GMPO_EPS = 1e-8             # verl's length floor in the geometric mean
 
 # name -> fn(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_c, **args) -> SurrogateOutput
-POLICY_OBJECTIVES: dict[str, Callable[..., SurrogateOutput]] = {}
+POLICY_OBJECTIVES: Registry = Registry("algo.objective")
 
 
 def register_objective(name: str):
@@ -59,9 +59,7 @@ def _extra_args(fn) -> dict[str, object]:
 
 def check_objective_args(name: str, args: dict) -> dict:
     """Validate ``algo.objective`` / ``algo.objective_args``; returns the args as floats."""
-    fn = POLICY_OBJECTIVES.get(name)
-    if fn is None:
-        raise UserError(f"unknown algo.objective '{name}'; valid choices: {', '.join(sorted(POLICY_OBJECTIVES))}")
+    fn = POLICY_OBJECTIVES.lookup(name)
     valid = _extra_args(fn)
     unknown = sorted(set(args) - set(valid))
     if unknown:
@@ -79,7 +77,7 @@ def policy_objective(name: str, logp: torch.Tensor, old_logp: torch.Tensor, adva
                      mask: torch.Tensor, *, eps_low: float, eps_high: float, dual_c: float | None,
                      **args) -> SurrogateOutput:
     """The per-token surrogate of objective ``name``; all tensors ``[B, T]``."""
-    return POLICY_OBJECTIVES[name](logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high,
+    return POLICY_OBJECTIVES.lookup(name)(logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high,
                                    dual_c=dual_c, **args)
 
 

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 from ...conf import cfg_get, to_plain
 from ...core.errors import UserError
+from ...core.registry import unknown_choice
 from ...evals.benchmarks import read_rows, resolve_data_root, rows_to_problems
 from ...evals.grading.grader import grade_batch
 from ...evals.prompts import available_templates, build_prompt
@@ -119,7 +120,7 @@ class MathDatasetSource:
         self.workers = data_cfg.get("grade_workers", None) if data_cfg is not None else None
 
         if self.template not in available_templates():
-            raise UserError(f"data.prompt={self.template}: valid choices: {', '.join(available_templates())}")
+            raise UserError(unknown_choice("data.prompt", self.template, available_templates()))
         problems, self.where = load_problems(data_cfg)
         limit = cfg_get(data_cfg, "limit", None)
         if limit:

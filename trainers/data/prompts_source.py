@@ -7,19 +7,15 @@ for per-group metrics). New kinds register in ``PROMPT_SOURCES``.
 
 from __future__ import annotations
 
-from typing import Callable
-
-from ...core.errors import UserError
+from ...core.registry import Registry
 from ...tasks.builtin import BuiltinTaskSource
 from .code_datasets import CodeTaskSource
 from .datasets import MathDatasetSource
 
-PROMPT_SOURCES: dict[str, Callable] = {"builtin": BuiltinTaskSource, "math": MathDatasetSource,
-                                       "code": CodeTaskSource}
+PROMPT_SOURCES: Registry = Registry("data.kind", {"builtin": BuiltinTaskSource, "math": MathDatasetSource,
+                                                 "code": CodeTaskSource})
 
 
 def build_prompt_source(data_cfg, seed: int, tokenizer=None):
     kind = data_cfg.get("kind", "builtin")
-    if kind not in PROMPT_SOURCES:
-        raise UserError(f"unknown data.kind '{kind}'; valid: {', '.join(sorted(PROMPT_SOURCES))}")
-    return PROMPT_SOURCES[kind](data_cfg, seed, tokenizer=tokenizer)
+    return PROMPT_SOURCES.lookup(kind)(data_cfg, seed, tokenizer=tokenizer)

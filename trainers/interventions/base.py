@@ -39,6 +39,7 @@ import torch
 
 from ...conf import intervention_defaults
 from ...core.errors import UserError
+from ...core.registry import Registry, unknown_choice
 
 __all__ = ["Intervention", "LossContext", "TokenBatch", "INTERVENTIONS", "register_intervention",
            "build_intervention", "intervention_params", "SCOPES", "finding"]
@@ -213,7 +214,7 @@ class Intervention:
         raise NotImplementedError
 
 
-INTERVENTIONS: dict[str, type[Intervention]] = {}
+INTERVENTIONS: Registry = Registry("intervention")
 
 
 def register_intervention(name: str):
@@ -266,7 +267,7 @@ def intervention_params(name: str, section: dict | None):
     checked here, ranges by ``Params.validate``; a bad value raises ``UserError``."""
     cls = INTERVENTIONS.get(name)
     if cls is None:
-        raise UserError(f"unknown intervention '{name}'; valid choices: {', '.join(sorted(INTERVENTIONS))}")
+        raise UserError(unknown_choice("intervention", name, INTERVENTIONS))
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}
     section = dict(section or {})
     values = {**(intervention_defaults(name) or {}), **section}
@@ -286,7 +287,7 @@ def intervention_params(name: str, section: dict | None):
         check(name)
     scope = getattr(params, "scope", "micro")
     if scope not in SCOPES:
-        raise UserError(f"algo.{name}.scope: unknown scope '{scope}'; valid choices: {', '.join(SCOPES)}")
+        raise UserError(unknown_choice(f"algo.{name}.scope", scope, SCOPES))
     return params
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.errors import UserError
+from ...core.registry import unknown_choice
 from ...core.validation import OPEN_PROB, check_value
 from ..algos.core_algos import select_top_fraction
 from .base import Intervention, LossContext, TokenBatch, finding, register_intervention
@@ -61,7 +62,7 @@ class Stare(Intervention):
 
         def validate(self, name: str) -> None:
             if self.variant not in VARIANTS:
-                raise UserError(f"algo.{name}.variant: unknown '{self.variant}'; valid choices: {', '.join(VARIANTS)}")
+                raise UserError(unknown_choice(f"algo.{name}.variant", self.variant, VARIANTS))
             check_value(f"algo.{name}.p", self.p, OPEN_PROB)    # (0, 1]: a top fraction that selects
             if self.w <= 0 or self.m <= 0:
                 raise UserError(f"algo.{name}.w and .m must be > 0 (a weight <= 0 would flip or kill gradients)")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.errors import UserError
+from ...core.registry import unknown_choice
 from ..stats.diagnostics import entropy_change_estimate
 from .base import Intervention, LossContext, TokenBatch, finding, register_intervention
 
@@ -56,7 +57,7 @@ def steer_weights(omega: torch.Tensor, mask: torch.Tensor, *, mapping: str = "ex
             w = lambda_max - (m - m_min) * (lambda_max - lambda_min) / (m_max - m_min)
             w = torch.clamp(w, lambda_min, lambda_max)
     else:
-        raise UserError(f"unknown steer mapping '{mapping}'; valid choices: {', '.join(MAPPINGS)}")
+        raise UserError(unknown_choice("algo.steer.mapping", mapping, MAPPINGS))
     return torch.where(valid, w, out)
 
 
@@ -87,7 +88,7 @@ class Steer(Intervention):
 
         def validate(self, name: str) -> None:
             if self.mapping not in MAPPINGS:
-                raise UserError(f"algo.{name}.mapping: unknown '{self.mapping}'; valid choices: {', '.join(MAPPINGS)}")
+                raise UserError(unknown_choice(f"algo.{name}.mapping", self.mapping, MAPPINGS))
             if not 0.0 < self.lambda_min:
                 raise UserError(f"algo.{name}.lambda_min={self.lambda_min:g} is not allowed: it must be > 0")
             if self.lambda_min > self.lambda_max:
@@ -96,8 +97,7 @@ class Steer(Intervention):
             if self.mapping == "exp" and self.lambda_min > 1.0:
                 raise UserError(f"algo.{name}.lambda_min must be <= 1 for the exp mapping")
             if self.entropy_source not in ENTROPY_SOURCES:
-                raise UserError(f"algo.{name}.entropy_source: unknown '{self.entropy_source}'; valid choices: "
-                                f"{', '.join(ENTROPY_SOURCES)}")
+                raise UserError(unknown_choice(f"algo.{name}.entropy_source", self.entropy_source, ENTROPY_SOURCES))
             if self.m_floor <= 0:
                 raise UserError(f"algo.{name}.m_floor must be > 0")
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.errors import UserError
+from ...core.registry import unknown_choice
 from .base import Intervention, LossContext, register_intervention
 
 TIS_MODES = ("token", "mis", "icepop", "seq_mask")
@@ -89,7 +90,7 @@ def mismatch_weight(mode: str, old_logp: torch.Tensor, sampling_logp: torch.Tens
         keep = ((geo >= seq_low) & (geo <= seq_high)).unsqueeze(-1).expand_as(valid)
         w = keep.to(d.dtype)
     else:
-        raise UserError(f"unknown rollout.tis.mode '{mode}'; valid choices: {', '.join(TIS_MODES)}")
+        raise UserError(unknown_choice("rollout.tis.mode", mode, TIS_MODES))
     return (w * valid).to(old_logp.dtype), ~keep & valid
 
 
@@ -115,7 +116,7 @@ class TruncatedIS(Intervention):
             if not self.cap > 0:
                 raise UserError(f"algo.{name}.cap must be > 0, got {self.cap}")
             if self.mode not in TIS_MODES:
-                raise UserError(f"algo.{name}.mode: unknown mode '{self.mode}'; valid choices: {', '.join(TIS_MODES)}")
+                raise UserError(unknown_choice(f"algo.{name}.mode", self.mode, TIS_MODES))
             if not 0 < self.icepop_low < self.icepop_high or not 0 < self.seq_low < self.seq_high:
                 raise UserError(f"algo.{name}: need 0 < icepop_low < icepop_high and 0 < seq_low < seq_high")
 

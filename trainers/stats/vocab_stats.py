@@ -20,10 +20,12 @@ from typing import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ...core.registry import Registry
+
 __all__ = ["VOCAB_STATS", "register_vocab_stat", "chunked_vocab_stat", "clamped_entropy", "topp_entropy",
            "minp_log_mass", "max_logp"]
 
-VOCAB_STATS: dict[str, Callable[..., torch.Tensor]] = {}
+VOCAB_STATS: Registry = Registry("vocabulary statistic")
 
 
 def register_vocab_stat(name: str):
@@ -99,7 +101,7 @@ def chunked_vocab_stat(hidden: torch.Tensor, weight: torch.Tensor, name: str, pa
                        chunk_size: int = 1024) -> torch.Tensor:
     """Statistic ``name`` of every token's distribution: ``hidden [N, D]``, ``weight [V, D]`` -> ``[N]``,
     differentiable w.r.t. ``hidden``/``weight``/``bias`` when grad is enabled."""
-    fn = VOCAB_STATS[name]
+    fn = VOCAB_STATS.lookup(name)
     outs = []
     for s in range(0, hidden.shape[0], chunk_size):
         h = hidden[s: s + chunk_size]
