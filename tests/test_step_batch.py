@@ -199,3 +199,21 @@ def test_the_whole_train_config_is_read_once_by_the_builder():
                                                            "algo.interventions=[tis,stare]"]))
     assert listed.intervention_names == ["tis", "stare"]          # listed: not added twice
     assert "tis" not in Algorithm.from_train_config(compose("train", ["rollout=vllm"])).intervention_names
+
+
+def test_the_step_methods_read_no_config():
+    """The recipe's step methods take every setting from ``StepSettings`` (read once at set-up),
+    never from ``cfg``: a reader finds each number where the run was set up."""
+    import ast
+    import inspect
+
+    from entropyrl.trainers.trainer import GRPOTrainer
+
+    tree = ast.parse(inspect.getsource(GRPOTrainer))
+    methods = {n.name: n for n in tree.body[0].body if isinstance(n, ast.FunctionDef)}
+    step_methods = ("collect", "train_step", "_score", "_update", "_advance_schedule", "validate", "save")
+    assert set(step_methods) <= set(methods)
+    for name in step_methods:
+        reads = [n for n in ast.walk(methods[name]) if isinstance(n, ast.Attribute) and n.attr == "cfg"]
+        reads += [n for n in ast.walk(methods[name]) if isinstance(n, ast.Name) and n.id == "cfg"]
+        assert reads == [], f"GRPOTrainer.{name} reads the config"

@@ -12,6 +12,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from ..core.seeds import group_seed, rank_seed, rollout_seed
 from ..rewards import build_reward_runner, reward_metrics
 from ..rollout.base import Rollout, cat_rollouts
 from .algos.step_batch import StepBatch
@@ -27,8 +28,8 @@ def generate_groups(cfg, source, rollout, problems: list, n: int, *, seed: int, 
     alone, seeded by its index in the step, so the responses do not depend on the number of ranks;
     the default ``call`` seeds one generate call per rank."""
     if str(cfg.rollout.get("seed_scope", "call")) != "group":
-        return rollout.generate([source.prompt(p) for p in problems], n=n, seed=seed + rank * 7_919_993)
-    parts = [rollout.generate([source.prompt(p)], n=n, seed=seed * 65_537 + first + i) for i, p in enumerate(problems)]
+        return rollout.generate([source.prompt(p) for p in problems], n=n, seed=rank_seed(seed, rank))
+    parts = [rollout.generate([source.prompt(p)], n=n, seed=group_seed(seed, first + i)) for i, p in enumerate(problems)]
     return cat_rollouts(parts, pad_token_id)
 
 
@@ -54,7 +55,7 @@ def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, ste
         attempts += 1
         problems = distributed.shard(source.sample(want * dist.world_size, step, attempt), dist)
         prompt_texts = [source.prompt(p) for p in problems]
-        roll = generate_groups(cfg, source, rollout, problems, n, seed=int(t.seed) * 1_000_003 + step * 101 + attempt,
+        roll = generate_groups(cfg, source, rollout, problems, n, seed=rollout_seed(t.seed, step, attempt),
                                rank=dist.rank, first=dist.rank * len(problems), pad_token_id=pad_token_id)
         group_ids = torch.arange(len(problems)).repeat_interleave(n) + attempt * want
         batch = reward_runner.score([problems[i // n] for i in range(len(roll.texts))],

@@ -23,9 +23,10 @@ gradients (``diagnostics.quadrants``, ``diagnostics.attribution``) are explicit 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import defaultdict
-from contextlib import nullcontext
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ..core.resources import ThreadBudget
+from ..core.seeds import shuffle_seed
 from ..core.tracking import read_metrics
 from ..evals.runner import validate as validate_benchmarks
 from ..rollout.base import Rollout, build_rollout
@@ -51,11 +53,12 @@ from .run import checkpoint as ckpt
 from .run import run_dir
 from .run.run_report import TrainingProgress, write_run_report
 from .run.stop_signals import RunInterrupted, StopSignals
+from .settings import StepSettings
 from .stats.attribution import build_attribution
 from .stats.diagnostics import entropy_quantile_metrics, quadrant_metrics
+from .stats.observers import StepObserver, build_observers
 from .stats.passk import sampled_pass_metrics
 from .stats.policy_stats import batch_token_stats, response_token_stats
-from .stats.prediction import EntropyPrediction
 from .stats.probe import build_probe
 
 
@@ -78,6 +81,8 @@ class GRPOTrainer:
         run once per command); without them the trainer runs those checks itself."""
         self.cfg = cfg
         t = cfg.trainer
+        # everything the step methods read, taken from the config once (trainers/settings.py)
+        self.settings = StepSettings.from_config(cfg)
         self.output_dir = Path(cfg.output_dir)
         # trainer.threads, else the CPUs left to this job (affinity, quota, jobs and load beside it)
         self.threads = ThreadBudget(t.threads)
@@ -113,13 +118,20 @@ class GRPOTrainer:
         self.tracker = components.build_tracker(cfg, self.output_dir, self.dist, log=self.log)
         self.step = 0
         self.val_problems = self.source.validation(int(cfg.val.prompts)) if cfg.val.prompts else []
+        # what watches the step without changing it, built only when switched on (stats/observers.py)
         self.probe = build_probe(cfg, self.source, self.rollout, lambda model, roll: batch_token_stats(
-            model, roll, int(t.micro_batch_responses), **self._stats_kwargs()))
+            model, roll, self.settings.micro_batch_responses, **self.settings.stats))
         self.attribution = build_attribution(cfg, self.probe, self.dist, lambda model, roll: (
-            response_token_stats(model, roll, entropy_grad=True, **self._stats_kwargs())[1]), self.model, log=self.log)
+            response_token_stats(model, roll, entropy_grad=True, **self.settings.stats)[1]), self.model, log=self.log)
+        # generation, scoring and dynamic sampling of one step (collect.py), bound to this run's parts
+        self._collect = functools.partial(collect_rollouts, cfg, source=self.source, rollout=self.rollout,
+                                          algo=self.algo, dist=self.dist, pad_token_id=self.tokenizer.pad_token_id,
+                                          reward_runner=self.rewards)
+        self.observers: list[StepObserver] = build_observers(quadrants=self.settings.quadrants, probe=self.probe,
+                                                             attribution=self.attribution)
 
     def _stats_kwargs(self) -> dict:
-        return components.stats_kwargs(self.cfg)
+        return dict(self.settings.stats)
 
     def close(self) -> None:
         """Stop a rollout engine that runs apart (vLLM) and leave the process group we created."""
@@ -158,10 +170,10 @@ class GRPOTrainer:
         if self.dist.is_main:
             export = None
             if self.lora is not None:     # the adapter only; the merged model too on request
-                model, export = self.lora.checkpoint_parts(self.cfg.model.lora, self.tokenizer)
+                model, export = self.lora.checkpoint_parts(self.settings.lora, self.tokenizer)
             path = ckpt.save_checkpoint(self.output_dir, self.step, model, self.tokenizer, optimizer,
                                         extra={"algo": self.algo.state_dict(), "scheduler": self.scheduler.state_dict()},
-                                        keep=int(self.cfg.trainer.keep_checkpoints), export=export)
+                                        keep=self.settings.keep_checkpoints, export=export)
         distributed.barrier(self.dist)
         return path
 
@@ -169,9 +181,7 @@ class GRPOTrainer:
     def collect(self) -> tuple[StepBatch | None, dict]:
         """This step's batch (``collect.collect_rollouts``): ``(StepBatch of the responses with their
         rewards, correct and group ids, or None when nothing was kept; metrics)``."""
-        return collect_rollouts(self.cfg, source=self.source, rollout=self.rollout, algo=self.algo, dist=self.dist,
-                                pad_token_id=self.tokenizer.pad_token_id, step=self.step,
-                                reward_runner=self.rewards)
+        return self._collect(step=self.step)
 
     def _reference_logp(self, roll: Rollout, rows_per_chunk: int, stats_kw: dict) -> torch.Tensor | None:
         """Log-probs under the KL reference: the reference model, or with LoRA the policy with its
@@ -194,16 +204,14 @@ class GRPOTrainer:
             self._advance_schedule(metrics)
             metrics.update({"time/step": time.perf_counter() - started, "skipped": 1.0})
             return distributed.mean_metrics(metrics, self.dist)
+        for observer in self.observers:
+            observer.begin_step(self.model, self.step)
         batch = self._score(batch, metrics)
-        prediction = self._update(batch, metrics)
+        self._update(batch, metrics)
         self.algo.end_step(reduce=lambda t: distributed.sum_across(t, self.dist))
         self.rollout.sync_weights()
-        if prediction is not None:                # effective vs plain-GRPO first-order entropy change
-            metrics.update(prediction.metrics())
-        if self.probe is not None:                # realised change on the fixed held-out probe batch
-            metrics.update(self.probe.after_update(self.model))
-        if self.attribution is not None:          # its net prediction and parts (when measured)
-            metrics.update(self.attribution.finish(self.model))
+        for observer in self.observers:           # the prediction, the probe's realised change, the attribution
+            metrics.update(observer.end_step(self.model))
         metrics["time/generate"] = gen_time
         metrics["time/step"] = time.perf_counter() - started
         return distributed.mean_metrics(metrics, self.dist)   # averaged over ranks (identity on one)
@@ -211,12 +219,9 @@ class GRPOTrainer:
     def _score(self, batch: StepBatch, metrics: dict) -> StepBatch:
         """Steps 3-4: the sampling policy's token statistics, the controllers, the advantages, the
         quadrant diagnostics and the batch-scope selections, filled into the step batch."""
-        roll, rows_per_chunk, stats_kw = batch.responses, int(self.cfg.trainer.micro_batch_responses), self._stats_kwargs()
+        s = self.settings
+        roll, rows_per_chunk, stats_kw = batch.responses, s.micro_batch_responses, s.stats
         mask = roll.response_mask.to(self.device).float()
-        if self.probe is not None:
-            self.probe.before_update(self.model)
-        if self.attribution is not None and self.attribution.due(self.step):
-            self.attribution.begin(self.model)
         wanted = self.algo.sampling_vocab_stats()          # SIREN's anchor: the first batch's top-p entropies
         old_logp, entropy, *sampled = batch_token_stats(self.model, roll, rows_per_chunk, vocab_stats=wanted, **stats_kw)
         if sampled:
@@ -230,11 +235,11 @@ class GRPOTrainer:
         rewards, group_ids = batch.rewards.to(self.device), batch.group_ids.to(self.device)
         advantages = self.algo.advantages(rewards, group_ids, mask, entropy=entropy)
         metrics["entropy"] = sampling_entropy
-        if self.cfg.diagnostics.get("entropy_quantiles"):   # every rank's tokens gathered; rank 0 reports them
+        if s.entropy_quantiles:   # every rank's tokens gathered; rank 0 reports them
             quantiles = entropy_quantile_metrics(distributed.gather_values(entropy[mask.bool()], self.dist),
-                                                 list(self.cfg.diagnostics.entropy_quantiles))
+                                                 list(s.entropy_quantiles))
             metrics.update(quantiles if self.dist.is_main else {})
-        if self.cfg.diagnostics.quadrants:
+        if s.quadrants:
             metrics.update(quadrant_metrics(old_logp, old_logp, entropy, advantages, mask))
         metrics["groups/all_equal_frac"] = all_equal_group_share(rewards, group_ids)
         metrics.update(self.algo.step_metrics())
@@ -242,60 +247,52 @@ class GRPOTrainer:
                             ref_logp=ref_logp, advantages=advantages)
         return self.algo.select(batch, "batch")
 
-    def _update(self, batch: StepBatch, metrics: dict) -> EntropyPrediction | None:
-        """Step 5: ``ppo_epochs`` passes of mini-batch updates, gradient accumulation over micro-batches,
-        then the lr schedule moves on by one step. Returns the first-order entropy prediction of the step's losses (``diagnostics.quadrants``)."""
-        t, stats_kw = self.cfg.trainer, self._stats_kwargs()
-        prediction = EntropyPrediction() if self.cfg.diagnostics.quadrants else None
+    def _update(self, batch: StepBatch, metrics: dict) -> None:
+        """Step 5: ``ppo_epochs`` passes of mini-batch updates (slice -> statistics -> loss -> backward,
+        accumulated over micro-batches -> clip -> step), then the lr schedule moves on by one step.
+        The observers see each micro-batch loss before its backward and each optimizer step."""
+        s = self.settings
         loss_metrics: dict[str, list[float]] = defaultdict(list)
         rows, agg = len(batch), self.algo.loss_agg
-        mini_rows = int(t.mini_batch_prompts) * int(self.cfg.rollout.n)
-        shuffle = torch.Generator().manual_seed(int(t.seed) * 7919 + self.step)
+        shuffle = torch.Generator().manual_seed(shuffle_seed(s.seed, self.step))
         self.model.train()
         grad_norms = []
-        measured = self.attribution is not None and self.attribution.due(self.step)
-        split = self.attribution.split if measured else None   # None under FSDP
-        for _epoch in range(int(t.ppo_epochs)):
+        for _epoch in range(s.ppo_epochs):
             order = torch.randperm(rows, generator=shuffle)
-            for m_start in range(0, rows, mini_rows):
-                mini = self.algo.select(batch[order[m_start: m_start + mini_rows]], "mini",
+            for m_start in range(0, rows, s.mini_batch_rows):
+                mini = self.algo.select(batch[order[m_start: m_start + s.mini_batch_rows]], "mini",
                                         gather=lambda tensors: distributed.gather_rows(tensors, self.dist))  # scope global
                 self.optimizer.zero_grad(set_to_none=True)
                 dp_scale = distributed.loss_scale(agg, mini.mask, self.dist)   # 1.0 on one process
                 objective = 0.0
-                for local in micro_batches.passes(mini.responses, self.cfg.trainer, self.dist):
+                for local in micro_batches.passes(mini.responses, s, self.dist):
                     pairing = len(local) == 0     # only to pair this rank's collectives with the others'
                     part = mini[torch.zeros(1, dtype=torch.long) if pairing else local]
-                    micro = micro_batches.pass_rows(part, self.cfg.trainer)   # trimmed to its width under a token budget
+                    micro = micro_batches.pass_rows(part, s)   # trimmed to its width under a token budget
                     logp, ent, *vocab = response_token_stats(self.model, micro.responses,
                                                              entropy_grad=self.algo.needs_entropy_grad,
-                                                             vocab_stats=self.algo.vocab_stats(), **stats_kw)
-                    out = self.algo.micro_loss(micro, logp=logp, entropy=ent, vocab=vocab[0] if vocab else None)
+                                                             vocab_stats=self.algo.vocab_stats(), **s.stats)
+                    vocab = vocab[0] if vocab else None
+                    out = self.algo.micro_loss(micro, logp=logp, entropy=ent, vocab=vocab)
                     weight = 0.0 if pairing else accumulation_weight(agg, part.mask, mini.mask) * dp_scale
-                    if split is not None and not pairing:   # per token group, before the backward, and before
-                        # after_loss advances the interventions' state (Clip-Cov's draw, EntroPIC's integral):
-                        # the rebuilt losses must select what this one did
-                        prefixes = self.algo.loss_prefixes(micro, logp=logp, entropy=ent, vocab=vocab[0] if vocab else None)
-                        split.add_micro(out.loss * weight, [logp, ent, *(vocab[0].values() if vocab else ())], micro,
-                                        [(name, partial * weight) for name, partial in prefixes])
                     if not pairing:
+                        for observer in self.observers:   # before the backward frees the graph, and before
+                            # after_loss advances the interventions' state (Clip-Cov's draw, EntroPIC's integral)
+                            observer.on_micro_loss(self.algo, micro, out, (logp, ent, vocab), weight)
                         self.algo.after_loss(out)
-                        if prediction is not None:   # reads the graph: before the backward frees it
-                            prediction.add(out)
                     (out.loss * weight).backward()
                     objective += float(out.loss.detach()) * weight
                     for k, v in ({} if pairing else out.metrics).items():
                         loss_metrics[k].append(float(v))
                 loss_metrics["loss/objective"].append(objective)   # the mini-batch loss minimised
-                grad_norms.append(distributed.clip_grad_norm(self.model, float(t.grad_clip)))
-                around = (self.attribution.optimizer_step(self.model, self.optimizer, grad_norms[-1]) if measured
-                          else nullcontext())   # measured: the split's parts, this update's prediction, g_H after
-                with around:
+                grad_norms.append(distributed.clip_grad_norm(self.model, s.grad_clip))
+                with ExitStack() as around:          # e.g. the attribution's split and prediction of this update
+                    for observer in self.observers:
+                        around.enter_context(observer.around_optimizer_step(self.model, self.optimizer, grad_norms[-1]))
                     self.optimizer.step()
         self._advance_schedule(metrics)
         metrics.update({k: float(np.nanmean(v)) for k, v in loss_metrics.items()})
         metrics["grad_norm"] = float(np.mean(grad_norms))
-        return prediction
 
     def _advance_schedule(self, metrics: dict) -> None:
         """Log the lr this step used (``lr``) and move the schedule on by one training step."""
@@ -308,18 +305,17 @@ class GRPOTrainer:
         out: dict[str, float] = {}
         if self.val_problems:
             roll = self.rollout.generate([self.source.prompt(p) for p in self.val_problems], n=1,
-                                         seed=int(self.cfg.trainer.seed), temperature=float(self.cfg.val.temperature))
+                                         seed=self.settings.seed, temperature=self.settings.val_temperature)
             correct = [self.source.reward(p, txt) for p, txt in zip(self.val_problems, roll.texts)]
             out["val/acc"] = float(np.mean(correct))
             by_group = defaultdict(list)
             for p, c in zip(self.val_problems, correct):
                 by_group[self.source.group(p)].append(c)
             out.update({f"val/acc/{g}": float(np.mean(v)) for g, v in by_group.items()})
-            if int(self.cfg.val.get("pass_k") or 0) > 0:   # pass@1 / pass@k from sampled responses
-                out.update(sampled_pass_metrics(self.rollout, self.source, self.val_problems, int(self.cfg.val.pass_k)))
-        if self.cfg.val.get("benchmarks"):
-
-            out.update(validate_benchmarks(self.model, self.tokenizer, list(self.cfg.val.benchmarks), self.cfg.val))
+            if self.settings.val_pass_k > 0:   # pass@1 / pass@k from sampled responses
+                out.update(sampled_pass_metrics(self.rollout, self.source, self.val_problems, self.settings.val_pass_k))
+        if self.settings.val_benchmarks:
+            out.update(validate_benchmarks(self.model, self.tokenizer, list(self.settings.val_benchmarks), self.settings.val))
         return out
 
     # -- the run ----------------------------------------------------------------------------

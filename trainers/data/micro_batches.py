@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ...conf import cfg_get
 from ...rollout.base import Rollout
 from ..algos.step_batch import StepBatch
 from ..parallel import distributed
@@ -26,17 +27,18 @@ __all__ = ["passes", "pass_rows", "by_count", "by_tokens", "balance", "trim", "p
 def passes(rows: Rollout, trainer_cfg, dist) -> list[torch.Tensor]:
     """Positions in the mini-batch ``rows`` of each forward/backward pass:
     ``trainer.micro_batch_responses`` rows at a time, or packed by ``trainer.micro_batch_tokens``,
-    as many passes on every rank of ``dist``."""
-    budget = trainer_cfg.get("micro_batch_tokens")
+    as many passes on every rank of ``dist``. ``trainer_cfg``: the trainer section, or any object
+    with those two keys (the trainer's ``StepSettings``)."""
+    budget = cfg_get(trainer_cfg, "micro_batch_tokens")
     if not budget:
-        return by_count(len(rows.texts), int(trainer_cfg.micro_batch_responses))
+        return by_count(len(rows.texts), int(cfg_get(trainer_cfg, "micro_batch_responses")))
     packed = by_tokens(rows.prompt_mask.sum(1), rows.response_mask.sum(1), int(budget))
     return balance(packed, int(distributed.max_across(len(packed), dist)))
 
 
 def pass_rows(rows: StepBatch, trainer_cfg) -> StepBatch:
     """The rows of one pass, trimmed to their own width under a token budget."""
-    if not trainer_cfg.get("micro_batch_tokens"):
+    if not cfg_get(trainer_cfg, "micro_batch_tokens"):
         return rows
     responses, width = trim(rows.responses)
     return rows.narrowed(responses, width)

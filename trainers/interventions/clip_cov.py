@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.errors import UserError
+from ...core.seeds import draw_seed
 from ..algos.core_algos import token_covariance
 from .base import Intervention, LossContext, TokenBatch, finding, register_intervention
 
@@ -77,7 +78,7 @@ class ClipCov(Intervention):
         cov = token_covariance(advantages, logp, valid)
         cand = torch.nonzero(clip_cov_candidates(cov, valid, ratio_clipped, p.lb, p.ub).reshape(-1), as_tuple=True)[0]
         k = min(max(1, int(p.ratio * int(valid.sum().item()))), int(cand.numel()))
-        gen = torch.Generator().manual_seed((self.seed * 1_000_003 + self.calls) % (2**63))
+        gen = torch.Generator().manual_seed(draw_seed(self.seed, self.calls))
         picked = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
         if k > 0:
             picked[cand[torch.randperm(int(cand.numel()), generator=gen)[:k].to(cand.device)]] = True

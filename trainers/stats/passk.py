@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...core.seeds import PASS_SEED
 from ...evals.metrics import pass_at_k
 
 __all__ = ["sampled_pass_metrics", "pass_metrics_from_scores"]
 
-PASS_SEED = 31_337   # the validation samples' seed: the same draws at every validation of a run
 
 
 def pass_metrics_from_scores(scores: list[float], k: int) -> dict[str, float]:

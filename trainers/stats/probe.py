@@ -15,9 +15,10 @@ from typing import Callable
 
 import torch
 
+from ...core.seeds import PROBE_SEED
+
 __all__ = ["ProbeBatch", "build_probe", "probe_entropy"]
 
-PROBE_SEED = 424_242   # the probe's sampling seed: independent of the training seed stream
 
 
 def probe_entropy(entropy: torch.Tensor, mask: torch.Tensor) -> float:

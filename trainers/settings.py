@@ -1,0 +1,56 @@
+"""What a training step reads from the config, read once at set-up into typed settings: the step
+methods of ``trainers/trainer.py`` take every number and switch from here, never from ``cfg``
+(the config's defaults and ranges live in ``conf/`` and ``core/validation.py``; this is only where
+the recipe takes them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..conf import cfg_get
+from .components import stats_kwargs
+
+__all__ = ["StepSettings"]
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    seed: int                        # trainer.seed: every seed of the run derives from it (core/seeds.py)
+    ppo_epochs: int                  # passes over the step batch
+    mini_batch_rows: int             # responses per optimizer step: trainer.mini_batch_prompts x rollout.n
+    micro_batch_responses: int       # responses per forward/backward (and per token-statistics chunk)
+    micro_batch_tokens: int | None   # a token budget per pass instead (data/micro_batches.py)
+    grad_clip: float                 # max gradient norm
+    keep_checkpoints: int            # checkpoints kept on disk
+    quadrants: bool                  # diagnostics.quadrants: the four-quadrant metrics and prediction
+    entropy_quantiles: tuple[float, ...] = ()     # diagnostics.entropy_quantiles (empty: off)
+    val_temperature: float = 0.0     # validation on the task's held-out prompts
+    val_pass_k: int = 0              # sampled pass@1 / pass@k at validation (0: off)
+    val_benchmarks: tuple[str, ...] = ()          # val.benchmarks
+    val: Any = None                  # the val section, as evals.runner.validate reads it
+    lora: Any = None                 # model.lora, for the adapter's checkpoint parts
+    stats: dict = field(default_factory=dict)     # keyword arguments of the token statistics
+
+    @classmethod
+    def from_config(cls, cfg) -> StepSettings:
+        t, diag, val = cfg.trainer, cfg.get("diagnostics") or {}, cfg.get("val") or {}
+        quantiles = cfg_get(diag, "entropy_quantiles", None)
+        return cls(
+            seed=int(t.seed),
+            ppo_epochs=int(t.ppo_epochs),
+            mini_batch_rows=int(t.mini_batch_prompts) * int(cfg.rollout.n),
+            micro_batch_responses=int(t.micro_batch_responses),
+            micro_batch_tokens=int(t.micro_batch_tokens) if t.get("micro_batch_tokens") else None,
+            grad_clip=float(t.grad_clip),
+            keep_checkpoints=int(t.keep_checkpoints),
+            quadrants=bool(cfg_get(diag, "quadrants", False)),
+            entropy_quantiles=tuple(float(q) for q in quantiles) if quantiles else (),
+            val_temperature=float(cfg_get(val, "temperature", 0.0)),
+            val_pass_k=int(cfg_get(val, "pass_k", 0) or 0),
+            val_benchmarks=tuple(str(b) for b in (cfg_get(val, "benchmarks", None) or [])),
+            val=val,
+            lora=cfg.model.get("lora"),
+            stats=stats_kwargs(cfg),
+        )
