@@ -19,12 +19,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import accumulate
 from typing import Callable, Sequence
+
+import numpy as np
 
 from ..core.errors import UserError
 
 __all__ = ["WORD_LISTS", "ReflectionMatcher", "matcher_for", "resolve_words", "density", "repetition_score",
-           "reflection_block", "response_text_metrics", "token_offsets", "reflection_token_positions", "reflection_eval_metrics"]
+           "reflection_block", "response_text_metrics", "token_offsets", "reflection_token_positions", "span_tokens", "TokenPieces", "reflection_eval_metrics"]
 
 ORZ_WORDS = ("wait", "recheck", "retry", "alternatively", "however")
 OAT_ZERO_WORDS = ("recheck", "rethink", "reevaluate", "re-evaluate", "reevaluation", "re-examine", "reexamine",
@@ -56,29 +59,45 @@ def resolve_words(words, option: str = "diagnostics.reflection.words") -> tuple[
 
 def _pattern(word: str) -> str:
     body = r"\s+".join(re.escape(part) for part in word.split())
-    head = r"(?<!\w)" if re.match(r"\w", word[0]) else ""
-    tail = r"(?!\w)" if re.match(r"\w", word[-1]) else ""
+    head = r"\b" if re.match(r"\w", word[0]) else ""        # next to a word character: a word boundary
+    tail = r"\b" if re.match(r"\w", word[-1]) else ""
     return head + body + tail
 
 
 class ReflectionMatcher:
-    """Finds the reflection words of ``words`` in a text (case-insensitive, on word boundaries)."""
+    """Finds the reflection words of ``words`` in a text (case-insensitive, on word boundaries).
+
+    Matching runs on the lower-cased text with a lower-cased pattern (several times faster than a
+    case-insensitive pattern); a text whose lower-casing changes its length (a few Unicode letters)
+    is matched case-insensitively instead, so spans always index the text as given."""
 
     def __init__(self, words: Sequence[str]):
         self.words = tuple(words)
         ordered = sorted(self.words, key=len, reverse=True)      # "try again" before "try"
-        self.regex = re.compile("|".join(_pattern(w) for w in ordered), re.IGNORECASE) if ordered else None
+        alternation = "|".join(_pattern(w.lower()) for w in ordered)
+        if ordered:     # a look-ahead on the first letters lets the regex engine skip other positions fast
+            firsts = "".join(sorted({re.escape(w[0].lower()) for w in ordered}))
+            alternation = f"(?=[{firsts}])(?:{alternation})"
+        self.regex = re.compile(alternation) if ordered else None
+        self._any_case = re.compile(alternation, re.IGNORECASE) if ordered else None
 
     @property
     def enabled(self) -> bool:
         return self.regex is not None
 
+    def _finditer(self, text: str):
+        low = text.lower()
+        return self.regex.finditer(low) if len(low) == len(text) else self._any_case.finditer(text)
+
     def spans(self, text: str) -> list[tuple[int, int]]:
         """``[(start, end)]`` character spans of the matches, in order, non-overlapping."""
-        return [m.span() for m in self.regex.finditer(text)] if self.regex is not None else []
+        return [m.span() for m in self._finditer(text)] if self.regex is not None else []
 
     def count(self, text: str) -> int:
-        return sum(1 for _ in self.regex.finditer(text)) if self.regex is not None else 0
+        if self.regex is None:
+            return 0
+        low = text.lower()
+        return len(self.regex.findall(low) if len(low) == len(text) else self._any_case.findall(text))
 
 
 @lru_cache(maxsize=16)
@@ -100,7 +119,7 @@ def repetition_score(text: str, n: int = 4) -> float:
     total = len(words) - n + 1
     if total <= 0:
         return 0.0
-    distinct = len({tuple(words[i:i + n]) for i in range(total)})
+    distinct = len(set(zip(*(words[i:] for i in range(n)))))
     return 1.0 - distinct / total
 
 
@@ -160,42 +179,65 @@ def reflection_token_positions(pieces: Sequence[str], matcher: ReflectionMatcher
     token pieces: ``at`` every token whose characters overlap a match, ``first`` the first token of
     each match (the token just before it is ``first - 1``). Matching runs on ``"".join(pieces)``,
     so positions line up with the tokens whatever the tokenizer merged."""
-    text = "".join(pieces)
-    spans = matcher.spans(text)
+    spans = matcher.spans("".join(pieces))
     if not spans:
         return [], []
-    offsets = token_offsets(pieces)
-    at: list[int] = []
-    first: list[int] = []
-    tok = 0
-    for start, end in spans:
-        while tok < len(pieces) and offsets[tok + 1] <= start:   # tokens ending before the match
-            tok += 1
-        j = tok
-        first.append(j)
-        while j < len(pieces) and offsets[j] < end:
-            if not at or at[-1] != j:
-                at.append(j)
-            j += 1
-    return at, first
+    return span_tokens(list(accumulate(map(len, pieces))), spans)
 
 
-def piece_decoder(tokenizer) -> Callable[[int], str]:
-    """``decode_one(id) -> str``: a token's text as it reads inside a response, cached per id. A
-    SentencePiece word-start token (``▁word``) keeps its leading space, which ``decode`` alone drops."""
-    cache: dict[int, str] = {}
+def span_tokens(ends: Sequence[int], spans: Sequence[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """``(at, first)`` as ``reflection_token_positions``, from the character spans and each token's
+    end offset (``ends[k]``: token ``k`` covers characters ``[ends[k-1], ends[k])``)."""
+    ends = np.asarray(ends)
+    starts = np.fromiter((a for a, _ in spans), dtype=np.int64, count=len(spans))
+    stops = np.fromiter((b for _, b in spans), dtype=np.int64, count=len(spans))
+    lo = np.searchsorted(ends, starts, side="right")                            # first token ending after the start
+    hi = np.minimum(np.searchsorted(ends, stops, side="left"), len(ends) - 1)   # last token starting before the end
+    width = hi - lo + 1
+    covered = np.repeat(lo, width) + np.arange(int(width.sum())) - np.repeat(np.cumsum(width) - width, width)
+    return np.unique(covered).tolist(), lo.tolist()
 
-    def decode_one(token_id: int) -> str:
-        piece = cache.get(token_id)
-        if piece is None:
+
+class TokenPieces:
+    """Token ids -> the text each token adds to a response, cached per id (``decode_one(id)`` is
+    called once per distinct id). ``for_tokenizer``: a Hugging Face tokenizer's ``decode`` of the
+    id alone, special tokens dropped; a SentencePiece word-start token (``▁word``) keeps its leading
+    space, which ``decode`` of one token drops."""
+
+    def __init__(self, decode_one: Callable[[int], str]):
+        self.decode_one = decode_one
+        self.cache: dict[int, str] = {}
+        self._text: np.ndarray | None = None
+        self._length: np.ndarray | None = None
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer) -> TokenPieces:
+        def decode_one(token_id: int) -> str:
             piece = tokenizer.decode([token_id], skip_special_tokens=True)
             raw = tokenizer.convert_ids_to_tokens(token_id)
-            if isinstance(raw, str) and raw.startswith("\u2581") and not piece.startswith(" ") and piece:
+            if isinstance(raw, str) and raw.startswith("\u2581") and piece and not piece.startswith(" "):
                 piece = " " + piece
-            cache[token_id] = piece
-        return piece
+            return piece
 
-    return decode_one
+        return cls(decode_one)
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        for i in set(ids).difference(self.cache):
+            self.cache[i] = self.decode_one(i)
+        return list(map(self.cache.__getitem__, ids))
+
+    def tables(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(text, length)`` arrays indexed by token id, holding at least every id in ``ids``: a
+        batch's texts and offsets by array indexing rather than a lookup per token."""
+        new = [i for i in np.flatnonzero(np.bincount(np.asarray(ids).ravel())).tolist() if i not in self.cache]
+        for i in new:
+            self.cache[i] = self.decode_one(i)
+        if new or self._text is None:
+            size = max(self.cache) + 1 if self.cache else 0
+            self._text = np.full(size, "", dtype=object)
+            self._text[list(self.cache)] = list(self.cache.values())
+            self._length = np.array([len(t) for t in self._text], dtype=np.int64)
+        return self._text, self._length
 
 
 @dataclass

@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..core.resources import ThreadBudget
 from ..core.tracking import read_metrics
-from ..evals.reflection import piece_decoder
+from ..evals.reflection import TokenPieces
 from ..evals.runner import validate as validate_benchmarks
 from ..rollout.base import Rollout, build_rollout
 from . import components
@@ -108,7 +108,7 @@ class GRPOTrainer:
         # model.lora: an adapter injected in place, only it trains (models/lora.py); else None
         self.model, self.tokenizer, self.lora = components.build_policy_and_adapter(cfg, self.dist, log=self.log)
         self.source = components.build_source(cfg, self.tokenizer)
-        self.decode_piece = piece_decoder(self.tokenizer)   # token id -> its text, for reflection positions
+        self.token_pieces = TokenPieces.for_tokenizer(self.tokenizer)   # token id -> its text, for reflection positions
         self.rewards.bind(self.source)
         self.ref_model = None        # with LoRA the reference is the adapter disabled (_reference_logp)
         if self.algo.needs_ref and self.lora is None:
@@ -246,8 +246,8 @@ class GRPOTrainer:
             metrics.update(quadrant_metrics(old_logp, old_logp, entropy, advantages, mask))
         metrics["groups/all_equal_frac"] = all_equal_group_share(rewards, group_ids)
         if self.reflect.token_metrics:      # entropy where reasoning turns (diagnostics.reflection.entropy)
-            at, before = reflection_token_masks(roll.response_ids, roll.response_mask, self.decode_piece,
-                                                self.reflect.matcher, texts=roll.texts)
+            at, before = reflection_token_masks(roll.response_ids, roll.response_mask, self.token_pieces,
+                                                self.reflect.matcher)
             metrics.update(reflection_entropy_metrics(entropy, old_logp, mask, at, before, advantages))
         metrics.update(self.algo.step_metrics())
         batch = batch.with_(mask=mask, old_logp=old_logp, entropy=entropy, sampler_logp=sampler_logp,

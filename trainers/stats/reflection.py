@@ -8,12 +8,12 @@ Definitions: ``docs/long-cot.md``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from ...conf import to_plain
-from ...evals.reflection import ReflectionMatcher, matcher_for, reflection_token_positions, resolve_words
+from ...evals.reflection import ReflectionMatcher, TokenPieces, matcher_for, resolve_words, span_tokens
 
 __all__ = ["ReflectionSettings", "reflection_settings", "reflection_token_masks", "reflection_entropy_metrics"]
 
@@ -40,22 +40,33 @@ def reflection_settings(cfg) -> ReflectionSettings:
     return ReflectionSettings(matcher_for(words), int(section.get("repetition_n", 4) or 4), bool(section.get("entropy", True)))
 
 
-def reflection_token_masks(response_ids: torch.Tensor, mask: torch.Tensor, decode_one: Callable[[int], str],
-                           matcher: ReflectionMatcher, texts: Sequence[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def reflection_token_masks(response_ids: torch.Tensor, mask: torch.Tensor, pieces: TokenPieces,
+                           matcher: ReflectionMatcher) -> tuple[torch.Tensor, torch.Tensor]:
     """``(at [B, R], before [B, R])`` bool: ``at`` the valid tokens overlapping a reflection word,
     ``before`` the valid token just before the first token of each (none for a word that opens the
-    response). ``decode_one``: a token id's text (``evals.reflection.piece_decoder``). ``texts``: the
-    decoded responses, when at hand: a row whose text holds no match is not decoded token by token."""
+    response). ``pieces``: token ids -> their text (``evals.reflection.TokenPieces``)."""
+    at_rows: list[int] = []
+    at_cols: list[int] = []
+    before_rows: list[int] = []
+    before_cols: list[int] = []
+    lengths = mask.sum(-1).long().tolist()
+    ids = response_ids.cpu().numpy()
+    text_of, length_of = pieces.tables(ids)
+    for b in range(ids.shape[0]):
+        row = ids[b, : lengths[b]]
+        spans = matcher.spans("".join(text_of[row]))
+        if not spans:
+            continue
+        hits, firsts = span_tokens(np.cumsum(length_of[row]), spans)
+        at_rows += [b] * len(hits)
+        at_cols += hits
+        starts = [f - 1 for f in firsts if f > 0]
+        before_rows += [b] * len(starts)
+        before_cols += starts
     at = torch.zeros(response_ids.shape, dtype=torch.bool)
     before = torch.zeros(response_ids.shape, dtype=torch.bool)
-    lengths = mask.sum(-1).long().tolist()
-    for b, ids in enumerate(response_ids.tolist()):
-        if texts is not None and not matcher.count(texts[b]):
-            continue
-        pieces = [decode_one(i) for i in ids[: lengths[b]]]
-        hits, firsts = reflection_token_positions(pieces, matcher)
-        at[b, hits] = True
-        before[b, [f - 1 for f in firsts if f > 0]] = True
+    at[at_rows, at_cols] = True
+    before[before_rows, before_cols] = True
     valid = mask.bool().cpu()
     return at & valid, before & valid
 
