@@ -49,8 +49,12 @@ def resolve_words(words, option: str = "diagnostics.reflection.words") -> tuple[
             raise UserError(f"{option}={words!r} is not a word list: use one of {', '.join(WORD_LISTS)}, "
                             f"a list of words ({option}=[wait,recheck]) or [] to turn reflection metrics off")
         return WORD_LISTS[words]
+    if isinstance(words, (int, float)) and not isinstance(words, bool):
+        words = [words]
     out = []
     for w in words:
+        if isinstance(w, (int, float)) and not isinstance(w, bool):   # a command line's [42] arrives as a number
+            w = str(w)
         if not isinstance(w, str) or not w.strip():
             raise UserError(f"{option}: {w!r} is not a word or phrase: give non-empty strings, e.g. [wait,'try again']")
         out.append(w.strip())

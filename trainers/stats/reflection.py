@@ -73,7 +73,7 @@ def reflection_token_masks(response_ids: torch.Tensor, mask: torch.Tensor, piece
 
 def _masked_mean(values: torch.Tensor, where: torch.Tensor) -> float:
     n = int(where.sum())
-    return float(values[where].double().sum() / n) if n else float("nan")
+    return float(torch.where(where, values, 0).sum()) / n if n else float("nan")
 
 
 def reflection_entropy_metrics(entropy: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor, at: torch.Tensor,
@@ -87,9 +87,9 @@ def reflection_entropy_metrics(entropy: torch.Tensor, logp: torch.Tensor, mask: 
     ``advantages`` (``[B, R]`` or ``[B]``): ``reflection/frac/adv_pos`` and ``/adv_neg``, the share of
     responses holding a reflection word among those with a positive (negative) advantage. A mean
     over no token is nan."""
-    ent, surprisal = entropy.detach().cpu(), (-logp.detach()).cpu()
-    valid = mask.detach().cpu().bool()
-    at, before = at.cpu() & valid, before.cpu() & valid
+    ent, surprisal = entropy.detach(), -logp.detach()          # on their device: scalars come back
+    valid = mask.detach().bool()
+    at, before = at.to(valid.device) & valid, before.to(valid.device) & valid
     out = {"reflection/entropy_at": _masked_mean(ent, at), "reflection/entropy_before": _masked_mean(ent, before),
            "reflection/entropy_all": _masked_mean(ent, valid),
            "reflection/surprisal_at": _masked_mean(surprisal, at),
@@ -97,7 +97,7 @@ def reflection_entropy_metrics(entropy: torch.Tensor, logp: torch.Tensor, mask: 
            "reflection/surprisal_all": _masked_mean(surprisal, valid),
            "reflection/token_frac": float(at.sum()) / max(int(valid.sum()), 1)}
     if advantages is not None:
-        adv = advantages.detach().cpu().double()
+        adv = advantages.detach().double()
         per_row = (adv * valid).sum(-1) if adv.dim() == 2 else adv
         reflects = at.any(-1)
         for name, rows in (("adv_pos", per_row > 0), ("adv_neg", per_row < 0)):
