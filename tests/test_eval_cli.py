@@ -110,7 +110,7 @@ def test_eval_end_to_end_with_the_tiny_model(tmp_path, data_dir):
     assert bench["metrics"]["avg@4"] == pytest.approx(sum(s["correct"] for s in samples) / 12)
     # every sample's reflection block (eval.reflection_words: default), the benchmark's reflection figures
     assert all({"count", "density", "tokens", "unit"} <= set(s["reflection"]) for s in samples)
-    assert all(s["reflection"]["unit"] == "tokens" and s["reflection"]["tokens"] >= 1 for s in samples)
+    assert all(s["reflection"]["unit"] == "tokens" and isinstance(s["reflection"]["tokens"], int) for s in samples)
     assert bench["reflection"]["reflection/frac"] == pytest.approx(sum(s["reflection"]["count"] > 0 for s in samples) / 12)
     assert {"reflection@4", "reflection/precision", "reflection/recall"} <= set(bench["reflection"])
     assert "reflection aime24: reflection@4" in out.stdout
