@@ -244,6 +244,12 @@ STEP_METRICS = ("reflection/density", "reflection/frac", "reflection/frac/correc
                 "response_length/clip_frac")
 
 
+def cfg_overrides(words: str) -> list[str]:
+    return ["trainer.prompts_per_step=4", "trainer.mini_batch_prompts=4", "rollout.n=4", "trainer.val_every=0",
+            "trainer.save_every=0", "val.prompts=0", "trainer.progress=false", "output_dir=run",
+            "trainer.samples_every=2", "trainer.samples_rows=3", f"diagnostics.reflection.words={words}"]
+
+
 @pytest.mark.slow
 def test_a_short_training_run_logs_the_metrics_the_samples_and_the_figure(in_tmp):
     """The embedded task's responses are numbers: a word list of numbers makes them reflect."""
@@ -253,10 +259,7 @@ def test_a_short_training_run_logs_the_metrics_the_samples_and_the_figure(in_tmp
     from entropyrl.trainers.trainer import train
 
     numbers = "[" + ",".join(str(i) for i in range(200)) + "]"
-    cfg = compose("train", ["trainer.total_steps=3", "trainer.prompts_per_step=4", "trainer.mini_batch_prompts=4",
-                            "rollout.n=4", "trainer.val_every=0", "trainer.save_every=0", "val.prompts=0",
-                            "trainer.progress=false", "output_dir=run", "trainer.samples_every=2",
-                            "trainer.samples_rows=3", f"diagnostics.reflection.words={numbers}"])
+    cfg = compose("train", [*cfg_overrides(numbers), "trainer.total_steps=3"])
     summary = train(cfg, log=lambda *_: None)
     rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
     for row in rows:
@@ -276,3 +279,10 @@ def test_a_short_training_run_logs_the_metrics_the_samples_and_the_figure(in_tmp
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "reflection.png" in artifacts
     assert [a.path for a in client.list_artifacts(run.info.run_id, "samples")] == ["samples/samples.jsonl"]
+
+    # resumed from the step-3 checkpoint: a row of a step past it (written before a crash) is dropped
+    with (in_tmp / "run" / "samples.jsonl").open("a") as f:
+        f.write(json.dumps({**samples[0], "step": 5}) + "\n")
+    train(compose("train", [*cfg_overrides(numbers), "trainer.total_steps=4"]), log=lambda *_: None)
+    samples = [json.loads(line) for line in (in_tmp / "run" / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1, 1, 1, 2, 2, 2, 4, 4, 4]
