@@ -143,10 +143,13 @@ def test_entropy_at_reflection_tokens_by_hand():
     assert out["reflection/surprisal_all"] == pytest.approx((1 + 2 + 0.5 + 0.5 + 0.3) / 7)
     assert out["reflection/token_frac"] == pytest.approx(1 / 7)
     assert out["reflection/frac/adv_pos"] == 1.0 and out["reflection/frac/adv_neg"] == 0.0
+    # the reflection token: surprisal 2 > entropy 0.9 under a positive advantage: exploration (Q2)
+    assert [out[f"reflection/quadrant/q{k}"] for k in (1, 2, 3, 4)] == [0.0, 1.0, 0.0, 0.0]
     # token-level advantages [B, R]: the sign of each row's sum over its valid tokens
     token_adv = torch.tensor([[-1.0] * 5, [0.5] * 5])
     flipped = reflection_entropy_metrics(entropy, logp, mask, at, before, token_adv)
     assert flipped["reflection/frac/adv_pos"] == 0.0 and flipped["reflection/frac/adv_neg"] == 1.0
+    assert [flipped[f"reflection/quadrant/q{k}"] for k in (1, 2, 3, 4)] == [0.0, 0.0, 1.0, 0.0]   # suppression
     none = reflection_entropy_metrics(entropy, logp, mask, torch.zeros_like(at), torch.zeros_like(at))
     assert math.isnan(none["reflection/entropy_at"]) and "reflection/frac/adv_pos" not in none
 

@@ -14,6 +14,7 @@ import torch
 
 from ...conf import to_plain
 from ...evals.reflection import ReflectionMatcher, TokenPieces, matcher_for, resolve_words, span_tokens
+from .diagnostics import QUADRANTS, quadrant_ids
 
 __all__ = ["ReflectionSettings", "reflection_settings", "reflection_token_masks", "reflection_entropy_metrics"]
 
@@ -85,7 +86,9 @@ def reflection_entropy_metrics(entropy: torch.Tensor, logp: torch.Tensor, mask: 
     ``/surprisal_before``, ``/surprisal_all`` the same for ``-logp`` of the sampled token;
     ``reflection/token_frac`` the share of valid tokens that are reflection tokens. With
     ``advantages`` (``[B, R]`` or ``[B]``): ``reflection/frac/adv_pos`` and ``/adv_neg``, the share of
-    responses holding a reflection word among those with a positive (negative) advantage. A mean
+    responses holding a reflection word among those with a positive (negative) advantage, and
+    ``reflection/quadrant/q1`` .. ``q4``, the share of reflection tokens in each of the four
+    quadrants (``diagnostics.quadrant_ids``; a token with a zero advantage is in none). A mean
     over no token is nan."""
     ent, surprisal = entropy.detach(), -logp.detach()          # on their device: scalars come back
     valid = mask.detach().bool()
@@ -103,4 +106,9 @@ def reflection_entropy_metrics(entropy: torch.Tensor, logp: torch.Tensor, mask: 
         for name, rows in (("adv_pos", per_row > 0), ("adv_neg", per_row < 0)):
             n = int(rows.sum())
             out[f"reflection/frac/{name}"] = float(reflects[rows].sum()) / n if n else float("nan")
+        token_adv = adv if adv.dim() == 2 else adv[:, None].expand(at.shape)
+        quadrant = quadrant_ids(logp.detach().double(), ent.double(), token_adv, valid)[at]
+        n_at = int(at.sum())
+        for k, name in enumerate(QUADRANTS, start=1):
+            out[f"reflection/quadrant/{name}"] = float((quadrant == k).sum()) / n_at if n_at else float("nan")
     return out
