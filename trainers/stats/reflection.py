@@ -107,7 +107,7 @@ def reflection_entropy_metrics(entropy: torch.Tensor, logp: torch.Tensor, mask: 
             n = int(rows.sum())
             out[f"reflection/frac/{name}"] = float(reflects[rows].sum()) / n if n else float("nan")
         token_adv = adv if adv.dim() == 2 else adv[:, None].expand(at.shape)
-        quadrant = quadrant_ids(logp.detach().double(), ent.double(), token_adv, valid)[at]
+        quadrant = quadrant_ids(logp.detach()[at], ent[at], token_adv[at], valid[at])   # the reflection tokens only
         n_at = int(at.sum())
         for k, name in enumerate(QUADRANTS, start=1):
             out[f"reflection/quadrant/{name}"] = float((quadrant == k).sum()) / n_at if n_at else float("nan")
