@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         from omegaconf import open_dict
         from rich.console import Console
 
-        from ..evals.runner import render_table, run_eval  # torch and transformers load when it runs
+        from ..evals.runner import reflection_lines, render_table, run_eval  # torch and transformers load when it runs
 
         quiet_transformers()
         names, overrides = split_args(list(args or []))
@@ -50,6 +50,8 @@ def register(app: typer.Typer) -> None:
         err = Console(stderr=True, soft_wrap=True)
         summary = run_eval(cfg, console=err)
         Console().print(render_table(summary["benchmarks"], title=f"entropyrl eval: {summary['model']}"))
+        for line in reflection_lines(summary["benchmarks"]):       # eval.reflection_words; [] = none
+            Console(soft_wrap=True).print(f"reflection {line}", highlight=False)
         err.print(f"[green]done[/green] in {summary['seconds']:.1f} s: samples and summary in "
                   f"{summary['output_dir']}"
                   + (f" (MLflow run {summary['mlflow_run_id']} at {summary['tracking_uri']})"

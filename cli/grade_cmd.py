@@ -15,6 +15,12 @@ problem. Each output line adds ``program`` (what ran), ``correct``, ``reason`` (
 timeout, memory, output_limit, killed, sandbox_error), ``tests_passed``/``tests_total``,
 ``seconds``, ``detail`` and ``stdout_tail``.
 
+Every output line also carries a ``reflection`` block (``evals/reflection.py``): ``count`` (matches
+of the reflection word list in the response), ``density`` (per 1,000 whitespace-separated words:
+the file holds no token ids, so ``unit`` says ``words``), ``tokens`` and ``unit``; the summary
+prints the share of lines that reflect. ``--reflection-words`` names a list (default, orz,
+oat_zero), gives comma-separated words, or ``none`` (no block).
+
 Exit status: 0 when at least one line was graded (malformed lines are reported, not fatal; add
 ``--strict`` to exit 1 on any malformed line); 2 when nothing could be graded (missing file, no
 valid line).
@@ -36,6 +42,7 @@ from ..evals.benchmarks import gold_from
 from ..evals.code.code_tasks import is_code_row
 from ..evals.code.sandbox import SandboxPool
 from ..evals.grading.grader import grade_batch
+from ..evals.reflection import WORD_LISTS, matcher_for, reflection_block, resolve_words
 
 
 def read_items(path: Path) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
@@ -87,6 +94,16 @@ def _grade_code_lines(good: list, bad: list, workers, grade_code_rows) -> tuple[
     return [(n, o) for n, o in good if not is_code_row(o)], out
 
 
+def reflection_words(option: str) -> tuple[str, ...]:
+    """``--reflection-words``: a list name, comma-separated words, or ``none``."""
+    option = option.strip()
+    if option.lower() in ("none", ""):
+        return ()
+    if option in WORD_LISTS:
+        return resolve_words(option, "--reflection-words")
+    return resolve_words([w for w in option.split(",") if w.strip()] or [option], "--reflection-words")
+
+
 def gold_text(answer) -> str:
 
     return gold_from(answer, "list" if isinstance(answer, list) else "field")
@@ -110,6 +127,9 @@ def register(app: typer.Typer) -> None:
         workers: Optional[int] = typer.Option(None, help="grading processes (default: one per CPU)"),
         timeout: float = typer.Option(5.0, help="seconds per response, enforced by killing the worker"),
         strict: bool = typer.Option(False, "--strict", help="exit 1 when any line is malformed"),
+        reflection: str = typer.Option("default", "--reflection-words",
+                                       help="reflection words counted per line (its reflection block): default, orz, "
+                                            "oat_zero, comma-separated words, or none"),
     ) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -131,6 +151,7 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--out {target} is the input file {file}: grading would overwrite it; "
                             f"give another --out (default: {file.name.removesuffix('.jsonl')}.graded.jsonl)")
         check_output_file(target, "--out")      # before minutes of grading, not after
+        matcher = matcher_for(reflection_words(reflection))
         good, bad = read_items(file)
         good, code_lines = _grade_code_lines(good, bad, workers, grade_code_rows)
         for lineno, problem in bad:
@@ -146,6 +167,9 @@ def register(app: typer.Typer) -> None:
                                   progress=lambda k: bar.advance(task, k)) if good else []
         lines = sorted([(n, {**obj, "correct": r.correct, "extracted": r.extracted, "reason": r.reason}) for (n, obj), r in zip(good, results)]
                        + code_lines, key=lambda item: item[0])
+        if matcher.enabled:
+            for _, row in lines:
+                row["reflection"] = reflection_block(row["response"], matcher)
         atomic_write_lines(target, (json.dumps(row) for _, row in lines))   # whole or not at all
         results = [row for _, row in lines]
         correct = sum(bool(r["correct"]) for r in results)
@@ -153,6 +177,10 @@ def register(app: typer.Typer) -> None:
                         f"({correct}/{len(results)})"
                         + (f", [red]{len(bad)} malformed line(s) skipped[/red]" if bad else "")
                         + f" -> {target}", highlight=False)
+        if matcher.enabled:
+            reflecting = sum(r["reflection"]["count"] > 0 for r in results)
+            Console(soft_wrap=True).print(f"reflection: {reflecting}/{len(results)} lines hold a reflection word "
+                                          f"({sum(r['reflection']['count'] for r in results)} matches)", highlight=False)
         Console(soft_wrap=True).print("reasons: " + ", ".join(f"{k} {v}" for k, v in Counter(r["reason"] for r in results).most_common()),
                                       highlight=False)
         if bad and strict:

@@ -195,6 +195,8 @@ TRAIN = {
     "trainer.resume": choice(*RESUME_MODES),
     "trainer.dtype": choice("float32", "bfloat16"), "trainer.fsdp": choice("auto", True, False),
     "trainer.gradient_checkpointing": BOOL, "trainer.token_chunk_size": POS_INT, "trainer.progress": BOOL,
+    "trainer.samples_every": NONNEG_INT, "trainer.samples_rows": POS_INT,
+    "diagnostics.reflection.repetition_n": POS_INT, "diagnostics.reflection.entropy": BOOL,
     "val.prompts": NONNEG_INT, "val.temperature": NONNEG, "val.top_p": OPEN_PROB,
     "val.max_new_tokens": integer(1, nullable=True), "val.n_samples": POS_INT, "val.limit": integer(1, nullable=True),
     "diagnostics.quadrants": BOOL, "diagnostics.entropy_change": BOOL,

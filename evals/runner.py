@@ -38,6 +38,7 @@ from .generation import sample_texts
 from .grading.grader import DEFAULT_TIMEOUT, grade_batch, no_answer_warning, reason_counts
 from .metrics import mean_metrics, problem_metrics
 from .prompts import available_templates, build_prompts
+from .reflection import ReflectionMatcher, density, matcher_for, reflection_block, reflection_eval_metrics, resolve_words
 
 __all__ = ["EvalSettings", "evaluate", "run_eval", "validate", "render_table"]
 
@@ -58,6 +59,7 @@ class EvalSettings:
     workers: int | None = None
     grade_timeout: float = DEFAULT_TIMEOUT
     sandbox: Any = None            # code benchmarks: SandboxLimits keys over the benchmark's (eval.sandbox)
+    reflection_words: Any = "default"   # evals/reflection.py: a list name, a list of words, or [] (no reflection block)
 
     @classmethod
     def from_cfg(cls, cfg: Mapping, **fallback) -> EvalSettings:
@@ -78,6 +80,7 @@ class EvalSettings:
             workers=pick("workers", fallback.get("workers")),
             grade_timeout=float(pick("grade_timeout", fallback.get("grade_timeout", DEFAULT_TIMEOUT))),
             sandbox=pick("sandbox", fallback.get("sandbox")),
+            reflection_words=to_plain(get("reflection_words", fallback.get("reflection_words", "default"))),
         )
         if s.n_samples is not None and int(s.n_samples) < 1:
             raise UserError(f"eval.n_samples must be >= 1 (or null for the benchmark default), got {s.n_samples}")
@@ -98,6 +101,7 @@ def evaluate(engine: RolloutEngine, tokenizer, benchmarks: Mapping[str, list[Pro
     problems); ``samples`` has one dict per generated response."""
     results: dict[str, dict] = {}
     samples: list[dict] = []
+    matcher = matcher_for(resolve_words(settings.reflection_words, "eval.reflection_words"))
     for source, problems in benchmarks.items():
         spec = get_spec(source)
         bench = spec.name                      # a data file given by path is labelled by its stem
@@ -105,6 +109,7 @@ def evaluate(engine: RolloutEngine, tokenizer, benchmarks: Mapping[str, list[Pro
             results[bench], recs = evaluate_code(engine, tokenizer, bench, spec, problems, settings,
                                                  chat=_use_chat(tokenizer, settings.chat_template),
                                                  progress=progress)
+            _add_reflection(results[bench], recs, matcher, tokenizer)
             samples += recs
             continue
         n = int(settings.n_samples or spec.n_samples)
@@ -129,7 +134,7 @@ def evaluate(engine: RolloutEngine, tokenizer, benchmarks: Mapping[str, list[Pro
         grades = grade_batch(flat, golds, workers=settings.workers, timeout=settings.grade_timeout,
                              progress=tick("grade"))
         t2 = time.perf_counter()
-        per_problem = []
+        per_problem, first = [], len(samples)
         for i, p in enumerate(problems):
             mine = grades[i * n:(i + 1) * n]
             per_problem.append(problem_metrics([g.extracted for g in mine], [g.correct for g in mine]))
@@ -144,10 +149,34 @@ def evaluate(engine: RolloutEngine, tokenizer, benchmarks: Mapping[str, list[Pro
             "grader_timeouts": sum(g.reason == "timeout" for g in grades),
             "grade_reasons": reason_counts(grades),
         }
+        _add_reflection(results[bench], samples[first:], matcher, tokenizer)
         warning = no_answer_warning(grades, bench)
         if warning:
             results[bench]["warning"] = warning
     return results, samples
+
+
+def _add_reflection(result: dict, recs: list[dict], matcher: ReflectionMatcher, tokenizer) -> None:
+    """Each sample's ``reflection`` block (count, density per 1k model tokens) and the benchmark's
+    ``reflection`` figures (``reflection@n``, share, precision and recall against correctness:
+    ``evals/reflection.py``); nothing when the word list is empty."""
+    if not matcher.enabled or not recs:
+        return
+    texts = [str(r.get("response", "")) for r in recs]
+    counts = None
+    if tokenizer is not None:
+        counts = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    by_problem: dict[Any, tuple[list[bool], list[bool]]] = {}
+    for i, (rec, text) in enumerate(zip(recs, texts)):
+        rec["reflection"] = reflection_block(text, matcher, None if counts is None else counts[i])
+        flags = by_problem.setdefault(rec.get("problem_id"), ([], []))
+        flags[0].append(rec["reflection"]["count"] > 0)
+        flags[1].append(bool(rec.get("correct")))
+    blocks = [r["reflection"] for r in recs]
+    figures = reflection_eval_metrics([f[0] for f in by_problem.values()], [f[1] for f in by_problem.values()])
+    result["reflection"] = {**{k: (v if math.isfinite(v) else None) for k, v in figures.items()},   # None: undefined
+                            "reflection/density": density(sum(b["count"] for b in blocks), sum(b["tokens"] for b in blocks)),
+                            "words": list(matcher.words)}
 
 
 def average_over_benchmarks(results: Mapping[str, dict]) -> dict[str, float]:
@@ -169,6 +198,8 @@ def average_over_benchmarks(results: Mapping[str, dict]) -> dict[str, float]:
 def flat_metrics(results: Mapping[str, dict], prefix: str = "eval") -> dict[str, float]:
     """``{"eval/<bench>/avg@32": ..., "eval/average/avg@n": ...}``."""
     out = {f"{prefix}/{b}/{k}": float(v) for b, r in results.items() for k, v in r["metrics"].items()}
+    out.update({f"{prefix}/{b}/{k}": float(v) for b, r in results.items()
+                for k, v in r.get("reflection", {}).items() if isinstance(v, (int, float)) and math.isfinite(v)})
     if len(results) > 1:
         out.update({f"{prefix}/average/{k}": float(v) for k, v in average_over_benchmarks(results).items()})
     return out
@@ -270,6 +301,22 @@ def render_table(results: Mapping[str, dict], title: str = "entropyrl eval"):
         table.add_row("[bold]average[/bold]", "", "", f"{avg.get('avg@n', math.nan):.3f}",
                       f"{avg.get('pass@1', math.nan):.3f} (pass@1)", f"{avg.get('maj@n', math.nan):.3f}")
     return table
+
+
+def reflection_lines(results: Mapping[str, dict]) -> list[str]:
+    """One line per benchmark with a ``reflection`` block: reflection@n, the share of reflecting
+    samples, their precision and recall against correctness, density per 1k tokens."""
+    out = []
+    for b, r in results.items():
+        ref = r.get("reflection")
+        if not ref:
+            continue
+        at = next(k for k in ref if k.startswith("reflection@"))
+        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731  (None: no sample reflects / is correct)
+        out.append(f"{b}: {at} {fmt(ref[at])}, reflecting samples {fmt(ref['reflection/frac'])}, precision "
+                   f"{fmt(ref['reflection/precision'])}, recall {fmt(ref['reflection/recall'])} (against correctness), "
+                   f"{ref['reflection/density']:.2f} per 1k tokens")
+    return out
 
 
 def _log_mlflow(cfg, results, metrics: dict[str, float], files: list[Path], label: str,

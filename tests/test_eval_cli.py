@@ -108,6 +108,12 @@ def test_eval_end_to_end_with_the_tiny_model(tmp_path, data_dir):
     assert {"benchmark", "problem_id", "sample", "response", "extracted", "correct"} <= set(samples[0])
     # avg@4 is the share of correct samples
     assert bench["metrics"]["avg@4"] == pytest.approx(sum(s["correct"] for s in samples) / 12)
+    # every sample's reflection block (eval.reflection_words: default), the benchmark's reflection figures
+    assert all({"count", "density", "tokens", "unit"} <= set(s["reflection"]) for s in samples)
+    assert all(s["reflection"]["unit"] == "tokens" and isinstance(s["reflection"]["tokens"], int) for s in samples)
+    assert bench["reflection"]["reflection/frac"] == pytest.approx(sum(s["reflection"]["count"] > 0 for s in samples) / 12)
+    assert {"reflection@4", "reflection/precision", "reflection/recall"} <= set(bench["reflection"])
+    assert "reflection aime24: reflection@4" in out.stdout
 
     import mlflow
 
@@ -115,7 +121,8 @@ def test_eval_end_to_end_with_the_tiny_model(tmp_path, data_dir):
     runs = mlflow.search_runs(experiment_names=["entropyrl"], output_format="list")
     assert len(runs) == 1 and runs[0].info.run_id == summary["mlflow_run_id"]
     metrics = runs[0].data.metrics
-    for key in ("eval/aime24/avg_at_4", "eval/aime24/pass_at_1", "eval/aime24/pass_at_4", "eval/aime24/maj_at_4"):
+    for key in ("eval/aime24/avg_at_4", "eval/aime24/pass_at_1", "eval/aime24/pass_at_4", "eval/aime24/maj_at_4",
+                "eval/aime24/reflection_at_4", "eval/aime24/reflection/frac"):
         assert key in metrics
     assert metrics["eval/aime24/avg_at_4"] == pytest.approx(bench["metrics"]["avg@4"])
     artifacts = {a.path for a in mlflow.tracking.MlflowClient().list_artifacts(runs[0].info.run_id)}

@@ -13,10 +13,12 @@ import numpy as np
 import torch
 
 from ..core.seeds import group_seed, rank_seed, rollout_seed
+from ..evals.reflection import response_text_metrics
 from ..rewards import build_reward_runner, reward_metrics
 from ..rollout.base import Rollout, cat_rollouts
 from .algos.step_batch import StepBatch
 from .parallel import distributed
+from .stats.reflection import reflection_settings
 
 __all__ = ["collect_rollouts", "generate_groups"]
 
@@ -50,7 +52,7 @@ def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, ste
     max_batches = algo.max_num_gen_batches if algo.dynamic_sampling else 1
     kept: list[tuple[Rollout, torch.Tensor, torch.Tensor]] = []
     n_kept, all_correct, all_rewards, all_len, all_trunc, per_group = 0, [], [], [], [], defaultdict(list)
-    unique_frac, attempts, scored = [], 0, []
+    unique_frac, attempts, scored, texts = [], 0, [], []
     for attempt in range(max_batches):
         attempts += 1
         problems = distributed.shard(source.sample(want * dist.world_size, step, attempt), dist)
@@ -65,6 +67,7 @@ def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, ste
         shaped = algo.shape_rewards(torch.tensor(batch.total, dtype=torch.float32), roll.lengths)
         all_correct.append(correct), all_rewards.append(shaped)
         all_len.append(roll.lengths.float()), all_trunc.append(roll.truncated.float())
+        texts += roll.texts
         for i, p in enumerate(problems):
             per_group[source.group(p)].append(correct[i * n:(i + 1) * n].mean().item())
             unique_frac.append(len(set(roll.texts[i * n:(i + 1) * n])) / n)
@@ -84,6 +87,10 @@ def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, ste
         **{f"acc/{g}": float(np.mean(v)) for g, v in per_group.items()},
         **reward_metrics(scored),      # reward/<name>/mean, reward/<name>/fallback/<reason>
     }
+    # long chain-of-thought text metrics of every generated response (diagnostics.reflection)
+    reflect = reflection_settings(cfg)
+    metrics.update(response_text_metrics(texts, torch.cat(all_len).long().tolist(), torch.cat(all_correct).tolist(),
+                                         reflect.matcher, reflect.repetition_n))
     # Same number of rows on every rank (whole groups): FSDP needs matching forward passes.
     rows = int(distributed.min_across(min(want * n, sum(len(k[0].texts) for k in kept)), dist))
     if rows == 0:

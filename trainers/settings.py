@@ -19,6 +19,7 @@ __all__ = ["StepSettings"]
 class StepSettings:
     seed: int                        # trainer.seed: every seed of the run derives from it (core/seeds.py)
     ppo_epochs: int                  # passes over the step batch
+    rollout_n: int                   # responses per prompt
     mini_batch_rows: int             # responses per optimizer step: trainer.mini_batch_prompts x rollout.n
     micro_batch_responses: int       # responses per forward/backward (and per token-statistics chunk)
     micro_batch_tokens: int | None   # a token budget per pass instead (data/micro_batches.py)
@@ -29,6 +30,8 @@ class StepSettings:
     val_temperature: float = 0.0     # validation on the task's held-out prompts
     val_pass_k: int = 0              # sampled pass@1 / pass@k at validation (0: off)
     val_benchmarks: tuple[str, ...] = ()          # val.benchmarks
+    samples_every: int = 0           # trainer.samples_every: a samples table every N steps (0: off)
+    samples_rows: int = 4            # rows of each samples table
     val: Any = None                  # the val section, as evals.runner.validate reads it
     lora: Any = None                 # model.lora, for the adapter's checkpoint parts
     stats: dict = field(default_factory=dict)     # keyword arguments of the token statistics
@@ -40,6 +43,7 @@ class StepSettings:
         return cls(
             seed=int(t.seed),
             ppo_epochs=int(t.ppo_epochs),
+            rollout_n=int(cfg.rollout.n),
             mini_batch_rows=int(t.mini_batch_prompts) * int(cfg.rollout.n),
             micro_batch_responses=int(t.micro_batch_responses),
             micro_batch_tokens=int(t.micro_batch_tokens) if t.get("micro_batch_tokens") else None,
@@ -50,6 +54,8 @@ class StepSettings:
             val_temperature=float(cfg_get(val, "temperature", 0.0)),
             val_pass_k=int(cfg_get(val, "pass_k", 0) or 0),
             val_benchmarks=tuple(str(b) for b in (cfg_get(val, "benchmarks", None) or [])),
+            samples_every=int(t.get("samples_every") or 0),
+            samples_rows=int(t.get("samples_rows") or 4),
             val=val,
             lora=cfg.model.get("lora"),
             stats=stats_kwargs(cfg),

@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..core.resources import ThreadBudget
 from ..core.seeds import shuffle_seed
 from ..core.tracking import read_metrics
+from ..evals.reflection import TokenPieces
 from ..evals.runner import validate as validate_benchmarks
 from ..rollout.base import Rollout, build_rollout
 from . import components
@@ -51,6 +52,7 @@ from .parallel import distributed
 from .preflight import TrainingCheck, check_training
 from .run import checkpoint as ckpt
 from .run import run_dir
+from .run import samples as run_samples
 from .run.run_report import TrainingProgress, write_run_report
 from .run.stop_signals import RunInterrupted, StopSignals
 from .settings import StepSettings
@@ -60,6 +62,7 @@ from .stats.observers import StepObserver, build_observers
 from .stats.passk import sampled_pass_metrics
 from .stats.policy_stats import batch_token_stats, response_token_stats
 from .stats.probe import build_probe
+from .stats.reflection import reflection_entropy_metrics, reflection_settings, reflection_token_masks
 
 
 def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
@@ -101,6 +104,8 @@ class GRPOTrainer:
         self.device = self.dist.device
         components.check_batches(cfg, self.dist)
         components.check_tracking(cfg)
+        # diagnostics.reflection: the word list (a bad one fails here), repetition n, token mapping
+        self.reflect = reflection_settings(cfg)
         # reward.functions / reward.url (else the data's verifier, rewards/runner.py): a reference
         # that does not import or a judge that is down fails here, before the model loads
         self.rewards = components.build_rewards(cfg, log=self.log)
@@ -108,6 +113,7 @@ class GRPOTrainer:
         # model.lora: an adapter injected in place, only it trains (models/lora.py); else None
         self.model, self.tokenizer, self.lora = components.build_policy_and_adapter(cfg, self.dist, log=self.log)
         self.source = components.build_source(cfg, self.tokenizer)
+        self.token_pieces = TokenPieces.for_tokenizer(self.tokenizer)   # token id -> its text, for reflection positions
         self.rewards.bind(self.source)
         self.ref_model = None        # with LoRA the reference is the adapter disabled (_reference_logp)
         if self.algo.needs_ref and self.lora is None:
@@ -207,6 +213,8 @@ class GRPOTrainer:
         for observer in self.observers:
             observer.begin_step(self.model, self.step)
         batch = self._score(batch, metrics)
+        if self.dist.is_main and run_samples.samples_due(self.step + 1, self.settings.samples_every):
+            self._write_samples(batch)
         self._update(batch, metrics)
         self.algo.end_step(reduce=lambda t: distributed.sum_across(t, self.dist))
         self.rollout.sync_weights()
@@ -242,10 +250,30 @@ class GRPOTrainer:
         if s.quadrants:
             metrics.update(quadrant_metrics(old_logp, old_logp, entropy, advantages, mask))
         metrics["groups/all_equal_frac"] = all_equal_group_share(rewards, group_ids)
+        if self.reflect.token_metrics:      # entropy where reasoning turns (diagnostics.reflection.entropy)
+            at, before = reflection_token_masks(roll.response_ids, roll.response_mask, self.token_pieces,
+                                                self.reflect.matcher)
+            metrics.update(reflection_entropy_metrics(entropy, old_logp, mask, at, before, advantages))
         metrics.update(self.algo.step_metrics())
         batch = batch.with_(mask=mask, old_logp=old_logp, entropy=entropy, sampler_logp=sampler_logp,
                             ref_logp=ref_logp, advantages=advantages)
         return self.algo.select(batch, "batch")
+
+    def _write_samples(self, batch: StepBatch) -> None:
+        """A few of this step's responses with prompt, reward and mean token entropy: appended to
+        ``samples.jsonl`` and queued to MLflow (``run/samples.py``)."""
+        roll, n = batch.responses, self.settings.rollout_n
+        rows = run_samples.pick_rows(len(batch), n, self.settings.samples_rows)
+        mask = batch.mask.detach().cpu()
+        ent = (batch.entropy.detach().cpu() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        prompts = [self.tokenizer.decode(roll.prompt_ids[i][roll.prompt_mask[i].bool()], skip_special_tokens=True)
+                   for i in rows]
+        counts = [self.reflect.matcher.count(roll.texts[i]) for i in rows] if self.reflect.matcher.enabled else None
+        table = run_samples.sample_rows(self.step + 1, prompts, [roll.texts[i] for i in rows],
+                                        [float(batch.rewards[i]) for i in rows], [float(batch.correct[i]) for i in rows],
+                                        [float(ent[i]) for i in rows], [int(roll.lengths[i]) for i in rows], counts)
+        path = run_samples.append_samples(self.output_dir, table)
+        self.tracker.log_artifact(path, "samples")
 
     def _update(self, batch: StepBatch, metrics: dict) -> None:
         """Step 5: ``ppo_epochs`` passes of mini-batch updates (slice -> statistics -> loss -> backward,
@@ -334,6 +362,8 @@ class GRPOTrainer:
         run_name = self.cfg.tracking.get("run_name") or f"{self.cfg.algo.name}-s{t.seed}"
         # start-up succeeded: only now the folder gets its MLflow run and config.yaml
         self.tracker.start(tracked_config(self.cfg), run_name, resume_step=resumed)
+        if resumed is not None and self.dist.is_main:      # the samples of steps this run redoes
+            run_samples.drop_after(self.output_dir, resumed)
         started = time.perf_counter()
         status = "FAILED"
         saved_step = resumed or 0

@@ -36,6 +36,51 @@ def plot_training_curves(rows: list[dict], path: Path, title: str = "") -> Path:
     return save_figure(fig, path)
 
 
+def _lines(ax, rows: list[dict], series: list[tuple[str, str, str]]) -> bool:
+    """Plot each ``(key, label, style)`` present in ``rows`` against step; whether any was."""
+    drawn = False
+    for key, label, style in series:
+        pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+        if pts:
+            ax.plot(*zip(*pts), style, label=label, lw=1.5, ms=3)
+            drawn = True
+    return drawn
+
+
+def plot_reflection(rows: list[dict], path: Path, title: str = "") -> Path | None:
+    """Long chain-of-thought at a glance (``docs/long-cot.md``): reflection density and the share of
+    reflecting responses, response length (all, correct, incorrect), and the token entropy at
+    reflection words and just before them against all tokens; None when the run logged no
+    ``reflection/*`` metric (an empty word list)."""
+    if not any(r.get("reflection/density") is not None for r in rows):
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(12.6, 3.2))
+    ax = axes[0]
+    _lines(ax, rows, [("reflection/density", "per 1k tokens", "-")])
+    ax.set_ylabel("reflection words per 1k tokens")
+    twin = ax.twinx()
+    _lines(twin, rows, [("reflection/frac", "share reflecting", "C1--")])
+    twin.set_ylabel("share of responses reflecting (dashed)", fontsize=8, color="C1")
+    ax.set_title("reflection", fontsize=10)
+    _lines(axes[1], rows, [("response_length/mean", "all", "-"), ("response_length/correct/mean", "correct", "-"),
+                           ("response_length/incorrect/mean", "incorrect", "-")])
+    axes[1].set_title("response length (tokens)", fontsize=10)
+    axes[1].legend(fontsize=8)
+    drawn = _lines(axes[2], rows, [("reflection/entropy_all", "all tokens", "-"),
+                                   ("reflection/entropy_at", "reflection tokens", "o-"),
+                                   ("reflection/entropy_before", "just before", "s-")])
+    axes[2].set_title("token entropy (nats)", fontsize=10)
+    if drawn:
+        axes[2].legend(fontsize=8)
+    for a in axes:
+        a.set_xlabel("step")
+        a.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def save_figure(fig, path: Path) -> Path:
     """Render ``fig`` beside ``path`` and rename it into place: never a 0-byte or half PNG."""
     path = Path(path)

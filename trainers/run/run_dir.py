@@ -35,7 +35,7 @@ from . import checkpoint as ckpt
 #: it runs, how often it validates/saves/logs, where it runs. Anything else would merge two runs.
 RESUMABLE_CHANGES = (
     "output_dir", "trainer.total_steps", "trainer.resume", "trainer.progress", "trainer.threads",
-    "trainer.device", "trainer.val_every", "trainer.save_every", "trainer.keep_checkpoints",
+    "trainer.device", "trainer.samples_every", "trainer.samples_rows", "trainer.val_every", "trainer.save_every", "trainer.keep_checkpoints",
     "val.", "diagnostics.", "tracking.", "launcher.",     # launcher.: configs saved when train had that group
 )
 
@@ -45,7 +45,7 @@ RESUMABLE_CHANGES = (
 FORMER_OPTIM = {"name": "adamw", "scheduler": "constant", "warmup_steps": 0}
 
 #: What a run writes at the top of its folder besides ``checkpoints/`` (overwrite deletes these).
-RUN_FILES = ("metrics.jsonl", "tracking.json", "summary.json", "curves.png", "config.yaml")
+RUN_FILES = ("metrics.jsonl", "tracking.json", "summary.json", "curves.png", "config.yaml", "samples.jsonl", "reflection.png")
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from .plots import plot_attribution, plot_training_curves
+from .plots import plot_attribution, plot_reflection, plot_training_curves
 from .regime import report_regime
 from .run_dir import atomic_write_text
 
@@ -43,24 +43,25 @@ def summarize(rows: list[dict]) -> dict:
 
 def write_run_report(rows: list[dict], cfg, output_dir: Path, tracker, status: str, run_facts: dict,
                      log: Callable = print) -> dict:
-    """Rank 0 at the end of a run: ``curves.png`` and ``why_entropy_moved.png``, then ``summary.json``
+    """Rank 0 at the end of a run: ``curves.png``, ``why_entropy_moved.png`` and ``reflection.png``, then ``summary.json``
     (``summarize``, ``report_regime``'s warnings, flags and fits, then ``run_facts``), each logged to
     MLflow with ``metrics.jsonl``; the MLflow run is finished with ``status`` whatever happens to the
     files. Returns the summary."""
-    plot = why = None
+    plot = why = reflect = None
     if rows:
         try:            # written beside and renamed: a full disk leaves the old figure, never 0 bytes
             title = f"{cfg.algo.name} on {cfg.data.name} (seed {cfg.trainer.seed})"
             plot = plot_training_curves(rows, output_dir / "curves.png", title=title)
             why = plot_attribution(rows, output_dir / "why_entropy_moved.png", title=f"why entropy moved: {title}")
+            reflect = plot_reflection(rows, output_dir / "reflection.png", title=f"reflection and length: {title}")
         except OSError:
-            plot = why = None
+            plot = why = reflect = None
     summary = summarize(rows)
     summary.update(report_regime(rows, cfg, tracker, log=log))   # warnings, flags, r
     summary.update(run_facts)
     try:
         atomic_write_text(output_dir / "summary.json", json.dumps(summary, indent=2))
-        for path in (plot, why, output_dir / "summary.json", output_dir / "metrics.jsonl"):
+        for path in (plot, why, reflect, output_dir / "summary.json", output_dir / "metrics.jsonl"):
             if path is not None:
                 tracker.log_artifact(path)
     finally:        # a full disk loses the summary file, never the run's final state
