@@ -137,9 +137,9 @@ def test_clipped_surrogate_matches_reference(vals, lo, hi, c):
 
 def test_dual_clip_caps_negative_advantage_loss():
     lp, old = torch.tensor([[3.0]]), torch.tensor([[0.0]])  # rho = e^3 ~ 20
-    out = ca.clipped_surrogate(lp, old, torch.tensor([[-1.0]]), dual_c=3.0)
+    out = ca.clipped_surrogate(lp, old, torch.tensor([[-1.0]]), eps_low=0.2, eps_high=0.2, dual_c=3.0)
     assert out.loss.item() == pytest.approx(3.0) and bool(out.dual_clipped.item())
-    out = ca.clipped_surrogate(lp, old, torch.tensor([[-1.0]]), dual_c=None)
+    out = ca.clipped_surrogate(lp, old, torch.tensor([[-1.0]]), eps_low=0.2, eps_high=0.2, dual_c=None)
     assert out.loss.item() == pytest.approx(math.exp(3.0), rel=1e-6)
 
 

@@ -177,3 +177,27 @@ def test_integral_floats_are_integers_but_fractions_are_not():
     rule = Rule("int", low=1)
     assert rule.ok(3) and rule.ok(3.0) and not rule.ok(2.5) and not rule.ok(True) and not rule.ok("3")
     assert compose("train", ["trainer.total_steps=1e3"]).trainer.total_steps == 1000.0
+
+
+def test_the_algorithms_defaults_are_declared_once_in_the_grpo_yaml():
+    """Every key of ALGO_KEYS has its default in conf/algo/grpo.yaml and nowhere else: the algorithm
+    built from nothing, from a plain dict and from the composed config agree (overlong.buffer once
+    differed: 2 in the YAML, 0 in the code)."""
+    import dataclasses
+
+    from entropyrl.trainers.algos.algo_config import algo_defaults, default
+    from entropyrl.trainers.algos.algorithm import ALGO_KEYS, Algorithm
+    from entropyrl.trainers.interventions.base import LossContext
+
+    for key in ALGO_KEYS:
+        default(key)                                   # a KeyError names a key the YAML lacks
+    composed = Algorithm.from_config(compose("train").algo, max_response_length=8)
+    for built in (Algorithm(max_response_length=8), Algorithm.from_config({}, max_response_length=8)):
+        assert repr(built).split(", ", 1)[1] == repr(composed).split(", ", 1)[1]   # all but the name
+        assert (built.eps_low, built.eps_high, built.dual_c, built.overlong_buffer, built.loss_agg, built.objective) == (
+            composed.eps_low, composed.eps_high, composed.dual_c, composed.overlong_buffer, composed.loss_agg,
+            composed.objective)
+    assert algo_defaults()["overlong"]["buffer"] == composed.overlong_buffer == 2
+    # the loss context and the surrogate take the configured clip; they carry no default of their own
+    fields = {f.name: f for f in dataclasses.fields(LossContext)}
+    assert all(fields[k].default is dataclasses.MISSING for k in ("eps_low", "eps_high", "dual_c"))

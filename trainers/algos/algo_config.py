@@ -1,35 +1,57 @@
-"""The ``algo`` config as the algorithm reads it: the algorithm's own keys, declared once with
-their rule and default (``ALGO_KEYS``) and checked where they are read (``read_key``), and the
-resolved config as MLflow params (``tracked_config``)."""
+"""The ``algo`` config as the algorithm reads it: the algorithm's own keys with their rule
+(``ALGO_KEYS``), checked where they are read (``read_key``), their defaults declared once, in
+``conf/algo/grpo.yaml`` (the base of every algo option; ``algo_defaults``), and the resolved config
+as MLflow params (``tracked_config``)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ...conf import intervention_names
+from ...conf import CONF_DIR, intervention_names
 from ...core.errors import UserError
 from ...core.registry import unknown_choice
 from ...core.validation import BOOL, NONNEG, POS_INT, Rule, check_value, integer, number
 from ..interventions import INTERVENTIONS
 
-__all__ = ["ALGO_KEYS", "read_key", "registered_name", "objective_args", "to_dict", "tracked_config"]
+__all__ = ["ALGO_KEYS", "algo_defaults", "default", "read_key", "registered_name", "objective_args", "to_dict", "tracked_config"]
 
-#: The algorithm's own keys under ``algo.``: ``key -> (rule, default)``, declared once and checked
-#: once (``from_config``). ``advantage`` and ``loss_agg`` are checked against their registries.
-ALGO_KEYS: dict[str, tuple[Rule, Any]] = {
+#: The algorithm's own keys under ``algo.``: ``key -> rule``, checked once (``from_config``); their
+#: defaults are the values of ``conf/algo/grpo.yaml``. ``advantage`` and ``loss_agg`` are checked
+#: against their registries.
+ALGO_KEYS: dict[str, Rule] = {
     # [0, 1]: the ratio's lower bound 1 - low stays >= 0; 1 turns the low clip off (Clip-Cov's preset)
-    "clip.low": (number(0, 1), 0.2),
-    "clip.high": (NONNEG, 0.2),
-    "clip.dual_c": (number(1, open_low=True, nullable=True), 3.0),
-    "loss_agg_norm": (number(0, open_low=True, nullable=True), None),
-    "kl_coef": (NONNEG, 0.0),
-    "dynamic_sampling.enabled": (BOOL, False),
-    "dynamic_sampling.max_num_gen_batches": (POS_INT, 10),
-    "overlong.enabled": (BOOL, False),
-    "overlong.buffer": (integer(0), 0),
+    "clip.low": number(0, 1),
+    "clip.high": NONNEG,
+    "clip.dual_c": number(1, open_low=True, nullable=True),
+    "loss_agg_norm": number(0, open_low=True, nullable=True),
+    "kl_coef": NONNEG,
+    "dynamic_sampling.enabled": BOOL,
+    "dynamic_sampling.max_num_gen_batches": POS_INT,
+    "overlong.enabled": BOOL,
+    "overlong.buffer": integer(0),
 }
+
+
+@functools.cache
+def algo_defaults() -> dict:
+    """``conf/algo/grpo.yaml`` as a plain dict (its Hydra defaults list dropped): where the
+    algorithm's defaults are declared, for a config that leaves a key out (a dict built in code)."""
+    import yaml
+
+    raw = yaml.safe_load((CONF_DIR / "algo" / "grpo.yaml").read_text()) or {}
+    raw.pop("defaults", None)
+    return raw
+
+
+def default(key: str) -> Any:
+    """The default of ``algo.<key>`` (dotted), from ``algo_defaults``."""
+    node: Any = algo_defaults()
+    for part in key.split("."):
+        node = node[part]
+    return node
 
 
 def to_dict(cfg: Any) -> dict:
@@ -44,19 +66,19 @@ def to_dict(cfg: Any) -> dict:
 
 def read_key(cfg: dict, key: str) -> Any:
     """``algo.<key>`` checked against ``ALGO_KEYS`` (its default when absent; null stays null)."""
-    rule, default = ALGO_KEYS[key]
+    rule = ALGO_KEYS[key]
     *sections, last = key.split(".")
     node: Any = cfg
     for part in sections:
         node = node.get(part) if isinstance(node, dict) else None
-    value = node.get(last, default) if isinstance(node, dict) else default
+    value = node.get(last, default(key)) if isinstance(node, dict) else default(key)
     check_value(f"algo.{key}", value, rule)
     return value
 
 
-def registered_name(cfg: dict, key: str, registry, default: str) -> str:
+def registered_name(cfg: dict, key: str, registry) -> str:
     """``algo.<key>``: the name of a registered function (advantage estimator, loss aggregation)."""
-    value = cfg.get(key, default)
+    value = cfg.get(key, default(key))
     if not isinstance(value, str) or value not in registry:
         raise UserError(unknown_choice(f"algo.{key}", value, registry))
     return value

@@ -20,7 +20,8 @@ them; it is built, and its parameters checked, before anything of a run is creat
 ``loss`` returns what it computed and changes nothing. The loop never branches on the algorithm
 name and neither does this module: everything algorithm-specific is config data read here or an
 intervention module (``interventions/``). The algorithm's own keys are declared once in
-``ALGO_KEYS`` (type, range, default) and checked in ``from_config``; an intervention's parameters
+``ALGO_KEYS`` (type, range) with their defaults in ``conf/algo/grpo.yaml`` only (``algo_config.default``:
+the constructor's defaults too), and checked in ``from_config``; an intervention's parameters
 are checked by its ``Params``.
 """
 
@@ -38,7 +39,7 @@ from ...core.registry import unknown_choice
 from ...core.validation import BOOL, check_value
 from ..interventions import INTERVENTIONS, Intervention, LossContext, TokenBatch, build_intervention, intervention_params
 from . import core_algos, objectives
-from .algo_config import ALGO_KEYS, read_key, registered_name, to_dict, tracked_config
+from .algo_config import ALGO_KEYS, default, read_key, registered_name, to_dict, tracked_config
 from .algo_config import objective_args as read_objective_args
 from .step_batch import StepBatch
 
@@ -69,12 +70,15 @@ class Algorithm:
     Build it with ``from_config`` / ``from_train_config``, which check every value; the constructor
     takes checked values."""
 
-    def __init__(self, *, name: str = "grpo", advantage: str = "grpo", eps_low: float = 0.2,
-                 eps_high: float = 0.2, dual_c: float | None = 3.0, loss_agg: str = "token-mean",
-                 loss_agg_norm: float | None = None, kl_coef: float = 0.0,
-                 interventions: list[Intervention] | None = None, dynamic_sampling: bool = False,
-                 max_num_gen_batches: int = 10, overlong: bool = False, overlong_buffer: int = 0,
-                 max_response_length: int = 1, objective: str = "ppo_clip",
+    def __init__(self, *, name: str = default("name"), advantage: str = default("advantage"),
+                 eps_low: float = default("clip.low"), eps_high: float = default("clip.high"),
+                 dual_c: float | None = default("clip.dual_c"), loss_agg: str = default("loss_agg"),
+                 loss_agg_norm: float | None = default("loss_agg_norm"), kl_coef: float = default("kl_coef"),
+                 interventions: list[Intervention] | None = None,
+                 dynamic_sampling: bool = default("dynamic_sampling.enabled"),
+                 max_num_gen_batches: int = default("dynamic_sampling.max_num_gen_batches"),
+                 overlong: bool = default("overlong.enabled"), overlong_buffer: int = default("overlong.buffer"),
+                 max_response_length: int = 1, objective: str = default("objective"),
                  objective_args: dict | None = None):
         self.objective = str(objective)
         self.objective_args = objectives.check_objective_args(self.objective, dict(objective_args or {}))
@@ -146,11 +150,11 @@ class Algorithm:
                             f"rollout.max_new_tokens={max_response_length}]")
         return cls(
             name=str(cfg.get("name", "custom")),
-            advantage=registered_name(cfg, "advantage", core_algos.ADVANTAGE_ESTIMATORS, "grpo"),
+            advantage=registered_name(cfg, "advantage", core_algos.ADVANTAGE_ESTIMATORS),
             eps_low=float(read_key(cfg, "clip.low")),
             eps_high=float(read_key(cfg, "clip.high")),
             dual_c=read_key(cfg, "clip.dual_c"),
-            loss_agg=registered_name(cfg, "loss_agg", core_algos.LOSS_AGGREGATIONS, "token-mean"),
+            loss_agg=registered_name(cfg, "loss_agg", core_algos.LOSS_AGGREGATIONS),
             loss_agg_norm=read_key(cfg, "loss_agg_norm"),
             kl_coef=float(read_key(cfg, "kl_coef")),
             interventions=ivs,
@@ -159,7 +163,7 @@ class Algorithm:
             overlong=overlong,
             overlong_buffer=int(buffer),
             max_response_length=int(max_response_length),
-            objective=str(cfg.get("objective") or "ppo_clip"),
+            objective=str(cfg.get("objective") or default("objective")),
             objective_args=read_objective_args(cfg.get("objective_args")),
         )
 

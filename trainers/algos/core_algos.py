@@ -217,8 +217,7 @@ class SurrogateOutput(NamedTuple):
 
 
 def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, *,
-                      eps_low: float = 0.2, eps_high: float = 0.2,
-                      dual_c: float | None = 3.0) -> SurrogateOutput:
+                      eps_low: float, eps_high: float, dual_c: float | None) -> SurrogateOutput:
     """PPO clipped surrogate with clip-higher and dual clip (docs/algorithms.md §3).
 
     ``L = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))``; for ``A < 0`` also

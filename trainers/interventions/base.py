@@ -81,6 +81,9 @@ class LossContext:
     pg_loss: torch.Tensor
     clipped: torch.Tensor
     pg_mask: torch.Tensor
+    eps_low: float                               # the configured clip (interventions that re-clip read it)
+    eps_high: float
+    dual_c: float | None
     dual_clipped: torch.Tensor | None = None     # bool [b, T]: the dual clip bound was taken (None: never)
     loss_agg: str = "token-mean"                 # the configured aggregation (entropy terms follow it)
     loss_agg_norm: float | None = None
@@ -90,9 +93,6 @@ class LossContext:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)      # selections (Algorithm.select)
     sampling_entropy: torch.Tensor | None = None  # [b, T] the sampling policy's entropy (no grad)
     sampler_logp: torch.Tensor | None = None      # [b, T] the rollout engine's log-probs (vLLM)
-    eps_low: float = 0.2                         # the configured clip (interventions that re-clip read it)
-    eps_high: float = 0.2
-    dual_c: float | None = 3.0
     ref_logp: torch.Tensor | None = None         # the reference policy (when Algorithm.needs_ref)
     surrogate_fn: Any = None                     # (logp, old_logp, advantages, mask) -> SurrogateOutput
 
