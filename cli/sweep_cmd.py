@@ -128,13 +128,18 @@ def register(app: typer.Typer) -> None:
     def report(
         sweep_dir: Path = typer.Argument(..., help="the sweep folder (holds sweep.json)"),
         mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="also log the report to the parent run"),
+        docs: Optional[Path] = typer.Option(None, "--docs", help="also write the report into this docs page, between "
+                                                                 "its <!-- report:begin --> and <!-- report:end --> "
+                                                                 "lines (e.g. docs/lab.md), figures beside it"),
     ) -> None:
-        from ..sweeps.report import build_report
+        from ..sweeps.report import build_report, publish_report
 
         rep = build_report(sweep_dir, log_mlflow=mlflow, log=lambda m: typer.echo(m, err=True))
         c = rep["counts"]
         typer.echo(f"report: {rep['report']} ({c['done']} done, {c['failed']} failed, "
                    f"{c['running'] + c['pending']} not finished; {len(rep['plots'])} plots)")
+        if docs is not None:
+            typer.echo(f"docs: {publish_report(sweep_dir, docs)}")
 
     @app.command("status", help="Each job of a sweep: pending/running/done/failed (from the sweep folder and "
                                 "SLURM's queue), progress and log path. "
