@@ -12,6 +12,7 @@ add_generation_prompt=True)``; otherwise the filled template text is the prompt 
 from __future__ import annotations
 
 from ..core.errors import UserError
+from ..core.registry import unknown_choice
 
 TEMPLATES: dict[str, str] = {
     "boxed": "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
@@ -36,7 +37,7 @@ def _fill(template: str, problem: str) -> str:
 def user_message(problem: str, template: str = "boxed") -> str:
     """The user message for ``problem`` with template ``template`` (``boxed`` / ``dapo``)."""
     if template not in TEMPLATES:
-        raise UserError(f"unknown prompt template '{template}'; valid: {', '.join(available_templates())}")
+        raise UserError(unknown_choice("prompt template", template, available_templates()))
     return _fill(TEMPLATES[template], problem)
 
 
