@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..core.resources import ThreadBudget
 from ..core.tracking import read_metrics
 from ..evals.runner import validate as validate_benchmarks
-from ..rollout.base import Rollout, build_rollout
+from ..rollout.base import Rollout
 from . import components
 from .algos.algo_config import tracked_config
 from .algos.algorithm import Algorithm
@@ -57,6 +57,7 @@ from .stats.passk import sampled_pass_metrics
 from .stats.policy_stats import batch_token_stats, response_token_stats
 from .stats.prediction import EntropyPrediction
 from .stats.probe import build_probe
+from .stats.tool_stats import token_kind_metrics
 
 
 def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
@@ -109,7 +110,7 @@ class GRPOTrainer:
             self.ref_model = components.build_reference(cfg, self.dist, log=self.log)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, int(t.total_steps))   # one step per training step
-        self.rollout = build_rollout(cfg.rollout, self.model, self.tokenizer)
+        self.rollout = components.build_engine(cfg, self.model, self.tokenizer)   # with tools: multi-turn
         self.tracker = components.build_tracker(cfg, self.output_dir, self.dist, log=self.log)
         self.step = 0
         self.val_problems = self.source.validation(int(cfg.val.prompts)) if cfg.val.prompts else []
@@ -206,13 +207,15 @@ class GRPOTrainer:
             metrics.update(self.attribution.finish(self.model))
         metrics["time/generate"] = gen_time
         metrics["time/step"] = time.perf_counter() - started
+        if "tools/seconds" in metrics:            # share of the step's wall time spent running tool calls
+            metrics["tools/time_frac"] = metrics["tools/seconds"] / max(metrics["time/step"], 1e-9)
         return distributed.mean_metrics(metrics, self.dist)   # averaged over ranks (identity on one)
 
     def _score(self, batch: StepBatch, metrics: dict) -> StepBatch:
         """Steps 3-4: the sampling policy's token statistics, the controllers, the advantages, the
         quadrant diagnostics and the batch-scope selections, filled into the step batch."""
         roll, rows_per_chunk, stats_kw = batch.responses, int(self.cfg.trainer.micro_batch_responses), self._stats_kwargs()
-        mask = roll.response_mask.to(self.device).float()
+        mask = roll.policy_mask.to(self.device).float()   # tool outputs: 0 (not the policy's tokens)
         if self.probe is not None:
             self.probe.before_update(self.model)
         if self.attribution is not None and self.attribution.due(self.step):
@@ -222,7 +225,7 @@ class GRPOTrainer:
         if sampled:
             self.algo.observe_sampling(sampled[0], mask, reduce=lambda t: distributed.sum_across(t, self.dist))
         ref_logp = self._reference_logp(roll, rows_per_chunk, stats_kw)
-        sampler_logp = None if roll.sampling_logp is None else roll.sampling_logp.to(self.device)
+        sampler_logp = None if roll.sampling_logp is None else roll.sampling_logp.to(self.device) * mask
         if sampler_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are
             metrics.update(sampler_mismatch_metrics(old_logp, sampler_logp, mask))
         sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
@@ -236,6 +239,8 @@ class GRPOTrainer:
             metrics.update(quantiles if self.dist.is_main else {})
         if self.cfg.diagnostics.quadrants:
             metrics.update(quadrant_metrics(old_logp, old_logp, entropy, advantages, mask))
+        if roll.tools is not None:                # entropy/kind/<kind>, entropy/turn/first|later (policy tokens)
+            metrics.update(token_kind_metrics(entropy, mask, roll.tools))
         metrics["groups/all_equal_frac"] = all_equal_group_share(rewards, group_ids)
         metrics.update(self.algo.step_metrics())
         batch = batch.with_(mask=mask, old_logp=old_logp, entropy=entropy, sampler_logp=sampler_logp,
