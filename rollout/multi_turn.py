@@ -27,6 +27,7 @@ from typing import Callable, Protocol
 import torch
 
 from ..conf import cfg_get
+from ..core.errors import UserError
 from .base import TOKEN_KINDS, Rollout, ToolTrace, concat, stop_token_ids
 from .tool_formats import ToolFormat, build_tool_format, middle_cut
 
@@ -93,7 +94,6 @@ class ToolRollout:
 
     def __init__(self, engine, tools_cfg, executor: Callable[[list[str]], list[ToolResult]], rollout_cfg):
         if not hasattr(engine, "generate_ids"):
-            from ..core.errors import UserError
             raise UserError(f"tools.enabled=true needs a rollout engine that continues token sequences "
                             f"(hf, vllm); {type(engine).__name__} does not: use rollout=hf or tools=none")
         self.engine, self.executor, self.cfg = engine, executor, rollout_cfg
