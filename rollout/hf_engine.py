@@ -49,9 +49,11 @@ class HFRollout:
 
     @torch.no_grad()
     def generate_ids(self, sequences: list[list[int]], *, seed: int, temperature: float, top_p: float,
-                     max_new_tokens: int, stop: Callable[[list[int]], bool] | None = None) -> list[list[int]]:
+                     max_new_tokens: int, stop: Callable[[list[int]], bool] | None = None,
+                     stop_strings: list[str] | None = None) -> list[list[int]]:
         """The new ids of each sequence, sampled until EOS (kept), ``stop(new ids)`` or ``max_new_tokens``.
-        Rows are left-padded and batched ``batch_size`` at a time; seeded per call as ``generate``."""
+        Rows are left-padded and batched ``batch_size`` at a time; seeded per call as ``generate``.
+        ``stop_strings`` is not used: ``stop`` tests each step exactly."""
         from transformers import GenerationConfig, StoppingCriteriaList
 
         cfg, tok, model = self.cfg, self.tokenizer, self.model

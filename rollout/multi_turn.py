@@ -48,13 +48,16 @@ class ToolResult:
 
 
 class TokenEngine(Protocol):
-    """What the driver needs of an engine: continue each token sequence by one turn."""
+    """What the driver needs of an engine: continue each token sequence by one turn, up to EOS (kept),
+    ``max_new_tokens``, or where the turn holds a complete call: ``stop(new ids)`` for an engine that
+    can test each step (hf), ``stop_strings`` for one that matches strings (vllm)."""
 
     model: object
     tokenizer: object
 
     def generate_ids(self, sequences: list[list[int]], *, seed: int, temperature: float, top_p: float,
-                     max_new_tokens: int, stop: Callable[[list[int]], bool] | None) -> list[list[int]]: ...
+                     max_new_tokens: int, stop: Callable[[list[int]], bool] | None,
+                     stop_strings: list[str] | None) -> list[list[int]]: ...
 
     def sync_weights(self) -> None: ...
 
@@ -95,7 +98,7 @@ class ToolRollout:
     def __init__(self, engine, tools_cfg, executor: Callable[[list[str]], list[ToolResult]], rollout_cfg):
         if not hasattr(engine, "generate_ids"):
             raise UserError(f"tools.enabled=true needs a rollout engine that continues token sequences "
-                            f"(hf, vllm); {type(engine).__name__} does not: use rollout=hf or tools=none")
+                            f"(generate_ids: hf, vllm); {type(engine).__name__} has none: use rollout=hf or tools=none")
         self.engine, self.executor, self.cfg = engine, executor, rollout_cfg
         self.tokenizer = engine.tokenizer
         self.fmt: ToolFormat = build_tool_format(tools_cfg)
@@ -141,7 +144,7 @@ class ToolRollout:
             room = [budget - len(s.ids) for s in active]
             outs = self.engine.generate_ids([s.prompt + s.ids for s in active], seed=int(seed) * 1_000_003 + turn,
                                             temperature=temperature, top_p=top_p, max_new_tokens=max(room),
-                                            stop=self._closed)
+                                            stop=self._closed, stop_strings=self.fmt.stop_strings)
             for s, new, left in zip(active, outs, room):
                 self._take_turn(s, list(new)[:left], turn, left, last_turn=turn == self.max_turns - 1)
                 if s.done and progress:

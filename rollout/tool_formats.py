@@ -74,8 +74,11 @@ class ToolFormat:
 
     @property
     def stop_strings(self) -> list[str]:
-        """Strings after which a turn may hold a complete call (for engines that stop on strings)."""
-        return [self.tags["call_close"]]
+        """Strings after which a turn may hold a complete call, for engines that stop on strings
+        (vLLM). A closing tag that is part of the opening one (a fence: ```` ``` ```` in
+        ```` ```python ````) is matched at the start of a line, so the opening does not stop."""
+        close = self.tags["call_close"]
+        return ["\n" + close] if close in self.tags["call_open"] else [close]
 
     def _span(self, text: str) -> tuple[int, int, int] | None:
         """``(open start, body start, close end)`` of the first complete call in ``text``, or None."""

