@@ -229,7 +229,7 @@ EVAL = {
     "eval.max_new_tokens": POS_INT, "eval.batch_size": POS_INT,
     "eval.backend": STR,        # a registered rollout engine name: checked against rollout.ROLLOUT_ENGINES
     "eval.seed": NONNEG_INT, "eval.workers": integer(1, nullable=True), "eval.grade_timeout": POS,
-    **MODEL, **TRACKING,
+    **MODEL, **TRACKING, **TOOLS,
 }
 
 SWEEP = {

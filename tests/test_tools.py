@@ -317,3 +317,26 @@ def test_cli_train_with_tools_on_vllm_rollouts(in_tmp):
         assert r["entropy/kind/code"] == r["entropy/kind/code"]       # the same masks as hf: policy tokens only
         # the sampler's log-probs of the policy's tokens match the trainer's (tool tokens: placeholders, unread)
         assert r["rollout/logp_diff_max"] < 1e-3 and 0.99 < r["rollout/tis_weight_mean"] < 1.01, r
+
+
+@pytest.mark.slow
+def test_eval_with_tools_reports_turns_and_calls(in_tmp):
+    from entropyrl.evals.runner import run_eval
+    from entropyrl.models.tiny import embedded_model_dir
+
+    train_cfg = compose("train", TINY_TOOL)
+    path = embedded_model_dir(train_cfg.model, train_cfg.data, log=lambda *_: None)   # the tool-using warm start
+    (in_tmp / "arith.jsonl").write_text('{"problem": "4821+9377=", "answer": "14198"}\n'
+                                        '{"problem": "1234+5678=", "answer": "6912"}\n')
+    tags = [f"tools.tags.{k}='{v}'" for k, v in train_cfg.data.tool_tags.items()]
+    cfg = compose("eval", ["benchmarks=[arith.jsonl]", f"model.path={path}", "tools=code_interpreter", "tools.format=tir",
+                           *tags, "eval.max_new_tokens=30", "eval.n_samples=4", "eval.temperature=1.0",
+                           "tracking.enabled=false", f"output_dir={in_tmp / 'out'}"])
+    summary = run_eval(cfg)
+    metrics = summary["benchmarks"]["arith"]["metrics"]
+    assert metrics["tools/calls/mean"] > 0 and metrics["tools/turns/mean"] >= 1
+    assert "eval/arith/tools/calls/mean" in summary["metrics"] and "avg@4" in metrics
+    samples = [json.loads(line) for line in (in_tmp / "out" / "samples.jsonl").read_text().splitlines()]
+    called = [s for s in samples if s["calls"] > 0]
+    assert called and all(s["turns"] == 2 for s in called)
+    assert any(":14198:" in s["response"] or ":6912:" in s["response"] for s in called)   # the sandbox's answer
