@@ -186,7 +186,7 @@ OPTIM = {
 TOOLS = {
     "tools.enabled": BOOL, "tools.name": STR, "tools.format": STR, "tools.max_turns": POS_INT,
     "tools.max_calls": NONNEG_INT, "tools.max_output_chars": integer(16), "tools.session": choice("stateless"),
-    "tools.show_last_expression": BOOL,
+    "tools.show_last_expression": BOOL, "tools.mask_invalid_calls": BOOL,
     "tools.executor.wall_seconds": POS, "tools.executor.cpu_seconds": POS_INT, "tools.executor.memory_mb": integer(64),
     "tools.executor.processes": POS_INT, "tools.executor.max_output_bytes": integer(256),
     "tools.executor.workers": NONNEG_INT,

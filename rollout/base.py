@@ -51,6 +51,7 @@ class ToolTrace:
     errors:       [B] calls that were malformed, raised, timed out or hit a limit
     seconds:      wall seconds spent running tools for this batch
     gen_seconds:  wall seconds of the whole multi-turn generation (tools included)
+    malformed:    [B] calls that were malformed (not run; their error was the output), or None
     """
 
     kind: torch.Tensor
@@ -60,14 +61,15 @@ class ToolTrace:
     errors: torch.Tensor
     seconds: float = 0.0
     gen_seconds: float = 0.0
+    malformed: torch.Tensor | None = None
 
     def select(self, idx: torch.Tensor) -> ToolTrace:
         return ToolTrace(self.kind[idx], self.turn[idx], self.turns[idx], self.calls[idx], self.errors[idx],
-                         self.seconds, self.gen_seconds)
+                         self.seconds, self.gen_seconds, None if self.malformed is None else self.malformed[idx])
 
     def narrow(self, width: int) -> ToolTrace:
         return ToolTrace(self.kind[:, :width], self.turn[:, :width], self.turns, self.calls, self.errors,
-                         self.seconds, self.gen_seconds)
+                         self.seconds, self.gen_seconds, self.malformed)
 
 
 @dataclass
@@ -201,7 +203,9 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         field = lambda a: concat([row for p in parts for row in getattr(p.tools, a)], 0, width, left=False)  # noqa: E731
         tools = ToolTrace(field("kind"), field("turn"), *(torch.cat([getattr(p.tools, a) for p in parts])
                                                           for a in ("turns", "calls", "errors")),
-                          sum(p.tools.seconds for p in parts), sum(p.tools.gen_seconds for p in parts))
+                          sum(p.tools.seconds for p in parts), sum(p.tools.gen_seconds for p in parts),
+                          None if any(p.tools.malformed is None for p in parts)
+                          else torch.cat([p.tools.malformed for p in parts]))
     return Rollout(cat("prompt_ids", pad_id, True), cat("prompt_mask", 0, True),
                    cat("response_ids", pad_id, False), cat("response_mask", 0, False),
                    [t for p in parts for t in p.texts], torch.cat([p.truncated for p in parts]),

@@ -83,11 +83,12 @@ def label_kinds(ids: list[int], text_kind: int, code_start: int | None, decode: 
 
 
 class _Sample:
-    __slots__ = ("prompt", "ids", "kind", "turn", "logp", "turns", "calls", "errors", "done", "truncated", "pending")
+    __slots__ = ("prompt", "ids", "kind", "turn", "logp", "turns", "calls", "errors", "malformed", "done", "truncated",
+                 "pending")
 
     def __init__(self, prompt: list[int]):
         self.prompt, self.ids, self.kind, self.turn, self.logp = prompt, [], [], [], []
-        self.turns = self.calls = self.errors = 0
+        self.turns = self.calls = self.errors = self.malformed = 0
         self.done, self.truncated, self.pending = False, False, None
 
 
@@ -196,6 +197,7 @@ class ToolRollout:
             result = results.get(id(s)) or ToolResult(call.error or "", error=True, reason="malformed")
             s.calls += 1
             s.errors += int(result.error)
+            s.malformed += int(call.error is not None)
             text = self.fmt.wrap_output(middle_cut(result.output.rstrip("\n"), self.max_output_chars))
             ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])[: budget - len(s.ids)]
             s.ids += ids
@@ -220,7 +222,8 @@ class ToolRollout:
         trace = ToolTrace(concat(long(s.kind for s in samples), 0, r_width, left=False),
                           concat(long(s.turn for s in samples), 0, r_width, left=False),
                           *(torch.tensor([getattr(s, a) for s in samples], dtype=torch.long)
-                            for a in ("turns", "calls", "errors")), seconds=tool_seconds, gen_seconds=gen_seconds)
+                            for a in ("turns", "calls", "errors")), seconds=tool_seconds, gen_seconds=gen_seconds,
+                          malformed=torch.tensor([s.malformed for s in samples], dtype=torch.long))
         texts = tok.batch_decode(response_ids, skip_special_tokens=True)
         truncated = torch.tensor([s.truncated for s in samples], dtype=torch.bool)
         sampling_logp = None

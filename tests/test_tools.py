@@ -233,6 +233,19 @@ def test_tool_tokens_change_neither_loss_nor_selection(name):
         assert outs[0][1], "stare selected nothing"
 
 
+def test_malformed_calls_are_counted_and_can_leave_a_response_out():
+    from entropyrl.trainers.stats.tool_stats import invalid_call_rows, tool_use_metrics
+
+    B, T = 4, 6
+    trace = ToolTrace(torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, dtype=torch.long), torch.full((B,), 2),
+                      torch.tensor([1, 1, 2, 0]), torch.tensor([1, 0, 2, 0]), malformed=torch.tensor([1, 0, 1, 0]))
+    assert invalid_call_rows(trace).tolist() == [True, False, True, False]
+    assert invalid_call_rows(trace.select(torch.tensor([1, 3]))).tolist() == [False, False]
+    m = tool_use_metrics(trace, torch.ones(B, T))
+    assert m["tools/malformed_frac"] == 0.5 and m["tools/error_frac"] == 0.75 and m["tools/calls/mean"] == 1.0
+    assert compose("train", ["tools=code_interpreter", "tools.mask_invalid_calls=true"]).tools.mask_invalid_calls
+
+
 # -- the driver over the hf engine and the embedded model --------------------------------------------
 # A short warm start on tool-using traces (cached per test session): the policy calls the tool.
 TINY_TOOL = ["data=tool_arith", "tools=code_interpreter", "model.warm_start.steps=120",

@@ -57,7 +57,7 @@ from .stats.passk import sampled_pass_metrics
 from .stats.policy_stats import batch_token_stats, response_token_stats
 from .stats.prediction import EntropyPrediction
 from .stats.probe import build_probe
-from .stats.tool_stats import token_kind_metrics
+from .stats.tool_stats import invalid_call_rows, token_kind_metrics
 
 
 def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
@@ -216,6 +216,8 @@ class GRPOTrainer:
         quadrant diagnostics and the batch-scope selections, filled into the step batch."""
         roll, rows_per_chunk, stats_kw = batch.responses, int(self.cfg.trainer.micro_batch_responses), self._stats_kwargs()
         mask = roll.policy_mask.to(self.device).float()   # tool outputs: 0 (not the policy's tokens)
+        if roll.tools is not None and self.cfg.tools.get("mask_invalid_calls", False):   # out of the loss
+            mask = mask * (~invalid_call_rows(roll.tools)).to(mask).unsqueeze(-1)
         if self.probe is not None:
             self.probe.before_update(self.model)
         if self.attribution is not None and self.attribution.due(self.step):

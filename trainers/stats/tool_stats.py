@@ -10,6 +10,8 @@ batch's ``ToolTrace`` (``rollout/base.py``) and its token statistics.
   ``entropy/turn/first`` / ``entropy/turn/later`` (policy tokens of the first generation turn
   against those of every later one). NaN where a batch has no such token.
 - ``tool_shaping``: the optional reward term (``tools.shaping``), 0 when off.
+- ``invalid_call_rows``: [B] responses with a malformed call, which ``tools.mask_invalid_calls``
+  leaves out of the loss (a STARE recipe switch).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 
 from ...rollout.base import TOKEN_KINDS, ToolTrace
 
-__all__ = ["tool_use_metrics", "token_kind_metrics", "tool_shaping", "POLICY_KINDS"]
+__all__ = ["tool_use_metrics", "token_kind_metrics", "tool_shaping", "invalid_call_rows", "POLICY_KINDS"]
 
 POLICY_KINDS = tuple(k for k in TOKEN_KINDS if k != "tool")
 
@@ -31,6 +33,8 @@ def tool_use_metrics(trace: ToolTrace, response_mask: torch.Tensor) -> dict[str,
            "tools/error_frac": (trace.errors.sum() / calls.sum()).item() if calls.sum() > 0 else 0.0,
            "tools/called_frac": (calls > 0).float().mean().item(),
            "tools/seconds": float(trace.seconds)}
+    if trace.malformed is not None:
+        out["tools/malformed_frac"] = (trace.malformed > 0).float().mean().item()
     valid = response_mask.bool()
     for i, kind in enumerate(TOKEN_KINDS):
         out[f"tokens/kind/{kind}"] = ((trace.kind == i) & valid).sum(-1).float().mean().item()
@@ -59,3 +63,10 @@ def tool_shaping(trace: ToolTrace, call_bonus: float, error_penalty: float) -> t
     ``error_penalty`` per errored call."""
     clean = ((trace.calls - trace.errors) > 0).float()
     return call_bonus * clean - error_penalty * trace.errors.float()
+
+
+def invalid_call_rows(trace: ToolTrace) -> torch.Tensor:
+    """[B] bool: responses with at least one malformed call (none when the trace does not say)."""
+    if trace.malformed is None:
+        return torch.zeros(trace.calls.shape, dtype=torch.bool)
+    return trace.malformed > 0
