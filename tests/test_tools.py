@@ -296,7 +296,7 @@ def test_train_with_tools_end_to_end_logs_the_tool_metrics(in_tmp, fast_train):
     from entropyrl.trainers.trainer import train
 
     cfg = compose("train", [*fast_train, *TINY_TOOL, "trainer.total_steps=2", "trainer.val_every=2",
-                            "val.prompts=8", "algo=stare", "trainer.micro_batch_tokens=256", f"output_dir={in_tmp / 'run'}"])
+                            "val.prompts=8", "algo=stare", "trainer.micro_batch_tokens=256", "tools.mask_invalid_calls=true", f"output_dir={in_tmp / 'run'}"])
     summary = train(cfg, log=lambda *_: None)
     assert summary["status"] == "FINISHED"
     rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
