@@ -10,8 +10,8 @@ The repository root is the package; its folders are its layers, and imports poin
                 checkpoints, signals, summary, plots)
     rewards/    reward functions from config (user callables, HTTP judges, the built-in verifiers),
                 weighted, time-limited, with fallbacks; imports evals, imported by trainers
-    evals/      benchmarks, runner, metrics; grading/ (math answers), code/ (sandbox)
-    rollout/    the rollout engines that sample for training and eval (hf, vllm)
+    evals/      benchmarks, runner, metrics; grading/ (math answers), code/ (sandbox, the tools' code interpreter)
+    rollout/    the rollout engines that sample for training and eval (hf, vllm); multi-turn with tools
     models/     the embedded tiny model and ``load_policy``
     tasks/      the built-in verifiable tasks and ``Problem``
     core/       errors, config validation, CPU resources, files, tracking (MLflow)

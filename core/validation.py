@@ -181,6 +181,18 @@ OPTIM = {
     "optim.scheduler": STR, "optim.warmup_steps": NONNEG_INT, "optim.min_lr_ratio": PROB,
 }
 
+#: ``tools``: multi-turn rollouts with a code interpreter (``conf/tools/none.yaml`` declares them);
+#: the format's name and tags and the executor's limits are checked by ``evals/code/tool_executor.check_tools``.
+TOOLS = {
+    "tools.enabled": BOOL, "tools.name": STR, "tools.format": STR, "tools.max_turns": POS_INT,
+    "tools.max_calls": NONNEG_INT, "tools.max_output_chars": integer(16), "tools.session": choice("stateless"),
+    "tools.show_last_expression": BOOL, "tools.mask_invalid_calls": BOOL,
+    "tools.executor.wall_seconds": POS, "tools.executor.cpu_seconds": POS_INT, "tools.executor.memory_mb": integer(64),
+    "tools.executor.processes": POS_INT, "tools.executor.max_output_bytes": integer(256),
+    "tools.executor.workers": NONNEG_INT,
+    "tools.shaping.call_bonus": number(), "tools.shaping.error_penalty": NONNEG,
+}
+
 #: Keys that moved: ``{old key: new key}``. Setting an old one is an error naming the new one.
 RENAMED = {"trainer.lr": "optim.lr", "trainer.weight_decay": "optim.weight_decay", "trainer.betas": "optim.betas"}
 
@@ -209,7 +221,7 @@ TRAIN = {
     "model.lora.dropout": number(0, 1, open_high=True), "model.lora.save_merged": BOOL,
     "reward.timeout_s": number(0, open_low=True, nullable=True), "reward.workers": NONNEG_INT,
     "reward.fallback": number(), "reward.retries": NONNEG_INT, "reward.backoff_s": NONNEG,
-    **OPTIM, **MODEL, **TRACKING,
+    **OPTIM, **MODEL, **TRACKING, **TOOLS,
 }
 
 EVAL = {
@@ -219,7 +231,7 @@ EVAL = {
     "eval.max_new_tokens": POS_INT, "eval.batch_size": POS_INT,
     "eval.backend": STR,        # a registered rollout engine name: checked against rollout.ROLLOUT_ENGINES
     "eval.seed": NONNEG_INT, "eval.workers": integer(1, nullable=True), "eval.grade_timeout": POS,
-    **MODEL, **TRACKING,
+    **MODEL, **TRACKING, **TOOLS,
 }
 
 SWEEP = {

@@ -10,7 +10,10 @@
 
 Samples come from a rollout engine (``entropyrl.rollout``, the one stack training uses too):
 ``eval.backend=hf|vllm|<registered>``, its settings from ``eval.*`` and the section named after it
-(``eval.vllm``).
+(``eval.vllm``). With ``tools=code_interpreter`` the engine samples multi-turn responses through the
+tool driver (``rollout/multi_turn.py``, calls run in the code sandbox) and each benchmark's metrics
+add ``tools/turns/mean``, ``tools/calls/mean`` and ``tools/error_frac``; every sample records its
+``turns`` and ``calls``.
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ from ..core.tracking import TrackingStore, check_reachable
 from ..models import tiny as models
 from ..models.loading import load_policy
 from ..rollout.base import RolloutEngine, build_rollout, rollout_engine
+from ..rollout.multi_turn import ToolRollout
 from ..tasks.problem import Problem
 from .benchmarks import available_benchmarks, expand_benchmarks, get_spec, load_benchmark
 from .code.code_eval import evaluate_code, is_code_problem
+from .code.tool_executor import build_tool_executor, check_tools
 from .generation import sample_texts
 from .grading.grader import DEFAULT_TIMEOUT, grade_batch, no_answer_warning, reason_counts
 from .metrics import mean_metrics, problem_metrics
@@ -125,9 +130,11 @@ def evaluate(engine: RolloutEngine, tokenizer, benchmarks: Mapping[str, list[Pro
             return lambda k: progress(bench, phase, k, total)
 
         t0 = time.perf_counter()
+        traces: list = []
         completions = sample_texts(engine, prompts, n=n, temperature=temperature, top_p=top_p,
                                    max_new_tokens=settings.max_new_tokens, seed=settings.seed,
-                                   progress=tick("generate"))
+                                   progress=tick("generate"), traces=traces)
+        trace = traces[0] if traces else None     # multi-turn with a tool: turns and calls per response
         t1 = time.perf_counter()
         flat = [c for group in completions for c in group]
         golds = [p.answer for p in problems for _ in range(n)]
@@ -141,10 +148,12 @@ def evaluate(engine: RolloutEngine, tokenizer, benchmarks: Mapping[str, list[Pro
             for j, (text, g) in enumerate(zip(completions[i], mine)):
                 samples.append({"benchmark": bench, "problem_id": p.id, "sample": j, "answer": p.answer,
                                 "response": text, "extracted": g.extracted, "correct": g.correct,
-                                "reason": g.reason})
+                                "reason": g.reason,
+                                **({} if trace is None else {"turns": int(trace.turns[i * n + j]),
+                                                             "calls": int(trace.calls[i * n + j])})})
         results[bench] = {
             "n_samples": n, "problems": len(problems), "temperature": temperature, "top_p": top_p,
-            "metrics": mean_metrics(per_problem),
+            "metrics": {**mean_metrics(per_problem), **({} if trace is None else tool_summary(trace))},
             "seconds": {"generate": round(t1 - t0, 3), "grade": round(t2 - t1, 3)},
             "grader_timeouts": sum(g.reason == "timeout" for g in grades),
             "grade_reasons": reason_counts(grades),
@@ -177,6 +186,13 @@ def _add_reflection(result: dict, recs: list[dict], matcher: ReflectionMatcher, 
     result["reflection"] = {**{k: (v if math.isfinite(v) else None) for k, v in figures.items()},   # None: undefined
                             "reflection/density": density(sum(b["count"] for b in blocks), sum(b["tokens"] for b in blocks)),
                             "words": list(matcher.words)}
+
+
+def tool_summary(trace) -> dict[str, float]:
+    """Turns and calls per response and the share of calls that errored (a ``rollout.ToolTrace``)."""
+    calls = float(trace.calls.sum())
+    return {"tools/turns/mean": float(trace.turns.float().mean()), "tools/calls/mean": float(trace.calls.float().mean()),
+            "tools/error_frac": float(trace.errors.sum()) / calls if calls else 0.0}
 
 
 def average_over_benchmarks(results: Mapping[str, dict]) -> dict[str, float]:
@@ -282,7 +298,11 @@ def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine,
         model, tokenizer = load_policy(cfg.model, log=log)
         model.to(_device(ev.get("device", "auto")))
     engine_cfg["add_special_tokens"] = not _use_chat(tokenizer, _chat_setting(cfg))
-    return engine_cls(engine_cfg, model, tokenizer), tokenizer, label
+    engine = engine_cls(engine_cfg, model, tokenizer)
+    tools = cfg.get("tools")
+    if tools is not None and bool(tools.get("enabled", False)):     # tools=code_interpreter: multi-turn
+        engine = ToolRollout(engine, tools, build_tool_executor(tools), engine_cfg)
+    return engine, tokenizer, label
 
 
 def render_table(results: Mapping[str, dict], title: str = "entropyrl eval"):
@@ -375,6 +395,7 @@ def run_eval(cfg, console=None) -> dict:
     if settings.prompt not in available_templates():
         raise UserError(f"unknown eval.prompt '{settings.prompt}'; valid: {', '.join(available_templates())}")
     data = {b: load_benchmark(b, ev.get("data_root"), limit) for b in names}   # fail fast, before the model
+    check_tools(cfg.get("tools"))
     tr = cfg.get("tracking") or {}
     if tr.get("enabled", True):      # as train does: an unreachable server fails before generating, not after
         check_reachable(resolve_uri(tr))

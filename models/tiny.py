@@ -77,6 +77,11 @@ def _default_task_cfg():
     return OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "data" / "toy.yaml")
 
 
+def _plain(value):
+    """A config value as plain data (a mapping or list node becomes a dict or list)."""
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
 def _cache_key(model_cfg, task_cfg) -> str:
     payload = {
         "version": RECIPE_VERSION,
@@ -86,7 +91,7 @@ def _cache_key(model_cfg, task_cfg) -> str:
         "tasks": {k: OmegaConf.to_container(task_cfg, resolve=True).get(k)
                   for k in ("tasks", "max_operand", "divisors")},
         # keys only some tasks have join the key only when set, so existing caches stay valid
-        **{f"task_{k}": task_cfg.get(k) for k in tasks.EXTRA_TASK_KEYS if task_cfg.get(k) is not None},
+        **{f"task_{k}": _plain(task_cfg.get(k)) for k in tasks.EXTRA_TASK_KEYS if task_cfg.get(k) is not None},
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -113,7 +118,7 @@ def warm_start_examples(task_cfg, n: int, label_noise: float, rng: random.Random
         if rng.random() < label_noise:
             target = _noisy_answer(problem, rng)
         else:
-            target = rng.choice(tasks.correct_answers(problem))
+            target = rng.choice(tasks.correct_answers(problem, task_cfg))
         examples.append((problem.prompt, target))
     return examples
 

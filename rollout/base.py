@@ -28,8 +28,48 @@ from ..conf import cfg_get
 from ..core.errors import UserError
 from ..core.registry import Registry
 
-__all__ = ["Rollout", "RolloutEngine", "ROLLOUT_ENGINES", "register_rollout", "rollout_engine",
+__all__ = ["Rollout", "ToolTrace", "TOKEN_KINDS", "RolloutEngine", "ROLLOUT_ENGINES", "register_rollout", "rollout_engine",
            "build_rollout", "stop_token_ids", "check_prompt_lengths", "response_mask_from_eos", "concat", "cat_rollouts"]
+
+
+#: What each response token is (``ToolTrace.kind``): the policy's reasoning text, the code it
+#: writes inside a tool call, the tool's output (appended, never sampled: out of every loss and
+#: statistic), and the policy's text after a tool result.
+TOKEN_KINDS = ("text", "code", "tool", "post_tool")
+TOOL_KIND = TOKEN_KINDS.index("tool")
+
+
+@dataclass
+class ToolTrace:
+    """What a multi-turn rollout with tools adds to a batch of ``B`` responses of width ``R``.
+
+    kind:         [B, R] index into ``TOKEN_KINDS`` of each response token (0 on padding)
+    turn:         [B, R] the generation turn (0, 1, ...) of each token; a tool output carries the
+                  turn it answers
+    turns:        [B] generation turns of each response
+    calls:        [B] tool calls run (malformed calls included: they get an error as output)
+    errors:       [B] calls that were malformed, raised, timed out or hit a limit
+    seconds:      wall seconds spent running tools for this batch
+    gen_seconds:  wall seconds of the whole multi-turn generation (tools included)
+    malformed:    [B] calls that were malformed (not run; their error was the output), or None
+    """
+
+    kind: torch.Tensor
+    turn: torch.Tensor
+    turns: torch.Tensor
+    calls: torch.Tensor
+    errors: torch.Tensor
+    seconds: float = 0.0
+    gen_seconds: float = 0.0
+    malformed: torch.Tensor | None = None
+
+    def select(self, idx: torch.Tensor) -> ToolTrace:
+        return ToolTrace(self.kind[idx], self.turn[idx], self.turns[idx], self.calls[idx], self.errors[idx],
+                         self.seconds, self.gen_seconds, None if self.malformed is None else self.malformed[idx])
+
+    def narrow(self, width: int) -> ToolTrace:
+        return ToolTrace(self.kind[:, :width], self.turn[:, :width], self.turns, self.calls, self.errors,
+                         self.seconds, self.gen_seconds, self.malformed)
 
 
 @dataclass
@@ -42,7 +82,11 @@ class Rollout:
     response_mask:  [B, R] 1 on tokens that count: up to and including the first EOS
     texts:          decoded responses (special tokens dropped)
     truncated:      [B] bool, True where no EOS came before max_new_tokens
-    sampling_logp:  [B, R] log-probs the sampler reported (vLLM), or None
+    sampling_logp:  [B, R] log-probs the sampler reported (vLLM), or None (placeholders 0 on tool tokens)
+    tools:          the multi-turn trace (token kinds, turns, calls) when tools are on, else None
+
+    ``response_mask`` marks every token of the sequence (the model attends to tool outputs);
+    ``policy_mask`` only the tokens the policy sampled: what the loss and every statistic count.
     """
 
     prompt_ids: torch.Tensor
@@ -52,10 +96,18 @@ class Rollout:
     texts: list[str]
     truncated: torch.Tensor
     sampling_logp: torch.Tensor | None = None
+    tools: ToolTrace | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
         return self.response_mask.sum(-1)
+
+    @property
+    def policy_mask(self) -> torch.Tensor:
+        """[B, R] 1 on response tokens the policy sampled: ``response_mask`` without tool outputs."""
+        if self.tools is None:
+            return self.response_mask
+        return self.response_mask * (self.tools.kind != TOOL_KIND).to(self.response_mask.dtype)
 
     def grouped_texts(self, n: int) -> list[list[str]]:
         """``texts`` as one list of ``n`` responses per prompt."""
@@ -66,7 +118,8 @@ class Rollout:
         pick = lambda t: None if t is None else t[idx]  # noqa: E731
         return Rollout(pick(self.prompt_ids), pick(self.prompt_mask), pick(self.response_ids),
                        pick(self.response_mask), [self.texts[i] for i in idx.tolist()],
-                       pick(self.truncated), pick(self.sampling_logp))
+                       pick(self.truncated), pick(self.sampling_logp),
+                       None if self.tools is None else self.tools.select(idx))
 
 
 @runtime_checkable
@@ -144,10 +197,19 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         width = max(x.shape[1] for x in tensors)
         return concat([row for x in tensors for row in x], pad, width, left)
 
+    tools = None
+    if parts[0].tools is not None:
+        width = max(p.response_ids.shape[1] for p in parts)
+        field = lambda a: concat([row for p in parts for row in getattr(p.tools, a)], 0, width, left=False)  # noqa: E731
+        tools = ToolTrace(field("kind"), field("turn"), *(torch.cat([getattr(p.tools, a) for p in parts])
+                                                          for a in ("turns", "calls", "errors")),
+                          sum(p.tools.seconds for p in parts), sum(p.tools.gen_seconds for p in parts),
+                          None if any(p.tools.malformed is None for p in parts)
+                          else torch.cat([p.tools.malformed for p in parts]))
     return Rollout(cat("prompt_ids", pad_id, True), cat("prompt_mask", 0, True),
                    cat("response_ids", pad_id, False), cat("response_mask", 0, False),
                    [t for p in parts for t in p.texts], torch.cat([p.truncated for p in parts]),
-                   None if parts[0].sampling_logp is None else cat("sampling_logp", 0, False).float())
+                   None if parts[0].sampling_logp is None else cat("sampling_logp", 0, False).float(), tools)
 
 
 # name -> engine class, or "module:Class" for an engine whose module imports a heavy optional

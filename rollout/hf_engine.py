@@ -1,5 +1,7 @@
 """The Hugging Face ``generate`` rollout engine (``rollout=hf``, ``eval.backend=hf``): samples from the
-live model the trainer updates, so it needs no weight sync."""
+live model the trainer updates, so it needs no weight sync. ``generate_ids`` continues token
+sequences by one turn, stopping a row where a caller's test says so (the multi-turn driver,
+``multi_turn.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,24 @@ import torch
 
 from ..conf import cfg_get
 from .base import Rollout, concat, response_mask_from_eos, stop_token_ids
+
+
+class _StopWhen:
+    """A ``StoppingCriteria``: row ``i`` is done once ``stop(its new ids)`` holds; records where."""
+
+    def __init__(self, stop: Callable[[list[int]], bool], start: int):
+        self.stop, self.start = stop, start
+        self.at: dict[int, int] = {}
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for i in range(input_ids.shape[0]):
+            if i in self.at:
+                done[i] = True
+            elif self.stop(input_ids[i, self.start:].tolist()):
+                self.at[i] = input_ids.shape[1] - self.start
+                done[i] = True
+        return done
 
 
 class HFRollout:
@@ -26,6 +46,50 @@ class HFRollout:
 
     def close(self) -> None:
         """Nothing held beyond the model, which belongs to the caller."""
+
+    @torch.no_grad()
+    def generate_ids(self, sequences: list[list[int]], *, seed: int, temperature: float, top_p: float,
+                     max_new_tokens: int, stop: Callable[[list[int]], bool] | None = None,
+                     stop_strings: list[str] | None = None) -> list[tuple[list[int], None]]:
+        """``(new ids, None)`` of each sequence (no sampler log-probs: the trainer's model sampled),
+        sampled until EOS (kept), ``stop(new ids)`` or ``max_new_tokens``.
+        Rows are left-padded and batched ``batch_size`` at a time; seeded per call as ``generate``.
+        ``stop_strings`` is not used: ``stop`` tests each step exactly."""
+        from transformers import GenerationConfig, StoppingCriteriaList
+
+        cfg, tok, model = self.cfg, self.tokenizer, self.model
+        batch_size = max(1, int(cfg_get(cfg, "batch_size", 16)))
+        eos = stop_token_ids(model, tok)
+        sample = temperature > 0
+        config = GenerationConfig(
+            max_new_tokens=max(1, int(max_new_tokens)), do_sample=sample, pad_token_id=tok.pad_token_id,
+            eos_token_id=eos, **({"temperature": temperature, "top_p": top_p, "top_k": int(cfg_get(cfg, "top_k", 0))}
+                                 if sample else {}))
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        out_rows: list[tuple[list[int], None]] = []
+        try:
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                torch.manual_seed(int(seed))
+                for start in range(0, len(sequences), batch_size):
+                    part = [list(s) for s in sequences[start: start + batch_size]]
+                    width = max(len(s) for s in part)
+                    ids = concat([torch.tensor(s, dtype=torch.long) for s in part], tok.pad_token_id, width, left=True)
+                    mask = concat([torch.ones(len(s), dtype=torch.long) for s in part], 0, width, left=True)
+                    criteria = _StopWhen(stop, width) if stop is not None else None
+                    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
+                                         stopping_criteria=StoppingCriteriaList([criteria]) if criteria else None)
+                    new = out[:, width:].cpu()
+                    for i in range(len(part)):
+                        row = new[i].tolist()
+                        cut = next((k + 1 for k, t in enumerate(row) if t in eos), len(row))
+                        if criteria is not None and i in criteria.at:
+                            cut = min(cut, criteria.at[i])
+                        out_rows.append((row[:cut], None))
+        finally:
+            model.train(was_training)
+        return out_rows
 
     @torch.no_grad()
     def generate(self, prompts: list[str], *, n: int, seed: int, temperature: float | None = None,

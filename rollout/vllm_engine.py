@@ -301,6 +301,31 @@ class VLLMRollout:
         return self._stop
 
     @torch.no_grad()
+    def generate_ids(self, sequences: list[list[int]], *, seed: int, temperature: float, top_p: float,
+                     max_new_tokens: int, stop=None, stop_strings: list[str] | None = None
+                     ) -> list[tuple[list[int], list[float]]]:
+        """``(new ids, their sampler log-probs)`` of each token sequence (one sample each), until EOS (kept), one of
+        ``stop_strings`` (kept: the turn ends with the closing tag) or ``max_new_tokens``; the
+        multi-turn driver's turn (``multi_turn.py``). ``stop`` (a per-step test) is not used."""
+        self.start()
+        greedy = not temperature > 0
+        top_k = int(cfg_get(self.cfg, "top_k", 0))
+        params = [self._vllm.SamplingParams(
+            n=1, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
+            top_k=-1 if (greedy or top_k <= 0) else top_k, max_tokens=max(1, int(max_new_tokens)), logprobs=0,
+            seed=_prompt_seed(seed, i), stop_token_ids=self._stop_ids(), stop=list(stop_strings or []) or None,
+            include_stop_str_in_output=True, detokenize=bool(stop_strings))
+            for i in range(len(sequences))]
+        outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
+        rows = []
+        for out in outputs:
+            c = out.outputs[0]
+            tokens = list(c.token_ids)[: int(max_new_tokens)]
+            rows.append((tokens, [_sampled_logprob(c.logprobs, j, t) for j, t in enumerate(tokens)] if c.logprobs
+                         else [0.0] * len(tokens)))
+        return rows
+
+    @torch.no_grad()
     def generate(self, prompts: list[str], *, n: int, seed: int, temperature: float | None = None,
                  top_p: float | None = None, max_new_tokens: int | None = None,
                  progress=None) -> Rollout:

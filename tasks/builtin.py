@@ -7,6 +7,11 @@ Families, chosen so that entropy matters:
 - ``countdown3`` / ``countdown4``: ``"3:7:12M16:"`` -> ``"12+7=19:19-3=16"``: reach the target with
   three / four numbers in a chain of + and - steps (``countdown.py``). 15-35 token responses,
   several solution paths, two difficulty tiers: the lab's task (``data=countdown``).
+- ``tool_add``: ``"4821+9377="`` -> ``"14198"`` with operands of several digits, beyond what the
+  embedded model can add in its head, but one code-interpreter call away: the response
+  ``"M=4821+9377=M:14198:14198"`` calls the tool (tags ``data.tool_tags``), reads its output and
+  copies it (``data=tool_arith tools=code_interpreter``). The verdict is on the final answer, the
+  integer the response ends with; nothing is executed by the verifier.
 
 A prompt stream is a pure function of (config, seed): same seed, same prompts.
 """
@@ -14,6 +19,7 @@ A prompt stream is a pure function of (config, seed): same seed, same prompts.
 from __future__ import annotations
 
 import random
+import re
 from typing import Callable
 
 from ..core.errors import UserError
@@ -39,6 +45,28 @@ def _make_add(rng: random.Random, cfg) -> Problem:
 def _verify_add(problem: Problem, response: str) -> float:
     value = _parse_int(response)
     return float(value is not None and value == sum(problem.params))
+
+
+def _make_tool_add(rng: random.Random, cfg) -> Problem:
+    low, high = int(cfg.get("min_operand", 1000)), int(cfg.max_operand)
+    a, b = rng.randint(low, high), rng.randint(low, high)
+    return Problem("tool_add", f"{a}+{b}=", str(a + b), (a, b))
+
+
+_FINAL_INT = re.compile(r"(\d{1,12})\s*$")
+
+
+def _verify_tool_add(problem: Problem, response: str) -> float:
+    """The final answer is the integer the response ends with (after any tool call and output)."""
+    m = _FINAL_INT.search(response)
+    return float(m is not None and str(int(m.group(1))) == m.group(1) and int(m.group(1)) == sum(problem.params))
+
+
+def tool_trace(problem: Problem, tags) -> str:
+    """A response that uses the tool once: the call, the output the tool gives back, the answer
+    (the warm start's target for ``tool_add``; ``tags``: ``data.tool_tags``)."""
+    a, b = problem.params
+    return f"{tags['call_open']}{a}+{b}{tags['call_close']}{tags['output_open']}{a + b}{tags['output_close']}{a + b}"
 
 
 def _make_multiple(rng: random.Random, cfg) -> Problem:
@@ -78,9 +106,10 @@ TASKS: dict[str, tuple[Callable, Callable]] = {
     "multiple": (_make_multiple, _verify_multiple),
     "countdown3": (_countdown_maker(3), _verify_countdown),
     "countdown4": (_countdown_maker(4), _verify_countdown),
+    "tool_add": (_make_tool_add, _verify_tool_add),
 }
 # Task settings that shape the warm-started model (tiny.py's cache key), beyond the toy task's.
-EXTRA_TASK_KEYS = ("max_number", "max_target")
+EXTRA_TASK_KEYS = ("max_number", "max_target", "min_operand", "tool_tags")
 
 
 def check_task_names(names) -> None:
@@ -101,8 +130,12 @@ def reward(problem: Problem, response: str) -> float:
     return TASKS[problem.task][1](problem, response)
 
 
-def correct_answers(problem: Problem) -> list[str]:
-    """Every correct answer (used to build the warm-start distribution)."""
+def correct_answers(problem: Problem, data_cfg=None) -> list[str]:
+    """Every correct answer (used to build the warm-start distribution). ``tool_add``: the trace
+    that calls the tool (with ``data.tool_tags``), beside the bare answer when no tags are set."""
+    if problem.task == "tool_add":
+        tags = data_cfg.get("tool_tags") if data_cfg is not None else None
+        return [tool_trace(problem, tags)] if tags else [problem.answer]
     if problem.task == "multiple":
         return _answers_multiple(problem)
     if problem.task.startswith("countdown"):

@@ -19,6 +19,7 @@ from ..rollout.base import Rollout, cat_rollouts
 from .algos.step_batch import StepBatch
 from .parallel import distributed
 from .stats.reflection import reflection_settings
+from .stats.tool_stats import tool_shaping, tool_use_metrics
 
 __all__ = ["collect_rollouts", "generate_groups"]
 
@@ -52,7 +53,8 @@ def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, ste
     max_batches = algo.max_num_gen_batches if algo.dynamic_sampling else 1
     kept: list[tuple[Rollout, torch.Tensor, torch.Tensor]] = []
     n_kept, all_correct, all_rewards, all_len, all_trunc, per_group = 0, [], [], [], [], defaultdict(list)
-    unique_frac, attempts, scored, texts = [], 0, [], []
+    unique_frac, attempts, scored, texts, with_tools = [], 0, [], [], []
+    tools_cfg = cfg.get("tools")
     for attempt in range(max_batches):
         attempts += 1
         problems = distributed.shard(source.sample(want * dist.world_size, step, attempt), dist)
@@ -65,6 +67,11 @@ def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, ste
         scored.append(batch)
         correct = torch.tensor(batch.correct, dtype=torch.float32)   # the verifier's verdict: acc/*
         shaped = algo.shape_rewards(torch.tensor(batch.total, dtype=torch.float32), roll.lengths)
+        if roll.tools is not None:      # multi-turn with a tool: its use, and the optional shaping term
+            with_tools.append(roll)
+            shaping = (tools_cfg.get("shaping") if tools_cfg is not None else None) or {}
+            shaped = shaped + tool_shaping(roll.tools, float(shaping.get("call_bonus", 0.0)),
+                                           float(shaping.get("error_penalty", 0.0)))
         all_correct.append(correct), all_rewards.append(shaped)
         all_len.append(roll.lengths.float()), all_trunc.append(roll.truncated.float())
         texts += roll.texts
@@ -91,6 +98,9 @@ def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, ste
     reflect = reflection_settings(cfg)
     metrics.update(response_text_metrics(texts, torch.cat(all_len).long().tolist(), torch.cat(all_correct).tolist(),
                                          reflect.matcher, reflect.repetition_n))
+    if with_tools:                     # tools/turns/mean, tools/calls/mean, tools/error_frac, tokens/kind/<kind>
+        every = cat_rollouts(with_tools, pad_token_id)
+        metrics.update(tool_use_metrics(every.tools, every.response_mask))
     # Same number of rows on every rank (whole groups): FSDP needs matching forward passes.
     rows = int(distributed.min_across(min(want * n, sum(len(k[0].texts) for k in kept)), dist))
     if rows == 0:

@@ -13,7 +13,7 @@ a trainer, an output folder, an MLflow check or an optimizer:
     ref_model = build_reference(cfg, dist)              # when the algorithm needs one (KL)
     optimizer = build_optimizer(model.parameters(), cfg.optim)       # trainers/optim.py
     scheduler = build_scheduler(optimizer, cfg.optim, total_steps)
-    rollout = build_rollout(cfg.rollout, model, tokenizer)           # rollout/base.py
+    rollout = build_engine(cfg, model, tokenizer)       # rollout/base.py; with tools, rollout/multi_turn.py
     tracker = build_tracker(cfg, output_dir, dist)      # MLflow + metrics.jsonl on rank 0
 
 ``collect_rollouts`` (trainers/collect.py) samples and scores one batch from the source, rollout
@@ -31,16 +31,19 @@ import torch
 from ..core.errors import UserError
 from ..core.mlflow_store import resolve_uri
 from ..core.tracking import RunTracker, check_reachable
+from ..evals.code.tool_executor import build_tool_executor
 from ..models.loading import load_policy
 from ..models.lora import apply_lora
 from ..rewards import RewardRunner, build_reward_runner
+from ..rollout.base import build_rollout
+from ..rollout.multi_turn import ToolRollout
 from .algos.algorithm import Algorithm
 from .data.prompts_source import build_prompt_source
 from .parallel import distributed
 
 __all__ = ["check_batches", "check_tracking", "seed_everything", "build_policy", "build_source",
            "build_algorithm", "build_reference", "build_tracker", "stats_kwargs", "build_policy_and_adapter",
-           "build_rewards"]
+           "build_rewards", "build_engine"]
 
 
 def check_batches(cfg, dist) -> None:
@@ -119,3 +122,13 @@ def build_tracker(cfg, output_dir: Path, dist, log=print):
 def stats_kwargs(cfg) -> dict:
     """Keyword arguments of the token statistics (``stats/policy_stats.py``) for this config."""
     return dict(temperature=float(cfg.rollout.temperature), chunk_size=int(cfg.trainer.token_chunk_size))
+
+
+def build_engine(cfg, model, tokenizer):
+    """The rollout engine ``cfg.rollout``; with ``tools.enabled`` wrapped in the multi-turn driver
+    (``rollout/multi_turn.py``) whose calls run in the code sandbox (``evals/code/tool_executor.py``)."""
+    engine = build_rollout(cfg.rollout, model, tokenizer)
+    tools = cfg.get("tools")
+    if tools is None or not bool(tools.get("enabled", False)):
+        return engine
+    return ToolRollout(engine, tools, build_tool_executor(tools), cfg.rollout)

@@ -26,6 +26,7 @@ class StepSettings:
     grad_clip: float                 # max gradient norm
     keep_checkpoints: int            # checkpoints kept on disk
     quadrants: bool                  # diagnostics.quadrants: the four-quadrant metrics and prediction
+    mask_invalid_calls: bool = False  # tools.mask_invalid_calls: a response with a malformed tool call out of the loss
     entropy_quantiles: tuple[float, ...] = ()     # diagnostics.entropy_quantiles (empty: off)
     val_temperature: float = 0.0     # validation on the task's held-out prompts
     val_pass_k: int = 0              # sampled pass@1 / pass@k at validation (0: off)
@@ -50,6 +51,7 @@ class StepSettings:
             grad_clip=float(t.grad_clip),
             keep_checkpoints=int(t.keep_checkpoints),
             quadrants=bool(cfg_get(diag, "quadrants", False)),
+            mask_invalid_calls=bool(cfg_get(cfg.get("tools") or {}, "mask_invalid_calls", False)),
             entropy_quantiles=tuple(float(q) for q in quantiles) if quantiles else (),
             val_temperature=float(cfg_get(val, "temperature", 0.0)),
             val_pass_k=int(cfg_get(val, "pass_k", 0) or 0),

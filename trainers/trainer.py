@@ -38,7 +38,7 @@ from ..core.seeds import shuffle_seed
 from ..core.tracking import read_metrics
 from ..evals.reflection import TokenPieces
 from ..evals.runner import validate as validate_benchmarks
-from ..rollout.base import Rollout, build_rollout
+from ..rollout.base import Rollout
 from . import components
 from .algos.algo_config import tracked_config
 from .algos.algorithm import Algorithm
@@ -63,6 +63,7 @@ from .stats.passk import sampled_pass_metrics
 from .stats.policy_stats import batch_token_stats, response_token_stats
 from .stats.probe import build_probe
 from .stats.reflection import reflection_entropy_metrics, reflection_settings, reflection_token_masks
+from .stats.tool_stats import invalid_call_rows, token_kind_metrics
 
 
 def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
@@ -120,7 +121,7 @@ class GRPOTrainer:
             self.ref_model = components.build_reference(cfg, self.dist, log=self.log)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, int(t.total_steps))   # one step per training step
-        self.rollout = build_rollout(cfg.rollout, self.model, self.tokenizer)
+        self.rollout = components.build_engine(cfg, self.model, self.tokenizer)   # with tools: multi-turn
         self.tracker = components.build_tracker(cfg, self.output_dir, self.dist, log=self.log)
         self.step = 0
         self.val_problems = self.source.validation(int(cfg.val.prompts)) if cfg.val.prompts else []
@@ -222,6 +223,8 @@ class GRPOTrainer:
             metrics.update(observer.end_step(self.model))
         metrics["time/generate"] = gen_time
         metrics["time/step"] = time.perf_counter() - started
+        if "tools/seconds" in metrics:            # share of the step's wall time spent running tool calls
+            metrics["tools/time_frac"] = metrics["tools/seconds"] / max(metrics["time/step"], 1e-9)
         return distributed.mean_metrics(metrics, self.dist)   # averaged over ranks (identity on one)
 
     def _score(self, batch: StepBatch, metrics: dict) -> StepBatch:
@@ -229,13 +232,15 @@ class GRPOTrainer:
         quadrant diagnostics and the batch-scope selections, filled into the step batch."""
         s = self.settings
         roll, rows_per_chunk, stats_kw = batch.responses, s.micro_batch_responses, s.stats
-        mask = roll.response_mask.to(self.device).float()
+        mask = roll.policy_mask.to(self.device).float()   # tool outputs: 0 (not the policy's tokens)
+        if roll.tools is not None and s.mask_invalid_calls:   # a response with a malformed call: out of the loss
+            mask = mask * (~invalid_call_rows(roll.tools)).to(mask).unsqueeze(-1)
         wanted = self.algo.sampling_vocab_stats()          # SIREN's anchor: the first batch's top-p entropies
         old_logp, entropy, *sampled = batch_token_stats(self.model, roll, rows_per_chunk, vocab_stats=wanted, **stats_kw)
         if sampled:
             self.algo.observe_sampling(sampled[0], mask, reduce=lambda t: distributed.sum_across(t, self.dist))
         ref_logp = self._reference_logp(roll, rows_per_chunk, stats_kw)
-        sampler_logp = None if roll.sampling_logp is None else roll.sampling_logp.to(self.device)
+        sampler_logp = None if roll.sampling_logp is None else roll.sampling_logp.to(self.device) * mask
         if sampler_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are
             metrics.update(sampler_mismatch_metrics(old_logp, sampler_logp, mask))
         sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
@@ -249,6 +254,8 @@ class GRPOTrainer:
             metrics.update(quantiles if self.dist.is_main else {})
         if s.quadrants:
             metrics.update(quadrant_metrics(old_logp, old_logp, entropy, advantages, mask))
+        if roll.tools is not None:                # entropy/kind/<kind>, entropy/turn/first|later (policy tokens)
+            metrics.update(token_kind_metrics(entropy, mask, roll.tools))
         metrics["groups/all_equal_frac"] = all_equal_group_share(rewards, group_ids)
         if self.reflect.token_metrics:      # entropy where reasoning turns (diagnostics.reflection.entropy)
             at, before = reflection_token_masks(roll.response_ids, roll.response_mask, self.token_pieces,

@@ -2,6 +2,8 @@
 
 ``run_program(program, tests, limits)`` -> ``SandboxResult(passed, reason, seconds, stdout_tail,
 tests_passed, tests_total)``; ``reason`` is one of ``REASONS``. ``SandboxPool`` runs many at once.
+``run_script(program, limits)`` runs a program with no tests and keeps what it printed (the tool
+executor's mode: a policy's code cell, its output read back).
 
 How one run is isolated (docs/sandbox.md says what this does *not* cover):
 
@@ -52,7 +54,7 @@ from typing import Callable, Sequence
 from ...core.errors import UserError
 from .sandbox_launch import ISOLATIONS, drop_uid, fresh_uid, interpreter, launch_prefix, launcher, sandbox_env, sweep_uid
 
-__all__ = ["REASONS", "SandboxLimits", "SandboxResult", "run_program", "SandboxPool", "launcher",
+__all__ = ["REASONS", "SandboxLimits", "SandboxResult", "run_program", "run_script", "SandboxPool", "launcher",
            "ISOLATIONS"]
 
 REASONS = ("pass", "fail", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error")
@@ -163,11 +165,12 @@ def _verdict(lines: list[str], nonce: str, n_tests: int) -> tuple[str, int, str,
 
 
 def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLimits | None = None,
-                setup: str = "", stdio: bool = False) -> SandboxResult:
+                setup: str = "", stdio: bool = False, tail_chars: int = TAIL_CHARS) -> SandboxResult:
     """Run ``program`` in the candidate process, then ``setup`` and each of ``tests`` (trusted
     Python snippets, each a test: it passes if it returns without raising) in the oracle process,
     where a name the tests do not define is the program's (see the module docstring).
     ``stdio``: the program is only compiled at load; ``_stdio_case(input, want)`` runs it per case.
+    ``tail_chars``: how much of the end of the output ``stdout_tail`` keeps.
     """
     lim = limits or SandboxLimits()
     tests = [tests] if isinstance(tests, str) else list(tests)
@@ -219,7 +222,7 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
                     pass
         shutil.rmtree(workdir, ignore_errors=True)
     seconds = time.perf_counter() - started
-    tail = out[-TAIL_CHARS:].decode("utf-8", "replace")
+    tail = out[-int(tail_chars):].decode("utf-8", "replace")
     reason, n_ok, detail, done = _verdict(res.decode("utf-8", "replace").splitlines(), nonce, len(tests))
     if status in ("timeout", "output_limit"):
         reason = status
@@ -298,6 +301,20 @@ def _communicate(proc: subprocess.Popen, spec: bytes, read_fd: int, lim: Sandbox
     return bytes(out), bytes(res), status
 
 
+# The one test of a script run: a round trip to the program's process. The program's process
+# flushes its output before it answers, so what it printed is in the pipe before the harness ends;
+# it also reads the flag a script sets when its code raised (``ok`` = the code ran through).
+SCRIPT_TEST = "assert not _entropyrl_script_failed_, 'the code raised'"
+
+
+def run_script(program: str, limits: SandboxLimits | None = None, tail_chars: int = TAIL_CHARS) -> SandboxResult:
+    """Run ``program`` (which must set ``_entropyrl_script_failed_`` to a false value when it ends
+    normally) with no tests and keep the last ``tail_chars`` of what it printed. ``reason``: ``pass``
+    (it ran through), ``fail`` (it raised and caught its own error, or unset the flag), or a limit
+    (``timeout``, ``memory``, ``output_limit``, ``killed``, ``error``, ``sandbox_error``)."""
+    return run_program(program, [SCRIPT_TEST], limits, tail_chars=tail_chars)
+
+
 # --------------------------------------------------------------------------------------------
 # Many runs
 # --------------------------------------------------------------------------------------------
@@ -338,3 +355,18 @@ class SandboxPool:
             return [one(j) for j in jobs]
         with ThreadPoolExecutor(max_workers=min(self.workers, len(jobs))) as ex:
             return list(ex.map(one, jobs))
+
+    def scripts(self, programs: Sequence[str], tail_chars: int = TAIL_CHARS) -> list[SandboxResult]:
+        """``run_script`` of each program, ``workers`` at a time; one result per program, in order."""
+        def one(program: str) -> SandboxResult:
+            try:
+                return run_script(program, self.limits, tail_chars)
+            except UserError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one broken run must not sink the batch
+                return SandboxResult(False, "sandbox_error", 0.0, detail=f"{type(exc).__name__}: {exc}")
+
+        if self.workers == 1 or len(programs) <= 1:
+            return [one(p) for p in programs]
+        with ThreadPoolExecutor(max_workers=min(self.workers, len(programs))) as ex:
+            return list(ex.map(one, programs))

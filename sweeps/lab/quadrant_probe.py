@@ -77,7 +77,7 @@ def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=pr
             if batch is None:
                 continue
             roll, rewards, group_ids = batch.responses, batch.rewards, batch.group_ids
-            mask = roll.response_mask.to(dist.device).float()
+            mask = roll.policy_mask.to(dist.device).float()
             old_logp, entropy = batch_token_stats(model, roll, rows, **kw)
             adv = algo.advantages(rewards.to(dist.device), group_ids.to(dist.device), mask, entropy=entropy)
             ids = quadrant_ids(old_logp, entropy, adv, mask)

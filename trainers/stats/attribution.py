@@ -69,14 +69,14 @@ def probe_entropy_gradient(model, rollout, entropy_fn: Callable, rows_per_chunk:
     """
     params = [p for p in model.parameters() if p.requires_grad]
     total = [torch.zeros_like(p) for p in params]
-    n_valid = int(rollout.response_mask.sum())
+    n_valid = int(rollout.policy_mask.sum())
     if n_valid == 0:
         return total
     rows = len(rollout.texts)
     for start in range(0, rows, rows_per_chunk):
         part = rollout.select(torch.arange(start, min(start + rows_per_chunk, rows)))
         entropy = entropy_fn(model, part)
-        mask = part.response_mask.to(entropy.device).bool()
+        mask = part.policy_mask.to(entropy.device).bool()
         summed = torch.where(mask, entropy, torch.zeros_like(entropy)).sum() / n_valid
         grads = torch.autograd.grad(summed, params, allow_unused=True)
         for acc, g in zip(total, grads):
@@ -98,7 +98,7 @@ def sharded_probe_entropy_gradient(model, rollout, entropy_fn: Callable, rows_pe
     """
     params = _trainable(model)
     total = [torch.zeros_like(_local(p)) for p in params]
-    n_valid = int(rollout.response_mask.sum())
+    n_valid = int(rollout.policy_mask.sum())
     if n_valid == 0:            # the same on every rank: no rank runs a backward
         return total
     rows = len(rollout.texts)
@@ -114,7 +114,7 @@ def sharded_probe_entropy_gradient(model, rollout, entropy_fn: Callable, rows_pe
             pairing = len(idx) == 0         # only to pair this rank's reduce-scatter with the others'
             part = rollout.select(torch.zeros(1, dtype=torch.long) if pairing else idx)
             entropy = entropy_fn(model, part)
-            mask = part.response_mask.to(entropy.device).bool()
+            mask = part.policy_mask.to(entropy.device).bool()
             weight = 0.0 if pairing else world_size / n_valid
             (torch.where(mask, entropy, torch.zeros_like(entropy)).sum() * weight).backward()
         for acc, p in zip(total, params):

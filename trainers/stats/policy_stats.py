@@ -42,7 +42,7 @@ def response_token_stats(model, rollout: Rollout, *, temperature: float, chunk_s
     hidden = fsdp_forward(**inputs) if fsdp_forward is not None else base(**inputs).last_hidden_state  # [B, P+R, D]
     p_len, r_len = rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]
     hidden = hidden[:, p_len - 1: p_len + r_len - 1]                 # position t predicts token t+1
-    mask = rollout.response_mask.to(device).bool()
+    mask = rollout.policy_mask.to(device).bool()
     head = model.get_output_embeddings()
     logp_valid, ent_valid = chunked_token_stats(
         hidden[mask], head.weight, rollout.response_ids.to(device)[mask], bias=getattr(head, "bias", None),

@@ -44,7 +44,7 @@ class ProbeBatch:
         if self.batch is None:
             self.batch = self.engine.generate([self.prompt_fn(p) for p in self.problems], n=self.n, seed=PROBE_SEED)
         _, ent = self.stats(model, self.batch)
-        return probe_entropy(ent, self.batch.response_mask.to(ent.device))
+        return probe_entropy(ent, self.batch.policy_mask.to(ent.device))
 
     def before_update(self, model) -> None:
         """Score the probe unless the last ``after_update`` already did (the model has not moved since)."""

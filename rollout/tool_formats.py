@@ -1,0 +1,181 @@
+"""How a policy writes a tool call and how the tool's answer is written back: call formats,
+registered by name (``tools.format``).
+
+A format reads the text of one generation turn (``closed``: does it hold a complete call yet;
+``parse``: the call, or why it is malformed) and writes the tool's output back as text
+(``wrap_output``). Formats are pure text functions: nothing here runs anything.
+
+- ``hermes``: ``<tool_call>{"name": "code_interpreter", "arguments": {"code": "..."}}</tool_call>``
+  (Qwen's and verl's default); the answer comes back as
+  ``<tool_response>...</tool_response>``. Malformed: JSON that does not parse, a name other than
+  the tool's, or no ``code`` string argument.
+- ``tir``: a fenced code block, ````` ```python ... ``` `````, as ReTool and SimpleTIR write it; the
+  output comes back in ``<output>...</output>``. Malformed: an empty block.
+
+Every tag is configurable (``tools.tags``: ``call_open``, ``call_close``, ``output_open``,
+``output_close``), so a model whose tokenizer lacks ``<`` or backticks (the embedded tiny model)
+can still call tools with tags made of its own characters.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from ..core.errors import UserError
+
+__all__ = ["ToolCall", "ToolFormat", "HermesFormat", "TIRFormat", "TOOL_FORMATS", "register_tool_format",
+           "build_tool_format", "middle_cut", "TAG_KEYS"]
+
+TAG_KEYS = ("call_open", "call_close", "output_open", "output_close")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: ``code`` to run, or ``error`` (why the call is malformed; ``code`` is then
+    empty and the error text becomes the tool's output). ``start``: the character offset in the
+    turn's text where the call opens (tokens from there on are the code the policy wrote)."""
+
+    code: str
+    error: str | None
+    start: int
+
+
+def middle_cut(text: str, limit: int) -> str:
+    """``text`` cut to at most about ``limit`` characters by dropping its middle (the head and the
+    tail of an output say most: what started, how it ended), with a note of how much was dropped."""
+    if len(text) <= limit:
+        return text
+    note = f"\n...[{len(text) - limit} characters cut]...\n"
+    head = max(0, (limit - len(note)) // 2)
+    tail = max(0, limit - len(note) - head)
+    return text[:head] + note + (text[-tail:] if tail else "")
+
+
+class ToolFormat:
+    """A call format: the tags, ``closed(text)``, ``parse(text)`` and ``wrap_output(text)``."""
+
+    name = ""
+    defaults: dict[str, str] = {}
+
+    def __init__(self, tags: Mapping[str, str] | None = None, tool_name: str = "code_interpreter"):
+        merged = dict(self.defaults)
+        for key, value in (tags or {}).items():
+            if key not in TAG_KEYS:
+                raise UserError(f"unknown tools.tags key '{key}'; valid: {', '.join(TAG_KEYS)}")
+            if value is None:
+                continue
+            if not isinstance(value, str) or not value:
+                raise UserError(f"tools.tags.{key}={value!r} is not allowed: it must be a non-empty string")
+            merged[key] = value
+        self.tags = merged
+        self.tool_name = tool_name
+
+    @property
+    def stop_strings(self) -> list[str]:
+        """Strings after which a turn may hold a complete call, for engines that stop on strings
+        (vLLM). A closing tag that is part of the opening one (a fence: ```` ``` ```` in
+        ```` ```python ````) is matched at the start of a line, so the opening does not stop."""
+        close = self.tags["call_close"]
+        return ["\n" + close] if close in self.tags["call_open"] else [close]
+
+    def _span(self, text: str) -> tuple[int, int, int] | None:
+        """``(open start, body start, close end)`` of the first complete call in ``text``, or None."""
+        opener, closer = self.tags["call_open"], self.tags["call_close"]
+        start = text.find(opener)
+        if start < 0:
+            return None
+        body = start + len(opener)
+        end = text.find(closer, body)
+        if end < 0:
+            return None
+        return start, body, end + len(closer)
+
+    def closed(self, text: str) -> bool:
+        """True when ``text`` (one turn) holds a complete call: generation stops there."""
+        return self._span(text) is not None
+
+    def parse(self, text: str) -> ToolCall | None:
+        """The first complete call in ``text``, or None when there is none."""
+        span = self._span(text)
+        if span is None:
+            return None
+        start, body, end = span
+        return self._parse_body(text[body: end - len(self.tags["call_close"])], start)
+
+    def _parse_body(self, body: str, start: int) -> ToolCall:
+        raise NotImplementedError
+
+    def wrap_output(self, output: str) -> str:
+        """The tool's output as the text appended to the response (the policy reads it next turn)."""
+        return self.tags["output_open"] + output + self.tags["output_close"]
+
+
+class HermesFormat(ToolFormat):
+    """``<tool_call>{"name": ..., "arguments": {"code": ...}}</tool_call>``."""
+
+    name = "hermes"
+    defaults = {"call_open": "<tool_call>", "call_close": "</tool_call>",
+                "output_open": "\n<tool_response>\n", "output_close": "\n</tool_response>\n"}
+
+    def _parse_body(self, body: str, start: int) -> ToolCall:
+        try:
+            call = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            return ToolCall("", f"invalid tool call JSON: {str(exc)[:200]}", start)
+        if not isinstance(call, dict):
+            return ToolCall("", "invalid tool call: expected a JSON object with name and arguments", start)
+        if call.get("name") != self.tool_name:
+            return ToolCall("", f"unknown tool {str(call.get('name'))[:80]!r}; the only tool is {self.tool_name!r}", start)
+        args = call.get("arguments")
+        if isinstance(args, str):        # some models write the arguments as a JSON string
+            try:
+                args = json.loads(args)
+            except (ValueError, RecursionError):
+                args = None
+        code = args.get("code") if isinstance(args, dict) else None
+        if not isinstance(code, str) or not code.strip():
+            return ToolCall("", "invalid tool call: arguments must hold a non-empty string 'code'", start)
+        return ToolCall(code, None, start)
+
+
+class TIRFormat(ToolFormat):
+    """A fenced code block, output returned in a tag (ReTool / SimpleTIR)."""
+
+    name = "tir"
+    defaults = {"call_open": "```python\n", "call_close": "```",
+                "output_open": "\n<output>\n", "output_close": "\n</output>\n"}
+
+    def _parse_body(self, body: str, start: int) -> ToolCall:
+        if not body.strip():
+            return ToolCall("", "empty code block", start)
+        return ToolCall(body, None, start)
+
+
+#: name -> format class (``tools.format``).
+TOOL_FORMATS: dict[str, Callable[..., ToolFormat]] = {"hermes": HermesFormat, "tir": TIRFormat}
+
+
+def register_tool_format(name: str, cls: Callable[..., ToolFormat] | None = None):
+    """Register a call format under ``name`` (``tools.format=<name>``), directly or as a decorator."""
+    if cls is not None:
+        TOOL_FORMATS[name] = cls
+        return cls
+
+    def deco(c):
+        TOOL_FORMATS[name] = c
+        return c
+    return deco
+
+
+def build_tool_format(tools_cfg) -> ToolFormat:
+    """The format ``tools.format`` with ``tools.tags`` applied; one-line ``UserError`` otherwise."""
+    name = str(tools_cfg.get("format", "hermes"))
+    if name not in TOOL_FORMATS:
+        raise UserError(f"unknown tools.format={name}; valid: {', '.join(sorted(TOOL_FORMATS))}")
+    tags = tools_cfg.get("tags") or {}
+    fmt = TOOL_FORMATS[name](dict(tags), tool_name=str(tools_cfg.get("name", "code_interpreter")))
+    if fmt.tags["call_open"] == fmt.tags["call_close"] and name == "hermes":
+        raise UserError("tools.tags: call_open and call_close must differ for the hermes format")
+    return fmt
