@@ -55,7 +55,8 @@ def test_cli_train_logs_named_metrics_to_mlflow_and_jsonl(in_tmp, fast_train):
         assert key in run.data.metrics, key
     assert [m.step for m in client.get_metric_history(run.info.run_id, "entropy")] == [1, 2, 3, 4]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "curves.png", "summary.json", "metrics.jsonl"} <= artifacts
+    assert {"config.yaml", "curves.png", "quadrants.png", "summary.json", "metrics.jsonl"} <= artifacts
+    assert (run_dir / "quadrants.png").stat().st_size > 5000
 
 
 @pytest.mark.slow
