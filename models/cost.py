@@ -19,6 +19,15 @@ the maximum prompt and response lengths):
   output, the four ``i``-wide MLP tensors): ``(9 h + 4 kv d + 4 i)`` elements, or only the layer input
   ``h`` with checkpointing (plus one layer recomputed); plus the token-statistics chunk
   (``chunk x V`` logits, forward and backward).
+- the verdict: a rank fits when its training memory fits in what the GPU (``--gpu-gb``) leaves
+  beside the vLLM engine (``rollout=vllm``: a share ``rollout.gpu_memory_utilization`` of the GPU,
+  null meaning the engine's own default beside a trainer); the engine holds the full weights in its
+  dtype (one engine per rank, ``tensor_parallel_size`` splitting them) and its KV cache in the rest
+  of its share. Not counted: the CUDA context, allocator fragmentation, Hugging Face ``generate``'s
+  KV cache (``rollout=hf``), a reference model. Step time: training FLOPs at ``mfu``, generation at
+  ``decode_mfu`` (decoding is memory-bound; it defaults to ``mfu`` and is usually far below it).
+- a checkpoint: the float32 weights (``4 N``) and the AdamW moments (``8 N``), every
+  ``trainer.save_every`` steps, ``trainer.keep_checkpoints`` of them kept.
 """
 
 from __future__ import annotations
@@ -32,7 +41,10 @@ from ..conf import cfg_get, compose, to_plain
 from ..core.errors import UserError
 from .tiny import build_tokenizer
 
-__all__ = ["Architecture", "architecture", "parameters", "step_cost", "plan_figures"]
+__all__ = ["Architecture", "architecture", "parameters", "step_cost", "plan_figures", "vllm_share", "verdict"]
+
+# what the vLLM engine takes beside a trainer when rollout.gpu_memory_utilization is null (rollout/vllm_engine.py)
+VLLM_DEFAULT_SHARE = 0.6
 
 ARCH_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "num_key_value_heads", "vocab_size")
@@ -109,6 +121,8 @@ class StepCost:
     generation_flops: float
     memory_gb: dict[str, float]
     step_seconds: float | None
+    train_seconds: float | None = None
+    generation_seconds: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -117,9 +131,9 @@ class StepCost:
 def step_cost(a: Architecture, *, prompts: int, n: int, prompt_len: int, response_len: int, ranks: int,
               micro_rows: int, micro_tokens: int | None, epochs: int, checkpointing: bool, compute_bytes: int,
               chunk: int, fsdp: bool, ref_model: bool, mfu: float | None = None,
-              peak_flops: float | None = None) -> StepCost:
+              peak_flops: float | None = None, decode_mfu: float | None = None) -> StepCost:
     """The cost of one training step; memory per rank in GB (1e9 bytes), time at ``mfu`` of
-    ``ranks x peak_flops``."""
+    ``ranks x peak_flops`` for the training FLOPs and ``decode_mfu`` (default ``mfu``) for generation."""
     p = parameters(a)
     n_body = p["non_embedding"]
     seqs, s = prompts * n, prompt_len + response_len
@@ -144,18 +158,46 @@ def step_cost(a: Architecture, *, prompts: int, n: int, prompt_len: int, respons
               "activations": full / gb, "activations_checkpointed": ckpt / gb}
     states = (weights + grads + optimizer) / gb
     memory["total"] = states + (ckpt if checkpointing else full) / gb
-    seconds = None
+    seconds = train_s = gen_s = None
     if mfu and peak_flops:
-        seconds = (train + gen) / (mfu * peak_flops * ranks)
+        train_s = train / (mfu * peak_flops * ranks)
+        gen_s = gen / ((decode_mfu or mfu) * peak_flops * ranks)
+        seconds = train_s + gen_s
     return StepCost(p["total"], seqs, tokens, generated, float(train), float(gen),
-                    {k: round(v, 4) for k, v in memory.items()}, seconds)
+                    {k: round(v, 4) for k, v in memory.items()}, seconds, train_s, gen_s)
+
+
+def vllm_share(a: Architecture, *, share: float, gpu_gb: float, weight_bytes: int, tensor_parallel: int,
+               seq_len: int) -> dict:
+    """The vLLM engine's part of one GPU: ``share x gpu_gb`` GB, of which the weights (``weight_bytes``
+    a parameter, split over ``tensor_parallel`` GPUs) and the KV cache the rest; how many tokens and
+    full-length sequences (``seq_len``) that cache holds, and whether the weights fit at all. Pure."""
+    gb = share * gpu_gb
+    weights = weight_bytes * parameters(a)["total"] / tensor_parallel / 1e9
+    kv_per_token = 2 * a.num_hidden_layers * a.num_key_value_heads * a.head_dim * weight_bytes / tensor_parallel
+    kv_gb = max(gb - weights, 0.0)
+    tokens = int(kv_gb * 1e9 / kv_per_token)
+    return {"share": share, "gb": round(gb, 3), "weights_gb": round(weights, 3), "kv_cache_gb": round(kv_gb, 3),
+            "kv_cache_tokens": tokens, "sequences_at_max_len": tokens // max(seq_len, 1), "fits": tokens >= seq_len}
+
+
+def verdict(train_gb: float, gpu_gb: float, engine: dict | None) -> dict:
+    """Per rank: the trainer's budget (the GPU less the engine's share), whether its memory fits there
+    and whether the engine fits its share; ``fits`` only when both do. Pure."""
+    budget = gpu_gb - (engine["gb"] if engine else 0.0)
+    trainer_fits = train_gb <= budget
+    return {"gpu_gb": gpu_gb, "trainer_budget_gb": round(budget, 3), "trainer_gb": round(train_gb, 3),
+            "trainer_fits": trainer_fits, "engine_fits": engine["fits"] if engine else None,
+            "fits": trainer_fits and (engine is None or engine["fits"])}
 
 
 def plan_figures(overrides: list[str], *, ranks: int, mfu: float, peak_tflops: float,
-                 prompt_len: int | None) -> dict:
-    """The cost table of ``entropyrl train <overrides>`` on ``ranks`` ranks, as a dict."""
-    if ranks < 1 or not 0 < mfu <= 1 or peak_tflops <= 0:
-        raise UserError("entropyrl plan: need --ranks >= 1, 0 < --mfu <= 1 and --peak-tflops > 0")
+                 prompt_len: int | None, gpu_gb: float = 80.0, decode_mfu: float | None = None) -> dict:
+    """The cost table of ``entropyrl train <overrides>`` on ``ranks`` ranks, as a dict, with the
+    per-rank verdict against ``gpu_gb`` GB GPUs and the assumptions it rests on."""
+    if ranks < 1 or not 0 < mfu <= 1 or peak_tflops <= 0 or gpu_gb <= 0 or not 0 < (decode_mfu or mfu) <= 1:
+        raise UserError("entropyrl plan: need --ranks >= 1, 0 < --mfu <= 1, 0 < --decode-mfu <= 1, "
+                        "--peak-tflops > 0 and --gpu-gb > 0")
     cfg = compose("train", overrides)
     t = cfg.trainer
     arch = architecture(cfg.model)
@@ -166,7 +208,37 @@ def plan_figures(overrides: list[str], *, ranks: int, mfu: float, peak_tflops: f
                      micro_rows=int(t.micro_batch_responses), micro_tokens=t.get("micro_batch_tokens"),
                      epochs=int(t.ppo_epochs), checkpointing=bool(t.gradient_checkpointing),
                      compute_bytes=2 if t.dtype == "bfloat16" else 4, chunk=int(t.token_chunk_size), fsdp=fsdp,
-                     ref_model=float(cfg.algo.get("kl_coef", 0) or 0) > 0, mfu=mfu, peak_flops=peak_tflops * 1e12)
+                     ref_model=float(cfg.algo.get("kl_coef", 0) or 0) > 0, mfu=mfu, peak_flops=peak_tflops * 1e12,
+                     decode_mfu=decode_mfu)
+    engine = None
+    engine_dtype = str(cfg_get(cfg.rollout, "dtype", None) or t.dtype)   # null: the trainer's dtype
+    if str(cfg_get(cfg.rollout, "name", "hf")) == "vllm":
+        share = cfg_get(cfg.rollout, "gpu_memory_utilization", None)
+        engine = vllm_share(arch, share=float(VLLM_DEFAULT_SHARE if share is None else share), gpu_gb=gpu_gb,
+                            weight_bytes=4 if engine_dtype == "float32" else 2,
+                            tensor_parallel=int(cfg_get(cfg.rollout, "tensor_parallel_size", 1) or 1),
+                            seq_len=prompt + int(cfg.rollout.max_new_tokens))
+        engine["source"] = ("rollout.gpu_memory_utilization" if share is not None
+                            else f"rollout.gpu_memory_utilization=null: the engine's {VLLM_DEFAULT_SHARE} beside a trainer")
+    ckpt_gb = 12 * cost.parameters / 1e9
+    keep, every = int(t.get("keep_checkpoints", 2) or 0), int(t.get("save_every", 0) or 0)
+    decode = decode_mfu or mfu
+    assumptions = [
+        f"training FLOPs at MFU {mfu:.0%} of {peak_tflops:g} TFLOP/s per rank (--mfu, --peak-tflops)",
+        f"generation at MFU {decode:.0%} (--decode-mfu): decoding is memory-bound and usually runs far below "
+        f"the training MFU, so this part of the step time is a lower bound unless --decode-mfu says otherwise",
+        f"{gpu_gb:g} GB per GPU (--gpu-gb); every sequence at the maximum prompt and response length",
+        "not counted: CUDA context, allocator fragmentation, Hugging Face generate's KV cache, a reference model",
+    ]
+    if engine:
+        assumptions.append(f"one vLLM engine per rank holding the full weights in {engine_dtype} (split over "
+                           f"rollout.tensor_parallel_size GPUs), its KV cache in the rest of its {engine['share']:.0%} "
+                           f"share ({engine['source']})")
     return {"model": str(cfg.model.name), "architecture": arch.source, "ranks": ranks, "mfu": mfu,
-            "peak_tflops_per_rank": peak_tflops, "prompt_len": prompt, "response_len": int(cfg.rollout.max_new_tokens),
-            "fsdp": fsdp, "gradient_checkpointing": bool(t.gradient_checkpointing), **cost.to_dict()}
+            "decode_mfu": decode, "peak_tflops_per_rank": peak_tflops, "prompt_len": prompt,
+            "response_len": int(cfg.rollout.max_new_tokens),
+            "fsdp": fsdp, "gradient_checkpointing": bool(t.gradient_checkpointing), **cost.to_dict(),
+            "vllm": engine, "verdict": verdict(cost.memory_gb["total"], gpu_gb, engine),
+            "checkpoint": {"gb": round(ckpt_gb, 3), "save_every": every, "keep": keep,
+                           "disk_gb": round(ckpt_gb * max(keep, 1), 3)},
+            "assumptions": assumptions}

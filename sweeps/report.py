@@ -7,7 +7,11 @@ mean and std over seeds), ``runs.csv`` (one row per job), ``plots/{entropy,rewar
 val_accuracy}.png`` (mean line and min-max band over seeds, per variant). Only finished jobs count.
 Each variant also shows its runs' regime warnings and entropy flags (``summary.json`` ``warnings`` and
 ``flags``, trainers/run/regime.py), formatted as in the lab report. The bands come from
-``aggregate.seed_band`` (a step counts the seeds that logged it), as the lab's figures do.
+``aggregate.seed_band`` (a step counts the seeds that logged it), as the lab's figures do. The
+entropy plot draws ``report.entropy_threshold`` as the line named ``h_tgt`` (STARE's set point, which it
+defaults to). Each variant says how often its interventions acted (``acted``): per intervention whose
+``acted_key`` metric the runs logged (STARE's ``stare/gate_on``, a selection rule's token share), its
+mean over steps and seeds, read from the metrics alone, so any intervention is covered.
 
 An ablation may name a ``report_step`` (``REPORT_STEPS``; the lab's: ``lab``) that runs after this
 report over the same folder; its own ``report.md`` then takes that name and this report is kept as
@@ -28,6 +32,7 @@ from ..core.errors import UserError
 from ..core.files import atomic_path, atomic_write_text
 from ..core.registry import Registry, unknown_choice
 from ..core.tracking import TrackingStore, check_reachable
+from ..trainers.interventions import INTERVENTIONS
 from ..trainers.run.plots import mean_by_step, plot_attribution, save_figure
 from ..trainers.run.regime import findings_cell
 from . import aggregate as agg
@@ -105,7 +110,7 @@ def _plot(curves: dict[str, list], key: str, label: str, path: Path, title: str,
         plt.close(fig)
         return None
     if threshold is not None:
-        ax.axhline(threshold, color="grey", ls="--", lw=1, label=f"threshold {threshold:g}")
+        ax.axhline(threshold, color="grey", ls="--", lw=1, label=f"h_tgt = {threshold:g}")
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -116,6 +121,25 @@ def _plot(curves: dict[str, list], key: str, label: str, path: Path, title: str,
     ax.legend(fontsize=7)
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+def acted(runs: list[list[dict]]) -> dict[str, float]:
+    """``{metric: mean}``: for every registered intervention whose ``acted_key`` metric appears in
+    ``runs`` (each a seed's metric rows), its mean over all logged steps of all seeds: how often a
+    gate was open, or the share of tokens a rule selected. ``{}`` when none acted or logged. Pure."""
+    keys = sorted({k for cls in INTERVENTIONS.values() if (k := cls.acted_key()) is not None})
+    out: dict[str, float] = {}
+    for key in keys:
+        vals = [float(r[key]) for rows in runs for r in rows
+                if isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))]
+        if vals:
+            out[key] = sum(vals) / len(vals)
+    return out
+
+
+def acted_cell(values: dict[str, float]) -> str:
+    """The report's cell for ``acted``: ``"stare/gate_on 0.23"``; ``-`` when no intervention logged."""
+    return "; ".join(f"{k} {v:.2f}" for k, v in values.items()) or "-"
 
 
 def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str], None] = print) -> dict:
@@ -155,7 +179,8 @@ def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str
     variants = {v: {"summary": agg.variant_summary(runs) if runs else {},
                     "done": len(runs), "total": sum(1 for s in statuses if s.variant == v),
                     "warnings": findings_cell(findings[v]["warnings"]) if runs else "-",
-                    "flags": findings_cell(findings[v]["flags"]) if runs else "-"}
+                    "flags": findings_cell(findings[v]["flags"]) if runs else "-",
+                    "acted": acted(curves[v])}
                 for v, runs in per_variant.items()}
     counts = {s: sum(1 for st in statuses if st.state == s) for s in (DONE, RUNNING, PENDING, FAILED)}
 
@@ -184,6 +209,7 @@ def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str
         fsb = s.get("first_step_below", {})
         row["first_step_below_mean"], row["first_step_below_crossed"] = fsb.get("mean"), fsb.get("crossed")
         row["warnings"], row["flags"] = variants[v]["warnings"], variants[v]["flags"]
+        row["acted"] = acted_cell(variants[v]["acted"])
         comp_rows.append(row)
     _write_csv(sweep_dir / "comparison.csv", comp_rows, list(comp_rows[0]) if comp_rows else ["variant"])
 
@@ -276,17 +302,20 @@ def _markdown(sweep, sweep_dir, order, variants, statuses, job_rows, plots, thre
         lines.append(f"- every job: `{' '.join([*sweep.get('budget', []), *sweep.get('train_overrides', [])])}`")
     lines += ["", "## Comparison (finished seeds; mean ± std over seeds)", ""]
     header = (["variant", "seeds"] + [c[1].format(tail=tail_txt) for c in COLUMNS]
-              + [f"first step H < {threshold:g}", "warnings", "flags"])
+              + [f"first step H < {threshold:g}", "acted", "warnings", "flags"])
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for v in order:
         s = variants[v]["summary"]
         cells = [f"`{v}`", f"{variants[v]['done']}/{variants[v]['total']}"]
         cells += [_pm(s.get(f, {}), d) for f, _, d in COLUMNS]
-        cells += [_first_below(s.get("first_step_below", {})), variants[v]["warnings"], variants[v]["flags"]]
+        cells += [_first_below(s.get("first_step_below", {})), acted_cell(variants[v]["acted"]),
+                  variants[v]["warnings"], variants[v]["flags"]]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Entropy AUC: trapezoid area under the entropy curve over steps (nats x steps). "
                   f"First step H < {threshold:g}: mean over the seeds whose entropy fell below it "
-                  f"(how many of them did). Warnings (an intervention that cannot act in this regime) and "
+                  f"(how many of them did). Acted: how often each intervention acted, the mean over steps and "
+                  f"seeds of the metric it names (`stare/gate_on`: the share of steps STARE's gate was open; a "
+                  f"`/frac` metric: the share of tokens a rule selected). Warnings (an intervention that cannot act in this regime) and "
                   f"flags (entropy collapse < 0.2x / explosion > 3x its first tenth), from each run's "
                   f"summary.json: `id@first step` per seed.", ""]
     if plots:
@@ -325,6 +354,8 @@ def _log_to_parent(sweep: dict, sweep_dir: Path, result: dict, log: Callable[[st
             for field, stats in info["summary"].items():
                 if stats.get("n"):
                     metrics[metric_key(f"{v}/{field}")] = stats["mean"]
+            for key, value in info.get("acted", {}).items():
+                metrics[metric_key(f"{v}/acted/{key}")] = value
         metrics.update(result.get("step_metrics") or {})
         store.log_metrics(run_id, metrics)
         counts = result["counts"]

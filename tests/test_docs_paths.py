@@ -16,7 +16,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-EXTENSIONS = ("py", "md", "yaml", "yml", "json", "jsonl", "png", "sh", "toml", "txt", "parquet", "cfg")
+EXTENSIONS = ("py", "md", "yaml", "yml", "json", "jsonl", "png", "sh", "sbatch", "toml", "txt", "parquet", "cfg")
 SOURCES = ["README.md", "CONTRIBUTING.md", "docs/*.md", "examples/*", "*.py", "*.yaml", "Makefile", ".ci/run",
            "pyproject.toml"]
 METRIC_NAMESPACES = ("rollout/",)   # folders whose name is also a metric prefix

@@ -36,11 +36,11 @@ def synthetic_runs(seeds=(0, 1, 2)):
     h_tgt = 0.5
     wiggle = lambda i: 0.01 * (-1) ** i  # noqa: E731
     runs = {
-        "grpo": {s: rows(entropy=decay(0.05), **{"val/pass@8": 0.4}) for s in seeds},
+        "grpo": {s: rows(entropy=decay(0.05), **{"val/pass_at_8": 0.4}) for s in seeds},
         # STARE: falls to the target, gate open exactly below it, holds there
         "stare": {s: rows(entropy=lambda i: max(0.5 + wiggle(i), 1.0 - 0.05 * i),
                           **{"stare/gate_on": lambda i: float(max(0.5 + 0.01 * (-1) ** i, 1.0 - 0.05 * i) < 0.5),
-                             "val/pass@8": 0.6}) for s in seeds},
+                             "val/pass_at_8": 0.6}) for s in seeds},
         "steer": {s: rows(entropy=decay(0.02), **{"entropy_change/realized": lambda i: -0.01}) for s in seeds},
         "clip_cov": {s: rows(entropy=decay(0.01)) for s in seeds},
         "kl_cov": {s: rows(entropy=decay(0.06)) for s in seeds},            # ends below GRPO: not reproduced
@@ -122,7 +122,7 @@ def test_report_files(tmp_path):
     runs, h_tgt = synthetic_runs(seeds=(0, 1))
     claims = compute_claims(runs, h_tgt=h_tgt)
     paths = write_lab_outputs(tmp_path, runs, claims, algo_cfgs={}, quadrants={0: {"q1": [-1e-3]}},
-                              pass_key="val/pass@8", command="entropyrl lab", wall_seconds=60.0, failed=[])
+                              pass_key="val/pass_at_8", command="entropyrl lab", wall_seconds=60.0, failed=[])
     doc = json.loads((tmp_path / "lab.json").read_text())
     assert [c["id"] for c in doc["claims"]] == [c["id"] for c in claims]
     assert {"id", "claim", "measured", "reproduced", "per_seed"} <= set(doc["claims"][0])

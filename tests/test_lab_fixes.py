@@ -66,6 +66,9 @@ def test_clip_fractions_split(batch, case):
     for key in ("ratio_frac", "dual_frac", "frac"):
         assert math.isclose(m[f"clip/{key}"], g[key], abs_tol=1e-12), key
     assert math.isclose(m["clip/ratio_frac"] + m["clip/dual_frac"], m["clip/frac"], abs_tol=1e-12)
+    # the update's entropy has its own name beside the run's headline `entropy` (docs/training.md)
+    mean = float((batch["entropy"] * batch["mask"]).sum() / batch["mask"].sum())
+    assert math.isclose(m["entropy/update"], mean, rel_tol=1e-9) and "entropy/mean" not in m
 
 
 @pytest.mark.parametrize("source", ["old", "current"])

@@ -97,7 +97,7 @@ def test_every_method_has_a_status_in_lab_json_and_report(tmp_path):
     runs = {"grpo": {0: rows(falling)}, "stare": {0: rows(held)},
             **{m: {0: rows(held if i % 2 else falling, **ACTING)} for i, m in enumerate(methods)}}
     claims = method_claims(runs, {})
-    write_lab_outputs(tmp_path, runs, claims, algo_cfgs={}, quadrants=None, pass_key="val/pass@8",
+    write_lab_outputs(tmp_path, runs, claims, algo_cfgs={}, quadrants=None, pass_key="val/pass_at_8",
                       command="entropyrl lab --algos all", wall_seconds=1.0, failed=[])
     doc = {c["id"]: c for c in json.loads((tmp_path / "lab.json").read_text())["claims"]}
     named = {cid.rsplit("_keeps_entropy", 1)[0].rsplit("_no_claim", 1)[0].rsplit("_holds_target", 1)[0] for cid in doc}

@@ -112,3 +112,43 @@ def test_memory_figure_matches_the_measured_cpu_peak_of_a_small_shape():
 if __name__ == "__main__":
     if sys.argv[1] == "measure":
         _measure()
+
+
+def test_verdict_per_rank_counts_the_vllm_engines_share():
+    from entropyrl.models.cost import Architecture, parameters, vllm_share
+
+    a = Architecture(**ARCH)
+    e = vllm_share(a, share=0.5, gpu_gb=10.0, weight_bytes=2, tensor_parallel=1, seq_len=256)
+    assert e["gb"] == 5.0 and e["weights_gb"] == pytest.approx(2 * parameters(a)["total"] / 1e9, abs=1e-3)
+    kv_per_token = 2 * 4 * 2 * 64 * 2                 # k and v, layers, kv heads, head width, bf16
+    assert e["kv_cache_tokens"] == int((5.0 - 2 * parameters(a)["total"] / 1e9) * 1e9 / kv_per_token)
+    assert e["fits"] and not vllm_share(a, share=1e-4, gpu_gb=10.0, weight_bytes=2, tensor_parallel=1, seq_len=256)["fits"]
+
+    from entropyrl.models.cost import plan_figures
+
+    def plan(*overrides, ranks=8, gpu_gb=80.0):
+        return plan_figures(["experiment=stare_7b_short_cot", *overrides], ranks=ranks, mfu=0.4, peak_tflops=989.0,
+                            prompt_len=None, gpu_gb=gpu_gb, decode_mfu=0.05)
+    eight = plan()
+    assert eight["vllm"]["share"] == 0.6 and eight["vllm"]["gb"] == pytest.approx(48.0)   # the preset's share
+    v = eight["verdict"]
+    assert v["trainer_budget_gb"] == pytest.approx(32.0) and v["trainer_gb"] == pytest.approx(eight["memory_gb"]["total"], abs=1e-3)
+    assert v["fits"] is (eight["memory_gb"]["total"] <= 32.0) is True
+    assert not plan(ranks=1)["verdict"]["fits"]                                         # 12 bytes a parameter on one GPU
+    assert not plan("rollout.gpu_memory_utilization=0.9")["verdict"]["trainer_fits"]    # the engine leaves 8 GB
+    assert plan(gpu_gb=141.0)["verdict"]["trainer_budget_gb"] == pytest.approx(141.0 * 0.4)
+    # decoding at its own MFU; the checkpoint at 12 bytes a parameter, as often and as many as the preset says
+    assert eight["generation_seconds"] == pytest.approx(eight["generation_flops"] / (0.05 * 989e12 * 8))
+    assert eight["checkpoint"]["gb"] == pytest.approx(12 * eight["parameters"] / 1e9, rel=1e-3)
+    assert any("decoding is memory-bound" in a for a in eight["assumptions"])
+    assert plan("rollout=hf")["vllm"] is None
+
+
+def test_plan_prints_the_verdict_the_engine_and_the_assumptions():
+    out = subprocess.run([*CLI, "plan", "experiment=stare_7b_short_cot", "--ranks", "1"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    verdict = next(line for line in out.stdout.splitlines() if line.startswith("verdict per rank (1 x 80 GB GPU)"))
+    assert "DOES NOT FIT: trainer" in verdict and "of the 32.0 GB left beside the vLLM engine" in verdict
+    assert "vLLM engine per rank" in out.stdout and "60% of 80 GB = 48.0 GB" in out.stdout
+    assert "to fit: more ranks" in out.stdout and "assumptions:" in out.stdout and "--decode-mfu" in out.stdout

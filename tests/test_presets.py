@@ -150,3 +150,13 @@ def test_missing_dataset_offline_is_one_actionable_error(tmp_path, monkeypatch):
     cfg = compose("train", ["data=dapo_math_17k", f"data.data_root={tmp_path}"])
     with pytest.raises(UserError, match="ENTROPYRL_DATA"):
         build_prompt_source(cfg.data, seed=0)
+
+
+@pytest.mark.parametrize("name", [e for e in EXPERIMENTS if "7b" in e])
+def test_7b_presets_state_a_checkpoint_cadence_and_size(name):
+    """A 7B checkpoint (float32 weights + AdamW moments) is tens of GB: the presets save every 50 steps,
+    keep the last two, and say how large they are where they set it."""
+    cfg = compose("train", [f"experiment={name}"])
+    assert cfg.trainer.save_every == 50 and cfg.trainer.keep_checkpoints == 2
+    text = (CONF_DIR / "experiment" / f"{name}.yaml").read_text()
+    assert re.search(r"save_every: 50 .*~\d+ GB", text) and re.search(r"keep_checkpoints: 2 .*GB on disk", text)

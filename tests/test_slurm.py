@@ -296,3 +296,28 @@ def test_one_node_two_task_sweep_job_matches_one_process(slurm_cluster, warm_mod
     summary = _check_multi_rank_job(tmp_path, ["launcher.tasks_per_node=2"])
     assert len(summary["nodes"]) == 2 and len(set(summary["nodes"])) == 1
     assert summary["nodes"][0] not in ("n1", "n2")                   # partition debug's node
+
+
+def test_the_sbatch_template_trains_a_run_on_slurm(slurm_cluster, warm_model, tmp_path):
+    """examples/slurm/train.sbatch as a user submits it: the test cluster has no GPUs and two cores,
+    so the GPU line goes and the task/CPU/memory sizes are given on the sbatch command line."""
+    template = (HERE.parent / "examples" / "slurm" / "train.sbatch").read_text()
+    assert "#SBATCH --gpus-per-node=8\n" in template
+    script = tmp_path / "train.sbatch"
+    script.write_text(template.replace("#SBATCH --gpus-per-node=8\n", ""))
+    run_dir, log = tmp_path / "run", tmp_path / "job.out"
+    train = [a.removeprefix("train.") for a in TINY] + [f"output_dir={run_dir}", "tracking.enabled=false"]
+    out = subprocess.run(["sbatch", "--parsable", "--partition=debug", "--ntasks-per-node=1", "--cpus-per-task=1",
+                          "--mem=2G", "--time=20", f"--output={log}", str(script), *train],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                         env={**os.environ, "ENTROPYRL_PYTHON": sys.executable})
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.strip().split(";")[0]
+    deadline = time.time() + 600
+    while (state := squeue_state(job_id)) in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+        assert time.time() < deadline, f"job {job_id} did not end: {log.read_text()[-2000:] if log.exists() else ''}"
+        time.sleep(1)
+    assert state in ("COMPLETED", ""), (state, log.read_text()[-3000:] if log.exists() else "")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "FINISHED" and summary["steps"] == 3
+    assert f"entropyrl-train: job {job_id}" in log.read_text()

@@ -122,11 +122,14 @@ def test_split_overrides():
 # ---------------------------------------------------------------------------------------------
 # aggregation math
 # ---------------------------------------------------------------------------------------------
-def write_metrics(path: Path, entropy: list[float], val: dict[int, float] | None = None, extra_line: str = "") -> None:
+def write_metrics(path: Path, entropy: list[float], val: dict[int, float] | None = None, extra_line: str = "",
+                  gate: list[float] | None = None) -> None:
     path.mkdir(parents=True, exist_ok=True)
     lines = []
     for i, h in enumerate(entropy, start=1):
         row = {"step": i, "entropy": h, "reward/mean": 0.1 * i, "acc/mean": 0.05 * i}
+        if gate is not None:
+            row["stare/gate_on"] = gate[i - 1]
         if val and i in val:
             row["val/acc"] = val[i]
         lines.append(json.dumps(row))
@@ -186,8 +189,9 @@ def make_synthetic_sweep(root: Path) -> Path:
                     "launcher": {"name": "local"}, "tracking": {"enabled": False},
                     "report": {"entropy_threshold": 0.3, "tail_frac": 0.4}, "jobs": jobs})
     runs = sw / "runs"
-    write_metrics(runs / "v1" / "s0", [1.0, 0.8, 0.5, 0.2, 0.1], {5: 0.5})
-    write_metrics(runs / "v1" / "s1", [1.0, 0.9, 0.6, 0.4, 0.26], {5: 0.7})
+    # v1 is gated STARE: its gate open on 3 of 5 steps in seed 0, 2 of 5 in seed 1
+    write_metrics(runs / "v1" / "s0", [1.0, 0.8, 0.5, 0.2, 0.1], {5: 0.5}, gate=[0, 0, 1, 1, 1])
+    write_metrics(runs / "v1" / "s1", [1.0, 0.9, 0.6, 0.4, 0.26], {5: 0.7}, gate=[0, 0, 0, 1, 1])
     for seed in (0, 1):
         (runs / "v1" / f"s{seed}" / "job.json").write_text(json.dumps({"state": "done", "steps": 5, "attempt": 1}))
     # what the runs' regime checks wrote (trainers/run/regime.py): both seeds collapsed, one had a warning
@@ -227,9 +231,10 @@ def test_status_and_report_rebuild_from_files(tmp_path):
     md = (sw / "report.md").read_text()
     v1 = next(line for line in md.splitlines() if line.startswith("| `v1`"))
     cells = [c.strip() for c in v1.strip("|").split("|")]
-    # seeds, final val acc, entropy last 40% mean, min, AUC, first step below 0.3, warnings, flags
+    # seeds, final val acc, entropy last 40% mean, min, AUC, first step below 0.3, acted, warnings, flags
     assert cells[1:] == ["2/2", "0.600 ± 0.100", "0.240 ± 0.090", "0.180 ± 0.080", "2.29 ± 0.24", "4.5 (2/2)",
-                         "kl_cov_on_policy@1 (1/2 seeds)", "collapse@4/5"]
+                         "stare/gate_on 0.50", "kl_cov_on_policy@1 (1/2 seeds)", "collapse@4/5"]
+    assert "| acted |" in md and "the share of steps STARE's gate was open" in md
     assert "| `v1/s0` | done | 5 | 0.500 | 2.05 | kl_cov_on_policy@1 | collapse@4 |" in md
     assert "| `v2` | 0/2 | - |" in md
     assert "`v2/s0`: RuntimeError: boom" in md and str(sw / "runs" / "v2" / "s0" / "train.log") in md
@@ -239,8 +244,10 @@ def test_status_and_report_rebuild_from_files(tmp_path):
     assert rep["variants"]["v1"]["summary"]["entropy_auc"]["mean"] == pytest.approx((2.05 + 2.53) / 2)
     comparison = (sw / "comparison.csv").read_text().splitlines()
     assert comparison[0].startswith("variant,seeds_done,seeds_total,final_val_acc_mean")
-    assert comparison[1].startswith("v1,2,2,0.6") and comparison[1].endswith("kl_cov_on_policy@1 (1/2 seeds),collapse@4/5")
+    assert comparison[1].startswith("v1,2,2,0.6") and comparison[1].endswith(
+        "kl_cov_on_policy@1 (1/2 seeds),collapse@4/5,stare/gate_on 0.50")
     assert rep["jobs"][0]["flags"] == "collapse@4"
+    assert rep["variants"]["v1"]["acted"] == {"stare/gate_on": pytest.approx(0.5)}
 
     # the report follows the files: v2/s1 finishes, the rebuild counts it
     write_metrics(sw / "runs" / "v2" / "s1", [1.0, 0.9, 0.8, 0.7, 0.6], {5: 0.2})

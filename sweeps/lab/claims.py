@@ -105,7 +105,7 @@ def _seeds(runs: dict, *variants: str) -> list:
 
 def compute_claims(runs: dict[str, dict[int, list[dict]]], *, h_tgt: float,
                    algo_cfgs: dict[str, dict] | None = None, quadrants: dict | None = None,
-                   pass_key: str = "val/pass@8") -> list[dict]:
+                   pass_key: str = "val/pass_at_8") -> list[dict]:
     """The claim table (see module docstring). ``quadrants``: ``{seed: {"q1": [changes], ...}}`` of
     the quadrant sign experiment, or None."""
     algo_cfgs = algo_cfgs or {}

@@ -86,7 +86,7 @@ def variant_table(runs: dict, algo_cfgs: dict, pass_key: str) -> list[dict]:
             "entropy_first_tenth": [entropy_ends(r)[0] for r in rows_list],
             "entropy_last_tenth": [entropy_ends(r)[1] for r in rows_list],
             "val_acc": [final_value(r, "val/acc") for r in rows_list],
-            "pass@1": [final_value(r, "val/pass@1") for r in rows_list],
+            "pass@1": [final_value(r, "val/pass_at_1") for r in rows_list],
             pass_key.split("/")[-1]: [final_value(r, pass_key) for r in rows_list],
             "pred_r_detrended": [f.get("pearson_r_detrended", float("nan")) for f in fits],
             "attribution": variant_attribution(by_seed),   # predicted_net's fit and the parts (explain.py)
@@ -189,7 +189,7 @@ def write_lab_outputs(out: Path, runs: dict, claims: list[dict], *, algo_cfgs: d
     main = [v for v in runs if not v.endswith("_extreme")]
     paths = {}
     for name, key, label, variants in (("entropy", "entropy", "policy entropy (nats/token)", main),
-                                       ("pass1", "val/pass@1", "validation pass@1", main),
+                                       ("pass1", "val/pass_at_1", "validation pass@1", main),
                                        ("passk", pass_key, f"validation {pass_key.split('/')[-1]}", main),
                                        ("extreme", "entropy", "entropy, stress test (clip 0.99/5, many updates per step)",
                                         [v for v in runs if v.endswith("_extreme")])):

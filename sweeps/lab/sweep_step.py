@@ -74,7 +74,7 @@ def lab_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[
     stare = configs.get("stare") or to_plain(compose("train", ["experiment=lab_stare", *every_job]))
     h_tgt = float(stare["algo"]["stare"]["h_tgt"])
     any_cfg = next(iter(configs.values()), None) or to_plain(compose("train", ["experiment=lab_grpo", *every_job]))
-    pass_key = f"val/pass@{int(any_cfg['val']['pass_k'])}"
+    pass_key = f"val/pass_at_{int(any_cfg['val']['pass_k'])}"   # metrics.jsonl's name (core/tracking.py)
     claims = compute_claims(runs, h_tgt=h_tgt, algo_cfgs=algo_cfgs, quadrants=quadrants or None, pass_key=pass_key)
     claims += method_claims(runs, algo_cfgs)   # the newer methods, where their runs are present
     claims = explain_claims(claims, runs)      # why entropy moved, from the runs' attribution

@@ -364,7 +364,9 @@ class Algorithm:
                 # on the improving side) and dual clip (A < 0, rho > c)
                 "clip/ratio_frac": float(core_algos.masked_mean((ctx.clipped & ~dual).to(logp.dtype), mask).item()),
                 "clip/dual_frac": float(core_algos.masked_mean(dual.to(logp.dtype), mask).item()),
-                "entropy/mean": float(core_algos.masked_mean(entropy.detach(), mask).item()),
+                # the policy being updated, on this micro-batch (after the step's earlier mini-batch
+                # updates); the run's headline ``entropy`` is the sampling batch before any update
+                "entropy/update": float(core_algos.masked_mean(entropy.detach(), mask).item()),
             }
         for term_name, term in ctx.extra_terms.items():
             total = total + term

@@ -134,6 +134,16 @@ class Intervention:
     #: The metrics it logs each step it runs (what it selected, its weights or coefficient), under
     #: stable names (docs/algorithms.md §5); the end-to-end tests check every one appears.
     logged_metrics: ClassVar[tuple[str, ...]] = ()
+    #: The logged metric whose mean over steps says how often (a 0/1 gate) or on how much (a token
+    #: share) it acted, for the sweep report's "acted" column; None means the first of ``logged_metrics``.
+    acted_metric: ClassVar[str | None] = None
+    #: The parameter that is its entropy set point in nats (STARE's ``h_tgt``), drawn on ``curves.png``; None: none.
+    target_param: ClassVar[str | None] = None
+
+    @classmethod
+    def acted_key(cls) -> str | None:
+        """The metric the reports read as "how often it acted" (``acted_metric`` or the first logged one)."""
+        return cls.acted_metric or (cls.logged_metrics[0] if cls.logged_metrics else None)
 
     @dataclass
     class Params:

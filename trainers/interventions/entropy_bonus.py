@@ -57,6 +57,7 @@ class EntropyBonus(_EntropyTerm):
 @register_intervention("adaptive_entropy")
 class AdaptiveEntropy(_EntropyTerm):
     logged_metrics = ("entropy_bonus/coef",)
+    target_param = "target"
 
     @dataclass
     class Params:

@@ -28,6 +28,8 @@ VARIANTS = ("O1", "C2")
 @register_intervention("stare")
 class Stare(Intervention):
     logged_metrics = ("stare/gate_on", "stare/w", "stare/m", "stare/l_plus_frac", "stare/l_minus_frac")
+    acted_metric = "stare/gate_on"       # the share of steps its gate was open
+    target_param = "h_tgt"
 
     @classmethod
     def regime_warnings(cls, series, params: dict) -> list[dict]:

@@ -15,23 +15,78 @@ import matplotlib.pyplot as plt  # noqa: E402
 PANELS = [("entropy", "policy entropy (nats/token)"), ("reward/mean", "reward"), ("acc/mean", "accuracy")]
 
 
-def plot_training_curves(rows: list[dict], path: Path, title: str = "") -> Path:
-    """Entropy, reward and accuracy against step (validation accuracy over the accuracy panel)."""
+def gate_spans(rows: list[dict], key: str = "stare/gate_on") -> list[tuple[float, float]]:
+    """The step ranges where the 0/1 metric ``key`` was on (a gate open), each ``(first - 0.5, last
+    + 0.5)`` so a one-step opening is a visible band; ``[]`` when the run never logged ``key``. Pure."""
+    spans: list[tuple[float, float]] = []
+    start = last = None
+    for r in rows:
+        v = r.get(key)
+        if v is None:
+            continue
+        on = float(v) > 0.5
+        if on and start is None:
+            start = r["step"]
+        elif not on and start is not None:
+            spans.append((start - 0.5, last + 0.5))
+            start = None
+        last = r["step"]
+    if start is not None:
+        spans.append((start - 0.5, last + 0.5))
+    return spans
+
+
+def plot_training_curves(rows: list[dict], path: Path, title: str = "", *, target: tuple[str, float] | None = None,
+                         collapse_step: int | None = None, gate_key: str = "stare/gate_on") -> Path:
+    """Entropy, reward and accuracy against step (validation accuracy over the accuracy panel), with
+    the intervention drawn in: ``target`` ``(label, nats)`` as a dashed line on the entropy panel
+    (STARE's ``h_tgt``, adaptive entropy's ``target``), shading on every panel where the ``gate_key``
+    metric was on (STARE's gate open), and a dotted vertical line at ``collapse_step`` (the summary's
+    ``collapse`` flag). Each appears only when given or logged, so a plain GRPO run draws the three curves."""
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.2))
+    spans = gate_spans(rows, gate_key)
     for ax, (key, label) in zip(axes, PANELS):
         pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
         if pts:
             ax.plot(*zip(*pts), label="train", lw=1.5)
+        for i, (a, b) in enumerate(spans):
+            ax.axvspan(a, b, color="C2", alpha=0.15, lw=0, label=f"{gate_key.split('/')[0]} gate open" if i == 0 else None)
+        if collapse_step is not None:
+            ax.axvline(collapse_step, color="C3", ls=":", lw=1.2, label=f"collapse (step {collapse_step})")
+        if key == "entropy" and target is not None:
+            ax.axhline(target[1], color="grey", ls="--", lw=1, label=f"{target[0]} = {target[1]:g}")
         if key == "acc/mean":
             val = [(r["step"], r["val/acc"]) for r in rows if r.get("val/acc") is not None]
             if val:
                 ax.plot(*zip(*val), "o-", label="validation", ms=3)
-            ax.legend(fontsize=8)
+        if key == "acc/mean" or (key == "entropy" and (spans or target is not None or collapse_step is not None)):
+            ax.legend(fontsize=7)
         ax.set_xlabel("step")
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+# as trainers/stats/diagnostics.py numbers them: the advantage's sign, and surprisal -log p against the entropy
+QUADRANTS = [("q1", "Q1: A>0, low surprisal"), ("q2", "Q2: A>0, high surprisal"),
+             ("q3", "Q3: A<0, high surprisal"), ("q4", "Q4: A<0, low surprisal")]
+
+
+def plot_quadrants(rows: list[dict], path: Path, title: str = "") -> Path | None:
+    """The four quadrants' token shares (``quadrant/q1..q4/share``) over steps in one chart, so their
+    balance reads at a glance (``trainers/stats/diagnostics.py`` numbers them); None when the run logged none."""
+    if not any(r.get("quadrant/q1/share") is not None for r in rows):
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    _lines(ax, rows, [(f"quadrant/{q}/share", label, "-") for q, label in QUADRANTS])
+    ax.set_xlabel("step")
+    ax.set_ylabel("share of valid tokens")
+    ax.set_title(title or "four quadrants", fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     return save_figure(fig, path)
 

@@ -9,7 +9,9 @@ from typing import Callable
 
 import numpy as np
 
-from .plots import plot_attribution, plot_reflection, plot_training_curves
+from ...conf import to_plain
+from ..interventions import INTERVENTIONS
+from .plots import plot_attribution, plot_quadrants, plot_reflection, plot_training_curves
 from .regime import report_regime
 from .run_dir import atomic_write_text
 
@@ -41,27 +43,44 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
+def entropy_target(algo_cfg: dict) -> tuple[str, float] | None:
+    """``(parameter name, nats)`` of the first configured intervention with an entropy set point
+    (``target_param``: STARE's ``h_tgt``, adaptive entropy's ``target``); None when none has one. Pure."""
+    names = algo_cfg.get("interventions") or []
+    for name in [names] if isinstance(names, str) else names:
+        cls = INTERVENTIONS.get(name)
+        key = getattr(cls, "target_param", None)
+        value = (algo_cfg.get(name) or {}).get(key) if key else None
+        if isinstance(value, (int, float)):
+            return key, float(value)
+    return None
+
+
 def write_run_report(rows: list[dict], cfg, output_dir: Path, tracker, status: str, run_facts: dict,
                      log: Callable = print) -> dict:
-    """Rank 0 at the end of a run: ``curves.png``, ``why_entropy_moved.png`` and ``reflection.png``, then ``summary.json``
-    (``summarize``, ``report_regime``'s warnings, flags and fits, then ``run_facts``), each logged to
-    MLflow with ``metrics.jsonl``; the MLflow run is finished with ``status`` whatever happens to the
-    files. Returns the summary."""
-    plot = why = reflect = None
-    if rows:
-        try:            # written beside and renamed: a full disk leaves the old figure, never 0 bytes
-            title = f"{cfg.algo.name} on {cfg.data.name} (seed {cfg.trainer.seed})"
-            plot = plot_training_curves(rows, output_dir / "curves.png", title=title)
-            why = plot_attribution(rows, output_dir / "why_entropy_moved.png", title=f"why entropy moved: {title}")
-            reflect = plot_reflection(rows, output_dir / "reflection.png", title=f"reflection and length: {title}")
-        except OSError:
-            plot = why = reflect = None
+    """Rank 0 at the end of a run: ``summary.json`` (``summarize``, ``report_regime``'s warnings, flags
+    and fits, then ``run_facts``), ``curves.png`` (with the intervention's target, its gate and the
+    collapse flag drawn in), ``quadrants.png``, ``why_entropy_moved.png`` and ``reflection.png``, each
+    logged to MLflow with ``metrics.jsonl``; the MLflow run is finished with ``status`` whatever
+    happens to the files. Returns the summary."""
     summary = summarize(rows)
     summary.update(report_regime(rows, cfg, tracker, log=log))   # warnings, flags, r
     summary.update(run_facts)
+    figures: list[Path | None] = []
+    if rows:
+        try:            # written beside and renamed: a full disk leaves the old figure, never 0 bytes
+            title = f"{cfg.algo.name} on {cfg.data.name} (seed {cfg.trainer.seed})"
+            collapse = next((f.get("first_step") for f in summary.get("flags", []) if f.get("id") == "collapse"), None)
+            figures = [plot_training_curves(rows, output_dir / "curves.png", title=title,
+                                            target=entropy_target(to_plain(cfg.algo)), collapse_step=collapse),
+                       plot_quadrants(rows, output_dir / "quadrants.png", title=f"four quadrants: {title}"),
+                       plot_attribution(rows, output_dir / "why_entropy_moved.png", title=f"why entropy moved: {title}"),
+                       plot_reflection(rows, output_dir / "reflection.png", title=f"reflection and length: {title}")]
+        except OSError:
+            figures = []
     try:
         atomic_write_text(output_dir / "summary.json", json.dumps(summary, indent=2))
-        for path in (plot, why, reflect, output_dir / "summary.json", output_dir / "metrics.jsonl"):
+        for path in (*figures, output_dir / "summary.json", output_dir / "metrics.jsonl"):
             if path is not None:
                 tracker.log_artifact(path)
     finally:        # a full disk loses the summary file, never the run's final state
