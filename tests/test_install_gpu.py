@@ -53,7 +53,10 @@ def test_install_gpu_pins_resolve_on_the_package_index(tmp_path):
     report = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "--quiet",
            "--report", str(report), *[f"{k}=={v}" for k, v in pins.items()]]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.skip("the package index did not answer within 5 minutes")
     if out.returncode != 0 and re.search(r"NewConnectionError|NameResolution|ConnectTimeout|No matching distribution|"
                                          r"Could not fetch|ProxyError|SSLError", out.stderr):
         pytest.skip(f"the package index cannot be reached here: {out.stderr.strip().splitlines()[-1][:200]}")
