@@ -173,6 +173,10 @@ def _explain(exc: Exception, overrides: list[str], known: list[str] | None = Non
     key = re.search(r"Could not override '([^']+)'", msg) or re.search(r"Key '([^']+)' is not in struct", msg)
     if key:
         name = key.group(1)
+        if name == "data.path":
+            return (f"unknown config key '{name}': the chosen data= option is a built-in task that reads no file; "
+                    f"your own jsonl/json/parquet: data=dapo_math_17k data.path=FILE (math, graded against its answer "
+                    f"column; reward.functions for any other reward) or data=humaneval_code data.path=FILE (code)")
         return f"unknown config key '{name}'{_near_key(name, known)}; `entropyrl config show` lists the valid keys"
     if msg.startswith("Error merging override") and exc.__cause__ is not None:
         cause = next((line.strip() for line in str(exc.__cause__).splitlines() if line.strip()), "")

@@ -1,6 +1,7 @@
 """Every check of a training run that needs no model, run once per command before anything of the
 run is created (no folder, no model, no MLflow run): the algorithm's and the interventions' values,
-by building the ``Algorithm``, the optimizer's and schedule's names (``optim.check_optim``) and
+by building the ``Algorithm``, the optimizer's and schedule's names (``optim.check_optim``), an
+explicit ``data.path`` (a file, not a folder or a typo) and
 what to do with ``output_dir``. The composed config's own table
 (types and ranges of trainer, rollout, model, tracking keys) was checked by ``conf.compose``.
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .algos.algorithm import Algorithm
+from .data.datasets import resolve_data_path
 from .optim import check_optim
 from .run import run_dir
 
@@ -32,4 +34,6 @@ def check_training(cfg) -> TrainingCheck:
     (``run_dir.check_output_dir``) of a composed ``train`` config; raises ``UserError``."""
     algo = Algorithm.from_train_config(cfg)
     check_optim(cfg.optim)
+    if cfg.data.get("kind", "builtin") in ("math", "code"):
+        resolve_data_path(cfg.data)          # an explicit data.path that is not a file: an error now
     return TrainingCheck(algo, run_dir.check_output_dir(cfg))

@@ -102,7 +102,7 @@ class GRPOTrainer:
         components.seed_everything(int(t.seed))
         # model.lora: an adapter injected in place, only it trains (models/lora.py); else None
         self.model, self.tokenizer, self.lora = components.build_policy_and_adapter(cfg, self.dist, log=self.log)
-        self.source = components.build_source(cfg, self.tokenizer)
+        self.source = components.build_source(cfg, self.tokenizer, log=self.log)
         self.rewards.bind(self.source)
         self.ref_model = None        # with LoRA the reference is the adapter disabled (_reference_logp)
         if self.algo.needs_ref and self.lora is None:
