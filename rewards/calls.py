@@ -4,7 +4,9 @@ fallback for what fails.
 Outcomes of a call: the values; or a failure reason (``exception``, ``timeout``, ``http_error``)
 that gives the whole batch the fallback. A value that is not finite gets the fallback alone
 (reason ``non_finite``). A function that returns the wrong number of values, or something that is
-not a number, is a programming error: ``UserError`` naming the function.
+not a number, is a programming error: ``UserError`` naming the function and what it returned
+(``check_values``: a list of real numbers of the batch's length, never read through a dict's keys
+or a string's characters).
 
 In the trainer's process (``workers: 0``) the call runs in a daemon thread that is abandoned past
 the time limit (Python cannot stop a thread): a function that may hang belongs in worker processes
@@ -40,21 +42,47 @@ class Outcome:
     detail: str = ""
 
 
-def check_values(label: str, values, expected: int) -> list:
-    """``values`` as a list of ``expected`` items, else ``UserError`` naming ``label``."""
-    try:
-        out = list(values)
-    except TypeError:
-        raise UserError(f"{label} returned {type(values).__name__}, not a list: return one float per "
-                        f"response ({expected} here)") from None
+def _shown(value) -> str:
+    """A short description of what a reward function returned, for an error line."""
+    text = repr(value).replace("\n", " ")
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def _real(v):
+    """``v`` as a float when it is a real number (bool, int, float, numpy scalar), else None."""
+    if isinstance(v, (bool, int, float)):
+        return float(v)
+    if type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0:
+        kind = getattr(getattr(v, "dtype", None), "kind", "")
+        return float(v) if kind and kind in "biuf" else None
+    return None
+
+
+def check_values(label: str, values, expected: int) -> list[float]:
+    """``values`` as ``expected`` floats, else ``UserError`` naming ``label`` and what it returned.
+
+    The contract: a list or tuple (or a one-dimensional numpy array / torch tensor) of real numbers,
+    one per response, in the batch's order. Booleans count as 1.0 / 0.0 (a verifier's verdict).
+    A dict (even keyed by position), a string, a set, a generator, a nested list, a string or None
+    among the values is refused, not read through its keys or characters. Non-finite numbers pass
+    here and get the fallback (``finite_or_fallback``)."""
+    want = f"return a list of {expected} real numbers, one per response"
+    out = values
+    if type(values).__module__.split(".")[0] in ("numpy", "torch") and hasattr(values, "tolist"):
+        if getattr(values, "ndim", None) != 1:
+            raise UserError(f"{label} returned {type(values).__name__} of shape {tuple(values.shape)}: {want}")
+        out = values.tolist()
+    elif not isinstance(values, (list, tuple)):
+        raise UserError(f"{label} returned {_shown(values)}, not a list: {want}")
     if len(out) != expected:
-        raise UserError(f"{label} returned {len(out)} values for {expected} responses: return one "
-                        f"float per response")
-    try:
-        return [float(v) for v in out]
-    except (TypeError, ValueError):
-        bad = next(v for v in out if not isinstance(v, (int, float)))
-        raise UserError(f"{label} returned {type(bad).__name__} {bad!r:.40}: return one float per response") from None
+        raise UserError(f"{label} returned {len(out)} values for {expected} responses: {want}")
+    floats = []
+    for i, v in enumerate(out):
+        f = _real(v)
+        if f is None:
+            raise UserError(f"{label} returned a {type(values).__name__} whose item {i} is {_shown(v)}: {want}")
+        floats.append(f)
+    return floats
 
 
 def finite_or_fallback(values: list[float], fallback: float) -> tuple[list[float], int]:
