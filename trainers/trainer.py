@@ -161,7 +161,8 @@ class GRPOTrainer:
                 model, export = self.lora.checkpoint_parts(self.cfg.model.lora, self.tokenizer)
             path = ckpt.save_checkpoint(self.output_dir, self.step, model, self.tokenizer, optimizer,
                                         extra={"algo": self.algo.state_dict(), "scheduler": self.scheduler.state_dict()},
-                                        keep=int(self.cfg.trainer.keep_checkpoints), export=export)
+                                        keep=int(self.cfg.trainer.keep_checkpoints), export=export,
+                                        config_text=OmegaConf.to_yaml(self.cfg, resolve=True))
         distributed.barrier(self.dist)
         return path
 
