@@ -38,7 +38,6 @@ from ..evals.code.code_tasks import is_code_row
 from ..evals.code.sandbox import SandboxPool
 from ..evals.grading.grader import grade_batch
 
-
 #: Malformed lines named one by one on stderr; the rest are counted in one line.
 SHOWN_BAD = 5
 

@@ -285,7 +285,7 @@ def _markdown(sweep, sweep_dir, order, variants, statuses, job_rows, plots, thre
     lines += ["", f"Entropy AUC: trapezoid area under the entropy curve over steps (nats x steps). "
                   f"First step H < {threshold:g}: mean over the seeds whose entropy fell below it "
                   f"(how many of them did). Warnings (an intervention that cannot act in this regime) and "
-                  f"flags (entropy collapse < 0.2x / explosion > 3x its first tenth), from each run's "
+                  f"flags (entropy collapse < 0.2x / explosion > 3x its first tenth and > 0.5 nats, or > 2 nats), from each run's "
                   f"summary.json: `id@first step` per seed.", ""]
     if plots:
         lines += ["## Curves (mean line, min-max band over seeds)", ""]
