@@ -236,6 +236,26 @@ def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
+def used_settings(cfg: DictConfig) -> tuple[dict, list[str]]:
+    """``(config as a plain dict, hidden)``: the composed config without the parameter sections of
+    interventions the run does not apply (``algo.<name>`` for a name outside ``algo.interventions``;
+    ``tis`` counts as applied with ``rollout.tis.enabled``), and the names of those left out. What
+    ``config show`` prints by default: only what the run uses."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    algo = plain.get("algo") if isinstance(plain, dict) else None
+    if not isinstance(algo, dict) or "interventions" not in algo:
+        return plain, []
+    names = algo.get("interventions") or []
+    used = {str(n) for n in ([names] if isinstance(names, str) else names)}
+    rollout = plain.get("rollout") or {}
+    if isinstance(rollout.get("tis"), dict) and rollout["tis"].get("enabled"):
+        used.add("tis")
+    hidden = [n for n in intervention_names() if n in algo and n not in used]
+    for n in hidden:
+        del algo[n]
+    return plain, hidden
+
+
 def primary_defaults(config_name: str) -> dict[str, str]:
     """``{group: default option}`` from a primary config's defaults list."""
     raw = OmegaConf.load(CONF_DIR / f"{config_name}.yaml")
