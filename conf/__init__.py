@@ -181,6 +181,12 @@ def _explain(exc: Exception, overrides: list[str], known: list[str] | None = Non
     if msg.startswith("Error merging override") and exc.__cause__ is not None:
         cause = next((line.strip() for line in str(exc.__cause__).splitlines() if line.strip()), "")
         return f"bad value in {msg[len('Error merging override'):].strip()}: {cause}"
+    if "LexerNoViableAlt" in msg or "token recognition error" in msg:
+        odd = next((o for o in overrides if any(not c.isascii() or c in " ()[]{}'\"" for c in o.partition("=")[2])), None)
+        if odd is not None:
+            key, _, value = odd.partition("=")
+            return (f"cannot parse override {odd!r}: its value has characters an override must quote "
+                    f"(non-ASCII, spaces, brackets): write {key}='{value}' (in a shell: \"{key}='{value}'\")")
     if "mismatched input" in msg or "no viable alternative" in msg or "extraneous input" in msg:
         return f"cannot parse overrides {overrides}: write them as key=value (e.g. trainer.total_steps=40)"
     first = next((line.strip() for line in msg.splitlines() if line.strip()), msg)

@@ -50,3 +50,12 @@ def test_an_output_name_too_long_is_refused_before_grading_and_a_long_one_that_f
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2 and len(lines) == 1 and "is 256 bytes, over the 255" in lines[0], out.stderr
     assert "graded" not in out.stdout
+
+
+def test_an_unquoted_non_ascii_value_says_how_to_quote_it():
+    from entropyrl.conf import compose
+
+    with pytest.raises(UserError) as err:
+        compose("train", ["output_dir=outputs/résumé"])
+    assert "write output_dir='outputs/résumé'" in str(err.value) and "\n" not in str(err.value)
+    assert compose("train", ["output_dir='outputs/résumé'"]).output_dir == "outputs/résumé"   # the fix works
