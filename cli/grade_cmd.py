@@ -21,9 +21,11 @@ the file holds no token ids, so ``unit`` says ``words``), ``tokens`` and ``unit`
 prints the share of lines that reflect. ``--reflection-words`` names a list (default, orz,
 oat_zero), gives comma-separated words, or ``none`` (no block).
 
-Exit status: 0 when at least one line was graded (malformed lines are reported, not fatal; add
-``--strict`` to exit 1 on any malformed line); 2 when nothing could be graded (missing file, no
-valid line).
+
+Exit status: 0 when every line was graded; 1 when some lines were skipped as malformed (the others
+are graded and written; ``--allow-skipped`` exits 0 then); 2 when nothing could be graded (missing
+file, no valid line). The first ``SHOWN_BAD`` malformed lines are named, the rest counted (a binary
+file is one line of count, not thousands).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ from ..evals.code.code_tasks import is_code_row
 from ..evals.code.sandbox import SandboxPool
 from ..evals.grading.grader import grade_batch
 from ..evals.reflection import WORD_LISTS, matcher_for, reflection_block, resolve_words
+
+#: Malformed lines named one by one on stderr; the rest are counted in one line.
+SHOWN_BAD = 5
 
 
 def read_items(path: Path) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
@@ -114,22 +119,25 @@ def register(app: typer.Typer) -> None:
         "grade",
         help="Grade a JSON-lines file of model responses: each line needs [bold]response[/bold] and "
              "[bold]answer[/bold]; the output adds [bold]correct[/bold] and [bold]extracted[/bold]. "
-             "Malformed lines are reported with their line number and skipped.\n\n"
+             "Malformed lines are skipped: the first few named with their line number, the rest counted.\n\n"
              "Code lines ([bold]prompt/test/entry_point[/bold] + response, or [bold]benchmark/id[/bold] + "
              "response) run in the code sandbox; the output adds program, correct and reason.\n\n"
              "[cyan]entropyrl grade samples.jsonl --out graded.jsonl[/cyan]\n\n"
-             "Exit status: 0 if at least one line was graded (1 with --strict and a malformed line), "
-             "2 if none could be.",
+             "Exit status: 0 if every line was graded, 1 if malformed lines were skipped "
+             "(0 with --allow-skipped), 2 if none could be.",
     )
     def grade(
         file: Path = typer.Argument(..., help="input .jsonl with response and answer fields"),
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="output .jsonl (default: FILE with .graded.jsonl)"),
         workers: Optional[int] = typer.Option(None, help="grading processes (default: one per CPU)"),
         timeout: float = typer.Option(5.0, help="seconds per response, enforced by killing the worker"),
-        strict: bool = typer.Option(False, "--strict", help="exit 1 when any line is malformed"),
         reflection: str = typer.Option("default", "--reflection-words",
                                        help="reflection words counted per line (its reflection block): default, orz, "
                                             "oat_zero, comma-separated words, or none"),
+        allow_skipped: bool = typer.Option(False, "--allow-skipped",
+                                           help="exit 0 even when malformed lines were skipped (default: exit 1)"),
+        strict: bool = typer.Option(False, "--strict", hidden=True,
+                                    help="exit 1 when any line is malformed (the default now; kept for old scripts)"),
     ) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -154,8 +162,12 @@ def register(app: typer.Typer) -> None:
         matcher = matcher_for(reflection_words(reflection))
         good, bad = read_items(file)
         good, code_lines = _grade_code_lines(good, bad, workers, grade_code_rows)
-        for lineno, problem in bad:
-            err.print(f"[red]error[/red]: {file}:{lineno}: {problem}; line skipped", highlight=False)
+        bad.sort()
+        for lineno, problem in bad[:SHOWN_BAD]:
+            err.print(f"[yellow]skipped[/yellow]: {file}:{lineno}: {problem}", highlight=False)
+        if len(bad) > SHOWN_BAD:
+            err.print(f"[yellow]skipped[/yellow]: {len(bad) - SHOWN_BAD} more malformed line(s) of {file} "
+                      f"(not shown)", highlight=False)
         if not good and not code_lines:
             raise UserError(f"{file}: no line could be graded ({len(bad)} malformed); each line needs "
                             f"'response' and 'answer'")
@@ -183,5 +195,7 @@ def register(app: typer.Typer) -> None:
                                           f"({sum(r['reflection']['count'] for r in results)} matches)", highlight=False)
         Console(soft_wrap=True).print("reasons: " + ", ".join(f"{k} {v}" for k, v in Counter(r["reason"] for r in results).most_common()),
                                       highlight=False)
-        if bad and strict:
+        if bad and not allow_skipped:
+            err.print(f"[red]error[/red]: {len(bad)} malformed line(s) of {file} were skipped (the other "
+                      f"{len(results)} are in {target}): fix them, or pass --allow-skipped to accept", highlight=False)
             raise typer.Exit(1)

@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
         from ..trainers.parallel.distributed import launcher_env
         from ..trainers.preflight import check_training
         from ..trainers.run.run_dir import run_lock
+        from ..trainers.run.run_report import validation_text
         from ..trainers.run.stop_signals import RunInterrupted
         from ..trainers.trainer import train as run_training
 
@@ -53,7 +54,7 @@ def register(app: typer.Typer) -> None:
         console.print(f"[green]done[/green]: {summary.get('steps')} steps, "
                       f"entropy {summary.get('entropy/first_tenth', float('nan')):.3f} -> "
                       f"{summary.get('entropy/last_tenth', float('nan')):.3f}, "
-                      f"val acc {summary.get('final/val/acc', float('nan')):.3f}; "
+                      f"{validation_text(summary)}; "
                       f"results in {summary['output_dir']}"
                       + (f" (MLflow run {summary['mlflow_run_id']} at {summary['tracking_uri']})"
                          if summary.get("mlflow_run_id") else ""))

@@ -180,10 +180,20 @@ def _explain(exc: Exception, overrides: list[str], known: list[str] | None = Non
     key = re.search(r"Could not override '([^']+)'", msg) or re.search(r"Key '([^']+)' is not in struct", msg)
     if key:
         name = key.group(1)
+        if name == "data.path":
+            return (f"unknown config key '{name}': the chosen data= option is a built-in task that reads no file; "
+                    f"your own jsonl/json/parquet: data=dapo_math_17k data.path=FILE (math, graded against its answer "
+                    f"column; reward.functions for any other reward) or data=humaneval_code data.path=FILE (code)")
         return f"unknown config key '{name}'{_near_key(name, known)}; `entropyrl config show` lists the valid keys"
     if msg.startswith("Error merging override") and exc.__cause__ is not None:
         cause = next((line.strip() for line in str(exc.__cause__).splitlines() if line.strip()), "")
         return f"bad value in {msg[len('Error merging override'):].strip()}: {cause}"
+    if "LexerNoViableAlt" in msg or "token recognition error" in msg:
+        odd = next((o for o in overrides if any(not c.isascii() or c in " ()[]{}'\"" for c in o.partition("=")[2])), None)
+        if odd is not None:
+            key, _, value = odd.partition("=")
+            return (f"cannot parse override {odd!r}: its value has characters an override must quote "
+                    f"(non-ASCII, spaces, brackets): write {key}='{value}' (in a shell: \"{key}='{value}'\")")
     if "mismatched input" in msg or "no viable alternative" in msg or "extraneous input" in msg:
         return f"cannot parse overrides {overrides}: write them as key=value (e.g. trainer.total_steps=40)"
     first = next((line.strip() for line in msg.splitlines() if line.strip()), msg)
@@ -245,6 +255,28 @@ def to_yaml(cfg: DictConfig) -> str:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def used_settings(cfg: DictConfig) -> tuple[dict, list[str]]:
+    """``(config as a plain dict, hidden)``: the composed config without the parameter sections of
+    interventions the run does not apply (``algo.<name>`` for a name outside ``algo.interventions``;
+    ``tis`` counts as applied with ``rollout.tis.enabled``), and the names of those left out. What
+    ``config show`` prints by default: only what the run uses."""
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    algo = plain.get("algo") if isinstance(plain, dict) else None
+    if not isinstance(algo, dict) or "interventions" not in algo:
+        return plain, []
+    names = algo.get("interventions") or []
+    used = {str(n) for n in ([names] if isinstance(names, str) else names)}
+    rollout = plain.get("rollout") or {}
+    if isinstance(rollout.get("tis"), dict) and rollout["tis"].get("enabled"):
+        used.add("tis")
+    hidden = [n for n in intervention_names() if n in algo and n not in used]
+    for n in hidden:
+        del algo[n]
+    return plain, hidden
 
 
 def primary_defaults(config_name: str) -> dict[str, str]:

@@ -30,7 +30,8 @@ def atomic_path(path: Path) -> Iterator[Path]:
     old content. A writer that needs a file type from the name (matplotlib) must be told it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"   # umask permissions
+    # umask permissions; the name cut so that a name the file system takes still fits with the suffix
+    tmp = path.parent / f".{path.name[:200]}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         yield tmp
         with open(tmp, "rb+") as f:

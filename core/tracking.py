@@ -108,7 +108,7 @@ class RunTracker:
 
         self._mlflow = mlflow
         mlflow.set_tracking_uri(self.uri)
-        previous = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
+        previous = read_run_link(self.state_path)
         if resume_step is None:
             self.queue_path.unlink(missing_ok=True)
         try:
@@ -141,8 +141,10 @@ class RunTracker:
         except Exception as exc:  # noqa: BLE001 - any store failure is the user's setup
             if isinstance(exc, UserError):
                 raise
-            raise UserError(f"cannot open an MLflow run at {self.uri}: {str(exc).splitlines()[0]} "
-                            f"(check MLFLOW_TRACKING_URI/tracking.uri)") from None
+            elsewhere = previous.get("uri")
+            hint = (f"this run was tracked in {elsewhere} (tracking.json): resume it with tracking.uri={elsewhere}"
+                    if elsewhere and elsewhere != self.uri else "check MLFLOW_TRACKING_URI/tracking.uri")
+            raise UserError(f"cannot open an MLflow run at {self.uri}: {str(exc).splitlines()[0]} ({hint})") from None
 
         atomic_write_text(self.state_path, json.dumps({"run_id": self.run_id, "uri": self.uri}))
 
@@ -343,11 +345,62 @@ def parse_metrics(text: str) -> tuple[list[dict], int]:
         except json.JSONDecodeError:
             damaged += 1
             continue
-        if isinstance(row, dict):
+        if isinstance(row, dict) and valid_step(row.get("step")):
             rows.append(row)
         else:
             damaged += 1
     return rows, damaged
+
+
+def valid_step(step: Any) -> bool:
+    """Whether ``step`` is what a metrics.jsonl line carries: an integer >= 0 (not "3", not 3.0)."""
+    return isinstance(step, int) and not isinstance(step, bool) and step >= 0
+
+
+OVERWRITE_HINT = "or start over with trainer.resume=overwrite (deletes the old run's files)"
+
+
+def check_metrics_file(path: Path) -> None:
+    """``UserError`` naming the file and line when a complete line of metrics.jsonl is not a step's
+    record (not an object, or without an integer ``step``): a resume would misread it. A line cut
+    short by a crash (not JSON) is left to the resume, which drops it with a warning."""
+    path = Path(path)
+    if not path.exists():
+        return
+    for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(row, dict):
+            found = f"a JSON {type(row).__name__}, not an object"
+        elif "step" not in row:
+            found = "no \"step\""
+        elif not valid_step(row["step"]):
+            found = f"\"step\": {json.dumps(row['step'])[:40]}"
+        else:
+            continue
+        raise UserError(f"{path}:{lineno}: not a step's record ({found}; each line needs an integer \"step\"): "
+                        f"fix or delete that line to continue the run, {OVERWRITE_HINT}")
+
+
+def read_run_link(path: Path) -> dict:
+    """``{"run_id", "uri"}`` of ``tracking.json`` (the MLflow run a job continues), or ``{}`` when
+    there is none; ``UserError`` naming the file when it is damaged (truncated, not an object)."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(errors="replace"))
+        why = "" if isinstance(data, dict) and isinstance(data.get("run_id"), str) and data["run_id"] else "no run_id"
+    except json.JSONDecodeError as exc:
+        why = f"not valid JSON: {exc.msg} at line {exc.lineno}"
+    if why:
+        raise UserError(f"{path}: a damaged MLflow run link ({why}): delete it to continue the run in a new MLflow "
+                        f"run (metrics.jsonl keeps every step), {OVERWRITE_HINT}")
+    return data
 
 
 def read_metrics(output_dir: Path) -> list[dict]:

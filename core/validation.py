@@ -343,6 +343,9 @@ def file_problem(path: str | Path) -> str | None:
     """Why a file cannot be written at ``path`` (a folder there, a parent that is a file, no
     permission), or None when it can."""
     p = Path(os.path.expanduser(str(path))).absolute()
+    long = _name_too_long(p)
+    if long:
+        return long
     if p.is_dir():
         return f"{p} is a folder, not a file"
     if p.exists():
@@ -351,6 +354,24 @@ def file_problem(path: str | Path) -> str | None:
     if not base.is_dir():
         return f"{p} lies under {base}, which is a file, not a folder"
     return None if os.access(base, os.W_OK | os.X_OK) else f"{base} is not writable"
+
+
+def _name_too_long(p: Path) -> str | None:
+    """A part of ``p`` longer than its file system takes (NAME_MAX bytes, usually 255), said before
+    minutes of work rather than when the file is written."""
+    limit = 255
+    for folder in reversed(p.parents):      # "/", "/a", "/a/b", ...: the deepest existing folder's limit
+        try:
+            if not folder.is_dir():
+                break
+            limit = os.pathconf(folder, "PC_NAME_MAX")
+        except (OSError, ValueError):        # a part too long to even look up ends the walk
+            break
+    for part in p.parts[1:]:
+        size = len(part.encode("utf-8", errors="surrogateescape"))
+        if size > limit:
+            return f"the name {part[:24]}... is {size} bytes, over the {limit} this file system takes"
+    return None
 
 
 def check_output_file(path: str | Path, option: str) -> None:

@@ -51,7 +51,8 @@ HUB = "hub"                       # eval.data_root=hub: read every benchmark fro
 GOLD_MODES = ("field", "boxed", "list", "hash")
 
 __all__ = ["BenchmarkSpec", "available_benchmarks", "get_spec", "expand_benchmarks",
-           "PACKAGED_DATA", "resolve_data_root", "load_benchmark", "read_rows", "rows_to_problems"]
+           "PACKAGED_DATA", "resolve_data_root", "load_benchmark", "read_rows", "rows_to_problems",
+           "describe_fields", "limit_rows"]
 
 
 @dataclass
@@ -173,34 +174,54 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def read_rows(path: str | os.PathLike) -> list[dict]:
-    """Rows of a .jsonl, .json (a list, or a dict holding one) or .parquet file."""
+def read_rows(path: str | os.PathLike, max_row_bytes: int | None = None) -> list[dict]:
+    """Rows of a .jsonl, .json (a list, or a dict holding one) or .parquet file.
+
+    An empty file, or a byte that is not UTF-8 (named by its line), is a ``UserError``.
+    ``max_row_bytes``: rows larger than this (a JSON line's bytes, a parquet/JSON row's JSON size)
+    are skipped before they are parsed further or tokenised; the returned ``Rows`` counts them in
+    ``skipped``."""
     p = Path(path)
     suffix = p.suffix.lower()
     try:
         if suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            return [_plain(r) for r in pq.read_table(p).to_pylist()]
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+            if p.stat().st_size == 0:
+                raise UserError(f"{p}: the file is empty (0 bytes): point data.path at a file with rows")
+            return limit_rows([_plain(r) for r in pq.read_table(p).to_pylist()], max_row_bytes)
+        raw = p.read_bytes()
+    except (OSError, ValueError) as exc:
         raise UserError(f"cannot read {p}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise UserError(f"{p}:{line}: byte 0x{raw[exc.start]:02x} (column {column}) is not UTF-8: re-encode the file "
+                        f"as UTF-8 (e.g. iconv -f latin1 -t utf-8 {p.name} > {p.stem}.utf8{p.suffix})") from None
+    if not text.strip():
+        raise UserError(f"{p}: the file is empty" + (" (0 bytes)" if not raw else " (only whitespace)")
+                        + ": point data.path at a file with rows")
     if suffix == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError:
             data = None                       # maybe JSON lines with a .json name
         if isinstance(data, list):
-            return [r for r in data if isinstance(r, dict)]
+            return limit_rows([r for r in data if isinstance(r, dict)], max_row_bytes)
         if isinstance(data, dict):
             for key in ("data", "rows", "examples", "test", "problems"):
                 if isinstance(data.get(key), list):
-                    return [r for r in data[key] if isinstance(r, dict)]
+                    return limit_rows([r for r in data[key] if isinstance(r, dict)], max_row_bytes)
             raise UserError(f"{p}: a JSON object without a list of rows (expected a list, or a "
                             f"'data' list)")
     rows = Rows()
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
+            continue
+        if max_row_bytes is not None and len(line) * 4 > max_row_bytes and len(line.encode("utf-8")) > max_row_bytes:
+            rows.skipped += 1
             continue
         try:
             row = json.loads(line)
@@ -212,12 +233,25 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
     return rows
 
 
+def limit_rows(rows: list[dict], max_row_bytes: int | None) -> Rows:
+    """``rows`` without those whose JSON form is over ``max_row_bytes`` (counted in ``skipped``)."""
+    out = Rows()
+    for r in rows:
+        if max_row_bytes is not None and len(json.dumps(r, default=str).encode("utf-8")) > max_row_bytes:
+            out.skipped += 1
+        else:
+            out.append(r)
+    return out
+
+
 class Rows(list):
-    """The rows of a JSON-lines file, with ``lines[i]``: the line number row ``i`` came from."""
+    """The rows of a data file, with ``lines[i]``: the line number row ``i`` came from (JSON lines),
+    and ``skipped``: how many rows were over the size limit."""
 
     def __init__(self, *args):
         super().__init__(*args)
         self.lines: list[int] = []
+        self.skipped = 0           # rows over read_rows' max_row_bytes, left out
 
 
 def _where(rows: list[dict], i: int, source: str) -> str:
@@ -297,6 +331,26 @@ def _auto_fields(row: dict) -> dict:
     return {"id": ident, "problem": problem, "answer": answer[0], "gold": answer[1]}
 
 
+def describe_fields(rows: list[dict], fields: dict | None = None) -> str:
+    """Which columns ``rows_to_problems`` reads for the first row, in words (said at start, so that a
+    guessed column is seen before a run trains on it)."""
+    if not rows:
+        return "no rows"
+    row = rows[0]
+    if _is_verl(row):
+        return "verl layout: problem from 'prompt' (chat messages), answer from 'reward_model.ground_truth'"
+    fields = dict(fields or {})
+    given = bool(fields.get("problem") and fields.get("answer"))
+    try:
+        f = fields if given else _auto_fields(row)
+    except UserError:
+        return f"no problem/answer columns recognised among {sorted(row)}"
+    text = f"problem from '{f['problem']}', answer from '{f['answer']}' (read as {f.get('gold') or 'field'})"
+    if f.get("id"):
+        text += f", id from '{f['id']}'"
+    return text + ("" if given else " -- guessed; choose with data.fields.problem=COL data.fields.answer=COL")
+
+
 def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str = "") -> list[Problem]:
     """Problems from raw rows: verl layout detected by its columns, else ``fields`` (or guessed
     field names). Rows repeating an earlier (problem, answer) pair are dropped."""
@@ -322,7 +376,7 @@ def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str =
             context = f.get("context")
             if context and row.get(context):
                 problem = _text(row[context]) + "\n\n" + problem
-            answer = gold_from(row[f["answer"]], str(f.get("gold", "field")))
+            answer = gold_from(row[f["answer"]], str(f.get("gold") or "field"))
             messages = None
             ident = _text(row[f["id"]]) if f.get("id") and row.get(f["id"]) is not None else str(i)
         key = (problem, answer)

@@ -32,7 +32,7 @@ from ..core.mlflow_store import resolve_uri
 from ..core.outbox import short_http_retries
 from ..core.tracking import TrackingStore, check_reachable
 from ..models import tiny as models
-from ..models.loading import load_policy
+from ..models.loading import checkpoint_label, load_policy, resolve_model_path
 from ..rollout.base import RolloutEngine, build_rollout, rollout_engine
 from ..rollout.multi_turn import ToolRollout
 from ..tasks.problem import Problem
@@ -284,6 +284,8 @@ def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine,
     backend = str(ev.get("backend", "hf"))
     engine_cls = rollout_engine(backend, "eval.backend")
     label = str(cfg.model.get("path") or cfg.model.get("name") or "model")
+    if cfg.model.get("path"):     # a checkpoint / run folder -> its model folder (said in the log)
+        label = resolve_model_path(label, log=log)
     engine_cfg = {"name": backend, "option": "eval.backend", "batch_size": int(ev.get("batch_size", 16) or 16),
                   "top_k": 0, "seed": int(ev.get("seed", 0)),
                   "dtype": cfg.model.get("dtype") or None}
@@ -291,11 +293,12 @@ def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine,
     if getattr(engine_cls, "loads_from_path", False):
         from transformers import AutoTokenizer
 
-        path = str(cfg.model.get("path") or models.embedded_model_dir(cfg.model, log=log))
+        path = label if cfg.model.get("path") else str(models.embedded_model_dir(cfg.model, log=log))
         model, tokenizer = None, AutoTokenizer.from_pretrained(path)
         engine_cfg["model_path"] = path
     else:
-        model, tokenizer = load_policy(cfg.model, log=log)
+        model_cfg = {**(to_plain(cfg.model) or {}), "path": label} if cfg.model.get("path") else cfg.model
+        model, tokenizer = load_policy(model_cfg, log=log)
         model.to(_device(ev.get("device", "auto")))
     engine_cfg["add_special_tokens"] = not _use_chat(tokenizer, _chat_setting(cfg))
     engine = engine_cls(engine_cfg, model, tokenizer)
@@ -354,7 +357,7 @@ def _log_mlflow(cfg, results, metrics: dict[str, float], files: list[Path], labe
         store = TrackingStore(uri)
         tags = {str(k): str(v) for k, v in (tr.get("tags") or {}).items()}
         tags.update({"entropyrl.command": "eval", "entropyrl.output_dir": str(Path(cfg.output_dir).resolve())})
-        run_name = tr.get("run_name") or f"eval-{Path(label).name}-{'-'.join(names)[:60]}"
+        run_name = tr.get("run_name") or f"eval-{checkpoint_label(label)}-{'-'.join(names)[:60]}"
         params = {f"eval.{k}": str(v) for k, v in OmegaConf.to_container(cfg.eval, resolve=True).items()}
         params.update({"model": label, "benchmarks": ",".join(names)})
         params.update({f"eval.n_samples.{b}": str(r["n_samples"]) for b, r in results.items()})

@@ -171,7 +171,22 @@ def embedded_model_dir(model_cfg, task_cfg=None, log=print) -> Path:
     target = _cache_root() / f"tiny-{_cache_key(model_cfg, task_cfg)}"
     if (target / "config.json").exists():
         return target
+    # the cache folder must take the result before minutes of warm start, not after
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tiny-tmp-"))
+    except OSError as exc:
+        raise UserError(f"cannot cache the embedded tiny model in {target.parent}: {exc.strerror or exc} "
+                        f"(a read-only or missing HOME?): set ENTROPYRL_CACHE=<a writable folder>") from None
     log(f"building the embedded tiny model (one-time warm start, cached in {target})")
+    try:
+        return _build_into(target, staging, model_cfg, task_cfg, log)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)       # gone already when it became the cache
+
+
+def _build_into(target: Path, staging: Path, model_cfg, task_cfg, log) -> Path:
+    """Warm-start the tiny model, write it into ``staging`` and rename that into ``target``."""
     tokenizer = build_tokenizer()
     model = build_model(model_cfg.arch, tokenizer, seed=model_cfg.warm_start.seed)
     threads = torch.get_num_threads()
@@ -181,8 +196,6 @@ def embedded_model_dir(model_cfg, task_cfg=None, log=print) -> Path:
             info = warm_start(model, tokenizer, model_cfg, task_cfg, log=log)
     finally:
         torch.set_num_threads(threads)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tiny-tmp-"))
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     (staging / "warm_start.json").write_text(json.dumps(info))

@@ -4,11 +4,17 @@ fallback for what fails.
 Outcomes of a call: the values; or a failure reason (``exception``, ``timeout``, ``http_error``)
 that gives the whole batch the fallback. A value that is not finite gets the fallback alone
 (reason ``non_finite``). A function that returns the wrong number of values, or something that is
-not a number, is a programming error: ``UserError`` naming the function.
+not a number, is a programming error: ``UserError`` naming the function and what it returned
+(``check_values``: a list of real numbers of the batch's length, never read through a dict's keys
+or a string's characters).
 
-In the trainer's process (``workers: 0``) the call runs in a daemon thread that is abandoned past
-the time limit (Python cannot stop a thread): a function that may hang belongs in worker processes
-(``workers >= 1``), which are killed at the limit and started afresh for the next batch.
+``timeout_s`` is a wall-clock deadline for the whole batch. With ``workers: 0`` and a deadline, each
+batch runs in a child forked from the trainer's process (``call_in_child``: the function and the
+batch's objects are there as they are, nothing is imported again), killed at the deadline, so a
+function that overruns leaves nothing running behind it (a thread could not be stopped). State a
+function keeps in module globals therefore does not carry over between batches; ``workers >= 1``
+keeps warm processes that are killed at the deadline and started afresh for the next batch. With
+``timeout_s: null`` the function runs in the trainer's own thread, with no limit.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ from __future__ import annotations
 import concurrent.futures as cf
 import math
 import multiprocessing as mp
+import os
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -40,21 +48,47 @@ class Outcome:
     detail: str = ""
 
 
-def check_values(label: str, values, expected: int) -> list:
-    """``values`` as a list of ``expected`` items, else ``UserError`` naming ``label``."""
-    try:
-        out = list(values)
-    except TypeError:
-        raise UserError(f"{label} returned {type(values).__name__}, not a list: return one float per "
-                        f"response ({expected} here)") from None
+def _shown(value) -> str:
+    """A short description of what a reward function returned, for an error line."""
+    text = repr(value).replace("\n", " ")
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def _real(v):
+    """``v`` as a float when it is a real number (bool, int, float, numpy scalar), else None."""
+    if isinstance(v, (bool, int, float)):
+        return float(v)
+    if type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0:
+        kind = getattr(getattr(v, "dtype", None), "kind", "")
+        return float(v) if kind and kind in "biuf" else None
+    return None
+
+
+def check_values(label: str, values, expected: int) -> list[float]:
+    """``values`` as ``expected`` floats, else ``UserError`` naming ``label`` and what it returned.
+
+    The contract: a list or tuple (or a one-dimensional numpy array / torch tensor) of real numbers,
+    one per response, in the batch's order. Booleans count as 1.0 / 0.0 (a verifier's verdict).
+    A dict (even keyed by position), a string, a set, a generator, a nested list, a string or None
+    among the values is refused, not read through its keys or characters. Non-finite numbers pass
+    here and get the fallback (``finite_or_fallback``)."""
+    want = f"return a list of {expected} real numbers, one per response"
+    out = values
+    if type(values).__module__.split(".")[0] in ("numpy", "torch") and hasattr(values, "tolist"):
+        if getattr(values, "ndim", None) != 1:
+            raise UserError(f"{label} returned {type(values).__name__} of shape {tuple(values.shape)}: {want}")
+        out = values.tolist()
+    elif not isinstance(values, (list, tuple)):
+        raise UserError(f"{label} returned {_shown(values)}, not a list: {want}")
     if len(out) != expected:
-        raise UserError(f"{label} returned {len(out)} values for {expected} responses: return one "
-                        f"float per response")
-    try:
-        return [float(v) for v in out]
-    except (TypeError, ValueError):
-        bad = next(v for v in out if not isinstance(v, (int, float)))
-        raise UserError(f"{label} returned {type(bad).__name__} {bad!r:.40}: return one float per response") from None
+        raise UserError(f"{label} returned {len(out)} values for {expected} responses: {want}")
+    floats = []
+    for i, v in enumerate(out):
+        f = _real(v)
+        if f is None:
+            raise UserError(f"{label} returned a {type(values).__name__} whose item {i} is {_shown(v)}: {want}")
+        floats.append(f)
+    return floats
 
 
 def finite_or_fallback(values: list[float], fallback: float) -> tuple[list[float], int]:
@@ -65,6 +99,13 @@ def finite_or_fallback(values: list[float], fallback: float) -> tuple[list[float
 
 
 def call_in_thread(fn: Callable, kwargs: dict, timeout: float | None):
+    """``fn(**kwargs)`` in this thread (``timeout`` None, or no ``fork`` on this platform: then in a
+    daemon thread abandoned past the limit)."""
+    if timeout is None:
+        try:
+            return fn(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - the user's code: any failure is a fallback
+            raise CallFailed("exception", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
     box: dict = {}
 
     def target():
@@ -82,6 +123,49 @@ def call_in_thread(fn: Callable, kwargs: dict, timeout: float | None):
         exc = box["error"]
         raise CallFailed("exception", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     return box["values"]
+
+
+def _child(fn: Callable, kwargs: dict, conn) -> None:
+    """In the forked child: one call, its values (or its error) sent back, then exit at once."""
+    try:
+        try:
+            conn.send(("values", fn(**kwargs)))
+        except BaseException as exc:  # noqa: BLE001 - the user's code (or values that do not pickle)
+            conn.send(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+        conn.close()
+    finally:
+        os._exit(0)        # no atexit handlers, no finalizers of the parent's objects
+
+
+def call_in_child(fn: Callable, kwargs: dict, timeout: float | None):
+    """``fn(**kwargs)`` in a child forked from this process, killed at ``timeout`` seconds (a
+    wall-clock deadline for the batch): an overrunning function leaves nothing running."""
+    if timeout is None or "fork" not in mp.get_all_start_methods():
+        return call_in_thread(fn, kwargs, timeout)
+    deadline = time.monotonic() + float(timeout)
+    ctx = mp.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(fn, kwargs, send), name="entropyrl-reward")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)     # fork with threads: the child only runs fn
+        proc.start()
+    send.close()
+    try:
+        if not receive.poll(max(0.0, deadline - time.monotonic())):
+            raise CallFailed("timeout", f"no answer within {timeout:g} s (its process killed)")
+        try:
+            kind, value = receive.recv()
+        except (EOFError, OSError):
+            proc.join(1.0)
+            raise CallFailed("exception", f"the reward's process ended without an answer (exit code {proc.exitcode})") from None
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+        receive.close()
+    if kind == "error":
+        raise CallFailed("exception", value)
+    return value
 
 
 class WorkerPool:
@@ -149,4 +233,4 @@ def run_call(label: str, call: Callable[[], list], n: int, fallback: float) -> O
     return Outcome(values, {"non_finite": bad} if bad else {}, f"{bad} non-finite values" if bad else "")
 
 
-__all__ = ["CallFailed", "Outcome", "WorkerPool", "check_values", "run_call", "call_in_thread"]
+__all__ = ["CallFailed", "Outcome", "WorkerPool", "check_values", "run_call", "call_in_thread", "call_in_child"]

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 from ..conf import to_plain
 from ..core.errors import UserError
 from .builtin import BUILTIN_REWARDS
-from .calls import Outcome, WorkerPool, call_in_thread, run_call
+from .calls import Outcome, WorkerPool, call_in_child, run_call
 from .http import check_reachable, post_rewards
 from .refs import builtin_name, resolve_user
 
@@ -168,7 +168,7 @@ class RewardRunner:
             plain = {k: v for k, v in kwargs.items() if k != "problems"}   # problem objects stay here
             call = partial(e.pool.call, plain, n, e.timeout, label)
         else:
-            call = partial(call_in_thread, e.fn, kwargs, e.timeout)
+            call = partial(call_in_child, e.fn, kwargs, e.timeout)   # killed at the deadline
         out = run_call(label, call, n, e.fallback)
         for reason, count in out.fallbacks.items():
             self.log(f"warning: reward {e.name}: {count} of {n} responses got the fallback {e.fallback:g} "

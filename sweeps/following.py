@@ -22,6 +22,7 @@ from ..conf import cfg_get
 from ..core.errors import UserError
 from ..core.folder_lock import FolderLock
 from ..core.tracking import check_reachable
+from ..trainers.run.run_report import validation_text
 from .job_kinds import job_class
 from .jobs import TRAIN_KIND, TrainJob, job_environment, job_kind, read_job_state, write_job_state
 from .launchers import WAITING, Launcher, QueueEntry, find_launcher
@@ -282,7 +283,7 @@ class _Follower:
             s = _summary(Path(st.output_dir))
             self.log(f"[{n}/{self.total}] done {st.key}: {s.get('steps')} steps, entropy "
                      f"{_f(s.get('entropy/first_tenth'))} -> {_f(s.get('entropy/last_tenth'))}, "
-                     f"val acc {_f(s.get('final/val/acc'))}")
+                     f"{validation_text(s)}")
         else:
             self.log(f"[{n}/{self.total}] FAILED {st.key}: {st.detail} (log: {st.log})")
 

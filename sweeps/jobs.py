@@ -34,6 +34,7 @@ from ..conf import compose
 from ..core.files import atomic_write_text
 from ..trainers.optim import check_optim
 from ..trainers.parallel.process_group import launcher_env
+from ..trainers.run.run_report import validation_text
 from ..trainers.trainer import train
 
 JOB_STATE_FILE = "job.json"
@@ -195,7 +196,7 @@ class TrainJob(submitit.helpers.Checkpointable):
             return {"status": "FAILED", "error": error, "output_dir": str(self.output_dir)}
         self._state(state="done", ended=time.time(), mlflow_run_id=summary.get("mlflow_run_id"),
                     steps=summary.get("steps"))
-        self._log(f"done: {summary.get('steps')} steps, final val acc {summary.get('final/val/acc')}")
+        self._log(f"done: {summary.get('steps')} steps, final {validation_text(summary)}")
         return {k: v for k, v in summary.items() if isinstance(v, (str, int, float, bool, type(None)))}
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:

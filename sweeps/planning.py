@@ -18,7 +18,7 @@ from typing import Iterator
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from ..conf import CONF_DIR, config_groups, primary_defaults
+from ..conf import CONF_DIR, compose, config_groups, primary_defaults
 from ..core.errors import UserError
 from ..core.mlflow_store import resolve_uri
 from ..core.tracking import TrackingStore
@@ -163,7 +163,52 @@ def resume_overrides(cfg: DictConfig, sweep_ov: list[str], train_ov: list[str], 
     if not train_ov and saved.get("train_overrides"):
         train_ov = list(saved["train_overrides"])
         log(f"--resume: the sweep's own overrides: {' '.join(train_ov)}")
+    sweep_ov += _saved_launcher(saved, sweep_ov, keys, str(cfg.launcher.name), log)
     return sweep_ov, train_ov
+
+
+def _hydra_value(v) -> str:
+    """A plain value as a Hydra override value."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_hydra_value(x) for x in v) + "]"
+    return json.dumps(str(v))
+
+
+def _saved_launcher(saved: dict, sweep_ov: list[str], keys: set[str], asked: str, log) -> list[str]:
+    """The overrides that give a resumed sweep the launcher it was started with (its name and every
+    setting: partition, resources, threads per job), unless the command line names a launcher or
+    one of its keys (then that one is used, and said). Threads per job left to ``auto`` are pinned to
+    what the jobs ran with (their ``trainer.threads``), so a resumed job does not run with another
+    thread count because the machine is busier or idler now."""
+    launcher = dict(saved.get("launcher") or {})
+    name = launcher.pop("name", None)
+    if not name:
+        return []
+    if any(k == "launcher" or k.startswith("launcher.") for k in keys):
+        if asked != name:
+            log(f"--resume: launcher={asked} as given, instead of the sweep's own launcher={name}")
+        return []
+    try:
+        known = set(compose("sweep", [*sweep_ov, f"launcher={name}"], validate=False).launcher)
+    except UserError:
+        log(f"--resume: the sweep's launcher={name} is not available here; using launcher={asked}")
+        return []
+    if launcher.get("threads_per_job") == "auto":
+        ran = {o.split("=", 1)[1] for j in saved.get("jobs", []) for o in j.get("overrides", [])
+               if override_key(str(o)) == "trainer.threads"}
+        if len(ran) == 1 and (n := next(iter(ran))).isdigit() and int(n) > 0:
+            launcher["threads_per_job"] = int(n)
+    out = [f"launcher={name}"] + [f"launcher.{k}={_hydra_value(v)}" for k, v in launcher.items()
+                                   if k in known and not isinstance(v, dict)]
+    log(f"--resume: the sweep's own launcher: {name} (" + ", ".join(f"{k}={v}" for k, v in launcher.items()
+                                                            if k in known and not isinstance(v, dict)) + ")")
+    return out
 
 
 def plan(cfg: DictConfig, train_overrides: list[str], *, explicit_dir: bool, resume: bool) -> Plan:

@@ -41,7 +41,7 @@ def graded_input(tmp_path):
 
 def test_grade_cli_grades_good_lines_and_names_bad_ones(graded_input, tmp_path):
     out_path = tmp_path / "out" / "graded.jsonl"
-    out = run_cli("grade", graded_input, "--out", out_path)
+    out = run_cli("grade", graded_input, "--out", out_path, "--allow-skipped")
     assert out.returncode == 0, out.stderr
     for lineno in (2, 4, 7):
         assert f"responses.jsonl:{lineno}:" in out.stderr
@@ -52,8 +52,24 @@ def test_grade_cli_grades_good_lines_and_names_bad_ones(graded_input, tmp_path):
     assert [r["extracted"] for r in rows] == ["073", "5", "\\dfrac{1}{2}", None]
     assert rows[0]["response"] == "so $\\boxed{073}$"                 # other fields kept
     assert "graded 4 lines" in out.stdout and "0.5000" in out.stdout and "3 malformed" in out.stdout
-    strict = run_cli("grade", graded_input, "--out", out_path, "--strict")
-    assert strict.returncode == 1
+    skipped = run_cli("grade", graded_input, "--out", out_path)          # rows skipped: not a success
+    assert skipped.returncode == 1 and "3 malformed line(s)" in skipped.stderr and "--allow-skipped" in skipped.stderr
+
+
+def test_grade_a_binary_file_names_the_first_bad_lines_and_counts_the_rest(tmp_path):
+    import random
+
+    rng = random.Random(0)
+    src = tmp_path / "blob.jsonl"
+    blob = b"\n".join(bytes(rng.randrange(256) for _ in range(30)).replace(b"\n", b"").replace(b"\r", b"") for _ in range(200))
+    src.write_bytes(json.dumps({"response": "\\boxed{2}", "answer": "2"}).encode() + b"\n" + blob + b"\n")
+    out = run_cli("grade", src, "--out", tmp_path / "graded.jsonl")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    named = [ln for ln in out.stderr.splitlines() if ln.startswith("skipped: ")]
+    assert len(named) == 6 and "195 more malformed line(s)" in named[-1], out.stderr
+    assert len(out.stderr.splitlines()) < 12
+    allowed = run_cli("grade", src, "--out", tmp_path / "graded.jsonl", "--allow-skipped")
+    assert allowed.returncode == 0 and "graded 1 lines" in allowed.stdout
 
 
 def test_grade_cli_default_output_and_nothing_gradable(tmp_path):

@@ -154,6 +154,14 @@ def test_collapse_and_explosion_flags():
     assert ids(entropy_flags(rows_of(20, entropy=lambda i: 1.9 + 0.02 * i))) == ["explosion"]   # > 2 nats
 
 
+def test_no_explosion_flag_for_a_rise_from_a_near_zero_start():
+    """3x a near-zero start (0.019 -> 0.057 nats) is noise, not an explosion: the ratio needs a floor."""
+    tiny = rows_of(40, entropy=lambda i: 0.019 if i < 10 else 0.057)
+    assert entropy_flags(tiny) == []
+    (f,) = entropy_flags(rows_of(40, entropy=lambda i: 0.1 if i < 10 else 0.6))    # 6x and above the floor
+    assert f["id"] == "explosion" and f["first_step"] == 11 and "0.5 nats" in f["message"]
+
+
 def test_prediction_fit_raw_and_detrended():
     rng = np.random.default_rng(0)
     n = 200

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import textwrap
 from pathlib import Path
 
@@ -156,10 +157,12 @@ ROWS = [{"question": "What is 2+3?", "solution": "5", "keywords": ["add", "small
          "max_len": 30}]
 
 FIELD_CHECK = '''
-SEEN = {}
+import pickle
+from pathlib import Path
 
 def record(responses, **fields):
-    SEEN.update(fields)
+    # each batch runs in a child process (reward.workers: 0): what it saw goes to a file
+    Path(__file__).with_suffix(".seen").write_bytes(pickle.dumps(fields))
     return [float(len(r) <= m) for r, m in zip(responses, fields["max_len"])]
 '''
 
@@ -189,7 +192,7 @@ def test_data_fields_reach_reward_functions_untouched(tmp_path, suffix):
     runner.bind(source)
     problems = sorted(source.train_items, key=lambda p: p.answer)
     batch = runner.score(problems, [source.prompt(p) for p in problems], ["\\boxed{42}", "\\boxed{5}"], [0, 1])
-    seen = runner.entries[0].fn.__globals__["SEEN"]
+    seen = pickle.loads(module.with_suffix(".seen").read_bytes())
     assert seen["keywords"] == [[], ["add", "small"]]
     # parquet stores a struct column: every row has every key (null where the row had none)
     meta_1 = {"level": 1, "src": None} if suffix == "parquet" else {"level": 1}

@@ -103,9 +103,13 @@ def build_reference(cfg, dist, log=print):
     return _on_device(model, cfg, dist, trainable=False)
 
 
-def build_source(cfg, tokenizer):
-    """The prompt source of ``cfg.data``: training prompts, held-out prompts, rewards."""
-    return build_prompt_source(cfg.data, int(cfg.trainer.seed), tokenizer=tokenizer)
+def build_source(cfg, tokenizer, log=print):
+    """The prompt source of ``cfg.data``: training prompts, held-out prompts, rewards. What the source
+    has to say about its data (columns read, rows left out) is logged once, here."""
+    source = build_prompt_source(cfg.data, int(cfg.trainer.seed), tokenizer=tokenizer)
+    for note in getattr(source, "notes", []):
+        log(note)
+    return source
 
 
 def build_algorithm(cfg) -> Algorithm:

@@ -1,7 +1,8 @@
 """Every check of a training run that needs no model, run once per command before anything of the
 run is created (no folder, no model, no MLflow run): the algorithm's and the interventions' values,
 by building the ``Algorithm``, the optimizer's and schedule's names (``optim.check_optim``), the
-``tools`` section (``tool_executor.check_tools``: call format, tags, sandbox limits) and
+``tools`` section (``tool_executor.check_tools``: call format, tags, sandbox limits), an
+explicit ``data.path`` (a file, not a folder or a typo) and
 what to do with ``output_dir``. The composed config's own table
 (types and ranges of trainer, rollout, model, tracking keys) was checked by ``conf.compose``.
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from ..evals.code.tool_executor import check_tools
 from .algos.algorithm import Algorithm
+from .data.datasets import resolve_data_path
 from .optim import check_optim
 from .run import run_dir
 
@@ -35,4 +37,6 @@ def check_training(cfg) -> TrainingCheck:
     algo = Algorithm.from_train_config(cfg)
     check_optim(cfg.optim)
     check_tools(cfg.get("tools"))
+    if cfg.data.get("kind", "builtin") in ("math", "code"):
+        resolve_data_path(cfg.data)          # an explicit data.path that is not a file: an error now
     return TrainingCheck(algo, run_dir.check_output_dir(cfg))

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from ..conf import cfg_get
 from .components import stats_kwargs
 
@@ -36,6 +38,7 @@ class StepSettings:
     val: Any = None                  # the val section, as evals.runner.validate reads it
     lora: Any = None                 # model.lora, for the adapter's checkpoint parts
     stats: dict = field(default_factory=dict)     # keyword arguments of the token statistics
+    config_yaml: str = ""            # the resolved config, as every checkpoint keeps a copy of it
 
     @classmethod
     def from_config(cls, cfg) -> StepSettings:
@@ -61,4 +64,5 @@ class StepSettings:
             val=val,
             lora=cfg.model.get("lora"),
             stats=stats_kwargs(cfg),
+            config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
         )

@@ -113,7 +113,7 @@ class GRPOTrainer:
         components.seed_everything(int(t.seed))
         # model.lora: an adapter injected in place, only it trains (models/lora.py); else None
         self.model, self.tokenizer, self.lora = components.build_policy_and_adapter(cfg, self.dist, log=self.log)
-        self.source = components.build_source(cfg, self.tokenizer)
+        self.source = components.build_source(cfg, self.tokenizer, log=self.log)
         self.token_pieces = TokenPieces.for_tokenizer(self.tokenizer)   # token id -> its text, for reflection positions
         self.rewards.bind(self.source)
         self.ref_model = None        # with LoRA the reference is the adapter disabled (_reference_logp)
@@ -180,7 +180,8 @@ class GRPOTrainer:
                 model, export = self.lora.checkpoint_parts(self.settings.lora, self.tokenizer)
             path = ckpt.save_checkpoint(self.output_dir, self.step, model, self.tokenizer, optimizer,
                                         extra={"algo": self.algo.state_dict(), "scheduler": self.scheduler.state_dict()},
-                                        keep=self.settings.keep_checkpoints, export=export)
+                                        keep=self.settings.keep_checkpoints, export=export,
+                                        config_text=self.settings.config_yaml)
         distributed.barrier(self.dist)
         return path
 

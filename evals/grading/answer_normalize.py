@@ -206,8 +206,9 @@ def split_parts(answer: str) -> list[str]:
     """The parts of a multi-part answer, or ``[answer]``.
 
     Parts are separated by top-level commas / semicolons (never a thousands group "1,000") and
-    the words "and" / "or"; a whole-answer set ``\\{1, 2\\}`` is its elements. Empty parts are
-    dropped and repeated ones (same ``compact_key``) kept once."""
+    the words "and" / "or"; a whole-answer set ``\\{1, 2\\}`` is its elements; one ``\\pm`` stands
+    for its two values (``\\pm 2021``: -2021 and 2021). Empty parts are dropped and repeated ones
+    (same ``compact_key``) kept once."""
     s = _thousands(answer.strip().strip("$").strip())
     s = _unwrap_whole(s)
     m = _SET_RE.match(s)
@@ -231,7 +232,14 @@ def split_parts(answer: str) -> list[str]:
             continue
         seen.add(key)
         out.append(p)
+    if len(out) == 1 and len(_PM_RE.findall(out[0])) == 1:
+        # "\pm 2021" is the set {-2021, 2021}; "1 \pm \sqrt{2}" the pair 1 - \sqrt{2}, 1 + \sqrt{2}
+        minus, plus = _PM_RE.sub("-", out[0]).strip(), _PM_RE.sub("+", out[0]).strip()
+        return [re.sub(r"^-\s+", "-", minus), plus[1:].strip() if plus.startswith("+") else plus]
     return out or [answer]
+
+
+_PM_RE = re.compile(r"\\pm(?![a-zA-Z])")
 
 
 def label_of(part: str) -> tuple[str | None, str]:

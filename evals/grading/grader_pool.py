@@ -38,7 +38,9 @@ from typing import Callable, Sequence
 __all__ = ["GradingPool", "run_pool", "shutdown_pool", "cpu_count", "start_pool"]
 
 
-_PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])   # the folder that holds entropyrl/
+# the folder that holds entropyrl/ as this process imported it (not resolved: a symlinked checkout
+# must give the zygote this very package, not another copy found through the link target's parent)
+_PACKAGE_PARENT = str(Path(os.path.abspath(__file__)).parents[3])
 # -E -s and no current folder on sys.path: the zygote imports this package and math-verify only.
 _ZYGOTE_MAIN = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
                 "sys.path.insert(0, sys.argv[1]); "

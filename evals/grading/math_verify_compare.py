@@ -23,6 +23,12 @@ def _parsed(answer: str, inner_timeout: int) -> tuple:
     return tuple(parse("\\boxed{" + answer + "}", extraction_config=config, parsing_timeout=inner_timeout))
 
 
+def _cut_short(text: str, parsed: tuple) -> bool:
+    """Whether math-verify kept less of ``text`` than was written (its last item is the text it read)."""
+    kept = parsed[-1] if parsed and isinstance(parsed[-1], str) else None
+    return kept is not None and len("".join(kept.split())) < len("".join(text.split()))
+
+
 def mv_single(pred: str, gold: str, inner_timeout: int) -> bool:
     """math-verify on the normalised pair, then on the raw pair. Runs in a worker."""
     from math_verify import verify
@@ -41,6 +47,13 @@ def mv_single(pred: str, gold: str, inner_timeout: int) -> bool:
             # and "2x+4y-3=0" equals "y=-x/2+3/4" only as equations.
             if verify(list(gp), list(pp), timeout_seconds=inner_timeout):
                 return True
+            if _cut_short(g, gp) or _cut_short(p, pp):
+                # math-verify dropped a tail it took for units ("c + 2ab" read as c + 2): read both
+                # again in parentheses, where nothing is dropped (a mismatch may turn into a match
+                # only when the whole expressions are equal)
+                wg, wp = _parsed(f"({g})", inner_timeout), _parsed(f"({p})", inner_timeout)
+                if wg and wp and verify(list(wg), list(wp), timeout_seconds=inner_timeout):
+                    return True
             raw = pairs[-1]
             if k == 0 and len(pairs) == 2 and "=" in raw[0] and "=" in raw[1]:
                 rg, rp = _parsed(raw[0], inner_timeout), _parsed(raw[1], inner_timeout)

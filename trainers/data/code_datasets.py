@@ -15,15 +15,14 @@ under ``data.sandbox`` limits. Order, resumption and holdout work as for math da
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Sequence
 
 from ...conf import cfg_get, to_plain
 from ...core.errors import UserError
-from ...evals.benchmarks import load_benchmark, read_rows, resolve_data_root
+from ...evals.benchmarks import load_benchmark, read_rows
 from ...evals.code.code_eval import OPEN_FENCE, code_prompt, sandbox_for
 from ...evals.code.code_tasks import CodeProblem, grade_code, rows_to_code_problems
-from .datasets import MathDatasetSource, split_holdout
+from .datasets import MathDatasetSource, resolve_data_path, split_holdout
 
 __all__ = ["CodeTaskSource", "REWARDS"]
 
@@ -32,15 +31,9 @@ REWARDS = {"pass_all": "all", "fraction": "fraction"}
 
 def load_code_problems(data_cfg) -> tuple[list[CodeProblem], str]:
 
-    bench, raw = cfg_get(data_cfg, "benchmark", None), cfg_get(data_cfg, "path", None)
-    if raw:
-        path = Path(str(raw)).expanduser()
-        if not path.is_absolute():
-            root = resolve_data_root(cfg_get(data_cfg, "data_root", None))
-            path = root / path if root is not None else path
-        if not path.is_file():
-            raise UserError(f"data.path={raw}: no such file (relative paths are under data.data_root / "
-                            f"$ENTROPYRL_DATA); give a jsonl of HumanEval/MBPP-layout rows")
+    bench = cfg_get(data_cfg, "benchmark", None)
+    path = resolve_data_path(data_cfg)          # an explicit data.path: that file, or an error naming it
+    if path is not None:
         return rows_to_code_problems(read_rows(path), source=str(path)), str(path)
     if not bench:
         raise UserError("data.kind=code needs data.benchmark (humaneval, mbpp, livecodebench) or data.path")

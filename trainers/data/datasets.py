@@ -37,11 +37,11 @@ from typing import Any, Sequence
 from ...conf import cfg_get, to_plain
 from ...core.errors import UserError
 from ...core.registry import unknown_choice
-from ...evals.benchmarks import read_rows, resolve_data_root, rows_to_problems
+from ...evals.benchmarks import describe_fields, limit_rows, read_rows, resolve_data_root, rows_to_problems
 from ...evals.grading.grader import grade_batch
 from ...evals.prompts import available_templates, build_prompt
 
-__all__ = ["MathDatasetSource", "load_problems"]
+__all__ = ["MathDatasetSource", "load_problems", "resolve_data_path"]
 
 
 def _python(value):
@@ -59,30 +59,62 @@ def _hub_offline() -> bool:
                for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
-def load_problems(data_cfg) -> tuple[list, str]:
-    """``(problems, where)``: ``tasks.Problem`` items of ``data_cfg`` and where they came from."""
+def resolve_data_path(data_cfg) -> Path | None:
+    """The file an explicit ``data.path`` names, or None when ``data.path`` is null.
 
-    name = str(cfg_get(data_cfg, "name", "data"))
+    An absolute path is taken as is; a relative one under the data root (``data.data_root`` /
+    ``$ENTROPYRL_DATA``) when it is there, else under the working folder. A path that does not exist,
+    or is a folder, is a ``UserError`` naming it: a path the user wrote is never replaced by the hub."""
     raw = cfg_get(data_cfg, "path", None)
+    if raw is None or str(raw).strip() == "":
+        return None
+    path = Path(str(raw)).expanduser()
+    candidates = [path]
+    if not path.is_absolute():
+        root = resolve_data_root(cfg_get(data_cfg, "data_root", None))
+        candidates = ([root / path] if root is not None else []) + [Path.cwd() / path]
+    for c in candidates:
+        if c.is_file():
+            return c
+    folder = next((c for c in candidates if c.is_dir()), None)
+    if folder is not None:
+        raise UserError(f"data.path={raw}: {folder} is a folder, not a data file: point data.path at a "
+                        f".jsonl, .json or .parquet file")
+    looked = " nor ".join(str(c) for c in candidates)
+    raise UserError(f"data.path={raw}: no such file ({looked} exists): fix the path "
+                    f"(a data.path you give is read as written, never replaced by a hub download)")
+
+
+def load_problems(data_cfg) -> tuple[list, str]:
+    """``(problems, where)``: ``tasks.Problem`` items of ``data_cfg`` and where they came from.
+
+    ``data.path`` given: that file or an error (``resolve_data_path``). ``data.path`` null: the
+    preset's ``data.default_path`` under the data root when it is there, else the hub dataset
+    ``data.hub``. ``problems`` is a list with ``skipped`` (rows over ``data.max_row_bytes``) and
+    ``columns`` (which columns were read, in words) attributes."""
+    name = str(cfg_get(data_cfg, "name", "data"))
     fields = to_plain(cfg_get(data_cfg, "fields", {})) or {}
-    found = None
-    if raw:
-        path = Path(str(raw)).expanduser()
-        if not path.is_absolute():
-            root = resolve_data_root(cfg_get(data_cfg, "data_root", None))
-            path = (root / path) if root is not None else None
-        if path is not None and path.is_file():
-            found = path
+    max_bytes = cfg_get(data_cfg, "max_row_bytes", None)
+    max_bytes = int(max_bytes) if max_bytes else None
+    found = resolve_data_path(data_cfg)
+    default = cfg_get(data_cfg, "default_path", None)
+    if found is None and default:
+        root = resolve_data_root(cfg_get(data_cfg, "data_root", None))
+        path = Path(str(default)).expanduser()
+        path = path if path.is_absolute() else (root / path if root is not None else None)
+        found = path if path is not None and path.is_file() else None
     if found is not None:
-        return rows_to_problems(read_rows(found), fields, source=str(found)), str(found)
+        rows = read_rows(found, max_row_bytes=max_bytes)
+        return _Problems(rows_to_problems(rows, fields, source=str(found)), getattr(rows, "skipped", 0),
+                         describe_fields(rows, fields)), str(found)
     hub = cfg_get(data_cfg, "hub", None)
-    looked = (f"{raw} under the data root (data.data_root or $ENTROPYRL_DATA)") if raw else "no data.path"
+    looked = (f"{default} under the data root (data.data_root or $ENTROPYRL_DATA)") if default else "no data.path"
     if not hub:
-        raise UserError(f"data={name}: no data file ({looked}) and no data.hub: set data.path or "
+        raise UserError(f"data={name}: no data file ({looked}) and no data.hub: set data.path=FILE or "
                         f"ENTROPYRL_DATA=<data dir>")
     if _hub_offline():
         raise UserError(f"data={name}: no data file ({looked}) and the hub is off (HF_HUB_OFFLINE): "
-                        f"set ENTROPYRL_DATA=<data dir> or data.data_root=<data dir>")
+                        f"set data.path=FILE, ENTROPYRL_DATA=<data dir> or data.data_root=<data dir>")
     try:
         import datasets
 
@@ -91,8 +123,18 @@ def load_problems(data_cfg) -> tuple[list, str]:
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
         raise UserError(f"data={name}: no data file ({looked}) and hub dataset '{hub}' failed to load "
                         f"({first[:160]}): set ENTROPYRL_DATA=<data dir> or data.path") from None
-    return rows_to_problems([_python(dict(r)) for r in ds], fields, source=str(hub)), f"hub:{hub}"
+    rows = limit_rows([_python(dict(r)) for r in ds], max_bytes)
+    return _Problems(rows_to_problems(rows, fields, source=str(hub)), rows.skipped,
+                     describe_fields(rows, fields)), f"hub:{hub}"
 
+
+class _Problems(list):
+    """Problems, with how many rows were over the size limit and which columns were read."""
+
+    def __init__(self, items, skipped: int = 0, columns: str = ""):
+        super().__init__(items)
+        self.skipped = int(skipped)
+        self.columns = columns
 
 
 def split_holdout(problems: list, data_cfg) -> tuple[list, list]:
@@ -121,17 +163,32 @@ class MathDatasetSource:
 
         if self.template not in available_templates():
             raise UserError(unknown_choice("data.prompt", self.template, available_templates()))
-        problems, self.where = load_problems(data_cfg)
+        loaded, self.where = load_problems(data_cfg)
+        # said once at start by whoever builds the source (components.build_source): the columns
+        # read, the rows left out and why
+        self.notes = [f"data: {self.where}: {loaded.columns}"]
+        if loaded.skipped:
+            self.notes.append(f"data: skipped {loaded.skipped} row(s) over data.max_row_bytes="
+                              f"{cfg_get(data_cfg, 'max_row_bytes', None)} bytes (not tokenised)")
+        problems = list(loaded)
         limit = cfg_get(data_cfg, "limit", None)
         if limit:
             problems = problems[: int(limit)]
         max_len = cfg_get(data_cfg, "max_prompt_length", None)
-        if max_len and tokenizer is not None:
-            problems = [p for p in problems
-                        if len(tokenizer(self.prompt(p), add_special_tokens=False)["input_ids"]) <= int(max_len)]
         if not problems:
-            raise UserError(f"data={self.name}: no usable problems in {self.where}"
-                            + (f" (all prompts longer than data.max_prompt_length={max_len} tokens)" if max_len else ""))
+            raise UserError(f"data={self.name}: no problems in {self.where}"
+                            + (f" ({loaded.skipped} row(s) over data.max_row_bytes)" if loaded.skipped else
+                               " (no row has the problem and answer columns)"))
+        if max_len and tokenizer is not None:
+            kept = [p for p in problems
+                    if len(tokenizer(self.prompt(p), add_special_tokens=False)["input_ids"]) <= int(max_len)]
+            if len(kept) < len(problems):
+                self.notes.append(f"data: dropped {len(problems) - len(kept)} of {len(problems)} prompt(s) longer than "
+                                  f"data.max_prompt_length={max_len} tokens")
+            if not kept:
+                raise UserError(f"data={self.name}: all {len(problems)} prompt(s) in {self.where} are longer than "
+                                f"data.max_prompt_length={max_len} tokens: raise data.max_prompt_length or shorten them")
+            problems = kept
         self.train_items, self.val_items = split_holdout(problems, data_cfg)
         self._perms: dict[int, list[int]] = {}
 

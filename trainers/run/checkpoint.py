@@ -1,6 +1,6 @@
 """Checkpoints: Hugging Face model folder + optimizer, RNG and algorithm state, written atomically.
 
-Layout: ``<output_dir>/checkpoints/step_000020/{model/, trainer_state.pt}`` (a LoRA run: ``model/``
+Layout: ``<output_dir>/checkpoints/step_000020/{model/, trainer_state.pt, config.yaml}`` (a LoRA run: ``model/``
 holds the adapter, and ``merged/`` the merged model when ``model.lora.save_merged``). A checkpoint is
 written to a hidden staging folder (``.tmp-*``), its files and folders are fsync'd, and only then
 is it renamed into place (and the parent folder fsync'd), so neither a crash mid-write nor a power
@@ -27,6 +27,7 @@ from ...core.files import fsync_dir
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 STAGING_PREFIX = ".tmp-"
+CONFIG_COPY = "config.yaml"    # each checkpoint's copy of the run's config (resume checks against it)
 
 
 def checkpoint_dir(output_dir: Path) -> Path:
@@ -89,10 +90,12 @@ def _storage_failing(folder: Path) -> bool:
 
 
 def save_checkpoint(output_dir: Path, step: int, model, tokenizer, optimizer, extra: dict, keep: int = 2,
-                    export=None) -> Path:
+                    export=None, config_text: str | None = None) -> Path:
     """Write checkpoint ``step`` atomically and delete all but the newest ``keep``. ``model``: what
     ``save_pretrained`` writes (a LoRA run: the adapter); ``export(folder)`` writes more into the
-    staging folder (a LoRA run's merged model) before it is made visible."""
+    staging folder (a LoRA run's merged model) before it is made visible; ``config_text``: the
+    run's config as YAML, kept as ``CONFIG_COPY`` (what a resume compares with when the run
+    folder's config.yaml is lost)."""
     root = checkpoint_dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     remove_staging(output_dir)
@@ -108,6 +111,8 @@ def save_checkpoint(output_dir: Path, step: int, model, tokenizer, optimizer, ex
             export(staging)
         torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state(), **extra},
                    staging / "trainer_state.pt")
+        if config_text is not None:
+            (staging / CONFIG_COPY).write_text(config_text)
         record = Path(output_dir) / "metrics.jsonl"
         if record.exists():                # the record up to this step: rebuilt from here if it is lost
             shutil.copyfile(record, staging / "metrics.jsonl")

@@ -23,12 +23,13 @@ from ...conf import to_plain
 from ..interventions import INTERVENTIONS
 
 __all__ = ["regime_warnings", "entropy_flags", "prediction_fit", "attribution_summary", "report_regime", "findings_cell", "COLLAPSE_RATIO",
-           "EXPLOSION_RATIO", "EXPLOSION_NATS", "DETREND_WINDOW",
+           "EXPLOSION_RATIO", "EXPLOSION_NATS", "EXPLOSION_FLOOR", "DETREND_WINDOW",
            "rolling_mean_by_step"]
 
 COLLAPSE_RATIO = 0.2      # entropy below 0.2x its first-tenth mean
 EXPLOSION_RATIO = 3.0     # ... or above 3x it
 EXPLOSION_NATS = 2.0      # ... or above 2 nats/token
+EXPLOSION_FLOOR = 0.5     # the ratio rule needs at least this many nats/token: 3x a near-zero start is no explosion
 ALL_EQUAL_SHARE = 0.5     # most groups all-equal: nothing to reweight
 DETREND_WINDOW = 21       # rolling mean removed before correlating predicted and realised change
 
@@ -76,8 +77,10 @@ def regime_warnings(rows: list[dict], algo_cfg: dict) -> list[dict]:
 
 
 def entropy_flags(rows: list[dict]) -> list[dict]:
-    """Collapse (entropy < 0.2x its first-tenth mean) and explosion (> 3x, or > 2 nats), with the
-    first step at which each happened. ``[{"id", "message", "first_step"}]``."""
+    """Collapse (entropy < 0.2x its first-tenth mean) and explosion (> 3x it and above a floor of
+    ``EXPLOSION_FLOOR`` nats, or > 2 nats), with the first step at which each happened: a ratio alone
+    would call 0.06 nats an explosion of a run that started near zero.
+    ``[{"id", "message", "first_step"}]``."""
     ent = _series(rows, "entropy")
     if len(ent) < 2:
         return []
@@ -88,10 +91,11 @@ def entropy_flags(rows: list[dict]) -> list[dict]:
     if low is not None:
         out.append(_finding("collapse", f"entropy collapsed: {low[1]:.3f} nats < {COLLAPSE_RATIO} x its "
                                         f"first-tenth mean {ref:.3f} at step {low[0]}", low[0]))
-    high = next(((s, v) for s, v in ent if v > EXPLOSION_RATIO * ref or v > EXPLOSION_NATS), None)
+    high = next(((s, v) for s, v in ent if v > max(EXPLOSION_RATIO * ref, EXPLOSION_FLOOR) or v > EXPLOSION_NATS), None)
     if high is not None:
-        out.append(_finding("explosion", f"entropy exploded: {high[1]:.3f} nats > {EXPLOSION_RATIO} x its "
-                                         f"first-tenth mean {ref:.3f} or > {EXPLOSION_NATS} at step {high[0]}", high[0]))
+        why = (f"> {EXPLOSION_NATS} nats" if high[1] > EXPLOSION_NATS else
+               f"> {EXPLOSION_RATIO} x its first-tenth mean {ref:.3f} (and > {EXPLOSION_FLOOR} nats)")
+        out.append(_finding("explosion", f"entropy exploded: {high[1]:.3f} nats {why} at step {high[0]}", high[0]))
     return out
 
 

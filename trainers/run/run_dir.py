@@ -5,7 +5,10 @@ is written (it only reads the folder; the trainer then acts on its answer):
 
 - ``trainer.resume=auto`` continues the run in ``output_dir`` only when its saved ``config.yaml``
   matches the requested config in everything but run length and logging options
-  (``RESUMABLE_CHANGES``); otherwise it refuses, listing the keys that differ;
+  (``RESUMABLE_CHANGES``); otherwise it refuses, listing the keys that differ. When config.yaml
+  is missing or unreadable, the latest checkpoint's own copy of the config is compared instead
+  (none: refused). ``metrics.jsonl`` lines without an integer step and a damaged ``tracking.json``
+  are refused naming the file and line, and a changed LoRA rank against the checkpoint's adapter;
 - ``trainer.resume=never`` refuses a folder that already holds a run (checkpoints, metrics or an
   MLflow link) instead of silently mixing the two;
 - ``trainer.resume=overwrite`` deletes the old run's checkpoints, metrics, summary, plots and MLflow
@@ -26,7 +29,7 @@ from typing import Any, Callable
 from ...core.errors import UserError
 from ...core.files import atomic_write_text  # noqa: F401  (re-exported for callers of run_dir)
 from ...core.folder_lock import FolderLock
-from ...core.tracking import parse_metrics
+from ...core.tracking import check_metrics_file, parse_metrics, read_run_link
 from ...core.validation import RENAMED
 from ..parallel.process_group import launcher_env
 from . import checkpoint as ckpt
@@ -56,6 +59,7 @@ class RunFolder:
     checkpoint_steps: list[int] = field(default_factory=list)
     files: list[str] = field(default_factory=list)           # of RUN_FILES, present
     saved_config: dict | None = None
+    config_problem: str = "is missing"                      # why saved_config is None
 
     @property
     def holds_run(self) -> bool:
@@ -80,14 +84,54 @@ def inspect_folder(output_dir: Path) -> RunFolder:
     folder.checkpoint_steps = ckpt.checkpoint_steps(out)
     folder.files = [f for f in RUN_FILES if (out / f).exists()]
     if "config.yaml" in folder.files:
-        from omegaconf import OmegaConf
-
-        try:
-            loaded = OmegaConf.to_container(OmegaConf.load(out / "config.yaml"), resolve=False)
-            folder.saved_config = loaded if isinstance(loaded, dict) else None
-        except Exception:  # noqa: BLE001 - an unreadable config.yaml compares as "unknown"
-            folder.saved_config = None
+        folder.saved_config, folder.config_problem = read_config(out / "config.yaml")
     return folder
+
+
+def read_config(path: Path) -> tuple[dict | None, str]:
+    """``(config, "")`` of a saved config.yaml, or ``(None, why it cannot be used)``."""
+    from omegaconf import OmegaConf
+
+    try:
+        loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except Exception as exc:  # noqa: BLE001 - YAML syntax, bad bytes, interpolation: one reason
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+        return None, f"cannot be read ({first})"
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("trainer"), dict):
+        return None, "is not a run's config (no trainer section)"
+    return loaded, ""
+
+
+def checkpoint_config(output_dir: Path) -> tuple[dict | None, Path | None]:
+    """The config copy in the latest checkpoint (``save_checkpoint`` writes one into each), or None."""
+    latest = ckpt.latest_checkpoint(Path(output_dir))
+    copy = latest / ckpt.CONFIG_COPY if latest is not None else None
+    if copy is None or not copy.exists():
+        return None, copy
+    return read_config(copy)[0], copy
+
+
+def check_adapter(out: Path, cfg, fresh: str) -> None:
+    """A changed ``model.lora.rank`` (or LoRA switched on or off) against the latest checkpoint's
+    weights: refused as a changed config, before PEFT would fail on mismatched sizes."""
+    latest = ckpt.latest_checkpoint(out)
+    if latest is None:
+        return
+    lora = cfg.model.get("lora") if cfg.get("model") is not None else None
+    want = lora.get("rank") if lora is not None else None
+    adapter = latest / "model" / "adapter_config.json"
+    if adapter.exists():
+        try:
+            have = json.loads(adapter.read_text()).get("r")
+        except (OSError, ValueError):
+            return                           # a damaged checkpoint: load_latest_intact skips it
+        if want is None or int(want) != int(have):
+            asked = f"model.lora.rank={want}" if want is not None else "full fine-tuning (model.lora.rank=null)"
+            raise UserError(f"output_dir={out} holds a LoRA run of rank {have} (checkpoint {latest.name}) and this run asks "
+                            f"for {asked}: run it with model.lora.rank={have} to continue it, or {fresh}")
+    elif want is not None and (latest / "model").is_dir():
+        raise UserError(f"output_dir={out} holds a full fine-tuning run (checkpoint {latest.name}) and this run asks for "
+                        f"model.lora.rank={want}: run it with model.lora.rank=null to continue it, or {fresh}")
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -180,15 +224,27 @@ def check_output_dir(cfg) -> str:
                         f"reuse it: pass trainer.resume=auto to continue it, or {fresh}")
     if mode != "auto":
         raise UserError(f"trainer.resume={mode} is not allowed: it must be one of auto, never, overwrite")
-    if folder.saved_config is not None:
+    # the records a resume reads back: each checked before it is believed
+    check_metrics_file(out / "metrics.jsonl")
+    read_run_link(out / "tracking.json")
+    saved, against = folder.saved_config, ""
+    if saved is None and folder.checkpoint_steps:
+        # config.yaml missing or damaged: the checkpoint's own copy says what the run trained with
+        saved, copy = checkpoint_config(out)
+        if saved is None:
+            raise UserError(f"{out / 'config.yaml'} {folder.config_problem} and the checkpoint holds no copy of the run's "
+                            f"config, so this run's settings cannot be checked against it: restore config.yaml, or {fresh}")
+        against = f" (config.yaml {folder.config_problem}; compared with the checkpoint's copy {copy})"
+    if saved is not None:
         requested = OmegaConf.to_container(cfg, resolve=True)
-        diffs = config_differences(upgrade_saved_config(folder.saved_config, requested), requested)
+        diffs = config_differences(upgrade_saved_config(saved, requested), requested)
         if diffs:
             shown = "; ".join(f"{k}: {_fmt(old)} -> {_fmt(new)}" for k, old, new in diffs[:8])
             more = f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else ""
-            raise UserError(f"output_dir={out} holds a run with other settings ({shown}{more}); only run length and "
-                            f"logging options may change on resume: run it with its own settings to "
+            raise UserError(f"output_dir={out} holds a run with other settings ({shown}{more}){against}; only run length "
+                            f"and logging options may change on resume: run it with its own settings to "
                             f"continue it, or {fresh}")
+    check_adapter(out, cfg, fresh)
     return "resume"
 
 

@@ -15,7 +15,7 @@ from .plots import plot_attribution, plot_quadrants, plot_reflection, plot_train
 from .regime import report_regime
 from .run_dir import atomic_write_text
 
-__all__ = ["summarize", "write_run_report", "TrainingProgress"]
+__all__ = ["summarize", "validation_text", "write_run_report", "TrainingProgress"]
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -26,7 +26,9 @@ def summarize(rows: list[dict]) -> dict:
         tenth = max(1, len(ent) // 10)
         out.update({"entropy/first_tenth": float(np.mean(ent[:tenth])), "entropy/last_tenth": float(np.mean(ent[-tenth:])),
                     "entropy/min": float(np.min(ent))})
-    for key in ("val/acc", "acc/mean", "reward/mean"):
+    # the task's held-out accuracy, each validation benchmark's avg@n, training accuracy and reward
+    bench = sorted({k for r in rows for k in r if k.startswith("val/") and k.rsplit("/", 1)[-1].startswith("avg@")})
+    for key in ("val/acc", *bench, "acc/mean", "reward/mean"):
         vals = [r[key] for r in rows if r.get(key) is not None]
         if vals:
             out[f"final/{key}"] = float(vals[-1])
@@ -54,6 +56,19 @@ def entropy_target(algo_cfg: dict) -> tuple[str, float] | None:
         if isinstance(value, (int, float)):
             return key, float(value)
     return None
+
+
+def validation_text(summary: dict) -> str:
+    """What was validated, by its own name, for a one-line run ending: ``val acc 0.512`` (the task's
+    held-out prompts), ``val math500 avg@4 0.250`` per benchmark, or ``no validation``; never an
+    accuracy of something that was not validated."""
+    parts = []
+    for key, value in summary.items():
+        if not key.startswith("final/val/") or not isinstance(value, (int, float)):
+            continue
+        name = key[len("final/val/"):]
+        parts.append(f"val acc {value:.3f}" if name == "acc" else f"val {name.replace('/', ' ')} {value:.3f}")
+    return ", ".join(parts) or "no validation"
 
 
 def write_run_report(rows: list[dict], cfg, output_dir: Path, tracker, status: str, run_facts: dict,

@@ -50,7 +50,9 @@ def sample_rows(step: int, prompts: Sequence[str], responses: Sequence[str], rew
 
 
 def append_samples(output_dir: Path, rows: list[dict]) -> Path:
+    """Append ``rows`` to the run's samples table (the folder made if a step runs before ``fit``)."""
     path = Path(output_dir) / SAMPLES_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
