@@ -28,8 +28,7 @@ from ..core.files import atomic_write_lines, atomic_write_text
 from ..core.mlflow_store import resolve_uri
 from ..core.outbox import short_http_retries
 from ..core.tracking import TrackingStore, check_reachable
-from ..models import tiny as models
-from ..models.loading import load_policy
+from ..models.loading import load_policy, model_dir
 from ..rollout.base import RolloutEngine, build_rollout, rollout_engine
 from ..tasks.problem import Problem
 from .benchmarks import available_benchmarks, expand_benchmarks, get_spec, load_benchmark
@@ -275,7 +274,7 @@ def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine,
     if getattr(engine_cls, "loads_from_path", False):
         from transformers import AutoTokenizer
 
-        path = str(cfg.model.get("path") or models.embedded_model_dir(cfg.model, log=log))
+        path = model_dir(cfg.model, log=log)
         model, tokenizer = None, AutoTokenizer.from_pretrained(path)
         engine_cfg["model_path"] = path
     else:
