@@ -97,9 +97,9 @@ def test_stop_tokens_join_the_generation_config_and_unknown_ones_are_refused():
     cfg = compose("train", ["model.warm_start.steps=3", "model.warm_start.batch_size=8"]).model
     model, tok = load_policy(cfg, log=lambda *_: None)
     plain = stop_token_ids(model, tok)
-    cfg.stop_tokens = ["<unk>"]
+    cfg.stop_tokens = ["<pad>"]
     model, tok = load_policy(cfg, log=lambda *_: None)
-    assert stop_token_ids(model, tok) == plain + [tok.unk_token_id]
+    assert stop_token_ids(model, tok) == plain + [tok.pad_token_id]
     assert tok.padding_side == "left"
     cfg.stop_tokens = ["<|im_end|>"]
     with pytest.raises(UserError, match=r"model.stop_tokens: '<\|im_end\|>' is not a token"):
