@@ -36,7 +36,7 @@ def stop_tokens(model_cfg, tokenizer) -> list[int]:
     ids = []
     for text in list(model_cfg.get("stop_tokens", None) or []):
         tid = tokenizer.convert_tokens_to_ids(str(text))
-        if tid is None or tid == tokenizer.unk_token_id:
+        if tid is None or (tid == tokenizer.unk_token_id and str(text) != tokenizer.unk_token):
             raise UserError(f"model.stop_tokens: {text!r} is not a token of this tokenizer: list single special tokens")
         ids.append(int(tid))
     return ids

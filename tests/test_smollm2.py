@@ -101,6 +101,9 @@ def test_stop_tokens_join_the_generation_config_and_unknown_ones_are_refused():
     model, tok = load_policy(cfg, log=lambda *_: None)
     assert stop_token_ids(model, tok) == plain + [tok.pad_token_id]
     assert tok.padding_side == "left"
+    cfg.stop_tokens = ["<unk>"]                                    # the unknown token itself is a token
+    model, tok = load_policy(cfg, log=lambda *_: None)
+    assert stop_token_ids(model, tok) == plain + [tok.unk_token_id]
     cfg.stop_tokens = ["<|im_end|>"]
     with pytest.raises(UserError, match=r"model.stop_tokens: '<\|im_end\|>' is not a token"):
         load_policy(cfg, log=lambda *_: None)
@@ -124,7 +127,7 @@ def test_gguf_converts_once_and_the_second_load_uses_the_cache(smollm_dir):
     from entropyrl.models.loading import model_dir
 
     path, _ = smollm_dir
-    config = json.loads((os.path.join(path, "config.json") and open(os.path.join(path, "config.json"))).read())
+    config = json.loads(open(os.path.join(path, "config.json")).read())
     assert config["model_type"] == "llama" and config["vocab_size"] == 49152 and config["num_hidden_layers"] == 30
     assert "quantization_config" not in config
     source = json.loads(open(os.path.join(path, "gguf_source.json")).read())
@@ -141,14 +144,15 @@ def test_generates_with_the_chat_template_and_stops_at_end_of_turn(smollm_dir):
     """Greedy answers in a chat turn: each ends at <|im_end|> (the pad token too), a short prompt
     answers the same alone and left-padded beside a long one, and no special token reaches the text."""
     from entropyrl.models.loading import load_policy
+    from entropyrl.rollout.base import stop_token_ids
     from entropyrl.rollout.hf_engine import HFRollout
 
     model, tok = load_policy(preset())
     assert tok.padding_side == "left" and tok.chat_template and len(tok) == 49152
     end_turn, end_text = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
     assert tok.pad_token_id == end_turn                                         # pad == eos on this tokenizer
-    assert {end_turn, end_text} <= set(model.generation_config.eos_token_id if isinstance(
-        model.generation_config.eos_token_id, list) else [model.generation_config.eos_token_id]) | {end_text}
+    assert end_text == tok.unk_token_id == 0                                  # the end of text is also the unk token
+    assert stop_token_ids(model, tok) == [end_turn, end_text]
 
     def chat(q):
         return tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
@@ -156,16 +160,17 @@ def test_generates_with_the_chat_template_and_stops_at_end_of_turn(smollm_dir):
     short = chat("What is 1 + 5? Answer with the number only.")
     long = chat("Please compute the following sum carefully, then answer with the number only: what is 3 + 4?")
     assert short.endswith("<|im_start|>assistant\n")
-    engine = HFRollout({"max_new_tokens": 24, "batch_size": 8, "temperature": 0.0}, model, tok)
+    engine = HFRollout({"max_new_tokens": 16, "batch_size": 8, "temperature": 0.0}, model, tok)
     alone = engine.generate([short], n=1, seed=0, temperature=0.0)
     both = engine.generate([long, short], n=1, seed=0, temperature=0.0)
     assert both.texts[1] == alone.texts[0]                                      # left padding changes nothing
-    assert "6" in alone.texts[0] and "7" in both.texts[0]
-    for roll in (alone, both):
-        for i, text in enumerate(roll.texts):
-            assert "<|" not in text and text.strip()
-            length = int(roll.response_mask[i].sum())
-            assert not roll.truncated[i] and int(roll.response_ids[i, length - 1]) in (end_turn, end_text)
+    assert "6" in alone.texts[0] and not alone.truncated[0]                    # "1 + 5 = 6", then end of turn
+    length = int(alone.response_mask[0].sum())
+    assert int(alone.response_ids[0, length - 1]) in (end_turn, end_text)      # the stop token is in the mask
+    assert (alone.response_ids[0, length:] == tok.pad_token_id).all()
+    for text in both.texts:
+        assert "<|" not in text and text.strip()
+    assert both.truncated[0] == (int(both.response_mask[0].sum()) == both.response_ids.shape[1])
 
 
 @needs_smollm2
@@ -178,5 +183,22 @@ def test_trains_two_steps(smollm_dir, tmp_path, lora):
                   *(["model.lora.rank=4"] if lora else []), cwd=tmp_path)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "entropy/mean" in r or "actor/entropy" in r or "step" in r]
-    assert len({r.get("step") for r in steps if r.get("step") is not None}) >= 2
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["entropy"] > 0 and 0.0 <= r["acc/mean"] <= 1.0 and r["response_length/mean"] > 0 for r in rows)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "FINISHED" and summary["steps"] == 2
+    if lora:                                                    # the checkpoint holds the adapter, not the model
+        assert list((tmp_path / "run" / "checkpoints").rglob("adapter_config.json"))
+
+
+@needs_smollm2
+@pytest.mark.slow
+def test_evaluates_gsm8k_with_hf(smollm_dir, tmp_path):
+    out = run_cli("eval", "gsm8k", f"model={PRESET}", "eval.limit=4", "eval.n_samples=1", "eval.max_new_tokens=48",
+                  "eval.temperature=0", "eval.workers=1", "tracking.enabled=false", "output_dir=run", cwd=tmp_path)
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    bench = summary["benchmarks"]["gsm8k"]
+    assert bench["problems"] == 4 and bench["n_samples"] == 1 and 0.0 <= bench["metrics"]["avg@1"] <= 1.0
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 and all(s["response"].strip() and "<|im_end|>" not in s["response"] for s in samples)
