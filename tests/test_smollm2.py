@@ -194,7 +194,7 @@ def test_trains_two_steps(smollm_dir, tmp_path, lora):
 @needs_smollm2
 @pytest.mark.slow
 def test_evaluates_gsm8k_with_hf(smollm_dir, tmp_path):
-    out = run_cli("eval", "gsm8k", f"model={PRESET}", "eval.limit=4", "eval.n_samples=1", "eval.max_new_tokens=48",
+    out = run_cli("eval", "gsm8k", f"model={PRESET}", "eval.limit=4", "eval.n_samples=1", "eval.max_new_tokens=16",
                   "eval.temperature=0", "eval.workers=1", "tracking.enabled=false", "output_dir=run", cwd=tmp_path)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
