@@ -91,7 +91,7 @@ def test_bad_intervention_overrides_are_one_line_errors(overrides, message, tmp_
 
 
 def test_bad_values_are_rejected_by_the_params():
-    with pytest.raises(UserError, match="algo.stare.variant: unknown 'C3'"):
+    with pytest.raises(UserError, match="unknown algo.stare.variant=C3; valid: C2, O1"):
         build_intervention("stare", {"variant": "C3"})
     with pytest.raises(UserError, match="algo.kl_cov.kappa must be a number"):
         build_intervention("kl_cov", {"kappa": "big"})
