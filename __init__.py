@@ -34,8 +34,7 @@ class _RepositoryFolders:
     @staticmethod
     def find_spec(name, path=None, target=None):
         if name in _NOT_PACKAGES or name.startswith(tuple(p + "." for p in _NOT_PACKAGES)):
-            raise ModuleNotFoundError(f"No module named {name!r}: {name.split('.')[1]}/ is not part of the package",
-                                      name=name)
+            raise ModuleNotFoundError(f"No module named {name!r}: {name.split('.')[1]}/ is not part of the package", name=name)
         return None
 
 

@@ -25,6 +25,5 @@ def quiet_transformers() -> None:
 def groups_help(config_name: str) -> str:
     """The config groups of a primary config and their options, for --help texts."""
     used = primary_defaults(config_name)
-    lines = [f"  [bold]{g}[/bold]: {', '.join(opts)} (default {used[g]})"
-             for g, opts in config_groups().items() if g in used]
+    lines = [f"  [bold]{g}[/bold]: {', '.join(opts)} (default {used[g]})" for g, opts in config_groups().items() if g in used]
     return "\n\n".join(lines)

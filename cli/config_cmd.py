@@ -11,15 +11,14 @@ from .common import groups_help
 
 
 def register(app: typer.Typer) -> None:
-
     config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)
     app.add_typer(config_app, name="config")
 
     @config_app.command(
         "show",
         help="Print the composed config (YAML): the settings this run uses (interventions it does not apply are "
-             "left out; --all prints them too). [cyan]entropyrl config show algo=stare[/cyan]; "
-             "[cyan]entropyrl config show --for eval[/cyan].\n\nConfig groups of train:\n\n" + groups_help("train"),
+        "left out; --all prints them too). [cyan]entropyrl config show algo=stare[/cyan]; "
+        "[cyan]entropyrl config show --for eval[/cyan].\n\nConfig groups of train:\n\n" + groups_help("train"),
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )
     def show(
@@ -36,11 +35,12 @@ def register(app: typer.Typer) -> None:
         plain, hidden = used_settings(cfg)
         typer.echo(OmegaConf.to_yaml(OmegaConf.create(plain)), nl=False)
         if hidden:
-            typer.echo(f"# {len(hidden)} interventions this run does not apply are not shown "
-                       f"({', '.join(hidden)}): --all shows their settings")
+            typer.echo(
+                f"# {len(hidden)} interventions this run does not apply are not shown "
+                f"({', '.join(hidden)}): --all shows their settings"
+            )
 
     @config_app.command("groups", help="List every config group and its options.")
     def groups() -> None:
-
         for group, options in config_groups().items():
             typer.echo(f"{group}: {', '.join(options)}")

@@ -18,24 +18,24 @@ def split_args(args: list[str]) -> tuple[list[str], list[str]]:
 
 
 def register(app: typer.Typer) -> None:
-
     @app.command(
         "eval",
         help="Evaluate a model on math benchmarks: avg@n, pass@k (k=1,2,4,..<=n) and maj@n per benchmark "
-             "and on average; samples.jsonl + summary.json in output_dir; an MLflow run.\n\n"
-             "Benchmarks: aime24 aime25 amc23 math500 minerva olympiadbench gsm8k, [bold]all[/bold], code "
-             "benchmarks humaneval mbpp livecodebench (run in the code sandbox; pass@1,5,10), or a "
-             ".jsonl/.json/.parquet file (verl layout too). Each has its reference sample count (avg@32 "
-             "for AIME/AMC, avg@4 otherwise) and decoding (temperature 1.0, top-p 1.0).\n\n"
-             "[cyan]entropyrl eval aime24 math500 model.path=Qwen/Qwen2.5-Math-7B eval.backend=vllm[/cyan]\n\n"
-             "[cyan]entropyrl eval aime24 eval.n_samples=4 eval.limit=10[/cyan]\n\n"
-             "Data: the benchmark files packaged with entropyrl; eval.data_root=DIR or $ENTROPYRL_DATA "
-             "reads them from DIR instead, eval.data_root=hub from the Hugging Face hub.\n\n"
-             "Config groups:\n\n" + groups_help("eval"),
+        "and on average; samples.jsonl + summary.json in output_dir; an MLflow run.\n\n"
+        "Benchmarks: aime24 aime25 amc23 math500 minerva olympiadbench gsm8k, [bold]all[/bold], code "
+        "benchmarks humaneval mbpp livecodebench (run in the code sandbox; pass@1,5,10), or a "
+        ".jsonl/.json/.parquet file (verl layout too). Each has its reference sample count (avg@32 "
+        "for AIME/AMC, avg@4 otherwise) and decoding (temperature 1.0, top-p 1.0).\n\n"
+        "[cyan]entropyrl eval aime24 math500 model.path=Qwen/Qwen2.5-Math-7B eval.backend=vllm[/cyan]\n\n"
+        "[cyan]entropyrl eval aime24 eval.n_samples=4 eval.limit=10[/cyan]\n\n"
+        "Data: the benchmark files packaged with entropyrl; eval.data_root=DIR or $ENTROPYRL_DATA "
+        "reads them from DIR instead, eval.data_root=hub from the Hugging Face hub.\n\n"
+        "Config groups:\n\n" + groups_help("eval"),
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )
-    def eval_(args: Optional[List[str]] = typer.Argument(
-            None, help="benchmark names or data files, then key=value config overrides")) -> None:
+    def eval_(
+        args: Optional[List[str]] = typer.Argument(None, help="benchmark names or data files, then key=value config overrides"),
+    ) -> None:
         from omegaconf import open_dict
         from rich.console import Console
 
@@ -50,9 +50,10 @@ def register(app: typer.Typer) -> None:
         err = Console(stderr=True, soft_wrap=True)
         summary = run_eval(cfg, console=err)
         Console().print(render_table(summary["benchmarks"], title=f"entropyrl eval: {summary['model']}"))
-        for line in reflection_lines(summary["benchmarks"]):       # eval.reflection_words; [] = none
+        for line in reflection_lines(summary["benchmarks"]):  # eval.reflection_words; [] = none
             Console(soft_wrap=True).print(f"reflection {line}", highlight=False)
-        err.print(f"[green]done[/green] in {summary['seconds']:.1f} s: samples and summary in "
-                  f"{summary['output_dir']}"
-                  + (f" (MLflow run {summary['mlflow_run_id']} at {summary['tracking_uri']})"
-                     if summary.get("mlflow_run_id") else ""))
+        err.print(
+            f"[green]done[/green] in {summary['seconds']:.1f} s: samples and summary in "
+            f"{summary['output_dir']}"
+            + (f" (MLflow run {summary['mlflow_run_id']} at {summary['tracking_uri']})" if summary.get("mlflow_run_id") else "")
+        )

@@ -71,10 +71,15 @@ def read_items(path: Path) -> tuple[list[tuple[int, dict]], list[tuple[int, str]
                 bad.append((lineno, "not a JSON object"))
             elif not isinstance(obj.get("response"), str):
                 bad.append((lineno, "no string field 'response'" if "response" in obj else "missing field 'response'"))
-            elif is_code_row(obj):                       # graded by running it: evals/code/sandbox.py
+            elif is_code_row(obj):  # graded by running it: evals/code/sandbox.py
                 good.append((lineno, obj))
             elif obj.get("answer") is None or isinstance(obj["answer"], (dict, bool)):
-                bad.append((lineno, "missing field 'answer'" if "answer" not in obj else "field 'answer' is not a string, number or list"))
+                bad.append(
+                    (
+                        lineno,
+                        "missing field 'answer'" if "answer" not in obj else "field 'answer' is not a string, number or list",
+                    )
+                )
             else:
                 good.append((lineno, obj))
     return good, bad
@@ -110,7 +115,6 @@ def reflection_words(option: str) -> tuple[str, ...]:
 
 
 def gold_text(answer) -> str:
-
     return gold_from(answer, "list" if isinstance(answer, list) else "field")
 
 
@@ -118,26 +122,31 @@ def register(app: typer.Typer) -> None:
     @app.command(
         "grade",
         help="Grade a JSON-lines file of model responses: each line needs [bold]response[/bold] and "
-             "[bold]answer[/bold]; the output adds [bold]correct[/bold] and [bold]extracted[/bold]. "
-             "Malformed lines are skipped: the first few named with their line number, the rest counted.\n\n"
-             "Code lines ([bold]prompt/test/entry_point[/bold] + response, or [bold]benchmark/id[/bold] + "
-             "response) run in the code sandbox; the output adds program, correct and reason.\n\n"
-             "[cyan]entropyrl grade samples.jsonl --out graded.jsonl[/cyan]\n\n"
-             "Exit status: 0 if every line was graded, 1 if malformed lines were skipped "
-             "(0 with --allow-skipped), 2 if none could be.",
+        "[bold]answer[/bold]; the output adds [bold]correct[/bold] and [bold]extracted[/bold]. "
+        "Malformed lines are skipped: the first few named with their line number, the rest counted.\n\n"
+        "Code lines ([bold]prompt/test/entry_point[/bold] + response, or [bold]benchmark/id[/bold] + "
+        "response) run in the code sandbox; the output adds program, correct and reason.\n\n"
+        "[cyan]entropyrl grade samples.jsonl --out graded.jsonl[/cyan]\n\n"
+        "Exit status: 0 if every line was graded, 1 if malformed lines were skipped "
+        "(0 with --allow-skipped), 2 if none could be.",
     )
     def grade(
         file: Path = typer.Argument(..., help="input .jsonl with response and answer fields"),
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="output .jsonl (default: FILE with .graded.jsonl)"),
         workers: Optional[int] = typer.Option(None, help="grading processes (default: one per CPU)"),
         timeout: float = typer.Option(5.0, help="seconds per response, enforced by killing the worker"),
-        reflection: str = typer.Option("default", "--reflection-words",
-                                       help="reflection words counted per line (its reflection block): default, orz, "
-                                            "oat_zero, comma-separated words, or none"),
-        allow_skipped: bool = typer.Option(False, "--allow-skipped",
-                                           help="exit 0 even when malformed lines were skipped (default: exit 1)"),
-        strict: bool = typer.Option(False, "--strict", hidden=True,
-                                    help="exit 1 when any line is malformed (the default now; kept for old scripts)"),
+        reflection: str = typer.Option(
+            "default",
+            "--reflection-words",
+            help="reflection words counted per line (its reflection block): default, orz, "
+            "oat_zero, comma-separated words, or none",
+        ),
+        allow_skipped: bool = typer.Option(
+            False, "--allow-skipped", help="exit 0 even when malformed lines were skipped (default: exit 1)"
+        ),
+        strict: bool = typer.Option(
+            False, "--strict", hidden=True, help="exit 1 when any line is malformed (the default now; kept for old scripts)"
+        ),
     ) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -146,8 +155,10 @@ def register(app: typer.Typer) -> None:
 
         err = Console(stderr=True, soft_wrap=True)
         if file.is_dir():
-            raise UserError(f"{file} is a folder: give a .jsonl file in it with response and answer fields "
-                            f"(e.g. an eval's {file / 'samples.jsonl'})")
+            raise UserError(
+                f"{file} is a folder: give a .jsonl file in it with response and answer fields "
+                f"(e.g. an eval's {file / 'samples.jsonl'})"
+            )
         if not file.is_file():
             raise UserError(f"{file}: no such file (give a .jsonl with response and answer fields)")
         if timeout <= 0:
@@ -155,10 +166,12 @@ def register(app: typer.Typer) -> None:
         if workers is not None and workers < 1:
             raise UserError(f"--workers must be >= 1 (or left out: one per CPU), got {workers}")
         target = out or file.with_name(file.name.removesuffix(".jsonl") + ".graded.jsonl")
-        if same_file(target, file):             # by inode: also through ../, a symlink or a hard link
-            raise UserError(f"--out {target} is the input file {file}: grading would overwrite it; "
-                            f"give another --out (default: {file.name.removesuffix('.jsonl')}.graded.jsonl)")
-        check_output_file(target, "--out")      # before minutes of grading, not after
+        if same_file(target, file):  # by inode: also through ../, a symlink or a hard link
+            raise UserError(
+                f"--out {target} is the input file {file}: grading would overwrite it; "
+                f"give another --out (default: {file.name.removesuffix('.jsonl')}.graded.jsonl)"
+            )
+        check_output_file(target, "--out")  # before minutes of grading, not after
         matcher = matcher_for(reflection_words(reflection))
         good, bad = read_items(file)
         good, code_lines = _grade_code_lines(good, bad, workers, grade_code_rows)
@@ -166,36 +179,59 @@ def register(app: typer.Typer) -> None:
         for lineno, problem in bad[:SHOWN_BAD]:
             err.print(f"[yellow]skipped[/yellow]: {file}:{lineno}: {problem}", highlight=False)
         if len(bad) > SHOWN_BAD:
-            err.print(f"[yellow]skipped[/yellow]: {len(bad) - SHOWN_BAD} more malformed line(s) of {file} "
-                      f"(not shown)", highlight=False)
+            err.print(
+                f"[yellow]skipped[/yellow]: {len(bad) - SHOWN_BAD} more malformed line(s) of {file} (not shown)", highlight=False
+            )
         if not good and not code_lines:
-            raise UserError(f"{file}: no line could be graded ({len(bad)} malformed); each line needs "
-                            f"'response' and 'answer'")
-        with Progress(TextColumn("grading"), BarColumn(), MofNCompleteColumn(), console=err,
-                      transient=True) as bar:
+            raise UserError(f"{file}: no line could be graded ({len(bad)} malformed); each line needs 'response' and 'answer'")
+        with Progress(TextColumn("grading"), BarColumn(), MofNCompleteColumn(), console=err, transient=True) as bar:
             task = bar.add_task("grade", total=len(good))
-            results = grade_batch([o["response"] for _, o in good], [gold_text(o["answer"]) for _, o in good],
-                                  workers=workers, timeout=timeout,
-                                  progress=lambda k: bar.advance(task, k)) if good else []
-        lines = sorted([(n, {**obj, "correct": r.correct, "extracted": r.extracted, "reason": r.reason}) for (n, obj), r in zip(good, results)]
-                       + code_lines, key=lambda item: item[0])
+            results = (
+                grade_batch(
+                    [o["response"] for _, o in good],
+                    [gold_text(o["answer"]) for _, o in good],
+                    workers=workers,
+                    timeout=timeout,
+                    progress=lambda k: bar.advance(task, k),
+                )
+                if good
+                else []
+            )
+        lines = sorted(
+            [
+                (n, {**obj, "correct": r.correct, "extracted": r.extracted, "reason": r.reason})
+                for (n, obj), r in zip(good, results)
+            ]
+            + code_lines,
+            key=lambda item: item[0],
+        )
         if matcher.enabled:
             for _, row in lines:
                 row["reflection"] = reflection_block(row["response"], matcher)
-        atomic_write_lines(target, (json.dumps(row) for _, row in lines))   # whole or not at all
+        atomic_write_lines(target, (json.dumps(row) for _, row in lines))  # whole or not at all
         results = [row for _, row in lines]
         correct = sum(bool(r["correct"]) for r in results)
-        Console(soft_wrap=True).print(f"graded [bold]{len(results)}[/bold] lines: accuracy [bold]{correct / len(results):.4f}[/bold] "
-                        f"({correct}/{len(results)})"
-                        + (f", [red]{len(bad)} malformed line(s) skipped[/red]" if bad else "")
-                        + f" -> {target}", highlight=False)
+        Console(soft_wrap=True).print(
+            f"graded [bold]{len(results)}[/bold] lines: accuracy [bold]{correct / len(results):.4f}[/bold] "
+            f"({correct}/{len(results)})"
+            + (f", [red]{len(bad)} malformed line(s) skipped[/red]" if bad else "")
+            + f" -> {target}",
+            highlight=False,
+        )
         if matcher.enabled:
             reflecting = sum(r["reflection"]["count"] > 0 for r in results)
-            Console(soft_wrap=True).print(f"reflection: {reflecting}/{len(results)} lines hold a reflection word "
-                                          f"({sum(r['reflection']['count'] for r in results)} matches)", highlight=False)
-        Console(soft_wrap=True).print("reasons: " + ", ".join(f"{k} {v}" for k, v in Counter(r["reason"] for r in results).most_common()),
-                                      highlight=False)
+            Console(soft_wrap=True).print(
+                f"reflection: {reflecting}/{len(results)} lines hold a reflection word "
+                f"({sum(r['reflection']['count'] for r in results)} matches)",
+                highlight=False,
+            )
+        Console(soft_wrap=True).print(
+            "reasons: " + ", ".join(f"{k} {v}" for k, v in Counter(r["reason"] for r in results).most_common()), highlight=False
+        )
         if bad and not allow_skipped:
-            err.print(f"[red]error[/red]: {len(bad)} malformed line(s) of {file} were skipped (the other "
-                      f"{len(results)} are in {target}): fix them, or pass --allow-skipped to accept", highlight=False)
+            err.print(
+                f"[red]error[/red]: {len(bad)} malformed line(s) of {file} were skipped (the other "
+                f"{len(results)} are in {target}): fix them, or pass --allow-skipped to accept",
+                highlight=False,
+            )
             raise typer.Exit(1)

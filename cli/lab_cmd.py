@@ -28,7 +28,7 @@ from ..conf import compose
 from ..core.errors import UserError
 
 EXPERIMENTS = ("all", "claims", "quadrants")
-QUADRANTS = "quadrants"          # the lab ablation's quadrant-experiment variant
+QUADRANTS = "quadrants"  # the lab ablation's quadrant-experiment variant
 
 
 def _parse_seeds(text: str) -> list[int]:
@@ -45,32 +45,44 @@ def lab_sweep_overrides(variants: list[str], seeds: list[int], out: Path, jobs: 
     """The ``entropyrl sweep`` overrides that make the lab: the lab ablation, its variants and seeds,
     the folder, the local launcher at ``jobs`` in parallel with one torch thread each, MLflow
     experiment ``lab``."""
-    return ["ablation=lab", f"variants=[{','.join(variants)}]", f"seeds=[{','.join(map(str, seeds))}]",
-            f"sweep_dir={out}", "launcher=local", f"launcher.max_parallel={jobs}", "launcher.threads_per_job=1",
-            "tracking.experiment=lab", f"ablation.quadrant_batches={quadrant_batches}"]
+    return [
+        "ablation=lab",
+        f"variants=[{','.join(variants)}]",
+        f"seeds=[{','.join(map(str, seeds))}]",
+        f"sweep_dir={out}",
+        "launcher=local",
+        f"launcher.max_parallel={jobs}",
+        "launcher.threads_per_job=1",
+        "tracking.experiment=lab",
+        f"ablation.quadrant_batches={quadrant_batches}",
+    ]
 
 
 def register(app: typer.Typer) -> None:
     @app.command(
         "lab",
         help="Train GRPO and the entropy interventions on the lab task (data=countdown) over several seeds, run the "
-             "quadrant sign experiment, and write report.md, lab.json (the claim table) and mean+band figures. "
-             "Runs through the sweep machinery (ablation=lab): `entropyrl status OUT` shows the jobs. "
-             "Extra key=value overrides apply to every run.",
+        "quadrant sign experiment, and write report.md, lab.json (the claim table) and mean+band figures. "
+        "Runs through the sweep machinery (ablation=lab): `entropyrl status OUT` shows the jobs. "
+        "Extra key=value overrides apply to every run.",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )
     def lab(
         overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides for every run"),
-        algos: str = typer.Option("default", help="comma-separated lab variants (experiment=lab_<name>), 'default' "
-                                                   "(the lab ablation's default_variants) or 'all' (every training variant)"),
+        algos: str = typer.Option(
+            "default",
+            help="comma-separated lab variants (experiment=lab_<name>), 'default' "
+            "(the lab ablation's default_variants) or 'all' (every training variant)",
+        ),
         seeds: str = typer.Option("0,1,2", help="comma-separated training seeds"),
         experiment: str = typer.Option("all", help="all | claims (training runs) | quadrants (sign experiment only)"),
         quadrant_batches: int = typer.Option(20, help="batches of the quadrant sign experiment (per seed)"),
         jobs: int = typer.Option(2, help="runs in parallel (one torch thread each)"),
         out: Path = typer.Option(Path("outputs/lab"), help="folder for the runs, the report and the figures"),
         fresh: bool = typer.Option(False, help="retrain runs that already finished in --out"),
-        resume: bool = typer.Option(False, "--resume", help="continue the lab in --out (it must hold one): "
-                                                            "run only what did not finish"),
+        resume: bool = typer.Option(
+            False, "--resume", help="continue the lab in --out (it must hold one): run only what did not finish"
+        ),
     ) -> None:
         from rich.console import Console
 
@@ -105,25 +117,35 @@ def register(app: typer.Typer) -> None:
         variants = ([QUADRANTS] if experiment in ("all", "quadrants") else []) + names
         sweep_ov, train_ov = split_overrides(list(overrides or []))
         cfg = compose("sweep", [*lab_sweep_overrides(variants, seed_list, out, jobs, quadrant_batches), *sweep_ov])
-        plan = planning.plan(cfg, train_ov, explicit_dir=True, resume=resume)   # every run checked before any starts
-        plan.command = " ".join(["entropyrl lab", f"--algos {asked}" if asked != "default" else "",
-                                 f"--seeds {seeds}", f"--experiment {experiment}" if experiment != "all" else "",
-                                 *(overrides or [])]).strip()
+        plan = planning.plan(cfg, train_ov, explicit_dir=True, resume=resume)  # every run checked before any starts
+        plan.command = " ".join(
+            [
+                "entropyrl lab",
+                f"--algos {asked}" if asked != "default" else "",
+                f"--seeds {seeds}",
+                f"--experiment {experiment}" if experiment != "all" else "",
+                *(overrides or []),
+            ]
+        ).strip()
         plan.command = " ".join(plan.command.split())
         if fresh:
             for job in plan.jobs:
                 shutil.rmtree(job.output_dir, ignore_errors=True)
         base = compose("train", ["experiment=lab_grpo", *train_ov])
         say("building / loading the warm-started lab model once (cached)")
-        load_policy(base.model, base.data, log=lambda m: say(m))        # one builder, not one per job
+        load_policy(base.model, base.data, log=lambda m: say(m))  # one builder, not one per job
         result = following.run(plan, wait=True, log=lambda m: console.print(m, markup=False, soft_wrap=True))
         step = (result.get("report_data") or {}).get("step") or {}
         for c in step.get("claims", []):
-            mark = {True: "[green]reproduced[/green]", False: "[red]not reproduced[/red]", None: "[dim]not run[/dim]"}[c["reproduced"]]
+            mark = {True: "[green]reproduced[/green]", False: "[red]not reproduced[/red]", None: "[dim]not run[/dim]"}[
+                c["reproduced"]
+            ]
             console.print(f"  {c['id']}: {mark}  {c['measured']}")
         paths = step.get("paths", {})
         say(f"report: {paths.get('report.md')}  claims: {paths.get('lab.json')}  jobs: entropyrl status {out}")
         failed = [st.key for st in result["failed"]]
         if failed:
-            raise UserError(f"{len(failed)} lab run(s) failed: {', '.join(failed)} (their train.log says why; "
-                            f"the report covers the runs that finished)")
+            raise UserError(
+                f"{len(failed)} lab run(s) failed: {', '.join(failed)} (their train.log says why; "
+                f"the report covers the runs that finished)"
+            )

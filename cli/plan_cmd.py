@@ -15,52 +15,76 @@ def _table(f: dict) -> str:
     m = f["memory_gb"]
     rows = [
         ("model", f"{f['model']} ({f['parameters'] / 1e9:.3g}B parameters; from {f['architecture']})"),
-        ("step", f"{f['sequences']} sequences x (prompt {f['prompt_len']} + response {f['response_len']}) tokens "
-                 f"= {f['tokens']:,} tokens; {f['generated_tokens']:,} generated"),
+        (
+            "step",
+            f"{f['sequences']} sequences x (prompt {f['prompt_len']} + response {f['response_len']}) tokens "
+            f"= {f['tokens']:,} tokens; {f['generated_tokens']:,} generated",
+        ),
         ("training FLOPs / step", f"{f['train_flops']:.3e}"),
         ("generation FLOPs / step", f"{f['generation_flops']:.3e}"),
-        (f"memory per rank ({f['ranks']} ranks, FSDP {'on' if f['fsdp'] else 'off'})",
-         f"weights {m['weights']:.2f} GB, gradients {m['gradients']:.2f} GB, optimizer {m['optimizer']:.2f} GB, "
-         f"activations {m['activations']:.2f} GB ({m['activations_checkpointed']:.2f} GB checkpointed)"),
-        ("memory per rank, total", f"{m['total']:.2f} GB (gradient checkpointing {'on' if f['gradient_checkpointing'] else 'off'})"),
-        (f"step time at MFU {f['mfu']:.0%} of {f['peak_tflops_per_rank']:g} TFLOP/s per rank",
-         f"{f['step_seconds']:.1f} s (training {f['train_seconds']:.1f} s, generation {f['generation_seconds']:.1f} s "
-         f"at MFU {f['decode_mfu']:.0%})" if f["step_seconds"] is not None else "-"),
+        (
+            f"memory per rank ({f['ranks']} ranks, FSDP {'on' if f['fsdp'] else 'off'})",
+            f"weights {m['weights']:.2f} GB, gradients {m['gradients']:.2f} GB, optimizer {m['optimizer']:.2f} GB, "
+            f"activations {m['activations']:.2f} GB ({m['activations_checkpointed']:.2f} GB checkpointed)",
+        ),
+        (
+            "memory per rank, total",
+            f"{m['total']:.2f} GB (gradient checkpointing {'on' if f['gradient_checkpointing'] else 'off'})",
+        ),
+        (
+            f"step time at MFU {f['mfu']:.0%} of {f['peak_tflops_per_rank']:g} TFLOP/s per rank",
+            f"{f['step_seconds']:.1f} s (training {f['train_seconds']:.1f} s, generation {f['generation_seconds']:.1f} s "
+            f"at MFU {f['decode_mfu']:.0%})"
+            if f["step_seconds"] is not None
+            else "-",
+        ),
     ]
     e, v, c = f["vllm"], f["verdict"], f["checkpoint"]
     if e:
-        rows.append(("vLLM engine per rank", f"{e['share']:.0%} of {v['gpu_gb']:g} GB = {e['gb']:.1f} GB: weights "
-                     f"{e['weights_gb']:.1f} GB, KV cache {e['kv_cache_gb']:.1f} GB ({e['kv_cache_tokens']:,} tokens, "
-                     f"{e['sequences_at_max_len']:,} full-length sequences at once)"))
-    rows.append(("checkpoint", f"{c['gb']:.1f} GB each (float32 weights + AdamW moments), every {c['save_every'] or 'run end'}"
-                 f"{' steps' if c['save_every'] else ''}, {c['keep']} kept: {c['disk_gb']:.1f} GB on disk"))
+        rows.append(
+            (
+                "vLLM engine per rank",
+                f"{e['share']:.0%} of {v['gpu_gb']:g} GB = {e['gb']:.1f} GB: weights "
+                f"{e['weights_gb']:.1f} GB, KV cache {e['kv_cache_gb']:.1f} GB ({e['kv_cache_tokens']:,} tokens, "
+                f"{e['sequences_at_max_len']:,} full-length sequences at once)",
+            )
+        )
+    rows.append(
+        (
+            "checkpoint",
+            f"{c['gb']:.1f} GB each (float32 weights + AdamW moments), every {c['save_every'] or 'run end'}"
+            f"{' steps' if c['save_every'] else ''}, {c['keep']} kept: {c['disk_gb']:.1f} GB on disk",
+        )
+    )
     word = "FITS" if v["fits"] else "DOES NOT FIT"
-    why = (f"trainer {v['trainer_gb']:.1f} GB of the {v['trainer_budget_gb']:.1f} GB "
-           + ("left beside the vLLM engine" if e else "of the GPU"))
+    why = f"trainer {v['trainer_gb']:.1f} GB of the {v['trainer_budget_gb']:.1f} GB " + (
+        "left beside the vLLM engine" if e else "of the GPU"
+    )
     if e and not e["fits"]:
         why += f"; the engine's {e['gb']:.1f} GB does not hold its weights and one full-length sequence"
     rows.append((f"verdict per rank ({f['ranks']} x {v['gpu_gb']:g} GB GPU)", f"{word}: {why}"))
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {val}" for k, val in rows]
     if not v["fits"]:
-        lines.append("to fit: more ranks (--ranks; FSDP shards weights, gradients and optimizer), "
-                     + ("" if f["gradient_checkpointing"] else "trainer.gradient_checkpointing=true, ")
-                     + "a smaller trainer.micro_batch_responses"
-                     + (", a lower rollout.gpu_memory_utilization" if e and not v["trainer_fits"] else "")
-                     + (", a higher rollout.gpu_memory_utilization or rollout.tensor_parallel_size" if e and not e["fits"] else ""))
+        lines.append(
+            "to fit: more ranks (--ranks; FSDP shards weights, gradients and optimizer), "
+            + ("" if f["gradient_checkpointing"] else "trainer.gradient_checkpointing=true, ")
+            + "a smaller trainer.micro_batch_responses"
+            + (", a lower rollout.gpu_memory_utilization" if e and not v["trainer_fits"] else "")
+            + (", a higher rollout.gpu_memory_utilization or rollout.tensor_parallel_size" if e and not e["fits"] else "")
+        )
     lines += ["assumptions:"] + [f"  - {a}" for a in f["assumptions"]]
     return "\n".join(lines)
 
 
 def register(app: typer.Typer) -> None:
-
     @app.command(
         "plan",
         help="What one training step of [bold]entropyrl train <overrides>[/bold] costs, offline: parameters, "
-             "FLOPs and tokens per step, memory per rank (weights, gradients, optimizer sharded over the "
-             "ranks, activations with and without checkpointing), the vLLM engine's share of each GPU, a fits / "
-             "does-not-fit verdict per rank, the checkpoint size, step time at a stated MFU, and its assumptions. "
-             "[cyan]entropyrl plan experiment=dapo_7b --ranks 8[/cyan]",
+        "FLOPs and tokens per step, memory per rank (weights, gradients, optimizer sharded over the "
+        "ranks, activations with and without checkpointing), the vLLM engine's share of each GPU, a fits / "
+        "does-not-fit verdict per rank, the checkpoint size, step time at a stated MFU, and its assumptions. "
+        "[cyan]entropyrl plan experiment=dapo_7b --ranks 8[/cyan]",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )
     def plan(
@@ -69,13 +93,23 @@ def register(app: typer.Typer) -> None:
         mfu: float = typer.Option(0.4, "--mfu", help="model FLOPs utilisation assumed for the step time"),
         peak_tflops: float = typer.Option(989.0, "--peak-tflops", help="peak dense TFLOP/s per rank (H100 bf16: 989)"),
         gpu_gb: float = typer.Option(80.0, "--gpu-gb", help="memory per GPU in GB, for the verdict (H100: 80, H200: 141)"),
-        decode_mfu: Optional[float] = typer.Option(None, "--decode-mfu", help="MFU assumed for generation "
-                                                   "(decoding is memory-bound; default: --mfu)"),
-        prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="prompt tokens (default data.max_prompt_length, else 256)"),
+        decode_mfu: Optional[float] = typer.Option(
+            None, "--decode-mfu", help="MFU assumed for generation (decoding is memory-bound; default: --mfu)"
+        ),
+        prompt_len: Optional[int] = typer.Option(
+            None, "--prompt-len", help="prompt tokens (default data.max_prompt_length, else 256)"
+        ),
         as_json: bool = typer.Option(False, "--json", help="print the figures as JSON"),
     ) -> None:
         from ..models.cost import plan_figures  # torch (the embedded tokenizer) loads when it runs
 
-        figures = plan_figures(overrides or [], ranks=ranks, mfu=mfu, peak_tflops=peak_tflops, prompt_len=prompt_len,
-                               gpu_gb=gpu_gb, decode_mfu=decode_mfu)
+        figures = plan_figures(
+            overrides or [],
+            ranks=ranks,
+            mfu=mfu,
+            peak_tflops=peak_tflops,
+            prompt_len=prompt_len,
+            gpu_gb=gpu_gb,
+            decode_mfu=decode_mfu,
+        )
         typer.echo(json.dumps(figures, indent=2) if as_json else _table(figures))

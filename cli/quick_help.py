@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from ..conf import config_groups, primary_defaults
 
-DESCRIPTION = ("RLVR experiments around policy entropy collapse: train (GRPO, DAPO, STARE, STEER, Clip-Cov, "
-               "KL-Cov, ...), evaluate on math benchmarks, sweep ablations on SLURM, everything in MLflow.")
+DESCRIPTION = (
+    "RLVR experiments around policy entropy collapse: train (GRPO, DAPO, STARE, STEER, Clip-Cov, "
+    "KL-Cov, ...), evaluate on math benchmarks, sweep ablations on SLURM, everything in MLflow."
+)
 
 #: command -> one line; the Typer app registers the same names (cli/app.py)
 COMMANDS = {
@@ -24,9 +26,11 @@ COMMANDS = {
     "config": "Inspect configs: show the composed config, list the config groups.",
 }
 
-TRAIN = ("Train a policy with RLVR. With no arguments: the embedded tiny model on the built-in tasks, on "
-         "CPU, in minutes (GRPO; watch its entropy collapse). Overrides are Hydra key=value arguments, "
-         "e.g. entropyrl train algo=stare trainer.total_steps=40.")
+TRAIN = (
+    "Train a policy with RLVR. With no arguments: the embedded tiny model on the built-in tasks, on "
+    "CPU, in minutes (GRPO; watch its entropy collapse). Overrides are Hydra key=value arguments, "
+    "e.g. entropyrl train algo=stare trainer.total_steps=40."
+)
 
 
 def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
@@ -42,8 +46,16 @@ def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
 
 
 def top_level() -> str:
-    out = ["Usage: entropyrl [OPTIONS] COMMAND [ARGS]...", "", *_wrap(DESCRIPTION, "  "), "",
-           "Options:", "  --help  Show this message and exit.", "", "Commands:"]
+    out = [
+        "Usage: entropyrl [OPTIONS] COMMAND [ARGS]...",
+        "",
+        *_wrap(DESCRIPTION, "  "),
+        "",
+        "Options:",
+        "  --help  Show this message and exit.",
+        "",
+        "Commands:",
+    ]
     width = max(map(len, COMMANDS))
     out += [f"  {name.ljust(width)}  {summary}" for name, summary in COMMANDS.items()]
     out += ["", "Run 'entropyrl COMMAND --help' for a command's arguments and options."]
@@ -56,8 +68,14 @@ def train_help() -> str:
     for group, options in config_groups().items():
         if group in used:
             out += _wrap(f"{group}: {', '.join(options)} (default {used[group]})", "    ")
-    out += ["", "Arguments:", "  [OVERRIDES]...  key=value config overrides", "", "Options:",
-            "  --help  Show this message and exit."]
+    out += [
+        "",
+        "Arguments:",
+        "  [OVERRIDES]...  key=value config overrides",
+        "",
+        "Options:",
+        "  --help  Show this message and exit.",
+    ]
     return "\n".join(out) + "\n"
 
 

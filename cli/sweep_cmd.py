@@ -48,24 +48,26 @@ def register(app: typer.Typer) -> None:
     @app.command(
         "sweep",
         help="Run an ablation: every variant x every seed as one training job, on this machine or "
-             "SLURM, each an MLflow child run of one parent run; then a comparison report.\n\n"
-             "[cyan]entropyrl sweep ablation=gate --dry-run[/cyan]\n\n"
-             "[cyan]entropyrl sweep ablation=gate seeds=[0,1] launcher=slurm launcher.partition=gpu "
-             "train.trainer.total_steps=200[/cyan]\n\n"
-             "Overrides configure the sweep (ablation, launcher, tracking, seeds, variants, budget, "
-             "sweep_dir, report.*); training keys ([bold]trainer.total_steps=20[/bold], or "
-             "[bold]train.trainer.total_steps=20[/bold]) go to every job's training config. Re-running with the same sweep_dir (or --resume: the latest sweep of that "
-             "ablation) runs only what did not finish. Exit status 1 if a job failed.\n\n"
-             "Config groups:\n\n" + groups_help("sweep"),
+        "SLURM, each an MLflow child run of one parent run; then a comparison report.\n\n"
+        "[cyan]entropyrl sweep ablation=gate --dry-run[/cyan]\n\n"
+        "[cyan]entropyrl sweep ablation=gate seeds=[0,1] launcher=slurm launcher.partition=gpu "
+        "train.trainer.total_steps=200[/cyan]\n\n"
+        "Overrides configure the sweep (ablation, launcher, tracking, seeds, variants, budget, "
+        "sweep_dir, report.*); training keys ([bold]trainer.total_steps=20[/bold], or "
+        "[bold]train.trainer.total_steps=20[/bold]) go to every job's training config. Re-running with the same sweep_dir (or --resume: the latest sweep of that "
+        "ablation) runs only what did not finish. Exit status 1 if a job failed.\n\n"
+        "Config groups:\n\n" + groups_help("sweep"),
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )
     def sweep(
         overrides: Optional[List[str]] = typer.Argument(None, help="key=value sweep overrides; train.KEY=VALUE for jobs"),
         dry_run: bool = typer.Option(False, "--dry-run", help="print the job table and exit; runs nothing"),
-        resume: bool = typer.Option(False, "--resume", help="continue the latest sweep of this ablation "
-                                                            "(or sweep_dir=...): run only unfinished jobs"),
-        wait: bool = typer.Option(True, "--wait/--no-wait", help="follow the jobs and build the report "
-                                                                 "(--no-wait: submit to SLURM and return)"),
+        resume: bool = typer.Option(
+            False, "--resume", help="continue the latest sweep of this ablation (or sweep_dir=...): run only unfinished jobs"
+        ),
+        wait: bool = typer.Option(
+            True, "--wait/--no-wait", help="follow the jobs and build the report (--no-wait: submit to SLURM and return)"
+        ),
     ) -> None:
         from ..sweeps import following, planning  # the sweep machinery (and torch) load when it runs
         from ..sweeps.planning import split_overrides
@@ -74,76 +76,107 @@ def register(app: typer.Typer) -> None:
         sweep_ov, train_ov = split_overrides(list(overrides or []))
         cfg = compose("sweep", sweep_ov)
         explicit_dir = any(o.lstrip("+").startswith("sweep_dir=") for o in sweep_ov)
-        if resume:      # --resume alone: the sweep's own saved overrides, seeds and budget
-            sweep_ov, train_ov = planning.resume_overrides(cfg, sweep_ov, train_ov, explicit_dir=explicit_dir,
-                                                           log=lambda m: console.print(m, markup=False, soft_wrap=True))
+        if resume:  # --resume alone: the sweep's own saved overrides, seeds and budget
+            sweep_ov, train_ov = planning.resume_overrides(
+                cfg, sweep_ov, train_ov, explicit_dir=explicit_dir, log=lambda m: console.print(m, markup=False, soft_wrap=True)
+            )
             cfg = compose("sweep", sweep_ov)
         plan = planning.plan(cfg, train_ov, explicit_dir=explicit_dir, resume=resume)
         if dry_run:
             rows = plan.rows()
-            typer.echo(f"ablation {cfg.ablation.name}: {len(rows)} jobs "
-                       f"({len({r['variant'] for r in rows})} variants x {len({r['seed'] for r in rows})} seeds) "
-                       f"-> {plan.sweep_dir}")
-            typer.echo(_table([[r["variant"], r["seed"], r["state"], " ".join(r["overrides"]), r["output_dir"]]
-                               for r in rows], ["variant", "seed", "state", "overrides", "output_dir"]))
+            typer.echo(
+                f"ablation {cfg.ablation.name}: {len(rows)} jobs "
+                f"({len({r['variant'] for r in rows})} variants x {len({r['seed'] for r in rows})} seeds) "
+                f"-> {plan.sweep_dir}"
+            )
+            typer.echo(
+                _table(
+                    [[r["variant"], r["seed"], r["state"], " ".join(r["overrides"]), r["output_dir"]] for r in rows],
+                    ["variant", "seed", "state", "overrides", "output_dir"],
+                )
+            )
             return
         if not wait and not plan.launcher.detached:
-            raise UserError(f"--no-wait needs a launcher whose jobs outlive this process, e.g. launcher=slurm "
-                            f"(launcher={cfg.launcher.name} jobs run under this process)")
+            raise UserError(
+                f"--no-wait needs a launcher whose jobs outlive this process, e.g. launcher=slurm "
+                f"(launcher={cfg.launcher.name} jobs run under this process)"
+            )
         stopped_by: list[int] = []
 
-        def _stop(signum, _frame):      # SIGTERM stops a sweep as Ctrl-C does: jobs stopped, parent KILLED
+        def _stop(signum, _frame):  # SIGTERM stops a sweep as Ctrl-C does: jobs stopped, parent KILLED
             stopped_by.append(signum)
             raise KeyboardInterrupt
 
         previous = signal.signal(signal.SIGTERM, _stop)
         try:
             with _live_line(console) as progress:
-                result = following.run(plan, wait=wait, log=lambda m: console.print(m, markup=False, soft_wrap=True),
-                                       progress=progress)
+                result = following.run(
+                    plan, wait=wait, log=lambda m: console.print(m, markup=False, soft_wrap=True), progress=progress
+                )
         except KeyboardInterrupt:
             sig = stopped_by[0] if stopped_by else signal.SIGINT
-            console.print(f"stopped by {signal.Signals(sig).name}; to continue: entropyrl sweep "
-                          f"ablation={cfg.ablation.name} --resume sweep_dir={plan.sweep_dir}", soft_wrap=True,
-                          markup=False)
+            console.print(
+                f"stopped by {signal.Signals(sig).name}; to continue: entropyrl sweep "
+                f"ablation={cfg.ablation.name} --resume sweep_dir={plan.sweep_dir}",
+                soft_wrap=True,
+                markup=False,
+            )
             raise SystemExit(128 + int(sig)) from None
         finally:
             signal.signal(signal.SIGTERM, previous)
         c = result["counts"]
-        console.print(f"[bold]sweep {result['sweep_id']}[/bold]: {c['done']} done, {c['failed']} failed, "
-                      f"{c['running'] + c['pending']} not finished; folder {result['sweep_dir']}", soft_wrap=True)
+        console.print(
+            f"[bold]sweep {result['sweep_id']}[/bold]: {c['done']} done, {c['failed']} failed, "
+            f"{c['running'] + c['pending']} not finished; folder {result['sweep_dir']}",
+            soft_wrap=True,
+        )
         for st in result["failed"]:
             console.print(f"[red]failed[/red] {st.key}: {st.detail}\n  log: {st.log}", soft_wrap=True)
         if result["report"]:
             console.print(f"report: {result['report']}", soft_wrap=True)
         elif not wait:
-            console.print(f"submitted; follow with `entropyrl status {result['sweep_dir']}` and build the report "
-                          f"with `entropyrl report {result['sweep_dir']}` once the jobs end", soft_wrap=True)
+            console.print(
+                f"submitted; follow with `entropyrl status {result['sweep_dir']}` and build the report "
+                f"with `entropyrl report {result['sweep_dir']}` once the jobs end",
+                soft_wrap=True,
+            )
         if c["failed"]:
             raise typer.Exit(1)
 
-    @app.command("report", help="Rebuild a sweep's comparison report (report.md, CSVs, plots/*.png) from its "
-                                "jobs' metrics and log it to the sweep's MLflow parent run. "
-                                "[cyan]entropyrl report outputs/sweeps/gate-20260101-120000[/cyan]")
+    @app.command(
+        "report",
+        help="Rebuild a sweep's comparison report (report.md, CSVs, plots/*.png) from its "
+        "jobs' metrics and log it to the sweep's MLflow parent run. "
+        "[cyan]entropyrl report outputs/sweeps/gate-20260101-120000[/cyan]",
+    )
     def report(
         sweep_dir: Path = typer.Argument(..., help="the sweep folder (holds sweep.json)"),
         mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="also log the report to the parent run"),
-        docs: Optional[Path] = typer.Option(None, "--docs", help="also write the report into this docs page, between "
-                                                                 "its <!-- report:begin --> and <!-- report:end --> "
-                                                                 "lines (e.g. docs/lab.md), figures beside it"),
+        docs: Optional[Path] = typer.Option(
+            None,
+            "--docs",
+            help="also write the report into this docs page, between "
+            "its <!-- report:begin --> and <!-- report:end --> "
+            "lines (e.g. docs/lab.md), figures beside it",
+        ),
     ) -> None:
         from ..sweeps.report import build_report, publish_report
 
         rep = build_report(sweep_dir, log_mlflow=mlflow, log=lambda m: typer.echo(m, err=True))
         c = rep["counts"]
-        typer.echo(f"report: {rep['report']} ({c['done']} done, {c['failed']} failed, "
-                   f"{c['running'] + c['pending']} not finished; {len(rep['plots'])} plots)")
+        typer.echo(
+            f"report: {rep['report']} ({c['done']} done, {c['failed']} failed, "
+            f"{c['running'] + c['pending']} not finished; {len(rep['plots'])} plots)"
+        )
         if docs is not None:
             typer.echo(f"docs: {publish_report(sweep_dir, docs)}")
 
-    @app.command("status", help="Each job of a sweep: pending/running/done/failed (from the sweep folder and "
-                                "SLURM's queue), progress and log path. "
-                                "[cyan]entropyrl status outputs/sweeps/gate-20260101-120000[/cyan]")
+    @app.command(
+        "status",
+        help="Each job of a sweep: pending/running/done/failed (from the sweep folder and "
+        "SLURM's queue), progress and log path. "
+        "[cyan]entropyrl status outputs/sweeps/gate-20260101-120000[/cyan]",
+    )
     def status(
         sweep_dir: Path = typer.Argument(..., help="the sweep folder (holds sweep.json)"),
         as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
@@ -156,7 +189,13 @@ def register(app: typer.Typer) -> None:
             return
         launcher = sweep.get("launcher", {}).get("name", "?")
         counts = count_states(statuses)
-        typer.echo(f"sweep {sweep.get('sweep_id')} ({sweep.get('ablation', {}).get('name')}, launcher {launcher}): "
-                   + ", ".join(f"{n} {s}" for s, n in counts.items()))
-        typer.echo(_table([[s.key, s.state, s.detail, s.scheduler_job_id or "-", s.log] for s in statuses],
-                          ["job", "state", "detail", "job id", "log"]))
+        typer.echo(
+            f"sweep {sweep.get('sweep_id')} ({sweep.get('ablation', {}).get('name')}, launcher {launcher}): "
+            + ", ".join(f"{n} {s}" for s, n in counts.items())
+        )
+        typer.echo(
+            _table(
+                [[s.key, s.state, s.detail, s.scheduler_job_id or "-", s.log] for s in statuses],
+                ["job", "state", "detail", "job id", "log"],
+            )
+        )

@@ -34,15 +34,17 @@ if TYPE_CHECKING:
 # command line's --help and the group lists (``config_groups``, ``primary_defaults``) need neither.
 
 CONF_DIR = Path(__file__).resolve().parent
-INTERVENTION_GROUP = "intervention"         # conf/intervention/<name>.yaml, or ConfigStore group
+INTERVENTION_GROUP = "intervention"  # conf/intervention/<name>.yaml, or ConfigStore group
 INTERVENTION_MOUNT = "intervention_defaults"  # the ConfigStore node conf/algo/grpo.yaml includes
 
 #: Keys a primary config lacks because another command owns them: ``{config: {key: why}}``. An
 #: override of one is a one-line error that says where it belongs (rather than "unknown key").
 OWNED_ELSEWHERE = {
-    "train": {"launcher": "is for sweeps: launchers are for `entropyrl sweep` (e.g. `entropyrl sweep "
-                          "ablation=gate launcher=slurm`); `entropyrl train` runs in this process (call it, "
-                          "or `torchrun ... -m entropyrl.cli.main train`, from your own sbatch script)"},
+    "train": {
+        "launcher": "is for sweeps: launchers are for `entropyrl sweep` (e.g. `entropyrl sweep "
+        "ablation=gate launcher=slurm`); `entropyrl train` runs in this process (call it, "
+        "or `torchrun ... -m entropyrl.cli.main train`, from your own sbatch script)"
+    },
 }
 
 
@@ -96,8 +98,8 @@ def mount_interventions() -> None:
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(
-        name=INTERVENTION_MOUNT,
-        node={"defaults": [{f"/{INTERVENTION_GROUP}@{name}": name} for name in intervention_names()]})
+        name=INTERVENTION_MOUNT, node={"defaults": [{f"/{INTERVENTION_GROUP}@{name}": name} for name in intervention_names()]}
+    )
 
 
 def primary_configs() -> list[str]:
@@ -153,17 +155,19 @@ def _check_intervention_params(cfg: DictConfig, overrides: list[str]) -> None:
     algo = cfg.get("algo") if hasattr(cfg, "get") else None
     if algo is None or "interventions" not in algo:
         return
-    used = {str(x) for x in (algo.get("interventions") or [])} | {"tis"}   # tis: rollout.tis.enabled
+    used = {str(x) for x in (algo.get("interventions") or [])} | {"tis"}  # tis: rollout.tis.enabled
     names = set(intervention_names())
-    for name in sorted(used - names):          # what `train` would refuse, refused at compose time
+    for name in sorted(used - names):  # what `train` would refuse, refused at compose time
         raise UserError(unknown_choice("algo.interventions entry", name, names))
     for o in overrides:
         parts = o.lstrip("+~").split("=", 1)[0].split(".")
         if len(parts) >= 3 and parts[0] == "algo" and parts[1] in names and parts[1] not in used:
             active = ", ".join(sorted(used - {"tis"})) or "none"
-            raise UserError(f"{o.lstrip('+~')} sets a parameter of the {parts[1]} intervention, which algo={algo.name} "
-                            f"does not apply (its interventions: {active}); use algo={parts[1]} or add it with "
-                            f"algo.interventions=[{parts[1]}]")
+            raise UserError(
+                f"{o.lstrip('+~')} sets a parameter of the {parts[1]} intervention, which algo={algo.name} "
+                f"does not apply (its interventions: {active}); use algo={parts[1]} or add it with "
+                f"algo.interventions=[{parts[1]}]"
+            )
 
 
 def _explain(exc: Exception, overrides: list[str], known: list[str] | None = None) -> str:
@@ -181,19 +185,23 @@ def _explain(exc: Exception, overrides: list[str], known: list[str] | None = Non
     if key:
         name = key.group(1)
         if name == "data.path":
-            return (f"unknown config key '{name}': the chosen data= option is a built-in task that reads no file; "
-                    f"your own jsonl/json/parquet: data=dapo_math_17k data.path=FILE (math, graded against its answer "
-                    f"column; reward.functions for any other reward) or data=humaneval_code data.path=FILE (code)")
+            return (
+                f"unknown config key '{name}': the chosen data= option is a built-in task that reads no file; "
+                f"your own jsonl/json/parquet: data=dapo_math_17k data.path=FILE (math, graded against its answer "
+                f"column; reward.functions for any other reward) or data=humaneval_code data.path=FILE (code)"
+            )
         return f"unknown config key '{name}'{_near_key(name, known)}; `entropyrl config show` lists the valid keys"
     if msg.startswith("Error merging override") and exc.__cause__ is not None:
         cause = next((line.strip() for line in str(exc.__cause__).splitlines() if line.strip()), "")
-        return f"bad value in {msg[len('Error merging override'):].strip()}: {cause}"
+        return f"bad value in {msg[len('Error merging override') :].strip()}: {cause}"
     if "LexerNoViableAlt" in msg or "token recognition error" in msg:
         odd = next((o for o in overrides if any(not c.isascii() or c in " ()[]{}'\"" for c in o.partition("=")[2])), None)
         if odd is not None:
             key, _, value = odd.partition("=")
-            return (f"cannot parse override {odd!r}: its value has characters an override must quote "
-                    f"(non-ASCII, spaces, brackets): write {key}='{value}' (in a shell: \"{key}='{value}'\")")
+            return (
+                f"cannot parse override {odd!r}: its value has characters an override must quote "
+                f"(non-ASCII, spaces, brackets): write {key}='{value}' (in a shell: \"{key}='{value}'\")"
+            )
     if "mismatched input" in msg or "no viable alternative" in msg or "extraneous input" in msg:
         return f"cannot parse overrides {overrides}: write them as key=value (e.g. trainer.total_steps=40)"
     first = next((line.strip() for line in msg.splitlines() if line.strip()), msg)
@@ -216,15 +224,16 @@ def compose(config_name: str, overrides: list[str] | None = None, *, validate: b
     overrides = list(overrides or [])
     bad = [o for o in overrides if "=" not in o and not o.startswith("~")]
     if bad:
-        raise UserError(f"cannot parse override '{bad[0]}': write overrides as key=value "
-                        f"(e.g. algo=stare trainer.total_steps=40)")
+        raise UserError(
+            f"cannot parse override '{bad[0]}': write overrides as key=value (e.g. algo=stare trainer.total_steps=40)"
+        )
     if config_name not in primary_configs():
         raise UserError(f"unknown config '{config_name}'; valid: {', '.join(primary_configs())}")
     for o in overrides:
         body = o.lstrip("+~")
         key, _, value = body.partition("=")
         renamed = None
-        if config_name == "train":    # trainer.lr=... -> "trainer.lr was renamed optim.lr; use optim.lr=..."
+        if config_name == "train":  # trainer.lr=... -> "trainer.lr was renamed optim.lr; use optim.lr=..."
             renamed = renamed_problem(key, value) if value else renamed_problem(key)
         if renamed:
             raise UserError(renamed)
@@ -232,7 +241,7 @@ def compose(config_name: str, overrides: list[str] | None = None, *, validate: b
         if why:
             raise UserError(f"{body} {why}")
     GlobalHydra.instance().clear()
-    mount_interventions()       # picks up interventions a test or plugin stored since the last call
+    mount_interventions()  # picks up interventions a test or plugin stored since the last call
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="entropyrl"):
             cfg = hydra_compose(config_name=config_name, overrides=overrides)
@@ -302,7 +311,7 @@ def cfg_get(cfg, key: str, default=None):
 
 def to_plain(value):
     """OmegaConf containers -> plain dicts/lists (resolved); anything else unchanged."""
-    omegaconf = sys.modules.get("omegaconf")     # not imported: nothing can be one of its containers
+    omegaconf = sys.modules.get("omegaconf")  # not imported: nothing can be one of its containers
     if omegaconf is not None and isinstance(value, (omegaconf.DictConfig, omegaconf.ListConfig)):
         return omegaconf.OmegaConf.to_container(value, resolve=True)
     return value

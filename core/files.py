@@ -17,7 +17,7 @@ def fsync_dir(path: Path) -> None:
         return
     try:
         os.fsync(fd)
-    except OSError:   # some file systems cannot fsync a folder; the rename is still atomic
+    except OSError:  # some file systems cannot fsync a folder; the rename is still atomic
         pass
     finally:
         os.close(fd)

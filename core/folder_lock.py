@@ -26,8 +26,7 @@ def make_folder(folder: Path, what: str) -> Path:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"{what}={folder} cannot be created ({exc.strerror or exc}): pick a folder you can "
-                        f"write to") from None
+        raise UserError(f"{what}={folder} cannot be created ({exc.strerror or exc}): pick a folder you can write to") from None
     return folder
 
 
@@ -35,8 +34,14 @@ class FolderLock:
     """``with FolderLock(path, "run", hint):`` holds ``path/.lock`` or raises ``UserError`` naming the
     holder; ``hint`` says what to do instead (another output_dir=..., wait)."""
 
-    def __init__(self, folder: Path, what: str = "run", hint: str = "wait for it to end or use another folder",
-                 name: str = ".lock", key: str = "output_dir"):
+    def __init__(
+        self,
+        folder: Path,
+        what: str = "run",
+        hint: str = "wait for it to end or use another folder",
+        name: str = ".lock",
+        key: str = "output_dir",
+    ):
         self.folder, self.what, self.hint, self.key = Path(folder), what, hint, key
         self.path = self.folder / name
         self._fd: int | None = None
@@ -54,22 +59,26 @@ class FolderLock:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise UserError(f"{self.key}={self.folder}: cannot create its lock file {self.path} "
-                            f"({exc.strerror or exc}): pick a folder you can write to") from None
+            raise UserError(
+                f"{self.key}={self.folder}: cannot create its lock file {self.path} "
+                f"({exc.strerror or exc}): pick a folder you can write to"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
             held = self.holder()
             since = time.strftime("%H:%M:%S", time.localtime(held["since"])) if held.get("since") else "?"
-            raise UserError(f"{self.key}={self.folder} is in use by another {self.what} (host "
-                            f"{held.get('host', '?')}, pid {held.get('pid', '?')}, since {since}): {self.hint}") from None
+            raise UserError(
+                f"{self.key}={self.folder} is in use by another {self.what} (host "
+                f"{held.get('host', '?')}, pid {held.get('pid', '?')}, since {since}): {self.hint}"
+            ) from None
         holder = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()})
         try:
             if record:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, holder.encode(), 0)
-        except OSError:       # a full disk: the lock itself holds, only the holder's name is missing
+        except OSError:  # a full disk: the lock itself holds, only the holder's name is missing
             pass
         self._fd = fd
         return self

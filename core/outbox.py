@@ -20,8 +20,11 @@ from .files import atomic_write_lines
 
 #: MLflow's own HTTP retries (7 with backoff, 120 s timeout: minutes of silence per call when the
 #: server is gone), made short for the tracker's calls; a user's own setting wins.
-SHORT_HTTP_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                      "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+SHORT_HTTP_RETRIES = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
 
 
 def short_http_retries() -> None:
@@ -33,8 +36,15 @@ class Outbox:
     """``deliver(entry)`` sends one entry (raises when the server does not take it);
     ``reachable()`` answers quickly whether the server is up."""
 
-    def __init__(self, path: Path, deliver: Callable[[dict], None], reachable: Callable[[], bool],
-                 uri: str, log: Callable[[str], None], retry_s: float = 10.0):
+    def __init__(
+        self,
+        path: Path,
+        deliver: Callable[[dict], None],
+        reachable: Callable[[], bool],
+        uri: str,
+        log: Callable[[str], None],
+        retry_s: float = 10.0,
+    ):
         self.path, self.deliver, self.reachable, self.uri, self.log = Path(path), deliver, reachable, uri, log
         self.retry_s = retry_s
         self._next_try = 0.0
@@ -47,7 +57,7 @@ class Outbox:
         for line in self.path.read_text(errors="replace").splitlines():
             try:
                 entry = json.loads(line)
-            except ValueError:          # a line cut short by a crash: its step is in metrics.jsonl
+            except ValueError:  # a line cut short by a crash: its step is in metrics.jsonl
                 continue
             if isinstance(entry, dict):
                 out.append(entry)
@@ -70,9 +80,11 @@ class Outbox:
     def _queue(self, entry: dict, exc: Exception | None = None) -> None:
         if self.pending == 0 and exc is not None:
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            self.log(f"warning: the MLflow server at {self.uri} stopped answering ({reason}); training goes on, "
-                     f"metrics.jsonl holds every step and what MLflow misses is queued in {self.path}, "
-                     f"delivered when it answers again")
+            self.log(
+                f"warning: the MLflow server at {self.uri} stopped answering ({reason}); training goes on, "
+                f"metrics.jsonl holds every step and what MLflow misses is queued in {self.path}, "
+                f"delivered when it answers again"
+            )
             self._next_try = time.monotonic() + self.retry_s
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(entry) + "\n")
@@ -80,7 +92,7 @@ class Outbox:
 
     def put(self, entry: dict) -> None:
         if self.pending and not self.flush():
-            self._queue(entry)          # keep the order: nothing overtakes what waits
+            self._queue(entry)  # keep the order: nothing overtakes what waits
             return
         try:
             self.deliver(entry)
@@ -94,8 +106,7 @@ class Outbox:
             return True
         deadline = time.monotonic() + wait_s
         if wait_s > 0:
-            self.log(f"waiting up to {wait_s:.0f} s for the MLflow server at {self.uri} to take "
-                     f"{self.pending} queued entries")
+            self.log(f"waiting up to {wait_s:.0f} s for the MLflow server at {self.uri} to take {self.pending} queued entries")
         while True:
             now = time.monotonic()
             if now >= self._next_try or wait_s > 0:

@@ -50,6 +50,7 @@ class Registry(dict):
         def deco(obj: T) -> T:
             self[name] = obj
             return obj
+
         return deco
 
     def lookup(self, name: Any, option: str | None = None) -> Any:

@@ -35,13 +35,25 @@ import statistics
 import time
 from pathlib import Path
 
-__all__ = ["available_cpus", "affinity_cpus", "cgroup_cpu_limit", "parse_cpu_max", "parse_cfs_quota",
-           "jobs_sharing", "busy_cpus", "default_threads", "user_threads", "apply_threads", "ThreadBudget",
-           "JOBS_ENV", "THREAD_ENV_VARS"]
+__all__ = [
+    "available_cpus",
+    "affinity_cpus",
+    "cgroup_cpu_limit",
+    "parse_cpu_max",
+    "parse_cfs_quota",
+    "jobs_sharing",
+    "busy_cpus",
+    "default_threads",
+    "user_threads",
+    "apply_threads",
+    "ThreadBudget",
+    "JOBS_ENV",
+    "THREAD_ENV_VARS",
+]
 
 JOBS_ENV = "ENTROPYRL_JOBS"
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-_EXPORT_MARK = "_ENTROPYRL_OMP"        # the OMP_NUM_THREADS value we exported (not the user's choice)
+_EXPORT_MARK = "_ENTROPYRL_OMP"  # the OMP_NUM_THREADS value we exported (not the user's choice)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,13 +117,13 @@ def cgroup_cpu_limit(proc_cgroup: str | None = None, root: str | os.PathLike = "
         controllers, _, rel = rest.partition(":")
         if not hier:
             continue
-        if controllers == "" and hier == "0":                          # cgroup v2
+        if controllers == "" and hier == "0":  # cgroup v2
             for base in (root, root / "unified"):
                 for anc in _ancestors(rel):
                     got = _read(base / anc.lstrip("/") / "cpu.max")
                     if got is not None and (limit := parse_cpu_max(got)) is not None:
                         limits.append(limit)
-        elif "cpu" in controllers.split(","):                           # cgroup v1
+        elif "cpu" in controllers.split(","):  # cgroup v1
             for name in (controllers, "cpu", "cpu,cpuacct", "cpuacct,cpu"):
                 base = root / name
                 if not base.is_dir():
@@ -177,13 +189,12 @@ def _own_running(task_dir: str = "/proc/self/task") -> int:
     for tid in tasks:
         stat = _read(Path(task_dir) / tid / "stat") or ""
         # "tid (comm) S ...": the state follows the last ')' (comm may hold spaces or parentheses)
-        if stat[stat.rfind(")") + 2: stat.rfind(")") + 3] == "R":
+        if stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] == "R":
             running += 1
     return max(1, running)
 
 
-def busy_cpus(samples: int = 5, interval: float = 0.02, loadavg: str = "/proc/loadavg",
-              task_dir: str = "/proc/self/task") -> int:
+def busy_cpus(samples: int = 5, interval: float = 0.02, loadavg: str = "/proc/loadavg", task_dir: str = "/proc/self/task") -> int:
     """CPUs kept busy by other processes right now: the kernel's runnable tasks minus this
     process's own runnable threads, median over ``samples`` reads. 0 where it cannot be read."""
     counts = []
@@ -196,8 +207,7 @@ def busy_cpus(samples: int = 5, interval: float = 0.02, loadavg: str = "/proc/lo
     return int(statistics.median(counts)) if counts else 0
 
 
-def default_threads(cpus: int | None = None, jobs: int | None = None, busy: int | None = None,
-                    samples: int = 5) -> int:
+def default_threads(cpus: int | None = None, jobs: int | None = None, busy: int | None = None, samples: int = 5) -> int:
     """``max(1, min(cpus // jobs, cpus - busy))``; see the module docstring for each term.
     ``samples``: reads of the run queue when ``busy`` is measured (20 ms apart)."""
     cpus = available_cpus() if cpus is None else max(1, int(cpus))
@@ -264,7 +274,7 @@ class ThreadBudget:
         if not self.auto or time.monotonic() - self._last < self.every_s:
             return self.threads
         self._last = time.monotonic()
-        want = default_threads(samples=3)            # ~40 ms every every_s seconds
+        want = default_threads(samples=3)  # ~40 ms every every_s seconds
         if want != self.threads:
             import torch
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 __all__ = ["rollout_seed", "rank_seed", "group_seed", "shuffle_seed", "draw_seed", "PASS_SEED", "PROBE_SEED"]
 
-PASS_SEED = 31_337     # validation's pass@k samples: the same draws at every validation of a run
-PROBE_SEED = 424_242   # the held-out probe batch's sampling: independent of the training seed stream
+PASS_SEED = 31_337  # validation's pass@k samples: the same draws at every validation of a run
+PROBE_SEED = 424_242  # the held-out probe batch's sampling: independent of the training seed stream
 
 
 def rollout_seed(seed: int, step: int, attempt: int) -> int:

@@ -58,8 +58,10 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
                 raise OSError(f"HTTP {resp.status}")
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise UserError(f"cannot reach the MLflow tracking server at {uri} ({reason}); start it "
-                        f"(mlflow server ...) or point MLFLOW_TRACKING_URI/tracking.uri elsewhere") from None
+        raise UserError(
+            f"cannot reach the MLflow tracking server at {uri} ({reason}); start it "
+            f"(mlflow server ...) or point MLFLOW_TRACKING_URI/tracking.uri elsewhere"
+        ) from None
 
 
 def flatten(cfg: Any, prefix: str = "") -> dict[str, str]:
@@ -87,12 +89,12 @@ class RunTracker:
         self.enabled = bool(tracking_cfg.get("enabled", True))
         self.run_id: str | None = None
         self.uri = resolve_uri(tracking_cfg)
-        self._logged_through = -1   # MLflow already holds steps <= this (from before a resume)
+        self._logged_through = -1  # MLflow already holds steps <= this (from before a resume)
         self._mlflow = None
         self._client = None
-        self.outbox: Outbox | None = None   # what MLflow has not received yet (tracking.queue.jsonl)
+        self.outbox: Outbox | None = None  # what MLflow has not received yet (tracking.queue.jsonl)
         self.queue_path = self.output_dir / "tracking.queue.jsonl"
-        self._lines: list[str] | None = None    # this run's copy of metrics.jsonl (read at its first step)
+        self._lines: list[str] | None = None  # this run's copy of metrics.jsonl (read at its first step)
         self._size = 0
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -103,7 +105,7 @@ class RunTracker:
         if not self.enabled:
             return
         check_reachable(self.uri)
-        short_http_retries()                 # seconds, not minutes, per call when the server goes away
+        short_http_retries()  # seconds, not minutes, per call when the server goes away
         import mlflow
 
         self._mlflow = mlflow
@@ -112,17 +114,25 @@ class RunTracker:
         if resume_step is None:
             self.queue_path.unlink(missing_ok=True)
         try:
-            with store_lock(self.uri):       # first use of a fresh sqlite store: one process at a time
+            with store_lock(self.uri):  # first use of a fresh sqlite store: one process at a time
                 # the client opens (and on a fresh sqlite file, creates) the store: inside the lock
                 self._client = mlflow.tracking.MlflowClient(self.uri)
-                self.outbox = Outbox(self.queue_path, self._deliver, lambda: server_answers(self.uri), self.uri,
-                                     self.log, retry_s=float(self.cfg.get("retry_s", 10.0) or 10.0))
+                self.outbox = Outbox(
+                    self.queue_path,
+                    self._deliver,
+                    lambda: server_answers(self.uri),
+                    self.uri,
+                    self.log,
+                    retry_s=float(self.cfg.get("retry_s", 10.0) or 10.0),
+                )
                 if previous.get("run_id"):
                     run = mlflow.start_run(run_id=previous["run_id"])
                     self.run_id = run.info.run_id
                     # what an earlier process queued, up to the checkpoint (later steps are recomputed)
-                    self.outbox.keep(lambda e: e.get("kind") == "artifact" or (
-                        e.get("kind") == "metrics" and int(e.get("step", 0)) <= int(resume_step or 0)))
+                    self.outbox.keep(
+                        lambda e: e.get("kind") == "artifact"
+                        or (e.get("kind") == "metrics" and int(e.get("step", 0)) <= int(resume_step or 0))
+                    )
                     self.outbox.flush(wait_s=0.01)
                     self._logged_through = self._max_logged_step()
                 else:
@@ -137,13 +147,16 @@ class RunTracker:
                     params = flatten(full_cfg)
                     items = list(params.items())
                     for i in range(0, len(items), 100):
-                        mlflow.log_params({k: v[:6000] for k, v in items[i: i + 100]})
+                        mlflow.log_params({k: v[:6000] for k, v in items[i : i + 100]})
         except Exception as exc:  # noqa: BLE001 - any store failure is the user's setup
             if isinstance(exc, UserError):
                 raise
             elsewhere = previous.get("uri")
-            hint = (f"this run was tracked in {elsewhere} (tracking.json): resume it with tracking.uri={elsewhere}"
-                    if elsewhere and elsewhere != self.uri else "check MLFLOW_TRACKING_URI/tracking.uri")
+            hint = (
+                f"this run was tracked in {elsewhere} (tracking.json): resume it with tracking.uri={elsewhere}"
+                if elsewhere and elsewhere != self.uri
+                else "check MLFLOW_TRACKING_URI/tracking.uri"
+            )
             raise UserError(f"cannot open an MLflow run at {self.uri}: {str(exc).splitlines()[0]} ({hint})") from None
 
         atomic_write_text(self.state_path, json.dumps({"run_id": self.run_id, "uri": self.uri}))
@@ -163,11 +176,9 @@ class RunTracker:
             return
         rows, damaged = parse_metrics(self.metrics_path.read_text(errors="replace"))
         if damaged:
-            self.log(f"warning: {self.metrics_path}: dropped {damaged} incomplete line(s) left by an "
-                     f"interrupted write")
+            self.log(f"warning: {self.metrics_path}: dropped {damaged} incomplete line(s) left by an interrupted write")
 
-        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows
-                                                     if r.get("step", -1) <= resume_step))
+        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows if r.get("step", -1) <= resume_step))
 
     def _guard_record(self) -> None:
         """metrics.jsonl deleted or cut short under a live run: write it again from this run's copy."""
@@ -178,8 +189,10 @@ class RunTracker:
         size = self.metrics_path.stat().st_size if self.metrics_path.exists() else -1
         if size < self._size:
             atomic_write_text(self.metrics_path, "".join(line + "\n" for line in self._lines))
-            self.log(f"warning: {self.metrics_path} was deleted or cut short while the run wrote it: written "
-                     f"again from the run's own copy ({len(self._lines)} steps)")
+            self.log(
+                f"warning: {self.metrics_path} was deleted or cut short while the run wrote it: written "
+                f"again from the run's own copy ({len(self._lines)} steps)"
+            )
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """One row of ``metrics.jsonl`` and the same metrics to MLflow, under the same names: MLflow
@@ -207,7 +220,7 @@ class RunTracker:
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         """Tag the run (no-op when tracking is off or the run was never opened)."""
-        if self.enabled and self.run_id and self.online:     # a server that went away: no tag, no stall
+        if self.enabled and self.run_id and self.online:  # a server that went away: no tag, no stall
             TrackingStore(self.uri).set_tags(self.run_id, tags)
 
     def finish(self, status: str = "FINISHED") -> None:
@@ -217,12 +230,14 @@ class RunTracker:
             return
         self.outbox.put({"kind": "end", "status": status})
         if self.outbox.pending and not self.outbox.flush(wait_s=float(self.cfg.get("flush_wait_s", 60) or 0)):
-            self.log(f"warning: the MLflow server at {self.uri} did not come back: {self.outbox.pending} entries "
-                     f"(metrics, files, the run's {status} state) stay queued in {self.queue_path}; running the same "
-                     f"command again (same output_dir) delivers them")
+            self.log(
+                f"warning: the MLflow server at {self.uri} did not come back: {self.outbox.pending} entries "
+                f"(metrics, files, the run's {status} state) stay queued in {self.queue_path}; running the same "
+                f"command again (same output_dir) delivers them"
+            )
         active = self._mlflow.active_run()
         if active is not None and active.info.run_id == self.run_id:
-            _pop_active_run(self._mlflow)      # its end state went (or waits) through the outbox
+            _pop_active_run(self._mlflow)  # its end state went (or waits) through the outbox
 
     def _deliver(self, entry: dict) -> None:
         """Send one outbox entry to the run (raises when the server does not take it)."""
@@ -232,7 +247,7 @@ class RunTracker:
         if kind == "metrics":
             metrics = [Metric(k, v, int(entry.get("time", 0)), int(entry["step"])) for k, v in entry["metrics"].items()]
             for i in range(0, len(metrics), 500):
-                self._client.log_batch(self.run_id, metrics=metrics[i: i + 500])
+                self._client.log_batch(self.run_id, metrics=metrics[i : i + 500])
         elif kind == "artifact" and Path(entry["path"]).exists():
             self._client.log_artifact(self.run_id, entry["path"], artifact_path=entry.get("artifact_path"))
         elif kind == "end":
@@ -244,7 +259,7 @@ def _pop_active_run(mlflow) -> None:
     queued); otherwise MLflow's exit hook would mark it FINISHED."""
     from mlflow.environment_variables import MLFLOW_RUN_ID
 
-    with contextlib.suppress(Exception):       # private API: at worst the exit hook ends it
+    with contextlib.suppress(Exception):  # private API: at worst the exit hook ends it
         stack = mlflow.tracking.fluent._active_run_stack.get()
         if stack:
             MLFLOW_RUN_ID.unset()
@@ -260,7 +275,7 @@ class TrackingStore:
     failures raise MLflow's own exceptions; the caller decides whether they are fatal.
     """
 
-    PARAM_CHARS = 6000          # MLflow's limit on a param value
+    PARAM_CHARS = 6000  # MLflow's limit on a param value
 
     def __init__(self, uri: str):
         self.uri = uri
@@ -281,9 +296,16 @@ class TrackingStore:
             exp = self.client.get_experiment_by_name(name)
             return exp.experiment_id if exp is not None else self.client.create_experiment(name)
 
-    def open_run(self, experiment: str, run_name: str, *, tags: dict[str, Any] | None = None,
-                 params: dict[str, Any] | None = None, parent_run_id: str | None = None,
-                 description: str | None = None) -> str:
+    def open_run(
+        self,
+        experiment: str,
+        run_name: str,
+        *,
+        tags: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        parent_run_id: str | None = None,
+        description: str | None = None,
+    ) -> str:
         """Create a RUNNING run (a child of ``parent_run_id`` when given) with its tags and
         params; returns its id."""
         all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
@@ -307,17 +329,18 @@ class TrackingStore:
 
         items = [Param(str(k), str(v)[: self.PARAM_CHARS]) for k, v in params.items()]
         for i in range(0, len(items), 100):
-            self.client.log_batch(run_id, params=items[i: i + 100])
+            self.client.log_batch(run_id, params=items[i : i + 100])
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
         """Finite values only, keys made MLflow-safe (``mlflow_key``)."""
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        items = [Metric(mlflow_key(k), float(v), ts, step) for k, v in metrics.items()
-                 if v is not None and math.isfinite(float(v))]
+        items = [
+            Metric(mlflow_key(k), float(v), ts, step) for k, v in metrics.items() if v is not None and math.isfinite(float(v))
+        ]
         for i in range(0, len(items), 500):
-            self.client.log_batch(run_id, metrics=items[i: i + 500])
+            self.client.log_batch(run_id, metrics=items[i : i + 500])
 
     def log_artifact(self, run_id: str, path: Path | str, artifact_path: str | None = None) -> None:
         if Path(path).exists():
@@ -377,13 +400,15 @@ def check_metrics_file(path: Path) -> None:
         if not isinstance(row, dict):
             found = f"a JSON {type(row).__name__}, not an object"
         elif "step" not in row:
-            found = "no \"step\""
+            found = 'no "step"'
         elif not valid_step(row["step"]):
-            found = f"\"step\": {json.dumps(row['step'])[:40]}"
+            found = f'"step": {json.dumps(row["step"])[:40]}'
         else:
             continue
-        raise UserError(f"{path}:{lineno}: not a step's record ({found}; each line needs an integer \"step\"): "
-                        f"fix or delete that line to continue the run, {OVERWRITE_HINT}")
+        raise UserError(
+            f'{path}:{lineno}: not a step\'s record ({found}; each line needs an integer "step"): '
+            f"fix or delete that line to continue the run, {OVERWRITE_HINT}"
+        )
 
 
 def read_run_link(path: Path) -> dict:
@@ -398,8 +423,10 @@ def read_run_link(path: Path) -> dict:
     except json.JSONDecodeError as exc:
         why = f"not valid JSON: {exc.msg} at line {exc.lineno}"
     if why:
-        raise UserError(f"{path}: a damaged MLflow run link ({why}): delete it to continue the run in a new MLflow "
-                        f"run (metrics.jsonl keeps every step), {OVERWRITE_HINT}")
+        raise UserError(
+            f"{path}: a damaged MLflow run link ({why}): delete it to continue the run in a new MLflow "
+            f"run (metrics.jsonl keeps every step), {OVERWRITE_HINT}"
+        )
     return data
 
 

@@ -62,8 +62,12 @@ class Rule:
         elif self.kind == "path":
             text = "a folder path that can be created (not a file, not under a file, writable)"
         else:
-            noun = {"int": "an integer", "float": "a number", "int_list": "a list of integers",
-                    "float_list": "a list of numbers"}[self.kind]
+            noun = {
+                "int": "an integer",
+                "float": "a number",
+                "int_list": "a list of integers",
+                "float_list": "a list of numbers",
+            }[self.kind]
             if self.length is not None:
                 noun = f"a list of {self.length} {'integers' if self.kind == 'int_list' else 'numbers'}"
             if self.kind == "int" and self.low == 1 and self.high is None:
@@ -134,8 +138,14 @@ def integer(low: int | None = None, high: int | None = None, nullable: bool = Fa
     return Rule("int", low=low, high=high, nullable=nullable)
 
 
-def number(low: float | None = None, high: float | None = None, *, open_low: bool = False,
-           open_high: bool = False, nullable: bool = False) -> Rule:
+def number(
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    open_low: bool = False,
+    open_high: bool = False,
+    nullable: bool = False,
+) -> Rule:
     return Rule("float", low=low, high=high, open_low=open_low, open_high=open_high, nullable=nullable)
 
 
@@ -147,8 +157,8 @@ POS_INT = integer(1)
 NONNEG_INT = integer(0)
 POS = number(0, open_low=True)
 NONNEG = number(0)
-PROB = number(0, 1)                       # a probability / fraction in [0, 1]
-OPEN_PROB = number(0, 1, open_low=True)   # (0, 1]: top-p, fractions that must select something
+PROB = number(0, 1)  # a probability / fraction in [0, 1]
+OPEN_PROB = number(0, 1, open_low=True)  # (0, 1]: top-p, fractions that must select something
 BOOL = Rule("bool")
 STR = Rule("str")
 FOLDER = Rule("path")
@@ -156,12 +166,18 @@ FOLDER = Rule("path")
 # -- the tables --------------------------------------------------------------------------------
 MODEL = {
     "model.dtype": choice("float32", "bfloat16", "float16"),
-    "model.arch.hidden_size": POS_INT, "model.arch.intermediate_size": POS_INT,
-    "model.arch.num_hidden_layers": POS_INT, "model.arch.num_attention_heads": POS_INT,
-    "model.arch.num_key_value_heads": POS_INT, "model.arch.max_position_embeddings": POS_INT,
+    "model.arch.hidden_size": POS_INT,
+    "model.arch.intermediate_size": POS_INT,
+    "model.arch.num_hidden_layers": POS_INT,
+    "model.arch.num_attention_heads": POS_INT,
+    "model.arch.num_key_value_heads": POS_INT,
+    "model.arch.max_position_embeddings": POS_INT,
     "model.arch.rope_theta": POS,
-    "model.warm_start.steps": NONNEG_INT, "model.warm_start.batch_size": POS_INT,
-    "model.warm_start.lr": POS, "model.warm_start.label_noise": PROB, "model.warm_start.seed": NONNEG_INT,
+    "model.warm_start.steps": NONNEG_INT,
+    "model.warm_start.batch_size": POS_INT,
+    "model.warm_start.lr": POS,
+    "model.warm_start.label_noise": PROB,
+    "model.warm_start.seed": NONNEG_INT,
 }
 
 TRACKING = {
@@ -176,21 +192,35 @@ RESUME_MODES = ("auto", "never", "overwrite")
 #: ``optim``: the optimizer and its schedule (``trainers/optim.py``). ``optim.name`` and
 #: ``optim.scheduler`` are names in that module's registries; ``check_optim`` there lists the valid ones.
 OPTIM = {
-    "optim.name": STR, "optim.lr": POS, "optim.weight_decay": NONNEG,
+    "optim.name": STR,
+    "optim.lr": POS,
+    "optim.weight_decay": NONNEG,
     "optim.betas": Rule("float_list", low=0, high=1, open_high=True, length=2),
-    "optim.scheduler": STR, "optim.warmup_steps": NONNEG_INT, "optim.min_lr_ratio": PROB,
+    "optim.scheduler": STR,
+    "optim.warmup_steps": NONNEG_INT,
+    "optim.min_lr_ratio": PROB,
 }
 
 #: ``tools``: multi-turn rollouts with a code interpreter (``conf/tools/none.yaml`` declares them);
 #: the format's name and tags and the executor's limits are checked by ``evals/code/tool_executor.check_tools``.
 TOOLS = {
-    "tools.enabled": BOOL, "tools.name": STR, "tools.format": STR, "tools.max_turns": POS_INT,
-    "tools.max_calls": NONNEG_INT, "tools.max_output_chars": integer(16), "tools.session": choice("stateless"),
-    "tools.show_last_expression": BOOL, "tools.mask_invalid_calls": BOOL,
-    "tools.executor.wall_seconds": POS, "tools.executor.cpu_seconds": POS_INT, "tools.executor.memory_mb": integer(64),
-    "tools.executor.processes": POS_INT, "tools.executor.max_output_bytes": integer(256),
+    "tools.enabled": BOOL,
+    "tools.name": STR,
+    "tools.format": STR,
+    "tools.max_turns": POS_INT,
+    "tools.max_calls": NONNEG_INT,
+    "tools.max_output_chars": integer(16),
+    "tools.session": choice("stateless"),
+    "tools.show_last_expression": BOOL,
+    "tools.mask_invalid_calls": BOOL,
+    "tools.executor.wall_seconds": POS,
+    "tools.executor.cpu_seconds": POS_INT,
+    "tools.executor.memory_mb": integer(64),
+    "tools.executor.processes": POS_INT,
+    "tools.executor.max_output_bytes": integer(256),
     "tools.executor.workers": NONNEG_INT,
-    "tools.shaping.call_bonus": number(), "tools.shaping.error_penalty": NONNEG,
+    "tools.shaping.call_bonus": number(),
+    "tools.shaping.error_penalty": NONNEG,
 }
 
 #: Keys that moved: ``{old key: new key}``. Setting an old one is an error naming the new one.
@@ -198,51 +228,95 @@ RENAMED = {"trainer.lr": "optim.lr", "trainer.weight_decay": "optim.weight_decay
 
 TRAIN = {
     "output_dir": FOLDER,
-    "trainer.total_steps": POS_INT, "trainer.seed": NONNEG_INT,
-    "trainer.prompts_per_step": POS_INT, "trainer.mini_batch_prompts": POS_INT,
-    "trainer.micro_batch_responses": POS_INT, "trainer.ppo_epochs": POS_INT,
+    "trainer.total_steps": POS_INT,
+    "trainer.seed": NONNEG_INT,
+    "trainer.prompts_per_step": POS_INT,
+    "trainer.mini_batch_prompts": POS_INT,
+    "trainer.micro_batch_responses": POS_INT,
+    "trainer.ppo_epochs": POS_INT,
     "trainer.micro_batch_tokens": integer(1, nullable=True),
     "trainer.grad_clip": POS,
-    "trainer.val_every": NONNEG_INT, "trainer.save_every": NONNEG_INT, "trainer.keep_checkpoints": NONNEG_INT,
+    "trainer.val_every": NONNEG_INT,
+    "trainer.save_every": NONNEG_INT,
+    "trainer.keep_checkpoints": NONNEG_INT,
     "trainer.resume": choice(*RESUME_MODES),
-    "trainer.dtype": choice("float32", "bfloat16"), "trainer.fsdp": choice("auto", True, False),
-    "trainer.gradient_checkpointing": BOOL, "trainer.token_chunk_size": POS_INT, "trainer.progress": BOOL,
-    "trainer.samples_every": NONNEG_INT, "trainer.samples_rows": POS_INT,
-    "diagnostics.reflection.repetition_n": POS_INT, "diagnostics.reflection.entropy": BOOL,
-    "val.prompts": NONNEG_INT, "val.temperature": NONNEG, "val.top_p": OPEN_PROB,
-    "val.max_new_tokens": integer(1, nullable=True), "val.n_samples": POS_INT, "val.limit": integer(1, nullable=True),
-    "diagnostics.quadrants": BOOL, "diagnostics.entropy_change": BOOL,
-    "diagnostics.probe_prompts": POS_INT, "diagnostics.probe_responses": POS_INT,
-    "diagnostics.attribution": BOOL, "diagnostics.attribution_every": POS_INT, "diagnostics.entropy_quantiles": Rule("float_list", low=0, high=1, open_low=True,
-                                                                   open_high=True, nullable=True), "val.pass_k": NONNEG_INT,
-    "rollout.n": POS_INT, "rollout.temperature": POS, "rollout.top_p": OPEN_PROB, "rollout.top_k": NONNEG_INT,
-    "rollout.max_new_tokens": POS_INT, "rollout.batch_size": POS_INT, "rollout.seed_scope": choice("call", "group"),
-    "model.lora.rank": integer(1, nullable=True), "model.lora.alpha": number(0, open_low=True, nullable=True),
-    "model.lora.dropout": number(0, 1, open_high=True), "model.lora.save_merged": BOOL,
-    "reward.timeout_s": number(0, open_low=True, nullable=True), "reward.workers": NONNEG_INT,
-    "reward.fallback": number(), "reward.retries": NONNEG_INT, "reward.backoff_s": NONNEG,
-    **OPTIM, **MODEL, **TRACKING, **TOOLS,
+    "trainer.dtype": choice("float32", "bfloat16"),
+    "trainer.fsdp": choice("auto", True, False),
+    "trainer.gradient_checkpointing": BOOL,
+    "trainer.token_chunk_size": POS_INT,
+    "trainer.progress": BOOL,
+    "trainer.samples_every": NONNEG_INT,
+    "trainer.samples_rows": POS_INT,
+    "diagnostics.reflection.repetition_n": POS_INT,
+    "diagnostics.reflection.entropy": BOOL,
+    "val.prompts": NONNEG_INT,
+    "val.temperature": NONNEG,
+    "val.top_p": OPEN_PROB,
+    "val.max_new_tokens": integer(1, nullable=True),
+    "val.n_samples": POS_INT,
+    "val.limit": integer(1, nullable=True),
+    "diagnostics.quadrants": BOOL,
+    "diagnostics.entropy_change": BOOL,
+    "diagnostics.probe_prompts": POS_INT,
+    "diagnostics.probe_responses": POS_INT,
+    "diagnostics.attribution": BOOL,
+    "diagnostics.attribution_every": POS_INT,
+    "diagnostics.entropy_quantiles": Rule("float_list", low=0, high=1, open_low=True, open_high=True, nullable=True),
+    "val.pass_k": NONNEG_INT,
+    "rollout.n": POS_INT,
+    "rollout.temperature": POS,
+    "rollout.top_p": OPEN_PROB,
+    "rollout.top_k": NONNEG_INT,
+    "rollout.max_new_tokens": POS_INT,
+    "rollout.batch_size": POS_INT,
+    "rollout.seed_scope": choice("call", "group"),
+    "model.lora.rank": integer(1, nullable=True),
+    "model.lora.alpha": number(0, open_low=True, nullable=True),
+    "model.lora.dropout": number(0, 1, open_high=True),
+    "model.lora.save_merged": BOOL,
+    "reward.timeout_s": number(0, open_low=True, nullable=True),
+    "reward.workers": NONNEG_INT,
+    "reward.fallback": number(),
+    "reward.retries": NONNEG_INT,
+    "reward.backoff_s": NONNEG,
+    **OPTIM,
+    **MODEL,
+    **TRACKING,
+    **TOOLS,
 }
 
 EVAL = {
     "output_dir": FOLDER,
-    "eval.n_samples": integer(1, nullable=True), "eval.limit": integer(1, nullable=True),
-    "eval.temperature": number(0, nullable=True), "eval.top_p": number(0, 1, open_low=True, nullable=True),
-    "eval.max_new_tokens": POS_INT, "eval.batch_size": POS_INT,
-    "eval.backend": STR,        # a registered rollout engine name: checked against rollout.ROLLOUT_ENGINES
-    "eval.seed": NONNEG_INT, "eval.workers": integer(1, nullable=True), "eval.grade_timeout": POS,
-    **MODEL, **TRACKING, **TOOLS,
+    "eval.n_samples": integer(1, nullable=True),
+    "eval.limit": integer(1, nullable=True),
+    "eval.temperature": number(0, nullable=True),
+    "eval.top_p": number(0, 1, open_low=True, nullable=True),
+    "eval.max_new_tokens": POS_INT,
+    "eval.batch_size": POS_INT,
+    "eval.backend": STR,  # a registered rollout engine name: checked against rollout.ROLLOUT_ENGINES
+    "eval.seed": NONNEG_INT,
+    "eval.workers": integer(1, nullable=True),
+    "eval.grade_timeout": POS,
+    **MODEL,
+    **TRACKING,
+    **TOOLS,
 }
 
 SWEEP = {
     "sweep_dir": FOLDER,
     "seeds": Rule("int_list", low=0),
     "poll_seconds": POS,
-    "report.entropy_threshold": NONNEG, "report.tail_frac": OPEN_PROB,
-    "launcher.max_parallel": POS_INT, "launcher.timeout_min": POS_INT, "launcher.max_num_timeout": NONNEG_INT,
-    "launcher.signal_delay_s": NONNEG_INT, "launcher.nodes": POS_INT, "launcher.gpus_per_node": NONNEG_INT,
+    "report.entropy_threshold": NONNEG,
+    "report.tail_frac": OPEN_PROB,
+    "launcher.max_parallel": POS_INT,
+    "launcher.timeout_min": POS_INT,
+    "launcher.max_num_timeout": NONNEG_INT,
+    "launcher.signal_delay_s": NONNEG_INT,
+    "launcher.nodes": POS_INT,
+    "launcher.gpus_per_node": NONNEG_INT,
     "launcher.tasks_per_node": integer(1, nullable=True),
-    "launcher.cpus_per_task": POS_INT, "launcher.mem_gb": number(0, open_low=True, nullable=True),
+    "launcher.cpus_per_task": POS_INT,
+    "launcher.mem_gb": number(0, open_low=True, nullable=True),
     "launcher.array_parallelism": POS_INT,
     **TRACKING,
 }
@@ -253,8 +327,10 @@ SCHEMAS: dict[str, dict[str, Rule]] = {"train": TRAIN, "eval": EVAL, "sweep": SW
 def _divisible(cfg) -> str | None:
     p, m = _get(cfg, "trainer.prompts_per_step"), _get(cfg, "trainer.mini_batch_prompts")
     if isinstance(p, int) and isinstance(m, int) and p % m:
-        return (f"trainer.prompts_per_step={p} must be a multiple of trainer.mini_batch_prompts={m} "
-                f"(prompts_per_step / mini_batch_prompts optimizer steps per epoch)")
+        return (
+            f"trainer.prompts_per_step={p} must be a multiple of trainer.mini_batch_prompts={m} "
+            f"(prompts_per_step / mini_batch_prompts optimizer steps per epoch)"
+        )
     return None
 
 
@@ -332,7 +408,7 @@ def folder_problem(path: str | Path) -> str | None:
     base = _first_existing(p)
     if not base.is_dir():
         return f"{p} lies under {base}, which is a file, not a folder"
-    if p.parts[1:2] in (("proc",), ("sys",)):     # the kernel's own files: root may "write", mkdir fails
+    if p.parts[1:2] in (("proc",), ("sys",)):  # the kernel's own files: root may "write", mkdir fails
         return f"{p} lies under /{p.parts[1]}, the kernel's pseudo file system, where no folder can be made"
     if not os.access(base, os.W_OK | os.X_OK):
         return f"{base} is not writable"
@@ -360,12 +436,12 @@ def _name_too_long(p: Path) -> str | None:
     """A part of ``p`` longer than its file system takes (NAME_MAX bytes, usually 255), said before
     minutes of work rather than when the file is written."""
     limit = 255
-    for folder in reversed(p.parents):      # "/", "/a", "/a/b", ...: the deepest existing folder's limit
+    for folder in reversed(p.parents):  # "/", "/a", "/a/b", ...: the deepest existing folder's limit
         try:
             if not folder.is_dir():
                 break
             limit = os.pathconf(folder, "PC_NAME_MAX")
-        except (OSError, ValueError):        # a part too long to even look up ends the walk
+        except (OSError, ValueError):  # a part too long to even look up ends the walk
             break
     for part in p.parts[1:]:
         size = len(part.encode("utf-8", errors="surrogateescape"))

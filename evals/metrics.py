@@ -47,13 +47,12 @@ def maj_at_n(answers: Sequence[str | None], correct: Sequence[bool]) -> float:
 
     if len(answers) != len(correct):
         raise ValueError(f"{len(answers)} answers but {len(correct)} verdicts")
-    keys = [(compact_key(a) if len(a) <= MAX_ANSWER_CHARS else a) if isinstance(a, str) and a.strip() else None
-            for a in answers]
+    keys = [(compact_key(a) if len(a) <= MAX_ANSWER_CHARS else a) if isinstance(a, str) and a.strip() else None for a in answers]
     votes = Counter(k for k in keys if k)
     if not votes:
         return 0.0
     top = max(votes.values())
-    winner = next(k for k in keys if k and votes[k] == top)      # first seen among the tied
+    winner = next(k for k in keys if k and votes[k] == top)  # first seen among the tied
     # The winner is correct if any sample carrying it was graded correct (all of them are, up
     # to grader time-outs on individual samples).
     return float(any(ok for k, ok in zip(keys, correct) if k == winner))
@@ -85,7 +84,4 @@ def mean_metrics(per_problem: Sequence[dict[str, float]]) -> dict[str, float]:
     keys: list[str] = []
     for m in per_problem:
         keys += [k for k in m if k not in keys]
-    return {k: sum(m[k] for m in per_problem if k in m) / sum(1 for m in per_problem if k in m)
-            for k in keys}
-
-
+    return {k: sum(m[k] for m in per_problem if k in m) / sum(1 for m in per_problem if k in m) for k in keys}

@@ -16,9 +16,11 @@ from ..core.registry import unknown_choice
 
 TEMPLATES: dict[str, str] = {
     "boxed": "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
-    "dapo": ("Solve the following math problem step by step. The last line of your response should "
-             "be of the form Answer: $Answer (without quotes) where $Answer is the answer to the "
-             "problem.\n\n{problem}\n\nRemember to put your answer on its own line after \"Answer:\"."),
+    "dapo": (
+        "Solve the following math problem step by step. The last line of your response should "
+        "be of the form Answer: $Answer (without quotes) where $Answer is the answer to the "
+        'problem.\n\n{problem}\n\nRemember to put your answer on its own line after "Answer:".'
+    ),
 }
 NATIVE = "native"
 
@@ -46,8 +48,7 @@ def _wants_chat(tokenizer, use_chat_template) -> bool:
     if use_chat_template in (None, "auto"):
         return has
     if use_chat_template and not has:
-        raise UserError("eval.chat_template=true but the tokenizer has no chat template: "
-                        "set eval.chat_template=auto or false")
+        raise UserError("eval.chat_template=true but the tokenizer has no chat template: set eval.chat_template=auto or false")
     return bool(use_chat_template)
 
 

@@ -26,12 +26,36 @@ import numpy as np
 
 from ..core.errors import UserError
 
-__all__ = ["WORD_LISTS", "ReflectionMatcher", "matcher_for", "resolve_words", "density", "repetition_score",
-           "reflection_block", "response_text_metrics", "token_offsets", "reflection_token_positions", "span_tokens", "TokenPieces", "reflection_eval_metrics"]
+__all__ = [
+    "WORD_LISTS",
+    "ReflectionMatcher",
+    "matcher_for",
+    "resolve_words",
+    "density",
+    "repetition_score",
+    "reflection_block",
+    "response_text_metrics",
+    "token_offsets",
+    "reflection_token_positions",
+    "span_tokens",
+    "TokenPieces",
+    "reflection_eval_metrics",
+]
 
 ORZ_WORDS = ("wait", "recheck", "retry", "alternatively", "however")
-OAT_ZERO_WORDS = ("recheck", "rethink", "reevaluate", "re-evaluate", "reevaluation", "re-examine", "reexamine",
-                  "try again", "check again", "think again", "go over the steps")
+OAT_ZERO_WORDS = (
+    "recheck",
+    "rethink",
+    "reevaluate",
+    "re-evaluate",
+    "reevaluation",
+    "re-examine",
+    "reexamine",
+    "try again",
+    "check again",
+    "think again",
+    "go over the steps",
+)
 WORD_LISTS: dict[str, tuple[str, ...]] = {
     "default": tuple(dict.fromkeys(ORZ_WORDS + OAT_ZERO_WORDS)),
     "orz": ORZ_WORDS,
@@ -46,14 +70,16 @@ def resolve_words(words, option: str = "diagnostics.reflection.words") -> tuple[
         return ()
     if isinstance(words, str):
         if words not in WORD_LISTS:
-            raise UserError(f"{option}={words!r} is not a word list: use one of {', '.join(WORD_LISTS)}, "
-                            f"a list of words ({option}=[wait,recheck]) or [] to turn reflection metrics off")
+            raise UserError(
+                f"{option}={words!r} is not a word list: use one of {', '.join(WORD_LISTS)}, "
+                f"a list of words ({option}=[wait,recheck]) or [] to turn reflection metrics off"
+            )
         return WORD_LISTS[words]
     if isinstance(words, (int, float)) and not isinstance(words, bool):
         words = [words]
     out = []
     for w in words:
-        if isinstance(w, (int, float)) and not isinstance(w, bool):   # a command line's [42] arrives as a number
+        if isinstance(w, (int, float)) and not isinstance(w, bool):  # a command line's [42] arrives as a number
             w = str(w)
         if not isinstance(w, str) or not w.strip():
             raise UserError(f"{option}: {w!r} is not a word or phrase: give non-empty strings, e.g. [wait,'try again']")
@@ -63,7 +89,7 @@ def resolve_words(words, option: str = "diagnostics.reflection.words") -> tuple[
 
 def _pattern(word: str) -> str:
     body = r"\s+".join(re.escape(part) for part in word.split())
-    head = r"\b" if re.match(r"\w", word[0]) else ""        # next to a word character: a word boundary
+    head = r"\b" if re.match(r"\w", word[0]) else ""  # next to a word character: a word boundary
     tail = r"\b" if re.match(r"\w", word[-1]) else ""
     return head + body + tail
 
@@ -77,9 +103,9 @@ class ReflectionMatcher:
 
     def __init__(self, words: Sequence[str]):
         self.words = tuple(words)
-        ordered = sorted(self.words, key=len, reverse=True)      # "try again" before "try"
+        ordered = sorted(self.words, key=len, reverse=True)  # "try again" before "try"
         alternation = "|".join(_pattern(w.lower()) for w in ordered)
-        if ordered:     # a look-ahead on the first letters lets the regex engine skip other positions fast
+        if ordered:  # a look-ahead on the first letters lets the regex engine skip other positions fast
             firsts = "".join(sorted({re.escape(w[0].lower()) for w in ordered}))
             alternation = f"(?=[{firsts}])(?:{alternation})"
         self.regex = re.compile(alternation) if ordered else None
@@ -137,8 +163,9 @@ def reflection_block(text: str, matcher: ReflectionMatcher, tokens: int | None =
     return {"count": count, "density": density(count, size), "tokens": size, "unit": unit}
 
 
-def response_text_metrics(texts: Sequence[str], lengths: Sequence[int], correct: Sequence[float],
-                          matcher: ReflectionMatcher, n: int = 4) -> dict[str, float]:
+def response_text_metrics(
+    texts: Sequence[str], lengths: Sequence[int], correct: Sequence[float], matcher: ReflectionMatcher, n: int = 4
+) -> dict[str, float]:
     """A training step's text metrics over its responses (``lengths`` in tokens, ``correct`` the
     verifier's verdict, > 0.5 counting as correct):
 
@@ -195,8 +222,8 @@ def span_tokens(ends: Sequence[int], spans: Sequence[tuple[int, int]]) -> tuple[
     ends = np.asarray(ends)
     starts = np.fromiter((a for a, _ in spans), dtype=np.int64, count=len(spans))
     stops = np.fromiter((b for _, b in spans), dtype=np.int64, count=len(spans))
-    lo = np.searchsorted(ends, starts, side="right")                            # first token ending after the start
-    hi = np.minimum(np.searchsorted(ends, stops, side="left"), len(ends) - 1)   # last token starting before the end
+    lo = np.searchsorted(ends, starts, side="right")  # first token ending after the start
+    hi = np.minimum(np.searchsorted(ends, stops, side="left"), len(ends) - 1)  # last token starting before the end
     width = hi - lo + 1
     covered = np.repeat(lo, width) + np.arange(int(width.sum())) - np.repeat(np.cumsum(width) - width, width)
     return np.unique(covered).tolist(), lo.tolist()
@@ -269,7 +296,9 @@ def reflection_eval_metrics(reflects: Sequence[Sequence[bool]], correct: Sequenc
             c.both += bool(r) and bool(k)
     n = max((len(r) for r in reflects), default=0)
     nan = float("nan")
-    return {f"reflection@{n}": anyref / len(reflects) if reflects else nan,
-            "reflection/frac": c.reflect / samples if samples else nan,
-            "reflection/precision": c.both / c.reflect if c.reflect else nan,
-            "reflection/recall": c.both / c.correct if c.correct else nan}
+    return {
+        f"reflection@{n}": anyref / len(reflects) if reflects else nan,
+        "reflection/frac": c.reflect / samples if samples else nan,
+        "reflection/precision": c.both / c.reflect if c.reflect else nan,
+        "reflection/recall": c.both / c.correct if c.correct else nan,
+    }

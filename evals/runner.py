@@ -46,7 +46,7 @@ from .reflection import ReflectionMatcher, density, matcher_for, reflection_bloc
 
 __all__ = ["EvalSettings", "evaluate", "run_eval", "validate", "render_table"]
 
-SUMMARY_KEYS = ("avg@n", "pass@1", "maj@n")   # averaged over benchmarks (n differs per benchmark)
+SUMMARY_KEYS = ("avg@n", "pass@1", "maj@n")  # averaged over benchmarks (n differs per benchmark)
 
 
 @dataclass
@@ -62,8 +62,8 @@ class EvalSettings:
     chat_template: Any = "auto"
     workers: int | None = None
     grade_timeout: float = DEFAULT_TIMEOUT
-    sandbox: Any = None            # code benchmarks: SandboxLimits keys over the benchmark's (eval.sandbox)
-    reflection_words: Any = "default"   # evals/reflection.py: a list name, a list of words, or [] (no reflection block)
+    sandbox: Any = None  # code benchmarks: SandboxLimits keys over the benchmark's (eval.sandbox)
+    reflection_words: Any = "default"  # evals/reflection.py: a list name, a list of words, or [] (no reflection block)
 
     @classmethod
     def from_cfg(cls, cfg: Mapping, **fallback) -> EvalSettings:
@@ -93,11 +93,17 @@ class EvalSettings:
         return s
 
 
-ProgressFn = Callable[[str, str, int, int], None]   # (benchmark, phase, advance, total)
+ProgressFn = Callable[[str, str, int, int], None]  # (benchmark, phase, advance, total)
 
 
-def evaluate(engine: RolloutEngine, tokenizer, benchmarks: Mapping[str, list[Problem]], settings: EvalSettings,
-             *, progress: ProgressFn | None = None) -> tuple[dict[str, dict], list[dict]]:
+def evaluate(
+    engine: RolloutEngine,
+    tokenizer,
+    benchmarks: Mapping[str, list[Problem]],
+    settings: EvalSettings,
+    *,
+    progress: ProgressFn | None = None,
+) -> tuple[dict[str, dict], list[dict]]:
     """Sample, grade and score each benchmark.
 
     Returns ``(results, samples)``: ``results[bench]`` holds ``n_samples``, ``problems``,
@@ -108,11 +114,18 @@ def evaluate(engine: RolloutEngine, tokenizer, benchmarks: Mapping[str, list[Pro
     matcher = matcher_for(resolve_words(settings.reflection_words, "eval.reflection_words"))
     for source, problems in benchmarks.items():
         spec = get_spec(source)
-        bench = spec.name                      # a data file given by path is labelled by its stem
-        if problems and is_code_problem(problems[0]):     # run in the code sandbox: evals/code/code_eval.py
-            results[bench], recs = evaluate_code(engine, tokenizer, bench, spec, problems, settings,
-                                                 chat=_use_chat(tokenizer, settings.chat_template),
-                                                 progress=progress)
+        bench = spec.name  # a data file given by path is labelled by its stem
+        if problems and is_code_problem(problems[0]):  # run in the code sandbox: evals/code/code_eval.py
+            results[bench], recs = evaluate_code(
+                engine,
+                tokenizer,
+                bench,
+                spec,
+                problems,
+                settings,
+                chat=_use_chat(tokenizer, settings.chat_template),
+                progress=progress,
+            )
             _add_reflection(results[bench], recs, matcher, tokenizer)
             samples += recs
             continue
@@ -130,28 +143,46 @@ def evaluate(engine: RolloutEngine, tokenizer, benchmarks: Mapping[str, list[Pro
 
         t0 = time.perf_counter()
         traces: list = []
-        completions = sample_texts(engine, prompts, n=n, temperature=temperature, top_p=top_p,
-                                   max_new_tokens=settings.max_new_tokens, seed=settings.seed,
-                                   progress=tick("generate"), traces=traces)
-        trace = traces[0] if traces else None     # multi-turn with a tool: turns and calls per response
+        completions = sample_texts(
+            engine,
+            prompts,
+            n=n,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=settings.max_new_tokens,
+            seed=settings.seed,
+            progress=tick("generate"),
+            traces=traces,
+        )
+        trace = traces[0] if traces else None  # multi-turn with a tool: turns and calls per response
         t1 = time.perf_counter()
         flat = [c for group in completions for c in group]
         golds = [p.answer for p in problems for _ in range(n)]
-        grades = grade_batch(flat, golds, workers=settings.workers, timeout=settings.grade_timeout,
-                             progress=tick("grade"))
+        grades = grade_batch(flat, golds, workers=settings.workers, timeout=settings.grade_timeout, progress=tick("grade"))
         t2 = time.perf_counter()
         per_problem, first = [], len(samples)
         for i, p in enumerate(problems):
-            mine = grades[i * n:(i + 1) * n]
+            mine = grades[i * n : (i + 1) * n]
             per_problem.append(problem_metrics([g.extracted for g in mine], [g.correct for g in mine]))
             for j, (text, g) in enumerate(zip(completions[i], mine)):
-                samples.append({"benchmark": bench, "problem_id": p.id, "sample": j, "answer": p.answer,
-                                "response": text, "extracted": g.extracted, "correct": g.correct,
-                                "reason": g.reason,
-                                **({} if trace is None else {"turns": int(trace.turns[i * n + j]),
-                                                             "calls": int(trace.calls[i * n + j])})})
+                samples.append(
+                    {
+                        "benchmark": bench,
+                        "problem_id": p.id,
+                        "sample": j,
+                        "answer": p.answer,
+                        "response": text,
+                        "extracted": g.extracted,
+                        "correct": g.correct,
+                        "reason": g.reason,
+                        **({} if trace is None else {"turns": int(trace.turns[i * n + j]), "calls": int(trace.calls[i * n + j])}),
+                    }
+                )
         results[bench] = {
-            "n_samples": n, "problems": len(problems), "temperature": temperature, "top_p": top_p,
+            "n_samples": n,
+            "problems": len(problems),
+            "temperature": temperature,
+            "top_p": top_p,
             "metrics": {**mean_metrics(per_problem), **({} if trace is None else tool_summary(trace))},
             "seconds": {"generate": round(t1 - t0, 3), "grade": round(t2 - t1, 3)},
             "grader_timeouts": sum(g.reason == "timeout" for g in grades),
@@ -182,16 +213,21 @@ def _add_reflection(result: dict, recs: list[dict], matcher: ReflectionMatcher, 
         flags[1].append(bool(rec.get("correct")))
     blocks = [r["reflection"] for r in recs]
     figures = reflection_eval_metrics([f[0] for f in by_problem.values()], [f[1] for f in by_problem.values()])
-    result["reflection"] = {**{k: (v if math.isfinite(v) else None) for k, v in figures.items()},   # None: undefined
-                            "reflection/density": density(sum(b["count"] for b in blocks), sum(b["tokens"] for b in blocks)),
-                            "words": list(matcher.words)}
+    result["reflection"] = {
+        **{k: (v if math.isfinite(v) else None) for k, v in figures.items()},  # None: undefined
+        "reflection/density": density(sum(b["count"] for b in blocks), sum(b["tokens"] for b in blocks)),
+        "words": list(matcher.words),
+    }
 
 
 def tool_summary(trace) -> dict[str, float]:
     """Turns and calls per response and the share of calls that errored (a ``rollout.ToolTrace``)."""
     calls = float(trace.calls.sum())
-    return {"tools/turns/mean": float(trace.turns.float().mean()), "tools/calls/mean": float(trace.calls.float().mean()),
-            "tools/error_frac": float(trace.errors.sum()) / calls if calls else 0.0}
+    return {
+        "tools/turns/mean": float(trace.turns.float().mean()),
+        "tools/calls/mean": float(trace.calls.float().mean()),
+        "tools/error_frac": float(trace.errors.sum()) / calls if calls else 0.0,
+    }
 
 
 def average_over_benchmarks(results: Mapping[str, dict]) -> dict[str, float]:
@@ -213,8 +249,14 @@ def average_over_benchmarks(results: Mapping[str, dict]) -> dict[str, float]:
 def flat_metrics(results: Mapping[str, dict], prefix: str = "eval") -> dict[str, float]:
     """``{"eval/<bench>/avg@32": ..., "eval/average/avg@n": ...}``."""
     out = {f"{prefix}/{b}/{k}": float(v) for b, r in results.items() for k, v in r["metrics"].items()}
-    out.update({f"{prefix}/{b}/{k}": float(v) for b, r in results.items()
-                for k, v in r.get("reflection", {}).items() if isinstance(v, (int, float)) and math.isfinite(v)})
+    out.update(
+        {
+            f"{prefix}/{b}/{k}": float(v)
+            for b, r in results.items()
+            for k, v in r.get("reflection", {}).items()
+            if isinstance(v, (int, float)) and math.isfinite(v)
+        }
+    )
     if len(results) > 1:
         out.update({f"{prefix}/average/{k}": float(v) for k, v in average_over_benchmarks(results).items()})
     return out
@@ -223,6 +265,7 @@ def flat_metrics(results: Mapping[str, dict], prefix: str = "eval") -> dict[str,
 # --------------------------------------------------------------------------------------------
 # Training-time validation
 # --------------------------------------------------------------------------------------------
+
 
 def validate(model, tokenizer, benchmarks: list[str], val_cfg) -> dict[str, float]:
     """``{"val/<bench>/avg@<n>": ..., "val/<bench>/pass@<k>": ..., "val/<bench>/maj@<n>": ...}``.
@@ -237,8 +280,11 @@ def validate(model, tokenizer, benchmarks: list[str], val_cfg) -> dict[str, floa
     names = expand_benchmarks(benchmarks)
     data = {b: load_benchmark(b, get("data_root", None), get("limit", None)) for b in names}
     chat = _use_chat(tokenizer, settings.chat_template)
-    engine = build_rollout({"name": "hf", "batch_size": int(get("batch_size", None) or 16), "top_k": 0,
-                            "add_special_tokens": not chat}, model, tokenizer)
+    engine = build_rollout(
+        {"name": "hf", "batch_size": int(get("batch_size", None) or 16), "top_k": 0, "add_special_tokens": not chat},
+        model,
+        tokenizer,
+    )
     results, _ = evaluate(engine, tokenizer, data, settings)
     return flat_metrics(results, prefix="val")
 
@@ -252,6 +298,7 @@ def _use_chat(tokenizer, chat_template) -> bool:
 # --------------------------------------------------------------------------------------------
 # entropyrl eval
 # --------------------------------------------------------------------------------------------
+
 
 def _chat_setting(cfg) -> Any:
     """eval.chat_template, falling back to model.chat_template (false for the embedded model)."""
@@ -283,16 +330,21 @@ def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine,
     backend = str(ev.get("backend", "hf"))
     engine_cls = rollout_engine(backend, "eval.backend")
     label = str(cfg.model.get("path") or cfg.model.get("name") or "model")
-    if cfg.model.get("path"):     # a checkpoint / run folder -> its model folder (said in the log)
+    if cfg.model.get("path"):  # a checkpoint / run folder -> its model folder (said in the log)
         label = resolve_model_path(label, log=log)
-    engine_cfg = {"name": backend, "option": "eval.backend", "batch_size": int(ev.get("batch_size", 16) or 16),
-                  "top_k": 0, "seed": int(ev.get("seed", 0)),
-                  "dtype": cfg.model.get("dtype") or None}
+    engine_cfg = {
+        "name": backend,
+        "option": "eval.backend",
+        "batch_size": int(ev.get("batch_size", 16) or 16),
+        "top_k": 0,
+        "seed": int(ev.get("seed", 0)),
+        "dtype": cfg.model.get("dtype") or None,
+    }
     engine_cfg.update({k: v for k, v in (to_plain(ev.get(backend, None)) or {}).items() if v is not None})
     if getattr(engine_cls, "loads_from_path", False):
         from transformers import AutoTokenizer
 
-        path = model_dir(cfg.model, log=log)     # the converted GGUF folder, model.path's model, or the embedded one
+        path = model_dir(cfg.model, log=log)  # the converted GGUF folder, model.path's model, or the embedded one
         model, tokenizer = None, AutoTokenizer.from_pretrained(path)
         engine_cfg["model_path"] = path
     else:
@@ -302,7 +354,7 @@ def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine,
     engine_cfg["add_special_tokens"] = not _use_chat(tokenizer, _chat_setting(cfg))
     engine = engine_cls(engine_cfg, model, tokenizer)
     tools = cfg.get("tools")
-    if tools is not None and bool(tools.get("enabled", False)):     # tools=code_interpreter: multi-turn
+    if tools is not None and bool(tools.get("enabled", False)):  # tools=code_interpreter: multi-turn
         engine = ToolRollout(engine, tools, build_tool_executor(tools), engine_cfg)
     return engine, tokenizer, label
 
@@ -316,12 +368,18 @@ def render_table(results: Mapping[str, dict], title: str = "entropyrl eval"):
     for b, r in results.items():
         n, m = r["n_samples"], r["metrics"]
         passes = "  ".join(f"{m[k]:.3f}" for k in m if k.startswith("pass@"))
-        maj = f"{m[f'maj@{n}']:.3f}" if f"maj@{n}" in m else "-"          # code benchmarks have no maj@n
+        maj = f"{m[f'maj@{n}']:.3f}" if f"maj@{n}" in m else "-"  # code benchmarks have no maj@n
         table.add_row(b, str(r["problems"]), str(n), f"{m[f'avg@{n}']:.3f}", passes, maj)
     if len(results) > 1:
         avg = average_over_benchmarks(results)
-        table.add_row("[bold]average[/bold]", "", "", f"{avg.get('avg@n', math.nan):.3f}",
-                      f"{avg.get('pass@1', math.nan):.3f} (pass@1)", f"{avg.get('maj@n', math.nan):.3f}")
+        table.add_row(
+            "[bold]average[/bold]",
+            "",
+            "",
+            f"{avg.get('avg@n', math.nan):.3f}",
+            f"{avg.get('pass@1', math.nan):.3f} (pass@1)",
+            f"{avg.get('maj@n', math.nan):.3f}",
+        )
     return table
 
 
@@ -335,14 +393,17 @@ def reflection_lines(results: Mapping[str, dict]) -> list[str]:
             continue
         at = next(k for k in ref if k.startswith("reflection@"))
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731  (None: no sample reflects / is correct)
-        out.append(f"{b}: {at} {fmt(ref[at])}, reflecting samples {fmt(ref['reflection/frac'])}, precision "
-                   f"{fmt(ref['reflection/precision'])}, recall {fmt(ref['reflection/recall'])} (against correctness), "
-                   f"{ref['reflection/density']:.2f} per 1k tokens")
+        out.append(
+            f"{b}: {at} {fmt(ref[at])}, reflecting samples {fmt(ref['reflection/frac'])}, precision "
+            f"{fmt(ref['reflection/precision'])}, recall {fmt(ref['reflection/recall'])} (against correctness), "
+            f"{ref['reflection/density']:.2f} per 1k tokens"
+        )
     return out
 
 
-def _log_mlflow(cfg, results, metrics: dict[str, float], files: list[Path], label: str,
-                names: list[str]) -> tuple[str | None, str | None]:
+def _log_mlflow(
+    cfg, results, metrics: dict[str, float], files: list[Path], label: str, names: list[str]
+) -> tuple[str | None, str | None]:
     tr = cfg.get("tracking") or {}
     if not tr.get("enabled", True):
         return None, None
@@ -350,7 +411,7 @@ def _log_mlflow(cfg, results, metrics: dict[str, float], files: list[Path], labe
 
     from omegaconf import OmegaConf
 
-    logging.getLogger("mlflow").setLevel(logging.WARNING)     # no "Creating initial tables" chatter
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # no "Creating initial tables" chatter
     uri = resolve_uri(tr)
     try:
         store = TrackingStore(uri)
@@ -360,8 +421,13 @@ def _log_mlflow(cfg, results, metrics: dict[str, float], files: list[Path], labe
         params = {f"eval.{k}": str(v) for k, v in OmegaConf.to_container(cfg.eval, resolve=True).items()}
         params.update({"model": label, "benchmarks": ",".join(names)})
         params.update({f"eval.n_samples.{b}": str(r["n_samples"]) for b, r in results.items()})
-        run_id = store.open_run(str(tr.get("experiment") or "entropyrl"), str(run_name), tags=tags, params=params,
-                                parent_run_id=tr.get("parent_run_id"))
+        run_id = store.open_run(
+            str(tr.get("experiment") or "entropyrl"),
+            str(run_name),
+            tags=tags,
+            params=params,
+            parent_run_id=tr.get("parent_run_id"),
+        )
         store.log_metrics(run_id, metrics)
         for f in files:
             store.log_artifact(run_id, f)
@@ -370,8 +436,10 @@ def _log_mlflow(cfg, results, metrics: dict[str, float], files: list[Path], labe
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - tracking store trouble is the user's setup
-        raise UserError(f"cannot log the eval to MLflow at {uri}: {str(exc).splitlines()[0]} "
-                        f"(check MLFLOW_TRACKING_URI/tracking.uri, or tracking.enabled=false)") from None
+        raise UserError(
+            f"cannot log the eval to MLflow at {uri}: {str(exc).splitlines()[0]} "
+            f"(check MLFLOW_TRACKING_URI/tracking.uri, or tracking.enabled=false)"
+        ) from None
 
 
 def run_eval(cfg, console=None) -> dict:
@@ -383,12 +451,14 @@ def run_eval(cfg, console=None) -> dict:
     console = console or Console(stderr=True)
     ev = cfg.eval
     requested = list(cfg.get("benchmarks") or [])
-    if cfg.get("benchmark") and cfg.benchmark.get("name"):     # `+benchmark=aime24` (the config group)
+    if cfg.get("benchmark") and cfg.benchmark.get("name"):  # `+benchmark=aime24` (the config group)
         requested.append(str(cfg.benchmark.name))
     names = expand_benchmarks(requested)
     if not names:
-        raise UserError("no benchmark given: entropyrl eval BENCH... (one or more of "
-                        f"{', '.join(available_benchmarks())}, or a .jsonl/.parquet file)")
+        raise UserError(
+            "no benchmark given: entropyrl eval BENCH... (one or more of "
+            f"{', '.join(available_benchmarks())}, or a .jsonl/.parquet file)"
+        )
     limit = ev.get("limit")
     if limit is not None and int(limit) < 1:
         raise UserError(f"eval.limit must be >= 1 (or null for every problem), got {limit}")
@@ -396,10 +466,10 @@ def run_eval(cfg, console=None) -> dict:
     settings.chat_template = _chat_setting(cfg)
     if settings.prompt not in available_templates():
         raise UserError(f"unknown eval.prompt '{settings.prompt}'; valid: {', '.join(available_templates())}")
-    data = {b: load_benchmark(b, ev.get("data_root"), limit) for b in names}   # fail fast, before the model
+    data = {b: load_benchmark(b, ev.get("data_root"), limit) for b in names}  # fail fast, before the model
     check_tools(cfg.get("tools"))
     tr = cfg.get("tracking") or {}
-    if tr.get("enabled", True):      # as train does: an unreachable server fails before generating, not after
+    if tr.get("enabled", True):  # as train does: an unreachable server fails before generating, not after
         check_reachable(resolve_uri(tr))
         short_http_retries()
     out_dir = Path(str(cfg.output_dir))
@@ -408,8 +478,14 @@ def run_eval(cfg, console=None) -> dict:
     engine, tokenizer, label = make_engine(cfg, log=lambda m: console.print(f"[dim]{m}[/dim]"))
     started = time.perf_counter()
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=False) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as bar:
             tasks: dict[tuple[str, str], int] = {}
 
             def progress(bench: str, phase: str, advance: int, total: int) -> None:
@@ -423,7 +499,7 @@ def run_eval(cfg, console=None) -> dict:
     finally:
         engine.close()
 
-    warnings = [r["warning"] for r in results.values() if "warning" in r]   # many responses cut short
+    warnings = [r["warning"] for r in results.values() if "warning" in r]  # many responses cut short
     for line in warnings:
         console.print(f"[yellow]warning[/yellow]: {line}", highlight=False)
 
@@ -431,9 +507,13 @@ def run_eval(cfg, console=None) -> dict:
     samples_path, summary_path = out_dir / "samples.jsonl", out_dir / "summary.json"
     atomic_write_lines(samples_path, (json.dumps(s) for s in samples))
     summary = {
-        "model": label, "benchmarks": results, "average": average_over_benchmarks(results),
-        "metrics": metrics, "output_dir": str(out_dir.resolve()),
-        "seconds": round(time.perf_counter() - started, 3), "warnings": warnings,
+        "model": label,
+        "benchmarks": results,
+        "average": average_over_benchmarks(results),
+        "metrics": metrics,
+        "output_dir": str(out_dir.resolve()),
+        "seconds": round(time.perf_counter() - started, 3),
+        "warnings": warnings,
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
     atomic_write_text(summary_path, json.dumps(summary, indent=2))

@@ -46,8 +46,7 @@ __all__ = ["Architecture", "architecture", "parameters", "step_cost", "plan_figu
 # what the vLLM engine takes beside a trainer when rollout.gpu_memory_utilization is null (rollout/vllm_engine.py)
 VLLM_DEFAULT_SHARE = 0.6
 
-ARCH_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-             "num_key_value_heads", "vocab_size")
+ARCH_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size")
 
 
 @dataclass(frozen=True)
@@ -70,8 +69,11 @@ def _from_mapping(values: dict, source: str) -> Architecture:
     missing = [k for k in ARCH_KEYS if k not in values]
     if missing:
         raise UserError(f"{source} has no {', '.join(missing)}: give model.arch.{missing[0]}=... for `entropyrl plan`")
-    return Architecture(**{k: int(values[k]) for k in ARCH_KEYS},
-                        tie_word_embeddings=bool(values.get("tie_word_embeddings", False)), source=source)
+    return Architecture(
+        **{k: int(values[k]) for k in ARCH_KEYS},
+        tie_word_embeddings=bool(values.get("tie_word_embeddings", False)),
+        source=source,
+    )
 
 
 def _cached_config(repo: str) -> Path | None:
@@ -96,8 +98,10 @@ def architecture(model_cfg: Any) -> Architecture:
     if cfg_get(model_cfg, "embedded", False) and "vocab_size" not in arch:
         arch["vocab_size"] = len(build_tokenizer())
     if not arch:
-        raise UserError(f"model {cfg_get(model_cfg, 'name', '?')}: no config.json at model.path={path} and no "
-                        f"model.arch in its preset; point model.path at the model's folder")
+        raise UserError(
+            f"model {cfg_get(model_cfg, 'name', '?')}: no config.json at model.path={path} and no "
+            f"model.arch in its preset; point model.path at the model's folder"
+        )
     return _from_mapping(arch, f"the preset's model.arch (model={cfg_get(model_cfg, 'name', '?')})")
 
 
@@ -128,10 +132,26 @@ class StepCost:
         return asdict(self)
 
 
-def step_cost(a: Architecture, *, prompts: int, n: int, prompt_len: int, response_len: int, ranks: int,
-              micro_rows: int, micro_tokens: int | None, epochs: int, checkpointing: bool, compute_bytes: int,
-              chunk: int, fsdp: bool, ref_model: bool, mfu: float | None = None,
-              peak_flops: float | None = None, decode_mfu: float | None = None) -> StepCost:
+def step_cost(
+    a: Architecture,
+    *,
+    prompts: int,
+    n: int,
+    prompt_len: int,
+    response_len: int,
+    ranks: int,
+    micro_rows: int,
+    micro_tokens: int | None,
+    epochs: int,
+    checkpointing: bool,
+    compute_bytes: int,
+    chunk: int,
+    fsdp: bool,
+    ref_model: bool,
+    mfu: float | None = None,
+    peak_flops: float | None = None,
+    decode_mfu: float | None = None,
+) -> StepCost:
     """The cost of one training step; memory per rank in GB (1e9 bytes), time at ``mfu`` of
     ``ranks x peak_flops`` for the training FLOPs and ``decode_mfu`` (default ``mfu``) for generation."""
     p = parameters(a)
@@ -139,7 +159,7 @@ def step_cost(a: Architecture, *, prompts: int, n: int, prompt_len: int, respons
     seqs, s = prompts * n, prompt_len + response_len
     tokens = seqs * s
     L, h = a.num_hidden_layers, a.hidden_size
-    fwd = tokens * (2 * n_body + 2 * L * h * s)              # forward of every sequence once
+    fwd = tokens * (2 * n_body + 2 * L * h * s)  # forward of every sequence once
     train = fwd * (3 + (1 if checkpointing else 0)) * epochs + fwd * (2 if ref_model else 1)
     generated = seqs * response_len
     gen = seqs * prompt_len * 2 * n_body + generated * (2 * n_body + 2 * L * h * s)
@@ -148,14 +168,19 @@ def step_cost(a: Architecture, *, prompts: int, n: int, prompt_len: int, respons
     weights = 4 * p["total"] / shard + (compute_bytes * (p["total"] - p["embedding"]) / L if shard > 1 else 0)
     grads = 4 * p["total"] / shard
     optimizer = 8 * p["total"] / shard
-    rows_tokens = micro_tokens if micro_tokens else micro_rows * s   # positions of one pass
+    rows_tokens = micro_tokens if micro_tokens else micro_rows * s  # positions of one pass
     kvd = a.num_key_value_heads * a.head_dim
     per_token_layer = 9 * h + 4 * kvd + 4 * a.intermediate_size
-    chunk_bytes = 3 * min(chunk, rows_tokens) * a.vocab_size * 4      # logits, softmax, their gradient (float32)
+    chunk_bytes = 3 * min(chunk, rows_tokens) * a.vocab_size * 4  # logits, softmax, their gradient (float32)
     full = rows_tokens * L * per_token_layer * compute_bytes + chunk_bytes
     ckpt = rows_tokens * (L * h + per_token_layer) * compute_bytes + chunk_bytes
-    memory = {"weights": weights / gb, "gradients": grads / gb, "optimizer": optimizer / gb,
-              "activations": full / gb, "activations_checkpointed": ckpt / gb}
+    memory = {
+        "weights": weights / gb,
+        "gradients": grads / gb,
+        "optimizer": optimizer / gb,
+        "activations": full / gb,
+        "activations_checkpointed": ckpt / gb,
+    }
     states = (weights + grads + optimizer) / gb
     memory["total"] = states + (ckpt if checkpointing else full) / gb
     seconds = train_s = gen_s = None
@@ -163,12 +188,21 @@ def step_cost(a: Architecture, *, prompts: int, n: int, prompt_len: int, respons
         train_s = train / (mfu * peak_flops * ranks)
         gen_s = gen / ((decode_mfu or mfu) * peak_flops * ranks)
         seconds = train_s + gen_s
-    return StepCost(p["total"], seqs, tokens, generated, float(train), float(gen),
-                    {k: round(v, 4) for k, v in memory.items()}, seconds, train_s, gen_s)
+    return StepCost(
+        p["total"],
+        seqs,
+        tokens,
+        generated,
+        float(train),
+        float(gen),
+        {k: round(v, 4) for k, v in memory.items()},
+        seconds,
+        train_s,
+        gen_s,
+    )
 
 
-def vllm_share(a: Architecture, *, share: float, gpu_gb: float, weight_bytes: int, tensor_parallel: int,
-               seq_len: int) -> dict:
+def vllm_share(a: Architecture, *, share: float, gpu_gb: float, weight_bytes: int, tensor_parallel: int, seq_len: int) -> dict:
     """The vLLM engine's part of one GPU: ``share x gpu_gb`` GB, of which the weights (``weight_bytes``
     a parameter, split over ``tensor_parallel`` GPUs) and the KV cache the rest; how many tokens and
     full-length sequences (``seq_len``) that cache holds, and whether the weights fit at all. Pure."""
@@ -177,8 +211,15 @@ def vllm_share(a: Architecture, *, share: float, gpu_gb: float, weight_bytes: in
     kv_per_token = 2 * a.num_hidden_layers * a.num_key_value_heads * a.head_dim * weight_bytes / tensor_parallel
     kv_gb = max(gb - weights, 0.0)
     tokens = int(kv_gb * 1e9 / kv_per_token)
-    return {"share": share, "gb": round(gb, 3), "weights_gb": round(weights, 3), "kv_cache_gb": round(kv_gb, 3),
-            "kv_cache_tokens": tokens, "sequences_at_max_len": tokens // max(seq_len, 1), "fits": tokens >= seq_len}
+    return {
+        "share": share,
+        "gb": round(gb, 3),
+        "weights_gb": round(weights, 3),
+        "kv_cache_gb": round(kv_gb, 3),
+        "kv_cache_tokens": tokens,
+        "sequences_at_max_len": tokens // max(seq_len, 1),
+        "fits": tokens >= seq_len,
+    }
 
 
 def verdict(train_gb: float, gpu_gb: float, engine: dict | None) -> dict:
@@ -186,40 +227,73 @@ def verdict(train_gb: float, gpu_gb: float, engine: dict | None) -> dict:
     and whether the engine fits its share; ``fits`` only when both do. Pure."""
     budget = gpu_gb - (engine["gb"] if engine else 0.0)
     trainer_fits = train_gb <= budget
-    return {"gpu_gb": gpu_gb, "trainer_budget_gb": round(budget, 3), "trainer_gb": round(train_gb, 3),
-            "trainer_fits": trainer_fits, "engine_fits": engine["fits"] if engine else None,
-            "fits": trainer_fits and (engine is None or engine["fits"])}
+    return {
+        "gpu_gb": gpu_gb,
+        "trainer_budget_gb": round(budget, 3),
+        "trainer_gb": round(train_gb, 3),
+        "trainer_fits": trainer_fits,
+        "engine_fits": engine["fits"] if engine else None,
+        "fits": trainer_fits and (engine is None or engine["fits"]),
+    }
 
 
-def plan_figures(overrides: list[str], *, ranks: int, mfu: float, peak_tflops: float,
-                 prompt_len: int | None, gpu_gb: float = 80.0, decode_mfu: float | None = None) -> dict:
+def plan_figures(
+    overrides: list[str],
+    *,
+    ranks: int,
+    mfu: float,
+    peak_tflops: float,
+    prompt_len: int | None,
+    gpu_gb: float = 80.0,
+    decode_mfu: float | None = None,
+) -> dict:
     """The cost table of ``entropyrl train <overrides>`` on ``ranks`` ranks, as a dict, with the
     per-rank verdict against ``gpu_gb`` GB GPUs and the assumptions it rests on."""
     if ranks < 1 or not 0 < mfu <= 1 or peak_tflops <= 0 or gpu_gb <= 0 or not 0 < (decode_mfu or mfu) <= 1:
-        raise UserError("entropyrl plan: need --ranks >= 1, 0 < --mfu <= 1, 0 < --decode-mfu <= 1, "
-                        "--peak-tflops > 0 and --gpu-gb > 0")
+        raise UserError(
+            "entropyrl plan: need --ranks >= 1, 0 < --mfu <= 1, 0 < --decode-mfu <= 1, --peak-tflops > 0 and --gpu-gb > 0"
+        )
     cfg = compose("train", overrides)
     t = cfg.trainer
     arch = architecture(cfg.model)
     prompt = int(prompt_len or cfg_get(cfg.data, "max_prompt_length", 0) or 256)
     fsdp = str(t.get("fsdp", "auto")).lower() not in ("false", "0", "no") and (ranks > 1 or t.dtype == "bfloat16")
-    cost = step_cost(arch, prompts=int(t.prompts_per_step), n=int(cfg.rollout.n), prompt_len=prompt,
-                     response_len=int(cfg.rollout.max_new_tokens), ranks=ranks,
-                     micro_rows=int(t.micro_batch_responses), micro_tokens=t.get("micro_batch_tokens"),
-                     epochs=int(t.ppo_epochs), checkpointing=bool(t.gradient_checkpointing),
-                     compute_bytes=2 if t.dtype == "bfloat16" else 4, chunk=int(t.token_chunk_size), fsdp=fsdp,
-                     ref_model=float(cfg.algo.get("kl_coef", 0) or 0) > 0, mfu=mfu, peak_flops=peak_tflops * 1e12,
-                     decode_mfu=decode_mfu)
+    cost = step_cost(
+        arch,
+        prompts=int(t.prompts_per_step),
+        n=int(cfg.rollout.n),
+        prompt_len=prompt,
+        response_len=int(cfg.rollout.max_new_tokens),
+        ranks=ranks,
+        micro_rows=int(t.micro_batch_responses),
+        micro_tokens=t.get("micro_batch_tokens"),
+        epochs=int(t.ppo_epochs),
+        checkpointing=bool(t.gradient_checkpointing),
+        compute_bytes=2 if t.dtype == "bfloat16" else 4,
+        chunk=int(t.token_chunk_size),
+        fsdp=fsdp,
+        ref_model=float(cfg.algo.get("kl_coef", 0) or 0) > 0,
+        mfu=mfu,
+        peak_flops=peak_tflops * 1e12,
+        decode_mfu=decode_mfu,
+    )
     engine = None
-    engine_dtype = str(cfg_get(cfg.rollout, "dtype", None) or t.dtype)   # null: the trainer's dtype
+    engine_dtype = str(cfg_get(cfg.rollout, "dtype", None) or t.dtype)  # null: the trainer's dtype
     if str(cfg_get(cfg.rollout, "name", "hf")) == "vllm":
         share = cfg_get(cfg.rollout, "gpu_memory_utilization", None)
-        engine = vllm_share(arch, share=float(VLLM_DEFAULT_SHARE if share is None else share), gpu_gb=gpu_gb,
-                            weight_bytes=4 if engine_dtype == "float32" else 2,
-                            tensor_parallel=int(cfg_get(cfg.rollout, "tensor_parallel_size", 1) or 1),
-                            seq_len=prompt + int(cfg.rollout.max_new_tokens))
-        engine["source"] = ("rollout.gpu_memory_utilization" if share is not None
-                            else f"rollout.gpu_memory_utilization=null: the engine's {VLLM_DEFAULT_SHARE} beside a trainer")
+        engine = vllm_share(
+            arch,
+            share=float(VLLM_DEFAULT_SHARE if share is None else share),
+            gpu_gb=gpu_gb,
+            weight_bytes=4 if engine_dtype == "float32" else 2,
+            tensor_parallel=int(cfg_get(cfg.rollout, "tensor_parallel_size", 1) or 1),
+            seq_len=prompt + int(cfg.rollout.max_new_tokens),
+        )
+        engine["source"] = (
+            "rollout.gpu_memory_utilization"
+            if share is not None
+            else f"rollout.gpu_memory_utilization=null: the engine's {VLLM_DEFAULT_SHARE} beside a trainer"
+        )
     ckpt_gb = 12 * cost.parameters / 1e9
     keep, every = int(t.get("keep_checkpoints", 2) or 0), int(t.get("save_every", 0) or 0)
     decode = decode_mfu or mfu
@@ -231,14 +305,25 @@ def plan_figures(overrides: list[str], *, ranks: int, mfu: float, peak_tflops: f
         "not counted: CUDA context, allocator fragmentation, Hugging Face generate's KV cache, a reference model",
     ]
     if engine:
-        assumptions.append(f"one vLLM engine per rank holding the full weights in {engine_dtype} (split over "
-                           f"rollout.tensor_parallel_size GPUs), its KV cache in the rest of its {engine['share']:.0%} "
-                           f"share ({engine['source']})")
-    return {"model": str(cfg.model.name), "architecture": arch.source, "ranks": ranks, "mfu": mfu,
-            "decode_mfu": decode, "peak_tflops_per_rank": peak_tflops, "prompt_len": prompt,
-            "response_len": int(cfg.rollout.max_new_tokens),
-            "fsdp": fsdp, "gradient_checkpointing": bool(t.gradient_checkpointing), **cost.to_dict(),
-            "vllm": engine, "verdict": verdict(cost.memory_gb["total"], gpu_gb, engine),
-            "checkpoint": {"gb": round(ckpt_gb, 3), "save_every": every, "keep": keep,
-                           "disk_gb": round(ckpt_gb * max(keep, 1), 3)},
-            "assumptions": assumptions}
+        assumptions.append(
+            f"one vLLM engine per rank holding the full weights in {engine_dtype} (split over "
+            f"rollout.tensor_parallel_size GPUs), its KV cache in the rest of its {engine['share']:.0%} "
+            f"share ({engine['source']})"
+        )
+    return {
+        "model": str(cfg.model.name),
+        "architecture": arch.source,
+        "ranks": ranks,
+        "mfu": mfu,
+        "decode_mfu": decode,
+        "peak_tflops_per_rank": peak_tflops,
+        "prompt_len": prompt,
+        "response_len": int(cfg.rollout.max_new_tokens),
+        "fsdp": fsdp,
+        "gradient_checkpointing": bool(t.gradient_checkpointing),
+        **cost.to_dict(),
+        "vllm": engine,
+        "verdict": verdict(cost.memory_gb["total"], gpu_gb, engine),
+        "checkpoint": {"gb": round(ckpt_gb, 3), "save_every": every, "keep": keep, "disk_gb": round(ckpt_gb * max(keep, 1), 3)},
+        "assumptions": assumptions,
+    }

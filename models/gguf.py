@@ -52,8 +52,9 @@ def gguf_path(model_cfg) -> Path | None:
         try:
             dist = metadata.distribution(str(package))
         except metadata.PackageNotFoundError:
-            raise UserError(f"model={_get(model_cfg, 'name', '?')} needs the package {package}, which is not installed: "
-                            f"run `{install}`") from None
+            raise UserError(
+                f"model={_get(model_cfg, 'name', '?')} needs the package {package}, which is not installed: run `{install}`"
+            ) from None
         path = Path(str(dist.locate_file(str(name))))
         if not path.is_file():
             raise UserError(f"the installed package {package} has no {name}: reinstall it (`{install}`)")
@@ -81,8 +82,7 @@ def converted_dir(path: Path, log=print) -> Path:
     target = _cache_root() / f"gguf-{path.stem}-{digest}-v{CONVERT_VERSION}"
     if (target / "config.json").exists():
         return target
-    log(f"converting {path.name} to a Hugging Face folder (one time, de-quantised to float32; "
-        f"cached in {target})")
+    log(f"converting {path.name} to a Hugging Face folder (one time, de-quantised to float32; cached in {target})")
     start = time.perf_counter()
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".gguf-tmp-"))
@@ -91,7 +91,7 @@ def converted_dir(path: Path, log=print) -> Path:
         info["seconds"] = round(time.perf_counter() - start, 1)
         (staging / "gguf_source.json").write_text(json.dumps({"file": path.name, "sha256_16": digest, **info}))
         try:
-            os.replace(staging, target)      # atomic: concurrent builders race harmlessly
+            os.replace(staging, target)  # atomic: concurrent builders race harmlessly
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
     except BaseException:
@@ -116,13 +116,17 @@ def convert(path: Path, out: Path) -> dict:
     except ImportError as exc:
         raise UserError(f"reading {name} needs the gguf package: pip install gguf ({str(exc).splitlines()[0]})") from None
     except (ValueError, KeyError, OSError) as exc:
-        raise UserError(f"cannot read {name} with transformers: {str(exc).splitlines()[0]} "
-                        f"(model.gguf_file takes the architectures transformers reads from GGUF)") from None
+        raise UserError(
+            f"cannot read {name} with transformers: {str(exc).splitlines()[0]} "
+            f"(model.gguf_file takes the architectures transformers reads from GGUF)"
+        ) from None
     model.hf_quantizer = None
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    return {"architecture": type(model).__name__,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "vocab": len(tokenizer)}
+    return {
+        "architecture": type(model).__name__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab": len(tokenizer),
+    }

@@ -28,11 +28,14 @@ def resolve_model_path(path: str, log=print) -> str:
     if not p.is_dir() or (p / "config.json").exists() or (p / "adapter_config.json").exists():
         return str(path)
     if (p / "checkpoints").is_dir():
-        steps = sorted((int(m.group(1)), c) for c in (p / "checkpoints").iterdir()
-                       if (m := _STEP.match(c.name)) and (c / "model").is_dir())
+        steps = sorted(
+            (int(m.group(1)), c) for c in (p / "checkpoints").iterdir() if (m := _STEP.match(c.name)) and (c / "model").is_dir()
+        )
         if not steps:
-            raise UserError(f"model.path={path}: a run folder without a checkpoint (no checkpoints/step_N/model): "
-                            f"point model.path at a model folder")
+            raise UserError(
+                f"model.path={path}: a run folder without a checkpoint (no checkpoints/step_N/model): "
+                f"point model.path at a model folder"
+            )
         p = steps[-1][1]
         kind = f"a run folder; its latest checkpoint {p.name}"
     else:
@@ -70,8 +73,9 @@ def model_dir(model_cfg, task_cfg=None, log=print) -> str:
     if not path:
         return str(embedded_model_dir(model_cfg, task_cfg, log=log))
     if not Path(str(path)).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise UserError(f"model path '{path}' does not exist and HF_HUB_OFFLINE=1: "
-                        f"point model.path at a local Hugging Face folder")
+        raise UserError(
+            f"model path '{path}' does not exist and HF_HUB_OFFLINE=1: point model.path at a local Hugging Face folder"
+        )
     return str(path)
 
 
@@ -99,8 +103,10 @@ def load_policy(model_cfg, task_cfg=None, log=print):
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     except OSError as exc:
-        raise UserError(f"cannot load model '{path}': {str(exc).splitlines()[0]} "
-                        f"(set model.path to a local Hugging Face folder or a reachable hub id)") from None
+        raise UserError(
+            f"cannot load model '{path}': {str(exc).splitlines()[0]} "
+            f"(set model.path to a local Hugging Face folder or a reachable hub id)"
+        ) from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

@@ -19,7 +19,7 @@ from ..core.errors import UserError
 
 __all__ = ["LoraPolicy", "apply_lora", "is_lora", "merged_named_parameters", "ADAPTER_CONFIG"]
 
-ADAPTER_CONFIG = "adapter_config.json"       # what marks a saved adapter folder (PEFT's name)
+ADAPTER_CONFIG = "adapter_config.json"  # what marks a saved adapter folder (PEFT's name)
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
@@ -119,8 +119,12 @@ def lora_settings(model_cfg) -> dict | None:
     dropout = float(raw.get("dropout", 0.0) or 0.0)
     if not 0.0 <= dropout < 1.0:
         raise UserError(f"model.lora.dropout={dropout:g} is not allowed: it must be in [0, 1)")
-    return {"r": rank, "lora_alpha": float(raw.get("alpha", 2 * rank) or 2 * rank), "lora_dropout": dropout,
-            "target_modules": targets}
+    return {
+        "r": rank,
+        "lora_alpha": float(raw.get("alpha", 2 * rank) or 2 * rank),
+        "lora_dropout": dropout,
+        "target_modules": targets,
+    }
 
 
 def apply_lora(model, model_cfg, log=None) -> LoraPolicy | None:
@@ -132,9 +136,11 @@ def apply_lora(model, model_cfg, log=None) -> LoraPolicy | None:
 
     try:
         peft_model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", bias="none", **settings))
-    except ValueError as exc:   # e.g. target modules the model does not have
-        raise UserError(f"model.lora: {str(exc).splitlines()[0]} (set model.lora.target_modules to module "
-                        f"names of this model, e.g. [q_proj, v_proj], or all-linear)") from None
+    except ValueError as exc:  # e.g. target modules the model does not have
+        raise UserError(
+            f"model.lora: {str(exc).splitlines()[0]} (set model.lora.target_modules to module "
+            f"names of this model, e.g. [q_proj, v_proj], or all-linear)"
+        ) from None
     policy = LoraPolicy(peft_model, settings)
     if log is not None:
         trainable, total = policy.trainable()

@@ -48,8 +48,12 @@ def build_tokenizer():
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK,
-        padding_side="left", model_max_length=64,
+        tokenizer_object=core,
+        pad_token=PAD,
+        eos_token=EOS,
+        unk_token=UNK,
+        padding_side="left",
+        model_max_length=64,
     )
 
 
@@ -59,11 +63,15 @@ def build_model(arch_cfg, tokenizer, seed: int):
 
     arch = OmegaConf.to_container(arch_cfg, resolve=True) if not isinstance(arch_cfg, dict) else dict(arch_cfg)
     if arch["hidden_size"] // arch["num_attention_heads"] < 32:
-        raise UserError("model.arch: head_dim (hidden_size/num_attention_heads) must be >= 32 "
-                        "(vLLM's CPU backend rejects smaller heads)")
+        raise UserError(
+            "model.arch: head_dim (hidden_size/num_attention_heads) must be >= 32 (vLLM's CPU backend rejects smaller heads)"
+        )
     config = Qwen2Config(
-        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **arch,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        **arch,
     )
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(config)
@@ -88,8 +96,7 @@ def _cache_key(model_cfg, task_cfg) -> str:
         "alphabet": tasks.ALPHABET,
         "arch": OmegaConf.to_container(model_cfg.arch, resolve=True),
         "warm_start": OmegaConf.to_container(model_cfg.warm_start, resolve=True),
-        "tasks": {k: OmegaConf.to_container(task_cfg, resolve=True).get(k)
-                  for k in ("tasks", "max_operand", "divisors")},
+        "tasks": {k: OmegaConf.to_container(task_cfg, resolve=True).get(k) for k in ("tasks", "max_operand", "divisors")},
         # keys only some tasks have join the key only when set, so existing caches stay valid
         **{f"task_{k}": _plain(task_cfg.get(k)) for k in tasks.EXTRA_TASK_KEYS if task_cfg.get(k) is not None},
     }
@@ -176,13 +183,15 @@ def embedded_model_dir(model_cfg, task_cfg=None, log=print) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tiny-tmp-"))
     except OSError as exc:
-        raise UserError(f"cannot cache the embedded tiny model in {target.parent}: {exc.strerror or exc} "
-                        f"(a read-only or missing HOME?): set ENTROPYRL_CACHE=<a writable folder>") from None
+        raise UserError(
+            f"cannot cache the embedded tiny model in {target.parent}: {exc.strerror or exc} "
+            f"(a read-only or missing HOME?): set ENTROPYRL_CACHE=<a writable folder>"
+        ) from None
     log(f"building the embedded tiny model (one-time warm start, cached in {target})")
     try:
         return _build_into(target, staging, model_cfg, task_cfg, log)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)       # gone already when it became the cache
+        shutil.rmtree(staging, ignore_errors=True)  # gone already when it became the cache
 
 
 def _build_into(target: Path, staging: Path, model_cfg, task_cfg, log) -> Path:
@@ -200,7 +209,7 @@ def _build_into(target: Path, staging: Path, model_cfg, task_cfg, log) -> Path:
     tokenizer.save_pretrained(staging)
     (staging / "warm_start.json").write_text(json.dumps(info))
     try:
-        os.replace(staging, target)      # atomic: concurrent builders race harmlessly
+        os.replace(staging, target)  # atomic: concurrent builders race harmlessly
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
     return target

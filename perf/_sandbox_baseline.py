@@ -83,12 +83,33 @@ def run_one_interpreter(program: str, tests: list[str], setup: str = "", limits:
     try:
         if uid is not None:
             os.chown(workdir, uid, uid)
-        spec = {"program": program, "setup": setup, "tests": tests, "nonce": nonce, "fd": write_fd, "uid": uid,
-                "cwd": workdir, "limits": {"cpu": lim.cpu_seconds, "as": lim.memory_mb << 20, "nproc": lim.processes,
-                                           "nofile": lim.open_files, "fsize": lim.file_size_mb << 20}}
+        spec = {
+            "program": program,
+            "setup": setup,
+            "tests": tests,
+            "nonce": nonce,
+            "fd": write_fd,
+            "uid": uid,
+            "cwd": workdir,
+            "limits": {
+                "cpu": lim.cpu_seconds,
+                "as": lim.memory_mb << 20,
+                "nproc": lim.processes,
+                "nofile": lim.open_files,
+                "fsize": lim.file_size_mb << 20,
+            },
+        }
         cmd = launch_prefix(kind, workdir, lim.disk_mb) + [interpreter(), "-I", "-S", "-c", HARNESS]
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                pass_fds=(write_fd,), cwd=workdir, env=sandbox_env(workdir), start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(write_fd,),
+            cwd=workdir,
+            env=sandbox_env(workdir),
+            start_new_session=True,
+        )
         os.close(write_fd)
         write_fd = -1
         import time

@@ -35,9 +35,11 @@ from pathlib import Path
 
 STEPS, SCALE_STEPS, EVERY = 20, 6, 10
 TARGET = 1.25
-VARIANTS = {"off": (["diagnostics.attribution=false"], STEPS),
-            "every_10": (["diagnostics.attribution=true", f"diagnostics.attribution_every={EVERY}"], STEPS),
-            "every_step": (["diagnostics.attribution=true", "diagnostics.attribution_every=1"], SCALE_STEPS)}
+VARIANTS = {
+    "off": (["diagnostics.attribution=false"], STEPS),
+    "every_10": (["diagnostics.attribution=true", f"diagnostics.attribution_every={EVERY}"], STEPS),
+    "every_step": (["diagnostics.attribution=true", "diagnostics.attribution_every=1"], SCALE_STEPS),
+}
 
 
 def _counting(owner, name: str, counts: dict):
@@ -58,9 +60,11 @@ def run() -> dict:
     from entropyrl.trainers.stats import attribution, update_split
 
     counts = {"probe_entropy_gradient": 0, "sharded_probe_entropy_gradient": 0, "add_micro": 0}
-    restore = [_counting(attribution, "probe_entropy_gradient", counts),
-               _counting(attribution, "sharded_probe_entropy_gradient", counts),
-               _counting(update_split.UpdateSplit, "add_micro", counts)]
+    restore = [
+        _counting(attribution, "probe_entropy_gradient", counts),
+        _counting(attribution, "sharded_probe_entropy_gradient", counts),
+        _counting(update_split.UpdateSplit, "add_micro", counts),
+    ]
     try:
         return _measure(counts)
     finally:
@@ -75,8 +79,17 @@ def _measure(counts: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="entropyrl-bench-attr-") as tmp:
         trainers, built = {}, {}
         for name, (overrides, _) in VARIANTS.items():
-            cfg = compose("train", ["experiment=lab_grpo", "trainer.threads=1", "tracking.enabled=false",
-                                    "trainer.progress=false", f"output_dir={Path(tmp) / name}", *overrides])
+            cfg = compose(
+                "train",
+                [
+                    "experiment=lab_grpo",
+                    "trainer.threads=1",
+                    "tracking.enabled=false",
+                    "trainer.progress=false",
+                    f"output_dir={Path(tmp) / name}",
+                    *overrides,
+                ],
+            )
             started = time.perf_counter()
             trainers[name] = GRPOTrainer(cfg, log=lambda *_: None)
             built[name] = time.perf_counter() - started
@@ -95,11 +108,14 @@ def _measure(counts: dict) -> dict:
                     metrics = trainer.train_step()
                     seconds = time.perf_counter() - started
                     trainer.step += 1
-                    calls[name]["g_H"] += (counts["probe_entropy_gradient"] - before["probe_entropy_gradient"]
-                                           + counts["sharded_probe_entropy_gradient"]
-                                           - before["sharded_probe_entropy_gradient"])
+                    calls[name]["g_H"] += (
+                        counts["probe_entropy_gradient"]
+                        - before["probe_entropy_gradient"]
+                        + counts["sharded_probe_entropy_gradient"]
+                        - before["sharded_probe_entropy_gradient"]
+                    )
                     calls[name]["split_micro_batches"] += counts["add_micro"] - before["add_micro"]
-                    if step > 0:                       # the first step samples the probe and warms up
+                    if step > 0:  # the first step samples the probe and warms up
                         times[name].append(seconds)
                         kinds[name]["measured" if "entropy_change/predicted_net" in metrics else "plain"].append(seconds)
                         measured[name] += int("entropy_change/predicted_net" in metrics)

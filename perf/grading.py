@@ -50,8 +50,7 @@ def _right_and_wrong(solutions: list[str], golds: list[str]) -> tuple[list[str],
 
     swapped = []
     for i, g in enumerate(golds):
-        j = next(j % len(golds) for j in range(i + 1, i + len(golds))
-                 if compact_key(golds[j % len(golds)]) != compact_key(g))
+        j = next(j % len(golds) for j in range(i + 1, i + len(golds)) if compact_key(golds[j % len(golds)]) != compact_key(g))
         swapped.append(golds[j])
     return solutions + solutions, golds + swapped
 
@@ -85,7 +84,7 @@ PATHOLOGICAL = [
 ]
 
 
-REPEATS = 2              # each side runs this many times; the fastest run counts
+REPEATS = 2  # each side runs this many times; the fastest run counts
 
 _BASELINE = """
 import json, sys, time
@@ -114,8 +113,7 @@ def _baseline(timed: tuple[list[str], list[str]], warmup: tuple[list[str], list[
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(payload, f)
     try:
-        out = subprocess.run([sys.executable, "-c", _BASELINE, f.name], capture_output=True, text=True,
-                             check=True)
+        out = subprocess.run([sys.executable, "-c", _BASELINE, f.name], capture_output=True, text=True, check=True)
     finally:
         os.unlink(f.name)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -148,7 +146,7 @@ def _ours(timed, warmup) -> tuple[float, float, list]:
     shutdown_pool()
     if warmup:
         grade_batch(*warmup, timeout=TIME_LIMIT)
-    cpu0 = _pool_cpu() if warmup else float("nan")      # (cold: the processes start inside)
+    cpu0 = _pool_cpu() if warmup else float("nan")  # (cold: the processes start inside)
     started = time.perf_counter()
     results = grade_batch(*timed, timeout=TIME_LIMIT)
     seconds = time.perf_counter() - started
@@ -177,7 +175,7 @@ def run() -> dict:
     best_mv = min(mv_runs, key=lambda r: r["seconds"])
     base = best_mv["verdicts"]
 
-    grade_answers(["x"], ["y"])                          # workers up: time the items, not the start
+    grade_answers(["x"], ["y"])  # workers up: time the items, not the start
     item_times = []
     for response, gold in PATHOLOGICAL:
         t0 = time.perf_counter()
@@ -195,7 +193,7 @@ def run() -> dict:
         "n_items": n,
         "agreement": round(sum(o.correct == b for o, b in zip(ours, base)) / n, 4),
         "cold_speedup_vs_math_verify": round(cold_mv["seconds"] / cold_ours[0], 3),
-        "cold_ours_seconds": round(cold_ours[0], 3),          # includes starting the processes
+        "cold_ours_seconds": round(cold_ours[0], 3),  # includes starting the processes
         "cold_math_verify_seconds": round(cold_mv["seconds"], 3),
         "ours_accuracy": round(sum(o.correct for o in ours) / n, 4),
         "math_verify_accuracy": round(sum(base) / n, 4),
@@ -204,9 +202,9 @@ def run() -> dict:
         "repeats": REPEATS,
         "ours_runs_seconds": [round(r[0], 3) for r in ours_runs],
         "math_verify_runs_seconds": [round(r["seconds"], 3) for r in mv_runs],
-        "ours_cpu_seconds": round(ours_cpu, 3),             # parent + zygote + workers, fastest steady run
+        "ours_cpu_seconds": round(ours_cpu, 3),  # parent + zygote + workers, fastest steady run
         "math_verify_cpu_seconds": round(best_mv["cpu"], 3),
-        "load_average_at_start": round(load, 2),            # other jobs on the machine skew wall times
+        "load_average_at_start": round(load, 2),  # other jobs on the machine skew wall times
         "pathological_seconds": [round(t, 3) for t in item_times],
     }
 

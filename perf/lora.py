@@ -24,9 +24,17 @@ import sys
 import time
 from pathlib import Path
 
-SHAPE = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-             num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-             tie_word_embeddings=True, rope_theta=1000000.0)
+SHAPE = dict(
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    tie_word_embeddings=True,
+    rope_theta=1000000.0,
+)
 BATCH, SEQ, RANK = 2, 128, 16
 
 
@@ -66,11 +74,17 @@ def _variant(kind: str) -> dict:
     optimizer.zero_grad(set_to_none=False)
     seconds = time.perf_counter() - started
     peak = _status_kb("VmHWM")
-    return {"step_seconds": round(seconds, 3), "peak_extra_mb": round((peak - baseline) / 1024, 1),
-            "peak_rss_mb": round(peak / 1024, 1), "model_rss_mb": round(baseline / 1024, 1),
-            "trainable_params": sum(p.numel() for p in params),
-            "params": sum(p.numel() for p in model.parameters()), "threads": threads, "memory": method,
-            "loss_finite": bool(torch.isfinite(loss).item())}
+    return {
+        "step_seconds": round(seconds, 3),
+        "peak_extra_mb": round((peak - baseline) / 1024, 1),
+        "peak_rss_mb": round(peak / 1024, 1),
+        "model_rss_mb": round(baseline / 1024, 1),
+        "trainable_params": sum(p.numel() for p in params),
+        "params": sum(p.numel() for p in model.parameters()),
+        "threads": threads,
+        "memory": method,
+        "loss_finite": bool(torch.isfinite(loss).item()),
+    }
 
 
 def _run_child(kind: str) -> dict:
@@ -83,13 +97,16 @@ def _run_child(kind: str) -> dict:
 
 def run() -> dict:
     full, lora = _run_child("full"), _run_child("lora")
-    return {"setting": f"Qwen2.5-0.5B shape, random init, float32, CPU, batch {BATCH} x {SEQ} tokens, "
-                       f"LoRA rank {RANK} on all linear layers, AdamW",
-            "full": full, "lora": lora,
-            "peak_extra_mem_ratio": round(lora["peak_extra_mb"] / full["peak_extra_mb"], 3),
-            "peak_rss_ratio": round(lora["peak_rss_mb"] / full["peak_rss_mb"], 3),
-            "step_time_ratio": round(lora["step_seconds"] / full["step_seconds"], 3),
-            "trainable_frac": round(lora["trainable_params"] / lora["params"], 5)}
+    return {
+        "setting": f"Qwen2.5-0.5B shape, random init, float32, CPU, batch {BATCH} x {SEQ} tokens, "
+        f"LoRA rank {RANK} on all linear layers, AdamW",
+        "full": full,
+        "lora": lora,
+        "peak_extra_mem_ratio": round(lora["peak_extra_mb"] / full["peak_extra_mb"], 3),
+        "peak_rss_ratio": round(lora["peak_rss_mb"] / full["peak_rss_mb"], 3),
+        "step_time_ratio": round(lora["step_seconds"] / full["step_seconds"], 3),
+        "trainable_frac": round(lora["trainable_params"] / lora["params"], 5),
+    }
 
 
 if __name__ == "__main__":

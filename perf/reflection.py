@@ -82,12 +82,15 @@ def run() -> dict:
         return reflection_entropy_metrics(entropy, logp, mask, at, before, adv)
 
     token_s, token_out = _best(tokens)
-    grade_batch(texts[:8], golds[:8])                 # the pool starts before the timed batch, as in a run
+    grade_batch(texts[:8], golds[:8])  # the pool starts before the timed batch, as in a run
     grading_s, _ = _best(lambda: grade_batch(texts, golds), repeats=1)
     return {
-        "responses": RESPONSES, "tokens_per_response": TOKENS, "chars_per_response": round(sum(map(len, texts)) / RESPONSES),
+        "responses": RESPONSES,
+        "tokens_per_response": TOKENS,
+        "chars_per_response": round(sum(map(len, texts)) / RESPONSES),
         "reflection_words_per_1k_tokens": round(text_out["reflection/density"], 2),
-        "text_seconds": round(text_s, 4), "token_seconds": round(token_s, 4),
+        "text_seconds": round(text_s, 4),
+        "token_seconds": round(token_s, 4),
         "reflection_seconds_per_1000_responses": round(text_s + token_s, 4),
         "grading_seconds": round(grading_s, 4),
         "share_of_scoring": round((text_s + token_s) / grading_s, 4),

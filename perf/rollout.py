@@ -26,7 +26,7 @@ REPS = 3
 
 
 def _throughput(engine, prompts, n: int) -> tuple[float, int]:
-    engine.generate(prompts, n=n, seed=0)                       # warm-up
+    engine.generate(prompts, n=n, seed=0)  # warm-up
     best, tokens = float("inf"), 0
     for rep in range(REPS):
         started = time.perf_counter()
@@ -50,8 +50,12 @@ def run() -> dict:
     model, tok = load_policy(cfg.model, cfg.data, log=lambda *_: None)
     model.eval()
     prompts = [p.prompt for p in tasks.sample_problems(cfg.data, PROMPTS, random.Random(0))]
-    out: dict = {"model": f"embedded tiny ({embedded_model_dir(cfg.model, cfg.data, log=lambda *_: None).name})",
-                 "prompts": PROMPTS, "n": N, "max_new_tokens": int(cfg.rollout.max_new_tokens)}
+    out: dict = {
+        "model": f"embedded tiny ({embedded_model_dir(cfg.model, cfg.data, log=lambda *_: None).name})",
+        "prompts": PROMPTS,
+        "n": N,
+        "max_new_tokens": int(cfg.rollout.max_new_tokens),
+    }
     hf = build_rollout(cfg.rollout, model, tok)
     out["hf_tokens_per_s"], out["hf_tokens"] = _throughput(hf, prompts, N)
     out["hf_tokens_per_s"] = round(out["hf_tokens_per_s"], 1)

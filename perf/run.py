@@ -50,11 +50,15 @@ def main(argv: list[str]) -> int:
         result["seconds"] = round(time.perf_counter() - started, 2)
         report[name] = result
         print(json.dumps(result, indent=2), flush=True)
-    report["_machine"] = {"python": platform.python_version(), "platform": platform.platform(),
-                          "processor": platform.processor(), "cpus": __import__("os").cpu_count()}
+    report["_machine"] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpus": __import__("os").cpu_count(),
+    }
     REPORT.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {REPORT}")
-    load("report").write(report, HERE.parent / "docs" / "performance.md")   # its measured section
+    load("report").write(report, HERE.parent / "docs" / "performance.md")  # its measured section
     print("wrote docs/performance.md (measured section)")
     return 1 if failed else 0
 

@@ -34,8 +34,7 @@ CALLS = 2000
 def _bare(programs: list[str], flags: tuple[str, ...] = ()) -> float:
     t0 = time.perf_counter()
     for src in programs:
-        subprocess.run([sys.executable, *flags, "-c", src], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       check=True)
+        subprocess.run([sys.executable, *flags, "-c", src], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     return (time.perf_counter() - t0) / len(programs)
 
 

@@ -31,8 +31,7 @@ def _console_script() -> list[str]:
 
 def _seconds(argv: list[str]) -> float:
     t0 = time.perf_counter()
-    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
-                   env={**os.environ, "COLUMNS": "100"})
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env={**os.environ, "COLUMNS": "100"})
     return time.perf_counter() - t0
 
 
@@ -53,13 +52,17 @@ def run() -> dict:
     }
     peak = _peak_mb(commands["entropyrl_help"])
     times: dict[str, list[float]] = {name: [] for name in commands}
-    for _ in range(REPEATS):                     # alternate, so that load beside us hits every command alike
+    for _ in range(REPEATS):  # alternate, so that load beside us hits every command alike
         for name, argv in commands.items():
             times[name].append(_seconds(argv))
     median = {name: statistics.median(ts) for name, ts in times.items()}
     base = median["python_pass"]
-    out: dict = {"repeats": REPEATS, "target_help_seconds": 1.0, "load_average_1min": round(os.getloadavg()[0], 2),
-                 "help_peak_mb": peak}
+    out: dict = {
+        "repeats": REPEATS,
+        "target_help_seconds": 1.0,
+        "load_average_1min": round(os.getloadavg()[0], 2),
+        "help_peak_mb": peak,
+    }
     for name, seconds in median.items():
         out[f"{name}_seconds"] = round(seconds, 3)
         if name != "python_pass":

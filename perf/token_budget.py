@@ -33,7 +33,7 @@ ROWS, MICRO_ROWS, PROMPT, BASE, TAIL, REPS = 64, 8, 16, 24, 16, 3
 
 def _lengths(seed: int = 0) -> torch.Tensor:
     rng = np.random.default_rng(seed)
-    scale = np.minimum(1.0 + rng.pareto(1.5, ROWS), TAIL)          # most near 1x, a few up to 16x
+    scale = np.minimum(1.0 + rng.pareto(1.5, ROWS), TAIL)  # most near 1x, a few up to 16x
     return torch.tensor(np.maximum(1, (BASE * scale).astype(int)))
 
 
@@ -43,17 +43,25 @@ def _setup():
     from entropyrl.rollout.base import Rollout
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
     model = Qwen2ForCausalLM(config).float()
     lengths = _lengths()
     width = int(lengths.max())
     resp_mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
     resp_ids = torch.randint(1, 1024, (ROWS, width)) * resp_mask
     prompt_ids = torch.randint(1, 1024, (ROWS, PROMPT))
-    roll = Rollout(prompt_ids, torch.ones_like(prompt_ids), resp_ids, resp_mask, [""] * ROWS,
-                   torch.zeros(ROWS, dtype=torch.bool), None)
+    roll = Rollout(
+        prompt_ids, torch.ones_like(prompt_ids), resp_ids, resp_mask, [""] * ROWS, torch.zeros(ROWS, dtype=torch.bool), None
+    )
     return model, roll
 
 
@@ -70,8 +78,7 @@ def _step(model, roll, passes, trimmed: bool, old_logp, advantages, mask) -> flo
         part = roll.select(rows)
         part, w = trim(part) if trimmed else (part, part.response_ids.shape[1])
         logp, ent = response_token_stats(model, part, temperature=1.0, chunk_size=4096)
-        out = algo.loss(logp=logp, old_logp=old_logp[rows, :w], entropy=ent, advantages=advantages[rows, :w],
-                        mask=mask[rows, :w])
+        out = algo.loss(logp=logp, old_logp=old_logp[rows, :w], entropy=ent, advantages=advantages[rows, :w], mask=mask[rows, :w])
         (out.loss * part_weight("token-mean", mask[rows], mask)).backward()
     return time.perf_counter() - started
 
@@ -104,15 +111,21 @@ def run() -> dict:
     grad_scale = max(float(g.abs().max()) for g in grads["padded"].values())
     step = {m: statistics.median(v) for m, v in times.items()}
     return {
-        "rows": ROWS, "lengths": {"min": int(roll.response_mask.sum(1).min()), "median": int(roll.response_mask.sum(1).median()),
-                                  "max": int(roll.response_mask.sum(1).max())},
-        "budget_tokens": budget, "passes": {"padded": len(padded), "token_budget": len(packed)},
+        "rows": ROWS,
+        "lengths": {
+            "min": int(roll.response_mask.sum(1).min()),
+            "median": int(roll.response_mask.sum(1).median()),
+            "max": int(roll.response_mask.sum(1).max()),
+        },
+        "budget_tokens": budget,
+        "passes": {"padded": len(padded), "token_budget": len(packed)},
         "padded_share": {m: round(1 - real / v, 4) for m, v in processed.items()},
         "processed_tokens": processed,
         "processed_tokens_ratio": round(processed["padded"] / processed["token_budget"], 3),
         "step_seconds": {m: round(v, 4) for m, v in step.items()},
         "step_time_ratio": round(step["token_budget"] / step["padded"], 3),
-        "max_grad_diff": grad_diff, "max_grad": grad_scale,
+        "max_grad_diff": grad_diff,
+        "max_grad": grad_scale,
     }
 
 

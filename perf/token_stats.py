@@ -47,13 +47,18 @@ import torch
 N_TOKENS = 512
 HIDDEN = 896
 VOCAB = 151_936
-CHUNK = 1024          # tokens per chunk (all 512 tokens in one chunk)
+CHUNK = 1024  # tokens per chunk (all 512 tokens in one chunk)
 VOCAB_CHUNK = 16_384  # vocabulary rows per block; see the tuning note in the result
 REPS = 3
 SEED = 0
 
-TARGETS = {"peak_mem_ratio": 0.25, "fwd_time_ratio": 1.2, "fwd_bwd_time_ratio": 1.5,
-           "max_abs_err": 1e-5, "max_grad_abs_err": 1e-5}
+TARGETS = {
+    "peak_mem_ratio": 0.25,
+    "fwd_time_ratio": 1.2,
+    "fwd_bwd_time_ratio": 1.5,
+    "max_abs_err": 1e-5,
+    "max_grad_abs_err": 1e-5,
+}
 
 
 def _inputs(n: int = N_TOKENS, d: int = HIDDEN, v: int = VOCAB, seed: int = SEED):
@@ -76,6 +81,7 @@ def _naive(h, w, t):
 
 def _ours(h, w, t, chunk=CHUNK, vocab_chunk=VOCAB_CHUNK):
     from entropyrl.trainers.stats.token_stats import chunked_token_stats
+
     return chunked_token_stats(h, w, t, chunk_size=chunk, vocab_chunk_size=vocab_chunk)
 
 
@@ -97,6 +103,7 @@ def _timed(fn, h, w, t, g):
 # ---------------------------------------------------------------------------------------------
 # memory, in a child process
 # ---------------------------------------------------------------------------------------------
+
 
 def _status_kb(key: str) -> int:
     with open("/proc/self/status") as f:
@@ -120,10 +127,12 @@ def _memory_child(path: str) -> dict:
             return _status_kb("VmHWM")
     except OSError:
         import resource
+
         method = "ru_maxrss"
 
         def peak_kb():
             return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
     base = _status_kb("VmRSS")
     logp, _entropy = fn(h, w, t)
     fwd = peak_kb() - base
@@ -135,18 +144,30 @@ def _memory_child(path: str) -> dict:
     (logp * g).sum().backward()
     bwd = peak_kb() - base
     grad_kb = (h.grad.numel() * h.grad.element_size() + w.grad.numel() * w.grad.element_size()) / 1024
-    return {"fwd_mb": fwd / 1024, "fwd_bwd_raw_mb": max(fwd, bwd) / 1024,
-            "fwd_bwd_mb": max(fwd, bwd - grad_kb) / 1024, "grad_mb": grad_kb / 1024, "method": method}
+    return {
+        "fwd_mb": fwd / 1024,
+        "fwd_bwd_raw_mb": max(fwd, bwd) / 1024,
+        "fwd_bwd_mb": max(fwd, bwd - grad_kb) / 1024,
+        "grad_mb": grad_kb / 1024,
+        "method": method,
+    }
 
 
 def _measure_memory(path: str) -> dict:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--memory-child", path], env=env,
-                         capture_output=True, text=True, check=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--memory-child", path],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------------------------------------
+
 
 def run() -> dict:
     """Measure ours vs naive; ratios are ours / naive (see the module docstring)."""
@@ -187,15 +208,26 @@ def run() -> dict:
         "max_abs_err": max_abs_err,
         "max_grad_abs_err": max_grad_abs_err,
         "grad_abs_max": grad_scale,
-        "naive_fwd_s": med["naive"]["fwd"], "ours_fwd_s": med["ours"]["fwd"],
-        "naive_fwd_bwd_s": med["naive"]["total"], "ours_fwd_bwd_s": med["ours"]["total"],
-        "naive_peak_mb": mem["naive"]["fwd_bwd_mb"], "ours_peak_mb": mem["ours"]["fwd_bwd_mb"],
-        "naive_peak_fwd_mb": mem["naive"]["fwd_mb"], "ours_peak_fwd_mb": mem["ours"]["fwd_mb"],
+        "naive_fwd_s": med["naive"]["fwd"],
+        "ours_fwd_s": med["ours"]["fwd"],
+        "naive_fwd_bwd_s": med["naive"]["total"],
+        "ours_fwd_bwd_s": med["ours"]["total"],
+        "naive_peak_mb": mem["naive"]["fwd_bwd_mb"],
+        "ours_peak_mb": mem["ours"]["fwd_bwd_mb"],
+        "naive_peak_fwd_mb": mem["naive"]["fwd_mb"],
+        "ours_peak_fwd_mb": mem["ours"]["fwd_mb"],
         "grad_outputs_mb": mem["ours"]["grad_mb"],
         "mem_method": mem["ours"]["method"],
-        "setting": {"tokens": N_TOKENS, "hidden": HIDDEN, "vocab": VOCAB, "dtype": "float32",
-                    "chunk_size": CHUNK, "vocab_chunk_size": VOCAB_CHUNK, "reps": REPS,
-                    "threads": torch.get_num_threads()},
+        "setting": {
+            "tokens": N_TOKENS,
+            "hidden": HIDDEN,
+            "vocab": VOCAB,
+            "dtype": "float32",
+            "chunk_size": CHUNK,
+            "vocab_chunk_size": VOCAB_CHUNK,
+            "reps": REPS,
+            "threads": torch.get_num_threads(),
+        },
         "targets": TARGETS,
     }
     result["meets_targets"] = all(result[k] <= v for k, v in TARGETS.items())

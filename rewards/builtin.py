@@ -21,17 +21,21 @@ __all__ = ["BUILTIN_REWARDS"]
 
 def _math(*, responses: Sequence[str], problems: Sequence, source=None, **_) -> list[float]:
     """The math grader (normalisation + math-verify in worker processes) on the gold ``answer``."""
-    results = grade_batch(list(responses), [p.answer for p in problems],
-                          workers=getattr(source, "workers", None),
-                          timeout=float(getattr(source, "timeout", DEFAULT_TIMEOUT)))
+    results = grade_batch(
+        list(responses),
+        [p.answer for p in problems],
+        workers=getattr(source, "workers", None),
+        timeout=float(getattr(source, "timeout", DEFAULT_TIMEOUT)),
+    )
     return [1.0 if r.correct else 0.0 for r in results]
 
 
 def _code(*, responses: Sequence[str], problems: Sequence, source=None, **_) -> list[float]:
     """The program run against the problem's tests in the sandbox (``data.kind=code``)."""
     if not problems or not isinstance(problems[0], CodeProblem) or not hasattr(source, "pool"):
-        raise UserError("reward function builtin:code grades code problems: use it with data.kind=code "
-                        "(e.g. data=humaneval_code)")
+        raise UserError(
+            "reward function builtin:code grades code problems: use it with data.kind=code (e.g. data=humaneval_code)"
+        )
     return list(source.rewards(problems, responses))
 
 
@@ -40,9 +44,12 @@ def _task_family(ref: str, accepts: Callable[[str], bool], what: str) -> Callabl
         for p in problems:
             task = getattr(p, "task", "")
             if task not in tasks.TASKS or not accepts(task):
-                raise UserError(f"reward function {ref} grades {what}; this data has task {task!r}: "
-                                f"use data=toy / data=countdown or another builtin:")
+                raise UserError(
+                    f"reward function {ref} grades {what}; this data has task {task!r}: "
+                    f"use data=toy / data=countdown or another builtin:"
+                )
         return [float(tasks.reward(p, r)) for p, r in zip(problems, responses)]
+
     grade.__name__ = ref.split(":")[1]
     return grade
 

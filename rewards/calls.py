@@ -44,7 +44,7 @@ class CallFailed(Exception):
 @dataclass
 class Outcome:
     values: list[float]
-    fallbacks: dict[str, int] = field(default_factory=dict)   # reason -> responses given the fallback
+    fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> responses given the fallback
     detail: str = ""
 
 
@@ -134,7 +134,7 @@ def _child(fn: Callable, kwargs: dict, conn) -> None:
             conn.send(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
         conn.close()
     finally:
-        os._exit(0)        # no atexit handlers, no finalizers of the parent's objects
+        os._exit(0)  # no atexit handlers, no finalizers of the parent's objects
 
 
 def call_in_child(fn: Callable, kwargs: dict, timeout: float | None):
@@ -147,7 +147,7 @@ def call_in_child(fn: Callable, kwargs: dict, timeout: float | None):
     receive, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(fn, kwargs, send), name="entropyrl-reward")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)     # fork with threads: the child only runs fn
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: the child only runs fn
         proc.start()
     send.close()
     try:
@@ -185,8 +185,10 @@ class WorkerPool:
                     fut.result(timeout=300)
             except Exception as exc:  # noqa: BLE001 - the reference resolved here but not there
                 self.kill()
-                raise UserError(f"reward function {self.ref}: cannot be loaded in a reward.workers process "
-                                f"({type(exc).__name__}: {exc}); make it importable there, or use reward.workers=0") from None
+                raise UserError(
+                    f"reward function {self.ref}: cannot be loaded in a reward.workers process "
+                    f"({type(exc).__name__}: {exc}); make it importable there, or use reward.workers=0"
+                ) from None
         return self.pool
 
     def call(self, kwargs: dict, n: int, timeout: float | None, label: str) -> list:
@@ -219,7 +221,7 @@ class WorkerPool:
             return
         for proc in list((getattr(pool, "_processes", None) or {}).values()):
             if proc.is_alive():
-                proc.kill()       # only the processes this pool started
+                proc.kill()  # only the processes this pool started
         pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -32,8 +32,10 @@ def check_reachable(url: str, timeout: float = 5.0) -> None:
         with socket.create_connection((parsed.hostname, port), timeout=timeout):
             pass
     except OSError as exc:
-        raise UserError(f"reward.url={url}: cannot connect to {parsed.hostname}:{port} "
-                        f"({exc.strerror or type(exc).__name__}): start the reward server or fix reward.url") from None
+        raise UserError(
+            f"reward.url={url}: cannot connect to {parsed.hostname}:{port} "
+            f"({exc.strerror or type(exc).__name__}): start the reward server or fix reward.url"
+        ) from None
 
 
 def _jsonable(value):

@@ -36,8 +36,10 @@ def _load_file(path: Path, ref: str):
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # noqa: BLE001 - the user's file: one line naming it
-        raise UserError(f"reward function {ref}: importing {path} failed ({type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+        raise UserError(
+            f"reward function {ref}: importing {path} failed ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from None
     sys.modules[name] = module
     return module
 
@@ -46,17 +48,20 @@ def resolve_user(ref: str) -> Callable:
     """The callable ``ref`` names (``module:fn`` or ``file.py:fn``); ``UserError`` when it cannot be loaded."""
     where, sep, attr = str(ref).rpartition(":")
     if not sep or not where or not attr:
-        raise UserError(f"reward function {ref!r}: write it as pkg.module:fn, path/to/rewards.py:fn or "
-                        f"builtin:<{'|'.join(BUILTIN_REWARDS)}>")
+        raise UserError(
+            f"reward function {ref!r}: write it as pkg.module:fn, path/to/rewards.py:fn or builtin:<{'|'.join(BUILTIN_REWARDS)}>"
+        )
     if where.endswith(".py") or "/" in where:
         module = _load_file(Path(where).expanduser(), ref)
     else:
         try:
             module = importlib.import_module(where)
         except Exception as exc:  # noqa: BLE001 - not importable from the user's environment
-            raise UserError(f"reward function {ref}: cannot import {where} ({type(exc).__name__}: "
-                            f"{str(exc).splitlines()[0] if str(exc) else ''}); install it or put it on "
-                            f"PYTHONPATH, or give a file path (path/to/rewards.py:fn)") from None
+            raise UserError(
+                f"reward function {ref}: cannot import {where} ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); install it or put it on "
+                f"PYTHONPATH, or give a file path (path/to/rewards.py:fn)"
+            ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise UserError(f"reward function {ref}: {where} has no callable {attr!r}")
@@ -67,10 +72,11 @@ def builtin_name(ref: str) -> str | None:
     """``math`` for ``builtin:math``; None for a user reference. Unknown built-ins are an error."""
     if not str(ref).startswith(BUILTIN_PREFIX):
         return None
-    name = str(ref)[len(BUILTIN_PREFIX):]
+    name = str(ref)[len(BUILTIN_PREFIX) :]
     if name not in BUILTIN_REWARDS:
-        raise UserError(f"reward function {ref}: unknown built-in; valid: "
-                        + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_REWARDS))
+        raise UserError(
+            f"reward function {ref}: unknown built-in; valid: " + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_REWARDS)
+        )
     return name
 
 

@@ -38,8 +38,8 @@ FALLBACK_REASONS = ("exception", "timeout", "non_finite", "http_error")
 class RewardEntry:
     name: str
     weight: float
-    kind: str                   # builtin | user | http
-    ref: str                    # builtin name, user reference, or URL
+    kind: str  # builtin | user | http
+    ref: str  # builtin name, user reference, or URL
     timeout: float | None
     workers: int
     fallback: float
@@ -99,16 +99,18 @@ class RewardRunner:
         if cfg.get("url"):
             raw.append({"url": cfg["url"], "weight": 1.0})
         self.entries = [self._entry(i, e) for i, e in enumerate(raw)]
-        for i, e in enumerate(self.entries):     # a metric name part: reward/<name>/mean
+        for i, e in enumerate(self.entries):  # a metric name part: reward/<name>/mean
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", e.name):
-                raise UserError(f"reward.functions[{i}]: name {e.name!r} is not usable in metric names: "
-                                f"use letters, digits, _ . - (name: ...)")
+                raise UserError(
+                    f"reward.functions[{i}]: name {e.name!r} is not usable in metric names: "
+                    f"use letters, digits, _ . - (name: ...)"
+                )
         names = Counter(e.name for e in self.entries)
         dup = next((n for n, c in names.items() if c > 1), None)
         if dup:
             raise UserError(f"reward.functions: two entries are named {dup!r}: give one a name: ...")
         for e in self.entries:
-            if e.kind == "http":          # a judge that is down: say so before training
+            if e.kind == "http":  # a judge that is down: say so before training
                 check_reachable(e.ref)
 
     def _entry(self, i: int, raw) -> RewardEntry:
@@ -116,16 +118,19 @@ class RewardRunner:
         if isinstance(raw, str):
             raw = {"fn": raw}
         if not isinstance(raw, dict) or bool(raw.get("fn")) == bool(raw.get("url")):
-            raise UserError(f"{where}: give either fn: <pkg.module:fn | path/to/file.py:fn | builtin:math> "
-                            f"or url: http://..., with weight: (got {raw!r})")
+            raise UserError(
+                f"{where}: give either fn: <pkg.module:fn | path/to/file.py:fn | builtin:math> "
+                f"or url: http://..., with weight: (got {raw!r})"
+            )
         unknown = sorted(set(raw) - {"fn", "url", "weight", "name", "timeout_s", "workers", "fallback"})
         if unknown:
-            raise UserError(f"{where}: unknown key {unknown[0]!r}; valid: fn, url, weight, name, timeout_s, "
-                            f"workers, fallback")
-        common = dict(weight=_number(raw, "weight", 1.0, where),
-                      timeout=_number(raw, "timeout_s", self.timeout, where),
-                      workers=_number(raw, "workers", self.workers, where, int),
-                      fallback=_number(raw, "fallback", self.fallback, where))
+            raise UserError(f"{where}: unknown key {unknown[0]!r}; valid: fn, url, weight, name, timeout_s, workers, fallback")
+        common = dict(
+            weight=_number(raw, "weight", 1.0, where),
+            timeout=_number(raw, "timeout_s", self.timeout, where),
+            workers=_number(raw, "workers", self.workers, where, int),
+            fallback=_number(raw, "fallback", self.fallback, where),
+        )
         if common["weight"] is None or common["fallback"] is None:
             raise UserError(f"{where}: weight and fallback must be numbers")
         if common["timeout"] is not None and common["timeout"] <= 0 or (common["workers"] or 0) < 0:
@@ -136,11 +141,13 @@ class RewardRunner:
         ref = str(raw["fn"])
         builtin = builtin_name(ref)
         if builtin is not None:
-            return RewardEntry(str(raw.get("name") or builtin), kind="builtin", ref=builtin,
-                               fn=BUILTIN_REWARDS[builtin], **common)
-        fn = resolve_user(ref)            # fail now on a reference that does not load, not at step 1
-        entry = RewardEntry(str(raw.get("name") or getattr(fn, "__name__", ref.rpartition(":")[2])),
-                            kind="user", ref=ref, fn=fn, **common)
+            return RewardEntry(
+                str(raw.get("name") or builtin), kind="builtin", ref=builtin, fn=BUILTIN_REWARDS[builtin], **common
+            )
+        fn = resolve_user(ref)  # fail now on a reference that does not load, not at step 1
+        entry = RewardEntry(
+            str(raw.get("name") or getattr(fn, "__name__", ref.rpartition(":")[2])), kind="user", ref=ref, fn=fn, **common
+        )
         if entry.workers:
             entry.pool = WorkerPool(ref, entry.workers)
         return entry
@@ -151,39 +158,43 @@ class RewardRunner:
 
     # -- scoring ------------------------------------------------------------------------------
     def _verifier(self, problems: Sequence, responses: Sequence[str]) -> list[float]:
-        batch = getattr(self.source, "rewards", None)   # sources that grade a batch at once
+        batch = getattr(self.source, "rewards", None)  # sources that grade a batch at once
         if batch is not None:
             return [float(v) for v in batch(list(problems), list(responses))]
         return [float(self.source.reward(p, r)) for p, r in zip(problems, responses)]
 
     def _run(self, e: RewardEntry, kwargs: dict, n: int) -> Outcome:
         label = f"reward function {e.ref}" if e.kind != "http" else f"reward.url {e.ref}"
-        if e.kind == "builtin":           # trusted, with its own limits (grader pool, sandbox)
+        if e.kind == "builtin":  # trusted, with its own limits (grader pool, sandbox)
             return run_call(label, lambda: e.fn(source=self.source, **kwargs), n, e.fallback)
         if e.kind == "http":
             payload = {k: v for k, v in kwargs.items() if k != "problems"}
-            call = partial(post_rewards, e.ref, payload, timeout=e.timeout, retries=self.retries,
-                           backoff=self.backoff)
+            call = partial(post_rewards, e.ref, payload, timeout=e.timeout, retries=self.retries, backoff=self.backoff)
         elif e.pool is not None:
-            plain = {k: v for k, v in kwargs.items() if k != "problems"}   # problem objects stay here
+            plain = {k: v for k, v in kwargs.items() if k != "problems"}  # problem objects stay here
             call = partial(e.pool.call, plain, n, e.timeout, label)
         else:
-            call = partial(call_in_child, e.fn, kwargs, e.timeout)   # killed at the deadline
+            call = partial(call_in_child, e.fn, kwargs, e.timeout)  # killed at the deadline
         out = run_call(label, call, n, e.fallback)
         for reason, count in out.fallbacks.items():
-            self.log(f"warning: reward {e.name}: {count} of {n} responses got the fallback {e.fallback:g} "
-                     f"({reason}: {out.detail})")
+            self.log(
+                f"warning: reward {e.name}: {count} of {n} responses got the fallback {e.fallback:g} ({reason}: {out.detail})"
+            )
         return out
 
-    def score(self, problems: Sequence, prompts: Sequence[str], responses: Sequence[str],
-              group: Sequence[int]) -> ScoredBatch:
+    def score(self, problems: Sequence, prompts: Sequence[str], responses: Sequence[str], group: Sequence[int]) -> ScoredBatch:
         """Rewards of ``responses`` (one per response; ``problems[i]`` / ``prompts[i]`` its problem)."""
         n = len(responses)
         if not self.entries:
             verdict = self._verifier(problems, responses)
             return ScoredBatch(list(verdict), list(verdict))
-        kwargs = {"prompts": list(prompts), "responses": list(responses), "group": [int(g) for g in group],
-                  "problems": list(problems), **problem_fields(problems)}
+        kwargs = {
+            "prompts": list(prompts),
+            "responses": list(responses),
+            "group": [int(g) for g in group],
+            "problems": list(problems),
+            **problem_fields(problems),
+        }
         total = [0.0] * n
         correct = None
         batch = ScoredBatch(total, [])

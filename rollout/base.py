@@ -28,8 +28,21 @@ from ..conf import cfg_get
 from ..core.errors import UserError
 from ..core.registry import Registry
 
-__all__ = ["Rollout", "ToolTrace", "TOKEN_KINDS", "RolloutEngine", "ROLLOUT_ENGINES", "register_rollout", "rollout_engine",
-           "build_rollout", "stop_token_ids", "check_prompt_lengths", "response_mask_from_eos", "concat", "cat_rollouts"]
+__all__ = [
+    "Rollout",
+    "ToolTrace",
+    "TOKEN_KINDS",
+    "RolloutEngine",
+    "ROLLOUT_ENGINES",
+    "register_rollout",
+    "rollout_engine",
+    "build_rollout",
+    "stop_token_ids",
+    "check_prompt_lengths",
+    "response_mask_from_eos",
+    "concat",
+    "cat_rollouts",
+]
 
 
 #: What each response token is (``ToolTrace.kind``): the policy's reasoning text, the code it
@@ -64,12 +77,28 @@ class ToolTrace:
     malformed: torch.Tensor | None = None
 
     def select(self, idx: torch.Tensor) -> ToolTrace:
-        return ToolTrace(self.kind[idx], self.turn[idx], self.turns[idx], self.calls[idx], self.errors[idx],
-                         self.seconds, self.gen_seconds, None if self.malformed is None else self.malformed[idx])
+        return ToolTrace(
+            self.kind[idx],
+            self.turn[idx],
+            self.turns[idx],
+            self.calls[idx],
+            self.errors[idx],
+            self.seconds,
+            self.gen_seconds,
+            None if self.malformed is None else self.malformed[idx],
+        )
 
     def narrow(self, width: int) -> ToolTrace:
-        return ToolTrace(self.kind[:, :width], self.turn[:, :width], self.turns, self.calls, self.errors,
-                         self.seconds, self.gen_seconds, self.malformed)
+        return ToolTrace(
+            self.kind[:, :width],
+            self.turn[:, :width],
+            self.turns,
+            self.calls,
+            self.errors,
+            self.seconds,
+            self.gen_seconds,
+            self.malformed,
+        )
 
 
 @dataclass
@@ -111,15 +140,21 @@ class Rollout:
 
     def grouped_texts(self, n: int) -> list[list[str]]:
         """``texts`` as one list of ``n`` responses per prompt."""
-        return [self.texts[i:i + n] for i in range(0, len(self.texts), n)]
+        return [self.texts[i : i + n] for i in range(0, len(self.texts), n)]
 
     def select(self, rows: torch.Tensor) -> Rollout:
         idx = rows.nonzero().squeeze(-1) if rows.dtype == torch.bool else rows
         pick = lambda t: None if t is None else t[idx]  # noqa: E731
-        return Rollout(pick(self.prompt_ids), pick(self.prompt_mask), pick(self.response_ids),
-                       pick(self.response_mask), [self.texts[i] for i in idx.tolist()],
-                       pick(self.truncated), pick(self.sampling_logp),
-                       None if self.tools is None else self.tools.select(idx))
+        return Rollout(
+            pick(self.prompt_ids),
+            pick(self.prompt_mask),
+            pick(self.response_ids),
+            pick(self.response_mask),
+            [self.texts[i] for i in idx.tolist()],
+            pick(self.truncated),
+            pick(self.sampling_logp),
+            None if self.tools is None else self.tools.select(idx),
+        )
 
 
 @runtime_checkable
@@ -134,9 +169,17 @@ class RolloutEngine(Protocol):
     it can start from the model's folder alone; evaluation then passes ``model=None`` and puts
     the folder in ``engine_cfg.model_path`` instead of loading the model into this process."""
 
-    def generate(self, prompts: list[str], *, n: int, seed: int, temperature: float | None = None,
-                 top_p: float | None = None, max_new_tokens: int | None = None,
-                 progress: Callable[[int], None] | None = None) -> Rollout: ...
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        n: int,
+        seed: int,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_new_tokens: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> Rollout: ...
 
     def sync_weights(self) -> None: ...
 
@@ -149,7 +192,7 @@ def stop_token_ids(model, tokenizer) -> list[int]:
     ids: list[int] = []
     for src in (tokenizer, getattr(model, "generation_config", None)):
         eos = getattr(src, "eos_token_id", None)
-        for e in (eos if isinstance(eos, (list, tuple)) else [eos]):
+        for e in eos if isinstance(eos, (list, tuple)) else [eos]:
             if e is not None and int(e) not in ids:
                 ids.append(int(e))
     return ids
@@ -161,9 +204,11 @@ def check_prompt_lengths(lengths: list[int], context: int, option: str) -> None:
     the setting that chose the engine (``rollout`` or ``eval.backend``)."""
     longest = max(range(len(lengths)), key=lengths.__getitem__, default=None)
     if longest is not None and lengths[longest] >= context:
-        raise UserError(f"prompt {longest} has {lengths[longest]} tokens but the model's context "
-                        f"(max_model_len) is {context}, leaving no room for a response: use a "
-                        f"model with a longer context, shorter prompts, or {option}=hf")
+        raise UserError(
+            f"prompt {longest} has {lengths[longest]} tokens but the model's context "
+            f"(max_model_len) is {context}, leaving no room for a response: use a "
+            f"model with a longer context, shorter prompts, or {option}=hf"
+        )
 
 
 def response_mask_from_eos(response_ids: torch.Tensor, eos_id: int | Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,7 +227,7 @@ def concat(rows: list[torch.Tensor], pad_id: int, width: int, left: bool) -> tor
     out = torch.full((len(rows), width), pad_id, dtype=rows[0].dtype)
     for i, row in enumerate(rows):
         if left:
-            out[i, width - len(row):] = row
+            out[i, width - len(row) :] = row
         else:
             out[i, : len(row)] = row
     return out
@@ -192,6 +237,7 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     """Stack rollouts from several generation rounds (dynamic sampling) into one batch."""
     if len(parts) == 1:
         return parts[0]
+
     def cat(attr, pad, left):
         tensors = [getattr(p, attr) for p in parts]
         width = max(x.shape[1] for x in tensors)
@@ -201,23 +247,35 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     if parts[0].tools is not None:
         width = max(p.response_ids.shape[1] for p in parts)
         field = lambda a: concat([row for p in parts for row in getattr(p.tools, a)], 0, width, left=False)  # noqa: E731
-        tools = ToolTrace(field("kind"), field("turn"), *(torch.cat([getattr(p.tools, a) for p in parts])
-                                                          for a in ("turns", "calls", "errors")),
-                          sum(p.tools.seconds for p in parts), sum(p.tools.gen_seconds for p in parts),
-                          None if any(p.tools.malformed is None for p in parts)
-                          else torch.cat([p.tools.malformed for p in parts]))
-    return Rollout(cat("prompt_ids", pad_id, True), cat("prompt_mask", 0, True),
-                   cat("response_ids", pad_id, False), cat("response_mask", 0, False),
-                   [t for p in parts for t in p.texts], torch.cat([p.truncated for p in parts]),
-                   None if parts[0].sampling_logp is None else cat("sampling_logp", 0, False).float(), tools)
+        tools = ToolTrace(
+            field("kind"),
+            field("turn"),
+            *(torch.cat([getattr(p.tools, a) for p in parts]) for a in ("turns", "calls", "errors")),
+            sum(p.tools.seconds for p in parts),
+            sum(p.tools.gen_seconds for p in parts),
+            None if any(p.tools.malformed is None for p in parts) else torch.cat([p.tools.malformed for p in parts]),
+        )
+    return Rollout(
+        cat("prompt_ids", pad_id, True),
+        cat("prompt_mask", 0, True),
+        cat("response_ids", pad_id, False),
+        cat("response_mask", 0, False),
+        [t for p in parts for t in p.texts],
+        torch.cat([p.truncated for p in parts]),
+        None if parts[0].sampling_logp is None else cat("sampling_logp", 0, False).float(),
+        tools,
+    )
 
 
 # name -> engine class, or "module:Class" for an engine whose module imports a heavy optional
 # dependency (vLLM): it is imported only when a run asks for it.
-ROLLOUT_ENGINES: Registry = Registry("rollout", {
-    "hf": "entropyrl.rollout.hf_engine:HFRollout",
-    "vllm": "entropyrl.rollout.vllm_engine:VLLMRollout",
-})
+ROLLOUT_ENGINES: Registry = Registry(
+    "rollout",
+    {
+        "hf": "entropyrl.rollout.hf_engine:HFRollout",
+        "vllm": "entropyrl.rollout.vllm_engine:VLLMRollout",
+    },
+)
 
 
 def register_rollout(name: str, target: Callable | str | None = None):
@@ -230,6 +288,7 @@ def register_rollout(name: str, target: Callable | str | None = None):
     def deco(cls):
         ROLLOUT_ENGINES[name] = cls
         return cls
+
     return deco
 
 

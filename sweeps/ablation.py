@@ -41,7 +41,7 @@ JOB_OWNED_KEYS = ("output_dir", "trainer.seed", "trainer.resume", "trainer.progr
 class Variant:
     name: str
     overrides: tuple[str, ...]
-    kind: str = "train"                                   # the job kind (sweeps/job_kinds.py) that runs it
+    kind: str = "train"  # the job kind (sweeps/job_kinds.py) that runs it
     params: dict[str, Any] = field(default_factory=dict)  # that kind's own settings (e.g. batches)
 
 
@@ -49,11 +49,11 @@ class Variant:
 class JobSpec:
     """One training run of a sweep: a variant at a seed, with its own output folder."""
 
-    key: str                      # "<variant>/s<seed>", unique in a sweep
+    key: str  # "<variant>/s<seed>", unique in a sweep
     variant: str
     seed: int
-    overrides: list[str]          # complete training overrides (entropyrl train ...)
-    output_dir: str               # absolute
+    overrides: list[str]  # complete training overrides (entropyrl train ...)
+    output_dir: str  # absolute
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -74,8 +74,9 @@ def merge_overrides(*lists: Iterable[str]) -> list[str]:
         for o in lst or []:
             o = str(o)
             if "=" not in o and not o.startswith("~"):
-                raise UserError(f"cannot parse override '{o}': write overrides as key=value "
-                                f"(e.g. algo=stare trainer.total_steps=40)")
+                raise UserError(
+                    f"cannot parse override '{o}': write overrides as key=value (e.g. algo=stare trainer.total_steps=40)"
+                )
             k = override_key(o)
             last.pop(k, None)
             last[k] = o
@@ -116,14 +117,21 @@ def variants_of(ablation: DictConfig | dict) -> list[Variant]:
     name = str(abl.get("name", "ablation"))
     listed: list[Variant] = []
     for i, item in enumerate(_as_list(abl.get("variants"))):
-        if isinstance(item, str):   # a bare variant "algo=steer" names itself "steer"
+        if isinstance(item, str):  # a bare variant "algo=steer" names itself "steer"
             listed.append(Variant(_grid_name(override_key(item), item.split("=", 1)[1]), (item,)))
             continue
         if not isinstance(item, dict) or "name" not in item:
-            raise UserError(f"ablation {name}: variant #{i + 1} needs a name and overrides, "
-                            f"e.g. {{name: gated, overrides: [algo=stare]}}")
-        listed.append(Variant(str(item["name"]), tuple(str(o) for o in _as_list(item.get("overrides"))),
-                              kind=str(item.get("kind") or "train"), params=dict(item.get("params") or {})))
+            raise UserError(
+                f"ablation {name}: variant #{i + 1} needs a name and overrides, e.g. {{name: gated, overrides: [algo=stare]}}"
+            )
+        listed.append(
+            Variant(
+                str(item["name"]),
+                tuple(str(o) for o in _as_list(item.get("overrides"))),
+                kind=str(item.get("kind") or "train"),
+                params=dict(item.get("params") or {}),
+            )
+        )
     grid = abl.get("grid")
     points: list[Variant] = []
     if grid:
@@ -134,8 +142,12 @@ def variants_of(ablation: DictConfig | dict) -> list[Variant]:
             if not vals:
                 raise UserError(f"ablation {name}: grid key {k} has no values")
         for combo in itertools.product(*values):
-            points.append(Variant(",".join(_grid_name(k, v) for k, v in zip(keys, combo)),
-                                  tuple(f"{k}={_fmt_value(v)}" for k, v in zip(keys, combo))))
+            points.append(
+                Variant(
+                    ",".join(_grid_name(k, v) for k, v in zip(keys, combo)),
+                    tuple(f"{k}={_fmt_value(v)}" for k, v in zip(keys, combo)),
+                )
+            )
     if listed and points:
         out = [Variant(f"{a.name},{b.name}", a.overrides + b.overrides, a.kind, a.params) for a in listed for b in points]
     else:
@@ -145,8 +157,10 @@ def variants_of(ablation: DictConfig | dict) -> list[Variant]:
     seen: set[str] = set()
     for v in out:
         if not _SAFE_NAME.match(v.name.replace(",", "+")):
-            raise UserError(f"ablation {name}: variant name '{v.name}' must be letters, digits, '.', '_', '-', '+' "
-                            f"(it names a folder and MLflow runs)")
+            raise UserError(
+                f"ablation {name}: variant name '{v.name}' must be letters, digits, '.', '_', '-', '+' "
+                f"(it names a folder and MLflow runs)"
+            )
         if v.name in seen:
             raise UserError(f"ablation {name}: two variants are named '{v.name}'; names must be unique")
         seen.add(v.name)
@@ -168,9 +182,16 @@ def job_dir(sweep_dir: Path, variant: str, seed: int) -> Path:
     return Path(sweep_dir) / "runs" / variant.replace(",", "+") / f"s{seed}"
 
 
-def expand(ablation: DictConfig | dict, *, seeds: Iterable[int], sweep_dir: Path,
-           budget: Iterable[str] = (), train_overrides: Iterable[str] = (), only: Iterable[str] | None = None,
-           extra_overrides: Iterable[str] = ()) -> list[JobSpec]:
+def expand(
+    ablation: DictConfig | dict,
+    *,
+    seeds: Iterable[int],
+    sweep_dir: Path,
+    budget: Iterable[str] = (),
+    train_overrides: Iterable[str] = (),
+    only: Iterable[str] | None = None,
+    extra_overrides: Iterable[str] = (),
+) -> list[JobSpec]:
     """Every (variant, seed) job of an ablation, in variant-major order.
 
     ``extra_overrides`` (e.g. the launcher's ``trainer.threads``) apply before the command line's
@@ -192,12 +213,17 @@ def expand(ablation: DictConfig | dict, *, seeds: Iterable[int], sweep_dir: Path
         for seed in seeds:
             out = job_dir(sweep_dir, v.name, seed)
             overrides = merge_overrides(
-                _as_list(budget), _as_list(abl.get("base")), v.overrides, _as_list(extra_overrides),
+                _as_list(budget),
+                _as_list(abl.get("base")),
+                v.overrides,
+                _as_list(extra_overrides),
                 _as_list(train_overrides),
-                [f"trainer.seed={seed}", f"output_dir={out}", "trainer.resume=auto", "trainer.progress=false"])
+                [f"trainer.seed={seed}", f"output_dir={out}", "trainer.resume=auto", "trainer.progress=false"],
+            )
             extra = {} if v.kind == "train" else {"kind": v.kind, "params": dict(v.params)}
-            jobs.append(JobSpec(key=f"{v.name}/s{seed}", variant=v.name, seed=seed, overrides=overrides,
-                                output_dir=str(out), extra=extra))
+            jobs.append(
+                JobSpec(key=f"{v.name}/s{seed}", variant=v.name, seed=seed, overrides=overrides, output_dir=str(out), extra=extra)
+            )
     return jobs
 
 

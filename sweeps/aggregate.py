@@ -24,8 +24,16 @@ from typing import Iterable
 
 import numpy as np
 
-RUN_FIELDS = ("final_val_acc", "entropy_tail_mean", "entropy_tail_min", "entropy_auc", "first_step_below",
-              "final_reward", "final_acc", "steps")
+RUN_FIELDS = (
+    "final_val_acc",
+    "entropy_tail_mean",
+    "entropy_tail_min",
+    "entropy_auc",
+    "first_step_below",
+    "final_reward",
+    "final_acc",
+    "steps",
+)
 
 
 def load_rows(output_dir: Path) -> list[dict]:
@@ -61,7 +69,7 @@ def tail_stats(values: np.ndarray, frac: float = 0.1) -> tuple[float, float]:
     """(mean, min) of the last ``frac`` of ``values`` (at least one); NaNs when empty."""
     if len(values) == 0:
         return float("nan"), float("nan")
-    tail = np.asarray(values)[-tail_count(len(values), frac):]
+    tail = np.asarray(values)[-tail_count(len(values), frac) :]
     return float(tail.mean()), float(tail.min())
 
 
@@ -104,8 +112,13 @@ def _stats(values: list[float]) -> dict:
     vals = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
     if not len(vals):
         return {"mean": float("nan"), "std": float("nan"), "min": float("nan"), "max": float("nan"), "n": 0}
-    return {"mean": float(vals.mean()), "std": float(vals.std()), "min": float(vals.min()),
-            "max": float(vals.max()), "n": int(len(vals))}
+    return {
+        "mean": float(vals.mean()),
+        "std": float(vals.std()),
+        "min": float(vals.min()),
+        "max": float(vals.max()),
+        "n": int(len(vals)),
+    }
 
 
 def variant_summary(runs: list[dict]) -> dict:
@@ -142,8 +155,10 @@ def band(curves: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
             table.setdefault(float(s), []).append(float(v))
     steps = np.asarray(sorted(table), dtype=float)
     vals = [np.asarray(table[s]) for s in steps]
-    return {"steps": steps,
-            "mean": np.asarray([v.mean() for v in vals]),
-            "lo": np.asarray([v.min() for v in vals]),
-            "hi": np.asarray([v.max() for v in vals]),
-            "n": np.asarray([len(v) for v in vals])}
+    return {
+        "steps": steps,
+        "mean": np.asarray([v.mean() for v in vals]),
+        "lo": np.asarray([v.min() for v in vals]),
+        "hi": np.asarray([v.max() for v in vals]),
+        "n": np.asarray([len(v) for v in vals]),
+    }

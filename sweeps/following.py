@@ -63,13 +63,20 @@ def run(plan_: Plan, *, wait: bool = True, log: Log = print, progress: Log | Non
     existing = plan_.existing or {}
     old_tr = existing.get("tracking", {})
     if old_tr.get("uri") and tracking["enabled"] and old_tr.get("uri") != tracking["uri"]:
-        raise UserError(f"{sweep_dir} tracks to {old_tr['uri']}, not {tracking['uri']}: its jobs' MLflow runs "
-                        f"live there; pass tracking.uri={old_tr['uri']}")
+        raise UserError(
+            f"{sweep_dir} tracks to {old_tr['uri']}, not {tracking['uri']}: its jobs' MLflow runs "
+            f"live there; pass tracking.uri={old_tr['uri']}"
+        )
     tracking["parent_run_id"] = old_tr.get("parent_run_id") if tracking["enabled"] else None
     sweep = plan_.sweep_record(tracking)
-    lock = FolderLock(sweep_dir, "`entropyrl sweep`", name=".sweep.lock", key="sweep_dir",
-                      hint=f"wait for it or stop it (`entropyrl status {sweep_dir}` shows the jobs)")
-    with lock:        # one follower per sweep folder: a second one would submit the same jobs again
+    lock = FolderLock(
+        sweep_dir,
+        "`entropyrl sweep`",
+        name=".sweep.lock",
+        key="sweep_dir",
+        hint=f"wait for it or stop it (`entropyrl status {sweep_dir}` shows the jobs)",
+    )
+    with lock:  # one follower per sweep folder: a second one would submit the same jobs again
         return _run_locked(plan_, sweep, tracking, wait, log, progress)
 
 
@@ -95,8 +102,10 @@ def _run_locked(plan_: Plan, sweep: dict, tracking: dict, wait: bool, log: Log, 
             adopted.append(rec)
         else:
             todo.append(rec)
-    log(f"sweep {sweep['sweep_id']}: {len(plan_.jobs)} jobs ({len(done)} done, {len(adopted)} still queued/running, "
-        f"{len(todo)} to run) on {launcher.describe(plan_.cfg.launcher)} -> {sweep_dir}")
+    log(
+        f"sweep {sweep['sweep_id']}: {len(plan_.jobs)} jobs ({len(done)} done, {len(adopted)} still queued/running, "
+        f"{len(todo)} to run) on {launcher.describe(plan_.cfg.launcher)} -> {sweep_dir}"
+    )
     follower = _Follower(sweep, sweep_dir, plan_.cfg, launcher, tracking, log, progress)
     try:
         follower.go(todo, adopted, wait)
@@ -108,9 +117,14 @@ def _run_locked(plan_: Plan, sweep: dict, tracking: dict, wait: bool, log: Log, 
         close_parent_run(tracking, "FAILED")
         raise
     _, statuses = sweep_status(sweep_dir)
-    result = {"sweep_dir": str(sweep_dir), "sweep_id": sweep["sweep_id"], "counts": count_states(statuses),
-              "failed": [st for st in statuses if st.state == FAILED], "report": None,
-              "parent_run_id": tracking["parent_run_id"]}
+    result = {
+        "sweep_dir": str(sweep_dir),
+        "sweep_id": sweep["sweep_id"],
+        "counts": count_states(statuses),
+        "failed": [st for st in statuses if st.state == FAILED],
+        "report": None,
+        "parent_run_id": tracking["parent_run_id"],
+    }
     if wait:
         rep = build_report(sweep_dir, log=log)
         result["report"] = rep["report"]
@@ -129,8 +143,9 @@ def _still_owned(rec: dict, st: JobStatus, launcher: Launcher, queue: dict | Non
 class _Follower:
     """Submits jobs (keeping at most the launcher's limit in flight) and reports each as it ends."""
 
-    def __init__(self, sweep: dict, sweep_dir: Path, cfg: DictConfig, launcher: Launcher, tracking: dict,
-                 log: Log, progress: Log | None):
+    def __init__(
+        self, sweep: dict, sweep_dir: Path, cfg: DictConfig, launcher: Launcher, tracking: dict, log: Log, progress: Log | None
+    ):
         self.sweep, self.sweep_dir, self.cfg, self.tracking, self.log = sweep, sweep_dir, cfg, tracking, log
         self.launcher, self.launcher_cfg = launcher, cfg.launcher
         self.progress = progress
@@ -139,11 +154,11 @@ class _Follower:
         self.poll = float(cfg.get("poll_seconds", 2.0))
         # a job must wait this long for a reason that cannot clear before the sweep gives up on it
         self.stuck_after = float(cfg_get(self.launcher_cfg, "stuck_after_s", 20.0))
-        self.inflight: dict[str, object] = {}    # key -> submitit job (None when adopted)
+        self.inflight: dict[str, object] = {}  # key -> submitit job (None when adopted)
         self.final: dict[str, JobStatus] = {}
         self.lost_polls: dict[str, int] = {}
         self.stuck_since: dict[str, float] = {}
-        self.queued = 0                          # not submitted yet (held back by the parallelism)
+        self.queued = 0  # not submitted yet (held back by the parallelism)
         self.total = 0
         self.executor = None
 
@@ -151,13 +166,22 @@ class _Follower:
     def _callable(self, rec: dict) -> TrainJob:
         spec = {k: rec[k] for k in ("key", "variant", "seed", "overrides", "output_dir")}
         spec["extra"] = dict(rec.get("extra") or {})
-        tags = {"sweep_id": self.sweep["sweep_id"], "ablation": self.sweep["ablation"]["name"],
-                "variant": rec["variant"], "seed": rec["seed"], "entropyrl.sweep_dir": str(self.sweep_dir)}
-        tracking = {**{k: self.tracking[k] for k in ("enabled", "uri", "experiment", "parent_run_id")},
-                    "run_name": f"{rec['variant']}-s{rec['seed']}", "tags": tags}
+        tags = {
+            "sweep_id": self.sweep["sweep_id"],
+            "ablation": self.sweep["ablation"]["name"],
+            "variant": rec["variant"],
+            "seed": rec["seed"],
+            "entropyrl.sweep_dir": str(self.sweep_dir),
+        }
+        tracking = {
+            **{k: self.tracking[k] for k in ("enabled", "uri", "experiment", "parent_run_id")},
+            "run_name": f"{rec['variant']}-s{rec['seed']}",
+            "tags": tags,
+        }
         in_process = self.launcher.in_process  # its own train.log is its log; the terminal stays the sweep's
-        return job_class(job_kind(rec))(spec, tracking, env=self.env, raise_errors=self.launcher.raise_job_errors(self.launcher_cfg),
-                        echo=not in_process)
+        return job_class(job_kind(rec))(
+            spec, tracking, env=self.env, raise_errors=self.launcher.raise_job_errors(self.launcher_cfg), echo=not in_process
+        )
 
     def _prepare(self, rec: dict) -> None:
         out = Path(rec["output_dir"])
@@ -166,8 +190,9 @@ class _Follower:
         if old:
             with (out / "job.history.jsonl").open("a") as f:
                 f.write(json.dumps(old) + "\n")
-        write_job_state(out, {"state": "submitted", "attempt": int(old.get("attempt", 0)), "submitted": time.time(),
-                              "key": rec["key"]})
+        write_job_state(
+            out, {"state": "submitted", "attempt": int(old.get("attempt", 0)), "submitted": time.time(), "key": rec["key"]}
+        )
 
     def _submit(self, recs: list[dict]) -> None:
         if not recs:
@@ -261,7 +286,8 @@ class _Follower:
         raise JobsCannotStart(
             f"job {key} ({label} job {self.records[key].get('scheduler_job_id')}) cannot start: {label} "
             f"{entry.state} ({entry.reason}): {why}; cancelled the sweep's {len(ids)} unfinished job(s); "
-            f"rerun with the same sweep_dir={self.sweep_dir} to continue")
+            f"rerun with the same sweep_dir={self.sweep_dir} to continue"
+        )
 
     def _show(self, states: list[JobStatus]) -> None:
         if self.progress is None:
@@ -271,8 +297,11 @@ class _Follower:
         running = sum(1 for st in states if st.state == RUNNING)
         pending = len(states) - running + self.queued
         reasons = sorted({st.detail for st in states if st.state == PENDING and "(" in st.detail})
-        self.progress(f"jobs: {done} done, {running} running, {pending} pending, {failed} failed"
-                      + (f" [{'; '.join(reasons)[:120]}]" if reasons else "") + f" (of {self.total})")
+        self.progress(
+            f"jobs: {done} done, {running} running, {pending} pending, {failed} failed"
+            + (f" [{'; '.join(reasons)[:120]}]" if reasons else "")
+            + f" (of {self.total})"
+        )
 
     def _announce(self, st: JobStatus) -> None:
         n = len(self.final)
@@ -281,16 +310,20 @@ class _Follower:
             self.log(f"[{n}/{self.total}] done {st.key} ({kind}): {st.detail}")
         elif st.state == DONE:
             s = _summary(Path(st.output_dir))
-            self.log(f"[{n}/{self.total}] done {st.key}: {s.get('steps')} steps, entropy "
-                     f"{_f(s.get('entropy/first_tenth'))} -> {_f(s.get('entropy/last_tenth'))}, "
-                     f"{validation_text(s)}")
+            self.log(
+                f"[{n}/{self.total}] done {st.key}: {s.get('steps')} steps, entropy "
+                f"{_f(s.get('entropy/first_tenth'))} -> {_f(s.get('entropy/last_tenth'))}, "
+                f"{validation_text(s)}"
+            )
         else:
             self.log(f"[{n}/{self.total}] FAILED {st.key}: {st.detail} (log: {st.log})")
 
     def interrupted(self) -> None:
         if self.launcher.detached:
-            self.log(f"interrupted: {self.launcher.name} jobs keep running; `entropyrl status {self.sweep_dir}`, then "
-                     f"`entropyrl report {self.sweep_dir}`")
+            self.log(
+                f"interrupted: {self.launcher.name} jobs keep running; `entropyrl status {self.sweep_dir}`, then "
+                f"`entropyrl report {self.sweep_dir}`"
+            )
             return
         if self.launcher.in_process:
             return
@@ -304,12 +337,14 @@ class _Follower:
                     os.kill(int(js["pid"]), signal.SIGINT)
                     pids.append(int(js["pid"]))
         deadline = time.monotonic() + float(cfg_get(self.launcher_cfg, "stop_wait_s", 120.0))
-        while time.monotonic() < deadline and any(pid_alive(pid, None) for pid in pids):   # no orphan left
+        while time.monotonic() < deadline and any(pid_alive(pid, None) for pid in pids):  # no orphan left
             time.sleep(0.2)
         handles = [sj for sj in self.inflight.values() if sj is not None]
-        self.launcher.cancel([], [sj for sj in handles if not _ended(sj)])    # what did not stop by itself
-        self.log(f"interrupted: {self.launcher.name} jobs stopped at their last step (checkpointed); they resume "
-                 f"from there with `entropyrl sweep ... --resume sweep_dir={self.sweep_dir}`")
+        self.launcher.cancel([], [sj for sj in handles if not _ended(sj)])  # what did not stop by itself
+        self.log(
+            f"interrupted: {self.launcher.name} jobs stopped at their last step (checkpointed); they resume "
+            f"from there with `entropyrl sweep ... --resume sweep_dir={self.sweep_dir}`"
+        )
 
 
 def _ended(sj) -> bool:

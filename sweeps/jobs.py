@@ -43,9 +43,18 @@ TRAIN_KIND = "train"
 
 # Environment a job needs to behave like the submitting shell (passed explicitly: a SLURM node or
 # a cluster with `--export=NONE` may not inherit it).
-PASSED_ENV = ("ENTROPYRL_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "TRANSFORMERS_VERBOSITY",
-              "TOKENIZERS_PARALLELISM", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
-              "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_INSECURE_TLS")
+PASSED_ENV = (
+    "ENTROPYRL_CACHE",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_HOME",
+    "TRANSFORMERS_VERBOSITY",
+    "TOKENIZERS_PARALLELISM",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_INSECURE_TLS",
+)
 
 
 def job_environment() -> dict[str, str]:
@@ -86,7 +95,7 @@ def compose_job_config(overrides: list[str], tracking: dict | None = None, run_n
     Used by the job itself and, at plan time, by ``planning.job_configs`` for every job.
     """
     cfg = compose("train", list(overrides))
-    check_optim(cfg.optim)          # an unknown optim.name / optim.scheduler fails the plan, not the job
+    check_optim(cfg.optim)  # an unknown optim.name / optim.scheduler fails the plan, not the job
     if tracking is None:
         return cfg
     with open_dict(cfg):
@@ -117,8 +126,7 @@ class TrainJob(submitit.helpers.Checkpointable):
     (so the scheduler marks the job failed) instead of returning ``{"status": "FAILED", ...}``.
     """
 
-    def __init__(self, spec: dict, tracking: dict, env: dict | None = None, raise_errors: bool = True,
-                 echo: bool = True) -> None:
+    def __init__(self, spec: dict, tracking: dict, env: dict | None = None, raise_errors: bool = True, echo: bool = True) -> None:
         self.spec = spec
         self.tracking = tracking
         self.env = dict(env or {})
@@ -145,7 +153,7 @@ class TrainJob(submitit.helpers.Checkpointable):
             print(line, flush=True)
 
     def _state(self, **updates: Any) -> dict:
-        if self.rank != 0:           # one job.json per job, however many ranks
+        if self.rank != 0:  # one job.json per job, however many ranks
             return updates
         state = read_job_state(self.output_dir)
         state.update(updates)
@@ -154,8 +162,7 @@ class TrainJob(submitit.helpers.Checkpointable):
 
     def config(self) -> DictConfig:
         """The composed training config of this job (tracking filled in from the sweep)."""
-        return compose_job_config(self.spec["overrides"], self.tracking,
-                                  run_name=f"{self.spec['variant']}-s{self.spec['seed']}")
+        return compose_job_config(self.spec["overrides"], self.tracking, run_name=f"{self.spec['variant']}-s{self.spec['seed']}")
 
     # -- the job ------------------------------------------------------------------------------
     def run(self, cfg: DictConfig) -> dict:
@@ -170,13 +177,25 @@ class TrainJob(submitit.helpers.Checkpointable):
         previous = read_job_state(self.output_dir)
         attempt = int(previous.get("attempt", 0)) + 1
         sched_id = _scheduler_job_id()
-        self._state(state="running", attempt=attempt, key=self.spec["key"], host=socket.gethostname(),
-                    pid=os.getpid(), scheduler_job_id=sched_id, started=time.time(), ended=None, error=None,
-                    traceback=None)
+        self._state(
+            state="running",
+            attempt=attempt,
+            key=self.spec["key"],
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            scheduler_job_id=sched_id,
+            started=time.time(),
+            ended=None,
+            error=None,
+            traceback=None,
+        )
         where = launcher_env()
         ranks = f", rank {where['rank']} of {where['world_size']}" if where["world_size"] > 1 else ""
-        self._log(f"job {self.spec['key']} attempt {attempt} on {socket.gethostname()} (pid {os.getpid()}{ranks}"
-                  + (f", scheduler job {sched_id}" if sched_id else "") + f") python {sys.executable}")
+        self._log(
+            f"job {self.spec['key']} attempt {attempt} on {socket.gethostname()} (pid {os.getpid()}{ranks}"
+            + (f", scheduler job {sched_id}" if sched_id else "")
+            + f") python {sys.executable}"
+        )
         try:
             summary = self.run(self.config())
             if summary.get("status") != "FINISHED":
@@ -194,8 +213,7 @@ class TrainJob(submitit.helpers.Checkpointable):
             if self.raise_errors or not isinstance(exc, Exception):
                 raise
             return {"status": "FAILED", "error": error, "output_dir": str(self.output_dir)}
-        self._state(state="done", ended=time.time(), mlflow_run_id=summary.get("mlflow_run_id"),
-                    steps=summary.get("steps"))
+        self._state(state="done", ended=time.time(), mlflow_run_id=summary.get("mlflow_run_id"), steps=summary.get("steps"))
         self._log(f"done: {summary.get('steps')} steps, final {validation_text(summary)}")
         return {k: v for k, v in summary.items() if isinstance(v, (str, int, float, bool, type(None)))}
 

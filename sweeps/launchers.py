@@ -49,9 +49,9 @@ WAITING, ACTIVE, ENDED = "waiting", "active", "ended"
 class QueueEntry:
     """One job as its scheduler sees it."""
 
-    phase: str                   # waiting (will or may still run) | active (running) | ended
-    state: str                   # the scheduler's own word, e.g. SLURM's PENDING, RUNNING, CANCELLED
-    reason: str = ""             # why it waits, in the scheduler's words (SLURM's %r), e.g. Priority
+    phase: str  # waiting (will or may still run) | active (running) | ended
+    state: str  # the scheduler's own word, e.g. SLURM's PENDING, RUNNING, CANCELLED
+    reason: str = ""  # why it waits, in the scheduler's words (SLURM's %r), e.g. Priority
 
 
 class Launcher:
@@ -67,7 +67,7 @@ class Launcher:
     name: str = ""
     in_process: bool = False
     detached: bool = False
-    scheduler: str = ""          # how job states are labelled, e.g. "SLURM" -> "SLURM PENDING (Priority)"
+    scheduler: str = ""  # how job states are labelled, e.g. "SLURM" -> "SLURM PENDING (Priority)"
 
     # The launcher keys that are numbers, checked when present:
     # key -> (integer, minimum, strict: > instead of >=, nullable). Subclasses add their own.
@@ -90,13 +90,14 @@ class Launcher:
         """Refuse (``UserError``) a launcher value of the wrong type or range, naming the key."""
         for key, (integer, minimum, strict, nullable) in self.numbers.items():
             if key in cfg:
-                check_number(f"launcher.{key}", cfg[key], integer=integer, minimum=minimum, strict=strict,
-                             nullable=nullable)
+                check_number(f"launcher.{key}", cfg[key], integer=integer, minimum=minimum, strict=strict, nullable=nullable)
         self.threads(cfg)
         tasks, gpus = self.tasks_per_node(cfg), int(cfg_get(cfg, "gpus_per_node", 0) or 0)
         if gpus and tasks > gpus:
-            raise UserError(f"launcher.tasks_per_node={tasks} exceeds launcher.gpus_per_node={gpus} (one GPU per "
-                            f"rank); set launcher.tasks_per_node<={gpus} or launcher.gpus_per_node>={tasks}")
+            raise UserError(
+                f"launcher.tasks_per_node={tasks} exceeds launcher.gpus_per_node={gpus} (one GPU per "
+                f"rank); set launcher.tasks_per_node<={gpus} or launcher.gpus_per_node>={tasks}"
+            )
 
     def tasks_per_node(self, cfg: Any) -> int:
         return tasks_per_node(cfg)
@@ -172,9 +173,11 @@ class LocalLauncher(Launcher):
 
     def executor(self, cfg: Any, folder: Path) -> submitit.Executor:
         ex = submitit.LocalExecutor(folder, max_num_timeout=int(cfg_get(cfg, "max_num_timeout", 3)))
-        ex.update_parameters(timeout_min=float(cfg_get(cfg, "timeout_min", 1440)),
-                             signal_delay_s=int(cfg_get(cfg, "signal_delay_s", 30)),
-                             tasks_per_node=self.tasks_per_node(cfg))
+        ex.update_parameters(
+            timeout_min=float(cfg_get(cfg, "timeout_min", 1440)),
+            signal_delay_s=int(cfg_get(cfg, "signal_delay_s", 30)),
+            tasks_per_node=self.tasks_per_node(cfg),
+        )
         return ex
 
     def auto_threads(self, cfg: Any) -> int | None:
@@ -184,13 +187,17 @@ class LocalLauncher(Launcher):
     def check(self, cfg: Any) -> None:
         nodes, tasks = int(cfg_get(cfg, "nodes", 1) or 1), self.tasks_per_node(cfg)
         if nodes != 1:
-            raise UserError(f"launcher.nodes={nodes}: launcher=local runs on this machine only; set launcher.nodes=1 "
-                            f"(or launcher=slurm for several nodes)")
+            raise UserError(
+                f"launcher.nodes={nodes}: launcher=local runs on this machine only; set launcher.nodes=1 "
+                f"(or launcher=slurm for several nodes)"
+            )
         parallel, cpus = max(1, int(cfg_get(cfg, "max_parallel", 1))), available_cpus()
         if tasks * parallel > cpus:
-            raise UserError(f"launcher.tasks_per_node={tasks} x launcher.max_parallel={parallel} processes exceed "
-                            f"the {cpus} CPUs this machine lets us use; set launcher.tasks_per_node<="
-                            f"{max(1, cpus // parallel)}" + (" or lower launcher.max_parallel" if parallel > 1 else ""))
+            raise UserError(
+                f"launcher.tasks_per_node={tasks} x launcher.max_parallel={parallel} processes exceed "
+                f"the {cpus} CPUs this machine lets us use; set launcher.tasks_per_node<="
+                f"{max(1, cpus // parallel)}" + (" or lower launcher.max_parallel" if parallel > 1 else "")
+            )
 
     def describe(self, cfg: Any) -> str:
         tasks = self.tasks_per_node(cfg)
@@ -223,8 +230,7 @@ def tasks_per_node(cfg: Any) -> int:
     return int(cfg_get(cfg, "gpus_per_node", 0) or 0) or 1
 
 
-def check_number(key: str, value: Any, *, integer: bool, minimum: float, strict: bool = False,
-                 nullable: bool = False) -> None:
+def check_number(key: str, value: Any, *, integer: bool, minimum: float, strict: bool = False, nullable: bool = False) -> None:
     """``UserError`` unless ``value`` is a number (an integer if ``integer``) >= ``minimum``
     (> if ``strict``), or None when ``nullable``."""
     if value is None and nullable:
@@ -233,8 +239,10 @@ def check_number(key: str, value: Any, *, integer: bool, minimum: float, strict:
     if is_number and (not integer or float(value).is_integer()) and (value > minimum if strict else value >= minimum):
         return
     kind = "an integer" if integer else "a number"
-    raise UserError(f"{key}={value!r} is not allowed: {key} must be {kind} {'>' if strict else '>='} {minimum:g}"
-                    + (" or null" if nullable else ""))
+    raise UserError(
+        f"{key}={value!r} is not allowed: {key} must be {kind} {'>' if strict else '>='} {minimum:g}"
+        + (" or null" if nullable else "")
+    )
 
 
 _REGISTRY: Registry = Registry("launcher")
@@ -251,8 +259,7 @@ def register_launcher(launcher: Launcher, defaults: dict | None = None) -> Launc
         raise ValueError("a launcher needs a name")
     _builtins()[launcher.name] = launcher
     if defaults is not None:
-        ConfigStore.instance().store(group="launcher", name=launcher.name,
-                                     node={"name": launcher.name, **defaults})
+        ConfigStore.instance().store(group="launcher", name=launcher.name, node={"name": launcher.name, **defaults})
     return launcher
 
 

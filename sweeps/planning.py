@@ -57,9 +57,9 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
     sweep, train = [], []
     for o in overrides:
         head = o[: len(o) - len(o.lstrip("+~"))]
-        body = o[len(head):]
+        body = o[len(head) :]
         if body.startswith(TRAIN_PREFIX):
-            train.append(head + body[len(TRAIN_PREFIX):])
+            train.append(head + body[len(TRAIN_PREFIX) :])
         elif override_key(body).split(".")[0] in train_keys:
             train.append(o)
         else:
@@ -76,9 +76,9 @@ class Plan:
     sweep_dir: Path
     jobs: list[JobSpec]
     train_overrides: list[str]
-    existing: dict | None          # sweep.json of a sweep already in sweep_dir
+    existing: dict | None  # sweep.json of a sweep already in sweep_dir
     launcher: Launcher
-    command: str | None = None     # the command line that started it, for reports (the lab's)
+    command: str | None = None  # the command line that started it, for reports (the lab's)
 
     def rows(self) -> list[dict]:
         """The job table (dry-run): key, variant, seed, state, overrides, output dir."""
@@ -88,10 +88,17 @@ class Plan:
             recs = {r["key"]: r for r in self.existing.get("jobs", [])}
             queue = old.queue(scheduler_ids(list(recs.values()))) if old is not None else None
             states = {k: job_status(r, queue, old) for k, r in recs.items()}
-        return [{"key": j.key, "variant": j.variant, "seed": j.seed,
-                 "state": states[j.key].state if j.key in states else "new",
-                 "overrides": [o for o in j.overrides if override_key(o) not in ("output_dir", "trainer.seed")],
-                 "output_dir": j.output_dir} for j in self.jobs]
+        return [
+            {
+                "key": j.key,
+                "variant": j.variant,
+                "seed": j.seed,
+                "state": states[j.key].state if j.key in states else "new",
+                "overrides": [o for o in j.overrides if override_key(o) not in ("output_dir", "trainer.seed")],
+                "output_dir": j.output_dir,
+            }
+            for j in self.jobs
+        ]
 
     def sweep_record(self, tracking: dict) -> dict:
         """The sweep.json content: this plan merged into the existing sweep's records."""
@@ -122,7 +129,7 @@ class Plan:
 def absolute_uri(uri: str) -> str:
     """Make a local store URI independent of the working directory (jobs may run elsewhere)."""
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+        return "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
     if uri.startswith("file://"):
         return uri
     if "://" not in uri and not uri.startswith(("databricks", "sqlite:")):
@@ -133,16 +140,20 @@ def absolute_uri(uri: str) -> str:
 def find_latest_sweep(cfg: DictConfig) -> Path:
     root = Path(str(cfg.sweep_dir)).parent
     prefix = f"{cfg.ablation.name}-"
-    found = sorted((p for p in root.glob(f"{prefix}*") if (p / "sweep.json").exists()),
-                   key=lambda p: (p / "sweep.json").stat().st_mtime)
+    found = sorted(
+        (p for p in root.glob(f"{prefix}*") if (p / "sweep.json").exists()), key=lambda p: (p / "sweep.json").stat().st_mtime
+    )
     if not found:
-        raise UserError(f"--resume: no earlier sweep of ablation {cfg.ablation.name} under {root}; "
-                        f"pass sweep_dir=... or drop --resume to start one")
+        raise UserError(
+            f"--resume: no earlier sweep of ablation {cfg.ablation.name} under {root}; "
+            f"pass sweep_dir=... or drop --resume to start one"
+        )
     return found[-1]
 
 
-def resume_overrides(cfg: DictConfig, sweep_ov: list[str], train_ov: list[str], *, explicit_dir: bool,
-                     log=print) -> tuple[list[str], list[str]]:
+def resume_overrides(
+    cfg: DictConfig, sweep_ov: list[str], train_ov: list[str], *, explicit_dir: bool, log=print
+) -> tuple[list[str], list[str]]:
     """For ``--resume``: the saved sweep's training overrides, seeds and budget wherever the command
     line gives none, so a bare ``entropyrl sweep ablation=X --resume`` continues the sweep as started."""
     sweep_dir = Path(str(cfg.sweep_dir)) if explicit_dir else find_latest_sweep(cfg)
@@ -200,14 +211,22 @@ def _saved_launcher(saved: dict, sweep_ov: list[str], keys: set[str], asked: str
         log(f"--resume: the sweep's launcher={name} is not available here; using launcher={asked}")
         return []
     if launcher.get("threads_per_job") == "auto":
-        ran = {o.split("=", 1)[1] for j in saved.get("jobs", []) for o in j.get("overrides", [])
-               if override_key(str(o)) == "trainer.threads"}
+        ran = {
+            o.split("=", 1)[1]
+            for j in saved.get("jobs", [])
+            for o in j.get("overrides", [])
+            if override_key(str(o)) == "trainer.threads"
+        }
         if len(ran) == 1 and (n := next(iter(ran))).isdigit() and int(n) > 0:
             launcher["threads_per_job"] = int(n)
-    out = [f"launcher={name}"] + [f"launcher.{k}={_hydra_value(v)}" for k, v in launcher.items()
-                                   if k in known and not isinstance(v, dict)]
-    log(f"--resume: the sweep's own launcher: {name} (" + ", ".join(f"{k}={v}" for k, v in launcher.items()
-                                                            if k in known and not isinstance(v, dict)) + ")")
+    out = [f"launcher={name}"] + [
+        f"launcher.{k}={_hydra_value(v)}" for k, v in launcher.items() if k in known and not isinstance(v, dict)
+    ]
+    log(
+        f"--resume: the sweep's own launcher: {name} ("
+        + ", ".join(f"{k}={v}" for k, v in launcher.items() if k in known and not isinstance(v, dict))
+        + ")"
+    )
     return out
 
 
@@ -224,9 +243,15 @@ def plan(cfg: DictConfig, train_overrides: list[str], *, explicit_dir: bool, res
     launcher = get_launcher(cfg.launcher)
     check_sweep_values(cfg, launcher)
     threads = launcher.threads(cfg.launcher)
-    jobs = expand(cfg.ablation, seeds=cfg.seeds, sweep_dir=sweep_dir, budget=cfg.get("budget") or [],
-                  train_overrides=train_overrides, only=cfg.get("variants"),
-                  extra_overrides=[f"trainer.threads={threads}"] if threads else [])
+    jobs = expand(
+        cfg.ablation,
+        seeds=cfg.seeds,
+        sweep_dir=sweep_dir,
+        budget=cfg.get("budget") or [],
+        train_overrides=train_overrides,
+        only=cfg.get("variants"),
+        extra_overrides=[f"trainer.threads={threads}"] if threads else [],
+    )
     if existing is not None:
         _check_compatible(existing, jobs, sweep_dir, cfg)
     validate_jobs(jobs, world_size=launcher.world_size(cfg.launcher))
@@ -255,8 +280,7 @@ def check_sweep_values(cfg: DictConfig, launcher: Launcher) -> None:
 def _check_compatible(existing: dict, jobs: list[JobSpec], sweep_dir: Path, cfg: DictConfig) -> None:
     name = existing.get("ablation", {}).get("name")
     if name and name != cfg.ablation.name:
-        raise UserError(f"{sweep_dir} holds a sweep of ablation {name}, not {cfg.ablation.name}; "
-                        f"pick another sweep_dir=...")
+        raise UserError(f"{sweep_dir} holds a sweep of ablation {name}, not {cfg.ablation.name}; pick another sweep_dir=...")
     old = {r["key"]: r for r in existing.get("jobs", [])}
     for job in jobs:
         rec = old.get(job.key)
@@ -265,9 +289,11 @@ def _check_compatible(existing: dict, jobs: list[JobSpec], sweep_dir: Path, cfg:
         a = [o for o in rec["overrides"] if override_key(o) not in FREE_KEYS]
         b = [o for o in job.overrides if override_key(o) not in FREE_KEYS]
         if a != b:
-            raise UserError(f"{sweep_dir} already holds job {job.key} with other training settings "
-                            f"({override_diff(a, b)}); resume it unchanged (--resume alone reuses the sweep's own "
-                            f"overrides) or start a new sweep_dir=...")
+            raise UserError(
+                f"{sweep_dir} already holds job {job.key} with other training settings "
+                f"({override_diff(a, b)}); resume it unchanged (--resume alone reuses the sweep's own "
+                f"overrides) or start a new sweep_dir=..."
+            )
 
 
 def override_diff(old: list[str], new: list[str]) -> str:
@@ -326,9 +352,11 @@ def validate_jobs(jobs: list[JobSpec], world_size: int = 1) -> None:
         for key in ("prompts_per_step", "mini_batch_prompts"):
             value = int(cfg.trainer[key]) if "trainer" in cfg and key in cfg.trainer else 0
             if world_size > 1 and value % world_size:
-                raise UserError(f"variant {job.variant}: trainer.{key}={value} must be a multiple of the job's "
-                                f"{world_size} ranks (launcher.nodes x launcher.tasks_per_node); set "
-                                f"train.trainer.{key} to a multiple of {world_size}")
+                raise UserError(
+                    f"variant {job.variant}: trainer.{key}={value} must be a multiple of the job's "
+                    f"{world_size} ranks (launcher.nodes x launcher.tasks_per_node); set "
+                    f"train.trainer.{key} to a multiple of {world_size}"
+                )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,34 +365,47 @@ def validate_jobs(jobs: list[JobSpec], world_size: int = 1) -> None:
 def tracking_settings(cfg: DictConfig) -> dict:
     """``{enabled, uri, experiment}`` of the sweep (its jobs log to the same place)."""
     t = cfg.tracking
-    return {"enabled": bool(t.get("enabled", True)), "uri": absolute_uri(resolve_uri(t)),
-            "experiment": str(t.experiment)}
+    return {"enabled": bool(t.get("enabled", True)), "uri": absolute_uri(resolve_uri(t)), "experiment": str(t.experiment)}
 
 
 def open_parent_run(tracking: dict, sweep: dict) -> str | None:
     """Create the sweep's parent run (or mark the existing one RUNNING again); returns its id."""
     if not tracking["enabled"]:
         return None
-    store = TrackingStore(tracking["uri"])   # mlflow loads here: a --dry-run never pays for it
+    store = TrackingStore(tracking["uri"])  # mlflow loads here: a --dry-run never pays for it
     try:
         run_id = tracking.get("parent_run_id")
         if run_id:
             store.reopen(run_id)
             return run_id
         abl = sweep["ablation"]["name"]
-        tags = {"entropyrl.sweep_id": sweep["sweep_id"], "sweep_id": sweep["sweep_id"], "ablation": abl,
-                "entropyrl.role": "sweep", "entropyrl.sweep_dir": sweep["sweep_dir"],
-                "launcher": sweep["launcher"]["name"]}
-        params = {"ablation": abl, "seeds": json.dumps(sweep["seeds"]), "n_jobs": str(len(sweep["jobs"])),
-                  "variants": json.dumps(list(dict.fromkeys(j["variant"] for j in sweep["jobs"]))),
-                  "launcher": sweep["launcher"]["name"],
-                  "every_job": " ".join([*sweep.get("budget", []), *sweep.get("train_overrides", [])])}
-        return store.open_run(tracking["experiment"], f"sweep-{Path(sweep['sweep_dir']).name}", tags=tags,
-                              params=params, description=f"Sweep of ablation `{abl}`: {len(sweep['jobs'])} jobs "
-                                                         f"(child runs); report under artifacts/report.")
+        tags = {
+            "entropyrl.sweep_id": sweep["sweep_id"],
+            "sweep_id": sweep["sweep_id"],
+            "ablation": abl,
+            "entropyrl.role": "sweep",
+            "entropyrl.sweep_dir": sweep["sweep_dir"],
+            "launcher": sweep["launcher"]["name"],
+        }
+        params = {
+            "ablation": abl,
+            "seeds": json.dumps(sweep["seeds"]),
+            "n_jobs": str(len(sweep["jobs"])),
+            "variants": json.dumps(list(dict.fromkeys(j["variant"] for j in sweep["jobs"]))),
+            "launcher": sweep["launcher"]["name"],
+            "every_job": " ".join([*sweep.get("budget", []), *sweep.get("train_overrides", [])]),
+        }
+        return store.open_run(
+            tracking["experiment"],
+            f"sweep-{Path(sweep['sweep_dir']).name}",
+            tags=tags,
+            params=params,
+            description=f"Sweep of ablation `{abl}`: {len(sweep['jobs'])} jobs (child runs); report under artifacts/report.",
+        )
     except Exception as exc:  # noqa: BLE001 - any store failure is the user's setup
-        raise UserError(f"cannot open the sweep's MLflow parent run at {tracking['uri']}: "
-                        f"{str(exc).strip().splitlines()[0]}") from None
+        raise UserError(
+            f"cannot open the sweep's MLflow parent run at {tracking['uri']}: {str(exc).strip().splitlines()[0]}"
+        ) from None
 
 
 def close_parent_run(tracking: dict, status: str) -> None:

@@ -40,20 +40,26 @@ from .jobs import TRAIN_KIND, job_kind, read_job_state
 from .plugins import load_plugins
 from .state import DONE, FAILED, PENDING, RUNNING, JobStatus, sweep_status
 
-PLOTS = [("entropy", "entropy", "policy entropy (nats/token)"),
-         ("reward", "reward/mean", "reward (train)"),
-         ("accuracy", "acc/mean", "accuracy (train)"),
-         ("val_accuracy", "val/acc", "validation accuracy")]
+PLOTS = [
+    ("entropy", "entropy", "policy entropy (nats/token)"),
+    ("reward", "reward/mean", "reward (train)"),
+    ("accuracy", "acc/mean", "accuracy (train)"),
+    ("val_accuracy", "val/acc", "validation accuracy"),
+]
 
-COLUMNS = [("final_val_acc", "final val acc", 3), ("entropy_tail_mean", "entropy, last {tail} (mean)", 3),
-           ("entropy_tail_min", "entropy, last {tail} (min)", 3), ("entropy_auc", "entropy AUC", 2)]
+COLUMNS = [
+    ("final_val_acc", "final val acc", 3),
+    ("entropy_tail_mean", "entropy, last {tail} (mean)", 3),
+    ("entropy_tail_min", "entropy, last {tail} (min)", 3),
+    ("entropy_auc", "entropy AUC", 2),
+]
 
 
 # What an ablation's ``report_step`` names: ``step(sweep_dir, sweep, statuses, log)`` runs after the
 # sweep's own report over the same folder and returns ``{"paths": {name: path}, "metrics": {...}}``
 # (its files are logged to the parent run with the report, its metrics on the parent run).
 ReportStep = Callable[[Path, dict, list, Callable[[str], None]], dict]
-REPORT_STEPS: Registry = Registry("report_step")     # the lab plugin registers "lab"
+REPORT_STEPS: Registry = Registry("report_step")  # the lab plugin registers "lab"
 
 
 def register_report_step(name: str, step: ReportStep) -> None:
@@ -88,8 +94,7 @@ def metric_key(text: str) -> str:
     return re.sub(r"[^\w./\- ]", "_", text)
 
 
-def _plot(curves: dict[str, list], key: str, label: str, path: Path, title: str,
-          threshold: float | None = None) -> Path | None:
+def _plot(curves: dict[str, list], key: str, label: str, path: Path, title: str, threshold: float | None = None) -> Path | None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -101,8 +106,9 @@ def _plot(curves: dict[str, list], key: str, label: str, path: Path, title: str,
         b = agg.seed_band(seed_rows, key)
         if b is None:
             continue
-        line, = ax.plot(b["steps"], b["mean"], lw=1.6, marker="o" if len(b["steps"]) < 12 else None, ms=3,
-                        label=f"{variant} (n={b['seeds']})")
+        (line,) = ax.plot(
+            b["steps"], b["mean"], lw=1.6, marker="o" if len(b["steps"]) < 12 else None, ms=3, label=f"{variant} (n={b['seeds']})"
+        )
         if b["seeds"] > 1:
             ax.fill_between(b["steps"], b["lo"], b["hi"], color=line.get_color(), alpha=0.18, lw=0)
         drawn = True
@@ -130,8 +136,9 @@ def acted(runs: list[list[dict]]) -> dict[str, float]:
     keys = sorted({k for cls in INTERVENTIONS.values() if (k := cls.acted_key()) is not None})
     out: dict[str, float] = {}
     for key in keys:
-        vals = [float(r[key]) for rows in runs for r in rows
-                if isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))]
+        vals = [
+            float(r[key]) for rows in runs for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))
+        ]
         if vals:
             out[key] = sum(vals) / len(vals)
     return out
@@ -166,40 +173,80 @@ def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str
         m = agg.run_metrics(rows, threshold, tail_frac) if rows else {}
         js = _job_json(st)
         regime = _regime(st) if st.state == DONE else {"warnings": [], "flags": []}
-        job_rows.append({"key": st.key, "variant": st.variant, "seed": st.seed, "state": st.state,
-                         "detail": st.detail, "mlflow_run_id": js.get("mlflow_run_id") or _tracking_run(st),
-                         "output_dir": st.output_dir, "log": st.log, **m,
-                         "warnings": findings_cell([regime["warnings"]]) if st.state == DONE else "",
-                         "flags": findings_cell([regime["flags"]]) if st.state == DONE else ""})
+        job_rows.append(
+            {
+                "key": st.key,
+                "variant": st.variant,
+                "seed": st.seed,
+                "state": st.state,
+                "detail": st.detail,
+                "mlflow_run_id": js.get("mlflow_run_id") or _tracking_run(st),
+                "output_dir": st.output_dir,
+                "log": st.log,
+                **m,
+                "warnings": findings_cell([regime["warnings"]]) if st.state == DONE else "",
+                "flags": findings_cell([regime["flags"]]) if st.state == DONE else "",
+            }
+        )
         if rows and st.variant in curves:
             curves[st.variant].append(rows)
             per_variant[st.variant].append(m)
             for kind in ("warnings", "flags"):
                 findings[st.variant][kind].append(regime[kind])
-    variants = {v: {"summary": agg.variant_summary(runs) if runs else {},
-                    "done": len(runs), "total": sum(1 for s in statuses if s.variant == v),
-                    "warnings": findings_cell(findings[v]["warnings"]) if runs else "-",
-                    "flags": findings_cell(findings[v]["flags"]) if runs else "-",
-                    "acted": acted(curves[v])}
-                for v, runs in per_variant.items()}
+    variants = {
+        v: {
+            "summary": agg.variant_summary(runs) if runs else {},
+            "done": len(runs),
+            "total": sum(1 for s in statuses if s.variant == v),
+            "warnings": findings_cell(findings[v]["warnings"]) if runs else "-",
+            "flags": findings_cell(findings[v]["flags"]) if runs else "-",
+            "acted": acted(curves[v]),
+        }
+        for v, runs in per_variant.items()
+    }
     counts = {s: sum(1 for st in statuses if st.state == s) for s in (DONE, RUNNING, PENDING, FAILED)}
 
     # --- files -----------------------------------------------------------------------------
     plots = []
     for fname, key, label in PLOTS:
-        p = _plot(curves, key, label, sweep_dir / "plots" / f"{fname}.png",
-                  f"{ablation}: {label} (mean, min-max band over seeds)",
-                  threshold if key == "entropy" else None)
+        p = _plot(
+            curves,
+            key,
+            label,
+            sweep_dir / "plots" / f"{fname}.png",
+            f"{ablation}: {label} (mean, min-max band over seeds)",
+            threshold if key == "entropy" else None,
+        )
         if p is not None:
             plots.append(p)
-    for v in order:     # diagnostics.attribution runs: "why entropy moved", the seed mean per variant
-        p = plot_attribution(mean_by_step(curves[v]), sweep_dir / "plots" / f"why_entropy_moved_{re.sub(r'[^A-Za-z0-9._-]', '_', v)}.png",
-                             title=f"{ablation}: why entropy moved, {v} (mean over seeds)")
+    for v in order:  # diagnostics.attribution runs: "why entropy moved", the seed mean per variant
+        p = plot_attribution(
+            mean_by_step(curves[v]),
+            sweep_dir / "plots" / f"why_entropy_moved_{re.sub(r'[^A-Za-z0-9._-]', '_', v)}.png",
+            title=f"{ablation}: why entropy moved, {v} (mean over seeds)",
+        )
         if p is not None:
             plots.append(p)
-    _write_csv(sweep_dir / "runs.csv", job_rows,
-               ["variant", "seed", "state", "steps", *[c for c, _, _ in COLUMNS], "first_step_below",
-                "final_reward", "final_acc", "warnings", "flags", "mlflow_run_id", "output_dir", "log", "detail"])
+    _write_csv(
+        sweep_dir / "runs.csv",
+        job_rows,
+        [
+            "variant",
+            "seed",
+            "state",
+            "steps",
+            *[c for c, _, _ in COLUMNS],
+            "first_step_below",
+            "final_reward",
+            "final_acc",
+            "warnings",
+            "flags",
+            "mlflow_run_id",
+            "output_dir",
+            "log",
+            "detail",
+        ],
+    )
     comp_rows = []
     for v in order:
         s = variants[v]["summary"]
@@ -226,10 +273,18 @@ def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str
     md_name = "sweep-report.md" if step is not None else "report.md"
     report_path = sweep_dir / md_name
     atomic_write_text(report_path, md)
-    result = {"report": str(report_path), "plots": [str(p) for p in plots], "variants": variants,
-              "jobs": job_rows, "counts": counts, "threshold": threshold, "tail_frac": tail_frac,
-              "sweep_id": sweep.get("sweep_id"), "built": time.time(),
-              "files": [md_name, "report.json", "comparison.csv", "runs.csv"]}
+    result = {
+        "report": str(report_path),
+        "plots": [str(p) for p in plots],
+        "variants": variants,
+        "jobs": job_rows,
+        "counts": counts,
+        "threshold": threshold,
+        "tail_frac": tail_frac,
+        "sweep_id": sweep.get("sweep_id"),
+        "built": time.time(),
+        "files": [md_name, "report.json", "comparison.csv", "runs.csv"],
+    }
     atomic_write_text(sweep_dir / "report.json", json.dumps(result, indent=2, default=_json_default))
     if step is not None:
         out = step(sweep_dir, sweep, statuses, log)
@@ -256,7 +311,6 @@ def _json_default(o):
 
 
 def _job_json(st: JobStatus) -> dict:
-
     return read_job_state(Path(st.output_dir))
 
 
@@ -291,48 +345,65 @@ def _markdown(sweep, sweep_dir, order, variants, statuses, job_rows, plots, thre
     lines = [f"# Sweep `{abl.get('name', '?')}` ({sweep.get('sweep_id', '')})", ""]
     if abl.get("description"):
         lines += [str(abl["description"]).strip(), ""]
-    lines += [f"- folder: `{sweep_dir}`",
-              f"- launcher: {sweep.get('launcher', {}).get('name', '?')}; seeds: {sweep.get('seeds')}",
-              f"- jobs: {counts[DONE]} done, {counts[RUNNING]} running, {counts[PENDING]} pending, "
-              f"{counts[FAILED]} failed (of {len(statuses)})"]
+    lines += [
+        f"- folder: `{sweep_dir}`",
+        f"- launcher: {sweep.get('launcher', {}).get('name', '?')}; seeds: {sweep.get('seeds')}",
+        f"- jobs: {counts[DONE]} done, {counts[RUNNING]} running, {counts[PENDING]} pending, "
+        f"{counts[FAILED]} failed (of {len(statuses)})",
+    ]
     if tr.get("enabled", True) and tr.get("parent_run_id"):
-        lines.append(f"- MLflow: parent run `{tr['parent_run_id']}` in experiment `{tr.get('experiment')}` "
-                     f"at {tr.get('uri')}")
+        lines.append(f"- MLflow: parent run `{tr['parent_run_id']}` in experiment `{tr.get('experiment')}` at {tr.get('uri')}")
     if sweep.get("budget") or sweep.get("train_overrides"):
         lines.append(f"- every job: `{' '.join([*sweep.get('budget', []), *sweep.get('train_overrides', [])])}`")
     lines += ["", "## Comparison (finished seeds; mean ± std over seeds)", ""]
-    header = (["variant", "seeds"] + [c[1].format(tail=tail_txt) for c in COLUMNS]
-              + [f"first step H < {threshold:g}", "acted", "warnings", "flags"])
+    header = (
+        ["variant", "seeds"]
+        + [c[1].format(tail=tail_txt) for c in COLUMNS]
+        + [f"first step H < {threshold:g}", "acted", "warnings", "flags"]
+    )
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for v in order:
         s = variants[v]["summary"]
         cells = [f"`{v}`", f"{variants[v]['done']}/{variants[v]['total']}"]
         cells += [_pm(s.get(f, {}), d) for f, _, d in COLUMNS]
-        cells += [_first_below(s.get("first_step_below", {})), acted_cell(variants[v]["acted"]),
-                  variants[v]["warnings"], variants[v]["flags"]]
+        cells += [
+            _first_below(s.get("first_step_below", {})),
+            acted_cell(variants[v]["acted"]),
+            variants[v]["warnings"],
+            variants[v]["flags"],
+        ]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"Entropy AUC: trapezoid area under the entropy curve over steps (nats x steps). "
-                  f"First step H < {threshold:g}: mean over the seeds whose entropy fell below it "
-                  f"(how many of them did). Acted: how often each intervention acted, the mean over steps and "
-                  f"seeds of the metric it names (`stare/gate_on`: the share of steps STARE's gate was open; a "
-                  f"`/frac` metric: the share of tokens a rule selected). Warnings (an intervention that cannot act in this regime) and "
-                  f"flags (entropy collapse < 0.2x / explosion > 3x its first tenth), from each run's "
-                  f"summary.json: `id@first step` per seed.", ""]
+    lines += [
+        "",
+        f"Entropy AUC: trapezoid area under the entropy curve over steps (nats x steps). "
+        f"First step H < {threshold:g}: mean over the seeds whose entropy fell below it "
+        f"(how many of them did). Acted: how often each intervention acted, the mean over steps and "
+        f"seeds of the metric it names (`stare/gate_on`: the share of steps STARE's gate was open; a "
+        f"`/frac` metric: the share of tokens a rule selected). Warnings (an intervention that cannot act in this regime) and "
+        f"flags (entropy collapse < 0.2x / explosion > 3x its first tenth), from each run's "
+        f"summary.json: `id@first step` per seed.",
+        "",
+    ]
     if plots:
         lines += ["## Curves (mean line, min-max band over seeds)", ""]
         lines += [f"![{Path(p).stem}](plots/{Path(p).name})" for p in plots]
         lines.append("")
-    lines += ["## Jobs", "", "| job | state | steps | final val acc | entropy AUC | warnings | flags | MLflow run | detail |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "## Jobs",
+        "",
+        "| job | state | steps | final val acc | entropy AUC | warnings | flags | MLflow run | detail |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in job_rows:
-        lines.append(f"| `{r['key']}` | {r['state']} | {r.get('steps', '-')} | {_fmt(r.get('final_val_acc'))} | "
-                     f"{_fmt(r.get('entropy_auc'), 2)} | {r['warnings'] or '-'} | {r['flags'] or '-'} | "
-                     f"{r.get('mlflow_run_id') or '-'} | {r['detail']} |")
+        lines.append(
+            f"| `{r['key']}` | {r['state']} | {r.get('steps', '-')} | {_fmt(r.get('final_val_acc'))} | "
+            f"{_fmt(r.get('entropy_auc'), 2)} | {r['warnings'] or '-'} | {r['flags'] or '-'} | "
+            f"{r.get('mlflow_run_id') or '-'} | {r['detail']} |"
+        )
     failed = [s for s in statuses if s.state == FAILED]
     if failed:
         lines += ["", "## Failed jobs", ""]
-        lines += [f"- `{s.key}`: {s.detail}. Log: `{s.log}` (also `{Path(s.output_dir) / 'train.log'}`)"
-                  for s in failed]
+        lines += [f"- `{s.key}`: {s.detail}. Log: `{s.log}` (also `{Path(s.output_dir) / 'train.log'}`)" for s in failed]
     lines += ["", f"Rebuild: `entropyrl report {sweep_dir}`; state: `entropyrl status {sweep_dir}`.", ""]
     return "\n".join(lines)
 
@@ -400,7 +471,9 @@ def publish_report(sweep_dir: Path, page: Path) -> Path:
         body.append(line)
     head, rest = text.split(DOCS_BEGIN)
     _, tail = rest.split(DOCS_END)
-    atomic_write_text(page, f"{head}{DOCS_BEGIN}\n<!-- generated by `entropyrl report {sweep_dir.name} --docs "
-                            f"{page.name}`: edit the prose outside the markers -->\n"
-                            + "\n".join(body).strip() + f"\n{DOCS_END}{tail}")
+    atomic_write_text(
+        page,
+        f"{head}{DOCS_BEGIN}\n<!-- generated by `entropyrl report {sweep_dir.name} --docs "
+        f"{page.name}`: edit the prose outside the markers -->\n" + "\n".join(body).strip() + f"\n{DOCS_END}{tail}",
+    )
     return page

@@ -30,8 +30,18 @@ from .jobs import job_environment
 from .launchers import ACTIVE, ENDED, WAITING, Launcher, QueueEntry, register_launcher, tasks_per_node
 
 # SLURM job states (squeue %T) in which the job will still run, or is running.
-SLURM_WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD",
-                 "SUSPENDED", "RESIZING", "SPECIAL_EXIT", "PREEMPTED"}
+SLURM_WAITING = {
+    "PENDING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "CONFIGURING",
+    "RESV_DEL_HOLD",
+    "SUSPENDED",
+    "RESIZING",
+    "SPECIAL_EXIT",
+    "PREEMPTED",
+}
 SLURM_ACTIVE = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "STOPPED"}
 
 # Pending reasons (squeue %r) that no amount of waiting clears, and the launcher key to change.
@@ -64,7 +74,7 @@ class PartitionSize:
     mem_mb: int
     gpus: int
     nodes: int
-    time_limit_min: float | None          # None: infinite
+    time_limit_min: float | None  # None: infinite
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -128,8 +138,10 @@ def oversized(cfg: Any, sizes: dict[str, PartitionSize], default: str | None) ->
     part = sizes.get(name)
     if part is None:
         if cfg_get(cfg, "partition"):
-            return (f"launcher.partition={name} is not a partition of this cluster; "
-                    f"set launcher.partition to one of: {', '.join(sorted(sizes))}")
+            return (
+                f"launcher.partition={name} is not a partition of this cluster; "
+                f"set launcher.partition to one of: {', '.join(sorted(sizes))}"
+            )
         return None
     where = f"the largest node of partition {name}"
     cpus = int(cfg_get(cfg, "cpus_per_task", 0) or 0)
@@ -137,13 +149,17 @@ def oversized(cfg: Any, sizes: dict[str, PartitionSize], default: str | None) ->
         return f"launcher.cpus_per_task={cpus} exceeds {where} ({part.cpus} CPUs); set launcher.cpus_per_task<={part.cpus}"
     tasks = tasks_per_node(cfg)
     if tasks * max(cpus, 1) > part.cpus:
-        return (f"launcher.tasks_per_node={tasks} x launcher.cpus_per_task={max(cpus, 1)} exceeds {where} "
-                f"({part.cpus} CPUs); set launcher.tasks_per_node<={max(part.cpus // max(cpus, 1), 1)}"
-                + (" or lower launcher.cpus_per_task" if cpus > 1 else ""))
+        return (
+            f"launcher.tasks_per_node={tasks} x launcher.cpus_per_task={max(cpus, 1)} exceeds {where} "
+            f"({part.cpus} CPUs); set launcher.tasks_per_node<={max(part.cpus // max(cpus, 1), 1)}"
+            + (" or lower launcher.cpus_per_task" if cpus > 1 else "")
+        )
     mem = float(cfg_get(cfg, "mem_gb", 0) or 0)
     if part.mem_mb and mem * 1024 > part.mem_mb:
-        return (f"launcher.mem_gb={mem:g} exceeds {where} ({part.mem_mb / 1024:.1f} GB); "
-                f"set launcher.mem_gb<={int(part.mem_mb // 1024)}")
+        return (
+            f"launcher.mem_gb={mem:g} exceeds {where} ({part.mem_mb / 1024:.1f} GB); "
+            f"set launcher.mem_gb<={int(part.mem_mb // 1024)}"
+        )
     gpus = int(cfg_get(cfg, "gpus_per_node", 0) or 0)
     if gpus > part.gpus:
         return f"launcher.gpus_per_node={gpus} exceeds {where} ({part.gpus} GPUs); set launcher.gpus_per_node<={part.gpus}"
@@ -152,8 +168,10 @@ def oversized(cfg: Any, sizes: dict[str, PartitionSize], default: str | None) ->
         return f"launcher.nodes={nodes} exceeds partition {name} ({part.nodes} nodes); set launcher.nodes<={part.nodes}"
     minutes = float(cfg_get(cfg, "timeout_min", 0) or 0)
     if part.time_limit_min is not None and minutes > part.time_limit_min:
-        return (f"launcher.timeout_min={minutes:g} exceeds partition {name}'s time limit "
-                f"({part.time_limit_min:g} min); set launcher.timeout_min<={int(part.time_limit_min)}")
+        return (
+            f"launcher.timeout_min={minutes:g} exceeds partition {name}'s time limit "
+            f"({part.time_limit_min:g} min); set launcher.timeout_min<={int(part.time_limit_min)}"
+        )
     return None
 
 
@@ -164,11 +182,17 @@ class SlurmLauncher(Launcher):
 
     def executor(self, cfg: Any, folder: Path) -> submitit.Executor:
         if shutil.which("sbatch") is None:
-            raise UserError("launcher=slurm but `sbatch` is not on PATH: run on a SLURM login node, or use "
-                            "launcher=local (tests: tests/slurm/start.sh starts a one-node cluster)")
+            raise UserError(
+                "launcher=slurm but `sbatch` is not on PATH: run on a SLURM login node, or use "
+                "launcher=local (tests: tests/slurm/start.sh starts a one-node cluster)"
+            )
         python = cfg_get(cfg, "python") or sys.executable
-        ex = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_python=shlex.quote(str(python)),
-                                   slurm_max_num_timeout=int(cfg_get(cfg, "max_num_timeout", 3)))
+        ex = submitit.AutoExecutor(
+            folder=folder,
+            cluster="slurm",
+            slurm_python=shlex.quote(str(python)),
+            slurm_max_num_timeout=int(cfg_get(cfg, "max_num_timeout", 3)),
+        )
         params: dict[str, Any] = {
             "name": str(cfg_get(cfg, "job_name", "entropyrl")),
             "timeout_min": int(cfg_get(cfg, "timeout_min", 240)),
@@ -208,8 +232,7 @@ class SlurmLauncher(Launcher):
         return int(cfg_get(cfg, "cpus_per_task", 0)) or None
 
     def describe(self, cfg: Any) -> str:
-        bits = [f"partition={cfg_get(cfg, 'partition', 'default')}",
-                f"{self.world_size(cfg)} rank(s) per job"]
+        bits = [f"partition={cfg_get(cfg, 'partition', 'default')}", f"{self.world_size(cfg)} rank(s) per job"]
         for key in ("nodes", "gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min", "array_parallelism"):
             if cfg_get(cfg, key):
                 bits.append(f"{key}={cfg[key]}")
@@ -223,8 +246,7 @@ class SlurmLauncher(Launcher):
             return  # the controller does not answer: sbatch will say so
         problem = oversized(cfg, *found)
         if problem:
-            raise UserError(f"{problem} (no job of this sweep could ever start; launcher.check_request=false "
-                            f"submits anyway)")
+            raise UserError(f"{problem} (no job of this sweep could ever start; launcher.check_request=false submits anyway)")
 
     def submit(self, executor: submitit.Executor, callables: Sequence[Any]) -> list[submitit.Job]:
         try:
@@ -233,8 +255,11 @@ class SlurmLauncher(Launcher):
         except FailedJobError as exc:
             lines = [ln.split("error:", 1)[-1].strip() for ln in str(exc).splitlines() if "error:" in ln]
             said = "; ".join(dict.fromkeys(lines)) or str(exc).strip().splitlines()[0][:300]
-            hint = ("is the SLURM controller up? (`sinfo`)" if re.search(r"contact|connect|timed out", said, re.I)
-                    else "check launcher.partition, cpus_per_task, mem_gb, gpus_per_node, additional_parameters")
+            hint = (
+                "is the SLURM controller up? (`sinfo`)"
+                if re.search(r"contact|connect|timed out", said, re.I)
+                else "check launcher.partition, cpus_per_task, mem_gb, gpus_per_node, additional_parameters"
+            )
             raise UserError(f"sbatch refused the sweep's jobs: {said} ({hint})") from None
         return jobs
 
@@ -248,8 +273,12 @@ class SlurmLauncher(Launcher):
         try:
             # by array id: an array cancelled before its tasks were split off is listed as "123" only
             arrays = sorted({i.split("_")[0] for i in ids})
-            out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%r", "-j", ",".join(arrays)],
-                                 capture_output=True, text=True, timeout=30)
+            out = subprocess.run(
+                ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%r", "-j", ",".join(arrays)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         if out.returncode != 0:
@@ -282,12 +311,16 @@ class SlurmLauncher(Launcher):
         if problem:
             return problem
         if reason == "PartitionConfig":
-            return ("the request does not fit partition "
-                    f"{cfg_get(cfg, 'partition', 'default')}'s configuration; change launcher.cpus_per_task, "
-                    f"mem_gb, gpus_per_node, nodes, timeout_min or partition")
+            return (
+                "the request does not fit partition "
+                f"{cfg_get(cfg, 'partition', 'default')}'s configuration; change launcher.cpus_per_task, "
+                f"mem_gb, gpus_per_node, nodes, timeout_min or partition"
+            )
         if reason == "ReqNodeNotAvail":
-            return ("the nodes this job asks for are unavailable (down, drained or reserved); change "
-                    "launcher.partition or launcher.additional_parameters (nodelist/exclude)")
+            return (
+                "the nodes this job asks for are unavailable (down, drained or reserved); change "
+                "launcher.partition or launcher.additional_parameters (nodelist/exclude)"
+            )
         return None  # Resources: waiting for busy nodes
 
     def _sizes(self) -> tuple[dict[str, PartitionSize], str | None] | None:
@@ -303,4 +336,4 @@ class SlurmLauncher(Launcher):
             subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=60)
 
 
-register_launcher(SlurmLauncher())   # its config: conf/launcher/slurm.yaml
+register_launcher(SlurmLauncher())  # its config: conf/launcher/slurm.yaml

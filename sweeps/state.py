@@ -36,15 +36,19 @@ def sweep_file(sweep_dir: Path) -> Path:
 def load_sweep(sweep_dir: Path) -> dict:
     path = sweep_file(sweep_dir)
     if not path.exists():
-        raise UserError(f"{sweep_dir} is not a sweep folder (no {SWEEP_FILE}); pass the folder "
-                        f"`entropyrl sweep` printed, e.g. outputs/sweeps/gate-20260101-120000")
+        raise UserError(
+            f"{sweep_dir} is not a sweep folder (no {SWEEP_FILE}); pass the folder "
+            f"`entropyrl sweep` printed, e.g. outputs/sweeps/gate-20260101-120000"
+        )
     try:
         data = json.loads(path.read_text())
     except ValueError as exc:
         raise UserError(f"{path} is not valid JSON ({exc}); restore it or start a new sweep_dir") from None
     if not isinstance(data, dict) or not data.get("sweep_id") or not isinstance(data.get("jobs"), list):
-        raise UserError(f"{path} holds no sweep (no sweep_id and jobs list: emptied or cut short); restore it, "
-                        f"or start the sweep again with a new sweep_dir")
+        raise UserError(
+            f"{path} holds no sweep (no sweep_id and jobs list: emptied or cut short); restore it, "
+            f"or start the sweep again with a new sweep_dir"
+        )
     return data
 
 
@@ -80,9 +84,9 @@ class JobStatus:
     key: str
     variant: str
     seed: int
-    state: str                    # pending | running | done | failed
-    detail: str                   # e.g. "step 12/40", "SLURM PENDING (requeued)", the error line
-    log: str                      # the most useful log file
+    state: str  # pending | running | done | failed
+    detail: str  # e.g. "step 12/40", "SLURM PENDING (requeued)", the error line
+    log: str  # the most useful log file
     output_dir: str
     scheduler_job_id: str | None = None
     attempt: int = 0
@@ -120,8 +124,7 @@ def log_path(record: dict, output_dir: Path) -> str:
     return str(output_dir / TRAIN_LOG)
 
 
-def job_status(record: dict, queue: dict[str, QueueEntry] | None = None,
-               launcher: Launcher | None = None) -> JobStatus:
+def job_status(record: dict, queue: dict[str, QueueEntry] | None = None, launcher: Launcher | None = None) -> JobStatus:
     """Combine the job's own files, the sweep's record and the launcher's queue into one state.
 
     ``queue``: the launcher's ``queue()`` answer (``None`` = unknown or no queue); ``launcher``: the
@@ -139,8 +142,7 @@ def job_status(record: dict, queue: dict[str, QueueEntry] | None = None,
     label = (launcher.scheduler or launcher.name) if launcher is not None else "scheduler"
 
     def mk(state: str, detail: str) -> JobStatus:
-        return JobStatus(record["key"], record["variant"], int(record["seed"]), state, detail, log, str(out),
-                         sched_id, attempt)
+        return JobStatus(record["key"], record["variant"], int(record["seed"]), state, detail, log, str(out), sched_id, attempt)
 
     state = js.get("state")
     if state == "done":

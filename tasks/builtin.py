@@ -88,11 +88,11 @@ def _answers_multiple(problem: Problem) -> list[str]:
 
 def _countdown_maker(k: int) -> Callable:
     def make(rng: random.Random, cfg) -> Problem:
-        numbers, target = countdown.make_countdown(rng, k, int(cfg.get("max_number", 20)),
-                                                   int(cfg.get("max_target", 99)))
+        numbers, target = countdown.make_countdown(rng, k, int(cfg.get("max_number", 20)), int(cfg.get("max_target", 99)))
         prompt = countdown.prompt(numbers, target)
         # the reference answer: one solution path, drawn from all of them
         return Problem(f"countdown{k}", prompt, rng.choice(countdown.solutions(numbers, target)), (*numbers, target))
+
     return make
 
 

@@ -22,8 +22,8 @@ import re
 from collections import Counter
 from functools import lru_cache
 
-MAX_RESPONSE_CHARS = 80          # longer text is malformed (a 4-number chain is <= 35 characters)
-MAX_VALUE = 999                  # numbers have at most 3 digits
+MAX_RESPONSE_CHARS = 80  # longer text is malformed (a 4-number chain is <= 35 characters)
+MAX_VALUE = 999  # numbers have at most 3 digits
 _STEP = re.compile(r"(\d{1,3})([+-])(\d{1,3})=(\d{1,3})")
 STEP_SEP = ":"
 _CHAIN = re.compile(r"\d{1,3}[+-]\d{1,3}=\d{1,3}(?::\d{1,3}[+-]\d{1,3}=\d{1,3})*")
@@ -41,7 +41,7 @@ def parse_chain(response: str) -> list[tuple[int, str, int, int]] | None:
         m = _STEP.fullmatch(part)
         a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
         if str(a) != m.group(1) or str(b) != m.group(3) or str(c) != m.group(4):
-            return None      # leading zeros: "07" would be a second spelling of 7
+            return None  # leading zeros: "07" would be a second spelling of 7
         steps.append((a, op, b, c))
     return steps
 
@@ -56,10 +56,10 @@ def verify_countdown(numbers: tuple[int, ...], target: int, response: str) -> fl
         pool[a] -= 1
         pool[b] -= 1
         if pool[a] < 0 or pool[b] < 0:
-            return 0.0                       # a number used that is not (or no longer) available
+            return 0.0  # a number used that is not (or no longer) available
         value = a + b if op == "+" else a - b
         if value != c or value < 0:
-            return 0.0                       # wrong arithmetic, or a negative intermediate
+            return 0.0  # wrong arithmetic, or a negative intermediate
         pool[c] += 1
     return float(steps[-1][3] == target)
 
@@ -90,8 +90,7 @@ def solutions(numbers: tuple[int, ...], target: int, limit: int = 24) -> tuple[s
     return tuple(found)
 
 
-def make_countdown(rng: random.Random, k: int, max_number: int, max_target: int = 99
-                   ) -> tuple[tuple[int, ...], int]:
+def make_countdown(rng: random.Random, k: int, max_number: int, max_target: int = 99) -> tuple[tuple[int, ...], int]:
     """``(numbers, target)``: ``k`` numbers in [1, max_number] and a target in [1, max_target] reached
     by combining all of them (so a solution exists), not equal to any single number."""
     while True:
@@ -118,7 +117,7 @@ def wrong_chain(numbers: tuple[int, ...], target: int, rng: random.Random) -> st
             steps.append(f"{value}{op}{x}={nxt}")
             value = nxt
         text = STEP_SEP.join(steps)
-        if rng.random() < 0.3:       # an arithmetic slip
+        if rng.random() < 0.3:  # an arithmetic slip
             slip = value + rng.choice([-2, -1, 1, 2, 10])
             if slip >= 0:
                 text = text.rsplit("=", 1)[0] + f"={slip}"

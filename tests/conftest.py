@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-GOLDEN = REPO / "tests" / "golden"              # see tests/golden/README.md
-PACKAGED_DATA = REPO / "data" / "benchmarks"    # the benchmark files shipped with the package
-VERL_FIXTURES = REPO / "tests" / "fixtures" / "verl"   # see tests/fixtures/README.md
+GOLDEN = REPO / "tests" / "golden"  # see tests/golden/README.md
+PACKAGED_DATA = REPO / "data" / "benchmarks"  # the benchmark files shipped with the package
+VERL_FIXTURES = REPO / "tests" / "fixtures" / "verl"  # see tests/fixtures/README.md
 
 # One warm-started tiny model per test session, outside the user's cache (set before any import
 # of entropyrl so subprocesses inherit it).
@@ -57,8 +57,13 @@ def in_tmp(tmp_path, monkeypatch) -> Path:
 
 # Small but real runs: the embedded model, a few steps, tiny batches.
 FAST_TRAIN = [
-    "trainer.total_steps=4", "trainer.prompts_per_step=8", "trainer.mini_batch_prompts=4",
-    "trainer.val_every=2", "trainer.save_every=2", "val.prompts=16", "trainer.progress=false",
+    "trainer.total_steps=4",
+    "trainer.prompts_per_step=8",
+    "trainer.mini_batch_prompts=4",
+    "trainer.val_every=2",
+    "trainer.save_every=2",
+    "val.prompts=16",
+    "trainer.progress=false",
 ]
 
 
@@ -92,4 +97,3 @@ def _no_leaked_thread_env():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-

@@ -14,10 +14,16 @@ from entropyrl.trainers.trainer import train
 
 QUADRANT_KEYS = [f"quadrant/q{q}/{k}" for q in range(1, 5) for k in ("share", "pred_dH")]
 BASE_KEYS = ["entropy", "reward/mean", "acc/mean", "response_length/mean", "loss/policy", "clip/frac", *QUADRANT_KEYS]
-NEW_METHODS = ["ce_gppo", "entropic", "aent", "siren", "archer", "entropy_adv", "gtpo", "lp_reg",
-               "gspo", "gmpo", "cispo", "sapo"]
-SHORT = ["trainer.total_steps=2", "trainer.prompts_per_step=8", "trainer.mini_batch_prompts=4",
-         "trainer.val_every=0", "trainer.save_every=0", "trainer.progress=false", "tracking.enabled=false"]
+NEW_METHODS = ["ce_gppo", "entropic", "aent", "siren", "archer", "entropy_adv", "gtpo", "lp_reg", "gspo", "gmpo", "cispo", "sapo"]
+SHORT = [
+    "trainer.total_steps=2",
+    "trainer.prompts_per_step=8",
+    "trainer.mini_batch_prompts=4",
+    "trainer.val_every=0",
+    "trainer.save_every=0",
+    "trainer.progress=false",
+    "tracking.enabled=false",
+]
 
 
 def rows(path) -> list[dict]:
@@ -32,7 +38,7 @@ def test_every_algo_runs_and_logs_its_metrics(algo, in_tmp):
     assert summary["status"] == "FINISHED" and summary["steps"] == 2
     expected = list(BASE_KEYS)
     for name in cfg.algo.interventions:
-        expected += INTERVENTIONS[name].logged_metrics     # what the intervention declares it logs
+        expected += INTERVENTIONS[name].logged_metrics  # what the intervention declares it logs
     for row in rows(in_tmp / "run"):
         for key in expected:
             assert row.get(key) is not None and math.isfinite(row[key]), (algo, key, row)
@@ -46,13 +52,27 @@ def test_every_algo_runs_and_logs_its_metrics(algo, in_tmp):
 def test_new_methods_train_on_the_lab_task(method, in_tmp):
     """Every method trains on the lab task (experiment=lab_<method>, countdown) and logs its state."""
     # a 40-step warm start (the lab's is 1000, a cold build of minutes): one small cached model for all methods
-    cfg = compose("train", [f"experiment=lab_{method}", *SHORT, "trainer.total_steps=2", "val.prompts=0",
-                            "model.warm_start.steps=40", "diagnostics.entropy_change=false", "output_dir=run"])
+    cfg = compose(
+        "train",
+        [
+            f"experiment=lab_{method}",
+            *SHORT,
+            "trainer.total_steps=2",
+            "val.prompts=0",
+            "model.warm_start.steps=40",
+            "diagnostics.entropy_change=false",
+            "output_dir=run",
+        ],
+    )
     summary = train(cfg, log=lambda *_: None)
     assert summary["status"] == "FINISHED" and summary["steps"] == 2
     assert cfg.algo.name == method
     for row in rows(in_tmp / "run"):
-        for key in ["entropy", "loss/policy", *(k for name in cfg.algo.interventions for k in INTERVENTIONS[name].logged_metrics)]:
+        for key in [
+            "entropy",
+            "loss/policy",
+            *(k for name in cfg.algo.interventions for k in INTERVENTIONS[name].logged_metrics),
+        ]:
             assert row.get(key) is not None and math.isfinite(row[key]), (method, key)
 
 
@@ -60,10 +80,22 @@ def test_new_methods_train_on_the_lab_task(method, in_tmp):
 def test_stare_gate_opens_when_entropy_falls_below_target(in_tmp):
     # The warm-started policy starts near 1.1 nats and GRPO-style updates bring it down within a few
     # steps, so a 0.8 target is crossed mid-run: the gate must be closed before and open after.
-    cfg = compose("train", ["algo=stare", "algo.stare.h_tgt=0.8", "trainer.total_steps=12", "optim.lr=1e-3",
-                            "trainer.prompts_per_step=16", "trainer.mini_batch_prompts=8", "trainer.val_every=0",
-                            "trainer.save_every=0", "trainer.progress=false", "tracking.enabled=false",
-                            "output_dir=run"])
+    cfg = compose(
+        "train",
+        [
+            "algo=stare",
+            "algo.stare.h_tgt=0.8",
+            "trainer.total_steps=12",
+            "optim.lr=1e-3",
+            "trainer.prompts_per_step=16",
+            "trainer.mini_batch_prompts=8",
+            "trainer.val_every=0",
+            "trainer.save_every=0",
+            "trainer.progress=false",
+            "tracking.enabled=false",
+            "output_dir=run",
+        ],
+    )
     train(cfg, log=lambda *_: None)
     history = rows(in_tmp / "run")
     for row in history:
@@ -95,15 +127,15 @@ def test_siren_anchors_on_the_first_steps_whole_batch(tmp_path):
 
     anchors = {}
     for micro in (4, 256):
-        cfg = compose("train", ["algo=siren", *SHORT, f"trainer.micro_batch_responses={micro}",
-                                f"output_dir={tmp_path / str(micro)}"])
+        cfg = compose(
+            "train", ["algo=siren", *SHORT, f"trainer.micro_batch_responses={micro}", f"output_dir={tmp_path / str(micro)}"]
+        )
         trainer = GRPOTrainer(cfg, log=lambda *_: None)
         try:
             collected = trainer.collect()
             roll = collected[0].responses
             iv = trainer.algo.interventions[0]
-            _, _, stats = batch_token_stats(trainer.model, roll, 256, vocab_stats=iv.vocab_stats(),
-                                            **trainer._stats_kwargs())
+            _, _, stats = batch_token_stats(trainer.model, roll, 256, vocab_stats=iv.vocab_stats(), **trainer._stats_kwargs())
             h, mask = stats[KEY].double(), roll.response_mask.double()
             m1 = peak_mask(h, mask, iv.params.quantile)
             want = float(seq_mean_token_mean(torch.where(m1, h, torch.zeros_like(h)), m1.double()))
@@ -113,6 +145,6 @@ def test_siren_anchors_on_the_first_steps_whole_batch(tmp_path):
         finally:
             trainer.close()
         assert first["siren/anchor"] == pytest.approx(want, rel=1e-6)
-        assert second["siren/anchor"] == first["siren/anchor"]      # taken once
+        assert second["siren/anchor"] == first["siren/anchor"]  # taken once
         anchors[micro] = first["siren/anchor"]
     assert anchors[4] == pytest.approx(anchors[256], rel=1e-6)

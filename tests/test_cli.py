@@ -29,11 +29,13 @@ def test_quick_help_lists_the_commands_the_app_registers_and_imports_no_framewor
 
     registered = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
     assert set(COMMANDS) == registered
-    probe = ("import sys; from entropyrl.cli.main import main; main(['--help']); main(['train', '--help']); "
-             "print(sorted(m for m in ('typer', 'rich', 'click', 'hydra', 'omegaconf') if m in sys.modules))")
+    probe = (
+        "import sys; from entropyrl.cli.main import main; main(['--help']); main(['train', '--help']); "
+        "print(sorted(m for m in ('typer', 'rich', 'click', 'hydra', 'omegaconf') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
-    eval_help = run_cli("eval", "--help").stdout                      # Typer's, with its options
+    eval_help = run_cli("eval", "--help").stdout  # Typer's, with its options
     assert "Usage:" in eval_help and "eval" in eval_help and "--help" in eval_help
 
 
@@ -41,20 +43,22 @@ def test_train_help_lists_groups_and_options():
     out = run_cli("train", "--help")
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
-    for fragment in ("algo:", "grpo", "dapo", "model:", "tiny", "data:", "toy", "rollout:", "hf",
-                     "tracking:", "mlflow"):
+    for fragment in ("algo:", "grpo", "dapo", "model:", "tiny", "data:", "toy", "rollout:", "hf", "tracking:", "mlflow"):
         assert fragment in text
-    assert "launcher:" not in text          # launchers are the sweep's
+    assert "launcher:" not in text  # launchers are the sweep's
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["train", "algo=nope"], "unknown algo=nope"),
-    (["train", "model=gpt9"], "unknown model=gpt9"),
-    (["train", "trainer.no_such_key=1"], "unknown config key 'trainer.no_such_key'"),
-    (["train", "trainer.total_steps"], "write overrides as key=value"),
-    (["config", "show", "rollout=nope"], "unknown rollout=nope"),
-    (["train", "launcher=slurm"], "launcher=slurm is for sweeps"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["train", "algo=nope"], "unknown algo=nope"),
+        (["train", "model=gpt9"], "unknown model=gpt9"),
+        (["train", "trainer.no_such_key=1"], "unknown config key 'trainer.no_such_key'"),
+        (["train", "trainer.total_steps"], "write overrides as key=value"),
+        (["config", "show", "rollout=nope"], "unknown rollout=nope"),
+        (["train", "launcher=slurm"], "launcher=slurm is for sweeps"),
+    ],
+)
 def test_bad_overrides_give_one_line_errors(args, expected, tmp_path):
     out = run_cli(*args, cwd=tmp_path)
     assert out.returncode == 2

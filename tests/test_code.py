@@ -21,8 +21,7 @@ FAST_TINY = ["model=tiny", "model.warm_start.steps=3", "model.warm_start.batch_s
 
 
 def run_cli(*args, cwd=None, timeout=600):
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          env=dict(os.environ), timeout=timeout)
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=dict(os.environ), timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +68,8 @@ def test_each_problems_tests_fail_on_another_problems_solution(humaneval, pool):
 
 
 def test_programs_from_fenced_blocks_whole_functions_and_completions(humaneval, pool):
-    p = next(q for q in humaneval if q.id == "HumanEval/2")       # truncate_number
-    body = p.canonical                                             # "    return number % 1.0\n"
+    p = next(q for q in humaneval if q.id == "HumanEval/2")  # truncate_number
+    body = p.canonical  # "    return number % 1.0\n"
     whole = "def truncate_number(number: float) -> float:\n" + body
     responses = {
         "completion": body,
@@ -81,7 +80,12 @@ def test_programs_from_fenced_blocks_whole_functions_and_completions(humaneval, 
     }
     graded = dict(zip(responses, grade_code([p] * len(responses), list(responses.values()), pool)))
     assert {k: r.passed for k, (_, r) in graded.items()} == {
-        "completion": True, "fenced": True, "whole_function": True, "fenced_wrong": False, "prose": False}
+        "completion": True,
+        "fenced": True,
+        "whole_function": True,
+        "fenced_wrong": False,
+        "prose": False,
+    }
     program = graded["fenced"][0]
     assert program.startswith(p.prompt.rstrip()) and "It returns" not in program
     assert graded["fenced_wrong"][1].reason == "fail" and graded["prose"][1].reason == "error"
@@ -92,26 +96,57 @@ def test_fraction_of_asserts_from_check(humaneval, pool):
     parts = split_check(p.test)
     assert parts and len(parts) == p.test.count("assert candidate")
     # Always True: right on the "== True" asserts only.
-    res = pool.map([job_for(p, p.prompt + "    return True\n", "fraction"),
-                    job_for(p, p.prompt + p.canonical, "fraction")])
+    res = pool.map([job_for(p, p.prompt + "    return True\n", "fraction"), job_for(p, p.prompt + p.canonical, "fraction")])
     assert 0.0 < res[0].fraction < 1.0 and not res[0].passed
     assert res[1].passed and res[1].fraction == 1.0 and res[1].tests_total == len(parts)
 
 
 def test_mbpp_and_livecodebench_layouts(pool):
-    mbpp = rows_to_code_problems([{"task_id": 11, "text": "Add one to x.", "code": "def add1(x):\n    return x + 1",
-                                   "test_list": ["assert add1(1) == 2", "assert add1(-1) == 0"], "test_setup_code": ""}])
-    stdio = rows_to_code_problems([{"question_id": "abc1", "question_content": "Print the sum of two ints.",
-                                    "public_test_cases": json.dumps([{"input": "1 2\n", "output": "3\n", "testtype": "stdin"},
-                                                                     {"input": "5 5\n", "output": "10\n", "testtype": "stdin"}]),
-                                    "metadata": "{}"}])
-    functional = rows_to_code_problems([{"question_id": "lc1", "question_content": "Double it.", "starter_code": "class Solution:",
-                                         "public_test_cases": [{"input": "3", "output": "6", "testtype": "functional"}],
-                                         "metadata": {"func_name": "double"}}])
+    mbpp = rows_to_code_problems(
+        [
+            {
+                "task_id": 11,
+                "text": "Add one to x.",
+                "code": "def add1(x):\n    return x + 1",
+                "test_list": ["assert add1(1) == 2", "assert add1(-1) == 0"],
+                "test_setup_code": "",
+            }
+        ]
+    )
+    stdio = rows_to_code_problems(
+        [
+            {
+                "question_id": "abc1",
+                "question_content": "Print the sum of two ints.",
+                "public_test_cases": json.dumps(
+                    [
+                        {"input": "1 2\n", "output": "3\n", "testtype": "stdin"},
+                        {"input": "5 5\n", "output": "10\n", "testtype": "stdin"},
+                    ]
+                ),
+                "metadata": "{}",
+            }
+        ]
+    )
+    functional = rows_to_code_problems(
+        [
+            {
+                "question_id": "lc1",
+                "question_content": "Double it.",
+                "starter_code": "class Solution:",
+                "public_test_cases": [{"input": "3", "output": "6", "testtype": "functional"}],
+                "metadata": {"func_name": "double"},
+            }
+        ]
+    )
     problems = [mbpp[0], mbpp[0], stdio[0], stdio[0], functional[0]]
-    responses = ["```python\ndef add1(x):\n    return x + 1\n```", "def add1(x):\n    return x\n",
-                 "```python\na, b = map(int, input().split())\nprint(a + b)\n```", "print(3)",
-                 "```python\nclass Solution:\n    def double(self, x):\n        return 2 * x\n```"]
+    responses = [
+        "```python\ndef add1(x):\n    return x + 1\n```",
+        "def add1(x):\n    return x\n",
+        "```python\na, b = map(int, input().split())\nprint(a + b)\n```",
+        "print(3)",
+        "```python\nclass Solution:\n    def double(self, x):\n        return 2 * x\n```",
+    ]
     verdicts = [r for _, r in grade_code(problems, responses, pool)]
     assert [v.passed for v in verdicts] == [True, False, True, False, True]
     assert verdicts[3].tests_passed == 1 and verdicts[3].tests_total == 2
@@ -131,7 +166,7 @@ def test_grade_cli_grades_code_rows(tmp_path, humaneval):
         {"benchmark": "humaneval", "id": "HumanEval/2", "response": "```python\ndef truncate_number(n):\n    return 0\n```"},
         {"benchmark": "humaneval", "id": 2, "response": "import os\nos._exit(0)\n"},
         {"benchmark": "humaneval", "id": "HumanEval/999", "response": "x"},
-        {"response": "\\boxed{4}", "answer": "4"},                                 # a math row beside them
+        {"response": "\\boxed{4}", "answer": "4"},  # a math row beside them
     ]
     src = tmp_path / "rows.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -154,8 +189,10 @@ def test_eval_humaneval_with_the_tiny_model(tmp_path):
     assert bench["problems"] == 5 and bench["n_samples"] == 2 and set(bench["metrics"]) == {"avg@2", "pass@1"}
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 10
-    assert all(s["reason"] in ("pass", "fail", "error", "timeout", "memory", "output_limit", "killed")
-               and "program" in s for s in samples)
+    assert all(
+        s["reason"] in ("pass", "fail", "error", "timeout", "memory", "output_limit", "killed") and "program" in s
+        for s in samples
+    )
     assert bench["metrics"]["avg@2"] == pytest.approx(sum(s["correct"] for s in samples) / 10)
     # `grade` reads eval's own samples.jsonl (problem_id, not id) and agrees with it
     regraded = run_cli("grade", "run/samples.jsonl", "--out", "regraded.jsonl", cwd=tmp_path)
@@ -172,10 +209,18 @@ def test_eval_humaneval_with_the_tiny_model(tmp_path):
 # --- training on code ------------------------------------------------------------------------
 
 TASKS = [
-    {"task_id": "t/0", "prompt": "def inc(x):\n", "entry_point": "inc",
-     "test": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(5) == 6\n    assert candidate(-1) == 0\n"},
-    {"task_id": "t/1", "prompt": "def sq(x):\n", "entry_point": "sq",
-     "test": "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(0) == 0\n"},
+    {
+        "task_id": "t/0",
+        "prompt": "def inc(x):\n",
+        "entry_point": "inc",
+        "test": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(5) == 6\n    assert candidate(-1) == 0\n",
+    },
+    {
+        "task_id": "t/1",
+        "prompt": "def sq(x):\n",
+        "entry_point": "sq",
+        "test": "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(0) == 0\n",
+    },
 ]
 
 
@@ -190,8 +235,16 @@ def _source(task_file, reward):
     from entropyrl.conf import compose
     from entropyrl.trainers.data.prompts_source import build_prompt_source
 
-    cfg = compose("train", ["data=humaneval_code", f"data.path={task_file}", f"data.reward={reward}",
-                            "data.sandbox.workers=2", "data.sandbox.wall_seconds=3"])
+    cfg = compose(
+        "train",
+        [
+            "data=humaneval_code",
+            f"data.path={task_file}",
+            f"data.reward={reward}",
+            "data.sandbox.workers=2",
+            "data.sandbox.wall_seconds=3",
+        ],
+    )
     return build_prompt_source(cfg.data, seed=0, tokenizer=None)
 
 
@@ -199,8 +252,13 @@ def test_code_source_rewards_scripted_responses(task_file):
     src = _source(task_file, "pass_all")
     inc, sq = sorted(src.sample(2, step=0), key=lambda p: p.id)
     assert src.prompt(inc) == "def inc(x):\n"
-    responses = ["    return x + 1\n", "    return 1\n", "    return x * x\n", "import os\nos._exit(0)\n",
-                 "    while True:\n        pass\n"]
+    responses = [
+        "    return x + 1\n",
+        "    return 1\n",
+        "    return x * x\n",
+        "import os\nos._exit(0)\n",
+        "    while True:\n        pass\n",
+    ]
     rewards = src.rewards([inc, inc, sq, sq, sq], responses)
     assert rewards == [1.0, 0.0, 1.0, 0.0, 0.0]
     frac = _source(task_file, "fraction")
@@ -213,10 +271,24 @@ def test_code_source_rewards_scripted_responses(task_file):
 def test_train_on_code_tasks_with_the_tiny_model(task_file, tmp_path):
     # The embedded model cannot write code (every reward is 0); this runs the whole loop:
     # prompts, rollouts, sandboxed rewards, advantages, an update, metrics and MLflow.
-    out = run_cli("train", *FAST_TINY, "data=humaneval_code", f"data.path={task_file}", "data.sandbox.workers=2",
-                  "trainer.total_steps=2", "trainer.prompts_per_step=2", "trainer.mini_batch_prompts=2",
-                  "rollout.n=2", "trainer.val_every=0", "val.prompts=0", "trainer.save_every=0",
-                  "trainer.progress=false", "trainer.threads=1", "output_dir=run", cwd=tmp_path)
+    out = run_cli(
+        "train",
+        *FAST_TINY,
+        "data=humaneval_code",
+        f"data.path={task_file}",
+        "data.sandbox.workers=2",
+        "trainer.total_steps=2",
+        "trainer.prompts_per_step=2",
+        "trainer.mini_batch_prompts=2",
+        "rollout.n=2",
+        "trainer.val_every=0",
+        "val.prompts=0",
+        "trainer.save_every=0",
+        "trainer.progress=false",
+        "trainer.threads=1",
+        "output_dir=run",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows][-1] == 2 and all("reward/mean" in r for r in rows)
@@ -226,8 +298,8 @@ def test_programs_cannot_redefine_the_checker_or_the_function_under_test(humanev
     p = next(q for q in humaneval if q.id == "HumanEval/2")
     wrong = "    return 0.0\n"
     cheats = [
-        wrong + "\ndef check(candidate):\n    pass\n",                                  # its own check()
-        wrong + "\nimport builtins\nbuiltins.exec = lambda *a, **k: None\n",            # disarm exec
+        wrong + "\ndef check(candidate):\n    pass\n",  # its own check()
+        wrong + "\nimport builtins\nbuiltins.exec = lambda *a, **k: None\n",  # disarm exec
         wrong + "\nimport sys\nsys.modules['builtins'].AssertionError = KeyboardInterrupt\n",
     ]
     verdicts = [r for _, r in grade_code([p] * len(cheats), cheats, pool)]
@@ -242,8 +314,7 @@ def test_builtin_code_reward_entry_grades_in_the_sandbox_beside_a_user_function(
     inc, sq = sorted(src.sample(2, step=0), key=lambda p: p.id)
     user = tmp_path / "short.py"
     user.write_text("def short(responses, **_):\n    return [float(len(r) < 20) for r in responses]\n")
-    runner = RewardRunner({"functions": [{"fn": "builtin:code", "weight": 1.0},
-                                         {"fn": f"{user}:short", "weight": 0.5}]}, None)
+    runner = RewardRunner({"functions": [{"fn": "builtin:code", "weight": 1.0}, {"fn": f"{user}:short", "weight": 0.5}]}, None)
     runner.bind(src)
     responses = ["    return x + 1\n", "    return 1\n", "    return x * x\n"]
     batch = runner.score([inc, inc, sq], ["p"] * 3, responses, [0, 0, 1])

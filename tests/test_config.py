@@ -54,4 +54,4 @@ def test_train_has_no_launcher_and_says_launchers_are_for_sweeps(override):
     assert "launcher" not in compose("train")
     with pytest.raises(UserError, match=r"is for sweeps: launchers are for `entropyrl sweep`"):
         compose("train", [override])
-    assert compose("sweep", ["launcher=slurm"], validate=False).launcher.name == "slurm"   # the sweep keeps its group
+    assert compose("sweep", ["launcher=slurm"], validate=False).launcher.name == "slurm"  # the sweep keeps its group

@@ -13,13 +13,16 @@ from entropyrl.conf import compose
 from entropyrl.core.errors import UserError
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["trainer.total_step=5"], "unknown config key 'trainer.total_step' (did you mean `trainer.total_steps`?)"),
-    (["+trainer.total_step=5"], "+trainer.total_step adds a key that nothing reads (did you mean `trainer.total_steps`?)"),
-    (["algo.stare.p=0.2"], "algo.stare.p=0.2 sets a parameter of the stare intervention, which algo=grpo does not apply"),
-    (["algo=dapo", "algo.steer.lambda_min=0.5"], "which algo=dapo does not apply"),
-    (["algo.interventions=[stareX]"], "unknown algo.interventions entry=stareX; valid: "),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.total_step=5"], "unknown config key 'trainer.total_step' (did you mean `trainer.total_steps`?)"),
+        (["+trainer.total_step=5"], "+trainer.total_step adds a key that nothing reads (did you mean `trainer.total_steps`?)"),
+        (["algo.stare.p=0.2"], "algo.stare.p=0.2 sets a parameter of the stare intervention, which algo=grpo does not apply"),
+        (["algo=dapo", "algo.steer.lambda_min=0.5"], "which algo=dapo does not apply"),
+        (["algo.interventions=[stareX]"], "unknown algo.interventions entry=stareX; valid: "),
+    ],
+)
 def test_advice_names_the_fix(overrides, message):
     with pytest.raises(UserError, match=re.escape(message)) as info:
         compose("train", overrides)
@@ -30,4 +33,4 @@ def test_parameters_of_an_applied_intervention_and_new_keys_still_compose():
     assert compose("train", ["algo=stare", "algo.stare.p=0.2"]).algo.stare.p == 0.2
     cfg = compose("train", ["algo.interventions=[entropy_bonus]", "algo.entropy_bonus.coef=0.01"])
     assert cfg.algo.entropy_bonus.coef == 0.01
-    assert compose("train", ["+val.my_note=1"]).val.my_note == 1        # far from any key: allowed
+    assert compose("train", ["+val.my_note=1"]).val.my_note == 1  # far from any key: allowed

@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 # strategies
 # ------------------------------------------------------------------------------------------
 
+
 @st.composite
 def grouped_rewards(draw, max_groups=4, max_size=5):
     sizes = draw(st.lists(st.integers(1, max_size), min_size=1, max_size=max_groups))
@@ -46,6 +47,7 @@ def groups_of(ids):
 # ------------------------------------------------------------------------------------------
 # advantages vs a per-group Python reference
 # ------------------------------------------------------------------------------------------
+
 
 def reference_adv(name, r, ids, mask):
     r = r.tolist()
@@ -89,7 +91,7 @@ def test_grpo_group_of_one_and_permutation():
     ids = torch.tensor([5, 9, 9, 2])
     mask = torch.ones(4, 2)
     adv = ca.compute_advantages("grpo", r, ids, mask)[:, 0]
-    assert adv[0].item() == pytest.approx(1.0 / (1 + 1e-6))   # group of one: mean 0, std 1
+    assert adv[0].item() == pytest.approx(1.0 / (1 + 1e-6))  # group of one: mean 0, std 1
     assert adv[3].item() == pytest.approx(3.0 / (1 + 1e-6))
     perm = torch.tensor([2, 0, 3, 1])
     torch.testing.assert_close(ca.compute_advantages("grpo", r[perm], ids[perm], mask)[:, 0], adv[perm])
@@ -103,6 +105,7 @@ def test_unknown_advantage_is_user_error():
 # ------------------------------------------------------------------------------------------
 # clipped surrogate
 # ------------------------------------------------------------------------------------------
+
 
 def reference_surrogate(lp, old, a, lo, hi, c):
     lr = max(-20.0, min(20.0, lp - old))
@@ -118,8 +121,12 @@ finite = st.floats(-3.0, 3.0, allow_nan=False, allow_subnormal=False)  # a subno
 
 
 @settings(max_examples=40, deadline=None)
-@given(vals=st.lists(st.tuples(st.floats(-6, 0), st.floats(-6, 0), finite), min_size=1, max_size=12),
-       lo=st.sampled_from([0.2, 0.1, 1.0]), hi=st.sampled_from([0.2, 0.28]), c=st.sampled_from([3.0, 10.0, None]))
+@given(
+    vals=st.lists(st.tuples(st.floats(-6, 0), st.floats(-6, 0), finite), min_size=1, max_size=12),
+    lo=st.sampled_from([0.2, 0.1, 1.0]),
+    hi=st.sampled_from([0.2, 0.28]),
+    c=st.sampled_from([3.0, 10.0, None]),
+)
 def test_clipped_surrogate_matches_reference(vals, lo, hi, c):
     lp = torch.tensor([[v[0] for v in vals]], dtype=torch.float64)
     old = torch.tensor([[v[1] for v in vals]], dtype=torch.float64)
@@ -147,6 +154,7 @@ def test_dual_clip_caps_negative_advantage_loss():
 # aggregation, KL, entropy bonus
 # ------------------------------------------------------------------------------------------
 
+
 @settings(max_examples=30, deadline=None)
 @given(rows=st.lists(st.lists(st.tuples(finite, st.booleans()), min_size=4, max_size=4), min_size=1, max_size=5))
 def test_aggregations_match_reference(rows):
@@ -159,7 +167,8 @@ def test_aggregations_match_reference(rows):
     assert ca.agg_loss(loss, mask, "token-mean").item() == pytest.approx(tm, abs=1e-12)
     assert ca.agg_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx(smtm, abs=1e-12)
     assert ca.agg_loss(loss, mask, "seq-mean-token-sum-norm", norm=9).item() == pytest.approx(
-        sum(x for x, _ in valid) / 9, abs=1e-12)
+        sum(x for x, _ in valid) / 9, abs=1e-12
+    )
 
 
 def test_unknown_aggregation_is_user_error():
@@ -189,6 +198,7 @@ def test_entropy_bonus_term():
 # DAPO pieces, selection count
 # ------------------------------------------------------------------------------------------
 
+
 def test_filter_all_equal_groups():
     r = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0])
     ids = torch.tensor([0, 0, 1, 1, 2, 2, 3])
@@ -202,9 +212,21 @@ def test_overlong_penalty_edges():
         ca.overlong_penalty(torch.tensor([1]), 10, 0)
 
 
-@pytest.mark.parametrize("n,frac,k", [(0, 0.1, 0), (10, 0.0, 0), (10, 0.3, 3), (12, 0.3, 4), (18, 0.3, 6),
-                                      (10, 0.7, 7), (100, 0.07, 7),  # 100 * 0.07 = 7.000000000000001
-                                      (3, 0.1, 1), (5, 1.0, 5), (5, 2.0, 5)])
+@pytest.mark.parametrize(
+    "n,frac,k",
+    [
+        (0, 0.1, 0),
+        (10, 0.0, 0),
+        (10, 0.3, 3),
+        (12, 0.3, 4),
+        (18, 0.3, 6),
+        (10, 0.7, 7),
+        (100, 0.07, 7),  # 100 * 0.07 = 7.000000000000001
+        (3, 0.1, 1),
+        (5, 1.0, 5),
+        (5, 2.0, 5),
+    ],
+)
 def test_selection_count(n, frac, k):
     assert ca.selection_count(n, frac) == k
 
@@ -212,6 +234,7 @@ def test_selection_count(n, frac, k):
 # ------------------------------------------------------------------------------------------
 # the Algorithm facade
 # ------------------------------------------------------------------------------------------
+
 
 def batch(seed=0, B=6, T=5):
     g = torch.Generator().manual_seed(seed)
@@ -226,18 +249,21 @@ def batch(seed=0, B=6, T=5):
     return dict(logp=lp, old_logp=old, entropy=ent, advantages=adv, mask=mask)
 
 
-@pytest.mark.parametrize("cfg,match", [
-    ({"advantage": "gpro"}, "unknown algo.advantage=gpro; valid: "),
-    ({"loss_agg": "mean"}, "unknown algo.loss_agg=mean; valid: "),
-    ({"interventions": ["stare", "nope"]}, "unknown algo.interventions entry=nope; valid: .*stare"),
-    ({"interventions": ["stare", "stare"]}, "more than once"),
-    ({"interventions": ["stare"], "stare": {"pp": 0.2}}, "algo.stare.pp.*valid keys"),
-    ({"interventions": ["stare"], "stare": {"p": "x"}}, "must be a number"),
-    ({"interventions": ["stare"], "stare": {"scope": "everywhere"}}, "scope"),
-    ({"interventions": ["steer"], "steer": {"mapping": "cubic"}}, "exp, linear"),
-    ({"clip": {"dual_c": 0.5}}, "dual_c"),
-    ({"overlong": {"enabled": True, "buffer": 50}}, "buffer"),
-])
+@pytest.mark.parametrize(
+    "cfg,match",
+    [
+        ({"advantage": "gpro"}, "unknown algo.advantage=gpro; valid: "),
+        ({"loss_agg": "mean"}, "unknown algo.loss_agg=mean; valid: "),
+        ({"interventions": ["stare", "nope"]}, "unknown algo.interventions entry=nope; valid: .*stare"),
+        ({"interventions": ["stare", "stare"]}, "more than once"),
+        ({"interventions": ["stare"], "stare": {"pp": 0.2}}, "algo.stare.pp.*valid keys"),
+        ({"interventions": ["stare"], "stare": {"p": "x"}}, "must be a number"),
+        ({"interventions": ["stare"], "stare": {"scope": "everywhere"}}, "scope"),
+        ({"interventions": ["steer"], "steer": {"mapping": "cubic"}}, "exp, linear"),
+        ({"clip": {"dual_c": 0.5}}, "dual_c"),
+        ({"overlong": {"enabled": True, "buffer": 50}}, "buffer"),
+    ],
+)
 def test_bad_config_is_one_line_user_error(cfg, match):
     with pytest.raises(UserError, match=match) as exc:
         Algorithm.from_config(cfg, max_response_length=8)
@@ -251,8 +277,10 @@ def test_shape_rewards_and_keep_groups_follow_config():
     off = Algorithm.from_config({}, max_response_length=8)
     assert torch.equal(off.shape_rewards(r, lengths), r)
     assert off.keep_groups(r, ids).all()
-    on = Algorithm.from_config({"dynamic_sampling": {"enabled": True, "max_num_gen_batches": 3},
-                                "overlong": {"enabled": True, "buffer": 2}}, max_response_length=8)
+    on = Algorithm.from_config(
+        {"dynamic_sampling": {"enabled": True, "max_num_gen_batches": 3}, "overlong": {"enabled": True, "buffer": 2}},
+        max_response_length=8,
+    )
     assert on.max_num_gen_batches == 3
     assert on.shape_rewards(r, lengths).tolist() == pytest.approx([1.0, 0.5, -1.0, 0.0])
     assert on.keep_groups(r, ids).tolist() == [False, False, True, True]
@@ -300,9 +328,25 @@ def test_state_dict_roundtrip_is_json():
 
 def test_every_algo_option_composes_and_builds():
     from entropyrl.conf import compose
+
     names = sorted(p.stem for p in (REPO / "conf" / "algo").glob("*.yaml"))
-    assert {"grpo", "dapo", "drgrpo", "rloo", "opo", "stare", "stare_c2", "stare_adaptive", "steer", "steer_linear",
-            "clip_cov", "kl_cov", "entropy_bonus", "adaptive_entropy", "high_entropy_mask"} <= set(names)
+    assert {
+        "grpo",
+        "dapo",
+        "drgrpo",
+        "rloo",
+        "opo",
+        "stare",
+        "stare_c2",
+        "stare_adaptive",
+        "steer",
+        "steer_linear",
+        "clip_cov",
+        "kl_cov",
+        "entropy_bonus",
+        "adaptive_entropy",
+        "high_entropy_mask",
+    } <= set(names)
     b = batch()
     for name in names:
         text = (REPO / "conf" / "algo" / f"{name}.yaml").read_text()

@@ -21,9 +21,18 @@ CLI_MODULE = "entropyrl.cli.main"
 # 8 prompts x 4 responses = 32 rows; one mini-batch per step (so both runs update on the same
 # rows), several micro-batches each (gradient accumulation), two steps (the second one starts
 # from weights the first step changed).
-OVERRIDES = ["trainer.prompts_per_step=8", "trainer.mini_batch_prompts=8", "trainer.micro_batch_responses=6",
-             "rollout.n=4", "tracking.enabled=false", "trainer.progress=false", "val.prompts=0",
-             "trainer.seed=5", "algo.clip.high=0.28", "optim.lr=1e-3"]
+OVERRIDES = [
+    "trainer.prompts_per_step=8",
+    "trainer.mini_batch_prompts=8",
+    "trainer.micro_batch_responses=6",
+    "rollout.n=4",
+    "tracking.enabled=false",
+    "trainer.progress=false",
+    "val.prompts=0",
+    "trainer.seed=5",
+    "algo.clip.high=0.28",
+    "optim.lr=1e-3",
+]
 STEPS = 2
 
 
@@ -58,17 +67,48 @@ def test_launcher_environments():
 
     assert launcher_env({})["launcher"] == "single"
     tr = launcher_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1234"})
-    assert (tr["launcher"], tr["rank"], tr["world_size"], tr["local_rank"], tr["master_addr"], tr["master_port"]) == \
-        ("torchrun", 3, 4, 1, "h", 1234)
-    srun = launcher_env({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1",
-                         "SLURM_NODELIST": "gpu[12-15]", "SLURM_JOB_ID": "4242"})
-    assert (srun["launcher"], srun["rank"], srun["world_size"], srun["local_rank"], srun["master_addr"],
-            srun["master_port"]) == ("slurm", 5, 8, 1, "gpu12", 29500 + 242)
+    assert (tr["launcher"], tr["rank"], tr["world_size"], tr["local_rank"], tr["master_addr"], tr["master_port"]) == (
+        "torchrun",
+        3,
+        4,
+        1,
+        "h",
+        1234,
+    )
+    srun = launcher_env(
+        {
+            "SLURM_PROCID": "5",
+            "SLURM_NTASKS": "8",
+            "SLURM_STEP_NUM_TASKS": "8",
+            "SLURM_LOCALID": "1",
+            "SLURM_NODELIST": "gpu[12-15]",
+            "SLURM_JOB_ID": "4242",
+        }
+    )
+    assert (srun["launcher"], srun["rank"], srun["world_size"], srun["local_rank"], srun["master_addr"], srun["master_port"]) == (
+        "slurm",
+        5,
+        8,
+        1,
+        "gpu12",
+        29500 + 242,
+    )
     # submitit's local tasks (launcher=local launcher.tasks_per_node=2): the port follows the job
-    local = launcher_env({"SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "1", "SUBMITIT_LOCAL_LOCALID": "1",
-                          "SUBMITIT_LOCAL_JOB_ID": "43210"})
-    assert (local["launcher"], local["rank"], local["world_size"], local["master_addr"], local["master_port"]) == \
-        ("local", 1, 2, "127.0.0.1", 20000 + 43210 % 20000)
+    local = launcher_env(
+        {
+            "SUBMITIT_LOCAL_NTASKS": "2",
+            "SUBMITIT_LOCAL_GLOBALID": "1",
+            "SUBMITIT_LOCAL_LOCALID": "1",
+            "SUBMITIT_LOCAL_JOB_ID": "43210",
+        }
+    )
+    assert (local["launcher"], local["rank"], local["world_size"], local["master_addr"], local["master_port"]) == (
+        "local",
+        1,
+        2,
+        "127.0.0.1",
+        20000 + 43210 % 20000,
+    )
     assert launcher_env({"SUBMITIT_LOCAL_NTASKS": "1", "SUBMITIT_LOCAL_GLOBALID": "0"})["launcher"] == "single"
     # A batch script of a many-task job is one process (no srun step): not distributed.
     assert launcher_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_NODELIST": "gpu1"})["launcher"] == "single"
@@ -111,8 +151,21 @@ def _worker(mode: str, workdir: Path) -> None:
     history = []
     for _ in range(STEPS):
         m = trainer.train_step((batch, {}))
-        history.append({k: m[k] for k in ("loss/objective", "entropy", "grad_norm", "clip/frac", "entropy/p10",
-                                          "entropy/p50", "entropy/p90", "entropy/p99")})   # quantiles: all ranks
+        history.append(
+            {
+                k: m[k]
+                for k in (
+                    "loss/objective",
+                    "entropy",
+                    "grad_norm",
+                    "clip/frac",
+                    "entropy/p10",
+                    "entropy/p50",
+                    "entropy/p90",
+                    "entropy/p99",
+                )
+            }
+        )  # quantiles: all ranks
         trainer.step += 1
     view, _ = distributed.checkpoint_views(trainer.model, trainer.optimizer, trainer.dist)
     weights = view.state_dict_full if hasattr(view, "state_dict_full") else trainer.model.state_dict()
@@ -126,11 +179,13 @@ def _worker(mode: str, workdir: Path) -> None:
 def test_fsdp_two_processes_match_one_process(tmp_path):
     import torch
 
-    single = subprocess.run([sys.executable, str(HERE), "single", str(tmp_path)], capture_output=True,
-                            text=True, timeout=900, env=_env())
+    single = subprocess.run(
+        [sys.executable, str(HERE), "single", str(tmp_path)], capture_output=True, text=True, timeout=900, env=_env()
+    )
     assert single.returncode == 0, single.stderr[-3000:]
-    dp = subprocess.run([*TORCHRUN, str(_free_port()), str(HERE), "dp", str(tmp_path)], capture_output=True,
-                        text=True, timeout=900, env=_env())
+    dp = subprocess.run(
+        [*TORCHRUN, str(_free_port()), str(HERE), "dp", str(tmp_path)], capture_output=True, text=True, timeout=900, env=_env()
+    )
     assert dp.returncode == 0, dp.stdout[-2000:] + dp.stderr[-4000:]
 
     one = json.loads((tmp_path / "single_metrics.json").read_text())
@@ -138,7 +193,7 @@ def test_fsdp_two_processes_match_one_process(tmp_path):
     for step, (a, b) in enumerate(zip(one, two), 1):
         for key in a:
             assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (step, key, a[key], b[key])
-    assert one[0]["loss/objective"] != one[1]["loss/objective"]     # the first update changed the policy
+    assert one[0]["loss/objective"] != one[1]["loss/objective"]  # the first update changed the policy
 
     w1 = torch.load(tmp_path / "single_weights.pt")
     w2 = torch.load(tmp_path / "dp_weights.pt")
@@ -150,7 +205,7 @@ def test_fsdp_two_processes_match_one_process(tmp_path):
     cfg = compose("train", OVERRIDES)
     initial = load_policy(cfg.model, cfg.data, log=lambda *_: None)[0].state_dict()
     moved = max(float((w1[k] - initial[k].float()).abs().max()) for k in w1)
-    assert moved > 1e-3                                              # training did change the weights
+    assert moved > 1e-3  # training did change the weights
     # ~1e-5: two AdamW steps of lr 1e-3 move weights by ~2e-3; Adam's per-coordinate normalisation
     # turns rounding-level gradient differences into update differences where the exact gradient
     # is ~0 (k_proj.bias: softmax ignores it), so a few coordinates differ by up to ~1e-5.
@@ -167,14 +222,22 @@ def test_fsdp_two_processes_match_one_process(tmp_path):
 def test_cli_train_under_torchrun(in_tmp):
     """`torchrun --nproc_per_node 2 -m entropyrl.cli.main train ...` on CPU: rank 0 alone writes
     metrics, checkpoints and the summary; a second launch resumes from the FSDP checkpoint."""
-    args = ["trainer.total_steps=2", "trainer.prompts_per_step=4", "trainer.mini_batch_prompts=2",
-            "trainer.save_every=2", "trainer.val_every=2", "val.prompts=8", "trainer.progress=false",
-            "tracking.enabled=false", "output_dir=run"]
+    args = [
+        "trainer.total_steps=2",
+        "trainer.prompts_per_step=4",
+        "trainer.mini_batch_prompts=2",
+        "trainer.save_every=2",
+        "trainer.val_every=2",
+        "val.prompts=8",
+        "trainer.progress=false",
+        "tracking.enabled=false",
+        "output_dir=run",
+    ]
     cmd = [*TORCHRUN, str(_free_port()), "-m", CLI_MODULE, "train"]
     out = subprocess.run(cmd + args, capture_output=True, text=True, timeout=900, env=_env())
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]                     # logged once, by rank 0
+    assert [r["step"] for r in rows] == [1, 2]  # logged once, by rank 0
     assert all(r["entropy"] == r["entropy"] and r.get("loss/objective") is not None for r in rows)
     assert all(r["entropy/p10"] <= r["entropy/p50"] <= r["entropy/p90"] <= r["entropy/p99"] for r in rows)
     assert (in_tmp / "run" / "checkpoints" / "step_000002" / "model" / "model.safetensors").is_file()
@@ -182,8 +245,9 @@ def test_cli_train_under_torchrun(in_tmp):
     assert summary["status"] == "FINISHED" and summary["world_size"] == 2
 
     cmd = [*TORCHRUN, str(_free_port()), "-m", CLI_MODULE, "train"]
-    again = subprocess.run(cmd + [a.replace("total_steps=2", "total_steps=3") for a in args],
-                           capture_output=True, text=True, timeout=900, env=_env())
+    again = subprocess.run(
+        cmd + [a.replace("total_steps=2", "total_steps=3") for a in args], capture_output=True, text=True, timeout=900, env=_env()
+    )
     assert again.returncode == 0, again.stderr[-4000:]
     assert "resumed from" in again.stdout + again.stderr
     rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -198,28 +262,49 @@ def test_checkpoint_resumes_on_another_number_of_ranks(in_tmp):
     import torch
 
     uri = f"sqlite:///{in_tmp / 'mlflow.db'}"
-    args = ["trainer.prompts_per_step=4", "trainer.mini_batch_prompts=4", "trainer.micro_batch_responses=6",
-            "rollout.n=4", "rollout.seed_scope=group", "optim.lr=1e-3", "trainer.save_every=1", "trainer.val_every=0",
-            "val.prompts=0", "trainer.progress=false", "trainer.threads=1", f"tracking.uri={uri}",
-            "tracking.experiment=elastic"]
+    args = [
+        "trainer.prompts_per_step=4",
+        "trainer.mini_batch_prompts=4",
+        "trainer.micro_batch_responses=6",
+        "rollout.n=4",
+        "rollout.seed_scope=group",
+        "optim.lr=1e-3",
+        "trainer.save_every=1",
+        "trainer.val_every=0",
+        "val.prompts=0",
+        "trainer.progress=false",
+        "trainer.threads=1",
+        f"tracking.uri={uri}",
+        "tracking.experiment=elastic",
+    ]
     one = [sys.executable, "-m", CLI_MODULE, "train"]
     for steps, ranks in ((2, 2), (3, 1), (4, 2)):
         cmd = [*TORCHRUN, str(_free_port()), "-m", CLI_MODULE, "train"] if ranks == 2 else one
-        out = subprocess.run(cmd + args + [f"trainer.total_steps={steps}", "output_dir=run"], capture_output=True,
-                             text=True, timeout=900, env=_env())
+        out = subprocess.run(
+            cmd + args + [f"trainer.total_steps={steps}", "output_dir=run"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=_env(),
+        )
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
         summary = json.loads((in_tmp / "run" / "summary.json").read_text())
         assert summary["steps"] == steps and summary["world_size"] == ranks
         if steps > 2:
-            assert f"(step {steps - 1})" in out.stdout + out.stderr   # resumed from the previous run's last step
+            assert f"(step {steps - 1})" in out.stdout + out.stderr  # resumed from the previous run's last step
     rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     state = torch.load(in_tmp / "run" / "checkpoints" / "step_000004" / "trainer_state.pt", weights_only=False)
     adam_steps = {float(s["step"]) for s in state["optimizer"]["state"].values()}
-    assert adam_steps == {4.0}, adam_steps                           # 4 updates: none restarted from zero
+    assert adam_steps == {4.0}, adam_steps  # 4 updates: none restarted from zero
 
-    straight = subprocess.run(one + args + ["trainer.total_steps=4", "output_dir=straight", "tracking.enabled=false"],
-                              capture_output=True, text=True, timeout=900, env=_env())
+    straight = subprocess.run(
+        one + args + ["trainer.total_steps=4", "output_dir=straight", "tracking.enabled=false"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=_env(),
+    )
     assert straight.returncode == 0, straight.stderr[-3000:]
     ref = [json.loads(line) for line in (in_tmp / "straight" / "metrics.jsonl").read_text().splitlines()]
     for a, b in zip(ref, rows):
@@ -244,8 +329,7 @@ def slurm_node():
         pytest.skip("needs root to start the test SLURM cluster (tests/slurm/start.sh)")
     if shutil.which("srun") is None and shutil.which("apt-get") is None:
         pytest.skip("SLURM is not installed and apt-get is not available to install it")
-    was_up = shutil.which("sinfo") is not None and subprocess.run(
-        ["sinfo"], capture_output=True, timeout=60).returncode == 0
+    was_up = shutil.which("sinfo") is not None and subprocess.run(["sinfo"], capture_output=True, timeout=60).returncode == 0
     out = subprocess.run(["bash", str(HERE.parent / "slurm" / "start.sh")], capture_output=True, text=True, timeout=900)
     if out.returncode == 3:
         pytest.skip(out.stderr.strip().splitlines()[-1])
@@ -259,10 +343,27 @@ def slurm_node():
 def test_cli_train_under_srun_two_tasks(slurm_node, in_tmp):
     """`srun --ntasks 2 entropyrl train ...`: ranks from SLURM_PROCID / SLURM_STEP_NUM_TASKS, the
     master from SLURM_NODELIST; one metrics stream, one checkpoint."""
-    cmd = ["srun", "--ntasks", "2", "--cpus-per-task", "1", "--mem=4G", sys.executable, "-m", CLI_MODULE, "train",
-           "trainer.total_steps=2", "trainer.prompts_per_step=4", "trainer.mini_batch_prompts=2",
-           "trainer.save_every=2", "trainer.val_every=2", "val.prompts=8", "trainer.progress=false",
-           "tracking.enabled=false", "output_dir=run"]
+    cmd = [
+        "srun",
+        "--ntasks",
+        "2",
+        "--cpus-per-task",
+        "1",
+        "--mem=4G",
+        sys.executable,
+        "-m",
+        CLI_MODULE,
+        "train",
+        "trainer.total_steps=2",
+        "trainer.prompts_per_step=4",
+        "trainer.mini_batch_prompts=2",
+        "trainer.save_every=2",
+        "trainer.val_every=2",
+        "val.prompts=8",
+        "trainer.progress=false",
+        "tracking.enabled=false",
+        "output_dir=run",
+    ]
     env = _env()
     env["MASTER_PORT"] = str(_free_port())
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
@@ -292,8 +393,9 @@ def test_gpu_check_says_it_needs_a_gpu():
 
 @pytest.mark.slow
 def test_gpu_check_cpu_smoke_runs_one_bf16_fsdp_step():
-    out = subprocess.run([sys.executable, str(GPU_CHECK), "--cpu-smoke", "--steps", "1"], capture_output=True,
-                         text=True, timeout=600, env=_env())
+    out = subprocess.run(
+        [sys.executable, str(GPU_CHECK), "--cpu-smoke", "--steps", "1"], capture_output=True, text=True, timeout=600, env=_env()
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
     assert result["loss_finite"] and result["tokens_per_s"] > 0 and result["tokens_per_step"] > 0
@@ -302,7 +404,7 @@ def test_gpu_check_cpu_smoke_runs_one_bf16_fsdp_step():
     # MFU's FLOPs and plan's memory come from models/cost for the same (tiny) shape
     assert train["train_flops_per_step"] > 0 and train["ranks"] == 1
     assert train["plan_memory_gb"] > 0 and set(train["plan_memory_breakdown_gb"]) >= {"weights", "activations"}
-    assert train["mfu"] is None and train["peak_mem_gb"] is None      # no peak FLOP/s or CUDA memory on CPU
+    assert train["mfu"] is None and train["peak_mem_gb"] is None  # no peak FLOP/s or CUDA memory on CPU
     assert "skipped" in result["vllm"] and "skipped" in result["ranks"]
 
 
@@ -320,11 +422,29 @@ def _has_vllm() -> bool:
 def test_gpu_check_cpu_smoke_times_vllm_rollouts_and_the_weight_sync():
     """1 rank with one vLLM engine, then 2 gloo ranks with one engine each (as the trainer under
     torchrun with rollout=vllm): each part's seconds and every rank's weight-sync share."""
-    out = subprocess.run([sys.executable, str(GPU_CHECK), "--cpu-smoke", "--steps", "1", "--batch", "2",
-                          "--response-len", "8", "--rollouts", "vllm", "--ranks", "2"],
-                         capture_output=True, text=True, timeout=900, env=_env())
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(GPU_CHECK),
+            "--cpu-smoke",
+            "--steps",
+            "1",
+            "--batch",
+            "2",
+            "--response-len",
+            "8",
+            "--rollouts",
+            "vllm",
+            "--ranks",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=_env(),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout)                 # stdout is the JSON alone, vLLM's logs go to stderr
+    result = json.loads(out.stdout)  # stdout is the JSON alone, vLLM's logs go to stderr
     v = result["vllm"]
     assert v["generate_seconds"] > 0 and v["train_seconds"] > 0 and v["sync_seconds"] > 0
     assert 0 < v["sync_share"] < 1
@@ -340,9 +460,27 @@ def test_gpu_check_cpu_smoke_times_vllm_rollouts_and_the_weight_sync():
 
 
 def test_gpu_check_mfu_uses_the_plan_flops_and_a_given_peak():
-    out = subprocess.run([sys.executable, str(GPU_CHECK), "--cpu-smoke", "--steps", "1", "--batch", "2",
-                          "--response-len", "8", "--peak-tflops", "0.5", "--rollouts", "none"],
-                         capture_output=True, text=True, timeout=600, env=_env())
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(GPU_CHECK),
+            "--cpu-smoke",
+            "--steps",
+            "1",
+            "--batch",
+            "2",
+            "--response-len",
+            "8",
+            "--peak-tflops",
+            "0.5",
+            "--rollouts",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     train = json.loads(out.stdout)["train"]
     expected = train["train_flops_per_step"] / train["step_seconds"] / 0.5e12

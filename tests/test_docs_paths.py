@@ -17,9 +17,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 EXTENSIONS = ("py", "md", "yaml", "yml", "json", "jsonl", "png", "sh", "sbatch", "toml", "txt", "parquet", "cfg")
-SOURCES = ["README.md", "CONTRIBUTING.md", "docs/*.md", "examples/*", "*.py", "*.yaml", "Makefile", ".ci/run",
-           "pyproject.toml"]
-METRIC_NAMESPACES = ("rollout/",)   # folders whose name is also a metric prefix
+SOURCES = ["README.md", "CONTRIBUTING.md", "docs/*.md", "examples/*", "*.py", "*.yaml", "Makefile", ".ci/run", "pyproject.toml"]
+METRIC_NAMESPACES = ("rollout/",)  # folders whose name is also a metric prefix
 
 
 def _top_folders() -> list[str]:
@@ -31,7 +30,7 @@ def _mentions(text: str) -> list[tuple[int, str]]:
     pattern = re.compile(rf"(?<![\w./~-])((?:{tops})/[\w./-]*[\w/])")
     out = []
     for number, line in enumerate(text.splitlines(), 1):
-        if "tmp_path" in line:      # tests build throw-away trees under tmp_path
+        if "tmp_path" in line:  # tests build throw-away trees under tmp_path
             continue
         out += [(number, m.group(1)) for m in pattern.finditer(line)]
     return out
@@ -52,13 +51,12 @@ def _resolves(token: str, where: Path) -> bool:
 
 
 def test_every_mentioned_repository_path_resolves():
-    files = subprocess.run(["git", "ls-files", *SOURCES], cwd=REPO, capture_output=True, text=True,
-                           check=True).stdout.split()
+    files = subprocess.run(["git", "ls-files", *SOURCES], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     assert "README.md" in files and any(f.startswith("docs/") for f in files)
     missing = []
     for rel in files:
         path = REPO / rel
-        if not path.is_file() or rel == "tests/test_docs_paths.py":     # this file names wrong paths on purpose
+        if not path.is_file() or rel == "tests/test_docs_paths.py":  # this file names wrong paths on purpose
             continue
         for number, token in _mentions(path.read_text(errors="replace")):
             if not _resolves(token, path):
@@ -77,5 +75,5 @@ def test_the_checker_catches_a_moved_file(tmp_path):
     assert _resolves("trainers/run/", REPO / "README.md")
     assert not _resolves("trainers/no_such_file.py", REPO / "README.md")
     assert not _resolves("trainers/no_such_module.attr", REPO / "README.md")
-    assert not _resolves("evals/sandbox.py", REPO / "README.md")    # moved to evals/code/
+    assert not _resolves("evals/sandbox.py", REPO / "README.md")  # moved to evals/code/
     assert _mentions("see `docs/lab.md` and (trainers/run/plots.py)") == [(1, "docs/lab.md"), (1, "trainers/run/plots.py")]

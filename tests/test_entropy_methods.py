@@ -20,8 +20,25 @@ from entropyrl.trainers.stats.vocab_stats import VOCAB_STATS, chunked_vocab_stat
 
 GOLDEN = Path(__file__).parent / "golden"
 TOL = dict(rtol=1e-6, atol=1e-6)
-FILES = ("gtpo", "ce_gppo", "archer", "entropy_adv", "entropic", "aent", "lp_reg", "siren", "gspo", "gmpo", "cispo", "sapo",
-         "tis_modes", "vocab_stats", "high_entropy_mask", "sample_reweight", "adaptive_entropy")
+FILES = (
+    "gtpo",
+    "ce_gppo",
+    "archer",
+    "entropy_adv",
+    "entropic",
+    "aent",
+    "lp_reg",
+    "siren",
+    "gspo",
+    "gmpo",
+    "cispo",
+    "sapo",
+    "tis_modes",
+    "vocab_stats",
+    "high_entropy_mask",
+    "sample_reweight",
+    "adaptive_entropy",
+)
 
 
 def load(name: str) -> dict:
@@ -32,16 +49,24 @@ def t64(x) -> torch.Tensor:
     return torch.tensor(x, dtype=torch.float64)
 
 
-def run(cfg: dict, inputs: dict, *, begin: list[float] = (), extras: dict | None = None, adv_scale: float = 1.0,
-        sampler_logp=None):
+def run(
+    cfg: dict, inputs: dict, *, begin: list[float] = (), extras: dict | None = None, adv_scale: float = 1.0, sampler_logp=None
+):
     """(algorithm, loss output, d loss / d logp) of the stored batch under ``cfg``."""
     a = Algorithm.from_config(cfg, max_response_length=8)
     for h in begin:
         a.begin_step(h)
     logp = t64(inputs["logp"]).requires_grad_(True)
-    out = a.loss(logp=logp, old_logp=t64(inputs["old_logp"]), entropy=t64(inputs["entropy"]),
-                 advantages=adv_scale * t64(inputs["advantages"]), mask=t64(inputs["mask"]),
-                 ref_logp=t64(inputs["ref_logp"]) if a.needs_ref else None, extras=extras, sampler_logp=sampler_logp)
+    out = a.loss(
+        logp=logp,
+        old_logp=t64(inputs["old_logp"]),
+        entropy=t64(inputs["entropy"]),
+        advantages=adv_scale * t64(inputs["advantages"]),
+        mask=t64(inputs["mask"]),
+        ref_logp=t64(inputs["ref_logp"]) if a.needs_ref else None,
+        extras=extras,
+        sampler_logp=sampler_logp,
+    )
     (grad,) = torch.autograd.grad(out.loss, logp)
     return a, out, grad
 
@@ -68,8 +93,11 @@ def test_ce_gppo(case):
     g = load("ce_gppo")
     want = g["cases"][case]
     lo, hi, c = want["clip"]
-    cfg = {"clip": {"low": lo, "high": hi, "dual_c": c}, "interventions": ["ce_gppo"],
-           "ce_gppo": {"beta1": want["beta"][0], "beta2": want["beta"][1]}}
+    cfg = {
+        "clip": {"low": lo, "high": hi, "dual_c": c},
+        "interventions": ["ce_gppo"],
+        "ce_gppo": {"beta1": want["beta"][0], "beta2": want["beta"][1]},
+    }
     _, out, grad = run(cfg, g["inputs"])
     check(out, grad, want)
     n = t64(g["inputs"]["mask"]).sum()
@@ -117,15 +145,19 @@ def test_token_weights(name, case):
 def test_adaptive_entropy_coefficient_and_term():
     g = load("adaptive_entropy")
     want = g["cases"]["stepped"]
-    a = Algorithm.from_config({"interventions": ["adaptive_entropy"], "adaptive_entropy": want["params"]},
-                              max_response_length=8)
+    a = Algorithm.from_config({"interventions": ["adaptive_entropy"], "adaptive_entropy": want["params"]}, max_response_length=8)
     for h, coef in zip(want["readings"], want["coef"]):
         a.begin_step(float("nan") if h is None else h)
         assert a.step_metrics()["entropy_bonus/coef"] == pytest.approx(coef, abs=1e-12)
     inp = g["inputs"]
     entropy = t64(inp["entropy"]).requires_grad_(True)
-    out = a.loss(logp=t64(inp["logp"]), old_logp=t64(inp["old_logp"]), entropy=entropy,
-                 advantages=t64(inp["advantages"]), mask=t64(inp["mask"]))
+    out = a.loss(
+        logp=t64(inp["logp"]),
+        old_logp=t64(inp["old_logp"]),
+        entropy=entropy,
+        advantages=t64(inp["advantages"]),
+        mask=t64(inp["mask"]),
+    )
     assert out.metrics["loss/entropy_bonus"] == pytest.approx(want["term"], rel=1e-9)
     (grad,) = torch.autograd.grad(out.loss, entropy)
     torch.testing.assert_close(grad, t64(want["term_grad_entropy"]), **TOL)
@@ -139,8 +171,9 @@ def test_gtpo_advantages(case):
     a1, a2 = want["alpha"]
     algo = Algorithm.from_config({"interventions": ["gtpo"], "gtpo": {"alpha1": a1, "alpha2": a2}}, max_response_length=8)
     mask = t64(inp["mask"])
-    shaped = algo.interventions[0].shape_advantages(t64(inp["advantages"]), t64(inp["entropy"]),
-                                                     torch.tensor(want["groups"]), mask)
+    shaped = algo.interventions[0].shape_advantages(
+        t64(inp["advantages"]), t64(inp["entropy"]), torch.tensor(want["groups"]), mask
+    )
     torch.testing.assert_close(shaped, t64(want["advantages"]), **TOL)
     assert algo.step_metrics()["gtpo/share_max"] > 1.0
     with pytest.raises(ValueError, match="entropy"):
@@ -163,8 +196,14 @@ def test_entropic_matches_reference(case):
         logp = inp["logp"][rows].clone().requires_grad_(True)
         mask = inp["mask"][rows]
         extras = {"entropic/mini_rows": torch.full_like(mask, float(call["mini_rows"]))}
-        out = a.loss(logp=logp, old_logp=inp["old_logp"][rows], entropy=inp["entropy"][rows] * call["entropy_scale"],
-                     advantages=inp["advantages"][rows], mask=mask, extras=extras)
+        out = a.loss(
+            logp=logp,
+            old_logp=inp["old_logp"][rows],
+            entropy=inp["entropy"][rows] * call["entropy_scale"],
+            advantages=inp["advantages"][rows],
+            mask=mask,
+            extras=extras,
+        )
         (grad,) = torch.autograd.grad(out.loss, logp)
         check(out, grad, call)
         assert out.metrics["entropic/alpha"] == pytest.approx(call["alpha"], abs=1e-12)
@@ -172,8 +211,14 @@ def test_entropic_matches_reference(case):
         assert a.step_metrics()["entropic/integral"] == pytest.approx(call["integral"], abs=1e-12)
         assert out.metrics["entropic/high_frac"] == pytest.approx(float(t64(call["high"]).sum() / mask.sum()))
     # the attribution rebuilds a committed micro-batch's loss (the same logp tensor): same alpha, same loss
-    again = a.loss(logp=logp, old_logp=inp["old_logp"][rows], entropy=inp["entropy"][rows] * call["entropy_scale"],
-                   advantages=inp["advantages"][rows], mask=mask, extras=extras)
+    again = a.loss(
+        logp=logp,
+        old_logp=inp["old_logp"][rows],
+        entropy=inp["entropy"][rows] * call["entropy_scale"],
+        advantages=inp["advantages"][rows],
+        mask=mask,
+        extras=extras,
+    )
     assert again.metrics["entropic/alpha"] == out.metrics["entropic/alpha"]
     torch.testing.assert_close(again.loss, out.loss, rtol=0, atol=0)
     # the integral state survives a checkpoint round trip
@@ -188,8 +233,9 @@ def test_clipped_objectives(name, case):
     want = g["cases"][case]
     lo, hi = want["clip"]
     agg = "token-mean" if name == "cispo" else "seq-mean-token-mean"
-    _, out, grad = run({"objective": name, "clip": {"low": lo, "high": hi}, "loss_agg": agg}, g["inputs"],
-                       adv_scale=want.get("adv_scale", 1.0))
+    _, out, grad = run(
+        {"objective": name, "clip": {"low": lo, "high": hi}, "loss_agg": agg}, g["inputs"], adv_scale=want.get("adv_scale", 1.0)
+    )
     check(out, grad, want)
 
 
@@ -198,8 +244,10 @@ def test_sapo(case):
     g = load("sapo")
     want = g["cases"][case]
     tau_pos, tau_neg = want["tau"]
-    _, out, grad = run({"objective": "sapo", "objective_args": {"tau_pos": tau_pos, "tau_neg": tau_neg},
-                        "loss_agg": "seq-mean-token-mean"}, g["inputs"])
+    _, out, grad = run(
+        {"objective": "sapo", "objective_args": {"tau_pos": tau_pos, "tau_neg": tau_neg}, "loss_agg": "seq-mean-token-mean"},
+        g["inputs"],
+    )
     check(out, grad, want)
 
 
@@ -216,8 +264,9 @@ def test_tis_modes(case, mode):
     cfg = {"interventions": ["tis"], "tis": {**p, "mode": mode}}
     _, out, _ = run(cfg, inp, sampler_logp=t64(inp["sampling_logp"]))
     _, plain, _ = run({}, inp)
-    assert out.metrics["rollout/tis_weight_mean"] == pytest.approx(float(t64(want[mode]).sum() / t64(inp["mask"]).sum()),
-                                                                  rel=1e-6)
+    assert out.metrics["rollout/tis_weight_mean"] == pytest.approx(
+        float(t64(want[mode]).sum() / t64(inp["mask"]).sum()), rel=1e-6
+    )
     assert (out.loss != plain.loss) or torch.all(t64(want[mode])[t64(inp["mask"]) > 0] == 1.0)
 
 
@@ -239,6 +288,7 @@ def test_bad_objective_and_args_are_user_errors():
 
 # --- full-distribution statistics (AEnt, SIREN, Lp-Reg) -------------------------------------------
 
+
 def vocab_inputs():
     inp = json.loads((GOLDEN / "inputs.json").read_text())["inputs"]
     return t64(inp["logits"]), t64(inp["mask"]), t64(inp["logp"]), inp
@@ -250,16 +300,19 @@ def test_vocab_statistics_match_numpy(case):
     z, mask, _, _ = vocab_inputs()
     p = want["params"]
     flat = z.reshape(-1, z.shape[-1])
-    got = {"clamped_entropy": VOCAB_STATS["clamped_entropy"](flat, clamp=p["clamp"]),
-           "topp_entropy": VOCAB_STATS["topp_entropy"](flat, p=p["top_p"], k=p["top_k"]),
-           "minp_log_mass": VOCAB_STATS["minp_log_mass"](flat, kappa=p["kappa"]),
-           "max_logp": VOCAB_STATS["max_logp"](flat)}
+    got = {
+        "clamped_entropy": VOCAB_STATS["clamped_entropy"](flat, clamp=p["clamp"]),
+        "topp_entropy": VOCAB_STATS["topp_entropy"](flat, p=p["top_p"], k=p["top_k"]),
+        "minp_log_mass": VOCAB_STATS["minp_log_mass"](flat, kappa=p["kappa"]),
+        "max_logp": VOCAB_STATS["max_logp"](flat),
+    }
     for key, val in got.items():
         torch.testing.assert_close(val.view(z.shape[:2]), t64(want[key]), **TOL)
 
 
-@pytest.mark.parametrize("name,params", [("clamped_entropy", {"clamp": 0.4}), ("topp_entropy", {"p": 0.8}),
-                                         ("topp_entropy", {"p": 0.95, "k": 5})])
+@pytest.mark.parametrize(
+    "name,params", [("clamped_entropy", {"clamp": 0.4}), ("topp_entropy", {"p": 0.8}), ("topp_entropy", {"p": 0.95, "k": 5})]
+)
 def test_vocab_statistics_are_differentiable_and_chunking_changes_nothing(name, params):
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(13, 5, dtype=torch.float64, generator=gen, requires_grad=True)
@@ -273,8 +326,9 @@ def test_vocab_statistics_are_differentiable_and_chunking_changes_nothing(name, 
         torch.testing.assert_close(a, b, **TOL)
     assert g1[0].abs().sum() > 0
     # the selection (clamp / nucleus) is fixed locally: the gradient is the restricted one's
-    assert torch.autograd.gradcheck(lambda h: VOCAB_STATS[name](h @ weight.detach().t(), **params),
-                                    (hidden.detach().clone().requires_grad_(True),))
+    assert torch.autograd.gradcheck(
+        lambda h: VOCAB_STATS[name](h @ weight.detach().t(), **params), (hidden.detach().clone().requires_grad_(True),)
+    )
 
 
 def test_minp_log_mass_is_detached_and_chunks():
@@ -301,16 +355,20 @@ def test_aent_matches_reference(case):
         a.begin_step(0.0)
         for part in step["losses"]:
             rows = torch.tensor(part["rows"])
-            out = a.loss(logp=logp[rows], old_logp=t64(inp["old_logp"])[rows], entropy=t64(inp["entropy"])[rows],
-                         advantages=torch.zeros_like(logp[rows]), mask=mask[rows],
-                         extras={"aent/clamped_entropy": hc[rows] * step["scale"]})
+            out = a.loss(
+                logp=logp[rows],
+                old_logp=t64(inp["old_logp"])[rows],
+                entropy=t64(inp["entropy"])[rows],
+                advantages=torch.zeros_like(logp[rows]),
+                mask=mask[rows],
+                extras={"aent/clamped_entropy": hc[rows] * step["scale"]},
+            )
             assert out.metrics["loss/aent"] == pytest.approx(part["value"], rel=1e-9, abs=1e-15)
             a.after_loss(out)
-    a.begin_step(0.0)                                   # the last step's update
+    a.begin_step(0.0)  # the last step's update
     coefs = [s["coef_after"] for s in want["steps"]]
     assert a.step_metrics()["aent/coef"] == pytest.approx(coefs[-1], rel=1e-9)
-    assert a.step_metrics()["aent/last_clamped_entropy"] == pytest.approx(want["steps"][-1]["step_entropy"],
-                                                                          rel=1e-9)
+    assert a.step_metrics()["aent/last_clamped_entropy"] == pytest.approx(want["steps"][-1]["step_entropy"], rel=1e-9)
     fresh = Algorithm.from_config({"interventions": ["aent"], "aent": p}, max_response_length=7)
     fresh.load_state_dict(json.loads(json.dumps(a.state_dict())))
     assert fresh.step_metrics()["aent/coef"] == a.step_metrics()["aent/coef"]
@@ -327,14 +385,23 @@ def test_lp_reg_matches_reference(case):
     lo, hi = want["clip"]
     flat = inp["logits"].reshape(-1, inp["logits"].shape[-1])
     shape = inp["mask"].shape
-    extras = {"lp_reg/minp_log_mass": VOCAB_STATS["minp_log_mass"](flat, kappa=p["kappa"]).view(shape),
-              "lp_reg/max_logp": VOCAB_STATS["max_logp"](flat).view(shape)}
-    a = Algorithm.from_config({"clip": {"low": lo, "high": hi, "dual_c": None}, "interventions": ["lp_reg"],
-                               "lp_reg": p}, max_response_length=8)
+    extras = {
+        "lp_reg/minp_log_mass": VOCAB_STATS["minp_log_mass"](flat, kappa=p["kappa"]).view(shape),
+        "lp_reg/max_logp": VOCAB_STATS["max_logp"](flat).view(shape),
+    }
+    a = Algorithm.from_config(
+        {"clip": {"low": lo, "high": hi, "dual_c": None}, "interventions": ["lp_reg"], "lp_reg": p}, max_response_length=8
+    )
     assert set(a.vocab_stats()) == set(extras)
     logp = inp["logp"].clone().requires_grad_(True)
-    out = a.loss(logp=logp, old_logp=inp["old_logp"], entropy=torch.zeros_like(logp), advantages=inp["advantages"],
-                 mask=inp["mask"], extras=extras)
+    out = a.loss(
+        logp=logp,
+        old_logp=inp["old_logp"],
+        entropy=torch.zeros_like(logp),
+        advantages=inp["advantages"],
+        mask=inp["mask"],
+        extras=extras,
+    )
     (grad,) = torch.autograd.grad(out.loss, logp)
     check(out, grad, want)
     sel = t64(want["selected"])
@@ -351,14 +418,16 @@ def test_siren_matches_reference(case):
     p = want["params"]
     a = Algorithm.from_config({"interventions": ["siren"], "siren": p}, max_response_length=7)
     assert a.vocab_stats() == {"siren/topp_entropy": ("topp_entropy", {"p": p["top_p"], "k": p["top_k"]})}
-    torch.testing.assert_close(VOCAB_STATS["topp_entropy"](z.reshape(-1, z.shape[-1]), p=p["top_p"], k=p["top_k"])
-                               .view(z.shape[:2]), t64(want["calls"][0]["h"]), **TOL)
-    kw = dict(logp=logp, old_logp=t64(inp["old_logp"]), entropy=t64(inp["entropy"]),
-              advantages=torch.zeros_like(logp), mask=mask)
+    torch.testing.assert_close(
+        VOCAB_STATS["topp_entropy"](z.reshape(-1, z.shape[-1]), p=p["top_p"], k=p["top_k"]).view(z.shape[:2]),
+        t64(want["calls"][0]["h"]),
+        **TOL,
+    )
+    kw = dict(logp=logp, old_logp=t64(inp["old_logp"]), entropy=t64(inp["entropy"]), advantages=torch.zeros_like(logp), mask=mask)
     for call in want["calls"]:
         h = t64(call["h"]).requires_grad_(True)
         out = a.loss(**kw, extras={"siren/topp_entropy": h})
-        (grad,) = torch.autograd.grad(out.loss, h)      # the policy loss does not depend on h
+        (grad,) = torch.autograd.grad(out.loss, h)  # the policy loss does not depend on h
         assert out.metrics["loss/siren"] == pytest.approx(call["value"], rel=1e-9, abs=1e-15)
         assert out.metrics["siren/anchor"] == pytest.approx(call["anchor"], rel=1e-12)
         assert out.metrics["siren/regulated_entropy"] == pytest.approx(call["regulated"], rel=1e-12)
@@ -369,6 +438,7 @@ def test_siren_matches_reference(case):
 
 # --- lab claims ---------------------------------------------------------------------------------
 
+
 def _rows(entropies):
     return [{"step": i, "entropy": h} for i, h in enumerate(entropies)]
 
@@ -377,17 +447,22 @@ def test_method_claims_are_measured_per_seed_and_only_for_present_runs():
     falling = _rows(list(np_linspace(1.0, 0.1, 30)))
     held = _rows([0.3 + 0.01 * (-1) ** i for i in range(30)])
     wobbly = _rows([0.3 + 0.2 * (-1) ** i for i in range(30)])
-    assert method_claims({"grpo": {0: falling}}) == []                 # the default lab's table is unchanged
-    runs = {"grpo": {0: falling, 1: falling}, "ce_gppo": {0: held, 1: falling}, "entropic": {0: held},
-            "stare": {0: wobbly}, "gspo": {0: held}}
+    assert method_claims({"grpo": {0: falling}}) == []  # the default lab's table is unchanged
+    runs = {
+        "grpo": {0: falling, 1: falling},
+        "ce_gppo": {0: held, 1: falling},
+        "entropic": {0: held},
+        "stare": {0: wobbly},
+        "gspo": {0: held},
+    }
     claims = {c["id"]: c for c in method_claims(runs, {"entropic": {"entropic": {"target": 0.3}}})}
-    assert claims["ce_gppo_keeps_entropy"]["reproduced"] is False      # seed 1 ends at GRPO's level
+    assert claims["ce_gppo_keeps_entropy"]["reproduced"] is False  # seed 1 ends at GRPO's level
     assert [p["ok"] for p in claims["ce_gppo_keeps_entropy"]["per_seed"]] == [True, False]
     assert claims["entropic_holds_target"]["reproduced"] is True
     assert claims["gspo_no_claim"]["reproduced"] is None and "gspo" in NO_CLAIM
     runs["entropic"] = {0: wobbly}
     runs["stare"] = {0: held}
-    assert method_claims(runs, {})[0]["reproduced"] is False           # oscillates more than the gate
+    assert method_claims(runs, {})[0]["reproduced"] is False  # oscillates more than the gate
 
 
 def np_linspace(a, b, n):
@@ -396,11 +471,32 @@ def np_linspace(a, b, n):
 
 def test_lab_default_set_is_unchanged_and_all_adds_every_method():
     default = default_variants("lab")
-    assert default == ["grpo", "stare", "steer", "clip_cov", "kl_cov", "sample_reweight", "high_entropy_mask",
-                       "grpo_extreme", "steer_extreme"]     # `make lab` keeps its ~30 min
+    assert default == [
+        "grpo",
+        "stare",
+        "steer",
+        "clip_cov",
+        "kl_cov",
+        "sample_reweight",
+        "high_entropy_mask",
+        "grpo_extreme",
+        "steer_extreme",
+    ]  # `make lab` keeps its ~30 min
     newer = [v for v in training_variants("lab") if v not in default]
-    assert set(newer) >= {"ce_gppo", "entropic", "aent", "siren", "archer", "entropy_adv", "gtpo", "lp_reg",
-                          "gspo", "gmpo", "cispo", "sapo"}
+    assert set(newer) >= {
+        "ce_gppo",
+        "entropic",
+        "aent",
+        "siren",
+        "archer",
+        "entropy_adv",
+        "gtpo",
+        "lp_reg",
+        "gspo",
+        "gmpo",
+        "cispo",
+        "sapo",
+    }
     for name in newer:
         assert (CONF_DIR / "experiment" / f"lab_{name}.yaml").is_file()
         assert (CONF_DIR / "algo" / f"{name}.yaml").is_file()

@@ -27,13 +27,13 @@ def test_an_unwritable_cache_is_refused_before_the_warm_start(tmp_path, monkeypa
         (tmp_path / "home").write_text("a file, not a folder")
         cache = tmp_path / "home" / ".cache" / "entropyrl"
     else:
-        cache = "/sys/entropyrl-cache"              # a read-only file system
+        cache = "/sys/entropyrl-cache"  # a read-only file system
     monkeypatch.setenv("ENTROPYRL_CACHE", str(cache))
     said: list[str] = []
     started = time.monotonic()
     with pytest.raises(UserError) as err:
         embedded_model_dir(OmegaConf.load(CONF_DIR / "model" / "tiny.yaml"), log=said.append)
-    assert time.monotonic() - started < 5 and not said            # no warm start began
+    assert time.monotonic() - started < 5 and not said  # no warm start began
     msg = str(err.value)
     assert "\n" not in msg and "cannot cache the embedded tiny model" in msg and "ENTROPYRL_CACHE=" in msg
 
@@ -41,11 +41,11 @@ def test_an_unwritable_cache_is_refused_before_the_warm_start(tmp_path, monkeypa
 def test_an_output_name_too_long_is_refused_before_grading_and_a_long_one_that_fits_works(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"response": "\\boxed{2}", "answer": "2"}) + "\n")
-    fits = tmp_path / ("a" * 244 + ".jsonl")                          # 250 characters
+    fits = tmp_path / ("a" * 244 + ".jsonl")  # 250 characters
     out = subprocess.run([*CLI, "grade", str(src), "--out", str(fits)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(fits.read_text())["correct"] is True
-    too_long = tmp_path / ("b" * 250 + ".jsonl")                      # 256 bytes
+    too_long = tmp_path / ("b" * 250 + ".jsonl")  # 256 bytes
     out = subprocess.run([*CLI, "grade", str(src), "--out", str(too_long)], capture_output=True, text=True, timeout=300)
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2 and len(lines) == 1 and "is 256 bytes, over the 255" in lines[0], out.stderr
@@ -58,4 +58,4 @@ def test_an_unquoted_non_ascii_value_says_how_to_quote_it():
     with pytest.raises(UserError) as err:
         compose("train", ["output_dir=outputs/résumé"])
     assert "write output_dir='outputs/résumé'" in str(err.value) and "\n" not in str(err.value)
-    assert compose("train", ["output_dir='outputs/résumé'"]).output_dir == "outputs/résumé"   # the fix works
+    assert compose("train", ["output_dir='outputs/résumé'"]).output_dir == "outputs/résumé"  # the fix works

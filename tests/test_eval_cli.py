@@ -18,8 +18,7 @@ FAST_TINY = ["model=tiny", "model.warm_start.steps=3", "model.warm_start.batch_s
 
 def run_cli(*args, cwd=None, env=None, timeout=300):
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=full_env,
-                          timeout=timeout)
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=full_env, timeout=timeout)
 
 
 @pytest.fixture()
@@ -50,9 +49,9 @@ def test_grade_cli_grades_good_lines_and_names_bad_ones(graded_input, tmp_path):
     assert [r["id"] for r in rows] == [1, 3, 5, 8]
     assert [r["correct"] for r in rows] == [True, False, True, False]
     assert [r["extracted"] for r in rows] == ["073", "5", "\\dfrac{1}{2}", None]
-    assert rows[0]["response"] == "so $\\boxed{073}$"                 # other fields kept
+    assert rows[0]["response"] == "so $\\boxed{073}$"  # other fields kept
     assert "graded 4 lines" in out.stdout and "0.5000" in out.stdout and "3 malformed" in out.stdout
-    skipped = run_cli("grade", graded_input, "--out", out_path)          # rows skipped: not a success
+    skipped = run_cli("grade", graded_input, "--out", out_path)  # rows skipped: not a success
     assert skipped.returncode == 1 and "3 malformed line(s)" in skipped.stderr and "--allow-skipped" in skipped.stderr
 
 
@@ -94,8 +93,9 @@ def test_eval_bad_benchmark_and_missing_data_are_one_line_errors(tmp_path):
     assert len(lines) == 1 and "unknown benchmark 'aime2024'" in lines[0]
     empty = tmp_path / "empty"
     empty.mkdir()
-    out = run_cli("eval", "math500", f"eval.data_root={empty}", "tracking.enabled=false", cwd=tmp_path,
-                  env={"HF_HUB_OFFLINE": "1"})
+    out = run_cli(
+        "eval", "math500", f"eval.data_root={empty}", "tracking.enabled=false", cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"}
+    )
     assert out.returncode == 2
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and str(empty / "math500" / "test.jsonl") in lines[0] and "ENTROPYRL_DATA" in lines[0]
@@ -109,10 +109,20 @@ def test_eval_bad_benchmark_and_missing_data_are_one_line_errors(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TINY, reason="entropyrl.models is not there yet")
 def test_eval_end_to_end_with_the_tiny_model(tmp_path, data_dir):
-    out = run_cli("eval", "aime24", *FAST_TINY, "eval.n_samples=4", "eval.limit=3", "eval.max_new_tokens=8",
-                  "output_dir=run", cwd=tmp_path, env={"ENTROPYRL_DATA": str(data_dir)}, timeout=600)
+    out = run_cli(
+        "eval",
+        "aime24",
+        *FAST_TINY,
+        "eval.n_samples=4",
+        "eval.limit=3",
+        "eval.max_new_tokens=8",
+        "output_dir=run",
+        cwd=tmp_path,
+        env={"ENTROPYRL_DATA": str(data_dir)},
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "aime24" in out.stdout and "avg@n" in out.stdout                   # the rich table
+    assert "aime24" in out.stdout and "avg@n" in out.stdout  # the rich table
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     bench = summary["benchmarks"]["aime24"]
     assert bench["n_samples"] == 4 and bench["problems"] == 3
@@ -137,8 +147,14 @@ def test_eval_end_to_end_with_the_tiny_model(tmp_path, data_dir):
     runs = mlflow.search_runs(experiment_names=["entropyrl"], output_format="list")
     assert len(runs) == 1 and runs[0].info.run_id == summary["mlflow_run_id"]
     metrics = runs[0].data.metrics
-    for key in ("eval/aime24/avg_at_4", "eval/aime24/pass_at_1", "eval/aime24/pass_at_4", "eval/aime24/maj_at_4",
-                "eval/aime24/reflection_at_4", "eval/aime24/reflection/frac"):
+    for key in (
+        "eval/aime24/avg_at_4",
+        "eval/aime24/pass_at_1",
+        "eval/aime24/pass_at_4",
+        "eval/aime24/maj_at_4",
+        "eval/aime24/reflection_at_4",
+        "eval/aime24/reflection/frac",
+    ):
         assert key in metrics
     assert metrics["eval/aime24/avg_at_4"] == pytest.approx(bench["metrics"]["avg@4"])
     artifacts = {a.path for a in mlflow.tracking.MlflowClient().list_artifacts(runs[0].info.run_id)}
@@ -166,13 +182,32 @@ def test_validate_hook_returns_val_metrics_and_leaves_the_model_alone(data_dir):
 
     tok = _char_tokenizer()
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=1024, pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id, bos_token_id=None))
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(tok),
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=1024,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            bos_token_id=None,
+        )
+    )
     model.train()
-    val_cfg = OmegaConf.create({"prompts": 128, "temperature": 1.0, "benchmarks": ["aime24", "amc23"],
-                                "n_samples": 2, "limit": 2, "max_new_tokens": 4, "data_root": str(data_dir)})
+    val_cfg = OmegaConf.create(
+        {
+            "prompts": 128,
+            "temperature": 1.0,
+            "benchmarks": ["aime24", "amc23"],
+            "n_samples": 2,
+            "limit": 2,
+            "max_new_tokens": 4,
+            "data_root": str(data_dir),
+        }
+    )
     rng = torch.random.get_rng_state()
     out = validate(model, tok, list(val_cfg.benchmarks), val_cfg)
     assert torch.equal(torch.random.get_rng_state(), rng) and model.training

@@ -26,7 +26,7 @@ SETTINGS = {
     "high_entropy_mask": {"rho": 0.2},
     "clip_cov": {"ratio": 0.2, "lb": -10.0, "ub": 10.0},
     "kl_cov": {"ratio": 0.2},
-    "lp_reg": {"rho": 0.2},               # its lowest-probability negative candidates
+    "lp_reg": {"rho": 0.2},  # its lowest-probability negative candidates
 }
 # SIREN (per-response quantile), Archer (per-response quantile), GTPO (per group) need no scope
 
@@ -35,14 +35,19 @@ def _mini_batch() -> dict[str, torch.Tensor]:
     """A mini-batch of ROWS responses of random lengths, the same on every process (seeded)."""
     gen = torch.Generator().manual_seed(7)
     lengths = torch.randint(2, WIDTH + 1, (ROWS,), generator=gen)
-    lengths[0], lengths[ROWS // 2:] = WIDTH, lengths[ROWS // 2:].clamp(max=WIDTH - 3)   # rank 1's rows are shorter
+    lengths[0], lengths[ROWS // 2 :] = WIDTH, lengths[ROWS // 2 :].clamp(max=WIDTH - 3)  # rank 1's rows are shorter
     mask = (torch.arange(WIDTH)[None, :] < lengths[:, None]).float()
     logp = -torch.rand(ROWS, WIDTH, generator=gen) * 3
     entropy = torch.rand(ROWS, WIDTH, generator=gen) * 2
     rewards = torch.randint(0, 2, (ROWS // 2,), generator=gen).float()
-    advantages = ((rewards - rewards.mean()).repeat_interleave(2)[:, None] + 0.1 * torch.randn(ROWS, 1, generator=gen))
-    return {"logp": logp * mask, "old_logp": logp * mask, "entropy": entropy * mask,
-            "advantages": advantages.expand(ROWS, WIDTH) * mask, "mask": mask}
+    advantages = (rewards - rewards.mean()).repeat_interleave(2)[:, None] + 0.1 * torch.randn(ROWS, 1, generator=gen)
+    return {
+        "logp": logp * mask,
+        "old_logp": logp * mask,
+        "entropy": entropy * mask,
+        "advantages": advantages.expand(ROWS, WIDTH) * mask,
+        "mask": mask,
+    }
 
 
 def _algorithm():
@@ -55,7 +60,7 @@ def _algorithm():
 
 def _select(rows: slice, gather=None) -> dict[str, torch.Tensor]:
     batch = {k: v[rows] for k, v in _mini_batch().items()}
-    width = int(batch["mask"].sum(1).max())             # this rank's own padded width
+    width = int(batch["mask"].sum(1).max())  # this rank's own padded width
     batch = {k: v[:, :width].contiguous() for k, v in batch.items()}
     return _algorithm().prepare("mini", **batch, gather=gather)
 
@@ -69,15 +74,14 @@ def _aent_step(rows: slice, scope: str, reduce=None, micro_rows: int = 2) -> tup
 
     batch = _mini_batch()
     clamped = torch.rand(ROWS, WIDTH, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 2
-    params = {"scope": scope, "warmup_steps": 0, "lr": 1e-5}       # a step that stays inside the coefficient box
+    params = {"scope": scope, "warmup_steps": 0, "lr": 1e-5}  # a step that stays inside the coefficient box
     algo = Algorithm(interventions=[build_intervention("aent", params)], max_response_length=WIDTH)
     picked = torch.arange(ROWS)[rows]
     for _ in range(2):
         algo.begin_step(0.5)
         for start in range(0, len(picked), micro_rows):
-            idx = picked[start:start + micro_rows]
-            out = algo.loss(**{k: v[idx].double() for k, v in batch.items()},
-                            extras={"aent/clamped_entropy": clamped[idx]})
+            idx = picked[start : start + micro_rows]
+            out = algo.loss(**{k: v[idx].double() for k, v in batch.items()}, extras={"aent/clamped_entropy": clamped[idx]})
             algo.after_loss(out)
         algo.end_step(reduce)
     algo.begin_step(0.5)
@@ -93,7 +97,7 @@ def _siren_anchor(rows: slice, reduce=None) -> float:
     batch = _mini_batch()
     h = torch.rand(ROWS, WIDTH, generator=torch.Generator().manual_seed(11), dtype=torch.float64) * batch["mask"]
     siren = build_intervention("siren", {"top_p": 0.95, "top_k": 50, "quantile": 0.5, "coef": 1.0})
-    assert siren.sampling_vocab_stats()                          # asked for until the anchor is set
+    assert siren.sampling_vocab_stats()  # asked for until the anchor is set
     siren.observe_sampling({KEY: h[rows]}, batch["mask"][rows], reduce)
     assert siren.sampling_vocab_stats() == {}
     return siren.anchor
@@ -108,11 +112,12 @@ def _worker(out_dir: Path) -> None:
     info = distributed.setup({"device": "cpu"})
     assert info.world_size == 2
     share = ROWS // info.world_size
-    mine = _select(slice(info.rank * share, (info.rank + 1) * share),
-                   gather=lambda tensors: distributed.gather_rows(tensors, info))
+    mine = _select(
+        slice(info.rank * share, (info.rank + 1) * share), gather=lambda tensors: distributed.gather_rows(tensors, info)
+    )
     everyone: list = [None] * info.world_size
     dist.all_gather_object(everyone, {k: v.clone() for k, v in mine.items()})
-    reduce = lambda t: distributed.sum_across(t, info)      # noqa: E731 (as the trainer passes it)
+    reduce = lambda t: distributed.sum_across(t, info)  # noqa: E731 (as the trainer passes it)
     rows = slice(info.rank * share, (info.rank + 1) * share)
     aent: list = [None] * info.world_size
     dist.all_gather_object(aent, {scope: _aent_step(rows, scope, reduce) for scope in ("global", "micro")})
@@ -120,7 +125,8 @@ def _worker(out_dir: Path) -> None:
     dist.all_gather_object(anchors, _siren_anchor(rows, reduce))
     batch = _mini_batch()
     quantiles = entropy_quantile_metrics(
-        distributed.gather_values(batch["entropy"][rows][batch["mask"][rows].bool()], info), QUANTILES)
+        distributed.gather_values(batch["entropy"][rows][batch["mask"][rows].bool()], info), QUANTILES
+    )
     everyone_q: list = [None] * info.world_size
     dist.all_gather_object(everyone_q, quantiles)
     if info.is_main:
@@ -141,9 +147,23 @@ def _free_port() -> int:
 def two_ranks(tmp_path_factory) -> Path:
     """The folder where one 2-rank gloo run of ``_worker`` left its results."""
     where = tmp_path_factory.mktemp("two_ranks")
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          str(_free_port()), str(HERE), str(where)], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(_free_port()),
+            str(HERE),
+            str(where),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return where
 
@@ -154,14 +174,14 @@ def test_global_selections_on_two_ranks_equal_one_process(two_ranks):
     assert {k.split("/")[0] for k in one} == set(SETTINGS)
     for key, whole in one.items():
         parts = [r[key] for r in ranks]
-        assert min(p.shape[1] for p in parts) < whole.shape[1]      # a rank narrower than the whole: padding met
+        assert min(p.shape[1] for p in parts) < whole.shape[1]  # a rank narrower than the whole: padding met
         stacked = torch.cat([torch.nn.functional.pad(p, (0, whole.shape[1] - p.shape[1])) for p in parts])
-        assert torch.equal(stacked, whole), key                   # bit-identical, rows and tokens
+        assert torch.equal(stacked, whole), key  # bit-identical, rows and tokens
         valid = _mini_batch()["mask"].bool()
         if whole.dtype == torch.bool:
-            assert 0 < int(whole[valid].sum()) < int(valid.sum()), key   # a real selection, not all or none
+            assert 0 < int(whole[valid].sum()) < int(valid.sum()), key  # a real selection, not all or none
         else:
-            assert float(whole[valid].std()) > 0, key                     # STEER weights vary
+            assert float(whole[valid].std()) > 0, key  # STEER weights vary
 
 
 def test_aent_global_coefficient_on_two_ranks_equals_one_process(two_ranks):
@@ -169,11 +189,11 @@ def test_aent_global_coefficient_on_two_ranks_equals_one_process(two_ranks):
     both ranks read the token mean of all the step's tokens (what one process reads, to float64
     rounding) and move to the same coefficient; with micro each rank reads its own tokens."""
     ranks = torch.load(two_ranks / "aent.pt", weights_only=False)
-    h_one, coef_one = _aent_step(slice(None), "global", micro_rows=5)   # other micro-batches: same token mean
+    h_one, coef_one = _aent_step(slice(None), "global", micro_rows=5)  # other micro-batches: same token mean
     for r in ranks:
         assert r["global"][0] == pytest.approx(h_one, rel=1e-12) and r["global"][1] == pytest.approx(coef_one, rel=1e-12)
-    assert ranks[0]["micro"][0] != ranks[1]["micro"][0]           # the per-rank mean differs by rank
-    assert 1e-5 < coef_one < 0.0002                               # the coefficient moved, inside its box
+    assert ranks[0]["micro"][0] != ranks[1]["micro"][0]  # the per-rank mean differs by rank
+    assert 1e-5 < coef_one < 0.0002  # the coefficient moved, inside its box
 
 
 def test_siren_anchor_on_two_ranks_equals_one_process(two_ranks):
@@ -188,9 +208,8 @@ def test_siren_anchor_on_two_ranks_equals_one_process(two_ranks):
     batch = _mini_batch()
     h = torch.rand(ROWS, WIDTH, generator=torch.Generator().manual_seed(11), dtype=torch.float64) * batch["mask"]
     m1 = peak_mask(h, batch["mask"], 0.5)
-    assert one == pytest.approx(float(seq_mean_token_mean(torch.where(m1, h, torch.zeros_like(h)), m1.double())),
-                                rel=1e-12)
-    assert _siren_anchor(slice(0, ROWS // 2)) != pytest.approx(one, rel=1e-6)   # half the batch anchors elsewhere
+    assert one == pytest.approx(float(seq_mean_token_mean(torch.where(m1, h, torch.zeros_like(h)), m1.double())), rel=1e-12)
+    assert _siren_anchor(slice(0, ROWS // 2)) != pytest.approx(one, rel=1e-6)  # half the batch anchors elsewhere
 
 
 def test_entropy_quantiles_on_two_ranks_equal_one_process(two_ranks):
@@ -204,7 +223,7 @@ def test_entropy_quantiles_on_two_ranks_equal_one_process(two_ranks):
     assert list(one) == ["entropy/p10", "entropy/p50", "entropy/p90", "entropy/p99"]
     ranks = torch.load(two_ranks / "quantiles.pt", weights_only=False)
     assert ranks == [one, one]
-    half = entropy_quantile_metrics(batch["entropy"][:ROWS // 2][valid[:ROWS // 2]], QUANTILES)
+    half = entropy_quantile_metrics(batch["entropy"][: ROWS // 2][valid[: ROWS // 2]], QUANTILES)
     assert half != one
 
 
@@ -214,7 +233,7 @@ def test_sorted_quantiles_match_torch_quantile():
     values = torch.rand(1001, generator=torch.Generator().manual_seed(2))
     want = torch.quantile(values.double(), torch.tensor(QUANTILES, dtype=torch.float64)).tolist()
     assert sorted_quantiles(values, QUANTILES) == pytest.approx(want, rel=1e-12)
-    assert all(v != v for v in sorted_quantiles(torch.empty(0), QUANTILES))     # no tokens: nan
+    assert all(v != v for v in sorted_quantiles(torch.empty(0), QUANTILES))  # no tokens: nan
 
 
 def test_micro_scope_stays_per_rank_while_global_does_not():
@@ -224,8 +243,12 @@ def test_micro_scope_stays_per_rank_while_global_does_not():
 
     batch = _mini_batch()
     whole = select_top_fraction(batch["entropy"], batch["mask"].bool(), 0.2)
-    halves = torch.cat([select_top_fraction(batch["entropy"][r], batch["mask"][r].bool(), 0.2)
-                        for r in (slice(0, ROWS // 2), slice(ROWS // 2, ROWS))])
+    halves = torch.cat(
+        [
+            select_top_fraction(batch["entropy"][r], batch["mask"][r].bool(), 0.2)
+            for r in (slice(0, ROWS // 2), slice(ROWS // 2, ROWS))
+        ]
+    )
     assert not torch.equal(whole, halves)
 
 
@@ -237,12 +260,15 @@ def test_lp_reg_loss_reads_the_wide_selection():
 
     batch = _mini_batch()
     gen = torch.Generator().manual_seed(11)
-    vocab = {"lp_reg/minp_log_mass": -0.5 * torch.rand(ROWS, WIDTH, generator=gen),
-             "lp_reg/max_logp": -0.5 * torch.rand(ROWS, WIDTH, generator=gen)}
+    vocab = {
+        "lp_reg/minp_log_mass": -0.5 * torch.rand(ROWS, WIDTH, generator=gen),
+        "lp_reg/max_logp": -0.5 * torch.rand(ROWS, WIDTH, generator=gen),
+    }
 
     def losses(scope: str, selections_from: dict | None = None) -> dict[str, float]:
-        algo = Algorithm(interventions=[build_intervention("lp_reg", {"rho": 0.3, "kappa": 0.02, "scope": scope})],
-                         max_response_length=WIDTH)
+        algo = Algorithm(
+            interventions=[build_intervention("lp_reg", {"rho": 0.3, "kappa": 0.02, "scope": scope})], max_response_length=WIDTH
+        )
         made = algo.prepare("mini", **(selections_from or batch)) if scope != "micro" else {}
         out = algo.loss(**batch, extras={**vocab, **made})
         return {k: out.metrics[k] for k in ("loss/lp_reg", "lp_reg/frac", "loss/total")}

@@ -25,9 +25,19 @@ from entropyrl.trainers.stats.token_stats import chunked_token_stats, logits_tok
 TOL = dict(rtol=1e-6, atol=1e-6)
 DAPO_CLIP = {"low": 0.2, "high": 0.28, "dual_c": 10.0}
 # Every golden file and the test that reproduces it (test_every_golden_file_is_checked keeps this honest).
-CHECKED = {"inputs.json", "token_stats.json", "advantages.json", "surrogate.json", "stare.json",
-           "stare_controller.json", "steer.json", "cov.json", "overlong.json", "quadrants.json",
-           "pass_at_k.json"}
+CHECKED = {
+    "inputs.json",
+    "token_stats.json",
+    "advantages.json",
+    "surrogate.json",
+    "stare.json",
+    "stare_controller.json",
+    "steer.json",
+    "cov.json",
+    "overlong.json",
+    "quadrants.json",
+    "pass_at_k.json",
+}
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +54,9 @@ def t64(x) -> torch.Tensor:
 
 
 def close(actual: torch.Tensor, expected, **kw) -> None:
-    torch.testing.assert_close(actual.to(torch.float64), t64(expected) if not torch.is_tensor(expected)
-                               else expected.to(torch.float64), **(kw or TOL))
+    torch.testing.assert_close(
+        actual.to(torch.float64), t64(expected) if not torch.is_tensor(expected) else expected.to(torch.float64), **(kw or TOL)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +65,15 @@ def batch(gdir):
     mask = t64(inp["mask"])
     rewards, groups = t64(inp["rewards"]), torch.tensor(inp["groups"], dtype=torch.long)
     return {
-        "logits": t64(inp["logits"]), "tokens": torch.tensor(inp["tokens"], dtype=torch.long),
-        "lengths": torch.tensor(inp["response_lengths"]), "mask": mask,
-        "logp": t64(inp["logp"]), "old_logp": t64(inp["old_logp"]), "entropy": t64(inp["entropy"]),
-        "rewards": rewards, "groups": groups,
+        "logits": t64(inp["logits"]),
+        "tokens": torch.tensor(inp["tokens"], dtype=torch.long),
+        "lengths": torch.tensor(inp["response_lengths"]),
+        "mask": mask,
+        "logp": t64(inp["logp"]),
+        "old_logp": t64(inp["old_logp"]),
+        "entropy": t64(inp["entropy"]),
+        "rewards": rewards,
+        "groups": groups,
         "adv": core_algos.compute_advantages("grpo", rewards, groups, mask),
     }
 
@@ -67,16 +83,36 @@ def algo(cfg: dict, T: int = 7) -> Algorithm:
 
 
 def loss_of(a: Algorithm, b) -> torch.Tensor:
-    return a.loss(logp=b["logp"], old_logp=b["old_logp"], entropy=b["entropy"], advantages=b["adv"],
-                  mask=b["mask"]).loss
+    return a.loss(logp=b["logp"], old_logp=b["old_logp"], entropy=b["entropy"], advantages=b["adv"], mask=b["mask"]).loss
 
 
 # Checked by tests/test_lab_fixes.py (the lab's fidelity fixes), wherever the golden folder lives.
-CHECKED_ELSEWHERE = {"lab_fixes.json",
-                     # the newer methods: tests/test_entropy_methods.py
-                     *(f"{n}.json" for n in ("ce_gppo", "archer", "entropy_adv", "entropic", "gspo", "gmpo",
-                                            "cispo", "sapo", "tis_modes", "vocab_stats", "gtpo", "aent", "lp_reg", "siren",
-                                            "high_entropy_mask", "sample_reweight", "adaptive_entropy"))}
+CHECKED_ELSEWHERE = {
+    "lab_fixes.json",
+    # the newer methods: tests/test_entropy_methods.py
+    *(
+        f"{n}.json"
+        for n in (
+            "ce_gppo",
+            "archer",
+            "entropy_adv",
+            "entropic",
+            "gspo",
+            "gmpo",
+            "cispo",
+            "sapo",
+            "tis_modes",
+            "vocab_stats",
+            "gtpo",
+            "aent",
+            "lp_reg",
+            "siren",
+            "high_entropy_mask",
+            "sample_reweight",
+            "adaptive_entropy",
+        )
+    ),
+}
 
 
 def test_every_golden_file_is_checked(gdir):
@@ -98,9 +134,14 @@ def test_token_stats(gdir, batch, temperature):
     close(entropy, want["entropy"])
     # The chunked path: hidden = logits and an identity projection give the same logits.
     v = batch["logits"].shape[-1]
-    logp_c, ent_c = chunked_token_stats(batch["logits"].reshape(-1, v), torch.eye(v, dtype=torch.float64),
-                                        batch["tokens"].reshape(-1), temperature=temperature,
-                                        chunk_size=5, vocab_chunk_size=4)
+    logp_c, ent_c = chunked_token_stats(
+        batch["logits"].reshape(-1, v),
+        torch.eye(v, dtype=torch.float64),
+        batch["tokens"].reshape(-1),
+        temperature=temperature,
+        chunk_size=5,
+        vocab_chunk_size=4,
+    )
     close(logp_c.view(6, 7), want["logp"])
     close(ent_c.view(6, 7), want["entropy"])
 
@@ -116,39 +157,59 @@ def test_advantages(gdir, batch, name):
 
 def test_reinforce_pp_baseline(gdir, batch):
     want = load(gdir, "advantages.json")["reinforce_pp_baseline_token_level"]
-    close(core_algos.compute_advantages("reinforce_pp_baseline", batch["rewards"], batch["groups"], batch["mask"]),
-          want)
+    close(core_algos.compute_advantages("reinforce_pp_baseline", batch["rewards"], batch["groups"], batch["mask"]), want)
 
 
 @pytest.mark.parametrize("kind", ["grpo", "dapo"])
 def test_surrogate_and_aggregations(gdir, batch, kind):
     want = load(gdir, "surrogate.json")[kind]
-    out = core_algos.clipped_surrogate(batch["logp"], batch["old_logp"], batch["adv"], eps_low=want["eps_low"],
-                                       eps_high=want["eps_high"], dual_c=want["clip_c"])
+    out = core_algos.clipped_surrogate(
+        batch["logp"], batch["old_logp"], batch["adv"], eps_low=want["eps_low"], eps_high=want["eps_high"], dual_c=want["clip_c"]
+    )
     close(out.loss * batch["mask"], want["per_token"])
     clip = {"low": want["eps_low"], "high": want["eps_high"], "dual_c": want["clip_c"]}
-    for mode, key in [("token-mean", "token-mean"), ("seq-mean-token-mean", "seq-mean-token-mean"),
-                      ("seq-mean-token-sum-norm", "seq-mean-token-sum-norm(norm=7)")]:
+    for mode, key in [
+        ("token-mean", "token-mean"),
+        ("seq-mean-token-mean", "seq-mean-token-mean"),
+        ("seq-mean-token-sum-norm", "seq-mean-token-sum-norm(norm=7)"),
+    ]:
         close(core_algos.agg_loss(out.loss, batch["mask"], mode, norm=7), want[key])
         # and through the facade (norm = max_response_length = 7)
         close(loss_of(algo({"clip": clip, "loss_agg": mode}), batch), want[key])
 
 
-@pytest.mark.parametrize("case", ["O1_gateOn_P0.1", "O1_gateOn_P0.3", "O1_gateOff_P0.1", "O1_gateOff_P0.3",
-                                  "C2_gateOn_P0.1", "C2_gateOn_P0.3", "C2_gateOff_P0.1", "C2_gateOff_P0.3"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "O1_gateOn_P0.1",
+        "O1_gateOn_P0.3",
+        "O1_gateOff_P0.1",
+        "O1_gateOff_P0.3",
+        "C2_gateOn_P0.1",
+        "C2_gateOn_P0.3",
+        "C2_gateOff_P0.1",
+        "C2_gateOff_P0.3",
+    ],
+)
 def test_stare(gdir, batch, case):
     want = load(gdir, "stare.json")[case]
     variant, gate_on = case.split("_")[0], "gateOn" in case
-    a = algo({"clip": DAPO_CLIP, "interventions": ["stare"],
-              "stare": {"p": want["top_p"], "w": want["w"], "m": want["m"], "variant": variant, "h_tgt": 0.3}})
+    a = algo(
+        {
+            "clip": DAPO_CLIP,
+            "interventions": ["stare"],
+            "stare": {"p": want["top_p"], "w": want["w"], "m": want["m"], "variant": variant, "h_tgt": 0.3},
+        }
+    )
     a.begin_step(0.1 if gate_on else 0.5)
     assert a.step_metrics()["stare/gate_on"] == float(gate_on)
     stare = a.interventions[0]
     sel = stare.select(TokenBatch(batch["logp"], batch["old_logp"], batch["entropy"], batch["adv"], batch["mask"]))
     assert sel["stare/l_plus"].long().tolist() == want["l_plus"]
     assert sel["stare/l_minus"].long().tolist() == want["l_minus"]
-    weights = stare.weights(sel["stare/l_plus"], sel["stare/l_minus"], torch.float64) if gate_on \
-        else torch.ones_like(batch["mask"])
+    weights = (
+        stare.weights(sel["stare/l_plus"], sel["stare/l_minus"], torch.float64) if gate_on else torch.ones_like(batch["mask"])
+    )
     close(weights, want["weights"])
     close(loss_of(a, batch), want["loss_token-mean(dapo clip)"])
 
@@ -156,9 +217,21 @@ def test_stare(gdir, batch, case):
 @pytest.mark.parametrize("mode", ["fixed", "adaptive"])
 def test_stare_controller(gdir, mode):
     g = load(gdir, "stare_controller.json")
-    a = algo({"interventions": ["stare"],
-              "stare": {"h_tgt": g["target"], "w": g["w"], "m": g["m"], "alpha": g["alpha"], "w_max": g["w_max"],
-                        "m_min": g["m_min"], "adaptive": mode == "adaptive", "variant": "C2"}})
+    a = algo(
+        {
+            "interventions": ["stare"],
+            "stare": {
+                "h_tgt": g["target"],
+                "w": g["w"],
+                "m": g["m"],
+                "alpha": g["alpha"],
+                "w_max": g["w_max"],
+                "m_min": g["m_min"],
+                "adaptive": mode == "adaptive",
+                "variant": "C2",
+            },
+        }
+    )
     for h, want in zip(g["entropies"], g[mode]):
         a.begin_step(float(h))  # "nan" -> float('nan')
         m = a.step_metrics()
@@ -167,17 +240,22 @@ def test_stare_controller(gdir, mode):
         assert math.isclose(m["stare/m"], want["m"], rel_tol=1e-6, abs_tol=1e-6), h
 
 
-@pytest.mark.parametrize("case,mapping,lmin,lmax", [("exp_min0.8_max1.0", "exp", 0.8, 1.0),
-                                                    ("linear_min0.8_max1.2", "linear", 0.8, 1.2),
-                                                    ("exp_min0.5_max1.0", "exp", 0.5, 1.0)])
+@pytest.mark.parametrize(
+    "case,mapping,lmin,lmax",
+    [
+        ("exp_min0.8_max1.0", "exp", 0.8, 1.0),
+        ("linear_min0.8_max1.2", "linear", 0.8, 1.2),
+        ("exp_min0.5_max1.0", "exp", 0.5, 1.0),
+    ],
+)
 def test_steer(gdir, batch, case, mapping, lmin, lmax):
     g = load(gdir, "steer.json")
     omega = entropy_change_estimate(batch["logp"], batch["old_logp"], batch["entropy"], batch["adv"], batch["mask"])
     close(omega, g["omega"])
-    close(steer_weights(omega, batch["mask"], mapping=mapping, lambda_min=lmin, lambda_max=lmax),
-          g[case]["weights"])
-    a = algo({"clip": DAPO_CLIP, "interventions": ["steer"],
-              "steer": {"mapping": mapping, "lambda_min": lmin, "lambda_max": lmax}})
+    close(steer_weights(omega, batch["mask"], mapping=mapping, lambda_min=lmin, lambda_max=lmax), g[case]["weights"])
+    a = algo(
+        {"clip": DAPO_CLIP, "interventions": ["steer"], "steer": {"mapping": mapping, "lambda_min": lmin, "lambda_max": lmax}}
+    )
     close(loss_of(a, batch), g[case]["loss_token-mean(dapo clip)"])
 
 
@@ -185,15 +263,13 @@ def test_cov(gdir, batch):
     g = load(gdir, "cov.json")
     cov = core_algos.token_covariance(batch["adv"], batch["logp"], batch["mask"])
     close(cov, g["cov"])
-    surr = core_algos.clipped_surrogate(batch["logp"], batch["old_logp"], batch["adv"], eps_low=0.2,
-                                        eps_high=0.28, dual_c=10.0)
+    surr = core_algos.clipped_surrogate(batch["logp"], batch["old_logp"], batch["adv"], eps_low=0.2, eps_high=0.28, dual_c=10.0)
     cand = clip_cov_candidates(cov, batch["mask"], surr.ratio_clipped, 0.1, 2.0)
     assert cand.long().tolist() == g["clip_cov_candidates(lb=0.1,ub=2.0,eps=0.2/0.28)"]
     kc = g["kl_cov(ratio=0.1,kappa=1)"]
     sel = kl_cov_selection(cov, batch["mask"], 0.1)
     assert sel.long().tolist() == kc["selected"]
-    close(kl_cov_loss(batch["logp"], batch["old_logp"], batch["adv"], surr.ratio, sel, 1.0) * batch["mask"],
-          kc["per_token"])
+    close(kl_cov_loss(batch["logp"], batch["old_logp"], batch["adv"], surr.ratio, sel, 1.0) * batch["mask"], kc["per_token"])
     a = algo({"interventions": ["kl_cov"], "kl_cov": {"ratio": 0.1, "kappa": 1.0}})
     close(loss_of(a, batch), kc["token-mean"])
 
@@ -218,5 +294,6 @@ def test_quadrants(gdir, batch):
 
 def test_pass_at_k(gdir):
     from entropyrl.evals.metrics import pass_at_k
+
     for case in load(gdir, "pass_at_k.json"):
         assert math.isclose(pass_at_k(case["n"], case["c"], case["k"]), case["value"], rel_tol=1e-6, abs_tol=1e-6)

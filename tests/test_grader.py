@@ -46,44 +46,85 @@ def test_reference_solutions_with_another_problems_answer_are_all_wrong(referenc
     results = grade_batch(solutions, swapped)
     wrong_verdicts = [(r.extracted, s) for r, s in zip(results, swapped) if r.correct]
     assert not wrong_verdicts
-    assert all(r.extracted for r in results)          # the answer was found, just not equal
+    assert all(r.extracted for r in results)  # the answer was found, just not equal
 
 
-@pytest.mark.parametrize("pred, gold", [
-    ("073", "73"), ("73", "073"), ("27.0", "27"), ("1,000", "1000"), ("\\text{Evelyn}", "Evelyn"),
-    ("30^\\circ", "30"), ("30^{\\circ}", "30"), ("\\$18", "18"), ("18.", "18"), ("10\\%", "10"),
-    ("5\\text{ cm}", "5"), ("\\textbf{(C)}", "C"), ("x=5", "5"), ("\\dfrac{1}{2}", "0.5"),
-    ("\\frac12", "\\frac{1}{2}"), ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"),
-    ("\\sqrt{8}", "2\\sqrt{2}"), ("\\{1,2\\}", "\\{2,1\\}"), ("2,125", "2125"), (".5", "0.5"),
-])
+@pytest.mark.parametrize(
+    "pred, gold",
+    [
+        ("073", "73"),
+        ("73", "073"),
+        ("27.0", "27"),
+        ("1,000", "1000"),
+        ("\\text{Evelyn}", "Evelyn"),
+        ("30^\\circ", "30"),
+        ("30^{\\circ}", "30"),
+        ("\\$18", "18"),
+        ("18.", "18"),
+        ("10\\%", "10"),
+        ("5\\text{ cm}", "5"),
+        ("\\textbf{(C)}", "C"),
+        ("x=5", "5"),
+        ("\\dfrac{1}{2}", "0.5"),
+        ("\\frac12", "\\frac{1}{2}"),
+        ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"),
+        ("\\sqrt{8}", "2\\sqrt{2}"),
+        ("\\{1,2\\}", "\\{2,1\\}"),
+        ("2,125", "2125"),
+        (".5", "0.5"),
+    ],
+)
 def test_equivalent_answers(pred, gold):
     assert is_equiv(pred, gold)
 
 
-@pytest.mark.parametrize("pred, gold", [
-    ("5", "6"), ("\\frac{1}{3}", "0.33"), ("x^2", "x^3"), ("(1,2)", "(2,1)"), ("\\text{Evelyn}", "Bob"),
-    ("730", "73"), ("-5", "5"), ("", "5"), ("5", ""), ("\\sqrt{2}", "2"),
-])
+@pytest.mark.parametrize(
+    "pred, gold",
+    [
+        ("5", "6"),
+        ("\\frac{1}{3}", "0.33"),
+        ("x^2", "x^3"),
+        ("(1,2)", "(2,1)"),
+        ("\\text{Evelyn}", "Bob"),
+        ("730", "73"),
+        ("-5", "5"),
+        ("", "5"),
+        ("5", ""),
+        ("\\sqrt{2}", "2"),
+    ],
+)
 def test_different_answers(pred, gold):
     assert not is_equiv(pred, gold)
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("so the answer is $\\boxed{\\frac{1}{2}}$.", "\\frac{1}{2}"),
-    ("first \\boxed{1}, finally \\boxed{\\{1,2\\}}", "\\{1,2\\}"),
-    ("nested \\boxed{\\frac{a}{\\sqrt{b}}}", "\\frac{a}{\\sqrt{b}}"),
-    ("\\fbox{42}", "42"), ("\\framebox[2cm]{7}", "7"), ("$\\boxed 5$", "5"),
-    ("work...\nAnswer: $42$", "42"), ("**Final Answer:** 7.", "7"), ("answer: 3\nAnswer: 4", "4"),
-    ("no final answer here", None), ("\\boxed{}", None), ("cut off \\boxed{12", None),
-    ("", None), (None, None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("so the answer is $\\boxed{\\frac{1}{2}}$.", "\\frac{1}{2}"),
+        ("first \\boxed{1}, finally \\boxed{\\{1,2\\}}", "\\{1,2\\}"),
+        ("nested \\boxed{\\frac{a}{\\sqrt{b}}}", "\\frac{a}{\\sqrt{b}}"),
+        ("\\fbox{42}", "42"),
+        ("\\framebox[2cm]{7}", "7"),
+        ("$\\boxed 5$", "5"),
+        ("work...\nAnswer: $42$", "42"),
+        ("**Final Answer:** 7.", "7"),
+        ("answer: 3\nAnswer: 4", "4"),
+        ("no final answer here", None),
+        ("\\boxed{}", None),
+        ("cut off \\boxed{12", None),
+        ("", None),
+        (None, None),
+    ],
+)
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
 
 
 def test_grade_batch_reports_extracted_answers_and_reasons():
-    out = grade_batch(["x \\boxed{073}", "\\boxed{\\sqrt{8}}", "Answer: 9", "nothing", "\\boxed{\\dfrac{2}{4}}"],
-                      ["73", "2\\sqrt{2}", "8", "1", "0.5"])
+    out = grade_batch(
+        ["x \\boxed{073}", "\\boxed{\\sqrt{8}}", "Answer: 9", "nothing", "\\boxed{\\dfrac{2}{4}}"],
+        ["73", "2\\sqrt{2}", "8", "1", "0.5"],
+    )
     assert [r.correct for r in out] == [True, True, False, False, True]
     assert [r.extracted for r in out] == ["073", "\\sqrt{8}", "9", None, "\\dfrac{2}{4}"]
     assert [r.reason for r in out] == ["match", "math_verify_match", "mismatch", "no_answer", "match"]
@@ -92,7 +133,7 @@ def test_grade_batch_reports_extracted_answers_and_reasons():
 def test_one_and_two_workers_agree(reference):
     solutions, golds = reference
     preds = [extract_answer(s) for s in solutions[:60]]
-    mixed = golds[:30] + golds[31:61]              # half right, half another problem's answer
+    mixed = golds[:30] + golds[31:61]  # half right, half another problem's answer
     assert grade_answers(preds, mixed, workers=1) == grade_answers(preds, mixed, workers=2)
 
 
@@ -100,15 +141,17 @@ def test_pathological_inputs_are_false_and_bounded():
     limit = 2.0
     tower = "9^{9^{9^{9}}}"
     cases = [
-        ("\\boxed{" + tower + "}", "5"),                        # math-verify would spin for seconds
+        ("\\boxed{" + tower + "}", "5"),  # math-verify would spin for seconds
         ("\\boxed{" + tower + "}", tower + "+1"),
-        ("x" * 1_000_000 + "\\boxed{5}", "6"),                  # 1 MB response: searched, wrong answer
-        ("\\boxed{" + "1+" * 5000 + "1}", "5"),                 # 10 kB answer: over the answer cap
-        ("\\boxed{" + "{" * 50_000, "5"),                       # unbalanced braces
+        ("x" * 1_000_000 + "\\boxed{5}", "6"),  # 1 MB response: searched, wrong answer
+        ("\\boxed{" + "1+" * 5000 + "1}", "5"),  # 10 kB answer: over the answer cap
+        ("\\boxed{" + "{" * 50_000, "5"),  # unbalanced braces
         ("\\boxed{" + "{" * 400 + "1" + "}" * 400 + "}", "2"),  # deep nesting
-        (bytes(range(256)) * 100, "5"),                         # binary garbage
-        ("\x00\ud800\\boxed{\x00\x01}", "5"),                  # NUL and a lone surrogate
-        ("", "5"), (None, "5"), (42, "5"),
+        (bytes(range(256)) * 100, "5"),  # binary garbage
+        ("\x00\ud800\\boxed{\x00\x01}", "5"),  # NUL and a lone surrogate
+        ("", "5"),
+        (None, "5"),
+        (42, "5"),
     ]
     for response, gold in cases:
         started = time.monotonic()
@@ -148,19 +191,35 @@ def test_length_caps_are_applied():
     assert r.correct is False and r.reason == "too_long_answer"
 
 
-@pytest.mark.parametrize("key, value", [
-    ("3\\sqrt{13}", 3 * 13 ** 0.5), ("-\\frac{\\pi}{6}", -3.141592653589793 / 6), ("2^{10}", 1024.0),
-    ("\\frac12", 0.5), ("\\sqrt[3]{27}", 3.0), ("(1+2)\\cdot3", 9.0), ("10^{-3}", 0.001), ("-2^2", -4.0),
-    ("x", None), ("1,2", None), ("1/2", None), ("2^10", None), ("6-5i", None), ("9^{9^{9^{9}}}", None),
-    ("\\frac{1}{0}", None), ("\\sqrt{-1}", None), ("(" * 5000 + "1" + ")" * 5000, None), ("", None),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("3\\sqrt{13}", 3 * 13**0.5),
+        ("-\\frac{\\pi}{6}", -3.141592653589793 / 6),
+        ("2^{10}", 1024.0),
+        ("\\frac12", 0.5),
+        ("\\sqrt[3]{27}", 3.0),
+        ("(1+2)\\cdot3", 9.0),
+        ("10^{-3}", 0.001),
+        ("-2^2", -4.0),
+        ("x", None),
+        ("1,2", None),
+        ("1/2", None),
+        ("2^10", None),
+        ("6-5i", None),
+        ("9^{9^{9^{9}}}", None),
+        ("\\frac{1}{0}", None),
+        ("\\sqrt{-1}", None),
+        ("(" * 5000 + "1" + ")" * 5000, None),
+        ("", None),
+    ],
+)
 def test_numeric_value_is_a_safe_little_evaluator(key, value):
     got = grader.numeric_value(key)
     assert got == pytest.approx(value) if value is not None else got is None
 
 
 def test_numeric_fast_path_only_rejects_clearly_different_values():
-    assert grade_answers(["3\\sqrt{13}", "\\frac{\\pi}{6}", "2^{10}"], ["90", "0.5", "1000"]) == [
-        (False, "mismatch")] * 3
+    assert grade_answers(["3\\sqrt{13}", "\\frac{\\pi}{6}", "2^{10}"], ["90", "0.5", "1000"]) == [(False, "mismatch")] * 3
     # close values and equal values are left to math-verify
     assert grade_answers(["3\\sqrt{2}", "\\frac{\\pi}{6}"], ["\\sqrt{18}", "0.5235988"])[0] == (True, "math_verify_match")

@@ -33,18 +33,22 @@ def _grade(response: str, gold: str) -> GradeResult:
 
 # 1. Several boxes form one answer ---------------------------------------------------------
 
-@pytest.mark.parametrize("response, gold, correct", [
-    ("The solutions are $\\boxed{3}$ and $\\boxed{-1}$.", "-1, 3", True),
-    ("The solutions are $\\boxed{3}$ and $\\boxed{-1}$.", "3", False),          # a list vs one answer
-    ("The solutions are $\\boxed{3}$ and $\\boxed{-1}$.", "-1, 4", False),
-    ("\\boxed{1}, \\boxed{2}, \\boxed{3}", "\\{1,2,3\\}", True),
-    ("\\boxed{1}, \\boxed{2}, \\boxed{3}", "1, 2", False),                       # a part too many
-    ("\\[\\boxed{(1, 2)};\\ \\boxed{(2, 1)}\\]", "(2,1),(1,2)", True),           # order-insensitive
-    ("\\(x_1 = \\boxed{2}\\), \\(x_2 = \\boxed{5}\\)", "x_{2}=5, x_{1}=2", True),  # labels match up
-    ("\\(x_1 = \\boxed{2}\\), \\(x_2 = \\boxed{5}\\)", "x_1=5, x_2=2", False),     # ... and matter
-    ("\\boxed{\\sqrt{8}} \\text{ and } \\boxed{1}", "1, 2\\sqrt{2}", True),      # part by part via math-verify
-    ("first try \\boxed{4}.\n\nActually the total is \\boxed{5}.", "5", True),  # not one region
-])
+
+@pytest.mark.parametrize(
+    "response, gold, correct",
+    [
+        ("The solutions are $\\boxed{3}$ and $\\boxed{-1}$.", "-1, 3", True),
+        ("The solutions are $\\boxed{3}$ and $\\boxed{-1}$.", "3", False),  # a list vs one answer
+        ("The solutions are $\\boxed{3}$ and $\\boxed{-1}$.", "-1, 4", False),
+        ("\\boxed{1}, \\boxed{2}, \\boxed{3}", "\\{1,2,3\\}", True),
+        ("\\boxed{1}, \\boxed{2}, \\boxed{3}", "1, 2", False),  # a part too many
+        ("\\[\\boxed{(1, 2)};\\ \\boxed{(2, 1)}\\]", "(2,1),(1,2)", True),  # order-insensitive
+        ("\\(x_1 = \\boxed{2}\\), \\(x_2 = \\boxed{5}\\)", "x_{2}=5, x_{1}=2", True),  # labels match up
+        ("\\(x_1 = \\boxed{2}\\), \\(x_2 = \\boxed{5}\\)", "x_1=5, x_2=2", False),  # ... and matter
+        ("\\boxed{\\sqrt{8}} \\text{ and } \\boxed{1}", "1, 2\\sqrt{2}", True),  # part by part via math-verify
+        ("first try \\boxed{4}.\n\nActually the total is \\boxed{5}.", "5", True),  # not one region
+    ],
+)
 def test_several_boxes_form_one_answer(response, gold, correct):
     result = _grade(response, gold)
     assert result.correct is correct, result
@@ -58,15 +62,19 @@ def test_the_final_region_is_written_as_its_parts():
 
 # 2. The final answer is the last marker by position ----------------------------------------
 
-@pytest.mark.parametrize("response, expected", [
-    ("we get \\boxed{12} apples, then 8 more.\nFinal Answer: The final answer is $20$. I hope it is correct.", "20"),
-    ("\\boxed{7}\n\nAnswer: 9", "9"),
-    ("Answer: $\\boxed{4}$", "4"),
-    ("\\boxed{7}. So the answer is correct.", "7"),                    # "correct" is not an answer
-    ("so \\boxed{44}.\nWe may check our answer: $17\\cdot 44 = 748$.", "44"),   # "our answer:" mid-line
-    ("The answer is $\\frac{3}{4}$. Let me explain why.", "\\frac{3}{4}"),
-    ("**Final Answer:** 7.", "7"),
-])
+
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("we get \\boxed{12} apples, then 8 more.\nFinal Answer: The final answer is $20$. I hope it is correct.", "20"),
+        ("\\boxed{7}\n\nAnswer: 9", "9"),
+        ("Answer: $\\boxed{4}$", "4"),
+        ("\\boxed{7}. So the answer is correct.", "7"),  # "correct" is not an answer
+        ("so \\boxed{44}.\nWe may check our answer: $17\\cdot 44 = 748$.", "44"),  # "our answer:" mid-line
+        ("The answer is $\\frac{3}{4}$. Let me explain why.", "\\frac{3}{4}"),
+        ("**Final Answer:** 7.", "7"),
+    ],
+)
 def test_final_answer_by_position_among_markers(response, expected):
     assert extract_answer(response) == expected
 
@@ -78,12 +86,16 @@ def test_minerva_final_answer_after_a_box_is_graded():
 
 # 3. Percent words ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("response, gold, correct", [
-    ("\\boxed{45 percent}", "45\\%", True),
-    ("\\boxed{45\\text{ percent}}", "45\\%", True),
-    ("\\boxed{45 percentage}", "45", True),
-    ("\\boxed{45 pct}", "46\\%", False),
-])
+
+@pytest.mark.parametrize(
+    "response, gold, correct",
+    [
+        ("\\boxed{45 percent}", "45\\%", True),
+        ("\\boxed{45\\text{ percent}}", "45\\%", True),
+        ("\\boxed{45 percentage}", "45", True),
+        ("\\boxed{45 pct}", "46\\%", False),
+    ],
+)
 def test_percent_words(response, gold, correct):
     assert _grade(response, gold).correct is correct
 
@@ -95,22 +107,27 @@ def test_a_dropped_percent_is_never_rejected_by_the_fast_path():
 
 # 4. A list is never read as a number ---------------------------------------------------------
 
-@pytest.mark.parametrize("response, gold, correct", [
-    ("\\boxed{32, 349}", "32349", False),
-    ("\\boxed{1, 000}", "1000", False),
-    ("\\boxed{2, 3}", "2", False),
-    ("\\boxed{3} or \\boxed{4}", "3", False),                            # hedging is not rewarded
-    ("\\boxed{1,000}", "1000", True),
-    ("\\boxed{32,\\! 349}", "32349", True),                              # LaTeX's thousands separator
-    ("\\boxed{14{,}916}", "14916", True),
-    ("\\boxed{5}, \\boxed{5}", "5", True),                               # the same answer twice
-    ("\\boxed{0.5}, or \\boxed{\\frac{1}{2}}", "0.5", True),             # one value in two forms
-])
+
+@pytest.mark.parametrize(
+    "response, gold, correct",
+    [
+        ("\\boxed{32, 349}", "32349", False),
+        ("\\boxed{1, 000}", "1000", False),
+        ("\\boxed{2, 3}", "2", False),
+        ("\\boxed{3} or \\boxed{4}", "3", False),  # hedging is not rewarded
+        ("\\boxed{1,000}", "1000", True),
+        ("\\boxed{32,\\! 349}", "32349", True),  # LaTeX's thousands separator
+        ("\\boxed{14{,}916}", "14916", True),
+        ("\\boxed{5}, \\boxed{5}", "5", True),  # the same answer twice
+        ("\\boxed{0.5}, or \\boxed{\\frac{1}{2}}", "0.5", True),  # one value in two forms
+    ],
+)
 def test_lists_are_not_numbers(response, gold, correct):
     assert _grade(response, gold).correct is correct
 
 
 # Gold answers unwrapped like responses -------------------------------------------------------
+
 
 @pytest.mark.parametrize("gold", ["\\boxed{1}, \\boxed{2}", "$1, 2$", "So the answers are \\[\\boxed{2}, \\boxed{1}\\]"])
 def test_gold_answers_are_unwrapped(gold):
@@ -118,6 +135,7 @@ def test_gold_answers_are_unwrapped(gold):
 
 
 # Reasons -------------------------------------------------------------------------------------
+
 
 def test_every_verdict_has_a_reason_that_names_the_deciding_step():
     cases = [
@@ -146,19 +164,23 @@ def test_timeouts_are_a_reason():
 
 # Responses of any length, searched from the end in linear time -------------------------------
 
+
 def test_long_responses_are_searched_to_their_end():
-    long = "Let us think. " * 300_000 + "So \\boxed{42}."            # 4.2 MB, far past any old cutoff
+    long = "Let us think. " * 300_000 + "So \\boxed{42}."  # 4.2 MB, far past any old cutoff
     [right, wrong] = grade_batch([long, long], ["42", "41"])
     assert (right.correct, right.extracted, right.reason) == (True, "42", "match")
     assert (wrong.correct, wrong.reason) == (False, "mismatch")
 
 
-@pytest.mark.parametrize("response", [
-    "\\boxed{" * 200_000 + "5}",                         # every box but the last unclosed
-    "answer: " * 200_000,                                # markers with no answer after them
-    "\\boxed{1}, " * 50_000 + "\\boxed{2}",             # a huge final region: over the answer cap
-    "the answer is " * 200_000 + "$5$",
-])
+@pytest.mark.parametrize(
+    "response",
+    [
+        "\\boxed{" * 200_000 + "5}",  # every box but the last unclosed
+        "answer: " * 200_000,  # markers with no answer after them
+        "\\boxed{1}, " * 50_000 + "\\boxed{2}",  # a huge final region: over the answer cap
+        "the answer is " * 200_000 + "$5$",
+    ],
+)
 def test_hostile_long_responses_stay_linear(response):
     # Generous bound: quadratic work on these 1-3 MB inputs would take minutes.
     started = time.monotonic()
@@ -168,9 +190,10 @@ def test_hostile_long_responses_stay_linear(response):
 
 # Summaries and the eval warning --------------------------------------------------------------
 
+
 def test_no_answer_warning_above_a_quarter():
     results = grade_batch(["\\boxed{1}", "\\boxed{2}", "\\boxed{4}", "", "cut \\boxed{3"], ["1", "2", "3", "3", "3"])
-    assert no_answer_warning(results[:4], "aime24") is None              # 1 of 4: not above 25%
+    assert no_answer_warning(results[:4], "aime24") is None  # 1 of 4: not above 25%
     line = no_answer_warning(results, "aime24")
     assert line and "\n" not in line and "2 of 5" in line and "aime24" in line
 
@@ -179,8 +202,12 @@ def test_grade_cli_writes_reasons_and_counts_them(tmp_path):
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     rows = [("\\boxed{2}", "2"), ("\\boxed{32, 349}", "32349"), ("", "1"), ("x" * 300_000 + "\\boxed{7}", "7")]
     src.write_text("".join(json.dumps({"response": r, "answer": a}) + "\n" for r, a in rows))
-    run = subprocess.run([sys.executable, "-m", "entropyrl.cli.main", "grade", str(src), "--out", str(dst)],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "entropyrl.cli.main", "grade", str(src), "--out", str(dst)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     graded = [json.loads(line) for line in dst.read_text().splitlines()]
     assert [g["reason"] for g in graded] == ["match", "mismatch", "empty_response", "match"]
@@ -188,8 +215,9 @@ def test_grade_cli_writes_reasons_and_counts_them(tmp_path):
 
 
 def _grade_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "entropyrl.cli.main", "grade", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "entropyrl.cli.main", "grade", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_grade_refuses_an_out_that_is_its_input_by_any_name(tmp_path):
@@ -229,11 +257,28 @@ def test_grade_output_appears_whole_or_not_at_all(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("entropyrl.models") is None, reason="no tiny model")
 def test_eval_warns_when_most_responses_are_cut_short(tmp_path, data_dir):
     # 8 new tokens: no response gets as far as a final answer.
-    run = subprocess.run([sys.executable, "-m", "entropyrl.cli.main", "eval", "aime24", "model=tiny",
-                          "model.warm_start.steps=3", "model.warm_start.batch_size=8", "eval.n_samples=2",
-                          "eval.limit=2", "eval.max_new_tokens=8", "tracking.enabled=false", "output_dir=run"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=600,
-                         env={**os.environ, "ENTROPYRL_DATA": str(data_dir)})
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "entropyrl.cli.main",
+            "eval",
+            "aime24",
+            "model=tiny",
+            "model.warm_start.steps=3",
+            "model.warm_start.batch_size=8",
+            "eval.n_samples=2",
+            "eval.limit=2",
+            "eval.max_new_tokens=8",
+            "tracking.enabled=false",
+            "output_dir=run",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+        env={**os.environ, "ENTROPYRL_DATA": str(data_dir)},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     bench = summary["benchmarks"]["aime24"]

@@ -30,18 +30,22 @@ def _math_verify_verdicts(rows) -> list[bool]:
 
     out = []
     for r in rows:
-        targets = [LatexExtractionConfig(boxed_match_priority=0) if m == "latex" else ExprExtractionConfig()
-                   for m in r["match_types"]]
+        targets = [
+            LatexExtractionConfig(boxed_match_priority=0) if m == "latex" else ExprExtractionConfig() for m in r["match_types"]
+        ]
         out.append(bool(verify(parse(r["gold"], targets), parse(r["pred"], targets))))
     return out
 
 
 def test_entropyrl_grade_agrees_with_the_suite_at_least_as_often_as_math_verify(cases, tmp_path):
     src, dst = tmp_path / "cases.jsonl", tmp_path / "graded.jsonl"
-    src.write_text("".join(json.dumps({"source": r["source"], "response": r["pred"], "answer": r["gold"]}) + "\n"
-                           for r in cases))
-    run = subprocess.run([sys.executable, "-m", "entropyrl.cli.main", "grade", str(src), "--out", str(dst)],
-                         capture_output=True, text=True, timeout=300)
+    src.write_text("".join(json.dumps({"source": r["source"], "response": r["pred"], "answer": r["gold"]}) + "\n" for r in cases))
+    run = subprocess.run(
+        [sys.executable, "-m", "entropyrl.cli.main", "grade", str(src), "--out", str(dst)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     graded = [json.loads(line) for line in dst.read_text().splitlines()]
     assert [g["source"] for g in graded] == [r["source"] for r in cases]
@@ -52,5 +56,5 @@ def test_entropyrl_grade_agrees_with_the_suite_at_least_as_often_as_math_verify(
     misses = [(r["source"], g["extracted"], g["reason"]) for g, r in zip(graded, cases) if g["correct"] != r["expected"]]
     assert not false_positives
     assert sum(ours) >= sum(theirs), misses
-    assert sum(theirs) >= 90                 # the suite still grades math-verify as its authors saw it
+    assert sum(theirs) >= 90  # the suite still grades math-verify as its authors saw it
     assert all(g["reason"] for g in graded)

@@ -9,8 +9,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SKIP = {"tests", "perf", "build", "docs", "data", "examples"}
 # Higher imports lower, never the reverse. The base (below evals) is ordered too.
-LAYER = {"cli": 90, "sweeps": 80, "trainers": 70, "rewards": 65, "evals": 60,
-         "rollout": 40, "models": 30, "tasks": 20, "conf": 10, "core": 0}
+LAYER = {
+    "cli": 90,
+    "sweeps": 80,
+    "trainers": 70,
+    "rewards": 65,
+    "evals": 60,
+    "rollout": 40,
+    "models": 30,
+    "tasks": 20,
+    "conf": 10,
+    "core": 0,
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -84,7 +94,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def _layer(mod: str) -> int:
     parts = mod.split(".")
     if len(parts) == 1:
-        return 0           # the root __init__ (the layer map) imports nothing of the package
+        return 0  # the root __init__ (the layer map) imports nothing of the package
     if parts[1] not in LAYER:
         raise AssertionError(f"{mod}: top-level folder {parts[1]!r} has no layer in LAYER; add it")
     return LAYER[parts[1]]
@@ -92,8 +102,14 @@ def _layer(mod: str) -> int:
 
 def test_the_graph_sees_the_package():
     mods = _modules()
-    assert {"entropyrl.cli.main", "entropyrl.trainers.trainer", "entropyrl.evals.grading.grader",
-            "entropyrl.sweeps.planning", "entropyrl.core.errors", "entropyrl.rollout.base"} <= set(mods)
+    assert {
+        "entropyrl.cli.main",
+        "entropyrl.trainers.trainer",
+        "entropyrl.evals.grading.grader",
+        "entropyrl.sweeps.planning",
+        "entropyrl.core.errors",
+        "entropyrl.rollout.base",
+    } <= set(mods)
     assert sum(len(v) for v in _edges(mods).values()) > 100
 
 
@@ -142,8 +158,7 @@ def _imports_inside_functions(mods: dict[str, Path]) -> list[str]:
         for node in ast.walk(tree):
             if id(node) in allowed or not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else ["." * node.level + (node.module or "")])
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else ["." * node.level + (node.module or "")]
             if any(n.startswith(("entropyrl", ".")) for n in names):
                 found.append(f"{mod}:{node.lineno} -> {names[0]}")
     return found
@@ -162,11 +177,16 @@ def test_only_cli_command_bodies_may_import_inside_functions(tmp_path):
     (tmp_path / "c.py").write_text(
         "def helper():\n    from ..trainers import trainer\n\n"
         "def register(app):\n    from ..conf import compose\n\n"
-        "    @app.command('x')\n    def x():\n        from ..trainers import trainer\n")
+        "    @app.command('x')\n    def x():\n        from ..trainers import trainer\n"
+    )
     paths = {"entropyrl.cli.c": tmp_path / "c.py", "entropyrl.evals.c": tmp_path / "c.py"}
     assert _imports_inside_functions(paths) == [
-        "entropyrl.cli.c:2 -> ..trainers", "entropyrl.cli.c:5 -> ..conf",   # a helper; register's own body
-        "entropyrl.evals.c:2 -> ..trainers", "entropyrl.evals.c:5 -> ..conf", "entropyrl.evals.c:9 -> ..trainers"]
+        "entropyrl.cli.c:2 -> ..trainers",
+        "entropyrl.cli.c:5 -> ..conf",  # a helper; register's own body
+        "entropyrl.evals.c:2 -> ..trainers",
+        "entropyrl.evals.c:5 -> ..conf",
+        "entropyrl.evals.c:9 -> ..trainers",
+    ]
 
 
 HEAVY = ("torch", "transformers", "mlflow", "matplotlib")
@@ -185,9 +205,11 @@ def _heavy_modules_loaded(code: str) -> list[str]:
 
 def test_the_cli_imports_no_heavy_library():
     assert _heavy_modules_loaded("import entropyrl.cli.main") == []
-    run = ("from entropyrl.cli.main import main\nimport contextlib, io\n"
-           "with contextlib.redirect_stdout(io.StringIO()):\n"
-           "    try:\n        main({args!r})\n    except SystemExit as e:\n        assert e.code in (0, None), e.code\n")
+    run = (
+        "from entropyrl.cli.main import main\nimport contextlib, io\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n        main({args!r})\n    except SystemExit as e:\n        assert e.code in (0, None), e.code\n"
+    )
     for args in (["--help"], ["train", "--help"], ["config", "show"], ["config", "show", "algo=stare"]):
         assert _heavy_modules_loaded(run.format(args=args)) == [], args
 

@@ -37,8 +37,7 @@ PRESETS = {
     ("experiment=stare_7b_short_cot",): (["stare"], {}),
     ("experiment=steer_7b",): (["steer"], {}),
     ("algo=stare", "algo.stare.h_tgt=0.5"): (["stare"], {"stare.h_tgt": 0.5}),
-    ("algo=grpo", "algo.interventions=[stare,entropy_bonus]", "algo.stare.p=0.2"):
-        (["stare", "entropy_bonus"], {"stare.p": 0.2}),
+    ("algo=grpo", "algo.interventions=[stare,entropy_bonus]", "algo.stare.p=0.2"): (["stare", "entropy_bonus"], {"stare.p": 0.2}),
 }
 
 
@@ -47,7 +46,7 @@ def test_every_intervention_has_one_yaml_whose_keys_are_its_params():
     assert set(YAMLS) == {name for name, fields in params.items() if fields}
     for name in YAMLS:
         text = (CONF_DIR / "intervention" / f"{name}.yaml").read_text()
-        assert list(intervention_defaults(name)) == params[name], name     # same keys, same order
+        assert list(intervention_defaults(name)) == params[name], name  # same keys, same order
         keys = [line for line in text.splitlines() if re.match(r"^\w+:", line)]
         assert all("#" in line for line in keys), f"{name}.yaml: comment every key where it is declared"
         assert f"algo.{name}" in text, name
@@ -74,14 +73,19 @@ def test_presets_compose_the_published_parameters_with_their_own_changes(overrid
 def test_a_section_left_out_takes_the_published_values():
     built = build_intervention("stare", {"p": 0.2})
     assert built.params.p == 0.2 and built.params.h_tgt == intervention_defaults("stare")["h_tgt"]
-    assert Algorithm.from_config({"interventions": ["kl_cov"]}, max_response_length=4).interventions[0].params.ratio \
+    assert (
+        Algorithm.from_config({"interventions": ["kl_cov"]}, max_response_length=4).interventions[0].params.ratio
         == intervention_defaults("kl_cov")["ratio"]
+    )
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["algo.stare.bogus=1"], "unknown config key 'algo.stare.bogus'"),
-    (["algo=stare", "algo.stare.p=2"], "algo.stare.p=2 is not allowed"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["algo.stare.bogus=1"], "unknown config key 'algo.stare.bogus'"),
+        (["algo=stare", "algo.stare.p=2"], "algo.stare.p=2 is not allowed"),
+    ],
+)
 def test_bad_intervention_overrides_are_one_line_errors(overrides, message, tmp_path):
     # an unknown key fails the composition; a bad value the pre-flight check (the Params' ranges)
     from entropyrl.trainers.preflight import check_training

@@ -20,8 +20,7 @@ from entropyrl.trainers.stats.diagnostics import entropy_change_estimate
 DAPO_CLIP = {"low": 0.2, "high": 0.28, "dual_c": 10.0}
 
 
-def make_batch(seed: int, B: int = 8, T: int = 9, dtype=torch.float64, spread: float = 0.4,
-               grpo: bool = True) -> dict:
+def make_batch(seed: int, B: int = 8, T: int = 9, dtype=torch.float64, spread: float = 0.4, grpo: bool = True) -> dict:
     """A random batch: two-sided advantages, ragged masks, ratios both inside and outside the clip.
 
     ``grpo=False``: continuous random advantages, so no valid token has A == 0 (a zero gradient
@@ -44,17 +43,15 @@ def make_batch(seed: int, B: int = 8, T: int = 9, dtype=torch.float64, spread: f
 def loss_and_grad(algo: Algorithm, b: dict, extras=None, entropy_grad=False):
     logp = b["logp"].clone().requires_grad_(True)
     ent = b["entropy"].clone().requires_grad_(entropy_grad)
-    out = algo.loss(logp=logp, old_logp=b["old_logp"], entropy=ent, advantages=b["advantages"], mask=b["mask"],
-                    extras=extras)
+    out = algo.loss(logp=logp, old_logp=b["old_logp"], entropy=ent, advantages=b["advantages"], mask=b["mask"], extras=extras)
     out.loss.backward()
-    algo.after_loss()           # as the loop does after each micro-batch loss (Clip-Cov's next draw)
+    algo.after_loss()  # as the loop does after each micro-batch loss (Clip-Cov's next draw)
     return out, logp.grad
 
 
 def plain_grpo_loss_and_grad(b: dict, clip=(0.2, 0.2, 3.0)):
     logp = b["logp"].clone().requires_grad_(True)
-    surr = ca.clipped_surrogate(logp, b["old_logp"], b["advantages"], eps_low=clip[0], eps_high=clip[1],
-                                dual_c=clip[2])
+    surr = ca.clipped_surrogate(logp, b["old_logp"], b["advantages"], eps_low=clip[0], eps_high=clip[1], dual_c=clip[2])
     loss = ca.agg_loss(surr.loss, b["mask"], "token-mean")
     loss.backward()
     return loss, logp.grad
@@ -71,14 +68,18 @@ seeds = st.integers(0, 10_000)
 # identity: none and a closed STARE gate are plain GRPO, bit for bit
 # ------------------------------------------------------------------------------------------
 
+
 @settings(max_examples=25, deadline=None)
-@given(seed=seeds, dtype=st.sampled_from([torch.float32, torch.float64]),
-       variant=st.sampled_from(["O1", "C2"]), scope=st.sampled_from(["micro", "batch"]))
+@given(
+    seed=seeds,
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    variant=st.sampled_from(["O1", "C2"]),
+    scope=st.sampled_from(["micro", "batch"]),
+)
 def test_none_and_closed_gate_reproduce_grpo_bitwise(seed, dtype, variant, scope):
     b = make_batch(seed, dtype=dtype)
     ref_loss, ref_grad = plain_grpo_loss_and_grad(b)
-    for cfg in ({}, {"interventions": ["none"]},
-                {"interventions": ["stare"], "stare": {"variant": variant, "scope": scope}}):
+    for cfg in ({}, {"interventions": ["none"]}, {"interventions": ["stare"], "stare": {"variant": variant, "scope": scope}}):
         algo = build(cfg)
         algo.begin_step(0.9)  # above h_tgt = 0.3: gate closed
         extras = algo.prepare("batch", **b)
@@ -92,14 +93,19 @@ def test_none_and_closed_gate_reproduce_grpo_bitwise(seed, dtype, variant, scope
 # STARE
 # ------------------------------------------------------------------------------------------
 
+
 @settings(max_examples=30, deadline=None)
-@given(seed=seeds, p=st.sampled_from([0.05, 0.1, 0.3, 0.7, 1.0]), variant=st.sampled_from(["O1", "C2"]),
-       w=st.floats(1.0, 2.0), m=st.floats(0.05, 1.0))
+@given(
+    seed=seeds,
+    p=st.sampled_from([0.05, 0.1, 0.3, 0.7, 1.0]),
+    variant=st.sampled_from(["O1", "C2"]),
+    w=st.floats(1.0, 2.0),
+    m=st.floats(0.05, 1.0),
+)
 def test_stare_never_flips_gradient_sign(seed, p, variant, w, m):
     b = make_batch(seed)
     _, ref_grad = plain_grpo_loss_and_grad(b, clip=(0.2, 0.28, 10.0))
-    algo = build({"clip": DAPO_CLIP, "interventions": ["stare"],
-                  "stare": {"p": p, "w": w, "m": m, "variant": variant}})
+    algo = build({"clip": DAPO_CLIP, "interventions": ["stare"], "stare": {"p": p, "w": w, "m": m, "variant": variant}})
     algo.begin_step(0.1)  # gate open
     out, grad = loss_and_grad(algo, b)
     assert torch.equal(torch.sign(grad), torch.sign(ref_grad))
@@ -128,12 +134,19 @@ def test_stare_selects_top_surprisal_per_pool(seed, p):
 
 
 @settings(max_examples=30, deadline=None)
-@given(entropies=st.lists(st.one_of(st.floats(0.0, 3.0), st.just(float("nan")), st.just(float("inf"))),
-                          min_size=1, max_size=60),
-       alpha=st.floats(0.001, 0.5), w=st.floats(1.0, 1.5), m=st.floats(0.5, 1.0))
+@given(
+    entropies=st.lists(st.one_of(st.floats(0.0, 3.0), st.just(float("nan")), st.just(float("inf"))), min_size=1, max_size=60),
+    alpha=st.floats(0.001, 0.5),
+    w=st.floats(1.0, 1.5),
+    m=st.floats(0.5, 1.0),
+)
 def test_stare_adaptive_weights_stay_in_bounds(entropies, alpha, w, m):
-    algo = build({"interventions": ["stare"], "stare": {"adaptive": True, "alpha": alpha, "w": w, "m": m,
-                                                         "w_max": 1.5, "m_min": 0.5, "variant": "C2"}})
+    algo = build(
+        {
+            "interventions": ["stare"],
+            "stare": {"adaptive": True, "alpha": alpha, "w": w, "m": m, "w_max": 1.5, "m_min": 0.5, "variant": "C2"},
+        }
+    )
     prev = algo.step_metrics()
     for h in entropies:
         algo.begin_step(h)
@@ -181,9 +194,9 @@ def test_stare_batch_scope_differs_from_micro_on_a_slice_and_needs_extras():
 # STEER
 # ------------------------------------------------------------------------------------------
 
+
 @settings(max_examples=30, deadline=None)
-@given(seed=seeds, lmin=st.floats(0.05, 1.0), lmax_extra=st.floats(0.0, 1.0),
-       spread=st.sampled_from([0.0, 0.01, 0.5, 3.0]))
+@given(seed=seeds, lmin=st.floats(0.05, 1.0), lmax_extra=st.floats(0.0, 1.0), spread=st.sampled_from([0.0, 0.01, 0.5, 3.0]))
 def test_steer_weights_in_range(seed, lmin, lmax_extra, spread):
     b = make_batch(seed, spread=spread)
     omega = entropy_change_estimate(b["logp"], b["old_logp"], b["entropy"], b["advantages"], b["mask"])
@@ -220,13 +233,24 @@ def test_steer_metrics():
 # Clip-Cov / KL-Cov
 # ------------------------------------------------------------------------------------------
 
+
 @settings(max_examples=30, deadline=None)
-@given(seed=seeds, ratio=st.sampled_from([2e-4, 0.05, 0.2, 0.5]), lb=st.sampled_from([-1.0, 0.0, 0.05]),
-       ub=st.sampled_from([0.5, 5.0]))
+@given(
+    seed=seeds,
+    ratio=st.sampled_from([2e-4, 0.05, 0.2, 0.5]),
+    lb=st.sampled_from([-1.0, 0.0, 0.05]),
+    ub=st.sampled_from([0.5, 5.0]),
+)
 def test_clip_cov_zeros_exactly_the_chosen_count(seed, ratio, lb, ub):
     b = make_batch(seed, B=10, T=12, grpo=False)
-    algo = build({"clip": {"low": 0.2, "high": 0.28, "dual_c": 10.0}, "interventions": ["clip_cov"],
-                  "clip_cov": {"ratio": ratio, "lb": lb, "ub": ub}}, seed=seed)
+    algo = build(
+        {
+            "clip": {"low": 0.2, "high": 0.28, "dual_c": 10.0},
+            "interventions": ["clip_cov"],
+            "clip_cov": {"ratio": ratio, "lb": lb, "ub": ub},
+        },
+        seed=seed,
+    )
     out, grad = loss_and_grad(algo, b)
     valid = b["mask"].bool()
     surr = ca.clipped_surrogate(b["logp"], b["old_logp"], b["advantages"], eps_low=0.2, eps_high=0.28, dual_c=10.0)
@@ -239,8 +263,9 @@ def test_clip_cov_zeros_exactly_the_chosen_count(seed, ratio, lb, ub):
     assert int(killed.sum()) == k
     # every other token's gradient is the unclipped max(L1, L2) one (no dual clip), scaled by 1/n_valid
     lp = b["logp"].clone().requires_grad_(True)
-    ca.agg_loss(ca.clipped_surrogate(lp, b["old_logp"], b["advantages"], eps_low=0.2, eps_high=0.28,
-                                     dual_c=None).loss, b["mask"]).backward()
+    ca.agg_loss(
+        ca.clipped_surrogate(lp, b["old_logp"], b["advantages"], eps_low=0.2, eps_high=0.28, dual_c=None).loss, b["mask"]
+    ).backward()
     keep = valid & ~killed
     torch.testing.assert_close(grad[keep], lp.grad[keep], rtol=1e-12, atol=1e-15)
     assert out.metrics["clip_cov/frac"] == pytest.approx(k / n_valid)
@@ -283,6 +308,7 @@ def test_kl_cov_penalises_top_covariance_tokens(seed, ratio, kappa):
 # high-entropy mask, sample reweighting, entropy bonus
 # ------------------------------------------------------------------------------------------
 
+
 @settings(max_examples=25, deadline=None)
 @given(seed=seeds, rho=st.sampled_from([0.1, 0.2, 0.5, 1.0]))
 def test_high_entropy_mask_keeps_top_entropy_gradients(seed, rho):
@@ -302,8 +328,9 @@ def test_high_entropy_mask_keeps_top_entropy_gradients(seed, rho):
 def test_sample_reweight_scales_by_advantage_sign():
     b = make_batch(4)
     _, ref = plain_grpo_loss_and_grad(b)
-    _, grad = loss_and_grad(build({"interventions": ["sample_reweight"],
-                                   "sample_reweight": {"pos_weight": 0.1, "neg_weight": 2.0}}), b)
+    _, grad = loss_and_grad(
+        build({"interventions": ["sample_reweight"], "sample_reweight": {"pos_weight": 0.1, "neg_weight": 2.0}}), b
+    )
     pos, neg = b["advantages"] > 0, b["advantages"] < 0
     torch.testing.assert_close(grad[pos], 0.1 * ref[pos])
     torch.testing.assert_close(grad[neg], 2.0 * ref[neg])
@@ -321,16 +348,23 @@ def test_entropy_bonus_adds_term_with_gradient():
     out.loss.backward()
     torch.testing.assert_close(ent.grad, -0.01 * b["mask"] / b["mask"].sum())
     with pytest.raises(RuntimeError, match="entropy_grad"):
-        algo.loss(logp=b["logp"].clone().requires_grad_(True), old_logp=b["old_logp"], entropy=b["entropy"],
-                  advantages=b["advantages"], mask=b["mask"])
+        algo.loss(
+            logp=b["logp"].clone().requires_grad_(True),
+            old_logp=b["old_logp"],
+            entropy=b["entropy"],
+            advantages=b["advantages"],
+            mask=b["mask"],
+        )
 
 
 @settings(max_examples=30, deadline=None)
-@given(entropies=st.lists(st.one_of(st.floats(0.0, 2.0), st.just(float("nan"))), min_size=1, max_size=80),
-       delta=st.floats(0.0, 0.05), cmax=st.floats(0.0, 0.1))
+@given(
+    entropies=st.lists(st.one_of(st.floats(0.0, 2.0), st.just(float("nan"))), min_size=1, max_size=80),
+    delta=st.floats(0.0, 0.05),
+    cmax=st.floats(0.0, 0.1),
+)
 def test_adaptive_entropy_coef_stays_in_bounds_and_moves_toward_target(entropies, delta, cmax):
-    algo = build({"interventions": ["adaptive_entropy"],
-                  "adaptive_entropy": {"delta": delta, "coef_max": cmax, "target": 0.3}})
+    algo = build({"interventions": ["adaptive_entropy"], "adaptive_entropy": {"delta": delta, "coef_max": cmax, "target": 0.3}})
     coef = algo.step_metrics()["entropy_bonus/coef"]
     for h in entropies:
         algo.begin_step(h)
@@ -349,9 +383,11 @@ def test_adaptive_entropy_coef_stays_in_bounds_and_moves_toward_target(entropies
 # composition and the registry
 # ------------------------------------------------------------------------------------------
 
+
 @pytest.fixture()
 def test_interventions():
     """Two toy interventions that replace the per-token loss: add 1, double. Order matters."""
+
     @register_intervention("_test_add_one")
     class AddOne(Intervention):
         @dataclass
@@ -373,6 +409,7 @@ def test_interventions():
             ctx.pg_loss = ctx.pg_loss * 2.0
             ctx.metrics.setdefault("_order", "")
             ctx.metrics["_order"] += "d"
+
     yield
     INTERVENTIONS.pop("_test_add_one")
     INTERVENTIONS.pop("_test_double")
@@ -390,8 +427,11 @@ def test_composition_order_is_applied(test_interventions):
 
 def test_real_interventions_compose_in_list_order():
     b = make_batch(10, B=10, T=12)
-    cfg = lambda order: {"interventions": order, "clip_cov": {"ratio": 0.1, "lb": -10.0, "ub": 10.0},  # noqa: E731
-                         "kl_cov": {"ratio": 0.3, "kappa": 5.0}}
+    cfg = lambda order: {
+        "interventions": order,
+        "clip_cov": {"ratio": 0.1, "lb": -10.0, "ub": 10.0},  # noqa: E731
+        "kl_cov": {"ratio": 0.3, "kappa": 5.0},
+    }
     l1 = build(cfg(["clip_cov", "kl_cov"])).loss(**b)
     l2 = build(cfg(["kl_cov", "clip_cov"])).loss(**b)
     assert not torch.allclose(l1.loss, l2.loss)  # the later one's per-token loss wins
@@ -408,5 +448,14 @@ def test_registry_rejects_duplicates_and_lists_choices():
         register_intervention("stare")(type("Other", (Intervention,), {}))
     with pytest.raises(UserError, match="unknown algo.interventions entry=starre; valid: .*clip_cov.*stare.*steer"):
         build({"interventions": ["starre"]})
-    assert {"none", "stare", "steer", "clip_cov", "kl_cov", "high_entropy_mask", "sample_reweight",
-            "entropy_bonus", "adaptive_entropy"} <= set(INTERVENTIONS)
+    assert {
+        "none",
+        "stare",
+        "steer",
+        "clip_cov",
+        "kl_cov",
+        "high_entropy_mask",
+        "sample_reweight",
+        "entropy_bonus",
+        "adaptive_entropy",
+    } <= set(INTERVENTIONS)

@@ -20,8 +20,9 @@ from entropyrl.trainers.stats.passk import pass_metrics_from_scores
 
 
 def rows(n=50, entropy=lambda i: 1.0, **extra):
-    return [{"step": i + 1, "entropy": entropy(i), **{k: (v(i) if callable(v) else v) for k, v in extra.items()}}
-            for i in range(n)]
+    return [
+        {"step": i + 1, "entropy": entropy(i), **{k: (v(i) if callable(v) else v) for k, v in extra.items()}} for i in range(n)
+    ]
 
 
 def decay(rate):
@@ -38,18 +39,22 @@ def synthetic_runs(seeds=(0, 1, 2)):
     runs = {
         "grpo": {s: rows(entropy=decay(0.05), **{"val/pass_at_8": 0.4}) for s in seeds},
         # STARE: falls to the target, gate open exactly below it, holds there
-        "stare": {s: rows(entropy=lambda i: max(0.5 + wiggle(i), 1.0 - 0.05 * i),
-                          **{"stare/gate_on": lambda i: float(max(0.5 + 0.01 * (-1) ** i, 1.0 - 0.05 * i) < 0.5),
-                             "val/pass_at_8": 0.6}) for s in seeds},
+        "stare": {
+            s: rows(
+                entropy=lambda i: max(0.5 + wiggle(i), 1.0 - 0.05 * i),
+                **{"stare/gate_on": lambda i: float(max(0.5 + 0.01 * (-1) ** i, 1.0 - 0.05 * i) < 0.5), "val/pass_at_8": 0.6},
+            )
+            for s in seeds
+        },
         "steer": {s: rows(entropy=decay(0.02), **{"entropy_change/realized": lambda i: -0.01}) for s in seeds},
         "clip_cov": {s: rows(entropy=decay(0.01)) for s in seeds},
-        "kl_cov": {s: rows(entropy=decay(0.06)) for s in seeds},            # ends below GRPO: not reproduced
+        "kl_cov": {s: rows(entropy=decay(0.06)) for s in seeds},  # ends below GRPO: not reproduced
         "sample_reweight": {s: rows(entropy=decay(0.01)) for s in seeds},
         "high_entropy_mask": {s: rows(entropy=lambda i: 1.0 + 0.3 * (-1) ** i) for s in seeds},
         "grpo_extreme": {s: rows(entropy=decay(0.1)) for s in seeds},
         "steer_extreme": {s: rows(entropy=lambda i: 1.0 - 0.005 * i) for s in seeds},
     }
-    for s in seeds:   # GRPO's per-step change: realised values with a larger spread than STEER's
+    for s in seeds:  # GRPO's per-step change: realised values with a larger spread than STEER's
         for i, r in enumerate(runs["grpo"][s]):
             r["entropy_change/realized"] = -0.01 + 0.05 * (-1) ** i
     return runs, h_tgt
@@ -58,14 +63,30 @@ def synthetic_runs(seeds=(0, 1, 2)):
 def test_claims_on_synthetic_rows():
     runs, h_tgt = synthetic_runs()
     quads = {s: {"q1": [-1e-3, -2e-3], "q2": [1e-3, 5e-4], "q3": [-3e-3, -1e-3], "q4": [2e-4, 1e-4]} for s in (0, 1, 2)}
-    claims = by_claim(compute_claims(runs, h_tgt=h_tgt, quadrants=quads,
-                                     algo_cfgs={"kl_cov": {"interventions": ["kl_cov"]}}))
-    assert set(claims) == {"grpo_collapses", "stare_holds_target", "stare_gate_follows_entropy", "quadrant_signs",
-                           "steer_moderates_change", "steer_extreme_stable", "cov_keeps_entropy",
-                           "negative_samples_keep_entropy", "high_entropy_amplification_fluctuates", "pass_at_k_preserved"}
-    for cid in ("grpo_collapses", "stare_holds_target", "stare_gate_follows_entropy", "quadrant_signs",
-                "steer_moderates_change", "steer_extreme_stable", "negative_samples_keep_entropy",
-                "high_entropy_amplification_fluctuates", "pass_at_k_preserved"):
+    claims = by_claim(compute_claims(runs, h_tgt=h_tgt, quadrants=quads, algo_cfgs={"kl_cov": {"interventions": ["kl_cov"]}}))
+    assert set(claims) == {
+        "grpo_collapses",
+        "stare_holds_target",
+        "stare_gate_follows_entropy",
+        "quadrant_signs",
+        "steer_moderates_change",
+        "steer_extreme_stable",
+        "cov_keeps_entropy",
+        "negative_samples_keep_entropy",
+        "high_entropy_amplification_fluctuates",
+        "pass_at_k_preserved",
+    }
+    for cid in (
+        "grpo_collapses",
+        "stare_holds_target",
+        "stare_gate_follows_entropy",
+        "quadrant_signs",
+        "steer_moderates_change",
+        "steer_extreme_stable",
+        "negative_samples_keep_entropy",
+        "high_entropy_amplification_fluctuates",
+        "pass_at_k_preserved",
+    ):
         assert claims[cid]["reproduced"] is True, (cid, claims[cid]["measured"])
         assert len(claims[cid]["per_seed"]) == 3
     # KL-Cov ends below GRPO on every seed: the Cov claim fails and says which run and why
@@ -75,28 +96,35 @@ def test_claims_on_synthetic_rows():
     g = claims["grpo_collapses"]["per_seed"][0]
     assert g["ratio"] == pytest.approx(g["last_tenth"] / g["first_tenth"]) and g["ratio"] < 0.5
     assert claims["pass_at_k_preserved"]["per_seed"][0]["best"] == "stare"
-    json.dumps(list(claims.values()))           # lab.json-serialisable
+    json.dumps(list(claims.values()))  # lab.json-serialisable
 
 
 def test_claims_fail_when_the_effect_is_absent():
     runs, h_tgt = synthetic_runs(seeds=(0, 1))
-    runs["grpo"] = {s: rows(entropy=lambda i: 1.0 - 0.001 * i) for s in (0, 1)}                 # no collapse
+    runs["grpo"] = {s: rows(entropy=lambda i: 1.0 - 0.001 * i) for s in (0, 1)}  # no collapse
     runs["stare"][1] = rows(entropy=lambda i: 0.2, **{"stare/gate_on": lambda i: float(i % 2)})  # gate ignores H
     c = by_claim(compute_claims(runs, h_tgt=h_tgt))
     assert c["grpo_collapses"]["reproduced"] is False
     assert c["stare_gate_follows_entropy"]["reproduced"] is False
     assert [p["ok"] for p in c["stare_gate_follows_entropy"]["per_seed"]] == [True, False]
-    assert c["stare_holds_target"]["reproduced"] is False                       # seed 1 sits at 0.2, not 0.5
-    assert c["quadrant_signs"]["reproduced"] is None                            # experiment not run
+    assert c["stare_holds_target"]["reproduced"] is False  # seed 1 sits at 0.2, not 0.5
+    assert c["quadrant_signs"]["reproduced"] is None  # experiment not run
 
 
 def test_unreproduced_steer_claims_name_steer_weights_and_stress_accuracy():
     runs, h_tgt = synthetic_runs(seeds=(0, 1))
     # STEER near-uniform (mean weight ~0.99): its per-step change as spread as GRPO's, no warning fires
-    runs["steer"] = {s: rows(entropy=decay(0.05), **{"steer/weight_mean": lambda i: 0.985 + 0.01 * (i % 2),
-                                                      "entropy_change/realized": lambda i: -0.01 + 0.06 * (-1) ** i})
-                     for s in (0, 1)}
-    for v in ("grpo_extreme", "steer_extreme"):                                  # both broken: accuracy 0
+    runs["steer"] = {
+        s: rows(
+            entropy=decay(0.05),
+            **{
+                "steer/weight_mean": lambda i: 0.985 + 0.01 * (i % 2),
+                "entropy_change/realized": lambda i: -0.01 + 0.06 * (-1) ** i,
+            },
+        )
+        for s in (0, 1)
+    }
+    for v in ("grpo_extreme", "steer_extreme"):  # both broken: accuracy 0
         runs[v] = {s: rows(entropy=lambda i: 1.0, **{"val/acc": 0.0}) for s in (0, 1)}
     c = by_claim(compute_claims(runs, h_tgt=h_tgt))
     assert c["steer_moderates_change"]["reproduced"] is False
@@ -121,8 +149,17 @@ def test_quadrant_claim_signs():
 def test_report_files(tmp_path):
     runs, h_tgt = synthetic_runs(seeds=(0, 1))
     claims = compute_claims(runs, h_tgt=h_tgt)
-    paths = write_lab_outputs(tmp_path, runs, claims, algo_cfgs={}, quadrants={0: {"q1": [-1e-3]}},
-                              pass_key="val/pass_at_8", command="entropyrl lab", wall_seconds=60.0, failed=[])
+    paths = write_lab_outputs(
+        tmp_path,
+        runs,
+        claims,
+        algo_cfgs={},
+        quadrants={0: {"q1": [-1e-3]}},
+        pass_key="val/pass_at_8",
+        command="entropyrl lab",
+        wall_seconds=60.0,
+        failed=[],
+    )
     doc = json.loads((tmp_path / "lab.json").read_text())
     assert [c["id"] for c in doc["claims"]] == [c["id"] for c in claims]
     assert {"id", "claim", "measured", "reproduced", "per_seed"} <= set(doc["claims"][0])
@@ -131,7 +168,7 @@ def test_report_files(tmp_path):
     assert (tmp_path / "lab-entropy.png").stat().st_size > 1000 and "extreme" in paths
     # each variant's regime flags and warnings, with their first step per seed (regime.findings_cell)
     first_tenth = sum(decay(0.06)(i) for i in range(5)) / 5
-    step = next(i + 1 for i in range(50) if decay(0.06)(i) < 0.2 * first_tenth)         # kl_cov's collapse
+    step = next(i + 1 for i in range(50) if decay(0.06)(i) < 0.2 * first_tenth)  # kl_cov's collapse
     kl = next(line for line in report.splitlines() if line.startswith("| kl_cov |"))
     assert kl.rstrip(" |").endswith(f"| - | collapse@{step}/{step}")
     assert next(v for v in doc["variants"] if v["variant"] == "kl_cov")["flags"] == f"collapse@{step}/{step}"
@@ -140,7 +177,9 @@ def test_report_files(tmp_path):
 def test_findings_cell_names_ids_steps_and_seed_share():
     collapse = lambda step: {"id": "collapse", "message": "m", "first_step": step}  # noqa: E731
     warn = {"id": "all_equal_groups", "message": "m", "first_step": 3}
-    assert findings_cell([[collapse(40)], [collapse(52), warn], []]) == "collapse@40/52 (2/3 seeds), all_equal_groups@3 (1/3 seeds)"
+    assert (
+        findings_cell([[collapse(40)], [collapse(52), warn], []]) == "collapse@40/52 (2/3 seeds), all_equal_groups@3 (1/3 seeds)"
+    )
     assert findings_cell([[warn], [warn]]) == "all_equal_groups@3/3"
     assert findings_cell([[], []]) == "-" and findings_cell([]) == "-"
 
@@ -148,16 +187,29 @@ def test_findings_cell_names_ids_steps_and_seed_share():
 # ------------------------------------------------------------------------------------------
 # the countdown task's verifier (parses, never executes)
 # ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("response,want", [
-    ("12+7=19:19-3=16", 1.0), ("7-3=4:12+4=16", 1.0), ("12-3=9:9+7=16", 1.0), (" 12+7=19:19-3=16 ", 1.0),
-    ("12+7=19:19-3=15", 0.0),            # wrong arithmetic
-    ("12+7=19:19-7=12", 0.0),            # 7 used twice, and the wrong target
-    ("12+4=16", 0.0),                    # 4 is not one of the numbers
-    ("3-7=-4", 0.0), ("7-12=5", 0.0),    # negative intermediate / wrong value
-    ("12+7=19", 0.0),                    # a valid step that does not reach the target
-    ("16", 0.0), ("", 0.0), ("12+7=19::19-3=16", 0.0), ("12+7=19 19-3=16", 0.0), ("12*7=84", 0.0),
-    ("12+07=19:19-3=16", 0.0), ("__import__('os').system('x')", 0.0), ("12+7=19:19-3=16" * 10, 0.0),
-])
+@pytest.mark.parametrize(
+    "response,want",
+    [
+        ("12+7=19:19-3=16", 1.0),
+        ("7-3=4:12+4=16", 1.0),
+        ("12-3=9:9+7=16", 1.0),
+        (" 12+7=19:19-3=16 ", 1.0),
+        ("12+7=19:19-3=15", 0.0),  # wrong arithmetic
+        ("12+7=19:19-7=12", 0.0),  # 7 used twice, and the wrong target
+        ("12+4=16", 0.0),  # 4 is not one of the numbers
+        ("3-7=-4", 0.0),
+        ("7-12=5", 0.0),  # negative intermediate / wrong value
+        ("12+7=19", 0.0),  # a valid step that does not reach the target
+        ("16", 0.0),
+        ("", 0.0),
+        ("12+7=19::19-3=16", 0.0),
+        ("12+7=19 19-3=16", 0.0),
+        ("12*7=84", 0.0),
+        ("12+07=19:19-3=16", 0.0),
+        ("__import__('os').system('x')", 0.0),
+        ("12+7=19:19-3=16" * 10, 0.0),
+    ],
+)
 def test_countdown_verifier(response, want):
     assert countdown.verify_countdown((3, 7, 12), 16, response) == want
 
@@ -185,10 +237,32 @@ def test_pass_metrics_from_scores():
         pass_metrics_from_scores([1, 0, 1], 2)
 
 
-@pytest.mark.parametrize("variant", ["grpo", "stare", "steer", "clip_cov", "kl_cov", "sample_reweight",
-                                     "high_entropy_mask", "grpo_extreme", "steer_extreme",
-                                     "ce_gppo", "entropic", "aent", "siren", "archer", "entropy_adv", "gtpo",
-                                     "lp_reg", "gspo", "gmpo", "cispo", "sapo"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "grpo",
+        "stare",
+        "steer",
+        "clip_cov",
+        "kl_cov",
+        "sample_reweight",
+        "high_entropy_mask",
+        "grpo_extreme",
+        "steer_extreme",
+        "ce_gppo",
+        "entropic",
+        "aent",
+        "siren",
+        "archer",
+        "entropy_adv",
+        "gtpo",
+        "lp_reg",
+        "gspo",
+        "gmpo",
+        "cispo",
+        "sapo",
+    ],
+)
 def test_lab_presets_state_every_deviation(variant):
     cfg = compose("train", [f"experiment=lab_{variant}"])
     assert cfg.data.name == "countdown" and cfg.val.pass_k == 8 and cfg.diagnostics.entropy_change
@@ -199,7 +273,7 @@ def test_lab_presets_state_every_deviation(variant):
         if s and not s.startswith("#") and not s.endswith(":"):
             assert "#" in line, f"lab_{variant}: {line!r} says no reason"
     seven_b = compose("train", ["experiment=steer_7b"])
-    assert seven_b.algo.steer.lambda_min == 0.8                 # the 7B presets keep published values
+    assert seven_b.algo.steer.lambda_min == 0.8  # the 7B presets keep published values
 
 
 def test_countdown_text_survives_the_saved_embedded_tokenizer(tmp_path):
@@ -217,13 +291,22 @@ def test_countdown_text_survives_the_saved_embedded_tokenizer(tmp_path):
             assert tok.unk_token_id not in ids and tok.decode(ids) == text
 
 
-@pytest.mark.parametrize("args,needle", [(["--algos", "grpo,nope"], "unknown lab variant 'nope'"),
-                                         (["--seeds", "0,x"], "--seeds must be comma-separated integers"),
-                                         (["--experiment", "both"], "--experiment must be one of")])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--algos", "grpo,nope"], "unknown lab variant 'nope'"),
+        (["--seeds", "0,x"], "--seeds must be comma-separated integers"),
+        (["--experiment", "both"], "--experiment must be one of"),
+    ],
+)
 def test_lab_bad_options_fail_in_one_line(args, needle, tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "entropyrl.cli.main", "lab", *args, "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "entropyrl.cli.main", "lab", *args, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr

@@ -34,7 +34,7 @@ def softmax_policy(seed: int, B: int = 8, T: int = 6):
     lengths = torch.randint(2, T + 1, (B,), generator=g)
     mask = (torch.arange(T)[None] < lengths[:, None]).double()
     adv = (torch.randn(B, 1, generator=g, dtype=torch.float64)) * mask
-    old_shift = torch.randn(B, T, generator=g, dtype=torch.float64) * 0.3   # stale sampler: some clipping
+    old_shift = torch.randn(B, T, generator=g, dtype=torch.float64) * 0.3  # stale sampler: some clipping
     return z, tokens, mask, adv, old_shift
 
 
@@ -63,15 +63,15 @@ def test_effective_prediction_matches_finite_difference(case, seed):
     logp, entropy = stats(z, tokens)
     old_logp = (logp.detach() + old_shift) * mask
     out = algo.loss(logp=logp, old_logp=old_logp, entropy=entropy.detach(), advantages=adv, mask=mask)
-    pred = micro_batch_prediction(out.tokens, out.token_loss)     # reads the graph before the backward
+    pred = micro_batch_prediction(out.tokens, out.token_loss)  # reads the graph before the backward
     out.loss.backward()
-    n_tokens = float(mask.sum())                  # token-mean: the summed coefficient is divided by N
+    n_tokens = float(mask.sum())  # token-mean: the summed coefficient is divided by N
     eta = 1e-4
     with torch.no_grad():
         _, h_before = stats(z, tokens)
         _, h_after = stats(z - eta * z.grad, tokens)
         q = logp.detach().exp()
-        fd = (h_after - h_before) / (2 * (eta / n_tokens) * q) * mask     # in the prediction's units
+        fd = (h_after - h_before) / (2 * (eta / n_tokens) * q) * mask  # in the prediction's units
     # per quadrant and in total, the prediction is the finite-difference change
     from entropyrl.trainers.stats.diagnostics import quadrant_ids
 
@@ -86,7 +86,7 @@ def test_effective_prediction_matches_finite_difference(case, seed):
         assert base_gap < 1e-3 * max(1.0, abs(float(fd.sum())))
         assert case == "grpo" or out.metrics["clip/frac"] > 0.1
     elif case not in ("kl_cov",):
-        assert base_gap > 1e-2 * abs(float(fd.sum())), case            # the intervention moved the prediction
+        assert base_gap > 1e-2 * abs(float(fd.sum())), case  # the intervention moved the prediction
 
 
 # ------------------------------------------------------------------------------------------
@@ -125,9 +125,10 @@ def test_steer_uniform_weights():
     assert regime_warnings(acting, {"interventions": ["steer"]}) == []
 
 
-@pytest.mark.parametrize("gate,want", [(lambda i: 0.0, ["stare_gate_never_opens"]),
-                                       (lambda i: 1.0, ["stare_gate_never_closes"]),
-                                       (lambda i: float(i > 3), [])])
+@pytest.mark.parametrize(
+    "gate,want",
+    [(lambda i: 0.0, ["stare_gate_never_opens"]), (lambda i: 1.0, ["stare_gate_never_closes"]), (lambda i: float(i > 3), [])],
+)
 def test_stare_gate(gate, want):
     rows = rows_of(8, **{"stare/gate_on": gate})
     assert ids(regime_warnings(rows, {"interventions": ["stare"], "stare": {"h_tgt": 0.3, "gate": True}})) == want
@@ -151,14 +152,14 @@ def test_collapse_and_explosion_flags():
     rising = rows_of(50, entropy=lambda i: 0.5 + 0.05 * i)
     assert ids(entropy_flags(rising)) == ["explosion"]
     assert entropy_flags(rows_of(50, entropy=lambda i: 1.0 + 0.1 * math.sin(i))) == []
-    assert ids(entropy_flags(rows_of(20, entropy=lambda i: 1.9 + 0.02 * i))) == ["explosion"]   # > 2 nats
+    assert ids(entropy_flags(rows_of(20, entropy=lambda i: 1.9 + 0.02 * i))) == ["explosion"]  # > 2 nats
 
 
 def test_no_explosion_flag_for_a_rise_from_a_near_zero_start():
     """3x a near-zero start (0.019 -> 0.057 nats) is noise, not an explosion: the ratio needs a floor."""
     tiny = rows_of(40, entropy=lambda i: 0.019 if i < 10 else 0.057)
     assert entropy_flags(tiny) == []
-    (f,) = entropy_flags(rows_of(40, entropy=lambda i: 0.1 if i < 10 else 0.6))    # 6x and above the floor
+    (f,) = entropy_flags(rows_of(40, entropy=lambda i: 0.1 if i < 10 else 0.6))  # 6x and above the floor
     assert f["id"] == "explosion" and f["first_step"] == 11 and "0.5 nats" in f["message"]
 
 
@@ -168,8 +169,7 @@ def test_prediction_fit_raw_and_detrended():
     trend = np.linspace(-1, 0, n)
     x = trend + rng.normal(0, 0.1, n)
     y = 0.5 * x + rng.normal(0, 0.01, n)
-    rows = [{"step": i + 1, "entropy_change/predicted": float(x[i]), "entropy_change/realized": float(y[i])}
-            for i in range(n)]
+    rows = [{"step": i + 1, "entropy_change/predicted": float(x[i]), "entropy_change/realized": float(y[i])} for i in range(n)]
     fit = prediction_fit(rows)
     assert fit["n"] == n and fit["pearson_r"] > 0.95 and abs(fit["slope"] - 0.5) < 0.02
     assert fit["pearson_r_detrended"] > 0.9 and abs(fit["slope_detrended"] - 0.5) < 0.05
@@ -185,9 +185,24 @@ def test_prediction_fit_raw_and_detrended():
 @pytest.mark.slow
 def test_kl_cov_run_lists_a_warning_naming_kl_cov(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "entropyrl.cli.main", "train", "algo=kl_cov", "trainer.total_steps=3",
-                           "trainer.threads=1", "trainer.progress=false", "tracking.enabled=false",
-                           "val.prompts=16", f"output_dir={out}"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "entropyrl.cli.main",
+            "train",
+            "algo=kl_cov",
+            "trainer.total_steps=3",
+            "trainer.threads=1",
+            "trainer.progress=false",
+            "tracking.enabled=false",
+            "val.prompts=16",
+            f"output_dir={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert any("kl_cov" in w["id"] and "kl_cov" in w["message"] for w in summary["warnings"])

@@ -28,14 +28,19 @@ def batch(golden_dir):
     inp = json.loads((golden_dir / "inputs.json").read_text())["inputs"]
     mask = t64(inp["mask"])
     adv = t64(json.loads((golden_dir / "advantages.json").read_text())["grpo"]).unsqueeze(-1) * mask
-    return {"logp": t64(inp["logp"]), "old_logp": t64(inp["old_logp"]), "entropy": t64(inp["entropy"]),
-            "mask": mask, "adv": adv}
+    return {"logp": t64(inp["logp"]), "old_logp": t64(inp["old_logp"]), "entropy": t64(inp["entropy"]), "mask": mask, "adv": adv}
 
 
 def run_loss(algo: Algorithm, b: dict, old_shift: float = 0.0, entropy=None, extras=None, sampling_entropy=None):
-    return algo.loss(logp=b["logp"], old_logp=b["old_logp"] - old_shift,
-                     entropy=b["entropy"] if entropy is None else entropy, advantages=b["adv"], mask=b["mask"],
-                     extras=extras, sampling_entropy=sampling_entropy)
+    return algo.loss(
+        logp=b["logp"],
+        old_logp=b["old_logp"] - old_shift,
+        entropy=b["entropy"] if entropy is None else entropy,
+        advantages=b["adv"],
+        mask=b["mask"],
+        extras=extras,
+        sampling_entropy=sampling_entropy,
+    )
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
@@ -43,8 +48,10 @@ def test_entropy_bonus_follows_loss_aggregation(batch, mode):
     g = LAB_GOLDEN["entropy_bonus"]
     term = ca.entropy_bonus_term(batch["entropy"], batch["mask"], g["coef"], mode, g["norm"])
     assert math.isclose(float(term), g[mode], rel_tol=1e-9, abs_tol=1e-12)
-    algo = Algorithm.from_config({"loss_agg": mode, "interventions": ["entropy_bonus"],
-                                  "entropy_bonus": {"coef": g["coef"]}}, max_response_length=int(g["norm"]))
+    algo = Algorithm.from_config(
+        {"loss_agg": mode, "interventions": ["entropy_bonus"], "entropy_bonus": {"coef": g["coef"]}},
+        max_response_length=int(g["norm"]),
+    )
     out = run_loss(algo, batch)
     assert math.isclose(out.metrics["loss/entropy_bonus"], g[mode], rel_tol=1e-9, abs_tol=1e-12)
 
@@ -52,8 +59,10 @@ def test_entropy_bonus_follows_loss_aggregation(batch, mode):
 def test_sum_norm_bonus_does_not_grow_with_micro_batches(batch):
     """Split into micro-batches that add up (seq-mean-token-sum-norm): the bonus adds up to the whole."""
     whole = ca.entropy_bonus_term(batch["entropy"], batch["mask"], 0.01, "seq-mean-token-sum-norm", 7.0)
-    parts = sum(ca.entropy_bonus_term(batch["entropy"][i:i + 2], batch["mask"][i:i + 2], 0.01,
-                                      "seq-mean-token-sum-norm", 7.0) for i in range(0, 6, 2))
+    parts = sum(
+        ca.entropy_bonus_term(batch["entropy"][i : i + 2], batch["mask"][i : i + 2], 0.01, "seq-mean-token-sum-norm", 7.0)
+        for i in range(0, 6, 2)
+    )
     assert math.isclose(float(whole), float(parts), rel_tol=1e-12)
 
 
@@ -75,14 +84,21 @@ def test_clip_fractions_split(batch, case):
 def test_steer_entropy_source(batch, source):
     g = LAB_GOLDEN[f"steer_{source}"]
     current = t64(g["current_entropy"])
-    algo = Algorithm.from_config({"interventions": ["steer"], "steer": {"lambda_min": 0.5, "entropy_source": source}},
-                                 max_response_length=7)
-    extras = algo.prepare("batch", logp=batch["old_logp"], old_logp=batch["old_logp"], entropy=batch["entropy"],
-                          advantages=batch["adv"], mask=batch["mask"])
-    assert extras == {}                      # micro scope: nothing selected on the whole batch
+    algo = Algorithm.from_config(
+        {"interventions": ["steer"], "steer": {"lambda_min": 0.5, "entropy_source": source}}, max_response_length=7
+    )
+    extras = algo.prepare(
+        "batch",
+        logp=batch["old_logp"],
+        old_logp=batch["old_logp"],
+        entropy=batch["entropy"],
+        advantages=batch["adv"],
+        mask=batch["mask"],
+    )
+    assert extras == {}  # micro scope: nothing selected on the whole batch
     sel = []
     orig = algo.interventions[0].select
-    algo.interventions[0].select = lambda b: sel.append(b.entropy) or orig(b)   # see which H reached Omega
+    algo.interventions[0].select = lambda b: sel.append(b.entropy) or orig(b)  # see which H reached Omega
     out = run_loss(algo, batch, entropy=current, extras=extras, sampling_entropy=batch["entropy"])
     want_h = batch["entropy"] if source == "old" else current
     torch.testing.assert_close(sel[0], want_h)

@@ -15,15 +15,16 @@ from entropyrl.sweeps.lab.report import write_lab_outputs
 
 
 def rows(entropy, n=40, **extra):
-    return [{"step": i + 1, "entropy": entropy(i), **{k: (v(i) if callable(v) else v) for k, v in extra.items()}}
-            for i in range(n)]
+    return [
+        {"step": i + 1, "entropy": entropy(i), **{k: (v(i) if callable(v) else v) for k, v in extra.items()}} for i in range(n)
+    ]
 
 
-def falling(i):          # GRPO's collapse: 1.0 -> ~0.14
+def falling(i):  # GRPO's collapse: 1.0 -> ~0.14
     return math.exp(-0.05 * i)
 
 
-def held(i):             # a method that keeps entropy: 1.0 -> ~0.7
+def held(i):  # a method that keeps entropy: 1.0 -> ~0.7
     return 1.0 - 0.0075 * i
 
 
@@ -32,10 +33,22 @@ def by_id(claims):
 
 
 # each method's lever, acting (a real selection / a moving coefficient)
-ACTING = {"ce_gppo/low_frac": 0.01, "ce_gppo/high_frac": 0.004, "aent/coef": lambda i: 0.001 + 1e-4 * i,
-          "loss/aent": -0.002, "siren/regulated_entropy": 0.8, "siren/anchor": 0.9, "siren/peak_frac": 0.2,
-          "loss/siren": 0.002, "archer/high_frac": 0.2, "gtpo/share_max": 5.0, "lp_reg/frac": 0.06,
-          "loss/lp_reg": 0.003, "clip/frac": 0.004, "loss/policy": 0.01}
+ACTING = {
+    "ce_gppo/low_frac": 0.01,
+    "ce_gppo/high_frac": 0.004,
+    "aent/coef": lambda i: 0.001 + 1e-4 * i,
+    "loss/aent": -0.002,
+    "siren/regulated_entropy": 0.8,
+    "siren/anchor": 0.9,
+    "siren/peak_frac": 0.2,
+    "loss/siren": 0.002,
+    "archer/high_frac": 0.2,
+    "gtpo/share_max": 5.0,
+    "lp_reg/frac": 0.06,
+    "loss/lp_reg": 0.003,
+    "clip/frac": 0.004,
+    "loss/policy": 0.01,
+}
 
 
 @pytest.mark.parametrize("method", sorted(HIGHER_THAN_GRPO))
@@ -56,11 +69,13 @@ def test_keeps_entropy_claims_fail_both_ways(method):
 def test_inert_levers_are_named_in_the_reason():
     grpo = {0: rows(falling)}
     cfgs = {"aent": {"aent": {"coef_max": 0.02, "coef_min": 0.0, "low": 0.2, "high": 0.6}}}
-    runs = {"grpo": grpo,
-            "lp_reg": {0: rows(falling, **{"lp_reg/frac": 0.0, "loss/lp_reg": 0.0, "loss/policy": 0.01})},
-            "aent": {0: rows(falling, **{"aent/coef": lambda i: 0.02 if i > 5 else 0.001 + 0.003 * i})},
-            "siren": {0: rows(falling, **{"loss/siren": 1e-6, "loss/policy": -0.01, "siren/peak_frac": 0.2})},
-            "gtpo": {0: rows(falling)}}                          # logs no lever: only the regime findings
+    runs = {
+        "grpo": grpo,
+        "lp_reg": {0: rows(falling, **{"lp_reg/frac": 0.0, "loss/lp_reg": 0.0, "loss/policy": 0.01})},
+        "aent": {0: rows(falling, **{"aent/coef": lambda i: 0.02 if i > 5 else 0.001 + 0.003 * i})},
+        "siren": {0: rows(falling, **{"loss/siren": 1e-6, "loss/policy": -0.01, "siren/peak_frac": 0.2})},
+        "gtpo": {0: rows(falling)},
+    }  # logs no lever: only the regime findings
     c = by_id(method_claims(runs, cfgs))
     assert "lp_reg_selects_nothing" in c["lp_reg_keeps_entropy"]["reason"]
     assert "protected tokens 0.00%" in c["lp_reg_keeps_entropy"]["reason"]
@@ -68,7 +83,7 @@ def test_inert_levers_are_named_in_the_reason():
     assert "aent_coef_at_max (coef = 0.02 on 85% of steps)" in c["aent_keeps_entropy"]["reason"]
     assert "(final 0.02)" in c["aent_keeps_entropy"]["reason"]
     assert "siren_term_negligible" in c["siren_keeps_entropy"]["reason"]
-    assert "collapse" in c["gtpo_keeps_entropy"]["reason"]       # the regime flag (claims._reasons)
+    assert "collapse" in c["gtpo_keeps_entropy"]["reason"]  # the regime flag (claims._reasons)
     still = {"grpo": grpo, "aent": {0: rows(falling, **{"aent/coef": 0.001})}}
     assert "aent_coef_never_moved" in method_claims(still, cfgs)[0]["reason"]
     assert method_levers({"grpo": grpo}, "aent", cfgs) == ""
@@ -94,18 +109,30 @@ def test_entropic_claim_fails_both_ways_and_names_alpha():
 
 def test_every_method_has_a_status_in_lab_json_and_report(tmp_path):
     methods = ["entropic", *HIGHER_THAN_GRPO, *NO_CLAIM]
-    runs = {"grpo": {0: rows(falling)}, "stare": {0: rows(held)},
-            **{m: {0: rows(held if i % 2 else falling, **ACTING)} for i, m in enumerate(methods)}}
+    runs = {
+        "grpo": {0: rows(falling)},
+        "stare": {0: rows(held)},
+        **{m: {0: rows(held if i % 2 else falling, **ACTING)} for i, m in enumerate(methods)},
+    }
     claims = method_claims(runs, {})
-    write_lab_outputs(tmp_path, runs, claims, algo_cfgs={}, quadrants=None, pass_key="val/pass_at_8",
-                      command="entropyrl lab --algos all", wall_seconds=1.0, failed=[])
+    write_lab_outputs(
+        tmp_path,
+        runs,
+        claims,
+        algo_cfgs={},
+        quadrants=None,
+        pass_key="val/pass_at_8",
+        command="entropyrl lab --algos all",
+        wall_seconds=1.0,
+        failed=[],
+    )
     doc = {c["id"]: c for c in json.loads((tmp_path / "lab.json").read_text())["claims"]}
     named = {cid.rsplit("_keeps_entropy", 1)[0].rsplit("_no_claim", 1)[0].rsplit("_holds_target", 1)[0] for cid in doc}
     assert named == set(methods)
     assert {doc[f"{m}_no_claim"]["status"] for m in NO_CLAIM} == {"no claim"}
     assert {c["status"] for c in doc.values()} == {"yes", "no", "no claim"}
     assert doc["gspo_no_claim"]["measured"].startswith("last tenth ")
-    assert not any("|" in c.get("reason", "") + c["measured"] for c in doc.values())     # report.md table cells
+    assert not any("|" in c.get("reason", "") + c["measured"] for c in doc.values())  # report.md table cells
     report = (tmp_path / "report.md").read_text()
     line = next(x for x in report.splitlines() if x.startswith("| `sapo_no_claim`"))
     assert "| no claim |" in line and "not run" not in line

@@ -21,8 +21,14 @@ from entropyrl.sweeps.planning import split_overrides
 from entropyrl.sweeps.slurm import WAITING, PartitionSize, SlurmLauncher, _gpus, _minutes, oversized
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
-TINY = ["trainer.total_steps=3", "trainer.prompts_per_step=4", "trainer.mini_batch_prompts=4",
-        "trainer.val_every=3", "trainer.save_every=0", "val.prompts=8"]
+TINY = [
+    "trainer.total_steps=3",
+    "trainer.prompts_per_step=4",
+    "trainer.mini_batch_prompts=4",
+    "trainer.val_every=3",
+    "trainer.save_every=0",
+    "val.prompts=8",
+]
 
 
 class SlotsLauncher(Launcher):
@@ -52,20 +58,31 @@ class SlotsLauncher(Launcher):
 
 @pytest.mark.slow
 def test_a_launcher_registered_here_runs_a_sweep_end_to_end(in_tmp, capsys):
-    launcher = register_launcher(SlotsLauncher(), defaults={"slots": 1, "cores_per_job": 1, "minutes": 30,
-                                                             "threads_per_job": "auto"})
+    launcher = register_launcher(
+        SlotsLauncher(), defaults={"slots": 1, "cores_per_job": 1, "minutes": 30, "threads_per_job": "auto"}
+    )
     assert "slots" in launcher_names() and get_launcher("slots") is launcher
     with pytest.raises(SystemExit) as ended:
-        main(["sweep", "ablation=gate", "variants=[off,gated]", "seeds=[0]", "launcher=slots", "launcher.slots=2",
-              "sweep_dir=sw", "poll_seconds=0.5", *TINY])
+        main(
+            [
+                "sweep",
+                "ablation=gate",
+                "variants=[off,gated]",
+                "seeds=[0]",
+                "launcher=slots",
+                "launcher.slots=2",
+                "sweep_dir=sw",
+                "poll_seconds=0.5",
+                *TINY,
+            ]
+        )
     err = capsys.readouterr().err
     assert ended.value.code == 0, err[-3000:]
     assert "2 jobs (0 done, 0 still queued/running, 2 to run) on slots (2 at once)" in err
     assert "jobs: 0 done, 2 running, 0 pending, 0 failed (of 2)" in err or "jobs: 0 done, 0 running, 2 pending" in err
     assert "2 done, 0 failed" in err
     sweep = json.loads((in_tmp / "sw" / "sweep.json").read_text())
-    assert sweep["launcher"] == {"name": "slots", "slots": 2, "cores_per_job": 1, "minutes": 30,
-                                 "threads_per_job": "auto"}
+    assert sweep["launcher"] == {"name": "slots", "slots": 2, "cores_per_job": 1, "minutes": 30, "threads_per_job": "auto"}
     assert len(launcher.executors) == 1 and launcher.executors[0].parameters["timeout_min"] == 30.0
     for job in sweep["jobs"]:
         assert "trainer.threads=1" in job["overrides"]  # the launcher's auto_threads
@@ -95,21 +112,26 @@ def test_slurm_time_and_gres_parsing():
 
 
 def test_slurm_request_against_the_largest_node():
-    sizes = {"cpu": PartitionSize("cpu", cpus=2, mem_mb=4096, gpus=0, nodes=1, time_limit_min=60.0),
-             "gpu": PartitionSize("gpu", cpus=32, mem_mb=256000, gpus=8, nodes=4, time_limit_min=None)}
+    sizes = {
+        "cpu": PartitionSize("cpu", cpus=2, mem_mb=4096, gpus=0, nodes=1, time_limit_min=60.0),
+        "gpu": PartitionSize("gpu", cpus=32, mem_mb=256000, gpus=8, nodes=4, time_limit_min=None),
+    }
     ok = {"cpus_per_task": 2, "mem_gb": 4, "nodes": 1, "timeout_min": 60}
     assert oversized(ok, sizes, "cpu") is None
     assert oversized({**ok, "cpus_per_task": 4}, sizes, "cpu") == (
-        "launcher.cpus_per_task=4 exceeds the largest node of partition cpu (2 CPUs); set launcher.cpus_per_task<=2")
+        "launcher.cpus_per_task=4 exceeds the largest node of partition cpu (2 CPUs); set launcher.cpus_per_task<=2"
+    )
     assert "set launcher.mem_gb<=4" in oversized({**ok, "mem_gb": 16}, sizes, "cpu")
     assert "set launcher.gpus_per_node<=0" in oversized({**ok, "gpus_per_node": 1}, sizes, "cpu")
     assert "set launcher.nodes<=1" in oversized({**ok, "nodes": 2}, sizes, "cpu")
     assert "set launcher.timeout_min<=60" in oversized({**ok, "timeout_min": 240}, sizes, "cpu")
     # one task (rank) per GPU by default: cpus_per_task is per rank, 8 x 4 fill the 32 CPUs
-    assert oversized({**ok, "partition": "gpu", "cpus_per_task": 4, "gpus_per_node": 8, "timeout_min": 9999},
-                     sizes, "cpu") is None
-    assert "set launcher.tasks_per_node<=2" in oversized({**ok, "partition": "gpu", "cpus_per_task": 16,
-                                                          "gpus_per_node": 8}, sizes, "cpu")
+    assert (
+        oversized({**ok, "partition": "gpu", "cpus_per_task": 4, "gpus_per_node": 8, "timeout_min": 9999}, sizes, "cpu") is None
+    )
+    assert "set launcher.tasks_per_node<=2" in oversized(
+        {**ok, "partition": "gpu", "cpus_per_task": 16, "gpus_per_node": 8}, sizes, "cpu"
+    )
     assert "set launcher.partition to one of: cpu, gpu" in oversized({**ok, "partition": "big"}, sizes, "cpu")
 
 
@@ -126,7 +148,8 @@ def test_ranks_per_job_and_requests_no_node_can_hold():
     assert oversized({"cpus_per_task": 2, "tasks_per_node": 2, "nodes": 2}, sizes, "cpu") is None
     assert oversized({"cpus_per_task": 2, "tasks_per_node": 3}, sizes, "cpu") == (
         "launcher.tasks_per_node=3 x launcher.cpus_per_task=2 exceeds the largest node of partition cpu (4 CPUs); "
-        "set launcher.tasks_per_node<=2 or lower launcher.cpus_per_task")
+        "set launcher.tasks_per_node<=2 or lower launcher.cpus_per_task"
+    )
     local = LocalLauncher()
     with pytest.raises(UserError, match="launcher=local runs on this machine only"):
         local.check({"nodes": 2})
@@ -138,25 +161,45 @@ def test_ranks_per_job_and_requests_no_node_can_hold():
 
 
 def test_prompts_that_do_not_split_over_a_jobs_ranks_are_refused_at_plan_time(tmp_path):
-    out = subprocess.run([*CLI, "sweep", "ablation=gate", "seeds=[0]", "sweep_dir=sw", "launcher=slurm",
-                          "launcher.nodes=3", "launcher.check_request=false", "trainer.prompts_per_step=4",
-                          "trainer.mini_batch_prompts=4", "--dry-run"], capture_output=True, text=True, cwd=tmp_path,
-                         timeout=300)
+    out = subprocess.run(
+        [
+            *CLI,
+            "sweep",
+            "ablation=gate",
+            "seeds=[0]",
+            "sweep_dir=sw",
+            "launcher=slurm",
+            "launcher.nodes=3",
+            "launcher.check_request=false",
+            "trainer.prompts_per_step=4",
+            "trainer.mini_batch_prompts=4",
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stderr
     lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert lines == ["error: variant gated: trainer.prompts_per_step=4 must be a multiple of the job's 3 ranks "
-                     "(launcher.nodes x launcher.tasks_per_node); set train.trainer.prompts_per_step to a multiple of 3"]
+    assert lines == [
+        "error: variant gated: trainer.prompts_per_step=4 must be a multiple of the job's 3 ranks "
+        "(launcher.nodes x launcher.tasks_per_node); set train.trainer.prompts_per_step to a multiple of 3"
+    ]
     assert not (tmp_path / "sw").exists()
 
 
-@pytest.mark.parametrize("reason, advice", [
-    ("InvalidAccount", "change launcher.account (now proj)"),
-    ("PartitionTimeLimit", "change launcher.timeout_min (now 240)"),
-    ("QOSMaxCpuPerJobLimit", "change launcher.cpus_per_task (now 4)"),
-    ("BadConstraints", "change launcher.additional_parameters.constraint"),
-    ("Priority", None),
-    ("Dependency", None),
-])
+@pytest.mark.parametrize(
+    "reason, advice",
+    [
+        ("InvalidAccount", "change launcher.account (now proj)"),
+        ("PartitionTimeLimit", "change launcher.timeout_min (now 240)"),
+        ("QOSMaxCpuPerJobLimit", "change launcher.cpus_per_task (now 4)"),
+        ("BadConstraints", "change launcher.additional_parameters.constraint"),
+        ("Priority", None),
+        ("Dependency", None),
+    ],
+)
 def test_slurm_pending_reasons_that_never_clear(reason, advice):
     cfg = {"account": "proj", "timeout_min": 240, "cpus_per_task": 4}
     assert SlurmLauncher().stuck(cfg, QueueEntry(WAITING, "PENDING", reason)) == advice
@@ -166,24 +209,45 @@ def test_slurm_pending_reasons_that_never_clear(reason, advice):
 # training keys on the sweep's command line (issue: `sweep ablation=gate trainer.total_steps=5`)
 # ---------------------------------------------------------------------------------------------
 def test_training_keys_go_to_the_jobs_as_they_are():
-    sweep, train = split_overrides(["ablation=gate", "trainer.total_steps=5", "algo.stare.p=0.2", "+val.x=1",
-                                    "~val.benchmarks", "seeds=[0]", "launcher.max_parallel=2", "tracking.uri=x",
-                                    "train.optim.lr=0.1", "model=tiny", "report.tail_frac=0.2"])
+    sweep, train = split_overrides(
+        [
+            "ablation=gate",
+            "trainer.total_steps=5",
+            "algo.stare.p=0.2",
+            "+val.x=1",
+            "~val.benchmarks",
+            "seeds=[0]",
+            "launcher.max_parallel=2",
+            "tracking.uri=x",
+            "train.optim.lr=0.1",
+            "model=tiny",
+            "report.tail_frac=0.2",
+        ]
+    )
     assert sweep == ["ablation=gate", "seeds=[0]", "launcher.max_parallel=2", "tracking.uri=x", "report.tail_frac=0.2"]
-    assert train == ["trainer.total_steps=5", "algo.stare.p=0.2", "+val.x=1", "~val.benchmarks", "optim.lr=0.1",
-                     "model=tiny"]
+    assert train == ["trainer.total_steps=5", "algo.stare.p=0.2", "+val.x=1", "~val.benchmarks", "optim.lr=0.1", "model=tiny"]
 
 
 def test_sweep_accepts_training_keys_on_the_command_line(tmp_path):
-    out = subprocess.run([*CLI, "sweep", "ablation=gate", "trainer.total_steps=5", "seeds=[0]", "sweep_dir=sw",
-                          "--dry-run"], capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                         env={**os.environ, "COLUMNS": "400"})
+    out = subprocess.run(
+        [*CLI, "sweep", "ablation=gate", "trainer.total_steps=5", "seeds=[0]", "sweep_dir=sw", "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "400"},
+    )
     assert out.returncode == 0, out.stderr
     rows = [line.split() for line in out.stdout.splitlines()[3:]]
     assert [r[0] for r in rows] == ["gated", "always_on", "off"]
     assert all("trainer.total_steps=5" in r for r in rows)
-    bad = subprocess.run([*CLI, "sweep", "ablation=gate", "trainer.bogus=5", "sweep_dir=sw", "--dry-run"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    bad = subprocess.run(
+        [*CLI, "sweep", "ablation=gate", "trainer.bogus=5", "sweep_dir=sw", "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "variant gated: unknown config key 'trainer.bogus'" in bad.stderr
 
 
@@ -191,11 +255,31 @@ def test_sweep_accepts_training_keys_on_the_command_line(tmp_path):
 def test_local_sweep_job_runs_as_two_ranks_into_one_mlflow_run(tmp_path):
     """launcher=local launcher.tasks_per_node=2: each job is 2 gloo processes, one folder, one MLflow run."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = subprocess.run([*CLI, "sweep", "ablation=gate", "variants=[off]", "seeds=[0]", "sweep_dir=sw", "launcher=local",
-                          "launcher.tasks_per_node=2", "poll_seconds=0.5", f"tracking.uri={uri}",
-                          "tracking.experiment=local-ranks", "trainer.total_steps=2", "trainer.prompts_per_step=4",
-                          "trainer.mini_batch_prompts=2", "trainer.val_every=0", "trainer.save_every=0", "val.prompts=0"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=900)
+    out = subprocess.run(
+        [
+            *CLI,
+            "sweep",
+            "ablation=gate",
+            "variants=[off]",
+            "seeds=[0]",
+            "sweep_dir=sw",
+            "launcher=local",
+            "launcher.tasks_per_node=2",
+            "poll_seconds=0.5",
+            f"tracking.uri={uri}",
+            "tracking.experiment=local-ranks",
+            "trainer.total_steps=2",
+            "trainer.prompts_per_step=4",
+            "trainer.mini_batch_prompts=2",
+            "trainer.val_every=0",
+            "trainer.save_every=0",
+            "val.prompts=0",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     run = tmp_path / "sw" / "runs" / "off" / "s0"
     summary = json.loads((run / "summary.json").read_text())

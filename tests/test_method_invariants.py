@@ -37,15 +37,30 @@ from .conftest import GOLDEN
 #: reference code's output; tests/golden/README.md). A method missing here fails
 #: ``test_every_method_has_golden_vectors``.
 GOLDEN_FILES = {
-    "none": None,                         # plain GRPO: surrogate.json pins it
-    "stare": "stare.json", "steer": "steer.json", "clip_cov": "cov.json", "kl_cov": "cov.json",
-    "entropy_bonus": "lab_fixes.json", "adaptive_entropy": "adaptive_entropy.json",
-    "high_entropy_mask": "high_entropy_mask.json", "sample_reweight": "sample_reweight.json",
-    "ce_gppo": "ce_gppo.json", "entropic": "entropic.json", "aent": "aent.json", "siren": "siren.json",
-    "archer": "archer.json", "entropy_adv": "entropy_adv.json", "gtpo": "gtpo.json", "lp_reg": "lp_reg.json",
+    "none": None,  # plain GRPO: surrogate.json pins it
+    "stare": "stare.json",
+    "steer": "steer.json",
+    "clip_cov": "cov.json",
+    "kl_cov": "cov.json",
+    "entropy_bonus": "lab_fixes.json",
+    "adaptive_entropy": "adaptive_entropy.json",
+    "high_entropy_mask": "high_entropy_mask.json",
+    "sample_reweight": "sample_reweight.json",
+    "ce_gppo": "ce_gppo.json",
+    "entropic": "entropic.json",
+    "aent": "aent.json",
+    "siren": "siren.json",
+    "archer": "archer.json",
+    "entropy_adv": "entropy_adv.json",
+    "gtpo": "gtpo.json",
+    "lp_reg": "lp_reg.json",
     "tis": "tis_modes.json",
     # objectives
-    "ppo_clip": "surrogate.json", "gspo": "gspo.json", "gmpo": "gmpo.json", "cispo": "cispo.json", "sapo": "sapo.json",
+    "ppo_clip": "surrogate.json",
+    "gspo": "gspo.json",
+    "gmpo": "gmpo.json",
+    "cispo": "cispo.json",
+    "sapo": "sapo.json",
 }
 
 
@@ -53,20 +68,35 @@ def step_batch(B=6, T=5, seed=1) -> StepBatch:
     g = torch.Generator().manual_seed(seed)
     mask = (torch.rand(B, T, generator=g) > 0.2).float()
     mask[:, 0] = 1.0
-    roll = Rollout(prompt_ids=torch.arange(B * 3).view(B, 3), prompt_mask=torch.ones(B, 3, dtype=torch.long),
-                   response_ids=torch.arange(B * T).view(B, T), response_mask=mask.long(),
-                   texts=[f"r{i}" for i in range(B)], truncated=torch.zeros(B, dtype=torch.bool),
-                   sampling_logp=torch.randn(B, T, generator=g).abs().neg())
+    roll = Rollout(
+        prompt_ids=torch.arange(B * 3).view(B, 3),
+        prompt_mask=torch.ones(B, 3, dtype=torch.long),
+        response_ids=torch.arange(B * T).view(B, T),
+        response_mask=mask.long(),
+        texts=[f"r{i}" for i in range(B)],
+        truncated=torch.zeros(B, dtype=torch.bool),
+        sampling_logp=torch.randn(B, T, generator=g).abs().neg(),
+    )
     rnd = lambda: torch.randn(B, T, generator=g)  # noqa: E731
     old = -rnd().abs()
-    return StepBatch(roll, rewards=(torch.arange(B) % 2).float(), correct=(torch.arange(B) % 2).float(),
-                     group_ids=torch.arange(B) // 3, mask=mask, old_logp=old, entropy=rnd().abs() + 0.1,
-                     sampler_logp=old + 0.01 * rnd(), ref_logp=-rnd().abs(), advantages=rnd() * mask)
+    return StepBatch(
+        roll,
+        rewards=(torch.arange(B) % 2).float(),
+        correct=(torch.arange(B) % 2).float(),
+        group_ids=torch.arange(B) // 3,
+        mask=mask,
+        old_logp=old,
+        entropy=rnd().abs() + 0.1,
+        sampler_logp=old + 0.01 * rnd(),
+        ref_logp=-rnd().abs(),
+        advantages=rnd() * mask,
+    )
 
 
 def state_of(obj) -> dict:
-    return {k: (v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)) for k, v in vars(obj).items()
-            if k != "interventions"}
+    return {
+        k: (v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)) for k, v in vars(obj).items() if k != "interventions"
+    }
 
 
 def same(a, b) -> bool:
@@ -94,6 +124,7 @@ def run_loss(algo: Algorithm, batch: StepBatch):
 
 
 # -- the checks: each takes a method's kind and name ------------------------------------------------
+
 
 def check_loss_is_pure(kind: str, name: str, monkeypatch) -> None:
     algo = algo_for(kind, name)
@@ -144,8 +175,7 @@ CHECKS = (check_loss_is_pure, check_params_match_published, check_declared_metri
 
 def registered() -> list[tuple[str, str]]:
     """Every method the registries hold now."""
-    return ([("intervention", n) for n in sorted(INTERVENTIONS)]
-            + [("objective", n) for n in sorted(POLICY_OBJECTIVES)])
+    return [("intervention", n) for n in sorted(INTERVENTIONS)] + [("objective", n) for n in sorted(POLICY_OBJECTIVES)]
 
 
 @pytest.mark.parametrize("kind, name", registered(), ids=lambda x: x)
@@ -196,8 +226,9 @@ def test_a_method_registered_by_a_test_is_checked_by_every_invariant(monkeypatch
 
         class Leaky(Halving):
             def apply(self, ctx: LossContext) -> None:
-                self.seen = getattr(self, "seen", 0) + 1          # a side effect in the loss
+                self.seen = getattr(self, "seen", 0) + 1  # a side effect in the loss
                 super().apply(ctx)
+
         INTERVENTIONS["test_halving"] = Leaky
         with pytest.raises(AssertionError, match="changed state"):
             check_loss_is_pure("intervention", "test_halving", monkeypatch)

@@ -16,8 +16,14 @@ from pathlib import Path
 import pytest
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
-TINY = ["train.trainer.total_steps=3", "train.trainer.prompts_per_step=4", "train.trainer.mini_batch_prompts=4",
-        "train.trainer.val_every=3", "train.trainer.save_every=0", "train.val.prompts=8"]
+TINY = [
+    "train.trainer.total_steps=3",
+    "train.trainer.prompts_per_step=4",
+    "train.trainer.mini_batch_prompts=4",
+    "train.trainer.val_every=3",
+    "train.trainer.save_every=0",
+    "train.val.prompts=8",
+]
 # One server per pytest session: test_slurm.py starts the same way and reuses a live one.
 SHARED_URI_ENV = "ENTROPYRL_TEST_MLFLOW_SERVER"
 
@@ -48,10 +54,25 @@ def mlflow_server(tmp_path_factory):
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     log = (root / "server.log").open("w")
     proc = subprocess.Popen(
-        [str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
+        [
+            str(mlflow_bin),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=root,
+        start_new_session=True,
+    )
     uri = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
     try:
@@ -78,9 +99,23 @@ def mlflow_server(tmp_path_factory):
 
 @pytest.mark.slow
 def test_sweep_logs_parent_and_child_runs_to_a_server(mlflow_server, tmp_path):
-    out = subprocess.run([*CLI, "sweep", "ablation=clip", "seeds=[0]", "launcher=debug", "sweep_dir=sw",
-                          f"tracking.uri={mlflow_server}", "tracking.experiment=server-test", *TINY],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    out = subprocess.run(
+        [
+            *CLI,
+            "sweep",
+            "ablation=clip",
+            "seeds=[0]",
+            "launcher=debug",
+            "sweep_dir=sw",
+            f"tracking.uri={mlflow_server}",
+            "tracking.experiment=server-test",
+            *TINY,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     assert sweep["tracking"]["uri"] == mlflow_server
@@ -109,9 +144,13 @@ def test_sweep_logs_parent_and_child_runs_to_a_server(mlflow_server, tmp_path):
 
 def test_unreachable_server_is_one_line_error_before_anything_runs(tmp_path):
     port = _free_port()  # nothing listens there
-    out = subprocess.run([*CLI, "sweep", "ablation=gate", "seeds=[0]", "sweep_dir=sw",
-                          f"tracking.uri=http://127.0.0.1:{port}", *TINY],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    out = subprocess.run(
+        [*CLI, "sweep", "ablation=gate", "seeds=[0]", "sweep_dir=sw", f"tracking.uri=http://127.0.0.1:{port}", *TINY],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert out.returncode == 2
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, out.stderr

@@ -33,9 +33,16 @@ def test_sqlite_path_of_uris(tmp_path):
 
 def test_runs_started_together_on_a_fresh_sqlite_store_all_open(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    start_at = time.time() + 12          # after every process has imported torch, transformers, mlflow
-    procs = [subprocess.Popen([sys.executable, "-c", OPEN_RUN, uri, str(tmp_path / f"run{i}"), str(start_at)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
+    start_at = time.time() + 12  # after every process has imported torch, transformers, mlflow
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPEN_RUN, uri, str(tmp_path / f"run{i}"), str(start_at)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
     results = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-600:] for _, err in results]
     from mlflow.tracking import MlflowClient

@@ -22,13 +22,29 @@ from entropyrl.trainers.optim import LR_SCHEDULES, advance_scheduler, build_opti
 from entropyrl.trainers.run.run_dir import config_differences, upgrade_saved_config
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
-SMALL = ["trainer.prompts_per_step=4", "trainer.mini_batch_prompts=4", "val.prompts=0", "trainer.val_every=0",
-         "trainer.progress=false", "trainer.threads=1"]
+SMALL = [
+    "trainer.prompts_per_step=4",
+    "trainer.mini_batch_prompts=4",
+    "val.prompts=0",
+    "trainer.val_every=0",
+    "trainer.progress=false",
+    "trainer.threads=1",
+]
 
 
 def optim(**kw):
-    return OmegaConf.create({"name": "adamw", "lr": 1.0, "weight_decay": 0.0, "betas": [0.9, 0.999],
-                             "scheduler": "constant", "warmup_steps": 0, "min_lr_ratio": 0.0, **kw})
+    return OmegaConf.create(
+        {
+            "name": "adamw",
+            "lr": 1.0,
+            "weight_decay": 0.0,
+            "betas": [0.9, 0.999],
+            "scheduler": "constant",
+            "warmup_steps": 0,
+            "min_lr_ratio": 0.0,
+            **kw,
+        }
+    )
 
 
 def factors(cfg, total: int) -> list[float]:
@@ -45,12 +61,12 @@ def test_warmup_rises_linearly_from_zero_as_verl_then_each_schedule():
         f = factors(optim(scheduler=name, warmup_steps=4), 20)
         assert f[:5] == [0.0, 0.25, 0.5, 0.75, 1.0], name
     linear = optim(scheduler="linear", min_lr_ratio=0.1)
-    lin = [lr_factor(linear, s, 10) for s in range(11)]               # steps 0..10 of a 10-step run
+    lin = [lr_factor(linear, s, 10) for s in range(11)]  # steps 0..10 of a 10-step run
     assert lin[0] == 1.0 and all(a > b for a, b in zip(lin, lin[1:]))
     assert math.isclose(lin[5], 1 - 0.9 * 0.5) and math.isclose(lin[10], 0.1)
     cos = factors(optim(scheduler="cosine", warmup_steps=2, min_lr_ratio=0.2), 12)
-    assert math.isclose(cos[7], 0.2 + 0.8 * 0.5)             # half-way through the decay: the mid-point
-    assert math.isclose(lr_factor(optim(scheduler="cosine", min_lr_ratio=0.2), 12, 12), 0.2)   # the floor
+    assert math.isclose(cos[7], 0.2 + 0.8 * 0.5)  # half-way through the decay: the mid-point
+    assert math.isclose(lr_factor(optim(scheduler="cosine", min_lr_ratio=0.2), 12, 12), 0.2)  # the floor
     assert all(a > b for a, b in zip(cos[2:], cos[3:]))
 
 
@@ -77,10 +93,10 @@ def test_a_first_step_without_an_update_still_advances_the_schedule_without_a_wa
     opt = build_optimizer(params, cfg)
     sched = build_scheduler(opt, cfg, total_steps=8)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")                     # torch's "lr_scheduler.step() before optimizer.step()"
+        warnings.simplefilter("error")  # torch's "lr_scheduler.step() before optimizer.step()"
         advance_scheduler(sched)
     assert opt.param_groups[0]["lr"] == 0.5 * 0.25
-    with pytest.warns(UserWarning, match="before `optimizer.step"):    # what plain .step() would have said
+    with pytest.warns(UserWarning, match="before `optimizer.step"):  # what plain .step() would have said
         build_scheduler(build_optimizer([torch.nn.Parameter(torch.zeros(2))], cfg), cfg, 8).step()
 
 
@@ -92,16 +108,19 @@ def test_unknown_names_list_the_registered_ones():
 
 
 # -- config: ranges and the renamed keys -------------------------------------------------------
-@pytest.mark.parametrize("override, message", [
-    ("optim.lr=0", "optim.lr=0 is not allowed: it must be a number > 0"),
-    ("optim.betas=[0.9]", "optim.betas=[0.9] is not allowed: it must be a list of 2 numbers (each in [0, 1))"),
-    ("optim.betas=[0.9,1.0]", "optim.betas=[0.9,1] is not allowed"),
-    ("optim.warmup_steps=-1", "optim.warmup_steps=-1 is not allowed: it must be an integer >= 0"),
-    ("optim.min_lr_ratio=1.5", "optim.min_lr_ratio=1.5 is not allowed: it must be a number in [0, 1]"),
-    ("trainer.lr=5e-4", "trainer.lr was renamed optim.lr; use optim.lr=5e-4"),
-    ("+trainer.weight_decay=0.1", "trainer.weight_decay was renamed optim.weight_decay; use optim.weight_decay=0.1"),
-    ("trainer.betas=[0.9,0.95]", "trainer.betas was renamed optim.betas; use optim.betas=[0.9,0.95]"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.lr=0", "optim.lr=0 is not allowed: it must be a number > 0"),
+        ("optim.betas=[0.9]", "optim.betas=[0.9] is not allowed: it must be a list of 2 numbers (each in [0, 1))"),
+        ("optim.betas=[0.9,1.0]", "optim.betas=[0.9,1] is not allowed"),
+        ("optim.warmup_steps=-1", "optim.warmup_steps=-1 is not allowed: it must be an integer >= 0"),
+        ("optim.min_lr_ratio=1.5", "optim.min_lr_ratio=1.5 is not allowed: it must be a number in [0, 1]"),
+        ("trainer.lr=5e-4", "trainer.lr was renamed optim.lr; use optim.lr=5e-4"),
+        ("+trainer.weight_decay=0.1", "trainer.weight_decay was renamed optim.weight_decay; use optim.weight_decay=0.1"),
+        ("trainer.betas=[0.9,0.95]", "trainer.betas was renamed optim.betas; use optim.betas=[0.9,0.95]"),
+    ],
+)
 def test_bad_optim_values_and_renamed_keys_are_one_line_errors(override, message):
     with pytest.raises(UserError) as err:
         compose("train", [override])
@@ -112,8 +131,7 @@ def test_a_renamed_key_set_by_a_config_file_is_refused_too():
     from hydra.core.config_store import ConfigStore
 
     # an experiment config of the earlier layout (a user's YAML; stored here in Hydra's ConfigStore)
-    ConfigStore.instance().store(group="experiment", name="test_old_lr", package="_global_",
-                                 node={"trainer": {"lr": 1e-3}})
+    ConfigStore.instance().store(group="experiment", name="test_old_lr", package="_global_", node={"trainer": {"lr": 1e-3}})
     with pytest.raises(UserError, match=r"^trainer.lr was renamed optim.lr; use optim.lr=0.001$"):
         compose("train", ["experiment=test_old_lr"])
     plain = OmegaConf.to_container(compose("train", []))
@@ -123,16 +141,19 @@ def test_a_renamed_key_set_by_a_config_file_is_refused_too():
 
 
 def test_cli_train_sweep_and_config_show_name_the_new_key(in_tmp):
-    for argv in (["train", "trainer.lr=1e-3"], ["config", "show", "trainer.lr=1e-3"],
-                 ["sweep", "ablation=gate", "--dry-run", "trainer.lr=1e-3"],
-                 ["sweep", "ablation=gate", "--dry-run", "train.trainer.weight_decay=0.1"]):
+    for argv in (
+        ["train", "trainer.lr=1e-3"],
+        ["config", "show", "trainer.lr=1e-3"],
+        ["sweep", "ablation=gate", "--dry-run", "trainer.lr=1e-3"],
+        ["sweep", "ablation=gate", "--dry-run", "train.trainer.weight_decay=0.1"],
+    ):
         out = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=300)
         assert out.returncode == 2, (argv, out.stderr[-2000:])
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and " was renamed optim." in lines[0] and "; use optim." in lines[0], (argv, lines)
     out = subprocess.run([*CLI, "train", "optim.name=sgd", "output_dir=never"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and out.stderr.strip() == "error: unknown optim.name=sgd; valid: adamw", out.stderr[-2000:]
-    assert not (in_tmp / "never").exists()            # refused before anything was created
+    assert not (in_tmp / "never").exists()  # refused before anything was created
 
 
 def test_saved_configs_under_the_old_keys_compare_as_the_same_settings():
@@ -142,7 +163,7 @@ def test_saved_configs_under_the_old_keys_compare_as_the_same_settings():
     old["trainer"].update(lr=opt["lr"], weight_decay=opt["weight_decay"], betas=opt["betas"])
     assert config_differences(upgrade_saved_config(old, requested), requested) == []
     cosine = json.loads(json.dumps(requested))
-    cosine["optim"]["scheduler"] = "cosine"           # the old run had a constant lr: not the same run
+    cosine["optim"]["scheduler"] = "cosine"  # the old run had a constant lr: not the same run
     assert config_differences(upgrade_saved_config(old, cosine), cosine) == [("optim.scheduler", "constant", "cosine")]
 
 
@@ -153,14 +174,27 @@ def rows_of(run_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_cosine_with_warmup_logs_an_lr_that_rises_for_5_steps_then_falls(in_tmp):
-    out = subprocess.run([*CLI, "train", "optim.scheduler=cosine", "optim.warmup_steps=5", "trainer.total_steps=20",
-                          *SMALL, "trainer.save_every=0", "output_dir=run", "tracking.uri=sqlite:///mlflow.db"],
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [
+            *CLI,
+            "train",
+            "optim.scheduler=cosine",
+            "optim.warmup_steps=5",
+            "trainer.total_steps=20",
+            *SMALL,
+            "trainer.save_every=0",
+            "output_dir=run",
+            "tracking.uri=sqlite:///mlflow.db",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     lrs = [r["lr"] for r in rows_of(in_tmp / "run")]
     assert len(lrs) == 20
-    assert all(a < b for a, b in zip(lrs[:6], lrs[1:6])), lrs           # steps 1..6: rising (5 rises)
-    assert all(a > b for a, b in zip(lrs[5:], lrs[6:])), lrs            # then falling to the end
+    assert all(a < b for a, b in zip(lrs[:6], lrs[1:6])), lrs  # steps 1..6: rising (5 rises)
+    assert all(a > b for a, b in zip(lrs[5:], lrs[6:])), lrs  # then falling to the end
     assert math.isclose(max(lrs), 5e-4)
     import mlflow
 
@@ -181,8 +215,9 @@ def test_the_schedule_resumes_from_the_checkpoint(in_tmp):
     state = load_trainer_state(in_tmp / "run" / "checkpoints" / "step_000003")
     assert state["scheduler"]["last_epoch"] == 3
     train(compose("train", [*base, "trainer.total_steps=8"]), log=lambda *_: None)
-    assert [r["lr"] for r in rows_of(in_tmp / "run")] == pytest.approx([5e-4 * f for f in (0, 1 / 6, 2 / 6, 3 / 6, 4 / 6,
-                                                                                        5 / 6, 1, 1)])
+    assert [r["lr"] for r in rows_of(in_tmp / "run")] == pytest.approx(
+        [5e-4 * f for f in (0, 1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6, 1, 1)]
+    )
 
 
 @pytest.mark.slow

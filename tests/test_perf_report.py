@@ -21,14 +21,16 @@ def test_the_measured_section_is_rewritten_from_the_results_and_the_prose_kept(t
     report = _report_module()
     page = tmp_path / "performance.md"
     page.write_text(f"# Performance\n\nprose stays\n\n{report.BEGIN}\nold numbers\n{report.END}\n\nafter\n")
-    results = {"startup": {"entropyrl_help_ratio_vs_python": 2.51234, "repeats": 7, "nested": {"a": 1.5}},
-               "_machine": {"cpus": 2, "python": "3.11.7", "platform": "linux"}}
+    results = {
+        "startup": {"entropyrl_help_ratio_vs_python": 2.51234, "repeats": 7, "nested": {"a": 1.5}},
+        "_machine": {"cpus": 2, "python": "3.11.7", "platform": "linux"},
+    }
     report.write(results, page)
     text = page.read_text()
     assert "prose stays" in text and text.endswith("\nafter\n") and "old numbers" not in text
     assert "| `entropyrl_help_ratio_vs_python` | 2.512 |" in text and "| `nested.a` | 1.5 |" in text
     assert text.count(report.BEGIN) == 1 and "### `startup`" in text
-    report.write(results, page)                                  # idempotent
+    report.write(results, page)  # idempotent
     assert page.read_text() == text
 
 

@@ -16,8 +16,15 @@ import pytest
 HERE = Path(__file__).resolve()
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 # the small shape measured on CPU: a random-init Qwen2, one micro-batch of ROWS x (P + R) tokens, float32
-ARCH = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=False)
+ARCH = dict(
+    hidden_size=256,
+    intermediate_size=704,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1024,
+    tie_word_embeddings=False,
+)
 ROWS, P, R = 8, 32, 224
 
 
@@ -38,13 +45,12 @@ def test_parameters_of_the_published_architectures_and_the_memory_split():
         assert abs(one["parameters"] - published) / published < 0.01, (model, one["parameters"])
         assert eight["fsdp"] and eight["gradient_checkpointing"]
         m1, m8 = one["memory_gb"], eight["memory_gb"]
-        assert m8["optimizer"] == pytest.approx(m1["optimizer"] / 8, rel=1e-3)          # sharded over the ranks
+        assert m8["optimizer"] == pytest.approx(m1["optimizer"] / 8, rel=1e-3)  # sharded over the ranks
         assert m8["optimizer"] == pytest.approx(8 * one["parameters"] / 8 / 1e9, rel=1e-3)  # AdamW: 8 bytes a parameter
         assert m8["activations_checkpointed"] < m8["activations"]
         assert eight["step_seconds"] == pytest.approx(one["step_seconds"] / 8, rel=1e-6)
-        assert eight["tokens"] == 512 * 16 * (2048 + 8192)                               # the DAPO step
-    table = subprocess.run([*CLI, "plan", "experiment=dapo_7b", "--ranks", "8"], capture_output=True, text=True,
-                           timeout=300)
+        assert eight["tokens"] == 512 * 16 * (2048 + 8192)  # the DAPO step
+    table = subprocess.run([*CLI, "plan", "experiment=dapo_7b", "--ranks", "8"], capture_output=True, text=True, timeout=300)
     assert table.returncode == 0, table.stderr[-2000:]
     assert "memory per rank (8 ranks, FSDP on)" in table.stdout and "step time at MFU 40%" in table.stdout
     bad = subprocess.run([*CLI, "plan", "--mfu", "2"], capture_output=True, text=True, timeout=300)
@@ -76,8 +82,9 @@ def _measure() -> None:
 
     torch.set_num_threads(1)
     prompt, resp = torch.randint(1, 1024, (ROWS, P)), torch.randint(1, 1024, (ROWS, R))
-    roll = Rollout(prompt, torch.ones_like(prompt), resp, torch.ones_like(resp), [""] * ROWS,
-                   torch.zeros(ROWS, dtype=torch.bool), None)
+    roll = Rollout(
+        prompt, torch.ones_like(prompt), resp, torch.ones_like(resp), [""] * ROWS, torch.zeros(ROWS, dtype=torch.bool), None
+    )
     old, mask = -torch.rand(ROWS, R), torch.ones(ROWS, R)
     adv = torch.randn(ROWS, 1).expand(ROWS, R).contiguous()
     with open("/proc/self/clear_refs", "w") as f:
@@ -102,9 +109,22 @@ def test_memory_figure_matches_the_measured_cpu_peak_of_a_small_shape():
     from entropyrl.models.cost import Architecture, step_cost
 
     arch = Architecture(**{k: v for k, v in ARCH.items() if k != "tie_word_embeddings"}, tie_word_embeddings=False)
-    cost = step_cost(arch, prompts=ROWS, n=1, prompt_len=P, response_len=R, ranks=1, micro_rows=ROWS,
-                     micro_tokens=None, epochs=1, checkpointing=False, compute_bytes=4, chunk=1024, fsdp=False,
-                     ref_model=False)
+    cost = step_cost(
+        arch,
+        prompts=ROWS,
+        n=1,
+        prompt_len=P,
+        response_len=R,
+        ranks=1,
+        micro_rows=ROWS,
+        micro_tokens=None,
+        epochs=1,
+        checkpointing=False,
+        compute_bytes=4,
+        chunk=1024,
+        fsdp=False,
+        ref_model=False,
+    )
     predicted = cost.memory_gb["total"]
     assert abs(predicted - measured) / measured <= 0.25, (predicted, measured)
 
@@ -120,22 +140,32 @@ def test_verdict_per_rank_counts_the_vllm_engines_share():
     a = Architecture(**ARCH)
     e = vllm_share(a, share=0.5, gpu_gb=10.0, weight_bytes=2, tensor_parallel=1, seq_len=256)
     assert e["gb"] == 5.0 and e["weights_gb"] == pytest.approx(2 * parameters(a)["total"] / 1e9, abs=1e-3)
-    kv_per_token = 2 * 4 * 2 * 64 * 2                 # k and v, layers, kv heads, head width, bf16
+    kv_per_token = 2 * 4 * 2 * 64 * 2  # k and v, layers, kv heads, head width, bf16
     assert e["kv_cache_tokens"] == int((5.0 - 2 * parameters(a)["total"] / 1e9) * 1e9 / kv_per_token)
     assert e["fits"] and not vllm_share(a, share=1e-4, gpu_gb=10.0, weight_bytes=2, tensor_parallel=1, seq_len=256)["fits"]
 
     from entropyrl.models.cost import plan_figures
 
     def plan(*overrides, ranks=8, gpu_gb=80.0):
-        return plan_figures(["experiment=stare_7b_short_cot", *overrides], ranks=ranks, mfu=0.4, peak_tflops=989.0,
-                            prompt_len=None, gpu_gb=gpu_gb, decode_mfu=0.05)
+        return plan_figures(
+            ["experiment=stare_7b_short_cot", *overrides],
+            ranks=ranks,
+            mfu=0.4,
+            peak_tflops=989.0,
+            prompt_len=None,
+            gpu_gb=gpu_gb,
+            decode_mfu=0.05,
+        )
+
     eight = plan()
-    assert eight["vllm"]["share"] == 0.6 and eight["vllm"]["gb"] == pytest.approx(48.0)   # the preset's share
+    assert eight["vllm"]["share"] == 0.6 and eight["vllm"]["gb"] == pytest.approx(48.0)  # the preset's share
     v = eight["verdict"]
-    assert v["trainer_budget_gb"] == pytest.approx(32.0) and v["trainer_gb"] == pytest.approx(eight["memory_gb"]["total"], abs=1e-3)
+    assert v["trainer_budget_gb"] == pytest.approx(32.0) and v["trainer_gb"] == pytest.approx(
+        eight["memory_gb"]["total"], abs=1e-3
+    )
     assert v["fits"] is (eight["memory_gb"]["total"] <= 32.0) is True
-    assert not plan(ranks=1)["verdict"]["fits"]                                         # 12 bytes a parameter on one GPU
-    assert not plan("rollout.gpu_memory_utilization=0.9")["verdict"]["trainer_fits"]    # the engine leaves 8 GB
+    assert not plan(ranks=1)["verdict"]["fits"]  # 12 bytes a parameter on one GPU
+    assert not plan("rollout.gpu_memory_utilization=0.9")["verdict"]["trainer_fits"]  # the engine leaves 8 GB
     assert plan(gpu_gb=141.0)["verdict"]["trainer_budget_gb"] == pytest.approx(141.0 * 0.4)
     # decoding at its own MFU; the checkpoint at 12 bytes a parameter, as often and as many as the preset says
     assert eight["generation_seconds"] == pytest.approx(eight["generation_flops"] / (0.05 * 989e12 * 8))
@@ -145,8 +175,9 @@ def test_verdict_per_rank_counts_the_vllm_engines_share():
 
 
 def test_plan_prints_the_verdict_the_engine_and_the_assumptions():
-    out = subprocess.run([*CLI, "plan", "experiment=stare_7b_short_cot", "--ranks", "1"], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [*CLI, "plan", "experiment=stare_7b_short_cot", "--ranks", "1"], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     verdict = next(line for line in out.stdout.splitlines() if line.startswith("verdict per rank (1 x 80 GB GPU)"))
     assert "DOES NOT FIT: trainer" in verdict and "of the 32.0 GB left beside the vLLM engine" in verdict

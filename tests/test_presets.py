@@ -63,13 +63,13 @@ def test_steer_and_dapo_presets():
 def test_command_line_overrides_win_over_the_experiment():
     cfg = compose("train", ["experiment=dapo_7b", "trainer.total_steps=5", "rollout.n=4", "model.path=/m/q7b"])
     assert (cfg.trainer.total_steps, cfg.rollout.n, cfg.model.path) == (5, 4, "/m/q7b")
-    assert cfg.trainer.prompts_per_step == 512                           # the rest of the preset stays
+    assert cfg.trainer.prompts_per_step == 512  # the rest of the preset stays
 
 
 def test_unknown_experiment_lists_the_choices():
     with pytest.raises(UserError, match=r"unknown experiment=stare_7b; valid: dapo_7b, .*stare_7b_short_cot"):
         compose("train", ["experiment=stare_7b"])
-    assert compose("train").model.name == "tiny"                         # no experiment by default
+    assert compose("train").model.name == "tiny"  # no experiment by default
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -82,12 +82,18 @@ def test_every_preset_value_names_its_source(name):
     for line in body.splitlines():
         stripped = line.strip()
         if not stripped or stripped.startswith("#") or re.fullmatch(r"[\w./-]+:", stripped):
-            continue                                              # blank, comment, or a section header
+            continue  # blank, comment, or a section header
         assert "#" in line and re.search(r"#\s*(script|verl|paper|spec|ours)\b", line), f"{name}: {line!r}"
 
 
-@pytest.mark.parametrize("model,hub", [("qwen2.5-math-1.5b", "Qwen/Qwen2.5-Math-1.5B"),
-                                       ("qwen2.5-math-7b", "Qwen/Qwen2.5-Math-7B"), ("qwen2.5-7b", "Qwen/Qwen2.5-7B")])
+@pytest.mark.parametrize(
+    "model,hub",
+    [
+        ("qwen2.5-math-1.5b", "Qwen/Qwen2.5-Math-1.5B"),
+        ("qwen2.5-math-7b", "Qwen/Qwen2.5-Math-7B"),
+        ("qwen2.5-7b", "Qwen/Qwen2.5-7B"),
+    ],
+)
 def test_model_presets_name_a_hub_id_and_take_a_local_path(model, hub):
     assert compose("train", [f"model={model}"]).model.path == hub
     assert compose("train", [f"model={model}", "model.path=/models/x"]).model.path == "/models/x"
@@ -108,7 +114,7 @@ def test_dapo_parquet_loads_and_grades_an_answer_line(dapo):
     assert len(dapo) == 200 and dapo.where.endswith("verl/DAPO-Math-17k.parquet")  # the fixture sample
     item = next(p for p in dapo.train_items if p.answer == "42")
     prompt = dapo.prompt(item)
-    assert item.prompt in prompt and "\\boxed" in prompt                 # the file's own instruction (native)
+    assert item.prompt in prompt and "\\boxed" in prompt  # the file's own instruction (native)
     assert dapo.reward(item, "Adding the two cases gives 42.\nAnswer: 42") == 1.0
     assert dapo.reward(item, "Answer: 41") == 0.0
     assert dapo.rewards([item, item, item], ["so \\boxed{42}", "no final answer here", "Answer: 042"]) == [1.0, 0.0, 1.0]
@@ -121,9 +127,9 @@ def test_dapo_prompt_stream_is_deterministic_and_covers_the_epoch(dapo, data_dir
     again = build_prompt_source(compose("train", ["data=dapo_math_17k", f"data.data_root={data_dir}"]).data, seed=3)
     assert dapo.sample(16, step=5) == again.sample(16, step=5)
     assert dapo.sample(16, step=5, attempt=2) == again.sample(16, step=5, attempt=2)
-    seen = [p.id for s in range(12) for p in dapo.sample(16, step=s)]   # 192 of the 200 prompts
-    assert len(set(seen)) == len(seen)                                    # no repeats inside an epoch
-    epoch = [p.id for s in range(25) for p in dapo.sample(8, step=s)]    # exactly one epoch
+    seen = [p.id for s in range(12) for p in dapo.sample(16, step=s)]  # 192 of the 200 prompts
+    assert len(set(seen)) == len(seen)  # no repeats inside an epoch
+    epoch = [p.id for s in range(25) for p in dapo.sample(8, step=s)]  # exactly one epoch
     assert sorted(epoch) == sorted(p.id for p in dapo.train_items)
     other = build_prompt_source(compose("train", ["data=dapo_math_17k", f"data.data_root={data_dir}"]).data, seed=4)
     assert other.sample(16, step=5) != dapo.sample(16, step=5)
@@ -133,9 +139,18 @@ def test_dapo_filters_overlong_prompts_and_holds_out_validation(data_dir):
     from entropyrl.models.tiny import build_tokenizer
     from entropyrl.trainers.data.prompts_source import build_prompt_source
 
-    tok = build_tokenizer()                                              # one token per character
-    cfg = compose("train", ["data=dapo_math_17k", f"data.data_root={data_dir}", "data.limit=150",
-                            "data.max_prompt_length=500", "data.holdout=10", "data.chat_template=false"])
+    tok = build_tokenizer()  # one token per character
+    cfg = compose(
+        "train",
+        [
+            "data=dapo_math_17k",
+            f"data.data_root={data_dir}",
+            "data.limit=150",
+            "data.max_prompt_length=500",
+            "data.holdout=10",
+            "data.chat_template=false",
+        ],
+    )
     src = build_prompt_source(cfg.data, seed=0, tokenizer=tok)
     kept = src.train_items + src.val_items
     assert 0 < len(kept) < 150

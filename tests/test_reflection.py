@@ -48,7 +48,7 @@ def test_the_built_in_lists_and_a_configured_one():
     assert set(resolve_words("default")) == set(WORD_LISTS["orz"]) | set(WORD_LISTS["oat_zero"])
     hmm = ReflectionMatcher(resolve_words(["hmm", "on second thought"]))
     assert hmm.count("Hmm. On second  thought, hmm!") == 3 and hmm.count("Wait, recheck") == 0
-    assert resolve_words([42]) == ("42",)          # a command line's [42] arrives as a number
+    assert resolve_words([42]) == ("42",)  # a command line's [42] arrives as a number
     with pytest.raises(UserError, match="is not a word list"):
         resolve_words("nope")
     with pytest.raises(UserError, match="not a word or phrase"):
@@ -61,13 +61,13 @@ def test_an_empty_list_turns_reflection_metrics_off():
     assert resolve_words(None) == ()
     out = response_text_metrics(["wait, a b c d a b c d"], [10], [1.0], off)
     assert not any(k.startswith("reflection/") for k in out)
-    assert out["repetition/score/mean"] == pytest.approx(1 - 5 / 6)       # repetition and lengths stay
+    assert out["repetition/score/mean"] == pytest.approx(1 - 5 / 6)  # repetition and lengths stay
     assert out["response_length/correct/mean"] == 10
 
 
 def test_density_and_repetition_by_hand():
     assert density(3, 600) == pytest.approx(5.0) and density(2, 0) == 0.0
-    assert repetition_score("a b c d a b c d") == pytest.approx(1 - 4 / 5)   # 5 four-grams, 4 distinct
+    assert repetition_score("a b c d a b c d") == pytest.approx(1 - 4 / 5)  # 5 four-grams, 4 distinct
     assert repetition_score("go go go go go go") == pytest.approx(1 - 1 / 3)
     assert repetition_score("x y z") == 0.0 and repetition_score("A b c d e") == 0.0
     assert repetition_score("a b a b", n=2) == pytest.approx(1 - 2 / 3)
@@ -79,7 +79,7 @@ def test_density_and_repetition_by_hand():
 def test_step_text_metrics_by_hand():
     texts = ["Wait, no. Wait.", "fine", "Recheck it"]
     out = response_text_metrics(texts, [10, 20, 10], [1.0, 0.0, 0.0], DEFAULT)
-    assert out["reflection/count/mean"] == pytest.approx(1.0)                 # counts 2, 0, 1
+    assert out["reflection/count/mean"] == pytest.approx(1.0)  # counts 2, 0, 1
     assert out["reflection/density"] == pytest.approx(1000 * 3 / 40)
     assert out["reflection/frac"] == pytest.approx(2 / 3)
     assert out["reflection/frac/correct"] == 1.0 and out["reflection/frac/incorrect"] == pytest.approx(0.5)
@@ -93,8 +93,8 @@ def test_token_positions_follow_the_pieces():
     assert reflection_token_positions(["Let", " me", " wa", "it", ",", " ok"], DEFAULT) == ([2, 3], [2])
     assert reflection_token_positions(["Wait", ",", "wait"], DEFAULT) == ([0, 2], [0, 2])
     assert reflection_token_positions(["try", " ag", "ain wait"], DEFAULT) == ([0, 1, 2], [0, 2])
-    assert reflection_token_positions(["x", "", "wait", "", "!"], DEFAULT) == ([], [])   # "xwait": no boundary
-    assert reflection_token_positions(["so", "", " wait"], DEFAULT) == ([2], [2])         # an empty piece is skipped
+    assert reflection_token_positions(["x", "", "wait", "", "!"], DEFAULT) == ([], [])  # "xwait": no boundary
+    assert reflection_token_positions(["so", "", " wait"], DEFAULT) == ([2], [2])  # an empty piece is skipped
 
 
 def _char_tokenizer():
@@ -117,7 +117,7 @@ def test_token_pieces_of_a_real_tokenizer_rebuild_the_text():
     pieces = TokenPieces.for_tokenizer(tok)
     assert "".join(pieces.pieces(ids)) == text
     at, first = reflection_token_positions(pieces.pieces(ids), DEFAULT)
-    assert first == [text.index("wait")] and at == list(range(8, 12))        # one character a token
+    assert first == [text.index("wait")] and at == list(range(8, 12))  # one character a token
 
 
 def _crafted_batch():
@@ -149,7 +149,7 @@ def test_entropy_at_reflection_tokens_by_hand():
     token_adv = torch.tensor([[-1.0] * 5, [0.5] * 5])
     flipped = reflection_entropy_metrics(entropy, logp, mask, at, before, token_adv)
     assert flipped["reflection/frac/adv_pos"] == 0.0 and flipped["reflection/frac/adv_neg"] == 1.0
-    assert [flipped[f"reflection/quadrant/q{k}"] for k in (1, 2, 3, 4)] == [0.0, 0.0, 1.0, 0.0]   # suppression
+    assert [flipped[f"reflection/quadrant/q{k}"] for k in (1, 2, 3, 4)] == [0.0, 0.0, 1.0, 0.0]  # suppression
     none = reflection_entropy_metrics(entropy, logp, mask, torch.zeros_like(at), torch.zeros_like(at))
     assert math.isnan(none["reflection/entropy_at"]) and "reflection/frac/adv_pos" not in none
 
@@ -161,8 +161,9 @@ def test_reflection_settings_from_a_training_config():
     assert on.matcher.words == WORD_LISTS["default"] and on.repetition_n == 4 and on.token_metrics
     off = reflection_settings(compose("train", ["diagnostics.reflection.words=[]"]))
     assert not off.matcher.enabled and not off.token_metrics
-    mine = reflection_settings(compose("train", ["diagnostics.reflection.words=[hmm,'try again']",
-                                                 "diagnostics.reflection.repetition_n=2"]))
+    mine = reflection_settings(
+        compose("train", ["diagnostics.reflection.words=[hmm,'try again']", "diagnostics.reflection.repetition_n=2"])
+    )
     assert mine.matcher.words == ("hmm", "try again") and mine.repetition_n == 2
     with pytest.raises(UserError, match="diagnostics.reflection.words"):
         reflection_settings(compose("train", ["diagnostics.reflection.words=orzz"]))
@@ -175,8 +176,8 @@ def test_reflection_at_n_and_precision_recall_by_hand():
     out = reflection_eval_metrics(reflects, correct)
     assert out["reflection@2"] == pytest.approx(2 / 3)
     assert out["reflection/frac"] == pytest.approx(3 / 6)
-    assert out["reflection/precision"] == pytest.approx(2 / 3)     # of 3 reflecting samples, 2 correct
-    assert out["reflection/recall"] == pytest.approx(2 / 4)        # of 4 correct samples, 2 reflect
+    assert out["reflection/precision"] == pytest.approx(2 / 3)  # of 3 reflecting samples, 2 correct
+    assert out["reflection/recall"] == pytest.approx(2 / 4)  # of 4 correct samples, 2 reflect
     empty = reflection_eval_metrics([[False]], [[False]])
     assert math.isnan(empty["reflection/precision"]) and math.isnan(empty["reflection/recall"])
 
@@ -184,10 +185,12 @@ def test_reflection_at_n_and_precision_recall_by_hand():
 def test_eval_samples_get_a_block_and_the_benchmark_its_figures():
     from entropyrl.evals.runner import _add_reflection, flat_metrics, reflection_lines
 
-    recs = [{"problem_id": "a", "response": "wait, 5", "correct": True},
-            {"problem_id": "a", "response": "5", "correct": False},
-            {"problem_id": "b", "response": "Recheck: 4", "correct": False},
-            {"problem_id": "b", "response": "3", "correct": False}]
+    recs = [
+        {"problem_id": "a", "response": "wait, 5", "correct": True},
+        {"problem_id": "a", "response": "5", "correct": False},
+        {"problem_id": "b", "response": "Recheck: 4", "correct": False},
+        {"problem_id": "b", "response": "3", "correct": False},
+    ]
     result = {"metrics": {"avg@2": 0.25}, "n_samples": 2}
     _add_reflection(result, recs, DEFAULT, _char_tokenizer())
     assert [r["reflection"]["count"] for r in recs] == [1, 0, 1, 0]
@@ -205,11 +208,19 @@ def test_eval_samples_get_a_block_and_the_benchmark_its_figures():
 
 def test_grade_output_lines_carry_the_reflection_block(tmp_path):
     path = tmp_path / "r.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in [
-        {"response": "Wait, let me recheck: \\boxed{4}", "answer": "4"},
-        {"response": "\\boxed{5}", "answer": "4"}]) + "\n")
-    out = subprocess.run([sys.executable, "-m", "entropyrl.cli.main", "grade", str(path), "--workers", "1"],
-                         capture_output=True, text=True, timeout=300)
+    path.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [{"response": "Wait, let me recheck: \\boxed{4}", "answer": "4"}, {"response": "\\boxed{5}", "answer": "4"}]
+        )
+        + "\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "entropyrl.cli.main", "grade", str(path), "--workers", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in (tmp_path / "r.graded.jsonl").read_text().splitlines()]
     assert rows[0]["reflection"] == {"count": 2, "density": pytest.approx(2000 / 5), "tokens": 5, "unit": "words"}
@@ -228,29 +239,60 @@ def test_grade_reflection_words_option():
 def test_samples_table_rows_and_cadence(tmp_path):
     assert [s for s in range(1, 21) if run_samples.samples_due(s, 5)] == [1, 5, 10, 15, 20]
     assert not any(run_samples.samples_due(s, 0) for s in range(1, 5))
-    assert run_samples.pick_rows(32, 4, 4) == [0, 8, 16, 24]          # the first response of spread-out groups
+    assert run_samples.pick_rows(32, 4, 4) == [0, 8, 16, 24]  # the first response of spread-out groups
     assert run_samples.pick_rows(8, 4, 4) == [0, 1, 2, 4]
     rows = run_samples.sample_rows(3, ["p"], ["wait"], [1.0], [1.0], [0.5], [2], [1])
-    assert rows == [{"step": 3, "prompt": "p", "response": "wait", "reward": 1.0, "correct": 1.0,
-                     "entropy_mean": 0.5, "length": 2, "reflection": 1}]
+    assert rows == [
+        {
+            "step": 3,
+            "prompt": "p",
+            "response": "wait",
+            "reward": 1.0,
+            "correct": 1.0,
+            "entropy_mean": 0.5,
+            "length": 2,
+            "reflection": 1,
+        }
+    ]
     run_samples.append_samples(tmp_path, rows)
     run_samples.append_samples(tmp_path, [{**rows[0], "step": 6}])
-    run_samples.drop_after(tmp_path, 4)                                # resumed from step 4: step 6 is redone
+    run_samples.drop_after(tmp_path, 4)  # resumed from step 4: step 6 is redone
     assert [json.loads(x)["step"] for x in (tmp_path / "samples.jsonl").read_text().splitlines()] == [3]
 
 
 # -- a short training run -------------------------------------------------------------------------
-STEP_METRICS = ("reflection/density", "reflection/frac", "reflection/frac/correct", "reflection/frac/incorrect",
-                "reflection/entropy_at", "reflection/entropy_before", "reflection/entropy_all",
-                "reflection/surprisal_at", "reflection/surprisal_all", "reflection/frac/adv_pos",
-                "repetition/score/mean", "response_length/correct/mean", "response_length/incorrect/mean",
-                "response_length/clip_frac")
+STEP_METRICS = (
+    "reflection/density",
+    "reflection/frac",
+    "reflection/frac/correct",
+    "reflection/frac/incorrect",
+    "reflection/entropy_at",
+    "reflection/entropy_before",
+    "reflection/entropy_all",
+    "reflection/surprisal_at",
+    "reflection/surprisal_all",
+    "reflection/frac/adv_pos",
+    "repetition/score/mean",
+    "response_length/correct/mean",
+    "response_length/incorrect/mean",
+    "response_length/clip_frac",
+)
 
 
 def cfg_overrides(words: str) -> list[str]:
-    return ["trainer.prompts_per_step=4", "trainer.mini_batch_prompts=4", "rollout.n=4", "trainer.val_every=0",
-            "trainer.save_every=0", "val.prompts=0", "trainer.progress=false", "output_dir=run",
-            "trainer.samples_every=2", "trainer.samples_rows=3", f"diagnostics.reflection.words={words}"]
+    return [
+        "trainer.prompts_per_step=4",
+        "trainer.mini_batch_prompts=4",
+        "rollout.n=4",
+        "trainer.val_every=0",
+        "trainer.save_every=0",
+        "val.prompts=0",
+        "trainer.progress=false",
+        "output_dir=run",
+        "trainer.samples_every=2",
+        "trainer.samples_rows=3",
+        f"diagnostics.reflection.words={words}",
+    ]
 
 
 @pytest.mark.slow
@@ -268,7 +310,7 @@ def test_a_short_training_run_logs_the_metrics_the_samples_and_the_figure(in_tmp
     for row in rows:
         for key in STEP_METRICS:
             assert key in row, key
-        assert row["reflection/entropy_all"] == pytest.approx(row["entropy"], rel=1e-4)   # the same tokens
+        assert row["reflection/entropy_all"] == pytest.approx(row["entropy"], rel=1e-4)  # the same tokens
         assert row["reflection/frac"] > 0 and row["reflection/entropy_at"] is not None
     samples = [json.loads(line) for line in (in_tmp / "run" / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [1, 1, 1, 2, 2, 2]
@@ -277,8 +319,13 @@ def test_a_short_training_run_logs_the_metrics_the_samples_and_the_figure(in_tmp
 
     client = MlflowClient(summary["tracking_uri"])
     run = client.get_run(summary["mlflow_run_id"])
-    assert {"reflection/density", "reflection/entropy_at", "reflection/entropy_all", "repetition/score/mean",
-            "response_length/correct/mean"} <= set(run.data.metrics)
+    assert {
+        "reflection/density",
+        "reflection/entropy_at",
+        "reflection/entropy_all",
+        "repetition/score/mean",
+        "response_length/correct/mean",
+    } <= set(run.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "reflection.png" in artifacts
     assert [a.path for a in client.list_artifacts(run.info.run_id, "samples")] == ["samples/samples.jsonl"]

@@ -22,11 +22,11 @@ def test_the_report_replaces_the_generated_section_with_its_figures_beside_the_p
     publish_report(sweep, page)
     text = page.read_text()
     assert "hand-written prose" in text and text.endswith("\nmore prose\n") and "stale" not in text
-    assert "## entropyrl lab report" in text and "### Claims" in text          # one level down
+    assert "## entropyrl lab report" in text and "### Claims" in text  # one level down
     assert "![entropy](lab/lab-entropy.png)" in text
     assert (page.parent / "lab" / "lab-entropy.png").read_bytes() == b"\x89PNG fake"
     publish_report(sweep, page)
-    assert page.read_text() == text                                                # the same again
+    assert page.read_text() == text  # the same again
 
 
 def test_a_page_without_markers_or_a_sweep_without_a_report_is_one_error(tmp_path):

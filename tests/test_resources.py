@@ -22,7 +22,7 @@ def _write(path: Path, text: str) -> None:
 def test_cpu_max_and_cfs_quota_parse():
     assert res.parse_cpu_max("max 100000\n") is None
     assert res.parse_cpu_max("150000 100000\n") == 1.5
-    assert res.parse_cpu_max("50000") == 0.5                       # period defaults to 100 ms
+    assert res.parse_cpu_max("50000") == 0.5  # period defaults to 100 ms
     assert res.parse_cpu_max("") is None and res.parse_cpu_max("abc 100") is None
     assert res.parse_cfs_quota("-1\n", "100000\n") is None
     assert res.parse_cfs_quota("200000\n", "100000\n") == 2.0
@@ -36,7 +36,7 @@ def test_cgroup_v2_takes_the_tightest_quota_up_the_tree(tmp_path):
     assert res.cgroup_cpu_limit("0::/user.slice/job\n", tmp_path) == 3.0
     _write(tmp_path / "user.slice" / "job" / "cpu.max", "150000 100000\n")
     assert res.cgroup_cpu_limit("0::/user.slice/job\n", tmp_path) == 1.5
-    assert res.cgroup_cpu_limit("0::/\n", tmp_path) is None          # the root: no limit
+    assert res.cgroup_cpu_limit("0::/\n", tmp_path) is None  # the root: no limit
 
 
 def test_cgroup_v2_namespaced_container_reads_its_root(tmp_path):
@@ -69,7 +69,7 @@ def test_default_threads_divides_cpus_by_jobs_and_leaves_busy_cpus_alone():
     assert res.default_threads(cpus=8, jobs=2, busy=0) == 4
     assert res.default_threads(cpus=8, jobs=1, busy=5) == 3
     assert res.default_threads(cpus=2, jobs=1, busy=1) == 1
-    assert res.default_threads(cpus=2, jobs=4, busy=0) == 1          # never below one
+    assert res.default_threads(cpus=2, jobs=4, busy=0) == 1  # never below one
     assert res.default_threads(cpus=2, jobs=1, busy=9) == 1
 
 
@@ -79,7 +79,7 @@ def test_jobs_sharing_reads_the_launchers_count(monkeypatch):
     assert res.jobs_sharing() == 1
     monkeypatch.setenv(res.JOBS_ENV, "3")
     assert res.jobs_sharing() == 3
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")                     # torchrun ranks on this node
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun ranks on this node
     assert res.jobs_sharing() == 6
     monkeypatch.setenv(res.JOBS_ENV, "zero")
     assert res.jobs_sharing() == 2
@@ -88,8 +88,8 @@ def test_jobs_sharing_reads_the_launchers_count(monkeypatch):
 def test_busy_cpus_from_loadavg_minus_our_own_threads(tmp_path):
     _write(tmp_path / "loadavg", "0.50 0.40 0.20 4/180 12345\n")
     tasks = tmp_path / "task"
-    _write(tasks / "1" / "stat", "1 (python (main)) R 0 1 1\n")     # the reader itself
-    _write(tasks / "2" / "stat", "2 (pt worker) S 0 1 1\n")         # an idle pool thread
+    _write(tasks / "1" / "stat", "1 (python (main)) R 0 1 1\n")  # the reader itself
+    _write(tasks / "2" / "stat", "2 (pt worker) S 0 1 1\n")  # an idle pool thread
     assert res.busy_cpus(samples=3, interval=0, loadavg=str(tmp_path / "loadavg"), task_dir=str(tasks)) == 3
     assert res.busy_cpus(samples=1, loadavg=str(tmp_path / "missing"), task_dir=str(tasks)) == 0
 
@@ -110,23 +110,34 @@ def test_a_real_cpu_bound_process_counts_as_busy():
         spinner.wait()
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
-                    reason="needs an affinity mask of two CPUs or more")
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs an affinity mask of two CPUs or more"
+)
 def test_affinity_mask_limits_a_real_process():
     cpu = min(os.sched_getaffinity(0))
-    code = ("import os, torch; from entropyrl.core.resources import available_cpus, apply_threads; "
-            "n = apply_threads(0); print(available_cpus(), n, torch.get_num_threads(), os.environ['OMP_NUM_THREADS'])")
+    code = (
+        "import os, torch; from entropyrl.core.resources import available_cpus, apply_threads; "
+        "n = apply_threads(0); print(available_cpus(), n, torch.get_num_threads(), os.environ['OMP_NUM_THREADS'])"
+    )
     env = {k: v for k, v in os.environ.items() if k not in res.THREAD_ENV_VARS}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
-                         preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["1", "1", "1", "1"]                # one CPU: one thread, children told so
+    assert out.stdout.split() == ["1", "1", "1", "1"]  # one CPU: one thread, children told so
 
 
 def test_users_omp_num_threads_is_the_default_and_stays_fixed():
-    code = ("import os, torch; from entropyrl.core.resources import ThreadBudget, JOBS_ENV; "
-            "b = ThreadBudget(0, every_s=0); os.environ[JOBS_ENV] = '1000'; "
-            "print(b.threads, b.refresh(), torch.get_num_threads(), os.environ['MKL_NUM_THREADS'])")
+    code = (
+        "import os, torch; from entropyrl.core.resources import ThreadBudget, JOBS_ENV; "
+        "b = ThreadBudget(0, every_s=0); os.environ[JOBS_ENV] = '1000'; "
+        "print(b.threads, b.refresh(), torch.get_num_threads(), os.environ['MKL_NUM_THREADS'])"
+    )
     env = {k: v for k, v in os.environ.items() if k not in (*res.THREAD_ENV_VARS, res._EXPORT_MARK)}
     env["OMP_NUM_THREADS"] = "2"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -135,8 +146,10 @@ def test_users_omp_num_threads_is_the_default_and_stays_fixed():
 
 
 def test_explicit_count_wins_and_user_env_is_kept():
-    code = ("import os, torch; from entropyrl.core.resources import apply_threads; "
-            "n = apply_threads(3); print(n, torch.get_num_threads(), os.environ['OMP_NUM_THREADS'])")
+    code = (
+        "import os, torch; from entropyrl.core.resources import apply_threads; "
+        "n = apply_threads(3); print(n, torch.get_num_threads(), os.environ['OMP_NUM_THREADS'])"
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -144,7 +157,7 @@ def test_explicit_count_wins_and_user_env_is_kept():
 
 
 def test_thread_budget_follows_the_jobs_beside_it(monkeypatch):
-    for var in (*res.THREAD_ENV_VARS, res._EXPORT_MARK):             # restored after the test
+    for var in (*res.THREAD_ENV_VARS, res._EXPORT_MARK):  # restored after the test
         monkeypatch.delenv(var, raising=False)
     before = torch.get_num_threads()
     try:
@@ -152,14 +165,14 @@ def test_thread_budget_follows_the_jobs_beside_it(monkeypatch):
         budget = res.ThreadBudget(0, every_s=0)
         assert 1 <= budget.threads == torch.get_num_threads() <= res.available_cpus()
         assert os.environ["OMP_NUM_THREADS"] == str(budget.threads)
-        assert res.user_threads() is None                            # our own export is not a user choice
-        monkeypatch.setenv(res.JOBS_ENV, "1000")                     # a launcher now runs many jobs
+        assert res.user_threads() is None  # our own export is not a user choice
+        monkeypatch.setenv(res.JOBS_ENV, "1000")  # a launcher now runs many jobs
         assert budget.refresh() == 1 == torch.get_num_threads()
         fixed = res.ThreadBudget(2, every_s=0)
         monkeypatch.setenv(res.JOBS_ENV, "1")
-        assert fixed.refresh() == 2 == torch.get_num_threads()       # the user's choice never moves
+        assert fixed.refresh() == 2 == torch.get_num_threads()  # the user's choice never moves
         slow = res.ThreadBudget(0, every_s=3600)
         monkeypatch.setenv(res.JOBS_ENV, "1000")
-        assert slow.refresh() == slow.threads                        # not re-read before every_s
+        assert slow.refresh() == slow.threads  # not re-read before every_s
     finally:
         torch.set_num_threads(before)

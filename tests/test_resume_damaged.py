@@ -19,14 +19,26 @@ from entropyrl.trainers.run import checkpoint as ckpt
 def train(workdir: Path, fast_train: list[str], *extra: str, log: list | None = None) -> dict:
     from entropyrl.trainers.trainer import train as run_training
 
-    cfg = compose("train", [*fast_train, "output_dir=run", "trainer.threads=1", "trainer.val_every=0", "val.prompts=0",
-                            f"tracking.uri=sqlite:///{workdir / 'mlflow.db'}", *extra])
+    cfg = compose(
+        "train",
+        [
+            *fast_train,
+            "output_dir=run",
+            "trainer.threads=1",
+            "trainer.val_every=0",
+            "val.prompts=0",
+            f"tracking.uri=sqlite:///{workdir / 'mlflow.db'}",
+            *extra,
+        ],
+    )
     return run_training(cfg, log=(log.append if log is not None else lambda *_: None))
 
 
 def rows(run_dir: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
-            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def truncate(path: Path) -> None:
@@ -36,7 +48,7 @@ def truncate(path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_truncated_checkpoint_falls_back_to_the_previous_one(in_tmp, fast_train):
-    train(in_tmp, fast_train)                                  # 4 steps, checkpoints at 2 and 4
+    train(in_tmp, fast_train)  # 4 steps, checkpoints at 2 and 4
     run_dir = in_tmp / "run"
     original = rows(run_dir)
     truncate(run_dir / "checkpoints" / "step_000004" / "trainer_state.pt")
@@ -46,9 +58,9 @@ def test_a_truncated_checkpoint_falls_back_to_the_previous_one(in_tmp, fast_trai
     assert "step_000004" in warning and "skipping it and trying the previous one" in warning
     assert any("resumed from" in m and "(step 2)" in m for m in log), log
     assert summary["status"] == "FINISHED" and summary["steps"] == 4
-    assert rows(run_dir) == original                           # steps 3 and 4 redone bit-exactly
+    assert rows(run_dir) == original  # steps 3 and 4 redone bit-exactly
     state = ckpt.load_trainer_state(run_dir / "checkpoints" / "step_000004")
-    assert state["step"] == 4                                  # rewritten, intact
+    assert state["step"] == 4  # rewritten, intact
 
     # a damaged weights file is skipped the same way
     truncate(run_dir / "checkpoints" / "step_000004" / "model" / "model.safetensors")
@@ -62,17 +74,17 @@ def test_a_truncated_checkpoint_falls_back_to_the_previous_one(in_tmp, fast_trai
 def test_half_written_metrics_line_and_stale_staging_folder(in_tmp, fast_train):
     train(in_tmp, fast_train, "trainer.total_steps=2")
     run_dir = in_tmp / "run"
-    with (run_dir / "metrics.jsonl").open("a") as f:      # killed while writing step 3's line
+    with (run_dir / "metrics.jsonl").open("a") as f:  # killed while writing step 3's line
         f.write('{"step": 3, "entropy": 0.9')
-    staging = run_dir / "checkpoints" / ".tmp-killedsave"   # killed while saving step 3's checkpoint
+    staging = run_dir / "checkpoints" / ".tmp-killedsave"  # killed while saving step 3's checkpoint
     (staging / "model").mkdir(parents=True)
     (staging / "model" / "model.safetensors").write_bytes(b"\0" * 100)
-    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]   # readers skip the broken line
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]  # readers skip the broken line
     log: list[str] = []
     summary = train(in_tmp, fast_train, "trainer.total_steps=3", log=log)
     assert summary["status"] == "FINISHED"
     assert any("dropped 1 incomplete line" in m for m in log), log
-    assert [r["step"] for r in rows(run_dir)] == [1, 2, 3]     # every line complete JSON again
+    assert [r["step"] for r in rows(run_dir)] == [1, 2, 3]  # every line complete JSON again
     assert not staging.exists()
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
 
@@ -109,6 +121,6 @@ def test_checkpoint_files_and_folders_are_fsynced_before_the_rename(tmp_path, mo
     synced_before = {p for kind, p in events[: renames[0]] if kind == "fsync"}
     files = [p for p in final.rglob("*")]
     assert files and all(os.path.join(staging, p.relative_to(final)) in synced_before for p in files)
-    assert staging in synced_before                                         # the staging folder itself
-    assert ("fsync", os.path.realpath(final.parent)) in events[renames[0]:]  # the rename made durable
+    assert staging in synced_before  # the staging folder itself
+    assert ("fsync", os.path.realpath(final.parent)) in events[renames[0] :]  # the rename made durable
     assert not list(final.parent.glob(".tmp-*"))

@@ -19,8 +19,17 @@ from entropyrl.core.errors import UserError
 from entropyrl.core.tracking import read_metrics
 from entropyrl.trainers.run.run_dir import check_output_dir
 
-RUN = ["trainer.total_steps=2", "trainer.prompts_per_step=8", "trainer.mini_batch_prompts=4", "trainer.save_every=2",
-       "trainer.val_every=0", "val.prompts=0", "trainer.progress=false", "trainer.threads=1", "model.lora.rank=4"]
+RUN = [
+    "trainer.total_steps=2",
+    "trainer.prompts_per_step=8",
+    "trainer.mini_batch_prompts=4",
+    "trainer.save_every=2",
+    "trainer.val_every=0",
+    "val.prompts=0",
+    "trainer.progress=false",
+    "trainer.threads=1",
+    "model.lora.rank=4",
+]
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +47,7 @@ def original(tmp_path_factory) -> Path:
 @pytest.fixture()
 def run(original, tmp_path) -> Path:
     shutil.copytree(original / "run", tmp_path / "run")
-    shutil.copyfile(original / "mlflow.db", tmp_path / "mlflow.db")      # the store the run is tracked in
+    shutil.copyfile(original / "mlflow.db", tmp_path / "mlflow.db")  # the store the run is tracked in
     return tmp_path / "run"
 
 
@@ -64,20 +73,22 @@ def test_without_a_readable_config_yaml_a_changed_request_is_refused_against_the
     assert "\n" not in msg and "algo.name: grpo -> stare" in msg and "optim.lr: 0.0005 -> 0.01" in msg
     assert "compared with the checkpoint's copy" in msg and "trainer.resume=overwrite" in msg
     if before is not None:
-        assert (run / "config.yaml").read_bytes() == before        # not rewritten to claim STARE
-    assert check_output_dir(_request(run, "trainer.total_steps=3")) == "resume"   # the same settings: resumes
+        assert (run / "config.yaml").read_bytes() == before  # not rewritten to claim STARE
+    assert check_output_dir(_request(run, "trainer.total_steps=3")) == "resume"  # the same settings: resumes
 
 
 def test_without_config_yaml_nor_a_copy_a_resume_is_refused(run):
     (run / "config.yaml").unlink()
-    (run / "checkpoints" / "step_000002" / "config.yaml").unlink()    # a checkpoint from before copies
+    (run / "checkpoints" / "step_000002" / "config.yaml").unlink()  # a checkpoint from before copies
     with pytest.raises(UserError, match="no copy of the run's config.*restore config.yaml, or .*trainer.resume=overwrite"):
         check_output_dir(_request(run))
-    assert check_output_dir(_request(run, "trainer.resume=overwrite")) == "overwrite"   # the way out
+    assert check_output_dir(_request(run, "trainer.resume=overwrite")) == "overwrite"  # the way out
 
 
-@pytest.mark.parametrize("line, found", [('{"entropy": 0.5}', 'no "step"'), ('{"step": "3", "entropy": 0.5}', '"step": "3"'),
-                                         ('[3, 0.5]', "a JSON list")])
+@pytest.mark.parametrize(
+    "line, found",
+    [('{"entropy": 0.5}', 'no "step"'), ('{"step": "3", "entropy": 0.5}', '"step": "3"'), ("[3, 0.5]", "a JSON list")],
+)
 def test_a_metrics_line_without_an_integer_step_names_the_file_and_line(run, line, found):
     metrics = run / "metrics.jsonl"
     lines = metrics.read_text().splitlines()
@@ -86,7 +97,7 @@ def test_a_metrics_line_without_an_integer_step_names_the_file_and_line(run, lin
         check_output_dir(_request(run, "trainer.total_steps=3"))
     msg = str(err.value)
     assert "\n" not in msg and f"{metrics}:2:" in msg and found in msg and "trainer.resume=overwrite" in msg
-    assert [r["step"] for r in read_metrics(run)] == [1, 2]           # readers skip it, never a KeyError
+    assert [r["step"] for r in read_metrics(run)] == [1, 2]  # readers skip it, never a KeyError
 
 
 def test_a_truncated_tracking_json_names_the_file_and_the_way_out(run):
@@ -101,8 +112,12 @@ def test_a_truncated_tracking_json_names_the_file_and_the_way_out(run):
 def test_the_cli_says_one_line_for_a_damaged_record(run):
     metrics = run / "metrics.jsonl"
     metrics.write_text(metrics.read_text() + '{"step": 2.0}\n')
-    out = subprocess.run([sys.executable, "-m", "entropyrl.cli.main", "train", *RUN, f"output_dir={run}",
-                          "tracking.enabled=false"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "entropyrl.cli.main", "train", *RUN, f"output_dir={run}", "tracking.enabled=false"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert f"error: {metrics}:3: not a step's record" in out.stderr
 
@@ -113,12 +128,12 @@ def test_a_changed_lora_rank_is_refused_as_a_changed_config_even_without_config_
     (run / "config.yaml").unlink()
     with pytest.raises(UserError, match=r"model.lora.rank: 4 -> 8.*checkpoint's copy"):
         check_output_dir(_request(run, "model.lora.rank=8"))
-    with pytest.raises(UserError) as err:               # the adapter itself says its rank
+    with pytest.raises(UserError) as err:  # the adapter itself says its rank
         check_adapter(run, _request(run, "model.lora.rank=8"), "start fresh")
     assert "a LoRA run of rank 4" in str(err.value) and "model.lora.rank=4" in str(err.value)
     with pytest.raises(UserError, match="full fine-tuning"):
         check_adapter(run, _request(run, "model.lora.rank=null"), "start fresh")
-    check_adapter(run, _request(run), "start fresh")    # the same rank: fine
+    check_adapter(run, _request(run), "start fresh")  # the same rank: fine
 
 
 def test_a_resume_from_the_checkpoints_copy_continues_and_writes_config_yaml_again(run):

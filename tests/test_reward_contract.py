@@ -17,7 +17,7 @@ from entropyrl.rewards import RewardRunner
 
 from .test_rewards import _problems, _toy_source
 
-SHAPES = '''
+SHAPES = """
 import numpy as np
 
 def as_dict(responses, **_):
@@ -52,7 +52,7 @@ def numpy_bools(responses, answer, **_):
 
 def too_many(responses, **_):
     return [1.0] * (len(responses) + 1)
-'''
+"""
 
 
 @pytest.fixture()
@@ -71,16 +71,19 @@ def _score(ref):
         runner.close()
 
 
-@pytest.mark.parametrize("name, said", [
-    ("as_dict", "returned dict {0: 1.0, 1: 1.0, 2: 1.0}, not a list"),
-    ("as_string", "returned str '111', not a list"),
-    ("as_set", "returned set"),
-    ("nested", "whose item 0 is list [1.0]"),
-    ("with_none", "whose item 0 is NoneType None"),
-    ("numeric_strings", "whose item 0 is str '1.0'"),
-    ("numpy_matrix", "returned ndarray of shape (3, 1)"),
-    ("too_many", "returned 4 values for 3 responses"),
-])
+@pytest.mark.parametrize(
+    "name, said",
+    [
+        ("as_dict", "returned dict {0: 1.0, 1: 1.0, 2: 1.0}, not a list"),
+        ("as_string", "returned str '111', not a list"),
+        ("as_set", "returned set"),
+        ("nested", "whose item 0 is list [1.0]"),
+        ("with_none", "whose item 0 is NoneType None"),
+        ("numeric_strings", "whose item 0 is str '1.0'"),
+        ("numpy_matrix", "returned ndarray of shape (3, 1)"),
+        ("too_many", "returned 4 values for 3 responses"),
+    ],
+)
 def test_a_reward_that_breaks_the_contract_is_one_line_naming_it_and_what_it_returned(shapes, name, said):
     with pytest.raises(UserError) as err:
         _score(f"{shapes}:{name}")
@@ -91,7 +94,7 @@ def test_a_reward_that_breaks_the_contract_is_one_line_naming_it_and_what_it_ret
 
 def test_numpy_arrays_and_booleans_are_numbers(shapes):
     assert _score(f"{shapes}:numpy_array").components["numpy_array"] == [0.0, 0.5, 1.0]
-    assert _score(f"{shapes}:bools").components["bools"] == [1.0, 0.0, 1.0]      # answers 1, 2, 3
+    assert _score(f"{shapes}:bools").components["bools"] == [1.0, 0.0, 1.0]  # answers 1, 2, 3
     assert _score(f"{shapes}:numpy_bools").components["numpy_bools"] == [1.0, 0.0, 1.0]
 
 
@@ -100,7 +103,7 @@ class _DictJudge:
 
     def __enter__(self):
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):   # noqa: N802 - http.server's name
+            def do_POST(self):  # noqa: N802 - http.server's name
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 out = json.dumps({"rewards": {str(i): 1.0 for i in range(len(body["responses"]))}}).encode()
                 self.send_response(200)

@@ -17,7 +17,7 @@ from entropyrl.rewards import RewardRunner
 
 from .test_rewards import _problems, _toy_source
 
-SPIN = '''
+SPIN = """
 import os
 
 def spins(responses, **_):
@@ -29,7 +29,7 @@ def dies(responses, **_):
 
 def fine(responses, **_):
     return [0.5] * len(responses)
-'''
+"""
 
 
 @pytest.fixture()
@@ -49,7 +49,7 @@ class _DripJudge:
         drip_headers = self.drip_headers
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):   # noqa: N802 - http.server's name
+            def do_POST(self):  # noqa: N802 - http.server's name
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 out = json.dumps({"rewards": [1.0] * len(body["responses"])}).encode()
                 head = (f"HTTP/1.1 200 OK\r\nContent-Length: {len(out)}\r\n\r\n").encode()
@@ -86,13 +86,12 @@ def test_a_dripping_judge_is_cut_at_the_deadline_for_the_batch(drip_headers):
         batch = runner.score(_problems(), ["p"] * 3, ["1", "9", "3"], [0, 1, 2])
         took = time.monotonic() - started
     assert batch.fallbacks["http"] == {"timeout": 3} and batch.components["http"] == [0.0] * 3
-    assert took < 3.0, took                     # one deadline for the batch, not per byte or per try
+    assert took < 3.0, took  # one deadline for the batch, not per byte or per try
     assert not [t for t in threading.enumerate() if t.name == "entropyrl-judge"]
 
 
 def test_a_spinning_function_is_stopped_at_the_deadline_leaving_nothing_running(spin):
-    runner = RewardRunner({"functions": [{"fn": f"{spin}:spins", "timeout_s": 0.5}], "fallback": 0.25}, None,
-                          log=lambda *_: None)
+    runner = RewardRunner({"functions": [{"fn": f"{spin}:spins", "timeout_s": 0.5}], "fallback": 0.25}, None, log=lambda *_: None)
     runner.bind(_toy_source())
     for _ in range(3):
         started = time.monotonic()
@@ -103,12 +102,13 @@ def test_a_spinning_function_is_stopped_at_the_deadline_leaving_nothing_running(
     assert not mp.active_children()
     cpu, wall = time.process_time(), time.monotonic()
     time.sleep(1.0)
-    assert time.process_time() - cpu < 0.3 * (time.monotonic() - wall)   # nothing spins in this process
+    assert time.process_time() - cpu < 0.3 * (time.monotonic() - wall)  # nothing spins in this process
 
 
 def test_a_function_that_ends_its_process_gets_the_fallback_and_the_next_batch_runs(spin):
-    runner = RewardRunner({"functions": [{"fn": f"{spin}:dies", "timeout_s": 5}, {"fn": f"{spin}:fine", "timeout_s": 5}]},
-                          None, log=lambda *_: None)
+    runner = RewardRunner(
+        {"functions": [{"fn": f"{spin}:dies", "timeout_s": 5}, {"fn": f"{spin}:fine", "timeout_s": 5}]}, None, log=lambda *_: None
+    )
     runner.bind(_toy_source())
     for _ in range(2):
         batch = runner.score(_problems(), ["p"] * 3, ["1", "9", "3"], [0, 1, 2])

@@ -17,9 +17,17 @@ from entropyrl.rewards import RewardRunner, problem_fields
 from entropyrl.tasks.builtin import BuiltinTaskSource
 from entropyrl.tasks.problem import Problem
 
-TINY_RUN = ["trainer.total_steps=2", "trainer.prompts_per_step=4", "trainer.mini_batch_prompts=4",
-            "rollout.n=4", "trainer.val_every=0", "trainer.save_every=0", "val.prompts=0",
-            "trainer.progress=false", "tracking.enabled=false"]
+TINY_RUN = [
+    "trainer.total_steps=2",
+    "trainer.prompts_per_step=4",
+    "trainer.mini_batch_prompts=4",
+    "rollout.n=4",
+    "trainer.val_every=0",
+    "trainer.save_every=0",
+    "val.prompts=0",
+    "trainer.progress=false",
+    "tracking.enabled=false",
+]
 
 USER_REWARDS = '''
 import math
@@ -72,9 +80,11 @@ def _rows(run: Path) -> list[dict]:
 @pytest.mark.slow
 def test_user_reward_module_weighted_with_builtin_and_fallbacks(in_tmp, user_module):
     ref = f"{user_module}"
-    functions = (f"[{{fn: '{ref}:short', weight: 0.25}}, {{fn: 'builtin:toy', weight: 1.0}}, "
-                 f"{{fn: '{ref}:raises', weight: 1.0, fallback: -1.0}}, {{fn: '{ref}:nan_first', weight: 0.5}}, "
-                 f"{{fn: '{ref}:hangs', weight: 1.0, timeout_s: 3, workers: 1, name: slow_judge}}]")
+    functions = (
+        f"[{{fn: '{ref}:short', weight: 0.25}}, {{fn: 'builtin:toy', weight: 1.0}}, "
+        f"{{fn: '{ref}:raises', weight: 1.0, fallback: -1.0}}, {{fn: '{ref}:nan_first', weight: 0.5}}, "
+        f"{{fn: '{ref}:hangs', weight: 1.0, timeout_s: 3, workers: 1, name: slow_judge}}]"
+    )
     summary = _train([*TINY_RUN, "output_dir=run", f"reward.functions={functions}"])
     assert summary["status"] == "FINISHED" and summary["steps"] == 2
     rows = _rows(in_tmp / "run")
@@ -83,8 +93,13 @@ def test_user_reward_module_weighted_with_builtin_and_fallbacks(in_tmp, user_mod
             assert f"reward/{name}/mean" in r, (name, sorted(r))
         # accuracy is the built-in verifier's verdict; the total is the weighted sum of components
         assert r["acc/mean"] == pytest.approx(r["reward/toy/mean"])
-        expected = (0.25 * r["reward/short/mean"] + r["reward/toy/mean"] - 1.0 * 1.0
-                    + 0.5 * r["reward/nan_first/mean"] + r["reward/slow_judge/mean"])
+        expected = (
+            0.25 * r["reward/short/mean"]
+            + r["reward/toy/mean"]
+            - 1.0 * 1.0
+            + 0.5 * r["reward/nan_first/mean"]
+            + r["reward/slow_judge/mean"]
+        )
         assert r["reward/mean"] == pytest.approx(expected, abs=1e-5)
         assert r["reward/raises/mean"] == -1.0 and r["reward/raises/fallback/exception"] == 16
         assert r["reward/nan_first/fallback/non_finite"] == 1
@@ -92,13 +107,15 @@ def test_user_reward_module_weighted_with_builtin_and_fallbacks(in_tmp, user_mod
         assert r["reward/slow_judge/fallback/timeout"] == 16 and r["reward/slow_judge/mean"] == 0.0
         assert r["reward/short/fallback/exception"] == 0
     on_disk = json.loads((in_tmp / "run" / "summary.json").read_text())
-    assert on_disk["reward_fallbacks"] == {"raises": {"exception": 32}, "nan_first": {"non_finite": 2},
-                                           "slow_judge": {"timeout": 32}}
+    assert on_disk["reward_fallbacks"] == {
+        "raises": {"exception": 32},
+        "nan_first": {"non_finite": 2},
+        "slow_judge": {"timeout": 32},
+    }
 
 
 def _problems(k=3):
-    return [Problem("add", f"{i}+1=", str(i + 1), (i, 1), fields={"difficulty": i, "tags": ["a", i]})
-            for i in range(k)]
+    return [Problem("add", f"{i}+1=", str(i + 1), (i, 1), fields={"difficulty": i, "tags": ["a", i]}) for i in range(k)]
 
 
 def _toy_source():
@@ -118,24 +135,34 @@ def test_wrong_number_of_values_is_one_line_naming_the_function(user_module):
 
 
 def test_hang_in_process_times_out_and_fields_pass_through(user_module):
-    runner = RewardRunner({"functions": [{"fn": f"{user_module}:hangs", "timeout_s": 0.5},
-                                         {"fn": f"{user_module}:starts_with_answer", "weight": 2.0}],
-                           "fallback": 0.25}, None)
+    runner = RewardRunner(
+        {
+            "functions": [
+                {"fn": f"{user_module}:hangs", "timeout_s": 0.5},
+                {"fn": f"{user_module}:starts_with_answer", "weight": 2.0},
+            ],
+            "fallback": 0.25,
+        },
+        None,
+    )
     runner.bind(_toy_source())
     batch = runner.score(_problems(), ["p"] * 3, ["1", "9", "3"], [0, 1, 2])
     assert batch.components["hangs"] == [0.25] * 3 and batch.fallbacks["hangs"] == {"timeout": 3}
     assert batch.components["starts_with_answer"] == [1.0, 0.0, 1.0]
     assert batch.total == [0.25 + 2.0, 0.25, 0.25 + 2.0]
-    assert batch.correct == [1.0, 0.0, 1.0]      # no builtin entry: the source's verifier
+    assert batch.correct == [1.0, 0.0, 1.0]  # no builtin entry: the source's verifier
     fields = problem_fields(_problems())
     assert fields["difficulty"] == [0, 1, 2] and fields["tags"][2] == ["a", 2] and fields["answer"] == ["1", "2", "3"]
 
 
-@pytest.mark.parametrize("ref, message", [
-    ("nowhere_pkg.rewards:fn", "cannot import nowhere_pkg.rewards"),
-    ("builtin:chess", "unknown built-in; valid: builtin:math, builtin:code"),
-    ("no_colon", "write it as pkg.module:fn"),
-])
+@pytest.mark.parametrize(
+    "ref, message",
+    [
+        ("nowhere_pkg.rewards:fn", "cannot import nowhere_pkg.rewards"),
+        ("builtin:chess", "unknown built-in; valid: builtin:math, builtin:code"),
+        ("no_colon", "write it as pkg.module:fn"),
+    ],
+)
 def test_bad_references_fail_before_anything_runs(ref, message):
     with pytest.raises(UserError, match=message):
         RewardRunner({"functions": [{"fn": ref}]}, None)
@@ -151,12 +178,12 @@ def test_missing_function_in_file_and_duplicate_names(user_module):
     assert not math.isnan(RewardRunner({"functions": ["builtin:toy"]}, None).entries[0].weight)
 
 
-ROWS = [{"question": "What is 2+3?", "solution": "5", "keywords": ["add", "small"], "meta": {"level": 1},
-         "max_len": 12},
-        {"question": "What is 7*6?", "solution": "42", "keywords": [], "meta": {"level": 2, "src": "x"},
-         "max_len": 30}]
+ROWS = [
+    {"question": "What is 2+3?", "solution": "5", "keywords": ["add", "small"], "meta": {"level": 1}, "max_len": 12},
+    {"question": "What is 7*6?", "solution": "42", "keywords": [], "meta": {"level": 2, "src": "x"}, "max_len": 30},
+]
 
-FIELD_CHECK = '''
+FIELD_CHECK = """
 import pickle
 from pathlib import Path
 
@@ -164,7 +191,7 @@ def record(responses, **fields):
     # each batch runs in a child process (reward.workers: 0): what it saw goes to a file
     Path(__file__).with_suffix(".seen").write_bytes(pickle.dumps(fields))
     return [float(len(r) <= m) for r, m in zip(responses, fields["max_len"])]
-'''
+"""
 
 
 @pytest.mark.parametrize("suffix", ["jsonl", "json", "parquet"])
@@ -185,9 +212,19 @@ def test_data_fields_reach_reward_functions_untouched(tmp_path, suffix):
         pq.write_table(pa.Table.from_pylist(ROWS), path)
     module = tmp_path / "field_rewards.py"
     module.write_text(FIELD_CHECK)
-    source = MathDatasetSource(OmegaConf.create({"name": "mine", "path": str(path), "prompt": "boxed",
-                                                 "chat_template": False, "grade_workers": 1,
-                                                 "fields": {"problem": "question", "answer": "solution"}}), 0)
+    source = MathDatasetSource(
+        OmegaConf.create(
+            {
+                "name": "mine",
+                "path": str(path),
+                "prompt": "boxed",
+                "chat_template": False,
+                "grade_workers": 1,
+                "fields": {"problem": "question", "answer": "solution"},
+            }
+        ),
+        0,
+    )
     runner = RewardRunner({"functions": [f"{module}:record", {"fn": "builtin:math", "weight": 2.0}]}, None)
     runner.bind(source)
     problems = sorted(source.train_items, key=lambda p: p.answer)
@@ -204,16 +241,23 @@ def test_data_fields_reach_reward_functions_untouched(tmp_path, suffix):
 
 def test_the_example_reward_file_loads_and_scores(tmp_path):
     repo = Path(__file__).resolve().parents[1]
-    runner = RewardRunner({"functions": [{"fn": "builtin:toy"},
-                                         {"fn": f"{repo / 'examples' / 'rewards.py'}:plain_number", "weight": 0.2},
-                                         {"fn": f"{repo / 'examples' / 'rewards.py'}:length_penalty", "name": "length"},
-                                         {"fn": f"{repo / 'examples' / 'rewards.py'}:group_diversity"}]}, None)
+    runner = RewardRunner(
+        {
+            "functions": [
+                {"fn": "builtin:toy"},
+                {"fn": f"{repo / 'examples' / 'rewards.py'}:plain_number", "weight": 0.2},
+                {"fn": f"{repo / 'examples' / 'rewards.py'}:length_penalty", "name": "length"},
+                {"fn": f"{repo / 'examples' / 'rewards.py'}:group_diversity"},
+            ]
+        },
+        None,
+    )
     runner.bind(_toy_source())
     batch = runner.score(_problems(), ["p"] * 3, ["1", "02", "3 4"], [0, 0, 1])
     assert batch.components["plain_number"] == [1.0, 0.0, 0.0]
     assert batch.components["length"] == pytest.approx([0.0, -0.1, -0.2])
     assert batch.components["group_diversity"] == [1.0, 1.0, 1.0]
-    assert batch.correct == [1.0, 1.0, 0.0]     # the add checker reads "02" as 2
+    assert batch.correct == [1.0, 1.0, 0.0]  # the add checker reads "02" as 2
 
 
 def test_builtin_countdown_entry_grades_countdown_and_refuses_toy_problems():

@@ -26,7 +26,7 @@ class Judge:
         judge = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):   # noqa: N802 - http.server's name
+            def do_POST(self):  # noqa: N802 - http.server's name
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 judge.requests.append(body)
                 if judge.fail_from is not None and len(judge.requests) >= judge.fail_from:
@@ -81,12 +81,11 @@ def test_http_reward_answers_and_receives_the_batch():
 def test_http_500_gives_the_fallback_after_retries_with_the_status_logged():
     lines = []
     with Judge(fail_from=1) as judge:
-        runner = RewardRunner({"url": judge.url, "retries": 2, "backoff_s": 0.01, "fallback": -0.5},
-                              None, log=lines.append)
+        runner = RewardRunner({"url": judge.url, "retries": 2, "backoff_s": 0.01, "fallback": -0.5}, None, log=lines.append)
         runner.bind(_toy_source())
         batch = runner.score(_problems(), ["a", "b"], ["2", "4"], [0, 1])
     assert batch.components["http"] == [-0.5, -0.5] and batch.fallbacks["http"] == {"http_error": 2}
-    assert len(judge.requests) == 3                      # one try + two retries
+    assert len(judge.requests) == 3  # one try + two retries
     assert any("HTTP 500" in line and "after 3 tries" in line for line in lines), lines
 
 
@@ -101,9 +100,16 @@ def test_http_judge_down_at_start_is_one_line_before_training(in_tmp):
 @pytest.mark.slow
 def test_http_judge_failing_mid_run_falls_back_and_the_run_finishes(in_tmp):
     with Judge(fail_from=2) as judge:
-        summary = _train([*TINY_RUN, "output_dir=run", f"reward.url={judge.url}", "reward.retries=1",
-                          "reward.backoff_s=0.01",
-                          "reward.functions=[{fn: 'builtin:toy', weight: 1.0}]"])
+        summary = _train(
+            [
+                *TINY_RUN,
+                "output_dir=run",
+                f"reward.url={judge.url}",
+                "reward.retries=1",
+                "reward.backoff_s=0.01",
+                "reward.functions=[{fn: 'builtin:toy', weight: 1.0}]",
+            ]
+        )
     assert summary["status"] == "FINISHED"
     first, second = _rows(in_tmp / "run")
     assert first["reward/http/fallback/http_error"] == 0 and first["reward/http/mean"] > 0

@@ -36,8 +36,7 @@ def test_used_settings_keeps_tis_when_enabled_and_every_applied_intervention():
 
 
 def test_the_ending_line_names_what_was_validated():
-    bench_only = [{"step": 1, "entropy": 0.9}, {"step": 2, "entropy": 0.8, "val/math500/avg@4": 0.25,
-                                                 "val/math500/pass@4": 0.5}]
+    bench_only = [{"step": 1, "entropy": 0.9}, {"step": 2, "entropy": 0.8, "val/math500/avg@4": 0.25, "val/math500/pass@4": 0.5}]
     summary = summarize(bench_only)
     text = validation_text(summary)
     assert text == "val math500 avg@4 0.250" and "nan" not in text

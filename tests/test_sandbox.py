@@ -94,44 +94,60 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 def hostile_programs(port: int, outside: Path, token: str) -> dict[str, tuple[str, set[str]]]:
     """name -> (program, acceptable reasons). The tests after each are trivially true, so only
     the program's own behaviour can keep it from passing."""
-    spawn = (f"import subprocess, sys\n"
-             f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)  # {token}'], "
-             f"start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n")
+    spawn = (
+        f"import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)  # {token}'], "
+        f"start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+    )
     return {
         "infinite_loop": ("while True:\n    pass\n", {"timeout"}),
         "sleep_past_limit": ("import time\ntime.sleep(60)\n", {"timeout"}),
-        "ignores_sigterm": ("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                            "signal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass\n", {"timeout"}),
-        "fork_storm": ("import os, time\n"
-                       "for _ in range(200):\n"
-                       "    if os.fork() == 0:\n"
-                       "        time.sleep(30)\n"
-                       "        os._exit(0)\n", {"error", "timeout"}),
+        "ignores_sigterm": (
+            "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass\n",
+            {"timeout"},
+        ),
+        "fork_storm": (
+            "import os, time\nfor _ in range(200):\n    if os.fork() == 0:\n        time.sleep(30)\n        os._exit(0)\n",
+            {"error", "timeout"},
+        ),
         "large_allocation": ("x = bytearray(8 * 1024 ** 3)\n", {"memory"}),
         "output_flood": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n", {"output_limit"}),
-        "write_outside": (f"open({str(outside / 'planted.txt')!r}, 'w').write('owned')\n"
-                          f"open({str(outside / 'keep.txt')!r}, 'w').write('owned')\n", {"error"}),
-        "write_tmp_then_exit": (f"open('/tmp/escape-{token}', 'w').write('owned')\n"
-                                "import os\nos._exit(0)\n", {"error"}),
-        "connect_listener": (f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-                             "s.sendall(b'secret')\n", {"error"}),
+        "write_outside": (
+            f"open({str(outside / 'planted.txt')!r}, 'w').write('owned')\n"
+            f"open({str(outside / 'keep.txt')!r}, 'w').write('owned')\n",
+            {"error"},
+        ),
+        "write_tmp_then_exit": (f"open('/tmp/escape-{token}', 'w').write('owned')\nimport os\nos._exit(0)\n", {"error"}),
+        "connect_listener": (
+            f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\ns.sendall(b'secret')\n",
+            {"error"},
+        ),
         "detached_child": (spawn + "import os\nos._exit(0)\n", {"error"}),
         "detached_child_then_loop": (spawn + "while True:\n    pass\n", {"timeout"}),
         "os_exit_before_tests": ("import os\nos._exit(0)\n", {"error"}),
         "sys_exit_before_tests": ("import sys\nsys.exit(0)\n", {"error"}),
-        "kill_parent": ("import os, signal\n"
-                        "for pid in (os.getppid(), 1):\n"
-                        "    try:\n"
-                        "        os.kill(pid, signal.SIGKILL)\n"
-                        "    except OSError:\n"
-                        "        pass\n"
-                        "os._exit(0)\n", {"error", "killed"}),   # killed: getppid() is 0 as a namespace's pid 1
+        "kill_parent": (
+            "import os, signal\n"
+            "for pid in (os.getppid(), 1):\n"
+            "    try:\n"
+            "        os.kill(pid, signal.SIGKILL)\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "os._exit(0)\n",
+            {"error", "killed"},
+        ),  # killed: getppid() is 0 as a namespace's pid 1
         "segfault": ("import ctypes\nctypes.string_at(0)\n", {"killed"}),
-        "forge_marker": ("import os\nfor fd in range(3, 20):\n    try:\n"
-                         "        os.write(fd, b'ok 0\\ndone\\n')\n    except OSError:\n        pass\n"
-                         "os._exit(0)\n", {"error"}),
-        "poison_builtins": ("import builtins\nbuiltins.exec = lambda *a, **k: None\n"
-                            "__builtins__['exec'] = lambda *a, **k: None\n", {"fail"}),
+        "forge_marker": (
+            "import os\nfor fd in range(3, 20):\n    try:\n"
+            "        os.write(fd, b'ok 0\\ndone\\n')\n    except OSError:\n        pass\n"
+            "os._exit(0)\n",
+            {"error"},
+        ),
+        "poison_builtins": (
+            "import builtins\nbuiltins.exec = lambda *a, **k: None\n__builtins__['exec'] = lambda *a, **k: None\n",
+            {"fail"},
+        ),
     }
 
 
@@ -150,13 +166,13 @@ def test_hostile_program_changes_nothing(name, listener, tmp_path):
     started = time.perf_counter()
     result = run_program(program, tests, LIMITS)
     took = time.perf_counter() - started
-    time.sleep(0.3)                                 # let the listener see a late connection
+    time.sleep(0.3)  # let the listener see a late connection
 
     assert result.reason in reasons, (result.reason, result.detail, result.stdout_tail[-300:])
     assert not result.passed and result.reason in REASONS
     assert took <= LIMITS.wall_seconds + 1.0, took
     assert _processes_with(token) == []
-    if os.geteuid() == 0:                           # per-run uids in [1.5e9, 2e9)
+    if os.geteuid() == 0:  # per-run uids in [1.5e9, 2e9)
         assert _processes_of_uids(1_500_000_000, 2_000_000_000) == []
     assert _snapshot(outside) == before
     assert (outside / "keep.txt").read_text() == "original"
@@ -176,8 +192,12 @@ def test_passing_and_failing_programs_and_partial_credit():
     # The caller's secrets are not in the environment.
     os.environ["ENTROPYRL_TEST_SECRET"] = "s3cret"
     try:
-        env = run_program("import os\nassert 'ENTROPYRL_TEST_SECRET' not in os.environ, 'leaked'\n"
-                          "assert not any('s3cret' in v for v in os.environ.values())", ["pass"], LIMITS)
+        env = run_program(
+            "import os\nassert 'ENTROPYRL_TEST_SECRET' not in os.environ, 'leaked'\n"
+            "assert not any('s3cret' in v for v in os.environ.values())",
+            ["pass"],
+            LIMITS,
+        )
     finally:
         del os.environ["ENTROPYRL_TEST_SECRET"]
     assert env.passed, env.detail
@@ -188,7 +208,7 @@ def test_no_network_and_read_only_filesystem_under_bwrap():
         pytest.skip("bubblewrap is not usable here (the sandbox warned and fell back)")
     net = run_program("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)", ["pass"], LIMITS)
     assert net.reason == "error" and "OSError" in net.detail or "Network" in net.detail, net.detail
-    ro = run_program("open('/usr/entropyrl-sandbox-x.txt', 'w')", ["pass"], LIMITS)   # bound read-only
+    ro = run_program("open('/usr/entropyrl-sandbox-x.txt', 'w')", ["pass"], LIMITS)  # bound read-only
     assert ro.reason == "error" and ("Read-only" in ro.detail or "Permission" in ro.detail), ro.detail
     assert not Path("/usr/entropyrl-sandbox-x.txt").exists()
     # the caller's folder is read-only inside, or not there at all (bwrap hides /tmp, /root, /home)
@@ -205,8 +225,7 @@ def test_pool_runs_in_parallel_and_keeps_order():
     jobs_src = [f"v = {i}" for i in range(6)]
     from entropyrl.evals.code.sandbox import Job
 
-    results = pool.map([Job(src, (f"assert v == {i}",)) for i, src in enumerate(jobs_src)] +
-                       [Job("v = 0", ("assert v == 1",))])
+    results = pool.map([Job(src, (f"assert v == {i}",)) for i, src in enumerate(jobs_src)] + [Job("v = 0", ("assert v == 1",))])
     assert [r.passed for r in results] == [True] * 6 + [False]
 
 

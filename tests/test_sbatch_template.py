@@ -15,7 +15,7 @@ def test_template_asks_slurm_for_gpus_a_signal_and_a_requeue():
     text = TEMPLATE.read_text()
     assert subprocess.run(["bash", "-n", str(TEMPLATE)]).returncode == 0
     directives = dict(re.findall(r"^#SBATCH --([a-z-]+)(?:=(\S+))?", text, re.M))
-    assert directives["gpus-per-node"] == directives["ntasks-per-node"]          # one task per GPU
+    assert directives["gpus-per-node"] == directives["ntasks-per-node"]  # one task per GPU
     assert directives["signal"].startswith("USR1@") and "requeue" in directives
     assert "-m entropyrl.cli.main train" in text and 'scontrol requeue "$SLURM_JOB_ID"' in text
 

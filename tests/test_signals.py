@@ -20,9 +20,19 @@ CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 
 def small_run(workdir: Path, fast_train: list[str], *extra: str) -> list[str]:
     """A run far longer than the test waits, with tiny steps (the signal ends it)."""
-    return [*CLI, "train", *fast_train, "trainer.total_steps=500", "trainer.save_every=0", "trainer.val_every=0",
-            "val.prompts=0", "trainer.threads=1", "output_dir=run", f"tracking.uri=sqlite:///{workdir / 'mlflow.db'}",
-            *extra]
+    return [
+        *CLI,
+        "train",
+        *fast_train,
+        "trainer.total_steps=500",
+        "trainer.save_every=0",
+        "trainer.val_every=0",
+        "val.prompts=0",
+        "trainer.threads=1",
+        "output_dir=run",
+        f"tracking.uri=sqlite:///{workdir / 'mlflow.db'}",
+        *extra,
+    ]
 
 
 def logged_steps(run_dir: Path) -> list[int]:
@@ -65,7 +75,7 @@ def stop_with(sig: int, workdir: Path, fast_train: list[str], step: int = 1) -> 
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = logged_steps(run_dir)
     assert summary["status"] == "KILLED" and summary["steps"] == steps[-1] < 500
-    assert checkpoint_steps(run_dir) == [steps[-1]]          # saved at the step boundary it stopped on
+    assert checkpoint_steps(run_dir) == [steps[-1]]  # saved at the step boundary it stopped on
     assert mlflow_status(workdir, summary["mlflow_run_id"]) == "KILLED"
     assert f"received {signal.Signals(sig).name}" in err
     assert f"stopped at step {steps[-1]} of 500" in err and "run the same command again" in err
@@ -77,8 +87,9 @@ def stop_with(sig: int, workdir: Path, fast_train: list[str], step: int = 1) -> 
 def test_sigterm_ends_the_run_cleanly_and_resume_continues_it(in_tmp, fast_train):
     stopped, _ = stop_with(signal.SIGTERM, in_tmp, fast_train, step=2)
     k = stopped["steps"]
-    out = subprocess.run(small_run(in_tmp, fast_train, f"trainer.total_steps={k + 2}"), cwd=in_tmp,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        small_run(in_tmp, fast_train, f"trainer.total_steps={k + 2}"), cwd=in_tmp, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "resumed from" in out.stderr and f"(step {k})" in out.stderr
     summary = json.loads((in_tmp / "run" / "summary.json").read_text())
@@ -86,9 +97,13 @@ def test_sigterm_ends_the_run_cleanly_and_resume_continues_it(in_tmp, fast_train
     assert logged_steps(in_tmp / "run") == list(range(1, k + 3))
     assert mlflow_status(in_tmp, summary["mlflow_run_id"]) == "FINISHED"
     with sqlite3.connect(in_tmp / "mlflow.db") as db:
-        history = [s for (s,) in db.execute("select step from metrics where run_uuid = ? and key = 'entropy' "
-                                            "order by step", (summary["mlflow_run_id"],))]
-    assert history == list(range(1, k + 3))                   # one continuous sequence, nothing twice
+        history = [
+            s
+            for (s,) in db.execute(
+                "select step from metrics where run_uuid = ? and key = 'entropy' order by step", (summary["mlflow_run_id"],)
+            )
+        ]
+    assert history == list(range(1, k + 3))  # one continuous sequence, nothing twice
 
 
 @pytest.mark.slow
@@ -103,10 +118,10 @@ def test_a_second_signal_stops_at_once(in_tmp, fast_train):
     cmd = small_run(in_tmp, fast_train, "trainer.ppo_epochs=100")
     proc = subprocess.Popen(cmd, cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
-    while not (in_tmp / "run" / "tracking.json").exists():   # written just before the first step
+    while not (in_tmp / "run" / "tracking.json").exists():  # written just before the first step
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
         time.sleep(0.05)
-    time.sleep(1.0)                                           # inside step 1
+    time.sleep(1.0)  # inside step 1
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     proc.send_signal(signal.SIGTERM)
@@ -114,8 +129,8 @@ def test_a_second_signal_stops_at_once(in_tmp, fast_train):
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     summary = json.loads((in_tmp / "run" / "summary.json").read_text())
-    assert summary["status"] == "KILLED" and summary["steps"] == 0, summary   # step 1 was cut short
+    assert summary["status"] == "KILLED" and summary["steps"] == 0, summary  # step 1 was cut short
     assert logged_steps(in_tmp / "run") == []
-    assert checkpoint_steps(in_tmp / "run") == []            # no checkpoint of a half-done step
+    assert checkpoint_steps(in_tmp / "run") == []  # no checkpoint of a half-done step
     assert "no checkpoint yet" in err
     assert mlflow_status(in_tmp, summary["mlflow_run_id"]) == "KILLED"

@@ -20,11 +20,23 @@ pytestmark = pytest.mark.slurm
 
 HERE = Path(__file__).resolve().parent
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
-TINY = ["train.trainer.total_steps=3", "train.trainer.prompts_per_step=4", "train.trainer.mini_batch_prompts=4",
-        "train.trainer.val_every=3", "train.trainer.save_every=0", "train.val.prompts=8"]
+TINY = [
+    "train.trainer.total_steps=3",
+    "train.trainer.prompts_per_step=4",
+    "train.trainer.mini_batch_prompts=4",
+    "train.trainer.val_every=3",
+    "train.trainer.save_every=0",
+    "train.val.prompts=8",
+]
 # Two jobs at a time on a 2-core node, one core each.
-SLURM = ["launcher=slurm", "launcher.cpus_per_task=1", "launcher.mem_gb=2", "launcher.array_parallelism=2",
-         "launcher.timeout_min=30", "poll_seconds=1"]
+SLURM = [
+    "launcher=slurm",
+    "launcher.cpus_per_task=1",
+    "launcher.mem_gb=2",
+    "launcher.array_parallelism=2",
+    "launcher.timeout_min=30",
+    "poll_seconds=1",
+]
 
 # The session's `mlflow server` fixture lives in test_mlflow_server.py (one server per session).
 _spec = importlib.util.spec_from_file_location("_entropyrl_test_mlflow_server", HERE / "test_mlflow_server.py")
@@ -64,9 +76,23 @@ def squeue_state(job_id: str) -> str:
 
 
 def test_gate_ablation_on_slurm_with_mlflow_server(slurm_cluster, mlflow_server, warm_model, tmp_path):
-    out = subprocess.run([*CLI, "sweep", "ablation=gate", "seeds=[0,1]", "sweep_dir=sw", *SLURM,
-                          f"tracking.uri={mlflow_server}", "tracking.experiment=slurm-gate", *TINY],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=900)
+    out = subprocess.run(
+        [
+            *CLI,
+            "sweep",
+            "ablation=gate",
+            "seeds=[0,1]",
+            "sweep_dir=sw",
+            *SLURM,
+            f"tracking.uri={mlflow_server}",
+            "tracking.experiment=slurm-gate",
+            *TINY,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     sw = tmp_path / "sw"
     sweep = json.loads((sw / "sweep.json").read_text())
@@ -88,7 +114,8 @@ def test_gate_ablation_on_slurm_with_mlflow_server(slurm_cluster, mlflow_server,
     parent_id = sweep["tracking"]["parent_run_id"]
     children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
     assert sorted((r.data.tags["variant"], r.data.tags["seed"]) for r in children) == sorted(
-        (v, s) for v in ("gated", "always_on", "off") for s in ("0", "1"))
+        (v, s) for v in ("gated", "always_on", "off") for s in ("0", "1")
+    )
     assert all(r.info.status == "FINISHED" and r.data.tags["sweep_id"] == sweep["sweep_id"] for r in children)
     parent = client.get_run(parent_id)
     assert parent.info.status == "FINISHED"
@@ -134,22 +161,44 @@ def test_requeued_job_resumes_into_the_same_run(slurm_cluster, mlflow_server, wa
     does it (SIGTERM + USR2: submitit calls the job's checkpoint() and requeues it itself)."""
     steps = 100
     proc = subprocess.Popen(
-        [*CLI, "sweep", "ablation=gate", "variants=[off]", "seeds=[0]", "sweep_dir=rq", *SLURM,
-         f"tracking.uri={mlflow_server}", "tracking.experiment=slurm-requeue",
-         f"train.trainer.total_steps={steps}", "train.trainer.prompts_per_step=4", "train.trainer.mini_batch_prompts=4",
-         "train.trainer.val_every=0", "train.val.prompts=0", "train.trainer.save_every=1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+        [
+            *CLI,
+            "sweep",
+            "ablation=gate",
+            "variants=[off]",
+            "seeds=[0]",
+            "sweep_dir=rq",
+            *SLURM,
+            f"tracking.uri={mlflow_server}",
+            "tracking.experiment=slurm-requeue",
+            f"train.trainer.total_steps={steps}",
+            "train.trainer.prompts_per_step=4",
+            "train.trainer.mini_batch_prompts=4",
+            "train.trainer.val_every=0",
+            "train.val.prompts=0",
+            "train.trainer.save_every=1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+    )
     job_dir = tmp_path / "rq" / "runs" / "off" / "s0"
     try:
         # 1. a few steps logged and a checkpoint on disk: the admin requeues the job
-        _wait_for(lambda: _last_step(job_dir) >= 3 and list((job_dir / "checkpoints").glob("step_*")), 300,
-                  "the first steps", proc)
+        _wait_for(
+            lambda: _last_step(job_dir) >= 3 and list((job_dir / "checkpoints").glob("step_*")), 300, "the first steps", proc
+        )
         job_id = json.loads((tmp_path / "rq" / "sweep.json").read_text())["jobs"][0]["scheduler_job_id"]
         subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True, text=True)
         _start_again(job_id, proc)
         # 2. once the second attempt has resumed and made progress: preemption
-        _wait_for(lambda: len(_resumed_steps(job_dir)) == 1 and _last_step(job_dir) >= _resumed_steps(job_dir)[0] + 3,
-                  300, "the second attempt to resume", proc)
+        _wait_for(
+            lambda: len(_resumed_steps(job_dir)) == 1 and _last_step(job_dir) >= _resumed_steps(job_dir)[0] + 3,
+            300,
+            "the second attempt to resume",
+            proc,
+        )
         subprocess.run(["scancel", job_id, "--signal", "SIGTERM"], check=True, capture_output=True)
         subprocess.run(["scancel", job_id, "--signal", "USR2"], check=True, capture_output=True)
         _start_again(job_id, proc)
@@ -185,13 +234,18 @@ def test_requeued_job_resumes_into_the_same_run(slurm_cluster, mlflow_server, wa
 # a request the cluster can never satisfy (nodes of 2 CPUs here)
 # ---------------------------------------------------------------------------------------------
 def test_a_request_no_node_can_hold_is_refused_before_submitting(slurm_cluster, tmp_path):
-    out = subprocess.run([*CLI, "sweep", "ablation=gate", "seeds=[0]", "sweep_dir=sw", "launcher=slurm",
-                          "launcher.cpus_per_task=4", *TINY], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    out = subprocess.run(
+        [*CLI, "sweep", "ablation=gate", "seeds=[0]", "sweep_dir=sw", "launcher=slurm", "launcher.cpus_per_task=4", *TINY],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stderr[-3000:]
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(
-        "error: launcher.cpus_per_task=4 exceeds the largest node of partition debug (2 CPUs); "
-        "set launcher.cpus_per_task<=2"), out.stderr
+        "error: launcher.cpus_per_task=4 exceeds the largest node of partition debug (2 CPUs); set launcher.cpus_per_task<=2"
+    ), out.stderr
     assert not (tmp_path / "sw").exists()
     assert subprocess.run(["squeue", "-h", "-n", "entropyrl"], capture_output=True, text=True).stdout.strip() == ""
 
@@ -200,18 +254,37 @@ def test_a_job_that_can_never_start_stops_the_sweep(slurm_cluster, tmp_path):
     """Submitted anyway (launcher.check_request=false): SLURM keeps the array PENDING (PartitionConfig)
     forever; the sweep names the reason and the key within a minute, cancels its jobs, exits 2."""
     started = time.time()
-    out = subprocess.run([*CLI, "sweep", "ablation=gate", "seeds=[0]", "sweep_dir=sw", "launcher=slurm",
-                          "launcher.cpus_per_task=4", "launcher.check_request=false", "launcher.mem_gb=1",
-                          "poll_seconds=1", *TINY], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    out = subprocess.run(
+        [
+            *CLI,
+            "sweep",
+            "ablation=gate",
+            "seeds=[0]",
+            "sweep_dir=sw",
+            "launcher=slurm",
+            "launcher.cpus_per_task=4",
+            "launcher.check_request=false",
+            "launcher.mem_gb=1",
+            "poll_seconds=1",
+            *TINY,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     elapsed = time.time() - started
     assert out.returncode == 2, out.stderr[-3000:]
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     ids = [j["scheduler_job_id"] for j in sweep["jobs"]]
     assert len(ids) == 3 and all(i for i in ids)
-    assert re.match(r"error: job \S+ \(SLURM job \d+_\d\) cannot start: SLURM PENDING \(PartitionConfig\): "
-                    r"launcher\.cpus_per_task=4 exceeds the largest node of partition debug \(2 CPUs\); "
-                    r"set launcher\.cpus_per_task<=2; cancelled the sweep's 3 unfinished job\(s\)", lines[-1]), lines[-1]
+    assert re.match(
+        r"error: job \S+ \(SLURM job \d+_\d\) cannot start: SLURM PENDING \(PartitionConfig\): "
+        r"launcher\.cpus_per_task=4 exceeds the largest node of partition debug \(2 CPUs\); "
+        r"set launcher\.cpus_per_task<=2; cancelled the sweep's 3 unfinished job\(s\)",
+        lines[-1],
+    ), lines[-1]
     assert elapsed < 90, f"took {elapsed:.0f} s to give up"
     # the live line of counts, with the scheduler's reason
     assert "jobs: 0 done, 0 running, 3 pending, 0 failed [SLURM PENDING (PartitionConfig)] (of 3)" in out.stderr
@@ -232,10 +305,19 @@ def test_a_job_that_can_never_start_stops_the_sweep(slurm_cluster, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Groups sampled alone (rollout.seed_scope=group) so that 1 or 2 ranks sample the same responses;
 # one mini-batch per step, so both update on the same rows; two steps (the second from changed weights).
-SAME_BATCH = ["train.trainer.total_steps=2", "train.trainer.prompts_per_step=4", "train.trainer.mini_batch_prompts=4",
-              "train.trainer.micro_batch_responses=6", "train.rollout.n=4", "train.rollout.seed_scope=group",
-              "train.optim.lr=1e-3", "train.trainer.val_every=0", "train.trainer.save_every=0", "train.val.prompts=0",
-              "tracking.enabled=false"]
+SAME_BATCH = [
+    "train.trainer.total_steps=2",
+    "train.trainer.prompts_per_step=4",
+    "train.trainer.mini_batch_prompts=4",
+    "train.trainer.micro_batch_responses=6",
+    "train.rollout.n=4",
+    "train.rollout.seed_scope=group",
+    "train.optim.lr=1e-3",
+    "train.trainer.val_every=0",
+    "train.trainer.save_every=0",
+    "train.val.prompts=0",
+    "tracking.enabled=false",
+]
 _REFERENCE: dict[tuple, Path] = {}
 
 
@@ -251,25 +333,35 @@ def _single_process_run(overrides: list[str], tmp_path: Path) -> Path:
     own = [o for o in overrides if not o.startswith(("output_dir=", "trainer.threads="))]
     if tuple(own) not in _REFERENCE:
         out_dir = tmp_path / "single"
-        out = subprocess.run([*CLI, "train", *own, f"output_dir={out_dir}", "trainer.threads=1"],
-                             capture_output=True, text=True, cwd=tmp_path, timeout=900)
+        out = subprocess.run(
+            [*CLI, "train", *own, f"output_dir={out_dir}", "trainer.threads=1"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=900,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         _REFERENCE[tuple(own)] = out_dir
     return _REFERENCE[tuple(own)]
 
 
 def _check_multi_rank_job(tmp_path: Path, launcher: list[str]) -> dict:
-    out = subprocess.run([*CLI, "sweep", "ablation=gate", "variants=[off]", "seeds=[0]", "sweep_dir=mr", *SLURM,
-                          *launcher, *SAME_BATCH], capture_output=True, text=True, cwd=tmp_path, timeout=900)
+    out = subprocess.run(
+        [*CLI, "sweep", "ablation=gate", "variants=[off]", "seeds=[0]", "sweep_dir=mr", *SLURM, *launcher, *SAME_BATCH],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     job = json.loads((tmp_path / "mr" / "sweep.json").read_text())["jobs"][0]
     run = Path(job["output_dir"])
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "FINISHED" and summary["world_size"] == 2, summary
     assert json.loads((run / "job.json").read_text())["state"] == "done"
-    assert (run / "train.rank1.log").exists()                        # rank 1 ran, and logged apart
+    assert (run / "train.rank1.log").exists()  # rank 1 ran, and logged apart
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]                      # one metrics stream: rank 0's
+    assert [r["step"] for r in rows] == [1, 2]  # one metrics stream: rank 0's
 
     single = _single_process_run(job["overrides"], tmp_path)
     one = [json.loads(x) for x in (single / "metrics.jsonl").read_text().splitlines()]
@@ -289,13 +381,13 @@ def _check_multi_rank_job(tmp_path: Path, launcher: list[str]) -> dict:
 
 def test_two_node_sweep_job_trains_as_two_ranks_and_matches_one_process(slurm_cluster, warm_model, tmp_path):
     summary = _check_multi_rank_job(tmp_path, ["launcher.partition=two", "launcher.nodes=2"])
-    assert summary["nodes"] == ["n1", "n2"]                          # one rank on each node
+    assert summary["nodes"] == ["n1", "n2"]  # one rank on each node
 
 
 def test_one_node_two_task_sweep_job_matches_one_process(slurm_cluster, warm_model, tmp_path):
     summary = _check_multi_rank_job(tmp_path, ["launcher.tasks_per_node=2"])
     assert len(summary["nodes"]) == 2 and len(set(summary["nodes"])) == 1
-    assert summary["nodes"][0] not in ("n1", "n2")                   # partition debug's node
+    assert summary["nodes"][0] not in ("n1", "n2")  # partition debug's node
 
 
 def test_the_sbatch_template_trains_a_run_on_slurm(slurm_cluster, warm_model, tmp_path):
@@ -307,10 +399,25 @@ def test_the_sbatch_template_trains_a_run_on_slurm(slurm_cluster, warm_model, tm
     script.write_text(template.replace("#SBATCH --gpus-per-node=8\n", ""))
     run_dir, log = tmp_path / "run", tmp_path / "job.out"
     train = [a.removeprefix("train.") for a in TINY] + [f"output_dir={run_dir}", "tracking.enabled=false"]
-    out = subprocess.run(["sbatch", "--parsable", "--partition=debug", "--ntasks-per-node=1", "--cpus-per-task=1",
-                          "--mem=2G", "--time=20", f"--output={log}", str(script), *train],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=60,
-                         env={**os.environ, "ENTROPYRL_PYTHON": sys.executable})
+    out = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--partition=debug",
+            "--ntasks-per-node=1",
+            "--cpus-per-task=1",
+            "--mem=2G",
+            "--time=20",
+            f"--output={log}",
+            str(script),
+            *train,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        env={**os.environ, "ENTROPYRL_PYTHON": sys.executable},
+    )
     assert out.returncode == 0, out.stderr
     job_id = out.stdout.strip().split(";")[0]
     deadline = time.time() + 600

@@ -41,11 +41,11 @@ def preset(**overrides):
 
 
 def run_cli(*args, cwd, timeout=600):
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=dict(os.environ),
-                          timeout=timeout)
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=dict(os.environ), timeout=timeout)
 
 
 # -- without the package ---------------------------------------------------------------------------------
+
 
 def test_missing_package_is_one_line_naming_the_install_command():
     from entropyrl.models.gguf import gguf_path
@@ -55,8 +55,15 @@ def test_missing_package_is_one_line_naming_the_install_command():
 
 
 def test_missing_package_through_the_cli_is_one_error_line(tmp_path):
-    out = run_cli("train", f"model={PRESET}", "model.gguf_package=no-such-dist-x", "trainer.total_steps=1",
-                  "tracking.enabled=false", cwd=tmp_path, timeout=120)
+    out = run_cli(
+        "train",
+        f"model={PRESET}",
+        "model.gguf_package=no-such-dist-x",
+        "trainer.total_steps=1",
+        "tracking.enabled=false",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert out.returncode == 2
     errors = [line for line in out.stderr.splitlines() + out.stdout.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "make install-smollm2" in errors[0], out.stderr[-2000:]
@@ -70,9 +77,9 @@ def test_gguf_file_path_errors(tmp_path):
     with pytest.raises(UserError, match="model.gguf_file: no file at .*model.gguf"):
         gguf_path(cfg)
     (tmp_path / "model.gguf").write_bytes(b"GGUF")
-    assert gguf_path(cfg) == tmp_path / "model.gguf"                             # relative to model.path
+    assert gguf_path(cfg) == tmp_path / "model.gguf"  # relative to model.path
     assert gguf_path(OmegaConf.create({"gguf_file": str(tmp_path / "model.gguf")})) == tmp_path / "model.gguf"
-    assert gguf_path(OmegaConf.create({"path": str(tmp_path)})) is None          # no gguf_file: a plain folder
+    assert gguf_path(OmegaConf.create({"path": str(tmp_path)})) is None  # no gguf_file: a plain folder
 
 
 def test_a_file_that_is_not_gguf_is_one_error_line(tmp_path, monkeypatch):
@@ -84,7 +91,7 @@ def test_a_file_that_is_not_gguf_is_one_error_line(tmp_path, monkeypatch):
     bad.write_bytes(b"not a gguf file at all")
     with pytest.raises(UserError, match="cannot read bad.gguf"):
         converted_dir(bad, log=lambda *_: None)
-    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".gguf-tmp")]   # staging cleaned up
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".gguf-tmp")]  # staging cleaned up
 
 
 def test_stop_tokens_join_the_generation_config_and_unknown_ones_are_refused():
@@ -101,7 +108,7 @@ def test_stop_tokens_join_the_generation_config_and_unknown_ones_are_refused():
     model, tok = load_policy(cfg, log=lambda *_: None)
     assert stop_token_ids(model, tok) == plain + [tok.pad_token_id]
     assert tok.padding_side == "left"
-    cfg.stop_tokens = ["<unk>"]                                    # the unknown token itself is a token
+    cfg.stop_tokens = ["<unk>"]  # the unknown token itself is a token
     model, tok = load_policy(cfg, log=lambda *_: None)
     assert stop_token_ids(model, tok) == plain + [tok.unk_token_id]
     cfg.stop_tokens = ["<|im_end|>"]
@@ -110,6 +117,7 @@ def test_stop_tokens_join_the_generation_config_and_unknown_ones_are_refused():
 
 
 # -- the real model ----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def smollm_dir():
@@ -135,7 +143,7 @@ def test_gguf_converts_once_and_the_second_load_uses_the_cache(smollm_dir):
     lines: list[str] = []
     start = time.perf_counter()
     assert model_dir(preset(), log=lines.append) == path
-    assert lines == [] and time.perf_counter() - start < 20                   # no conversion: only the hash
+    assert lines == [] and time.perf_counter() - start < 20  # no conversion: only the hash
 
 
 @needs_smollm2
@@ -150,8 +158,8 @@ def test_generates_with_the_chat_template_and_stops_at_end_of_turn(smollm_dir):
     model, tok = load_policy(preset())
     assert tok.padding_side == "left" and tok.chat_template and len(tok) == 49152
     end_turn, end_text = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
-    assert tok.pad_token_id == end_turn                                         # pad == eos on this tokenizer
-    assert end_text == tok.unk_token_id == 0                                  # the end of text is also the unk token
+    assert tok.pad_token_id == end_turn  # pad == eos on this tokenizer
+    assert end_text == tok.unk_token_id == 0  # the end of text is also the unk token
     assert stop_token_ids(model, tok) == [end_turn, end_text]
 
     def chat(q):
@@ -163,10 +171,10 @@ def test_generates_with_the_chat_template_and_stops_at_end_of_turn(smollm_dir):
     engine = HFRollout({"max_new_tokens": 16, "batch_size": 8, "temperature": 0.0}, model, tok)
     alone = engine.generate([short], n=1, seed=0, temperature=0.0)
     both = engine.generate([long, short], n=1, seed=0, temperature=0.0)
-    assert both.texts[1] == alone.texts[0]                                      # left padding changes nothing
-    assert "6" in alone.texts[0] and not alone.truncated[0]                    # "1 + 5 = 6", then end of turn
+    assert both.texts[1] == alone.texts[0]  # left padding changes nothing
+    assert "6" in alone.texts[0] and not alone.truncated[0]  # "1 + 5 = 6", then end of turn
     length = int(alone.response_mask[0].sum())
-    assert int(alone.response_ids[0, length - 1]) in (end_turn, end_text)      # the stop token is in the mask
+    assert int(alone.response_ids[0, length - 1]) in (end_turn, end_text)  # the stop token is in the mask
     assert (alone.response_ids[0, length:] == tok.pad_token_id).all()
     for text in both.texts:
         assert "<|" not in text and text.strip()
@@ -177,25 +185,48 @@ def test_generates_with_the_chat_template_and_stops_at_end_of_turn(smollm_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_trains_two_steps(smollm_dir, tmp_path, lora):
-    out = run_cli("train", f"model={PRESET}", "trainer.total_steps=2", "trainer.prompts_per_step=2",
-                  "trainer.mini_batch_prompts=2", "rollout.n=2", "rollout.max_new_tokens=8", "trainer.val_every=0",
-                  "trainer.samples_every=0", "trainer.progress=false", "tracking.enabled=false", "output_dir=run",
-                  *(["model.lora.rank=4"] if lora else []), cwd=tmp_path)
+    out = run_cli(
+        "train",
+        f"model={PRESET}",
+        "trainer.total_steps=2",
+        "trainer.prompts_per_step=2",
+        "trainer.mini_batch_prompts=2",
+        "rollout.n=2",
+        "rollout.max_new_tokens=8",
+        "trainer.val_every=0",
+        "trainer.samples_every=0",
+        "trainer.progress=false",
+        "tracking.enabled=false",
+        "output_dir=run",
+        *(["model.lora.rank=4"] if lora else []),
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["entropy"] > 0 and 0.0 <= r["acc/mean"] <= 1.0 and r["response_length/mean"] > 0 for r in rows)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "FINISHED" and summary["steps"] == 2
-    if lora:                                                    # the checkpoint holds the adapter, not the model
+    if lora:  # the checkpoint holds the adapter, not the model
         assert list((tmp_path / "run" / "checkpoints").rglob("adapter_config.json"))
 
 
 @needs_smollm2
 @pytest.mark.slow
 def test_evaluates_gsm8k_with_hf(smollm_dir, tmp_path):
-    out = run_cli("eval", "gsm8k", f"model={PRESET}", "eval.limit=4", "eval.n_samples=1", "eval.max_new_tokens=16",
-                  "eval.temperature=0", "eval.workers=1", "tracking.enabled=false", "output_dir=run", cwd=tmp_path)
+    out = run_cli(
+        "eval",
+        "gsm8k",
+        f"model={PRESET}",
+        "eval.limit=4",
+        "eval.n_samples=1",
+        "eval.max_new_tokens=16",
+        "eval.temperature=0",
+        "eval.workers=1",
+        "tracking.enabled=false",
+        "output_dir=run",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     bench = summary["benchmarks"]["gsm8k"]

@@ -25,19 +25,32 @@ from entropyrl.trainers.stats.prediction import EntropyPrediction, micro_batch_p
 def make_step_batch(B=6, T=5, seed=0, with_optional=True) -> StepBatch:
     g = torch.Generator().manual_seed(seed)
     mask = (torch.rand(B, T, generator=g) > 0.2).float()
-    roll = Rollout(prompt_ids=torch.arange(B * 3).view(B, 3), prompt_mask=torch.ones(B, 3, dtype=torch.long),
-                   response_ids=torch.arange(B * T).view(B, T), response_mask=mask.long(),
-                   texts=[f"r{i}" for i in range(B)], truncated=torch.zeros(B, dtype=torch.bool),
-                   sampling_logp=torch.randn(B, T, generator=g) if with_optional else None)
+    roll = Rollout(
+        prompt_ids=torch.arange(B * 3).view(B, 3),
+        prompt_mask=torch.ones(B, 3, dtype=torch.long),
+        response_ids=torch.arange(B * T).view(B, T),
+        response_mask=mask.long(),
+        texts=[f"r{i}" for i in range(B)],
+        truncated=torch.zeros(B, dtype=torch.bool),
+        sampling_logp=torch.randn(B, T, generator=g) if with_optional else None,
+    )
     rnd = lambda: torch.randn(B, T, generator=g)  # noqa: E731
-    return StepBatch(roll, rewards=torch.arange(B).float(), correct=torch.arange(B).float() % 2,
-                     group_ids=torch.arange(B) // 2, mask=mask, old_logp=-rnd().abs(), entropy=rnd().abs(),
-                     sampler_logp=roll.sampling_logp, ref_logp=-rnd().abs() if with_optional else None,
-                     advantages=rnd() * mask, selections={"stare/l_plus": rnd() > 0})
+    return StepBatch(
+        roll,
+        rewards=torch.arange(B).float(),
+        correct=torch.arange(B).float() % 2,
+        group_ids=torch.arange(B) // 2,
+        mask=mask,
+        old_logp=-rnd().abs(),
+        entropy=rnd().abs(),
+        sampler_logp=roll.sampling_logp,
+        ref_logp=-rnd().abs() if with_optional else None,
+        advantages=rnd() * mask,
+        selections={"stare/l_plus": rnd() > 0},
+    )
 
 
-ROW_FIELDS = ("rewards", "correct", "group_ids", "mask", "old_logp", "entropy", "sampler_logp", "ref_logp",
-              "advantages")
+ROW_FIELDS = ("rewards", "correct", "group_ids", "mask", "old_logp", "entropy", "sampler_logp", "ref_logp", "advantages")
 
 
 @pytest.mark.parametrize("with_optional", [True, False])
@@ -46,7 +59,7 @@ def test_slicing_takes_the_same_rows_of_every_field(with_optional):
     mini_idx = torch.tensor([4, 1, 5, 0])
     micro_idx = torch.tensor([2, 3])
     micro = batch[mini_idx][micro_idx]
-    rows = mini_idx[micro_idx]                       # [5, 0]: what the micro-batch must hold
+    rows = mini_idx[micro_idx]  # [5, 0]: what the micro-batch must hold
     assert len(micro) == 2 and micro.responses.texts == ["r5", "r0"]
     for name in ROW_FIELDS:
         whole, part = getattr(batch, name), getattr(micro, name)
@@ -62,9 +75,10 @@ def test_slicing_takes_the_same_rows_of_every_field(with_optional):
 
 
 def test_select_adds_wider_scope_selections_once_and_slices_with_the_batch():
-    algo = Algorithm.from_config({"interventions": ["stare", "high_entropy_mask"],
-                                  "stare": {"scope": "batch"}, "high_entropy_mask": {"scope": "mini"}},
-                                 max_response_length=5)
+    algo = Algorithm.from_config(
+        {"interventions": ["stare", "high_entropy_mask"], "stare": {"scope": "batch"}, "high_entropy_mask": {"scope": "mini"}},
+        max_response_length=5,
+    )
     batch = make_step_batch().with_(selections={})
     whole = algo.select(batch, "batch")
     assert set(whole.selections) == {"stare/l_plus", "stare/l_minus"} and batch.selections == {}
@@ -87,8 +101,9 @@ CONFIGS = {
 
 def state_of(obj) -> dict:
     """Everything an object holds, deep-copied (tensors cloned) for comparison."""
-    return {k: (v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)) for k, v in vars(obj).items()
-            if k != "interventions"}
+    return {
+        k: (v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)) for k, v in vars(obj).items() if k != "interventions"
+    }
 
 
 def same(a, b) -> bool:
@@ -125,7 +140,7 @@ def test_loss_changes_nothing_and_calls_no_autograd_grad(name, monkeypatch):
         out = algo.micro_loss(batch, logp=logp, entropy=entropy)
         out.loss.backward(retain_graph=True)
     after = [state_of(algo)] + [state_of(iv) for iv in algo.interventions]
-    assert spy.calls == 0                                # no hidden extra gradient in the loss
+    assert spy.calls == 0  # no hidden extra gradient in the loss
     assert all(same(b, a) for b, a in zip(before, after)), name
     assert json.dumps(algo.state_dict(), sort_keys=True) == saved
     assert torch.isfinite(out.loss) and out.tokens is not None and out.token_loss.shape == logp.shape
@@ -144,9 +159,9 @@ def test_clip_cov_draws_afresh_only_when_the_loop_says_so():
         return algo.micro_loss(batch, logp=logp, entropy=batch.entropy).tokens.weights
 
     first = weights()
-    assert torch.equal(weights(), first)             # the loss alone: the same draw
+    assert torch.equal(weights(), first)  # the loss alone: the same draw
     algo.after_loss()
-    assert not torch.equal(weights(), first)         # the loop advanced it: a fresh one
+    assert not torch.equal(weights(), first)  # the loop advanced it: a fresh one
     assert algo.state_dict() == {"interventions": {"clip_cov": {"calls": 1}}}
 
 
@@ -173,10 +188,21 @@ def test_training_step_runs_the_prediction_only_when_switched_on(quadrants, tmp_
 
     spy = CountingGrad(torch.autograd.grad)
     monkeypatch.setattr(torch.autograd, "grad", spy)
-    cfg = compose("train", ["trainer.total_steps=1", "trainer.threads=1", "trainer.val_every=0",
-                            "trainer.progress=false", "tracking.enabled=false", "trainer.prompts_per_step=8",
-                            "trainer.mini_batch_prompts=4", "trainer.micro_batch_responses=16",
-                            f"diagnostics.quadrants={str(quadrants).lower()}", f"output_dir={tmp_path / 'run'}"])
+    cfg = compose(
+        "train",
+        [
+            "trainer.total_steps=1",
+            "trainer.threads=1",
+            "trainer.val_every=0",
+            "trainer.progress=false",
+            "tracking.enabled=false",
+            "trainer.prompts_per_step=8",
+            "trainer.mini_batch_prompts=4",
+            "trainer.micro_batch_responses=16",
+            f"diagnostics.quadrants={str(quadrants).lower()}",
+            f"output_dir={tmp_path / 'run'}",
+        ],
+    )
     train(cfg, log=lambda *_: None)
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     # 8 prompts x rollout.n responses, mini-batches of 4 prompts, micro-batches of 16 responses
@@ -195,9 +221,10 @@ def test_the_whole_train_config_is_read_once_by_the_builder():
     assert algo.dynamic_sampling == bool(cfg.algo.dynamic_sampling.enabled)
     assert algo.max_num_gen_batches == int(cfg.algo.dynamic_sampling.max_num_gen_batches)
     assert algo.loss_agg == cfg.algo.loss_agg and algo.max_response_length == int(cfg.rollout.max_new_tokens)
-    listed = Algorithm.from_train_config(compose("train", ["rollout=vllm", "rollout.tis.enabled=true",
-                                                           "algo.interventions=[tis,stare]"]))
-    assert listed.intervention_names == ["tis", "stare"]          # listed: not added twice
+    listed = Algorithm.from_train_config(
+        compose("train", ["rollout=vllm", "rollout.tis.enabled=true", "algo.interventions=[tis,stare]"])
+    )
+    assert listed.intervention_names == ["tis", "stare"]  # listed: not added twice
     assert "tis" not in Algorithm.from_train_config(compose("train", ["rollout=vllm"])).intervention_names
 
 

@@ -19,8 +19,13 @@ from pathlib import Path
 import pytest
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
-JOB = ["train.trainer.prompts_per_step=4", "train.trainer.mini_batch_prompts=4", "train.trainer.val_every=0", "train.trainer.save_every=0",
-       "train.val.prompts=0"]
+JOB = [
+    "train.trainer.prompts_per_step=4",
+    "train.trainer.mini_batch_prompts=4",
+    "train.trainer.val_every=0",
+    "train.trainer.save_every=0",
+    "train.val.prompts=0",
+]
 
 
 def alive(pid: int) -> bool:
@@ -28,7 +33,7 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    try:      # a zombie is gone for our purposes
+    try:  # a zombie is gone for our purposes
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
@@ -37,9 +42,24 @@ def alive(pid: int) -> bool:
 @pytest.mark.slow
 def test_sigterm_stops_a_local_sweep_and_its_job(tmp_path):
     db = tmp_path / "mlflow.db"
-    proc = subprocess.Popen([*CLI, "sweep", "ablation=gate", "variants=[gated]", "seeds=[0]", "sweep_dir=sw",
-                             "launcher=local", f"tracking.uri=sqlite:///{db}", "train.trainer.total_steps=500", *JOB],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            *CLI,
+            "sweep",
+            "ablation=gate",
+            "variants=[gated]",
+            "seeds=[0]",
+            "sweep_dir=sw",
+            "launcher=local",
+            f"tracking.uri=sqlite:///{db}",
+            "train.trainer.total_steps=500",
+            *JOB,
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     job_dir = tmp_path / "sw" / "runs" / "gated" / "s0"
     deadline = time.monotonic() + 300
     while not (job_dir / "metrics.jsonl").exists() or not (job_dir / "metrics.jsonl").read_text().strip():
@@ -51,29 +71,39 @@ def test_sigterm_stops_a_local_sweep_and_its_job(tmp_path):
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err[-3000:]
     assert "stopped by SIGTERM; to continue: entropyrl sweep ablation=gate --resume sweep_dir=" in err
-    assert not alive(job_pid)                                                  # no orphan
+    assert not alive(job_pid)  # no orphan
     sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     with sqlite3.connect(db) as con:
-        status = con.execute("select status from runs where run_uuid = ?",
-                             (sweep["tracking"]["parent_run_id"],)).fetchone()[0]
+        status = con.execute("select status from runs where run_uuid = ?", (sweep["tracking"]["parent_run_id"],)).fetchone()[0]
     assert status == "KILLED"
     summary = json.loads((job_dir / "summary.json").read_text())
-    assert summary["status"] == "KILLED"                                       # the job ended cleanly
+    assert summary["status"] == "KILLED"  # the job ended cleanly
 
 
 @pytest.mark.slow
 def test_a_bare_resume_reuses_the_sweeps_overrides(tmp_path):
     uri = f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"
-    first = subprocess.run([*CLI, "sweep", "ablation=gate", "variants=[gated]", "seeds=[0]", "launcher=local", uri,
-                            "trainer.total_steps=2", *JOB], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    first = subprocess.run(
+        [*CLI, "sweep", "ablation=gate", "variants=[gated]", "seeds=[0]", "launcher=local", uri, "trainer.total_steps=2", *JOB],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
-    again = subprocess.run([*CLI, "sweep", "ablation=gate", "--resume", uri], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=600)
+    again = subprocess.run(
+        [*CLI, "sweep", "ablation=gate", "--resume", uri], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
     assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-3000:]
     assert "--resume: the sweep's own overrides: trainer.total_steps=2" in again.stderr
     assert "1 jobs (1 done, 0 still queued/running, 0 to run)" in again.stderr
-    changed = subprocess.run([*CLI, "sweep", "ablation=gate", "--resume", uri, "trainer.total_steps=3", *JOB],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    changed = subprocess.run(
+        [*CLI, "sweep", "ablation=gate", "--resume", uri, "trainer.total_steps=3", *JOB],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert changed.returncode == 2 and "trainer.total_steps: 2 -> 3" in changed.stderr, changed.stderr[-3000:]
 
 

@@ -26,8 +26,13 @@ from entropyrl.trainers.run.regime import findings_cell
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 # A job of a few seconds: 3 steps of 4 prompts, validation only at the end, one checkpoint.
-TINY = ["train.trainer.total_steps=3", "train.trainer.prompts_per_step=4", "train.trainer.val_every=3",
-        "train.trainer.save_every=0", "train.val.prompts=8"]
+TINY = [
+    "train.trainer.total_steps=3",
+    "train.trainer.prompts_per_step=4",
+    "train.trainer.val_every=3",
+    "train.trainer.save_every=0",
+    "train.val.prompts=8",
+]
 
 
 def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -43,20 +48,27 @@ def test_variants_list_grid_and_product():
     grid = variants_of({"name": "x", "grid": {"algo.stare.p": [0.05, 0.2], "algo.stare.gate": [True, False]}})
     assert [v.name for v in grid] == ["p0.05,gatetrue", "p0.05,gatefalse", "p0.2,gatetrue", "p0.2,gatefalse"]
     assert grid[1].overrides == ("algo.stare.p=0.05", "algo.stare.gate=false")
-    both = variants_of({"name": "x", "variants": [{"name": "o1", "overrides": ["algo=stare"]},
-                                                  {"name": "c2", "overrides": ["algo=stare_c2"]}],
-                        "grid": {"algo.stare.w": [1.1, 1.2]}})
+    both = variants_of(
+        {
+            "name": "x",
+            "variants": [{"name": "o1", "overrides": ["algo=stare"]}, {"name": "c2", "overrides": ["algo=stare_c2"]}],
+            "grid": {"algo.stare.w": [1.1, 1.2]},
+        }
+    )
     assert [v.name for v in both] == ["o1,w1.1", "o1,w1.2", "c2,w1.1", "c2,w1.2"]
     assert both[3].overrides == ("algo=stare_c2", "algo.stare.w=1.2")
 
 
-@pytest.mark.parametrize("ablation, message", [
-    ({"name": "x"}, "has no variants"),
-    ({"name": "x", "variants": [{"name": "a"}, {"name": "a"}]}, "two variants are named 'a'"),
-    ({"name": "x", "variants": [{"name": "a b", "overrides": []}]}, "must be letters"),
-    ({"name": "x", "variants": [{"overrides": ["algo=stare"]}]}, "needs a name"),
-    ({"name": "x", "grid": {"algo.stare.p": []}}, "has no values"),
-])
+@pytest.mark.parametrize(
+    "ablation, message",
+    [
+        ({"name": "x"}, "has no variants"),
+        ({"name": "x", "variants": [{"name": "a"}, {"name": "a"}]}, "two variants are named 'a'"),
+        ({"name": "x", "variants": [{"name": "a b", "overrides": []}]}, "must be letters"),
+        ({"name": "x", "variants": [{"overrides": ["algo=stare"]}]}, "needs a name"),
+        ({"name": "x", "grid": {"algo.stare.p": []}}, "has no values"),
+    ],
+)
 def test_bad_ablations_raise_user_errors(ablation, message):
     with pytest.raises(UserError, match=message):
         variants_of(ablation)
@@ -69,11 +81,22 @@ def test_merge_overrides_last_value_wins():
 
 
 def test_expand_jobs_order_overrides_and_dirs(tmp_path):
-    abl = {"name": "g", "base": ["algo=stare"],
-           "variants": [{"name": "on", "overrides": ["algo.stare.gate=true", "trainer.total_steps=9"]},
-                        {"name": "off", "overrides": ["algo=grpo"]}]}
-    jobs = expand(abl, seeds=[3, 4], sweep_dir=tmp_path / "sw", budget=["trainer.total_steps=5", "optim.lr=0.1"],
-                  train_overrides=["optim.lr=0.2"], extra_overrides=["trainer.threads=1"])
+    abl = {
+        "name": "g",
+        "base": ["algo=stare"],
+        "variants": [
+            {"name": "on", "overrides": ["algo.stare.gate=true", "trainer.total_steps=9"]},
+            {"name": "off", "overrides": ["algo=grpo"]},
+        ],
+    }
+    jobs = expand(
+        abl,
+        seeds=[3, 4],
+        sweep_dir=tmp_path / "sw",
+        budget=["trainer.total_steps=5", "optim.lr=0.1"],
+        train_overrides=["optim.lr=0.2"],
+        extra_overrides=["trainer.threads=1"],
+    )
     assert [(j.variant, j.seed) for j in jobs] == [("on", 3), ("on", 4), ("off", 3), ("off", 4)]
     on3, off4 = jobs[0], jobs[3]
     assert on3.key == "on/s3" and on3.output_dir == str((tmp_path / "sw" / "runs" / "on" / "s3").resolve())
@@ -82,8 +105,12 @@ def test_expand_jobs_order_overrides_and_dirs(tmp_path):
     assert "trainer.total_steps=5" in off4.overrides and "algo=grpo" in off4.overrides
     assert "algo=stare" not in off4.overrides
     assert "optim.lr=0.2" in on3.overrides and "optim.lr=0.1" not in on3.overrides
-    assert on3.overrides[-4:] == ["trainer.seed=3", f"output_dir={on3.output_dir}", "trainer.resume=auto",
-                                  "trainer.progress=false"]
+    assert on3.overrides[-4:] == [
+        "trainer.seed=3",
+        f"output_dir={on3.output_dir}",
+        "trainer.resume=auto",
+        "trainer.progress=false",
+    ]
     assert len({j.output_dir for j in jobs}) == 4
     with pytest.raises(UserError, match="set by the sweep"):
         expand(abl, seeds=[0], sweep_dir=tmp_path, train_overrides=["trainer.seed=1"])
@@ -105,16 +132,21 @@ def test_shipped_ablations_compose_and_cover_every_algo(tmp_path):
     gate = {v.name: v.overrides for v in variants_of(compose("sweep", ["ablation=gate"]).ablation)}
     assert list(gate) == ["gated", "always_on", "off"]
     assert "algo.stare.gate=false" in gate["always_on"] and "algo=grpo" in gate["off"]
-    covered = {o.split("=", 1)[1] for v in variants_of(compose("sweep", ["ablation=interventions"]).ablation)
-               for o in v.overrides if o.startswith("algo=")}
+    covered = {
+        o.split("=", 1)[1]
+        for v in variants_of(compose("sweep", ["ablation=interventions"]).ablation)
+        for o in v.overrides
+        if o.startswith("algo=")
+    }
     assert covered == set(config_groups()["algo"])
 
 
 def test_split_overrides():
     from entropyrl.sweeps.planning import split_overrides
 
-    sweep, train = split_overrides(["ablation=gate", "train.trainer.total_steps=5", "+train.tracking.tags.x=1",
-                                    "seeds=[0,1]", "~train.val.benchmarks"])
+    sweep, train = split_overrides(
+        ["ablation=gate", "train.trainer.total_steps=5", "+train.tracking.tags.x=1", "seeds=[0,1]", "~train.val.benchmarks"]
+    )
     assert sweep == ["ablation=gate", "seeds=[0,1]"]
     assert train == ["trainer.total_steps=5", "+tracking.tags.x=1", "~val.benchmarks"]
 
@@ -122,8 +154,9 @@ def test_split_overrides():
 # ---------------------------------------------------------------------------------------------
 # aggregation math
 # ---------------------------------------------------------------------------------------------
-def write_metrics(path: Path, entropy: list[float], val: dict[int, float] | None = None, extra_line: str = "",
-                  gate: list[float] | None = None) -> None:
+def write_metrics(
+    path: Path, entropy: list[float], val: dict[int, float] | None = None, extra_line: str = "", gate: list[float] | None = None
+) -> None:
     path.mkdir(parents=True, exist_ok=True)
     lines = []
     for i, h in enumerate(entropy, start=1):
@@ -156,7 +189,8 @@ def test_aggregation_math_on_synthetic_metrics(tmp_path):
     # duplicate steps (a resumed run re-logging a step): the last row wins
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "metrics.jsonl").write_text(
-        "\n".join(json.dumps({"step": s, "entropy": h}) for s, h in [(1, 1.0), (2, 0.9), (2, 0.7), (3, 0.6)]) + "\n")
+        "\n".join(json.dumps({"step": s, "entropy": h}) for s, h in [(1, 1.0), (2, 0.9), (2, 0.7), (3, 0.6)]) + "\n"
+    )
     assert [r["entropy"] for r in agg.load_rows(tmp_path / "b")] == [1.0, 0.7, 0.6]
 
     b = agg.band([(np.array([1, 2, 3]), np.array([1.0, 2.0, 3.0])), (np.array([1, 2]), np.array([3.0, 0.0]))])
@@ -183,11 +217,28 @@ def make_synthetic_sweep(root: Path) -> Path:
     jobs = []
     for variant, seed in [("v1", 0), ("v1", 1), ("v2", 0), ("v2", 1), ("v3", 0), ("v3", 1)]:
         out = sw / "runs" / variant / f"s{seed}"
-        jobs.append({"key": f"{variant}/s{seed}", "variant": variant, "seed": seed, "output_dir": str(out),
-                     "overrides": ["trainer.total_steps=5", f"trainer.seed={seed}", f"output_dir={out}"]})
-    save_sweep(sw, {"sweep_id": "syn-1", "sweep_dir": str(sw), "ablation": {"name": "syn"}, "seeds": [0, 1],
-                    "launcher": {"name": "local"}, "tracking": {"enabled": False},
-                    "report": {"entropy_threshold": 0.3, "tail_frac": 0.4}, "jobs": jobs})
+        jobs.append(
+            {
+                "key": f"{variant}/s{seed}",
+                "variant": variant,
+                "seed": seed,
+                "output_dir": str(out),
+                "overrides": ["trainer.total_steps=5", f"trainer.seed={seed}", f"output_dir={out}"],
+            }
+        )
+    save_sweep(
+        sw,
+        {
+            "sweep_id": "syn-1",
+            "sweep_dir": str(sw),
+            "ablation": {"name": "syn"},
+            "seeds": [0, 1],
+            "launcher": {"name": "local"},
+            "tracking": {"enabled": False},
+            "report": {"entropy_threshold": 0.3, "tail_frac": 0.4},
+            "jobs": jobs,
+        },
+    )
     runs = sw / "runs"
     # v1 is gated STARE: its gate open on 3 of 5 steps in seed 0, 2 of 5 in seed 1
     write_metrics(runs / "v1" / "s0", [1.0, 0.8, 0.5, 0.2, 0.1], {5: 0.5}, gate=[0, 0, 1, 1, 1])
@@ -196,18 +247,27 @@ def make_synthetic_sweep(root: Path) -> Path:
         (runs / "v1" / f"s{seed}" / "job.json").write_text(json.dumps({"state": "done", "steps": 5, "attempt": 1}))
     # what the runs' regime checks wrote (trainers/run/regime.py): both seeds collapsed, one had a warning
     collapse = {"id": "collapse", "message": "entropy collapsed", "first_step": 5}
-    (runs / "v1" / "s0" / "summary.json").write_text(json.dumps({"status": "FINISHED", "flags": [{**collapse, "first_step": 4}],
-        "warnings": [{"id": "kl_cov_on_policy", "message": "kl_cov's penalty was 0", "first_step": 1}]}))
+    (runs / "v1" / "s0" / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": "FINISHED",
+                "flags": [{**collapse, "first_step": 4}],
+                "warnings": [{"id": "kl_cov_on_policy", "message": "kl_cov's penalty was 0", "first_step": 1}],
+            }
+        )
+    )
     (runs / "v1" / "s1" / "summary.json").write_text(json.dumps({"status": "FINISHED", "flags": [collapse], "warnings": []}))
     (runs / "v2" / "s0").mkdir(parents=True)
     (runs / "v2" / "s0" / "job.json").write_text(json.dumps({"state": "failed", "error": "RuntimeError: boom"}))
     (runs / "v2" / "s0" / "train.log").write_text("Traceback ... RuntimeError: boom\n")
     write_metrics(runs / "v2" / "s1", [1.0, 0.9])
-    (runs / "v2" / "s1" / "job.json").write_text(json.dumps({"state": "running", "pid": os.getpid(),
-                                                             "host": socket.gethostname()}))
+    (runs / "v2" / "s1" / "job.json").write_text(
+        json.dumps({"state": "running", "pid": os.getpid(), "host": socket.gethostname()})
+    )
     (runs / "v3" / "s0").mkdir(parents=True)
-    (runs / "v3" / "s0" / "job.json").write_text(json.dumps({"state": "running", "pid": _dead_pid(),
-                                                             "host": socket.gethostname()}))
+    (runs / "v3" / "s0" / "job.json").write_text(
+        json.dumps({"state": "running", "pid": _dead_pid(), "host": socket.gethostname()})
+    )
     return sw
 
 
@@ -217,7 +277,13 @@ def test_status_and_report_rebuild_from_files(tmp_path):
     assert out.returncode == 0, out.stderr
     states = {s["key"]: s for s in json.loads(out.stdout)}
     assert {k: s["state"] for k, s in states.items()} == {
-        "v1/s0": "done", "v1/s1": "done", "v2/s0": "failed", "v2/s1": "running", "v3/s0": "failed", "v3/s1": "pending"}
+        "v1/s0": "done",
+        "v1/s1": "done",
+        "v2/s0": "failed",
+        "v2/s1": "running",
+        "v3/s0": "failed",
+        "v3/s1": "pending",
+    }
     assert states["v2/s0"]["detail"] == "RuntimeError: boom"
     assert states["v2/s0"]["log"] == str(sw / "runs" / "v2" / "s0" / "train.log")
     assert states["v2/s1"]["detail"] == "step 2/5"
@@ -232,8 +298,17 @@ def test_status_and_report_rebuild_from_files(tmp_path):
     v1 = next(line for line in md.splitlines() if line.startswith("| `v1`"))
     cells = [c.strip() for c in v1.strip("|").split("|")]
     # seeds, final val acc, entropy last 40% mean, min, AUC, first step below 0.3, acted, warnings, flags
-    assert cells[1:] == ["2/2", "0.600 ± 0.100", "0.240 ± 0.090", "0.180 ± 0.080", "2.29 ± 0.24", "4.5 (2/2)",
-                         "stare/gate_on 0.50", "kl_cov_on_policy@1 (1/2 seeds)", "collapse@4/5"]
+    assert cells[1:] == [
+        "2/2",
+        "0.600 ± 0.100",
+        "0.240 ± 0.090",
+        "0.180 ± 0.080",
+        "2.29 ± 0.24",
+        "4.5 (2/2)",
+        "stare/gate_on 0.50",
+        "kl_cov_on_policy@1 (1/2 seeds)",
+        "collapse@4/5",
+    ]
     assert "| acted |" in md and "the share of steps STARE's gate was open" in md
     assert "| `v1/s0` | done | 5 | 0.500 | 2.05 | kl_cov_on_policy@1 | collapse@4 |" in md
     assert "| `v2` | 0/2 | - |" in md
@@ -245,7 +320,8 @@ def test_status_and_report_rebuild_from_files(tmp_path):
     comparison = (sw / "comparison.csv").read_text().splitlines()
     assert comparison[0].startswith("variant,seeds_done,seeds_total,final_val_acc_mean")
     assert comparison[1].startswith("v1,2,2,0.6") and comparison[1].endswith(
-        "kl_cov_on_policy@1 (1/2 seeds),collapse@4/5,stare/gate_on 0.50")
+        "kl_cov_on_policy@1 (1/2 seeds),collapse@4/5,stare/gate_on 0.50"
+    )
     assert rep["jobs"][0]["flags"] == "collapse@4"
     assert rep["variants"]["v1"]["acted"] == {"stare/gate_on": pytest.approx(0.5)}
 
@@ -267,8 +343,9 @@ def test_status_of_a_folder_without_a_sweep_is_a_one_line_error(tmp_path):
 # the CLI: dry run, errors, a real local sweep with a failing job
 # ---------------------------------------------------------------------------------------------
 def test_dry_run_prints_the_job_table_and_runs_nothing(tmp_path):
-    out = run_cli("sweep", "ablation=gate", "seeds=[0,1]", "sweep_dir=sw", "--dry-run",
-                  "train.trainer.total_steps=7", cwd=tmp_path)
+    out = run_cli(
+        "sweep", "ablation=gate", "seeds=[0,1]", "sweep_dir=sw", "--dry-run", "train.trainer.total_steps=7", cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("ablation gate: 6 jobs (3 variants x 2 seeds)")
@@ -282,18 +359,21 @@ def test_dry_run_prints_the_job_table_and_runs_nothing(tmp_path):
     assert not (tmp_path / "sw").exists()
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["ablation=nope"], "unknown ablation=nope"),
-    (["launcher=nope"], "unknown launcher=nope"),
-    (["variants=[gated,nope]"], "has no variant 'nope'"),
-    (["train.trainer.bogus=1"], "variant gated: unknown config key 'trainer.bogus'"),
-    (["train.trainer.seed=3"], "is set by the sweep"),
-    (["seeds=[0,x]"], "seeds=[0,x] is not allowed: it must be a list of integers (each >= 0)"),
-    (["poll_seconds=0"], "poll_seconds=0 is not allowed: it must be a number > 0"),
-    (["launcher.max_parallel=abc"], "launcher.max_parallel=abc is not allowed: it must be a positive integer"),
-    (["launcher=slurm", "launcher.mem_gb=-3", "--dry-run"], "launcher.mem_gb=-3 is not allowed"),
-    (["launcher=local", "--no-wait"], "--no-wait needs a launcher whose jobs outlive this process"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["ablation=nope"], "unknown ablation=nope"),
+        (["launcher=nope"], "unknown launcher=nope"),
+        (["variants=[gated,nope]"], "has no variant 'nope'"),
+        (["train.trainer.bogus=1"], "variant gated: unknown config key 'trainer.bogus'"),
+        (["train.trainer.seed=3"], "is set by the sweep"),
+        (["seeds=[0,x]"], "seeds=[0,x] is not allowed: it must be a list of integers (each >= 0)"),
+        (["poll_seconds=0"], "poll_seconds=0 is not allowed: it must be a number > 0"),
+        (["launcher.max_parallel=abc"], "launcher.max_parallel=abc is not allowed: it must be a positive integer"),
+        (["launcher=slurm", "launcher.mem_gb=-3", "--dry-run"], "launcher.mem_gb=-3 is not allowed"),
+        (["launcher=local", "--no-wait"], "--no-wait needs a launcher whose jobs outlive this process"),
+    ],
+)
 def test_sweep_mistakes_are_one_line_errors(args, expected, tmp_path):
     out = run_cli("sweep", *args, "sweep_dir=sw", cwd=tmp_path)
     assert out.returncode == 2, out.stderr
@@ -302,14 +382,15 @@ def test_sweep_mistakes_are_one_line_errors(args, expected, tmp_path):
     assert not (tmp_path / "sw").exists()
 
 
-FAILING = ("ablation.variants=[{name:ok,overrides:['algo=grpo','trainer.mini_batch_prompts=4']},"
-           "{name:bad,overrides:['trainer.mini_batch_prompts=3']}]")
+FAILING = (
+    "ablation.variants=[{name:ok,overrides:['algo=grpo','trainer.mini_batch_prompts=4']},"
+    "{name:bad,overrides:['trainer.mini_batch_prompts=3']}]"
+)
 
 
 @pytest.mark.slow
 def test_local_sweep_reports_a_failed_job_and_rerun_retries_only_it(tmp_path):
-    args = ["ablation=gate", FAILING, "seeds=[0]", "launcher=local", "launcher.max_parallel=2",
-            "poll_seconds=0.5", *TINY]
+    args = ["ablation=gate", FAILING, "seeds=[0]", "launcher=local", "launcher.max_parallel=2", "poll_seconds=0.5", *TINY]
     out = run_cli("sweep", *args, cwd=tmp_path)  # default sweep_dir: outputs/sweeps/gate-<time>
     assert out.returncode == 1, out.stderr[-3000:]
     [sw] = list((tmp_path / "outputs" / "sweeps").glob("gate-*"))
@@ -339,12 +420,10 @@ def test_local_sweep_reports_a_failed_job_and_rerun_retries_only_it(tmp_path):
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert (child.data.tags["variant"], child.data.tags["seed"]) == ("ok", "0")
     assert child.info.status == "FINISHED"
-    assert {a.path for a in client.list_artifacts(parent.info.run_id, "report")} >= {"report/report.md",
-                                                                                      "report/plots"}
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "report")} >= {"report/report.md", "report/plots"}
 
     # --resume: the latest gate sweep, in this process this time: only the failed job runs again
-    again = run_cli("sweep", *[a for a in args if not a.startswith("launcher")], "launcher=debug", "--resume",
-                    cwd=tmp_path)
+    again = run_cli("sweep", *[a for a in args if not a.startswith("launcher")], "launcher=debug", "--resume", cwd=tmp_path)
     assert again.returncode == 1, again.stderr[-3000:]
     assert "2 jobs (1 done, 0 still queued/running, 1 to run)" in again.stderr
     assert "submitted bad/s0" in again.stderr and "submitted ok/s0" not in again.stderr
@@ -354,8 +433,13 @@ def test_local_sweep_reports_a_failed_job_and_rerun_retries_only_it(tmp_path):
     assert len(history) == 1 and json.loads(history[0])["state"] == "failed"
 
     # changing a job's training settings under the same folder is refused
-    changed = run_cli("sweep", *[a if a != "train.trainer.total_steps=3" else "train.trainer.total_steps=4" for a in args],
-                      f"sweep_dir={sw}", "--dry-run", cwd=tmp_path)
+    changed = run_cli(
+        "sweep",
+        *[a if a != "train.trainer.total_steps=3" else "train.trainer.total_steps=4" for a in args],
+        f"sweep_dir={sw}",
+        "--dry-run",
+        cwd=tmp_path,
+    )
     assert changed.returncode == 2 and "already holds job ok/s0 with other training settings" in changed.stderr
 
 
@@ -365,9 +449,10 @@ def test_report_fields_are_finite_or_nan():
 
 
 def test_a_second_sweep_process_on_the_same_folder_is_refused(tmp_path):
-    with FolderLock(tmp_path / "sw", name=".sweep.lock"):     # this process follows the folder
+    with FolderLock(tmp_path / "sw", name=".sweep.lock"):  # this process follows the folder
         out = run_cli("sweep", "ablation=gate", "seeds=[0]", "sweep_dir=sw", "launcher=debug", *TINY, cwd=tmp_path)
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert (f"is in use by another `entropyrl sweep` (host {socket.gethostname()}, pid {os.getpid()}"
-            in out.stderr), out.stderr[-2000:]
+    assert f"is in use by another `entropyrl sweep` (host {socket.gethostname()}, pid {os.getpid()}" in out.stderr, out.stderr[
+        -2000:
+    ]
     assert not (tmp_path / "sw" / "runs").exists()

@@ -53,7 +53,7 @@ def test_tasks_rewards():
     assert len(tasks.correct_answers(mult)) == 14
     assert tasks.reward(mult, "15") == 0.0 and tasks.reward(mult, "014") == 0.0 and tasks.reward(mult, "0") == 0.0
     source = tasks.BuiltinTaskSource(cfg, seed=5)
-    assert source.sample(16, step=3) == source.sample(16, step=3)          # resume-safe
+    assert source.sample(16, step=3) == source.sample(16, step=3)  # resume-safe
     assert source.sample(16, step=3) != source.sample(16, step=4)
     assert source.validation(8) == tasks.BuiltinTaskSource(cfg, seed=99).validation(8)
     for p in source.sample(64, step=0):
@@ -67,7 +67,8 @@ def test_warm_start_gives_a_nonzero_unsaturated_policy():
 
     problems = tasks.sample_problems(cfg.data, 64, random.Random(0))
     roll = HFRollout(OmegaConf.merge(cfg.rollout, {"batch_size": 512}), model, tok).generate(
-        [p.prompt for p in problems], n=4, seed=0)
+        [p.prompt for p in problems], n=4, seed=0
+    )
     acc = sum(tasks.reward(problems[i // 4], t) for i, t in enumerate(roll.texts)) / len(roll.texts)
     assert 0.15 < acc < 0.85, acc
     # cached: a second load does not rebuild

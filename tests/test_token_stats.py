@@ -33,8 +33,9 @@ def naive(h, w, b, t, temperature):
 def check_against_naive(n, d, v, dtype, chunk, vchunk, temperature, bias, entropy_grad, seed):
     h, w, b, t, g_logp, g_ent = make(n, d, v, dtype, seed, bias)
     params = [x for x in (h, w, b) if x is not None]
-    logp, ent = chunked_token_stats(h, w, t, bias=b, temperature=temperature, chunk_size=chunk,
-                                    vocab_chunk_size=vchunk, entropy_grad=entropy_grad)
+    logp, ent = chunked_token_stats(
+        h, w, t, bias=b, temperature=temperature, chunk_size=chunk, vocab_chunk_size=vchunk, entropy_grad=entropy_grad
+    )
     logp_n, ent_n = naive(h, w, b, t, temperature)
     tol = TOLS[dtype]
     torch.testing.assert_close(logp, logp_n, **tol)
@@ -49,9 +50,17 @@ def check_against_naive(n, d, v, dtype, chunk, vchunk, temperature, bias, entrop
 
 
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(1, 40), d=st.integers(1, 12), v=st.integers(2, 70), chunk=st.integers(1, 17),
-       vchunk=st.integers(1, 80), temperature=st.sampled_from([1.0, 0.7, 1.3]), bias=st.booleans(),
-       entropy_grad=st.booleans(), seed=st.integers(0, 10_000))
+@given(
+    n=st.integers(1, 40),
+    d=st.integers(1, 12),
+    v=st.integers(2, 70),
+    chunk=st.integers(1, 17),
+    vchunk=st.integers(1, 80),
+    temperature=st.sampled_from([1.0, 0.7, 1.3]),
+    bias=st.booleans(),
+    entropy_grad=st.booleans(),
+    seed=st.integers(0, 10_000),
+)
 def test_chunked_matches_naive_float64(n, d, v, chunk, vchunk, temperature, bias, entropy_grad, seed):
     check_against_naive(n, d, v, torch.float64, chunk, vchunk, temperature, bias, entropy_grad, seed)
 
@@ -67,8 +76,8 @@ def test_gradcheck_float64():
     h, w, b, t, _, _ = make(5, 3, 7, torch.float64, seed=1)
 
     def f(h, w, b):
-        return chunked_token_stats(h, w, t, bias=b, temperature=0.8, chunk_size=2, vocab_chunk_size=3,
-                                   entropy_grad=True)
+        return chunked_token_stats(h, w, t, bias=b, temperature=0.8, chunk_size=2, vocab_chunk_size=3, entropy_grad=True)
+
     assert torch.autograd.gradcheck(f, (h, w, b), eps=1e-6, atol=1e-7)
 
 
@@ -107,8 +116,7 @@ def test_logits_stats_stable_at_extremes():
 
 def test_bfloat16_inputs_give_float32_stats():
     h, w, b, t, _, _ = make(20, 8, 50, torch.float32, seed=4)
-    logp, ent = chunked_token_stats(h.detach().bfloat16().requires_grad_(True), w.detach().bfloat16(), t,
-                                    chunk_size=7)
+    logp, ent = chunked_token_stats(h.detach().bfloat16().requires_grad_(True), w.detach().bfloat16(), t, chunk_size=7)
     assert logp.dtype == torch.float32 and ent.dtype == torch.float32
     ref_lp, ref_ent = naive(h.detach().bfloat16().float(), w.detach().bfloat16().float(), None, t, 1.0)
     torch.testing.assert_close(logp, ref_lp, rtol=1e-2, atol=1e-2)

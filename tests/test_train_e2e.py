@@ -28,9 +28,22 @@ def mlflow_client(workdir: Path):
 
 @pytest.mark.slow
 def test_cli_train_logs_named_metrics_to_mlflow_and_jsonl(in_tmp, fast_train):
-    out = subprocess.run([*CLI, "train", *fast_train, "output_dir=run", "tracking.experiment=e2e",
-                          "val.benchmarks=[aime24]", "val.limit=2", "val.n_samples=2", "val.max_new_tokens=8"],
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [
+            *CLI,
+            "train",
+            *fast_train,
+            "output_dir=run",
+            "tracking.experiment=e2e",
+            "val.benchmarks=[aime24]",
+            "val.limit=2",
+            "val.n_samples=2",
+            "val.max_new_tokens=8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     run_dir = in_tmp / "run"
     rows = rows_of(run_dir)
@@ -85,8 +98,10 @@ def test_same_seed_same_metrics(in_tmp, fast_train):
     from entropyrl.trainers.trainer import train
 
     def run(name, seed):
-        train(compose("train", [*fast_train, f"output_dir={name}", "tracking.enabled=false",
-                                f"trainer.seed={seed}"]), log=lambda *_: None)
+        train(
+            compose("train", [*fast_train, f"output_dir={name}", "tracking.enabled=false", f"trainer.seed={seed}"]),
+            log=lambda *_: None,
+        )
         return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows_of(in_tmp / name)]
 
     a, b, c = run("a", 0), run("b", 0), run("c", 1)
@@ -95,8 +110,12 @@ def test_same_seed_same_metrics(in_tmp, fast_train):
 
 
 def test_unreachable_tracking_server_fails_fast(in_tmp, fast_train):
-    out = subprocess.run([*CLI, "train", *fast_train, "output_dir=run", "tracking.uri=http://127.0.0.1:9"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [*CLI, "train", *fast_train, "output_dir=run", "tracking.uri=http://127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2
     assert "cannot reach the MLflow tracking server at http://127.0.0.1:9" in out.stderr
     assert not (in_tmp / "run" / "metrics.jsonl").exists()
@@ -105,8 +124,9 @@ def test_unreachable_tracking_server_fails_fast(in_tmp, fast_train):
 @pytest.mark.slow
 def test_default_run_shows_grpo_entropy_collapse(in_tmp):
     """`entropyrl train` with no arguments (what `make run` runs): entropy collapses."""
-    out = subprocess.run([*CLI, "train", "output_dir=default", "trainer.progress=false"],
-                         capture_output=True, text=True, timeout=1200)
+    out = subprocess.run(
+        [*CLI, "train", "output_dir=default", "trainer.progress=false"], capture_output=True, text=True, timeout=1200
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((in_tmp / "default" / "summary.json").read_text())
     assert summary["steps"] == 200 and summary["algo"] == "grpo"
@@ -118,7 +138,7 @@ def test_default_run_shows_grpo_entropy_collapse(in_tmp):
     # (warm_start.seed 1 and 2, and one built on 2 threads).
     rows = [json.loads(line) for line in (in_tmp / "default" / "metrics.jsonl").read_text().splitlines()]
     curve = [(r["step"], r["entropy"]) for r in rows if "entropy" in r]
-    first_tenth = sum(v for _, v in curve[:len(curve) // 10]) / (len(curve) // 10)
+    first_tenth = sum(v for _, v in curve[: len(curve) // 10]) / (len(curve) // 10)
     below = [step for step, v in curve if v < 0.2 * first_tenth]
     collapse = [f for f in summary["flags"] if f["id"] == "collapse"]
     assert below and [f["first_step"] for f in collapse] == below[:1], (collapse, below[:3], first_tenth)

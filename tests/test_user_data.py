@@ -31,18 +31,17 @@ def _rows(path, n=6, big=None):
 
 
 @pytest.mark.parametrize("make", ["typo", "folder"])
-def test_an_explicit_data_path_that_is_not_a_file_is_refused_before_the_run_not_replaced_by_the_hub(
-        make, tmp_path, monkeypatch):
+def test_an_explicit_data_path_that_is_not_a_file_is_refused_before_the_run_not_replaced_by_the_hub(make, tmp_path, monkeypatch):
     from entropyrl.trainers.preflight import check_training
 
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)        # the hub would be reachable: still never used
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the hub would be reachable: still never used
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     target = tmp_path / ("my_mathh.jsonl" if make == "typo" else "folder")
     if make == "folder":
         target.mkdir()
     cfg = compose("train", ["data=dapo_math_17k", f"data.path={target}", f"output_dir={tmp_path / 'run'}"])
     with pytest.raises(UserError) as err:
-        check_training(cfg)                                    # the pre-flight: before any folder or model
+        check_training(cfg)  # the pre-flight: before any folder or model
     msg = str(err.value)
     assert "\n" not in msg and str(target) in msg
     assert ("no such file" in msg) if make == "typo" else ("is a folder" in msg)
@@ -65,13 +64,13 @@ def test_an_empty_file_says_empty(tmp_path):
     for name in ("empty.jsonl", "blank.jsonl"):
         with pytest.raises(UserError, match="the file is empty") as err:
             _source(f"data.path={tmp_path / name}")
-        assert "prompt" not in str(err.value)               # not blamed on prompt length
+        assert "prompt" not in str(err.value)  # not blamed on prompt length
 
 
 def test_a_non_utf8_byte_names_its_line_and_says_re_encode(tmp_path):
     path = _rows(tmp_path / "latin1.jsonl")
     lines = path.read_bytes().splitlines(keepends=True)
-    lines[3] = lines[3].replace(b"What", b"Caf\xe9 what")   # latin-1 e-acute on line 4
+    lines[3] = lines[3].replace(b"What", b"Caf\xe9 what")  # latin-1 e-acute on line 4
     path.write_bytes(b"".join(lines))
     with pytest.raises(UserError) as err:
         _source(f"data.path={path}")
@@ -82,15 +81,20 @@ def test_a_non_utf8_byte_names_its_line_and_says_re_encode(tmp_path):
 def test_rows_over_the_byte_limit_are_skipped_before_tokenising_and_counted(tmp_path):
     calls = []
 
-    class CountingTokenizer:                                    # records the size of every text it is handed
+    class CountingTokenizer:  # records the size of every text it is handed
         def __call__(self, text, add_special_tokens=False):
             calls.append(len(text))
             return {"input_ids": list(range(len(text)))}
 
     path = _rows(tmp_path / "big.jsonl", big=3_000_000)
-    src = _source(f"data.path={path}", "data.max_row_bytes=100000", "data.chat_template=false", "data.prompt=boxed",
-                  tokenizer=CountingTokenizer())
-    assert len(src.train_items) == 6 and max(calls) < 1000     # the 3 MB row never reached the tokenizer
+    src = _source(
+        f"data.path={path}",
+        "data.max_row_bytes=100000",
+        "data.chat_template=false",
+        "data.prompt=boxed",
+        tokenizer=CountingTokenizer(),
+    )
+    assert len(src.train_items) == 6 and max(calls) < 1000  # the 3 MB row never reached the tokenizer
     assert any(n.startswith("data: skipped 1 row(s) over data.max_row_bytes=100000") for n in src.notes)
     only_big = tmp_path / "only_big.jsonl"
     only_big.write_text(json.dumps({"question": "y" * 200_000, "answer": "1"}) + "\n")
@@ -102,8 +106,13 @@ def test_overlong_prompts_are_counted(tmp_path):
     from entropyrl.models.tiny import build_tokenizer
 
     path = _rows(tmp_path / "mine.jsonl", big=300)
-    src = _source(f"data.path={path}", "data.max_prompt_length=100", "data.chat_template=false", "data.prompt=boxed",
-                  tokenizer=build_tokenizer())
+    src = _source(
+        f"data.path={path}",
+        "data.max_prompt_length=100",
+        "data.chat_template=false",
+        "data.prompt=boxed",
+        tokenizer=build_tokenizer(),
+    )
     assert len(src.train_items) == 6
     assert any(n.startswith("data: dropped 1 of 7 prompt(s) longer than data.max_prompt_length=100") for n in src.notes)
     with pytest.raises(UserError, match="all 7 prompt"):
@@ -134,16 +143,16 @@ def test_model_path_may_name_a_checkpoint_or_its_run_folder(tmp_path):
     said = []
     step10 = run / "checkpoints" / "step_000010"
     assert resolve_model_path(str(step10), log=said.append) == str(step10 / "model")
-    assert resolve_model_path(str(run), log=said.append) == str(step10 / "model")     # the latest checkpoint
-    assert resolve_model_path(str(step10 / "model")) == str(step10 / "model")         # a model folder: as is
-    assert resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"             # a hub id: as is
+    assert resolve_model_path(str(run), log=said.append) == str(step10 / "model")  # the latest checkpoint
+    assert resolve_model_path(str(step10 / "model")) == str(step10 / "model")  # a model folder: as is
+    assert resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"  # a hub id: as is
     assert len(said) == 2 and all("loading" in s or "latest" in s for s in said)
     lora = run / "checkpoints" / "step_000010"
     (lora / "model" / "config.json").unlink()
     (lora / "model" / "adapter_config.json").write_text("{}")
     (lora / "merged").mkdir()
     (lora / "merged" / "config.json").write_text("{}")
-    assert resolve_model_path(str(lora)) == str(lora / "merged")                       # LoRA: the merged model
+    assert resolve_model_path(str(lora)) == str(lora / "merged")  # LoRA: the merged model
     # eval runs are named after the run and the step they evaluate
     assert checkpoint_label(str(step10 / "model")) == "my-run-step10"
     assert checkpoint_label(str(run / "checkpoints" / "step_000002" / "model")) == "my-run-step2"

@@ -48,19 +48,22 @@ def assert_one_line_error(out: subprocess.CompletedProcess, *fragments: str) -> 
 
 def assert_nothing_created(workdir, *names: str) -> None:
     created = sorted(p.name for p in workdir.iterdir())
-    assert created == sorted(names), created       # no output folder, no mlflow.db, no mlruns/
+    assert created == sorted(names), created  # no output folder, no mlflow.db, no mlruns/
 
 
-@pytest.mark.parametrize("override, allowed", [
-    ("trainer.total_steps=abc", "a positive integer"),
-    ("trainer.total_steps=-5", "a positive integer"),      # used to "succeed" with 0 steps
-    ("trainer.total_steps=2.5", "a positive integer"),     # used to run 2 steps silently
-    ("optim.lr=-1", "a number > 0"),
-    ("optim.lr=abc", "a number > 0"),
-    ("rollout.n=0", "a positive integer"),
-    ("trainer.resume=maybe", "one of auto, never, overwrite"),  # used to be taken as auto
-    ("algo=stare algo.stare.p=1.5", "in (0, 1]"),   # the intervention's own range (Params.validate)
-])
+@pytest.mark.parametrize(
+    "override, allowed",
+    [
+        ("trainer.total_steps=abc", "a positive integer"),
+        ("trainer.total_steps=-5", "a positive integer"),  # used to "succeed" with 0 steps
+        ("trainer.total_steps=2.5", "a positive integer"),  # used to run 2 steps silently
+        ("optim.lr=-1", "a number > 0"),
+        ("optim.lr=abc", "a number > 0"),
+        ("rollout.n=0", "a positive integer"),
+        ("trainer.resume=maybe", "one of auto, never, overwrite"),  # used to be taken as auto
+        ("algo=stare algo.stare.p=1.5", "in (0, 1]"),  # the intervention's own range (Params.validate)
+    ],
+)
 def test_bad_train_values_fail_before_anything_is_created(override, allowed, tmp_path, capsys, monkeypatch):
     out = run_main("train", *override.split(), "output_dir=run", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
     assert_one_line_error(out, override.split()[-1], allowed)
@@ -73,10 +76,13 @@ def test_bad_value_in_a_real_cli_process(tmp_path):
     assert_nothing_created(tmp_path)
 
 
-@pytest.mark.parametrize("make, output_dir, fragment", [
-    (lambda d: (d / "taken").write_text("x"), "taken", "is a file, not a folder"),
-    (lambda d: (d / "taken").write_text("x"), "taken/run", "lies under"),
-])
+@pytest.mark.parametrize(
+    "make, output_dir, fragment",
+    [
+        (lambda d: (d / "taken").write_text("x"), "taken", "is a file, not a folder"),
+        (lambda d: (d / "taken").write_text("x"), "taken/run", "lies under"),
+    ],
+)
 def test_output_dir_that_is_or_lies_under_a_file(make, output_dir, fragment, tmp_path):
     make(tmp_path)
     out = run_cli("train", f"output_dir={output_dir}", cwd=tmp_path)
@@ -122,18 +128,21 @@ def test_shipped_defaults_pass_their_table(config_name):
     validate_config(compose(config_name, validate=False), config_name)
 
 
-@pytest.mark.parametrize("config_name, override, fragment", [
-    ("train", "optim.weight_decay=-0.1", "optim.weight_decay=-0.1 is not allowed: it must be a number >= 0"),
-    ("train", "trainer.progress=maybe", "must be true or false"),
-    ("train", "val.top_p=0", "val.top_p=0 is not allowed: it must be a number in (0, 1]"),
-    ("train", "model.warm_start.label_noise=2", "in [0, 1]"),
-    ("train", "tracking.experiment=''", "a non-empty string"),
-    ("eval", "eval.n_samples=0", "a positive integer, or null"),
-    ("eval", "eval.grade_timeout=0", "eval.grade_timeout=0 is not allowed"),
-    ("eval", "eval.backend=''", "eval.backend= is not allowed: it must be a non-empty string"),
-    ("sweep", "seeds=[0,-1]", "seeds=[0,-1]"),
-    ("sweep", "launcher.max_parallel=0", "launcher.max_parallel=0"),
-])
+@pytest.mark.parametrize(
+    "config_name, override, fragment",
+    [
+        ("train", "optim.weight_decay=-0.1", "optim.weight_decay=-0.1 is not allowed: it must be a number >= 0"),
+        ("train", "trainer.progress=maybe", "must be true or false"),
+        ("train", "val.top_p=0", "val.top_p=0 is not allowed: it must be a number in (0, 1]"),
+        ("train", "model.warm_start.label_noise=2", "in [0, 1]"),
+        ("train", "tracking.experiment=''", "a non-empty string"),
+        ("eval", "eval.n_samples=0", "a positive integer, or null"),
+        ("eval", "eval.grade_timeout=0", "eval.grade_timeout=0 is not allowed"),
+        ("eval", "eval.backend=''", "eval.backend= is not allowed: it must be a non-empty string"),
+        ("sweep", "seeds=[0,-1]", "seeds=[0,-1]"),
+        ("sweep", "launcher.max_parallel=0", "launcher.max_parallel=0"),
+    ],
+)
 def test_bad_values_name_key_value_and_allowed(config_name, override, fragment):
     with pytest.raises(UserError) as info:
         compose(config_name, override.split())
@@ -142,23 +151,26 @@ def test_bad_values_name_key_value_and_allowed(config_name, override, fragment):
 
 
 # -- a component's own values: declared beside it, checked once by the training pre-flight -------
-@pytest.mark.parametrize("override, fragment", [
-    ("algo=steer algo.steer.lambda_min=0.9 algo.steer.lambda_max=0.5", "algo.steer.lambda_min=0.9 must be <="),
-    ("algo=stare algo.stare.p=0", "algo.stare.p=0 is not allowed: it must be a number in (0, 1]"),
-    ("algo.clip.low=1.5", "algo.clip.low=1.5 is not allowed: it must be a number in [0, 1]"),
-    ("algo.clip.low=-0.1", "algo.clip.low=-0.1 is not allowed"),
-    ("algo.kl_coef=-1", "algo.kl_coef=-1 is not allowed: it must be a number >= 0"),
-    ("algo.dynamic_sampling.max_num_gen_batches=0", "max_num_gen_batches=0 is not allowed: it must be a positive"),
-    ("algo.dynamic_sampling.enabled=maybe", "algo.dynamic_sampling.enabled=maybe is not allowed: it must be true or false"),
-    ("algo=clip_cov algo.clip_cov.ratio=2", "algo.clip_cov: need 0 <= ratio <= 1"),
-    ("algo.loss_agg=sum", "unknown algo.loss_agg=sum; valid: "),
-    ("algo.overlong.enabled=true algo.overlong.buffer=0", "algo.overlong.buffer=0 is not allowed"),
-    ("rollout=vllm rollout.tis.enabled=true rollout.tis.cap=0", "rollout.tis.cap must be > 0"),
-])
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("algo=steer algo.steer.lambda_min=0.9 algo.steer.lambda_max=0.5", "algo.steer.lambda_min=0.9 must be <="),
+        ("algo=stare algo.stare.p=0", "algo.stare.p=0 is not allowed: it must be a number in (0, 1]"),
+        ("algo.clip.low=1.5", "algo.clip.low=1.5 is not allowed: it must be a number in [0, 1]"),
+        ("algo.clip.low=-0.1", "algo.clip.low=-0.1 is not allowed"),
+        ("algo.kl_coef=-1", "algo.kl_coef=-1 is not allowed: it must be a number >= 0"),
+        ("algo.dynamic_sampling.max_num_gen_batches=0", "max_num_gen_batches=0 is not allowed: it must be a positive"),
+        ("algo.dynamic_sampling.enabled=maybe", "algo.dynamic_sampling.enabled=maybe is not allowed: it must be true or false"),
+        ("algo=clip_cov algo.clip_cov.ratio=2", "algo.clip_cov: need 0 <= ratio <= 1"),
+        ("algo.loss_agg=sum", "unknown algo.loss_agg=sum; valid: "),
+        ("algo.overlong.enabled=true algo.overlong.buffer=0", "algo.overlong.buffer=0 is not allowed"),
+        ("rollout=vllm rollout.tis.enabled=true rollout.tis.cap=0", "rollout.tis.cap must be > 0"),
+    ],
+)
 def test_component_values_are_checked_once_before_anything_is_created(override, fragment, tmp_path):
     from entropyrl.trainers.preflight import check_training
 
-    cfg = compose("train", [*override.split(), f"output_dir={tmp_path / 'run'}"])   # compose leaves them
+    cfg = compose("train", [*override.split(), f"output_dir={tmp_path / 'run'}"])  # compose leaves them
     with pytest.raises(UserError) as info:
         check_training(cfg)
     assert fragment in str(info.value) and "\n" not in str(info.value), str(info.value)
@@ -190,13 +202,18 @@ def test_the_algorithms_defaults_are_declared_once_in_the_grpo_yaml():
     from entropyrl.trainers.interventions.base import LossContext
 
     for key in ALGO_KEYS:
-        default(key)                                   # a KeyError names a key the YAML lacks
+        default(key)  # a KeyError names a key the YAML lacks
     composed = Algorithm.from_config(compose("train").algo, max_response_length=8)
     for built in (Algorithm(max_response_length=8), Algorithm.from_config({}, max_response_length=8)):
-        assert repr(built).split(", ", 1)[1] == repr(composed).split(", ", 1)[1]   # all but the name
+        assert repr(built).split(", ", 1)[1] == repr(composed).split(", ", 1)[1]  # all but the name
         assert (built.eps_low, built.eps_high, built.dual_c, built.overlong_buffer, built.loss_agg, built.objective) == (
-            composed.eps_low, composed.eps_high, composed.dual_c, composed.overlong_buffer, composed.loss_agg,
-            composed.objective)
+            composed.eps_low,
+            composed.eps_high,
+            composed.dual_c,
+            composed.overlong_buffer,
+            composed.loss_agg,
+            composed.objective,
+        )
     assert algo_defaults()["overlong"]["buffer"] == composed.overlong_buffer == 2
     # the loss context and the surrogate take the configured clip; they carry no default of their own
     fields = {f.name: f for f in dataclasses.fields(LossContext)}

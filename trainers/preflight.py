@@ -26,8 +26,9 @@ __all__ = ["TrainingCheck", "check_training"]
 @dataclass(frozen=True)
 class TrainingCheck:
     """What ``check_training`` built and decided: the algorithm and what to do with ``output_dir``."""
+
     algo: Algorithm
-    run_mode: str       # fresh | resume | overwrite (run_dir.check_output_dir)
+    run_mode: str  # fresh | resume | overwrite (run_dir.check_output_dir)
 
 
 def check_training(cfg) -> TrainingCheck:
@@ -38,5 +39,5 @@ def check_training(cfg) -> TrainingCheck:
     check_optim(cfg.optim)
     check_tools(cfg.get("tools"))
     if cfg.data.get("kind", "builtin") in ("math", "code"):
-        resolve_data_path(cfg.data)          # an explicit data.path that is not a file: an error now
+        resolve_data_path(cfg.data)  # an explicit data.path that is not a file: an error now
     return TrainingCheck(algo, run_dir.check_output_dir(cfg))

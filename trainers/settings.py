@@ -19,26 +19,26 @@ __all__ = ["StepSettings"]
 
 @dataclass(frozen=True)
 class StepSettings:
-    seed: int                        # trainer.seed: every seed of the run derives from it (core/seeds.py)
-    ppo_epochs: int                  # passes over the step batch
-    rollout_n: int                   # responses per prompt
-    mini_batch_rows: int             # responses per optimizer step: trainer.mini_batch_prompts x rollout.n
-    micro_batch_responses: int       # responses per forward/backward (and per token-statistics chunk)
-    micro_batch_tokens: int | None   # a token budget per pass instead (data/micro_batches.py)
-    grad_clip: float                 # max gradient norm
-    keep_checkpoints: int            # checkpoints kept on disk
-    quadrants: bool                  # diagnostics.quadrants: the four-quadrant metrics and prediction
+    seed: int  # trainer.seed: every seed of the run derives from it (core/seeds.py)
+    ppo_epochs: int  # passes over the step batch
+    rollout_n: int  # responses per prompt
+    mini_batch_rows: int  # responses per optimizer step: trainer.mini_batch_prompts x rollout.n
+    micro_batch_responses: int  # responses per forward/backward (and per token-statistics chunk)
+    micro_batch_tokens: int | None  # a token budget per pass instead (data/micro_batches.py)
+    grad_clip: float  # max gradient norm
+    keep_checkpoints: int  # checkpoints kept on disk
+    quadrants: bool  # diagnostics.quadrants: the four-quadrant metrics and prediction
     mask_invalid_calls: bool = False  # tools.mask_invalid_calls: a response with a malformed tool call out of the loss
-    entropy_quantiles: tuple[float, ...] = ()     # diagnostics.entropy_quantiles (empty: off)
-    val_temperature: float = 0.0     # validation on the task's held-out prompts
-    val_pass_k: int = 0              # sampled pass@1 / pass@k at validation (0: off)
-    val_benchmarks: tuple[str, ...] = ()          # val.benchmarks
-    samples_every: int = 0           # trainer.samples_every: a samples table every N steps (0: off)
-    samples_rows: int = 4            # rows of each samples table
-    val: Any = None                  # the val section, as evals.runner.validate reads it
-    lora: Any = None                 # model.lora, for the adapter's checkpoint parts
-    stats: dict = field(default_factory=dict)     # keyword arguments of the token statistics
-    config_yaml: str = ""            # the resolved config, as every checkpoint keeps a copy of it
+    entropy_quantiles: tuple[float, ...] = ()  # diagnostics.entropy_quantiles (empty: off)
+    val_temperature: float = 0.0  # validation on the task's held-out prompts
+    val_pass_k: int = 0  # sampled pass@1 / pass@k at validation (0: off)
+    val_benchmarks: tuple[str, ...] = ()  # val.benchmarks
+    samples_every: int = 0  # trainer.samples_every: a samples table every N steps (0: off)
+    samples_rows: int = 4  # rows of each samples table
+    val: Any = None  # the val section, as evals.runner.validate reads it
+    lora: Any = None  # model.lora, for the adapter's checkpoint parts
+    stats: dict = field(default_factory=dict)  # keyword arguments of the token statistics
+    config_yaml: str = ""  # the resolved config, as every checkpoint keeps a copy of it
 
     @classmethod
     def from_config(cls, cfg) -> StepSettings:

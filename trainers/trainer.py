@@ -93,7 +93,7 @@ class GRPOTrainer:
         # torchrun / SLURM ranks, this rank's device, FSDP or not (trainers/parallel/distributed.py)
         self.dist = distributed.setup(t)
         self.log = log if self.dist.is_main else (lambda *_a, **_k: None)
-        self.nodes = distributed.node_names(self.dist)      # by rank, for summary.json
+        self.nodes = distributed.node_names(self.dist)  # by rank, for summary.json
         # every algorithm and intervention value checked (and its object built) before anything exists
         self.algo = algo if algo is not None else components.build_algorithm(cfg)
         # resume / refuse / overwrite what output_dir holds, before minutes of model loading
@@ -114,28 +114,46 @@ class GRPOTrainer:
         # model.lora: an adapter injected in place, only it trains (models/lora.py); else None
         self.model, self.tokenizer, self.lora = components.build_policy_and_adapter(cfg, self.dist, log=self.log)
         self.source = components.build_source(cfg, self.tokenizer, log=self.log)
-        self.token_pieces = TokenPieces.for_tokenizer(self.tokenizer)   # token id -> its text, for reflection positions
+        self.token_pieces = TokenPieces.for_tokenizer(self.tokenizer)  # token id -> its text, for reflection positions
         self.rewards.bind(self.source)
-        self.ref_model = None        # with LoRA the reference is the adapter disabled (_reference_logp)
+        self.ref_model = None  # with LoRA the reference is the adapter disabled (_reference_logp)
         if self.algo.needs_ref and self.lora is None:
             self.ref_model = components.build_reference(cfg, self.dist, log=self.log)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
-        self.scheduler = build_scheduler(self.optimizer, cfg.optim, int(t.total_steps))   # one step per training step
-        self.rollout = components.build_engine(cfg, self.model, self.tokenizer)   # with tools: multi-turn
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, int(t.total_steps))  # one step per training step
+        self.rollout = components.build_engine(cfg, self.model, self.tokenizer)  # with tools: multi-turn
         self.tracker = components.build_tracker(cfg, self.output_dir, self.dist, log=self.log)
         self.step = 0
         self.val_problems = self.source.validation(int(cfg.val.prompts)) if cfg.val.prompts else []
         # what watches the step without changing it, built only when switched on (stats/observers.py)
-        self.probe = build_probe(cfg, self.source, self.rollout, lambda model, roll: batch_token_stats(
-            model, roll, self.settings.micro_batch_responses, **self.settings.stats))
-        self.attribution = build_attribution(cfg, self.probe, self.dist, lambda model, roll: (
-            response_token_stats(model, roll, entropy_grad=True, **self.settings.stats)[1]), self.model, log=self.log)
+        self.probe = build_probe(
+            cfg,
+            self.source,
+            self.rollout,
+            lambda model, roll: batch_token_stats(model, roll, self.settings.micro_batch_responses, **self.settings.stats),
+        )
+        self.attribution = build_attribution(
+            cfg,
+            self.probe,
+            self.dist,
+            lambda model, roll: (response_token_stats(model, roll, entropy_grad=True, **self.settings.stats)[1]),
+            self.model,
+            log=self.log,
+        )
         # generation, scoring and dynamic sampling of one step (collect.py), bound to this run's parts
-        self._collect = functools.partial(collect_rollouts, cfg, source=self.source, rollout=self.rollout,
-                                          algo=self.algo, dist=self.dist, pad_token_id=self.tokenizer.pad_token_id,
-                                          reward_runner=self.rewards)
-        self.observers: list[StepObserver] = build_observers(quadrants=self.settings.quadrants, probe=self.probe,
-                                                             attribution=self.attribution)
+        self._collect = functools.partial(
+            collect_rollouts,
+            cfg,
+            source=self.source,
+            rollout=self.rollout,
+            algo=self.algo,
+            dist=self.dist,
+            pad_token_id=self.tokenizer.pad_token_id,
+            reward_runner=self.rewards,
+        )
+        self.observers: list[StepObserver] = build_observers(
+            quadrants=self.settings.quadrants, probe=self.probe, attribution=self.attribution
+        )
 
     def _stats_kwargs(self) -> dict:
         return dict(self.settings.stats)
@@ -150,21 +168,21 @@ class GRPOTrainer:
 
     # -- resume / checkpoint ----------------------------------------------------------------
     def maybe_resume(self) -> int | None:
-        if self.run_mode != "resume":       # run_dir.prepare_output_dir decided: nothing to continue
+        if self.run_mode != "resume":  # run_dir.prepare_output_dir decided: nothing to continue
             return None
         if self.dist.is_main:
-            ckpt.remove_staging(self.output_dir)      # what a save killed mid-write left behind
+            ckpt.remove_staging(self.output_dir)  # what a save killed mid-write left behind
         found = ckpt.load_latest_intact(self.output_dir, dtype=next(self.model.parameters()).dtype, warn=self.log)
         if found is None:
             return None
         latest, state, weights = found
-        if self.lora is not None:     # an adapter checkpoint: the adapter in, the frozen base as it is
+        if self.lora is not None:  # an adapter checkpoint: the adapter in, the frozen base as it is
             self.lora.load_adapter(latest / "model")
             weights = self.model.state_dict()
         distributed.load_full_state(self.model, self.optimizer, weights, state["optimizer"])
-        self.rollout.sync_weights()         # an engine holding its own weights (vLLM) gets the restored ones
+        self.rollout.sync_weights()  # an engine holding its own weights (vLLM) gets the restored ones
         self.algo.load_state_dict(state.get("algo", {}))
-        resume_scheduler(self.scheduler, state.get("scheduler"), int(state["step"]))   # none before schedules
+        resume_scheduler(self.scheduler, state.get("scheduler"), int(state["step"]))  # none before schedules
         ckpt.set_rng_state(state["rng"])
         self.step = int(state["step"])
         self.log(f"resumed from {latest} (step {self.step})")
@@ -176,12 +194,19 @@ class GRPOTrainer:
         path = None
         if self.dist.is_main:
             export = None
-            if self.lora is not None:     # the adapter only; the merged model too on request
+            if self.lora is not None:  # the adapter only; the merged model too on request
                 model, export = self.lora.checkpoint_parts(self.settings.lora, self.tokenizer)
-            path = ckpt.save_checkpoint(self.output_dir, self.step, model, self.tokenizer, optimizer,
-                                        extra={"algo": self.algo.state_dict(), "scheduler": self.scheduler.state_dict()},
-                                        keep=self.settings.keep_checkpoints, export=export,
-                                        config_text=self.settings.config_yaml)
+            path = ckpt.save_checkpoint(
+                self.output_dir,
+                self.step,
+                model,
+                self.tokenizer,
+                optimizer,
+                extra={"algo": self.algo.state_dict(), "scheduler": self.scheduler.state_dict()},
+                keep=self.settings.keep_checkpoints,
+                export=export,
+                config_text=self.settings.config_yaml,
+            )
         distributed.barrier(self.dist)
         return path
 
@@ -220,23 +245,23 @@ class GRPOTrainer:
         self._update(batch, metrics)
         self.algo.end_step(reduce=lambda t: distributed.sum_across(t, self.dist))
         self.rollout.sync_weights()
-        for observer in self.observers:           # the prediction, the probe's realised change, the attribution
+        for observer in self.observers:  # the prediction, the probe's realised change, the attribution
             metrics.update(observer.end_step(self.model))
         metrics["time/generate"] = gen_time
         metrics["time/step"] = time.perf_counter() - started
-        if "tools/seconds" in metrics:            # share of the step's wall time spent running tool calls
+        if "tools/seconds" in metrics:  # share of the step's wall time spent running tool calls
             metrics["tools/time_frac"] = metrics["tools/seconds"] / max(metrics["time/step"], 1e-9)
-        return distributed.mean_metrics(metrics, self.dist)   # averaged over ranks (identity on one)
+        return distributed.mean_metrics(metrics, self.dist)  # averaged over ranks (identity on one)
 
     def _score(self, batch: StepBatch, metrics: dict) -> StepBatch:
         """Steps 3-4: the sampling policy's token statistics, the controllers, the advantages, the
         quadrant diagnostics and the batch-scope selections, filled into the step batch."""
         s = self.settings
         roll, rows_per_chunk, stats_kw = batch.responses, s.micro_batch_responses, s.stats
-        mask = roll.policy_mask.to(self.device).float()   # tool outputs: 0 (not the policy's tokens)
-        if roll.tools is not None and s.mask_invalid_calls:   # a response with a malformed call: out of the loss
+        mask = roll.policy_mask.to(self.device).float()  # tool outputs: 0 (not the policy's tokens)
+        if roll.tools is not None and s.mask_invalid_calls:  # a response with a malformed call: out of the loss
             mask = mask * (~invalid_call_rows(roll.tools)).to(mask).unsqueeze(-1)
-        wanted = self.algo.sampling_vocab_stats()          # SIREN's anchor: the first batch's top-p entropies
+        wanted = self.algo.sampling_vocab_stats()  # SIREN's anchor: the first batch's top-p entropies
         old_logp, entropy, *sampled = batch_token_stats(self.model, roll, rows_per_chunk, vocab_stats=wanted, **stats_kw)
         if sampled:
             self.algo.observe_sampling(sampled[0], mask, reduce=lambda t: distributed.sum_across(t, self.dist))
@@ -249,22 +274,23 @@ class GRPOTrainer:
         rewards, group_ids = batch.rewards.to(self.device), batch.group_ids.to(self.device)
         advantages = self.algo.advantages(rewards, group_ids, mask, entropy=entropy)
         metrics["entropy"] = sampling_entropy
-        if s.entropy_quantiles:   # every rank's tokens gathered; rank 0 reports them
-            quantiles = entropy_quantile_metrics(distributed.gather_values(entropy[mask.bool()], self.dist),
-                                                 list(s.entropy_quantiles))
+        if s.entropy_quantiles:  # every rank's tokens gathered; rank 0 reports them
+            quantiles = entropy_quantile_metrics(
+                distributed.gather_values(entropy[mask.bool()], self.dist), list(s.entropy_quantiles)
+            )
             metrics.update(quantiles if self.dist.is_main else {})
         if s.quadrants:
             metrics.update(quadrant_metrics(old_logp, old_logp, entropy, advantages, mask))
-        if roll.tools is not None:                # entropy/kind/<kind>, entropy/turn/first|later (policy tokens)
+        if roll.tools is not None:  # entropy/kind/<kind>, entropy/turn/first|later (policy tokens)
             metrics.update(token_kind_metrics(entropy, mask, roll.tools))
         metrics["groups/all_equal_frac"] = all_equal_group_share(rewards, group_ids)
-        if self.reflect.token_metrics:      # entropy where reasoning turns (diagnostics.reflection.entropy)
-            at, before = reflection_token_masks(roll.response_ids, roll.response_mask, self.token_pieces,
-                                                self.reflect.matcher)
+        if self.reflect.token_metrics:  # entropy where reasoning turns (diagnostics.reflection.entropy)
+            at, before = reflection_token_masks(roll.response_ids, roll.response_mask, self.token_pieces, self.reflect.matcher)
             metrics.update(reflection_entropy_metrics(entropy, old_logp, mask, at, before, advantages))
         metrics.update(self.algo.step_metrics())
-        batch = batch.with_(mask=mask, old_logp=old_logp, entropy=entropy, sampler_logp=sampler_logp,
-                            ref_logp=ref_logp, advantages=advantages)
+        batch = batch.with_(
+            mask=mask, old_logp=old_logp, entropy=entropy, sampler_logp=sampler_logp, ref_logp=ref_logp, advantages=advantages
+        )
         return self.algo.select(batch, "batch")
 
     def _write_samples(self, batch: StepBatch) -> None:
@@ -274,12 +300,18 @@ class GRPOTrainer:
         rows = run_samples.pick_rows(len(batch), n, self.settings.samples_rows)
         mask = batch.mask.detach().cpu()
         ent = (batch.entropy.detach().cpu() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        prompts = [self.tokenizer.decode(roll.prompt_ids[i][roll.prompt_mask[i].bool()], skip_special_tokens=True)
-                   for i in rows]
+        prompts = [self.tokenizer.decode(roll.prompt_ids[i][roll.prompt_mask[i].bool()], skip_special_tokens=True) for i in rows]
         counts = [self.reflect.matcher.count(roll.texts[i]) for i in rows] if self.reflect.matcher.enabled else None
-        table = run_samples.sample_rows(self.step + 1, prompts, [roll.texts[i] for i in rows],
-                                        [float(batch.rewards[i]) for i in rows], [float(batch.correct[i]) for i in rows],
-                                        [float(ent[i]) for i in rows], [int(roll.lengths[i]) for i in rows], counts)
+        table = run_samples.sample_rows(
+            self.step + 1,
+            prompts,
+            [roll.texts[i] for i in rows],
+            [float(batch.rewards[i]) for i in rows],
+            [float(batch.correct[i]) for i in rows],
+            [float(ent[i]) for i in rows],
+            [int(roll.lengths[i]) for i in rows],
+            counts,
+        )
         path = run_samples.append_samples(self.output_dir, table)
         self.tracker.log_artifact(path, "samples")
 
@@ -296,23 +328,30 @@ class GRPOTrainer:
         for _epoch in range(s.ppo_epochs):
             order = torch.randperm(rows, generator=shuffle)
             for m_start in range(0, rows, s.mini_batch_rows):
-                mini = self.algo.select(batch[order[m_start: m_start + s.mini_batch_rows]], "mini",
-                                        gather=lambda tensors: distributed.gather_rows(tensors, self.dist))  # scope global
+                mini = self.algo.select(
+                    batch[order[m_start : m_start + s.mini_batch_rows]],
+                    "mini",
+                    gather=lambda tensors: distributed.gather_rows(tensors, self.dist),
+                )  # scope global
                 self.optimizer.zero_grad(set_to_none=True)
-                dp_scale = distributed.loss_scale(agg, mini.mask, self.dist)   # 1.0 on one process
+                dp_scale = distributed.loss_scale(agg, mini.mask, self.dist)  # 1.0 on one process
                 objective = 0.0
                 for local in micro_batches.passes(mini.responses, s, self.dist):
-                    pairing = len(local) == 0     # only to pair this rank's collectives with the others'
+                    pairing = len(local) == 0  # only to pair this rank's collectives with the others'
                     part = mini[torch.zeros(1, dtype=torch.long) if pairing else local]
-                    micro = micro_batches.pass_rows(part, s)   # trimmed to its width under a token budget
-                    logp, ent, *vocab = response_token_stats(self.model, micro.responses,
-                                                             entropy_grad=self.algo.needs_entropy_grad,
-                                                             vocab_stats=self.algo.vocab_stats(), **s.stats)
+                    micro = micro_batches.pass_rows(part, s)  # trimmed to its width under a token budget
+                    logp, ent, *vocab = response_token_stats(
+                        self.model,
+                        micro.responses,
+                        entropy_grad=self.algo.needs_entropy_grad,
+                        vocab_stats=self.algo.vocab_stats(),
+                        **s.stats,
+                    )
                     vocab = vocab[0] if vocab else None
                     out = self.algo.micro_loss(micro, logp=logp, entropy=ent, vocab=vocab)
                     weight = 0.0 if pairing else accumulation_weight(agg, part.mask, mini.mask) * dp_scale
                     if not pairing:
-                        for observer in self.observers:   # before the backward frees the graph, and before
+                        for observer in self.observers:  # before the backward frees the graph, and before
                             # after_loss advances the interventions' state (Clip-Cov's draw, EntroPIC's integral)
                             observer.on_micro_loss(self.algo, micro, out, (logp, ent, vocab), weight)
                         self.algo.after_loss(out)
@@ -320,9 +359,9 @@ class GRPOTrainer:
                     objective += float(out.loss.detach()) * weight
                     for k, v in ({} if pairing else out.metrics).items():
                         loss_metrics[k].append(float(v))
-                loss_metrics["loss/objective"].append(objective)   # the mini-batch loss minimised
+                loss_metrics["loss/objective"].append(objective)  # the mini-batch loss minimised
                 grad_norms.append(distributed.clip_grad_norm(self.model, s.grad_clip))
-                with ExitStack() as around:          # e.g. the attribution's split and prediction of this update
+                with ExitStack() as around:  # e.g. the attribution's split and prediction of this update
                     for observer in self.observers:
                         around.enter_context(observer.around_optimizer_step(self.model, self.optimizer, grad_norms[-1]))
                     self.optimizer.step()
@@ -340,15 +379,19 @@ class GRPOTrainer:
     def validate(self) -> dict[str, float]:
         out: dict[str, float] = {}
         if self.val_problems:
-            roll = self.rollout.generate([self.source.prompt(p) for p in self.val_problems], n=1,
-                                         seed=self.settings.seed, temperature=self.settings.val_temperature)
+            roll = self.rollout.generate(
+                [self.source.prompt(p) for p in self.val_problems],
+                n=1,
+                seed=self.settings.seed,
+                temperature=self.settings.val_temperature,
+            )
             correct = [self.source.reward(p, txt) for p, txt in zip(self.val_problems, roll.texts)]
             out["val/acc"] = float(np.mean(correct))
             by_group = defaultdict(list)
             for p, c in zip(self.val_problems, correct):
                 by_group[self.source.group(p)].append(c)
             out.update({f"val/acc/{g}": float(np.mean(v)) for g, v in by_group.items()})
-            if self.settings.val_pass_k > 0:   # pass@1 / pass@k from sampled responses
+            if self.settings.val_pass_k > 0:  # pass@1 / pass@k from sampled responses
                 out.update(sampled_pass_metrics(self.rollout, self.source, self.val_problems, self.settings.val_pass_k))
         if self.settings.val_benchmarks:
             out.update(validate_benchmarks(self.model, self.tokenizer, list(self.settings.val_benchmarks), self.settings.val))
@@ -365,18 +408,20 @@ class GRPOTrainer:
         resumed = self.maybe_resume()
         total = int(t.total_steps)
         if self.step >= total:
-            self.log(f"the run is already at step {self.step} (trainer.total_steps={total}): nothing to train; "
-                     f"raise trainer.total_steps to continue it")
+            self.log(
+                f"the run is already at step {self.step} (trainer.total_steps={total}): nothing to train; "
+                f"raise trainer.total_steps to continue it"
+            )
         run_name = self.cfg.tracking.get("run_name") or f"{self.cfg.algo.name}-s{t.seed}"
         # start-up succeeded: only now the folder gets its MLflow run and config.yaml
         self.tracker.start(tracked_config(self.cfg), run_name, resume_step=resumed)
-        if resumed is not None and self.dist.is_main:      # the samples of steps this run redoes
+        if resumed is not None and self.dist.is_main:  # the samples of steps this run redoes
             run_samples.drop_after(self.output_dir, resumed)
         started = time.perf_counter()
         status = "FAILED"
         saved_step = resumed or 0
         try:
-            run_dir.check_metrics_record(self.output_dir, resumed, self.log)   # deleted/cut short: rebuilt
+            run_dir.check_metrics_record(self.output_dir, resumed, self.log)  # deleted/cut short: rebuilt
             if self.dist.is_main:
                 run_dir.atomic_write_text(self.output_dir / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
             if resumed is None:
@@ -384,7 +429,7 @@ class GRPOTrainer:
             with TrainingProgress(bool(t.progress) and self.dist.is_main, max(total, self.step), self.step) as bar:
                 while self.step < total and not stop.agreed(self.dist):
                     metrics = self.train_step()
-                    self.threads.refresh()          # follows processes starting or ending beside us
+                    self.threads.refresh()  # follows processes starting or ending beside us
                     self.step += 1
                     last = self.step == total
                     if int(t.val_every) > 0 and (self.step % int(t.val_every) == 0 or last):
@@ -395,7 +440,7 @@ class GRPOTrainer:
                         self.save()
                         saved_step = self.step
             if stop.requested is not None and self.step < total:
-                if self.step > saved_step:   # a step boundary: model, optimizer and RNG agree
+                if self.step > saved_step:  # a step boundary: model, optimizer and RNG agree
                     self.save()
                     saved_step = self.step
                 raise RunInterrupted(stop.requested)
@@ -403,29 +448,48 @@ class GRPOTrainer:
         except (KeyboardInterrupt, SystemExit):  # a stop signal, or submitit exiting for a preemption requeue
             status = "KILLED"
             raise
-        except OSError as exc:                   # disk full, read-only or vanished folder: one line, resumable
+        except OSError as exc:  # disk full, read-only or vanished folder: one line, resumable
             raise run_dir.storage_error(exc, self.output_dir, saved_step) from None
         finally:
             with stop.finishing():
                 summary = self._finish(started, status)
             if status == "KILLED":
-                self.log(f"stopped at step {self.step} of {total}"
-                         + (f"; checkpoint at step {saved_step}" if saved_step else "; no checkpoint yet")
-                         + f". To continue, run the same command again (output_dir={self.output_dir}, "
-                           f"trainer.resume=auto)" + (f": it resumes from step {saved_step}" if saved_step else ""))
+                self.log(
+                    f"stopped at step {self.step} of {total}"
+                    + (f"; checkpoint at step {saved_step}" if saved_step else "; no checkpoint yet")
+                    + f". To continue, run the same command again (output_dir={self.output_dir}, "
+                    f"trainer.resume=auto)" + (f": it resumes from step {saved_step}" if saved_step else "")
+                )
         return summary
 
     def _finish(self, started: float, status: str) -> dict:
-
-        if not self.dist.is_main:     # rank 0 writes the summary, plots and artifacts
-            return {"status": status, "steps": self.step, "algo": str(self.cfg.algo.name),
-                    "output_dir": str(self.output_dir), "rank": self.dist.rank}
-        return write_run_report(read_metrics(self.output_dir), self.cfg, self.output_dir, self.tracker, status,
-                                {"status": status, "steps": self.step, "algo": str(self.cfg.algo.name),
-                                 "output_dir": str(self.output_dir), "world_size": self.dist.world_size,
-                                 "nodes": self.nodes, "mlflow_run_id": self.tracker.run_id,
-                                 "tracking_uri": self.tracker.uri if self.tracker.enabled else None,
-                                 "wall_seconds": time.perf_counter() - started}, log=self.log)
+        if not self.dist.is_main:  # rank 0 writes the summary, plots and artifacts
+            return {
+                "status": status,
+                "steps": self.step,
+                "algo": str(self.cfg.algo.name),
+                "output_dir": str(self.output_dir),
+                "rank": self.dist.rank,
+            }
+        return write_run_report(
+            read_metrics(self.output_dir),
+            self.cfg,
+            self.output_dir,
+            self.tracker,
+            status,
+            {
+                "status": status,
+                "steps": self.step,
+                "algo": str(self.cfg.algo.name),
+                "output_dir": str(self.output_dir),
+                "world_size": self.dist.world_size,
+                "nodes": self.nodes,
+                "mlflow_run_id": self.tracker.run_id,
+                "tracking_uri": self.tracker.uri if self.tracker.enabled else None,
+                "wall_seconds": time.perf_counter() - started,
+            },
+            log=self.log,
+        )
 
 
 def train(cfg: DictConfig, log=print, *, checked: TrainingCheck | None = None) -> dict:
@@ -436,7 +500,7 @@ def train(cfg: DictConfig, log=print, *, checked: TrainingCheck | None = None) -
     not use (before anything is created), ``RunInterrupted`` (a ``KeyboardInterrupt``) when a
     signal stopped it."""
     checked = checked if checked is not None else check_training(cfg)
-    with run_dir.run_lock(cfg):     # one writer per output_dir, held until the summary is written
+    with run_dir.run_lock(cfg):  # one writer per output_dir, held until the summary is written
         trainer = GRPOTrainer(cfg, log=log, algo=checked.algo, run_mode=checked.run_mode)
         try:
             return trainer.fit()

@@ -22,8 +22,7 @@ from ..metrics import avg_at_n, mean_metrics, pass_at_k
 from .code_tasks import CODE_BENCHMARKS, CodeProblem, code_user_message, grade_code, record, row_problem_id, rows_to_code_problems
 from .sandbox import SandboxLimits, SandboxPool
 
-__all__ = ["CODE_KS", "OPEN_FENCE", "code_problem_metrics", "code_prompt", "sandbox_for", "evaluate_code",
-           "is_code_problem"]
+__all__ = ["CODE_KS", "OPEN_FENCE", "code_problem_metrics", "code_prompt", "sandbox_for", "evaluate_code", "is_code_problem"]
 
 CODE_KS = (1, 5, 10)
 OPEN_FENCE = "```python\n"
@@ -53,9 +52,10 @@ def code_prompt(problem: CodeProblem, tokenizer=None, chat: bool = False) -> tup
     """``(prompt, opened_fence)``; opened_fence: the prompt ends inside a ```python block, so the
     response is read with that opening fence in front of it."""
     if chat:
-        return tokenizer.apply_chat_template([{"role": "user", "content": code_user_message(problem)}],
-                                             tokenize=False, add_generation_prompt=True), False
-    if problem.test:                                  # HumanEval layout: continue the function
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": code_user_message(problem)}], tokenize=False, add_generation_prompt=True
+        ), False
+    if problem.test:  # HumanEval layout: continue the function
         return problem.prompt, False
     return problem.prompt.rstrip() + "\n\n" + OPEN_FENCE, True
 
@@ -79,17 +79,26 @@ def _fit_context(engine, prompts: list[str], max_new_tokens: int) -> tuple[list[
     for p in prompts:
         ids = tok(p, add_special_tokens=False)["input_ids"]
         if len(ids) > budget:
-            p = p[-budget:]                   # characters >= tokens: never longer than the budget
+            p = p[-budget:]  # characters >= tokens: never longer than the budget
             while len(tok(p, add_special_tokens=False)["input_ids"]) > budget and p:
-                p = p[len(p) // 8 + 1:]
+                p = p[len(p) // 8 + 1 :]
         fitted.append(p)
-    return fitted, new if any(len(tok(p, add_special_tokens=False)["input_ids"]) + max_new_tokens > limit
-                              for p in prompts) else int(max_new_tokens)
+    return fitted, new if any(
+        len(tok(p, add_special_tokens=False)["input_ids"]) + max_new_tokens > limit for p in prompts
+    ) else int(max_new_tokens)
 
 
-def evaluate_code(engine, tokenizer, bench: str, spec, problems: Sequence[CodeProblem], settings, *,
-                  chat: bool = False, progress: Callable[[str, str, int, int], None] | None = None
-                  ) -> tuple[dict, list[dict]]:
+def evaluate_code(
+    engine,
+    tokenizer,
+    bench: str,
+    spec,
+    problems: Sequence[CodeProblem],
+    settings,
+    *,
+    chat: bool = False,
+    progress: Callable[[str, str, int, int], None] | None = None,
+) -> tuple[dict, list[dict]]:
     """``(result, samples)`` for one code benchmark; ``result`` in ``runner.evaluate``'s layout."""
     n = int(settings.n_samples or spec.n_samples)
     temperature = float(spec.temperature if settings.temperature is None else settings.temperature)
@@ -106,8 +115,16 @@ def evaluate_code(engine, tokenizer, bench: str, spec, problems: Sequence[CodePr
     prompts, opened = _prompts(problems, tokenizer, chat)
     prompts, max_new = _fit_context(engine, prompts, settings.max_new_tokens)
     t0 = time.perf_counter()
-    completions = sample_texts(engine, prompts, n=n, temperature=temperature, top_p=top_p,
-                               max_new_tokens=max_new, seed=settings.seed, progress=tick("generate"))
+    completions = sample_texts(
+        engine,
+        prompts,
+        n=n,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new,
+        seed=settings.seed,
+        progress=tick("generate"),
+    )
     t1 = time.perf_counter()
     flat_problems = [p for p in problems for _ in range(n)]
     flat = [(OPEN_FENCE if opened[i] else "") + c for i, group in enumerate(completions) for c in group]
@@ -115,7 +132,7 @@ def evaluate_code(engine, tokenizer, bench: str, spec, problems: Sequence[CodePr
     t2 = time.perf_counter()
     per_problem, samples = [], []
     for i, p in enumerate(problems):
-        mine = graded[i * n:(i + 1) * n]
+        mine = graded[i * n : (i + 1) * n]
         per_problem.append(code_problem_metrics([r.passed for _, r in mine]))
         for j, (text, (program, r)) in enumerate(zip(completions[i], mine)):
             rec = record(program, r)
@@ -124,31 +141,40 @@ def evaluate_code(engine, tokenizer, bench: str, spec, problems: Sequence[CodePr
     reasons: dict[str, int] = {}
     for _, r in graded:
         reasons[r.reason] = reasons.get(r.reason, 0) + 1
-    result = {"n_samples": n, "problems": len(problems), "temperature": temperature, "top_p": top_p,
-              "metrics": mean_metrics(per_problem), "kind": "code", "reasons": reasons,
-              "seconds": {"generate": round(t1 - t0, 3), "grade": round(t2 - t1, 3)},
-              "grader_timeouts": reasons.get("timeout", 0)}
+    result = {
+        "n_samples": n,
+        "problems": len(problems),
+        "temperature": temperature,
+        "top_p": top_p,
+        "metrics": mean_metrics(per_problem),
+        "kind": "code",
+        "reasons": reasons,
+        "seconds": {"generate": round(t1 - t0, 3), "grade": round(t2 - t1, 3)},
+        "grader_timeouts": reasons.get("timeout", 0),
+    }
     return result, samples
 
 
 def _find(problems: Sequence[CodeProblem], ident: Any, bench: str) -> CodeProblem:
     want = str(ident)
     for p in problems:
-        if p.id == want or p.id.rsplit("/", 1)[-1] == want:     # "HumanEval/3" or 3
+        if p.id == want or p.id.rsplit("/", 1)[-1] == want:  # "HumanEval/3" or 3
             return p
     raise UserError(f"{bench} has no problem with id '{want}' (ids look like '{problems[0].id}')")
 
 
-def grade_code_rows(rows: Sequence[dict], pool: SandboxPool, mode: str = "all",
-                    data_root: str | None = None) -> list[dict | str]:
+def grade_code_rows(rows: Sequence[dict], pool: SandboxPool, mode: str = "all", data_root: str | None = None) -> list[dict | str]:
     """For each row (HumanEval/MBPP/LiveCodeBench layout, or ``benchmark`` + ``id``) with a
     ``response``: the ``record`` of its graded program, or a one-line problem (bad id...)."""
     loaded: dict[str, list[CodeProblem]] = {}
     problems: list[CodeProblem | str] = []
     for row in rows:
         try:
-            if row.get("benchmark") is not None and row_problem_id(row) is not None and not (
-                    isinstance(row.get("test"), str) or "test_list" in row or "public_test_cases" in row):
+            if (
+                row.get("benchmark") is not None
+                and row_problem_id(row) is not None
+                and not (isinstance(row.get("test"), str) or "test_list" in row or "public_test_cases" in row)
+            ):
                 bench = str(row["benchmark"])
                 if bench not in CODE_BENCHMARKS:
                     raise UserError(f"benchmark '{bench}' is not a code benchmark ({', '.join(CODE_BENCHMARKS)})")
@@ -161,7 +187,7 @@ def grade_code_rows(rows: Sequence[dict], pool: SandboxPool, mode: str = "all",
             problems.append(str(exc))
     ok = [i for i, p in enumerate(problems) if isinstance(p, CodeProblem)]
     graded = grade_code([problems[i] for i in ok], [rows[i]["response"] for i in ok], pool, mode)
-    out: list[dict | str] = list(problems)          # the problem strings stay where they were
+    out: list[dict | str] = list(problems)  # the problem strings stay where they were
     for i, (program, result) in zip(ok, graded):
         out[i] = record(program, result)
     return out

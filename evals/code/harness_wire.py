@@ -13,8 +13,9 @@ import os
 
 MAX_REPLY = 32 << 20
 BUILTIN_NAMES = frozenset(builtins.__dict__)
-EXCEPTIONS = {k: v for k, v in builtins.__dict__.items()
-              if isinstance(v, type) and issubclass(v, Exception) and not issubclass(v, Warning)}
+EXCEPTIONS = {
+    k: v for k, v in builtins.__dict__.items() if isinstance(v, type) and issubclass(v, Exception) and not issubclass(v, Warning)
+}
 
 
 class CrossingError(Exception):
@@ -30,6 +31,7 @@ class CandidateError(Exception):
 
 
 # --- plain data: encode exactly-typed builtin values, decode into fresh builtin values -----------
+
 
 def encode(x, depth=0):
     if depth > 200:
@@ -93,6 +95,7 @@ def decode_exc(msg):
 # --- framing: 4-byte length, then the message: nested lists of str, bool and None, written as
 # N T F | s<len>:<text> | l<count>:<items> (no json: its import alone costs as much as a run)
 
+
 def dumps(obj, out):
     if obj is None or obj is True or obj is False:
         out.append("N" if obj is None else "T" if obj else "F")
@@ -114,13 +117,13 @@ def loads(text, i=0, depth=0):
     if tag in "NTF":
         return {"N": None, "T": True, "F": False}[tag], i + 1
     colon = text.index(":", i, i + 24)
-    n = int(text[i + 1:colon])
+    n = int(text[i + 1 : colon])
     if n < 0 or depth > 250:
         raise ValueError("bad length")
     if tag == "s":
         if colon + 1 + n > len(text):
             raise ValueError("short text")
-        return text[colon + 1:colon + 1 + n], colon + 1 + n
+        return text[colon + 1 : colon + 1 + n], colon + 1 + n
     if tag != "l":
         raise ValueError("bad tag")
     items, i = [], colon + 1
@@ -134,7 +137,7 @@ def send(fd, obj):
     data = "".join(dumps(obj, [])).encode("utf-8", "surrogatepass")
     data = len(data).to_bytes(4, "big") + data
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def recv(fd, limit=MAX_REPLY):

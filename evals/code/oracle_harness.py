@@ -29,6 +29,7 @@ from .harness_wire import (  # the sandbox runs harness_wire.py's text in front 
 
 # --- the candidate's side -----------------------------------------------------------------------
 
+
 def serve(req, resp, program, stdio):
     """Load ``program`` and answer requests until the oracle closes the pipe. Runs as the
     candidate: everything here may be rewritten by the program; only the pipes leave it."""
@@ -56,8 +57,7 @@ def serve(req, resp, program, stdio):
                 if msg[1] not in ns:
                     raise NameError(f"name '{msg[1]}' is not defined")
                 obj = ns[msg[1]]
-                reply = (["module"] if type(obj) is type(sys) else ["callable"] if callable(obj)
-                         else ["v", encode(obj)])
+                reply = ["module"] if type(obj) is type(sys) else ["callable"] if callable(obj) else ["v", encode(obj)]
             else:
                 target = ns[msg[1]] if op == "call" else getattr(ns[msg[1]](), msg[2])
                 args, kwargs = decode(msg[-2]), decode(msg[-1])
@@ -98,6 +98,7 @@ def run_stdio(code, text, clean):
 
 
 # --- the oracle's side --------------------------------------------------------------------------
+
 
 class LoadFailed(Exception):
     """The program raised (or its process ended) while it was being loaded."""
@@ -241,8 +242,11 @@ def oracle(link, spec, fd, pid):
         if isinstance(exc, Ended):
             say(" ".join(ended(pid)))
         else:
-            say(("memory " if isinstance(exc, MemoryError) else "error ")
-                + ("program: " if isinstance(exc, CrossingError) else "") + why(exc))
+            say(
+                ("memory " if isinstance(exc, MemoryError) else "error ")
+                + ("program: " if isinstance(exc, CrossingError) else "")
+                + why(exc)
+            )
         return
     except MemoryError as exc:
         say("memory " + why(exc))
@@ -269,6 +273,7 @@ def oracle(link, spec, fd, pid):
 
 
 # --- start: limits, the split, privileges -------------------------------------------------------
+
 
 def cap(kind, value, hard=None):
     try:

@@ -54,8 +54,7 @@ from typing import Callable, Sequence
 from ...core.errors import UserError
 from .sandbox_launch import ISOLATIONS, drop_uid, fresh_uid, interpreter, launch_prefix, launcher, sandbox_env, sweep_uid
 
-__all__ = ["REASONS", "SandboxLimits", "SandboxResult", "run_program", "run_script", "SandboxPool", "launcher",
-           "ISOLATIONS"]
+__all__ = ["REASONS", "SandboxLimits", "SandboxResult", "run_program", "run_script", "SandboxPool", "launcher", "ISOLATIONS"]
 
 REASONS = ("pass", "fail", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error")
 TAIL_CHARS = 2000
@@ -67,12 +66,12 @@ class SandboxLimits:
 
     wall_seconds: float = 10.0
     cpu_seconds: int = 10
-    memory_mb: int = 1024            # address space of each process
+    memory_mb: int = 1024  # address space of each process
     processes: int = 32
     open_files: int = 64
-    file_size_mb: int = 16           # largest file the program may write
-    max_output_bytes: int = 64_000   # stdout + stderr kept; past it the run is killed
-    disk_mb: int = 64                # bwrap: size of the run folder (a tmpfs)
+    file_size_mb: int = 16  # largest file the program may write
+    max_output_bytes: int = 64_000  # stdout + stderr kept; past it the run is killed
+    disk_mb: int = 64  # bwrap: size of the run folder (a tmpfs)
     isolation: str = "auto"
 
     @classmethod
@@ -88,8 +87,9 @@ class SandboxLimits:
         if lim.isolation not in ISOLATIONS:
             raise UserError(f"sandbox.isolation={lim.isolation}: valid: {', '.join(ISOLATIONS)}")
         if lim.wall_seconds <= 0 or lim.cpu_seconds < 1 or lim.memory_mb < 64 or lim.processes < 1:
-            raise UserError("sandbox limits must be positive (wall_seconds > 0, cpu_seconds >= 1, "
-                            "memory_mb >= 64, processes >= 1)")
+            raise UserError(
+                "sandbox limits must be positive (wall_seconds > 0, cpu_seconds >= 1, memory_mb >= 64, processes >= 1)"
+            )
         return lim
 
 
@@ -101,7 +101,7 @@ class SandboxResult:
     stdout_tail: str = ""
     tests_passed: int = 0
     tests_total: int = 0
-    detail: str = ""                 # the exception line the harness reported, if any
+    detail: str = ""  # the exception line the harness reported, if any
     extra: dict = field(default_factory=dict)
 
     @property
@@ -116,23 +116,32 @@ class SandboxResult:
 
 # The harness (``oracle_harness.py``, run by ``python -I -S -c``): splits into the candidate and
 # the oracle before it reads the spec; see that file.
-HARNESS = (Path(__file__).parent / "harness_wire.py").read_text(encoding="utf-8") + "\n" + re.sub(
-    r"^from \.harness_wire import \([^)]*\)\n", "", (Path(__file__).parent / "oracle_harness.py").read_text(encoding="utf-8"),
-    flags=re.M)
+HARNESS = (
+    (Path(__file__).parent / "harness_wire.py").read_text(encoding="utf-8")
+    + "\n"
+    + re.sub(
+        r"^from \.harness_wire import \([^)]*\)\n",
+        "",
+        (Path(__file__).parent / "oracle_harness.py").read_text(encoding="utf-8"),
+        flags=re.M,
+    )
+)
 # Compiled once here and sent on stdin ahead of the spec (compiling it in every run would cost
 # more than the rest of the harness): ``BOOT`` reads exactly its bytes, unbuffered, so nothing of
 # the spec is in memory when the harness forks the candidate.
 HARNESS_CODE = marshal.dumps(compile(HARNESS, "<harness>", "exec"))
-BOOT = ("import marshal, os\n"
-        "def take(n):\n"
-        "    b = b''\n"
-        "    while len(b) < n:\n"
-        "        c = os.read(0, n - len(b))\n"
-        "        if not c:\n"
-        "            raise SystemExit(1)\n"
-        "        b += c\n"
-        "    return b\n"
-        "exec(marshal.loads(take(int.from_bytes(take(4), 'big'))))\n")
+BOOT = (
+    "import marshal, os\n"
+    "def take(n):\n"
+    "    b = b''\n"
+    "    while len(b) < n:\n"
+    "        c = os.read(0, n - len(b))\n"
+    "        if not c:\n"
+    "            raise SystemExit(1)\n"
+    "        b += c\n"
+    "    return b\n"
+    "exec(marshal.loads(take(int.from_bytes(take(4), 'big'))))\n"
+)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -148,7 +157,7 @@ def _verdict(lines: list[str], nonce: str, n_tests: int) -> tuple[str, int, str,
     for line in lines:
         if not line.startswith(nonce + " "):
             continue
-        parts = line[len(nonce) + 1:].split(" ", 2)
+        parts = line[len(nonce) + 1 :].split(" ", 2)
         word = parts[0]
         if word == "done":
             done = True
@@ -156,16 +165,25 @@ def _verdict(lines: list[str], nonce: str, n_tests: int) -> tuple[str, int, str,
             ok.add(int(parts[1]))
         elif word in ("fail", "error", "memory", "killed", "timeout") and reason is None:
             reason = word
-            detail = (f"test {parts[1]}: " + (parts[2] if len(parts) > 2 else "") if parts[1:2] and parts[1].isdigit()
-                      else " ".join(parts[1:]))
+            detail = (
+                f"test {parts[1]}: " + (parts[2] if len(parts) > 2 else "")
+                if parts[1:2] and parts[1].isdigit()
+                else " ".join(parts[1:])
+            )
     passed = len({i for i in ok if i < n_tests})
     if done and passed == n_tests and n_tests > 0:
         return "pass", passed, "", True
     return reason or ("fail" if done else ""), passed, detail, done
 
 
-def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLimits | None = None,
-                setup: str = "", stdio: bool = False, tail_chars: int = TAIL_CHARS) -> SandboxResult:
+def run_program(
+    program: str,
+    tests: Sequence[str] | str = (),
+    limits: SandboxLimits | None = None,
+    setup: str = "",
+    stdio: bool = False,
+    tail_chars: int = TAIL_CHARS,
+) -> SandboxResult:
     """Run ``program`` in the candidate process, then ``setup`` and each of ``tests`` (trusted
     Python snippets, each a test: it passes if it returns without raising) in the oracle process,
     where a name the tests do not define is the program's (see the module docstring).
@@ -186,16 +204,35 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
         if uid is not None:
             os.chown(workdir, uid, uid)
         spec = {"program": program, "setup": setup, "tests": tests, "nonce": nonce, "stdio": bool(stdio)}
-        limits = {"cpu": int(lim.cpu_seconds), "as": int(lim.memory_mb) << 20, "nproc": int(lim.processes),
-                  "nofile": int(lim.open_files), "fsize": int(lim.file_size_mb) << 20}
+        limits = {
+            "cpu": int(lim.cpu_seconds),
+            "as": int(lim.memory_mb) << 20,
+            "nproc": int(lim.processes),
+            "nofile": int(lim.open_files),
+            "fsize": int(lim.file_size_mb) << 20,
+        }
         cmd = launch_prefix(kind, workdir, lim.disk_mb) + [
-            interpreter(), "-I", "-S", "-c", BOOT, str(write_fd),
+            interpreter(),
+            "-I",
+            "-S",
+            "-c",
+            BOOT,
+            str(write_fd),
             *("-" if u is None else str(u) for u in uids),
-            *(str(limits[k]) for k in ("cpu", "as", "nproc", "nofile", "fsize")), workdir]
+            *(str(limits[k]) for k in ("cpu", "as", "nproc", "nofile", "fsize")),
+            workdir,
+        ]
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, pass_fds=(write_fd,), cwd=workdir,
-                                    env=sandbox_env(workdir), start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_fd,),
+                cwd=workdir,
+                env=sandbox_env(workdir),
+                start_new_session=True,
+            )
         except OSError as exc:
             return SandboxResult(False, "sandbox_error", time.perf_counter() - started, detail=str(exc))
         os.close(write_fd)
@@ -222,7 +259,7 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
                     pass
         shutil.rmtree(workdir, ignore_errors=True)
     seconds = time.perf_counter() - started
-    tail = out[-int(tail_chars):].decode("utf-8", "replace")
+    tail = out[-int(tail_chars) :].decode("utf-8", "replace")
     reason, n_ok, detail, done = _verdict(res.decode("utf-8", "replace").splitlines(), nonce, len(tests))
     if status in ("timeout", "output_limit"):
         reason = status
@@ -230,11 +267,12 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
         rc = proc.returncode if proc is not None else None
         if rc is not None and rc < 0 and -rc == signal.SIGXCPU:
             reason, detail = "timeout", "CPU time limit"
-        elif rc is not None and (rc < 0 or rc >= 128):   # bwrap reports a signal death as 128+sig
+        elif rc is not None and (rc < 0 or rc >= 128):  # bwrap reports a signal death as 128+sig
             sig = -rc if rc < 0 else rc - 128
             reason = "timeout" if sig == signal.SIGXCPU else "killed"
-            detail = f"killed by signal {sig}" + (" (the CPU hard limit, or the kernel's OOM killer)"
-                                                  if sig == signal.SIGKILL else "")
+            detail = f"killed by signal {sig}" + (
+                " (the CPU hard limit, or the kernel's OOM killer)" if sig == signal.SIGKILL else ""
+            )
         elif b"MemoryError" in out[-4000:]:
             reason = "memory"
         else:
@@ -242,8 +280,9 @@ def run_program(program: str, tests: Sequence[str] | str = (), limits: SandboxLi
     return SandboxResult(reason == "pass", reason, round(seconds, 4), tail, n_ok, len(tests), detail)
 
 
-def _communicate(proc: subprocess.Popen, spec: bytes, read_fd: int, lim: SandboxLimits,
-                 started: float) -> tuple[bytes, bytes, str]:
+def _communicate(
+    proc: subprocess.Popen, spec: bytes, read_fd: int, lim: SandboxLimits, started: float
+) -> tuple[bytes, bytes, str]:
     """Feed the spec, collect output and results until both pipes close, the wall limit passes
     or the output cap is hit. Returns ``(output, results, status)``, status in ok/timeout/output_limit."""
     sel = selectors.DefaultSelector()
@@ -262,7 +301,7 @@ def _communicate(proc: subprocess.Popen, spec: bytes, read_fd: int, lim: Sandbox
                 break
             events = sel.select(timeout=min(left, 0.1))
             if not events and proc.poll() is not None:
-                break           # the harness is gone and the pipes are idle: a leftover child holds them
+                break  # the harness is gone and the pipes are idle: a leftover child holds them
             for key, _ in events:
                 if key.fileobj is proc.stdin:
                     try:
@@ -285,7 +324,7 @@ def _communicate(proc: subprocess.Popen, spec: bytes, read_fd: int, lim: Sandbox
                     out += chunk
                     if len(out) > lim.max_output_bytes:
                         status = "output_limit"
-                        return bytes(out[-TAIL_CHARS * 2:]), bytes(res), status
+                        return bytes(out[-TAIL_CHARS * 2 :]), bytes(res), status
         if status == "ok":
             try:
                 proc.wait(timeout=max(0.05, deadline - time.perf_counter()))
@@ -319,6 +358,7 @@ def run_script(program: str, limits: SandboxLimits | None = None, tail_chars: in
 # Many runs
 # --------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Job:
     program: str
@@ -336,10 +376,11 @@ class SandboxPool:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.workers = max(1, int(workers) if workers else cpus)
         self.limits = limits or SandboxLimits()
-        drop_uid(launcher(self.limits.isolation))   # probe, warn or refuse once, up front
+        drop_uid(launcher(self.limits.isolation))  # probe, warn or refuse once, up front
 
     def map(self, jobs: Sequence[Job], progress: Callable[[int], None] | None = None) -> list[SandboxResult]:
         """One result per job, in order."""
+
         def one(job: Job) -> SandboxResult:
             try:
                 r = run_program(job.program, list(job.tests), self.limits, setup=job.setup, stdio=job.stdio)
@@ -358,6 +399,7 @@ class SandboxPool:
 
     def scripts(self, programs: Sequence[str], tail_chars: int = TAIL_CHARS) -> list[SandboxResult]:
         """``run_script`` of each program, ``workers`` at a time; one result per program, in order."""
+
         def one(program: str) -> SandboxResult:
             try:
                 return run_script(program, self.limits, tail_chars)

@@ -46,7 +46,7 @@ def _shared_libraries() -> set[str]:
     libs: set[str] = set()
     for i in range(0, len(files), 64):
         try:
-            out = subprocess.run(["ldd", *files[i:i + 64]], capture_output=True, text=True, timeout=60).stdout
+            out = subprocess.run(["ldd", *files[i : i + 64]], capture_output=True, text=True, timeout=60).stdout
         except (OSError, subprocess.SubprocessError):
             continue
         for line in out.splitlines():
@@ -70,7 +70,7 @@ def _root_mounts() -> list[str]:
         dirs = {stdlib, os.path.dirname(interpreter())}
         for lib in _shared_libraries():
             dirs.add(os.path.dirname(os.path.realpath(lib)))
-            dirs.add(os.path.realpath(os.path.dirname(lib)))   # /lib64 -> /usr/lib64 holds the loader's link
+            dirs.add(os.path.realpath(os.path.dirname(lib)))  # /lib64 -> /usr/lib64 holds the loader's link
         args: list[str] = []
         # Top-level links (/lib -> usr/lib on merged-/usr systems) keep the paths the loader knows.
         for name in sorted(os.listdir("/")):
@@ -78,13 +78,14 @@ def _root_mounts() -> list[str]:
                 args += ["--symlink", os.readlink("/" + name), "/" + name]
         for d in sorted(dirs):
             if d == os.path.dirname(interpreter()):
-                continue                          # only the interpreter itself from its bin/
+                continue  # only the interpreter itself from its bin/
             args += ["--ro-bind", d, d]
         args += ["--ro-bind", interpreter(), interpreter()]
         if os.path.exists("/etc/ld.so.cache"):
             args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-        for extra in sorted({os.path.realpath(os.path.join(stdlib, "site-packages")),
-                             os.path.realpath(os.path.join(stdlib, "dist-packages"))}):
+        for extra in sorted(
+            {os.path.realpath(os.path.join(stdlib, "site-packages")), os.path.realpath(os.path.join(stdlib, "dist-packages"))}
+        ):
             if os.path.isdir(extra):
                 args += ["--tmpfs", extra]
         # bwrap creates the folders leading to a bind 0700 on some versions: open them up.
@@ -105,11 +106,23 @@ def launch_prefix(kind: str, workdir: str, disk_mb: int = 64) -> list[str]:
     its standard library (``_root_mounts``); the run folder is a tmpfs of ``disk_mb`` (writes past
     it fail with ENOSPC), sticky and world-writable for the run's uids."""
     if kind == "bwrap":
-        args = ["bwrap", *_root_mounts(), "--dev", "/dev", "--proc", "/proc",
-                "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
-        args += ["--perms", "01777", "--size", str(int(disk_mb) << 20), "--tmpfs", workdir, "--chdir", workdir,
-                 "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
-                 "--new-session"]
+        args = ["bwrap", *_root_mounts(), "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+        args += [
+            "--perms",
+            "01777",
+            "--size",
+            str(int(disk_mb) << 20),
+            "--tmpfs",
+            workdir,
+            "--chdir",
+            workdir,
+            "--unshare-net",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--die-with-parent",
+            "--new-session",
+        ]
         if os.geteuid() != 0:
             args += ["--unshare-user"]
         return args + ["--"]
@@ -127,8 +140,12 @@ def _probe(kind: str) -> bool:
     workdir = tempfile.mkdtemp(prefix="entropyrl-probe-")
     try:
         cmd = launch_prefix(kind, workdir) + [interpreter(), "-I", "-S", "-c", "pass"]
-        return subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              timeout=20, env=sandbox_env(workdir)).returncode == 0
+        return (
+            subprocess.run(
+                cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=20, env=sandbox_env(workdir)
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     finally:
@@ -146,30 +163,46 @@ def launcher(isolation: str = "auto") -> str:
             kind = "none"
         elif isolation != "auto":
             if not _probe(isolation):
-                raise UserError(f"sandbox.isolation={isolation} does not work here ({isolation} missing, "
-                                f"or the kernel refuses namespaces): install bubblewrap "
-                                f"(apt-get install bubblewrap) or use sandbox.isolation=auto")
+                raise UserError(
+                    f"sandbox.isolation={isolation} does not work here ({isolation} missing, "
+                    f"or the kernel refuses namespaces): install bubblewrap "
+                    f"(apt-get install bubblewrap) or use sandbox.isolation=auto"
+                )
             kind = isolation
         else:
             kind = next((k for k in ("bwrap", "unshare") if _probe(k)), "none")
             if kind != "bwrap":
-                warnings.warn(f"code sandbox: bubblewrap unavailable, using '{kind}': "
-                              + ("network and pid namespaces only, the filesystem is not read-only"
-                                 if kind == "unshare" else "NO network or filesystem isolation, only "
-                                 "rlimits and a private folder; a program can signal the caller's processes") + " (apt-get install bubblewrap)",
-                              RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"code sandbox: bubblewrap unavailable, using '{kind}': "
+                    + (
+                        "network and pid namespaces only, the filesystem is not read-only"
+                        if kind == "unshare"
+                        else "NO network or filesystem isolation, only "
+                        "rlimits and a private folder; a program can signal the caller's processes"
+                    )
+                    + " (apt-get install bubblewrap)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         _LAUNCHER[isolation] = kind
         return kind
 
 
 def sandbox_env(workdir: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
-            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONIOENCODING": "utf-8",
+    }
 
 
 # --------------------------------------------------------------------------------------------
 # One run
 # --------------------------------------------------------------------------------------------
+
 
 def _others_can_run_python() -> bool:
     """Whether another uid can reach the interpreter and its standard library (bwrap makes it
@@ -192,14 +225,20 @@ def drop_uid(kind: str) -> bool:
         return True
     if kind == "none":
         # As root, outside any namespace, kill(-1) alone would take the whole machine down.
-        raise UserError(f"code sandbox: refusing to run untrusted programs as root without namespaces "
-                        f"({sys.executable} is not reachable by other users, so no unprivileged uid can "
-                        f"run it): install bubblewrap (apt-get install bubblewrap) or util-linux unshare")
+        raise UserError(
+            f"code sandbox: refusing to run untrusted programs as root without namespaces "
+            f"({sys.executable} is not reachable by other users, so no unprivileged uid can "
+            f"run it): install bubblewrap (apt-get install bubblewrap) or util-linux unshare"
+        )
     if not _WARNED_ROOT:
         _WARNED_ROOT.append(True)
-        warnings.warn(f"code sandbox ({kind}): the interpreter {sys.executable} is not reachable by other "
-                      f"users, so programs keep running as root (install bubblewrap, or use a Python "
-                      f"outside /root)", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"code sandbox ({kind}): the interpreter {sys.executable} is not reachable by other "
+            f"users, so programs keep running as root (install bubblewrap, or use a Python "
+            f"outside /root)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return False
 
 
@@ -214,7 +253,15 @@ def fresh_uid() -> int:
 def sweep_uid(uid: int) -> None:
     """SIGKILL every process of ``uid`` (anything of the run that left the namespace)."""
     try:
-        subprocess.run(["kill", "-KILL", "-1"], user=uid, group=uid, extra_groups=[],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=5, env={})
+        subprocess.run(
+            ["kill", "-KILL", "-1"],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=5,
+            env={},
+        )
     except (OSError, subprocess.SubprocessError):
         pass

@@ -23,7 +23,7 @@ __all__ = ["SandboxToolExecutor", "wrap_cell", "build_tool_executor", "check_too
 
 # Runs inside the sandbox. The flag ``_entropyrl_script_failed_`` is read back by the sandbox's
 # script test (``sandbox.SCRIPT_TEST``).
-_CELL = '''
+_CELL = """
 _entropyrl_script_failed_ = 1
 def _entropyrl_cell(src, show_last):
     import ast, linecache, sys, traceback
@@ -54,7 +54,7 @@ def _entropyrl_cell(src, show_last):
         return 1
     return 0
 _entropyrl_script_failed_ = _entropyrl_cell(__SRC__, __SHOW__)
-'''
+"""
 
 LIMIT_NOTES = {
     "timeout": "TimeoutError: the code ran past the time limit ({wall:g} s) and was stopped",
@@ -75,8 +75,7 @@ def wrap_cell(code: str, show_last: bool = True) -> str:
 class SandboxToolExecutor:
     """``executor(codes) -> [ToolResult]``: each code run in the sandbox, ``workers`` at a time."""
 
-    def __init__(self, limits: SandboxLimits, workers: int | None = None, show_last: bool = True,
-                 output_chars: int = 4096):
+    def __init__(self, limits: SandboxLimits, workers: int | None = None, show_last: bool = True, output_chars: int = 4096):
         self.limits, self.show_last, self.output_chars = limits, show_last, int(output_chars)
         self.pool = SandboxPool(workers, limits)
 
@@ -89,21 +88,33 @@ class SandboxToolExecutor:
         for r in results:
             text = r.stdout_tail
             if r.reason in ("pass", "fail"):
-                out.append(ToolResult(text, error=r.reason != "pass", reason="ok" if r.reason == "pass" else "raised",
-                                      seconds=r.seconds))
+                out.append(
+                    ToolResult(text, error=r.reason != "pass", reason="ok" if r.reason == "pass" else "raised", seconds=r.seconds)
+                )
                 continue
             note = LIMIT_NOTES.get(r.reason, "the code interpreter failed").format(
-                wall=self.limits.wall_seconds, memory=self.limits.memory_mb)
-            out.append(ToolResult((text + ("\n" if text and not text.endswith("\n") else "") + note), error=True,
-                                  reason=r.reason, seconds=r.seconds))
+                wall=self.limits.wall_seconds, memory=self.limits.memory_mb
+            )
+            out.append(
+                ToolResult(
+                    (text + ("\n" if text and not text.endswith("\n") else "") + note),
+                    error=True,
+                    reason=r.reason,
+                    seconds=r.seconds,
+                )
+            )
         return out
 
 
 def build_tool_executor(tools_cfg) -> SandboxToolExecutor:
     """The executor of ``tools.executor`` (sandbox limits; ``workers`` 0 = the CPUs of this process)."""
     limits, workers = _limits(tools_cfg)
-    return SandboxToolExecutor(limits, workers, show_last=bool(tools_cfg.get("show_last_expression", True)),
-                               output_chars=max(4 * int(tools_cfg.get("max_output_chars", 1024)), 2000))
+    return SandboxToolExecutor(
+        limits,
+        workers,
+        show_last=bool(tools_cfg.get("show_last_expression", True)),
+        output_chars=max(4 * int(tools_cfg.get("max_output_chars", 1024)), 2000),
+    )
 
 
 def _limits(tools_cfg) -> tuple[SandboxLimits, int | None]:

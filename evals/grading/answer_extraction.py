@@ -32,17 +32,22 @@ __all__ = ["extract_answer", "extract_with_reason", "unwrap_gold"]
 _BOX_RE = re.compile(r"\\(boxed|fbox|framebox)(?![A-Za-z])")
 # "Answer:" opens a line or follows "Final" ("we may check our answer: ..." is not a marker).
 # "... hence the Answer: 12" (inside a line): only when no box was given and the value is math.
-_TEXT_MARKER_RE = re.compile(r"(?:^[ \t*#_>]*|\bfinal\s+)answer\s*[:\uff1a]|\bthe\s+(final\s+)?answer\s+is\b\s*:?"
-                             r"|(?P<mid>\banswer\s*[:\uff1a])", re.IGNORECASE | re.MULTILINE)
+_TEXT_MARKER_RE = re.compile(
+    r"(?:^[ \t*#_>]*|\bfinal\s+)answer\s*[:\uff1a]|\bthe\s+(final\s+)?answer\s+is\b\s*:?"
+    r"|(?P<mid>\banswer\s*[:\uff1a])",
+    re.IGNORECASE | re.MULTILINE,
+)
 _MATHLIKE_START_RE = re.compile(r"[$\\(\[\d+\-.]")
 _SENTENCE_END_RE = re.compile(r"\.\s+(?=[A-Z])")
 _DELIMS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
-_MAX_VALUE_CHARS = 2_000            # a text marker's value is read from this many characters at most
-_MAX_GAP_CHARS = 120                # longest text between two boxes of one final answer
+_MAX_VALUE_CHARS = 2_000  # a text marker's value is read from this many characters at most
+_MAX_GAP_CHARS = 120  # longest text between two boxes of one final answer
 # Between two boxes of one answer: spacing, math delimiters, separators, short \text{...}, labels.
-_GAP_TOKEN = (r"\s+|\$+|\\[()\[\]]|[,;&]|\\\\|\\q?quad(?![A-Za-z])|\\[,;:! ]|~|\b(?:and|or)\b"
-              r"|\\(?:text|mbox|textrm|mathrm)\s*\{[^{}]{0,40}\}|[A-Za-z](?:_\{?\w+\}?)?\s*="
-              r"|[A-Za-z]{1,15}\s+(?=(?:and|or)\b)")       # "\boxed{1} papers and \boxed{2} bins"
+_GAP_TOKEN = (
+    r"\s+|\$+|\\[()\[\]]|[,;&]|\\\\|\\q?quad(?![A-Za-z])|\\[,;:! ]|~|\b(?:and|or)\b"
+    r"|\\(?:text|mbox|textrm|mathrm)\s*\{[^{}]{0,40}\}|[A-Za-z](?:_\{?\w+\}?)?\s*="
+    r"|[A-Za-z]{1,15}\s+(?=(?:and|or)\b)"
+)  # "\boxed{1} papers and \boxed{2} bins"
 _GAP_RE = re.compile(rf"(?:{_GAP_TOKEN})*")
 _SEPARATOR_RE = re.compile(r"[,;&]|\\\\|\\q?quad(?![A-Za-z])|\b(?:and|or)\b|\\(?:text|mbox|textrm|mathrm)\s*\{|=")
 _LABEL_TAIL_RE = re.compile(r"([A-Za-z](?:_\{?\w+\}?)?)\s*=\s*(?:\$|\\[(\[])?\s*$")
@@ -54,7 +59,7 @@ def _box_content(text: str, m: re.Match) -> tuple[object, int]:
     """``(argument, end)`` of the box command matched by ``m``: the argument is a string, None
     (no argument) or ``UNBALANCED``; ``end`` is the index after it."""
     i, n = m.end(), len(text)
-    if m.group(1) == "framebox":         # \framebox[width][pos]{...}
+    if m.group(1) == "framebox":  # \framebox[width][pos]{...}
         for _ in range(2):
             j = i
             while j < n and text[j] in " \t":
@@ -70,7 +75,7 @@ def _box_content(text: str, m: re.Match) -> tuple[object, int]:
     if j < n and text[j] == "{":
         got = balanced_group(text, j)
         return (UNBALANCED, n) if got is None else got
-    if j > i and j < n:                   # "\boxed 5": one token up to a space, '$' or newline
+    if j > i and j < n:  # "\boxed 5": one token up to a space, '$' or newline
         k = j
         while k < n and text[k] not in " \t\n$":
             k += 1
@@ -100,8 +105,12 @@ def _final_boxes(text: str, boxes: list[re.Match]) -> tuple[object, int]:
         if content is None or content is UNBALANCED or end > next_start:
             break
         gap = text[end:next_start]
-        if (len(gap) > _MAX_GAP_CHARS or "\n\n" in gap.replace(" ", "") or not _GAP_RE.fullmatch(gap)
-                or (gap and not _SEPARATOR_RE.search(gap))):     # "\boxed{1}\boxed{2}": one answer
+        if (
+            len(gap) > _MAX_GAP_CHARS
+            or "\n\n" in gap.replace(" ", "")
+            or not _GAP_RE.fullmatch(gap)
+            or (gap and not _SEPARATOR_RE.search(gap))
+        ):  # "\boxed{1}\boxed{2}": one answer
             break
         region.append((m.start(), content.strip()))
         next_start = m.start()
@@ -110,7 +119,7 @@ def _final_boxes(text: str, boxes: list[re.Match]) -> tuple[object, int]:
         return region[0][1] or None, region[0][0]
     parts = []
     for start, content in region:
-        label = _LABEL_TAIL_RE.search(text[max(0, start - 40):start])
+        label = _LABEL_TAIL_RE.search(text[max(0, start - 40) : start])
         if content:
             parts.append(f"{label.group(1)} = {content}" if label and "=" not in content else content)
     return (", ".join(parts) or None), region[0][0]
@@ -123,9 +132,9 @@ def _strip_delimiters(value: str) -> str:
         if value.startswith(left):
             close = value.find(right, len(left))
             if close > len(left):
-                rest = value[close + len(right):].lstrip()
+                rest = value[close + len(right) :].lstrip()
                 if not rest or rest[0] in ".,;!" or rest[:1].isupper():
-                    return value[len(left):close].strip()
+                    return value[len(left) : close].strip()
             return value
     return value
 
@@ -133,14 +142,14 @@ def _strip_delimiters(value: str) -> str:
 def _text_value(text: str, m: re.Match) -> str | None:
     """The answer after text marker ``m``, or None when there is none (or it does not look like
     an answer after "the answer is")."""
-    chunk = text[m.end():m.end() + _MAX_VALUE_CHARS]
+    chunk = text[m.end() : m.end() + _MAX_VALUE_CHARS]
     line = chunk.lstrip(" \t*_").split("\n", 1)[0].strip().strip("*_ \t").strip()
-    if line[:2] == '\\"' and '\\"' in line[2:]:        # \"$12$ and $13$\" (a quoted answer)
-        line = line[2:line.index('\\"', 2)].strip()
+    if line[:2] == '\\"' and '\\"' in line[2:]:  # \"$12$ and $13$\" (a quoted answer)
+        line = line[2 : line.index('\\"', 2)].strip()
     if not line:
         return None
     if (m.group(0)[:1].lower() == "t" or m.group("mid")) and not _MATHLIKE_START_RE.match(line):
-        return None                       # "the answer is correct", "our answer: it holds": not answers
+        return None  # "the answer is correct", "our answer: it holds": not answers
     value = _strip_delimiters(line)
     if value is line:
         value = _SENTENCE_END_RE.split(value, 1)[0]
@@ -157,7 +166,7 @@ def _last_text_answer(text: str, after: int) -> tuple[str | None, int]:
         if m.start() <= after or tries >= 50:
             break
         if m.group("mid") and after >= 0:
-            continue                      # a box was given: a mid-line "answer:" is a remark about it
+            continue  # a box was given: a mid-line "answer:" is a remark about it
         value = _text_value(text, m)
         if value is not None:
             return value, m.start()
@@ -199,5 +208,5 @@ def unwrap_gold(gold: str) -> str:
             return got
     for left, right in _DELIMS:
         if len(s) > len(left) + len(right) and s.startswith(left) and s.endswith(right):
-            return s[len(left):-len(right)].strip()
+            return s[len(left) : -len(right)].strip()
     return s

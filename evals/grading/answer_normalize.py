@@ -16,10 +16,19 @@ from __future__ import annotations
 import math
 import re
 
-MAX_ANSWER_CHARS = 1_000       # longer extracted / gold answers are not compared: verdict False
+MAX_ANSWER_CHARS = 1_000  # longer extracted / gold answers are not compared: verdict False
 
-__all__ = ["MAX_ANSWER_CHARS", "balanced_group", "canonical_number", "normalize", "compact_key",
-           "lossy", "split_parts", "label_of", "match_parts"]
+__all__ = [
+    "MAX_ANSWER_CHARS",
+    "balanced_group",
+    "canonical_number",
+    "normalize",
+    "compact_key",
+    "lossy",
+    "split_parts",
+    "label_of",
+    "match_parts",
+]
 
 
 def balanced_group(text: str, start: int) -> tuple[str, int] | None:
@@ -38,7 +47,7 @@ def balanced_group(text: str, start: int) -> tuple[str, int] | None:
         elif ch == "}":
             depth -= 1
             if depth == 0:
-                return text[start + 1:i], i + 1
+                return text[start + 1 : i], i + 1
         i += 1
     return None
 
@@ -50,13 +59,13 @@ _DEGREE_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\degree|°")
 _PERCENT_RE = re.compile(r"\\%|%|\s*(?:\\(?:text|mathrm|mbox)\s*\{\s*)?\b(?:percentage|percent|pct)\b\.?\s*\}?\s*$")
 _SPACING_RE = re.compile(r"\\[,;:! ]|\\q?quad(?![A-Za-z])|~")
 _LEFT_RIGHT_RE = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg)(?![A-Za-z])")
-_UNITS_RE = re.compile(r"\\(?:text|mathrm|mbox)\{\s+[^{}]*\}\s*$")   # "5\text{ cm}": a unit
-_LHS_RE = re.compile(r"^([A-Za-z](?:_\{?\w+\}?)?)\s*=\s*(?=[^=])")   # "x = 5", "a_1 = 5", "x_{2}=5"
+_UNITS_RE = re.compile(r"\\(?:text|mathrm|mbox)\{\s+[^{}]*\}\s*$")  # "5\text{ cm}": a unit
+_LHS_RE = re.compile(r"^([A-Za-z](?:_\{?\w+\}?)?)\s*=\s*(?=[^=])")  # "x = 5", "a_1 = 5", "x_{2}=5"
 _COMMA_SPACE_RE = re.compile(r",\s+")
 
 
 def canonical_number(s: str) -> str | None:
-    """"073" -> "73", "27.0" -> "27", "1,000" -> "1000", "+.50" -> "0.5"; None if not a plain
+    """ "073" -> "73", "27.0" -> "27", "1,000" -> "1000", "+.50" -> "0.5"; None if not a plain
     decimal number (a comma followed by a space is never a thousands separator: "32, 349")."""
     m = _NUM_RE.match(s)
     if not m or (m.group(2) is None and not m.group(3)):
@@ -83,7 +92,7 @@ def _unwrap_whole(s: str) -> str:
     return s
 
 
-_LATEX_THOUSANDS_RE = re.compile(r"\{,\}|,\\!\s*(?=\d{3}(?!\d))")   # "14{,}916", "16,\\!386"
+_LATEX_THOUSANDS_RE = re.compile(r"\{,\}|,\\!\s*(?=\d{3}(?!\d))")  # "14{,}916", "16,\\!386"
 
 
 def _thousands(s: str) -> str:
@@ -111,10 +120,10 @@ def normalize(answer: str) -> str:
         s = s[:-1].rstrip()
     s = _unwrap_whole(s)
     if s.startswith("(") and s.endswith(")") and canonical_number(s[1:-1].strip()) is not None:
-        s = s[1:-1].strip()                  # "(073)" -> "073" (a lone number in parentheses)
+        s = s[1:-1].strip()  # "(073)" -> "073" (a lone number in parentheses)
     m = _LHS_RE.match(s)
-    if m and "=" not in s[m.end():]:
-        s = s[m.end():].strip()
+    if m and "=" not in s[m.end() :]:
+        s = s[m.end() :].strip()
     num = _squeeze_number(s)
     return num if num is not None else s
 
@@ -128,7 +137,7 @@ def compact_key(answer: str) -> str:
     squeezed = re.sub(r"\s+", "", s)
     num = _squeeze_number(s)
     if num is None and canonical_number(squeezed) is not None:
-        return squeezed.replace(",", ", ")   # "32, 349" stays a list, never the number 32349
+        return squeezed.replace(",", ", ")  # "32, 349" stays a list, never the number 32349
     return num if num is not None else squeezed
 
 
@@ -171,7 +180,7 @@ def _top_level_splits(s: str) -> list[str]:
         elif ch in _CLOSE:
             depth -= 1
         elif depth == 0 and ch in ",;":
-            if not (ch == "," and _THOUSANDS_TAIL_RE.match(s, i + 1) and _THOUSANDS_HEAD_RE.search(s[max(0, i - 4):i])):
+            if not (ch == "," and _THOUSANDS_TAIL_RE.match(s, i + 1) and _THOUSANDS_HEAD_RE.search(s[max(0, i - 4) : i])):
                 parts.append(s[last:i])
                 last = i + 1
         i += 1
@@ -198,7 +207,7 @@ def _labelled_groups(s: str) -> list[str] | None:
         if names is not None and these != names:
             return None
         names = these
-        out.append("(" + ", ".join(i[h.end():].strip() for i, h in zip(items, heads)) + ")")
+        out.append("(" + ", ".join(i[h.end() :].strip() for i, h in zip(items, heads)) + ")")
     return out
 
 
@@ -215,7 +224,7 @@ def split_parts(answer: str) -> list[str]:
     if m:
         s = m.group(1)
     elif s.startswith("{") and (got := balanced_group(s, 0)) is not None and got[1] == len(s):
-        s = got[0]                           # "{1,2,3}": a set written with plain braces
+        s = got[0]  # "{1,2,3}": a set written with plain braces
     grouped = _labelled_groups(s) if ";" in s else None
     if grouped:
         return grouped
@@ -245,9 +254,9 @@ _PM_RE = re.compile(r"\\pm(?![a-zA-Z])")
 def label_of(part: str) -> tuple[str | None, str]:
     """``("x_1", "5")`` for "x_{1} = 5"; ``(None, part)`` when the part has no ``name =`` label."""
     m = _LHS_RE.match(part.strip())
-    if not m or "=" in part.strip()[m.end():]:
+    if not m or "=" in part.strip()[m.end() :]:
         return None, part
-    return m.group(1).replace("{", "").replace("}", ""), part.strip()[m.end():].strip()
+    return m.group(1).replace("{", "").replace("}", ""), part.strip()[m.end() :].strip()
 
 
 def match_parts(preds: list[str], golds: list[str], equal) -> bool | None:

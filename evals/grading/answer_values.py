@@ -35,7 +35,7 @@ def numeric_value(key: str) -> float | None:
     tokens, pos = [], 0
     for m in _TOKEN_RE.finditer(key):
         if m.start() != pos:
-            return None                      # something outside the grammar (a letter, a comma...)
+            return None  # something outside the grammar (a letter, a comma...)
         tokens.append(m.group())
         pos = m.end()
     if pos != len(key):
@@ -74,12 +74,12 @@ def numeric_value(key: str) -> float | None:
             if tok in ("*", "\\cdot", "\\times"):
                 take()
                 value = finite(value * unary())
-            elif tok == "/":                 # "2/3\\pi": (2/3)pi or 2/(3pi)? Left to math-verify.
+            elif tok == "/":  # "2/3\\pi": (2/3)pi or 2/(3pi)? Left to math-verify.
                 raise _NotNumeric
             elif tok is not None and (tok[0].isdigit() or tok[0] == "."):
-                raise _NotNumeric            # a number right after a factor ("1.5.2", "\\sqrt{2}3")
+                raise _NotNumeric  # a number right after a factor ("1.5.2", "\\sqrt{2}3")
             elif tok == "\\frac" and tokens[i - 1][0].isdigit():
-                raise _NotNumeric            # "15\\frac{39}{40}": a mixed number or a product? Unsure.
+                raise _NotNumeric  # "15\\frac{39}{40}": a mixed number or a product? Unsure.
             elif starts_factor(tok):
                 value = finite(value * power())
             else:
@@ -142,7 +142,7 @@ def numeric_value(key: str) -> float | None:
         if tok == "\\frac":
             take()
             nxt = peek()
-            if nxt is not None and nxt.isdigit() and len(nxt) == 2:   # \\frac12
+            if nxt is not None and nxt.isdigit() and len(nxt) == 2:  # \\frac12
                 take()
                 top, bottom = float(nxt[0]), float(nxt[1])
             else:

@@ -34,9 +34,24 @@ from .grader_pool import cpu_count, run_pool, shutdown_pool, start_pool
 DEFAULT_TIMEOUT = 5.0
 
 __all__ = [
-    "DEFAULT_TIMEOUT", "MAX_ANSWER_CHARS", "GradeResult", "REASONS", "NO_FINAL_ANSWER",
-    "extract_answer", "unwrap_gold", "normalize", "compact_key", "canonical_number", "numeric_value",
-    "is_equiv", "grade_answers", "grade_batch", "shutdown_pool", "cpu_count", "reason_counts", "no_answer_warning",
+    "DEFAULT_TIMEOUT",
+    "MAX_ANSWER_CHARS",
+    "GradeResult",
+    "REASONS",
+    "NO_FINAL_ANSWER",
+    "extract_answer",
+    "unwrap_gold",
+    "normalize",
+    "compact_key",
+    "canonical_number",
+    "numeric_value",
+    "is_equiv",
+    "grade_answers",
+    "grade_batch",
+    "shutdown_pool",
+    "cpu_count",
+    "reason_counts",
+    "no_answer_warning",
 ]
 
 REASONS = {
@@ -184,14 +199,19 @@ def _precheck(pred: str | None, gold: str | None) -> str | None:
     return None if verdict is None else ("match" if verdict else "mismatch")
 
 
-def grade_answers(preds: Sequence[str | None], golds: Sequence, *, workers: int | None = None,
-                  timeout: float = DEFAULT_TIMEOUT,
-                  progress: Callable[[int], None] | None = None) -> list[tuple[bool, str]]:
+def grade_answers(
+    preds: Sequence[str | None],
+    golds: Sequence,
+    *,
+    workers: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    progress: Callable[[int], None] | None = None,
+) -> list[tuple[bool, str]]:
     """``(verdict, reason)`` for already extracted answers against gold answers (unwrapped here)."""
     if len(preds) != len(golds):
         raise ValueError(f"{len(preds)} answers but {len(golds)} gold answers")
     out: list[tuple[bool, str] | None] = [None] * len(preds)
-    unique: dict[tuple[str, str], list[int]] = {}    # identical pairs go to math-verify once
+    unique: dict[tuple[str, str], list[int]] = {}  # identical pairs go to math-verify once
     for i, (p, g) in enumerate(zip(preds, golds)):
         p, g = _as_text(p) if p is not None else None, _as_text(g)
         if g is not None:
@@ -221,9 +241,14 @@ def is_equiv(pred, gold, timeout: float = DEFAULT_TIMEOUT) -> bool:
     return grade_answers([pred], [gold], timeout=timeout)[0][0]
 
 
-def grade_batch(responses: Sequence, golds: Sequence, *, workers: int | None = None,
-                timeout: float = DEFAULT_TIMEOUT,
-                progress: Callable[[int], None] | None = None) -> list[GradeResult]:
+def grade_batch(
+    responses: Sequence,
+    golds: Sequence,
+    *,
+    workers: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    progress: Callable[[int], None] | None = None,
+) -> list[GradeResult]:
     """Grade full model responses against gold answers, in parallel across worker processes.
 
     ``workers``: math-verify processes (None = CPUs available). ``timeout``: seconds per item,
@@ -231,15 +256,14 @@ def grade_batch(responses: Sequence, golds: Sequence, *, workers: int | None = N
     if len(responses) != len(golds):
         raise ValueError(f"{len(responses)} responses but {len(golds)} gold answers")
     if responses:
-        start_pool(workers)               # math-verify warms up while we extract
+        start_pool(workers)  # math-verify warms up while we extract
     extracted, why = [], []
     for r in responses:
         answer, reason = extract_with_reason(_as_text(r))
         extracted.append(answer)
         why.append(reason)
     verdicts = grade_answers(extracted, golds, workers=workers, timeout=timeout, progress=progress)
-    return [GradeResult(correct=ok, extracted=extracted[i], reason=why[i] or reason)
-            for i, (ok, reason) in enumerate(verdicts)]
+    return [GradeResult(correct=ok, extracted=extracted[i], reason=why[i] or reason) for i, (ok, reason) in enumerate(verdicts)]
 
 
 def reason_counts(results: Sequence[GradeResult]) -> dict[str, int]:
@@ -256,5 +280,7 @@ def no_answer_warning(results: Sequence[GradeResult], label: str, share: float =
     missing = sum(r.reason in NO_FINAL_ANSWER for r in results)
     if missing <= share * len(results):
         return None
-    return (f"{label}: {missing} of {len(results)} responses ({missing / len(results):.0%}) are empty or end "
-            f"without a final answer (truncated?); raise eval.max_new_tokens or check the prompt template")
+    return (
+        f"{label}: {missing} of {len(results)} responses ({missing / len(results):.0%}) are empty or end "
+        f"without a final answer (truncated?); raise eval.max_new_tokens or check the prompt template"
+    )

@@ -42,9 +42,11 @@ __all__ = ["GradingPool", "run_pool", "shutdown_pool", "cpu_count", "start_pool"
 # must give the zygote this very package, not another copy found through the link target's parent)
 _PACKAGE_PARENT = str(Path(os.path.abspath(__file__)).parents[3])
 # -E -s and no current folder on sys.path: the zygote imports this package and math-verify only.
-_ZYGOTE_MAIN = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
-                "sys.path.insert(0, sys.argv[1]); "
-                "from entropyrl.evals.grading.grader_worker import zygote; zygote(int(sys.argv[2]))")
+_ZYGOTE_MAIN = (
+    "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+    "sys.path.insert(0, sys.argv[1]); "
+    "from entropyrl.evals.grading.grader_worker import zygote; zygote(int(sys.argv[2]))"
+)
 
 
 class _Zygote:
@@ -57,10 +59,12 @@ class _Zygote:
         self.ctl, theirs = socket.socketpair()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-E", "-s", "-W", "ignore", "-c", _ZYGOTE_MAIN, _PACKAGE_PARENT,
-                 str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                close_fds=True)
+                [sys.executable, "-E", "-s", "-W", "ignore", "-c", _ZYGOTE_MAIN, _PACKAGE_PARENT, str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                close_fds=True,
+            )
         finally:
             theirs.close()
         self.ready = False
@@ -77,8 +81,10 @@ class _Zygote:
             except OSError:
                 got = b""
             if got != b"R":
-                raise RuntimeError("the grading process failed to start (is math-verify installed "
-                                   f"for {sys.executable}?); exit code {self.proc.poll()}")
+                raise RuntimeError(
+                    "the grading process failed to start (is math-verify installed "
+                    f"for {sys.executable}?); exit code {self.proc.poll()}"
+                )
             self.ctl.settimeout(None)
             self.ready = True
         self.ctl.sendall(b"s")
@@ -104,7 +110,7 @@ class _Zygote:
             self.ctl.close()
         except OSError:
             pass
-        if not self.ready:                # started early, never used: no worker to wait for
+        if not self.ready:  # started early, never used: no worker to wait for
             self.proc.kill()
         try:
             self.proc.wait(timeout=5)
@@ -123,8 +129,8 @@ class _Worker:
         self.conn = Connection(fd)
         self.ready = False
         self.started = time.monotonic()
-        self.queue: deque[int] = deque()   # item indices sent, in the order the worker takes them
-        self.deadline = math.inf           # for the item at the head of the queue
+        self.queue: deque[int] = deque()  # item indices sent, in the order the worker takes them
+        self.deadline = math.inf  # for the item at the head of the queue
 
     def stop(self, kill: bool) -> None:
         """Close our end (an idle worker exits on EOF); ``kill``: SIGKILL it too (a stuck worker)."""
@@ -142,7 +148,7 @@ class _Worker:
 
 
 WORKER_START_TIMEOUT = 60.0
-QUEUE_DEPTH = 2          # items handed to a worker at once (one running, one waiting)
+QUEUE_DEPTH = 2  # items handed to a worker at once (one running, one waiting)
 
 
 def _hung_up(conn) -> bool:
@@ -162,7 +168,7 @@ class GradingPool:
         self.size = max(1, workers or cpu_count())
         self._zygote: _Zygote | None = None
         self._workers: list[_Worker] = []
-        self.timeouts = 0      # items killed at their deadline since the pool started
+        self.timeouts = 0  # items killed at their deadline since the pool started
         self.restarts = 0
 
     def _new_worker(self) -> _Worker:
@@ -180,10 +186,9 @@ class GradingPool:
         w.stop(kill=kill)
         self._workers[self._workers.index(w)] = self._new_worker()
         self.restarts += 1
-        self._zygote.warm_up()          # a worker was killed: later replacements should start warm
+        self._zygote.warm_up()  # a worker was killed: later replacements should start warm
 
-    def run(self, items: Sequence[tuple[str, str]], timeout: float,
-            on_done: Callable[[int, bool, str], None]) -> None:
+    def run(self, items: Sequence[tuple[str, str]], timeout: float, on_done: Callable[[int, bool, str], None]) -> None:
         """Grade ``(pred, gold)`` items with math-verify; ``on_done(index, verdict, reason)``.
 
         Each worker holds up to ``QUEUE_DEPTH`` items so that it never waits for the parent to be
@@ -192,7 +197,7 @@ class GradingPool:
         worker). A timed-out or dead worker's queued items go back to the pending queue."""
         if not items:
             return
-        inner = max(1, int(math.ceil(timeout)) - 1)     # math-verify's own (signal) limit, whole seconds
+        inner = max(1, int(math.ceil(timeout)) - 1)  # math-verify's own (signal) limit, whole seconds
         self._ensure(len(items))
         pending = deque(range(len(items)))
 
@@ -207,7 +212,7 @@ class GradingPool:
                     pred, gold = items[idx]
                     try:
                         w.conn.send_bytes(json.dumps([idx, pred, gold, inner]).encode())
-                    except (OSError, ValueError):        # dead worker: its items go elsewhere
+                    except (OSError, ValueError):  # dead worker: its items go elsewhere
                         pending.appendleft(idx)
                         if w.queue:
                             requeue(w)
@@ -229,7 +234,7 @@ class GradingPool:
                         msg = json.loads(w.conn.recv_bytes())
                     except (EOFError, OSError, ValueError):
                         msg = None
-                    if msg is None:                       # the worker died (already gone: no kill)
+                    if msg is None:  # the worker died (already gone: no kill)
                         requeue(w)
                         head = w.queue[0] if w.queue else None
                         self._replace(w, kill=False)
@@ -252,7 +257,7 @@ class GradingPool:
                     requeue(w)
                     head = w.queue[0]
                     self.timeouts += 1
-                    self._replace(w, kill=not _hung_up(w.conn))   # kill: the only reliable way to stop it
+                    self._replace(w, kill=not _hung_up(w.conn))  # kill: the only reliable way to stop it
                     on_done(head, False, "timeout")
                 elif not w.ready and now - w.started > WORKER_START_TIMEOUT:
                     raise RuntimeError(f"a grading worker did not start within {WORKER_START_TIMEOUT:.0f} s")
@@ -299,8 +304,6 @@ def shutdown_pool() -> None:
 atexit.register(shutdown_pool)
 
 
-
-
 def start_pool(workers: int | None = None) -> None:
     """Start the zygote now: it imports and warms math-verify in the background while the
     caller extracts answers and runs the fast path (a one-shot ``entropyrl grade`` starts cold)."""
@@ -310,8 +313,9 @@ def start_pool(workers: int | None = None) -> None:
             pool._zygote = _Zygote()
 
 
-def run_pool(items: Sequence[tuple[str, str]], workers: int | None, timeout: float,
-             on_done: Callable[[int, bool, str], None]) -> None:
+def run_pool(
+    items: Sequence[tuple[str, str]], workers: int | None, timeout: float, on_done: Callable[[int, bool, str], None]
+) -> None:
     """``GradingPool.run`` on the shared pool of ``workers`` processes (None = CPUs available)."""
     with _POOL_LOCK:
         _pool(workers).run(items, float(timeout), on_done)

@@ -22,7 +22,7 @@ def _worker_setup() -> None:
     import warnings
 
     warnings.simplefilter("ignore")
-    logging.disable(logging.CRITICAL)   # math-verify logs every timeout / parse failure
+    logging.disable(logging.CRITICAL)  # math-verify logs every timeout / parse failure
 
 
 def _limit_memory() -> None:
@@ -49,7 +49,7 @@ def _die_with_parent() -> None:
         import signal
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)      # PR_SET_PDEATHSIG
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
@@ -96,7 +96,7 @@ def zygote(ctl_fd: int) -> None:
     ctl = socket.socket(fileno=ctl_fd)
     try:
         ctl.sendall(b"R")
-    except OSError:                   # the parent needed no math-verify after all and is gone
+    except OSError:  # the parent needed no math-verify after all and is gone
         os._exit(0)
     warmups: deque = deque()
     warm_asked = False
@@ -120,9 +120,9 @@ def zygote(ctl_fd: int) -> None:
             request = ctl.recv(64)
         except OSError:
             request = b""
-        if not request:                                # the parent is done: wait for the workers
-            deadline = time.monotonic() + 3.0         # (idle ones exit on EOF) so that their CPU
-            while time.monotonic() < deadline:         # time is accounted to us, then exit
+        if not request:  # the parent is done: wait for the workers
+            deadline = time.monotonic() + 3.0  # (idle ones exit on EOF) so that their CPU
+            while time.monotonic() < deadline:  # time is accounted to us, then exit
                 try:
                     if os.waitpid(-1, os.WNOHANG)[0] == 0:
                         time.sleep(0.01)
@@ -138,7 +138,7 @@ def zygote(ctl_fd: int) -> None:
                 reap()
                 mine, theirs = socket.socketpair()
                 pid = os.fork()
-                if pid == 0:                           # the worker
+                if pid == 0:  # the worker
                     ctl.close()
                     theirs.close()
                     _serve(mine.detach())

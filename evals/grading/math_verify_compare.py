@@ -76,8 +76,18 @@ def mv_equiv(pred: str, gold: str, inner_timeout: int) -> bool:
 # A few answers of the usual shapes, graded once in the zygote so that every worker forked from
 # it starts with math-verify's parsers and sympy's caches warm (a cold process pays ~1 s).
 WARMUP = [
-    ("\\frac{1}{2}", "0.5"), ("2\\sqrt{3}", "\\sqrt{12}"), ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\pi/2)"),
-    ("[-2, 7]", "x \\in [-2,7]"), ("\\{1,2\\}", "1, 2"), ("x^2+2x+1", "(x+1)^2"), ("y = 2x - 3", "2x-3"),
-    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "(1,2)"), ("\\text{(C)}", "C"), ("3-4i", "3 - 4 i"),
-    ("(0,9) \\cup (9,36)", "\\frac{1}{2}"), ("10\\%", "0.1"), ("\\infty", "-\\infty"), ("e^{i\\pi}", "-1"),
+    ("\\frac{1}{2}", "0.5"),
+    ("2\\sqrt{3}", "\\sqrt{12}"),
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\pi/2)"),
+    ("[-2, 7]", "x \\in [-2,7]"),
+    ("\\{1,2\\}", "1, 2"),
+    ("x^2+2x+1", "(x+1)^2"),
+    ("y = 2x - 3", "2x-3"),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "(1,2)"),
+    ("\\text{(C)}", "C"),
+    ("3-4i", "3 - 4 i"),
+    ("(0,9) \\cup (9,36)", "\\frac{1}{2}"),
+    ("10\\%", "0.1"),
+    ("\\infty", "-\\infty"),
+    ("e^{i\\pi}", "-1"),
 ]

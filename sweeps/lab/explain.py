@@ -54,9 +54,21 @@ def variant_attribution(by_seed: dict[int, list[dict]]) -> dict:
     "total_1st", "share_1st"`` (first-order parts), ``"share_after_first"`` (the shares over the
     measured steps after step 1)``}`` over the seeds whose rows hold an attribution; ``{}`` when none
     does."""
-    out: dict = {"seeds": [], "r_detrended": [], "slope": [], "slope_detrended": [], "n": [],
-                 "r_detrended_1st": [], "slope_1st": [], "slope_detrended_1st": [],
-                 "total": {}, "share": {}, "total_1st": {}, "share_1st": {}, "share_after_first": {}}
+    out: dict = {
+        "seeds": [],
+        "r_detrended": [],
+        "slope": [],
+        "slope_detrended": [],
+        "n": [],
+        "r_detrended_1st": [],
+        "slope_1st": [],
+        "slope_detrended_1st": [],
+        "total": {},
+        "share": {},
+        "total_1st": {},
+        "share_1st": {},
+        "share_after_first": {},
+    }
     summaries = [(s, attribution_summary(rows)) for s, rows in sorted(by_seed.items())]
     summaries = [(s, a) for s, a in summaries if a]
     if not summaries:
@@ -70,7 +82,7 @@ def variant_attribution(by_seed: dict[int, list[dict]]) -> dict:
         out["r_detrended"].append(float(fit.get("pearson_r_detrended", float("nan"))))
         out["slope"].append(float(fit.get("slope", float("nan"))))
         out["slope_detrended"].append(float(fit.get("slope_detrended", float("nan"))))
-        first = a.get("fit_1st") or {}       # the first-order prediction (stats/attribution.py)
+        first = a.get("fit_1st") or {}  # the first-order prediction (stats/attribution.py)
         out["r_detrended_1st"].append(float(first.get("pearson_r_detrended", float("nan"))))
         out["slope_1st"].append(float(first.get("slope", float("nan"))))
         out["slope_detrended_1st"].append(float(first.get("slope_detrended", float("nan"))))
@@ -81,7 +93,7 @@ def variant_attribution(by_seed: dict[int, list[dict]]) -> dict:
         for p in parts_1st:
             out["total_1st"].setdefault(p, []).append(float((a.get("total_1st") or {}).get(p, 0.0)))
             out["share_1st"].setdefault(p, []).append(float((a.get("share_1st") or {}).get(p, 0.0)))
-        for p in parts_after:                                      # without AdamW's first step
+        for p in parts_after:  # without AdamW's first step
             out["share_after_first"].setdefault(p, []).append(float((a.get("share_after_first") or {}).get(p, 0.0)))
     return out
 
@@ -125,8 +137,10 @@ def _explain_variant(variant: str, rows: list[dict]) -> str:
     text = f"{len(m)} {label}: {_net_text(m)}; largest parts {_largest(m)}"
     text += _intervention_text(m)
     if first:
-        text += (f"; step 1 (AdamW's first, about lr in every coordinate: large parts that cancel): "
-                 f"{_net_text(first)}, largest parts {_largest(first)}")
+        text += (
+            f"; step 1 (AdamW's first, about lr in every coordinate: large parts that cancel): "
+            f"{_net_text(first)}, largest parts {_largest(first)}"
+        )
     return text
 
 
@@ -141,12 +155,16 @@ def _intervention_text(m: list[dict]) -> str:
             gate = [r for r in m if r.get("stare/gate_on") is not None]
             open_ = [r for r in gate if float(r["stare/gate_on"]) > 0.5]
             if gate:
-                text += (f" (gate open on {len(open_)} of {len(gate)} measured steps: there its part "
-                         f"{_g(_sum_parts(open_, ('stare',)))}, the quadrants' {_g(_sum_parts(open_, QUADRANT_PARTS))})")
+                text += (
+                    f" (gate open on {len(open_)} of {len(gate)} measured steps: there its part "
+                    f"{_g(_sum_parts(open_, ('stare',)))}, the quadrants' {_g(_sum_parts(open_, QUADRANT_PARTS))})"
+                )
         elif iv in ("clip_cov", "kl_cov"):
             verb = "detached" if iv == "clip_cov" else "penalised"
-            text += (f" (without it the {verb} tokens would have moved the probe entropy by {_g(-own)} more"
-                     f"{': the intervention raises entropy' if own > 0 else ''})")
+            text += (
+                f" (without it the {verb} tokens would have moved the probe entropy by {_g(-own)} more"
+                f"{': the intervention raises entropy' if own > 0 else ''})"
+            )
         elif iv == "steer":
             w = [float(r["steer/weight_mean"]) for r in m if isinstance(r.get("steer/weight_mean"), (int, float))]
             share = abs(own) / max(sum(abs(v) for v in _part_totals(m).values()), 1e-300)

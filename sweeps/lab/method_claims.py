@@ -36,27 +36,37 @@ NO_CLAIM = {
 }
 # method -> its logged lever: (metric, what it is, "frac" = a share of tokens it selects | "value")
 LEVERS = {
-    "ce_gppo": (("ce_gppo/low_frac", "out-of-clip tokens kept, A<0 side", "frac"),
-                ("ce_gppo/high_frac", "out-of-clip tokens kept, A>0 side", "frac")),
-    "entropic": (("entropic/alpha", "alpha", "value"),
-                 ("entropic/high_frac", "high-probability tokens", "frac"),
-                 ("entropic/pos_high_frac", "high-probability A>0 tokens", "frac"),
-                 ("entropic/neg_high_frac", "high-probability A<0 tokens", "frac")),
+    "ce_gppo": (
+        ("ce_gppo/low_frac", "out-of-clip tokens kept, A<0 side", "frac"),
+        ("ce_gppo/high_frac", "out-of-clip tokens kept, A>0 side", "frac"),
+    ),
+    "entropic": (
+        ("entropic/alpha", "alpha", "value"),
+        ("entropic/high_frac", "high-probability tokens", "frac"),
+        ("entropic/pos_high_frac", "high-probability A>0 tokens", "frac"),
+        ("entropic/neg_high_frac", "high-probability A<0 tokens", "frac"),
+    ),
     "aent": (("aent/coef", "coef", "value"), ("aent/clamped_entropy", "clamped entropy", "value")),
-    "siren": (("siren/regulated_entropy", "regulated entropy", "value"), ("siren/anchor", "anchor", "value"),
-              ("siren/peak_frac", "peak tokens", "frac")),
+    "siren": (
+        ("siren/regulated_entropy", "regulated entropy", "value"),
+        ("siren/anchor", "anchor", "value"),
+        ("siren/peak_frac", "peak tokens", "frac"),
+    ),
     "archer": (("archer/high_frac", "high-entropy tokens", "frac"), ("archer/kl_low", "KL of the low-entropy tokens", "value")),
-    "entropy_adv": (("entropy_adv/psi_mean", "entropy term psi", "value"), ("entropy_adv/clip_frac", "tokens capped at |A|/kappa", "frac")),
+    "entropy_adv": (
+        ("entropy_adv/psi_mean", "entropy term psi", "value"),
+        ("entropy_adv/clip_frac", "tokens capped at |A|/kappa", "frac"),
+    ),
     "gtpo": (("gtpo/share_max", "largest token share n_t x / sum x", "value"),),
     "lp_reg": (("lp_reg/frac", "protected tokens", "frac"),),
     "gmpo": (("clip/frac", "log-ratios clipped", "frac"),),
 }
 # an added loss term below this share of the policy loss's mean magnitude is reported as negligible
 ADDED_TERMS = {"aent": "loss/aent", "siren": "loss/siren", "lp_reg": "loss/lp_reg"}
-EMPTY_FRAC = 1e-3        # a selection below 0.1 % of the tokens on average selected nothing
-SMALL_TERM = 0.01        # an added term < 1 % of |policy loss|
-UNIT_WEIGHTS = 0.02      # EntroPIC's mean |alpha| below this: its weights 1 -/+ alpha are ~1
-FINAL = ("entropic/alpha", "aent/coef")   # controllers: where they ended says whether they had converged
+EMPTY_FRAC = 1e-3  # a selection below 0.1 % of the tokens on average selected nothing
+SMALL_TERM = 0.01  # an added term < 1 % of |policy loss|
+UNIT_WEIGHTS = 0.02  # EntroPIC's mean |alpha| below this: its weights 1 -/+ alpha are ~1
+FINAL = ("entropic/alpha", "aent/coef")  # controllers: where they ended says whether they had converged
 
 
 def _cfg(algo_cfgs: dict, v: str) -> dict:
@@ -80,8 +90,10 @@ def _inert(v: str, per_seed_rows: list[list[dict]], cfg: dict) -> list[str]:
     alphas = [a for r in per_seed_rows for a in _vals(r, "entropic/alpha")]
     if v == "entropic" and alphas:
         if _at([abs(a) for a in alphas], cfg.get("alpha_max")) > 0.5:
-            found.append(f"entropic_alpha_at_bound (|alpha| = alpha_max {cfg.get('alpha_max')} on "
-                         f"{_at([abs(a) for a in alphas], cfg.get('alpha_max')):.0%} of steps)")
+            found.append(
+                f"entropic_alpha_at_bound (|alpha| = alpha_max {cfg.get('alpha_max')} on "
+                f"{_at([abs(a) for a in alphas], cfg.get('alpha_max')):.0%} of steps)"
+            )
         if float(np.mean(np.abs(alphas))) < UNIT_WEIGHTS:
             found.append(f"entropic_weights_near_1 (mean |alpha| {np.mean(np.abs(alphas)):.3f})")
     coefs = [c for r in per_seed_rows for c in _vals(r, "aent/coef")]
@@ -90,8 +102,10 @@ def _inert(v: str, per_seed_rows: list[list[dict]], cfg: dict) -> list[str]:
             if _at(coefs, bound) > 0.5:
                 found.append(f"aent_coef_at_{name} (coef = {bound} on {_at(coefs, bound):.0%} of steps)")
         if max(coefs) - min(coefs) <= 1e-12:
-            found.append(f"aent_coef_never_moved (coef {coefs[0]:g} throughout: the clamped entropy stayed in "
-                         f"[{cfg.get('low')}, {cfg.get('high')}])")
+            found.append(
+                f"aent_coef_never_moved (coef {coefs[0]:g} throughout: the clamped entropy stayed in "
+                f"[{cfg.get('low')}, {cfg.get('high')}])"
+            )
     if v in ADDED_TERMS:
         term = [abs(x) for r in per_seed_rows for x in _vals(r, ADDED_TERMS[v])]
         pol = [abs(x) for r in per_seed_rows for x in _vals(r, "loss/policy")]
@@ -110,14 +124,17 @@ def method_levers(runs: dict, v: str, algo_cfgs: dict) -> str:
         if any(math.isfinite(m) for m in means):
             cell = "/".join("nan" if not math.isfinite(m) else (f"{m:.2%}" if kind == "frac" else f"{m:.3g}") for m in means)
             if key in FINAL:
-                cell += " (final " + "/".join(f"{r[-1]:.3g}" if r else "nan" for r in (_vals(x, key) for x in per_seed_rows)) + ")"
+                cell += (
+                    " (final " + "/".join(f"{r[-1]:.3g}" if r else "nan" for r in (_vals(x, key) for x in per_seed_rows)) + ")"
+                )
             parts.append(f"{what} {cell}")
     if v in ADDED_TERMS:
         ratios = []
         for r in per_seed_rows:
             term, pol = _vals(r, ADDED_TERMS[v]), _vals(r, "loss/policy")
-            ratios.append(float(np.mean(np.abs(term)) / np.mean(np.abs(pol))) if term and pol and np.mean(np.abs(pol)) > 0
-                          else float("nan"))
+            ratios.append(
+                float(np.mean(np.abs(term)) / np.mean(np.abs(pol))) if term and pol and np.mean(np.abs(pol)) > 0 else float("nan")
+            )
         if any(math.isfinite(x) for x in ratios):
             parts.append(f"{ADDED_TERMS[v]} size over loss/policy size (mean abs) " + "/".join(_fmt(x) for x in ratios))
     levers = f"{v}: mean over steps per seed: " + ", ".join(parts) if parts else ""
@@ -133,10 +150,18 @@ def _higher(runs: dict, v: str, text: str, algo_cfgs: dict) -> dict:
     for s in _seeds(runs, "grpo", v):
         g, e = entropy_ends(runs["grpo"][s])[1], entropy_ends(runs[v][s])[1]
         per.append({"seed": s, "last_tenth_grpo": g, f"last_tenth_{v}": e, "ok": e > g})
-    return _claim(f"{v}_keeps_entropy", text, per, "ok", "last tenth " + ", ".join(
-        f"{_fmt(p[f'last_tenth_{v}'])} vs grpo {_fmt(p['last_tenth_grpo'])} ({_ratio(p[f'last_tenth_{v}'], p['last_tenth_grpo'])})"
-        for p in per),
-        _join(_reasons(runs, (v,), algo_cfgs), method_levers(runs, v, algo_cfgs)))
+    return _claim(
+        f"{v}_keeps_entropy",
+        text,
+        per,
+        "ok",
+        "last tenth "
+        + ", ".join(
+            f"{_fmt(p[f'last_tenth_{v}'])} vs grpo {_fmt(p['last_tenth_grpo'])} ({_ratio(p[f'last_tenth_{v}'], p['last_tenth_grpo'])})"
+            for p in per
+        ),
+        _join(_reasons(runs, (v,), algo_cfgs), method_levers(runs, v, algo_cfgs)),
+    )
 
 
 def _entropic(runs: dict, algo_cfgs: dict) -> dict:
@@ -145,18 +170,36 @@ def _entropic(runs: dict, algo_cfgs: dict) -> dict:
     per = []
     for s in _seeds(runs, "entropic", *([gate] if gate else [])):
         ent = _vals(runs["entropic"][s], "entropy")
-        m = float(np.mean(ent[-max(1, len(ent) // 3):])) if ent else float("nan")
+        m = float(np.mean(ent[-max(1, len(ent) // 3) :])) if ent else float("nan")
         std_pic = step_change_std(runs["entropic"][s])
         std_gate = step_change_std(runs[gate][s]) if gate else float("nan")
         near = abs(m / target - 1.0) <= 0.3
-        per.append({"seed": s, "last_third": m, "target": target, "std_entropic": std_pic, "std_gate": std_gate,
-                    "near_target": near, "ok": near and (std_pic < std_gate if gate else True)})
-    text = (f"EntroPIC holds entropy near its target (last third within +/-30 % of {target})"
-            + (" with less oscillation than STARE's gate" if gate else ""))
-    return _claim("entropic_holds_target", text, per, "ok", ", ".join(
-        f"last third {_fmt(p['last_third'])} ({p['last_third'] / target - 1.0:+.0%}), step-change std {_fmt(p['std_entropic'])}"
-        + (f" vs gate {_fmt(p['std_gate'])}" if gate else "") for p in per),
-        _join(_reasons(runs, ("entropic",), algo_cfgs), method_levers(runs, "entropic", algo_cfgs)))
+        per.append(
+            {
+                "seed": s,
+                "last_third": m,
+                "target": target,
+                "std_entropic": std_pic,
+                "std_gate": std_gate,
+                "near_target": near,
+                "ok": near and (std_pic < std_gate if gate else True),
+            }
+        )
+    text = f"EntroPIC holds entropy near its target (last third within +/-30 % of {target})" + (
+        " with less oscillation than STARE's gate" if gate else ""
+    )
+    return _claim(
+        "entropic_holds_target",
+        text,
+        per,
+        "ok",
+        ", ".join(
+            f"last third {_fmt(p['last_third'])} ({p['last_third'] / target - 1.0:+.0%}), step-change std {_fmt(p['std_entropic'])}"
+            + (f" vs gate {_fmt(p['std_gate'])}" if gate else "")
+            for p in per
+        ),
+        _join(_reasons(runs, ("entropic",), algo_cfgs), method_levers(runs, "entropic", algo_cfgs)),
+    )
 
 
 def method_claims(runs: dict, algo_cfgs: dict | None = None) -> list[dict]:
@@ -170,8 +213,16 @@ def method_claims(runs: dict, algo_cfgs: dict | None = None) -> list[dict]:
             out.append(_higher(runs, v, text, algo_cfgs))
     for v, why in NO_CLAIM.items():
         if runs.get(v):
-            out.append({"id": f"{v}_no_claim", "claim": f"{v}: no entropy claim ({why})", "measured": _no_claim_measured(runs, v),
-                        "reproduced": None, "per_seed": [], "no_claim": True})
+            out.append(
+                {
+                    "id": f"{v}_no_claim",
+                    "claim": f"{v}: no entropy claim ({why})",
+                    "measured": _no_claim_measured(runs, v),
+                    "reproduced": None,
+                    "per_seed": [],
+                    "no_claim": True,
+                }
+            )
     return out
 
 

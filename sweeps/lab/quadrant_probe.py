@@ -51,29 +51,37 @@ def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=pr
 
     ``cfg``: a composed ``train`` config (the model, task and batch size to use).
     """
-    dist = distributed.setup(cfg.trainer)         # one process: this rank's device, no process group
+    dist = distributed.setup(cfg.trainer)  # one process: this rank's device, no process group
     components.seed_everything(int(cfg.trainer.seed))
-    model, tokenizer = components.build_policy(cfg, dist, log=log)   # only what the experiment uses:
-    source = components.build_source(cfg, tokenizer)                 # no output folder, tracking or optimizer
+    model, tokenizer = components.build_policy(cfg, dist, log=log)  # only what the experiment uses:
+    source = components.build_source(cfg, tokenizer)  # no output folder, tracking or optimizer
     algo = components.build_algorithm(cfg)
     engine = build_rollout(cfg.rollout, model, tokenizer)
     try:
         kw = components.stats_kwargs(cfg)
         rows = int(cfg.trainer.micro_batch_responses)
-        probe = ProbeBatch(source.validation(int(cfg.diagnostics.get("probe_prompts", 32))), source.prompt, engine,
-                           lambda m, r: batch_token_stats(m, r, rows, **kw), int(cfg.diagnostics.get("probe_responses", 4)))
+        probe = ProbeBatch(
+            source.validation(int(cfg.diagnostics.get("probe_prompts", 32))),
+            source.prompt,
+            engine,
+            lambda m, r: batch_token_stats(m, r, rows, **kw),
+            int(cfg.diagnostics.get("probe_responses", 4)),
+        )
         start = {k: v.detach().clone() for k, v in model.state_dict().items()}
         h0 = probe.entropy(model)
         model.eval()
         params = [p for p in model.parameters() if p.requires_grad]
-        g_h = probe_entropy_gradient(model, probe.batch, lambda m, r: response_token_stats(m, r, entropy_grad=True, **kw)[1], rows)
+        g_h = probe_entropy_gradient(
+            model, probe.batch, lambda m, r: response_token_stats(m, r, entropy_grad=True, **kw)[1], rows
+        )
         theta0 = [p.detach().clone() for p in params]
         out: dict = {q: [] for q in QUADRANTS}
         out["predicted"], out["tabular"] = {q: [] for q in QUADRANTS}, {q: [] for q in QUADRANTS}
         for b in range(batches):
             # fresh prompts, apart from the training stream (steps 10_000 + b)
-            batch, _m = collect_rollouts(cfg, source=source, rollout=engine, algo=algo, dist=dist,
-                                         pad_token_id=tokenizer.pad_token_id, step=10_000 + b)
+            batch, _m = collect_rollouts(
+                cfg, source=source, rollout=engine, algo=algo, dist=dist, pad_token_id=tokenizer.pad_token_id, step=10_000 + b
+            )
             if batch is None:
                 continue
             roll, rewards, group_ids = batch.responses, batch.rewards, batch.group_ids
@@ -103,12 +111,14 @@ def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=pr
                 # the formula's coefficient: g_t = -dloss/dlogp_t = A_t sel_t / n_valid, times the step
                 coef = adv * sel / n_valid
                 out["tabular"][q].append(lr * float(effective_entropy_change(coef, old_logp, entropy, sel).sum()))
-            log(f"quadrant probe batch {b + 1}/{batches}: " + " ".join(
-                f"{q} {out[q][-1]:+.2e} (pred {out['predicted'][q][-1]:+.2e})" for q in QUADRANTS if out[q]))
+            log(
+                f"quadrant probe batch {b + 1}/{batches}: "
+                + " ".join(f"{q} {out[q][-1]:+.2e} (pred {out['predicted'][q][-1]:+.2e})" for q in QUADRANTS if out[q])
+            )
         model.load_state_dict(start)
         return out
     finally:
-        close = getattr(engine, "close", None)   # an engine that runs apart (vLLM)
+        close = getattr(engine, "close", None)  # an engine that runs apart (vLLM)
         if close is not None:
             close()
         distributed.cleanup(dist)

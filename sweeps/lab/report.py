@@ -25,8 +25,9 @@ from .explain import variant_attribution  # noqa: E402
 __all__ = ["plot_band", "variant_table", "claim_status", "quadrant_comparison", "write_lab_outputs"]
 
 
-def plot_band(runs: dict[str, dict[int, list[dict]]], key: str, path: Path, ylabel: str, title: str = "",
-              variants: list[str] | None = None) -> Path | None:
+def plot_band(
+    runs: dict[str, dict[int, list[dict]]], key: str, path: Path, ylabel: str, title: str = "", variants: list[str] | None = None
+) -> Path | None:
     """Mean over seeds (line) and min-max over seeds (band) of ``key`` per variant
     (``sweeps.aggregate.seed_band``: a step counts the seeds that logged it)."""
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -35,8 +36,9 @@ def plot_band(runs: dict[str, dict[int, list[dict]]], key: str, path: Path, ylab
         b = seed_band((runs.get(name) or {}).values(), key)
         if b is None:
             continue
-        line, = ax.plot(b["steps"], b["mean"], lw=1.6, label=f"{name} (n={b['seeds']})",
-                        marker="o" if len(b["steps"]) < 12 else None, ms=3)
+        (line,) = ax.plot(
+            b["steps"], b["mean"], lw=1.6, label=f"{name} (n={b['seeds']})", marker="o" if len(b["steps"]) < 12 else None, ms=3
+        )
         ax.fill_between(b["steps"], b["lo"], b["hi"], color=line.get_color(), alpha=0.18, lw=0)
         drawn = True
     if not drawn:
@@ -81,17 +83,21 @@ def variant_table(runs: dict, algo_cfgs: dict, pass_key: str) -> list[dict]:
         warnings = findings_cell([regime_warnings(rows, algo_cfgs.get(name, {})) for rows in rows_list])
         flags = findings_cell([entropy_flags(rows) for rows in rows_list])
         fits = [prediction_fit(rows) for rows in rows_list]
-        out.append({
-            "variant": name, "seeds": sorted(by_seed),
-            "entropy_first_tenth": [entropy_ends(r)[0] for r in rows_list],
-            "entropy_last_tenth": [entropy_ends(r)[1] for r in rows_list],
-            "val_acc": [final_value(r, "val/acc") for r in rows_list],
-            "pass@1": [final_value(r, "val/pass_at_1") for r in rows_list],
-            pass_key.split("/")[-1]: [final_value(r, pass_key) for r in rows_list],
-            "pred_r_detrended": [f.get("pearson_r_detrended", float("nan")) for f in fits],
-            "attribution": variant_attribution(by_seed),   # predicted_net's fit and the parts (explain.py)
-            "warnings": warnings, "flags": flags,
-        })
+        out.append(
+            {
+                "variant": name,
+                "seeds": sorted(by_seed),
+                "entropy_first_tenth": [entropy_ends(r)[0] for r in rows_list],
+                "entropy_last_tenth": [entropy_ends(r)[1] for r in rows_list],
+                "val_acc": [final_value(r, "val/acc") for r in rows_list],
+                "pass@1": [final_value(r, "val/pass_at_1") for r in rows_list],
+                pass_key.split("/")[-1]: [final_value(r, pass_key) for r in rows_list],
+                "pred_r_detrended": [f.get("pearson_r_detrended", float("nan")) for f in fits],
+                "attribution": variant_attribution(by_seed),  # predicted_net's fit and the parts (explain.py)
+                "warnings": warnings,
+                "flags": flags,
+            }
+        )
     return out
 
 
@@ -104,12 +110,16 @@ def claim_status(claim: dict) -> str:
 
 
 def _claims_md(claims: list[dict]) -> list[str]:
-    lines = ["| claim | measured | reproduced | why not (measured) | why entropy moved (attribution, first seed) |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| claim | measured | reproduced | why not (measured) | why entropy moved (attribution, first seed) |",
+        "|---|---|---|---|---|",
+    ]
     for c in claims:
         rep = claim_status(c)
-        lines.append(f"| `{c['id']}`: {c['claim']} | {c['measured'] or '-'} | {rep} | {c.get('reason', '')} | "
-                     f"{c.get('attribution_text', '')} |")
+        lines.append(
+            f"| `{c['id']}`: {c['claim']} | {c['measured'] or '-'} | {rep} | {c.get('reason', '')} | "
+            f"{c.get('attribution_text', '')} |"
+        )
     return lines
 
 
@@ -118,17 +128,22 @@ def _attribution_md(table: list[dict]) -> list[str]:
     rows = [t for t in table if t.get("attribution")]
     if not rows:
         return ["(no run measured the attribution: diagnostics.attribution=false)"]
-    lines = ["| variant | predicted_net vs realised: r detrended | slope | "
-             "first order (predicted_net_1st): r detrended | slope | "
-             "parts' share of the effect after step 1 (mean over seeds) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| variant | predicted_net vs realised: r detrended | slope | "
+        "first order (predicted_net_1st): r detrended | slope | "
+        "parts' share of the effect after step 1 (mean over seeds) |",
+        "|---|---|---|---|---|---|",
+    ]
     for t in rows:
         a = t["attribution"]
         share = {p: float(np.mean(v)) for p, v in (a.get("share_after_first") or a["share"]).items()}
         top = sorted(share, key=lambda p: -abs(share[p]))[:5]
-        lines.append(f"| {t['variant']} | {_ms(a['r_detrended'])} | {_ms(a['slope'])} | "
-                     f"{_ms(a.get('r_detrended_1st', []))} | {_ms(a.get('slope_1st', []))} | "
-                     + ", ".join(f"{p} {share[p]:+.0%}" for p in top) + " |")
+        lines.append(
+            f"| {t['variant']} | {_ms(a['r_detrended'])} | {_ms(a['slope'])} | "
+            f"{_ms(a.get('r_detrended_1st', []))} | {_ms(a.get('slope_1st', []))} | "
+            + ", ".join(f"{p} {share[p]:+.0%}" for p in top)
+            + " |"
+        )
     return lines
 
 
@@ -144,8 +159,9 @@ def quadrant_comparison(quadrants: dict) -> dict:
             vals = [np.asarray((quadrants[s].get(kind) or {}).get(q, []), dtype=float) for s in quadrants]
             v = np.concatenate(vals) if vals else np.zeros(0)
             row[kind] = float(v.mean()) if v.size else float("nan")
-            row[f"{kind}_sign_agreement"] = (float(np.mean(np.sign(v) == np.sign(real))) if v.size == real.size and v.size
-                                             else float("nan"))
+            row[f"{kind}_sign_agreement"] = (
+                float(np.mean(np.sign(v) == np.sign(real))) if v.size == real.size and v.size else float("nan")
+            )
         out[q] = row
     for kind in ("realised", "predicted", "tabular"):
         total = sum(abs(out[q][kind]) for q in THEORY if math.isfinite(out[q][kind]))
@@ -157,10 +173,16 @@ def quadrant_comparison(quadrants: dict) -> dict:
 def _quadrants_md(quadrants: dict) -> list[str]:
     if not quadrants:
         return ["(quadrant experiment not run)"]
-    lines = ["| quadrant | theory | " + " | ".join(f"seed {s}: mean ± std (n, sign held)" for s in sorted(quadrants)) + " |",
-             "|---|---|" + "---|" * len(quadrants)]
-    names = {"q1": "Q1 exploitation (A>0, low surprisal)", "q2": "Q2 exploration (A>0, high surprisal)",
-             "q3": "Q3 suppression (A<0, high surprisal)", "q4": "Q4 error-correction (A<0, low surprisal)"}
+    lines = [
+        "| quadrant | theory | " + " | ".join(f"seed {s}: mean ± std (n, sign held)" for s in sorted(quadrants)) + " |",
+        "|---|---|" + "---|" * len(quadrants),
+    ]
+    names = {
+        "q1": "Q1 exploitation (A>0, low surprisal)",
+        "q2": "Q2 exploration (A>0, high surprisal)",
+        "q3": "Q3 suppression (A<0, high surprisal)",
+        "q4": "Q4 error-correction (A<0, low surprisal)",
+    }
     for q, sign in THEORY.items():
         cells = []
         for s in sorted(quadrants):
@@ -169,38 +191,66 @@ def _quadrants_md(quadrants: dict) -> list[str]:
         lines.append(f"| {names[q]} | {'raises' if sign > 0 else 'lowers'} | " + " | ".join(cells) + " |")
     comp = quadrant_comparison(quadrants)
     if any(math.isfinite(comp[q]["predicted"]) for q in THEORY):
-        lines += ["", "Predicted beside realised (all seeds and batches): the network's first-order prediction "
-                  "(g_H . dtheta) and the tabular-softmax formula (each position its own logit table; its values are at the "
-                  "trained tokens' positions, so only its signs and shares compare).", "",
-                  "| quadrant | realised mean | network prediction (sign agrees) | share: realised / network / tabular |",
-                  "|---|---|---|---|"]
+        lines += [
+            "",
+            "Predicted beside realised (all seeds and batches): the network's first-order prediction "
+            "(g_H . dtheta) and the tabular-softmax formula (each position its own logit table; its values are at the "
+            "trained tokens' positions, so only its signs and shares compare).",
+            "",
+            "| quadrant | realised mean | network prediction (sign agrees) | share: realised / network / tabular |",
+            "|---|---|---|---|",
+        ]
         for q in THEORY:
             c = comp[q]
-            lines.append(f"| {q} | {c['realised']:+.2e} | {c['predicted']:+.2e} ({c['predicted_sign_agreement']:.0%}) | "
-                         f"{c['realised_share']:.0%} / {c['predicted_share']:.0%} / {c['tabular_share']:.0%} |")
+            lines.append(
+                f"| {q} | {c['realised']:+.2e} | {c['predicted']:+.2e} ({c['predicted_sign_agreement']:.0%}) | "
+                f"{c['realised_share']:.0%} / {c['predicted_share']:.0%} / {c['tabular_share']:.0%} |"
+            )
     return lines
 
 
-def write_lab_outputs(out: Path, runs: dict, claims: list[dict], *, algo_cfgs: dict, quadrants: dict | None,
-                      pass_key: str, command: str, wall_seconds: float, failed: list[str]) -> dict[str, Path]:
+def write_lab_outputs(
+    out: Path,
+    runs: dict,
+    claims: list[dict],
+    *,
+    algo_cfgs: dict,
+    quadrants: dict | None,
+    pass_key: str,
+    command: str,
+    wall_seconds: float,
+    failed: list[str],
+) -> dict[str, Path]:
     """Figures, ``lab.json`` and ``report.md`` in ``out``; returns their paths by name."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     main = [v for v in runs if not v.endswith("_extreme")]
     paths = {}
-    for name, key, label, variants in (("entropy", "entropy", "policy entropy (nats/token)", main),
-                                       ("pass1", "val/pass_at_1", "validation pass@1", main),
-                                       ("passk", pass_key, f"validation {pass_key.split('/')[-1]}", main),
-                                       ("extreme", "entropy", "entropy, stress test (clip 0.99/5, many updates per step)",
-                                        [v for v in runs if v.endswith("_extreme")])):
+    for name, key, label, variants in (
+        ("entropy", "entropy", "policy entropy (nats/token)", main),
+        ("pass1", "val/pass_at_1", "validation pass@1", main),
+        ("passk", pass_key, f"validation {pass_key.split('/')[-1]}", main),
+        (
+            "extreme",
+            "entropy",
+            "entropy, stress test (clip 0.99/5, many updates per step)",
+            [v for v in runs if v.endswith("_extreme")],
+        ),
+    ):
         p = plot_band(runs, key, out / f"lab-{name}.png", label, variants=variants)
         if p is not None:
             paths[name] = p
     table = variant_table(runs, algo_cfgs, pass_key)
     claims = [{**c, "status": claim_status(c)} for c in claims]
-    doc = {"claims": claims, "variants": table, "quadrants": quadrants or {},
-           "quadrant_comparison": quadrant_comparison(quadrants) if quadrants else {}, "command": command,
-           "wall_seconds": wall_seconds, "failed_runs": failed}
+    doc = {
+        "claims": claims,
+        "variants": table,
+        "quadrants": quadrants or {},
+        "quadrant_comparison": quadrant_comparison(quadrants) if quadrants else {},
+        "command": command,
+        "wall_seconds": wall_seconds,
+        "failed_runs": failed,
+    }
     (out / "lab.json").write_text(json.dumps(doc, indent=2, default=float))
     paths["lab.json"] = out / "lab.json"
     k = pass_key.split("/")[-1]
@@ -212,22 +262,40 @@ def write_lab_outputs(out: Path, runs: dict, claims: list[dict], *, algo_cfgs: d
         lines += [f"![pass@1](lab-pass1.png) ![{k}](lab-passk.png)", ""]
     if "extreme" in paths:
         lines += ["![stress test](lab-extreme.png)", ""]
-    lines += ["## Variants (mean ± std over seeds)", "",
-              f"| variant | entropy first tenth | entropy last tenth | val acc | pass@1 | {k} | pred/realised r (detrended) | warnings | flags |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "## Variants (mean ± std over seeds)",
+        "",
+        f"| variant | entropy first tenth | entropy last tenth | val acc | pass@1 | {k} | pred/realised r (detrended) | warnings | flags |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for t in table:
-        lines.append(f"| {t['variant']} | {_ms(t['entropy_first_tenth'])} | {_ms(t['entropy_last_tenth'])} | {_ms(t['val_acc'])} | "
-                     f"{_ms(t['pass@1'])} | {_ms(t[k])} | {_ms(t['pred_r_detrended'])} | {t['warnings']} | "
-                     f"{t['flags']} |")
-    lines += ["", "## Why entropy moved (attribution, every 10 steps)", "",
-              "`entropy_change/predicted_net` = sum over the step's optimizer steps of the mean of dH_probe/dtheta "
-              "at the optimizer step's start and end . its parameter change (the trapezoid), and `predicted_net_1st` "
-              "with the gradient at the start only (first order), each split into parts that add up to it "
-              "(`attribution/<part>`, `attribution_1st/<part>`; docs/algorithms.md §6); each run's "
-              "figure is `runs/<variant>/s<seed>/why_entropy_moved.png`.", "", *_attribution_md(table)]
-    lines += ["", "## Quadrant sign experiment", "",
-              "One plain-SGD step restricted to one quadrant's tokens, from the starting policy; realised entropy "
-              "change on the fixed probe batch (nats/token).", "", *_quadrants_md(quadrants or {}), ""]
+        lines.append(
+            f"| {t['variant']} | {_ms(t['entropy_first_tenth'])} | {_ms(t['entropy_last_tenth'])} | {_ms(t['val_acc'])} | "
+            f"{_ms(t['pass@1'])} | {_ms(t[k])} | {_ms(t['pred_r_detrended'])} | {t['warnings']} | "
+            f"{t['flags']} |"
+        )
+    lines += [
+        "",
+        "## Why entropy moved (attribution, every 10 steps)",
+        "",
+        "`entropy_change/predicted_net` = sum over the step's optimizer steps of the mean of dH_probe/dtheta "
+        "at the optimizer step's start and end . its parameter change (the trapezoid), and `predicted_net_1st` "
+        "with the gradient at the start only (first order), each split into parts that add up to it "
+        "(`attribution/<part>`, `attribution_1st/<part>`; docs/algorithms.md §6); each run's "
+        "figure is `runs/<variant>/s<seed>/why_entropy_moved.png`.",
+        "",
+        *_attribution_md(table),
+    ]
+    lines += [
+        "",
+        "## Quadrant sign experiment",
+        "",
+        "One plain-SGD step restricted to one quadrant's tokens, from the starting policy; realised entropy "
+        "change on the fixed probe batch (nats/token).",
+        "",
+        *_quadrants_md(quadrants or {}),
+        "",
+    ]
     (out / "report.md").write_text("\n".join(lines))
     paths["report.md"] = out / "report.md"
     return paths

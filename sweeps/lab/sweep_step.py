@@ -74,17 +74,31 @@ def lab_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[
     stare = configs.get("stare") or to_plain(compose("train", ["experiment=lab_stare", *every_job]))
     h_tgt = float(stare["algo"]["stare"]["h_tgt"])
     any_cfg = next(iter(configs.values()), None) or to_plain(compose("train", ["experiment=lab_grpo", *every_job]))
-    pass_key = f"val/pass_at_{int(any_cfg['val']['pass_k'])}"   # metrics.jsonl's name (core/tracking.py)
+    pass_key = f"val/pass_at_{int(any_cfg['val']['pass_k'])}"  # metrics.jsonl's name (core/tracking.py)
     claims = compute_claims(runs, h_tgt=h_tgt, algo_cfgs=algo_cfgs, quadrants=quadrants or None, pass_key=pass_key)
-    claims += method_claims(runs, algo_cfgs)   # the newer methods, where their runs are present
-    claims = explain_claims(claims, runs)      # why entropy moved, from the runs' attribution
+    claims += method_claims(runs, algo_cfgs)  # the newer methods, where their runs are present
+    claims = explain_claims(claims, runs)  # why entropy moved, from the runs' attribution
     failed = [st.key for st in statuses if st.state == FAILED]
-    command = sweep.get("command") or " ".join(["entropyrl sweep", f"ablation={sweep.get('ablation', {}).get('name')}",
-                                                 *every_job])
-    paths = write_lab_outputs(Path(sweep_dir), runs, claims, algo_cfgs=algo_cfgs, quadrants=quadrants,
-                              pass_key=pass_key, command=command, wall_seconds=_wall_seconds(statuses),
-                              failed=failed)
-    log(f"lab report: {paths['report.md']} ({sum(c['reproduced'] is True for c in claims)} of "
-        f"{sum(c['reproduced'] is not None for c in claims)} claims run reproduced)")
-    return {"paths": paths, "claims": claims,
-            "metrics": {f"claims/{c['id']}": float(c["reproduced"]) for c in claims if c["reproduced"] is not None}}
+    command = sweep.get("command") or " ".join(
+        ["entropyrl sweep", f"ablation={sweep.get('ablation', {}).get('name')}", *every_job]
+    )
+    paths = write_lab_outputs(
+        Path(sweep_dir),
+        runs,
+        claims,
+        algo_cfgs=algo_cfgs,
+        quadrants=quadrants,
+        pass_key=pass_key,
+        command=command,
+        wall_seconds=_wall_seconds(statuses),
+        failed=failed,
+    )
+    log(
+        f"lab report: {paths['report.md']} ({sum(c['reproduced'] is True for c in claims)} of "
+        f"{sum(c['reproduced'] is not None for c in claims)} claims run reproduced)"
+    )
+    return {
+        "paths": paths,
+        "claims": claims,
+        "metrics": {f"claims/{c['id']}": float(c["reproduced"]) for c in claims if c["reproduced"] is not None},
+    }

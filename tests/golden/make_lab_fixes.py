@@ -46,17 +46,27 @@ def main(inputs_path: str, adv_path: str) -> None:
     logp, old, ent = (np.array(inp[k], dtype=float) for k in ("logp", "old_logp", "entropy"))
     adv = np.array(json.loads(Path(adv_path).read_text())["grpo"], dtype=float)[:, None] * m
     out: dict = {"about": "fidelity fixes; from tests/golden/inputs.json (grpo advantages), numpy float64"}
-    out["entropy_bonus"] = {"coef": 0.01, "norm": 7.0,
-                            **{mode: -0.01 * agg(ent, m, mode) for mode in
-                               ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")}}
+    out["entropy_bonus"] = {
+        "coef": 0.01,
+        "norm": 7.0,
+        **{mode: -0.01 * agg(ent, m, mode) for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")},
+    }
     fr = {}
-    cases = {"grpo": (0.2, 0.2, 3.0, 0.0), "dapo": (0.2, 0.28, 10.0, 0.0), "tight": (0.05, 0.05, 1.5, 0.0),
-             "stale_old_logp": (0.2, 0.2, 3.0, 1.2)}   # old_logp - 1.2: rho ~ 3.3, the dual clip binds
+    cases = {
+        "grpo": (0.2, 0.2, 3.0, 0.0),
+        "dapo": (0.2, 0.28, 10.0, 0.0),
+        "tight": (0.05, 0.05, 1.5, 0.0),
+        "stale_old_logp": (0.2, 0.2, 3.0, 1.2),
+    }  # old_logp - 1.2: rho ~ 3.3, the dual clip binds
     for name, (lo, hi, c, shift) in cases.items():
         rc, dual = surrogate(logp, old - shift, adv, lo, hi, c)
-        fr[name] = {"clip": [lo, hi, c], "old_logp_shift": shift, "ratio_frac": float((rc * m).sum() / m.sum()),
-                    "dual_frac": float((dual * m).sum() / m.sum()),
-                    "frac": float(((rc | dual) * m).sum() / m.sum())}
+        fr[name] = {
+            "clip": [lo, hi, c],
+            "old_logp_shift": shift,
+            "ratio_frac": float((rc * m).sum() / m.sum()),
+            "dual_frac": float((dual * m).sum() / m.sum()),
+            "frac": float(((rc | dual) * m).sum() / m.sum()),
+        }
     out["clip_fractions"] = fr
     # STEER with entropy_source=old: Omega from the current policy's q and the sampling policy's H.
     current_entropy = ent * 0.5 + 0.05
@@ -64,8 +74,10 @@ def main(inputs_path: str, adv_path: str) -> None:
     q_old = np.clip(np.exp(old), 1e-8, 1.0)
     for source, h in (("old", ent), ("current", current_entropy)):
         omega = np.where(m > 0, adv / q_old * q * (1 - q) * (np.log(q) + h), 0.0)
-        out[f"steer_{source}"] = {"current_entropy": current_entropy.tolist(),
-                                  "weights_exp_min0.5": steer_exp(omega, m, 0.5).tolist()}
+        out[f"steer_{source}"] = {
+            "current_entropy": current_entropy.tolist(),
+            "weights_exp_min0.5": steer_exp(omega, m, 0.5).tolist(),
+        }
     Path(__file__).with_name("lab_fixes.json").write_text(json.dumps(out, indent=1))
 
 

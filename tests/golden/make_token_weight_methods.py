@@ -62,29 +62,57 @@ def main(folder: str) -> None:
     folder = Path(folder)
 
     def write(name, source, cases):
-        doc = {"about": f"golden vectors for {name}; numpy float64 re-derivation "
-                        "(tests/golden/make_token_weight_methods.py)", "source": source, "clip": list(CLIP),
-               "inputs": inputs, **cases}
+        doc = {
+            "about": f"golden vectors for {name}; numpy float64 re-derivation (tests/golden/make_token_weight_methods.py)",
+            "source": source,
+            "clip": list(CLIP),
+            "inputs": inputs,
+            **cases,
+        }
         (folder / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
 
-    write("high_entropy_mask", "Wang et al. 2025 (2506.01939), top-rho entropy tokens keep the policy gradient",
-          {"cases": {"published": {"params": {"rho": 0.2}, **high_entropy_mask(x, 0.2)},
-                     "half": {"params": {"rho": 0.5}, **high_entropy_mask(x, 0.5)},
-                     "all": {"params": {"rho": 1.0}, **high_entropy_mask(x, 1.0)}}})
-    write("sample_reweight", "Zhu et al. 2025 (2506.01347), W-REINFORCE sample weights",
-          {"cases": {"published": {"params": {"pos_weight": 0.1, "neg_weight": 1.0}, **sample_reweight(x, 0.1, 1.0)},
-                     "both": {"params": {"pos_weight": 0.5, "neg_weight": 2.0}, **sample_reweight(x, 0.5, 2.0)}}})
+    write(
+        "high_entropy_mask",
+        "Wang et al. 2025 (2506.01939), top-rho entropy tokens keep the policy gradient",
+        {
+            "cases": {
+                "published": {"params": {"rho": 0.2}, **high_entropy_mask(x, 0.2)},
+                "half": {"params": {"rho": 0.5}, **high_entropy_mask(x, 0.5)},
+                "all": {"params": {"rho": 1.0}, **high_entropy_mask(x, 1.0)},
+            }
+        },
+    )
+    write(
+        "sample_reweight",
+        "Zhu et al. 2025 (2506.01347), W-REINFORCE sample weights",
+        {
+            "cases": {
+                "published": {"params": {"pos_weight": 0.1, "neg_weight": 1.0}, **sample_reweight(x, 0.1, 1.0)},
+                "both": {"params": {"pos_weight": 0.5, "neg_weight": 2.0}, **sample_reweight(x, 0.5, 2.0)},
+            }
+        },
+    )
     readings = [0.5, 0.31, 0.3, 0.2, 0.1, float("nan"), 0.05, 0.02, 0.4, 0.6, 0.25]
     p = {"init_coef": 0.01, "target": 0.3, "delta": 0.005, "coef_min": 0.0, "coef_max": 0.02}
     beta = adaptive_coefficients(readings, 0.01, 0.3, 0.005, 0.0, 0.02)
     m = x["mask"]
     # the loss term -beta * token-mean(H) at the last coefficient; d/dH = -beta * m / n
-    write("adaptive_entropy", "entropy bonus with a coefficient stepped toward a target (Skywork-OR1's adaptive "
-          "entropy control, as docs/algorithms.md §5 states it)",
-          {"cases": {"stepped": {
-              "params": p, "readings": [None if not math.isfinite(h) else h for h in readings], "coef": beta,
-              "term": -beta[-1] * agg(x["entropy"], m, "token-mean"),
-              "term_grad_entropy": (-beta[-1] * agg_grad(np.ones_like(m), m, "token-mean")).tolist()}}})
+    write(
+        "adaptive_entropy",
+        "entropy bonus with a coefficient stepped toward a target (Skywork-OR1's adaptive "
+        "entropy control, as docs/algorithms.md §5 states it)",
+        {
+            "cases": {
+                "stepped": {
+                    "params": p,
+                    "readings": [None if not math.isfinite(h) else h for h in readings],
+                    "coef": beta,
+                    "term": -beta[-1] * agg(x["entropy"], m, "token-mean"),
+                    "term_grad_entropy": (-beta[-1] * agg_grad(np.ones_like(m), m, "token-mean")).tolist(),
+                }
+            }
+        },
+    )
 
 
 if __name__ == "__main__":

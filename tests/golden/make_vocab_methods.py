@@ -40,7 +40,7 @@ def topp_entropy(z, top_p, k):
     """SIREN (Linn3a/siren efficient_top_p_sampling): among the k highest logits, the tokens whose
     inclusive cumulative probability is below top_p (searchsorted-left cut), re-normalised; 0 if none."""
     p = softmax(z)
-    order = np.argsort(-z, axis=-1, kind="stable")[..., :min(k, z.shape[-1])]
+    order = np.argsort(-z, axis=-1, kind="stable")[..., : min(k, z.shape[-1])]
     sp = np.take_along_axis(p, order, -1)
     nucleus = np.zeros_like(z, dtype=bool)
     np.put_along_axis(nucleus, order, np.cumsum(sp, -1) < top_p, axis=-1)
@@ -52,10 +52,13 @@ def vocab_stats(folder: Path, clamp: float, top_p: float, kappa: float, k: int =
     inp = json.loads((folder / "inputs.json").read_text())["inputs"]
     z = np.array(inp["logits"], dtype=float)
     p = softmax(z)
-    return {"params": {"clamp": clamp, "top_p": top_p, "top_k": k, "kappa": kappa},
-            "clamped_entropy": restricted_entropy(z, clamped_keep(z, clamp)).tolist(),
-            "topp_entropy": topp_entropy(z, top_p, k).tolist(),
-            "minp_log_mass": minp_log_mass(z, kappa).tolist(), "max_logp": np.log(p.max(-1)).tolist()}
+    return {
+        "params": {"clamp": clamp, "top_p": top_p, "top_k": k, "kappa": kappa},
+        "clamped_entropy": restricted_entropy(z, clamped_keep(z, clamp)).tolist(),
+        "topp_entropy": topp_entropy(z, top_p, k).tolist(),
+        "minp_log_mass": minp_log_mass(z, kappa).tolist(),
+        "max_logp": np.log(p.max(-1)).tolist(),
+    }
 
 
 def peak_mask(h, m, q):
@@ -90,9 +93,16 @@ def siren(folder: Path, p: dict, second: tuple) -> dict:
             anchor = seq_mean_token_mean_all(masked, m1.astype(float))
         n2 = m2.sum(-1, keepdims=True)
         dh = np.where(m2, 1.0 / np.maximum(n2, 1.0), 0.0) / m.shape[0]
-        calls.append({"h": h.tolist(), "regulated": big_h, "anchor": anchor, "mask": m2.tolist(),
-                      "value": p["coef"] * (big_h - anchor) ** 2,
-                      "grad_h": (2.0 * p["coef"] * (big_h - anchor) * dh).tolist()})
+        calls.append(
+            {
+                "h": h.tolist(),
+                "regulated": big_h,
+                "anchor": anchor,
+                "mask": m2.tolist(),
+                "value": p["coef"] * (big_h - anchor) ** 2,
+                "grad_h": (2.0 * p["coef"] * (big_h - anchor) * dh).tolist(),
+            }
+        )
     return {"params": p, "calls": calls}
 
 
@@ -121,7 +131,7 @@ def lp_reg_batch(seed: int = 7, b: int = 6, t: int = 8, v: int = 16) -> dict:
     lengths = np.array([8, 5, 7, 3, 8, 6])[:b]
     mask = (np.arange(t)[None, :] < lengths[:, None]).astype(float)
     logits = rng.normal(0.0, 2.5, size=(b, t, v))
-    cdf = np.cumsum(softmax(logits), -1)                 # tokens sampled from the policy
+    cdf = np.cumsum(softmax(logits), -1)  # tokens sampled from the policy
     tokens = np.minimum((cdf < rng.random(size=(b, t, 1))).sum(-1), v - 1)
     logp = np.take_along_axis(np.log(softmax(logits)), tokens[..., None], -1)[..., 0]
     old = logp + rng.normal(0.0, 0.3, size=(b, t))
@@ -163,43 +173,77 @@ def lp_reg(x: dict, p: dict, lo: float, hi: float) -> dict:
     val = np.where(sel, -a * rho + p["coef"] * k3c, base)
     g = np.where(sel, -a * rho + p["coef"] * dk3, gbase)
     kl_part = agg(np.where(sel, p["coef"] * k3c, 0.0), m, "token-mean")
-    return {"params": p, "clip": [lo, hi], "proxy_logp": tgt.tolist(),
-            "selected": sel.tolist(), "kl_term": kl_part,
-            **out(agg(val, m, "token-mean"), agg_grad(g, m, "token-mean"))}
+    return {
+        "params": p,
+        "clip": [lo, hi],
+        "proxy_logp": tgt.tolist(),
+        "selected": sel.tolist(),
+        "kl_term": kl_part,
+        **out(agg(val, m, "token-mean"), agg_grad(g, m, "token-mean")),
+    }
 
 
 def write_vocab_methods(folder: Path) -> None:
-    doc = {"about": "full-distribution statistics of tests/golden/inputs.json's logits (AEnt's "
-                    "clamped entropy, SIREN's top-p entropy, Lp-Reg's min-p kept mass); numpy float64 "
-                    "(tests/golden/make_entropy_methods.py)",
-           "source": f"clamped_entropy: {AENT}; minp_log_mass: {LP_REG}; topp_entropy: {SIREN}",
-           "cases": {"published": vocab_stats(folder, 0.4, 0.8, 0.02), "small": vocab_stats(folder, 0.2, 0.5, 0.2, 3),
-                     "wide": vocab_stats(folder, 0.0, 0.95, 0.05)}}
+    doc = {
+        "about": "full-distribution statistics of tests/golden/inputs.json's logits (AEnt's "
+        "clamped entropy, SIREN's top-p entropy, Lp-Reg's min-p kept mass); numpy float64 "
+        "(tests/golden/make_entropy_methods.py)",
+        "source": f"clamped_entropy: {AENT}; minp_log_mass: {LP_REG}; topp_entropy: {SIREN}",
+        "cases": {
+            "published": vocab_stats(folder, 0.4, 0.8, 0.02),
+            "small": vocab_stats(folder, 0.2, 0.5, 0.2, 3),
+            "wide": vocab_stats(folder, 0.0, 0.95, 0.05),
+        },
+    }
     (folder / "vocab_stats.json").write_text(json.dumps(doc, indent=1) + "\n")
 
-    aent_p = {"clamp": 0.4, "init_coef": 0.0002, "adaptive": True, "lr": 0.001, "low": 0.05, "high": 0.23,
-              "coef_min": 1e-5, "coef_max": 0.003, "warmup_steps": 1}
-    doc = {"about": "golden vectors for aent (clamped entropy term, adaptive coefficient) on "
-                    "tests/golden/inputs.json's logits; numpy float64 (tests/golden/make_entropy_methods.py)",
-           "source": AENT, "cases": {
-               "published": aent(folder, aent_p, [1.0, 1.0, 0.2, 0.01, 0.01, 3.0], [[0, 1, 2], [3, 4, 5]]),
-               "fixed": aent(folder, {**aent_p, "adaptive": False, "clamp": 0.2}, [0.01, 5.0], [[0, 1, 2, 3, 4, 5]]),
-               "boxed": aent(folder, {**aent_p, "lr": 0.5, "warmup_steps": 0, "clamp": 0.0}, [0.001, 0.001, 9.0, 9.0],
-                             [[0, 1], [2, 3, 4, 5]])}}
+    aent_p = {
+        "clamp": 0.4,
+        "init_coef": 0.0002,
+        "adaptive": True,
+        "lr": 0.001,
+        "low": 0.05,
+        "high": 0.23,
+        "coef_min": 1e-5,
+        "coef_max": 0.003,
+        "warmup_steps": 1,
+    }
+    doc = {
+        "about": "golden vectors for aent (clamped entropy term, adaptive coefficient) on "
+        "tests/golden/inputs.json's logits; numpy float64 (tests/golden/make_entropy_methods.py)",
+        "source": AENT,
+        "cases": {
+            "published": aent(folder, aent_p, [1.0, 1.0, 0.2, 0.01, 0.01, 3.0], [[0, 1, 2], [3, 4, 5]]),
+            "fixed": aent(folder, {**aent_p, "adaptive": False, "clamp": 0.2}, [0.01, 5.0], [[0, 1, 2, 3, 4, 5]]),
+            "boxed": aent(
+                folder, {**aent_p, "lr": 0.5, "warmup_steps": 0, "clamp": 0.0}, [0.001, 0.001, 9.0, 9.0], [[0, 1], [2, 3, 4, 5]]
+            ),
+        },
+    }
     (folder / "aent.json").write_text(json.dumps(doc, indent=1) + "\n")
 
     siren_p = {"top_p": 0.8, "top_k": 10000, "quantile": 0.8, "coef": 0.005}
-    doc = {"about": "golden vectors for siren on tests/golden/inputs.json's logits; numpy float64 "
-                    "(tests/golden/make_entropy_methods.py)", "source": SIREN, "cases": {
-               "published": siren(folder, siren_p, (1.3, 0.05)),
-               "half": siren(folder, {**siren_p, "top_p": 0.95, "top_k": 6, "quantile": 0.5, "coef": 2.0}, (0.7, 0.0))}}
+    doc = {
+        "about": "golden vectors for siren on tests/golden/inputs.json's logits; numpy float64 "
+        "(tests/golden/make_entropy_methods.py)",
+        "source": SIREN,
+        "cases": {
+            "published": siren(folder, siren_p, (1.3, 0.05)),
+            "half": siren(folder, {**siren_p, "top_p": 0.95, "top_k": 6, "quantile": 0.5, "coef": 2.0}, (0.7, 0.0)),
+        },
+    }
     (folder / "siren.json").write_text(json.dumps(doc, indent=1) + "\n")
 
     y = lp_reg_batch()
-    doc = {"about": "golden vectors for lp_reg; numpy float64 re-derivation (tests/golden/"
-                    "make_entropy_methods.py); its own batch with logits [6, 8, 16] and sampled tokens",
-           "source": LP_REG, "inputs": {k: v.tolist() for k, v in y.items()}, "cases": {
-               "published": lp_reg(y, {"coef": 1.0, "kappa": 0.02, "rho": 0.01, "rho_pos": 0.0}, 1.0, 9.0),
-               "wide": lp_reg(y, {"coef": 1.0, "kappa": 0.1, "rho": 0.5, "rho_pos": 0.0}, 1.0, 9.0),
-               "both_signs": lp_reg(y, {"coef": 0.3, "kappa": 0.3, "rho": 0.6, "rho_pos": 0.4}, 0.2, 0.28)}}
+    doc = {
+        "about": "golden vectors for lp_reg; numpy float64 re-derivation (tests/golden/"
+        "make_entropy_methods.py); its own batch with logits [6, 8, 16] and sampled tokens",
+        "source": LP_REG,
+        "inputs": {k: v.tolist() for k, v in y.items()},
+        "cases": {
+            "published": lp_reg(y, {"coef": 1.0, "kappa": 0.02, "rho": 0.01, "rho_pos": 0.0}, 1.0, 9.0),
+            "wide": lp_reg(y, {"coef": 1.0, "kappa": 0.1, "rho": 0.5, "rho_pos": 0.0}, 1.0, 9.0),
+            "both_signs": lp_reg(y, {"coef": 0.3, "kappa": 0.3, "rho": 0.6, "rho_pos": 0.4}, 0.2, 0.28),
+        },
+    }
     (folder / "lp_reg.json").write_text(json.dumps(doc, indent=1) + "\n")

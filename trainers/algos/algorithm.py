@@ -49,6 +49,7 @@ PREPARE_LEVELS = ("batch", "mini")
 # scope "global" selects at the mini-batch level, over the rows of every rank (``gather``)
 _AT_LEVEL = {"batch": ("batch",), "mini": ("mini", "global")}
 
+
 @dataclass
 class LossOutput:
     """What one micro-batch loss computed.
@@ -58,6 +59,7 @@ class LossOutput:
     ``token_loss``: ``[b, T]`` the weighted per-token policy loss the aggregation saw (still on the
     graph: diagnostics read gradients off it, ``stats/prediction.py``).
     """
+
     loss: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
     tokens: LossContext | None = None
@@ -70,16 +72,26 @@ class Algorithm:
     Build it with ``from_config`` / ``from_train_config``, which check every value; the constructor
     takes checked values."""
 
-    def __init__(self, *, name: str = default("name"), advantage: str = default("advantage"),
-                 eps_low: float = default("clip.low"), eps_high: float = default("clip.high"),
-                 dual_c: float | None = default("clip.dual_c"), loss_agg: str = default("loss_agg"),
-                 loss_agg_norm: float | None = default("loss_agg_norm"), kl_coef: float = default("kl_coef"),
-                 interventions: list[Intervention] | None = None,
-                 dynamic_sampling: bool = default("dynamic_sampling.enabled"),
-                 max_num_gen_batches: int = default("dynamic_sampling.max_num_gen_batches"),
-                 overlong: bool = default("overlong.enabled"), overlong_buffer: int = default("overlong.buffer"),
-                 max_response_length: int = 1, objective: str = default("objective"),
-                 objective_args: dict | None = None):
+    def __init__(
+        self,
+        *,
+        name: str = default("name"),
+        advantage: str = default("advantage"),
+        eps_low: float = default("clip.low"),
+        eps_high: float = default("clip.high"),
+        dual_c: float | None = default("clip.dual_c"),
+        loss_agg: str = default("loss_agg"),
+        loss_agg_norm: float | None = default("loss_agg_norm"),
+        kl_coef: float = default("kl_coef"),
+        interventions: list[Intervention] | None = None,
+        dynamic_sampling: bool = default("dynamic_sampling.enabled"),
+        max_num_gen_batches: int = default("dynamic_sampling.max_num_gen_batches"),
+        overlong: bool = default("overlong.enabled"),
+        overlong_buffer: int = default("overlong.buffer"),
+        max_response_length: int = 1,
+        objective: str = default("objective"),
+        objective_args: dict | None = None,
+    ):
         self.objective = str(objective)
         self.objective_args = objectives.check_objective_args(self.objective, dict(objective_args or {}))
         self.name = name
@@ -98,8 +110,9 @@ class Algorithm:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_config(cls, algo_cfg, *, max_response_length: int, seed: int = 0,
-                    switches: dict[str, Any] | None = None) -> Algorithm:
+    def from_config(
+        cls, algo_cfg, *, max_response_length: int, seed: int = 0, switches: dict[str, Any] | None = None
+    ) -> Algorithm:
         """Build from the ``algo`` config group (DictConfig or dict); bad values raise ``UserError``.
 
         ``switches``: ``{config path: section}`` for the interventions switched on from outside
@@ -135,19 +148,20 @@ class Algorithm:
             if section is not None and not isinstance(section, dict):
                 raise UserError(f"algo.{n} must be a mapping of {n}'s parameters, got {section!r}")
             if n not in names and section is not None:
-                intervention_params(n, section)   # a section the run does not use is still checked
+                intervention_params(n, section)  # a section the run does not use is still checked
         ivs = []
         for n in names:
             try:
                 ivs.append(build_intervention(n, sections[n], seed=seed, max_response_length=max_response_length))
             except UserError as exc:
-                if n in where and n not in listed:       # the user set <path>.*, not algo.<name>.*
+                if n in where and n not in listed:  # the user set <path>.*, not algo.<name>.*
                     raise UserError(str(exc).replace(f"algo.{n}.", f"{where[n]}.")) from None
                 raise
         overlong, buffer = read_key(cfg, "overlong.enabled"), read_key(cfg, "overlong.buffer")
         if overlong and not 1 <= buffer <= max_response_length:
-            raise UserError(f"algo.overlong.buffer={buffer} is not allowed: it must be in [1, "
-                            f"rollout.max_new_tokens={max_response_length}]")
+            raise UserError(
+                f"algo.overlong.buffer={buffer} is not allowed: it must be in [1, rollout.max_new_tokens={max_response_length}]"
+            )
         return cls(
             name=str(cfg.get("name", "custom")),
             advantage=registered_name(cfg, "advantage", core_algos.ADVANTAGE_ESTIMATORS),
@@ -175,8 +189,9 @@ class Algorithm:
         them; it checks every algorithm and intervention value (``UserError``)."""
         paths = {c.switched_on_by for c in INTERVENTIONS.values() if c.switched_on_by}
         switches = {p: OmegaConf.select(cfg, p, default=None) for p in paths}
-        return cls.from_config(cfg.algo, max_response_length=int(cfg.rollout.max_new_tokens),
-                               seed=int(cfg.trainer.seed), switches=switches)
+        return cls.from_config(
+            cfg.algo, max_response_length=int(cfg.rollout.max_new_tokens), seed=int(cfg.trainer.seed), switches=switches
+        )
 
     # ------------------------------------------------------------------ properties
     @property
@@ -207,8 +222,7 @@ class Algorithm:
         if not self.overlong:
             return rewards
         pen = core_algos.overlong_penalty(lengths, self.max_response_length, self.overlong_buffer)
-        return rewards + pen.to(dtype=rewards.dtype if rewards.is_floating_point() else torch.float32,
-                                device=rewards.device)
+        return rewards + pen.to(dtype=rewards.dtype if rewards.is_floating_point() else torch.float32, device=rewards.device)
 
     def keep_groups(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         """``keep [B]`` bool: dynamic-sampling filter when enabled, else all True."""
@@ -216,8 +230,9 @@ class Algorithm:
             return torch.ones(rewards.shape[0], dtype=torch.bool, device=rewards.device)
         return core_algos.filter_all_equal_groups(rewards, group_ids)
 
-    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor,
-                   response_mask: torch.Tensor, entropy: torch.Tensor | None = None) -> torch.Tensor:
+    def advantages(
+        self, rewards: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor, entropy: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Token-level advantages ``[B, T]`` (0 on masked tokens); interventions that shape advantages
         (``shape_advantages``, e.g. GTPO) then apply, with the sampling ``entropy [B, T]``."""
         adv = core_algos.compute_advantages(self.advantage_name, rewards, group_ids, response_mask)
@@ -261,8 +276,17 @@ class Algorithm:
             for iv in self.interventions:
                 iv.reduce_step(reduce)
 
-    def prepare(self, level: str, *, logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor,
-                advantages: torch.Tensor, mask: torch.Tensor, gather=None) -> dict[str, torch.Tensor]:
+    def prepare(
+        self,
+        level: str,
+        *,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        entropy: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        gather=None,
+    ) -> dict[str, torch.Tensor]:
         """Selections of interventions whose scope is ``level`` ("batch" or "mini"; "mini" also
         computes the "global" ones), ``{key: [b, T]}``.
 
@@ -296,22 +320,39 @@ class Algorithm:
         on the sampling policy's statistics, before any update of the step); ``gather``: as in
         ``prepare`` (scope "global")."""
         with torch.no_grad():
-            made = self.prepare(level, logp=batch.old_logp, old_logp=batch.old_logp, entropy=batch.entropy,
-                                advantages=batch.advantages, mask=batch.mask, gather=gather)
+            made = self.prepare(
+                level,
+                logp=batch.old_logp,
+                old_logp=batch.old_logp,
+                entropy=batch.entropy,
+                advantages=batch.advantages,
+                mask=batch.mask,
+                gather=gather,
+            )
         return batch.with_(selections={**batch.selections, **made}) if made else batch
 
     # ------------------------------------------------------------------ the loss
-    def micro_loss(self, batch: StepBatch, *, logp: torch.Tensor, entropy: torch.Tensor,
-                   vocab: dict[str, torch.Tensor] | None = None) -> LossOutput:
+    def micro_loss(
+        self, batch: StepBatch, *, logp: torch.Tensor, entropy: torch.Tensor, vocab: dict[str, torch.Tensor] | None = None
+    ) -> LossOutput:
         """``loss`` of a micro-batch of the step batch; ``logp``/``entropy`` ``[b, T]``: the policy
         being updated (``logp`` with gradient); ``vocab``: the full-distribution statistics of this
         micro-batch that interventions asked for (``vocab_stats``), read from ``ctx.extras``."""
-        return self.loss(logp=logp, old_logp=batch.old_logp, entropy=entropy, advantages=batch.advantages,
-                         mask=batch.mask, ref_logp=batch.ref_logp, extras={**batch.selections, **(vocab or {})},
-                         sampling_entropy=batch.entropy, sampler_logp=batch.sampler_logp)
+        return self.loss(
+            logp=logp,
+            old_logp=batch.old_logp,
+            entropy=entropy,
+            advantages=batch.advantages,
+            mask=batch.mask,
+            ref_logp=batch.ref_logp,
+            extras={**batch.selections, **(vocab or {})},
+            sampling_entropy=batch.entropy,
+            sampler_logp=batch.sampler_logp,
+        )
 
-    def loss_prefixes(self, batch: StepBatch, *, logp: torch.Tensor, entropy: torch.Tensor,
-                      vocab: dict[str, torch.Tensor] | None = None) -> list[tuple[str, torch.Tensor]]:
+    def loss_prefixes(
+        self, batch: StepBatch, *, logp: torch.Tensor, entropy: torch.Tensor, vocab: dict[str, torch.Tensor] | None = None
+    ) -> list[tuple[str, torch.Tensor]]:
         """The micro-batch loss built up one term at a time, for the entropy attribution
         (``stats/update_split.py``): ``[("objective", L_0), (iv_1.name, L_1), ..., (iv_n.name, L_n)]``
         where ``L_0`` is the configured objective without interventions or KL and ``L_k`` adds the first
@@ -326,10 +367,19 @@ class Algorithm:
             out.append((name, partial.micro_loss(batch, logp=logp, entropy=entropy, vocab=vocab).loss))
         return out
 
-    def loss(self, *, logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor,
-             advantages: torch.Tensor, mask: torch.Tensor, ref_logp: torch.Tensor | None = None,
-             extras: dict[str, torch.Tensor] | None = None, sampling_entropy: torch.Tensor | None = None,
-             sampler_logp: torch.Tensor | None = None) -> LossOutput:
+    def loss(
+        self,
+        *,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        entropy: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        ref_logp: torch.Tensor | None = None,
+        extras: dict[str, torch.Tensor] | None = None,
+        sampling_entropy: torch.Tensor | None = None,
+        sampler_logp: torch.Tensor | None = None,
+    ) -> LossOutput:
         """Policy loss of one micro-batch; all tensors ``[b, T]``. Changes nothing (no state, no
         hidden accumulation): what it computed is in the returned ``LossOutput``.
 
@@ -342,13 +392,28 @@ class Algorithm:
             if t.shape != shape:
                 raise ValueError(f"{nm} has shape {tuple(t.shape)}, expected {tuple(shape)} like logp")
         surr = self._surrogate(logp, old_logp, advantages, mask)
-        ctx = LossContext(logp=logp, old_logp=old_logp, entropy=entropy, advantages=advantages, mask=mask,
-                          surrogate=surr, pg_loss=surr.loss, clipped=surr.clipped, pg_mask=mask,
-                          dual_clipped=surr.dual_clipped, loss_agg=self.loss_agg,
-                          loss_agg_norm=self.loss_agg_norm, extras=dict(extras or {}),
-                          sampling_entropy=None if sampling_entropy is None else sampling_entropy.detach(),
-                          sampler_logp=sampler_logp, eps_low=self.eps_low, eps_high=self.eps_high,
-                          dual_c=self.dual_c, ref_logp=ref_logp, surrogate_fn=self._surrogate)
+        ctx = LossContext(
+            logp=logp,
+            old_logp=old_logp,
+            entropy=entropy,
+            advantages=advantages,
+            mask=mask,
+            surrogate=surr,
+            pg_loss=surr.loss,
+            clipped=surr.clipped,
+            pg_mask=mask,
+            dual_clipped=surr.dual_clipped,
+            loss_agg=self.loss_agg,
+            loss_agg_norm=self.loss_agg_norm,
+            extras=dict(extras or {}),
+            sampling_entropy=None if sampling_entropy is None else sampling_entropy.detach(),
+            sampler_logp=sampler_logp,
+            eps_low=self.eps_low,
+            eps_high=self.eps_high,
+            dual_c=self.dual_c,
+            ref_logp=ref_logp,
+            surrogate_fn=self._surrogate,
+        )
         for iv in self.interventions:
             iv.apply(ctx)
         # Multiply only when some intervention set weights: omega = 1 must stay bit-identical.
@@ -374,8 +439,7 @@ class Algorithm:
         if self.kl_coef > 0.0:
             if ref_logp is None:
                 raise ValueError("algo.kl_coef > 0 needs ref_logp (Algorithm.needs_ref is True)")
-            kl = core_algos.agg_loss(core_algos.low_var_kl(logp, ref_logp), mask, self.loss_agg,
-                                     self.loss_agg_norm)
+            kl = core_algos.agg_loss(core_algos.low_var_kl(logp, ref_logp), mask, self.loss_agg, self.loss_agg_norm)
             total = total + self.kl_coef * kl
             metrics["loss/kl"] = float(kl.detach().item())
         metrics["loss/total"] = float(total.detach().item())
@@ -393,10 +457,20 @@ class Algorithm:
     def _surrogate(self, logp, old_logp, advantages, mask) -> core_algos.SurrogateOutput:
         """The configured policy objective's per-token pieces (``ppo_clip``: the clipped surrogate)."""
         if self.objective == "ppo_clip":
-            return core_algos.clipped_surrogate(logp, old_logp, advantages, eps_low=self.eps_low,
-                                                eps_high=self.eps_high, dual_c=self.dual_c)
-        return objectives.policy_objective(self.objective, logp, old_logp, advantages, mask, eps_low=self.eps_low,
-                                           eps_high=self.eps_high, dual_c=self.dual_c, **self.objective_args)
+            return core_algos.clipped_surrogate(
+                logp, old_logp, advantages, eps_low=self.eps_low, eps_high=self.eps_high, dual_c=self.dual_c
+            )
+        return objectives.policy_objective(
+            self.objective,
+            logp,
+            old_logp,
+            advantages,
+            mask,
+            eps_low=self.eps_low,
+            eps_high=self.eps_high,
+            dual_c=self.dual_c,
+            **self.objective_args,
+        )
 
     # ------------------------------------------------------------------ state
     def step_metrics(self) -> dict[str, float]:
@@ -418,6 +492,8 @@ class Algorithm:
                 iv.load_state_dict(saved[iv.name])
 
     def __repr__(self) -> str:
-        return (f"Algorithm(name={self.name!r}, advantage={self.advantage_name!r}, clip=({self.eps_low}, "
-                f"{self.eps_high}, dual_c={self.dual_c}), loss_agg={self.loss_agg!r}, kl_coef={self.kl_coef}, "
-                f"interventions={self.intervention_names})")
+        return (
+            f"Algorithm(name={self.name!r}, advantage={self.advantage_name!r}, clip=({self.eps_low}, "
+            f"{self.eps_high}, dual_c={self.dual_c}), loss_agg={self.loss_agg!r}, kl_coef={self.kl_coef}, "
+            f"interventions={self.intervention_names})"
+        )

@@ -29,24 +29,46 @@ from .loss_agg import (
 )
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "LOSS_AGGREGATIONS", "LossAggregation", "register_advantage", "register_loss_agg",
-    "loss_aggregation", "part_weight",
-    "compute_advantages", "group_stats", "masked_mean", "zero_padding", "masked_whiten",
-    "grpo_advantage", "drgrpo_advantage", "rloo_advantage", "opo_advantage",
-    "reinforce_pp_baseline_advantage", "broadcast_advantages",
-    "SurrogateOutput", "clipped_surrogate", "agg_loss", "low_var_kl", "entropy_bonus_term",
-    "filter_all_equal_groups", "all_equal_group_share", "overlong_penalty", "selection_count", "select_top_fraction",
+    "ADVANTAGE_ESTIMATORS",
+    "LOSS_AGGREGATIONS",
+    "LossAggregation",
+    "register_advantage",
+    "register_loss_agg",
+    "loss_aggregation",
+    "part_weight",
+    "compute_advantages",
+    "group_stats",
+    "masked_mean",
+    "zero_padding",
+    "masked_whiten",
+    "grpo_advantage",
+    "drgrpo_advantage",
+    "rloo_advantage",
+    "opo_advantage",
+    "reinforce_pp_baseline_advantage",
+    "broadcast_advantages",
+    "SurrogateOutput",
+    "clipped_surrogate",
+    "agg_loss",
+    "low_var_kl",
+    "entropy_bonus_term",
+    "filter_all_equal_groups",
+    "all_equal_group_share",
+    "overlong_penalty",
+    "selection_count",
+    "select_top_fraction",
     "token_covariance",
 ]
 
-GRPO_EPS = 1e-6       # GRPO's std floor (docs/algorithms.md §2)
-WHITEN_EPS = 1e-8     # REINFORCE++ whitening variance floor
+GRPO_EPS = 1e-6  # GRPO's std floor (docs/algorithms.md §2)
+WHITEN_EPS = 1e-8  # REINFORCE++ whitening variance floor
 LOG_RATIO_CLAMP = 20.0  # |log rho| bound before exp, so a wild token cannot overflow the ratio
 
 
 # --------------------------------------------------------------------------------------------
 # masked whitening (masked_mean and zero_padding live in loss_agg.py)
 # --------------------------------------------------------------------------------------------
+
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = WHITEN_EPS) -> torch.Tensor:
     """``(x - mean) / sqrt(var + eps)`` with mean and *unbiased* variance over valid entries.
@@ -65,8 +87,8 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = WHITEN_EPS) 
 # §2 advantages
 # --------------------------------------------------------------------------------------------
 
-def group_stats(values: torch.Tensor, group_ids: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+
+def group_stats(values: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-response statistics of the response's prompt group.
 
     Args:
@@ -78,8 +100,7 @@ def group_stats(values: torch.Tensor, group_ids: torch.Tensor
         to the responses. A group of one has std 0 here (callers apply their convention).
     """
     if values.dim() != 1 or group_ids.shape != values.shape:
-        raise ValueError(f"expected rewards [B] and group_ids [B], got {tuple(values.shape)} "
-                         f"and {tuple(group_ids.shape)}")
+        raise ValueError(f"expected rewards [B] and group_ids [B], got {tuple(values.shape)} and {tuple(group_ids.shape)}")
     _, inv = torch.unique(group_ids, return_inverse=True)
     g = int(inv.max().item()) + 1 if inv.numel() else 0
     count = torch.zeros(g, dtype=values.dtype, device=values.device).index_add_(0, inv, torch.ones_like(values))
@@ -129,8 +150,7 @@ def opo_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, lengths: torch
     return rewards - torch.where(count <= 1, torch.zeros_like(baseline), baseline)
 
 
-def reinforce_pp_baseline_advantage(rewards: torch.Tensor, group_ids: torch.Tensor,
-                                    response_mask: torch.Tensor) -> torch.Tensor:
+def reinforce_pp_baseline_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """REINFORCE++ with baseline: ``r - group mean`` (group of one: mean 0, as verl), broadcast over
     tokens, then whitened over all valid tokens of the batch. ``[B] -> [B, T]``."""
     count, _, mean, _ = group_stats(rewards, group_ids)
@@ -145,9 +165,11 @@ ADVANTAGE_ESTIMATORS: Registry = Registry("algo.advantage")
 
 def register_advantage(name: str):
     """Register ``fn(rewards [B], group_ids [B], response_mask [B, T]) -> [B, T]`` under ``name``."""
+
     def deco(fn):
         ADVANTAGE_ESTIMATORS[name] = fn
         return fn
+
     return deco
 
 
@@ -177,8 +199,7 @@ def _reinforce_pp_baseline(rewards, group_ids, response_mask):
     return reinforce_pp_baseline_advantage(rewards, group_ids, response_mask)
 
 
-def compute_advantages(name: str, rewards: torch.Tensor, group_ids: torch.Tensor,
-                       response_mask: torch.Tensor) -> torch.Tensor:
+def compute_advantages(name: str, rewards: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Token-level advantages ``[B, T]`` (0 on masked tokens) with estimator ``name``.
 
     Args:
@@ -198,6 +219,7 @@ def compute_advantages(name: str, rewards: torch.Tensor, group_ids: torch.Tensor
 # §3 clipped surrogate, KL, entropy bonus (the aggregations: loss_agg.py)
 # --------------------------------------------------------------------------------------------
 
+
 class SurrogateOutput(NamedTuple):
     """Per-token pieces of the clipped surrogate, all ``[B, T]``.
 
@@ -207,6 +229,7 @@ class SurrogateOutput(NamedTuple):
     loss_unclipped: ``L1 = -A * rho``. loss_ratio_clipped: ``max(L1, L2)`` before dual clip.
     ratio_clipped: bool, ``L2 > L1``. dual_clipped: bool, the dual clip bound was taken.
     """
+
     loss: torch.Tensor
     clipped: torch.Tensor
     ratio: torch.Tensor
@@ -216,8 +239,9 @@ class SurrogateOutput(NamedTuple):
     dual_clipped: torch.Tensor
 
 
-def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, *,
-                      eps_low: float, eps_high: float, dual_c: float | None) -> SurrogateOutput:
+def clipped_surrogate(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, *, eps_low: float, eps_high: float, dual_c: float | None
+) -> SurrogateOutput:
     """PPO clipped surrogate with clip-higher and dual clip (docs/algorithms.md §3).
 
     ``L = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))``; for ``A < 0`` also
@@ -252,8 +276,9 @@ def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.exp(kl) - kl - 1.0, -10.0, 10.0)
 
 
-def entropy_bonus_term(entropy: torch.Tensor, mask: torch.Tensor, coef: float, loss_agg: str = "token-mean",
-                       norm: float | None = None) -> torch.Tensor:
+def entropy_bonus_term(
+    entropy: torch.Tensor, mask: torch.Tensor, coef: float, loss_agg: str = "token-mean", norm: float | None = None
+) -> torch.Tensor:
     """The loss term ``-coef * agg(H)`` (maximising entropy). ``[B, T] -> scalar``.
 
     ``agg`` is the configured loss aggregation, as verl's ``agg_loss(entropy, mask, loss_agg_mode)``:
@@ -266,6 +291,7 @@ def entropy_bonus_term(entropy: torch.Tensor, mask: torch.Tensor, coef: float, l
 # --------------------------------------------------------------------------------------------
 # §4 DAPO pieces
 # --------------------------------------------------------------------------------------------
+
 
 def filter_all_equal_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """DAPO dynamic sampling: ``keep [B]`` bool, False for every response of a group whose rewards
@@ -310,6 +336,7 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int) -> torch.
 # covariance (Clip-Cov / KL-Cov, "The Entropy Mechanism of RL for Reasoning LMs")
 # --------------------------------------------------------------------------------------------
 
+
 def token_covariance(advantages: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Centred covariance per valid token ``(A - mean_valid(A)) * (logp - mean_valid(logp))``.
 
@@ -324,6 +351,7 @@ def token_covariance(advantages: torch.Tensor, logp: torch.Tensor, mask: torch.T
 # --------------------------------------------------------------------------------------------
 # token selection (shared by STARE and the high-entropy mask)
 # --------------------------------------------------------------------------------------------
+
 
 def selection_count(n: int, frac: float) -> int:
     """``k = min(n, max(1, ceil(n * frac)))``; 0 for an empty pool or ``frac <= 0``.

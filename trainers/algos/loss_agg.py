@@ -18,9 +18,16 @@ import torch
 
 from ...core.registry import Registry
 
-__all__ = ["LOSS_AGGREGATIONS", "LossAggregation", "register_loss_agg", "loss_aggregation", "part_weight",
-           "agg_loss", "masked_mean", "zero_padding"]
-
+__all__ = [
+    "LOSS_AGGREGATIONS",
+    "LossAggregation",
+    "register_loss_agg",
+    "loss_aggregation",
+    "part_weight",
+    "agg_loss",
+    "masked_mean",
+    "zero_padding",
+]
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -87,11 +94,14 @@ def _valid_responses(mask: torch.Tensor) -> torch.Tensor:
     return (mask.sum(-1) > 0).sum()
 
 
-LOSS_AGGREGATIONS: Registry = Registry("algo.loss_agg", {
-    "token-mean": LossAggregation(_token_mean, _valid_tokens),
-    "seq-mean-token-mean": LossAggregation(_seq_mean_token_mean, _valid_responses),
-    "seq-mean-token-sum-norm": LossAggregation(_seq_mean_token_sum_norm, None),   # sum / constant
-})
+LOSS_AGGREGATIONS: Registry = Registry(
+    "algo.loss_agg",
+    {
+        "token-mean": LossAggregation(_token_mean, _valid_tokens),
+        "seq-mean-token-mean": LossAggregation(_seq_mean_token_mean, _valid_responses),
+        "seq-mean-token-sum-norm": LossAggregation(_seq_mean_token_sum_norm, None),  # sum / constant
+    },
+)
 
 
 def register_loss_agg(name: str, *, denominator: Callable[[torch.Tensor], torch.Tensor] | None):
@@ -100,9 +110,11 @@ def register_loss_agg(name: str, *, denominator: Callable[[torch.Tensor], torch.
     ``denominator(mask) -> scalar`` is what ``fn`` divides a batch's summed loss by, or ``None``
     for a constant (the parts of a batch then simply add up); it is required so that gradient
     accumulation and data-parallel scaling treat the new aggregation correctly."""
+
     def deco(fn):
         LOSS_AGGREGATIONS[name] = LossAggregation(fn, denominator)
         return fn
+
     return deco
 
 
@@ -121,8 +133,7 @@ def part_weight(mode: str, part_mask: torch.Tensor, whole_mask: torch.Tensor) ->
     return float(denominator(part_mask) / denominator(whole_mask).clamp(min=1))
 
 
-def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
-             norm: float | None = None) -> torch.Tensor:
+def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", norm: float | None = None) -> torch.Tensor:
     """Aggregate a per-token loss ``[B, T]`` over valid tokens to a scalar.
 
     ``token-mean``: sum / number of valid tokens. ``seq-mean-token-mean``: per-response mean, then the

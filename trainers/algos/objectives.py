@@ -32,11 +32,19 @@ from ...core.errors import UserError
 from ...core.registry import Registry
 from .core_algos import LOG_RATIO_CLAMP, SurrogateOutput, clipped_surrogate
 
-__all__ = ["POLICY_OBJECTIVES", "register_objective", "policy_objective", "check_objective_args",
-           "gspo_objective", "gmpo_objective", "cispo_objective", "sapo_objective"]
+__all__ = [
+    "POLICY_OBJECTIVES",
+    "register_objective",
+    "policy_objective",
+    "check_objective_args",
+    "gspo_objective",
+    "gmpo_objective",
+    "cispo_objective",
+    "sapo_objective",
+]
 
-GSPO_LOG_RATIO_MAX = 10.0   # verl clamps the sequence log-ratio at 10 before exp
-GMPO_EPS = 1e-8             # verl's length floor in the geometric mean
+GSPO_LOG_RATIO_MAX = 10.0  # verl clamps the sequence log-ratio at 10 before exp
+GMPO_EPS = 1e-8  # verl's length floor in the geometric mean
 
 # name -> fn(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_c, **args) -> SurrogateOutput
 POLICY_OBJECTIVES: Registry = Registry("algo.objective")
@@ -44,9 +52,11 @@ POLICY_OBJECTIVES: Registry = Registry("algo.objective")
 
 def register_objective(name: str):
     """Register ``fn(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_c, **args)``."""
+
     def deco(fn):
         POLICY_OBJECTIVES[name] = fn
         return fn
+
     return deco
 
 
@@ -63,8 +73,10 @@ def check_objective_args(name: str, args: dict) -> dict:
     valid = _extra_args(fn)
     unknown = sorted(set(args) - set(valid))
     if unknown:
-        raise UserError(f"unknown key(s) {', '.join(f'algo.objective_args.{k}' for k in unknown)} for objective "
-                        f"'{name}'; valid keys: {', '.join(valid) or '(none)'}")
+        raise UserError(
+            f"unknown key(s) {', '.join(f'algo.objective_args.{k}' for k in unknown)} for objective "
+            f"'{name}'; valid keys: {', '.join(valid) or '(none)'}"
+        )
     out = {}
     for k, v in args.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not float(v) > 0:
@@ -73,12 +85,22 @@ def check_objective_args(name: str, args: dict) -> dict:
     return out
 
 
-def policy_objective(name: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                     mask: torch.Tensor, *, eps_low: float, eps_high: float, dual_c: float | None,
-                     **args) -> SurrogateOutput:
+def policy_objective(
+    name: str,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    dual_c: float | None,
+    **args,
+) -> SurrogateOutput:
     """The per-token surrogate of objective ``name``; all tensors ``[B, T]``."""
-    return POLICY_OBJECTIVES.lookup(name)(logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high,
-                                   dual_c=dual_c, **args)
+    return POLICY_OBJECTIVES.lookup(name)(
+        logp, old_logp, advantages, mask, eps_low=eps_low, eps_high=eps_high, dual_c=dual_c, **args
+    )
 
 
 @register_objective("ppo_clip")
@@ -87,8 +109,16 @@ def _ppo_clip(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_c):
 
 
 @register_objective("gspo")
-def gspo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-                   eps_low: float, eps_high: float, dual_c: float | None = None) -> SurrogateOutput:
+def gspo_objective(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    dual_c: float | None = None,
+) -> SurrogateOutput:
     """GSPO: ``L = max(-A s, -A clip(s, 1 - eps_low, 1 + eps_high))`` with the response ratio
     ``s_i = exp(min(mean_valid(logp - old_logp), 10))``; each token's gradient is
     ``s_i * d logp_t`` (the sequence ratio detached, the token's own log-prob live). No dual clip.
@@ -106,8 +136,16 @@ def gspo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch
 
 
 @register_objective("gmpo")
-def gmpo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-                   eps_low: float, eps_high: float, dual_c: float | None = None) -> SurrogateOutput:
+def gmpo_objective(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    dual_c: float | None = None,
+) -> SurrogateOutput:
     """GMPO: per response ``L_i = -mean_valid(A) * exp(mean_valid(sgn(A) min(sgn(A) d, sgn(A) clip(d, -eps_low,
     eps_high))))`` with ``d = logp - old_logp``; ``L_i`` is written on every token of response ``i``.
     ``clipped``: the token's log-ratio was cut (the clipped side of the min). ``[B, T] -> SurrogateOutput``."""
@@ -126,8 +164,16 @@ def gmpo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch
 
 
 @register_objective("cispo")
-def cispo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-                    eps_low: float, eps_high: float, dual_c: float | None = None) -> SurrogateOutput:
+def cispo_objective(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    dual_c: float | None = None,
+) -> SurrogateOutput:
     """CISPO: ``L = -sg[clip(rho, 1 - eps_low, 1 + eps_high)] * A * logp``. ``clipped`` marks tokens whose
     weight was clipped (their gradient is kept, only its weight bounded). ``[B, T] -> SurrogateOutput``."""
     ratio = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
@@ -138,9 +184,18 @@ def cispo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torc
 
 
 @register_objective("sapo")
-def sapo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-                   eps_low: float = 0.0, eps_high: float = 0.0, dual_c: float | None = None,
-                   tau_pos: float = 1.0, tau_neg: float = 1.05) -> SurrogateOutput:
+def sapo_objective(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float = 0.0,
+    eps_high: float = 0.0,
+    dual_c: float | None = None,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+) -> SurrogateOutput:
     """SAPO: ``L = -A * 4/tau * sigmoid(tau (rho - 1))``, ``tau = tau_pos`` where ``A > 0`` else ``tau_neg``
     (the clip range is not used: the gate decays smoothly instead). ``[B, T] -> SurrogateOutput``."""
     ratio = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))

@@ -64,11 +64,18 @@ class StepBatch:
         if not isinstance(idx, torch.Tensor) or idx.dim() != 1 or idx.dtype == torch.bool:
             raise TypeError("StepBatch[idx] takes a 1-D tensor of row indices")
         return StepBatch(
-            responses=self.responses.select(idx), rewards=self.rewards[idx], correct=self.correct[idx],
-            group_ids=self.group_ids[idx], mask=_rows(self.mask, idx), old_logp=_rows(self.old_logp, idx),
-            entropy=_rows(self.entropy, idx), sampler_logp=_rows(self.sampler_logp, idx),
-            ref_logp=_rows(self.ref_logp, idx), advantages=_rows(self.advantages, idx),
-            selections={k: v[idx] for k, v in self.selections.items()})
+            responses=self.responses.select(idx),
+            rewards=self.rewards[idx],
+            correct=self.correct[idx],
+            group_ids=self.group_ids[idx],
+            mask=_rows(self.mask, idx),
+            old_logp=_rows(self.old_logp, idx),
+            entropy=_rows(self.entropy, idx),
+            sampler_logp=_rows(self.sampler_logp, idx),
+            ref_logp=_rows(self.ref_logp, idx),
+            advantages=_rows(self.advantages, idx),
+            selections={k: v[idx] for k, v in self.selections.items()},
+        )
 
     def with_(self, **changes) -> StepBatch:
         """A copy with ``changes`` (field=value) applied; the tensors are shared, not copied."""
@@ -79,6 +86,13 @@ class StepBatch:
         per-token field cut to its first ``width`` response columns (a token-budget pass)."""
         cut = lambda t: None if t is None else t[:, :width]  # noqa: E731
         return dataclasses.replace(
-            self, responses=responses, mask=cut(self.mask), old_logp=cut(self.old_logp), entropy=cut(self.entropy),
-            sampler_logp=cut(self.sampler_logp), ref_logp=cut(self.ref_logp), advantages=cut(self.advantages),
-            selections={k: v[:, :width] if v.dim() == 2 else v for k, v in self.selections.items()})
+            self,
+            responses=responses,
+            mask=cut(self.mask),
+            old_logp=cut(self.old_logp),
+            entropy=cut(self.entropy),
+            sampler_logp=cut(self.sampler_logp),
+            ref_logp=cut(self.ref_logp),
+            advantages=cut(self.advantages),
+            selections={k: v[:, :width] if v.dim() == 2 else v for k, v in self.selections.items()},
+        )

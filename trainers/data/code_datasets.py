@@ -30,9 +30,8 @@ REWARDS = {"pass_all": "all", "fraction": "fraction"}
 
 
 def load_code_problems(data_cfg) -> tuple[list[CodeProblem], str]:
-
     bench = cfg_get(data_cfg, "benchmark", None)
-    path = resolve_data_path(data_cfg)          # an explicit data.path: that file, or an error naming it
+    path = resolve_data_path(data_cfg)  # an explicit data.path: that file, or an error naming it
     if path is not None:
         return rows_to_code_problems(read_rows(path), source=str(path)), str(path)
     if not bench:
@@ -46,7 +45,7 @@ def load_code_problems(data_cfg) -> tuple[list[CodeProblem], str]:
 class CodeTaskSource(MathDatasetSource):
     """A ``PROMPT_SOURCES`` entry (``data.kind: code``); see the module docstring."""
 
-    def __init__(self, data_cfg, seed: int, tokenizer=None):   # noqa: D107 - replaces the math loading
+    def __init__(self, data_cfg, seed: int, tokenizer=None):  # noqa: D107 - replaces the math loading
         self.cfg, self.seed, self.tokenizer = data_cfg, int(seed), tokenizer
         self.name = str(cfg_get(data_cfg, "name", "code"))
         reward = str(cfg_get(data_cfg, "reward", "pass_all"))
@@ -71,8 +70,7 @@ class CodeTaskSource(MathDatasetSource):
         return code_prompt(problem, self.tokenizer, self.chat)[0]
 
     def rewards(self, problems: Sequence[CodeProblem], responses: Sequence[str]) -> list[float]:
-        texts = [(OPEN_FENCE if code_prompt(p, self.tokenizer, self.chat)[1] else "") + r
-                 for p, r in zip(problems, responses)]
+        texts = [(OPEN_FENCE if code_prompt(p, self.tokenizer, self.chat)[1] else "") + r for p, r in zip(problems, responses)]
         graded = grade_code(list(problems), texts, self.pool, self.mode)
         return [float(r.passed) if self.mode == "all" else r.fraction for _, r in graded]
 

@@ -55,8 +55,7 @@ def _python(value):
 
 
 def _hub_offline() -> bool:
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
-               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
 def resolve_data_path(data_cfg) -> Path | None:
@@ -78,11 +77,14 @@ def resolve_data_path(data_cfg) -> Path | None:
             return c
     folder = next((c for c in candidates if c.is_dir()), None)
     if folder is not None:
-        raise UserError(f"data.path={raw}: {folder} is a folder, not a data file: point data.path at a "
-                        f".jsonl, .json or .parquet file")
+        raise UserError(
+            f"data.path={raw}: {folder} is a folder, not a data file: point data.path at a .jsonl, .json or .parquet file"
+        )
     looked = " nor ".join(str(c) for c in candidates)
-    raise UserError(f"data.path={raw}: no such file ({looked} exists): fix the path "
-                    f"(a data.path you give is read as written, never replaced by a hub download)")
+    raise UserError(
+        f"data.path={raw}: no such file ({looked} exists): fix the path "
+        f"(a data.path you give is read as written, never replaced by a hub download)"
+    )
 
 
 def load_problems(data_cfg) -> tuple[list, str]:
@@ -105,27 +107,32 @@ def load_problems(data_cfg) -> tuple[list, str]:
         found = path if path is not None and path.is_file() else None
     if found is not None:
         rows = read_rows(found, max_row_bytes=max_bytes)
-        return _Problems(rows_to_problems(rows, fields, source=str(found)), getattr(rows, "skipped", 0),
-                         describe_fields(rows, fields)), str(found)
+        return _Problems(
+            rows_to_problems(rows, fields, source=str(found)), getattr(rows, "skipped", 0), describe_fields(rows, fields)
+        ), str(found)
     hub = cfg_get(data_cfg, "hub", None)
     looked = (f"{default} under the data root (data.data_root or $ENTROPYRL_DATA)") if default else "no data.path"
     if not hub:
-        raise UserError(f"data={name}: no data file ({looked}) and no data.hub: set data.path=FILE or "
-                        f"ENTROPYRL_DATA=<data dir>")
+        raise UserError(f"data={name}: no data file ({looked}) and no data.hub: set data.path=FILE or ENTROPYRL_DATA=<data dir>")
     if _hub_offline():
-        raise UserError(f"data={name}: no data file ({looked}) and the hub is off (HF_HUB_OFFLINE): "
-                        f"set data.path=FILE, ENTROPYRL_DATA=<data dir> or data.data_root=<data dir>")
+        raise UserError(
+            f"data={name}: no data file ({looked}) and the hub is off (HF_HUB_OFFLINE): "
+            f"set data.path=FILE, ENTROPYRL_DATA=<data dir> or data.data_root=<data dir>"
+        )
     try:
         import datasets
 
-        ds = datasets.load_dataset(str(hub), cfg_get(data_cfg, "hub_name", None), split=str(cfg_get(data_cfg, "hub_split", "train")))
+        ds = datasets.load_dataset(
+            str(hub), cfg_get(data_cfg, "hub_name", None), split=str(cfg_get(data_cfg, "hub_split", "train"))
+        )
     except Exception as exc:  # noqa: BLE001 - network, auth, missing dataset: one actionable line
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-        raise UserError(f"data={name}: no data file ({looked}) and hub dataset '{hub}' failed to load "
-                        f"({first[:160]}): set ENTROPYRL_DATA=<data dir> or data.path") from None
+        raise UserError(
+            f"data={name}: no data file ({looked}) and hub dataset '{hub}' failed to load "
+            f"({first[:160]}): set ENTROPYRL_DATA=<data dir> or data.path"
+        ) from None
     rows = limit_rows([_python(dict(r)) for r in ds], max_bytes)
-    return _Problems(rows_to_problems(rows, fields, source=str(hub)), rows.skipped,
-                     describe_fields(rows, fields)), f"hub:{hub}"
+    return _Problems(rows_to_problems(rows, fields, source=str(hub)), rows.skipped, describe_fields(rows, fields)), f"hub:{hub}"
 
 
 class _Problems(list):
@@ -148,6 +155,7 @@ def split_holdout(problems: list, data_cfg) -> tuple[list, list]:
     val = [problems[i] for i in order[:holdout]] or [problems[i] for i in order]
     return [p for i, p in enumerate(problems) if i not in held], val
 
+
 class MathDatasetSource:
     """A ``PROMPT_SOURCES`` entry (``data.kind: math``); see the module docstring."""
 
@@ -168,26 +176,36 @@ class MathDatasetSource:
         # read, the rows left out and why
         self.notes = [f"data: {self.where}: {loaded.columns}"]
         if loaded.skipped:
-            self.notes.append(f"data: skipped {loaded.skipped} row(s) over data.max_row_bytes="
-                              f"{cfg_get(data_cfg, 'max_row_bytes', None)} bytes (not tokenised)")
+            self.notes.append(
+                f"data: skipped {loaded.skipped} row(s) over data.max_row_bytes="
+                f"{cfg_get(data_cfg, 'max_row_bytes', None)} bytes (not tokenised)"
+            )
         problems = list(loaded)
         limit = cfg_get(data_cfg, "limit", None)
         if limit:
             problems = problems[: int(limit)]
         max_len = cfg_get(data_cfg, "max_prompt_length", None)
         if not problems:
-            raise UserError(f"data={self.name}: no problems in {self.where}"
-                            + (f" ({loaded.skipped} row(s) over data.max_row_bytes)" if loaded.skipped else
-                               " (no row has the problem and answer columns)"))
+            raise UserError(
+                f"data={self.name}: no problems in {self.where}"
+                + (
+                    f" ({loaded.skipped} row(s) over data.max_row_bytes)"
+                    if loaded.skipped
+                    else " (no row has the problem and answer columns)"
+                )
+            )
         if max_len and tokenizer is not None:
-            kept = [p for p in problems
-                    if len(tokenizer(self.prompt(p), add_special_tokens=False)["input_ids"]) <= int(max_len)]
+            kept = [p for p in problems if len(tokenizer(self.prompt(p), add_special_tokens=False)["input_ids"]) <= int(max_len)]
             if len(kept) < len(problems):
-                self.notes.append(f"data: dropped {len(problems) - len(kept)} of {len(problems)} prompt(s) longer than "
-                                  f"data.max_prompt_length={max_len} tokens")
+                self.notes.append(
+                    f"data: dropped {len(problems) - len(kept)} of {len(problems)} prompt(s) longer than "
+                    f"data.max_prompt_length={max_len} tokens"
+                )
             if not kept:
-                raise UserError(f"data={self.name}: all {len(problems)} prompt(s) in {self.where} are longer than "
-                                f"data.max_prompt_length={max_len} tokens: raise data.max_prompt_length or shorten them")
+                raise UserError(
+                    f"data={self.name}: all {len(problems)} prompt(s) in {self.where} are longer than "
+                    f"data.max_prompt_length={max_len} tokens: raise data.max_prompt_length or shorten them"
+                )
             problems = kept
         self.train_items, self.val_items = split_holdout(problems, data_cfg)
         self._perms: dict[int, list[int]] = {}
@@ -221,14 +239,11 @@ class MathDatasetSource:
         return list(self.val_items[: int(n)])
 
     def prompt(self, problem) -> str:
-
         return build_prompt(problem, self.template, self.tokenizer, self.chat_template)
 
     # -- rewards ------------------------------------------------------------------------------
     def rewards(self, problems: Sequence, responses: Sequence[str]) -> list[float]:
-
-        results = grade_batch(list(responses), [p.answer for p in problems], workers=self.workers,
-                              timeout=self.timeout)
+        results = grade_batch(list(responses), [p.answer for p in problems], workers=self.workers, timeout=self.timeout)
         return [1.0 if r.correct else 0.0 for r in results]
 
     def reward(self, problem, response: str) -> float:

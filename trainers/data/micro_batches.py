@@ -92,10 +92,16 @@ def trim(rollout: Rollout) -> tuple[Rollout, int]:
     used_r = rollout.response_mask.bool().any(0).nonzero()
     r1 = max(int(used_r[-1]) + 1 if len(used_r) else 1, 1)
     cut = lambda t, a, b: None if t is None else t[:, a:b]  # noqa: E731
-    return Rollout(cut(rollout.prompt_ids, p0, None), cut(rollout.prompt_mask, p0, None),
-                   cut(rollout.response_ids, 0, r1), cut(rollout.response_mask, 0, r1), rollout.texts,
-                   rollout.truncated, cut(rollout.sampling_logp, 0, r1),
-                   None if rollout.tools is None else rollout.tools.narrow(r1)), r1
+    return Rollout(
+        cut(rollout.prompt_ids, p0, None),
+        cut(rollout.prompt_mask, p0, None),
+        cut(rollout.response_ids, 0, r1),
+        cut(rollout.response_mask, 0, r1),
+        rollout.texts,
+        rollout.truncated,
+        cut(rollout.sampling_logp, 0, r1),
+        None if rollout.tools is None else rollout.tools.narrow(r1),
+    ), r1
 
 
 def padded_tokens(rollout: Rollout, passes: list[torch.Tensor], trimmed: bool) -> int:

@@ -12,8 +12,9 @@ from ...tasks.builtin import BuiltinTaskSource
 from .code_datasets import CodeTaskSource
 from .datasets import MathDatasetSource
 
-PROMPT_SOURCES: Registry = Registry("data.kind", {"builtin": BuiltinTaskSource, "math": MathDatasetSource,
-                                                 "code": CodeTaskSource})
+PROMPT_SOURCES: Registry = Registry(
+    "data.kind", {"builtin": BuiltinTaskSource, "math": MathDatasetSource, "code": CodeTaskSource}
+)
 
 
 def build_prompt_source(data_cfg, seed: int, tokenizer=None):

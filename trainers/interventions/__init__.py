@@ -23,5 +23,13 @@ from .base import (
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["INTERVENTIONS", "SCOPES", "Intervention", "LossContext", "TokenBatch", "build_intervention",
-           "intervention_params", "register_intervention"]
+__all__ = [
+    "INTERVENTIONS",
+    "SCOPES",
+    "Intervention",
+    "LossContext",
+    "TokenBatch",
+    "build_intervention",
+    "intervention_params",
+    "register_intervention",
+]

@@ -47,6 +47,7 @@ class AEnt(Intervention):
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/aent.yaml."""
+
         clamp: float  # fraction of the vocabulary (lowest logits) removed before the entropy
         init_coef: float  # coefficient at step 0
         adaptive: bool  # move the coefficient after each step (else it stays init_coef)
@@ -60,18 +61,28 @@ class AEnt(Intervention):
 
         def validate(self, name: str) -> None:
             if self.scope not in AENT_SCOPES:
-                raise UserError(f"algo.{name}.scope: '{self.scope}' is not one of {', '.join(AENT_SCOPES)} "
-                                f"(the coefficient reads a step mean, not a token selection)")
-            if not 0 <= self.clamp < 1 or not 0 <= self.coef_min <= self.coef_max or self.lr < 0 \
-                    or not self.low <= self.high or self.init_coef < 0 or self.warmup_steps < 0:
-                raise UserError(f"algo.{name}: need 0 <= clamp < 1, 0 <= coef_min <= coef_max, init_coef >= 0, "
-                                f"lr >= 0, low <= high and warmup_steps >= 0")
+                raise UserError(
+                    f"algo.{name}.scope: '{self.scope}' is not one of {', '.join(AENT_SCOPES)} "
+                    f"(the coefficient reads a step mean, not a token selection)"
+                )
+            if (
+                not 0 <= self.clamp < 1
+                or not 0 <= self.coef_min <= self.coef_max
+                or self.lr < 0
+                or not self.low <= self.high
+                or self.init_coef < 0
+                or self.warmup_steps < 0
+            ):
+                raise UserError(
+                    f"algo.{name}: need 0 <= clamp < 1, 0 <= coef_min <= coef_max, init_coef >= 0, "
+                    f"lr >= 0, low <= high and warmup_steps >= 0"
+                )
 
     def __init__(self, params, **kw):
         super().__init__(params, **kw)
         self.coef = float(params.init_coef)
         self.step = 0
-        self._tokens = torch.zeros(2, dtype=torch.float64)     # clamped-entropy sum, token count
+        self._tokens = torch.zeros(2, dtype=torch.float64)  # clamped-entropy sum, token count
         self.last_h = float("nan")
 
     def vocab_stats(self) -> dict:
@@ -113,12 +124,10 @@ class AEnt(Intervention):
     def state_dict(self) -> dict:
         # the step's sums too: the coefficient moves from them at the next begin_step, which after a
         # resume is the first step of the new process
-        return {"coef": self.coef, "step": self.step, "tokens": [float(v) for v in self._tokens],
-                "last_h": self.last_h}
+        return {"coef": self.coef, "step": self.step, "tokens": [float(v) for v in self._tokens], "last_h": self.last_h}
 
     def load_state_dict(self, state: dict) -> None:
         self.coef = float(state["coef"])
         self.step = int(state.get("step", 0))
         self._tokens = torch.tensor(state.get("tokens", [0.0, 0.0]), dtype=torch.float64)  # older runs: none
         self.last_h = float(state.get("last_h", float("nan")))
-

@@ -29,8 +29,9 @@ def response_entropy_quantile(entropy: torch.Tensor, mask: torch.Tensor, q: floa
     return torch.nanquantile(masked, q, dim=-1, keepdim=True)
 
 
-def dual_clip_loss(ratio: torch.Tensor, advantages: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
-                   dual_c: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def dual_clip_loss(
+    ratio: torch.Tensor, advantages: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, dual_c: float | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """PPO clip with per-token ranges ``lo``/``hi`` (``[B, T]``): ``(loss, ratio_clipped, dual)``."""
     l1 = -advantages * ratio
     l2 = -advantages * torch.minimum(torch.maximum(ratio, 1.0 - lo), 1.0 + hi)
@@ -50,6 +51,7 @@ class Archer(Intervention):
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/archer.yaml."""
+
         quantile: float  # per-response entropy quantile above which a token is high-entropy
         low_clip_low: float  # clip of the low-entropy tokens
         low_clip_high: float

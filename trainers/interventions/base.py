@@ -41,8 +41,17 @@ from ...conf import intervention_defaults
 from ...core.errors import UserError
 from ...core.registry import Registry, unknown_choice
 
-__all__ = ["Intervention", "LossContext", "TokenBatch", "INTERVENTIONS", "register_intervention",
-           "build_intervention", "intervention_params", "SCOPES", "finding"]
+__all__ = [
+    "Intervention",
+    "LossContext",
+    "TokenBatch",
+    "INTERVENTIONS",
+    "register_intervention",
+    "build_intervention",
+    "intervention_params",
+    "SCOPES",
+    "finding",
+]
 
 # micro: each micro-batch (the published reference codes); mini / batch: this rank's mini-batch /
 # step batch; global: the mini-batch of all ranks (the selection does not depend on the rank count).
@@ -52,6 +61,7 @@ SCOPES = ("micro", "mini", "batch", "global")
 @dataclass
 class TokenBatch:
     """Detached per-token statistics of a batch, all ``[b, T]`` (what ``select`` sees)."""
+
     logp: torch.Tensor
     old_logp: torch.Tensor
     entropy: torch.Tensor
@@ -72,6 +82,7 @@ class LossContext:
     engine). ``extras`` holds the selections that ``Algorithm.select`` made on the whole batch or a
     mini-batch (``StepBatch.selections``, keys ``"<intervention>/..."``).
     """
+
     logp: torch.Tensor
     old_logp: torch.Tensor
     entropy: torch.Tensor
@@ -81,20 +92,20 @@ class LossContext:
     pg_loss: torch.Tensor
     clipped: torch.Tensor
     pg_mask: torch.Tensor
-    eps_low: float                               # the configured clip (interventions that re-clip read it)
+    eps_low: float  # the configured clip (interventions that re-clip read it)
     eps_high: float
     dual_c: float | None
-    dual_clipped: torch.Tensor | None = None     # bool [b, T]: the dual clip bound was taken (None: never)
-    loss_agg: str = "token-mean"                 # the configured aggregation (entropy terms follow it)
+    dual_clipped: torch.Tensor | None = None  # bool [b, T]: the dual clip bound was taken (None: never)
+    loss_agg: str = "token-mean"  # the configured aggregation (entropy terms follow it)
     loss_agg_norm: float | None = None
-    weights: torch.Tensor | None = None          # token weights omega (detached); None means 1
+    weights: torch.Tensor | None = None  # token weights omega (detached); None means 1
     extra_terms: dict[str, torch.Tensor] = field(default_factory=dict)  # scalars added to the loss
     metrics: dict[str, float] = field(default_factory=dict)
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)      # selections (Algorithm.select)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # selections (Algorithm.select)
     sampling_entropy: torch.Tensor | None = None  # [b, T] the sampling policy's entropy (no grad)
-    sampler_logp: torch.Tensor | None = None      # [b, T] the rollout engine's log-probs (vLLM)
-    ref_logp: torch.Tensor | None = None         # the reference policy (when Algorithm.needs_ref)
-    surrogate_fn: Any = None                     # (logp, old_logp, advantages, mask) -> SurrogateOutput
+    sampler_logp: torch.Tensor | None = None  # [b, T] the rollout engine's log-probs (vLLM)
+    ref_logp: torch.Tensor | None = None  # the reference policy (when Algorithm.needs_ref)
+    surrogate_fn: Any = None  # (logp, old_logp, advantages, mask) -> SurrogateOutput
 
     def scale(self, w: torch.Tensor) -> None:
         """Multiply the token weights by ``w [b, T]`` (detached: weights never carry gradient)."""
@@ -113,8 +124,9 @@ class LossContext:
     def batch(self) -> TokenBatch:
         """Detached view for selection rules; the current ``pg_mask`` defines valid tokens, so an
         earlier mask in the intervention list narrows the pool of a later selection."""
-        return TokenBatch(self.logp.detach(), self.old_logp.detach(), self.entropy.detach(),
-                          self.advantages.detach(), self.pg_mask)
+        return TokenBatch(
+            self.logp.detach(), self.old_logp.detach(), self.entropy.detach(), self.advantages.detach(), self.pg_mask
+        )
 
 
 def finding(id_: str, message: str, first_step: int | None) -> dict:
@@ -130,7 +142,7 @@ class Intervention:
     #: A config path outside ``algo`` (e.g. ``"rollout.tis"``) whose ``enabled: true`` adds this
     #: intervention after the listed ones, with the section's other keys as its parameters.
     switched_on_by: ClassVar[str | None] = None
-    needs_ref: bool = False                      # the loss reads ctx.ref_logp (the loop loads the reference)
+    needs_ref: bool = False  # the loss reads ctx.ref_logp (the loop loads the reference)
     #: The metrics it logs each step it runs (what it selected, its weights or coefficient), under
     #: stable names (docs/algorithms.md §5); the end-to-end tests check every one appears.
     logged_metrics: ClassVar[tuple[str, ...]] = ()
@@ -153,7 +165,7 @@ class Intervention:
         self.params = params
         self.seed = seed
         self.max_response_length = max_response_length
-        self.scope: str = getattr(params, "scope", "micro")   # checked by intervention_params
+        self.scope: str = getattr(params, "scope", "micro")  # checked by intervention_params
 
     def vocab_stats(self) -> dict:
         """``{key: (name, params)}``: full-distribution statistics (``stats/vocab_stats.py``) this
@@ -215,8 +227,10 @@ class Intervention:
             return self.select(ctx.batch())
         sel = {k: v for k, v in ctx.extras.items() if k.startswith(f"{self.name}/")}
         if not sel:
-            raise RuntimeError(f"{self.name}: scope '{self.scope}' needs the selections of Algorithm.select(batch, "
-                               f"'{self.scope}') (or prepare) passed to the loss, found keys {sorted(ctx.extras)}")
+            raise RuntimeError(
+                f"{self.name}: scope '{self.scope}' needs the selections of Algorithm.select(batch, "
+                f"'{self.scope}') (or prepare) passed to the loss, found keys {sorted(ctx.extras)}"
+            )
         return {k: v.to(ctx.pg_loss.device) for k, v in sel.items()}
 
     # -- the loss --------------------------------------------------------------------------
@@ -229,12 +243,14 @@ INTERVENTIONS: Registry = Registry("intervention")
 
 def register_intervention(name: str):
     """Class decorator: register an ``Intervention`` subclass under ``name`` (its config key)."""
+
     def deco(cls: type[Intervention]) -> type[Intervention]:
         if name in INTERVENTIONS and INTERVENTIONS[name] is not cls:
             raise ValueError(f"intervention '{name}' is already registered by {INTERVENTIONS[name].__module__}")
         cls.name = name
         INTERVENTIONS[name] = cls
         return cls
+
     return deco
 
 
@@ -283,13 +299,19 @@ def intervention_params(name: str, section: dict | None):
     values = {**(intervention_defaults(name) or {}), **section}
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise UserError(f"unknown key(s) {', '.join(f'algo.{name}.{k}' for k in unknown)}; "
-                        f"valid keys: {', '.join(fields) or '(none)'}")
-    missing = [k for k, f in fields.items() if k not in values
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        raise UserError(
+            f"unknown key(s) {', '.join(f'algo.{name}.{k}' for k in unknown)}; valid keys: {', '.join(fields) or '(none)'}"
+        )
+    missing = [
+        k
+        for k, f in fields.items()
+        if k not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
-        raise UserError(f"algo.{name} has no value for {', '.join(missing)}: give them in "
-                        f"conf/intervention/{name}.yaml (or algo.{name}.{missing[0]}=...)")
+        raise UserError(
+            f"algo.{name} has no value for {', '.join(missing)}: give them in "
+            f"conf/intervention/{name}.yaml (or algo.{name}.{missing[0]}=...)"
+        )
     kwargs = {k: _coerce(name, k, v, _kind(cls.Params, fields[k])) for k, v in values.items()}
     params = cls.Params(**kwargs)
     check = getattr(params, "validate", None)
@@ -301,8 +323,7 @@ def intervention_params(name: str, section: dict | None):
     return params
 
 
-def build_intervention(name: str, section: dict | None, *, seed: int = 0,
-                       max_response_length: int | None = None) -> Intervention:
+def build_intervention(name: str, section: dict | None, *, seed: int = 0, max_response_length: int | None = None) -> Intervention:
     """Instantiate intervention ``name`` from its config section ``algo.<name>`` (see
     ``intervention_params``)."""
     params = intervention_params(name, section)

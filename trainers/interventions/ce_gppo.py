@@ -25,17 +25,26 @@ from ...core.errors import UserError
 from .base import Intervention, LossContext, register_intervention
 
 
-def gppo_token_loss(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: float, eps_high: float,
-                    dual_c: float | None, beta1: float, beta2: float
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def gppo_token_loss(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    dual_c: float | None,
+    beta1: float,
+    beta2: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss, low, high, dual)``, all ``[B, T]``: the per-token GPPO loss (``ratio`` carries the
     gradient) and the bool masks of the low-side, high-side and dual-clipped tokens."""
     rd = ratio.detach()
     low = (rd < 1.0 - eps_low) & (advantages < 0)
     high = (rd > 1.0 + eps_high) & (advantages > 0)
-    live = ratio / rd                      # value 1, gradient d log rho
-    loss = torch.where(low, -beta1 * (1.0 - eps_low) * live * advantages,
-                       torch.where(high, -beta2 * (1.0 + eps_high) * live * advantages, -ratio * advantages))
+    live = ratio / rd  # value 1, gradient d log rho
+    loss = torch.where(
+        low,
+        -beta1 * (1.0 - eps_low) * live * advantages,
+        torch.where(high, -beta2 * (1.0 + eps_high) * live * advantages, -ratio * advantages),
+    )
     if dual_c is None:
         return loss, low, high, torch.zeros_like(low)
     bound = -advantages * dual_c
@@ -50,6 +59,7 @@ class CEGPPO(Intervention):
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/ce_gppo.yaml."""
+
         beta1: float  # gradient scale of low-side (A < 0, rho < 1 - eps_low) tokens
         beta2: float  # gradient scale of high-side (A > 0, rho > 1 + eps_high) tokens
 
@@ -59,10 +69,11 @@ class CEGPPO(Intervention):
 
     def apply(self, ctx: LossContext) -> None:
         p = self.params
-        loss, low, high, dual = gppo_token_loss(ctx.surrogate.ratio, ctx.advantages, ctx.eps_low, ctx.eps_high,
-                                                ctx.dual_c, float(p.beta1), float(p.beta2))
+        loss, low, high, dual = gppo_token_loss(
+            ctx.surrogate.ratio, ctx.advantages, ctx.eps_low, ctx.eps_high, ctx.dual_c, float(p.beta1), float(p.beta2)
+        )
         ctx.pg_loss = loss
-        ctx.clipped = dual                     # only the dual clip still cuts a gradient
+        ctx.clipped = dual  # only the dual clip still cuts a gradient
         ctx.dual_clipped = dual
         valid = ctx.mask.bool()
         n = max(int(valid.sum().item()), 1)

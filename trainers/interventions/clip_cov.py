@@ -35,14 +35,20 @@ def one_token_warning(name: str, series, params: dict) -> list[dict]:
     low = [(s, v) for s, v in counts if v <= 1.0]
     if not counts or len(low) * 2 <= len(counts):
         return []
-    return [finding(f"{name}_one_token",
-                    f"{name} selects <= 1 token per micro-batch on {len(low)}/{len(counts)} steps "
-                    f"(ratio {params.get('ratio')} x the micro-batch's valid tokens): it barely acts at this batch "
-                    f"size; raise algo.{name}.ratio (experiment=lab_{name} scales it to the lab)", low[0][0])]
+    return [
+        finding(
+            f"{name}_one_token",
+            f"{name} selects <= 1 token per micro-batch on {len(low)}/{len(counts)} steps "
+            f"(ratio {params.get('ratio')} x the micro-batch's valid tokens): it barely acts at this batch "
+            f"size; raise algo.{name}.ratio (experiment=lab_{name} scales it to the lab)",
+            low[0][0],
+        )
+    ]
 
 
-def clip_cov_candidates(cov: torch.Tensor, valid: torch.Tensor, ratio_clipped: torch.Tensor,
-                        lb: float, ub: float) -> torch.Tensor:
+def clip_cov_candidates(
+    cov: torch.Tensor, valid: torch.Tensor, ratio_clipped: torch.Tensor, lb: float, ub: float
+) -> torch.Tensor:
     """Bool ``[b, T]``: valid, not ratio-clipped (``L2 > L1``), ``lb < cov < ub``."""
     return valid.bool() & ~ratio_clipped.bool() & (cov > lb) & (cov < ub)
 
@@ -58,6 +64,7 @@ class ClipCov(Intervention):
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/clip_cov.yaml."""
+
         ratio: float  # fraction of valid tokens to detach
         lb: float  # covariance window (lb, ub)
         ub: float
@@ -71,8 +78,9 @@ class ClipCov(Intervention):
         super().__init__(params, **kw)
         self.calls = 0
 
-    def _pick(self, logp: torch.Tensor, advantages: torch.Tensor, valid: torch.Tensor,
-              ratio_clipped: torch.Tensor) -> torch.Tensor:
+    def _pick(
+        self, logp: torch.Tensor, advantages: torch.Tensor, valid: torch.Tensor, ratio_clipped: torch.Tensor
+    ) -> torch.Tensor:
         """Bool ``[b, T]``: the tokens to detach (``k`` at random among the candidates)."""
         p = self.params
         cov = token_covariance(advantages, logp, valid)
@@ -98,13 +106,13 @@ class ClipCov(Intervention):
         corr = (~picked).to(ctx.pg_loss.dtype).reshape(-1)
         ctx.pg_loss = ctx.surrogate.loss_ratio_clipped
         ctx.clipped = ctx.surrogate.ratio_clipped
-        ctx.dual_clipped = None                 # the reference's clip-cov mode has no dual clip
+        ctx.dual_clipped = None  # the reference's clip-cov mode has no dual clip
         ctx.scale(corr.view_as(ctx.pg_loss))
         ctx.metrics["clip_cov/frac"] = k / max(n_valid, 1)
         ctx.metrics["clip_cov/count"] = float(k)
 
     def after_loss(self) -> None:
-        self.calls += 1             # the next loss draws afresh
+        self.calls += 1  # the next loss draws afresh
 
     def state_dict(self) -> dict:
         return {"calls": self.calls}

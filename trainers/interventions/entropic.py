@@ -41,9 +41,16 @@ def pi_alpha(integral: float, entropy: float, target: float, kp: float, ki: floa
     return min(max(kp * e + ki * integral, -alpha_max), alpha_max)
 
 
-def entropic_term(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                  alpha: float, prob_threshold: float, loss_agg: str = "token-mean",
-                  loss_agg_norm: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def entropic_term(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    alpha: float,
+    prob_threshold: float,
+    loss_agg: str = "token-mean",
+    loss_agg_norm: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(alpha * agg_high(-rho |A|), high)``: the scalar added to the loss and the bool ``[B, T]``
     high-probability valid tokens (``logp > log prob_threshold``, current policy)."""
     high = mask.bool() & (logp.detach() > math.log(prob_threshold))
@@ -59,6 +66,7 @@ class EntroPIC(Intervention):
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/entropic.yaml."""
+
         target: float  # entropy set point (nats)
         kp: float  # proportional gain
         ki: float  # integral gain
@@ -73,9 +81,9 @@ class EntroPIC(Intervention):
         super().__init__(params, **kw)
         self.integral = 0.0
         self.alpha = 0.0
-        self._replay: weakref.ref | None = None       # the logp of the last committed loss
+        self._replay: weakref.ref | None = None  # the logp of the last committed loss
         self._replay_alpha = 0.0
-        self.scope = "mini"          # select() records each mini-batch's row count (the integral's b / B)
+        self.scope = "mini"  # select() records each mini-batch's row count (the integral's b / B)
 
     def select(self, batch: TokenBatch) -> dict[str, torch.Tensor]:
         rows = batch.mask.shape[0]
@@ -87,10 +95,10 @@ class EntroPIC(Intervention):
         replay = self._replay() if self._replay is not None else None
         # the same micro-batch rebuilt after record (the attribution's loss prefixes) keeps the
         # alpha its loss used, so the rebuilt loss equals it
-        alpha = self._replay_alpha if replay is ctx.logp else pi_alpha(self.integral, h, p.target, p.kp, p.ki,
-                                                                       p.alpha_max)
-        term, high = entropic_term(ctx.logp, ctx.old_logp, ctx.advantages, ctx.pg_mask, alpha, p.prob_threshold,
-                                   ctx.loss_agg, ctx.loss_agg_norm)
+        alpha = self._replay_alpha if replay is ctx.logp else pi_alpha(self.integral, h, p.target, p.kp, p.ki, p.alpha_max)
+        term, high = entropic_term(
+            ctx.logp, ctx.old_logp, ctx.advantages, ctx.pg_mask, alpha, p.prob_threshold, ctx.loss_agg, ctx.loss_agg_norm
+        )
         ctx.extra_terms["entropic"] = term
         n = max(int(ctx.pg_mask.bool().sum().item()), 1)
         ctx.metrics["entropic/high_frac"] = float(high.sum().item()) / n

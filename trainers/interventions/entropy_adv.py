@@ -21,8 +21,9 @@ from ...core.errors import UserError
 from .base import Intervention, LossContext, register_intervention
 
 
-def entropy_advantage_term(entropy: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                           alpha: float, kappa: float) -> torch.Tensor:
+def entropy_advantage_term(
+    entropy: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, alpha: float, kappa: float
+) -> torch.Tensor:
     """``psi [B, T] = min(alpha * H, |A| / kappa)`` on valid tokens (0 elsewhere), detached."""
     psi = torch.minimum(alpha * entropy.detach(), advantages.detach().abs() / kappa)
     return psi * mask.to(psi.dtype)
@@ -35,6 +36,7 @@ class EntropyAdvantage(Intervention):
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/entropy_adv.yaml."""
+
         alpha: float  # scale of the entropy term
         kappa: float  # the term is clipped at |A| / kappa
 

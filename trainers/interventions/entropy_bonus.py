@@ -27,10 +27,10 @@ class _EntropyTerm(Intervention):
 
     def apply(self, ctx: LossContext) -> None:
         if ctx.logp.requires_grad and not ctx.entropy.requires_grad:
-            raise RuntimeError(f"{self.name}: entropy has no gradient; compute it with entropy_grad=True "
-                               f"(Algorithm.needs_entropy_grad is True)")
-        ctx.extra_terms["entropy_bonus"] = entropy_bonus_term(ctx.entropy, ctx.mask, self.coef,
-                                                            ctx.loss_agg, ctx.loss_agg_norm)
+            raise RuntimeError(
+                f"{self.name}: entropy has no gradient; compute it with entropy_grad=True (Algorithm.needs_entropy_grad is True)"
+            )
+        ctx.extra_terms["entropy_bonus"] = entropy_bonus_term(ctx.entropy, ctx.mask, self.coef, ctx.loss_agg, ctx.loss_agg_norm)
 
     def step_metrics(self) -> dict[str, float]:
         return {"entropy_bonus/coef": float(self.coef)}
@@ -43,6 +43,7 @@ class EntropyBonus(_EntropyTerm):
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/entropy_bonus.yaml."""
+
         coef: float  # beta
 
         def validate(self, name: str) -> None:
@@ -62,6 +63,7 @@ class AdaptiveEntropy(_EntropyTerm):
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/adaptive_entropy.yaml."""
+
         init_coef: float
         target: float  # nats; the same set point as STARE's h_tgt
         delta: float  # step per training step

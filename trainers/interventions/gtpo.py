@@ -24,11 +24,12 @@ import torch
 from ...core.errors import UserError
 from .base import Intervention, LossContext, register_intervention
 
-H_FLOOR = 1e-6    # entropy floor before 1/H
+H_FLOOR = 1e-6  # entropy floor before 1/H
 
 
-def gtpo_advantages(adv: torch.Tensor, entropy: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor,
-                    alpha1: float, alpha2: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gtpo_advantages(
+    adv: torch.Tensor, entropy: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor, alpha1: float, alpha2: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(shaped [B, T], share [B, T])`` from token advantages ``adv [B, T]`` (constant per response),
     sampling entropy ``[B, T]``, ``group_ids [B]`` and ``mask [B, T]``; ``share`` is the entropy share
     ``n_t x_{i,t} / sum_k x_{k,t}`` (1 where nothing is shaped)."""
@@ -39,9 +40,9 @@ def gtpo_advantages(adv: torch.Tensor, entropy: torch.Tensor, group_ids: torch.T
     for g in torch.unique(group_ids):
         rows = group_ids == g
         for s in (1.0, -1.0):
-            same = rows.unsqueeze(-1) & (sign == s)                      # [B, T]
+            same = rows.unsqueeze(-1) & (sign == s)  # [B, T]
             x = torch.where(same, h if s > 0 else 1.0 / h, torch.zeros_like(h))
-            total = x.sum(0, keepdim=True)                                # [1, T]
+            total = x.sum(0, keepdim=True)  # [1, T]
             n_t = same.sum(0, keepdim=True).to(adv.dtype)
             share = torch.where(same, n_t * x / total.clamp(min=torch.finfo(adv.dtype).tiny), share)
     shaped = adv * (alpha1 + alpha2 * share)
@@ -55,6 +56,7 @@ class GTPO(Intervention):
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/gtpo.yaml."""
+
         alpha1: float  # weight of the response's own advantage
         alpha2: float  # weight of its entropy-shaped share
 
@@ -66,15 +68,16 @@ class GTPO(Intervention):
         super().__init__(params, **kw)
         self.share_max = float("nan")
 
-    def shape_advantages(self, adv: torch.Tensor, entropy: torch.Tensor, group_ids: torch.Tensor,
-                         mask: torch.Tensor) -> torch.Tensor:
+    def shape_advantages(
+        self, adv: torch.Tensor, entropy: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         shaped, share = gtpo_advantages(adv, entropy, group_ids, mask, self.params.alpha1, self.params.alpha2)
         valid = mask.bool()
         self.share_max = float(share[valid].max().item()) if valid.any() else float("nan")
         return shaped
 
     def apply(self, ctx: LossContext) -> None:
-        pass                                   # the advantages already carry the shaping
+        pass  # the advantages already carry the shaping
 
     def step_metrics(self) -> dict[str, float]:
         return {"gtpo/share_max": self.share_max}

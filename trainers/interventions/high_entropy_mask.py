@@ -24,6 +24,7 @@ class HighEntropyMask(Intervention):
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/high_entropy_mask.yaml."""
+
         rho: float  # fraction of valid tokens kept (highest entropy)
         scope: str  # where the top-rho is taken: micro | mini | batch | global
 

@@ -35,8 +35,14 @@ def kl_cov_selection(cov: torch.Tensor, valid: torch.Tensor, ratio: float) -> to
     return out.view_as(valid)
 
 
-def kl_cov_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, ratio_rho: torch.Tensor,
-                selected: torch.Tensor, kappa: float) -> torch.Tensor:
+def kl_cov_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    ratio_rho: torch.Tensor,
+    selected: torch.Tensor,
+    kappa: float,
+) -> torch.Tensor:
     """Per-token loss ``[b, T]``: ``-A rho + kappa |logp - old_logp|`` on ``selected``, ``-A rho`` elsewhere."""
     base = -advantages * ratio_rho
     return torch.where(selected.bool(), base + kappa * (logp - old_logp).abs(), base)
@@ -53,16 +59,21 @@ class KlCov(Intervention):
         share = sum(v for _, v in zero) / len(zero) if zero else 0.0
         if share >= 0.5:
             first = next(s for s, v in zero if v > 0)
-            out.append(finding(
-                "kl_cov_on_policy",
-                f"kl_cov's penalty kappa|logp - old_logp| was exactly 0 on {share:.0%} of micro-batches: "
-                f"the update is on-policy there (first mini-batch of a step), where |x| has zero gradient; "
-                f"use several mini-batches or ppo_epochs > 1", first))
+            out.append(
+                finding(
+                    "kl_cov_on_policy",
+                    f"kl_cov's penalty kappa|logp - old_logp| was exactly 0 on {share:.0%} of micro-batches: "
+                    f"the update is on-policy there (first mini-batch of a step), where |x| has zero gradient; "
+                    f"use several mini-batches or ppo_epochs > 1",
+                    first,
+                )
+            )
         return out
 
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/kl_cov.yaml."""
+
         ratio: float  # fraction of valid tokens that get the penalty
         kappa: float  # penalty coefficient
         scope: str  # where tokens are selected: micro | mini | batch | global
@@ -73,8 +84,9 @@ class KlCov(Intervention):
 
     def select(self, batch: TokenBatch) -> dict[str, torch.Tensor]:
         valid = batch.mask.bool()
-        return {"kl_cov/selected": kl_cov_selection(token_covariance(batch.advantages, batch.logp, valid), valid,
-                                                    self.params.ratio)}
+        return {
+            "kl_cov/selected": kl_cov_selection(token_covariance(batch.advantages, batch.logp, valid), valid, self.params.ratio)
+        }
 
     def apply(self, ctx: LossContext) -> None:
         valid = ctx.pg_mask.bool()
@@ -82,8 +94,7 @@ class KlCov(Intervention):
             sel = kl_cov_selection(token_covariance(ctx.advantages, ctx.logp, valid), valid, self.params.ratio)
         else:
             sel = self.selection(ctx)["kl_cov/selected"].bool() & valid
-        ctx.pg_loss = kl_cov_loss(ctx.logp, ctx.old_logp, ctx.advantages, ctx.surrogate.ratio, sel,
-                                  self.params.kappa)
+        ctx.pg_loss = kl_cov_loss(ctx.logp, ctx.old_logp, ctx.advantages, ctx.surrogate.ratio, sel, self.params.kappa)
         ctx.clipped = torch.zeros_like(ctx.clipped)  # no ratio clip in this mode
         ctx.dual_clipped = None
         n_sel = int(sel.sum().item())

@@ -51,16 +51,24 @@ def lowest_fraction(lp: torch.Tensor, pool: torch.Tensor, frac: float) -> torch.
     return out.reshape(-1).index_fill(0, idx[low], True).view_as(pool)
 
 
-def lp_reg_candidates(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, rho: float,
-                      rho_pos: float = 0.0) -> torch.Tensor:
+def lp_reg_candidates(
+    logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, rho: float, rho_pos: float = 0.0
+) -> torch.Tensor:
     """Bool ``[b, T]``: the lowest-probability fractions of the valid A < 0 (``rho``) and A > 0
     (``rho_pos``) tokens."""
     lp, valid = logp.detach(), mask.bool()
     return lowest_fraction(lp, valid & (advantages < 0), rho) | lowest_fraction(lp, valid & (advantages > 0), rho_pos)
 
 
-def lp_reg_selection(logp: torch.Tensor, proxy_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                     rho: float, rho_pos: float = 0.0, cand: torch.Tensor | None = None) -> torch.Tensor:
+def lp_reg_selection(
+    logp: torch.Tensor,
+    proxy_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    rho: float,
+    rho_pos: float = 0.0,
+    cand: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Bool ``[b, T]``: the regularised tokens (see the module docstring); ``cand``: the candidates
     of a wider scope, else this micro-batch's."""
     if cand is None:
@@ -82,6 +90,7 @@ class LpReg(Intervention):
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/lp_reg.yaml."""
+
         coef: float  # beta of the k3 pull towards the proxy (ppo_kl_coef)
         kappa: float  # min-p filter: tokens below kappa * max prob are noise (minp_p_threshold)
         rho: float  # fraction of the A < 0 tokens (lowest prob) that are candidates (logp_neg_k_percent)
@@ -111,10 +120,11 @@ class LpReg(Intervention):
         surr = ctx.surrogate
         ctx.pg_loss = torch.where(sel, surr.loss_unclipped, surr.loss_ratio_clipped)
         ctx.clipped = surr.ratio_clipped & ~sel
-        ctx.dual_clipped = None                  # the reference's lp_reg mode has no dual clip
+        ctx.dual_clipped = None  # the reference's lp_reg mode has no dual clip
         d = torch.where(sel, q, ctx.logp.detach()) - ctx.logp
         k3 = torch.clamp(torch.exp(d) - d - 1.0, -10.0, 10.0)
-        ctx.extra_terms["lp_reg"] = p.coef * agg_loss(torch.where(sel, k3, torch.zeros_like(k3)), ctx.pg_mask,
-                                                      ctx.loss_agg, ctx.loss_agg_norm)
+        ctx.extra_terms["lp_reg"] = p.coef * agg_loss(
+            torch.where(sel, k3, torch.zeros_like(k3)), ctx.pg_mask, ctx.loss_agg, ctx.loss_agg_norm
+        )
         n = max(int(ctx.pg_mask.bool().sum().item()), 1)
         ctx.metrics["lp_reg/frac"] = float(sel.sum().item()) / n

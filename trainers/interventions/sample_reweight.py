@@ -18,10 +18,10 @@ from .base import Intervention, LossContext, register_intervention
 
 @register_intervention("sample_reweight")
 class SampleReweight(Intervention):
-
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/sample_reweight.yaml."""
+
         pos_weight: float  # lambda+
         neg_weight: float  # lambda-
 
@@ -31,7 +31,9 @@ class SampleReweight(Intervention):
 
     def apply(self, ctx: LossContext) -> None:
         a = ctx.advantages
-        w = torch.where(a > 0, torch.full_like(ctx.pg_loss, self.params.pos_weight),
-                        torch.where(a < 0, torch.full_like(ctx.pg_loss, self.params.neg_weight),
-                                    torch.ones_like(ctx.pg_loss)))
+        w = torch.where(
+            a > 0,
+            torch.full_like(ctx.pg_loss, self.params.pos_weight),
+            torch.where(a < 0, torch.full_like(ctx.pg_loss, self.params.neg_weight), torch.ones_like(ctx.pg_loss)),
+        )
         ctx.scale(w)

@@ -71,6 +71,7 @@ class Siren(Intervention):
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/siren.yaml."""
+
         top_p: float  # nucleus of the top-p mask
         top_k: int  # candidates of the nucleus (highest logits)
         quantile: float  # per-response entropy quantile above which a token is regulated
@@ -88,7 +89,7 @@ class Siren(Intervention):
         return {KEY: ("topp_entropy", {"p": float(self.params.top_p), "k": int(self.params.top_k)})}
 
     def sampling_vocab_stats(self) -> dict:
-        return self.vocab_stats() if self.anchor is None else {}     # the first step's batch, once
+        return self.vocab_stats() if self.anchor is None else {}  # the first step's batch, once
 
     def observe_sampling(self, stats: dict[str, torch.Tensor], mask: torch.Tensor, reduce=None) -> None:
         """The anchor: the one-pass value over the whole batch, every rank's responses (the sum of
@@ -107,7 +108,7 @@ class Siren(Intervention):
         if h is None:
             raise RuntimeError(f"siren: extras['{KEY}'] missing; compute Algorithm.vocab_stats() in the loss loop")
         regulated, one_pass, m2 = siren_entropy(h, ctx.mask, self.params.quantile)
-        anchor = float(one_pass.detach().item()) if self.anchor is None else self.anchor   # kept by record
+        anchor = float(one_pass.detach().item()) if self.anchor is None else self.anchor  # kept by record
         ctx.extra_terms["siren"] = self.params.coef * (regulated - anchor) ** 2
         ctx.metrics["siren/anchor"] = anchor
         ctx.metrics["siren/regulated_entropy"] = float(regulated.detach().item())

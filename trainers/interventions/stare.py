@@ -28,7 +28,7 @@ VARIANTS = ("O1", "C2")
 @register_intervention("stare")
 class Stare(Intervention):
     logged_metrics = ("stare/gate_on", "stare/w", "stare/m", "stare/l_plus_frac", "stare/l_minus_frac")
-    acted_metric = "stare/gate_on"       # the share of steps its gate was open
+    acted_metric = "stare/gate_on"  # the share of steps its gate was open
     target_param = "h_tgt"
 
     @classmethod
@@ -38,18 +38,27 @@ class Stare(Intervention):
             return []
         h_tgt = params.get("h_tgt")
         if all(v == 0 for _, v in gate):
-            return [finding("stare_gate_never_opens",
-                            f"stare's gate never opened (entropy stayed above h_tgt={h_tgt}): the run is plain GRPO",
-                            gate[0][0])]
+            return [
+                finding(
+                    "stare_gate_never_opens",
+                    f"stare's gate never opened (entropy stayed above h_tgt={h_tgt}): the run is plain GRPO",
+                    gate[0][0],
+                )
+            ]
         if all(v == 1 for _, v in gate):
-            return [finding("stare_gate_never_closes",
-                            f"stare's gate never closed (entropy stayed below h_tgt={h_tgt}): STARE acted "
-                            f"open-loop on every step", gate[0][0])]
+            return [
+                finding(
+                    "stare_gate_never_closes",
+                    f"stare's gate never closed (entropy stayed below h_tgt={h_tgt}): STARE acted open-loop on every step",
+                    gate[0][0],
+                )
+            ]
         return []
 
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/stare.yaml."""
+
         p: float  # top fraction of each pool by surprisal
         w: float  # weight on L+ (7B; 1.05 for 14B/32B)
         m: float  # weight on L- in C2 (7B; 0.95 for 14B/32B)
@@ -65,7 +74,7 @@ class Stare(Intervention):
         def validate(self, name: str) -> None:
             if self.variant not in VARIANTS:
                 raise UserError(unknown_choice(f"algo.{name}.variant", self.variant, VARIANTS))
-            check_value(f"algo.{name}.p", self.p, OPEN_PROB)    # (0, 1]: a top fraction that selects
+            check_value(f"algo.{name}.p", self.p, OPEN_PROB)  # (0, 1]: a top fraction that selects
             if self.w <= 0 or self.m <= 0:
                 raise UserError(f"algo.{name}.w and .m must be > 0 (a weight <= 0 would flip or kill gradients)")
             if self.h_tgt < 0:

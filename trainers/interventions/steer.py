@@ -27,14 +27,21 @@ from ...core.registry import unknown_choice
 from ..stats.diagnostics import entropy_change_estimate
 from .base import Intervention, LossContext, TokenBatch, finding, register_intervention
 
-UNIFORM_WEIGHT = 0.99     # mean weight above this: near-uniform scaling that Adam cancels
+UNIFORM_WEIGHT = 0.99  # mean weight above this: near-uniform scaling that Adam cancels
 
 MAPPINGS = ("exp", "linear")
 ENTROPY_SOURCES = ("old", "current")
 
 
-def steer_weights(omega: torch.Tensor, mask: torch.Tensor, *, mapping: str = "exp",
-                  lambda_min: float = 0.8, lambda_max: float = 1.0, m_floor: float = 0.02) -> torch.Tensor:
+def steer_weights(
+    omega: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mapping: str = "exp",
+    lambda_min: float = 0.8,
+    lambda_max: float = 1.0,
+    m_floor: float = 0.02,
+) -> torch.Tensor:
     """Token weights ``[b, T]`` from ``Omega [b, T]``; 0 on invalid tokens.
 
     Extremes ``m_max``/``m_min`` of ``|Omega|`` are taken over the valid tokens passed in (the batch
@@ -71,14 +78,19 @@ class Steer(Intervention):
         if not weights or any(v <= UNIFORM_WEIGHT for _, v in weights):
             return []
         lo = min(v for _, v in weights)
-        return [finding("steer_uniform",
-                        f"steer's mean token weight stayed above {UNIFORM_WEIGHT} (lowest {lo:.4f}): near-uniform "
-                        f"scaling that Adam largely cancels; lower algo.steer.lambda_min or narrow the scope",
-                        weights[0][0])]
+        return [
+            finding(
+                "steer_uniform",
+                f"steer's mean token weight stayed above {UNIFORM_WEIGHT} (lowest {lo:.4f}): near-uniform "
+                f"scaling that Adam largely cancels; lower algo.steer.lambda_min or narrow the scope",
+                weights[0][0],
+            )
+        ]
 
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/steer.yaml."""
+
         mapping: str  # exp | linear
         lambda_min: float
         lambda_max: float
@@ -92,8 +104,9 @@ class Steer(Intervention):
             if not 0.0 < self.lambda_min:
                 raise UserError(f"algo.{name}.lambda_min={self.lambda_min:g} is not allowed: it must be > 0")
             if self.lambda_min > self.lambda_max:
-                raise UserError(f"algo.{name}.lambda_min={self.lambda_min:g} must be <= "
-                                f"algo.{name}.lambda_max={self.lambda_max:g}")
+                raise UserError(
+                    f"algo.{name}.lambda_min={self.lambda_min:g} must be <= algo.{name}.lambda_max={self.lambda_max:g}"
+                )
             if self.mapping == "exp" and self.lambda_min > 1.0:
                 raise UserError(f"algo.{name}.lambda_min must be <= 1 for the exp mapping")
             if self.entropy_source not in ENTROPY_SOURCES:
@@ -104,8 +117,9 @@ class Steer(Intervention):
     def select(self, batch: TokenBatch) -> dict[str, torch.Tensor]:
         p = self.params
         omega = entropy_change_estimate(batch.logp, batch.old_logp, batch.entropy, batch.advantages, batch.mask)
-        w = steer_weights(omega, batch.mask, mapping=p.mapping, lambda_min=p.lambda_min,
-                          lambda_max=p.lambda_max, m_floor=p.m_floor)
+        w = steer_weights(
+            omega, batch.mask, mapping=p.mapping, lambda_min=p.lambda_min, lambda_max=p.lambda_max, m_floor=p.m_floor
+        )
         return {"steer/weight": w}
 
     def apply(self, ctx: LossContext) -> None:

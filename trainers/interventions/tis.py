@@ -36,8 +36,7 @@ TIS_MODES = ("token", "mis", "icepop", "seq_mask")
 _LOG_RATIO_MAX = 20.0
 
 
-def sampler_mismatch_metrics(old_logp: torch.Tensor, sampling_logp: torch.Tensor,
-                             mask: torch.Tensor) -> dict[str, float]:
+def sampler_mismatch_metrics(old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     """``rollout/logp_diff_mean`` and ``rollout/logp_diff_max``: mean and max over valid tokens of
     ``|old_logp - sampling_logp|`` (trainer minus sampler), the log of the token-level ratio a
     token objective sees; ``rollout/seq_logp_diff_mean`` / ``_max``: mean and max over responses of
@@ -49,14 +48,17 @@ def sampler_mismatch_metrics(old_logp: torch.Tensor, sampling_logp: torch.Tensor
     n = valid.sum().clamp(min=1)
     rows = valid.any(-1)
     seq = (signed.sum(-1) / valid.sum(-1).clamp(min=1)).abs()[rows]
-    return {"rollout/logp_diff_mean": float(d.sum() / n),
-            "rollout/logp_diff_max": float(d.max()) if valid.any() else 0.0,
-            "rollout/seq_logp_diff_mean": float(seq.mean()) if rows.any() else 0.0,
-            "rollout/seq_logp_diff_max": float(seq.max()) if rows.any() else 0.0}
+    return {
+        "rollout/logp_diff_mean": float(d.sum() / n),
+        "rollout/logp_diff_max": float(d.max()) if valid.any() else 0.0,
+        "rollout/seq_logp_diff_mean": float(seq.mean()) if rows.any() else 0.0,
+        "rollout/seq_logp_diff_max": float(seq.max()) if rows.any() else 0.0,
+    }
 
 
-def truncated_is_weight(old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor,
-                        cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+def truncated_is_weight(
+    old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(w, clipped)``, both ``[B, T]``: ``w = min(exp(old_logp - sampling_logp), cap)`` on valid
     tokens (0 elsewhere), detached; ``clipped`` marks valid tokens whose ratio exceeded ``cap``.
     The log-ratio is bounded above by 20 before ``exp`` so a wild token cannot overflow."""
@@ -67,9 +69,18 @@ def truncated_is_weight(old_logp: torch.Tensor, sampling_logp: torch.Tensor, mas
     return w.to(old_logp.dtype), (ratio > cap) & valid
 
 
-def mismatch_weight(mode: str, old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor, *,
-                    cap: float, icepop_low: float, icepop_high: float, seq_low: float, seq_high: float
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def mismatch_weight(
+    mode: str,
+    old_logp: torch.Tensor,
+    sampling_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cap: float,
+    icepop_low: float,
+    icepop_high: float,
+    seq_low: float,
+    seq_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(w, corrected)``, ``[B, T]``: the detached weight of correction ``mode`` (see the module
     docstring) on valid tokens (0 elsewhere) and the valid tokens it truncated or masked."""
     if mode == "token":
@@ -97,13 +108,15 @@ def mismatch_weight(mode: str, old_logp: torch.Tensor, sampling_logp: torch.Tens
 @register_intervention("tis")
 class TruncatedIS(Intervention):
     """Weights each token's policy loss by a sampler/trainer mismatch correction (``mode``)."""
+
     logged_metrics = ("rollout/tis_weight_mean", "rollout/tis_clip_frac")
 
-    switched_on_by = "rollout.tis"      # rollout.tis.enabled=true adds it (after algo.interventions)
+    switched_on_by = "rollout.tis"  # rollout.tis.enabled=true adds it (after algo.interventions)
 
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/tis.yaml."""
+
         cap: float  # C: the ratio is truncated (token) or masked (mis) above this value
         scope: str
         mode: str  # token | mis | icepop | seq_mask
@@ -122,12 +135,20 @@ class TruncatedIS(Intervention):
 
     def apply(self, ctx: LossContext) -> None:
         sampling_logp = ctx.sampler_logp
-        if sampling_logp is None:            # the trained model sampled: nothing to correct
+        if sampling_logp is None:  # the trained model sampled: nothing to correct
             return
         p = self.params
-        w, corrected = mismatch_weight(p.mode, ctx.old_logp, sampling_logp, ctx.pg_mask, cap=float(p.cap),
-                                       icepop_low=p.icepop_low, icepop_high=p.icepop_high,
-                                       seq_low=p.seq_low, seq_high=p.seq_high)
+        w, corrected = mismatch_weight(
+            p.mode,
+            ctx.old_logp,
+            sampling_logp,
+            ctx.pg_mask,
+            cap=float(p.cap),
+            icepop_low=p.icepop_low,
+            icepop_high=p.icepop_high,
+            seq_low=p.seq_low,
+            seq_high=p.seq_high,
+        )
         ctx.scale(w)
         n = ctx.pg_mask.sum().clamp(min=1)
         ctx.metrics["rollout/tis_weight_mean"] = float(w.sum() / n)

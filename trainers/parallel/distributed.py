@@ -52,10 +52,33 @@ from ..algos.loss_agg import loss_aggregation
 from .fsdp import checkpoint_views, decoder_layers, is_fsdp, load_full_state, prepare_model
 from .process_group import DistInfo, cleanup, expand_nodelist, launcher_env, node_name, setup
 
-__all__ = ["DistInfo", "launcher_env", "expand_nodelist", "node_name", "node_names", "gather_rows", "gather_values", "setup", "prepare_model", "shard",
-           "sum_across", "min_across", "max_across", "mean_metrics", "masked_mean_across", "loss_scale",
-           "clip_grad_norm", "barrier", "checkpoint_views", "load_full_state", "is_fsdp", "decoder_layers",
-           "check_batch_sizes", "NullTracker", "cleanup"]
+__all__ = [
+    "DistInfo",
+    "launcher_env",
+    "expand_nodelist",
+    "node_name",
+    "node_names",
+    "gather_rows",
+    "gather_values",
+    "setup",
+    "prepare_model",
+    "shard",
+    "sum_across",
+    "min_across",
+    "max_across",
+    "mean_metrics",
+    "masked_mean_across",
+    "loss_scale",
+    "clip_grad_norm",
+    "barrier",
+    "checkpoint_views",
+    "load_full_state",
+    "is_fsdp",
+    "decoder_layers",
+    "check_batch_sizes",
+    "NullTracker",
+    "cleanup",
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,16 +147,16 @@ def gather_rows(tensors: dict[str, torch.Tensor], info: DistInfo) -> tuple[dict[
     shapes: list[tuple[int, int] | None] = [None] * info.world_size
     dist.all_gather_object(shapes, (int(first.shape[0]), int(first.shape[1])))
     rows, width = max(s[0] for s in shapes), max(s[1] for s in shapes)
-    start = sum(s[0] for s in shapes[:info.rank])
+    start = sum(s[0] for s in shapes[: info.rank])
     device = info.device if info.backend == "nccl" else torch.device("cpu")
     out = {}
     for key, t in tensors.items():
-        wire = torch.uint8 if t.dtype == torch.bool else t.dtype     # gloo has no bool collectives
+        wire = torch.uint8 if t.dtype == torch.bool else t.dtype  # gloo has no bool collectives
         padded = torch.zeros((rows, width), dtype=wire, device=device)
-        padded[:t.shape[0], :t.shape[1]] = t.detach().to(device, wire)
+        padded[: t.shape[0], : t.shape[1]] = t.detach().to(device, wire)
         parts = [torch.empty_like(padded) for _ in range(info.world_size)]
         dist.all_gather(parts, padded)
-        out[key] = torch.cat([part[:s[0]] for part, s in zip(parts, shapes)]).to(t.device, t.dtype)
+        out[key] = torch.cat([part[: s[0]] for part, s in zip(parts, shapes)]).to(t.device, t.dtype)
     return out, slice(start, start + int(first.shape[0]))
 
 
@@ -149,7 +172,7 @@ def gather_values(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
     dist.all_gather_object(counts, int(values.numel()))
     device = info.device if info.backend == "nccl" else torch.device("cpu")
     padded = torch.zeros(max(counts), dtype=values.dtype, device=device)
-    padded[:values.numel()] = values.detach().reshape(-1).to(device)
+    padded[: values.numel()] = values.detach().reshape(-1).to(device)
     parts = [torch.empty_like(padded) for _ in range(info.world_size)]
     dist.all_gather(parts, padded)
     return torch.cat([part[:n] for part, n in zip(parts, counts)]).to(values.device)
@@ -213,7 +236,7 @@ def shard(items: Sequence, info: DistInfo) -> list:
     if len(items) % info.world_size:
         raise UserError(f"{len(items)} items cannot be split evenly over {info.world_size} processes")
     k = len(items) // info.world_size
-    return list(items[info.rank * k:(info.rank + 1) * k])
+    return list(items[info.rank * k : (info.rank + 1) * k])
 
 
 def check_batch_sizes(trainer_cfg, info: DistInfo) -> None:
@@ -223,13 +246,15 @@ def check_batch_sizes(trainer_cfg, info: DistInfo) -> None:
     for key in ("prompts_per_step", "mini_batch_prompts"):
         value = int(trainer_cfg[key])
         if value % info.world_size:
-            raise UserError(f"trainer.{key}={value} must be a multiple of the number of processes "
-                            f"({info.world_size}) under data-parallel training")
-
+            raise UserError(
+                f"trainer.{key}={value} must be a multiple of the number of processes "
+                f"({info.world_size}) under data-parallel training"
+            )
 
 
 class NullTracker:
     """Stands in for ``RunTracker`` on ranks other than 0: they log nothing."""
+
     enabled = False
     run_id = None
     uri = None

@@ -27,8 +27,10 @@ def decoder_layers(model) -> Sequence[torch.nn.Module]:
     base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
     layers = getattr(base, "layers", None)
     if layers is None:
-        raise UserError(f"cannot find the decoder layers of {type(model).__name__} (expected "
-                        f"model.{getattr(model, 'base_model_prefix', 'model')}.layers) to shard with FSDP")
+        raise UserError(
+            f"cannot find the decoder layers of {type(model).__name__} (expected "
+            f"model.{getattr(model, 'base_model_prefix', 'model')}.layers) to shard with FSDP"
+        )
     return list(layers)
 
 
@@ -77,7 +79,7 @@ def prepare_model(model, trainer_cfg, info: DistInfo, *, trainable: bool = True)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     model.response_hidden = types.MethodType(_response_hidden, model)
     register_fsdp_forward_method(model, "response_hidden")
-    model._is_fsdp_managed_module = True      # transformers' generate: synced_gpus across ranks
+    model._is_fsdp_managed_module = True  # transformers' generate: synced_gpus across ranks
     return model
 
 
@@ -131,11 +133,14 @@ def _optim_with_keys(state: dict, keys: list) -> dict:
     the order the trainer builds its optimizer in (FSDP keeps it)."""
     old = [p for g in state["param_groups"] for p in g["params"]]
     if len(old) != len(keys):
-        raise UserError(f"checkpoint optimizer holds {len(old)} parameters, the model has {len(keys)}: "
-                        f"resume with the same model")
+        raise UserError(
+            f"checkpoint optimizer holds {len(old)} parameters, the model has {len(keys)}: resume with the same model"
+        )
     mapping = dict(zip(old, keys))
-    return {"state": {mapping[k]: v for k, v in state["state"].items()},
-            "param_groups": [{**g, "params": [mapping[p] for p in g["params"]]} for g in state["param_groups"]]}
+    return {
+        "state": {mapping[k]: v for k, v in state["state"].items()},
+        "param_groups": [{**g, "params": [mapping[p] for p in g["params"]]} for g in state["param_groups"]],
+    }
 
 
 def load_full_state(model, optimizer, model_state: dict, optim_state: dict | None) -> None:

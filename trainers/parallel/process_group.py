@@ -22,14 +22,15 @@ __all__ = ["DistInfo", "launcher_env", "expand_nodelist", "node_name", "setup", 
 @dataclass
 class DistInfo:
     """Where this process sits. ``fsdp``: the policy is (to be) wrapped with ``fully_shard``."""
+
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    launcher: str = "single"               # single | torchrun | slurm | local (submitit's local tasks)
+    launcher: str = "single"  # single | torchrun | slurm | local (submitit's local tasks)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str | None = None
     fsdp: bool = False
-    owns_group: bool = False               # this module created the process group
+    owns_group: bool = False  # this module created the process group
 
     @property
     def is_main(self) -> bool:
@@ -67,31 +68,43 @@ def launcher_env(env: dict | None = None) -> dict[str, Any]:
     """``{launcher, rank, world_size, local_rank, master_addr, master_port}`` from the environment."""
     env = dict(os.environ if env is None else env)
     if "RANK" in env and "WORLD_SIZE" in env:
-        return {"launcher": "torchrun", "rank": int(env["RANK"]), "world_size": int(env["WORLD_SIZE"]),
-                "local_rank": int(env.get("LOCAL_RANK", 0)), "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
-                "master_port": int(env.get("MASTER_PORT", 29500))}
+        return {
+            "launcher": "torchrun",
+            "rank": int(env["RANK"]),
+            "world_size": int(env["WORLD_SIZE"]),
+            "local_rank": int(env.get("LOCAL_RANK", 0)),
+            "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
+            "master_port": int(env.get("MASTER_PORT", 29500)),
+        }
     # submitit's LocalExecutor with tasks_per_node > 1 (``launcher=local launcher.tasks_per_node=N``):
     # N processes on this machine; the port follows the job (its controller's pid), so jobs
     # running side by side do not meet.
     local_world = int(env.get("SUBMITIT_LOCAL_NTASKS") or 1)
     if local_world > 1 and "SUBMITIT_LOCAL_GLOBALID" in env:
         job = int(env.get("SUBMITIT_LOCAL_JOB_ID", 0) or 0)
-        return {"launcher": "local", "rank": int(env["SUBMITIT_LOCAL_GLOBALID"]), "world_size": local_world,
-                "local_rank": int(env.get("SUBMITIT_LOCAL_LOCALID", 0)),
-                "master_addr": env.get("MASTER_ADDR") or "127.0.0.1",
-                "master_port": int(env.get("MASTER_PORT") or 20000 + job % 20000)}
+        return {
+            "launcher": "local",
+            "rank": int(env["SUBMITIT_LOCAL_GLOBALID"]),
+            "world_size": local_world,
+            "local_rank": int(env.get("SUBMITIT_LOCAL_LOCALID", 0)),
+            "master_addr": env.get("MASTER_ADDR") or "127.0.0.1",
+            "master_port": int(env.get("MASTER_PORT") or 20000 + job % 20000),
+        }
     # Inside an `srun` step SLURM_STEP_NUM_TASKS is the step's size; a batch script itself (one
     # process, even when the job asked for many tasks) has no step task count and runs alone.
     world = int(env.get("SLURM_STEP_NUM_TASKS") or 1)
     if world > 1 and "SLURM_PROCID" in env:
         nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST") or env.get("SLURM_JOB_NODELIST", ""))
         job = int(env.get("SLURM_JOB_ID", 0) or 0)
-        return {"launcher": "slurm", "rank": int(env["SLURM_PROCID"]), "world_size": world,
-                "local_rank": int(env.get("SLURM_LOCALID", 0)),
-                "master_addr": env.get("MASTER_ADDR") or (nodes[0] if nodes else "127.0.0.1"),
-                "master_port": int(env.get("MASTER_PORT") or 29500 + job % 1000)}
-    return {"launcher": "single", "rank": 0, "world_size": 1, "local_rank": 0,
-            "master_addr": "127.0.0.1", "master_port": 29500}
+        return {
+            "launcher": "slurm",
+            "rank": int(env["SLURM_PROCID"]),
+            "world_size": world,
+            "local_rank": int(env.get("SLURM_LOCALID", 0)),
+            "master_addr": env.get("MASTER_ADDR") or (nodes[0] if nodes else "127.0.0.1"),
+            "master_port": int(env.get("MASTER_PORT") or 29500 + job % 1000),
+        }
+    return {"launcher": "single", "rank": 0, "world_size": 1, "local_rank": 0, "master_addr": "127.0.0.1", "master_port": 29500}
 
 
 def node_name(env: dict | None = None) -> str:
@@ -112,8 +125,10 @@ def _wants_fsdp(trainer_cfg, world: int) -> bool:
         return True
     if setting in ("false", "0", "no"):
         if world > 1:
-            raise UserError("trainer.fsdp=false with several processes: data-parallel training "
-                            "shards the model with FSDP; drop trainer.fsdp or run one process")
+            raise UserError(
+                "trainer.fsdp=false with several processes: data-parallel training "
+                "shards the model with FSDP; drop trainer.fsdp or run one process"
+            )
         if dtype == "bfloat16":
             raise UserError("trainer.dtype=bfloat16 uses FSDP's mixed precision: drop trainer.fsdp=false")
         return False
@@ -133,8 +148,9 @@ def setup(trainer_cfg=None) -> DistInfo:
     if use_cuda and not torch.cuda.is_available():
         raise UserError(f"trainer.device={requested} but no CUDA device is available")
     if use_cuda:
-        index = info["local_rank"] if info["world_size"] > 1 or requested in ("auto", "cuda") else \
-            torch.device(requested).index or 0
+        index = (
+            info["local_rank"] if info["world_size"] > 1 or requested in ("auto", "cuda") else torch.device(requested).index or 0
+        )
         device = torch.device("cuda", index)
         torch.cuda.set_device(device)
     else:
@@ -146,18 +162,31 @@ def setup(trainer_cfg=None) -> DistInfo:
         if info["world_size"] > 1:
             os.environ.setdefault("MASTER_ADDR", str(info["master_addr"]))
             os.environ.setdefault("MASTER_PORT", str(info["master_port"]))
-            dist.init_process_group(backend=backend, init_method="env://", rank=info["rank"],
-                                    world_size=info["world_size"],
-                                    device_id=device if use_cuda else None)
-        else:   # FSDP on one process (bf16 mixed precision): a private one-process group
+            dist.init_process_group(
+                backend=backend,
+                init_method="env://",
+                rank=info["rank"],
+                world_size=info["world_size"],
+                device_id=device if use_cuda else None,
+            )
+        else:  # FSDP on one process (bf16 mixed precision): a private one-process group
             dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
         owns = True
     elif dist.is_initialized() and dist.get_world_size() != info["world_size"]:
-        raise UserError(f"torch.distributed is initialised with {dist.get_world_size()} processes but the "
-                        f"launcher environment says {info['world_size']}")
-    return DistInfo(rank=info["rank"], world_size=info["world_size"], local_rank=info["local_rank"],
-                    launcher=info["launcher"], device=device, backend=backend if (owns or dist.is_initialized()) else None,
-                    fsdp=fsdp, owns_group=owns)
+        raise UserError(
+            f"torch.distributed is initialised with {dist.get_world_size()} processes but the "
+            f"launcher environment says {info['world_size']}"
+        )
+    return DistInfo(
+        rank=info["rank"],
+        world_size=info["world_size"],
+        local_rank=info["local_rank"],
+        launcher=info["launcher"],
+        device=device,
+        backend=backend if (owns or dist.is_initialized()) else None,
+        fsdp=fsdp,
+        owns_group=owns,
+    )
 
 
 def cleanup(info: DistInfo) -> None:

@@ -27,7 +27,7 @@ from ...core.files import fsync_dir
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 STAGING_PREFIX = ".tmp-"
-CONFIG_COPY = "config.yaml"    # each checkpoint's copy of the run's config (resume checks against it)
+CONFIG_COPY = "config.yaml"  # each checkpoint's copy of the run's config (resume checks against it)
 
 
 def checkpoint_dir(output_dir: Path) -> Path:
@@ -39,8 +39,9 @@ def _step_dirs(output_dir: Path) -> list[tuple[int, Path]]:
     root = checkpoint_dir(output_dir)
     if not root.is_dir():
         return []
-    return sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))
-                  and (p / "trainer_state.pt").exists())
+    return sorted(
+        (int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / "trainer_state.pt").exists()
+    )
 
 
 def checkpoint_steps(output_dir: Path) -> list[int]:
@@ -69,8 +70,12 @@ def fsync_tree(root: Path) -> None:
 
 
 def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
 
 
 def set_rng_state(state: dict) -> None:
@@ -89,8 +94,17 @@ def _storage_failing(folder: Path) -> bool:
         return True
 
 
-def save_checkpoint(output_dir: Path, step: int, model, tokenizer, optimizer, extra: dict, keep: int = 2,
-                    export=None, config_text: str | None = None) -> Path:
+def save_checkpoint(
+    output_dir: Path,
+    step: int,
+    model,
+    tokenizer,
+    optimizer,
+    extra: dict,
+    keep: int = 2,
+    export=None,
+    config_text: str | None = None,
+) -> Path:
     """Write checkpoint ``step`` atomically and delete all but the newest ``keep``. ``model``: what
     ``save_pretrained`` writes (a LoRA run: the adapter); ``export(folder)`` writes more into the
     staging folder (a LoRA run's merged model) before it is made visible; ``config_text``: the
@@ -109,15 +123,14 @@ def save_checkpoint(output_dir: Path, step: int, model, tokenizer, optimizer, ex
         tokenizer.save_pretrained(staging / "model")
         if export is not None:
             export(staging)
-        torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state(), **extra},
-                   staging / "trainer_state.pt")
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state(), **extra}, staging / "trainer_state.pt")
         if config_text is not None:
             (staging / CONFIG_COPY).write_text(config_text)
         record = Path(output_dir) / "metrics.jsonl"
-        if record.exists():                # the record up to this step: rebuilt from here if it is lost
+        if record.exists():  # the record up to this step: rebuilt from here if it is lost
             shutil.copyfile(record, staging / "metrics.jsonl")
-        fsync_tree(staging)               # data on disk before the rename makes it visible
-    except BaseException as exc:          # a full disk, a signal: no half checkpoint stays behind
+        fsync_tree(staging)  # data on disk before the rename makes it visible
+    except BaseException as exc:  # a full disk, a signal: no half checkpoint stays behind
         full = isinstance(exc, Exception) and not isinstance(exc, OSError) and _storage_failing(root)
         shutil.rmtree(staging, ignore_errors=True)
         if full:
@@ -152,7 +165,7 @@ def load_checkpoint(path: Path, dtype=None) -> tuple[dict, dict]:
     missing = [k for k in ("step", "optimizer", "rng") if k not in state]
     if missing:
         raise ValueError(f"trainer_state.pt lacks {', '.join(missing)}")
-    if (Path(path) / "model" / "adapter_config.json").exists():   # a LoRA run: the adapter only
+    if (Path(path) / "model" / "adapter_config.json").exists():  # a LoRA run: the adapter only
         from safetensors.torch import load_file
 
         return state, load_file(str(Path(path) / "model" / "adapter_model.safetensors"))
@@ -171,8 +184,10 @@ def load_latest_intact(output_dir: Path, dtype=None, warn=print) -> tuple[Path, 
             state, weights = load_checkpoint(path, dtype)
         except Exception as exc:  # noqa: BLE001 - any failure to read means: not usable
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            warn(f"warning: checkpoint {path} cannot be loaded ({type(exc).__name__}: {reason}); "
-                 f"skipping it and trying the previous one")
+            warn(
+                f"warning: checkpoint {path} cannot be loaded ({type(exc).__name__}: {reason}); "
+                f"skipping it and trying the previous one"
+            )
             continue
         return path, state, weights
     return None

@@ -36,8 +36,15 @@ def gate_spans(rows: list[dict], key: str = "stare/gate_on") -> list[tuple[float
     return spans
 
 
-def plot_training_curves(rows: list[dict], path: Path, title: str = "", *, target: tuple[str, float] | None = None,
-                         collapse_step: int | None = None, gate_key: str = "stare/gate_on") -> Path:
+def plot_training_curves(
+    rows: list[dict],
+    path: Path,
+    title: str = "",
+    *,
+    target: tuple[str, float] | None = None,
+    collapse_step: int | None = None,
+    gate_key: str = "stare/gate_on",
+) -> Path:
     """Entropy, reward and accuracy against step (validation accuracy over the accuracy panel), with
     the intervention drawn in: ``target`` ``(label, nats)`` as a dashed line on the entropy panel
     (STARE's ``h_tgt``, adaptive entropy's ``target``), shading on every panel where the ``gate_key``
@@ -71,8 +78,12 @@ def plot_training_curves(rows: list[dict], path: Path, title: str = "", *, targe
 
 
 # as trainers/stats/diagnostics.py numbers them: the advantage's sign, and surprisal -log p against the entropy
-QUADRANTS = [("q1", "Q1: A>0, low surprisal"), ("q2", "Q2: A>0, high surprisal"),
-             ("q3", "Q3: A<0, high surprisal"), ("q4", "Q4: A<0, low surprisal")]
+QUADRANTS = [
+    ("q1", "Q1: A>0, low surprisal"),
+    ("q2", "Q2: A>0, high surprisal"),
+    ("q3", "Q3: A<0, high surprisal"),
+    ("q4", "Q4: A<0, low surprisal"),
+]
 
 
 def plot_quadrants(rows: list[dict], path: Path, title: str = "") -> Path | None:
@@ -117,13 +128,26 @@ def plot_reflection(rows: list[dict], path: Path, title: str = "") -> Path | Non
     _lines(twin, rows, [("reflection/frac", "share reflecting", "C1--")])
     twin.set_ylabel("share of responses reflecting (dashed)", fontsize=8, color="C1")
     ax.set_title("reflection", fontsize=10)
-    _lines(axes[1], rows, [("response_length/mean", "all", "-"), ("response_length/correct/mean", "correct", "-"),
-                           ("response_length/incorrect/mean", "incorrect", "-")])
+    _lines(
+        axes[1],
+        rows,
+        [
+            ("response_length/mean", "all", "-"),
+            ("response_length/correct/mean", "correct", "-"),
+            ("response_length/incorrect/mean", "incorrect", "-"),
+        ],
+    )
     axes[1].set_title("response length (tokens)", fontsize=10)
     axes[1].legend(fontsize=8)
-    drawn = _lines(axes[2], rows, [("reflection/entropy_all", "all tokens", "-"),
-                                   ("reflection/entropy_at", "reflection tokens", "o-"),
-                                   ("reflection/entropy_before", "just before", "s-")])
+    drawn = _lines(
+        axes[2],
+        rows,
+        [
+            ("reflection/entropy_all", "all tokens", "-"),
+            ("reflection/entropy_at", "reflection tokens", "o-"),
+            ("reflection/entropy_before", "just before", "s-"),
+        ],
+    )
     axes[2].set_title("token entropy (nats)", fontsize=10)
     if drawn:
         axes[2].legend(fontsize=8)
@@ -148,7 +172,7 @@ def save_figure(fig, path: Path) -> Path:
 
 
 def plot_attribution(rows: list[dict], path: Path, title: str = "") -> Path | None:
-    """"Why entropy moved": per measured step the parts stacked as bars (the positive parts above
+    """ "Why entropy moved": per measured step the parts stacked as bars (the positive parts above
     zero, the negative below): ``attribution/<part>``, adding up to ``predicted_net`` (dashed); the
     realised probe change as a line, and the first-order ``predicted_net_1st`` dotted beside it.
     None when no row holds an attribution."""
@@ -167,8 +191,10 @@ def plot_attribution(rows: list[dict], path: Path, title: str = "") -> Path | No
         up = [u + max(v, 0.0) for v, u in zip(vals, up)]
         down = [d + min(v, 0.0) for v, d in zip(vals, down)]
     lines = [("entropy_change/realized", "k-o", "realised")]
-    lines += [("entropy_change/predicted_net", "k--", "predicted_net (trapezoid)"),
-              ("entropy_change/predicted_net_1st", "k:", "predicted_net_1st (first order)")]
+    lines += [
+        ("entropy_change/predicted_net", "k--", "predicted_net (trapezoid)"),
+        ("entropy_change/predicted_net_1st", "k:", "predicted_net_1st (first order)"),
+    ]
     for key, style, label in lines:
         pts = [(r["step"], r[key]) for r in measured if r.get(key) is not None]
         if pts:
@@ -183,8 +209,7 @@ def plot_attribution(rows: list[dict], path: Path, title: str = "") -> Path | No
     return save_figure(fig, path)
 
 
-def mean_by_step(runs: list[list[dict]],
-                 prefixes: tuple[str, ...] = (PARTS, PARTS_1ST, "entropy_change/")) -> list[dict]:
+def mean_by_step(runs: list[list[dict]], prefixes: tuple[str, ...] = (PARTS, PARTS_1ST, "entropy_change/")) -> list[dict]:
     """The seed-mean row per step of ``runs`` (each a run's metric rows) over the keys starting with
     ``prefixes``: what a sweep variant's attribution figure draws. Steps no run measured are left out."""
     sums: dict[int, dict[str, list[float]]] = {}

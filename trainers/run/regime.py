@@ -22,16 +22,27 @@ import numpy as np
 from ...conf import to_plain
 from ..interventions import INTERVENTIONS
 
-__all__ = ["regime_warnings", "entropy_flags", "prediction_fit", "attribution_summary", "report_regime", "findings_cell", "COLLAPSE_RATIO",
-           "EXPLOSION_RATIO", "EXPLOSION_NATS", "EXPLOSION_FLOOR", "DETREND_WINDOW",
-           "rolling_mean_by_step"]
+__all__ = [
+    "regime_warnings",
+    "entropy_flags",
+    "prediction_fit",
+    "attribution_summary",
+    "report_regime",
+    "findings_cell",
+    "COLLAPSE_RATIO",
+    "EXPLOSION_RATIO",
+    "EXPLOSION_NATS",
+    "EXPLOSION_FLOOR",
+    "DETREND_WINDOW",
+    "rolling_mean_by_step",
+]
 
-COLLAPSE_RATIO = 0.2      # entropy below 0.2x its first-tenth mean
-EXPLOSION_RATIO = 3.0     # ... or above 3x it
-EXPLOSION_NATS = 2.0      # ... or above 2 nats/token
-EXPLOSION_FLOOR = 0.5     # the ratio rule needs at least this many nats/token: 3x a near-zero start is no explosion
-ALL_EQUAL_SHARE = 0.5     # most groups all-equal: nothing to reweight
-DETREND_WINDOW = 21       # rolling mean removed before correlating predicted and realised change
+COLLAPSE_RATIO = 0.2  # entropy below 0.2x its first-tenth mean
+EXPLOSION_RATIO = 3.0  # ... or above 3x it
+EXPLOSION_NATS = 2.0  # ... or above 2 nats/token
+EXPLOSION_FLOOR = 0.5  # the ratio rule needs at least this many nats/token: 3x a near-zero start is no explosion
+ALL_EQUAL_SHARE = 0.5  # most groups all-equal: nothing to reweight
+DETREND_WINDOW = 21  # rolling mean removed before correlating predicted and realised change
 
 
 def _series(rows: list[dict], key: str) -> list[tuple[int, float]]:
@@ -59,7 +70,7 @@ def regime_warnings(rows: list[dict], algo_cfg: dict) -> list[dict]:
     sections). Returns ``[{"id", "message", "first_step"}]`` in a fixed order.
     """
     out: list[dict] = []
-    for name in _interventions(algo_cfg):      # each intervention says when it could not act
+    for name in _interventions(algo_cfg):  # each intervention says when it could not act
         cls = INTERVENTIONS.get(name)
         if cls is not None:
             out += cls.regime_warnings(lambda key: _series(rows, key), dict(algo_cfg.get(name) or {}))
@@ -67,12 +78,18 @@ def regime_warnings(rows: list[dict], algo_cfg: dict) -> list[dict]:
     if equal:
         share = float(np.mean([v for _, v in equal]))
         if share > ALL_EQUAL_SHARE:
-            first = next(s for s, v in equal if v > ALL_EQUAL_SHARE) if any(v > ALL_EQUAL_SHARE for _, v in equal) else equal[0][0]
-            out.append(_finding(
-                "all_equal_groups",
-                f"{share:.0%} of prompt groups had all-equal rewards on average (zero advantage): "
-                f"{algo_cfg.get('name', 'the algorithm')} has little to reweight; use a harder task "
-                f"(data=countdown) or dynamic sampling", first))
+            first = (
+                next(s for s, v in equal if v > ALL_EQUAL_SHARE) if any(v > ALL_EQUAL_SHARE for _, v in equal) else equal[0][0]
+            )
+            out.append(
+                _finding(
+                    "all_equal_groups",
+                    f"{share:.0%} of prompt groups had all-equal rewards on average (zero advantage): "
+                    f"{algo_cfg.get('name', 'the algorithm')} has little to reweight; use a harder task "
+                    f"(data=countdown) or dynamic sampling",
+                    first,
+                )
+            )
     return out
 
 
@@ -89,12 +106,20 @@ def entropy_flags(rows: list[dict]) -> list[dict]:
     out = []
     low = next(((s, v) for s, v in ent if v < COLLAPSE_RATIO * ref), None)
     if low is not None:
-        out.append(_finding("collapse", f"entropy collapsed: {low[1]:.3f} nats < {COLLAPSE_RATIO} x its "
-                                        f"first-tenth mean {ref:.3f} at step {low[0]}", low[0]))
+        out.append(
+            _finding(
+                "collapse",
+                f"entropy collapsed: {low[1]:.3f} nats < {COLLAPSE_RATIO} x its first-tenth mean {ref:.3f} at step {low[0]}",
+                low[0],
+            )
+        )
     high = next(((s, v) for s, v in ent if v > max(EXPLOSION_RATIO * ref, EXPLOSION_FLOOR) or v > EXPLOSION_NATS), None)
     if high is not None:
-        why = (f"> {EXPLOSION_NATS} nats" if high[1] > EXPLOSION_NATS else
-               f"> {EXPLOSION_RATIO} x its first-tenth mean {ref:.3f} (and > {EXPLOSION_FLOOR} nats)")
+        why = (
+            f"> {EXPLOSION_NATS} nats"
+            if high[1] > EXPLOSION_NATS
+            else f"> {EXPLOSION_RATIO} x its first-tenth mean {ref:.3f} (and > {EXPLOSION_FLOOR} nats)"
+        )
         out.append(_finding("explosion", f"entropy exploded: {high[1]:.3f} nats {why} at step {high[0]}", high[0]))
     return out
 
@@ -151,25 +176,40 @@ def rolling_mean_by_step(x: np.ndarray, steps: np.ndarray, window: int) -> np.nd
     return (c[hi] - c[lo]) / (hi - lo)
 
 
-def prediction_fit(rows: list[dict], predicted_key: str = "entropy_change/predicted",
-                   realized_key: str = "entropy_change/realized", window: int = DETREND_WINDOW) -> dict:
+def prediction_fit(
+    rows: list[dict],
+    predicted_key: str = "entropy_change/predicted",
+    realized_key: str = "entropy_change/realized",
+    window: int = DETREND_WINDOW,
+) -> dict:
     """How the first-order prediction tracks the realised change: Pearson r and least-squares slope of
     realised on predicted, raw and after removing from each a centred rolling mean over ``window``
     steps (by the rows' ``step``; by position for rows without one).
 
     Empty dict when the rows lack either series.
     """
-    pairs = [(r[predicted_key], r[realized_key], r.get("step", i)) for i, r in enumerate(rows)
-             if isinstance(r.get(predicted_key), (int, float)) and isinstance(r.get(realized_key), (int, float))
-             and math.isfinite(r[predicted_key]) and math.isfinite(r[realized_key])]
+    pairs = [
+        (r[predicted_key], r[realized_key], r.get("step", i))
+        for i, r in enumerate(rows)
+        if isinstance(r.get(predicted_key), (int, float))
+        and isinstance(r.get(realized_key), (int, float))
+        and math.isfinite(r[predicted_key])
+        and math.isfinite(r[realized_key])
+    ]
     if len(pairs) < 3:
         return {}
     x, y, steps = (np.asarray(v, dtype=float) for v in zip(*pairs))
     r, slope = _fit(x, y)
     rd, slope_d = _fit(x - rolling_mean_by_step(x, steps, window), y - rolling_mean_by_step(y, steps, window))
-    return {"n": len(pairs), "pearson_r": r, "slope": slope, "pearson_r_detrended": rd,
-            "slope_detrended": slope_d, "detrend_window": window,
-            "sign_agreement": float(np.mean(np.sign(x) == np.sign(y)))}
+    return {
+        "n": len(pairs),
+        "pearson_r": r,
+        "slope": slope,
+        "pearson_r_detrended": rd,
+        "slope_detrended": slope_d,
+        "detrend_window": window,
+        "sign_agreement": float(np.mean(np.sign(x) == np.sign(y))),
+    }
 
 
 # the parts' key prefixes: adding up to predicted_net (trapezoid) and to predicted_net_1st (first order)
@@ -182,7 +222,7 @@ def part_totals(rows: list[dict], prefix: str) -> dict[str, float]:
     for r in rows:
         for key, value in r.items():
             if key.startswith(prefix) and isinstance(value, (int, float)) and math.isfinite(value):
-                totals[key[len(prefix):]] = totals.get(key[len(prefix):], 0.0) + float(value)
+                totals[key[len(prefix) :]] = totals.get(key[len(prefix) :], 0.0) + float(value)
     return totals
 
 
@@ -222,9 +262,15 @@ def attribution_summary(rows: list[dict]) -> dict:
     fit = prediction_fit(rows, predicted_key="entropy_change/predicted_net")
     if not totals and not fit:
         return {}
-    return {"fit": fit, "fit_1st": prediction_fit(rows, predicted_key="entropy_change/predicted_net_1st"),
-            "total": totals, "share": _shares(totals), "total_1st": totals_1st, "share_1st": _shares(totals_1st),
-            "share_after_first": _shares(part_totals(after_first_step(rows), PARTS))}
+    return {
+        "fit": fit,
+        "fit_1st": prediction_fit(rows, predicted_key="entropy_change/predicted_net_1st"),
+        "total": totals,
+        "share": _shares(totals),
+        "total_1st": totals_1st,
+        "share_1st": _shares(totals_1st),
+        "share_after_first": _shares(part_totals(after_first_step(rows), PARTS)),
+    }
 
 
 def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) -> dict:
@@ -243,16 +289,25 @@ def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) ->
         out["entropy_change"] = fit
         base = prediction_fit(rows, predicted_key="entropy_change/predicted_base")
         if base:
-            out["entropy_change"].update({"pearson_r_base": base["pearson_r"],
-                                          "pearson_r_detrended_base": base["pearson_r_detrended"]})
+            out["entropy_change"].update(
+                {"pearson_r_base": base["pearson_r"], "pearson_r_detrended_base": base["pearson_r_detrended"]}
+            )
     attribution = attribution_summary(rows)
     if attribution:
         out["attribution"] = attribution
-    if (tracker is not None and getattr(tracker, "enabled", False) and getattr(tracker, "run_id", None)
-            and getattr(tracker, "online", True)):     # a server that went away: no tag, no second warning
+    if (
+        tracker is not None
+        and getattr(tracker, "enabled", False)
+        and getattr(tracker, "run_id", None)
+        and getattr(tracker, "online", True)
+    ):  # a server that went away: no tag, no second warning
         try:
-            tracker.set_tags({"entropyrl.warnings": ",".join(w["id"] for w in warnings) or "none",
-                              "entropyrl.flags": ",".join(f["id"] for f in flags) or "none"})
+            tracker.set_tags(
+                {
+                    "entropyrl.warnings": ",".join(w["id"] for w in warnings) or "none",
+                    "entropyrl.flags": ",".join(f["id"] for f in flags) or "none",
+                }
+            )
         except Exception as exc:  # noqa: BLE001 - a tag is not worth losing the summary over
             log(f"could not tag the MLflow run: {str(exc).splitlines()[0]}")
     return out

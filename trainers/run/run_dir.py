@@ -37,9 +37,21 @@ from . import checkpoint as ckpt
 #: Keys (or key prefixes ending in '.') that may change between a run and its resumption: how long
 #: it runs, how often it validates/saves/logs, where it runs. Anything else would merge two runs.
 RESUMABLE_CHANGES = (
-    "output_dir", "trainer.total_steps", "trainer.resume", "trainer.progress", "trainer.threads",
-    "trainer.device", "trainer.samples_every", "trainer.samples_rows", "trainer.val_every", "trainer.save_every", "trainer.keep_checkpoints",
-    "val.", "diagnostics.", "tracking.", "launcher.",     # launcher.: configs saved when train had that group
+    "output_dir",
+    "trainer.total_steps",
+    "trainer.resume",
+    "trainer.progress",
+    "trainer.threads",
+    "trainer.device",
+    "trainer.samples_every",
+    "trainer.samples_rows",
+    "trainer.val_every",
+    "trainer.save_every",
+    "trainer.keep_checkpoints",
+    "val.",
+    "diagnostics.",
+    "tracking.",
+    "launcher.",  # launcher.: configs saved when train had that group
 )
 
 #: What runs saved before the ``optim`` section did for the keys that did not exist yet (their
@@ -57,9 +69,9 @@ class RunFolder:
 
     path: Path
     checkpoint_steps: list[int] = field(default_factory=list)
-    files: list[str] = field(default_factory=list)           # of RUN_FILES, present
+    files: list[str] = field(default_factory=list)  # of RUN_FILES, present
     saved_config: dict | None = None
-    config_problem: str = "is missing"                      # why saved_config is None
+    config_problem: str = "is missing"  # why saved_config is None
 
     @property
     def holds_run(self) -> bool:
@@ -124,14 +136,18 @@ def check_adapter(out: Path, cfg, fresh: str) -> None:
         try:
             have = json.loads(adapter.read_text()).get("r")
         except (OSError, ValueError):
-            return                           # a damaged checkpoint: load_latest_intact skips it
+            return  # a damaged checkpoint: load_latest_intact skips it
         if want is None or int(want) != int(have):
             asked = f"model.lora.rank={want}" if want is not None else "full fine-tuning (model.lora.rank=null)"
-            raise UserError(f"output_dir={out} holds a LoRA run of rank {have} (checkpoint {latest.name}) and this run asks "
-                            f"for {asked}: run it with model.lora.rank={have} to continue it, or {fresh}")
+            raise UserError(
+                f"output_dir={out} holds a LoRA run of rank {have} (checkpoint {latest.name}) and this run asks "
+                f"for {asked}: run it with model.lora.rank={have} to continue it, or {fresh}"
+            )
     elif want is not None and (latest / "model").is_dir():
-        raise UserError(f"output_dir={out} holds a full fine-tuning run (checkpoint {latest.name}) and this run asks for "
-                        f"model.lora.rank={want}: run it with model.lora.rank=null to continue it, or {fresh}")
+        raise UserError(
+            f"output_dir={out} holds a full fine-tuning run (checkpoint {latest.name}) and this run asks for "
+            f"model.lora.rank={want}: run it with model.lora.rank=null to continue it, or {fresh}"
+        )
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -152,15 +168,17 @@ def config_differences(saved: dict, requested: dict) -> list[tuple[str, Any, Any
     resume (``RESUMABLE_CHANGES`` are ignored). A key only one side has shows ``<absent>``."""
     a, b = _flat(saved), _flat(requested)
     absent = "<absent>"
-    return [(k, a.get(k, absent), b.get(k, absent)) for k in sorted(set(a) | set(b))
-            if not _resumable(k) and a.get(k, absent) != b.get(k, absent)]
+    return [
+        (k, a.get(k, absent), b.get(k, absent))
+        for k in sorted(set(a) | set(b))
+        if not _resumable(k) and a.get(k, absent) != b.get(k, absent)
+    ]
 
 
 #: Sections added after runs were saved without them, as those runs ran: the data's own verifier
 #: as the reward (``reward``), full fine-tuning (``model.lora``).
 ADDED_SECTIONS = {
-    "reward": {"functions": [], "url": None, "timeout_s": 60, "workers": 0, "fallback": 0.0, "retries": 2,
-               "backoff_s": 0.5},
+    "reward": {"functions": [], "url": None, "timeout_s": 60, "workers": 0, "fallback": 0.0, "retries": 2, "backoff_s": 0.5},
     "model.lora": {"rank": None, "alpha": None, "dropout": 0.0, "target_modules": "all-linear", "save_merged": False},
 }
 
@@ -220,8 +238,10 @@ def check_output_dir(cfg) -> str:
     if not folder.holds_run:
         return "fresh"
     if mode == "never":
-        raise UserError(f"output_dir={out} already holds a run ({folder.describe()}) and trainer.resume=never does not "
-                        f"reuse it: pass trainer.resume=auto to continue it, or {fresh}")
+        raise UserError(
+            f"output_dir={out} already holds a run ({folder.describe()}) and trainer.resume=never does not "
+            f"reuse it: pass trainer.resume=auto to continue it, or {fresh}"
+        )
     if mode != "auto":
         raise UserError(f"trainer.resume={mode} is not allowed: it must be one of auto, never, overwrite")
     # the records a resume reads back: each checked before it is believed
@@ -232,8 +252,10 @@ def check_output_dir(cfg) -> str:
         # config.yaml missing or damaged: the checkpoint's own copy says what the run trained with
         saved, copy = checkpoint_config(out)
         if saved is None:
-            raise UserError(f"{out / 'config.yaml'} {folder.config_problem} and the checkpoint holds no copy of the run's "
-                            f"config, so this run's settings cannot be checked against it: restore config.yaml, or {fresh}")
+            raise UserError(
+                f"{out / 'config.yaml'} {folder.config_problem} and the checkpoint holds no copy of the run's "
+                f"config, so this run's settings cannot be checked against it: restore config.yaml, or {fresh}"
+            )
         against = f" (config.yaml {folder.config_problem}; compared with the checkpoint's copy {copy})"
     if saved is not None:
         requested = OmegaConf.to_container(cfg, resolve=True)
@@ -241,9 +263,11 @@ def check_output_dir(cfg) -> str:
         if diffs:
             shown = "; ".join(f"{k}: {_fmt(old)} -> {_fmt(new)}" for k, old, new in diffs[:8])
             more = f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else ""
-            raise UserError(f"output_dir={out} holds a run with other settings ({shown}{more}){against}; only run length "
-                            f"and logging options may change on resume: run it with its own settings to "
-                            f"continue it, or {fresh}")
+            raise UserError(
+                f"output_dir={out} holds a run with other settings ({shown}{more}){against}; only run length "
+                f"and logging options may change on resume: run it with its own settings to "
+                f"continue it, or {fresh}"
+            )
     check_adapter(out, cfg, fresh)
     return "resume"
 
@@ -253,8 +277,14 @@ def run_lock(cfg):
     ranks of a distributed run write nothing there on their own and take none."""
     if launcher_env()["rank"] != 0:
         return contextlib.nullcontext()
-    return FolderLock(Path(str(cfg.output_dir)), "`entropyrl train`", key="output_dir",
-                      hint="wait for it to end (or stop it), or run this one with another output_dir=...")
+    return FolderLock(
+        Path(str(cfg.output_dir)),
+        "`entropyrl train`",
+        key="output_dir",
+        hint="wait for it to end (or stop it), or run this one with another output_dir=...",
+    )
+
+
 def prepare_output_dir(cfg, *, is_main: bool = True, log: Callable[[str], None] = print, clear: bool = True) -> str:
     """``check_output_dir`` and, for ``overwrite`` (``clear``), the old run's files deleted by the
     main process; returns ``"fresh"`` or ``"resume"``."""
@@ -285,15 +315,21 @@ def clear_run(output_dir: Path) -> None:
 def storage_error(exc: OSError, output_dir: Path, saved_step: int) -> UserError:
     """One line for a write that failed mid-run (disk full, read-only, vanished folder): the path,
     the fix, and where a resume starts."""
-    fixes = {errno.ENOSPC: "free space on that disk (or run with output_dir=... on another one)",
-             errno.EDQUOT: "free space in your quota (or run with output_dir=... elsewhere)",
-             errno.EROFS: "make that file system writable again",
-             errno.EFBIG: "raise the file-size limit (ulimit -f)",
-             errno.EACCES: "make the folder writable again", errno.EPERM: "make the folder writable again",
-             errno.ENOENT: "the folder vanished: restore it (or start fresh with another output_dir=...)"}
+    fixes = {
+        errno.ENOSPC: "free space on that disk (or run with output_dir=... on another one)",
+        errno.EDQUOT: "free space in your quota (or run with output_dir=... elsewhere)",
+        errno.EROFS: "make that file system writable again",
+        errno.EFBIG: "raise the file-size limit (ulimit -f)",
+        errno.EACCES: "make the folder writable again",
+        errno.EPERM: "make the folder writable again",
+        errno.ENOENT: "the folder vanished: restore it (or start fresh with another output_dir=...)",
+    }
     fix = fixes.get(exc.errno, "make the folder writable again")
-    resume = (f"the checkpoint at step {saved_step} is intact: run the same command again to resume from it"
-              if saved_step else "no checkpoint was saved yet: run the same command again to start over")
+    resume = (
+        f"the checkpoint at step {saved_step} is intact: run the same command again to resume from it"
+        if saved_step
+        else "no checkpoint was saved yet: run the same command again to start over"
+    )
     return UserError(f"cannot write {exc.filename or output_dir}: {exc.strerror or exc}; {fix}, then {resume}")
 
 
@@ -316,8 +352,10 @@ def check_metrics_record(output_dir: Path, resumed: int | None, log: Callable[[s
         atomic_write_text(path, "".join(json.dumps(merged[k]) + "\n" for k in sorted(merged)))
         log(f"warning: {path} lacked steps {_span(missing)}: rebuilt from the checkpoint at step {resumed}")
     else:
-        log(f"warning: {path} lacks steps {_span(missing)} and the checkpoint holds no copy of them: the "
-            f"summary's first-tenth figures cover only the steps still there")
+        log(
+            f"warning: {path} lacks steps {_span(missing)} and the checkpoint holds no copy of them: the "
+            f"summary's first-tenth figures cover only the steps still there"
+        )
 
 
 def _span(steps: list[int]) -> str:

@@ -24,8 +24,13 @@ def summarize(rows: list[dict]) -> dict:
     out: dict = {}
     if ent:
         tenth = max(1, len(ent) // 10)
-        out.update({"entropy/first_tenth": float(np.mean(ent[:tenth])), "entropy/last_tenth": float(np.mean(ent[-tenth:])),
-                    "entropy/min": float(np.min(ent))})
+        out.update(
+            {
+                "entropy/first_tenth": float(np.mean(ent[:tenth])),
+                "entropy/last_tenth": float(np.mean(ent[-tenth:])),
+                "entropy/min": float(np.min(ent)),
+            }
+        )
     # the task's held-out accuracy, each validation benchmark's avg@n, training accuracy and reward
     bench = sorted({k for r in rows for k in r if k.startswith("val/") and k.rsplit("/", 1)[-1].startswith("avg@")})
     for key in ("val/acc", *bench, "acc/mean", "reward/mean"):
@@ -66,31 +71,39 @@ def validation_text(summary: dict) -> str:
     for key, value in summary.items():
         if not key.startswith("final/val/") or not isinstance(value, (int, float)):
             continue
-        name = key[len("final/val/"):]
+        name = key[len("final/val/") :]
         parts.append(f"val acc {value:.3f}" if name == "acc" else f"val {name.replace('/', ' ')} {value:.3f}")
     return ", ".join(parts) or "no validation"
 
 
-def write_run_report(rows: list[dict], cfg, output_dir: Path, tracker, status: str, run_facts: dict,
-                     log: Callable = print) -> dict:
+def write_run_report(
+    rows: list[dict], cfg, output_dir: Path, tracker, status: str, run_facts: dict, log: Callable = print
+) -> dict:
     """Rank 0 at the end of a run: ``summary.json`` (``summarize``, ``report_regime``'s warnings, flags
     and fits, then ``run_facts``), ``curves.png`` (with the intervention's target, its gate and the
     collapse flag drawn in), ``quadrants.png``, ``why_entropy_moved.png`` and ``reflection.png``, each
     logged to MLflow with ``metrics.jsonl``; the MLflow run is finished with ``status`` whatever
     happens to the files. Returns the summary."""
     summary = summarize(rows)
-    summary.update(report_regime(rows, cfg, tracker, log=log))   # warnings, flags, r
+    summary.update(report_regime(rows, cfg, tracker, log=log))  # warnings, flags, r
     summary.update(run_facts)
     figures: list[Path | None] = []
     if rows:
-        try:            # written beside and renamed: a full disk leaves the old figure, never 0 bytes
+        try:  # written beside and renamed: a full disk leaves the old figure, never 0 bytes
             title = f"{cfg.algo.name} on {cfg.data.name} (seed {cfg.trainer.seed})"
             collapse = next((f.get("first_step") for f in summary.get("flags", []) if f.get("id") == "collapse"), None)
-            figures = [plot_training_curves(rows, output_dir / "curves.png", title=title,
-                                            target=entropy_target(to_plain(cfg.algo)), collapse_step=collapse),
-                       plot_quadrants(rows, output_dir / "quadrants.png", title=f"four quadrants: {title}"),
-                       plot_attribution(rows, output_dir / "why_entropy_moved.png", title=f"why entropy moved: {title}"),
-                       plot_reflection(rows, output_dir / "reflection.png", title=f"reflection and length: {title}")]
+            figures = [
+                plot_training_curves(
+                    rows,
+                    output_dir / "curves.png",
+                    title=title,
+                    target=entropy_target(to_plain(cfg.algo)),
+                    collapse_step=collapse,
+                ),
+                plot_quadrants(rows, output_dir / "quadrants.png", title=f"four quadrants: {title}"),
+                plot_attribution(rows, output_dir / "why_entropy_moved.png", title=f"why entropy moved: {title}"),
+                plot_reflection(rows, output_dir / "reflection.png", title=f"reflection and length: {title}"),
+            ]
         except OSError:
             figures = []
     try:
@@ -98,7 +111,7 @@ def write_run_report(rows: list[dict], cfg, output_dir: Path, tracker, status: s
         for path in (*figures, output_dir / "summary.json", output_dir / "metrics.jsonl"):
             if path is not None:
                 tracker.log_artifact(path)
-    finally:        # a full disk loses the summary file, never the run's final state
+    finally:  # a full disk loses the summary file, never the run's final state
         tracker.finish(status)
     return summary
 
@@ -114,15 +127,23 @@ class TrainingProgress:
             return lambda step, metrics: None
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())
+        self.progress = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        )
         self.progress.__enter__()
         self.task = self.progress.add_task("train", total=self.total, completed=self.start, info="")
 
         def update(step, m):
-            info = (f"entropy {m.get('entropy', float('nan')):.3f}  reward {m.get('reward/mean', float('nan')):.3f}"
-                    + (f"  val {m['val/acc']:.3f}" if "val/acc" in m else ""))
+            info = f"entropy {m.get('entropy', float('nan')):.3f}  reward {m.get('reward/mean', float('nan')):.3f}" + (
+                f"  val {m['val/acc']:.3f}" if "val/acc" in m else ""
+            )
             self.progress.update(self.task, completed=step, info=info)
+
         return update
 
     def __exit__(self, *exc):

@@ -30,19 +30,33 @@ def pick_rows(batch_rows: int, group_size: int, rows: int) -> list[int]:
     stride = max(groups // max(rows, 1), 1)
     firsts = [g * group_size for g in range(0, groups, stride)][:rows]
     extra = [r for r in range(batch_rows) if r not in set(firsts)]
-    return sorted((firsts + extra)[:min(rows, batch_rows)])
+    return sorted((firsts + extra)[: min(rows, batch_rows)])
 
 
-def sample_rows(step: int, prompts: Sequence[str], responses: Sequence[str], rewards: Sequence[float],
-                correct: Sequence[float], entropy_mean: Sequence[float], lengths: Sequence[int],
-                reflection: Sequence[int] | None = None) -> list[dict]:
+def sample_rows(
+    step: int,
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    rewards: Sequence[float],
+    correct: Sequence[float],
+    entropy_mean: Sequence[float],
+    lengths: Sequence[int],
+    reflection: Sequence[int] | None = None,
+) -> list[dict]:
     """One dict per response: ``step``, ``prompt``, ``response``, ``reward``, ``correct``,
     ``entropy_mean`` (mean token entropy of the sampling policy over the response), ``length`` (tokens)
     and, with a word list, ``reflection`` (its count of reflection words)."""
     out = []
     for i, (p, r) in enumerate(zip(prompts, responses)):
-        row = {"step": int(step), "prompt": p, "response": r, "reward": float(rewards[i]), "correct": float(correct[i]),
-               "entropy_mean": float(entropy_mean[i]), "length": int(lengths[i])}
+        row = {
+            "step": int(step),
+            "prompt": p,
+            "response": r,
+            "reward": float(rewards[i]),
+            "correct": float(correct[i]),
+            "entropy_mean": float(entropy_mean[i]),
+            "length": int(lengths[i]),
+        }
         if reflection is not None:
             row["reflection"] = int(reflection[i])
         out.append(row)

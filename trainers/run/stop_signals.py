@@ -56,7 +56,7 @@ class StopSignals:
 
     def __init__(self, log: Callable[[str], None] = print):
         self.log = log
-        self.requested: int | None = None     # the first stop signal received
+        self.requested: int | None = None  # the first stop signal received
         self.count = 0
         self._previous: dict[int, object] = {}
         self._finishing = False
@@ -81,13 +81,17 @@ class StopSignals:
         self.count += 1
         if self.count == 1:
             self.requested = signum
-            self.log(f"received {signal_name(signum)}: stopping after the current step (checkpoint, summary, "
-                     f"MLflow run KILLED); send it again to stop at once")
+            self.log(
+                f"received {signal_name(signum)}: stopping after the current step (checkpoint, summary, "
+                f"MLflow run KILLED); send it again to stop at once"
+            )
             return
         if self.count == 2:
             if self._finishing:
-                self.log(f"received {signal_name(signum)} again: writing the summary and MLflow status "
-                         f"(a few seconds); a third signal exits without them")
+                self.log(
+                    f"received {signal_name(signum)} again: writing the summary and MLflow status "
+                    f"(a few seconds); a third signal exits without them"
+                )
                 return
             raise RunInterrupted(signum, f"stopped at once by a second signal ({signal_name(signum)})")
         os._exit(128 + signum)

@@ -47,8 +47,13 @@ from ..parallel.distributed import DistInfo, max_across, min_across, sum_across
 from ..parallel.fsdp import is_fsdp, sharded_parameters
 from .update_split import UpdateSplit
 
-__all__ = ["probe_entropy_gradient", "sharded_probe_entropy_gradient", "predicted_change", "EntropyAttribution",
-           "build_attribution"]
+__all__ = [
+    "probe_entropy_gradient",
+    "sharded_probe_entropy_gradient",
+    "predicted_change",
+    "EntropyAttribution",
+    "build_attribution",
+]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -57,7 +62,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _trainable(model) -> list[torch.Tensor]:
-    return sharded_parameters(model)        # model.parameters() as they are without FSDP
+    return sharded_parameters(model)  # model.parameters() as they are without FSDP
 
 
 def probe_entropy_gradient(model, rollout, entropy_fn: Callable, rows_per_chunk: int) -> list[torch.Tensor]:
@@ -85,8 +90,9 @@ def probe_entropy_gradient(model, rollout, entropy_fn: Callable, rows_per_chunk:
     return total
 
 
-def sharded_probe_entropy_gradient(model, rollout, entropy_fn: Callable, rows_per_chunk: int,
-                                   rank: int, world_size: int) -> list[torch.Tensor]:
+def sharded_probe_entropy_gradient(
+    model, rollout, entropy_fn: Callable, rows_per_chunk: int, rank: int, world_size: int
+) -> list[torch.Tensor]:
     """``g_H`` under FSDP2: this rank's local shard of each trainable parameter's gradient.
 
     Every rank passes the same ``rollout`` (the probe batch) and takes its share of the rows
@@ -99,19 +105,19 @@ def sharded_probe_entropy_gradient(model, rollout, entropy_fn: Callable, rows_pe
     params = _trainable(model)
     total = [torch.zeros_like(_local(p)) for p in params]
     n_valid = int(rollout.policy_mask.sum())
-    if n_valid == 0:            # the same on every rank: no rank runs a backward
+    if n_valid == 0:  # the same on every rank: no rank runs a backward
         return total
     rows = len(rollout.texts)
     mine = torch.arange(rows).tensor_split(world_size)[rank]
-    largest = math.ceil(rows / world_size)                  # tensor_split: the first shares are the largest
+    largest = math.ceil(rows / world_size)  # tensor_split: the first shares are the largest
     passes = max(math.ceil(largest / rows_per_chunk), 1)
     held = [p.grad for p in params]
     for p in params:
         p.grad = None
     try:
         for k in range(passes):
-            idx = mine[k * rows_per_chunk: (k + 1) * rows_per_chunk]
-            pairing = len(idx) == 0         # only to pair this rank's reduce-scatter with the others'
+            idx = mine[k * rows_per_chunk : (k + 1) * rows_per_chunk]
+            pairing = len(idx) == 0  # only to pair this rank's reduce-scatter with the others'
             part = rollout.select(torch.zeros(1, dtype=torch.long) if pairing else idx)
             entropy = entropy_fn(model, part)
             mask = part.policy_mask.to(entropy.device).bool()
@@ -143,19 +149,27 @@ class EntropyAttribution:
     process): the gradient and parameters are this rank's shards, the dot product is all-reduced,
     and there is no split into parts. Otherwise the single-process path, with the split."""
 
-    def __init__(self, probe, entropy_fn: Callable, rows_per_chunk: int, every: int = 1,
-                 dist: DistInfo | None = None, log: Callable[[str], None] = print, sharded: bool | None = None):
+    def __init__(
+        self,
+        probe,
+        entropy_fn: Callable,
+        rows_per_chunk: int,
+        every: int = 1,
+        dist: DistInfo | None = None,
+        log: Callable[[str], None] = print,
+        sharded: bool | None = None,
+    ):
         self.probe, self.entropy_fn, self.rows, self.every = probe, entropy_fn, rows_per_chunk, max(int(every), 1)
         self.dist = dist if dist is not None else DistInfo()
         self.sharded = self.dist.world_size > 1 if sharded is None else bool(sharded)
         self.log = log
         self._probe_checked = self.dist.world_size == 1
-        self.off = False                           # several ranks holding different probe batches
-        self._grad: list[torch.Tensor] | None = None   # g_H at the current optimizer step's start
-        self._training = False                     # the model's mode when g_H was first taken
+        self.off = False  # several ranks holding different probe batches
+        self._grad: list[torch.Tensor] | None = None  # g_H at the current optimizer step's start
+        self._training = False  # the model's mode when g_H was first taken
         self._before: list[torch.Tensor] | None = None  # the parameters there
-        self._net = self._net_1st = 0.0            # the step's predictions so far (this rank's shards)
-        self.split: UpdateSplit | None = None      # the step's update split into parts (update_split.py)
+        self._net = self._net_1st = 0.0  # the step's predictions so far (this rank's shards)
+        self.split: UpdateSplit | None = None  # the step's update split into parts (update_split.py)
 
     def due(self, step: int) -> bool:
         """The step about to run, ``step + 1`` (``step``: the steps done), is measured: steps ``every``,
@@ -175,14 +189,16 @@ class EntropyAttribution:
     def begin(self, model) -> None:
         if self.off:
             return
-        if self.probe.batch is None:    # the probe's responses are sampled on first use
+        if self.probe.batch is None:  # the probe's responses are sampled on first use
             self.probe.entropy(model)
         if not self._probe_checked:
             self._probe_checked = True
-            if not self._same_probe_on_every_rank():   # then g_H would mix batches: log nothing wrong
+            if not self._same_probe_on_every_rank():  # then g_H would mix batches: log nothing wrong
                 self.off = True
-                self.log("diagnostics.attribution: the ranks sampled different probe batches, so "
-                         "entropy_change/predicted_net is not logged in this run")
+                self.log(
+                    "diagnostics.attribution: the ranks sampled different probe batches, so "
+                    "entropy_change/predicted_net is not logged in this run"
+                )
                 return
         self._training = model.training
         self._grad = self._gradient(model)
@@ -193,12 +209,13 @@ class EntropyAttribution:
 
     def _gradient(self, model) -> list[torch.Tensor]:
         was = model.training
-        model.train(self._training)      # the mode g_H was first taken in (dropout), mid-update too
+        model.train(self._training)  # the mode g_H was first taken in (dropout), mid-update too
         try:
             if not self.sharded:
                 return probe_entropy_gradient(model, self.probe.batch, self.entropy_fn, self.rows)
-            return sharded_probe_entropy_gradient(model, self.probe.batch, self.entropy_fn, self.rows,
-                                                  self.dist.rank, self.dist.world_size)
+            return sharded_probe_entropy_gradient(
+                model, self.probe.batch, self.entropy_fn, self.rows, self.dist.rank, self.dist.world_size
+            )
         finally:
             model.train(was)
 
@@ -236,7 +253,7 @@ class EntropyAttribution:
         if self._grad is None or self._before is None:
             return {}
         net, net_1st = self._net, self._net_1st
-        if self.sharded:                # each rank holds its shards: the dot products are their sums
+        if self.sharded:  # each rank holds its shards: the dot products are their sums
             net, net_1st = (float(v) for v in sum_across(torch.tensor([net, net_1st], dtype=torch.float64), self.dist))
         out = {"entropy_change/predicted_net": net, "entropy_change/predicted_net_1st": net_1st}
         if self.split is not None:
@@ -245,8 +262,9 @@ class EntropyAttribution:
         return out
 
 
-def build_attribution(cfg, probe, dist: DistInfo, entropy_fn: Callable, model,
-                      log: Callable[[str], None] = print) -> EntropyAttribution | None:
+def build_attribution(
+    cfg, probe, dist: DistInfo, entropy_fn: Callable, model, log: Callable[[str], None] = print
+) -> EntropyAttribution | None:
     """The attribution step when ``diagnostics.attribution`` is on and there is a probe batch.
     With ``model`` sharded by FSDP (always with several ranks: ``process_group`` refuses
     ``trainer.fsdp=false`` there) ``predicted_net`` only, and one line from rank 0 says the split
@@ -256,8 +274,17 @@ def build_attribution(cfg, probe, dist: DistInfo, entropy_fn: Callable, model,
         return None
     sharded = is_fsdp(model)
     if sharded and dist.is_main:
-        log(f"diagnostics.attribution: the policy is sharded with FSDP ({dist.world_size} rank(s)), so "
+        log(
+            f"diagnostics.attribution: the policy is sharded with FSDP ({dist.world_size} rank(s)), so "
             f"entropy_change/predicted_net only (dot product reduced over shards); the split into "
-            f"attribution/<part> needs one process without FSDP (trainer.fsdp=false, float32)")
-    return EntropyAttribution(probe, entropy_fn, int(cfg.trainer.micro_batch_responses),
-                              int(diag.get("attribution_every", 1)), dist=dist, log=log, sharded=sharded)
+            f"attribution/<part> needs one process without FSDP (trainer.fsdp=false, float32)"
+        )
+    return EntropyAttribution(
+        probe,
+        entropy_fn,
+        int(cfg.trainer.micro_batch_responses),
+        int(diag.get("attribution_every", 1)),
+        dist=dist,
+        log=log,
+        sharded=sharded,
+    )

@@ -18,15 +18,24 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["entropy_change_estimate", "effective_entropy_change", "quadrant_ids", "quadrant_metrics",
-           "QUADRANTS", "quantile_key", "sorted_quantiles", "entropy_quantile_metrics"]
+__all__ = [
+    "entropy_change_estimate",
+    "effective_entropy_change",
+    "quadrant_ids",
+    "quadrant_metrics",
+    "QUADRANTS",
+    "quantile_key",
+    "sorted_quantiles",
+    "entropy_quantile_metrics",
+]
 
 QUADRANTS = ("q1", "q2", "q3", "q4")
 _P_MIN = 1e-8
 
 
-def entropy_change_estimate(logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor,
-                            advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def entropy_change_estimate(
+    logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """``Omega [B, T]``: the first-order entropy-change indicator (predicted dH is ``-Omega``).
 
     All inputs ``[B, T]`` (detached here). Non-finite values and invalid tokens give 0.
@@ -39,8 +48,7 @@ def entropy_change_estimate(logp: torch.Tensor, old_logp: torch.Tensor, entropy:
         return omega * mask.to(omega.dtype)
 
 
-def effective_entropy_change(coef: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor,
-                             mask: torch.Tensor) -> torch.Tensor:
+def effective_entropy_change(coef: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Predicted first-order entropy change ``[B, T]`` of a step whose per-token gradient on
     ``logp`` has coefficient ``coef`` (``g_t = -dLoss/dlogp_t``, all inputs ``[B, T]``).
 
@@ -56,8 +64,7 @@ def effective_entropy_change(coef: torch.Tensor, logp: torch.Tensor, entropy: to
         return d
 
 
-def quadrant_ids(logp: torch.Tensor, entropy: torch.Tensor, advantages: torch.Tensor,
-                 mask: torch.Tensor) -> torch.Tensor:
+def quadrant_ids(logp: torch.Tensor, entropy: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``[B, T]`` long: 1-4 as in the module docstring, 0 for invalid tokens or ``A == 0``.
 
     A token with ``s == H`` (Omega = 0) counts as low-surprisal (Q1/Q4).
@@ -74,8 +81,9 @@ def quadrant_ids(logp: torch.Tensor, entropy: torch.Tensor, advantages: torch.Te
         return ids * mask.bool().long()
 
 
-def quadrant_metrics(logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor,
-                     advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def quadrant_metrics(
+    logp: torch.Tensor, old_logp: torch.Tensor, entropy: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
     """Per quadrant: token share among valid tokens and the summed predicted entropy change.
 
     Args: all ``[B, T]``. Returns ``{"quadrant/q1/share": float, "quadrant/q1/pred_dH": float, ...}``

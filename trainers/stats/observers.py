@@ -92,13 +92,17 @@ class AttributionObserver(StepObserver):
             self.attribution.begin(model)
 
     def on_micro_loss(self, algo, micro, out, inputs: tuple, weight: float) -> None:
-        split = self.attribution.split if self.measuring else None    # None under FSDP
+        split = self.attribution.split if self.measuring else None  # None under FSDP
         if split is None:
             return
         logp, ent, vocab = inputs
         prefixes = algo.loss_prefixes(micro, logp=logp, entropy=ent, vocab=vocab)
-        split.add_micro(out.loss * weight, [logp, ent, *(vocab.values() if vocab else ())], micro,
-                        [(name, partial * weight) for name, partial in prefixes])
+        split.add_micro(
+            out.loss * weight,
+            [logp, ent, *(vocab.values() if vocab else ())],
+            micro,
+            [(name, partial * weight) for name, partial in prefixes],
+        )
 
     def around_optimizer_step(self, model, optimizer, grad_norm: float):
         if not self.measuring:
@@ -109,8 +113,7 @@ class AttributionObserver(StepObserver):
         return self.attribution.finish(model)
 
 
-def build_observers(*, quadrants: bool, probe: ProbeBatch | None, attribution: EntropyAttribution | None
-                    ) -> list[StepObserver]:
+def build_observers(*, quadrants: bool, probe: ProbeBatch | None, attribution: EntropyAttribution | None) -> list[StepObserver]:
     """The observers switched on, in the order their metrics are reported: the prediction, the
     probe's realised change, the attribution."""
     out: list[StepObserver] = []
@@ -121,4 +124,3 @@ def build_observers(*, quadrants: bool, probe: ProbeBatch | None, attribution: E
     if attribution is not None:
         out.append(AttributionObserver(attribution))
     return out
-

@@ -17,14 +17,15 @@ from ...evals.metrics import pass_at_k
 __all__ = ["sampled_pass_metrics", "pass_metrics_from_scores"]
 
 
-
 def pass_metrics_from_scores(scores: list[float], k: int) -> dict[str, float]:
     """``{"val/pass@1", "val/pass@k"}`` from ``len(problems) * k`` 0/1 scores, grouped by prompt."""
     if k < 1 or len(scores) % k:
         raise ValueError(f"need a multiple of k={k} scores, got {len(scores)}")
-    counts = [int(sum(s > 0 for s in scores[i:i + k])) for i in range(0, len(scores), k)]
-    return {"val/pass@1": float(np.mean([pass_at_k(k, c, 1) for c in counts])),
-            f"val/pass@{k}": float(np.mean([pass_at_k(k, c, k) for c in counts]))}
+    counts = [int(sum(s > 0 for s in scores[i : i + k])) for i in range(0, len(scores), k)]
+    return {
+        "val/pass@1": float(np.mean([pass_at_k(k, c, 1) for c in counts])),
+        f"val/pass@{k}": float(np.mean([pass_at_k(k, c, k) for c in counts])),
+    }
 
 
 def sampled_pass_metrics(rollout_engine, source, problems: list, k: int) -> dict[str, float]:

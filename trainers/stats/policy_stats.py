@@ -24,8 +24,9 @@ def sequence_inputs(rollout: Rollout, device) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids}
 
 
-def response_token_stats(model, rollout: Rollout, *, temperature: float, chunk_size: int,
-                         entropy_grad: bool = False, vocab_stats: dict | None = None):
+def response_token_stats(
+    model, rollout: Rollout, *, temperature: float, chunk_size: int, entropy_grad: bool = False, vocab_stats: dict | None = None
+):
     """``(logp [B,R], entropy [B,R])`` of the response tokens under ``model`` at ``temperature``.
 
     With ``vocab_stats`` ``{key: (name, params)}`` (what ``Algorithm.vocab_stats()`` asks for) a third
@@ -38,23 +39,36 @@ def response_token_stats(model, rollout: Rollout, *, temperature: float, chunk_s
     device = next(model.parameters()).device
     inputs = sequence_inputs(rollout, device)
     base = getattr(model, model.base_model_prefix)
-    fsdp_forward = getattr(model, "response_hidden", None)          # FSDP root forward (distributed.py)
+    fsdp_forward = getattr(model, "response_hidden", None)  # FSDP root forward (distributed.py)
     hidden = fsdp_forward(**inputs) if fsdp_forward is not None else base(**inputs).last_hidden_state  # [B, P+R, D]
     p_len, r_len = rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]
-    hidden = hidden[:, p_len - 1: p_len + r_len - 1]                 # position t predicts token t+1
+    hidden = hidden[:, p_len - 1 : p_len + r_len - 1]  # position t predicts token t+1
     mask = rollout.policy_mask.to(device).bool()
     head = model.get_output_embeddings()
     logp_valid, ent_valid = chunked_token_stats(
-        hidden[mask], head.weight, rollout.response_ids.to(device)[mask], bias=getattr(head, "bias", None),
-        temperature=temperature, chunk_size=chunk_size, entropy_grad=entropy_grad)
+        hidden[mask],
+        head.weight,
+        rollout.response_ids.to(device)[mask],
+        bias=getattr(head, "bias", None),
+        temperature=temperature,
+        chunk_size=chunk_size,
+        entropy_grad=entropy_grad,
+    )
     logp = torch.zeros(mask.shape, dtype=logp_valid.dtype, device=device).masked_scatter(mask, logp_valid)
     entropy = torch.zeros(mask.shape, dtype=ent_valid.dtype, device=device).masked_scatter(mask, ent_valid)
     if not vocab_stats:
         return logp, entropy
     extra = {}
     for key, (name, params) in vocab_stats.items():
-        vals = chunked_vocab_stat(hidden[mask], head.weight, name, params, bias=getattr(head, "bias", None),
-                                  temperature=temperature, chunk_size=chunk_size)
+        vals = chunked_vocab_stat(
+            hidden[mask],
+            head.weight,
+            name,
+            params,
+            bias=getattr(head, "bias", None),
+            temperature=temperature,
+            chunk_size=chunk_size,
+        )
         extra[key] = torch.zeros(mask.shape, dtype=vals.dtype, device=device).masked_scatter(mask, vals)
     return logp, entropy, extra
 
@@ -63,9 +77,12 @@ def response_token_stats(model, rollout: Rollout, *, temperature: float, chunk_s
 def batch_token_stats(model, rollout: Rollout, rows_per_chunk: int, *, vocab_stats: dict | None = None, **kw):
     """``(logp, entropy)`` ``[B, R]`` of ``response_token_stats``, ``rows_per_chunk`` rows at a time,
     without gradient; with ``vocab_stats`` a third element ``{key: [B, R]}`` as there."""
-    outs = [response_token_stats(model, rollout.select(torch.arange(s, min(s + rows_per_chunk, len(rollout.texts)))),
-                                 vocab_stats=vocab_stats, **kw)
-            for s in range(0, len(rollout.texts), rows_per_chunk)]
+    outs = [
+        response_token_stats(
+            model, rollout.select(torch.arange(s, min(s + rows_per_chunk, len(rollout.texts)))), vocab_stats=vocab_stats, **kw
+        )
+        for s in range(0, len(rollout.texts), rows_per_chunk)
+    ]
     logp, entropy = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
     if not vocab_stats:
         return logp, entropy

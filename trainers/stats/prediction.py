@@ -38,8 +38,7 @@ def micro_batch_prediction(tokens, token_loss: torch.Tensor) -> dict[str, float]
     else:
         with torch.no_grad():
             w = ctx.weights if ctx.weights is not None else torch.ones_like(base)
-            eff = (ctx.advantages * ctx.surrogate.ratio * w * (~ctx.clipped).to(base.dtype)
-                   * ctx.pg_mask.to(base.dtype))
+            eff = ctx.advantages * ctx.surrogate.ratio * w * (~ctx.clipped).to(base.dtype) * ctx.pg_mask.to(base.dtype)
     out: dict[str, float] = {}
     with torch.no_grad():
         lp, h = ctx.logp.detach(), ctx.entropy.detach()
@@ -50,8 +49,12 @@ def micro_batch_prediction(tokens, token_loss: torch.Tensor) -> dict[str, float]
             sel = ids == i
             out[f"quadrant/{q}/pred_dH"] = float(d_eff[sel].sum().item())
             out[f"quadrant/{q}/pred_dH_base"] = float(d_base[sel].sum().item())
-        for key, d in (("entropy_change/predicted", d_eff), ("quadrant/pred_dH", d_eff),
-                       ("entropy_change/predicted_base", d_base), ("quadrant/pred_dH_base", d_base)):
+        for key, d in (
+            ("entropy_change/predicted", d_eff),
+            ("quadrant/pred_dH", d_eff),
+            ("entropy_change/predicted_base", d_base),
+            ("quadrant/pred_dH_base", d_base),
+        ):
             out[key] = float(d.sum().item())
     return out
 

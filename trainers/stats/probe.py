@@ -20,7 +20,6 @@ from ...core.seeds import PROBE_SEED
 __all__ = ["ProbeBatch", "build_probe", "probe_entropy"]
 
 
-
 def probe_entropy(entropy: torch.Tensor, mask: torch.Tensor) -> float:
     """Token-mean entropy over the valid tokens (``[B, T]`` each); nan when there are none."""
     m = mask.bool()

@@ -41,8 +41,9 @@ def reflection_settings(cfg) -> ReflectionSettings:
     return ReflectionSettings(matcher_for(words), int(section.get("repetition_n", 4) or 4), bool(section.get("entropy", True)))
 
 
-def reflection_token_masks(response_ids: torch.Tensor, mask: torch.Tensor, pieces: TokenPieces,
-                           matcher: ReflectionMatcher) -> tuple[torch.Tensor, torch.Tensor]:
+def reflection_token_masks(
+    response_ids: torch.Tensor, mask: torch.Tensor, pieces: TokenPieces, matcher: ReflectionMatcher
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(at [B, R], before [B, R])`` bool: ``at`` the valid tokens overlapping a reflection word,
     ``before`` the valid token just before the first token of each (none for a word that opens the
     response). ``pieces``: token ids -> their text (``evals.reflection.TokenPieces``)."""
@@ -77,8 +78,14 @@ def _masked_mean(values: torch.Tensor, where: torch.Tensor) -> float:
     return float(torch.where(where, values, 0).sum()) / n if n else float("nan")
 
 
-def reflection_entropy_metrics(entropy: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor, at: torch.Tensor,
-                               before: torch.Tensor, advantages: torch.Tensor | None = None) -> dict[str, float]:
+def reflection_entropy_metrics(
+    entropy: torch.Tensor,
+    logp: torch.Tensor,
+    mask: torch.Tensor,
+    at: torch.Tensor,
+    before: torch.Tensor,
+    advantages: torch.Tensor | None = None,
+) -> dict[str, float]:
     """Means over a step's tokens, all ``[B, R]``:
 
     ``reflection/entropy_at``, ``/entropy_before``, ``/entropy_all`` (token entropy at reflection
@@ -90,15 +97,18 @@ def reflection_entropy_metrics(entropy: torch.Tensor, logp: torch.Tensor, mask: 
     ``reflection/quadrant/q1`` .. ``q4``, the share of reflection tokens in each of the four
     quadrants (``diagnostics.quadrant_ids``; a token with a zero advantage is in none). A mean
     over no token is nan."""
-    ent, surprisal = entropy.detach(), -logp.detach()          # on their device: scalars come back
+    ent, surprisal = entropy.detach(), -logp.detach()  # on their device: scalars come back
     valid = mask.detach().bool()
     at, before = at.to(valid.device) & valid, before.to(valid.device) & valid
-    out = {"reflection/entropy_at": _masked_mean(ent, at), "reflection/entropy_before": _masked_mean(ent, before),
-           "reflection/entropy_all": _masked_mean(ent, valid),
-           "reflection/surprisal_at": _masked_mean(surprisal, at),
-           "reflection/surprisal_before": _masked_mean(surprisal, before),
-           "reflection/surprisal_all": _masked_mean(surprisal, valid),
-           "reflection/token_frac": float(at.sum()) / max(int(valid.sum()), 1)}
+    out = {
+        "reflection/entropy_at": _masked_mean(ent, at),
+        "reflection/entropy_before": _masked_mean(ent, before),
+        "reflection/entropy_all": _masked_mean(ent, valid),
+        "reflection/surprisal_at": _masked_mean(surprisal, at),
+        "reflection/surprisal_before": _masked_mean(surprisal, before),
+        "reflection/surprisal_all": _masked_mean(surprisal, valid),
+        "reflection/token_frac": float(at.sum()) / max(int(valid.sum()), 1),
+    }
     if advantages is not None:
         adv = advantages.detach().double()
         per_row = (adv * valid).sum(-1) if adv.dim() == 2 else adv
@@ -107,7 +117,7 @@ def reflection_entropy_metrics(entropy: torch.Tensor, logp: torch.Tensor, mask: 
             n = int(rows.sum())
             out[f"reflection/frac/{name}"] = float(reflects[rows].sum()) / n if n else float("nan")
         token_adv = adv if adv.dim() == 2 else adv[:, None].expand(at.shape)
-        quadrant = quadrant_ids(logp.detach()[at], ent[at], token_adv[at], valid[at])   # the reflection tokens only
+        quadrant = quadrant_ids(logp.detach()[at], ent[at], token_adv[at], valid[at])  # the reflection tokens only
         n_at = int(at.sum())
         for k, name in enumerate(QUADRANTS, start=1):
             out[f"reflection/quadrant/{name}"] = float((quadrant == k).sum()) / n_at if n_at else float("nan")

@@ -35,8 +35,9 @@ def _check_temperature(temperature: float) -> float:
     return temperature
 
 
-def logits_token_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def logits_token_stats(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of ``targets`` and entropy of the next-token distribution.
 
     Args:
@@ -60,8 +61,9 @@ def logits_token_stats(logits: torch.Tensor, targets: torch.Tensor, temperature:
     return logp, entropy
 
 
-def _block_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, v0: int, v1: int,
-                  temperature: float) -> torch.Tensor:
+def _block_logits(
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, v0: int, v1: int, temperature: float
+) -> torch.Tensor:
     """``[c, v1 - v0]`` scaled logits of a block of tokens and vocabulary rows, float32 at least."""
     w = weight[v0:v1]
     z = torch.mm(h, w.t()) if bias is None else torch.addmm(bias[v0:v1], h, w.t())
@@ -107,8 +109,8 @@ class _ChunkedTokenStats(torch.autograd.Function):
             h, tgt = hidden[start:end], targets[start:end]
             c = end - start
             run_max = torch.full((c,), -float("inf"), dtype=out_dtype, device=dev)
-            run_sum = torch.zeros(c, dtype=out_dtype, device=dev)    # sum exp(z - max)
-            run_zsum = torch.zeros(c, dtype=out_dtype, device=dev)   # sum exp(z - max) * z
+            run_sum = torch.zeros(c, dtype=out_dtype, device=dev)  # sum exp(z - max)
+            run_zsum = torch.zeros(c, dtype=out_dtype, device=dev)  # sum exp(z - max) * z
             z_tgt = torch.zeros(c, dtype=out_dtype, device=dev)
             for v0 in range(0, vocab, vocab_chunk):
                 v1 = min(v0 + vocab_chunk, vocab)
@@ -161,7 +163,7 @@ class _ChunkedTokenStats(torch.autograd.Function):
                 v1 = min(v0 + vchunk, vocab)
                 z = _block_logits(h, weight, bias, v0, v1, temperature)
                 if use_h_grad:
-                    z.sub_(lse)                       # log p
+                    z.sub_(lse)  # log p
                     p = torch.exp(z)
                     # G = -gl * p - gh * p * (log p + H)
                     g = p.mul_(z.add_(ent).mul_(gh).add_(gl)).neg_()
@@ -169,7 +171,7 @@ class _ChunkedTokenStats(torch.autograd.Function):
                 else:
                     g = z.sub_(lse).exp_().mul_(-gl)  # G = -gl * p, in the logits buffer
                 hit = (tgt >= v0) & (tgt < v1)
-                if bool(hit.any()):                   # + gl on the sampled token
+                if bool(hit.any()):  # + gl on the sampled token
                     rows = torch.nonzero(hit, as_tuple=True)[0]
                     g[rows, tgt[rows] - v0] += gl[rows, 0]
                 g = g.to(weight.dtype)
@@ -188,10 +190,17 @@ class _ChunkedTokenStats(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
-def chunked_token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                        bias: torch.Tensor | None = None, temperature: float = 1.0,
-                        chunk_size: int = 1024, entropy_grad: bool = False,
-                        vocab_chunk_size: int = DEFAULT_VOCAB_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked_token_stats(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    entropy_grad: bool = False,
+    vocab_chunk_size: int = DEFAULT_VOCAB_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of ``targets`` and entropy from hidden states, ``chunk_size`` tokens at a time.
 
     Args:
@@ -215,13 +224,13 @@ def chunked_token_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
     if chunk_size < 1 or vocab_chunk_size < 1:
         raise ValueError(f"chunk_size and vocab_chunk_size must be >= 1, got {chunk_size}, {vocab_chunk_size}")
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"expected hidden [N, D] and weight [V, D], got {tuple(hidden.shape)} "
-                         f"and {tuple(weight.shape)}")
+        raise ValueError(f"expected hidden [N, D] and weight [V, D], got {tuple(hidden.shape)} and {tuple(weight.shape)}")
     if targets.shape != hidden.shape[:1]:
         raise ValueError(f"targets must be [N]={tuple(hidden.shape[:1])}, got {tuple(targets.shape)}")
     targets = targets.long()
-    logp, entropy, _ = _ChunkedTokenStats.apply(hidden, weight, bias, targets, temperature,
-                                               int(chunk_size), int(vocab_chunk_size), bool(entropy_grad))
+    logp, entropy, _ = _ChunkedTokenStats.apply(
+        hidden, weight, bias, targets, temperature, int(chunk_size), int(vocab_chunk_size), bool(entropy_grad)
+    )
     # Selection statistics need no gradient: hand out a detached entropy so nothing downstream can
     # backpropagate into it by accident.
     return logp, (entropy if entropy_grad else entropy.detach())

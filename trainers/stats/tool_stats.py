@@ -28,11 +28,13 @@ POLICY_KINDS = tuple(k for k in TOKEN_KINDS if k != "tool")
 def tool_use_metrics(trace: ToolTrace, response_mask: torch.Tensor) -> dict[str, float]:
     """Per-response tool use of a batch (see the module docstring). ``response_mask`` [B, R]."""
     calls = trace.calls.float()
-    out = {"tools/turns/mean": trace.turns.float().mean().item(),
-           "tools/calls/mean": calls.mean().item(),
-           "tools/error_frac": (trace.errors.sum() / calls.sum()).item() if calls.sum() > 0 else 0.0,
-           "tools/called_frac": (calls > 0).float().mean().item(),
-           "tools/seconds": float(trace.seconds)}
+    out = {
+        "tools/turns/mean": trace.turns.float().mean().item(),
+        "tools/calls/mean": calls.mean().item(),
+        "tools/error_frac": (trace.errors.sum() / calls.sum()).item() if calls.sum() > 0 else 0.0,
+        "tools/called_frac": (calls > 0).float().mean().item(),
+        "tools/seconds": float(trace.seconds),
+    }
     if trace.malformed is not None:
         out["tools/malformed_frac"] = (trace.malformed > 0).float().mean().item()
     valid = response_mask.bool()
@@ -51,8 +53,7 @@ def token_kind_metrics(entropy: torch.Tensor, mask: torch.Tensor, trace: ToolTra
     the policy mask, 0 on tool outputs)."""
     kind, turn = trace.kind.to(entropy.device), trace.turn.to(entropy.device)
     m = mask.to(entropy.dtype)
-    out = {f"entropy/kind/{k}": _masked_mean(entropy, m * (kind == TOKEN_KINDS.index(k)).to(m.dtype))
-           for k in POLICY_KINDS}
+    out = {f"entropy/kind/{k}": _masked_mean(entropy, m * (kind == TOKEN_KINDS.index(k)).to(m.dtype)) for k in POLICY_KINDS}
     out["entropy/turn/first"] = _masked_mean(entropy, m * (turn == 0).to(m.dtype))
     out["entropy/turn/later"] = _masked_mean(entropy, m * (turn > 0).to(m.dtype))
     return out

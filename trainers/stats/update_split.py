@@ -40,7 +40,7 @@ from .diagnostics import QUADRANTS, quadrant_ids
 
 __all__ = ["GROUPS", "group_gradients", "UpdateSplit"]
 
-GROUPS = (*QUADRANTS, "zero_adv")        # quadrant_ids 1-4, then 0 (A == 0 or not a valid token)
+GROUPS = (*QUADRANTS, "zero_adv")  # quadrant_ids 1-4, then 0 (A == 0 or not a valid token)
 
 
 def _upstream(loss: torch.Tensor, outs: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
@@ -54,19 +54,23 @@ def _backward(outputs, upstream, params) -> list[torch.Tensor]:
     pairs = [(o, u) for o, u in zip(outputs, upstream) if o is not None and u is not None and bool((u != 0).any())]
     if not pairs:
         return [torch.zeros_like(p) for p in params]
-    grads = torch.autograd.grad([o for o, _ in pairs], params, grad_outputs=[u for _, u in pairs],
-                                retain_graph=True, allow_unused=True)
+    grads = torch.autograd.grad(
+        [o for o, _ in pairs], params, grad_outputs=[u for _, u in pairs], retain_graph=True, allow_unused=True
+    )
     return [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)]
 
 
 def _minus(a: list[torch.Tensor | None], b: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
-    return [None if x is None and y is None else (x if y is None else (-y if x is None else x - y))
-            for x, y in zip(a, b)]
+    return [None if x is None and y is None else (x if y is None else (-y if x is None else x - y)) for x, y in zip(a, b)]
 
 
-def group_gradients(loss: torch.Tensor, outputs: list[torch.Tensor], ids: torch.Tensor,
-                    params: list[torch.Tensor],
-                    prefixes: list[tuple[str, torch.Tensor]] | None = None) -> list[tuple[str, list[torch.Tensor]]]:
+def group_gradients(
+    loss: torch.Tensor,
+    outputs: list[torch.Tensor],
+    ids: torch.Tensor,
+    params: list[torch.Tensor],
+    prefixes: list[tuple[str, torch.Tensor]] | None = None,
+) -> list[tuple[str, list[torch.Tensor]]]:
     """The parameter gradient of ``loss`` split into named parts that add up to it.
 
     ``outputs``: ``[logp, entropy]`` (``[b, T]``) the loss was built from, still on the graph;
@@ -83,7 +87,7 @@ def group_gradients(loss: torch.Tensor, outputs: list[torch.Tensor], ids: torch.
     base = total if not prefixes else _upstream(prefixes[0][1], outs)
     result = []
     for name, k in zip(GROUPS, (1, 2, 3, 4, 0)):
-        sel = (ids == k)
+        sel = ids == k
         result.append((name, _backward(outs, [None if u is None else u * sel.to(u.dtype) for u in base], params)))
     if prefixes:
         previous = base
@@ -102,14 +106,15 @@ class UpdateSplit:
 
     def __init__(self, g_h: list[torch.Tensor], params: list[torch.Tensor]):
         self.g_h, self.params = g_h, params
-        self.parts: dict[str, float] = {}       # part -> trapezoid prediction (attribution/<part>)
-        self.parts_1st: dict[str, float] = {}   # part -> first-order prediction (attribution_1st/<part>)
-        self._groups: dict[str, list[torch.Tensor]] = {}   # part -> this optimizer step's gradient
-        self._deltas: dict[str, list[torch.Tensor]] = {}   # part -> its change in this optimizer step (float64)
-        self._segment: dict[str, float] = {}               # part -> its first-order value in it
+        self.parts: dict[str, float] = {}  # part -> trapezoid prediction (attribution/<part>)
+        self.parts_1st: dict[str, float] = {}  # part -> first-order prediction (attribution_1st/<part>)
+        self._groups: dict[str, list[torch.Tensor]] = {}  # part -> this optimizer step's gradient
+        self._deltas: dict[str, list[torch.Tensor]] = {}  # part -> its change in this optimizer step (float64)
+        self._segment: dict[str, float] = {}  # part -> its first-order value in it
 
-    def add_micro(self, loss: torch.Tensor, outputs: list[torch.Tensor], micro,
-                  prefixes: list[tuple[str, torch.Tensor]] | None = None) -> None:
+    def add_micro(
+        self, loss: torch.Tensor, outputs: list[torch.Tensor], micro, prefixes: list[tuple[str, torch.Tensor]] | None = None
+    ) -> None:
         """Add one micro-batch's (weighted) loss, before its backward (``prefixes``: see ``group_gradients``)."""
         with torch.no_grad():
             ids = quadrant_ids(micro.old_logp, micro.entropy, micro.advantages, micro.mask)
@@ -128,8 +133,7 @@ class UpdateSplit:
         self._segment[key] = self._segment.get(key, 0.0) + float(total)
         kept = self._deltas.get(key)
         if kept is None:
-            self._deltas[key] = [torch.as_tensor(v, dtype=torch.float64).expand_as(g).clone()
-                                 for g, v in zip(self.g_h, vectors)]
+            self._deltas[key] = [torch.as_tensor(v, dtype=torch.float64).expand_as(g).clone() for g, v in zip(self.g_h, vectors)]
         else:
             for a, v in zip(kept, vectors):
                 a.add_(v)
@@ -161,7 +165,7 @@ class UpdateSplit:
         index = {id(p): i for i, p in enumerate(self.params)}
         n = len(self.params)
         wd_part, mom_part = [torch.zeros(())] * n, [torch.zeros(())] * n
-        scale = [torch.zeros(())] * n          # -s (1 - b1) c / d, per parameter
+        scale = [torch.zeros(())] * n  # -s (1 - b1) c / d, per parameter
         for group in optimizer.param_groups:
             lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
             for p in group["params"]:
@@ -169,33 +173,36 @@ class UpdateSplit:
                     continue
                 i, (theta, m_prev) = index[id(p)], self._prev[id(p)]
                 state = optimizer.state.get(p, {})
-                if "exp_avg_sq" in state:      # AdamW
+                if "exp_avg_sq" in state:  # AdamW
                     b1, b2 = group["betas"]
                     t = float(state["step"])
-                    s = lr / (1 - b1 ** t)
-                    d = state["exp_avg_sq"].double().sqrt() / (1 - b2 ** t) ** 0.5 + group["eps"]
+                    s = lr / (1 - b1**t)
+                    d = state["exp_avg_sq"].double().sqrt() / (1 - b2**t) ** 0.5 + group["eps"]
                     wd_part[i] = -lr * wd * theta
                     mom_part[i] = torch.zeros_like(theta) if m_prev is None else -s * b1 * m_prev / d
                     scale[i] = -s * (1 - b1) * self._clip / d
-                else:                          # plain SGD (no momentum)
+                else:  # plain SGD (no momentum)
                     wd_part[i] = -lr * wd * theta
                     mom_part[i] = torch.zeros_like(theta)
                     scale[i] = torch.full_like(theta, -lr * self._clip)
         self._dot("weight_decay", wd_part)
         self._dot("momentum", mom_part)
-        total_grad = [torch.zeros_like(p, dtype=torch.float64) if p.grad is None else p.grad.double() / self._clip
-                      for p in self.params]
+        total_grad = [
+            torch.zeros_like(p, dtype=torch.float64) if p.grad is None else p.grad.double() / self._clip for p in self.params
+        ]
         rest = [t.clone() for t in total_grad]
         for name, grads in groups.items():
             self._dot(name, [sc * g.double() for sc, g in zip(scale, grads)])
             for r, g in zip(rest, grads):
                 r.sub_(g.double())
         self._dot("other", [sc * r for sc, r in zip(scale, rest)])
-        applied = [p.detach().double() - self._prev[id(p)][0] for p in self.params]   # what was stored
+        applied = [p.detach().double() - self._prev[id(p)][0] for p in self.params]  # what was stored
         exact = [w + m + sc * g for w, m, sc, g in zip(wd_part, mom_part, scale, total_grad)]
         self._dot("float_rounding", [a - e for a, e in zip(applied, exact)])
         self._groups = {}
 
     def metrics(self) -> dict[str, float]:
-        return {**{f"attribution/{k}": v for k, v in self.parts.items()},
-                **{f"attribution_1st/{k}": v for k, v in self.parts_1st.items()}}
+        return {
+            **{f"attribution/{k}": v for k, v in self.parts.items()},
+            **{f"attribution_1st/{k}": v for k, v in self.parts_1st.items()},
+        }

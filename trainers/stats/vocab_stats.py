@@ -22,8 +22,15 @@ from torch.utils.checkpoint import checkpoint
 
 from ...core.registry import Registry
 
-__all__ = ["VOCAB_STATS", "register_vocab_stat", "chunked_vocab_stat", "clamped_entropy", "topp_entropy",
-           "minp_log_mass", "max_logp"]
+__all__ = [
+    "VOCAB_STATS",
+    "register_vocab_stat",
+    "chunked_vocab_stat",
+    "clamped_entropy",
+    "topp_entropy",
+    "minp_log_mass",
+    "max_logp",
+]
 
 VOCAB_STATS: Registry = Registry("vocabulary statistic")
 
@@ -32,6 +39,7 @@ def register_vocab_stat(name: str):
     def deco(fn):
         VOCAB_STATS[name] = fn
         return fn
+
     return deco
 
 
@@ -67,7 +75,7 @@ def topp_entropy(z: torch.Tensor, *, p: float, k: int = 10000) -> torch.Tensor:
     keep_sorted = torch.cumsum(top_p, dim=-1) < p
     keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, keep_sorted)
     some = keep.any(-1, keepdim=True)
-    h = _entropy_of(z, keep | ~some)                  # rows with nothing kept: any finite value, zeroed
+    h = _entropy_of(z, keep | ~some)  # rows with nothing kept: any finite value, zeroed
     return torch.where(some[..., 0], h, torch.zeros_like(h))
 
 
@@ -88,23 +96,36 @@ def max_logp(z: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(z.detach(), dim=-1).amax(-1)
 
 
-def _block(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float,
-           fn: Callable[..., torch.Tensor], params: dict) -> torch.Tensor:
+def _block(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    temperature: float,
+    fn: Callable[..., torch.Tensor],
+    params: dict,
+) -> torch.Tensor:
     z = torch.mm(hidden, weight.t()) if bias is None else torch.addmm(bias, hidden, weight.t())
     if z.dtype in (torch.float16, torch.bfloat16):
         z = z.float()
     return fn(z / temperature, **params)
 
 
-def chunked_vocab_stat(hidden: torch.Tensor, weight: torch.Tensor, name: str, params: dict, *,
-                       bias: torch.Tensor | None = None, temperature: float = 1.0,
-                       chunk_size: int = 1024) -> torch.Tensor:
+def chunked_vocab_stat(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    name: str,
+    params: dict,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+) -> torch.Tensor:
     """Statistic ``name`` of every token's distribution: ``hidden [N, D]``, ``weight [V, D]`` -> ``[N]``,
     differentiable w.r.t. ``hidden``/``weight``/``bias`` when grad is enabled."""
     fn = VOCAB_STATS.lookup(name)
     outs = []
     for s in range(0, hidden.shape[0], chunk_size):
-        h = hidden[s: s + chunk_size]
+        h = hidden[s : s + chunk_size]
         if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
             outs.append(checkpoint(_block, h, weight, bias, temperature, fn, params, use_reentrant=False))
         else:
