@@ -40,8 +40,10 @@ run: install
 test: install lint
 	$(PY) -m pytest -q
 
-# ruff with the small rule set in pyproject.toml ([tool.ruff]); part of `make test`
+# ruff: the formatter (ruff format --check: the tree stays as `ruff format .` leaves it) and the small
+# rule set in pyproject.toml ([tool.ruff]); part of `make test`
 lint: install
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
 test-fast: install
