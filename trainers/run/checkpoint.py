@@ -48,6 +48,12 @@ def checkpoint_steps(output_dir: Path) -> list[int]:
     return [s for s, _ in _step_dirs(output_dir)]
 
 
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    """The newest complete-looking checkpoint folder, or None."""
+    found = _step_dirs(output_dir)
+    return found[-1][1] if found else None
+
+
 def remove_staging(output_dir: Path) -> list[Path]:
     """Delete ``.tmp-*`` staging folders a killed save left behind; returns what was removed."""
     root = checkpoint_dir(output_dir)
