@@ -20,8 +20,26 @@ DEFAULT_URI = "sqlite:///mlflow.db"
 
 
 def resolve_uri(tracking_cfg) -> str:
-    """``tracking.uri``, else ``$MLFLOW_TRACKING_URI``, else ``mlflow.db`` in the working directory."""
-    return str(tracking_cfg.get("uri") or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI)
+    """``tracking.uri``, else ``$MLFLOW_TRACKING_URI``, else ``mlflow.db`` in the working directory;
+    a local store's path made absolute against the working directory of the moment (``absolute_uri``)."""
+    return absolute_uri(str(tracking_cfg.get("uri") or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI))
+
+
+def absolute_uri(uri: str) -> str:
+    """A local store URI made independent of the working directory: jobs may run elsewhere, and
+    MLflow caches one store per URI string for the life of the process, so a relative
+    ``sqlite:///mlflow.db`` reused after a change of directory would write into the old folder's
+    database."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        path, sep, query = uri[len("sqlite:///") :].partition("?")
+        if not path or path == ":memory:":
+            return uri
+        return "sqlite:///" + str(Path(path).resolve()) + sep + query
+    if uri.startswith("file://"):
+        return uri
+    if "://" not in uri and not uri.startswith(("databricks", "sqlite:")):
+        return Path(uri).resolve().as_uri()
+    return uri
 
 
 def sqlite_path(uri: str) -> Path | None:

@@ -126,17 +126,6 @@ class Plan:
         }
 
 
-def absolute_uri(uri: str) -> str:
-    """Make a local store URI independent of the working directory (jobs may run elsewhere)."""
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
-    if uri.startswith("file://"):
-        return uri
-    if "://" not in uri and not uri.startswith(("databricks", "sqlite:")):
-        return Path(uri).resolve().as_uri()
-    return uri
-
-
 def find_latest_sweep(cfg: DictConfig) -> Path:
     root = Path(str(cfg.sweep_dir)).parent
     prefix = f"{cfg.ablation.name}-"
@@ -365,7 +354,7 @@ def validate_jobs(jobs: list[JobSpec], world_size: int = 1) -> None:
 def tracking_settings(cfg: DictConfig) -> dict:
     """``{enabled, uri, experiment}`` of the sweep (its jobs log to the same place)."""
     t = cfg.tracking
-    return {"enabled": bool(t.get("enabled", True)), "uri": absolute_uri(resolve_uri(t)), "experiment": str(t.experiment)}
+    return {"enabled": bool(t.get("enabled", True)), "uri": resolve_uri(t), "experiment": str(t.experiment)}
 
 
 def open_parent_run(tracking: dict, sweep: dict) -> str | None:

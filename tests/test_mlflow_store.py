@@ -50,3 +50,30 @@ def test_runs_started_together_on_a_fresh_sqlite_store_all_open(tmp_path):
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("together").experiment_id])
     assert sorted(r.info.run_id for r in runs) == sorted(out.strip() for out, _ in results)
+
+
+def test_a_relative_sqlite_uri_follows_the_working_directory_within_one_process(tmp_path, monkeypatch):
+    """MLflow caches one store per URI string for the life of the process: a relative
+    ``sqlite:///mlflow.db`` used again after a change of directory must reach the new folder's
+    database, not the first one's (a lab, a notebook, a test session train in many folders)."""
+    import mlflow
+    from omegaconf import OmegaConf
+
+    from entropyrl.core.mlflow_store import resolve_uri
+    from entropyrl.core.tracking import RunTracker
+
+    runs = {}
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        cfg = OmegaConf.create({"uri": "sqlite:///mlflow.db", "experiment": "cwd"})
+        assert resolve_uri(cfg) == f"sqlite:///{tmp_path / name / 'mlflow.db'}"
+        tracker = RunTracker(cfg, tmp_path / name / "run", log=lambda *_: None)
+        tracker.start(OmegaConf.create({"trainer": {"seed": 0}}), run_name=name, resume_step=None)
+        tracker.log_metrics(1, {"entropy": 1.0})
+        tracker.finish()
+        runs[name] = tracker.run_id
+    for name, run_id in runs.items():
+        client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / name / 'mlflow.db'}")
+        assert [m.step for m in client.get_metric_history(run_id, "entropy")] == [1]
+        assert client.get_run(run_id).info.status == "FINISHED"
