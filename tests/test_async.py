@@ -1,0 +1,166 @@
+"""trainer.staleness: 0 is the synchronous loop unchanged; k >= 1 trains from a rollout worker
+process with batches at most k versions old (stamped, too-stale ones dropped and counted), a
+resumed run continues the step count, a worker that fails or dies ends the run with one UserError,
+and configurations without an asynchronous path are refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import open_dict
+
+from entropyrl.conf import compose
+from entropyrl.core.errors import UserError
+from entropyrl.trainers.async_rollout import AsyncRollouts, StaleBatch, async_step_metrics, check_async, too_stale
+from entropyrl.trainers.preflight import check_training
+
+ASYNC_METRICS = (
+    "async/staleness/mean",
+    "async/staleness/max",
+    "async/dropped",
+    "async/trainer_idle_frac",
+    "async/worker_idle_frac",
+    "async/samples_per_s",
+    "async/entropy_behaviour",
+    "async/entropy_gap",
+)
+
+
+def _overrides(fast_train: list[str], *extra: str) -> list[str]:
+    return [
+        *fast_train,
+        "output_dir=run",
+        "trainer.threads=1",
+        "trainer.val_every=0",
+        "val.prompts=0",
+        "tracking.enabled=false",
+        *extra,
+    ]
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _untimed(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith("time/") and k != "timestamp"}
+
+
+# -- the drop rule and the metrics, without a model ------------------------------------------
+def test_too_stale_counts_versions_behind_the_trainer():
+    assert not too_stale(batch_version=3, trainer_version=4, staleness=1)
+    assert too_stale(batch_version=2, trainer_version=4, staleness=1)
+    assert not too_stale(batch_version=2, trainer_version=4, staleness=2)
+
+
+class _ListQueue:
+    def __init__(self, items):
+        self.items = list(items)
+
+    def get(self, timeout=None):
+        return self.items.pop(0)
+
+
+def _item(step: int, version: int, rows: int) -> StaleBatch:
+    batch = torch.zeros(rows)  # stands for a StepBatch: only len() is read when it is dropped
+    return StaleBatch(step, version, (batch, {"acc/mean": 0.5}), 1.25, idle_s=1.0, cycle_s=4.0)
+
+
+def test_a_too_stale_batch_is_dropped_and_its_samples_counted(monkeypatch):
+    rollouts = AsyncRollouts(compose("train", ["tracking.enabled=false"]), staleness=1)
+    rollouts.process = object()  # started: next_batch only reads the queue
+    rollouts.queue = _ListQueue([_item(3, 1, rows=6), _item(4, 3, rows=6)])
+    batch, metrics = rollouts.next_batch(None, step=4)
+    assert len(batch) == 6 and rollouts.queue.items == []
+    assert metrics["async/dropped"] == 6.0  # version 1 at trainer version 4 is 3 behind > 1
+    assert metrics["async/staleness/mean"] == metrics["async/staleness/max"] == 1.0
+    assert metrics["async/worker_idle_frac"] == 0.25
+    assert metrics["async/entropy_behaviour"] == 1.25 and metrics["acc/mean"] == 0.5
+    step = async_step_metrics({**metrics, "time/generate": 0.5, "time/step": 2.0, "entropy": 1.0}, rows=6)
+    assert step == {"async/trainer_idle_frac": 0.25, "async/samples_per_s": 3.0, "async/entropy_gap": 0.25}
+
+
+# -- refused where no asynchronous path exists -------------------------------------------------
+def test_staleness_with_vllm_is_refused_at_config_check(in_tmp):
+    cfg = compose("train", ["rollout=vllm", "trainer.staleness=1", "tracking.enabled=false", "output_dir=run"])
+    with pytest.raises(UserError, match=r"trainer.staleness=1 runs only with rollout=hf"):
+        check_training(cfg)
+
+
+def test_negative_staleness_is_refused():
+    with pytest.raises(UserError, match="trainer.staleness"):
+        compose("train", ["trainer.staleness=-1"])
+
+
+def test_several_ranks_with_a_worker_are_refused():
+    class TwoRanks:
+        world_size = 2
+
+    cfg = compose("train", ["trainer.staleness=2"])
+    assert check_async(cfg) == 2
+    with pytest.raises(UserError, match="one trainer process"):
+        check_async(cfg, TwoRanks())
+
+
+# -- a worker that fails or dies ---------------------------------------------------------------
+@pytest.mark.slow  # the worker process imports torch and the package before it fails
+def test_a_failing_worker_ends_the_run_with_its_error(fast_train, in_tmp):
+    cfg = compose("train", _overrides(fast_train, "model.path=/no/such/model/folder"))
+    rollouts = AsyncRollouts(cfg, staleness=1)
+    try:
+        with pytest.raises(UserError, match=r"the rollout worker failed while producing step 1's batch: \w+"):
+            rollouts.next_batch(torch.nn.Linear(2, 2), step=0)
+    finally:
+        rollouts.close()
+    assert rollouts.process is None
+
+
+def test_a_killed_worker_ends_the_run_with_one_line(fast_train, in_tmp):
+    rollouts = AsyncRollouts(compose("train", _overrides(fast_train)), staleness=1)
+    rollouts.start(torch.nn.Linear(2, 2), step=0)
+    rollouts.process.kill()
+    try:
+        with pytest.raises(UserError, match=r"the rollout worker \(pid \d+\) exited with code -9 before sending step 1's"):
+            rollouts.next_batch(None, step=0)
+    finally:
+        rollouts.close()
+
+
+# -- real runs ----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_staleness_zero_is_the_synchronous_loop(fast_train, in_tmp):
+    from entropyrl.trainers.trainer import train
+
+    explicit = compose("train", _overrides(fast_train, "output_dir=explicit", "trainer.staleness=0"))
+    without = compose("train", _overrides(fast_train, "output_dir=without"))
+    with open_dict(without):
+        del without.trainer["staleness"]  # a config from before the key existed
+    train(explicit, log=lambda *_: None)
+    train(without, log=lambda *_: None)
+    a, b = _rows(in_tmp / "explicit"), _rows(in_tmp / "without")
+    assert len(a) == 4 and [_untimed(r) for r in a] == [_untimed(r) for r in b]
+    assert not any(k.startswith("async/") for r in a for k in r)
+
+
+@pytest.mark.slow
+def test_staleness_one_trains_from_the_worker_and_resumes(fast_train, in_tmp):
+    from entropyrl.trainers.trainer import train
+
+    first = train(compose("train", _overrides(fast_train, "trainer.staleness=1", "trainer.total_steps=2")), log=lambda *_: None)
+    assert first["status"] == "FINISHED" and first["steps"] == 2
+    again = train(compose("train", _overrides(fast_train, "trainer.staleness=1", "trainer.total_steps=4")), log=lambda *_: None)
+    assert again["status"] == "FINISHED" and again["steps"] == 4
+    rows = _rows(in_tmp / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        assert set(ASYNC_METRICS) <= set(r), sorted(set(ASYNC_METRICS) - set(r))
+        assert r["async/staleness/max"] <= 1 and r["async/dropped"] == 0
+        assert 0 <= r["async/trainer_idle_frac"] <= 1 and 0 <= r["async/worker_idle_frac"] <= 1
+    lags = [r["async/staleness/mean"] for r in rows]
+    assert lags == [0.0, 1.0, 0.0, 1.0]  # each start (fresh, resumed) begins from the current weights
+    assert 0 < sum(lags) / len(lags) < 1
+    assert rows[0]["async/entropy_gap"] == pytest.approx(0.0, abs=1e-5)  # same weights: same entropy
+    assert any(abs(r["async/entropy_gap"]) > 1e-4 for r in rows if r["async/staleness/mean"] == 1)
