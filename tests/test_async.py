@@ -6,6 +6,11 @@ and configurations without an asynchronous path are refused before anything star
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -164,3 +169,30 @@ def test_staleness_one_trains_from_the_worker_and_resumes(fast_train, in_tmp):
     assert 0 < sum(lags) / len(lags) < 1
     assert rows[0]["async/entropy_gap"] == pytest.approx(0.0, abs=1e-5)  # same weights: same entropy
     assert any(abs(r["async/entropy_gap"]) > 1e-4 for r in rows if r["async/staleness/mean"] == 1)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_stops_at_a_step_boundary(fast_train, in_tmp):
+    """A scheduler's SIGTERM reaches trainer and worker: the trainer saves at the step boundary and
+    says how to resume; the worker does not die first (no 'rollout worker exited' error)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "entropyrl.cli.main",
+        "train",
+        *_overrides(fast_train, "trainer.staleness=1", "trainer.total_steps=500", "trainer.save_every=0"),
+    ]
+    proc = subprocess.Popen(cmd, cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (in_tmp / "run" / "metrics.jsonl").exists() or not (in_tmp / "run" / "metrics.jsonl").read_text().strip():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no step logged in time"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err and "error:" not in err, err[-3000:]
+    steps = [r["step"] for r in _rows(in_tmp / "run")]
+    assert json.loads((in_tmp / "run" / "summary.json").read_text())["status"] == "KILLED"
+    assert sorted(int(p.name.split("_")[1]) for p in (in_tmp / "run" / "checkpoints").glob("step_*")) == [steps[-1]]
+    assert "received SIGTERM" in err and "To continue, run the same command again" in err

@@ -19,8 +19,9 @@ than that (which the gate prevents; kept as a check of the contract) is dropped 
 
 A worker that raises sends its error and exits; one that dies (killed, out of memory) is noticed
 within a second; both end the run with one ``error:`` line (``UserError``). The trainer owns
-shutdown: ``close`` stops the worker; the worker ignores SIGINT (a Ctrl-C reaches the trainer,
-which stops at a step boundary as usual) and exits when its parent is gone. On resume the queue
+shutdown: ``close`` stops the worker; the worker ignores SIGINT and SIGTERM (a Ctrl-C or a
+scheduler's signal to the process group reaches the trainer, which stops at a step boundary as
+usual) and exits when its parent is gone. On resume the queue
 is not restored: the worker starts again from the restored weights and step.
 """
 
@@ -105,7 +106,8 @@ def too_stale(batch_version: int, trainer_version: int, staleness: int) -> bool:
 def rollout_worker(cfg_yaml: str, weights: WeightChannel, out, stop, first_step: int, staleness: int) -> None:
     """The worker process: build the run's parts from ``cfg_yaml``, then produce one ``StaleBatch``
     per step from ``first_step`` on into ``out`` until ``stop`` is set or the parent is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it stops us
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a Ctrl-C or a scheduler's SIGTERM to the process group
+        signal.signal(sig, signal.SIG_IGN)  # is the trainer's to handle (a step boundary); it stops us
     parent = os.getppid()
     step = first_step
     try:
@@ -260,7 +262,7 @@ class AsyncRollouts:
             except (OSError, EOFError):  # a batch whose tensors left with the worker that shared them
                 pass
         if self.process.is_alive():
-            self.process.terminate()
+            self.process.kill()  # it ignores SIGTERM
         self.process.join(timeout=5.0)
         self.queue.cancel_join_thread()
         self.process = None
