@@ -19,7 +19,9 @@ from omegaconf import open_dict
 
 from entropyrl.conf import compose
 from entropyrl.core.errors import UserError
+from entropyrl.trainers.algos.algorithm import Algorithm
 from entropyrl.trainers.async_rollout import AsyncRollouts, StaleBatch, async_step_metrics, check_async, too_stale
+from entropyrl.trainers.interventions.tis import m2po_keep, mismatch_weight
 from entropyrl.trainers.preflight import check_training
 
 ASYNC_METRICS = (
@@ -196,3 +198,73 @@ def test_sigterm_to_the_process_group_stops_at_a_step_boundary(fast_train, in_tm
     assert json.loads((in_tmp / "run" / "summary.json").read_text())["status"] == "KILLED"
     assert sorted(int(p.name.split("_")[1]) for p in (in_tmp / "run" / "checkpoints").glob("step_*")) == [steps[-1]]
     assert "received SIGTERM" in err and "To continue, run the same command again" in err
+
+
+# -- the corrections against their golden vectors (tests/golden/make_async_corrections.py) -----
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "async_corrections.json").read_text())
+
+
+def _t64(x) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN["cases"]))
+def test_m2po_masks_the_largest_squared_log_ratios_to_the_threshold(case):
+    inp = GOLDEN["cases"][case]["inputs"]
+    old, behaviour, mask = _t64(inp["old_logp"]), _t64(inp["sampling_logp"]), _t64(inp["mask"])
+    for want in GOLDEN["cases"][case]["m2po"]:
+        keep = m2po_keep(old - behaviour, mask, want["tau"])
+        assert torch.equal(keep, _t64(want["keep"]).bool())
+        assert float(((old - behaviour)[keep] ** 2).mean()) == pytest.approx(want["second_moment_kept"], rel=1e-9)
+        w, masked = mismatch_weight(
+            "m2po",
+            old,
+            behaviour,
+            mask,
+            cap=2.0,
+            icepop_low=0.5,
+            icepop_high=5.0,
+            seq_low=0.9,
+            seq_high=1.1,
+            m2_threshold=want["tau"],
+        )
+        torch.testing.assert_close(w, _t64(want["weight"]), rtol=1e-6, atol=1e-6)
+        assert torch.equal(masked, mask.bool() & ~keep)
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN["cases"]))
+def test_decoupled_objective_matches_areal(case):
+    inp = GOLDEN["cases"][case]["inputs"]
+    for want in GOLDEN["cases"][case]["decoupled"]:
+        algo = Algorithm.from_config(
+            {"interventions": ["tis"], "tis": {"mode": "decoupled", "cap": want["cap"]}}, max_response_length=8
+        )
+        logp = _t64(inp["logp"]).requires_grad_(True)
+        out = algo.loss(
+            logp=logp,
+            old_logp=_t64(inp["old_logp"]),
+            entropy=torch.zeros_like(logp),
+            advantages=_t64(inp["advantages"]),
+            mask=_t64(inp["mask"]),
+            sampler_logp=_t64(inp["sampling_logp"]),
+        )
+        (grad,) = torch.autograd.grad(out.loss, logp)
+        torch.testing.assert_close(out.loss.detach(), torch.tensor(want["loss"], dtype=torch.float64), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(grad, _t64(want["grad"]), rtol=1e-6, atol=1e-6)
+        w, _ = mismatch_weight(
+            "decoupled",
+            _t64(inp["old_logp"]),
+            _t64(inp["sampling_logp"]),
+            _t64(inp["mask"]),
+            cap=want["cap"],
+            icepop_low=0.5,
+            icepop_high=5.0,
+            seq_low=0.9,
+            seq_high=1.1,
+        )
+        torch.testing.assert_close(w, _t64(want["weight"]), rtol=1e-6, atol=1e-6)
+
+
+def test_m2po_threshold_must_be_positive():
+    with pytest.raises(UserError, match="m2_threshold must be > 0"):
+        Algorithm.from_config({"interventions": ["tis"], "tis": {"mode": "m2po", "m2_threshold": 0.0}}, max_response_length=4)
