@@ -268,3 +268,41 @@ def test_decoupled_objective_matches_areal(case):
 def test_m2po_threshold_must_be_positive():
     with pytest.raises(UserError, match="m2_threshold must be > 0"):
         Algorithm.from_config({"interventions": ["tis"], "tis": {"mode": "m2po", "m2_threshold": 0.0}}, max_response_length=4)
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """Child processes of ``pid`` started by multiprocessing's spawn (not its resource tracker)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+            if b"spawn_main" in cmdline:
+                out.append(int(child))
+    return out
+
+
+@pytest.mark.slow
+def test_a_killed_worker_ends_the_cli_run_with_one_error_line(fast_train, in_tmp):
+    cmd = [
+        sys.executable,
+        "-m",
+        "entropyrl.cli.main",
+        "train",
+        *_overrides(fast_train, "trainer.staleness=1", "trainer.total_steps=500", "trainer.save_every=2"),
+    ]
+    proc = subprocess.Popen(cmd, cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    metrics = in_tmp / "run" / "metrics.jsonl"
+    while not metrics.exists() or len(metrics.read_text().splitlines()) < 2:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no step logged in time"
+        time.sleep(0.05)
+    (worker,) = _spawned_children(proc.pid)
+    os.kill(worker, signal.SIGKILL)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "Traceback" not in err, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"the rollout worker (pid {worker}) exited with code -9" in errors[0], err[-3000:]
+    saved = sorted(int(p.name.split("_")[1]) for p in (in_tmp / "run" / "checkpoints").glob("step_*"))
+    assert saved and saved[-1] >= 2  # what was saved before the worker died stays

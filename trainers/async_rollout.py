@@ -235,18 +235,24 @@ class AsyncRollouts:
                 item = self.queue.get(timeout=_POLL_S)
             except queue_errors.Empty:
                 if not self.process.is_alive():
-                    raise UserError(
-                        f"the rollout worker (pid {self.process.pid}) exited with code {self.process.exitcode} "
-                        f"before sending step {step + 1}'s batch (killed, or out of memory?); the checkpoints written "
-                        f"so far are kept: run the same command again to resume, or set trainer.staleness=0"
-                    ) from None
+                    raise self._worker_gone(step) from None
                 continue
+            except (OSError, EOFError):  # a batch whose tensors the worker shares died with it
+                self.process.join(timeout=5.0)
+                raise self._worker_gone(step) from None
             if isinstance(item, WorkerFailed):
                 raise UserError(
                     f"the rollout worker failed while producing step {item.step + 1}'s batch: {item.error}; the "
                     f"checkpoints written so far are kept: fix the cause and run the same command again to resume"
                 )
             return item
+
+    def _worker_gone(self, step: int) -> UserError:
+        return UserError(
+            f"the rollout worker (pid {self.process.pid}) exited with code {self.process.exitcode} before sending "
+            f"step {step + 1}'s batch (killed, or out of memory?); the checkpoints written so far are kept: run the "
+            f"same command again to resume, or set trainer.staleness=0"
+        )
 
     def close(self) -> None:
         """Stop the worker (it exits at its next poll) and wait for it; terminate it if it lingers."""
