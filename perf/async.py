@@ -8,7 +8,9 @@ k=0 run's phase times, generation ``gen = time/generate`` and training ``train =
 the ideal overlap is ``(gen + train) / max(gen, train)``; ``speedup`` is k=0's time per step over
 k=1's. The idle shares are the k=1 run's means of ``async/trainer_idle_frac`` and
 ``async/worker_idle_frac``. Two processes of one thread each need two free cores: on a machine
-where something else runs, the speed-up falls short of the ideal.
+where something else runs, or whose CPUs do not add up, the speed-up falls short of the ideal.
+``parallel_capacity`` says which: the throughput of two one-thread matmul loops run at once over
+one run alone (2.0: two free cores; 1.0: no gain from a second process).
 
     .venv/bin/python perf/run.py async
 """
@@ -50,6 +52,23 @@ def _run(folder: Path, staleness: int) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][WARMUP:]
 
 
+_MATMUL_LOOP = (
+    "import time, torch; torch.set_num_threads(1); a = torch.randn(256, 256); t = time.perf_counter()\n"
+    "for _ in range(1500): a @ a\n"
+    "print(time.perf_counter() - t)"
+)
+
+
+def _matmul_seconds(copies: int) -> float:
+    procs = [subprocess.Popen([sys.executable, "-c", _MATMUL_LOOP], stdout=subprocess.PIPE, text=True) for _ in range(copies)]
+    return max(float(p.communicate()[0]) for p in procs)
+
+
+def parallel_capacity() -> float:
+    """Throughput of two one-thread processes at once relative to one alone."""
+    return 2 * _matmul_seconds(1) / _matmul_seconds(2)
+
+
 def _mean(rows: list[dict], key: str) -> float:
     return statistics.fmean(float(r[key]) for r in rows)
 
@@ -74,6 +93,7 @@ def run() -> dict:
         "samples_per_s_k0": round(PROMPTS * N / step0, 1),
         "samples_per_s_k1": round(_mean(overlapped, "async/samples_per_s"), 1),
         "staleness_mean_k1": round(_mean(overlapped, "async/staleness/mean"), 3),
+        "parallel_capacity": round(parallel_capacity(), 3),
     }
 
 
