@@ -13,6 +13,10 @@ One training step:
      (``optim.scheduler``) advances by one step;
   6. metrics to MLflow + metrics.jsonl, periodic validation and atomic checkpoints.
 
+With ``trainer.staleness=k >= 1`` steps 1-2 run in a rollout worker process
+(``async_rollout.py``) on weights at most ``k`` steps old, while the trainer does steps 3-6 of the
+batch before; the trainer publishes its weights after every step (docs/async.md).
+
 The step travels as one ``StepBatch`` (``algos/step_batch.py``), sliced with ``batch[idx]`` per
 mini- and micro-batch; the loss returns what it computed, and the diagnostics that need extra
 gradients (``diagnostics.quadrants``, ``diagnostics.attribution``) are explicit steps around it.
@@ -105,6 +109,7 @@ class GRPOTrainer:
         distributed.barrier(self.dist)
         self.device = self.dist.device
         components.check_batches(cfg, self.dist)
+        staleness = check_async(cfg, self.dist)  # trainer.staleness: one trainer process, the hf engine
         components.check_tracking(cfg)
         # diagnostics.reflection: the word list (a bad one fails here), repetition n, token mapping
         self.reflect = reflection_settings(cfg)
@@ -157,7 +162,6 @@ class GRPOTrainer:
         )
         # trainer.staleness >= 1: the batches come from a rollout worker process (async_rollout.py),
         # started at the first step from the (restored) weights; 0: collected here, in turn with training
-        staleness = check_async(cfg, self.dist)
         self.async_rollouts = AsyncRollouts(cfg, staleness) if staleness > 0 else None
 
     def _stats_kwargs(self) -> dict:
