@@ -247,6 +247,7 @@ TRAIN = {
     "trainer.progress": BOOL,
     "trainer.samples_every": NONNEG_INT,
     "trainer.samples_rows": POS_INT,
+    "trainer.staleness": NONNEG_INT,
     "diagnostics.reflection.repetition_n": POS_INT,
     "diagnostics.reflection.entropy": BOOL,
     "val.prompts": NONNEG_INT,

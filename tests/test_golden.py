@@ -89,6 +89,7 @@ def loss_of(a: Algorithm, b) -> torch.Tensor:
 # Checked by tests/test_lab_fixes.py (the lab's fidelity fixes), wherever the golden folder lives.
 CHECKED_ELSEWHERE = {
     "lab_fixes.json",
+    "async_corrections.json",  # the staleness corrections: tests/test_async.py
     # the newer methods: tests/test_entropy_methods.py
     *(
         f"{n}.json"

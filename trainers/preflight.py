@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ..evals.code.tool_executor import check_tools
 from .algos.algorithm import Algorithm
+from .async_rollout import check_async
 from .data.datasets import resolve_data_path
 from .optim import check_optim
 from .run import run_dir
@@ -38,6 +39,7 @@ def check_training(cfg) -> TrainingCheck:
     algo = Algorithm.from_train_config(cfg)
     check_optim(cfg.optim)
     check_tools(cfg.get("tools"))
+    check_async(cfg)  # trainer.staleness with an engine that has no asynchronous path: refused
     if cfg.data.get("kind", "builtin") in ("math", "code"):
         resolve_data_path(cfg.data)  # an explicit data.path that is not a file: an error now
     return TrainingCheck(algo, run_dir.check_output_dir(cfg))

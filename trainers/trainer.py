@@ -13,6 +13,10 @@ One training step:
      (``optim.scheduler``) advances by one step;
   6. metrics to MLflow + metrics.jsonl, periodic validation and atomic checkpoints.
 
+With ``trainer.staleness=k >= 1`` steps 1-2 run in a rollout worker process
+(``async_rollout.py``) on weights at most ``k`` steps old, while the trainer does steps 3-6 of the
+batch before; the trainer publishes its weights after every step (docs/async.md).
+
 The step travels as one ``StepBatch`` (``algos/step_batch.py``), sliced with ``batch[idx]`` per
 mini- and micro-batch; the loss returns what it computed, and the diagnostics that need extra
 gradients (``diagnostics.quadrants``, ``diagnostics.attribution``) are explicit steps around it.
@@ -44,6 +48,7 @@ from .algos.algo_config import tracked_config
 from .algos.algorithm import Algorithm
 from .algos.core_algos import all_equal_group_share, part_weight
 from .algos.step_batch import StepBatch
+from .async_rollout import AsyncRollouts, async_step_metrics, check_async
 from .collect import collect_rollouts
 from .data import micro_batches
 from .interventions.tis import sampler_mismatch_metrics
@@ -104,6 +109,7 @@ class GRPOTrainer:
         distributed.barrier(self.dist)
         self.device = self.dist.device
         components.check_batches(cfg, self.dist)
+        staleness = check_async(cfg, self.dist)  # trainer.staleness: one trainer process, the hf engine
         components.check_tracking(cfg)
         # diagnostics.reflection: the word list (a bad one fails here), repetition n, token mapping
         self.reflect = reflection_settings(cfg)
@@ -154,12 +160,18 @@ class GRPOTrainer:
         self.observers: list[StepObserver] = build_observers(
             quadrants=self.settings.quadrants, probe=self.probe, attribution=self.attribution
         )
+        # trainer.staleness >= 1: the batches come from a rollout worker process (async_rollout.py),
+        # started at the first step from the (restored) weights; 0: collected here, in turn with training
+        self.async_rollouts = AsyncRollouts(cfg, staleness) if staleness > 0 else None
 
     def _stats_kwargs(self) -> dict:
         return dict(self.settings.stats)
 
     def close(self) -> None:
-        """Stop a rollout engine that runs apart (vLLM) and leave the process group we created."""
+        """Stop the rollout worker and a rollout engine that runs apart (vLLM), and leave the
+        process group we created."""
+        if self.async_rollouts is not None:
+            self.async_rollouts.close()
         close = getattr(self.rollout, "close", None)
         if close is not None:
             close()
@@ -213,7 +225,10 @@ class GRPOTrainer:
     # -- rollouts ---------------------------------------------------------------------------
     def collect(self) -> tuple[StepBatch | None, dict]:
         """This step's batch (``collect.collect_rollouts``): ``(StepBatch of the responses with their
-        rewards, correct and group ids, or None when nothing was kept; metrics)``."""
+        rewards, correct and group ids, or None when nothing was kept; metrics)``; under
+        ``trainer.staleness`` the rollout worker's batch for this step, with its ``async/*`` metrics."""
+        if self.async_rollouts is not None:
+            return self.async_rollouts.next_batch(self.model, self.step)
         return self._collect(step=self.step)
 
     def _reference_logp(self, roll: Rollout, rows_per_chunk: int, stats_kw: dict) -> torch.Tensor | None:
@@ -251,6 +266,8 @@ class GRPOTrainer:
         metrics["time/step"] = time.perf_counter() - started
         if "tools/seconds" in metrics:  # share of the step's wall time spent running tool calls
             metrics["tools/time_frac"] = metrics["tools/seconds"] / max(metrics["time/step"], 1e-9)
+        if self.async_rollouts is not None:  # time/generate was the wait for the worker's queue
+            metrics.update(async_step_metrics(metrics, len(batch)))
         return distributed.mean_metrics(metrics, self.dist)  # averaged over ranks (identity on one)
 
     def _score(self, batch: StepBatch, metrics: dict) -> StepBatch:
@@ -431,6 +448,8 @@ class GRPOTrainer:
                     metrics = self.train_step()
                     self.threads.refresh()  # follows processes starting or ending beside us
                     self.step += 1
+                    if self.async_rollouts is not None:  # the worker's next generations use these weights
+                        self.async_rollouts.publish(self.model, self.step)
                     last = self.step == total
                     if int(t.val_every) > 0 and (self.step % int(t.val_every) == 0 or last):
                         metrics.update(self.validate())

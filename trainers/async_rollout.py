@@ -1,0 +1,306 @@
+"""Rollouts generated in a separate process while the trainer trains (``trainer.staleness=k``, k >= 1).
+
+The rollout worker is a spawned process that builds its own copy of the policy, tokenizer, prompt
+source, rewards and engine from the run's config (``trainers/components.py``) and runs
+``collect_rollouts`` for step after step, on its own thread budget (``trainer.threads``, as the
+trainer). The two meet in two places:
+
+- the weights: after every training step the trainer copies its ``state_dict`` into tensors in
+  shared memory and raises the version counter (the number of training steps applied to those
+  weights); the worker loads them before its next generation when the version moved;
+- a bounded queue (``k`` batches) of ``StaleBatch``: the collected batch of one step, stamped with
+  the version that generated it, with the token log-probs and entropy of the responses under the
+  worker's (behaviour) weights: ``sampling_logp`` of the rollout, like vLLM's, so the mismatch
+  metrics and the ``tis`` corrections apply to the behaviour-vs-current ratio.
+
+Bounded staleness: the worker starts step ``j``'s batch only once version ``j - k`` is published,
+so the trainer at step ``s`` (version ``s``) gets a batch at most ``k`` versions old. A batch older
+than that (which the gate prevents; kept as a check of the contract) is dropped and counted.
+
+A worker that raises sends its error and exits; one that dies (killed, out of memory) is noticed
+within a second; both end the run with one ``error:`` line (``UserError``). The trainer owns
+shutdown: ``close`` stops the worker; the worker ignores SIGINT and SIGTERM (a Ctrl-C or a
+scheduler's signal to the process group reaches the trainer, which stops at a step boundary as
+usual) and exits when its parent is gone. On resume the queue
+is not restored: the worker starts again from the restored weights and step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue as queue_errors
+import signal
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+
+from ..core.errors import UserError
+from ..core.resources import ThreadBudget
+from . import components
+from .algos.step_batch import StepBatch
+from .collect import collect_rollouts
+from .parallel import distributed
+from .stats.policy_stats import batch_token_stats, masked_mean
+
+__all__ = ["AsyncRollouts", "StaleBatch", "WeightChannel", "too_stale", "async_step_metrics", "check_async", "rollout_worker"]
+
+_POLL_S = 0.5  # how often a blocked side looks at the stop flag and at the other process
+
+
+@dataclass
+class StaleBatch:
+    """What the worker sends for one step: ``collected`` as ``collect_rollouts`` returns it
+    (``(StepBatch or None, metrics)``), ``version`` the training steps applied to the weights that
+    generated it, ``behaviour_entropy`` the mean token entropy of its responses under those
+    weights, ``idle_s`` / ``cycle_s`` the worker's time blocked (waiting for weights, or on a full
+    queue with the batch before) and its wall time since the batch before was ready."""
+
+    step: int
+    version: int
+    collected: tuple
+    behaviour_entropy: float
+    idle_s: float
+    cycle_s: float
+
+
+@dataclass
+class WorkerFailed:
+    """What a worker that raised sends before it exits: ``step`` it was producing, the error text."""
+
+    step: int
+    error: str
+
+
+class WeightChannel:
+    """The trainer's weights in shared memory, with the version they are at (training steps)."""
+
+    def __init__(self, model: torch.nn.Module, version: int, ctx):
+        self.tensors = {k: v.detach().to("cpu", copy=True).share_memory_() for k, v in model.state_dict().items()}
+        self.version = ctx.Value("q", int(version))
+        self.lock = ctx.Lock()
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        """Copy ``model``'s weights in and set the version (the trainer, after a training step)."""
+        state = model.state_dict()
+        with self.lock:
+            for key, shared in self.tensors.items():
+                shared.copy_(state[key].detach())
+            self.version.value = int(version)
+
+    def load_into(self, model: torch.nn.Module) -> int:
+        """Copy the published weights into ``model`` (the worker); returns their version."""
+        with self.lock:
+            model.load_state_dict(self.tensors)
+            return int(self.version.value)
+
+
+def too_stale(batch_version: int, trainer_version: int, staleness: int) -> bool:
+    """A batch generated at ``batch_version`` is too old for a trainer at ``trainer_version``."""
+    return trainer_version - batch_version > staleness
+
+
+def rollout_worker(cfg_yaml: str, weights: WeightChannel, out, stop, first_step: int, staleness: int) -> None:
+    """The worker process: build the run's parts from ``cfg_yaml``, then produce one ``StaleBatch``
+    per step from ``first_step`` on into ``out`` until ``stop`` is set or the parent is gone."""
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a Ctrl-C or a scheduler's SIGTERM to the process group
+        signal.signal(sig, signal.SIG_IGN)  # is the trainer's to handle (a step boundary); it stops us
+    parent = os.getppid()
+    step = first_step
+    try:
+        cfg = OmegaConf.create(cfg_yaml)
+        ThreadBudget(cfg.trainer.threads)
+        dist = distributed.setup(cfg.trainer)
+        components.seed_everything(int(cfg.trainer.seed))
+        quiet = lambda *_a, **_k: None  # noqa: E731  (the trainer already said what it builds)
+        algo = components.build_algorithm(cfg)
+        rewards = components.build_rewards(cfg, log=quiet)
+        model, tokenizer, _adapter = components.build_policy_and_adapter(cfg, dist, log=quiet)
+        source = components.build_source(cfg, tokenizer, log=quiet)
+        rewards.bind(source)
+        engine = components.build_engine(cfg, model, tokenizer)
+        stats_kw, rows_per_chunk = components.stats_kwargs(cfg), int(cfg.trainer.micro_batch_responses)
+        loaded, idle, ready_before = -1, 0.0, time.perf_counter()
+        while not stop.is_set():
+            waited = time.perf_counter()
+            while weights.version.value < step - staleness:  # the staleness gate
+                if stop.wait(0.002) or os.getppid() != parent:
+                    return
+            if weights.version.value != loaded:
+                loaded = weights.load_into(model)
+            idle += time.perf_counter() - waited
+            batch, metrics = collect_rollouts(
+                cfg,
+                source=source,
+                rollout=engine,
+                algo=algo,
+                dist=dist,
+                pad_token_id=tokenizer.pad_token_id,
+                step=step,
+                reward_runner=rewards,
+            )
+            behaviour_entropy = float("nan")
+            if batch is not None:  # the behaviour policy's token log-probs and entropy of the samples
+                roll = batch.responses
+                with torch.no_grad():
+                    logp, entropy = batch_token_stats(model, roll, rows_per_chunk, **stats_kw)
+                mask = roll.policy_mask.to(logp.device).float()
+                behaviour_entropy = masked_mean(entropy, mask)
+                if roll.sampling_logp is None:
+                    batch = batch.with_(responses=dataclasses.replace(roll, sampling_logp=(logp * mask).cpu()))
+            ready = time.perf_counter()
+            item = StaleBatch(step, loaded, (batch, metrics), behaviour_entropy, idle, ready - ready_before)
+            ready_before = ready
+            while True:  # a full queue: the trainer is behind
+                try:
+                    out.put(item, timeout=_POLL_S)
+                    break
+                except queue_errors.Full:
+                    if stop.is_set() or os.getppid() != parent:
+                        return
+            idle = time.perf_counter() - ready
+            step += 1
+    except BaseException as exc:  # noqa: BLE001  (sent to the trainer, which ends the run with it)
+        try:
+            out.put(WorkerFailed(step, f"{type(exc).__name__}: {exc}"), timeout=5)
+        finally:
+            raise SystemExit(1) from None
+
+
+class AsyncRollouts:
+    """The trainer's side: starts the worker, takes each step's batch, publishes the weights.
+
+    ``worker``: the process's function (``rollout_worker``; tests pass another)."""
+
+    def __init__(self, cfg, staleness: int, *, worker=rollout_worker):
+        self.cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+        self.staleness = int(staleness)
+        self.worker = worker
+        self.ctx = mp.get_context("spawn")
+        self.process = None
+        self.weights: WeightChannel | None = None
+
+    def start(self, model: torch.nn.Module, step: int) -> None:
+        """Start the worker from ``model``'s weights at ``step`` (0, or the resumed step)."""
+        self.weights = WeightChannel(model, step, self.ctx)
+        self.queue = self.ctx.Queue(maxsize=self.staleness)
+        self.stop = self.ctx.Event()
+        self.process = self.ctx.Process(
+            target=self.worker,
+            args=(self.cfg_yaml, self.weights, self.queue, self.stop, int(step), self.staleness),
+            name="entropyrl-rollout-worker",
+            daemon=True,
+        )
+        self.process.start()
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        """The weights after training step ``version`` (the worker loads them before its next batch)."""
+        if self.weights is not None:
+            self.weights.publish(model, version)
+
+    def next_batch(self, model: torch.nn.Module, step: int) -> tuple[StepBatch | None, dict]:
+        """Step ``step``'s batch (``collect_rollouts``' pair) with the ``async/*`` metrics of its
+        provenance: its version lag, the samples dropped as too stale, the worker's idle share and
+        the behaviour policy's entropy. Starts the worker on the first call."""
+        if self.process is None:
+            self.start(model, step)
+        dropped = 0
+        while True:
+            item = self._receive(step)
+            if not too_stale(item.version, step, self.staleness):
+                break
+            batch = item.collected[0]
+            dropped += 0 if batch is None else len(batch)
+        batch, metrics = item.collected
+        lag = float(step - item.version)
+        metrics = dict(metrics)
+        metrics.update(
+            {
+                "async/staleness/mean": lag,  # one version per batch: mean and max agree
+                "async/staleness/max": lag,
+                "async/dropped": float(dropped),
+                "async/worker_idle_frac": item.idle_s / max(item.cycle_s, 1e-9),
+            }
+        )
+        if batch is not None:
+            metrics["async/entropy_behaviour"] = item.behaviour_entropy
+        return batch, metrics
+
+    def _receive(self, step: int) -> StaleBatch:
+        while True:
+            try:
+                item = self.queue.get(timeout=_POLL_S)
+            except queue_errors.Empty:
+                if not self.process.is_alive():
+                    raise self._worker_gone(step) from None
+                continue
+            except (OSError, EOFError):  # a batch whose tensors the worker shares died with it
+                self.process.join(timeout=5.0)
+                raise self._worker_gone(step) from None
+            if isinstance(item, WorkerFailed):
+                raise UserError(
+                    f"the rollout worker failed while producing step {item.step + 1}'s batch: {item.error}; the "
+                    f"checkpoints written so far are kept: fix the cause and run the same command again to resume"
+                )
+            return item
+
+    def _worker_gone(self, step: int) -> UserError:
+        return UserError(
+            f"the rollout worker (pid {self.process.pid}) exited with code {self.process.exitcode} before sending "
+            f"step {step + 1}'s batch (killed, or out of memory?); the checkpoints written so far are kept: run the "
+            f"same command again to resume, or set trainer.staleness=0"
+        )
+
+    def close(self) -> None:
+        """Stop the worker (it exits at its next poll) and wait for it; terminate it if it lingers."""
+        if self.process is None:
+            return
+        self.stop.set()
+        deadline = time.monotonic() + 10.0
+        while self.process.is_alive() and time.monotonic() < deadline:
+            try:  # a worker blocked on a full queue gets room (what it sent is dropped)
+                self.queue.get(timeout=0.1)
+            except queue_errors.Empty:
+                pass
+            except (OSError, EOFError):  # a batch whose tensors left with the worker that shared them
+                pass
+        if self.process.is_alive():
+            self.process.kill()  # it ignores SIGTERM
+        self.process.join(timeout=5.0)
+        self.queue.cancel_join_thread()
+        self.process = None
+
+
+def async_step_metrics(metrics: dict, rows: int) -> dict[str, float]:
+    """The trainer's side of a step under staleness, from its metrics (``time/generate``: the wait
+    for the queue, ``time/step``, ``entropy``: the current policy's, recomputed by ``_score``):
+    ``async/trainer_idle_frac``, ``async/samples_per_s`` and ``async/entropy_gap`` (behaviour
+    minus current)."""
+    step_s = max(float(metrics["time/step"]), 1e-9)
+    out = {"async/trainer_idle_frac": float(metrics["time/generate"]) / step_s, "async/samples_per_s": rows / step_s}
+    if "async/entropy_behaviour" in metrics and "entropy" in metrics:
+        out["async/entropy_gap"] = float(metrics["async/entropy_behaviour"]) - float(metrics["entropy"])
+    return out
+
+
+def check_async(cfg, dist=None) -> int:
+    """``trainer.staleness``, refused where the asynchronous loop does not exist yet: another engine
+    than ``hf`` (vLLM's weight sync into a separate worker is not built), or several ranks."""
+    staleness = int(cfg.trainer.get("staleness", 0) or 0)
+    if staleness == 0:
+        return 0
+    engine = str(cfg.rollout.get("name", "hf"))
+    if engine != "hf":
+        raise UserError(
+            f"trainer.staleness={staleness} runs only with rollout=hf for now (got rollout={engine}); "
+            f"use rollout=hf, or trainer.staleness=0 with rollout={engine}"
+        )
+    if dist is not None and dist.world_size > 1:
+        raise UserError(
+            f"trainer.staleness={staleness} runs on one trainer process for now (got {dist.world_size} ranks); "
+            f"launch one process, or set trainer.staleness=0"
+        )
+    return staleness
