@@ -125,6 +125,14 @@ class RunTracker:
                     self.log,
                     retry_s=float(self.cfg.get("retry_s", 10.0) or 10.0),
                 )
+                # a run link without a checkpoint to resume from: the run died before its first save
+                # (or while starting). Its steps are computed again from step 1, so a run that holds
+                # steps is not reopened (MLflow would keep the old values of those steps): a new run
+                # replaces it and the old one is ended and tagged superseded; one that holds none
+                # (killed while starting) is reused, not left RUNNING beside a new one.
+                replaced = None
+                if previous.get("run_id") and resume_step is None and self._holds_steps(previous):
+                    replaced, previous = previous, {}
                 if previous.get("run_id"):
                     run = mlflow.start_run(run_id=previous["run_id"])
                     self.run_id = run.info.run_id
@@ -135,6 +143,8 @@ class RunTracker:
                     )
                     self.outbox.flush(wait_s=0.01)
                     self._logged_through = self._max_logged_step()
+                    if resume_step is None:  # reused after a kill while starting: its params may be partial
+                        self._log_params(full_cfg)
                 else:
                     mlflow.set_experiment(str(self.cfg.experiment))
                     tags = {str(k): str(v) for k, v in (self.cfg.get("tags") or {}).items()}
@@ -144,10 +154,11 @@ class RunTracker:
                         tags["mlflow.parentRunId"] = str(parent)
                     run = mlflow.start_run(run_name=run_name, tags=tags)
                     self.run_id = run.info.run_id
-                    params = flatten(full_cfg)
-                    items = list(params.items())
-                    for i in range(0, len(items), 100):
-                        mlflow.log_params({k: v[:6000] for k, v in items[i : i + 100]})
+                    # the link first: a kill from here on leaves a run the next start finds and reuses
+                    atomic_write_text(self.state_path, json.dumps({"run_id": self.run_id, "uri": self.uri}))
+                    self._log_params(full_cfg)
+                    if replaced:
+                        self._supersede(replaced["run_id"])
         except Exception as exc:  # noqa: BLE001 - any store failure is the user's setup
             if isinstance(exc, UserError):
                 raise
@@ -160,6 +171,31 @@ class RunTracker:
             raise UserError(f"cannot open an MLflow run at {self.uri}: {str(exc).splitlines()[0]} ({hint})") from None
 
         atomic_write_text(self.state_path, json.dumps({"run_id": self.run_id, "uri": self.uri}))
+
+    def _log_params(self, full_cfg) -> None:
+        items = list(flatten(full_cfg).items())
+        for i in range(0, len(items), 100):
+            self._mlflow.log_params({k: v[:6000] for k, v in items[i : i + 100]})
+
+    def _holds_steps(self, previous: dict) -> bool:
+        """Whether the linked run logged any step (a run in another store counts as holding some:
+        it cannot be looked at, and is not reopened from this one)."""
+        if previous.get("uri", self.uri) != self.uri:
+            return True
+        return bool(self._client.get_metric_history(previous["run_id"], "entropy"))
+
+    def _supersede(self, old_run_id: str) -> None:
+        """The run this one replaces: tagged ``entropyrl.superseded_by`` and, if still RUNNING (its
+        process died without a word), ended FAILED. A store that refuses is not worth failing over."""
+        try:
+            self._client.set_tag(old_run_id, "entropyrl.superseded_by", self.run_id)
+            if self._client.get_run(old_run_id).info.status == "RUNNING":
+                self._client.set_terminated(old_run_id, status="FAILED")
+            self.log(
+                f"MLflow run {old_run_id} (this folder's earlier attempt, before any checkpoint) is superseded by {self.run_id}"
+            )
+        except Exception:  # noqa: BLE001 - a run deleted from the store, a store that went away
+            pass
 
     def _max_logged_step(self) -> int:
         client = self._mlflow.tracking.MlflowClient()

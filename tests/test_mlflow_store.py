@@ -77,3 +77,70 @@ def test_a_relative_sqlite_uri_follows_the_working_directory_within_one_process(
         client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / name / 'mlflow.db'}")
         assert [m.step for m in client.get_metric_history(run_id, "entropy")] == [1]
         assert client.get_run(run_id).info.status == "FINISHED"
+
+
+DIE_AFTER = """
+import os, sys
+from pathlib import Path
+from omegaconf import OmegaConf
+from entropyrl.core.tracking import RunTracker
+uri, out, steps = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+if steps < 0:  # killed while starting: the run exists, its params are being logged
+    import entropyrl.core.tracking as tracking
+    tracking.flatten = lambda *_: os._exit(3)
+tracker = RunTracker(OmegaConf.create({"uri": uri, "experiment": "ends"}), out, log=lambda *_: None)
+tracker.start(OmegaConf.create({"trainer": {"seed": 0}}), run_name="attempt", resume_step=None)
+for step in range(1, steps + 1):
+    tracker.log_metrics(step, {"entropy": 9.0})
+os._exit(3)  # no finish, no exit hooks: a reward calling os._exit, a kill -9, an OOM kill
+"""
+
+
+def _die_after(uri: str, out, steps: int) -> None:
+    done = subprocess.run([sys.executable, "-c", DIE_AFTER, uri, str(out), str(steps)], capture_output=True, text=True)
+    assert done.returncode == 3, done.stderr[-2000:]
+
+
+def _start_again(uri: str, out):
+    from omegaconf import OmegaConf
+
+    from entropyrl.core.tracking import RunTracker
+
+    lines = []
+    tracker = RunTracker(OmegaConf.create({"uri": uri, "experiment": "ends"}), out, log=lines.append)
+    tracker.start(OmegaConf.create({"trainer": {"seed": 0}}), run_name="attempt", resume_step=None)
+    tracker.log_metrics(1, {"entropy": 1.0})
+    tracker.finish()
+    return tracker.run_id, lines
+
+
+def test_a_run_that_died_before_its_first_checkpoint_is_superseded_not_reopened(tmp_path):
+    """Started again with nothing to resume from, the steps are computed again from step 1: the dead
+    attempt's MLflow run (RUNNING, holding steps) is ended FAILED and tagged superseded, and the new
+    run holds only the new values."""
+    import json
+
+    import mlflow
+
+    uri, out = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "run"
+    _die_after(uri, out, steps=2)
+    old = json.loads((out / "tracking.json").read_text())["run_id"]
+    new, lines = _start_again(uri, out)
+    assert new != old
+    client = mlflow.tracking.MlflowClient(uri)
+    dead = client.get_run(old)
+    assert dead.info.status == "FAILED" and dead.data.tags["entropyrl.superseded_by"] == new
+    assert [(m.step, m.value) for m in client.get_metric_history(new, "entropy")] == [(1, 1.0)]
+    assert client.get_run(new).info.status == "FINISHED" and any("superseded" in line for line in lines)
+
+
+def test_a_run_killed_while_starting_is_reused_not_left_running_beside_a_new_one(tmp_path):
+    import mlflow
+
+    uri, out = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "run"
+    _die_after(uri, out, steps=-1)
+    new, _ = _start_again(uri, out)
+    client = mlflow.tracking.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("ends").experiment_id])
+    assert [r.info.run_id for r in runs] == [new] and runs[0].info.status == "FINISHED"
+    assert runs[0].data.params["trainer.seed"] == "0"

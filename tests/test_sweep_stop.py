@@ -40,7 +40,10 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_sigterm_stops_a_local_sweep_and_its_job(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_stops_a_local_sweep_and_its_job(tmp_path, sig):
+    """SIGTERM (a scheduler, ``timeout``) and SIGINT (Ctrl-C) alike: one line, no traceback, the
+    job stopped at a step boundary, the sweep's parent run and the job's child run KILLED."""
     db = tmp_path / "mlflow.db"
     proc = subprocess.Popen(
         [
@@ -67,10 +70,10 @@ def test_sigterm_stops_a_local_sweep_and_its_job(tmp_path):
         assert time.monotonic() < deadline, "the job logged no step in time"
         time.sleep(0.2)
     job_pid = json.loads((job_dir / "job.json").read_text())["pid"]
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err[-3000:]
-    assert "stopped by SIGTERM; to continue: entropyrl sweep ablation=gate --resume sweep_dir=" in err
+    assert proc.returncode == 128 + sig and "Traceback" not in err, err[-3000:]
+    assert f"stopped by {sig.name}; to continue: entropyrl sweep ablation=gate --resume sweep_dir=" in err
     assert not alive(job_pid)  # no orphan
     sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     with sqlite3.connect(db) as con:
@@ -78,6 +81,9 @@ def test_sigterm_stops_a_local_sweep_and_its_job(tmp_path):
     assert status == "KILLED"
     summary = json.loads((job_dir / "summary.json").read_text())
     assert summary["status"] == "KILLED"  # the job ended cleanly
+    with sqlite3.connect(db) as con:
+        child = con.execute("select status from runs where run_uuid = ?", (summary["mlflow_run_id"],)).fetchone()[0]
+    assert child == "KILLED"
 
 
 @pytest.mark.slow
