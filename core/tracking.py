@@ -159,6 +159,9 @@ class RunTracker:
                     self._log_params(full_cfg)
                     if replaced:
                         self._supersede(replaced["run_id"])
+                    if parent:  # a sweep job run again from scratch (its folder deleted): the earlier child
+                        for earlier in self._siblings_named(str(parent), run_name):
+                            self._supersede(earlier)
         except Exception as exc:  # noqa: BLE001 - any store failure is the user's setup
             if isinstance(exc, UserError):
                 raise
@@ -196,6 +199,18 @@ class RunTracker:
             )
         except Exception:  # noqa: BLE001 - a run deleted from the store, a store that went away
             pass
+
+    def _siblings_named(self, parent_run_id: str, run_name: str) -> list[str]:
+        """Other child runs of the same sweep parent under the same name (the same job, earlier)."""
+        try:
+            experiment = self._client.get_run(parent_run_id).info.experiment_id
+            found = self._client.search_runs(
+                [experiment],
+                filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}' and attributes.run_name = '{run_name}'",
+            )
+        except Exception:  # noqa: BLE001 - a parent deleted from the store: nothing to mark
+            return []
+        return [r.info.run_id for r in found if r.info.run_id != self.run_id and "entropyrl.superseded_by" not in r.data.tags]
 
     def _max_logged_step(self) -> int:
         client = self._mlflow.tracking.MlflowClient()

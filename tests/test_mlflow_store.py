@@ -144,3 +144,28 @@ def test_a_run_killed_while_starting_is_reused_not_left_running_beside_a_new_one
     runs = client.search_runs([client.get_experiment_by_name("ends").experiment_id])
     assert [r.info.run_id for r in runs] == [new] and runs[0].info.status == "FINISHED"
     assert runs[0].data.params["trainer.seed"] == "0"
+
+
+def test_a_sweep_job_run_again_from_scratch_marks_its_earlier_child_superseded(tmp_path):
+    """A resumed sweep whose job folder was deleted trains that job again in a new child run of the
+    same parent; the earlier child (same name) is tagged with the run that supersedes it."""
+    import mlflow
+    from omegaconf import OmegaConf
+
+    from entropyrl.core.tracking import RunTracker, TrackingStore
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    parent = TrackingStore(uri).open_run("sweeps", "gate-sweep")
+    children = []
+    for attempt in ("first", "again"):
+        cfg = OmegaConf.create({"uri": uri, "experiment": "sweeps", "parent_run_id": parent})
+        tracker = RunTracker(cfg, tmp_path / attempt, log=lambda *_: None)
+        tracker.start(OmegaConf.create({"trainer": {"seed": 0}}), run_name="gated-s0", resume_step=None)
+        tracker.log_metrics(1, {"entropy": 1.0})
+        tracker.finish()
+        children.append(tracker.run_id)
+    client = mlflow.tracking.MlflowClient(uri)
+    first, again = (client.get_run(r) for r in children)
+    assert first.data.tags["entropyrl.superseded_by"] == again.info.run_id
+    assert "entropyrl.superseded_by" not in again.data.tags
+    assert first.info.status == "FINISHED"  # it ended as it ended; only the tag says it was replaced
