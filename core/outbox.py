@@ -80,10 +80,14 @@ class Outbox:
     def _queue(self, entry: dict, exc: Exception | None = None) -> None:
         if self.pending == 0 and exc is not None:
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            what = (
+                f"the MLflow server at {self.uri} stopped answering"
+                if self.uri.startswith(("http://", "https://"))
+                else f"the MLflow store at {self.uri} refused a write"
+            )
             self.log(
-                f"warning: the MLflow server at {self.uri} stopped answering ({reason}); training goes on, "
-                f"metrics.jsonl holds every step and what MLflow misses is queued in {self.path}, "
-                f"delivered when it answers again"
+                f"warning: {what} ({reason}); training goes on, metrics.jsonl holds every step and what "
+                f"MLflow misses is queued in {self.path}, delivered when it takes writes again"
             )
             self._next_try = time.monotonic() + self.retry_s
         with self.path.open("a", encoding="utf-8") as f:

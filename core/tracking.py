@@ -174,6 +174,28 @@ class RunTracker:
             raise UserError(f"cannot open an MLflow run at {self.uri}: {str(exc).splitlines()[0]} ({hint})") from None
 
         atomic_write_text(self.state_path, json.dumps({"run_id": self.run_id, "uri": self.uri}))
+        self._check_artifact_folder()
+
+    def _check_artifact_folder(self) -> None:
+        """A local artifact folder this process cannot write: one line now, naming it, before any
+        training, and the run ended FAILED; not a queue of artifacts that can never be delivered."""
+        path = local_artifact_path(self._client.get_run(self.run_id).info.artifact_uri)
+        if path is None:  # a server or an object store: its own errors, delivered or queued
+            return
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / ".entropyrl-write-check"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            with contextlib.suppress(Exception):
+                self._client.set_terminated(self.run_id, status="FAILED")
+            _pop_active_run(self._mlflow)
+            raise UserError(
+                f"cannot write MLflow artifacts to {path} ({exc.strerror or type(exc).__name__}): make that folder "
+                f"writable, or track elsewhere (tracking.uri=<another sqlite file or an MLflow server>; a sqlite "
+                f"store keeps its artifacts in ./mlruns of the folder where the experiment was created)"
+            ) from None
 
     def _log_params(self, full_cfg) -> None:
         items = list(flatten(full_cfg).items())
@@ -281,8 +303,9 @@ class RunTracker:
             return
         self.outbox.put({"kind": "end", "status": status})
         if self.outbox.pending and not self.outbox.flush(wait_s=float(self.cfg.get("flush_wait_s", 60) or 0)):
+            away = "server" if self.uri.startswith(("http://", "https://")) else "store"
             self.log(
-                f"warning: the MLflow server at {self.uri} did not come back: {self.outbox.pending} entries "
+                f"warning: the MLflow {away} at {self.uri} did not take them: {self.outbox.pending} entries "
                 f"(metrics, files, the run's {status} state) stay queued in {self.queue_path}; running the same "
                 f"command again (same output_dir) delivers them"
             )
@@ -303,6 +326,19 @@ class RunTracker:
             self._client.log_artifact(self.run_id, entry["path"], artifact_path=entry.get("artifact_path"))
         elif kind == "end":
             self._client.set_terminated(self.run_id, status=str(entry["status"]))
+
+
+def local_artifact_path(artifact_uri: str | None) -> Path | None:
+    """The folder of a local artifact URI (``file://...`` or a plain path), else None."""
+    if not artifact_uri:
+        return None
+    if artifact_uri.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(artifact_uri).path))
+    if "://" in artifact_uri or ":" in artifact_uri.split("/", 1)[0]:
+        return None
+    return Path(artifact_uri)
 
 
 def _pop_active_run(mlflow) -> None:

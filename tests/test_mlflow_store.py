@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from entropyrl.core.mlflow_store import sqlite_path
 
@@ -169,3 +170,25 @@ def test_a_sweep_job_run_again_from_scratch_marks_its_earlier_child_superseded(t
     assert first.data.tags["entropyrl.superseded_by"] == again.info.run_id
     assert "entropyrl.superseded_by" not in again.data.tags
     assert first.info.status == "FINISHED"  # it ended as it ended; only the tag says it was replaced
+
+
+def test_an_artifact_folder_that_cannot_be_written_is_one_line_before_training(tmp_path, monkeypatch):
+    """A sqlite store keeps artifacts in ./mlruns; a file in the way (or a folder without write
+    permission) is named in one line when the run opens, and the run is not left RUNNING."""
+    import mlflow
+    import pytest
+    from omegaconf import OmegaConf
+
+    from entropyrl.core.errors import UserError
+    from entropyrl.core.tracking import RunTracker, local_artifact_path
+
+    assert local_artifact_path("file:///a/b%20c") == Path("/a/b c") and local_artifact_path("/x/y") == Path("/x/y")
+    assert local_artifact_path("s3://bucket/x") is None and local_artifact_path("mlflow-artifacts:/1/a") is None
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mlruns").write_text("not a folder")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = RunTracker(OmegaConf.create({"uri": uri, "experiment": "blocked"}), tmp_path / "run", log=lambda *_: None)
+    with pytest.raises(UserError, match=r"cannot write MLflow artifacts to .*mlruns.*tracking.uri="):
+        tracker.start(OmegaConf.create({"trainer": {"seed": 0}}), run_name="r", resume_step=None)
+    assert mlflow.active_run() is None
+    assert mlflow.tracking.MlflowClient(uri).get_run(tracker.run_id).info.status == "FAILED"
