@@ -1,0 +1,104 @@
+"""Tool use (``tools=code_interpreter``): the sandboxed executor's calls per second, and what the
+tool costs a training step on the tool task against the same step without the tool.
+
+- ``executor``: batches of small calls (the tool task's additions) through the executor a training
+  run builds (``evals/code/tool_executor.py``, the default ``tools.executor`` limits and the
+  strongest isolation that works here), ``workers`` at a time; ``calls_per_s`` over the batches.
+- ``step``: two ``entropyrl train`` subprocesses on ``data=tool_arith``, one with
+  ``tools=code_interpreter`` and one without (the task answered in one go), the same batch
+  (``PROMPTS`` x ``N``), one torch thread each, run one after the other. Time per step is the mean
+  ``time/step`` after the first ``WARMUP`` steps; ``tool_time_frac`` is the with-tool run's mean
+  ``tools/time_frac`` (the share of the step's wall time spent running calls) and ``step_ratio``
+  the with-tool time per step over the without-tool one (multi-turn generation, the calls and the
+  longer responses together).
+
+    .venv/bin/python perf/run.py tools
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STEPS, WARMUP = 8, 2
+PROMPTS, N = 16, 8  # 128 responses a step
+BATCHES, CALLS = 3, 32
+
+
+def _executor() -> dict:
+    from entropyrl.conf import compose
+    from entropyrl.evals.code.tool_executor import build_tool_executor
+
+    tools = compose("train", ["data=tool_arith", "tools=code_interpreter"]).tools
+    executor = build_tool_executor(tools)
+    codes = [f"{1000 + 37 * i}+{9999 - 53 * i}" for i in range(CALLS)]
+    executor(codes[:2])  # the pool and the launcher warmed up
+    started = time.perf_counter()
+    errors = 0
+    for _ in range(BATCHES):
+        errors += sum(r.error for r in executor(codes))
+    elapsed = time.perf_counter() - started
+    return {
+        "calls": BATCHES * CALLS,
+        "calls_per_s": round(BATCHES * CALLS / elapsed, 2),
+        "errors": errors,
+        "workers": executor.pool.workers,
+        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    }
+
+
+def _train(folder: Path, with_tool: bool) -> list[dict]:
+    out = folder / ("tool" if with_tool else "plain")
+    cmd = [
+        sys.executable,
+        "-m",
+        "entropyrl.cli.main",
+        "train",
+        "data=tool_arith",
+        *(["tools=code_interpreter"] if with_tool else []),
+        f"output_dir={out}",
+        f"trainer.total_steps={STEPS}",
+        "trainer.threads=1",
+        f"trainer.prompts_per_step={PROMPTS}",
+        f"trainer.mini_batch_prompts={PROMPTS}",
+        f"rollout.n={N}",
+        "trainer.val_every=0",
+        "trainer.save_every=0",
+        "trainer.samples_every=0",
+        "trainer.progress=false",
+        "val.prompts=0",
+        "tracking.enabled=false",
+    ]
+    subprocess.run(cmd, check=True, cwd=folder, capture_output=True, text=True)
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][WARMUP:]
+
+
+def _mean(rows: list[dict], key: str) -> float:
+    return statistics.fmean(float(r[key]) for r in rows if r.get(key) is not None)
+
+
+def run() -> dict:
+    result = {"executor": _executor()}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        plain, tool = _train(folder, with_tool=False), _train(folder, with_tool=True)
+    with_s, without_s = _mean(tool, "time/step"), _mean(plain, "time/step")
+    result["step"] = {
+        "steps_timed": len(tool),
+        "responses_per_step": PROMPTS * N,
+        "step_s_with_tool": round(with_s, 4),
+        "step_s_without_tool": round(without_s, 4),
+        "step_ratio": round(with_s / without_s, 3),
+        "tool_time_frac": round(_mean(tool, "tools/time_frac"), 4),
+        "calls_per_response": round(_mean(tool, "tools/calls/mean"), 3),
+        "call_error_frac": round(_mean(tool, "tools/error_frac"), 4),
+    }
+    result["calls_per_s"] = result["executor"]["calls_per_s"]
+    result["tool_time_frac"] = result["step"]["tool_time_frac"]
+    return result
