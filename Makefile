@@ -37,8 +37,9 @@ install-gpu:
 run: install
 	$(VENV)/bin/entropyrl train
 
+# --durations: the slowest tests, listed at the end of every run (the suite must stay under 30 minutes on 2 cores)
 test: install lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # ruff: the formatter (ruff format --check: the tree stays as `ruff format .` leaves it) and the small
 # rule set in pyproject.toml ([tool.ruff]); part of `make test`
