@@ -181,13 +181,16 @@ def register(app: typer.Typer) -> None:
         sweep_dir: Path = typer.Argument(..., help="the sweep folder (holds sweep.json)"),
         as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
     ) -> None:
-        from ..sweeps.state import count_states, sweep_status
+        from ..sweeps.state import close_lost_runs, count_states, sweep_status
 
         sweep, statuses = sweep_status(sweep_dir)
+        ended = close_lost_runs(statuses)  # a lost job's MLflow run: FAILED, not RUNNING forever
         if as_json:
             typer.echo(json.dumps([dataclasses.asdict(s) for s in statuses], indent=2))
             return
         launcher = sweep.get("launcher", {}).get("name", "?")
+        for run_id in ended:
+            typer.echo(f"ended MLflow run {run_id} FAILED: its job's process died without reporting")
         counts = count_states(statuses)
         typer.echo(
             f"sweep {sweep.get('sweep_id')} ({sweep.get('ablation', {}).get('name')}, launcher {launcher}): "

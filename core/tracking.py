@@ -443,6 +443,27 @@ class TrackingStore:
         self.client.set_terminated(run_id, status=status)
 
 
+def end_abandoned_run(output_dir: Path, reason: str) -> str | None:
+    """The MLflow run of a run whose process died without a word (a sweep's lost job), if still
+    RUNNING: ended FAILED and tagged ``entropyrl.ended_by`` with ``reason``. Returns its id when it
+    was ended here; None when there is no link, it had ended, or the store cannot be reached (the
+    next look tries again)."""
+    link = Path(output_dir) / "tracking.json"
+    if not link.exists():
+        return None
+    try:
+        info = json.loads(link.read_text())
+        store = TrackingStore(str(info["uri"]))
+        run_id = str(info["run_id"])
+        if store.client.get_run(run_id).info.status != "RUNNING":
+            return None
+        store.set_tags(run_id, {"entropyrl.ended_by": reason[:500]})
+        store.finish(run_id, "FAILED")
+        return run_id
+    except Exception:  # noqa: BLE001 - a damaged link, a store away: nothing to close now
+        return None
+
+
 def parse_metrics(text: str) -> tuple[list[dict], int]:
     """``(rows, damaged)``: the JSON objects of a metrics.jsonl text and how many lines were not
     complete JSON objects (a write cut short by a crash)."""

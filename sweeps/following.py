@@ -34,6 +34,7 @@ from .state import (
     PENDING,
     RUNNING,
     JobStatus,
+    close_lost_runs,
     count_states,
     job_status,
     pid_alive,
@@ -264,6 +265,7 @@ class _Follower:
             if st.state in (DONE, FAILED):
                 del self.inflight[key]
                 self.final[key] = st
+                close_lost_runs([st])  # a job that died without a word: its MLflow run not left RUNNING
                 self._announce(st)
             else:
                 states.append(st)

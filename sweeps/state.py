@@ -201,6 +201,20 @@ def sweep_status(sweep_dir: Path) -> tuple[dict, list[JobStatus]]:
     return sweep, [job_status(r, queue, launcher) for r in records]
 
 
+def close_lost_runs(statuses: list[JobStatus]) -> list[str]:
+    """End FAILED the MLflow runs of jobs found lost (their process died without reporting) that
+    are still RUNNING; the ids of the runs ended."""
+    from ..core.tracking import end_abandoned_run
+
+    ended = []
+    for st in statuses:
+        if st.state == FAILED and st.detail.startswith("lost:"):
+            run_id = end_abandoned_run(Path(st.output_dir), f"{st.key}: {st.detail}")
+            if run_id:
+                ended.append(run_id)
+    return ended
+
+
 def count_states(statuses: list[JobStatus]) -> dict[str, int]:
     return {s: sum(1 for st in statuses if st.state == s) for s in (DONE, RUNNING, PENDING, FAILED)}
 

@@ -192,3 +192,24 @@ def test_an_artifact_folder_that_cannot_be_written_is_one_line_before_training(t
         tracker.start(OmegaConf.create({"trainer": {"seed": 0}}), run_name="r", resume_step=None)
     assert mlflow.active_run() is None
     assert mlflow.tracking.MlflowClient(uri).get_run(tracker.run_id).info.status == "FAILED"
+
+
+def test_a_lost_sweep_jobs_mlflow_run_is_ended_failed_the_next_time_anything_looks(tmp_path):
+    """A job whose process died without a word (``os._exit``, kill -9) leaves its run RUNNING; the
+    sweep's follower or ``entropyrl status`` finding the job lost ends it FAILED, with the reason."""
+    import mlflow
+
+    from entropyrl.sweeps.state import FAILED, JobStatus, close_lost_runs
+
+    uri, out = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "runs" / "gated" / "s0"
+    _die_after(uri, out, steps=2)
+    client = mlflow.tracking.MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("ends").experiment_id])
+    assert run.info.status == "RUNNING"
+    lost = JobStatus("gated/s0", "gated", 0, FAILED, "lost: job process died without reporting; see the log", "log", str(out))
+    assert close_lost_runs([lost]) == [run.info.run_id]
+    ended = client.get_run(run.info.run_id)
+    assert ended.info.status == "FAILED" and ended.data.tags["entropyrl.ended_by"].startswith("gated/s0: lost:")
+    assert close_lost_runs([lost]) == []  # once: an ended run is left as it is
+    failed = JobStatus("gated/s0", "gated", 0, FAILED, "RuntimeError: boom", "log", str(out))
+    assert close_lost_runs([failed]) == []  # a job that reported its own failure ended its run itself
