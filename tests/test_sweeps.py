@@ -131,7 +131,7 @@ def test_shipped_ablations_compose_and_cover_every_algo(tmp_path):
         validate_jobs(jobs)  # every variant's training config composes
     gate = {v.name: v.overrides for v in variants_of(compose("sweep", ["ablation=gate"]).ablation)}
     assert list(gate) == ["gated", "always_on", "off"]
-    assert "algo.stare.gate=false" in gate["always_on"] and "algo=grpo" in gate["off"]
+    assert "algo.stare.gate=false" in gate["always_on"] and "experiment=lab_grpo" in gate["off"]
     covered = {
         o.split("=", 1)[1]
         for v in variants_of(compose("sweep", ["ablation=interventions"]).ablation)
@@ -355,7 +355,7 @@ def test_dry_run_prints_the_job_table_and_runs_nothing(tmp_path):
     for r in rows:
         assert "trainer.total_steps=7" in r and "trainer.resume=auto" in r
         assert r[-1] == str(tmp_path / "sw" / "runs" / r[0] / f"s{r[1]}")
-    assert "algo.stare.gate=false" in lines[5] and "algo=grpo" in lines[7]
+    assert "algo.stare.gate=false" in lines[5] and "experiment=lab_grpo" in lines[7]
     assert not (tmp_path / "sw").exists()
 
 
