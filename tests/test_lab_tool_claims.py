@@ -189,7 +189,9 @@ def test_lab_help_documents_the_tool_study():
 @pytest.mark.slow
 def test_entropyrl_lab_tools_end_to_end(tmp_path):
     """`entropyrl lab --experiment tools` with one seed, a few steps and few prompts: the report, the
-    claim table with the tool claims, the figure, and every run's tool metrics."""
+    claim table with the tool claims, the figure, and every run's tool metrics. The runs start from
+    the tool task's warm-started model in the test session's model cache; a session that has not
+    built it yet builds it first (800 supervised steps, a few minutes on one core)."""
     cmd = [
         *CLI,
         "lab",

@@ -40,7 +40,8 @@ _STYLE = {
 
 def plot_kinds(runs: dict[str, dict[int, list[dict]]], path: Path) -> Path | None:
     """One panel per variant: the entropy of each token kind (solid) and of the first vs later
-    turns (dashed) over steps, mean over seeds with the min-max band; None when no run logged any."""
+    turns (dashed) over steps, mean over seeds with the min-max band, on a log axis (the kinds sit
+    orders of magnitude apart: bare-answer text against copied results); None when no run logged any."""
     panels = [
         (v, [(k, b) for k in (*KIND_KEYS, *TURN_KEYS) if (b := seed_band(by_seed.values(), k)) is not None])
         for v, by_seed in runs.items()
@@ -66,6 +67,7 @@ def plot_kinds(runs: dict[str, dict[int, list[dict]]], path: Path) -> Path | Non
             )
             ax.fill_between(b["steps"], b["lo"], b["hi"], color=line.get_color(), alpha=0.15, lw=0)
         seeds = max(b["seeds"] for _k, b in bands)
+        ax.set_yscale("log", nonpositive="clip")
         ax.set_title(f"{variant} (n={seeds} seeds)", fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -73,7 +75,7 @@ def plot_kinds(runs: dict[str, dict[int, list[dict]]], path: Path) -> Path | Non
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     for ax in axes[:, 0]:
-        ax.set_ylabel("entropy (nats/token)")
+        ax.set_ylabel("entropy (nats/token, log)")
     fig.suptitle("entropy by token kind and turn: mean over seeds, band = min-max", fontsize=10)
     fig.tight_layout()
     _save_small(fig, Path(path))
