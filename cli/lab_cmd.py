@@ -4,6 +4,7 @@
     entropyrl lab --algos grpo,stare --seeds 0,1         # a subset
     entropyrl lab --algos all                            # also the newer methods (ce_gppo, gspo, ...)
     entropyrl lab --experiment quadrants --seeds 0       # only the quadrant sign experiment
+    entropyrl lab --experiment tools                     # the tool study: grpo, stare, steer with a code interpreter
     entropyrl lab trainer.total_steps=40                 # overrides apply to every run
 
 The lab is the ablation ``conf/ablation/lab.yaml`` run by the sweep machinery, exactly like
@@ -14,6 +15,11 @@ parent run (experiment ``lab``) with the runs as its children. Re-running on the
 ``--resume``) runs only what did not finish. The lab's report step (sweeps/lab/sweep_step.py) then
 writes ``report.md``, ``lab.json`` (the claim table) and the figures; ``entropyrl report <out>``
 rebuilds them from the files.
+
+``--experiment tools`` is the tool study, the ablation ``conf/ablation/lab_tools.yaml`` (variants
+``experiment=lab_tool_<name>`` on ``data=tool_arith tools=code_interpreter``, no quadrant
+experiment) with its own report step (sweeps/lab/tool_step.py: the tool claims and the figure of
+entropy by token kind and turn); ``--algos`` names its variants.
 """
 
 from __future__ import annotations
@@ -27,8 +33,11 @@ import typer
 from ..conf import compose
 from ..core.errors import UserError
 
-EXPERIMENTS = ("all", "claims", "quadrants")
+EXPERIMENTS = ("all", "claims", "quadrants", "tools")
 QUADRANTS = "quadrants"  # the lab ablation's quadrant-experiment variant
+TOOLS = "tools"  # --experiment tools: the tool study, its own ablation
+ABLATIONS = {TOOLS: "lab_tools"}  # --experiment -> the ablation it runs (the others: lab)
+BASE_PRESETS = {"lab": "experiment=lab_grpo", "lab_tools": "experiment=lab_tool_grpo"}  # builds the warm-started model
 
 
 def _parse_seeds(text: str) -> list[int]:
@@ -41,20 +50,22 @@ def _parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def lab_sweep_overrides(variants: list[str], seeds: list[int], out: Path, jobs: int, quadrant_batches: int) -> list[str]:
-    """The ``entropyrl sweep`` overrides that make the lab: the lab ablation, its variants and seeds,
-    the folder, the local launcher at ``jobs`` in parallel with one torch thread each, MLflow
-    experiment ``lab``."""
+def lab_sweep_overrides(
+    variants: list[str], seeds: list[int], out: Path, jobs: int, quadrant_batches: int, ablation: str = "lab"
+) -> list[str]:
+    """The ``entropyrl sweep`` overrides that make the lab: the lab ablation (or the tool study's,
+    ``lab_tools``), its variants and seeds, the folder, the local launcher at ``jobs`` in parallel
+    with one torch thread each, MLflow experiment ``lab`` (``lab_tools``)."""
     return [
-        "ablation=lab",
+        f"ablation={ablation}",
         f"variants=[{','.join(variants)}]",
         f"seeds=[{','.join(map(str, seeds))}]",
         f"sweep_dir={out}",
         "launcher=local",
         f"launcher.max_parallel={jobs}",
         "launcher.threads_per_job=1",
-        "tracking.experiment=lab",
-        f"ablation.quadrant_batches={quadrant_batches}",
+        f"tracking.experiment={ablation}",
+        *([f"ablation.quadrant_batches={quadrant_batches}"] if ablation == "lab" else []),
     ]
 
 
@@ -64,6 +75,9 @@ def register(app: typer.Typer) -> None:
         help="Train GRPO and the entropy interventions on the lab task (data=countdown) over several seeds, run the "
         "quadrant sign experiment, and write report.md, lab.json (the claim table) and mean+band figures. "
         "Runs through the sweep machinery (ablation=lab): `entropyrl status OUT` shows the jobs. "
+        "--experiment tools: the tool study instead (ablation=lab_tools: grpo, stare, steer on data=tool_arith "
+        "tools=code_interpreter; claims: GRPO collapses under tool use, STARE holds its band, entropy of text, code "
+        "and post-tool tokens; figure lab-tools-entropy-kind.png). "
         "Extra key=value overrides apply to every run.",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )
@@ -71,14 +85,20 @@ def register(app: typer.Typer) -> None:
         overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides for every run"),
         algos: str = typer.Option(
             "default",
-            help="comma-separated lab variants (experiment=lab_<name>), 'default' "
-            "(the lab ablation's default_variants) or 'all' (every training variant)",
+            help="comma-separated lab variants (experiment=lab_<name>; with --experiment tools: "
+            "experiment=lab_tool_<name>), 'default' (the ablation's default_variants) or 'all' (every training variant)",
         ),
         seeds: str = typer.Option("0,1,2", help="comma-separated training seeds"),
-        experiment: str = typer.Option("all", help="all | claims (training runs) | quadrants (sign experiment only)"),
+        experiment: str = typer.Option(
+            "all",
+            help="all | claims (training runs) | quadrants (sign experiment only) | tools (the tool study: "
+            "ablation=lab_tools, default out outputs/lab_tools)",
+        ),
         quadrant_batches: int = typer.Option(20, help="batches of the quadrant sign experiment (per seed)"),
         jobs: int = typer.Option(2, help="runs in parallel (one torch thread each)"),
-        out: Path = typer.Option(Path("outputs/lab"), help="folder for the runs, the report and the figures"),
+        out: Optional[Path] = typer.Option(
+            None, help="folder for the runs, the report and the figures (default outputs/lab; tools: outputs/lab_tools)"
+        ),
         fresh: bool = typer.Option(False, help="retrain runs that already finished in --out"),
         resume: bool = typer.Option(
             False, "--resume", help="continue the lab in --out (it must hold one): run only what did not finish"
@@ -100,23 +120,25 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--jobs must be >= 1, got {jobs}")
         if quadrant_batches < 1:
             raise UserError(f"--quadrant-batches must be >= 1, got {quadrant_batches}")
-        valid = training_variants("lab")
+        ablation = ABLATIONS.get(experiment, "lab")
+        valid = training_variants(ablation)
         asked = algos.strip()
         if asked == "all":
             algos = ",".join(valid)
         elif asked == "default":
-            algos = ",".join(default_variants("lab"))
+            algos = ",".join(default_variants(ablation))
         names = [a.strip() for a in algos.split(",") if a.strip()] if experiment != "quadrants" else []
         unknown = [n for n in names if n not in valid]
         if unknown:
-            raise UserError(f"unknown lab variant '{unknown[0]}'; valid: {', '.join(valid)}")
+            which = "tool-study variant" if experiment == TOOLS else "lab variant"
+            raise UserError(f"unknown {which} '{unknown[0]}'; valid: {', '.join(valid)}")
         seed_list = _parse_seeds(seeds)
-        out = out.resolve()
+        out = (out or Path("outputs/lab_tools" if experiment == TOOLS else "outputs/lab")).resolve()
         if resume and not sweep_file(out).exists():
             raise UserError(f"--resume: {out} holds no lab (no sweep.json); drop --resume to start one there")
         variants = ([QUADRANTS] if experiment in ("all", "quadrants") else []) + names
         sweep_ov, train_ov = split_overrides(list(overrides or []))
-        cfg = compose("sweep", [*lab_sweep_overrides(variants, seed_list, out, jobs, quadrant_batches), *sweep_ov])
+        cfg = compose("sweep", [*lab_sweep_overrides(variants, seed_list, out, jobs, quadrant_batches, ablation), *sweep_ov])
         plan = planning.plan(cfg, train_ov, explicit_dir=True, resume=resume)  # every run checked before any starts
         plan.command = " ".join(
             [
@@ -131,7 +153,7 @@ def register(app: typer.Typer) -> None:
         if fresh:
             for job in plan.jobs:
                 shutil.rmtree(job.output_dir, ignore_errors=True)
-        base = compose("train", ["experiment=lab_grpo", *train_ov])
+        base = compose("train", [BASE_PRESETS[ablation], *train_ov])
         say("building / loading the warm-started lab model once (cached)")
         load_policy(base.model, base.data, log=lambda m: say(m))  # one builder, not one per job
         result = following.run(plan, wait=True, log=lambda m: console.print(m, markup=False, soft_wrap=True))
@@ -140,6 +162,8 @@ def register(app: typer.Typer) -> None:
             mark = {True: "[green]reproduced[/green]", False: "[red]not reproduced[/red]", None: "[dim]not run[/dim]"}[
                 c["reproduced"]
             ]
+            if c.get("descriptive") and c.get("measured"):
+                mark = "[dim]descriptive[/dim]"
             console.print(f"  {c['id']}: {mark}  {c['measured']}")
         paths = step.get("paths", {})
         say(f"report: {paths.get('report.md')}  claims: {paths.get('lab.json')}  jobs: entropyrl status {out}")

@@ -1,6 +1,7 @@
 """The lab as a sweep plugin: it registers its job kind (``quadrant_probe``, the quadrant sign
 experiment) and its report step (``lab``: the claim table, ``lab.json``, ``report.md`` and the
-figures) through the sweep's seams; ``conf/ablation/lab.yaml`` names both."""
+figures; ``lab_tools``: the tool study's) through the sweep's seams; ``conf/ablation/lab.yaml`` and
+``conf/ablation/lab_tools.yaml`` name them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from ..job_kinds import register_job_kind
 from ..report import register_report_step
 from .quadrant_probe import QuadrantJob
 from .sweep_step import lab_report_step
+from .tool_step import lab_tools_report_step
 
 register_job_kind("quadrant_probe", QuadrantJob)
 register_report_step("lab", lab_report_step)
+register_report_step("lab_tools", lab_tools_report_step)

@@ -103,9 +103,12 @@ def variant_table(runs: dict, algo_cfgs: dict, pass_key: str) -> list[dict]:
 
 def claim_status(claim: dict) -> str:
     """``yes`` | ``no`` (reproduced or not) | ``no claim`` (the method states none the lab can
-    measure, ``method_claims.NO_CLAIM``) | ``not run`` (the runs it needs are missing)."""
+    measure, ``method_claims.NO_CLAIM``) | ``descriptive`` (a measured row that claims no direction,
+    ``tool_claims.tool_entropy_by_kind``) | ``not run`` (the runs it needs are missing)."""
     if claim.get("no_claim"):
         return "no claim"
+    if claim.get("descriptive"):
+        return "descriptive" if claim.get("measured") else "not run"
     return {True: "yes", False: "no", None: "not run"}[claim["reproduced"]]
 
 
@@ -220,8 +223,14 @@ def write_lab_outputs(
     command: str,
     wall_seconds: float,
     failed: list[str],
+    title: str = "entropyrl lab report",
+    sections: list[str] | None = None,
+    extra: dict | None = None,
 ) -> dict[str, Path]:
-    """Figures, ``lab.json`` and ``report.md`` in ``out``; returns their paths by name."""
+    """Figures, ``lab.json`` and ``report.md`` in ``out``; returns their paths by name. ``sections``:
+    markdown lines placed after the entropy figure (the tool study's token kinds); ``extra``: more
+    keys of ``lab.json``; ``quadrants=None``: the report has no quadrant section (an ablation
+    without the experiment)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     main = [v for v in runs if not v.endswith("_extreme")]
@@ -250,11 +259,12 @@ def write_lab_outputs(
         "command": command,
         "wall_seconds": wall_seconds,
         "failed_runs": failed,
+        **(extra or {}),
     }
     (out / "lab.json").write_text(json.dumps(doc, indent=2, default=float))
     paths["lab.json"] = out / "lab.json"
     k = pass_key.split("/")[-1]
-    lines = ["# entropyrl lab report", "", f"`{command}`: {len(runs)} variants, {wall_seconds / 60:.1f} min wall.", ""]
+    lines = [f"# {title}", "", f"`{command}`: {len(runs)} variants, {wall_seconds / 60:.1f} min wall.", ""]
     if failed:
         lines += [f"**Failed runs** (see their log.txt): {', '.join(failed)}", ""]
     lines += ["## Claims", "", *_claims_md(claims), "", "## Entropy", "", "![entropy](lab-entropy.png)", ""]
@@ -262,6 +272,7 @@ def write_lab_outputs(
         lines += [f"![pass@1](lab-pass1.png) ![{k}](lab-passk.png)", ""]
     if "extreme" in paths:
         lines += ["![stress test](lab-extreme.png)", ""]
+    lines += list(sections or [])
     lines += [
         "## Variants (mean ± std over seeds)",
         "",
@@ -286,16 +297,17 @@ def write_lab_outputs(
         "",
         *_attribution_md(table),
     ]
-    lines += [
-        "",
-        "## Quadrant sign experiment",
-        "",
-        "One plain-SGD step restricted to one quadrant's tokens, from the starting policy; realised entropy "
-        "change on the fixed probe batch (nats/token).",
-        "",
-        *_quadrants_md(quadrants or {}),
-        "",
-    ]
+    if quadrants is not None:
+        lines += [
+            "",
+            "## Quadrant sign experiment",
+            "",
+            "One plain-SGD step restricted to one quadrant's tokens, from the starting policy; realised entropy "
+            "change on the fixed probe batch (nats/token).",
+            "",
+            *_quadrants_md(quadrants),
+        ]
+    lines.append("")
     (out / "report.md").write_text("\n".join(lines))
     paths["report.md"] = out / "report.md"
     return paths

@@ -1,0 +1,148 @@
+"""The tool study's report step (``ablation.report_step: lab_tools``, ``entropyrl lab --experiment
+tools``), after the sweep's report over a sweep of ``conf/ablation/lab_tools.yaml``.
+
+It reads the finished training runs like the lab's step (``sweep_step.collect_lab_runs``), computes
+the tool claims (``tool_claims.tool_claims``) and writes into the sweep folder ``report.md``,
+``lab.json`` (the claim table, the variant table and the token-kind table), the lab's mean + band
+figures (``lab-entropy.png``) and the figure of entropy by token kind and by turn over steps per
+variant (``lab-tools-entropy-kind.png``). ``entropyrl report DIR`` runs it again from the files.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from ...conf import compose, to_plain  # noqa: E402
+from ..aggregate import seed_band  # noqa: E402
+from ..state import FAILED  # noqa: E402
+from .report import _save_small, write_lab_outputs  # noqa: E402
+from .sweep_step import _wall_seconds, collect_lab_runs  # noqa: E402
+from .tool_claims import KIND_KEYS, TURN_KEYS, kind_table, tool_claims  # noqa: E402
+
+__all__ = ["lab_tools_report_step", "plot_kinds", "KIND_FIGURE"]
+
+KIND_FIGURE = "lab-tools-entropy-kind.png"
+_STYLE = {
+    "entropy/kind/text": ("text", "-"),
+    "entropy/kind/code": ("code", "-"),
+    "entropy/kind/post_tool": ("post-tool", "-"),
+    "entropy/turn/first": ("first turn", "--"),
+    "entropy/turn/later": ("later turns", "--"),
+}
+
+
+def plot_kinds(runs: dict[str, dict[int, list[dict]]], path: Path) -> Path | None:
+    """One panel per variant: the entropy of each token kind (solid) and of the first vs later
+    turns (dashed) over steps, mean over seeds with the min-max band, on a log axis (the kinds sit
+    orders of magnitude apart: bare-answer text against copied results); None when no run logged any."""
+    panels = [
+        (v, [(k, b) for k in (*KIND_KEYS, *TURN_KEYS) if (b := seed_band(by_seed.values(), k)) is not None])
+        for v, by_seed in runs.items()
+    ]
+    panels = [(v, bands) for v, bands in panels if bands]
+    if not panels:
+        return None
+    cols = min(len(panels), 2)
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.4 * rows), squeeze=False, sharey=True)
+    for ax, (variant, bands) in zip(axes.flat, panels):
+        for i, (key, b) in enumerate(bands):
+            label, ls = _STYLE[key]
+            (line,) = ax.plot(
+                b["steps"],
+                b["mean"],
+                ls=ls,
+                lw=1.5,
+                color=f"C{i}",
+                label=label,
+                marker="o" if len(b["steps"]) < 12 else None,
+                ms=3,
+            )
+            ax.fill_between(b["steps"], b["lo"], b["hi"], color=line.get_color(), alpha=0.15, lw=0)
+        seeds = max(b["seeds"] for _k, b in bands)
+        ax.set_yscale("log", nonpositive="clip")
+        ax.set_title(f"{variant} (n={seeds} seeds)", fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("entropy (nats/token, log)")
+    fig.suptitle("entropy by token kind and turn: mean over seeds, band = min-max", fontsize=10)
+    fig.tight_layout()
+    _save_small(fig, Path(path))
+    plt.close(fig)
+    return Path(path)
+
+
+def _kinds_md(table: list[dict], figure: bool) -> list[str]:
+    lines = ["## Entropy by token kind and turn", ""]
+    if figure:
+        lines += [f"![entropy by token kind]({KIND_FIGURE})", ""]
+    if not table:
+        return [*lines, "(no run logged entropy/kind/*: tools were off)", ""]
+    lines += [
+        "First and last tenth of the steps that logged the key (a kind with no token in a step is left out), "
+        "mean over seeds. Tool outputs are not the policy's tokens and have no entropy here.",
+        "",
+        "| variant | key | first tenth | last tenth | last/first | seeds |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in table:
+        lines.append(
+            f"| {t['variant']} | `{t['key']}` | {t['first_mean']:.3f} | {t['last_mean']:.3f} | {t['ratio']:.2f} | "
+            f"{','.join(map(str, t['seeds']))} |"
+        )
+    return [*lines, ""]
+
+
+def lab_tools_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[[str], None] = print) -> dict:
+    """The tool claims, ``lab.json``, ``report.md`` and the figures in ``sweep_dir``; returns
+    ``{"paths", "claims", "metrics": {"claims/<id>": 1.0 | 0.0}}``."""
+    runs, _quadrants, configs = collect_lab_runs(sweep, statuses)
+    every_job = list(sweep.get("train_overrides") or [])
+    algo_cfgs = {v: c.get("algo", {}) for v, c in configs.items()}
+    stare = configs.get("stare") or to_plain(compose("train", ["experiment=lab_tool_stare", *every_job]))
+    h_tgt = float(stare["algo"]["stare"]["h_tgt"])
+    any_cfg = next(iter(configs.values()), None) or to_plain(compose("train", ["experiment=lab_tool_grpo", *every_job]))
+    pass_key = f"val/pass_at_{int(any_cfg['val']['pass_k'])}"
+    claims = tool_claims(runs, h_tgt=h_tgt, algo_cfgs=algo_cfgs)
+    table = kind_table(runs)
+    out = Path(sweep_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    figure = plot_kinds(runs, out / KIND_FIGURE)
+    failed = [st.key for st in statuses if st.state == FAILED]
+    command = sweep.get("command") or " ".join(["entropyrl sweep", "ablation=lab_tools", *every_job])
+    paths = write_lab_outputs(
+        out,
+        runs,
+        claims,
+        algo_cfgs=algo_cfgs,
+        quadrants=None,
+        pass_key=pass_key,
+        command=command,
+        wall_seconds=_wall_seconds(statuses),
+        failed=failed,
+        title="entropyrl lab report: tool use",
+        sections=_kinds_md(table, figure is not None),
+        extra={"token_kinds": table, "h_tgt": h_tgt},
+    )
+    if figure is not None:
+        paths["entropy_kind"] = figure
+    log(
+        f"lab tools report: {paths['report.md']} ({sum(c['reproduced'] is True for c in claims)} of "
+        f"{sum(c['reproduced'] is not None for c in claims)} claims run reproduced)"
+    )
+    return {
+        "paths": paths,
+        "claims": claims,
+        "metrics": {f"claims/{c['id']}": float(c["reproduced"]) for c in claims if c["reproduced"] is not None},
+    }
