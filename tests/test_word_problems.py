@@ -129,3 +129,24 @@ def test_the_task_sets_its_rollout_defaults_and_refuses_the_embedded_tokenizer()
     assert compose("train", ["data=word_problems", "rollout.temperature=1.0"]).rollout.temperature == 1.0
     with pytest.raises(UserError, match="data=word_problems needs a model whose tokenizer reads English"):
         _source(tokenizer=build_tokenizer())
+
+
+class DigitsOnlyTokenizer:
+    """A character tokenizer that silently drops what it cannot encode (as the embedded one does once saved)."""
+
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text if c.isdigit() or c in " +-=:"]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(map(chr, ids))
+
+
+def test_a_tokenizer_that_drops_letters_is_refused_and_one_that_reads_english_is_not():
+    from entropyrl.trainers.data.word_problems import reads_english
+
+    assert not reads_english(DigitsOnlyTokenizer())
+    with pytest.raises(UserError, match="data=word_problems needs a model whose tokenizer reads English"):
+        _source(tokenizer=DigitsOnlyTokenizer())
+    assert reads_english(ChatTokenizer())  # nothing to check on a tokenizer that cannot encode
