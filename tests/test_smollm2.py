@@ -233,3 +233,36 @@ def test_evaluates_gsm8k_with_hf(smollm_dir, tmp_path):
     assert bench["problems"] == 4 and bench["n_samples"] == 1 and 0.0 <= bench["metrics"]["avg@1"] <= 1.0
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 and all(s["response"].strip() and "<|im_end|>" not in s["response"] for s in samples)
+
+
+@needs_smollm2
+@pytest.mark.slow
+def test_trains_two_steps_on_word_problems(smollm_dir, tmp_path):
+    """data=word_problems with the chat model: prompts in its chat format, graded answers (the reward is
+    0 or 1 per response), two steps through the CLI."""
+    out = run_cli(
+        "train",
+        f"model={PRESET}",
+        "data=word_problems",
+        "trainer.total_steps=2",
+        "trainer.prompts_per_step=2",
+        "trainer.mini_batch_prompts=2",
+        "rollout.n=2",
+        "rollout.max_new_tokens=12",
+        "trainer.val_every=0",
+        "trainer.samples_every=1",
+        "trainer.save_every=0",
+        "trainer.progress=false",
+        "trainer.threads=1",
+        "tracking.enabled=false",
+        "output_dir=run",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["entropy"] > 0 and 0.0 <= r["acc/mean"] <= 1.0 and r["response_length/mean"] > 0 for r in rows)
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    # the chat format (its special tokens are dropped from the logged prompt): user turn, then the assistant's
+    assert samples and all("have now?" in s["prompt"] and s["prompt"].rstrip().endswith("assistant") for s in samples)
+    assert {s["reward"] for s in samples} <= {0.0, 1.0}

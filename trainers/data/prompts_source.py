@@ -11,9 +11,11 @@ from ...core.registry import Registry
 from ...tasks.builtin import BuiltinTaskSource
 from .code_datasets import CodeTaskSource
 from .datasets import MathDatasetSource
+from .word_problems import WordProblemSource
 
 PROMPT_SOURCES: Registry = Registry(
-    "data.kind", {"builtin": BuiltinTaskSource, "math": MathDatasetSource, "code": CodeTaskSource}
+    "data.kind",
+    {"builtin": BuiltinTaskSource, "math": MathDatasetSource, "code": CodeTaskSource, "word_problems": WordProblemSource},
 )
 
 
