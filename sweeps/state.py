@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..core.errors import UserError
 from ..core.files import atomic_write_text
+from ..core.tracking import end_abandoned_run
 from .jobs import TRAIN_LOG, read_job_state
 from .launchers import ACTIVE, ENDED, WAITING, Launcher, QueueEntry, find_launcher
 
@@ -204,8 +205,6 @@ def sweep_status(sweep_dir: Path) -> tuple[dict, list[JobStatus]]:
 def close_lost_runs(statuses: list[JobStatus]) -> list[str]:
     """End FAILED the MLflow runs of jobs found lost (their process died without reporting) that
     are still RUNNING; the ids of the runs ended."""
-    from ..core.tracking import end_abandoned_run
-
     ended = []
     for st in statuses:
         if st.state == FAILED and st.detail.startswith("lost:"):

@@ -190,8 +190,7 @@ def test_lab_help_documents_the_tool_study():
 def test_entropyrl_lab_tools_end_to_end(tmp_path):
     """`entropyrl lab --experiment tools` with one seed, a few steps and few prompts: the report, the
     claim table with the tool claims, the figure, and every run's tool metrics. The runs start from
-    the tool task's warm-started model in the test session's model cache; a session that has not
-    built it yet builds it first (800 supervised steps, a few minutes on one core)."""
+    the short warm start tests/test_tools.py uses (one cache entry per test session)."""
     cmd = [
         *CLI,
         "lab",
@@ -211,6 +210,10 @@ def test_entropyrl_lab_tools_end_to_end(tmp_path):
         "trainer.val_every=3",
         "val.prompts=8",
         "tracking.enabled=false",
+        # tests/test_tools.py's short warm start: the same cache entry, built once per test session
+        "model.warm_start.steps=120",
+        "model.warm_start.batch_size=32",
+        "model.warm_start.label_noise=0.2",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
