@@ -29,27 +29,10 @@ PROMPTS, N = 32, 8  # the default task's batch: 256 responses a step (GRPO keeps
 
 
 def _run(folder: Path, staleness: int) -> list[dict]:
-    out = folder / f"k{staleness}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "entropyrl.cli.main",
-        "train",
-        f"output_dir={out}",
-        f"trainer.total_steps={STEPS}",
-        f"trainer.staleness={staleness}",
-        "trainer.threads=1",
-        f"trainer.prompts_per_step={PROMPTS}",
-        f"rollout.n={N}",
-        "trainer.val_every=0",
-        "trainer.save_every=0",
-        "trainer.samples_every=0",
-        "trainer.progress=false",
-        "val.prompts=0",
-        "tracking.enabled=false",
-    ]
-    subprocess.run(cmd, check=True, cwd=folder, capture_output=True, text=True)
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][WARMUP:]
+    from _timed_train import timed_steps
+
+    batch = [f"trainer.staleness={staleness}", f"trainer.prompts_per_step={PROMPTS}", f"rollout.n={N}"]
+    return timed_steps(folder, f"k{staleness}", STEPS, WARMUP, batch)
 
 
 _MATMUL_LOOP = (

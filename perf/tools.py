@@ -17,11 +17,8 @@ tool costs a training step on the tool task against the same step without the to
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -54,29 +51,11 @@ def _executor() -> dict:
 
 
 def _train(folder: Path, with_tool: bool) -> list[dict]:
-    out = folder / ("tool" if with_tool else "plain")
-    cmd = [
-        sys.executable,
-        "-m",
-        "entropyrl.cli.main",
-        "train",
-        "data=tool_arith",
-        *(["tools=code_interpreter"] if with_tool else []),
-        f"output_dir={out}",
-        f"trainer.total_steps={STEPS}",
-        "trainer.threads=1",
-        f"trainer.prompts_per_step={PROMPTS}",
-        f"trainer.mini_batch_prompts={PROMPTS}",
-        f"rollout.n={N}",
-        "trainer.val_every=0",
-        "trainer.save_every=0",
-        "trainer.samples_every=0",
-        "trainer.progress=false",
-        "val.prompts=0",
-        "tracking.enabled=false",
-    ]
-    subprocess.run(cmd, check=True, cwd=folder, capture_output=True, text=True)
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][WARMUP:]
+    from _timed_train import timed_steps
+
+    task = ["data=tool_arith", *(["tools=code_interpreter"] if with_tool else [])]
+    batch = [f"trainer.prompts_per_step={PROMPTS}", f"trainer.mini_batch_prompts={PROMPTS}", f"rollout.n={N}"]
+    return timed_steps(folder, "tool" if with_tool else "plain", STEPS, WARMUP, task + batch)
 
 
 def _mean(rows: list[dict], key: str) -> float:
