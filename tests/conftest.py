@@ -27,6 +27,11 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 # Tests see what a user sees: no data root unless a test sets one (benchmarks then come from the
 # packaged copies, training sets from the hub, which is off).
 os.environ.pop("ENTROPYRL_DATA", None)
+# Under pytest-xdist (`make test` runs `-n 2`) the workers share the machine's cores: every run a
+# worker starts, in-process or as a subprocess, takes its share (core/resources.jobs_sharing) instead
+# of all of them, so the suite never oversubscribes threads.
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("ENTROPYRL_JOBS", os.environ["PYTEST_XDIST_WORKER_COUNT"])
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve()
+# one xdist worker runs the SLURM-cluster tests (tests/slurm/start.sh and stop.sh are not safe to race)
+pytestmark = pytest.mark.xdist_group("slurm")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port"]
 CLI_MODULE = "entropyrl.cli.main"
 

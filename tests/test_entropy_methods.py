@@ -13,7 +13,7 @@ import torch
 from entropyrl.conf import CONF_DIR
 from entropyrl.core.errors import UserError
 from entropyrl.sweeps.ablation import default_variants, training_variants
-from entropyrl.sweeps.lab.method_claims import NO_CLAIM, method_claims
+from entropyrl.sweeps.lab.method_claims import method_claims, registered_lab_claims
 from entropyrl.trainers.algos.algorithm import Algorithm
 from entropyrl.trainers.interventions.tis import mismatch_weight
 from entropyrl.trainers.stats.vocab_stats import VOCAB_STATS, chunked_vocab_stat
@@ -459,7 +459,7 @@ def test_method_claims_are_measured_per_seed_and_only_for_present_runs():
     assert claims["ce_gppo_keeps_entropy"]["reproduced"] is False  # seed 1 ends at GRPO's level
     assert [p["ok"] for p in claims["ce_gppo_keeps_entropy"]["per_seed"]] == [True, False]
     assert claims["entropic_holds_target"]["reproduced"] is True
-    assert claims["gspo_no_claim"]["reproduced"] is None and "gspo" in NO_CLAIM
+    assert claims["gspo_no_claim"]["reproduced"] is None and registered_lab_claims()["gspo"].kind == "none"
     runs["entropic"] = {0: wobbly}
     runs["stare"] = {0: held}
     assert method_claims(runs, {})[0]["reproduced"] is False  # oscillates more than the gate

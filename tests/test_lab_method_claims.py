@@ -10,8 +10,13 @@ import math
 
 import pytest
 
-from entropyrl.sweeps.lab.method_claims import HIGHER_THAN_GRPO, NO_CLAIM, method_claims, method_levers
+from entropyrl.sweeps.lab.method_claims import method_claims, method_levers, registered_lab_claims
 from entropyrl.sweeps.lab.report import write_lab_outputs
+
+CLAIMS = registered_lab_claims()  # read from the registries: a new method with a claim is tested here
+HIGHER_THAN_GRPO = sorted(m for m, c in CLAIMS.items() if c.kind == "above_grpo")
+NO_CLAIM = sorted(m for m, c in CLAIMS.items() if c.kind == "none")
+HOLDS_TARGET = sorted(m for m, c in CLAIMS.items() if c.kind == "holds_target")
 
 
 def rows(entropy, n=40, **extra):
@@ -51,7 +56,7 @@ ACTING = {
 }
 
 
-@pytest.mark.parametrize("method", sorted(HIGHER_THAN_GRPO))
+@pytest.mark.parametrize("method", HIGHER_THAN_GRPO)
 def test_keeps_entropy_claims_fail_both_ways(method):
     grpo = {s: rows(falling) for s in (0, 1, 2)}
     up = by_id(method_claims({"grpo": grpo, method: {s: rows(held, **ACTING) for s in (0, 1, 2)}}))
@@ -108,7 +113,7 @@ def test_entropic_claim_fails_both_ways_and_names_alpha():
 
 
 def test_every_method_has_a_status_in_lab_json_and_report(tmp_path):
-    methods = ["entropic", *HIGHER_THAN_GRPO, *NO_CLAIM]
+    methods = [*HOLDS_TARGET, *HIGHER_THAN_GRPO, *NO_CLAIM]
     runs = {
         "grpo": {0: rows(falling)},
         "stare": {0: rows(held)},
@@ -136,3 +141,42 @@ def test_every_method_has_a_status_in_lab_json_and_report(tmp_path):
     report = (tmp_path / "report.md").read_text()
     line = next(x for x in report.splitlines() if x.startswith("| `sapo_no_claim`"))
     assert "| no claim |" in line and "not run" not in line
+
+
+def test_claims_are_read_from_the_registries_and_every_lever_is_a_logged_metric():
+    """The lab's claim rows come from the methods' own declarations: the methods the lab has always
+    measured are there, and a lever names a metric the method logs (or the shared clip metric)."""
+    from entropyrl.trainers.interventions import INTERVENTIONS
+
+    assert {"entropic", "ce_gppo", "aent", "siren", "archer", "gtpo", "lp_reg", "gmpo"} <= set(HIGHER_THAN_GRPO + HOLDS_TARGET)
+    assert {"entropy_adv", "gspo", "cispo", "sapo"} <= set(NO_CLAIM)
+    for name, claim in CLAIMS.items():
+        cls = INTERVENTIONS.get(name)
+        for lever in claim.levers:
+            assert lever.metric.split("/")[0] in {name, "clip"}, (name, lever)
+        if cls is not None and claim.added_term:
+            assert claim.added_term in cls.logged_metrics, name
+
+
+def test_a_new_intervention_with_a_claim_gets_a_lab_row(monkeypatch):
+    from dataclasses import dataclass
+
+    from entropyrl.trainers.algos.lab_claim import LabClaim, Lever
+    from entropyrl.trainers.interventions import INTERVENTIONS, Intervention
+
+    class Probe(Intervention):
+        name = "probe_claim"
+        logged_metrics = ("probe_claim/frac",)
+        lab_claim = LabClaim(
+            "above_grpo", "the probe keeps entropy", levers=(Lever("probe_claim/frac", "probed tokens", "frac"),)
+        )
+
+        @dataclass
+        class Params:
+            pass
+
+    monkeypatch.setitem(INTERVENTIONS, "probe_claim", Probe)
+    runs = {"grpo": {0: rows(falling)}, "probe_claim": {0: rows(held, **{"probe_claim/frac": 0.0})}}
+    claim = by_id(method_claims(runs))["probe_claim_keeps_entropy"]
+    assert claim["claim"] == "the probe keeps entropy" and claim["reproduced"] is True
+    assert "probe_claim_selects_nothing" in method_levers(runs, "probe_claim", {})

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slurm
+# xdist_group: one worker runs every test that uses the SLURM cluster (start.sh / stop.sh are not
+# safe to race), with test_distributed.py
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 
 HERE = Path(__file__).resolve().parent
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]

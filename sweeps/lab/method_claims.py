@@ -1,11 +1,12 @@
-"""Lab claims of the newer methods (CE-GPPO, EntroPIC, AEnt, SIREN, Archer, GTPO, Lp-Reg, GMPO;
-the others state no entropy claim the lab can measure), measured per seed like ``claims.py``.
+"""Lab claims of the methods that declare one (``lab_claim`` on an intervention, or given to
+``register_objective``; ``trainers/algos/lab_claim.py``), measured per seed like ``claims.py``. The
+original methods' claims (STARE, STEER, Clip-Cov/KL-Cov) are ``claims.py``'s.
 
 A method's claim appears in the table only when its runs are in ``runs`` (``entropyrl lab --algos
 all`` or a subset naming it), so the default lab's table is unchanged. A claim that is not
 reproduced names the measured reason: the regime warnings and flags (``claims._reasons``) and the
-method's own lever as it was logged (``method_levers``: what it selected, its coefficient or
-weights), with a finding id when the lever was inert (selected nothing, sat at a bound, weights ~1).
+method's own levers as they were logged (``method_levers``: what it selected, its coefficient or
+weights), with a finding id when a lever was inert (selected nothing, sat at a bound, weights ~1).
 """
 
 from __future__ import annotations
@@ -14,59 +15,25 @@ import math
 
 import numpy as np
 
+from ...conf import intervention_defaults
+from ...trainers.algos.lab_claim import LabClaim
+from ...trainers.algos.objectives import OBJECTIVE_LAB_CLAIMS
+from ...trainers.interventions import INTERVENTIONS
 from .claims import _claim, _fmt, _join, _reasons, _seeds, _vals, entropy_ends, step_change_std
 
-__all__ = ["method_claims", "method_levers", "HIGHER_THAN_GRPO", "NO_CLAIM", "LEVERS"]
+__all__ = ["method_claims", "method_levers", "registered_lab_claims"]
 
-# method -> the paper's claim that its entropy ends above GRPO's (the lab's reading of it)
-HIGHER_THAN_GRPO = {
-    "ce_gppo": "CE-GPPO keeps entropy higher than clipping alone: ends above GRPO",
-    "aent": "AEnt's clamped, adaptive bonus keeps entropy from collapsing: ends above GRPO",
-    "siren": "SIREN's masked, anchored regulariser keeps entropy from collapsing: ends above GRPO",
-    "archer": "Archer's dual-token constraints keep entropy higher than GRPO",
-    "gtpo": "GTPO's entropy-shaped token rewards keep entropy higher than GRPO",
-    "lp_reg": "Lp-Reg protects low-probability tokens: entropy ends above GRPO",
-    "gmpo": "GMPO's geometric mean keeps entropy higher than GRPO's arithmetic mean",
-}
-NO_CLAIM = {
-    "entropy_adv": "its claims are on reasoning length and pass@k, not an entropy level",
-    "gspo": "its claim is on the sampler/trainer mismatch (vLLM), which the lab's hf rollout does not have",
-    "cispo": "its claims are on training efficiency",
-    "sapo": "its claims are on training stability and accuracy",
-}
-# method -> its logged lever: (metric, what it is, "frac" = a share of tokens it selects | "value")
-LEVERS = {
-    "ce_gppo": (
-        ("ce_gppo/low_frac", "out-of-clip tokens kept, A<0 side", "frac"),
-        ("ce_gppo/high_frac", "out-of-clip tokens kept, A>0 side", "frac"),
-    ),
-    "entropic": (
-        ("entropic/alpha", "alpha", "value"),
-        ("entropic/high_frac", "high-probability tokens", "frac"),
-        ("entropic/pos_high_frac", "high-probability A>0 tokens", "frac"),
-        ("entropic/neg_high_frac", "high-probability A<0 tokens", "frac"),
-    ),
-    "aent": (("aent/coef", "coef", "value"), ("aent/clamped_entropy", "clamped entropy", "value")),
-    "siren": (
-        ("siren/regulated_entropy", "regulated entropy", "value"),
-        ("siren/anchor", "anchor", "value"),
-        ("siren/peak_frac", "peak tokens", "frac"),
-    ),
-    "archer": (("archer/high_frac", "high-entropy tokens", "frac"), ("archer/kl_low", "KL of the low-entropy tokens", "value")),
-    "entropy_adv": (
-        ("entropy_adv/psi_mean", "entropy term psi", "value"),
-        ("entropy_adv/clip_frac", "tokens capped at |A|/kappa", "frac"),
-    ),
-    "gtpo": (("gtpo/share_max", "largest token share n_t x / sum x", "value"),),
-    "lp_reg": (("lp_reg/frac", "protected tokens", "frac"),),
-    "gmpo": (("clip/frac", "log-ratios clipped", "frac"),),
-}
-# an added loss term below this share of the policy loss's mean magnitude is reported as negligible
-ADDED_TERMS = {"aent": "loss/aent", "siren": "loss/siren", "lp_reg": "loss/lp_reg"}
 EMPTY_FRAC = 1e-3  # a selection below 0.1 % of the tokens on average selected nothing
 SMALL_TERM = 0.01  # an added term < 1 % of |policy loss|
 UNIT_WEIGHTS = 0.02  # EntroPIC's mean |alpha| below this: its weights 1 -/+ alpha are ~1
-FINAL = ("entropic/alpha", "aent/coef")  # controllers: where they ended says whether they had converged
+
+
+def registered_lab_claims() -> dict[str, LabClaim]:
+    """``method name -> LabClaim`` of every registered intervention and objective that declares one
+    (the lab's variant of a method carries the method's name)."""
+    out = {name: cls.lab_claim for name, cls in INTERVENTIONS.items() if getattr(cls, "lab_claim", None) is not None}
+    out.update(OBJECTIVE_LAB_CLAIMS)
+    return out
 
 
 def _cfg(algo_cfgs: dict, v: str) -> dict:
@@ -83,7 +50,9 @@ def _at(vals: list[float], bound: float | None) -> float:
 def _inert(v: str, per_seed_rows: list[list[dict]], cfg: dict) -> list[str]:
     """Finding ids (with their numbers) of the ways ``v``'s lever was inert on the seeds' rows."""
     found = []
-    for key, what, kind in LEVERS.get(v, ()):
+    claim = registered_lab_claims().get(v)
+    for lever in claim.levers if claim else ():
+        key, what, kind = lever.metric, lever.what, lever.kind
         means = [float(np.mean(x)) for x in (_vals(r, key) for r in per_seed_rows) if x]
         if kind == "frac" and means and max(means) < EMPTY_FRAC:
             found.append(f"{v}_selects_nothing ({what}: {max(means):.2%} at most)")
@@ -106,11 +75,12 @@ def _inert(v: str, per_seed_rows: list[list[dict]], cfg: dict) -> list[str]:
                 f"aent_coef_never_moved (coef {coefs[0]:g} throughout: the clamped entropy stayed in "
                 f"[{cfg.get('low')}, {cfg.get('high')}])"
             )
-    if v in ADDED_TERMS:
-        term = [abs(x) for r in per_seed_rows for x in _vals(r, ADDED_TERMS[v])]
+    added = claim.added_term if claim else None
+    if added:
+        term = [abs(x) for r in per_seed_rows for x in _vals(r, added)]
         pol = [abs(x) for r in per_seed_rows for x in _vals(r, "loss/policy")]
         if term and pol and np.mean(pol) > 0 and np.mean(term) < SMALL_TERM * np.mean(pol):
-            found.append(f"{v}_term_negligible ({ADDED_TERMS[v]} {np.mean(term):.2g} vs |loss/policy| {np.mean(pol):.2g})")
+            found.append(f"{v}_term_negligible ({added} {np.mean(term):.2g} vs |loss/policy| {np.mean(pol):.2g})")
     return found
 
 
@@ -119,24 +89,27 @@ def method_levers(runs: dict, v: str, algo_cfgs: dict) -> str:
     findings; ``""`` when ``v`` logs none."""
     per_seed_rows = [rows for _s, rows in sorted((runs.get(v) or {}).items())]
     parts = []
-    for key, what, kind in LEVERS.get(v, ()):
+    claim = registered_lab_claims().get(v)
+    for lever in claim.levers if claim else ():
+        key, what, kind = lever.metric, lever.what, lever.kind
         means = [float(np.mean(x)) if x else float("nan") for x in (_vals(r, key) for r in per_seed_rows)]
         if any(math.isfinite(m) for m in means):
             cell = "/".join("nan" if not math.isfinite(m) else (f"{m:.2%}" if kind == "frac" else f"{m:.3g}") for m in means)
-            if key in FINAL:
+            if lever.final:
                 cell += (
                     " (final " + "/".join(f"{r[-1]:.3g}" if r else "nan" for r in (_vals(x, key) for x in per_seed_rows)) + ")"
                 )
             parts.append(f"{what} {cell}")
-    if v in ADDED_TERMS:
+    added = claim.added_term if claim else None
+    if added:
         ratios = []
         for r in per_seed_rows:
-            term, pol = _vals(r, ADDED_TERMS[v]), _vals(r, "loss/policy")
+            term, pol = _vals(r, added), _vals(r, "loss/policy")
             ratios.append(
                 float(np.mean(np.abs(term)) / np.mean(np.abs(pol))) if term and pol and np.mean(np.abs(pol)) > 0 else float("nan")
             )
         if any(math.isfinite(x) for x in ratios):
-            parts.append(f"{ADDED_TERMS[v]} size over loss/policy size (mean abs) " + "/".join(_fmt(x) for x in ratios))
+            parts.append(f"{added} size over loss/policy size (mean abs) " + "/".join(_fmt(x) for x in ratios))
     levers = f"{v}: mean over steps per seed: " + ", ".join(parts) if parts else ""
     return _join(levers, "; ".join(_inert(v, per_seed_rows, _cfg(algo_cfgs, v))))
 
@@ -164,14 +137,27 @@ def _higher(runs: dict, v: str, text: str, algo_cfgs: dict) -> dict:
     )
 
 
-def _entropic(runs: dict, algo_cfgs: dict) -> dict:
-    target = float(_cfg(algo_cfgs, "entropic").get("target", 0.1))
+def _target(v: str, algo_cfgs: dict) -> float:
+    """The entropy set point of method ``v``: its ``target_param`` as the lab configured it, else its
+    published default (``conf/intervention/<v>.yaml``)."""
+    cls = INTERVENTIONS.get(v)
+    key = getattr(cls, "target_param", None) or "target"
+    value = _cfg(algo_cfgs, v).get(key)
+    if value is None:
+        value = (intervention_defaults(v) or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
+def _holds_target(runs: dict, v: str, claim: LabClaim, algo_cfgs: dict) -> dict:
+    """A controller's claim: the last third of its entropy curve within 30 % of its target, and (when
+    STARE ran beside it) steadier than STARE's gate (a smaller std of the step-to-step change)."""
+    target = _target(v, algo_cfgs)
     gate = "stare" if runs.get("stare") else None
     per = []
-    for s in _seeds(runs, "entropic", *([gate] if gate else [])):
-        ent = _vals(runs["entropic"][s], "entropy")
+    for s in _seeds(runs, v, *([gate] if gate else [])):
+        ent = _vals(runs[v][s], "entropy")
         m = float(np.mean(ent[-max(1, len(ent) // 3) :])) if ent else float("nan")
-        std_pic = step_change_std(runs["entropic"][s])
+        std_own = step_change_std(runs[v][s])
         std_gate = step_change_std(runs[gate][s]) if gate else float("nan")
         near = abs(m / target - 1.0) <= 0.3
         per.append(
@@ -179,44 +165,45 @@ def _entropic(runs: dict, algo_cfgs: dict) -> dict:
                 "seed": s,
                 "last_third": m,
                 "target": target,
-                "std_entropic": std_pic,
+                f"std_{v}": std_own,
                 "std_gate": std_gate,
                 "near_target": near,
-                "ok": near and (std_pic < std_gate if gate else True),
+                "ok": near and (std_own < std_gate if gate else True),
             }
         )
-    text = f"EntroPIC holds entropy near its target (last third within +/-30 % of {target})" + (
-        " with less oscillation than STARE's gate" if gate else ""
-    )
+    text = f"{claim.text} (last third within +/-30 % of {target})" + (" with less oscillation than STARE's gate" if gate else "")
     return _claim(
-        "entropic_holds_target",
+        f"{v}_holds_target",
         text,
         per,
         "ok",
         ", ".join(
-            f"last third {_fmt(p['last_third'])} ({p['last_third'] / target - 1.0:+.0%}), step-change std {_fmt(p['std_entropic'])}"
+            f"last third {_fmt(p['last_third'])} ({p['last_third'] / target - 1.0:+.0%}), step-change std {_fmt(p[f'std_{v}'])}"
             + (f" vs gate {_fmt(p['std_gate'])}" if gate else "")
             for p in per
         ),
-        _join(_reasons(runs, ("entropic",), algo_cfgs), method_levers(runs, "entropic", algo_cfgs)),
+        _join(_reasons(runs, (v,), algo_cfgs), method_levers(runs, v, algo_cfgs)),
     )
 
 
 def method_claims(runs: dict, algo_cfgs: dict | None = None) -> list[dict]:
-    """The claims of the newer methods present in ``runs`` (see module docstring)."""
+    """The claims of the registered methods present in ``runs`` (see module docstring): controllers
+    holding a target first, then "ends above GRPO", then the methods without an entropy claim."""
     algo_cfgs = algo_cfgs or {}
+    declared = {v: c for v, c in registered_lab_claims().items() if runs.get(v)}
     out = []
-    if runs.get("entropic"):
-        out.append(_entropic(runs, algo_cfgs))
-    for v, text in HIGHER_THAN_GRPO.items():
-        if runs.get(v):
-            out.append(_higher(runs, v, text, algo_cfgs))
-    for v, why in NO_CLAIM.items():
-        if runs.get(v):
+    for v, c in declared.items():
+        if c.kind == "holds_target":
+            out.append(_holds_target(runs, v, c, algo_cfgs))
+    for v, c in declared.items():
+        if c.kind == "above_grpo":
+            out.append(_higher(runs, v, c.text, algo_cfgs))
+    for v, c in declared.items():
+        if c.kind == "none":
             out.append(
                 {
                     "id": f"{v}_no_claim",
-                    "claim": f"{v}: no entropy claim ({why})",
+                    "claim": f"{v}: no entropy claim ({c.text})",
                     "measured": _no_claim_measured(runs, v),
                     "reproduced": None,
                     "per_seed": [],

@@ -103,7 +103,7 @@ def variant_table(runs: dict, algo_cfgs: dict, pass_key: str) -> list[dict]:
 
 def claim_status(claim: dict) -> str:
     """``yes`` | ``no`` (reproduced or not) | ``no claim`` (the method states none the lab can
-    measure, ``method_claims.NO_CLAIM``) | ``descriptive`` (a measured row that claims no direction,
+    measure, a ``LabClaim`` of kind ``none``) | ``descriptive`` (a measured row that claims no direction,
     ``tool_claims.tool_entropy_by_kind``) | ``not run`` (the runs it needs are missing)."""
     if claim.get("no_claim"):
         return "no claim"

@@ -31,10 +31,12 @@ import torch
 from ...core.errors import UserError
 from ...core.registry import Registry
 from .core_algos import LOG_RATIO_CLAMP, SurrogateOutput, clipped_surrogate
+from .lab_claim import LabClaim, Lever
 
 __all__ = [
     "POLICY_OBJECTIVES",
     "register_objective",
+    "OBJECTIVE_LAB_CLAIMS",
     "policy_objective",
     "check_objective_args",
     "gspo_objective",
@@ -48,13 +50,18 @@ GMPO_EPS = 1e-8  # verl's length floor in the geometric mean
 
 # name -> fn(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_c, **args) -> SurrogateOutput
 POLICY_OBJECTIVES: Registry = Registry("algo.objective")
+# name -> what its paper claims about entropy, as the lab measures it (trainers/algos/lab_claim.py)
+OBJECTIVE_LAB_CLAIMS: dict[str, LabClaim] = {}
 
 
-def register_objective(name: str):
-    """Register ``fn(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_c, **args)``."""
+def register_objective(name: str, lab_claim: LabClaim | None = None):
+    """Register ``fn(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_c, **args)``, with
+    its paper's entropy claim for the lab (``lab_claim``, optional)."""
 
     def deco(fn):
         POLICY_OBJECTIVES[name] = fn
+        if lab_claim is not None:
+            OBJECTIVE_LAB_CLAIMS[name] = lab_claim
         return fn
 
     return deco
@@ -108,7 +115,10 @@ def _ppo_clip(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_c):
     return clipped_surrogate(logp, old_logp, advantages, eps_low=eps_low, eps_high=eps_high, dual_c=dual_c)
 
 
-@register_objective("gspo")
+@register_objective(
+    "gspo",
+    LabClaim("none", "its claim is on the sampler/trainer mismatch (vLLM), which the lab's hf rollout does not have"),
+)
 def gspo_objective(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -135,7 +145,14 @@ def gspo_objective(
     return SurrogateOutput(loss, clipped, s, l1, loss, clipped, torch.zeros_like(clipped))
 
 
-@register_objective("gmpo")
+@register_objective(
+    "gmpo",
+    LabClaim(
+        "above_grpo",
+        "GMPO's geometric mean keeps entropy higher than GRPO's arithmetic mean",
+        levers=(Lever("clip/frac", "log-ratios clipped", "frac"),),
+    ),
+)
 def gmpo_objective(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -163,7 +180,7 @@ def gmpo_objective(
     return SurrogateOutput(loss, clipped, ratio, loss, loss, clipped, torch.zeros_like(clipped))
 
 
-@register_objective("cispo")
+@register_objective("cispo", LabClaim("none", "its claims are on training efficiency"))
 def cispo_objective(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -183,7 +200,7 @@ def cispo_objective(
     return SurrogateOutput(loss, clipped, ratio, loss, loss, clipped, torch.zeros_like(clipped))
 
 
-@register_objective("sapo")
+@register_objective("sapo", LabClaim("none", "its claims are on training stability and accuracy"))
 def sapo_objective(
     logp: torch.Tensor,
     old_logp: torch.Tensor,

@@ -26,6 +26,7 @@ import torch
 
 from ...core.errors import UserError
 from ..algos.core_algos import masked_mean
+from ..algos.lab_claim import LabClaim, Lever
 from .base import Intervention, LossContext, register_intervention
 
 KEY = "aent/clamped_entropy"
@@ -43,6 +44,12 @@ def adjust_coef(coef: float, h: float, low: float, high: float, lr: float, lo: f
 @register_intervention("aent")
 class AEnt(Intervention):
     logged_metrics = ("aent/coef", "aent/clamped_entropy", "loss/aent")
+    lab_claim = LabClaim(
+        "above_grpo",
+        "AEnt's clamped, adaptive bonus keeps entropy from collapsing: ends above GRPO",
+        levers=(Lever("aent/coef", "coef", "value", final=True), Lever("aent/clamped_entropy", "clamped entropy")),
+        added_term="loss/aent",
+    )
 
     @dataclass
     class Params:

@@ -19,6 +19,7 @@ import torch
 
 from ...core.errors import UserError
 from ..algos.core_algos import LOG_RATIO_CLAMP, agg_loss, low_var_kl
+from ..algos.lab_claim import LabClaim, Lever
 from .base import Intervention, LossContext, register_intervention
 
 
@@ -47,6 +48,11 @@ def dual_clip_loss(
 @register_intervention("archer")
 class Archer(Intervention):
     logged_metrics = ("archer/high_frac", "archer/kl_low", "loss/archer_kl")
+    lab_claim = LabClaim(
+        "above_grpo",
+        "Archer's dual-token constraints keep entropy higher than GRPO",
+        levers=(Lever("archer/high_frac", "high-entropy tokens", "frac"), Lever("archer/kl_low", "KL of the low-entropy tokens")),
+    )
 
     @dataclass
     class Params:

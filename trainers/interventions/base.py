@@ -40,6 +40,7 @@ import torch
 from ...conf import intervention_defaults
 from ...core.errors import UserError
 from ...core.registry import Registry, unknown_choice
+from ..algos.lab_claim import LabClaim
 
 __all__ = [
     "Intervention",
@@ -151,6 +152,9 @@ class Intervention:
     acted_metric: ClassVar[str | None] = None
     #: The parameter that is its entropy set point in nats (STARE's ``h_tgt``), drawn on ``curves.png``; None: none.
     target_param: ClassVar[str | None] = None
+    #: What its paper claims about entropy, in the form the lab measures, with the metrics it acts
+    #: through (``trainers/algos/lab_claim.py``); None: the lab has no claim row for it.
+    lab_claim: ClassVar[LabClaim | None] = None
 
     @classmethod
     def acted_key(cls) -> str | None:

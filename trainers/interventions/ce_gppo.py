@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.errors import UserError
+from ..algos.lab_claim import LabClaim, Lever
 from .base import Intervention, LossContext, register_intervention
 
 
@@ -55,6 +56,14 @@ def gppo_token_loss(
 @register_intervention("ce_gppo")
 class CEGPPO(Intervention):
     logged_metrics = ("ce_gppo/low_frac", "ce_gppo/high_frac", "ce_gppo/beta1")
+    lab_claim = LabClaim(
+        "above_grpo",
+        "CE-GPPO keeps entropy higher than clipping alone: ends above GRPO",
+        levers=(
+            Lever("ce_gppo/low_frac", "out-of-clip tokens kept, A<0 side", "frac"),
+            Lever("ce_gppo/high_frac", "out-of-clip tokens kept, A>0 side", "frac"),
+        ),
+    )
 
     @dataclass
     class Params:

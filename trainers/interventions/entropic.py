@@ -30,6 +30,7 @@ import torch
 
 from ...core.errors import UserError
 from ..algos.core_algos import agg_loss
+from ..algos.lab_claim import LabClaim, Lever
 from .base import Intervention, LossContext, TokenBatch, register_intervention
 
 ROWS_KEY = "entropic/mini_rows"
@@ -62,6 +63,17 @@ def entropic_term(
 @register_intervention("entropic")
 class EntroPIC(Intervention):
     logged_metrics = ("entropic/alpha", "entropic/integral", "entropic/high_frac", "loss/entropic")
+    target_param = "target"
+    lab_claim = LabClaim(
+        "holds_target",
+        "EntroPIC holds entropy near its target",
+        levers=(
+            Lever("entropic/alpha", "alpha", "value", final=True),
+            Lever("entropic/high_frac", "high-probability tokens", "frac"),
+            Lever("entropic/pos_high_frac", "high-probability A>0 tokens", "frac"),
+            Lever("entropic/neg_high_frac", "high-probability A<0 tokens", "frac"),
+        ),
+    )
 
     @dataclass
     class Params:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.errors import UserError
+from ..algos.lab_claim import LabClaim, Lever
 from .base import Intervention, LossContext, register_intervention
 
 
@@ -32,6 +33,14 @@ def entropy_advantage_term(
 @register_intervention("entropy_adv")
 class EntropyAdvantage(Intervention):
     logged_metrics = ("entropy_adv/psi_mean", "entropy_adv/alpha")
+    lab_claim = LabClaim(
+        "none",
+        "its claims are on reasoning length and pass@k, not an entropy level",
+        levers=(
+            Lever("entropy_adv/psi_mean", "entropy term psi"),
+            Lever("entropy_adv/clip_frac", "tokens capped at |A|/kappa", "frac"),
+        ),
+    )
 
     @dataclass
     class Params:

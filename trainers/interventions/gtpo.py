@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.errors import UserError
+from ..algos.lab_claim import LabClaim, Lever
 from .base import Intervention, LossContext, register_intervention
 
 H_FLOOR = 1e-6  # entropy floor before 1/H
@@ -52,6 +53,11 @@ def gtpo_advantages(
 @register_intervention("gtpo")
 class GTPO(Intervention):
     logged_metrics = ("gtpo/share_max",)
+    lab_claim = LabClaim(
+        "above_grpo",
+        "GTPO's entropy-shaped token rewards keep entropy higher than GRPO",
+        levers=(Lever("gtpo/share_max", "largest token share n_t x / sum x"),),
+    )
 
     @dataclass
     class Params:

@@ -33,6 +33,7 @@ import torch
 
 from ...core.errors import UserError
 from ..algos.core_algos import agg_loss
+from ..algos.lab_claim import LabClaim, Lever
 from .base import Intervention, LossContext, TokenBatch, register_intervention
 
 MASS_KEY, MAX_KEY = "lp_reg/minp_log_mass", "lp_reg/max_logp"
@@ -86,6 +87,12 @@ def proxy_logp(logp: torch.Tensor, max_logp: torch.Tensor, log_mass: torch.Tenso
 @register_intervention("lp_reg")
 class LpReg(Intervention):
     logged_metrics = ("lp_reg/frac", "loss/lp_reg")
+    lab_claim = LabClaim(
+        "above_grpo",
+        "Lp-Reg protects low-probability tokens: entropy ends above GRPO",
+        levers=(Lever("lp_reg/frac", "protected tokens", "frac"),),
+        added_term="loss/lp_reg",
+    )
 
     @dataclass
     class Params:

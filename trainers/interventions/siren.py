@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.errors import UserError
+from ..algos.lab_claim import LabClaim, Lever
 from .base import Intervention, LossContext, register_intervention
 
 KEY = "siren/topp_entropy"
@@ -66,6 +67,16 @@ def siren_entropy(h: torch.Tensor, mask: torch.Tensor, q: float) -> tuple[torch.
 @register_intervention("siren")
 class Siren(Intervention):
     logged_metrics = ("siren/anchor", "siren/regulated_entropy", "loss/siren")
+    lab_claim = LabClaim(
+        "above_grpo",
+        "SIREN's masked, anchored regulariser keeps entropy from collapsing: ends above GRPO",
+        levers=(
+            Lever("siren/regulated_entropy", "regulated entropy"),
+            Lever("siren/anchor", "anchor"),
+            Lever("siren/peak_frac", "peak tokens", "frac"),
+        ),
+        added_term="loss/siren",
+    )
     needs_entropy_grad = False
 
     @dataclass
