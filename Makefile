@@ -37,12 +37,12 @@ install-gpu:
 run: install
 	$(VENV)/bin/entropyrl train
 
-# -n: pytest-xdist workers (each run a worker starts takes its share of the cores: tests/conftest.py);
-# --dist loadgroup keeps the tests that share the SLURM cluster on one worker. --durations: the slowest
+# -n: pytest-xdist workers (each run a worker starts takes its share of the cores, and the tests that use
+# the SLURM cluster take turns: tests/conftest.py). --durations: the slowest
 # tests, listed at the end of every run (the suite must stay under 30 minutes on 2 cores).
 TEST_WORKERS ?= 2
 test: install lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=40
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=40
 
 # ruff: the formatter (ruff format --check: the tree stays as `ruff format .` leaves it) and the small
 # rule set in pyproject.toml ([tool.ruff]); part of `make test`

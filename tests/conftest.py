@@ -3,7 +3,12 @@ model cache per session, and no tracking URI leaking between tests."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
+import subprocess
+import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -102,3 +107,54 @@ def _no_leaked_thread_env():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+# -- the SLURM test cluster ------------------------------------------------------------------------
+# tests/slurm/start.sh starts it (idempotent) and stop.sh stops it; neither is safe to race, and a test
+# that counts jobs must not see another test's. So the tests that use it run one at a time, across
+# pytest-xdist workers too (a file lock held for the test), and the session that started the cluster
+# stops it once, at its very end (the xdist controller, after every worker).
+SLURM_DIR = REPO / "tests" / "slurm"
+_SLURM_LOCK = Path(tempfile.gettempdir()) / "entropyrl-test-slurm.lock"
+
+
+def pytest_configure(config):
+    # one id per test session, inherited by the xdist workers (they start after this hook)
+    os.environ.setdefault("ENTROPYRL_TEST_SESSION", uuid.uuid4().hex)
+
+
+def _slurm_started_marker() -> Path:
+    return Path(tempfile.gettempdir()) / f"entropyrl-test-slurm-started-{os.environ['ENTROPYRL_TEST_SESSION']}"
+
+
+def _slurm_up() -> bool:
+    return shutil.which("sinfo") is not None and subprocess.run(["sinfo"], capture_output=True, timeout=60).returncode == 0
+
+
+@pytest.fixture()
+def slurm_cluster():
+    """The test SLURM cluster (partition `debug` of one node, partition `two` of two nodes), held by
+    this test alone; started on first use, stopped at the end of the session that started it."""
+    if os.geteuid() != 0:
+        pytest.skip("SLURM tests need root to install and start slurmctld/slurmd (tests/slurm/start.sh)")
+    if shutil.which("sinfo") is None and shutil.which("apt-get") is None:
+        pytest.skip("SLURM is not installed and apt-get is not available to install it")
+    with open(_SLURM_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        was_up = _slurm_up()
+        out = subprocess.run(["bash", str(SLURM_DIR / "start.sh")], capture_output=True, text=True, timeout=900)
+        if out.returncode == 3:
+            pytest.skip(out.stderr.strip().splitlines()[-1])
+        assert out.returncode == 0, f"tests/slurm/start.sh failed:\n{out.stdout}\n{out.stderr}"
+        if not was_up:
+            _slurm_started_marker().touch()
+        yield
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller stops the cluster after every worker is done
+    marker = _slurm_started_marker()
+    if marker.exists():
+        subprocess.run(["bash", str(SLURM_DIR / "stop.sh")], capture_output=True, text=True, timeout=300)
+        marker.unlink(missing_ok=True)

@@ -8,7 +8,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -16,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-# xdist_group: one worker runs every test that uses the SLURM cluster (start.sh / stop.sh are not
-# safe to race), with test_distributed.py
-pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
+# the cluster: the `slurm_cluster` fixture of tests/conftest.py (one SLURM test at a time, across xdist workers)
+pytestmark = pytest.mark.slurm
 
 HERE = Path(__file__).resolve().parent
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
@@ -45,21 +43,6 @@ _spec = importlib.util.spec_from_file_location("_entropyrl_test_mlflow_server", 
 _server_mod = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_server_mod)
 mlflow_server = _server_mod.mlflow_server
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """A one-node SLURM cluster (partition `debug`), started by tests/slurm/start.sh, stopped after."""
-    if os.geteuid() != 0:
-        pytest.skip("SLURM tests need root to install and start slurmctld/slurmd (tests/slurm/start.sh)")
-    if shutil.which("sinfo") is None and shutil.which("apt-get") is None:
-        pytest.skip("SLURM is not installed and apt-get is not available to install it")
-    out = subprocess.run(["bash", str(HERE / "slurm" / "start.sh")], capture_output=True, text=True, timeout=900)
-    if out.returncode == 3:
-        pytest.skip(out.stderr.strip().splitlines()[-1])
-    assert out.returncode == 0, f"tests/slurm/start.sh failed:\n{out.stdout}\n{out.stderr}"
-    yield
-    subprocess.run(["bash", str(HERE / "slurm" / "stop.sh")], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="session")
