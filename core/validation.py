@@ -210,7 +210,7 @@ TOOLS = {
     "tools.max_turns": POS_INT,
     "tools.max_calls": NONNEG_INT,
     "tools.max_output_chars": integer(16),
-    "tools.session": choice("stateless"),
+    "tools.session": choice("stateless", "trajectory"),
     "tools.show_last_expression": BOOL,
     "tools.mask_invalid_calls": BOOL,
     "tools.executor.wall_seconds": POS,

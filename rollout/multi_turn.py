@@ -13,6 +13,11 @@ output cut to ``tools.max_output_chars`` in the middle. A sample that closes a c
 call or turn is left ends there, truncated. A malformed call gets its error as the tool output
 and counts as a call and an error.
 
+Sessions (``tools.session``): ``stateless`` runs every call alone; ``trajectory`` hands the
+executor, with each call, the code of the same sample's earlier calls that ran without error (its
+``histories``), which it replays first so their variables are defined. Samples never share a
+history, so two responses never see each other's variables.
+
 The result is an ordinary ``Rollout`` (with the sampler's log-probs when the engine reports them,
 0 placeholders on tool outputs) plus a ``ToolTrace``: token kinds (``text``, ``code`` inside
 a call, ``tool`` output, ``post_tool`` text after a tool result), turns, calls, errors, tool time.
@@ -32,7 +37,10 @@ from ..core.errors import UserError
 from .base import TOKEN_KINDS, Rollout, ToolTrace, concat, stop_token_ids
 from .tool_formats import ToolFormat, build_tool_format, middle_cut
 
-__all__ = ["ToolResult", "ToolRollout", "TokenEngine", "label_kinds"]
+__all__ = ["SESSIONS", "ToolResult", "ToolRollout", "TokenEngine", "label_kinds"]
+
+#: ``tools.session`` values: each call alone, or with the earlier calls of its response replayed first.
+SESSIONS = ("stateless", "trajectory")
 
 TEXT, CODE, TOOL, POST_TOOL = (TOKEN_KINDS.index(k) for k in ("text", "code", "tool", "post_tool"))
 
@@ -91,12 +99,27 @@ def label_kinds(ids: list[int], text_kind: int, code_start: int | None, decode: 
 
 
 class _Sample:
-    __slots__ = ("prompt", "ids", "kind", "turn", "logp", "turns", "calls", "errors", "malformed", "done", "truncated", "pending")
+    __slots__ = (
+        "prompt",
+        "ids",
+        "kind",
+        "turn",
+        "logp",
+        "turns",
+        "calls",
+        "errors",
+        "malformed",
+        "done",
+        "truncated",
+        "pending",
+        "history",
+    )
 
     def __init__(self, prompt: list[int]):
         self.prompt, self.ids, self.kind, self.turn, self.logp = prompt, [], [], [], []
         self.turns = self.calls = self.errors = self.malformed = 0
         self.done, self.truncated, self.pending = False, False, None
+        self.history: list[str] = []  # the code of this sample's calls that ran without error, in order
 
 
 class ToolRollout:
@@ -117,6 +140,9 @@ class ToolRollout:
         self.max_turns = int(tools_cfg.get("max_turns", 4))
         self.max_calls = int(tools_cfg.get("max_calls", 3))
         self.max_output_chars = int(tools_cfg.get("max_output_chars", 1024))
+        self.session = str(tools_cfg.get("session", "stateless"))
+        if self.session not in SESSIONS:
+            raise UserError(f"unknown tools.session={self.session}; valid: {', '.join(SESSIONS)}")
         self.stop_ids = set(stop_token_ids(getattr(engine, "model", None), self.tokenizer))
 
     def sync_weights(self) -> None:
@@ -218,7 +244,12 @@ class ToolRollout:
         """Run the pending calls at once; append each output's ids. Returns the tool wall seconds."""
         t0 = time.perf_counter()
         runnable = [s for s in calling if s.pending.error is None]
-        results = dict(zip(map(id, runnable), self.executor([s.pending.code for s in runnable])))
+        codes = [s.pending.code for s in runnable]
+        if self.session == "trajectory":  # each call with its own sample's earlier calls, replayed first
+            out = self.executor(codes, histories=[list(s.history) for s in runnable]) if codes else []
+        else:
+            out = self.executor(codes)
+        results = dict(zip(map(id, runnable), out))
         seconds = time.perf_counter() - t0
         for s in calling:
             call, s.pending = s.pending, None
@@ -226,6 +257,8 @@ class ToolRollout:
             s.calls += 1
             s.errors += int(result.error)
             s.malformed += int(call.error is not None)
+            if not result.error:
+                s.history.append(call.code)
             text = self.fmt.wrap_output(middle_cut(result.output.rstrip("\n"), self.max_output_chars))
             ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])[: budget - len(s.ids)]
             s.ids += ids
