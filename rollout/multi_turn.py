@@ -13,6 +13,13 @@ output cut to ``tools.max_output_chars`` in the middle. A sample that closes a c
 call or turn is left ends there, truncated. A malformed call gets its error as the tool output
 and counts as a call and an error.
 
+What the recipe switches read (``trainers/stats/tool_stats.py``): a call whose code, stripped of
+the whitespace around it, is that of an earlier call of the same response counts as *repeated*;
+a generation turn that ends with neither a closed call nor a final answer is *void* (SimpleTIR's
+definition: no code block and no answer). A final answer is what ``tools.answer_pattern`` finds in
+the turn's text: null, the math grader's final answer (a box or an ``Answer:`` line,
+``evals/grading/answer_extraction.py``); else that regular expression.
+
 Sessions (``tools.session``): ``stateless`` runs every call alone; ``trajectory`` hands the
 executor, with each call, the code of the same sample's earlier calls that ran without error (its
 ``histories``), which it replays first so their variables are defined. Samples never share a
@@ -26,6 +33,7 @@ Its ``policy_mask`` is 0 on tool outputs, so no loss or statistic reads them.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -34,10 +42,11 @@ import torch
 
 from ..conf import cfg_get
 from ..core.errors import UserError
+from ..evals.grading.answer_extraction import extract_answer
 from .base import TOKEN_KINDS, Rollout, ToolTrace, concat, stop_token_ids
 from .tool_formats import ToolFormat, build_tool_format, middle_cut
 
-__all__ = ["SESSIONS", "ToolResult", "ToolRollout", "TokenEngine", "label_kinds"]
+__all__ = ["SESSIONS", "ToolResult", "ToolRollout", "TokenEngine", "answer_pattern", "label_kinds"]
 
 #: ``tools.session`` values: each call alone, or with the earlier calls of its response replayed first.
 SESSIONS = ("stateless", "trajectory")
@@ -113,6 +122,9 @@ class _Sample:
         "truncated",
         "pending",
         "history",
+        "codes",
+        "repeated",
+        "void",
     )
 
     def __init__(self, prompt: list[int]):
@@ -120,6 +132,8 @@ class _Sample:
         self.turns = self.calls = self.errors = self.malformed = 0
         self.done, self.truncated, self.pending = False, False, None
         self.history: list[str] = []  # the code of this sample's calls that ran without error, in order
+        self.codes: set[str] = set()  # the stripped code of every call run so far (repeats are counted)
+        self.repeated = self.void = 0
 
 
 class ToolRollout:
@@ -144,9 +158,16 @@ class ToolRollout:
         if self.session not in SESSIONS:
             raise UserError(f"unknown tools.session={self.session}; valid: {', '.join(SESSIONS)}")
         self.stop_ids = set(stop_token_ids(getattr(engine, "model", None), self.tokenizer))
+        self.answer_re = answer_pattern(tools_cfg)
 
     def sync_weights(self) -> None:
         self.engine.sync_weights()
+
+    def has_answer(self, text: str) -> bool:
+        """Whether a turn's ``text`` holds a final answer (``tools.answer_pattern``)."""
+        if self.answer_re is None:
+            return extract_answer(text) is not None
+        return self.answer_re.search(text) is not None
 
     def close(self) -> None:
         self.engine.close()
@@ -231,6 +252,8 @@ class ToolRollout:
         s.kind += label_kinds(new, base, None if call is None else call.start, self._decode)
         s.turn += [turn] * len(new)
         s.turns += 1
+        if call is None and not self.fmt.closed(text) and not self.has_answer(text):
+            s.void += 1  # neither a closed call nor a final answer
         if eos is not None:
             s.done = True
         elif call is None or len(new) >= left:
@@ -257,6 +280,10 @@ class ToolRollout:
             s.calls += 1
             s.errors += int(result.error)
             s.malformed += int(call.error is not None)
+            if call.error is None:
+                key = call.code.strip()
+                s.repeated += int(key in s.codes)
+                s.codes.add(key)
             if not result.error:
                 s.history.append(call.code)
             text = self.fmt.wrap_output(middle_cut(result.output.rstrip("\n"), self.max_output_chars))
@@ -286,7 +313,7 @@ class ToolRollout:
             *(torch.tensor([getattr(s, a) for s in samples], dtype=torch.long) for a in ("turns", "calls", "errors")),
             seconds=tool_seconds,
             gen_seconds=gen_seconds,
-            malformed=torch.tensor([s.malformed for s in samples], dtype=torch.long),
+            **{a: torch.tensor([getattr(s, a) for s in samples], dtype=torch.long) for a in ToolTrace.ROW_COUNTS},
         )
         texts = tok.batch_decode(response_ids, skip_special_tokens=True)
         truncated = torch.tensor([s.truncated for s in samples], dtype=torch.bool)
@@ -294,3 +321,15 @@ class ToolRollout:
         if all(s.logp is not None for s in samples):  # the engine reported them (vLLM)
             sampling_logp = concat([torch.tensor(s.logp, dtype=torch.float32) for s in samples], 0.0, r_width, left=False)
         return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, texts, truncated, sampling_logp, trace)
+
+
+def answer_pattern(tools_cfg) -> re.Pattern | None:
+    """``tools.answer_pattern`` compiled (None: the math grader's final answer); a pattern that does
+    not compile is a one-line ``UserError``."""
+    pattern = tools_cfg.get("answer_pattern", None)
+    if pattern is None:
+        return None
+    try:
+        return re.compile(str(pattern))
+    except re.error as exc:
+        raise UserError(f"tools.answer_pattern={pattern!r} is not a regular expression: {exc}") from None
