@@ -108,7 +108,7 @@ def sandbox():
 
 def two_responses():
     return {
-        "A:": [hermes_call("x = 41"), hermes_call("print(x + 1)"), "done<eos>"],
+        "A:": [hermes_call("x = 41\nprint('set x')"), hermes_call("print(x + 1)"), "done<eos>"],
         "B:": [hermes_call("y = 1"), hermes_call("print(x)"), "done<eos>"],
     }
 
@@ -116,7 +116,7 @@ def two_responses():
 def test_trajectory_session_keeps_a_responses_variables_and_only_its_own(sandbox):
     roll = drive(two_responses(), sandbox, session="trajectory", max_calls=3)
     a, b = (outputs(t) for t in roll.texts)
-    assert a == ["", "42"], roll.texts[0]
+    assert a == ["set x", "42"], roll.texts[0]  # the replay of call 1 defines x and prints nothing
     assert "NameError: name 'x' is not defined" in b[1], roll.texts[1]  # B never sees A's x
     assert roll.tools.calls.tolist() == [2, 2] and roll.tools.errors.tolist() == [0, 1]
 

@@ -4,7 +4,8 @@ batch's ``ToolTrace`` (``rollout/base.py``) and its token statistics.
 - ``tool_use_metrics``: ``tools/turns/mean``, ``tools/calls/mean`` (per response),
   ``tools/error_frac`` (calls that errored / calls), ``tools/seconds`` (wall time in tools; the
   trainer turns it into ``tools/time_frac`` of the step), ``tools/called_frac`` (responses with a
-  call), ``tokens/kind/<kind>`` (mean tokens of each kind per response).
+  call), ``tools/{malformed,repeated,void}_frac`` (responses with a malformed call, a repeated
+  call, a void turn), ``tokens/kind/<kind>`` (mean tokens of each kind per response).
 - ``token_kind_metrics``: ``entropy/kind/<kind>`` for the policy's kinds (``text``, ``code``,
   ``post_tool``; tool outputs are not the policy's and have no entropy here), and
   ``entropy/turn/first`` / ``entropy/turn/later`` (policy tokens of the first generation turn
@@ -49,9 +50,9 @@ def tool_use_metrics(trace: ToolTrace, response_mask: torch.Tensor) -> dict[str,
         "tools/called_frac": (calls > 0).float().mean().item(),
         "tools/seconds": float(trace.seconds),
     }
-    for attr, name in (("malformed", "malformed"), ("repeated", "repeated"), ("void", "void")):
-        if getattr(trace, attr) is not None:  # responses with a malformed call, a repeated call, a void turn
-            out[f"tools/{name}_frac"] = (getattr(trace, attr) > 0).float().mean().item()
+    for name in ToolTrace.ROW_COUNTS:  # responses with a malformed call, a repeated call, a void turn
+        if getattr(trace, name) is not None:
+            out[f"tools/{name}_frac"] = (getattr(trace, name) > 0).float().mean().item()
     valid = response_mask.bool()
     for i, kind in enumerate(TOKEN_KINDS):
         out[f"tokens/kind/{kind}"] = ((trace.kind == i) & valid).sum(-1).float().mean().item()
