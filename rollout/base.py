@@ -65,6 +65,10 @@ class ToolTrace:
     seconds:      wall seconds spent running tools for this batch
     gen_seconds:  wall seconds of the whole multi-turn generation (tools included)
     malformed:    [B] calls that were malformed (not run; their error was the output), or None
+    repeated:     [B] calls whose code is that of an earlier call of the same response (after
+                  stripping the whitespace around it), or None
+    void:         [B] void turns: generation turns that ended with neither a closed call nor a
+                  final answer (``tools.answer_pattern``), or None
     """
 
     kind: torch.Tensor
@@ -75,8 +79,14 @@ class ToolTrace:
     seconds: float = 0.0
     gen_seconds: float = 0.0
     malformed: torch.Tensor | None = None
+    repeated: torch.Tensor | None = None
+    void: torch.Tensor | None = None
+
+    #: the optional per-response counts, which ``select`` and ``cat_rollouts`` carry along
+    ROW_COUNTS = ("malformed", "repeated", "void")
 
     def select(self, idx: torch.Tensor) -> ToolTrace:
+        pick = {a: None if getattr(self, a) is None else getattr(self, a)[idx] for a in self.ROW_COUNTS}
         return ToolTrace(
             self.kind[idx],
             self.turn[idx],
@@ -85,7 +95,7 @@ class ToolTrace:
             self.errors[idx],
             self.seconds,
             self.gen_seconds,
-            None if self.malformed is None else self.malformed[idx],
+            **pick,
         )
 
     def narrow(self, width: int) -> ToolTrace:
@@ -97,7 +107,7 @@ class ToolTrace:
             self.errors,
             self.seconds,
             self.gen_seconds,
-            self.malformed,
+            **{a: getattr(self, a) for a in self.ROW_COUNTS},
         )
 
 
@@ -253,7 +263,10 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
             *(torch.cat([getattr(p.tools, a) for p in parts]) for a in ("turns", "calls", "errors")),
             sum(p.tools.seconds for p in parts),
             sum(p.tools.gen_seconds for p in parts),
-            None if any(p.tools.malformed is None for p in parts) else torch.cat([p.tools.malformed for p in parts]),
+            **{
+                a: None if any(getattr(p.tools, a) is None for p in parts) else torch.cat([getattr(p.tools, a) for p in parts])
+                for a in ToolTrace.ROW_COUNTS
+            },
         )
     return Rollout(
         cat("prompt_ids", pad_id, True),

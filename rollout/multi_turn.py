@@ -13,6 +13,18 @@ output cut to ``tools.max_output_chars`` in the middle. A sample that closes a c
 call or turn is left ends there, truncated. A malformed call gets its error as the tool output
 and counts as a call and an error.
 
+What the recipe switches read (``trainers/stats/tool_stats.py``): a call whose code, stripped of
+the whitespace around it, is that of an earlier call of the same response counts as *repeated*;
+a generation turn that ends with neither a closed call nor a final answer is *void* (SimpleTIR's
+definition: no code block and no answer). A final answer is what ``tools.answer_pattern`` finds in
+the turn's text: null, the math grader's final answer (a box or an ``Answer:`` line,
+``evals/grading/answer_extraction.py``); else that regular expression.
+
+Sessions (``tools.session``): ``stateless`` runs every call alone; ``trajectory`` hands the
+executor, with each call, the code of the same sample's earlier calls that ran without error (its
+``histories``), which it replays first so their variables are defined. Samples never share a
+history, so two responses never see each other's variables.
+
 The result is an ordinary ``Rollout`` (with the sampler's log-probs when the engine reports them,
 0 placeholders on tool outputs) plus a ``ToolTrace``: token kinds (``text``, ``code`` inside
 a call, ``tool`` output, ``post_tool`` text after a tool result), turns, calls, errors, tool time.
@@ -21,6 +33,7 @@ Its ``policy_mask`` is 0 on tool outputs, so no loss or statistic reads them.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -29,10 +42,14 @@ import torch
 
 from ..conf import cfg_get
 from ..core.errors import UserError
+from ..evals.grading.answer_extraction import extract_answer
 from .base import TOKEN_KINDS, Rollout, ToolTrace, concat, stop_token_ids
 from .tool_formats import ToolFormat, build_tool_format, middle_cut
 
-__all__ = ["ToolResult", "ToolRollout", "TokenEngine", "label_kinds"]
+__all__ = ["SESSIONS", "ToolResult", "ToolRollout", "TokenEngine", "answer_pattern", "label_kinds"]
+
+#: ``tools.session`` values: each call alone, or with the earlier calls of its response replayed first.
+SESSIONS = ("stateless", "trajectory")
 
 TEXT, CODE, TOOL, POST_TOOL = (TOKEN_KINDS.index(k) for k in ("text", "code", "tool", "post_tool"))
 
@@ -91,12 +108,32 @@ def label_kinds(ids: list[int], text_kind: int, code_start: int | None, decode: 
 
 
 class _Sample:
-    __slots__ = ("prompt", "ids", "kind", "turn", "logp", "turns", "calls", "errors", "malformed", "done", "truncated", "pending")
+    __slots__ = (
+        "prompt",
+        "ids",
+        "kind",
+        "turn",
+        "logp",
+        "turns",
+        "calls",
+        "errors",
+        "malformed",
+        "done",
+        "truncated",
+        "pending",
+        "history",
+        "codes",
+        "repeated",
+        "void",
+    )
 
     def __init__(self, prompt: list[int]):
         self.prompt, self.ids, self.kind, self.turn, self.logp = prompt, [], [], [], []
         self.turns = self.calls = self.errors = self.malformed = 0
         self.done, self.truncated, self.pending = False, False, None
+        self.history: list[str] = []  # the code of this sample's calls that ran without error, in order
+        self.codes: set[str] = set()  # the stripped code of every call run so far (repeats are counted)
+        self.repeated = self.void = 0
 
 
 class ToolRollout:
@@ -117,10 +154,20 @@ class ToolRollout:
         self.max_turns = int(tools_cfg.get("max_turns", 4))
         self.max_calls = int(tools_cfg.get("max_calls", 3))
         self.max_output_chars = int(tools_cfg.get("max_output_chars", 1024))
+        self.session = str(tools_cfg.get("session", "stateless"))
+        if self.session not in SESSIONS:
+            raise UserError(f"unknown tools.session={self.session}; valid: {', '.join(SESSIONS)}")
         self.stop_ids = set(stop_token_ids(getattr(engine, "model", None), self.tokenizer))
+        self.answer_re = answer_pattern(tools_cfg)
 
     def sync_weights(self) -> None:
         self.engine.sync_weights()
+
+    def has_answer(self, text: str) -> bool:
+        """Whether a turn's ``text`` holds a final answer (``tools.answer_pattern``)."""
+        if self.answer_re is None:
+            return extract_answer(text) is not None
+        return self.answer_re.search(text) is not None
 
     def close(self) -> None:
         self.engine.close()
@@ -205,6 +252,8 @@ class ToolRollout:
         s.kind += label_kinds(new, base, None if call is None else call.start, self._decode)
         s.turn += [turn] * len(new)
         s.turns += 1
+        if call is None and not self.fmt.closed(text) and not self.has_answer(text):
+            s.void += 1  # neither a closed call nor a final answer
         if eos is not None:
             s.done = True
         elif call is None or len(new) >= left:
@@ -218,7 +267,12 @@ class ToolRollout:
         """Run the pending calls at once; append each output's ids. Returns the tool wall seconds."""
         t0 = time.perf_counter()
         runnable = [s for s in calling if s.pending.error is None]
-        results = dict(zip(map(id, runnable), self.executor([s.pending.code for s in runnable])))
+        codes = [s.pending.code for s in runnable]
+        if self.session == "trajectory":  # each call with its own sample's earlier calls, replayed first
+            out = self.executor(codes, histories=[list(s.history) for s in runnable]) if codes else []
+        else:
+            out = self.executor(codes)
+        results = dict(zip(map(id, runnable), out))
         seconds = time.perf_counter() - t0
         for s in calling:
             call, s.pending = s.pending, None
@@ -226,6 +280,12 @@ class ToolRollout:
             s.calls += 1
             s.errors += int(result.error)
             s.malformed += int(call.error is not None)
+            if call.error is None:
+                key = call.code.strip()
+                s.repeated += int(key in s.codes)
+                s.codes.add(key)
+            if not result.error:
+                s.history.append(call.code)
             text = self.fmt.wrap_output(middle_cut(result.output.rstrip("\n"), self.max_output_chars))
             ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])[: budget - len(s.ids)]
             s.ids += ids
@@ -253,7 +313,7 @@ class ToolRollout:
             *(torch.tensor([getattr(s, a) for s in samples], dtype=torch.long) for a in ("turns", "calls", "errors")),
             seconds=tool_seconds,
             gen_seconds=gen_seconds,
-            malformed=torch.tensor([s.malformed for s in samples], dtype=torch.long),
+            **{a: torch.tensor([getattr(s, a) for s in samples], dtype=torch.long) for a in ToolTrace.ROW_COUNTS},
         )
         texts = tok.batch_decode(response_ids, skip_special_tokens=True)
         truncated = torch.tensor([s.truncated for s in samples], dtype=torch.bool)
@@ -261,3 +321,15 @@ class ToolRollout:
         if all(s.logp is not None for s in samples):  # the engine reported them (vLLM)
             sampling_logp = concat([torch.tensor(s.logp, dtype=torch.float32) for s in samples], 0.0, r_width, left=False)
         return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, texts, truncated, sampling_logp, trace)
+
+
+def answer_pattern(tools_cfg) -> re.Pattern | None:
+    """``tools.answer_pattern`` compiled (None: the math grader's final answer); a pattern that does
+    not compile is a one-line ``UserError``."""
+    pattern = tools_cfg.get("answer_pattern", None)
+    if pattern is None:
+        return None
+    try:
+        return re.compile(str(pattern))
+    except re.error as exc:
+        raise UserError(f"tools.answer_pattern={pattern!r} is not a regular expression: {exc}") from None

@@ -15,7 +15,7 @@ from entropyrl.conf import CONF_DIR, compose, config_groups
 from entropyrl.core.errors import UserError
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
-EXPERIMENTS = ("stare_7b_short_cot", "steer_7b", "dapo_7b", "kl_cov_7b")
+EXPERIMENTS = ("stare_7b_short_cot", "stare_7b_tool_use", "steer_7b", "dapo_7b", "kl_cov_7b")
 
 
 def show(*overrides: str) -> dict:
@@ -43,6 +43,39 @@ def test_config_show_prints_the_stare_7b_short_cot_configuration():
     assert cfg["data"]["max_prompt_length"] == 1024
     v = cfg["val"]
     assert v["benchmarks"] == ["aime24", "aime25"] and (v["n_samples"], v["top_p"], v["temperature"]) == (32, 0.7, 1.0)
+
+
+def test_config_show_prints_the_stare_7b_tool_use_configuration():
+    cfg = show("experiment=stare_7b_tool_use")
+    assert cfg["algo"]["name"] == "stare" and cfg["algo"]["interventions"] == ["stare"]
+    stare = cfg["algo"]["stare"]
+    assert (stare["p"], stare["w"], stare["m"], stare["h_tgt"], stare["variant"], stare["adaptive"]) == (
+        0.1,
+        1.1,
+        0.9,
+        0.3,
+        "O1",
+        False,
+    )
+    assert cfg["model"]["name"] == "qwen2.5-7b" and cfg["data"]["name"] == "dapo_math_17k"
+    tools = cfg["tools"]
+    assert tools["enabled"] is True and (tools["name"], tools["format"], tools["session"]) == (
+        "code_interpreter",
+        "hermes",
+        "stateless",
+    )
+    assert (tools["max_turns"], tools["max_calls"], tools["max_output_chars"]) == (16, 16, 256)
+    assert (tools["executor"]["wall_seconds"], tools["executor"]["memory_mb"]) == (30.0, 1024)
+    assert not (tools["mask_invalid_calls"] or tools["mask_repeated"] or tools["drop_void_turns"])
+    t, r = cfg["trainer"], cfg["rollout"]
+    assert (t["total_steps"], t["prompts_per_step"], t["mini_batch_prompts"], cfg["optim"]["lr"]) == (2000, 64, 16, 1e-6)
+    assert (r["name"], r["n"], r["max_new_tokens"], r["max_model_len"]) == ("vllm", 16, 16384, 18432)
+    assert cfg["data"]["max_prompt_length"] == 2048
+    assert (cfg["algo"]["clip"]["low"], cfg["algo"]["clip"]["high"], cfg["algo"]["clip"]["dual_c"]) == (0.2, 0.28, 10.0)
+    v = cfg["val"]
+    assert v["benchmarks"] == ["aime24", "aime25"] and (v["n_samples"], v["top_p"], v["max_new_tokens"]) == (30, 0.6, 16384)
+    header = (CONF_DIR / "experiment" / "stare_7b_tool_use.yaml").read_text().split("\ndefaults:")[0]
+    assert "cold start" in header and "model.path" in header  # the SFT checkpoint is the user's to give
 
 
 def test_steer_and_dapo_presets():

@@ -341,6 +341,8 @@ def test_train_with_tools_end_to_end_logs_the_tool_metrics(in_tmp, fast_train):
             "algo=stare",
             "trainer.micro_batch_tokens=256",
             "tools.mask_invalid_calls=true",
+            "tools.mask_repeated=true",
+            "tools.drop_void_turns=true",
             f"output_dir={in_tmp / 'run'}",
         ],
     )
@@ -359,6 +361,9 @@ def test_train_with_tools_end_to_end_logs_the_tool_metrics(in_tmp, fast_train):
         "entropy/turn/first",
         "entropy/turn/later",
         "tokens/kind/tool",
+        "tools/repeated_frac",
+        "tools/void_frac",
+        "tools/masked_frac",
     ):
         assert key in last, key
     assert last["tools/calls/mean"] > 0 and 0 < last["tools/time_frac"] < 1

@@ -29,6 +29,8 @@ class StepSettings:
     keep_checkpoints: int  # checkpoints kept on disk
     quadrants: bool  # diagnostics.quadrants: the four-quadrant metrics and prediction
     mask_invalid_calls: bool = False  # tools.mask_invalid_calls: a response with a malformed tool call out of the loss
+    mask_repeated: bool = False  # tools.mask_repeated: a response that runs the same code twice out of the loss
+    drop_void_turns: bool = False  # tools.drop_void_turns: a response with a void turn out of the loss
     entropy_quantiles: tuple[float, ...] = ()  # diagnostics.entropy_quantiles (empty: off)
     val_temperature: float = 0.0  # validation on the task's held-out prompts
     val_pass_k: int = 0  # sampled pass@1 / pass@k at validation (0: off)
@@ -39,6 +41,11 @@ class StepSettings:
     lora: Any = None  # model.lora, for the adapter's checkpoint parts
     stats: dict = field(default_factory=dict)  # keyword arguments of the token statistics
     config_yaml: str = ""  # the resolved config, as every checkpoint keeps a copy of it
+
+    @property
+    def tool_switches(self) -> dict[str, bool]:
+        """The recipe switches that leave whole responses out of the loss (``tool_stats.loss_mask``)."""
+        return {"invalid_calls": self.mask_invalid_calls, "repeated": self.mask_repeated, "void_turns": self.drop_void_turns}
 
     @classmethod
     def from_config(cls, cfg) -> StepSettings:
@@ -55,6 +62,8 @@ class StepSettings:
             keep_checkpoints=int(t.keep_checkpoints),
             quadrants=bool(cfg_get(diag, "quadrants", False)),
             mask_invalid_calls=bool(cfg_get(cfg.get("tools") or {}, "mask_invalid_calls", False)),
+            mask_repeated=bool(cfg_get(cfg.get("tools") or {}, "mask_repeated", False)),
+            drop_void_turns=bool(cfg_get(cfg.get("tools") or {}, "drop_void_turns", False)),
             entropy_quantiles=tuple(float(q) for q in quantiles) if quantiles else (),
             val_temperature=float(cfg_get(val, "temperature", 0.0)),
             val_pass_k=int(cfg_get(val, "pass_k", 0) or 0),

@@ -68,7 +68,7 @@ from .stats.passk import sampled_pass_metrics
 from .stats.policy_stats import batch_token_stats, response_token_stats
 from .stats.probe import build_probe
 from .stats.reflection import reflection_entropy_metrics, reflection_settings, reflection_token_masks
-from .stats.tool_stats import invalid_call_rows, token_kind_metrics
+from .stats.tool_stats import loss_mask, token_kind_metrics
 
 
 def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
@@ -275,9 +275,12 @@ class GRPOTrainer:
         quadrant diagnostics and the batch-scope selections, filled into the step batch."""
         s = self.settings
         roll, rows_per_chunk, stats_kw = batch.responses, s.micro_batch_responses, s.stats
-        mask = roll.policy_mask.to(self.device).float()  # tool outputs: 0 (not the policy's tokens)
-        if roll.tools is not None and s.mask_invalid_calls:  # a response with a malformed call: out of the loss
-            mask = mask * (~invalid_call_rows(roll.tools)).to(mask).unsqueeze(-1)
+        # tool outputs: 0 (not the policy's tokens); with the recipe switches on, whole responses out
+        # of the loss (a malformed call, a repeated call, a void turn); their rewards stay in the baselines
+        mask, left_out = loss_mask(roll, **s.tool_switches)
+        mask = mask.to(self.device)
+        if left_out is not None:
+            metrics["tools/masked_frac"] = left_out.float().mean().item()
         wanted = self.algo.sampling_vocab_stats()  # SIREN's anchor: the first batch's top-p entropies
         old_logp, entropy, *sampled = batch_token_stats(self.model, roll, rows_per_chunk, vocab_stats=wanted, **stats_kw)
         if sampled:

@@ -1,8 +1,19 @@
 """The code interpreter a policy calls during a multi-turn rollout (``tools=code_interpreter``): each
 call's code runs in the code sandbox (``sandbox.run_script``), isolated like a graded program.
 
-Stateless per call (as SandboxFusion): every call is a fresh process with nothing from earlier
-calls. The code runs as a notebook cell: when its last statement is an expression, that value's
+Every call is a fresh sandboxed process. ``tools.session`` says what it starts from:
+
+- ``stateless`` (as SandboxFusion): nothing from earlier calls;
+- ``trajectory``: the variables of the same response's earlier calls, as in a notebook kernel,
+  by replay: the process first re-executes the response's earlier successful calls (their
+  ``histories``, given by the caller) in one namespace with their output discarded, then runs the
+  new call there. No process outlives its call, so a trajectory session adds no way out of the
+  sandbox and nothing to clean up; the price is that the replayed calls run again (their time
+  counts against the new call's limits) and anything they drew at random or read from the clock
+  may come out different. A replay that now raises or passes a limit makes the new call an error
+  whose output says so; the rollout goes on.
+
+The code runs as a notebook cell: when its last statement is an expression, that value's
 ``repr`` is printed (so ``12*34`` answers ``408``). A call that raises prints its traceback (only
 the code's own frames) and counts as an error; a call past a limit (wall clock, CPU, memory,
 output) is killed and counts as an error, its output saying which limit. Many calls run at once
@@ -14,8 +25,11 @@ parsed and executed inside the sandboxed process, never in this one.
 
 from __future__ import annotations
 
+import re
+from typing import Sequence
+
 from ...core.errors import UserError
-from ...rollout.multi_turn import ToolResult
+from ...rollout.multi_turn import SESSIONS, ToolResult
 from ...rollout.tool_formats import build_tool_format
 from .sandbox import SandboxLimits, SandboxPool
 
@@ -25,14 +39,63 @@ __all__ = ["SandboxToolExecutor", "wrap_cell", "build_tool_executor", "check_too
 # script test (``sandbox.SCRIPT_TEST``).
 _CELL = """
 _entropyrl_script_failed_ = 1
-def _entropyrl_cell(src, show_last):
+def _entropyrl_replay(sources, scope):
+    # Earlier calls of this trajectory, run again in ``scope`` with their output discarded (at the
+    # file-descriptor level too, so a child process or os.write prints nothing either). Returns
+    # None, or the failure to report: (which call, what happened).
+    import os, sys
+    class _Sink:
+        def write(self, text):
+            return len(text)
+        def flush(self):
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = []
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            saved.append((fd, os.dup(fd)))
+            os.dup2(null, fd)
+        os.close(null)
+    except OSError:
+        pass
+    real = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = _Sink()
+    failed = None
+    try:
+        for k, src in enumerate(sources):
+            try:
+                exec(compile(src, "<call %d>" % (k + 1), "exec"), scope)
+            except SystemExit as exc:
+                if exc.code not in (None, 0):
+                    failed = (k + 1, "SystemExit: %s" % (exc.code,))
+                    break
+            except BaseException as exc:
+                failed = (k + 1, "".join(__import__("traceback").format_exception_only(type(exc), exc)).strip())
+                break
+    finally:
+        sys.stdout, sys.stderr = real
+        for fd, copy in saved:
+            os.dup2(copy, fd)
+            os.close(copy)
+    return failed
+def _entropyrl_cell(src, show_last, replay):
     import ast, linecache, sys, traceback
     try:
         sys.stdout.reconfigure(line_buffering=True)
     except Exception:
         pass
     linecache.cache["<code>"] = (len(src), None, src.splitlines(True), "<code>")
+    for k, old in enumerate(replay):
+        name = "<call %d>" % (k + 1)
+        linecache.cache[name] = (len(old), None, old.splitlines(True), name)
     scope = {"__name__": "__main__", "__builtins__": __builtins__}
+    if replay:
+        failed = _entropyrl_replay(replay, scope)
+        if failed is not None:
+            print("__REPLAY_NOTE__ %d of this response (to restore its variables) failed: %s" % failed)
+            return 1
     try:
         tree = ast.parse(src, "<code>", "exec")
         last = None
@@ -48,13 +111,17 @@ def _entropyrl_cell(src, show_last):
             print(f"SystemExit: {exc.code}")
             return 1
     except BaseException as exc:
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "<code>"]
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "<code>" or f.filename.startswith("<call ")]
         lines = (["Traceback (most recent call last):\\n"] + traceback.format_list(frames)) if frames else []
         print("".join(lines + traceback.format_exception_only(type(exc), exc)), end="")
         return 1
     return 0
-_entropyrl_script_failed_ = _entropyrl_cell(__SRC__, __SHOW__)
+_entropyrl_script_failed_ = _entropyrl_cell(__SRC__, __SHOW__, __REPLAY__)
 """
+
+_SLOT = re.compile(r"__(SHOW|REPLAY_NOTE|REPLAY|SRC)__")
+# How the output of a call whose replay failed begins (the call itself was not run).
+REPLAY_NOTE = "error: this call was not run: replaying call"
 
 LIMIT_NOTES = {
     "timeout": "TimeoutError: the code ran past the time limit ({wall:g} s) and was stopped",
@@ -66,35 +133,49 @@ LIMIT_NOTES = {
 }
 
 
-def wrap_cell(code: str, show_last: bool = True) -> str:
-    """The program the sandbox runs for one call's ``code``: the code as a string literal in a fixed
-    wrapper that runs it as a notebook cell (see the module docstring)."""
-    return _CELL.replace("__SHOW__", repr(bool(show_last))).replace("__SRC__", repr(code))
+def wrap_cell(code: str, show_last: bool = True, replay: Sequence[str] = ()) -> str:
+    """The program the sandbox runs for one call's ``code``: the code (and ``replay``, the earlier
+    calls of its trajectory to run first, silently) as string literals in a fixed wrapper that runs
+    it as a notebook cell (see the module docstring)."""
+    values = {
+        "SHOW": repr(bool(show_last)),
+        "REPLAY": repr([str(c) for c in replay]),
+        "REPLAY_NOTE": REPLAY_NOTE,
+        "SRC": repr(code),
+    }
+    return _SLOT.sub(lambda m: values[m.group(1)], _CELL)  # one pass: no slot is looked for inside a value
 
 
 class SandboxToolExecutor:
-    """``executor(codes) -> [ToolResult]``: each code run in the sandbox, ``workers`` at a time."""
+    """``executor(codes, histories=None) -> [ToolResult]``: each code run in the sandbox, ``workers``
+    at a time. ``histories`` (a trajectory session): for each code, the earlier successful calls of
+    its response, replayed first in the same process (see the module docstring); None: stateless."""
 
     def __init__(self, limits: SandboxLimits, workers: int | None = None, show_last: bool = True, output_chars: int = 4096):
         self.limits, self.show_last, self.output_chars = limits, show_last, int(output_chars)
         self.pool = SandboxPool(workers, limits)
 
-    def __call__(self, codes: list[str]) -> list[ToolResult]:
+    def __call__(self, codes: list[str], histories: Sequence[Sequence[str]] | None = None) -> list[ToolResult]:
         if not codes:
             return []
+        replays = [()] * len(codes) if histories is None else [tuple(h) for h in histories]
+        if len(replays) != len(codes):
+            raise ValueError(f"{len(codes)} calls but {len(replays)} histories")
         # keep enough of the output for the caller's middle cut to have a head and a tail
-        results = self.pool.scripts([wrap_cell(c, self.show_last) for c in codes], tail_chars=self.output_chars)
+        programs = [wrap_cell(c, self.show_last, h) for c, h in zip(codes, replays)]
+        results = self.pool.scripts(programs, tail_chars=self.output_chars)
         out = []
-        for r in results:
+        for r, replay in zip(results, replays):
             text = r.stdout_tail
             if r.reason in ("pass", "fail"):
-                out.append(
-                    ToolResult(text, error=r.reason != "pass", reason="ok" if r.reason == "pass" else "raised", seconds=r.seconds)
-                )
+                reason = "ok" if r.reason == "pass" else "replay" if text.startswith(REPLAY_NOTE) else "raised"
+                out.append(ToolResult(text, error=r.reason != "pass", reason=reason, seconds=r.seconds))
                 continue
             note = LIMIT_NOTES.get(r.reason, "the code interpreter failed").format(
                 wall=self.limits.wall_seconds, memory=self.limits.memory_mb
             )
+            if replay:  # the limits are the process's: the replay of the earlier calls counted too
+                note += f" (the limit covers the replay of this response's {len(replay)} earlier call(s))"
             out.append(
                 ToolResult(
                     (text + ("\n" if text and not text.endswith("\n") else "") + note),
@@ -132,6 +213,7 @@ def check_tools(tools_cfg) -> None:
     if tools_cfg is None or not bool(tools_cfg.get("enabled", False)):
         return
     build_tool_format(tools_cfg)
-    if str(tools_cfg.get("session", "stateless")) != "stateless":
-        raise UserError(f"tools.session={tools_cfg.get('session')} is not available; use tools.session=stateless")
+    session = str(tools_cfg.get("session", "stateless"))
+    if session not in SESSIONS:
+        raise UserError(f"unknown tools.session={session}; valid: {', '.join(SESSIONS)}")
     _limits(tools_cfg)

@@ -4,7 +4,8 @@ batch's ``ToolTrace`` (``rollout/base.py``) and its token statistics.
 - ``tool_use_metrics``: ``tools/turns/mean``, ``tools/calls/mean`` (per response),
   ``tools/error_frac`` (calls that errored / calls), ``tools/seconds`` (wall time in tools; the
   trainer turns it into ``tools/time_frac`` of the step), ``tools/called_frac`` (responses with a
-  call), ``tokens/kind/<kind>`` (mean tokens of each kind per response).
+  call), ``tools/{malformed,repeated,void}_frac`` (responses with a malformed call, a repeated
+  call, a void turn), ``tokens/kind/<kind>`` (mean tokens of each kind per response).
 - ``token_kind_metrics``: ``entropy/kind/<kind>`` for the policy's kinds (``text``, ``code``,
   ``post_tool``; tool outputs are not the policy's and have no entropy here), and
   ``entropy/turn/first`` / ``entropy/turn/later`` (policy tokens of the first generation turn
@@ -12,15 +13,29 @@ batch's ``ToolTrace`` (``rollout/base.py``) and its token statistics.
 - ``tool_shaping``: the optional reward term (``tools.shaping``), 0 when off.
 - ``invalid_call_rows``: [B] responses with a malformed call, which ``tools.mask_invalid_calls``
   leaves out of the loss (a STARE recipe switch).
+- ``left_out_rows``: [B] responses the recipe switches leave out of the loss: a malformed call
+  (``tools.mask_invalid_calls``), a repeated call (``tools.mask_repeated``), a void turn
+  (``tools.drop_void_turns``); ``loss_mask`` is the policy mask with those rows zeroed. A row left
+  out keeps its reward, so it still enters its group's baseline: only its tokens leave the loss.
+  ``tools/repeated_frac`` and ``tools/void_frac`` (every step, from ``tool_use_metrics``) count the
+  responses each switch would drop; ``tools/masked_frac`` those the switches on did drop.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ...rollout.base import TOKEN_KINDS, ToolTrace
+from ...rollout.base import TOKEN_KINDS, Rollout, ToolTrace
 
-__all__ = ["tool_use_metrics", "token_kind_metrics", "tool_shaping", "invalid_call_rows", "POLICY_KINDS"]
+__all__ = [
+    "tool_use_metrics",
+    "token_kind_metrics",
+    "tool_shaping",
+    "invalid_call_rows",
+    "left_out_rows",
+    "loss_mask",
+    "POLICY_KINDS",
+]
 
 POLICY_KINDS = tuple(k for k in TOKEN_KINDS if k != "tool")
 
@@ -35,8 +50,9 @@ def tool_use_metrics(trace: ToolTrace, response_mask: torch.Tensor) -> dict[str,
         "tools/called_frac": (calls > 0).float().mean().item(),
         "tools/seconds": float(trace.seconds),
     }
-    if trace.malformed is not None:
-        out["tools/malformed_frac"] = (trace.malformed > 0).float().mean().item()
+    for name in ToolTrace.ROW_COUNTS:  # responses with a malformed call, a repeated call, a void turn
+        if getattr(trace, name) is not None:
+            out[f"tools/{name}_frac"] = (getattr(trace, name) > 0).float().mean().item()
     valid = response_mask.bool()
     for i, kind in enumerate(TOKEN_KINDS):
         out[f"tokens/kind/{kind}"] = ((trace.kind == i) & valid).sum(-1).float().mean().item()
@@ -71,3 +87,32 @@ def invalid_call_rows(trace: ToolTrace) -> torch.Tensor:
     if trace.malformed is None:
         return torch.zeros(trace.calls.shape, dtype=torch.bool)
     return trace.malformed > 0
+
+
+def _rows(counts: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(like.shape, dtype=torch.bool) if counts is None else counts > 0
+
+
+def left_out_rows(
+    trace: ToolTrace, *, invalid_calls: bool = False, repeated: bool = False, void_turns: bool = False
+) -> torch.Tensor:
+    """[B] bool: responses left out of the loss by the switches that are on (see the module docstring)."""
+    out = torch.zeros(trace.calls.shape, dtype=torch.bool)
+    if invalid_calls:
+        out |= invalid_call_rows(trace)
+    if repeated:
+        out |= _rows(trace.repeated, trace.calls)
+    if void_turns:
+        out |= _rows(trace.void, trace.calls)
+    return out
+
+
+def loss_mask(roll: Rollout, **switches: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(mask [B, R] float, left out [B] bool or None)``: the policy mask (0 on tool outputs) with the
+    rows the switches (``left_out_rows``' keywords) leave out set to 0; None when no switch is on
+    or the batch has no tool trace."""
+    mask = roll.policy_mask.float()
+    if roll.tools is None or not any(switches.values()):
+        return mask, None
+    out = left_out_rows(roll.tools, **switches)
+    return mask * (~out).to(mask).unsqueeze(-1), out
