@@ -8,6 +8,12 @@ the key, the value and what is allowed, before a folder, a model or an MLflow ru
     validate_config(compose("train", ["optim.lr=-1"]), "train")
     # UserError: optim.lr=-1 is not allowed: it must be a number > 0
 
+The schema of a command is its YAML (each default declared once, commented where it is declared)
+plus this table (each key's type and range, or ``owned``: the component that reads and checks a
+value or a whole ``prefix.*`` section, such as a task's parameters). tests/test_validation.py keeps
+them one-to-one: every key a shipped YAML sets has a rule here (or in ``ALGO_KEYS`` / an
+intervention's ``Params``), and every rule names a key some shipped YAML sets.
+
 Keys a config does not have are skipped. Paths are checked for being usable folders: not a file,
 not under a file, and writable where they will be created. Keys that were renamed (``RENAMED``)
 are one-line errors naming the new key, wherever they are set (an override, an experiment or
@@ -36,7 +42,8 @@ _ABSENT = object()
 @dataclass(frozen=True)
 class Rule:
     """What one config value may be. ``kind``: int, float, bool, choice, str, path, int_list,
-    float_list.
+    float_list, str_list, mapping, or owned (a value its component reads and checks itself:
+    ``owner`` names where, e.g. a task's parameters or a reward function list).
 
     ``low``/``high`` bound numbers (``open_low``/``open_high`` exclude the bound); ``choices`` are
     the values of a choice; ``length`` fixes the length of a list; ``nullable`` also allows null.
@@ -50,10 +57,17 @@ class Rule:
     choices: tuple = ()
     nullable: bool = False
     length: int | None = None
+    owner: str = ""
 
     def allowed(self) -> str:
         """What is allowed, in words (the end of the error line)."""
-        if self.kind == "choice":
+        if self.kind == "owned":
+            text = f"what {self.owner} accepts"
+        elif self.kind == "str_list":
+            text = "a list of non-empty strings"
+        elif self.kind == "mapping":
+            text = "a mapping of keys to values"
+        elif self.kind == "choice":
             text = "one of " + ", ".join(_show(c) for c in self.choices)
         elif self.kind == "bool":
             text = "true or false"
@@ -90,8 +104,14 @@ class Rule:
         return text + (", or null" if self.nullable else "")
 
     def ok(self, value: Any) -> bool:
+        if self.kind == "owned":
+            return True  # its component checks it (``owner``)
         if value is None:
             return self.nullable
+        if self.kind == "str_list":
+            return isinstance(value, (list, tuple)) and all(isinstance(v, str) and v.strip() for v in value)
+        if self.kind == "mapping":
+            return isinstance(value, dict)
         if self.kind == "bool":
             return isinstance(value, bool)
         if self.kind == "choice":
@@ -161,10 +181,29 @@ PROB = number(0, 1)  # a probability / fraction in [0, 1]
 OPEN_PROB = number(0, 1, open_low=True)  # (0, 1]: top-p, fractions that must select something
 BOOL = Rule("bool")
 STR = Rule("str")
+OPT_STR = Rule("str", nullable=True)
+STR_LIST = Rule("str_list")
+MAPPING = Rule("mapping")
 FOLDER = Rule("path")
+
+
+def owned(owner: str) -> Rule:
+    """A value (or, as a ``prefix.*`` key, a whole section) read and checked by ``owner``."""
+    return Rule("owned", owner=owner)
+
 
 # -- the tables --------------------------------------------------------------------------------
 MODEL = {
+    "model.name": STR,
+    "model.path": OPT_STR,
+    "model.gguf_file": OPT_STR,
+    "model.embedded": BOOL,
+    "model.chat_template": owned("models/loading.py (false, auto, or a template)"),
+    "model.stop_tokens": STR_LIST,
+    "model.arch.tie_word_embeddings": BOOL,
+    "model.arch.vocab_size": POS_INT,
+    "model.gguf_package": OPT_STR,
+    "model.install": OPT_STR,
     "model.dtype": choice("float32", "bfloat16", "float16"),
     "model.arch.hidden_size": POS_INT,
     "model.arch.intermediate_size": POS_INT,
@@ -181,8 +220,15 @@ MODEL = {
 }
 
 TRACKING = {
+    "tracking.name": STR,
     "tracking.enabled": BOOL,
     "tracking.experiment": STR,
+    "tracking.uri": OPT_STR,
+    "tracking.run_name": OPT_STR,
+    "tracking.parent_run_id": OPT_STR,
+    "tracking.tags": MAPPING,
+    "tracking.retry_s": NONNEG,
+    "tracking.flush_wait_s": NONNEG,
 }
 
 #: ``trainer.resume``: auto continues a matching run, never refuses a folder that holds one,
@@ -212,6 +258,8 @@ TOOLS = {
     "tools.max_output_chars": integer(16),
     "tools.session": choice("stateless", "trajectory"),
     "tools.show_last_expression": BOOL,
+    "tools.tags.*": owned("rollout/tool_formats.py (a tag string, or null for the format's own)"),
+    "tools.executor.isolation": choice("auto", "bwrap", "unshare", "none"),
     "tools.mask_invalid_calls": BOOL,
     "tools.mask_repeated": BOOL,
     "tools.drop_void_turns": BOOL,
@@ -251,6 +299,14 @@ TRAIN = {
     "trainer.samples_every": NONNEG_INT,
     "trainer.samples_rows": POS_INT,
     "trainer.staleness": NONNEG_INT,
+    "trainer.device": STR,
+    "trainer.threads": owned("core/resources.py (0 or auto: the CPUs left to the run; N: N threads)"),
+    "rollout.name": STR,
+    "data.*": owned("the task (tasks/, trainers/data/): each data= option declares its own keys"),
+    "reward.functions": owned("rewards/ (a list of {fn, weight, ...} entries or function names)"),
+    "reward.url": OPT_STR,
+    "val.benchmarks": STR_LIST,
+    "diagnostics.reflection.words": owned("trainers/stats/reflection.py (default, orz, oat_zero, or a list of words)"),
     "diagnostics.reflection.repetition_n": POS_INT,
     "diagnostics.reflection.entropy": BOOL,
     "val.prompts": NONNEG_INT,
@@ -274,10 +330,24 @@ TRAIN = {
     "rollout.max_new_tokens": POS_INT,
     "rollout.batch_size": POS_INT,
     "rollout.seed_scope": choice("call", "group"),
+    # the vllm engine's own keys (conf/rollout/vllm.yaml; null: the engine's choice for the device)
+    "rollout.dtype": choice("float32", "bfloat16", "float16", nullable=True),
+    "rollout.gpu_memory_utilization": number(0, 1, open_low=True, nullable=True),
+    "rollout.cpu_kvcache_space": POS,
+    "rollout.tensor_parallel_size": POS_INT,
+    "rollout.max_model_len": integer(1, nullable=True),
+    "rollout.max_num_seqs": integer(1, nullable=True),
+    "rollout.enforce_eager": Rule("bool", nullable=True),
+    "rollout.inprocess": choice("auto", True, False),
+    "rollout.seed": NONNEG_INT,
+    "rollout.sync_bucket_mb": POS,
+    "rollout.engine_kwargs.*": owned("rollout/vllm_engine.py (any other vllm.LLM argument)"),
+    "rollout.tis.*": owned("trainers/interventions/tis.py (its Params: enabled, cap, mode)"),
     "model.lora.rank": integer(1, nullable=True),
     "model.lora.alpha": number(0, open_low=True, nullable=True),
     "model.lora.dropout": number(0, 1, open_high=True),
     "model.lora.save_merged": BOOL,
+    "model.lora.target_modules": owned("models/lora.py (all-linear, or a list of module names)"),
     "reward.timeout_s": number(0, open_low=True, nullable=True),
     "reward.workers": NONNEG_INT,
     "reward.fallback": number(),
@@ -301,6 +371,14 @@ EVAL = {
     "eval.seed": NONNEG_INT,
     "eval.workers": integer(1, nullable=True),
     "eval.grade_timeout": POS,
+    "benchmarks": STR_LIST,
+    "eval.prompt": STR,
+    "eval.chat_template": owned("evals/ (auto, or what model.chat_template accepts)"),
+    "eval.device": STR,
+    "eval.reflection_words": owned("trainers/stats/reflection.py (default, orz, oat_zero, or a list of words)"),
+    "eval.data_root": OPT_STR,
+    "eval.sandbox.*": owned("evals/code/sandbox.py (SandboxLimits: null keeps the benchmark's own limit)"),
+    "eval.vllm.*": owned("rollout/vllm_engine.py (vLLM engine arguments; null: vLLM's default)"),
     **MODEL,
     **TRACKING,
     **TOOLS,
@@ -322,10 +400,41 @@ SWEEP = {
     "launcher.cpus_per_task": POS_INT,
     "launcher.mem_gb": number(0, open_low=True, nullable=True),
     "launcher.array_parallelism": POS_INT,
+    "launcher.name": STR,
+    # the slurm launcher's own keys (conf/launcher/slurm.yaml)
+    "launcher.partition": OPT_STR,
+    "launcher.account": OPT_STR,
+    "launcher.qos": OPT_STR,
+    "launcher.job_name": STR,
+    "launcher.setup": Rule("str_list"),
+    "launcher.additional_parameters.*": owned("submitit (any other sbatch option)"),
+    "launcher.python": OPT_STR,
+    "launcher.use_srun": BOOL,
+    "launcher.check_request": BOOL,
+    "launcher.stuck_after_s": POS,
+    "launcher.post_mortem": BOOL,
+    "launcher.threads_per_job": owned("sweeps/ (auto, 0: each job picks its own, or N threads)"),
+    "ablation.*": owned("sweeps/planning.py (name, description, base, variants, report)"),
+    "variants": Rule("str_list", nullable=True),
+    "budget": STR_LIST,
     **TRACKING,
 }
 
 SCHEMAS: dict[str, dict[str, Rule]] = {"train": TRAIN, "eval": EVAL, "sweep": SWEEP}
+
+
+def rule_for(config_name: str, key: str) -> Rule | None:
+    """The rule of ``key`` in ``config_name``'s table: its own entry, else the nearest ``prefix.*``
+    section that holds it; None when the table does not know the key."""
+    table = SCHEMAS.get(config_name, {})
+    if key in table:
+        return table[key]
+    parts = key.split(".")
+    for n in range(len(parts), 0, -1):
+        section = ".".join(parts[:n]) + ".*"
+        if section in table:
+            return table[section]
+    return None
 
 
 def _divisible(cfg) -> str | None:
@@ -387,6 +496,8 @@ def validate_config(cfg, config_name: str) -> None:
             if value is not _ABSENT:
                 raise UserError(renamed_problem(old, value))
     for key, rule in SCHEMAS.get(config_name, {}).items():
+        if key.endswith(".*"):
+            continue  # a section its component checks
         value = _get(cfg, key)
         if value is not _ABSENT:
             check_value(key, value, rule)

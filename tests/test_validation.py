@@ -218,3 +218,105 @@ def test_the_algorithms_defaults_are_declared_once_in_the_grpo_yaml():
     # the loss context and the surrogate take the configured clip; they carry no default of their own
     fields = {f.name: f for f in dataclasses.fields(LossContext)}
     assert all(fields[k].default is dataclasses.MISSING for k in ("eps_low", "eps_high", "dual_c"))
+
+
+# -- the schema is complete: every key any shipped YAML sets has a rule, and every rule a key ---------
+# The schema of a command is its YAML (the one place each default is declared, commented where it is
+# declared) plus its rule table (core/validation.py: the type and range of each key, or the component
+# that checks a section). These tests keep the two one-to-one over every shipped config file.
+PRIMARY_GROUPS = {
+    "train": ("algo", "model", "data", "rollout", "tools", "tracking", "experiment", "intervention"),
+    "eval": ("model", "tools", "tracking"),
+    "sweep": ("ablation", "launcher", "tracking"),
+}
+# algo.<key> that name a registered component (checked against its registry where it is read)
+ALGO_NAMED = ("name", "advantage", "loss_agg", "objective", "objective_args", "interventions")
+
+
+def _yaml_keys(node, prefix: str = "") -> list[str]:
+    keys = []
+    for k, v in node.items():
+        if k == "defaults" and not prefix:
+            continue
+        if isinstance(v, dict) and v:
+            keys += _yaml_keys(v, f"{prefix}{k}.")
+        else:
+            keys.append(f"{prefix}{k}")
+    return keys
+
+
+def _shipped_keys() -> dict[str, dict[str, str]]:
+    """``{command: {key: the file that sets it}}`` over the primary YAML and every option of its
+    groups (where each lands: ``# @package _global_`` at the root, an intervention at
+    ``algo.<name>``, any other option under its group)."""
+    import yaml
+
+    from entropyrl.conf import CONF_DIR
+
+    out: dict[str, dict[str, str]] = {}
+    for command, groups in PRIMARY_GROUPS.items():
+        keys = {k: f"{command}.yaml" for k in _yaml_keys(yaml.safe_load((CONF_DIR / f"{command}.yaml").read_text()))}
+        for group in groups:
+            for path in sorted((CONF_DIR / group).glob("*.yaml")):
+                text = path.read_text()
+                node = yaml.safe_load(text) or {}
+                if "# @package _global_" in text.split("\n", 3)[0]:
+                    prefix = ""
+                elif group == "intervention":
+                    prefix = f"algo.{path.stem}."
+                else:
+                    prefix = f"{group}."
+                for k in _yaml_keys(node):
+                    keys.setdefault(prefix + k, f"{group}/{path.name}")
+        out[command] = keys
+    return out
+
+
+def _algo_key_declared(rest: str) -> bool:
+    import dataclasses
+
+    from entropyrl.trainers.algos.algorithm import ALGO_KEYS
+    from entropyrl.trainers.interventions import INTERVENTIONS
+
+    head, _, tail = rest.partition(".")
+    if rest in ALGO_KEYS or head in ALGO_NAMED:
+        return True
+    if head in INTERVENTIONS and tail:
+        return tail.split(".")[0] in {f.name for f in dataclasses.fields(INTERVENTIONS[head].Params)}
+    return False
+
+
+def test_every_key_a_shipped_yaml_sets_has_a_rule():
+    from entropyrl.core.validation import rule_for
+
+    missing = []
+    for command, keys in _shipped_keys().items():
+        for key, where in sorted(keys.items()):
+            if key.startswith("algo."):
+                ok = _algo_key_declared(key[len("algo.") :])
+            else:
+                ok = key.startswith("hydra.") or rule_for(command, key) is not None
+            if not ok:
+                missing.append(f"{command}: {key} (set in {where})")
+    assert not missing, "keys without a rule (core/validation.py, ALGO_KEYS or a Params):\n" + "\n".join(missing)
+
+
+def test_every_rule_names_a_key_a_shipped_yaml_sets():
+    keys = _shipped_keys()
+    stale = []
+    for command, table in SCHEMAS.items():
+        for key in table:
+            own = key[:-2] if key.endswith(".*") else key
+            if own not in keys[command] and not any(k.startswith(own + ".") for k in keys[command]):
+                stale.append(f"{command}: {key}")
+    assert not stale, "rules for keys no shipped YAML sets:\n" + "\n".join(stale)
+
+
+@pytest.mark.parametrize("command, group", [("train", "tools"), ("sweep", "ablation"), ("sweep", "launcher")])
+def test_every_preset_passes_the_schema(command, group):
+    """Options composed nowhere else (tests/test_config.py composes the train groups, the lab and
+    preset tests the experiments): each composes and every value it sets passes its rule."""
+    from entropyrl.conf import config_groups
+
+    for option in config_groups()[group]:
+        validate_config(compose(command, [f"{group}={option}"]), command)
