@@ -1,7 +1,7 @@
 """The two help screens a newcomer asks for first, answered without importing Typer, Rich, Hydra
 or OmegaConf: ``entropyrl`` / ``entropyrl --help`` (the commands) and ``entropyrl train --help``
 (the training overrides and the config groups, read from the conf folder's file names). Every other
-``--help`` is Typer's (``cli/app.py``); ``tests/test_cli.py`` checks that both list the same commands.
+``--help`` is Typer's (``cli/app.py``); ``tests/cli/test_cli.py`` checks that both list the same commands.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Run tracking: MLflow (local sqlite by default, any server via MLFLOW_TRACKING_URI or
 ``tracking.uri``) plus ``<output_dir>/metrics.jsonl``, written side by side.
 
-The one place the package talks to MLflow (``tests/test_orchestrator.py::test_mlflow_is_reached_only_through_core_tracking`` keeps it so):
+The one place the package talks to MLflow (``tests/e2e/test_orchestrator.py::test_mlflow_is_reached_only_through_core_tracking`` keeps it so):
 
 - ``RunTracker``: one training job's run, opened in the job's process (``start``, ``log_metrics``,
   ``log_artifact``, ``set_tags``, ``finish``);

@@ -10,7 +10,7 @@ the key, the value and what is allowed, before a folder, a model or an MLflow ru
 
 The schema of a command is its YAML (each default declared once, commented where it is declared)
 plus this table (each key's type and range, or ``owned``: the component that reads and checks a
-value or a whole ``prefix.*`` section, such as a task's parameters). tests/test_validation.py keeps
+value or a whole ``prefix.*`` section, such as a task's parameters). tests/conf/test_validation.py keeps
 them one-to-one: every key a shipped YAML sets has a rule here (or in ``ALGO_KEYS`` / an
 intervention's ``Params``), and every rule names a key some shipped YAML sets.
 
@@ -448,7 +448,7 @@ def _divisible(cfg) -> str | None:
 
 
 #: Checks that involve several keys: each returns a problem (one line) or None. (``_divisible`` is
-#: also enforced by the trainer at start; tests/test_sweeps.py uses it as a job that fails at run
+#: also enforced by the trainer at start; tests/sweeps/test_sweeps.py uses it as a job that fails at run
 #: time, so it is not in this list yet.)
 CROSS_CHECKS: dict[str, list[Callable[[Any], str | None]]] = {}
 

@@ -39,6 +39,7 @@ from .benchmarks import available_benchmarks, expand_benchmarks, get_spec, load_
 from .code.code_eval import evaluate_code, is_code_problem
 from .code.tool_executor import build_tool_executor, check_tools
 from .generation import sample_texts
+from .grading.answer_extraction import extract_answer
 from .grading.grader import DEFAULT_TIMEOUT, grade_batch, no_answer_warning, reason_counts
 from .metrics import mean_metrics, problem_metrics
 from .prompts import available_templates, build_prompts
@@ -355,7 +356,7 @@ def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine,
     engine = engine_cls(engine_cfg, model, tokenizer)
     tools = cfg.get("tools")
     if tools is not None and bool(tools.get("enabled", False)):  # tools=code_interpreter: multi-turn
-        engine = ToolRollout(engine, tools, build_tool_executor(tools), engine_cfg)
+        engine = ToolRollout(engine, tools, build_tool_executor(tools), engine_cfg, final_answer=extract_answer)
     return engine, tokenizer, label
 
 

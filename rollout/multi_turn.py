@@ -17,8 +17,8 @@ What the recipe switches read (``trainers/stats/tool_stats.py``): a call whose c
 the whitespace around it, is that of an earlier call of the same response counts as *repeated*;
 a generation turn that ends with neither a closed call nor a final answer is *void* (SimpleTIR's
 definition: no code block and no answer). A final answer is what ``tools.answer_pattern`` finds in
-the turn's text: null, the math grader's final answer (a box or an ``Answer:`` line,
-``evals/grading/answer_extraction.py``); else that regular expression.
+the turn's text: null, what the caller's ``final_answer`` finds (the training loop and ``entropyrl
+eval`` pass the math grader's extraction: a box or an ``Answer:`` line); else that regular expression.
 
 Sessions (``tools.session``): ``stateless`` runs every call alone; ``trajectory`` hands the
 executor, with each call, the code of the same sample's earlier calls that ran without error (its
@@ -42,7 +42,6 @@ import torch
 
 from ..conf import cfg_get
 from ..core.errors import UserError
-from ..evals.grading.answer_extraction import extract_answer
 from .base import TOKEN_KINDS, Rollout, ToolTrace, concat, stop_token_ids
 from .tool_formats import ToolFormat, build_tool_format, middle_cut
 
@@ -142,7 +141,14 @@ class ToolRollout:
     ``engine``: an engine with ``generate_ids`` (``hf``, ``vllm``); ``executor(codes) -> [ToolResult]``;
     ``tools_cfg``: the ``tools`` section; ``rollout_cfg``: the engine's settings (temperature, ...)."""
 
-    def __init__(self, engine, tools_cfg, executor: Callable[[list[str]], list[ToolResult]], rollout_cfg):
+    def __init__(
+        self,
+        engine,
+        tools_cfg,
+        executor: Callable[[list[str]], list[ToolResult]],
+        rollout_cfg,
+        final_answer: Callable[[str], object] | None = None,
+    ):
         if not hasattr(engine, "generate_ids"):
             raise UserError(
                 f"tools.enabled=true needs a rollout engine that continues token sequences "
@@ -159,6 +165,7 @@ class ToolRollout:
             raise UserError(f"unknown tools.session={self.session}; valid: {', '.join(SESSIONS)}")
         self.stop_ids = set(stop_token_ids(getattr(engine, "model", None), self.tokenizer))
         self.answer_re = answer_pattern(tools_cfg)
+        self.final_answer = final_answer  # text -> the answer or None, read when answer_pattern is null
 
     def sync_weights(self) -> None:
         self.engine.sync_weights()
@@ -166,7 +173,7 @@ class ToolRollout:
     def has_answer(self, text: str) -> bool:
         """Whether a turn's ``text`` holds a final answer (``tools.answer_pattern``)."""
         if self.answer_re is None:
-            return extract_answer(text) is not None
+            return self.final_answer is not None and self.final_answer(text) is not None
         return self.answer_re.search(text) is not None
 
     def close(self) -> None:

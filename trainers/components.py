@@ -32,6 +32,7 @@ from ..core.errors import UserError
 from ..core.mlflow_store import resolve_uri
 from ..core.tracking import RunTracker, check_reachable
 from ..evals.code.tool_executor import build_tool_executor
+from ..evals.grading.answer_extraction import extract_answer
 from ..models.loading import load_policy
 from ..models.lora import apply_lora
 from ..rewards import RewardRunner, build_reward_runner
@@ -148,4 +149,4 @@ def build_engine(cfg, model, tokenizer):
     tools = cfg.get("tools")
     if tools is None or not bool(tools.get("enabled", False)):
         return engine
-    return ToolRollout(engine, tools, build_tool_executor(tools), cfg.rollout)
+    return ToolRollout(engine, tools, build_tool_executor(tools), cfg.rollout, final_answer=extract_answer)

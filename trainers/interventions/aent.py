@@ -14,7 +14,7 @@ The step mean has a ``scope``: global (the token mean over every rank's tokens o
 over ranks at the end of the step, ``Algorithm.end_step``: the reference, whose statistics are reduced over the
 data-parallel group; the same coefficient on 1 or N ranks) or micro (this rank's tokens only).
 Cross-checked against the authors' code (inclusionAI/AReaL@a0ec9cee recipe/AEnt: functional.py,
-actor.py, aent_args.py); tests/test_entropy_methods.py reproduces it.
+actor.py, aent_args.py); tests/trainers/test_entropy_methods.py reproduces it.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ published defaults, each commented (``entropyrl.conf`` mounts it at ``algo.<name
 are read from ``algo.<name>``: a missing key takes the YAML's value, an unknown key is rejected
 with the valid ones, the types are checked here and the ranges by ``Params.validate`` only (the
 one place an intervention's ranges live; ``core/validation.py`` does not list them). (From outside the package, a ``Params`` with default values stored in Hydra's
-ConfigStore group ``intervention`` stands in for the YAML; see tests/test_extensions.py.)
+ConfigStore group ``intervention`` stands in for the YAML; see tests/trainers/test_extensions.py.)
 """
 
 from __future__ import annotations

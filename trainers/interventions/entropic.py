@@ -17,7 +17,7 @@ adds to the policy loss
 ones as 1 - alpha), lowering entropy; below target the opposite. The integral is checkpointed and
 moves in ``record`` after each loss. As in the reference each rank's controller reads its own
 micro-batches (no ``scope``). Cross-checked against the authors' code (yk7333/EntroPIC@2470730c core_algos.py
-compute_policy_loss_entropic, dp_actor.py); tests/test_entropy_methods.py reproduces it.
+compute_policy_loss_entropic, dp_actor.py); tests/trainers/test_entropy_methods.py reproduces it.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ The candidates rank a token against the others of the micro-batch, so they have 
 update from the sampling log-probs; global: over all ranks' mini-batch, the same tokens on 1 or N
 ranks); the filter check stays per token, in the loss. Cross-checked against the authors' code
 (CarlanLark/Lp-Reg-dev@33b27e27 compute_policy_loss_lp_reg, dp_actor.py apply_min_p);
-tests/test_entropy_methods.py reproduces it.
+tests/trainers/test_entropy_methods.py reproduces it.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ zeros included), and so does this module. The masked entropies are aggregated se
 loss's value ``H_0`` (one mask pass, as the reference's anchor) is kept, and the loss gains
 ``coef * (H - H_0)^2``. Cross-checked against the authors' code (Linn3a/siren@fa59a8df
 verl/workers/actor/dp_actor.py: efficient_top_p_sampling, mask_by_quantile, the "siren" branch;
-ray_trainer.py: the anchor); tests/test_entropy_methods.py reproduces it. The anchor is taken as
+ray_trainer.py: the anchor); tests/trainers/test_entropy_methods.py reproduces it. The anchor is taken as
 the reference takes it: on the first step's whole batch under the sampling policy, before any
 update (``observe_sampling``: the loop computes the batch's top-p entropies once, at the scoring
 pass, and the per-response values are summed over ranks), so 1 or N ranks and any micro-batch size

@@ -1,0 +1,185 @@
+"""`entropyrl plan` (models/cost.py): parameter counts of the real architectures, the memory split
+over ranks, config.json read offline, and the memory figure against a measured CPU peak.
+
+This file is also the measuring worker (`python tests/models/test_plan.py measure`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve()
+CLI = [sys.executable, "-m", "entropyrl.cli.main"]
+# the small shape measured on CPU: a random-init Qwen2, one micro-batch of ROWS x (P + R) tokens, float32
+ARCH = dict(
+    hidden_size=256,
+    intermediate_size=704,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1024,
+    tie_word_embeddings=False,
+)
+ROWS, P, R = 8, 32, 224
+
+
+def _plan(*args: str) -> dict:
+    """``entropyrl plan <overrides> [--ranks N] --json``, in this process."""
+    from entropyrl.models.cost import plan_figures
+
+    overrides = [a for a in args if "=" in a]
+    ranks = int(args[args.index("--ranks") + 1]) if "--ranks" in args else 1
+    return json.loads(json.dumps(plan_figures(overrides, ranks=ranks, mfu=0.4, peak_tflops=989.0, prompt_len=None)))
+
+
+def test_parameters_of_the_published_architectures_and_the_memory_split():
+    # the published sizes: Qwen2.5-Math-1.5B 1.54B, Qwen2.5-Math-7B 7.62B, Qwen2.5-32B 32.8B
+    for model, published in (("qwen2.5-math-1.5b", 1.54e9), ("qwen2.5-math-7b", 7.62e9), ("qwen2.5-32b", 32.8e9)):
+        one = _plan("experiment=dapo_7b", f"model={model}", "--ranks", "1")
+        eight = _plan("experiment=dapo_7b", f"model={model}", "--ranks", "8")
+        assert abs(one["parameters"] - published) / published < 0.01, (model, one["parameters"])
+        assert eight["fsdp"] and eight["gradient_checkpointing"]
+        m1, m8 = one["memory_gb"], eight["memory_gb"]
+        assert m8["optimizer"] == pytest.approx(m1["optimizer"] / 8, rel=1e-3)  # sharded over the ranks
+        assert m8["optimizer"] == pytest.approx(8 * one["parameters"] / 8 / 1e9, rel=1e-3)  # AdamW: 8 bytes a parameter
+        assert m8["activations_checkpointed"] < m8["activations"]
+        assert eight["step_seconds"] == pytest.approx(one["step_seconds"] / 8, rel=1e-6)
+        assert eight["tokens"] == 512 * 16 * (2048 + 8192)  # the DAPO step
+    table = subprocess.run([*CLI, "plan", "experiment=dapo_7b", "--ranks", "8"], capture_output=True, text=True, timeout=300)
+    assert table.returncode == 0, table.stderr[-2000:]
+    assert "memory per rank (8 ranks, FSDP on)" in table.stdout and "step time at MFU 40%" in table.stdout
+    bad = subprocess.run([*CLI, "plan", "--mfu", "2"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: entropyrl plan: need --ranks >= 1")
+
+
+def test_a_model_folders_config_json_is_read_offline(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({**ARCH, "model_type": "qwen2"}))
+    figures = _plan(f"model.path={tmp_path}", "model.embedded=false", "model=qwen2.5-7b")
+    assert figures["architecture"] == str(tmp_path / "config.json")
+    h, i, L, V = 256, 704, 4, 1024
+    kvd = 2 * 64
+    expected = 2 * V * h + L * ((h * h + h) + 2 * (h * kvd + kvd) + h * h + 3 * h * i + 2 * h) + h
+    assert figures["parameters"] == expected
+
+
+def _measure() -> None:
+    """Peak extra RSS of one training micro-batch + AdamW step (every buffer its own mmap, so RSS
+    follows live tensors: MALLOC_MMAP_THRESHOLD_ is set by the test)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from entropyrl.rollout.base import Rollout
+    from entropyrl.trainers.algos.algorithm import Algorithm
+    from entropyrl.trainers.stats.policy_stats import response_token_stats
+
+    def kb(field: str) -> int:
+        return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
+
+    torch.set_num_threads(1)
+    prompt, resp = torch.randint(1, 1024, (ROWS, P)), torch.randint(1, 1024, (ROWS, R))
+    roll = Rollout(
+        prompt, torch.ones_like(prompt), resp, torch.ones_like(resp), [""] * ROWS, torch.zeros(ROWS, dtype=torch.bool), None
+    )
+    old, mask = -torch.rand(ROWS, R), torch.ones(ROWS, R)
+    adv = torch.randn(ROWS, 1).expand(ROWS, R).contiguous()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = kb("VmRSS")
+    model = Qwen2ForCausalLM(Qwen2Config(max_position_embeddings=1024, **ARCH)).float()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    logp, ent = response_token_stats(model, roll, temperature=1.0, chunk_size=1024)
+    Algorithm(max_response_length=R).loss(logp=logp, old_logp=old, entropy=ent, advantages=adv, mask=mask).loss.backward()
+    optimizer.step()
+    print(json.dumps({"peak_bytes": (kb("VmHWM") - base) * 1024}))
+
+
+def test_memory_figure_matches_the_measured_cpu_peak_of_a_small_shape():
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("needs /proc/self/clear_refs to reset the peak-RSS mark")
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(HERE), "measure"], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    measured = json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"] / 1e9
+
+    from entropyrl.models.cost import Architecture, step_cost
+
+    arch = Architecture(**{k: v for k, v in ARCH.items() if k != "tie_word_embeddings"}, tie_word_embeddings=False)
+    cost = step_cost(
+        arch,
+        prompts=ROWS,
+        n=1,
+        prompt_len=P,
+        response_len=R,
+        ranks=1,
+        micro_rows=ROWS,
+        micro_tokens=None,
+        epochs=1,
+        checkpointing=False,
+        compute_bytes=4,
+        chunk=1024,
+        fsdp=False,
+        ref_model=False,
+    )
+    predicted = cost.memory_gb["total"]
+    assert abs(predicted - measured) / measured <= 0.25, (predicted, measured)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "measure":
+        _measure()
+
+
+def test_verdict_per_rank_counts_the_vllm_engines_share():
+    from entropyrl.models.cost import Architecture, parameters, vllm_share
+
+    a = Architecture(**ARCH)
+    e = vllm_share(a, share=0.5, gpu_gb=10.0, weight_bytes=2, tensor_parallel=1, seq_len=256)
+    assert e["gb"] == 5.0 and e["weights_gb"] == pytest.approx(2 * parameters(a)["total"] / 1e9, abs=1e-3)
+    kv_per_token = 2 * 4 * 2 * 64 * 2  # k and v, layers, kv heads, head width, bf16
+    assert e["kv_cache_tokens"] == int((5.0 - 2 * parameters(a)["total"] / 1e9) * 1e9 / kv_per_token)
+    assert e["fits"] and not vllm_share(a, share=1e-4, gpu_gb=10.0, weight_bytes=2, tensor_parallel=1, seq_len=256)["fits"]
+
+    from entropyrl.models.cost import plan_figures
+
+    def plan(*overrides, ranks=8, gpu_gb=80.0):
+        return plan_figures(
+            ["experiment=stare_7b_short_cot", *overrides],
+            ranks=ranks,
+            mfu=0.4,
+            peak_tflops=989.0,
+            prompt_len=None,
+            gpu_gb=gpu_gb,
+            decode_mfu=0.05,
+        )
+
+    eight = plan()
+    assert eight["vllm"]["share"] == 0.6 and eight["vllm"]["gb"] == pytest.approx(48.0)  # the preset's share
+    v = eight["verdict"]
+    assert v["trainer_budget_gb"] == pytest.approx(32.0) and v["trainer_gb"] == pytest.approx(
+        eight["memory_gb"]["total"], abs=1e-3
+    )
+    assert v["fits"] is (eight["memory_gb"]["total"] <= 32.0) is True
+    assert not plan(ranks=1)["verdict"]["fits"]  # 12 bytes a parameter on one GPU
+    assert not plan("rollout.gpu_memory_utilization=0.9")["verdict"]["trainer_fits"]  # the engine leaves 8 GB
+    assert plan(gpu_gb=141.0)["verdict"]["trainer_budget_gb"] == pytest.approx(141.0 * 0.4)
+    # decoding at its own MFU; the checkpoint at 12 bytes a parameter, as often and as many as the preset says
+    assert eight["generation_seconds"] == pytest.approx(eight["generation_flops"] / (0.05 * 989e12 * 8))
+    assert eight["checkpoint"]["gb"] == pytest.approx(12 * eight["parameters"] / 1e9, rel=1e-3)
+    assert any("decoding is memory-bound" in a for a in eight["assumptions"])
+    assert plan("rollout=hf")["vllm"] is None
+
+
+def test_plan_prints_the_verdict_the_engine_and_the_assumptions():
+    out = subprocess.run(
+        [*CLI, "plan", "experiment=stare_7b_short_cot", "--ranks", "1"], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    verdict = next(line for line in out.stdout.splitlines() if line.startswith("verdict per rank (1 x 80 GB GPU)"))
+    assert "DOES NOT FIT: trainer" in verdict and "of the 32.0 GB left beside the vLLM engine" in verdict
+    assert "vLLM engine per rank" in out.stdout and "60% of 80 GB = 48.0 GB" in out.stdout
+    assert "to fit: more ranks" in out.stdout and "assumptions:" in out.stdout and "--decode-mfu" in out.stdout

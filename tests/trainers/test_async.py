@@ -1,0 +1,308 @@
+"""trainer.staleness: 0 is the synchronous loop unchanged; k >= 1 trains from a rollout worker
+process with batches at most k versions old (stamped, too-stale ones dropped and counted), a
+resumed run continues the step count, a worker that fails or dies ends the run with one UserError,
+and configurations without an asynchronous path are refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import open_dict
+
+from entropyrl.conf import compose
+from entropyrl.core.errors import UserError
+from entropyrl.trainers.algos.algorithm import Algorithm
+from entropyrl.trainers.async_rollout import AsyncRollouts, StaleBatch, async_step_metrics, check_async, too_stale
+from entropyrl.trainers.interventions.tis import m2po_keep, mismatch_weight
+from entropyrl.trainers.preflight import check_training
+
+ASYNC_METRICS = (
+    "async/staleness/mean",
+    "async/staleness/max",
+    "async/dropped",
+    "async/trainer_idle_frac",
+    "async/worker_idle_frac",
+    "async/samples_per_s",
+    "async/entropy_behaviour",
+    "async/entropy_gap",
+)
+
+
+def _overrides(fast_train: list[str], *extra: str) -> list[str]:
+    return [
+        *fast_train,
+        "output_dir=run",
+        "trainer.threads=1",
+        "trainer.val_every=0",
+        "val.prompts=0",
+        "tracking.enabled=false",
+        *extra,
+    ]
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _untimed(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith("time/") and k != "timestamp"}
+
+
+# -- the drop rule and the metrics, without a model ------------------------------------------
+def test_too_stale_counts_versions_behind_the_trainer():
+    assert not too_stale(batch_version=3, trainer_version=4, staleness=1)
+    assert too_stale(batch_version=2, trainer_version=4, staleness=1)
+    assert not too_stale(batch_version=2, trainer_version=4, staleness=2)
+
+
+class _ListQueue:
+    def __init__(self, items):
+        self.items = list(items)
+
+    def get(self, timeout=None):
+        return self.items.pop(0)
+
+
+def _item(step: int, version: int, rows: int) -> StaleBatch:
+    batch = torch.zeros(rows)  # stands for a StepBatch: only len() is read when it is dropped
+    return StaleBatch(step, version, (batch, {"acc/mean": 0.5}), 1.25, idle_s=1.0, cycle_s=4.0)
+
+
+def test_a_too_stale_batch_is_dropped_and_its_samples_counted(monkeypatch):
+    rollouts = AsyncRollouts(compose("train", ["tracking.enabled=false"]), staleness=1)
+    rollouts.process = object()  # started: next_batch only reads the queue
+    rollouts.queue = _ListQueue([_item(3, 1, rows=6), _item(4, 3, rows=6)])
+    batch, metrics = rollouts.next_batch(None, step=4)
+    assert len(batch) == 6 and rollouts.queue.items == []
+    assert metrics["async/dropped"] == 6.0  # version 1 at trainer version 4 is 3 behind > 1
+    assert metrics["async/staleness/mean"] == metrics["async/staleness/max"] == 1.0
+    assert metrics["async/worker_idle_frac"] == 0.25
+    assert metrics["async/entropy_behaviour"] == 1.25 and metrics["acc/mean"] == 0.5
+    step = async_step_metrics({**metrics, "time/generate": 0.5, "time/step": 2.0, "entropy": 1.0}, rows=6)
+    assert step == {"async/trainer_idle_frac": 0.25, "async/samples_per_s": 3.0, "async/entropy_gap": 0.25}
+
+
+# -- refused where no asynchronous path exists -------------------------------------------------
+def test_staleness_with_vllm_is_refused_at_config_check(in_tmp):
+    cfg = compose("train", ["rollout=vllm", "trainer.staleness=1", "tracking.enabled=false", "output_dir=run"])
+    with pytest.raises(UserError, match=r"trainer.staleness=1 runs only with rollout=hf"):
+        check_training(cfg)
+
+
+def test_negative_staleness_is_refused():
+    with pytest.raises(UserError, match="trainer.staleness"):
+        compose("train", ["trainer.staleness=-1"])
+
+
+def test_several_ranks_with_a_worker_are_refused():
+    class TwoRanks:
+        world_size = 2
+
+    cfg = compose("train", ["trainer.staleness=2"])
+    assert check_async(cfg) == 2
+    with pytest.raises(UserError, match="one trainer process"):
+        check_async(cfg, TwoRanks())
+
+
+# -- a worker that fails or dies ---------------------------------------------------------------
+@pytest.mark.slow  # the worker process imports torch and the package before it fails
+def test_a_failing_worker_ends_the_run_with_its_error(fast_train, in_tmp):
+    cfg = compose("train", _overrides(fast_train, "model.path=/no/such/model/folder"))
+    rollouts = AsyncRollouts(cfg, staleness=1)
+    try:
+        with pytest.raises(UserError, match=r"the rollout worker failed while producing step 1's batch: \w+"):
+            rollouts.next_batch(torch.nn.Linear(2, 2), step=0)
+    finally:
+        rollouts.close()
+    assert rollouts.process is None
+
+
+def test_a_killed_worker_ends_the_run_with_one_line(fast_train, in_tmp):
+    rollouts = AsyncRollouts(compose("train", _overrides(fast_train)), staleness=1)
+    rollouts.start(torch.nn.Linear(2, 2), step=0)
+    rollouts.process.kill()
+    try:
+        with pytest.raises(UserError, match=r"the rollout worker \(pid \d+\) exited with code -9 before sending step 1's"):
+            rollouts.next_batch(None, step=0)
+    finally:
+        rollouts.close()
+
+
+# -- real runs ----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_staleness_zero_is_the_synchronous_loop(fast_train, in_tmp):
+    from entropyrl.trainers.trainer import train
+
+    explicit = compose("train", _overrides(fast_train, "output_dir=explicit", "trainer.staleness=0"))
+    without = compose("train", _overrides(fast_train, "output_dir=without"))
+    with open_dict(without):
+        del without.trainer["staleness"]  # a config from before the key existed
+    train(explicit, log=lambda *_: None)
+    train(without, log=lambda *_: None)
+    a, b = _rows(in_tmp / "explicit"), _rows(in_tmp / "without")
+    assert len(a) == 4 and [_untimed(r) for r in a] == [_untimed(r) for r in b]
+    assert not any(k.startswith("async/") for r in a for k in r)
+
+
+@pytest.mark.slow
+def test_staleness_one_trains_from_the_worker_and_resumes(fast_train, in_tmp):
+    from entropyrl.trainers.trainer import train
+
+    first = train(compose("train", _overrides(fast_train, "trainer.staleness=1", "trainer.total_steps=2")), log=lambda *_: None)
+    assert first["status"] == "FINISHED" and first["steps"] == 2
+    again = train(compose("train", _overrides(fast_train, "trainer.staleness=1", "trainer.total_steps=4")), log=lambda *_: None)
+    assert again["status"] == "FINISHED" and again["steps"] == 4
+    rows = _rows(in_tmp / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        assert set(ASYNC_METRICS) <= set(r), sorted(set(ASYNC_METRICS) - set(r))
+        assert r["async/staleness/max"] <= 1 and r["async/dropped"] == 0
+        assert 0 <= r["async/trainer_idle_frac"] <= 1 and 0 <= r["async/worker_idle_frac"] <= 1
+    lags = [r["async/staleness/mean"] for r in rows]
+    assert lags == [0.0, 1.0, 0.0, 1.0]  # each start (fresh, resumed) begins from the current weights
+    assert 0 < sum(lags) / len(lags) < 1
+    assert rows[0]["async/entropy_gap"] == pytest.approx(0.0, abs=1e-5)  # same weights: same entropy
+    assert any(abs(r["async/entropy_gap"]) > 1e-4 for r in rows if r["async/staleness/mean"] == 1)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_stops_at_a_step_boundary(fast_train, in_tmp):
+    """A scheduler's SIGTERM reaches trainer and worker: the trainer saves at the step boundary and
+    says how to resume; the worker does not die first (no 'rollout worker exited' error)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "entropyrl.cli.main",
+        "train",
+        *_overrides(fast_train, "trainer.staleness=1", "trainer.total_steps=500", "trainer.save_every=0"),
+    ]
+    proc = subprocess.Popen(cmd, cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (in_tmp / "run" / "metrics.jsonl").exists() or not (in_tmp / "run" / "metrics.jsonl").read_text().strip():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no step logged in time"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err and "error:" not in err, err[-3000:]
+    steps = [r["step"] for r in _rows(in_tmp / "run")]
+    assert json.loads((in_tmp / "run" / "summary.json").read_text())["status"] == "KILLED"
+    assert sorted(int(p.name.split("_")[1]) for p in (in_tmp / "run" / "checkpoints").glob("step_*")) == [steps[-1]]
+    assert "received SIGTERM" in err and "To continue, run the same command again" in err
+
+
+# -- the corrections against their golden vectors (tests/golden/make_async_corrections.py) -----
+GOLDEN = json.loads((Path(__file__).parents[1] / "golden" / "async_corrections.json").read_text())
+
+
+def _t64(x) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN["cases"]))
+def test_m2po_masks_the_largest_squared_log_ratios_to_the_threshold(case):
+    inp = GOLDEN["cases"][case]["inputs"]
+    old, behaviour, mask = _t64(inp["old_logp"]), _t64(inp["sampling_logp"]), _t64(inp["mask"])
+    for want in GOLDEN["cases"][case]["m2po"]:
+        keep = m2po_keep(old - behaviour, mask, want["tau"])
+        assert torch.equal(keep, _t64(want["keep"]).bool())
+        assert float(((old - behaviour)[keep] ** 2).mean()) == pytest.approx(want["second_moment_kept"], rel=1e-9)
+        w, masked = mismatch_weight(
+            "m2po",
+            old,
+            behaviour,
+            mask,
+            cap=2.0,
+            icepop_low=0.5,
+            icepop_high=5.0,
+            seq_low=0.9,
+            seq_high=1.1,
+            m2_threshold=want["tau"],
+        )
+        torch.testing.assert_close(w, _t64(want["weight"]), rtol=1e-6, atol=1e-6)
+        assert torch.equal(masked, mask.bool() & ~keep)
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN["cases"]))
+def test_decoupled_objective_matches_areal(case):
+    inp = GOLDEN["cases"][case]["inputs"]
+    for want in GOLDEN["cases"][case]["decoupled"]:
+        algo = Algorithm.from_config(
+            {"interventions": ["tis"], "tis": {"mode": "decoupled", "cap": want["cap"]}}, max_response_length=8
+        )
+        logp = _t64(inp["logp"]).requires_grad_(True)
+        out = algo.loss(
+            logp=logp,
+            old_logp=_t64(inp["old_logp"]),
+            entropy=torch.zeros_like(logp),
+            advantages=_t64(inp["advantages"]),
+            mask=_t64(inp["mask"]),
+            sampler_logp=_t64(inp["sampling_logp"]),
+        )
+        (grad,) = torch.autograd.grad(out.loss, logp)
+        torch.testing.assert_close(out.loss.detach(), torch.tensor(want["loss"], dtype=torch.float64), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(grad, _t64(want["grad"]), rtol=1e-6, atol=1e-6)
+        w, _ = mismatch_weight(
+            "decoupled",
+            _t64(inp["old_logp"]),
+            _t64(inp["sampling_logp"]),
+            _t64(inp["mask"]),
+            cap=want["cap"],
+            icepop_low=0.5,
+            icepop_high=5.0,
+            seq_low=0.9,
+            seq_high=1.1,
+        )
+        torch.testing.assert_close(w, _t64(want["weight"]), rtol=1e-6, atol=1e-6)
+
+
+def test_m2po_threshold_must_be_positive():
+    with pytest.raises(UserError, match="m2_threshold must be > 0"):
+        Algorithm.from_config({"interventions": ["tis"], "tis": {"mode": "m2po", "m2_threshold": 0.0}}, max_response_length=4)
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """Child processes of ``pid`` started by multiprocessing's spawn (not its resource tracker)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+            if b"spawn_main" in cmdline:
+                out.append(int(child))
+    return out
+
+
+@pytest.mark.slow
+def test_a_killed_worker_ends_the_cli_run_with_one_error_line(fast_train, in_tmp):
+    cmd = [
+        sys.executable,
+        "-m",
+        "entropyrl.cli.main",
+        "train",
+        *_overrides(fast_train, "trainer.staleness=1", "trainer.total_steps=500", "trainer.save_every=2"),
+    ]
+    proc = subprocess.Popen(cmd, cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    metrics = in_tmp / "run" / "metrics.jsonl"
+    while not metrics.exists() or len(metrics.read_text().splitlines()) < 2:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no step logged in time"
+        time.sleep(0.05)
+    (worker,) = _spawned_children(proc.pid)
+    os.kill(worker, signal.SIGKILL)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "Traceback" not in err, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"the rollout worker (pid {worker}) exited with code -9" in errors[0], err[-3000:]
+    saved = sorted(int(p.name.split("_")[1]) for p in (in_tmp / "run" / "checkpoints").glob("step_*"))
+    assert saved and saved[-1] >= 2  # what was saved before the worker died stays
