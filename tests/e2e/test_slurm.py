@@ -149,8 +149,8 @@ def test_requeued_job_resumes_into_the_same_run(slurm_cluster, mlflow_server, wa
         [
             *CLI,
             "sweep",
-            "ablation=gate",
-            "variants=[off]",
+            "ablation=clip",
+            "variants=[symmetric]",
             "seeds=[0]",
             "sweep_dir=rq",
             *SLURM,
@@ -168,7 +168,7 @@ def test_requeued_job_resumes_into_the_same_run(slurm_cluster, mlflow_server, wa
         text=True,
         cwd=tmp_path,
     )
-    job_dir = tmp_path / "rq" / "runs" / "off" / "s0"
+    job_dir = tmp_path / "rq" / "runs" / "symmetric" / "s0"
     try:
         # 1. a few steps logged and a checkpoint on disk: the admin requeues the job
         _wait_for(
@@ -208,7 +208,7 @@ def test_requeued_job_resumes_into_the_same_run(slurm_cluster, mlflow_server, wa
     run_id = json.loads((job_dir / "tracking.json").read_text())["run_id"]
     assert json.loads((job_dir / "summary.json").read_text())["mlflow_run_id"] == run_id
     exp = client.get_experiment_by_name("slurm-requeue")
-    children = client.search_runs([exp.experiment_id], "tags.variant = 'off'")
+    children = client.search_runs([exp.experiment_id], "tags.variant = 'symmetric'")
     assert [r.info.run_id for r in children] == [run_id]  # one run across the three attempts
     history = [m.step for m in client.get_metric_history(run_id, "entropy")]
     assert sorted(history) == list(range(1, steps + 1))  # one continuous sequence, nothing twice
@@ -332,7 +332,7 @@ def _single_process_run(overrides: list[str], tmp_path: Path) -> Path:
 
 def _check_multi_rank_job(tmp_path: Path, launcher: list[str]) -> dict:
     out = subprocess.run(
-        [*CLI, "sweep", "ablation=gate", "variants=[off]", "seeds=[0]", "sweep_dir=mr", *SLURM, *launcher, *SAME_BATCH],
+        [*CLI, "sweep", "ablation=clip", "variants=[symmetric]", "seeds=[0]", "sweep_dir=mr", *SLURM, *launcher, *SAME_BATCH],
         capture_output=True,
         text=True,
         cwd=tmp_path,

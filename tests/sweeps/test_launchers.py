@@ -66,8 +66,8 @@ def test_a_launcher_registered_here_runs_a_sweep_end_to_end(in_tmp, capsys):
         main(
             [
                 "sweep",
-                "ablation=gate",
-                "variants=[off,gated]",
+                "ablation=clip",
+                "variants=[clip_higher,symmetric]",
                 "seeds=[0]",
                 "launcher=slots",
                 "launcher.slots=2",
@@ -89,7 +89,7 @@ def test_a_launcher_registered_here_runs_a_sweep_end_to_end(in_tmp, capsys):
         assert Path(job["stderr"]).parent == in_tmp / "sw" / "logs"  # submitit's local logs
         rows = (Path(job["output_dir"]) / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(r)["step"] for r in rows] == [1, 2, 3]
-    assert "| `off` | 1/1 |" in (in_tmp / "sw" / "report.md").read_text()
+    assert "| `clip_higher` | 1/1 |" in (in_tmp / "sw" / "report.md").read_text()
 
     # `entropyrl status` in another process knows nothing of `slots`: it follows the jobs' files
     status = subprocess.run([*CLI, "status", "sw"], capture_output=True, text=True, cwd=in_tmp, timeout=120)
@@ -259,8 +259,8 @@ def test_local_sweep_job_runs_as_two_ranks_into_one_mlflow_run(tmp_path):
         [
             *CLI,
             "sweep",
-            "ablation=gate",
-            "variants=[off]",
+            "ablation=clip",
+            "variants=[symmetric]",
             "seeds=[0]",
             "sweep_dir=sw",
             "launcher=local",
@@ -281,7 +281,7 @@ def test_local_sweep_job_runs_as_two_ranks_into_one_mlflow_run(tmp_path):
         timeout=900,
     )
     assert out.returncode == 0, out.stderr[-4000:]
-    run = tmp_path / "sw" / "runs" / "off" / "s0"
+    run = tmp_path / "sw" / "runs" / "symmetric" / "s0"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and len(summary["nodes"]) == 2
     assert "rank 1 of 2" in (run / "train.rank1.log").read_text()
@@ -290,5 +290,5 @@ def test_local_sweep_job_runs_as_two_ranks_into_one_mlflow_run(tmp_path):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
-    children = client.search_runs([client.get_experiment_by_name("local-ranks").experiment_id], "tags.variant = 'off'")
+    children = client.search_runs([client.get_experiment_by_name("local-ranks").experiment_id], "tags.variant = 'symmetric'")
     assert [r.info.run_id for r in children] == [summary["mlflow_run_id"]]

@@ -1,7 +1,7 @@
 """a sweep stops like a run, and resumes as it was started.
 
 SIGTERM to a local sweep stops its running job (no orphan process), marks the parent MLflow run
-KILLED and prints a resume line; a bare `entropyrl sweep ablation=gate --resume` after a sweep
+KILLED and prints a resume line; a bare `entropyrl sweep ablation=clip --resume` after a sweep
 started with overrides reuses them (no diff, no retyping), and changing one prints a readable diff.
 Real `entropyrl sweep` subprocesses with the local launcher, a real MLflow sqlite store."""
 
@@ -49,8 +49,8 @@ def test_a_stop_signal_stops_a_local_sweep_and_its_job(tmp_path, sig):
         [
             *CLI,
             "sweep",
-            "ablation=gate",
-            "variants=[gated]",
+            "ablation=clip",
+            "variants=[symmetric]",
             "seeds=[0]",
             "sweep_dir=sw",
             "launcher=local",
@@ -63,7 +63,7 @@ def test_a_stop_signal_stops_a_local_sweep_and_its_job(tmp_path, sig):
         stderr=subprocess.PIPE,
         text=True,
     )
-    job_dir = tmp_path / "sw" / "runs" / "gated" / "s0"
+    job_dir = tmp_path / "sw" / "runs" / "symmetric" / "s0"
     deadline = time.monotonic() + 300
     while not (job_dir / "metrics.jsonl").exists() or not (job_dir / "metrics.jsonl").read_text().strip():
         assert proc.poll() is None, proc.communicate()[1][-3000:]
@@ -73,7 +73,7 @@ def test_a_stop_signal_stops_a_local_sweep_and_its_job(tmp_path, sig):
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 128 + sig and "Traceback" not in err, err[-3000:]
-    assert f"stopped by {sig.name}; to continue: entropyrl sweep ablation=gate --resume sweep_dir=" in err
+    assert f"stopped by {sig.name}; to continue: entropyrl sweep ablation=clip --resume sweep_dir=" in err
     assert not alive(job_pid)  # no orphan
     sweep = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     with sqlite3.connect(db) as con:
@@ -90,7 +90,17 @@ def test_a_stop_signal_stops_a_local_sweep_and_its_job(tmp_path, sig):
 def test_a_bare_resume_reuses_the_sweeps_overrides(tmp_path):
     uri = f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"
     first = subprocess.run(
-        [*CLI, "sweep", "ablation=gate", "variants=[gated]", "seeds=[0]", "launcher=local", uri, "trainer.total_steps=2", *JOB],
+        [
+            *CLI,
+            "sweep",
+            "ablation=clip",
+            "variants=[symmetric]",
+            "seeds=[0]",
+            "launcher=local",
+            uri,
+            "trainer.total_steps=2",
+            *JOB,
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -98,13 +108,13 @@ def test_a_bare_resume_reuses_the_sweeps_overrides(tmp_path):
     )
     assert first.returncode == 0, first.stderr[-3000:]
     again = subprocess.run(
-        [*CLI, "sweep", "ablation=gate", "--resume", uri], cwd=tmp_path, capture_output=True, text=True, timeout=600
+        [*CLI, "sweep", "ablation=clip", "--resume", uri], cwd=tmp_path, capture_output=True, text=True, timeout=600
     )
     assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-3000:]
     assert "--resume: the sweep's own overrides: trainer.total_steps=2" in again.stderr
     assert "1 jobs (1 done, 0 still queued/running, 0 to run)" in again.stderr
     changed = subprocess.run(
-        [*CLI, "sweep", "ablation=gate", "--resume", uri, "trainer.total_steps=3", *JOB],
+        [*CLI, "sweep", "ablation=clip", "--resume", uri, "trainer.total_steps=3", *JOB],
         cwd=tmp_path,
         capture_output=True,
         text=True,
