@@ -259,7 +259,7 @@ TOOLS = {
     "tools.session": choice("stateless", "trajectory"),
     "tools.show_last_expression": BOOL,
     "tools.tags.*": owned("rollout/tool_formats.py (a tag string, or null for the format's own)"),
-    "tools.executor.isolation": choice("auto", "bwrap", "unshare", "none"),
+    "tools.executor.isolation": owned("evals/code/sandbox.py (auto, bwrap, unshare or none)"),
     "tools.mask_invalid_calls": BOOL,
     "tools.mask_repeated": BOOL,
     "tools.drop_void_turns": BOOL,

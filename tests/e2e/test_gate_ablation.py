@@ -14,6 +14,7 @@ CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # 6 lab-task jobs; under `make test` they share the cores with the other worker
 def test_gate_ablation_defaults_separate_the_variants_beyond_their_seed_band(tmp_path):
     out = subprocess.run(
         [
