@@ -12,6 +12,10 @@ import builtins
 import os
 
 MAX_REPLY = 32 << 20
+# The candidate's exit status when it ran out of memory where it could not report it (while
+# formatting or sending its reply): the oracle reads it as ``memory``.
+OUT_OF_MEMORY_STATUS = 86
+OUT_OF_MEMORY_REPLY = ["E", "MemoryError", "out of memory"]
 BUILTIN_NAMES = frozenset(builtins.__dict__)
 EXCEPTIONS = {
     k: v for k, v in builtins.__dict__.items() if isinstance(v, type) and issubclass(v, Exception) and not issubclass(v, Warning)

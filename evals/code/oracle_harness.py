@@ -17,6 +17,8 @@ import time
 
 from .harness_wire import (  # the sandbox runs harness_wire.py's text in front of this file
     BUILTIN_NAMES,
+    OUT_OF_MEMORY_REPLY,
+    OUT_OF_MEMORY_STATUS,
     CrossingError,
     Ended,
     decode,
@@ -41,7 +43,10 @@ def serve(req, resp, program, stdio):
             exec(code, ns)
         reply = ["ok", [k for k, v in list(ns.items()) if type(k) is str and callable(v)]]
     except BaseException as exc:  # noqa: BLE001 - reported, the oracle decides
-        reply = encode_exc(exc)
+        try:
+            reply = encode_exc(exc)
+        except MemoryError:
+            reply = OUT_OF_MEMORY_REPLY
     send(resp, reply)
     flush()
     while True:
@@ -198,6 +203,8 @@ def ended(pid):
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         return ("timeout", "CPU time limit") if sig == signal.SIGXCPU else ("killed", f"killed by signal {sig}")
+    if os.WEXITSTATUS(status) == OUT_OF_MEMORY_STATUS:
+        return "memory", "MemoryError: the program's process ran out of memory"
     return "error", f"the program's process exited (status {os.WEXITSTATUS(status)}) before the tests finished"
 
 
@@ -313,15 +320,18 @@ def main():
         os.dup2(null, 0)
         os.close(null)
         os.chdir(lim["cwd"])
+        status = 0
         try:
             first = recv(to_cand)
             serve(to_cand, to_oracle, first[0], first[1])
+        except MemoryError:  # while reporting: the exit status says it
+            status = OUT_OF_MEMORY_STATUS
         finally:
             try:
                 sys.stdout.flush()
                 sys.stderr.flush()
             finally:
-                os._exit(0)
+                os._exit(status)
     os.close(to_cand)
     os.close(to_oracle)
     if oracle_uid is None:

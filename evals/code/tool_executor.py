@@ -81,6 +81,9 @@ def _entropyrl_replay(sources, scope):
             os.close(copy)
     return failed
 def _entropyrl_cell(src, show_last, replay):
+    # Memory held back for reporting: released before a traceback is formatted, so code that
+    # filled the address space still gets its MemoryError printed.
+    reserve = bytearray(1 << 18)
     import ast, linecache, sys, traceback
     try:
         sys.stdout.reconfigure(line_buffering=True)
@@ -111,6 +114,7 @@ def _entropyrl_cell(src, show_last, replay):
             print(f"SystemExit: {exc.code}")
             return 1
     except BaseException as exc:
+        reserve = None
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "<code>" or f.filename.startswith("<call ")]
         lines = (["Traceback (most recent call last):\\n"] + traceback.format_list(frames)) if frames else []
         print("".join(lines + traceback.format_exception_only(type(exc), exc)), end="")
@@ -174,6 +178,8 @@ class SandboxToolExecutor:
             note = LIMIT_NOTES.get(r.reason, "the code interpreter failed").format(
                 wall=self.limits.wall_seconds, memory=self.limits.memory_mb
             )
+            if r.reason in ("error", "killed") and r.detail:
+                note += f" ({r.detail})"
             if replay:  # the limits are the process's: the replay of the earlier calls counted too
                 note += f" (the limit covers the replay of this response's {len(replay)} earlier call(s))"
             out.append(

@@ -169,6 +169,24 @@ def test_hostile_calls_are_contained_counted_and_bounded(tmp_path):
     assert _processes_with(token) == []  # the storm's children ended with the call
 
 
+def test_code_that_fills_its_memory_still_reports_a_memory_error():
+    """Code that keeps the address space full leaves no memory to format its traceback or send
+    its reply with: the call must still come back as a memory error, and an early exit says how."""
+    fill = "x = []\ntry:\n    while True:\n        x.append(bytearray({size}))\nexcept MemoryError:\n    pass\n"
+    codes = {
+        "fill_then_raise": fill.format(size=4096) + "raise ValueError('y' * 10 ** 5)\n",
+        "fill_then_allocate": fill.format(size=64) + "x.append(bytearray(1 << 20))\n",
+        "fill_unguarded": "x = []\nwhile True:\n    x.append(bytearray(100))\n",
+        "exit": "import os\nos._exit(3)\n",
+    }
+    limits = SandboxLimits(wall_seconds=10.0, cpu_seconds=10, memory_mb=256, processes=16)
+    results = dict(zip(codes, SandboxToolExecutor(limits, workers=2)(list(codes.values()))))
+    for name in ("fill_then_raise", "fill_then_allocate", "fill_unguarded"):
+        r = results[name]
+        assert r.error and r.reason in ("raised", "memory") and "MemoryError" in r.output, (name, r)
+    assert results["exit"].reason == "error" and "status 3" in results["exit"].output
+
+
 def _processes_with(token: str) -> list[int]:
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
