@@ -15,6 +15,8 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import UserError
@@ -102,3 +104,30 @@ class FolderLock:
     def __exit__(self, *exc) -> bool:
         self.release()
         return False
+
+
+@contextmanager
+def build_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` while one cache entry is built, so that concurrent
+    builders of the same entry (the jobs of a sweep on a fresh machine) wait for the first one and
+    then find its result, instead of each repeating minutes of work. ``on_wait`` is called once when
+    the lock is held by another process. The builds stay atomic without it: where the filesystem
+    refuses ``flock`` (some network filesystems), building goes on unlocked."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        fd = -1
+    try:
+        if fd >= 0:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if on_wait is not None:
+                    on_wait()
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                pass
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)  # closing drops the lock

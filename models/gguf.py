@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from ..core.errors import UserError
+from ..core.folder_lock import build_lock
 from .tiny import _cache_root
 
 # Bump when the conversion changes (what is written into the folder), so stale caches are not reused.
@@ -82,22 +83,26 @@ def converted_dir(path: Path, log=print) -> Path:
     target = _cache_root() / f"gguf-{path.stem}-{digest}-v{CONVERT_VERSION}"
     if (target / "config.json").exists():
         return target
-    log(f"converting {path.name} to a Hugging Face folder (one time, de-quantised to float32; cached in {target})")
-    start = time.perf_counter()
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".gguf-tmp-"))
-    try:
-        info = convert(path, staging)
-        info["seconds"] = round(time.perf_counter() - start, 1)
-        (staging / "gguf_source.json").write_text(json.dumps({"file": path.name, "sha256_16": digest, **info}))
+    waiting = lambda: log(f"waiting for another process converting {path.name} ({target})")  # noqa: E731
+    with build_lock(target.parent / f".{target.name}.lock", on_wait=waiting):
+        if (target / "config.json").exists():  # converted while this process waited
+            return target
+        log(f"converting {path.name} to a Hugging Face folder (one time, de-quantised to float32; cached in {target})")
+        start = time.perf_counter()
+        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".gguf-tmp-"))
         try:
-            os.replace(staging, target)  # atomic: concurrent builders race harmlessly
-        except OSError:
+            info = convert(path, staging)
+            info["seconds"] = round(time.perf_counter() - start, 1)
+            (staging / "gguf_source.json").write_text(json.dumps({"file": path.name, "sha256_16": digest, **info}))
+            try:
+                os.replace(staging, target)  # atomic: an unlocked concurrent builder races harmlessly
+            except OSError:
+                shutil.rmtree(staging, ignore_errors=True)
+        except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    log(f"converted {path.name} in {time.perf_counter() - start:.0f} s")
+            raise
+        log(f"converted {path.name} in {time.perf_counter() - start:.0f} s")
     return target
 
 

@@ -24,6 +24,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ..core.errors import UserError
+from ..core.folder_lock import build_lock
 from ..tasks import builtin as tasks
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
@@ -181,17 +182,28 @@ def embedded_model_dir(model_cfg, task_cfg=None, log=print) -> Path:
     # the cache folder must take the result before minutes of warm start, not after
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tiny-tmp-"))
     except OSError as exc:
-        raise UserError(
-            f"cannot cache the embedded tiny model in {target.parent}: {exc.strerror or exc} "
-            f"(a read-only or missing HOME?): set ENTROPYRL_CACHE=<a writable folder>"
-        ) from None
-    log(f"building the embedded tiny model (one-time warm start, cached in {target})")
-    try:
-        return _build_into(target, staging, model_cfg, task_cfg, log)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # gone already when it became the cache
+        raise _uncacheable(target, exc) from None
+    waiting = lambda: log(f"waiting for another process building the embedded tiny model ({target})")  # noqa: E731
+    with build_lock(target.parent / f".{target.name}.lock", on_wait=waiting):
+        if (target / "config.json").exists():  # built while this process waited
+            return target
+        try:
+            staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tiny-tmp-"))
+        except OSError as exc:
+            raise _uncacheable(target, exc) from None
+        log(f"building the embedded tiny model (one-time warm start, cached in {target})")
+        try:
+            return _build_into(target, staging, model_cfg, task_cfg, log)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # gone already when it became the cache
+
+
+def _uncacheable(target: Path, exc: OSError) -> UserError:
+    return UserError(
+        f"cannot cache the embedded tiny model in {target.parent}: {exc.strerror or exc} "
+        f"(a read-only or missing HOME?): set ENTROPYRL_CACHE=<a writable folder>"
+    )
 
 
 def _build_into(target: Path, staging: Path, model_cfg, task_cfg, log) -> Path:
@@ -209,7 +221,7 @@ def _build_into(target: Path, staging: Path, model_cfg, task_cfg, log) -> Path:
     tokenizer.save_pretrained(staging)
     (staging / "warm_start.json").write_text(json.dumps(info))
     try:
-        os.replace(staging, target)  # atomic: concurrent builders race harmlessly
+        os.replace(staging, target)  # atomic: an unlocked concurrent builder races harmlessly
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import torch
 from omegaconf import OmegaConf
@@ -92,3 +93,31 @@ def test_warm_start_does_not_depend_on_the_callers_thread_count(tmp_path, monkey
             torch.set_num_threads(1)
         built.append((path / "model.safetensors").read_bytes())
     assert built[0] == built[1]
+
+
+def test_concurrent_builders_of_one_embedded_model_build_it_once(tmp_path, monkeypatch):
+    """Two jobs of a sweep on a fresh machine need the same warm start at once: the second waits for
+    the first's build (a lock beside the cache entry) instead of repeating it, then loads it."""
+    import threading
+
+    cfg = compose("train", ["model.warm_start.steps=20"])
+    monkeypatch.setenv("ENTROPYRL_CACHE", str(tmp_path / "cache"))
+    lines: list[str] = []
+    building = threading.Event()
+
+    def log(msg):
+        lines.append(msg)
+        if msg.startswith("building"):
+            building.set()
+            time.sleep(1.0)  # hold the build open while the other caller arrives
+
+    tiny.build_tokenizer()  # transformers' lazy imports, done before two threads race through them
+    paths = []
+    first = threading.Thread(target=lambda: paths.append(tiny.embedded_model_dir(cfg.model, cfg.data, log=log)))
+    first.start()
+    assert building.wait(60)
+    paths.append(tiny.embedded_model_dir(cfg.model, cfg.data, log=log))
+    first.join(120)
+    assert len(paths) == 2 and paths[0] == paths[1] and (paths[0] / "config.json").exists()
+    assert sum(m.startswith("building") for m in lines) == 1, lines
+    assert any(m.startswith("waiting for another process") for m in lines), lines
