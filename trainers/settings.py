@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ..conf import cfg_get
+from .algos.algo_config import read_key, to_dict
 from .components import stats_kwargs
 
 __all__ = ["StepSettings"]
@@ -31,6 +32,7 @@ class StepSettings:
     mask_invalid_calls: bool = False  # tools.mask_invalid_calls: a response with a malformed tool call out of the loss
     mask_repeated: bool = False  # tools.mask_repeated: a response that runs the same code twice out of the loss
     drop_void_turns: bool = False  # tools.drop_void_turns: a response with a void turn out of the loss
+    overlong_filter: bool = False  # algo.overlong.filter: a response cut at the length budget out of the loss
     entropy_quantiles: tuple[float, ...] = ()  # diagnostics.entropy_quantiles (empty: off)
     val_temperature: float = 0.0  # validation on the task's held-out prompts
     val_pass_k: int = 0  # sampled pass@1 / pass@k at validation (0: off)
@@ -64,6 +66,7 @@ class StepSettings:
             mask_invalid_calls=bool(cfg_get(cfg.get("tools") or {}, "mask_invalid_calls", False)),
             mask_repeated=bool(cfg_get(cfg.get("tools") or {}, "mask_repeated", False)),
             drop_void_turns=bool(cfg_get(cfg.get("tools") or {}, "drop_void_turns", False)),
+            overlong_filter=bool(read_key(to_dict(cfg.algo), "overlong.filter")),
             entropy_quantiles=tuple(float(q) for q in quantiles) if quantiles else (),
             val_temperature=float(cfg_get(val, "temperature", 0.0)),
             val_pass_k=int(cfg_get(val, "pass_k", 0) or 0),

@@ -68,7 +68,7 @@ from .stats.passk import sampled_pass_metrics
 from .stats.policy_stats import batch_token_stats, response_token_stats
 from .stats.probe import build_probe
 from .stats.reflection import reflection_entropy_metrics, reflection_settings, reflection_token_masks
-from .stats.tool_stats import loss_mask, token_kind_metrics
+from .stats.tool_stats import loss_mask, overlong_filter, token_kind_metrics
 
 
 def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
@@ -281,6 +281,9 @@ class GRPOTrainer:
         mask = mask.to(self.device)
         if left_out is not None:
             metrics["tools/masked_frac"] = left_out.float().mean().item()
+        if s.overlong_filter:  # DAPO's overlong filtering: responses cut at the budget leave the loss too
+            mask, cut = overlong_filter(mask, roll.truncated.to(self.device))
+            metrics["overlong/filtered_frac"] = cut
         wanted = self.algo.sampling_vocab_stats()  # SIREN's anchor: the first batch's top-p entropies
         old_logp, entropy, *sampled = batch_token_stats(self.model, roll, rows_per_chunk, vocab_stats=wanted, **stats_kw)
         if sampled:

@@ -15,7 +15,7 @@ from entropyrl.conf import CONF_DIR, compose, config_groups
 from entropyrl.core.errors import UserError
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
-EXPERIMENTS = ("stare_7b_short_cot", "stare_7b_tool_use", "steer_7b", "dapo_7b", "kl_cov_7b")
+EXPERIMENTS = ("stare_7b_short_cot", "stare_7b_tool_use", "stare_32b_long_cot", "steer_7b", "dapo_7b", "kl_cov_7b")
 
 
 def show(*overrides: str) -> dict:
@@ -43,6 +43,23 @@ def test_config_show_prints_the_stare_7b_short_cot_configuration():
     assert cfg["data"]["max_prompt_length"] == 1024
     v = cfg["val"]
     assert v["benchmarks"] == ["aime24", "aime25"] and (v["n_samples"], v["top_p"], v["temperature"]) == (32, 0.7, 1.0)
+
+
+def test_config_show_prints_the_stare_32b_long_cot_configuration():
+    """STARE on the DAPO recipe's 32B long-CoT shape; the STARE values are the short-CoT script's
+    (no long-CoT value is published) and the YAML says so."""
+    cfg = show("experiment=stare_32b_long_cot")
+    assert cfg["algo"]["interventions"] == ["stare"] and cfg["model"]["name"] == "qwen2.5-32b"
+    r, t, a = cfg["rollout"], cfg["trainer"], cfg["algo"]
+    assert (r["max_new_tokens"], r["max_model_len"], r["n"], r["tensor_parallel_size"]) == (20480, 22528, 16, 4)
+    assert (t["prompts_per_step"], t["mini_batch_prompts"], t["micro_batch_tokens"]) == (512, 32, 22528)
+    assert a["overlong"] == {"enabled": True, "buffer": 4096, "filter": False}
+    assert a["dynamic_sampling"]["enabled"] is True and cfg["data"]["max_prompt_length"] == 2048
+    assert (a["stare"]["variant"], a["stare"]["w"], a["stare"]["h_tgt"]) == ("O1", 1.1, 0.3)
+    text = (CONF_DIR / "experiment" / "stare_32b_long_cot.yaml").read_text()
+    stare_lines = text.split("\n  stare:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert len(stare_lines) == 9 and all("# stare-short:" in line for line in stare_lines), stare_lines
+    assert "NOT stated" in text
 
 
 def test_config_show_prints_the_stare_7b_tool_use_configuration():
@@ -116,7 +133,7 @@ def test_every_preset_value_names_its_source(name):
         stripped = line.strip()
         if not stripped or stripped.startswith("#") or re.fullmatch(r"[\w./-]+:", stripped):
             continue  # blank, comment, or a section header
-        assert "#" in line and re.search(r"#\s*(script|verl|paper|spec|ours)\b", line), f"{name}: {line!r}"
+        assert "#" in line and re.search(r"#\s*(script|stare-short|verl|paper|spec|ours)\b", line), f"{name}: {line!r}"
 
 
 @pytest.mark.parametrize(

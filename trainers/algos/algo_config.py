@@ -32,6 +32,7 @@ ALGO_KEYS: dict[str, Rule] = {
     "dynamic_sampling.max_num_gen_batches": POS_INT,
     "overlong.enabled": BOOL,
     "overlong.buffer": integer(0),
+    "overlong.filter": BOOL,
 }
 
 

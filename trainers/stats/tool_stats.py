@@ -19,6 +19,8 @@ batch's ``ToolTrace`` (``rollout/base.py``) and its token statistics.
   out keeps its reward, so it still enters its group's baseline: only its tokens leave the loss.
   ``tools/repeated_frac`` and ``tools/void_frac`` (every step, from ``tool_use_metrics``) count the
   responses each switch would drop; ``tools/masked_frac`` those the switches on did drop.
+- ``overlong_filter``: the same for the responses cut at the length budget (DAPO's overlong
+  filtering, ``algo.overlong.filter``; not a tool switch, but the same mask); ``overlong/filtered_frac``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ __all__ = [
     "invalid_call_rows",
     "left_out_rows",
     "loss_mask",
+    "overlong_filter",
     "POLICY_KINDS",
 ]
 
@@ -116,3 +119,11 @@ def loss_mask(roll: Rollout, **switches: bool) -> tuple[torch.Tensor, torch.Tens
         return mask, None
     out = left_out_rows(roll.tools, **switches)
     return mask * (~out).to(mask).unsqueeze(-1), out
+
+
+def overlong_filter(mask: torch.Tensor, truncated: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """DAPO's overlong filtering (``algo.overlong.filter``): ``(mask [B, R] with the rows of the
+    responses cut at the length budget zeroed, the share of such rows)``. ``truncated``: [B] bool
+    (or 0/1). Their rewards are untouched, so they stay in their groups' baselines."""
+    cut = truncated.bool()
+    return mask * (~cut).to(mask).unsqueeze(-1), cut.float().mean().item()
