@@ -7,11 +7,13 @@ trainer). The two meet in two places:
 
 - the weights: after every training step the trainer copies its ``state_dict`` into tensors in
   shared memory and raises the version counter (the number of training steps applied to those
-  weights); the worker loads them before its next generation when the version moved;
+  weights); the worker loads them before its next generation when the version moved, and pushes
+  them into its engine's own copy where it has one (vLLM's ``sync_weights``);
 - a bounded queue (``k`` batches) of ``StaleBatch``: the collected batch of one step, stamped with
   the version that generated it, with the token log-probs and entropy of the responses under the
-  worker's (behaviour) weights: ``sampling_logp`` of the rollout, like vLLM's, so the mismatch
-  metrics and the ``tis`` corrections apply to the behaviour-vs-current ratio.
+  worker's (behaviour) weights: ``sampling_logp`` of the rollout (vLLM's own where the engine
+  reports them), so the mismatch metrics and the ``tis`` corrections apply to the
+  behaviour-vs-current ratio.
 
 Bounded staleness: the worker starts step ``j``'s batch only once version ``j - k`` is published,
 so the trainer at step ``s`` (version ``s``) gets a batch at most ``k`` versions old. A batch older
@@ -109,7 +111,7 @@ def rollout_worker(cfg_yaml: str, weights: WeightChannel, out, stop, first_step:
     for sig in (signal.SIGINT, signal.SIGTERM):  # a Ctrl-C or a scheduler's SIGTERM to the process group
         signal.signal(sig, signal.SIG_IGN)  # is the trainer's to handle (a step boundary); it stops us
     parent = os.getppid()
-    step = first_step
+    step, engine = first_step, None
     try:
         cfg = OmegaConf.create(cfg_yaml)
         ThreadBudget(cfg.trainer.threads)
@@ -131,6 +133,7 @@ def rollout_worker(cfg_yaml: str, weights: WeightChannel, out, stop, first_step:
                     return
             if weights.version.value != loaded:
                 loaded = weights.load_into(model)
+                engine.sync_weights()  # an engine holding its own copy (vLLM) gets them too
             idle += time.perf_counter() - waited
             batch, metrics = collect_rollouts(
                 cfg,
@@ -151,6 +154,9 @@ def rollout_worker(cfg_yaml: str, weights: WeightChannel, out, stop, first_step:
                 behaviour_entropy = masked_mean(entropy, mask)
                 if roll.sampling_logp is None:
                     batch = batch.with_(responses=dataclasses.replace(roll, sampling_logp=(logp * mask).cpu()))
+                else:  # the engine's own log-probs (vLLM): how far its weights are from the ones loaded
+                    gap = (roll.sampling_logp.to(logp.device) - logp).abs() * mask
+                    metrics["async/engine_logp_diff_max"] = float(gap.max()) if gap.numel() else 0.0
             ready = time.perf_counter()
             item = StaleBatch(step, loaded, (batch, metrics), behaviour_entropy, idle, ready - ready_before)
             ready_before = ready
@@ -168,6 +174,9 @@ def rollout_worker(cfg_yaml: str, weights: WeightChannel, out, stop, first_step:
             out.put(WorkerFailed(step, f"{type(exc).__name__}: {exc}"), timeout=5)
         finally:
             raise SystemExit(1) from None
+    finally:
+        if engine is not None:
+            engine.close()  # vLLM's engine process ends with its worker
 
 
 class AsyncRollouts:
@@ -180,6 +189,7 @@ class AsyncRollouts:
         self.staleness = int(staleness)
         self.worker = worker
         self.ctx = mp.get_context("spawn")
+        self.engine = str(cfg.rollout.get("name", "hf"))
         self.process = None
         self.weights: WeightChannel | None = None
 
@@ -192,7 +202,9 @@ class AsyncRollouts:
             target=self.worker,
             args=(self.cfg_yaml, self.weights, self.queue, self.stop, int(step), self.staleness),
             name="entropyrl-rollout-worker",
-            daemon=True,
+            # vLLM starts its engine in a process of its own, which a daemonic process may not have;
+            # close() stops the worker either way (and the worker stops when its parent is gone)
+            daemon=str(self.engine) != "vllm",
         )
         self.process.start()
 
@@ -287,17 +299,11 @@ def async_step_metrics(metrics: dict, rows: int) -> dict[str, float]:
 
 
 def check_async(cfg, dist=None) -> int:
-    """``trainer.staleness``, refused where the asynchronous loop does not exist yet: another engine
-    than ``hf`` (vLLM's weight sync into a separate worker is not built), or several ranks."""
+    """``trainer.staleness``, refused where the asynchronous loop does not exist yet: several
+    trainer ranks (one trainer process and one worker)."""
     staleness = int(cfg.trainer.get("staleness", 0) or 0)
     if staleness == 0:
         return 0
-    engine = str(cfg.rollout.get("name", "hf"))
-    if engine != "hf":
-        raise UserError(
-            f"trainer.staleness={staleness} runs only with rollout=hf for now (got rollout={engine}); "
-            f"use rollout=hf, or trainer.staleness=0 with rollout={engine}"
-        )
     if dist is not None and dist.world_size > 1:
         raise UserError(
             f"trainer.staleness={staleness} runs on one trainer process for now (got {dist.world_size} ranks); "

@@ -135,6 +135,38 @@ def test_cli_train_with_vllm_rollouts(vllm_importable, in_tmp):
 
 @pytest.mark.vllm
 @pytest.mark.slow
+def test_cli_train_with_vllm_rollouts_from_a_stale_worker(vllm_importable, in_tmp):
+    """trainer.staleness=1 with rollout=vllm: the rollout worker runs its own vLLM engine and pushes
+    each published version's weights into it, so the engine's log-probs equal the worker's policy's
+    at every step, while the trainer sees them one version behind."""
+    args = [
+        "train",
+        "rollout=vllm",
+        "trainer.staleness=1",
+        "trainer.threads=1",
+        "trainer.total_steps=3",
+        "trainer.prompts_per_step=8",
+        "trainer.mini_batch_prompts=4",
+        "trainer.val_every=0",
+        "val.prompts=0",
+        "trainer.progress=false",
+        "tracking.enabled=false",
+        "output_dir=run",
+    ]
+    out = subprocess.run(CLI + args, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["async/staleness/mean"] for r in rows] == [0.0, 1.0, 1.0]
+    for r in rows:
+        assert r["async/dropped"] == 0
+        assert r["async/engine_logp_diff_max"] < 1e-3, r  # the engine holds the version it was given
+    # one version behind, the trainer's policy has moved away from the sampler's
+    assert rows[0]["rollout/logp_diff_max"] < 1e-3 and rows[-1]["rollout/logp_diff_max"] > 1e-3, rows
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_cli_train_lora_with_vllm_rollouts_syncs_merged_weights(vllm_importable, in_tmp):
     args = [
         "train",
