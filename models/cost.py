@@ -237,6 +237,20 @@ def verdict(train_gb: float, gpu_gb: float, engine: dict | None) -> dict:
     }
 
 
+def async_estimate(train_seconds: float | None, generation_seconds: float | None, staleness: int) -> dict | None:
+    """The step time with ``trainer.staleness >= 1`` if generation overlapped training completely,
+    ``max(train, generation)``, and the ideal speed-up over taking turns, ``(train + generation) /
+    max(...)``; None without both times."""
+    if not train_seconds or not generation_seconds:
+        return None
+    overlapped = max(train_seconds, generation_seconds)
+    return {
+        "staleness": staleness,
+        "step_seconds": round(overlapped, 3),
+        "ideal_speedup": round((train_seconds + generation_seconds) / overlapped, 3),
+    }
+
+
 def plan_figures(
     overrides: list[str],
     *,
@@ -310,6 +324,13 @@ def plan_figures(
             f"rollout.tensor_parallel_size GPUs), its KV cache in the rest of its {engine['share']:.0%} "
             f"share ({engine['source']})"
         )
+    overlap = async_estimate(cost.train_seconds, cost.generation_seconds, int(t.get("staleness", 0) or 0))
+    if overlap:
+        assumptions.append(
+            "trainer.staleness >= 1: the step time if generation overlaps training completely (generation "
+            "on resources of its own, no weight-sync cost); the rollout worker shares a rank's GPUs, so "
+            "a run reaches less (docs/async.md)"
+        )
     return {
         "model": str(cfg.model.name),
         "architecture": arch.source,
@@ -324,6 +345,7 @@ def plan_figures(
         **cost.to_dict(),
         "vllm": engine,
         "verdict": verdict(cost.memory_gb["total"], gpu_gb, engine),
+        "async": overlap,
         "checkpoint": {"gb": round(ckpt_gb, 3), "save_every": every, "keep": keep, "disk_gb": round(ckpt_gb * max(keep, 1), 3)},
         "assumptions": assumptions,
     }

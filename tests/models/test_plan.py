@@ -183,3 +183,22 @@ def test_plan_prints_the_verdict_the_engine_and_the_assumptions():
     assert "DOES NOT FIT: trainer" in verdict and "of the 32.0 GB left beside the vLLM engine" in verdict
     assert "vLLM engine per rank" in out.stdout and "60% of 80 GB = 48.0 GB" in out.stdout
     assert "to fit: more ranks" in out.stdout and "assumptions:" in out.stdout and "--decode-mfu" in out.stdout
+
+
+@pytest.mark.parametrize("preset", ["stare_7b_short_cot", "dapo_7b", "steer_7b", "kl_cov_7b", "stare_7b_tool_use"])
+def test_plan_gives_the_async_step_time_of_the_7b_presets(preset):
+    """With generation overlapping training the step takes the longer of the two; the ideal speed-up
+    over taking turns is their sum over that (docs/async.md)."""
+    f = _plan(f"experiment={preset}", "trainer.staleness=2", "--ranks", "16")
+    a, train, gen = f["async"], f["train_seconds"], f["generation_seconds"]
+    assert a["staleness"] == 2 and a["step_seconds"] == pytest.approx(max(train, gen), rel=1e-3)
+    assert a["ideal_speedup"] == pytest.approx((train + gen) / max(train, gen), rel=1e-3)
+    assert 1 < a["ideal_speedup"] <= 2
+    assert any("trainer.staleness >= 1" in line for line in f["assumptions"])
+
+
+def test_plan_prints_the_async_step_time():
+    out = subprocess.run([*CLI, "plan", "experiment=dapo_7b", "--ranks", "8"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("step time with trainer.staleness >= 1"))
+    assert "ideal speed-up" in line and "fully async 2.66x" in line
