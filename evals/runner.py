@@ -31,7 +31,7 @@ from ..core.files import atomic_write_lines, atomic_write_text
 from ..core.mlflow_store import resolve_uri
 from ..core.outbox import short_http_retries
 from ..core.tracking import TrackingStore, check_reachable
-from ..models.loading import checkpoint_label, load_policy, model_dir, resolve_model_path
+from ..models.loading import checkpoint_label, load_policy, model_dir, resolve_model_path, stop_tokens
 from ..rollout.base import RolloutEngine, build_rollout, rollout_engine
 from ..rollout.multi_turn import ToolRollout
 from ..tasks.problem import Problem
@@ -348,6 +348,8 @@ def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine,
         path = model_dir(cfg.model, log=log)  # the converted GGUF folder, model.path's model, or the embedded one
         model, tokenizer = None, AutoTokenizer.from_pretrained(path)
         engine_cfg["model_path"] = path
+        # model.stop_tokens (a chat model's end of turn): the folder's generation_config knows only its EOS
+        engine_cfg["extra_stop_ids"] = stop_tokens(cfg.model, tokenizer)
     else:
         model_cfg = {**(to_plain(cfg.model) or {}), "path": label} if cfg.model.get("path") else cfg.model
         model, tokenizer = load_policy(model_cfg, log=log)

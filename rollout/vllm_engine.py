@@ -299,10 +299,11 @@ class VLLMRollout:
     # -- sampling -----------------------------------------------------------------------------
     def _stop_ids(self) -> list[int]:
         """The tokenizer's and the model's EOS ids (the folder's ``generation_config.json`` when
-        there is no model in this process)."""
+        there is no model in this process), then ``extra_stop_ids`` (the caller's ``model.stop_tokens``)."""
         if self._stop is None:
             source = self.model if self.model is not None else _folder_generation_config(str(cfg_get(self.cfg, "model_path")))
-            self._stop = stop_token_ids(source, self.tokenizer)
+            ids = stop_token_ids(source, self.tokenizer)
+            self._stop = ids + [int(t) for t in (cfg_get(self.cfg, "extra_stop_ids", None) or []) if int(t) not in ids]
         return self._stop
 
     @torch.no_grad()

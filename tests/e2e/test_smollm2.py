@@ -266,3 +266,21 @@ def test_trains_two_steps_on_word_problems(smollm_dir, tmp_path):
     # the chat format (its special tokens are dropped from the logged prompt): user turn, then the assistant's
     assert samples and all("have now?" in s["prompt"] and s["prompt"].rstrip().endswith("assistant") for s in samples)
     assert {s["reward"] for s in samples} <= {0.0, 1.0}
+
+
+@needs_smollm2
+def test_eval_with_vllm_stops_at_the_presets_stop_tokens(smollm_dir):
+    """vLLM evaluation starts from the model's folder, whose generation_config knows only its EOS:
+    the preset's model.stop_tokens (the chat model's end of turn) must reach the engine too, as they
+    reach the hf engine (through the loaded model) and vLLM training rollouts."""
+    from entropyrl.conf import compose
+    from entropyrl.evals.runner import make_engine
+
+    cfg = compose("eval", ["model=smollm2-135m", "eval.backend=vllm", "tracking.enabled=false"])
+    engine, tokenizer, _ = make_engine(cfg, log=lambda *_: None)
+    try:
+        stops = engine._stop_ids()
+    finally:
+        engine.close()
+    for token in cfg.model.stop_tokens:
+        assert tokenizer.convert_tokens_to_ids(token) in stops, (token, stops)
