@@ -103,26 +103,35 @@ def test_engine_logprobs_match_trainer_and_weights_sync(vllm_importable, tmp_pat
     assert r["second_sync_ok"]
 
 
-@pytest.mark.vllm
-@pytest.mark.slow
-def test_cli_train_with_vllm_rollouts(vllm_importable, in_tmp):
+def _train_with_vllm(run_root, *overrides: str) -> list[dict]:
+    """``entropyrl train rollout=vllm`` (8 prompts a step in mini-batches of 4, no progress bar or
+    tracking, into ``run``) with ``overrides``; the rows of its metrics.jsonl."""
     args = [
         "train",
         "rollout=vllm",
-        "rollout.tis.enabled=true",
-        "trainer.total_steps=3",
         "trainer.prompts_per_step=8",
         "trainer.mini_batch_prompts=4",
-        "trainer.val_every=3",
-        "trainer.save_every=3",
-        "val.prompts=16",
         "trainer.progress=false",
         "tracking.enabled=false",
         "output_dir=run",
+        *overrides,
     ]
     out = subprocess.run(CLI + args, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (run_root / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_cli_train_with_vllm_rollouts(vllm_importable, in_tmp):
+    rows = _train_with_vllm(
+        in_tmp,
+        "rollout.tis.enabled=true",
+        "trainer.total_steps=3",
+        "trainer.val_every=3",
+        "trainer.save_every=3",
+        "val.prompts=16",
+    )
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
         # weights are synced after every update: the sampler stays on the trainer's policy
@@ -139,23 +148,14 @@ def test_cli_train_with_vllm_rollouts_from_a_stale_worker(vllm_importable, in_tm
     """trainer.staleness=1 with rollout=vllm: the rollout worker runs its own vLLM engine and pushes
     each published version's weights into it, so the engine's log-probs equal the worker's policy's
     at every step, while the trainer sees them one version behind."""
-    args = [
-        "train",
-        "rollout=vllm",
+    rows = _train_with_vllm(
+        in_tmp,
         "trainer.staleness=1",
         "trainer.threads=1",
         "trainer.total_steps=3",
-        "trainer.prompts_per_step=8",
-        "trainer.mini_batch_prompts=4",
         "trainer.val_every=0",
         "val.prompts=0",
-        "trainer.progress=false",
-        "tracking.enabled=false",
-        "output_dir=run",
-    ]
-    out = subprocess.run(CLI + args, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+    )
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert [r["async/staleness/mean"] for r in rows] == [0.0, 1.0, 1.0]
     for r in rows:
@@ -168,24 +168,15 @@ def test_cli_train_with_vllm_rollouts_from_a_stale_worker(vllm_importable, in_tm
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_cli_train_lora_with_vllm_rollouts_syncs_merged_weights(vllm_importable, in_tmp):
-    args = [
-        "train",
-        "rollout=vllm",
+    rows = _train_with_vllm(
+        in_tmp,
         "model.lora.rank=4",
         "optim.lr=1e-2",
         "trainer.total_steps=2",
-        "trainer.prompts_per_step=8",
-        "trainer.mini_batch_prompts=4",
         "trainer.val_every=0",
         "trainer.save_every=0",
         "val.prompts=0",
-        "trainer.progress=false",
-        "tracking.enabled=false",
-        "output_dir=run",
-    ]
-    out = subprocess.run(CLI + args, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+    )
     # step 2 samples after the first update: the engine got base + adapter folded in, so its
     # log-probs match the trainer's adapted policy
     assert len(rows) == 2 and all(r["rollout/logp_diff_max"] < 1e-3 for r in rows), rows
