@@ -17,7 +17,7 @@ writes ``report.md``, ``lab.json`` (the claim table) and the figures; ``entropyr
 rebuilds them from the files.
 
 ``--experiment tools`` is the tool study, the ablation ``conf/ablation/lab_tools.yaml`` (variants
-``experiment=lab_tool_<name>`` on ``data=tool_arith tools=code_interpreter``, no quadrant
+``experiment=lab_tool_<name>`` on ``data=tool_countdown tools=code_interpreter``, no quadrant
 experiment) with its own report step (sweeps/lab/tool_step.py: the tool claims and the figure of
 entropy by token kind and turn); ``--algos`` names its variants.
 """
@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
         help="Train GRPO and the entropy interventions on the lab task (data=countdown) over several seeds, run the "
         "quadrant sign experiment, and write report.md, lab.json (the claim table) and mean+band figures. "
         "Runs through the sweep machinery (ablation=lab): `entropyrl status OUT` shows the jobs. "
-        "--experiment tools: the tool study instead (ablation=lab_tools: grpo, stare, steer on data=tool_arith "
+        "--experiment tools: the tool study instead (ablation=lab_tools: grpo, stare, steer on data=tool_countdown "
         "tools=code_interpreter; claims: GRPO collapses under tool use, STARE holds its band, entropy of text, code "
         "and post-tool tokens; figure lab-tools-entropy-kind.png). "
         "Extra key=value overrides apply to every run.",

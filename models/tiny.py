@@ -104,9 +104,9 @@ def _cache_key(model_cfg, task_cfg) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _noisy_answer(problem: tasks.Problem, rng: random.Random) -> str:
+def _noisy_answer(problem: tasks.Problem, rng: random.Random, task_cfg=None) -> str:
     """A plausible but wrong answer: a near miss of the right one, or a random 1-2 digit number."""
-    task_specific = tasks.wrong_answer(problem, rng)
+    task_specific = tasks.wrong_answer(problem, rng, task_cfg)
     if task_specific is not None:
         return task_specific
     for _ in range(20):
@@ -124,7 +124,7 @@ def warm_start_examples(task_cfg, n: int, label_noise: float, rng: random.Random
     examples = []
     for problem in tasks.sample_problems(task_cfg, n, rng):
         if rng.random() < label_noise:
-            target = _noisy_answer(problem, rng)
+            target = _noisy_answer(problem, rng, task_cfg)
         else:
             target = rng.choice(tasks.correct_answers(problem, task_cfg))
         examples.append((problem.prompt, target))

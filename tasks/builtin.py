@@ -12,6 +12,12 @@ Families, chosen so that entropy matters:
   ``"M=4821+9377=M:14198:14198"`` calls the tool (tags ``data.tool_tags``), reads its output and
   copies it (``data=tool_arith tools=code_interpreter``). The verdict is on the final answer, the
   integer the response ends with; nothing is executed by the verifier.
+- ``tool_countdown``: ``"482:937:120M1299:"`` -> ``"482+937-120"``: put a + or - between three
+  numbers of several digits, in the order given, to make the target. The tool checks a candidate but
+  does not find the answer: the response ``"M=482-937+120=M:-335:482+937-120"`` checks one of the
+  four sign patterns, reads its value and then answers (the checked pattern when it hit, another one
+  otherwise). A search the policy has to make, with one call to narrow it
+  (``data=tool_countdown tools=code_interpreter``); graded by parsing the answer, never executing it.
 
 A prompt stream is a pure function of (config, seed): same seed, same prompts.
 """
@@ -62,6 +68,55 @@ def _verify_tool_add(problem: Problem, response: str) -> float:
     return float(m is not None and str(int(m.group(1))) == m.group(1) and int(m.group(1)) == sum(problem.params))
 
 
+SIGN_PATTERNS = ("++", "+-", "-+", "--")
+
+
+def _signed(a: int, b: int, c: int, signs: str) -> tuple[str, int]:
+    """``a s1 b s2 c`` as text and its value, for ``signs`` one of ``SIGN_PATTERNS``."""
+    value = a + (b if signs[0] == "+" else -b) + (c if signs[1] == "+" else -c)
+    return f"{a}{signs[0]}{b}{signs[1]}{c}", value
+
+
+def _make_tool_countdown(rng: random.Random, cfg) -> Problem:
+    low, high = int(cfg.get("min_operand", 100)), int(cfg.max_operand)
+    while True:
+        a, b, c = (rng.randint(low, high) for _ in range(3))
+        # b == c would make "+-" and "-+" the same value: two right answers where the task has one
+        answer, target = _signed(a, b, c, rng.choice(SIGN_PATTERNS))
+        if b != c and target > 0:
+            return Problem("tool_countdown", countdown.prompt((a, b, c), target), answer, (a, b, c, target))
+
+
+_FINAL_SIGNED = re.compile(r"(\d{1,12})([+-])(\d{1,12})([+-])(\d{1,12})\s*$")
+
+
+def _verify_tool_countdown(problem: Problem, response: str) -> float:
+    """The response ends with ``a s1 b s2 c``: the prompt's numbers in its order (canonical digits),
+    each sign + or -, whose value is the target. Parsed, never executed."""
+    a, b, c, target = problem.params
+    m = _FINAL_SIGNED.search(response)
+    if m is None or (m.group(1), m.group(3), m.group(5)) != (str(a), str(b), str(c)):
+        return 0.0
+    # the answer must stand alone, not be the tail of a longer number or expression
+    if m.start() > 0 and response[m.start() - 1] not in ": ":
+        return 0.0
+    return float(_signed(a, b, c, m.group(2) + m.group(4))[1] == target)
+
+
+def _call_text(code: str, value: int, tags) -> str:
+    return f"{tags['call_open']}{code}{tags['call_close']}{tags['output_open']}{value}{tags['output_close']}"
+
+
+def countdown_traces(problem: Problem, tags, *, right: bool) -> list[str]:
+    """Responses to a ``tool_countdown`` problem that check one sign pattern with the tool and then
+    answer: with ``right``, the right pattern after each of the four checks; otherwise every wrong
+    answer after every check (the warm start's label noise)."""
+    a, b, c, target = problem.params
+    checks = [_signed(a, b, c, s) for s in SIGN_PATTERNS]
+    answers = [code for code, value in checks if (value == target) == right]
+    return [_call_text(code, value, tags) + answer for code, value in checks for answer in answers]
+
+
 def tool_trace(problem: Problem, tags) -> str:
     """A response that uses the tool once: the call, the output the tool gives back, the answer
     (the warm start's target for ``tool_add``; ``tags``: ``data.tool_tags``)."""
@@ -107,6 +162,7 @@ TASKS: dict[str, tuple[Callable, Callable]] = {
     "countdown3": (_countdown_maker(3), _verify_countdown),
     "countdown4": (_countdown_maker(4), _verify_countdown),
     "tool_add": (_make_tool_add, _verify_tool_add),
+    "tool_countdown": (_make_tool_countdown, _verify_tool_countdown),
 }
 # Task settings that shape the warm-started model (tiny.py's cache key), beyond the toy task's.
 EXTRA_TASK_KEYS = ("max_number", "max_target", "min_operand", "tool_tags")
@@ -136,6 +192,9 @@ def correct_answers(problem: Problem, data_cfg=None) -> list[str]:
     if problem.task == "tool_add":
         tags = data_cfg.get("tool_tags") if data_cfg is not None else None
         return [tool_trace(problem, tags)] if tags else [problem.answer]
+    if problem.task == "tool_countdown":
+        tags = data_cfg.get("tool_tags") if data_cfg is not None else None
+        return countdown_traces(problem, tags, right=True) if tags else [problem.answer]
     if problem.task == "multiple":
         return _answers_multiple(problem)
     if problem.task.startswith("countdown"):
@@ -144,8 +203,14 @@ def correct_answers(problem: Problem, data_cfg=None) -> list[str]:
     return [problem.answer]
 
 
-def wrong_answer(problem: Problem, rng: random.Random) -> str | None:
+def wrong_answer(problem: Problem, rng: random.Random, data_cfg=None) -> str | None:
     """A plausible wrong answer for the warm start's label noise; None: the caller's default."""
+    if problem.task == "tool_countdown":
+        tags = data_cfg.get("tool_tags") if data_cfg is not None else None
+        if tags:
+            return rng.choice(countdown_traces(problem, tags, right=False))
+        a, b, c, target = problem.params
+        return rng.choice([code for code, value in (_signed(a, b, c, s) for s in SIGN_PATTERNS) if value != target])
     if problem.task.startswith("countdown"):
         *numbers, target = problem.params
         return countdown.wrong_chain(tuple(numbers), target, rng)

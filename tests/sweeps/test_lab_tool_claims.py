@@ -145,7 +145,7 @@ def test_report_step_writes_the_claims_the_kind_table_and_the_figure(tmp_path):
 @pytest.mark.parametrize("variant", ["grpo", "stare", "steer", "clip_cov"])
 def test_tool_presets_state_every_deviation(variant):
     cfg = compose("train", [f"experiment=lab_tool_{variant}"])
-    assert cfg.data.name == "tool_arith" and cfg.tools.enabled and cfg.tools.name == "code_interpreter"
+    assert cfg.data.name == "tool_countdown" and cfg.tools.enabled and cfg.tools.name == "code_interpreter"
     assert cfg.algo.name == variant and cfg.trainer.threads == 1
     for name in (f"lab_tool_{variant}", "lab_tool_common"):
         text = (CONF_DIR / "experiment" / f"{name}.yaml").read_text()
