@@ -12,6 +12,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
 from entropyrl.conf import CONF_DIR, compose
 from entropyrl.sweeps.ablation import default_variants, training_variants
@@ -189,8 +190,8 @@ def test_lab_help_documents_the_tool_study():
 @pytest.mark.slow
 def test_entropyrl_lab_tools_end_to_end(tmp_path):
     """`entropyrl lab --experiment tools` with one seed, a few steps and few prompts: the report, the
-    claim table with the tool claims, the figure, and every run's tool metrics. The runs start from
-    the short warm start tests/rollout/test_tools.py uses (one cache entry per test session)."""
+    claim table with the tool claims, the figure, and every run's tool metrics, on the preset's task
+    (data=tool_countdown) from a short warm start (one cache entry per test session)."""
     cmd = [
         *CLI,
         "lab",
@@ -210,7 +211,7 @@ def test_entropyrl_lab_tools_end_to_end(tmp_path):
         "trainer.val_every=3",
         "val.prompts=8",
         "tracking.enabled=false",
-        # tests/rollout/test_tools.py's short warm start: the same cache entry, built once per test session
+        # a short warm start on the study's task, built once per test session
         "model.warm_start.steps=120",
         "model.warm_start.batch_size=32",
         "model.warm_start.label_noise=0.2",
@@ -220,6 +221,7 @@ def test_entropyrl_lab_tools_end_to_end(tmp_path):
     lab = tmp_path / "lab"
     sweep = json.loads((lab / "sweep.json").read_text())
     assert sweep["ablation"]["name"] == "lab_tools" and [j["key"] for j in sweep["jobs"]] == ["grpo/s0", "stare/s0"]
+    assert yaml.safe_load((lab / "runs" / "grpo" / "s0" / "config.yaml").read_text())["data"]["name"] == "tool_countdown"
     for variant in ("grpo", "stare"):
         rows = [json.loads(r) for r in (lab / "runs" / variant / "s0" / "metrics.jsonl").read_text().splitlines()]
         train = [r for r in rows if "entropy" in r]

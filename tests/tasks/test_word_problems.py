@@ -131,6 +131,20 @@ def test_the_task_sets_its_rollout_defaults_and_refuses_the_embedded_tokenizer()
         _source(tokenizer=build_tokenizer())
 
 
+def test_the_real_model_preset_validates_on_gsm8k_which_ships_with_the_repository():
+    from entropyrl.conf import compose
+    from entropyrl.evals.benchmarks import load_benchmark
+
+    cfg = compose("train", ["experiment=smollm2_word_problems"])
+    assert cfg.model.name == "smollm2-135m" and cfg.data.name == "word_problems"
+    assert list(cfg.val.benchmarks) == ["gsm8k"] and cfg.val.limit == 32 and cfg.val.max_new_tokens == 256
+    assert compose("train", ["experiment=smollm2_word_problems", "algo=stare"]).algo.name == "stare"
+    problems = load_benchmark("gsm8k", limit=cfg.val.limit)  # the repository's copy: no download
+    assert len(problems) == 32 and all(p.prompt and p.answer.strip().lstrip("-").replace(",", "").isdigit() for p in problems)
+    # the task alone keeps validation on its own held-out prompts
+    assert list(compose("train", ["data=word_problems"]).val.benchmarks) == []
+
+
 class DigitsOnlyTokenizer:
     """A character tokenizer that silently drops what it cannot encode (as the embedded one does once saved)."""
 
