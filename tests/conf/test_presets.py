@@ -225,3 +225,31 @@ def test_7b_presets_state_a_checkpoint_cadence_and_size(name):
     assert cfg.trainer.save_every == 50 and cfg.trainer.keep_checkpoints == 2
     text = (CONF_DIR / "experiment" / f"{name}.yaml").read_text()
     assert re.search(r"save_every: 50 .*~\d+ GB", text) and re.search(r"keep_checkpoints: 2 .*GB on disk", text)
+
+
+def _global_group_files():
+    return sorted(
+        p
+        for p in CONF_DIR.glob("*/*.yaml")
+        if p.parent.name not in ("experiment", "ablation") and p.read_text().lstrip().startswith("# @package _global_")
+    )
+
+
+@pytest.mark.parametrize("path", _global_group_files(), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_global_group_file_sets_no_key_the_primary_config_would_override(path):
+    """A group option such as data=tool_arith may set keys outside its group (@package _global_), but
+    the primary configs list `_self_` after their groups: a key the primary config sets itself (train.yaml's
+    trainer.*, val.*, ...) would silently win over the option's value. Such a value belongs in an
+    experiment preset, which comes after `_self_`."""
+    body = yaml.safe_load(path.read_text()) or {}
+    for primary in ("train", "eval", "sweep"):
+        own = set(yaml.safe_load((CONF_DIR / f"{primary}.yaml").read_text())) - {"defaults"}
+        groups = {
+            next(iter(d)) if isinstance(d, dict) else d
+            for d in yaml.safe_load((CONF_DIR / f"{primary}.yaml").read_text())["defaults"]
+        }
+        if path.parent.name not in groups:
+            continue
+        clash = sorted((set(body) - {"defaults", path.parent.name}) & own)
+        assert not clash, f"{path.name} sets {clash}, which {primary}.yaml sets after it (its _self_ comes later)"
+    assert _global_group_files(), "the check found no global group file to look at"

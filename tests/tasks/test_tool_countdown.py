@@ -79,7 +79,9 @@ def test_warm_start_traces_check_every_pattern_and_are_graded_as_labelled():
         assert len(good) == 4 and all(builtin.reward(p, t) == 1.0 for t in good)
         # each trace's call and output are what the sandbox gives for that call
         for trace, (code, value) in zip(good, values.values()):
-            assert trace.startswith(f"{tags['call_open']}{code}{tags['call_close']}{tags['output_open']}{value}{tags['output_close']}")
+            assert trace.startswith(
+                f"{tags['call_open']}{code}{tags['call_close']}{tags['output_open']}{value}{tags['output_close']}"
+            )
         rng = random.Random(1)
         for _ in range(5):
             noisy = builtin.wrong_answer(p, rng, DATA)
