@@ -10,8 +10,8 @@ import random
 import pytest
 from omegaconf import OmegaConf
 
-from entropyrl.tasks import builtin
 from entropyrl.conf import compose
+from entropyrl.tasks import builtin
 
 DATA = compose("train", ["data=tool_countdown", "tools=code_interpreter"]).data
 
