@@ -45,7 +45,8 @@ def _table(f: dict) -> str:
             (
                 "step time with trainer.staleness >= 1",
                 f"{a['step_seconds']:.1f} s if generation fully overlaps training: ideal speed-up "
-                f"{a['ideal_speedup']:.2f}x over taking turns (this config: staleness {a['staleness']}; "
+                f"{a['ideal_speedup']:.2f}x over taking turns (this config: staleness {a['staleness']}, "
+                f"{'the worker on ' + str(a['rollout_gpus']) + ' GPU(s) of its own' if a.get('rollout_gpus') else 'the worker beside the trainer'}; "
                 f"verl publishes one-step-off +23-40 %, fully async 2.66x on 32 GPUs)",
             )
         )
@@ -53,7 +54,7 @@ def _table(f: dict) -> str:
     if e:
         rows.append(
             (
-                "vLLM engine per rank",
+                "vLLM engine, " + e.get("placement", "beside the trainer"),
                 f"{e['share']:.0%} of {v['gpu_gb']:g} GB = {e['gb']:.1f} GB: weights "
                 f"{e['weights_gb']:.1f} GB, KV cache {e['kv_cache_gb']:.1f} GB ({e['kv_cache_tokens']:,} tokens, "
                 f"{e['sequences_at_max_len']:,} full-length sequences at once)",
@@ -68,7 +69,7 @@ def _table(f: dict) -> str:
     )
     word = "FITS" if v["fits"] else "DOES NOT FIT"
     why = f"trainer {v['trainer_gb']:.1f} GB of the {v['trainer_budget_gb']:.1f} GB " + (
-        "left beside the vLLM engine" if e else "of the GPU"
+        "left beside the vLLM engine" if e and e.get("placement", "beside the trainer") == "beside the trainer" else "of the GPU"
     )
     if e and not e["fits"]:
         why += f"; the engine's {e['gb']:.1f} GB does not hold its weights and one full-length sequence"

@@ -299,6 +299,7 @@ TRAIN = {
     "trainer.samples_every": NONNEG_INT,
     "trainer.samples_rows": POS_INT,
     "trainer.staleness": NONNEG_INT,
+    "trainer.rollout_gpus": NONNEG_INT,
     "trainer.device": STR,
     "trainer.threads": owned("core/resources.py (0 or auto: the CPUs left to the run; N: N threads)"),
     "rollout.name": STR,

@@ -222,10 +222,11 @@ def vllm_share(a: Architecture, *, share: float, gpu_gb: float, weight_bytes: in
     }
 
 
-def verdict(train_gb: float, gpu_gb: float, engine: dict | None) -> dict:
-    """Per rank: the trainer's budget (the GPU less the engine's share), whether its memory fits there
-    and whether the engine fits its share; ``fits`` only when both do. Pure."""
-    budget = gpu_gb - (engine["gb"] if engine else 0.0)
+def verdict(train_gb: float, gpu_gb: float, engine: dict | None, engine_beside: bool = True) -> dict:
+    """Per rank: the trainer's budget (the GPU less the engine's share when the engine sits beside it,
+    the whole GPU when it has GPUs of its own), whether its memory fits there and whether the engine
+    fits its share; ``fits`` only when both do. Pure."""
+    budget = gpu_gb - (engine["gb"] if engine and engine_beside else 0.0)
     trainer_fits = train_gb <= budget
     return {
         "gpu_gb": gpu_gb,
@@ -237,15 +238,18 @@ def verdict(train_gb: float, gpu_gb: float, engine: dict | None) -> dict:
     }
 
 
-def async_estimate(train_seconds: float | None, generation_seconds: float | None, staleness: int) -> dict | None:
+def async_estimate(
+    train_seconds: float | None, generation_seconds: float | None, staleness: int, rollout_gpus: int = 0
+) -> dict | None:
     """The step time with ``trainer.staleness >= 1`` if generation overlapped training completely,
     ``max(train, generation)``, and the ideal speed-up over taking turns, ``(train + generation) /
-    max(...)``; None without both times."""
+    max(...)``; None without both times. ``rollout_gpus``: the worker's own GPUs (0: shared)."""
     if not train_seconds or not generation_seconds:
         return None
     overlapped = max(train_seconds, generation_seconds)
     return {
         "staleness": staleness,
+        "rollout_gpus": rollout_gpus,
         "step_seconds": round(overlapped, 3),
         "ideal_speedup": round((train_seconds + generation_seconds) / overlapped, 3),
     }
@@ -292,6 +296,8 @@ def plan_figures(
         decode_mfu=decode_mfu,
     )
     engine = None
+    staleness = int(t.get("staleness", 0) or 0)
+    rollout_gpus = int(t.get("rollout_gpus", 0) or 0) if staleness else 0  # the worker's own GPUs
     engine_dtype = str(cfg_get(cfg.rollout, "dtype", None) or t.dtype)  # null: the trainer's dtype
     if str(cfg_get(cfg.rollout, "name", "hf")) == "vllm":
         share = cfg_get(cfg.rollout, "gpu_memory_utilization", None)
@@ -308,6 +314,7 @@ def plan_figures(
             if share is not None
             else f"rollout.gpu_memory_utilization=null: the engine's {VLLM_DEFAULT_SHARE} beside a trainer"
         )
+        engine["placement"] = f"the rollout worker's own {rollout_gpus} GPU(s)" if rollout_gpus else "beside the trainer"
     ckpt_gb = 12 * cost.parameters / 1e9
     keep, every = int(t.get("keep_checkpoints", 2) or 0), int(t.get("save_every", 0) or 0)
     decode = decode_mfu or mfu
@@ -320,16 +327,22 @@ def plan_figures(
     ]
     if engine:
         assumptions.append(
-            f"one vLLM engine per rank holding the full weights in {engine_dtype} (split over "
-            f"rollout.tensor_parallel_size GPUs), its KV cache in the rest of its {engine['share']:.0%} "
-            f"share ({engine['source']})"
+            f"one vLLM engine {'in the rollout worker, on GPUs of its own,' if rollout_gpus else 'per rank'} holding "
+            f"the full weights in {engine_dtype} (split over rollout.tensor_parallel_size GPUs), its KV cache in the "
+            f"rest of its {engine['share']:.0%} share ({engine['source']})"
         )
-    overlap = async_estimate(cost.train_seconds, cost.generation_seconds, int(t.get("staleness", 0) or 0))
+    overlap = async_estimate(cost.train_seconds, cost.generation_seconds, staleness, rollout_gpus)
     if overlap:
         assumptions.append(
-            "trainer.staleness >= 1: the step time if generation overlaps training completely (generation "
-            "on resources of its own, no weight-sync cost); the rollout worker shares a rank's GPUs, so "
-            "a run reaches less (docs/async.md)"
+            "trainer.staleness >= 1: the step time if generation overlaps training completely (no weight-sync "
+            "cost); "
+            + (
+                f"the rollout worker has {rollout_gpus} GPU(s) of its own (trainer.rollout_gpus), "
+                f"{ranks + rollout_gpus} GPUs in all"
+                if rollout_gpus
+                else "the rollout worker shares a rank's GPUs (trainer.rollout_gpus=0), so a run reaches less"
+            )
+            + " (docs/async.md)"
         )
     return {
         "model": str(cfg.model.name),
@@ -344,7 +357,7 @@ def plan_figures(
         "gradient_checkpointing": bool(t.gradient_checkpointing),
         **cost.to_dict(),
         "vllm": engine,
-        "verdict": verdict(cost.memory_gb["total"], gpu_gb, engine),
+        "verdict": verdict(cost.memory_gb["total"], gpu_gb, engine, engine_beside=not rollout_gpus),
         "async": overlap,
         "checkpoint": {"gb": round(ckpt_gb, 3), "save_every": every, "keep": keep, "disk_gb": round(ckpt_gb * max(keep, 1), 3)},
         "assumptions": assumptions,

@@ -243,7 +243,12 @@ def plan(cfg: DictConfig, train_overrides: list[str], *, explicit_dir: bool, res
     )
     if existing is not None:
         _check_compatible(existing, jobs, sweep_dir, cfg)
-    validate_jobs(jobs, world_size=launcher.world_size(cfg.launcher))
+    validate_jobs(
+        jobs,
+        world_size=launcher.world_size(cfg.launcher),
+        gpus_per_node=int(cfg.launcher.get("gpus_per_node", 0) or 0),
+        ranks_per_node=launcher.tasks_per_node(cfg.launcher),
+    )
     launcher.check(cfg.launcher)
     return Plan(cfg, sweep_dir, jobs, list(train_overrides), existing, launcher)
 
@@ -326,16 +331,20 @@ def job_configs(jobs: list[JobSpec]) -> Iterator[tuple[JobSpec, DictConfig]]:
         yield job, with_own
 
 
-def validate_jobs(jobs: list[JobSpec], world_size: int = 1) -> None:
+def validate_jobs(jobs: list[JobSpec], world_size: int = 1, gpus_per_node: int = 0, ranks_per_node: int = 1) -> None:
     """Compose every job's training config now, and check its kind and its algorithm and
     interventions (``Algorithm.from_train_config``: the check a training run makes before it
     creates anything), so a mistake fails before anything is submitted; with ``world_size`` ranks
-    per job, its prompt counts must split evenly over them."""
+    per job, its prompt counts must split evenly over them; an asynchronous job
+    (``trainer.staleness``) runs one trainer rank, and a rollout worker with GPUs of its own
+    (``trainer.rollout_gpus``) needs them beside the ranks' (``gpus_per_node``, when the launcher
+    asks for GPUs)."""
     for job in jobs:
         job_class(job_kind(job.to_dict()))
     for job, cfg in job_configs(jobs):
         try:
             Algorithm.from_train_config(cfg)
+            _check_async_placement(cfg, world_size, gpus_per_node, ranks_per_node)
         except UserError as exc:
             raise UserError(f"variant {job.variant}: {exc}") from None
         for key in ("prompts_per_step", "mini_batch_prompts"):
@@ -346,6 +355,25 @@ def validate_jobs(jobs: list[JobSpec], world_size: int = 1) -> None:
                     f"{world_size} ranks (launcher.nodes x launcher.tasks_per_node); set "
                     f"train.trainer.{key} to a multiple of {world_size}"
                 )
+
+
+def _check_async_placement(cfg: DictConfig, world_size: int, gpus_per_node: int, ranks_per_node: int) -> None:
+    if "trainer" not in cfg:
+        return
+    from ..trainers.async_rollout import check_async_settings  # the run's own checks, at plan time
+
+    staleness, rollout_gpus = check_async_settings(cfg)
+    if staleness and world_size > 1:
+        raise UserError(
+            f"trainer.staleness={staleness} runs one trainer process beside its rollout worker, not {world_size} ranks; "
+            f"set launcher.nodes=1 launcher.tasks_per_node=1 (and trainer.rollout_gpus to give the worker GPUs of its own)"
+        )
+    if rollout_gpus and gpus_per_node and ranks_per_node + rollout_gpus > gpus_per_node:
+        raise UserError(
+            f"trainer.rollout_gpus={rollout_gpus} beside {ranks_per_node} trainer rank(s) needs "
+            f"{ranks_per_node + rollout_gpus} GPUs per node; the job asks for launcher.gpus_per_node={gpus_per_node}; "
+            f"set launcher.gpus_per_node={ranks_per_node + rollout_gpus}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,11 @@ Bounded staleness: the worker starts step ``j``'s batch only once version ``j - 
 so the trainer at step ``s`` (version ``s``) gets a batch at most ``k`` versions old. A batch older
 than that (which the gate prevents; kept as a check of the contract) is dropped and counted.
 
+Placement: by default the worker shares the trainer's device. ``trainer.rollout_gpus=g`` gives it
+the last ``g`` of the process's visible GPUs to itself (its ``CUDA_VISIBLE_DEVICES``; a vLLM engine
+it starts inherits them), and the trainer keeps the first (``worker_devices``), so generation and
+training run on different hardware.
+
 A worker that raises sends its error and exits; one that dies (killed, out of memory) is noticed
 within a second; both end the run with one ``error:`` line (``UserError``). The trainer owns
 shutdown: ``close`` stops the worker; the worker ignores SIGINT and SIGTERM (a Ctrl-C or a
@@ -48,7 +53,18 @@ from .collect import collect_rollouts
 from .parallel import distributed
 from .stats.policy_stats import batch_token_stats, masked_mean
 
-__all__ = ["AsyncRollouts", "StaleBatch", "WeightChannel", "too_stale", "async_step_metrics", "check_async", "rollout_worker"]
+__all__ = [
+    "AsyncRollouts",
+    "StaleBatch",
+    "WeightChannel",
+    "too_stale",
+    "async_step_metrics",
+    "check_async",
+    "check_async_settings",
+    "rollout_worker",
+    "visible_gpus",
+    "worker_devices",
+]
 
 _POLL_S = 0.5  # how often a blocked side looks at the stop flag and at the other process
 
@@ -190,6 +206,7 @@ class AsyncRollouts:
         self.worker = worker
         self.ctx = mp.get_context("spawn")
         self.engine = str(cfg.rollout.get("name", "hf"))
+        self.rollout_gpus = int(cfg.trainer.get("rollout_gpus", 0) or 0)
         self.process = None
         self.weights: WeightChannel | None = None
 
@@ -206,7 +223,18 @@ class AsyncRollouts:
             # close() stops the worker either way (and the worker stops when its parent is gone)
             daemon=str(self.engine) != "vllm",
         )
-        self.process.start()
+        devices = worker_devices(visible_gpus(), self.rollout_gpus)[1] if self.rollout_gpus else None
+        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+        try:  # a spawned process takes the environment of the moment it starts
+            if devices is not None:
+                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+            self.process.start()
+        finally:
+            if devices is not None:
+                if saved is None:
+                    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+                else:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
         """The weights after training step ``version`` (the worker loads them before its next batch)."""
@@ -298,12 +326,60 @@ def async_step_metrics(metrics: dict, rows: int) -> dict[str, float]:
     return out
 
 
+def visible_gpus() -> list[str]:
+    """This process's GPUs as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs), else
+    ``0..device_count-1``; empty without CUDA."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [d.strip() for d in listed.split(",") if d.strip() and d.strip() != "-1"]
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def worker_devices(visible: list[str], rollout_gpus: int) -> tuple[list[str], list[str]]:
+    """``(trainer's, worker's)``: the last ``rollout_gpus`` of ``visible`` for the rollout worker,
+    the rest for the trainer (which trains on the first); ``UserError`` when that leaves the trainer
+    none."""
+    if rollout_gpus <= 0:
+        return list(visible), list(visible)
+    if len(visible) < rollout_gpus + 1:
+        seen = f"{len(visible)} GPU{'s' if len(visible) != 1 else ''}" + (f" ({','.join(visible)})" if visible else "")
+        raise UserError(
+            f"trainer.rollout_gpus={rollout_gpus} needs {rollout_gpus + 1} GPUs (the worker's plus one for the trainer); "
+            f"this process sees {seen}; give it more (CUDA_VISIBLE_DEVICES, launcher.gpus_per_node) or set trainer.rollout_gpus=0"
+        )
+    return list(visible[:-rollout_gpus]), list(visible[-rollout_gpus:])
+
+
+def check_async_settings(cfg) -> tuple[int, int]:
+    """``(trainer.staleness, trainer.rollout_gpus)``, with the checks that need no device: GPUs for
+    a worker that staleness 0 never starts, or fewer than its vLLM engine splits over. A sweep runs
+    them at plan time, ``check_async`` at the start of a run."""
+    staleness = int(cfg.trainer.get("staleness", 0) or 0)
+    rollout_gpus = int(cfg.trainer.get("rollout_gpus", 0) or 0)
+    if rollout_gpus and staleness == 0:
+        raise UserError(
+            f"trainer.rollout_gpus={rollout_gpus} places the rollout worker, which only trainer.staleness >= 1 starts; "
+            f"set trainer.staleness=1 (or more), or trainer.rollout_gpus=0"
+        )
+    rollout = cfg.get("rollout") or {}
+    tp = int(rollout.get("tensor_parallel_size", 1) or 1) if str(rollout.get("name", "hf")) == "vllm" else 1
+    if rollout_gpus and tp > rollout_gpus:
+        raise UserError(
+            f"rollout.tensor_parallel_size={tp} splits the worker's vLLM engine over more GPUs than "
+            f"trainer.rollout_gpus={rollout_gpus} gives it; set trainer.rollout_gpus={tp}"
+        )
+    return staleness, rollout_gpus
+
+
 def check_async(cfg, dist=None) -> int:
     """``trainer.staleness``, refused where the asynchronous loop does not exist yet: several
-    trainer ranks (one trainer process and one worker)."""
-    staleness = int(cfg.trainer.get("staleness", 0) or 0)
+    trainer ranks (one trainer process and one worker); ``trainer.rollout_gpus`` as
+    ``check_async_settings`` says, or beyond this process's visible GPUs."""
+    staleness, rollout_gpus = check_async_settings(cfg)
     if staleness == 0:
         return 0
+    if rollout_gpus:
+        worker_devices(visible_gpus(), rollout_gpus)
     if dist is not None and dist.world_size > 1:
         raise UserError(
             f"trainer.staleness={staleness} runs on one trainer process for now (got {dist.world_size} ranks); "

@@ -181,7 +181,7 @@ def test_plan_prints_the_verdict_the_engine_and_the_assumptions():
     assert out.returncode == 0, out.stderr[-2000:]
     verdict = next(line for line in out.stdout.splitlines() if line.startswith("verdict per rank (1 x 80 GB GPU)"))
     assert "DOES NOT FIT: trainer" in verdict and "of the 32.0 GB left beside the vLLM engine" in verdict
-    assert "vLLM engine per rank" in out.stdout and "60% of 80 GB = 48.0 GB" in out.stdout
+    assert "vLLM engine, beside the trainer" in out.stdout and "60% of 80 GB = 48.0 GB" in out.stdout
     assert "to fit: more ranks" in out.stdout and "assumptions:" in out.stdout and "--decode-mfu" in out.stdout
 
 
@@ -202,3 +202,18 @@ def test_plan_prints_the_async_step_time():
     assert out.returncode == 0, out.stderr[-2000:]
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("step time with trainer.staleness >= 1"))
     assert "ideal speed-up" in line and "fully async 2.66x" in line
+
+
+def test_plan_with_a_worker_on_its_own_gpu_gives_the_trainer_the_whole_gpu():
+    """trainer.rollout_gpus moves the vLLM engine to the rollout worker's GPUs: the trainer's budget is
+    the whole GPU, the engine keeps its share of its own, and the job needs ranks + rollout_gpus GPUs."""
+    shared = _plan("experiment=dapo_7b", "trainer.staleness=1", "--ranks", "1")
+    own = _plan("experiment=dapo_7b", "trainer.staleness=1", "trainer.rollout_gpus=1", "--ranks", "1")
+    assert shared["vllm"]["placement"] == "beside the trainer" and shared["async"]["rollout_gpus"] == 0
+    assert own["vllm"]["placement"] == "the rollout worker's own 1 GPU(s)" and own["async"]["rollout_gpus"] == 1
+    assert own["verdict"]["trainer_budget_gb"] == own["verdict"]["gpu_gb"]
+    assert shared["verdict"]["trainer_budget_gb"] == pytest.approx(shared["verdict"]["gpu_gb"] - shared["vllm"]["gb"], abs=1e-3)
+    assert own["vllm"]["gb"] == shared["vllm"]["gb"] and own["memory_gb"] == shared["memory_gb"]
+    assert any("1 GPU(s) of its own (trainer.rollout_gpus), 2 GPUs in all" in line for line in own["assumptions"])
+    # without a worker (staleness 0) rollout_gpus places nothing: the plan is the synchronous one
+    assert _plan("experiment=dapo_7b", "--ranks", "1")["vllm"]["placement"] == "beside the trainer"

@@ -20,7 +20,15 @@ from omegaconf import open_dict
 from entropyrl.conf import compose
 from entropyrl.core.errors import UserError
 from entropyrl.trainers.algos.algorithm import Algorithm
-from entropyrl.trainers.async_rollout import AsyncRollouts, StaleBatch, async_step_metrics, check_async, too_stale
+from entropyrl.trainers.async_rollout import (
+    AsyncRollouts,
+    StaleBatch,
+    async_step_metrics,
+    check_async,
+    too_stale,
+    visible_gpus,
+    worker_devices,
+)
 from entropyrl.trainers.interventions.tis import m2po_keep, mismatch_weight
 
 ASYNC_METRICS = (
@@ -104,6 +112,64 @@ def test_several_ranks_with_a_worker_are_refused():
     assert check_async(compose("train", ["rollout=vllm", "trainer.staleness=1"])) == 1  # both engines
     with pytest.raises(UserError, match="one trainer process"):
         check_async(cfg, TwoRanks())
+
+
+# -- where the worker runs: trainer.rollout_gpus ---------------------------------------------------
+def test_the_worker_takes_the_last_visible_gpus_and_the_trainer_keeps_the_first(monkeypatch):
+    assert worker_devices(["0", "1", "2", "3"], 1) == (["0", "1", "2"], ["3"])
+    assert worker_devices(["GPU-a", "GPU-b", "GPU-c"], 2) == (["GPU-a"], ["GPU-b", "GPU-c"])
+    assert worker_devices(["0"], 0) == (["0"], ["0"])  # 0: shared
+    with pytest.raises(UserError, match=r"trainer.rollout_gpus=1 needs 2 GPUs .* sees 1 GPU \(5\)"):
+        worker_devices(["5"], 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4, 6,7")
+    assert visible_gpus() == ["4", "6", "7"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == []
+
+
+def test_rollout_gpus_without_a_worker_or_the_gpus_is_refused_before_the_run(monkeypatch):
+    with pytest.raises(UserError, match="only trainer.staleness >= 1 starts"):
+        check_async(compose("train", ["trainer.rollout_gpus=1"]))
+    vllm_tp2 = ["trainer.staleness=1", "trainer.rollout_gpus=1", "rollout=vllm", "rollout.tensor_parallel_size=2"]
+    with pytest.raises(UserError, match="set trainer.rollout_gpus=2"):
+        check_async(compose("train", vllm_tp2))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(UserError, match="this process sees 0 GPUs"):
+        check_async(compose("train", ["trainer.staleness=1", "trainer.rollout_gpus=1"]))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert check_async(compose("train", ["trainer.staleness=1", "trainer.rollout_gpus=1"])) == 1
+
+
+def _report_devices(cfg_yaml, weights, out, stop, first_step, staleness):
+    """A stand-in worker body that sends back the GPUs its process was started with."""
+    out.put(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@pytest.mark.parametrize("rollout_gpus, expected", [(1, "3"), (2, "2,3"), (0, "0,1,2,3")])
+def test_the_worker_process_starts_with_its_own_gpus_and_the_trainer_keeps_its_view(monkeypatch, rollout_gpus, expected):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    cfg = compose("train", ["trainer.staleness=1", f"trainer.rollout_gpus={rollout_gpus}"])
+    rollouts = AsyncRollouts(cfg, staleness=1, worker=_report_devices)
+    try:
+        rollouts.start(torch.nn.Linear(2, 2), step=0)
+        assert rollouts.queue.get(timeout=120) == expected
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # this process's own view is unchanged
+    finally:
+        rollouts.close()
+
+
+def test_a_cli_run_asking_for_gpus_it_does_not_have_is_one_error_line(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "entropyrl.cli.main", "train", "trainer.staleness=1", "trainer.rollout_gpus=1", "output_dir=run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: trainer.rollout_gpus=1 needs 2 GPUs")
+    assert not (tmp_path / "run").exists()  # refused before anything of the run was created
 
 
 # -- a worker that fails or dies ---------------------------------------------------------------
