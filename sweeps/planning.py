@@ -23,6 +23,7 @@ from ..core.errors import UserError
 from ..core.mlflow_store import resolve_uri
 from ..core.tracking import TrackingStore
 from ..trainers.algos.algorithm import Algorithm
+from ..trainers.async_rollout import check_async_settings
 from .ablation import JOB_OWNED_KEYS, JobSpec, expand, override_key
 from .job_kinds import job_class
 from .jobs import compose_job_config, job_kind
@@ -360,8 +361,6 @@ def validate_jobs(jobs: list[JobSpec], world_size: int = 1, gpus_per_node: int =
 def _check_async_placement(cfg: DictConfig, world_size: int, gpus_per_node: int, ranks_per_node: int) -> None:
     if "trainer" not in cfg:
         return
-    from ..trainers.async_rollout import check_async_settings  # the run's own checks, at plan time
-
     staleness, rollout_gpus = check_async_settings(cfg)
     if staleness and world_size > 1:
         raise UserError(
