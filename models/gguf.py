@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 from ..core.errors import UserError
-from ..core.folder_lock import build_lock
+from .folders import build_cached_folder, save_model_folder
 from .tiny import _cache_root
 
 # Bump when the conversion changes (what is written into the folder), so stale caches are not reused.
@@ -81,29 +78,16 @@ def converted_dir(path: Path, log=print) -> Path:
     """The Hugging Face folder converted from the GGUF file at ``path``, converting it on first use."""
     digest = file_hash(path)
     target = _cache_root() / f"gguf-{path.stem}-{digest}-v{CONVERT_VERSION}"
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    waiting = lambda: log(f"waiting for another process converting {path.name} ({target})")  # noqa: E731
-    with build_lock(target.parent / f".{target.name}.lock", on_wait=waiting):
-        if (target / "config.json").exists():  # converted while this process waited
-            return target
+
+    def build(staging: Path) -> None:
         log(f"converting {path.name} to a Hugging Face folder (one time, de-quantised to float32; cached in {target})")
         start = time.perf_counter()
-        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".gguf-tmp-"))
-        try:
-            info = convert(path, staging)
-            info["seconds"] = round(time.perf_counter() - start, 1)
-            (staging / "gguf_source.json").write_text(json.dumps({"file": path.name, "sha256_16": digest, **info}))
-            try:
-                os.replace(staging, target)  # atomic: an unlocked concurrent builder races harmlessly
-            except OSError:
-                shutil.rmtree(staging, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+        info = convert(path, staging)
+        info["seconds"] = round(time.perf_counter() - start, 1)
+        (staging / "gguf_source.json").write_text(json.dumps({"file": path.name, "sha256_16": digest, **info}))
         log(f"converted {path.name} in {time.perf_counter() - start:.0f} s")
-    return target
+
+    return build_cached_folder(target, build, waiting=f"waiting for another process converting {path.name} ({target})", log=log)
 
 
 def convert(path: Path, out: Path) -> dict:
@@ -128,8 +112,7 @@ def convert(path: Path, out: Path) -> dict:
     model.hf_quantizer = None
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    save_model_folder(model, out, tokenizer)
     return {
         "architecture": type(model).__name__,
         "parameters": sum(p.numel() for p in model.parameters()),

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import UserError
+from .folders import save_model_folder
 
 __all__ = ["LoraPolicy", "apply_lora", "is_lora", "merged_named_parameters", "ADAPTER_CONFIG"]
 
@@ -101,9 +102,7 @@ class LoraPolicy:
         """The base model with the adapter folded in, as a plain Hugging Face folder (what
         ``entropyrl eval model.path=`` and vLLM load)."""
         state = {k: v.contiguous() for k, v in merged_named_parameters(self.model)}
-        self.model.save_pretrained(str(folder), state_dict=state)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(folder))
+        save_model_folder(self.model, folder, tokenizer, state_dict=state)
 
 
 def lora_settings(model_cfg) -> dict | None:

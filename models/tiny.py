@@ -16,16 +16,14 @@ import hashlib
 import json
 import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
 from ..core.errors import UserError
-from ..core.folder_lock import build_lock
 from ..tasks import builtin as tasks
+from .folders import build_cached_folder, save_model_folder
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, EOS, UNK]
@@ -177,26 +175,17 @@ def embedded_model_dir(model_cfg, task_cfg=None, log=print) -> Path:
     """Path of the warm-started embedded model, building and caching it on first use."""
     task_cfg = task_cfg if task_cfg is not None and task_cfg.get("kind") == "builtin" else _default_task_cfg()
     target = _cache_root() / f"tiny-{_cache_key(model_cfg, task_cfg)}"
-    if (target / "config.json").exists():
-        return target
-    # the cache folder must take the result before minutes of warm start, not after
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+
+    def build(staging: Path) -> None:
+        log(f"building the embedded tiny model (one-time warm start, cached in {target})")
+        _build_into(staging, model_cfg, task_cfg, log)
+
+    try:  # the cache folder must take the result before minutes of warm start, not after
+        return build_cached_folder(
+            target, build, waiting=f"waiting for another process building the embedded tiny model ({target})", log=log
+        )
     except OSError as exc:
         raise _uncacheable(target, exc) from None
-    waiting = lambda: log(f"waiting for another process building the embedded tiny model ({target})")  # noqa: E731
-    with build_lock(target.parent / f".{target.name}.lock", on_wait=waiting):
-        if (target / "config.json").exists():  # built while this process waited
-            return target
-        try:
-            staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tiny-tmp-"))
-        except OSError as exc:
-            raise _uncacheable(target, exc) from None
-        log(f"building the embedded tiny model (one-time warm start, cached in {target})")
-        try:
-            return _build_into(target, staging, model_cfg, task_cfg, log)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)  # gone already when it became the cache
 
 
 def _uncacheable(target: Path, exc: OSError) -> UserError:
@@ -206,8 +195,8 @@ def _uncacheable(target: Path, exc: OSError) -> UserError:
     )
 
 
-def _build_into(target: Path, staging: Path, model_cfg, task_cfg, log) -> Path:
-    """Warm-start the tiny model, write it into ``staging`` and rename that into ``target``."""
+def _build_into(staging: Path, model_cfg, task_cfg, log) -> None:
+    """Warm-start the tiny model and write it into ``staging``."""
     tokenizer = build_tokenizer()
     model = build_model(model_cfg.arch, tokenizer, seed=model_cfg.warm_start.seed)
     threads = torch.get_num_threads()
@@ -217,11 +206,5 @@ def _build_into(target: Path, staging: Path, model_cfg, task_cfg, log) -> Path:
             info = warm_start(model, tokenizer, model_cfg, task_cfg, log=log)
     finally:
         torch.set_num_threads(threads)
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
+    save_model_folder(model, staging, tokenizer)
     (staging / "warm_start.json").write_text(json.dumps(info))
-    try:
-        os.replace(staging, target)  # atomic: an unlocked concurrent builder races harmlessly
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target

@@ -48,6 +48,7 @@ import torch
 
 from ..conf import cfg_get, to_plain
 from ..core.errors import UserError
+from ..models.folders import save_model_folder
 from ..models.lora import is_lora, merged_named_parameters
 from .base import Rollout, check_prompt_lengths, concat, register_rollout, response_mask_from_eos, stop_token_ids
 
@@ -182,8 +183,7 @@ class VLLMRollout:
             return str(path)
         # No folder to start from (a model built in memory): write the current weights out once.
         self._tmpdir = tempfile.mkdtemp(prefix="entropyrl-vllm-")
-        self.model.save_pretrained(self._tmpdir)
-        self.tokenizer.save_pretrained(self._tmpdir)
+        save_model_folder(self.model, self._tmpdir, self.tokenizer)  # on this rank, whatever its rank
         return self._tmpdir
 
     def _engine_kwargs(self) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
@@ -121,3 +122,61 @@ def test_concurrent_builders_of_one_embedded_model_build_it_once(tmp_path, monke
     assert len(paths) == 2 and paths[0] == paths[1] and (paths[0] / "config.json").exists()
     assert sum(m.startswith("building") for m in lines) == 1, lines
     assert any(m.startswith("waiting for another process") for m in lines), lines
+
+
+# Run by the test below in two processes of one gloo group: rank 1 builds the embedded model (rank 0
+# only waits), as a second rank does when it takes the cache's build lock first.
+_BUILD_ON_RANK_1 = """
+import sys, torch.distributed as dist
+from entropyrl.conf import compose
+from entropyrl.models import tiny
+rank, store = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+if rank == 1:
+    cfg = compose("train", ["model.warm_start.steps=20"])
+    print(tiny.embedded_model_dir(cfg.model, cfg.data, log=lambda *_: None))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_a_second_rank_builds_a_whole_cache_entry(tmp_path):
+    """transformers' save_pretrained writes no config or weights but on rank 0 of an initialised
+    process group; the embedded model that rank 1 of a torchrun job builds must still be a whole
+    folder, not a cache entry that breaks every later run."""
+    import os
+    import subprocess
+    import sys
+
+    from entropyrl.models.folders import is_model_folder
+
+    env = {**os.environ, "ENTROPYRL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    store = str(tmp_path / "store")
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _BUILD_ON_RANK_1, str(r), store], env=env, stdout=subprocess.PIPE, text=True)
+        for r in (0, 1)
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    folder = Path(outs[1].strip().splitlines()[-1])
+    assert is_model_folder(folder), sorted(p.name for p in folder.iterdir())
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(folder)
+
+
+def test_an_incomplete_cache_entry_is_built_again(tmp_path, monkeypatch):
+    """A cache entry without config or weights (a builder killed mid-way by an older version, a
+    rank that could not save) is replaced by a whole one, not loaded and failing forever."""
+    from entropyrl.models.folders import is_model_folder
+
+    monkeypatch.setenv("ENTROPYRL_CACHE", str(tmp_path / "cache"))
+    cfg = compose("train", ["model.warm_start.steps=20"])
+    broken = tiny._cache_root() / f"tiny-{tiny._cache_key(cfg.model, cfg.data)}"
+    broken.mkdir(parents=True)
+    tiny.build_tokenizer().save_pretrained(broken)  # the tokenizer and no model
+    lines: list[str] = []
+    path = tiny.embedded_model_dir(cfg.model, cfg.data, log=lines.append)
+    assert path == broken and is_model_folder(path) and any(m.startswith("building") for m in lines)
+    model, _tok = load_policy(cfg.model, cfg.data, log=lambda *_: None)
+    assert model.config.model_type == "qwen2"
