@@ -337,9 +337,9 @@ def validate_jobs(jobs: list[JobSpec], world_size: int = 1, gpus_per_node: int =
     interventions (``Algorithm.from_train_config``: the check a training run makes before it
     creates anything), so a mistake fails before anything is submitted; with ``world_size`` ranks
     per job, its prompt counts must split evenly over them; an asynchronous job
-    (``trainer.staleness``) runs one trainer rank, and a rollout worker with GPUs of its own
-    (``trainer.rollout_gpus``) needs them beside the ranks' (``gpus_per_node``, when the launcher
-    asks for GPUs)."""
+    (``trainer.staleness``) starts a rollout worker per rank, and a worker with GPUs of its own
+    (``trainer.rollout_gpus``, one trainer rank) needs them beside the rank's (``gpus_per_node``,
+    when the launcher asks for GPUs)."""
     for job in jobs:
         job_class(job_kind(job.to_dict()))
     for job, cfg in job_configs(jobs):
@@ -362,10 +362,11 @@ def _check_async_placement(cfg: DictConfig, world_size: int, gpus_per_node: int,
     if "trainer" not in cfg:
         return
     staleness, rollout_gpus = check_async_settings(cfg)
-    if staleness and world_size > 1:
+    if staleness and rollout_gpus and world_size > 1:
         raise UserError(
-            f"trainer.staleness={staleness} runs one trainer process beside its rollout worker, not {world_size} ranks; "
-            f"set launcher.nodes=1 launcher.tasks_per_node=1 (and trainer.rollout_gpus to give the worker GPUs of its own)"
+            f"trainer.rollout_gpus={rollout_gpus} gives one rollout worker GPUs of its own, but the job's {world_size} "
+            f"ranks start one worker each, which share their ranks' GPUs; set trainer.rollout_gpus=0, or "
+            f"launcher.nodes=1 launcher.tasks_per_node=1"
         )
     if rollout_gpus and gpus_per_node and ranks_per_node + rollout_gpus > gpus_per_node:
         raise UserError(

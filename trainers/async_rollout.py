@@ -19,6 +19,13 @@ Bounded staleness: the worker starts step ``j``'s batch only once version ``j - 
 so the trainer at step ``s`` (version ``s``) gets a batch at most ``k`` versions old. A batch older
 than that (which the gate prevents; kept as a check of the contract) is dropped and counted.
 
+Several trainer ranks (torchrun, SLURM, ``launcher=local launcher.tasks_per_node=N``): every rank
+starts a worker of its own, and the workers form a process group of their own (the trainer's
+master address, a port rank 0 picks), so worker ``r`` generates exactly rank ``r``'s share of each
+step, as the synchronous loop would (the dynamic-sampling and batch-size agreements of
+``collect_rollouts`` are collectives among the workers). A worker holds the whole model, unsharded:
+under FSDP each rank gathers the full weights it publishes.
+
 Placement: by default the worker shares the trainer's device. ``trainer.rollout_gpus=g`` gives it
 the last ``g`` of the process's visible GPUs to itself (its ``CUDA_VISIBLE_DEVICES``; a vLLM engine
 it starts inherits them), and the trainer keeps the first (``worker_devices``), so generation and
@@ -34,6 +41,7 @@ is not restored: the worker starts again from the restored weights and step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import queue as queue_errors
@@ -64,6 +72,7 @@ __all__ = [
     "rollout_worker",
     "visible_gpus",
     "worker_devices",
+    "worker_group_env",
 ]
 
 _POLL_S = 0.5  # how often a blocked side looks at the stop flag and at the other process
@@ -94,16 +103,16 @@ class WorkerFailed:
 
 
 class WeightChannel:
-    """The trainer's weights in shared memory, with the version they are at (training steps)."""
+    """The trainer's weights in shared memory, with the version they are at (training steps).
+    ``state``: whole tensors by name (``distributed.full_weights`` of the policy)."""
 
-    def __init__(self, model: torch.nn.Module, version: int, ctx):
-        self.tensors = {k: v.detach().to("cpu", copy=True).share_memory_() for k, v in model.state_dict().items()}
+    def __init__(self, state: dict[str, torch.Tensor], version: int, ctx):
+        self.tensors = {k: v.detach().to("cpu", copy=True).share_memory_() for k, v in state.items()}
         self.version = ctx.Value("q", int(version))
         self.lock = ctx.Lock()
 
-    def publish(self, model: torch.nn.Module, version: int) -> None:
-        """Copy ``model``'s weights in and set the version (the trainer, after a training step)."""
-        state = model.state_dict()
+    def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Copy ``state`` in and set the version (the trainer, after a training step)."""
         with self.lock:
             for key, shared in self.tensors.items():
                 shared.copy_(state[key].detach())
@@ -130,13 +139,18 @@ def rollout_worker(cfg_yaml: str, weights: WeightChannel, out, stop, first_step:
     step, engine = first_step, None
     try:
         cfg = OmegaConf.create(cfg_yaml)
+        _quiet_loading()
         ThreadBudget(cfg.trainer.threads)
-        dist = distributed.setup(cfg.trainer)
+        dist = distributed.setup(cfg.trainer)  # the workers' own group when the trainer has several ranks
+        if dist.world_size > 1:  # a whole model per worker: generation needs no collective
+            dist = dataclasses.replace(dist, fsdp=False)
         components.seed_everything(int(cfg.trainer.seed))
         quiet = lambda *_a, **_k: None  # noqa: E731  (the trainer already said what it builds)
         algo = components.build_algorithm(cfg)
         rewards = components.build_rewards(cfg, log=quiet)
         model, tokenizer, _adapter = components.build_policy_and_adapter(cfg, dist, log=quiet)
+        if dist.world_size > 1 and str(cfg.trainer.get("dtype", "float32")) == "bfloat16":
+            model.to(torch.bfloat16)  # the trainer's FSDP computes in bf16; the published float32 weights are cast on load
         source = components.build_source(cfg, tokenizer, log=quiet)
         rewards.bind(source)
         engine = components.build_engine(cfg, model, tokenizer)
@@ -198,11 +212,14 @@ def rollout_worker(cfg_yaml: str, weights: WeightChannel, out, stop, first_step:
 class AsyncRollouts:
     """The trainer's side: starts the worker, takes each step's batch, publishes the weights.
 
-    ``worker``: the process's function (``rollout_worker``; tests pass another)."""
+    ``dist``: this trainer rank (``DistInfo``; None: one process). With several ranks every rank
+    makes the same calls in the same order (``start``, ``publish`` and ``next_batch`` hold
+    collectives). ``worker``: the process's function (``rollout_worker``; tests pass another)."""
 
-    def __init__(self, cfg, staleness: int, *, worker=rollout_worker):
+    def __init__(self, cfg, staleness: int, dist=None, *, worker=rollout_worker):
         self.cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
         self.staleness = int(staleness)
+        self.dist = dist if dist is not None else distributed.DistInfo()
         self.worker = worker
         self.ctx = mp.get_context("spawn")
         self.engine = str(cfg.rollout.get("name", "hf"))
@@ -212,7 +229,13 @@ class AsyncRollouts:
 
     def start(self, model: torch.nn.Module, step: int) -> None:
         """Start the worker from ``model``'s weights at ``step`` (0, or the resumed step)."""
-        self.weights = WeightChannel(model, step, self.ctx)
+        self.weights = WeightChannel(distributed.full_weights(model), step, self.ctx)
+        env: dict[str, str | None] = {}  # the worker's environment where it differs from this process's
+        if self.rollout_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(worker_devices(visible_gpus(), self.rollout_gpus)[1])
+        if self.dist.world_size > 1:  # rank 0 picks the workers' port; every rank's worker uses it
+            port = distributed.broadcast_value(_free_port() if self.dist.is_main else 0, self.dist)
+            env.update(worker_group_env(self.dist, port))
         self.queue = self.ctx.Queue(maxsize=self.staleness)
         self.stop = self.ctx.Event()
         self.process = self.ctx.Process(
@@ -223,23 +246,13 @@ class AsyncRollouts:
             # close() stops the worker either way (and the worker stops when its parent is gone)
             daemon=str(self.engine) != "vllm",
         )
-        devices = worker_devices(visible_gpus(), self.rollout_gpus)[1] if self.rollout_gpus else None
-        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-        try:  # a spawned process takes the environment of the moment it starts
-            if devices is not None:
-                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-            self.process.start()
-        finally:
-            if devices is not None:
-                if saved is None:
-                    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-                else:
-                    os.environ["CUDA_VISIBLE_DEVICES"] = saved
+        with _environment(env):
+            self.process.start()  # a spawned process takes the environment of the moment it starts
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
         """The weights after training step ``version`` (the worker loads them before its next batch)."""
         if self.weights is not None:
-            self.weights.publish(model, version)
+            self.weights.publish(distributed.full_weights(model), version)
 
     def next_batch(self, model: torch.nn.Module, step: int) -> tuple[StepBatch | None, dict]:
         """Step ``step``'s batch (``collect_rollouts``' pair) with the ``async/*`` metrics of its
@@ -259,13 +272,19 @@ class AsyncRollouts:
         metrics = dict(metrics)
         metrics.update(
             {
-                "async/staleness/mean": lag,  # one version per batch: mean and max agree
-                "async/staleness/max": lag,
-                "async/dropped": float(dropped),
+                "async/staleness/mean": lag,  # one version per batch: mean and max agree on one rank
+                # over ranks (the trainer averages metrics): the largest lag, and the samples dropped by all
+                "async/staleness/max": float(distributed.max_across(lag, self.dist)),
+                "async/dropped": float(distributed.sum_across(float(dropped), self.dist)),
                 "async/worker_idle_frac": item.idle_s / max(item.cycle_s, 1e-9),
             }
         )
-        if batch is not None:
+        if self.dist.world_size > 1:  # a token mean over every rank's responses, as the trainer's `entropy`
+            tokens = 0.0 if batch is None else float(batch.responses.policy_mask.sum())
+            total = distributed.sum_across([item.behaviour_entropy * tokens if tokens else 0.0, tokens], self.dist)
+            if total[1] > 0:
+                metrics["async/entropy_behaviour"] = float(total[0] / total[1])
+        elif batch is not None:
             metrics["async/entropy_behaviour"] = item.behaviour_entropy
         return batch, metrics
 
@@ -326,6 +345,56 @@ def async_step_metrics(metrics: dict, rows: int) -> dict[str, float]:
     return out
 
 
+def _quiet_loading() -> None:
+    """No transformers progress bars in the worker (a spawned process starts with them on; the
+    trainer's command turned its own off)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def worker_group_env(dist, port: int) -> dict[str, str | None]:
+    """The environment that puts rank ``dist.rank``'s worker in the workers' own process group: the
+    trainer's rank and world size, its master address with ``port``; torchrun's agent store (the
+    trainer's group) is not the workers' (None: unset)."""
+    return {
+        "RANK": str(dist.rank),
+        "WORLD_SIZE": str(dist.world_size),
+        "LOCAL_RANK": str(dist.local_rank),
+        "MASTER_ADDR": os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        "MASTER_PORT": str(int(port)),
+        "TORCHELASTIC_USE_AGENT_STORE": None,
+    }
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str | None]):
+    """``os.environ`` with ``values`` set (None: removed) for the block, then as it was."""
+    saved = {key: os.environ.get(key) for key in values}
+    try:
+        for key, value in values.items():
+            _set_env(key, value)
+        yield
+    finally:
+        for key, value in saved.items():
+            _set_env(key, value)
+
+
+def _set_env(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+
+
 def visible_gpus() -> list[str]:
     """This process's GPUs as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs), else
     ``0..device_count-1``; empty without CUDA."""
@@ -372,17 +441,18 @@ def check_async_settings(cfg) -> tuple[int, int]:
 
 
 def check_async(cfg, dist=None) -> int:
-    """``trainer.staleness``, refused where the asynchronous loop does not exist yet: several
-    trainer ranks (one trainer process and one worker); ``trainer.rollout_gpus`` as
-    ``check_async_settings`` says, or beyond this process's visible GPUs."""
+    """``trainer.staleness``, with ``trainer.rollout_gpus`` checked as ``check_async_settings``
+    says and against this process's visible GPUs; refused where the asynchronous loop does not
+    exist yet: GPUs of their own for the workers of several trainer ranks."""
     staleness, rollout_gpus = check_async_settings(cfg)
     if staleness == 0:
         return 0
+    world = 1 if dist is None else int(dist.world_size)
+    if rollout_gpus and world > 1:
+        raise UserError(
+            f"trainer.rollout_gpus={rollout_gpus} gives one rollout worker GPUs of its own, but {world} trainer ranks "
+            f"start one worker each, which share their ranks' GPUs; set trainer.rollout_gpus=0, or launch one trainer process"
+        )
     if rollout_gpus:
         worker_devices(visible_gpus(), rollout_gpus)
-    if dist is not None and dist.world_size > 1:
-        raise UserError(
-            f"trainer.staleness={staleness} runs on one trainer process for now (got {dist.world_size} ranks); "
-            f"launch one process, or set trainer.staleness=0"
-        )
     return staleness

@@ -109,7 +109,7 @@ class GRPOTrainer:
         distributed.barrier(self.dist)
         self.device = self.dist.device
         components.check_batches(cfg, self.dist)
-        staleness = check_async(cfg, self.dist)  # trainer.staleness: one trainer process, the hf engine
+        staleness = check_async(cfg, self.dist)  # trainer.staleness, and where its rollout worker runs
         components.check_tracking(cfg)
         # diagnostics.reflection: the word list (a bad one fails here), repetition n, token mapping
         self.reflect = reflection_settings(cfg)
@@ -162,7 +162,7 @@ class GRPOTrainer:
         )
         # trainer.staleness >= 1: the batches come from a rollout worker process (async_rollout.py),
         # started at the first step from the (restored) weights; 0: collected here, in turn with training
-        self.async_rollouts = AsyncRollouts(cfg, staleness) if staleness > 0 else None
+        self.async_rollouts = AsyncRollouts(cfg, staleness, self.dist) if staleness > 0 else None
 
     def _stats_kwargs(self) -> dict:
         return dict(self.settings.stats)

@@ -254,6 +254,73 @@ def test_cli_train_under_torchrun(in_tmp):
     assert [r["step"] for r in rows] == [1, 2, 3]
 
 
+ASYNC_ARGS = [
+    "trainer.staleness=1",
+    "trainer.prompts_per_step=4",
+    "trainer.mini_batch_prompts=4",
+    "rollout.n=4",
+    "trainer.save_every=2",
+    "trainer.val_every=0",
+    "val.prompts=0",
+    "trainer.progress=false",
+    "trainer.threads=1",
+    "tracking.enabled=false",
+    "output_dir=run",
+]
+
+
+def _synchronous_first_step(overrides: list[str]) -> dict[str, float]:
+    """Step 1's batch metrics of a synchronous 2-rank run, without one: each rank's share collected
+    here from the starting weights (``collect_rollouts`` with that rank's place; its agreements
+    between ranks are no-ops without a process group), averaged over ranks as the trainer does."""
+    from entropyrl.conf import compose
+    from entropyrl.trainers import components
+    from entropyrl.trainers.collect import collect_rollouts
+    from entropyrl.trainers.parallel.distributed import DistInfo
+
+    cfg = compose("train", overrides)
+    one = DistInfo()
+    components.seed_everything(int(cfg.trainer.seed))
+    model, tokenizer = components.build_policy(cfg, one, log=lambda *_: None)
+    source = components.build_source(cfg, tokenizer, log=lambda *_: None)
+    engine, algo = components.build_engine(cfg, model, tokenizer), components.build_algorithm(cfg)
+    per_rank = []
+    for rank in (0, 1):
+        _batch, metrics = collect_rollouts(
+            cfg, source=source, rollout=engine, algo=algo, dist=DistInfo(rank=rank, world_size=2),
+            pad_token_id=tokenizer.pad_token_id, step=0,
+        )  # fmt: skip
+        per_rank.append(metrics)
+    return {k: (per_rank[0][k] + per_rank[1][k]) / 2 for k in ("acc/mean", "reward/mean", "response_length/mean")}
+
+
+@pytest.mark.slow
+def test_two_trainer_ranks_with_a_rollout_worker_each(in_tmp):
+    """``trainer.staleness=1`` under torchrun with 2 FSDP ranks (gloo): every rank starts a worker,
+    the workers form their own group and each generates its rank's share, so step 1 (from the
+    starting weights) is the synchronous run's step 1; they load the weights each rank gathers whole,
+    so a resumed run's first batch, generated from the restored FSDP weights, has the trainer's
+    entropy; lags stay within 1 and the run resumes from its checkpoint."""
+    for steps in (2, 3):
+        cmd = [*TORCHRUN, str(_free_port()), "-m", CLI_MODULE, "train", *ASYNC_ARGS, f"trainer.total_steps={steps}"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_env())
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+        summary = json.loads((in_tmp / "run" / "summary.json").read_text())
+        assert summary["status"] == "FINISHED" and summary["world_size"] == 2 and summary["steps"] == steps
+    assert "resumed from" in out.stdout + out.stderr
+    rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["async/dropped"] == 0 and r["async/staleness/max"] <= 1, r
+    # each start (fresh, resumed) begins from the weights the trainer holds: same entropy
+    for first in (rows[0], rows[2]):
+        assert first["async/staleness/max"] == 0 and first["async/entropy_gap"] == pytest.approx(0.0, abs=1e-5), first
+    assert rows[1]["async/staleness/max"] == 1  # generated while the trainer trained step 1
+    expected = _synchronous_first_step([a for a in ASYNC_ARGS if not a.startswith("output_dir")])
+    for key, value in expected.items():
+        assert rows[0][key] == pytest.approx(value, abs=1e-6), (key, rows[0][key], value)
+
+
 @pytest.mark.slow
 def test_checkpoint_resumes_on_another_number_of_ranks(in_tmp):
     """Elastic resume: 2 ranks write the step-2 checkpoint, 1 process resumes it to step 3, 2 ranks

@@ -459,8 +459,8 @@ def test_a_second_sweep_process_on_the_same_folder_is_refused(tmp_path):
 
 
 def test_async_jobs_are_placed_at_plan_time(tmp_path):
-    """An asynchronous job runs one trainer rank beside its worker, and a worker with GPUs of its own
-    needs them in the job's request: both refused before anything is submitted."""
+    """An asynchronous job starts a worker per trainer rank; a worker with GPUs of its own needs them
+    in the job's request, and runs beside one trainer rank: both refused before anything is submitted."""
     abl = compose("sweep", ["ablation=gate"]).ablation
 
     def jobs(*overrides):
@@ -470,7 +470,8 @@ def test_async_jobs_are_placed_at_plan_time(tmp_path):
     validate_jobs(jobs("trainer.staleness=1", "trainer.rollout_gpus=1"))  # a local launcher: the run checks its GPUs
     with pytest.raises(UserError, match=r"variant off: trainer.rollout_gpus=1 beside 1 trainer rank\(s\) needs 2 GPUs"):
         validate_jobs(jobs("trainer.staleness=1", "trainer.rollout_gpus=1"), world_size=1, gpus_per_node=1, ranks_per_node=1)
-    with pytest.raises(UserError, match="not 2 ranks; set launcher.nodes=1 launcher.tasks_per_node=1"):
-        validate_jobs(jobs("trainer.staleness=1"), world_size=2, gpus_per_node=2, ranks_per_node=2)
+    validate_jobs(jobs("trainer.staleness=1"), world_size=2, gpus_per_node=2, ranks_per_node=2)  # a worker per rank
+    with pytest.raises(UserError, match="the job's 2 ranks start one worker each.*launcher.tasks_per_node=1"):
+        validate_jobs(jobs("trainer.staleness=1", "trainer.rollout_gpus=1"), world_size=2, gpus_per_node=4, ranks_per_node=2)
     with pytest.raises(UserError, match="only trainer.staleness >= 1 starts"):
         validate_jobs(jobs("trainer.rollout_gpus=1"), world_size=1, gpus_per_node=2, ranks_per_node=1)

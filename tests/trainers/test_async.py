@@ -103,15 +103,16 @@ def test_negative_staleness_is_refused():
         compose("train", ["trainer.staleness=-1"])
 
 
-def test_several_ranks_with_a_worker_are_refused():
+def test_several_ranks_start_a_worker_each_which_shares_their_gpus():
     class TwoRanks:
         world_size = 2
 
     cfg = compose("train", ["trainer.staleness=2"])
     assert check_async(cfg) == 2
     assert check_async(compose("train", ["rollout=vllm", "trainer.staleness=1"])) == 1  # both engines
-    with pytest.raises(UserError, match="one trainer process"):
-        check_async(cfg, TwoRanks())
+    assert check_async(cfg, TwoRanks()) == 2
+    with pytest.raises(UserError, match="2 trainer ranks start one worker each.*trainer.rollout_gpus=0"):
+        check_async(compose("train", ["trainer.staleness=1", "trainer.rollout_gpus=1"]), TwoRanks())
 
 
 # -- where the worker runs: trainer.rollout_gpus ---------------------------------------------------

@@ -49,7 +49,7 @@ import torch
 
 from ...core.errors import UserError
 from ..algos.loss_agg import loss_aggregation
-from .fsdp import checkpoint_views, decoder_layers, is_fsdp, load_full_state, prepare_model
+from .fsdp import checkpoint_views, decoder_layers, full_weights, is_fsdp, load_full_state, prepare_model
 from .process_group import DistInfo, cleanup, expand_nodelist, launcher_env, node_name, setup
 
 __all__ = [
@@ -71,7 +71,9 @@ __all__ = [
     "loss_scale",
     "clip_grad_norm",
     "barrier",
+    "broadcast_value",
     "checkpoint_views",
+    "full_weights",
     "load_full_state",
     "is_fsdp",
     "decoder_layers",
@@ -220,6 +222,18 @@ def clip_grad_norm(model, max_norm: float) -> float:
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     return float(norm)
+
+
+def broadcast_value(value, info: DistInfo):
+    """Rank 0's ``value`` (any picklable object) on every rank; ``value`` itself on one process.
+    Every rank must call it."""
+    if not _active(info):
+        return value
+    import torch.distributed as dist
+
+    box = [value if info.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def barrier(info: DistInfo) -> None:

@@ -15,7 +15,15 @@ from ...conf import cfg_get
 from ...core.errors import UserError
 from .process_group import DistInfo
 
-__all__ = ["decoder_layers", "is_fsdp", "prepare_model", "sharded_parameters", "checkpoint_views", "load_full_state"]
+__all__ = [
+    "decoder_layers",
+    "is_fsdp",
+    "prepare_model",
+    "sharded_parameters",
+    "checkpoint_views",
+    "load_full_state",
+    "full_weights",
+]
 
 
 def _response_hidden(self, **inputs):
@@ -117,6 +125,21 @@ def checkpoint_views(model, optimizer, info: DistInfo):
     model_sd = get_model_state_dict(model, options=opts)
     optim_sd = get_optimizer_state_dict(model, optimizer, options=opts)
     return _ModelView(model, model_sd), _OptimView(optim_sd)
+
+
+def full_weights(model) -> dict[str, torch.Tensor]:
+    """``model``'s state dict with every tensor whole and on the CPU, on every rank: without FSDP
+    its own (detached) tensors; with FSDP each sharded tensor gathered, one at a time and in the
+    same order on every rank (a collective: every rank must call it)."""
+    if not is_fsdp(model):
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for key, value in model.state_dict().items():
+        whole = value.full_tensor() if isinstance(value, DTensor) else value
+        out[key] = whole.detach().cpu()
+    return out
 
 
 def _param_names(model) -> list[str]:
