@@ -70,6 +70,7 @@ def test_cli_train_logs_named_metrics_to_mlflow_and_jsonl(in_tmp, fast_train):
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "curves.png", "quadrants.png", "summary.json", "metrics.jsonl"} <= artifacts
     assert (run_dir / "quadrants.png").stat().st_size > 5000
+    assert not (run_dir / "tools.png").exists() and "tools.png" not in artifacts  # tools off: no tool figure
 
 
 @pytest.mark.slow

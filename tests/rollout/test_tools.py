@@ -396,6 +396,8 @@ def test_train_with_tools_end_to_end_logs_the_tool_metrics(in_tmp, fast_train):
         assert key in last, key
     assert last["tools/calls/mean"] > 0 and 0 < last["tools/time_frac"] < 1
     assert last["tools/turns/mean"] >= 1 and last["tokens/kind/tool"] > 0
+    # beside curves.png: entropy by token kind and turn, and the tool use (trainers/run/plots.py)
+    assert (in_tmp / "run" / "tools.png").stat().st_size > 5000
 
 
 @pytest.mark.vllm

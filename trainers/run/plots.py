@@ -160,6 +160,46 @@ def plot_reflection(rows: list[dict], path: Path, title: str = "") -> Path | Non
     return save_figure(fig, path)
 
 
+TOOL_ENTROPY = [
+    ("entropy/kind/text", "text", "-"),
+    ("entropy/kind/code", "code", "-"),
+    ("entropy/kind/post_tool", "after a tool result", "-"),
+    ("entropy/turn/first", "first turn", "--"),
+    ("entropy/turn/later", "later turns", "--"),
+]
+TOOL_USE = [
+    ("tools/turns/mean", "turns per response", "-"),
+    ("tools/calls/mean", "calls per response", "-"),
+    ("tools/error_frac", "share of calls in error", "--"),
+    ("tools/time_frac", "share of step time in tools", ":"),
+]
+
+
+def plot_tool_use(rows: list[dict], path: Path, title: str = "") -> Path | None:
+    """Multi-turn tool use at a glance (``docs/tools.md``): the entropy of each token kind (the
+    policy's text and code, the tokens after a tool result) and of the first vs later turns, on a log
+    axis (the kinds sit orders of magnitude apart), and the tool use itself (turns and calls per
+    response, the error share of the calls, the share of the step's wall time in tools); None when
+    the run logged no ``tools/*`` metric (tools off)."""
+    if not any(r.get("tools/calls/mean") is not None for r in rows):
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10.8, 3.4))
+    if _lines(axes[0], rows, TOOL_ENTROPY):
+        axes[0].set_yscale("log")
+        axes[0].legend(fontsize=7)
+    axes[0].set_title("token entropy by kind and turn (nats)", fontsize=10)
+    _lines(axes[1], rows, TOOL_USE)
+    axes[1].set_title("tool use", fontsize=10)
+    axes[1].legend(fontsize=7)
+    for a in axes:
+        a.set_xlabel("step")
+        a.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def save_figure(fig, path: Path) -> Path:
     """Render ``fig`` beside ``path`` and rename it into place: never a 0-byte or half PNG."""
     path = Path(path)

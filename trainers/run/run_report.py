@@ -11,7 +11,7 @@ import numpy as np
 
 from ...conf import to_plain
 from ..interventions import INTERVENTIONS
-from .plots import plot_attribution, plot_quadrants, plot_reflection, plot_training_curves
+from .plots import plot_attribution, plot_quadrants, plot_reflection, plot_tool_use, plot_training_curves
 from .regime import report_regime
 from .run_dir import atomic_write_text
 
@@ -81,7 +81,8 @@ def write_run_report(
 ) -> dict:
     """Rank 0 at the end of a run: ``summary.json`` (``summarize``, ``report_regime``'s warnings, flags
     and fits, then ``run_facts``), ``curves.png`` (with the intervention's target, its gate and the
-    collapse flag drawn in), ``quadrants.png``, ``why_entropy_moved.png`` and ``reflection.png``, each
+    collapse flag drawn in), ``quadrants.png``, ``why_entropy_moved.png``, ``reflection.png`` and (with
+    tools) ``tools.png``, each
     logged to MLflow with ``metrics.jsonl``; the MLflow run is finished with ``status`` whatever
     happens to the files. Returns the summary."""
     summary = summarize(rows)
@@ -103,6 +104,7 @@ def write_run_report(
                 plot_quadrants(rows, output_dir / "quadrants.png", title=f"four quadrants: {title}"),
                 plot_attribution(rows, output_dir / "why_entropy_moved.png", title=f"why entropy moved: {title}"),
                 plot_reflection(rows, output_dir / "reflection.png", title=f"reflection and length: {title}"),
+                plot_tool_use(rows, output_dir / "tools.png", title=f"tool use: {title}"),
             ]
         except OSError:
             figures = []
