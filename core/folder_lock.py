@@ -107,27 +107,31 @@ class FolderLock:
 
 
 @contextmanager
-def build_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+def build_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[bool]:
     """Hold an exclusive ``flock`` on ``path`` while one cache entry is built, so that concurrent
     builders of the same entry (the jobs of a sweep on a fresh machine) wait for the first one and
     then find its result, instead of each repeating minutes of work. ``on_wait`` is called once when
     the lock is held by another process. The builds stay atomic without it: where the filesystem
-    refuses ``flock`` (some network filesystems), building goes on unlocked."""
+    refuses ``flock`` (some network filesystems), building goes on unlocked. Yields whether the
+    lock is held (no other builder of the entry can be at work)."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
         fd = -1
+    held = False
     try:
         if fd >= 0:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
             except BlockingIOError:
                 if on_wait is not None:
                     on_wait()
                 fcntl.flock(fd, fcntl.LOCK_EX)
+                held = True
             except OSError:
                 pass
-        yield
+        yield held
     finally:
         if fd >= 0:
             os.close(fd)  # closing drops the lock

@@ -60,15 +60,19 @@ def build_cached_folder(target: Path, build: Callable[[Path], None], *, waiting:
     """The cache entry ``target``: returned at once when it is a whole model folder, else built by
     ``build(staging)`` into a fresh staging folder beside it and renamed into place. One builder at
     a time (a lock file beside the entry); a process that waited logs ``waiting`` and takes the
-    first one's result. An incomplete entry in the way is replaced. ``OSError`` from making the
+    first one's result. An incomplete entry in the way is replaced, and the staging folders of
+    builders that were killed are removed. ``OSError`` from making the
     staging folder is the caller's to word."""
     target = Path(target)
     if is_model_folder(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with build_lock(target.parent / f".{target.name}.lock", on_wait=lambda: log(waiting)):
+    with build_lock(target.parent / f".{target.name}.lock", on_wait=lambda: log(waiting)) as alone:
         if is_model_folder(target):  # built while this process waited
             return target
+        if alone:  # what a builder killed mid-way left behind (nobody else builds this entry now)
+            for stale in target.parent.glob(f".{target.name}-tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-tmp-"))
         try:
             build(staging)

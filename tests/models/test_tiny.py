@@ -167,7 +167,8 @@ def test_a_second_rank_builds_a_whole_cache_entry(tmp_path):
 
 def test_an_incomplete_cache_entry_is_built_again(tmp_path, monkeypatch):
     """A cache entry without config or weights (a builder killed mid-way by an older version, a
-    rank that could not save) is replaced by a whole one, not loaded and failing forever."""
+    rank that could not save) is replaced by a whole one, not loaded and failing forever; what a
+    killed builder left in its staging folder is removed."""
     from entropyrl.models.folders import is_model_folder
 
     monkeypatch.setenv("ENTROPYRL_CACHE", str(tmp_path / "cache"))
@@ -175,8 +176,11 @@ def test_an_incomplete_cache_entry_is_built_again(tmp_path, monkeypatch):
     broken = tiny._cache_root() / f"tiny-{tiny._cache_key(cfg.model, cfg.data)}"
     broken.mkdir(parents=True)
     tiny.build_tokenizer().save_pretrained(broken)  # the tokenizer and no model
+    killed = broken.parent / f".{broken.name}-tmp-killed"  # the staging folder of a builder killed mid-way
+    killed.mkdir()
     lines: list[str] = []
     path = tiny.embedded_model_dir(cfg.model, cfg.data, log=lines.append)
     assert path == broken and is_model_folder(path) and any(m.startswith("building") for m in lines)
+    assert not killed.exists() and not list(broken.parent.glob(".*-tmp-*"))
     model, _tok = load_policy(cfg.model, cfg.data, log=lambda *_: None)
     assert model.config.model_type == "qwen2"
