@@ -2,6 +2,8 @@
 
 Per run (one seed of one variant):
 - ``final_val_acc``: the last ``val/acc`` logged;
+- ``final_val_pass``: the last ``val/pass_at_<k>`` logged, for the largest ``k`` the run logged
+  (``val_pass_k``; sampled pass@k with ``val.pass_k``);
 - ``tail_entropy``: mean and min entropy over the last ``tail_frac`` of the steps (at least one
   step; the last tenth by default, as the trainer's ``entropy/last_tenth``);
 - ``entropy_auc``: area under the entropy curve, trapezoid rule over the step axis (nats x steps;
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Iterable
 
@@ -26,6 +29,8 @@ import numpy as np
 
 RUN_FIELDS = (
     "final_val_acc",
+    "final_val_pass",
+    "val_pass_k",
     "entropy_tail_mean",
     "entropy_tail_min",
     "entropy_auc",
@@ -92,12 +97,24 @@ def last_value(rows: list[dict], key: str) -> float:
     return float(v[-1]) if len(v) else float("nan")
 
 
+_PASS_AT = re.compile(r"val/pass_at_(\d+)$")
+
+
+def pass_k(rows: list[dict]) -> int | None:
+    """The largest ``k`` of the ``val/pass_at_<k>`` metrics in ``rows`` (None: none logged)."""
+    ks = {int(m.group(1)) for r in rows for key in r if (m := _PASS_AT.match(key))}
+    return max(ks) if ks else None
+
+
 def run_metrics(rows: list[dict], threshold: float = 0.3, tail_frac: float = 0.1) -> dict:
     """The comparison figures of one run (see the module docstring)."""
     steps, ent = series(rows, "entropy")
     tail_mean, tail_min = tail_stats(ent, tail_frac)
+    k = pass_k(rows)
     return {
         "final_val_acc": last_value(rows, "val/acc"),
+        "final_val_pass": last_value(rows, f"val/pass_at_{k}") if k else float("nan"),
+        "val_pass_k": float(k) if k else float("nan"),
         "entropy_tail_mean": tail_mean,
         "entropy_tail_min": tail_min,
         "entropy_auc": auc(steps, ent),

@@ -49,10 +49,18 @@ PLOTS = [
 
 COLUMNS = [
     ("final_val_acc", "final val acc", 3),
+    ("final_val_pass", "final val pass@k", 3),
     ("entropy_tail_mean", "entropy, last {tail} (mean)", 3),
     ("entropy_tail_min", "entropy, last {tail} (min)", 3),
     ("entropy_auc", "entropy AUC", 2),
 ]
+OPTIONAL_COLUMNS = {"final_val_pass"}  # shown when some variant logged it (val.pass_k > 0)
+
+
+def shown_columns(summaries) -> list[tuple[str, str, int]]:
+    """The report table's ``COLUMNS``, less the optional ones no variant's ``summaries`` has a value for."""
+    summaries = list(summaries)
+    return [c for c in COLUMNS if c[0] not in OPTIONAL_COLUMNS or any(s.get(c[0], {}).get("n", 0) for s in summaries)]
 
 
 # What an ablation's ``report_step`` names: ``step(sweep_dir, sweep, statuses, log)`` runs after the
@@ -95,36 +103,50 @@ def metric_key(text: str) -> str:
 
 
 def _plot(curves: dict[str, list], key: str, label: str, path: Path, title: str, threshold: float | None = None) -> Path | None:
+    return _plot_panels(curves, [(key, label)], path, title, threshold)
+
+
+QUADRANT_PANELS = [(f"quadrant/{q}/share", f"{q} share of tokens") for q in ("q1", "q2", "q3", "q4")]
+
+
+def _plot_panels(
+    curves: dict[str, list], panels: list[tuple[str, str]], path: Path, title: str, threshold: float | None = None
+) -> Path | None:
+    """One panel per ``(key, label)``, a line per variant: the mean over seeds with the min-max band;
+    ``threshold`` (STARE's h_tgt) a dashed line on the entropy panel. None when no run logged any key."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    drawn = False
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for variant, seed_rows in curves.items():
-        b = agg.seed_band(seed_rows, key)
-        if b is None:
-            continue
-        (line,) = ax.plot(
-            b["steps"], b["mean"], lw=1.6, marker="o" if len(b["steps"]) < 12 else None, ms=3, label=f"{variant} (n={b['seeds']})"
-        )
-        if b["seeds"] > 1:
-            ax.fill_between(b["steps"], b["lo"], b["hi"], color=line.get_color(), alpha=0.18, lw=0)
-        drawn = True
-    if not drawn:
-        plt.close(fig)
-        return None
-    if threshold is not None:
-        ax.axhline(threshold, color="grey", ls="--", lw=1, label=f"h_tgt = {threshold:g}")
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("step")
-    ax.set_ylabel(label)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    bands = [[(v, b) for v, seed_rows in curves.items() if (b := agg.seed_band(seed_rows, key)) is not None] for key, _ in panels]
+    if not any(bands):
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 if len(panels) == 1 else 3.6 * len(panels), 3.8), squeeze=False)
+    for ax, (key, label), drawn in zip(axes[0], panels, bands):
+        for variant, b in drawn:
+            (line,) = ax.plot(
+                b["steps"],
+                b["mean"],
+                lw=1.6,
+                marker="o" if len(b["steps"]) < 12 else None,
+                ms=3,
+                label=f"{variant} (n={b['seeds']})",
+            )
+            if b["seeds"] > 1:
+                ax.fill_between(b["steps"], b["lo"], b["hi"], color=line.get_color(), alpha=0.18, lw=0)
+        if threshold is not None and key == "entropy":
+            ax.axhline(threshold, color="grey", ls="--", lw=1, label=f"h_tgt = {threshold:g}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    if len(panels) == 1:
+        axes[0][0].set_title(title, fontsize=10)
+    else:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -219,6 +241,14 @@ def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str
         )
         if p is not None:
             plots.append(p)
+    p = _plot_panels(  # diagnostics.quadrants: where the tokens sit (sign of advantage x surprisal)
+        curves,
+        QUADRANT_PANELS,
+        sweep_dir / "plots" / "quadrants.png",
+        f"{ablation}: four quadrants (mean, min-max band over seeds)",
+    )
+    if p is not None:
+        plots.append(p)
     for v in order:  # diagnostics.attribution runs: "why entropy moved", the seed mean per variant
         p = plot_attribution(
             mean_by_step(curves[v]),
@@ -356,16 +386,17 @@ def _markdown(sweep, sweep_dir, order, variants, statuses, job_rows, plots, thre
     if sweep.get("budget") or sweep.get("train_overrides"):
         lines.append(f"- every job: `{' '.join([*sweep.get('budget', []), *sweep.get('train_overrides', [])])}`")
     lines += ["", "## Comparison (finished seeds; mean ± std over seeds)", ""]
+    columns = shown_columns(variants[v]["summary"] for v in order)
     header = (
         ["variant", "seeds"]
-        + [c[1].format(tail=tail_txt) for c in COLUMNS]
+        + [c[1].format(tail=tail_txt) for c in columns]
         + [f"first step H < {threshold:g}", "acted", "warnings", "flags"]
     )
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for v in order:
         s = variants[v]["summary"]
         cells = [f"`{v}`", f"{variants[v]['done']}/{variants[v]['total']}"]
-        cells += [_pm(s.get(f, {}), d) for f, _, d in COLUMNS]
+        cells += [_pm(s.get(f, {}), d) for f, _, d in columns]
         cells += [
             _first_below(s.get("first_step_below", {})),
             acted_cell(variants[v]["acted"]),
@@ -381,7 +412,8 @@ def _markdown(sweep, sweep_dir, order, variants, statuses, job_rows, plots, thre
         f"seeds of the metric it names (`stare/gate_on`: the share of steps STARE's gate was open; a "
         f"`/frac` metric: the share of tokens a rule selected). Warnings (an intervention that cannot act in this regime) and "
         f"flags (entropy collapse < 0.2x / explosion > 3x its first tenth), from each run's "
-        f"summary.json: `id@first step` per seed.",
+        f"summary.json: `id@first step` per seed. Final val pass@k (with `val.pass_k`): the last "
+        f"`val/pass_at_<k>` of the largest k logged.",
         "",
     ]
     if plots:

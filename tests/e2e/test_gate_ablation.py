@@ -51,4 +51,7 @@ def test_gate_ablation_defaults_separate_the_variants_beyond_their_seed_band(tmp
     comparison = {r["variant"]: r for r in csv.DictReader((tmp_path / "sw" / "comparison.csv").open())}
     gate_share = float(comparison["gated"]["acted"].split()[-1])
     assert comparison["always_on"]["acted"] == "stare/gate_on 1.00" and 0 < gate_share < 1, comparison
-    assert "first step H < 0.25" in (tmp_path / "sw" / "report.md").read_text()  # the threshold is the ablation's h_tgt
+    report = (tmp_path / "sw" / "report.md").read_text()
+    assert "first step H < 0.25" in report  # the threshold is the ablation's h_tgt
+    # the quadrant diagnostics (on by default) side by side: one panel per quadrant, a line per variant
+    assert (tmp_path / "sw" / "plots" / "quadrants.png").stat().st_size > 5000 and "plots/quadrants.png" in report

@@ -446,6 +446,21 @@ def test_local_sweep_reports_a_failed_job_and_rerun_retries_only_it(tmp_path):
 def test_report_fields_are_finite_or_nan():
     m = agg.run_metrics([])
     assert math.isnan(m["final_val_acc"]) and math.isnan(m["entropy_auc"]) and m["first_step_below"] is None
+    assert math.isnan(m["final_val_pass"]) and math.isnan(m["val_pass_k"])
+
+
+def test_final_val_pass_is_the_last_pass_at_the_largest_k():
+    from entropyrl.sweeps.report import COLUMNS, shown_columns
+
+    rows = [
+        {"step": 5, "entropy": 0.5, "val/acc": 0.25, "val/pass_at_1": 0.2, "val/pass_at_4": 0.5},
+        {"step": 10, "entropy": 0.4, "val/acc": 0.5, "val/pass_at_1": 0.3, "val/pass_at_4": 0.75},
+    ]
+    m = agg.run_metrics(rows)
+    assert m["final_val_pass"] == 0.75 and m["val_pass_k"] == 4.0
+    with_pass, without = agg.variant_summary([m]), agg.variant_summary([agg.run_metrics([{"step": 1, "entropy": 0.5}])])
+    assert [c[0] for c in shown_columns([with_pass, without])] == [c[0] for c in COLUMNS]
+    assert "final_val_pass" not in [c[0] for c in shown_columns([without])]  # no variant sampled pass@k: no column
 
 
 def test_a_second_sweep_process_on_the_same_folder_is_refused(tmp_path):
