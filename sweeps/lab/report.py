@@ -264,6 +264,7 @@ def write_lab_outputs(
     (out / "lab.json").write_text(json.dumps(doc, indent=2, default=float))
     paths["lab.json"] = out / "lab.json"
     k = pass_key.split("/")[-1]
+    k_label = "pass@k" if k == "pass_at_0" else k.replace("pass_at_", "pass@")  # val.pass_k=0: none sampled
     lines = [f"# {title}", "", f"`{command}`: {len(runs)} variants, {wall_seconds / 60:.1f} min wall.", ""]
     if failed:
         lines += [f"**Failed runs** (see their log.txt): {', '.join(failed)}", ""]
@@ -276,7 +277,7 @@ def write_lab_outputs(
     lines += [
         "## Variants (mean ± std over seeds)",
         "",
-        f"| variant | entropy first tenth | entropy last tenth | val acc | pass@1 | {k} | pred/realised r (detrended) | warnings | flags |",
+        f"| variant | entropy first tenth | entropy last tenth | val acc | pass@1 | {k_label} | pred/realised r (detrended) | warnings | flags |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for t in table:
