@@ -16,6 +16,12 @@ MAX_REPLY = 32 << 20
 # formatting or sending its reply): the oracle reads it as ``memory``.
 OUT_OF_MEMORY_STATUS = 86
 OUT_OF_MEMORY_REPLY = ["E", "MemoryError", "out of memory"]
+# The harness's own exit status when it failed before the program could run or be judged (no
+# process to fork, a privilege it could not drop): the caller reads it as ``sandbox_error``, a
+# failure of the machine, never of the program. Its reason is the last line it wrote to stderr,
+# after ``HARNESS_FAILED_MARK``.
+HARNESS_FAILED_STATUS = 87
+HARNESS_FAILED_MARK = "entropyrl sandbox harness failed:"
 BUILTIN_NAMES = frozenset(builtins.__dict__)
 EXCEPTIONS = {
     k: v for k, v in builtins.__dict__.items() if isinstance(v, type) and issubclass(v, Exception) and not issubclass(v, Warning)

@@ -17,6 +17,8 @@ import time
 
 from .harness_wire import (  # the sandbox runs harness_wire.py's text in front of this file
     BUILTIN_NAMES,
+    HARNESS_FAILED_MARK,
+    HARNESS_FAILED_STATUS,
     OUT_OF_MEMORY_REPLY,
     OUT_OF_MEMORY_STATUS,
     CrossingError,
@@ -298,6 +300,20 @@ def become(uid, lim):
     cap(resource.RLIMIT_AS, lim["as"])
 
 
+def fork_candidate():
+    """``os.fork()``, tried again while the machine is out of processes for a moment (EAGAIN, as
+    when other runs' programs fill the process table): about a second in all, then the error."""
+    delay = 0.01
+    while True:
+        try:
+            return os.fork()
+        except (BlockingIOError, MemoryError, OSError) as exc:
+            if delay > 0.6 or (isinstance(exc, OSError) and exc.errno not in (11, 12)):  # EAGAIN, ENOMEM
+                raise
+            time.sleep(delay)
+            delay *= 2
+
+
 def main():
     fd = int(sys.argv[1])
     oracle_uid, candidate_uid = (None if a == "-" else int(a) for a in sys.argv[2:4])
@@ -310,7 +326,7 @@ def main():
     cap(resource.RLIMIT_CORE, 0)
     to_cand, from_oracle = os.pipe()
     from_cand, to_oracle = os.pipe()
-    pid = os.fork()
+    pid = fork_candidate()
     if pid == 0:
         # The candidate: nothing secret has been read yet; keep only our two pipe ends.
         for f in (0, fd, from_oracle, from_cand):
@@ -352,11 +368,19 @@ def main():
 
 
 if __name__ == "__main__":
+    status = 0
     try:
         main()
+    except BaseException as exc:  # noqa: BLE001 - the harness itself failed: say so, never as the program's result
+        status = HARNESS_FAILED_STATUS
+        try:
+            msg = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
+            os.write(2, f"\n{HARNESS_FAILED_MARK} {msg}\n".encode("utf-8", "replace"))
+        except BaseException:  # noqa: BLE001
+            pass
     finally:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
-            os._exit(0)
+            os._exit(status)

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ...core.errors import UserError
+from .harness_wire import HARNESS_FAILED_MARK, HARNESS_FAILED_STATUS
 from .sandbox_launch import ISOLATIONS, drop_uid, fresh_uid, interpreter, launch_prefix, launcher, sandbox_env, sweep_uid
 
 __all__ = ["REASONS", "SandboxLimits", "SandboxResult", "run_program", "run_script", "SandboxPool", "launcher", "ISOLATIONS"]
@@ -273,6 +274,10 @@ def run_program(
             detail = f"killed by signal {sig}" + (
                 " (the CPU hard limit, or the kernel's OOM killer)" if sig == signal.SIGKILL else ""
             )
+        elif rc == HARNESS_FAILED_STATUS:  # the harness's own failure (its code is ours): the machine's, not the program's
+            said = [ln for ln in out[-4000:].decode("utf-8", "replace").splitlines() if ln.startswith(HARNESS_FAILED_MARK)]
+            reason = "sandbox_error"
+            detail = "the sandbox's harness failed" + (": " + said[-1][len(HARNESS_FAILED_MARK) :].strip() if said else "")
         elif b"MemoryError" in out[-4000:]:
             reason = "memory"
         else:
@@ -359,6 +364,23 @@ def run_script(program: str, limits: SandboxLimits | None = None, tail_chars: in
 # --------------------------------------------------------------------------------------------
 
 
+def _once_more_on_sandbox_error(run: Callable[[], SandboxResult], pause: float = 0.5) -> SandboxResult:
+    """``run()``, and once more after ``pause`` seconds when the sandbox itself failed (a
+    ``sandbox_error``: no process to start, the harness could not fork): a failure of the machine
+    for a moment must not be a program's result. A second failure is the result, its detail kept."""
+    for attempt in (1, 2):
+        try:
+            r = run()
+        except UserError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one broken run must not sink the batch
+            r = SandboxResult(False, "sandbox_error", 0.0, detail=f"{type(exc).__name__}: {exc}")
+        if r.reason != "sandbox_error" or attempt == 2:
+            return r
+        time.sleep(pause)
+    raise AssertionError("unreachable")
+
+
 @dataclass(frozen=True)
 class Job:
     program: str
@@ -382,12 +404,9 @@ class SandboxPool:
         """One result per job, in order."""
 
         def one(job: Job) -> SandboxResult:
-            try:
-                r = run_program(job.program, list(job.tests), self.limits, setup=job.setup, stdio=job.stdio)
-            except UserError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - one broken run must not sink the batch
-                r = SandboxResult(False, "sandbox_error", 0.0, detail=f"{type(exc).__name__}: {exc}")
+            r = _once_more_on_sandbox_error(
+                lambda: run_program(job.program, list(job.tests), self.limits, setup=job.setup, stdio=job.stdio)
+            )
             if progress:
                 progress(1)
             return r
@@ -401,12 +420,7 @@ class SandboxPool:
         """``run_script`` of each program, ``workers`` at a time; one result per program, in order."""
 
         def one(program: str) -> SandboxResult:
-            try:
-                return run_script(program, self.limits, tail_chars)
-            except UserError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - one broken run must not sink the batch
-                return SandboxResult(False, "sandbox_error", 0.0, detail=f"{type(exc).__name__}: {exc}")
+            return _once_more_on_sandbox_error(lambda: run_script(program, self.limits, tail_chars))
 
         if self.workers == 1 or len(programs) <= 1:
             return [one(p) for p in programs]

@@ -178,7 +178,7 @@ class SandboxToolExecutor:
             note = LIMIT_NOTES.get(r.reason, "the code interpreter failed").format(
                 wall=self.limits.wall_seconds, memory=self.limits.memory_mb
             )
-            if r.reason in ("error", "killed") and r.detail:
+            if r.reason in ("error", "killed", "sandbox_error") and r.detail:
                 note += f" ({r.detail})"
             if replay:  # the limits are the process's: the replay of the earlier calls counted too
                 note += f" (the limit covers the replay of this response's {len(replay)} earlier call(s))"

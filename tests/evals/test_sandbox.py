@@ -73,8 +73,8 @@ def _processes_with(token: str) -> list[int]:
     return out
 
 
-def _processes_of_uids(lo: int, hi: int) -> list[int]:
-    """Live processes whose real uid is in [lo, hi) (the sandbox's per-run uids when root)."""
+def _processes_of_uids(uids: set[int]) -> list[int]:
+    """Live processes whose real uid is one of ``uids``."""
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -82,9 +82,27 @@ def _processes_of_uids(lo: int, hi: int) -> list[int]:
         except OSError:
             continue
         uid = int(next(ln for ln in status.splitlines() if ln.startswith("Uid:")).split()[1])
-        if lo <= uid < hi and "State:\tZ" not in status:
+        if uid in uids and "State:\tZ" not in status:
             out.append(int(pid))
     return out
+
+
+@pytest.fixture()
+def run_uids(monkeypatch) -> set[int]:
+    """The per-run uids the sandbox hands out during the test (its own runs only: other tests'
+    sandboxes, on other pytest workers, have theirs)."""
+    from entropyrl.evals.code import sandbox
+
+    given: set[int] = set()
+    real = sandbox.fresh_uid
+
+    def recorded() -> int:
+        uid = real()
+        given.add(uid)
+        return uid
+
+    monkeypatch.setattr(sandbox, "fresh_uid", recorded)
+    return given
 
 
 def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
@@ -155,7 +173,7 @@ HOSTILE = sorted(hostile_programs(0, Path("/x"), "t"))
 
 
 @pytest.mark.parametrize("name", HOSTILE)
-def test_hostile_program_changes_nothing(name, listener, tmp_path):
+def test_hostile_program_changes_nothing(name, listener, tmp_path, run_uids):
     token = secrets.token_hex(8)
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -172,8 +190,8 @@ def test_hostile_program_changes_nothing(name, listener, tmp_path):
     assert not result.passed and result.reason in REASONS
     assert took <= LIMITS.wall_seconds + 1.0, took
     assert _processes_with(token) == []
-    if os.geteuid() == 0:  # per-run uids in [1.5e9, 2e9)
-        assert _processes_of_uids(1_500_000_000, 2_000_000_000) == []
+    if os.geteuid() == 0:  # the run's own uids: nothing of it is left
+        assert _processes_of_uids(run_uids) == []
     assert _snapshot(outside) == before
     assert (outside / "keep.txt").read_text() == "original"
     assert not Path(f"/tmp/escape-{token}").exists()
@@ -201,6 +219,68 @@ def test_passing_and_failing_programs_and_partial_credit():
     finally:
         del os.environ["ENTROPYRL_TEST_SECRET"]
     assert env.passed, env.detail
+
+
+def _harness_whose_fork_fails(times: int) -> bytes:
+    """The sandbox's harness, with its ``os.fork`` failing (EAGAIN, the machine out of processes)
+    the first ``times`` calls in its process."""
+    import marshal
+
+    from entropyrl.evals.code import sandbox
+
+    flaky = (
+        f"import os as _os\n_real_fork, _fails = _os.fork, [{times}]\n"
+        "def _fork():\n"
+        "    if _fails[0] > 0:\n"
+        "        _fails[0] -= 1\n"
+        "        raise BlockingIOError(11, 'Resource temporarily unavailable')\n"
+        "    return _real_fork()\n"
+        "_os.fork = _fork\n"
+    )
+    return marshal.dumps(compile(flaky + sandbox.HARNESS, "<harness>", "exec"))
+
+
+def test_a_harness_that_cannot_start_the_program_is_a_sandbox_error_not_the_programs(monkeypatch):
+    from entropyrl.evals.code import sandbox
+
+    program, tests = "def f(x):\n    return x + 1\n", ["assert f(1) == 2"]
+    monkeypatch.setattr(sandbox, "HARNESS_CODE", _harness_whose_fork_fails(2))  # a moment: tried again
+    assert run_program(program, tests, LIMITS).reason == "pass"
+    monkeypatch.setattr(sandbox, "HARNESS_CODE", _harness_whose_fork_fails(1000))
+    broken = run_program(program, tests, LIMITS)
+    assert (broken.reason, broken.passed) == ("sandbox_error", False), broken
+    assert "harness failed" in broken.detail and "BlockingIOError" in broken.detail, broken.detail
+    # a call of the code interpreter says the interpreter failed, and why; the code is not blamed
+    from entropyrl.evals.code.tool_executor import SandboxToolExecutor
+
+    (call,) = SandboxToolExecutor(LIMITS, workers=1)(["print(1)"])
+    assert call.reason == "sandbox_error" and "BlockingIOError" in call.output, call
+
+
+def test_the_pool_runs_a_sandbox_error_once_more(monkeypatch):
+    from entropyrl.evals.code import sandbox
+
+    calls = []
+    real = sandbox.run_program
+
+    def flaky_once(program, *args, **kwargs):
+        calls.append(program)
+        if len(calls) == 1:
+            return sandbox.SandboxResult(False, "sandbox_error", 0.0, detail="the sandbox's harness failed")
+        return real(program, *args, **kwargs)
+
+    monkeypatch.setattr(sandbox, "run_program", flaky_once)
+    pool = SandboxPool(workers=1, limits=LIMITS)
+    (r,) = pool.map([sandbox.Job("v = 1", ("assert v == 1",))])
+    assert r.passed and len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(
+        sandbox,
+        "run_program",
+        lambda *a, **k: calls.append(1) or sandbox.SandboxResult(False, "sandbox_error", 0.0, detail="down"),
+    )
+    (r,) = pool.map([sandbox.Job("v = 1", ("assert v == 1",))])
+    assert (r.reason, r.detail, len(calls)) == ("sandbox_error", "down", 2)  # twice, then the failure is the result
 
 
 def test_no_network_and_read_only_filesystem_under_bwrap():
