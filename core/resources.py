@@ -47,6 +47,7 @@ __all__ = [
     "user_threads",
     "apply_threads",
     "ThreadBudget",
+    "available_memory_bytes",
     "JOBS_ENV",
     "THREAD_ENV_VARS",
 ]
@@ -136,6 +137,36 @@ def cgroup_cpu_limit(proc_cgroup: str | None = None, root: str | os.PathLike = "
                             limits.append(limit)
                 break
     return min(limits) if limits else None
+
+
+def available_memory_bytes(
+    meminfo: str | None = None, proc_cgroup: str | None = None, root: str | os.PathLike = "/sys/fs/cgroup"
+) -> int | None:
+    """Memory this process could still allocate, in bytes: the kernel's ``MemAvailable``
+    (``/proc/meminfo``), lowered by the room left under a cgroup v2 ``memory.max`` on this process's
+    cgroup path (``memory.max - memory.current``, the tightest); None when nothing can be read."""
+    text = meminfo if meminfo is not None else (_read(Path("/proc/meminfo")) or "")
+    free = None
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            free = int(line.split()[1]) * 1024
+    root = Path(root)
+    cg = proc_cgroup if proc_cgroup is not None else (_read(Path("/proc/self/cgroup")) or "")
+    for line in cg.splitlines():
+        hier, _, rest = line.partition(":")
+        controllers, _, rel = rest.partition(":")
+        if hier != "0" or controllers != "":
+            continue
+        for anc in _ancestors(rel):
+            limit, used = _read(root / anc.lstrip("/") / "memory.max"), _read(root / anc.lstrip("/") / "memory.current")
+            if limit is None or used is None or limit.strip() == "max":
+                continue
+            try:
+                room = max(int(limit) - int(used), 0)
+            except ValueError:
+                continue
+            free = room if free is None else min(free, room)
+    return free
 
 
 def available_cpus() -> int:

@@ -176,3 +176,19 @@ def test_thread_budget_follows_the_jobs_beside_it(monkeypatch):
         assert slow.refresh() == slow.threads  # not re-read before every_s
     finally:
         torch.set_num_threads(before)
+
+
+def test_available_memory_is_memavailable_lowered_by_a_cgroup_limit(tmp_path):
+    from entropyrl.core.resources import available_memory_bytes
+
+    meminfo = "MemTotal:       24000000 kB\nMemFree:  1000 kB\nMemAvailable:   20000000 kB\n"
+    assert available_memory_bytes(meminfo, proc_cgroup="", root=tmp_path) == 20000000 * 1024
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "memory.max").write_text(f"{8 << 30}\n")
+    (job / "memory.current").write_text(f"{3 << 30}\n")
+    (tmp_path / "memory.max").write_text("max\n")
+    (tmp_path / "memory.current").write_text("123\n")
+    assert available_memory_bytes(meminfo, proc_cgroup="0::/job\n", root=tmp_path) == 5 << 30
+    assert available_memory_bytes("", proc_cgroup="", root=tmp_path) is None
+    assert available_memory_bytes() is None or available_memory_bytes() > 0  # this machine's

@@ -587,3 +587,52 @@ def test_ranks_holding_different_probe_batches_log_no_prediction(tmp_path):
         got = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert got["results"] == [{"same": True}, {"off": True, "finish": {}}]
         assert len(got["lines"]) == 1 and "different probe batches" in got["lines"][0]
+
+
+def test_an_attribution_that_would_not_fit_in_memory_is_refused_before_the_first_step(tmp_path, monkeypatch):
+    """The split holds copies of the trainable parameters per part: where they would not fit in
+    what the device has left, the run stops at setup with one line naming the fixes (a run killed
+    for memory at its first measured step would lose everything)."""
+    from entropyrl.core.errors import UserError
+    from entropyrl.trainers.stats import attribution
+    from entropyrl.trainers.trainer import train
+
+    params = [torch.zeros(1000, requires_grad=True), torch.zeros(10, requires_grad=False)]
+    need = attribution.split_memory_bytes(1000, 1)
+    assert need == 1000 * (4 * (5 + 1 + 1 + 1) + 4 * 4 + 8 * 5)  # grows with the parts' count ...
+    assert attribution.split_memory_bytes(1000, 3) > need  # ... and counts frozen parameters out
+    attribution.check_split_memory(params, 1, free=need)
+    with pytest.raises(
+        UserError,
+        match=r"of 1,000 trainable parameters .* 0\.1 MiB, and 0\.1 MiB are free .*model\.lora\.rank=8.* diagnostics\.attribution=false",
+    ):
+        attribution.check_split_memory(params, 1, free=need - 1)
+
+    monkeypatch.setattr(attribution, "available_memory_bytes", lambda: 1 << 20)  # 1 MiB left
+    overrides = ["trainer.total_steps=1", "trainer.threads=1", "trainer.val_every=0", "trainer.progress=false"]
+    overrides += ["tracking.enabled=false", "diagnostics.attribution=true", f"output_dir={tmp_path / 'run'}"]
+    with pytest.raises(UserError, match="diagnostics.attribution: splitting the update"):
+        train(compose("train", overrides), log=lambda *_: None)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    train(
+        compose("train", [*overrides[:-2], "diagnostics.attribution=false", f"output_dir={tmp_path / 'off'}"]),
+        log=lambda *_: None,
+    )
+
+
+def test_a_lora_adapters_update_is_split_into_parts_that_add_up(tmp_path):
+    """The fix the memory check names: with a LoRA adapter the split holds only the adapter's
+    parameters, and its parts still add up to the net prediction."""
+    from entropyrl.trainers.trainer import train
+
+    overrides = ["trainer.total_steps=2", "trainer.threads=1", "trainer.val_every=0", "trainer.progress=false"]
+    overrides += ["tracking.enabled=false", "model.lora.rank=4", "diagnostics.attribution=true"]
+    overrides += ["diagnostics.probe_prompts=8", "trainer.prompts_per_step=8", "trainer.mini_batch_prompts=8"]
+    overrides += [f"output_dir={tmp_path / 'run'}"]
+    train(compose("train", overrides), log=lambda *_: None)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        net = r["entropy_change/predicted_net"]
+        parts = [v for k, v in r.items() if k.startswith("attribution/")]
+        assert net != 0.0 and len(parts) >= 8
+        assert abs(sum(parts) - net) <= 1e-6 * abs(net), (sum(parts), net)

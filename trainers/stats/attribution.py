@@ -43,9 +43,11 @@ from typing import Callable
 
 import torch
 
+from ...core.errors import UserError
+from ...core.resources import available_memory_bytes
 from ..parallel.distributed import DistInfo, max_across, min_across, sum_across
 from ..parallel.fsdp import is_fsdp, sharded_parameters
-from .update_split import UpdateSplit
+from .update_split import GROUPS, UpdateSplit
 
 __all__ = [
     "probe_entropy_gradient",
@@ -53,6 +55,8 @@ __all__ = [
     "predicted_change",
     "EntropyAttribution",
     "build_attribution",
+    "check_split_memory",
+    "split_memory_bytes",
 ]
 
 
@@ -262,6 +266,42 @@ class EntropyAttribution:
         return out
 
 
+def split_memory_bytes(trainable: int, interventions: int) -> int:
+    """What the split into parts (``update_split.py``) holds at its peak for ``trainable``
+    parameters (float32) and ``interventions`` interventions: each part's gradient (the five token
+    groups, each intervention, the KL term) plus one being summed in, four float32 copies (the
+    parameters and the momentum before the step, ``g_H`` at both ends) and five float64 ones (the
+    parts' shared factor and the four other parts' changes)."""
+    gradients = len(GROUPS) + int(interventions) + 1 + 1
+    return int(trainable) * (4 * gradients + 4 * 4 + 8 * 5)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def check_split_memory(params: list[torch.Tensor], interventions: int, free: int | None = None) -> None:
+    """Refuse, before the first step, an attribution whose split would not fit in the memory left
+    on the parameters' device (a run killed for memory at its first measured step loses it all)."""
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    if not trainable:
+        return
+    device = params[0].device
+    if free is None:
+        if device.type == "cuda":
+            free = int(torch.cuda.mem_get_info(device)[0])
+        elif device.type == "cpu":
+            free = available_memory_bytes()
+    need = split_memory_bytes(trainable, interventions)
+    if free is not None and need > free:
+        raise UserError(
+            f"diagnostics.attribution: splitting the update of {trainable:,} trainable parameters "
+            f"into its parts needs about {_size(need)}, and {_size(free)} are free on {device}: "
+            f"train a LoRA adapter (model.lora.rank=8: the split holds only its parameters), or set "
+            f"diagnostics.attribution=false"
+        )
+
+
 def build_attribution(
     cfg, probe, dist: DistInfo, entropy_fn: Callable, model, log: Callable[[str], None] = print
 ) -> EntropyAttribution | None:
@@ -273,6 +313,9 @@ def build_attribution(
     if not diag.get("attribution", False) or probe is None:
         return None
     sharded = is_fsdp(model)
+    if not sharded:
+        parts = len(list((cfg.get("algo", {}) or {}).get("interventions", []) or []))
+        check_split_memory(_trainable(model), parts)
     if sharded and dist.is_main:
         log(
             f"diagnostics.attribution: the policy is sharded with FSDP ({dist.world_size} rank(s)), so "
