@@ -257,15 +257,22 @@ class RunTracker:
         """metrics.jsonl deleted or cut short under a live run: write it again from this run's copy."""
         if self._lines is None:
             self._lines = [json.dumps(r) for r in read_metrics(self.output_dir)]
-            self._size = self.metrics_path.stat().st_size if self.metrics_path.exists() else 0
+            self._size = max(self._record_size(), 0)
             return
-        size = self.metrics_path.stat().st_size if self.metrics_path.exists() else -1
-        if size < self._size:
+        if self._record_size() < self._size:
             atomic_write_text(self.metrics_path, "".join(line + "\n" for line in self._lines))
             self.log(
                 f"warning: {self.metrics_path} was deleted or cut short while the run wrote it: written "
                 f"again from the run's own copy ({len(self._lines)} steps)"
             )
+
+    def _record_size(self) -> int:
+        """metrics.jsonl's size now; -1 when it is not there (deleted at any moment, even between
+        two looks)."""
+        try:
+            return self.metrics_path.stat().st_size
+        except FileNotFoundError:
+            return -1
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """One row of ``metrics.jsonl`` and the same metrics to MLflow, under the same names: MLflow
@@ -276,8 +283,9 @@ class RunTracker:
         self._guard_record()
         with self.metrics_path.open("a") as f:
             f.write(line + "\n")
+            f.flush()
+            self._size = os.fstat(f.fileno()).st_size  # of what was written to, even if deleted since
         self._lines.append(line)
-        self._size = self.metrics_path.stat().st_size
         if self.outbox is not None and step > self._logged_through:
             finite = {k: v for k, v in clean.items() if math.isfinite(v)}
             self.outbox.put({"kind": "metrics", "step": step, "time": int(time.time() * 1000), "metrics": finite})
