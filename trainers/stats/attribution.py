@@ -269,11 +269,12 @@ class EntropyAttribution:
 def split_memory_bytes(trainable: int, interventions: int) -> int:
     """What the split into parts (``update_split.py``) holds at its peak for ``trainable``
     parameters (float32) and ``interventions`` interventions: each part's gradient (the five token
-    groups, each intervention, the KL term) plus one being summed in, four float32 copies (the
-    parameters and the momentum before the step, ``g_H`` at both ends) and five float64 ones (the
-    parts' shared factor and the four other parts' changes)."""
+    groups, each intervention, the KL term) plus one being summed in, six float32 copies (the
+    parameters and the momentum before the step, ``g_H`` at both ends, the parameters where each
+    optimizer step starts and ends) and five float64 ones (the parts' shared factor and the four
+    other parts' changes). The training step's own memory comes on top."""
     gradients = len(GROUPS) + int(interventions) + 1 + 1
-    return int(trainable) * (4 * gradients + 4 * 4 + 8 * 5)
+    return int(trainable) * (4 * gradients + 4 * 6 + 8 * 5)
 
 
 def _size(n: int) -> str:
@@ -281,8 +282,9 @@ def _size(n: int) -> str:
 
 
 def check_split_memory(params: list[torch.Tensor], interventions: int, free: int | None = None) -> None:
-    """Refuse, before the first step, an attribution whose split would not fit in the memory left
-    on the parameters' device (a run killed for memory at its first measured step loses it all)."""
+    """Refuse, before the first step, an attribution whose split alone would not fit in the memory
+    left on the parameters' device (a run killed for memory at its first measured step loses it
+    all). Passing is no promise: the step's own activations come on top."""
     trainable = sum(p.numel() for p in params if p.requires_grad)
     if not trainable:
         return
