@@ -128,7 +128,8 @@ class UpdateSplit:
                 for a, n in zip(self._groups[name], grads):
                     a.add_(n)
 
-    def _dot(self, key: str, value: float) -> None:
+    def _add_first_order(self, key: str, value: float) -> None:
+        """Part ``key``'s first-order prediction over this optimizer step, into the step's and the run's sums."""
         self.parts_1st[key] = self.parts_1st.get(key, 0.0) + value
         self._segment[key] = self._segment.get(key, 0.0) + value
 
@@ -218,7 +219,7 @@ class UpdateSplit:
             scale_kept.append(scale)
             del g_h, gs
         for name, value in first.items():
-            self._dot(name, value)
+            self._add_first_order(name, value)
         self._kept = (scale_kept, groups, deltas)
         self._groups = {}
 
