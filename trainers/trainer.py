@@ -58,6 +58,7 @@ from .preflight import TrainingCheck, check_training
 from .run import checkpoint as ckpt
 from .run import run_dir
 from .run import samples as run_samples
+from .run.overview import overview_metrics
 from .run.run_report import TrainingProgress, write_run_report
 from .run.stop_signals import RunInterrupted, StopSignals
 from .settings import StepSettings
@@ -101,6 +102,8 @@ class GRPOTrainer:
         self.nodes = distributed.node_names(self.dist)  # by rank, for summary.json
         # every algorithm and intervention value checked (and its object built) before anything exists
         self.algo = algo if algo is not None else components.build_algorithm(cfg)
+        # the interventions' "acted" metrics, copied into 0_overview/ each step (run/overview.py)
+        self.acted_keys = [k for iv in self.algo.interventions if (k := type(iv).acted_key()) is not None]
         # resume / refuse / overwrite what output_dir holds, before minutes of model loading
         self.run_mode = run_mode if run_mode is not None else run_dir.check_output_dir(cfg)
         if self.run_mode == "overwrite":
@@ -459,6 +462,7 @@ class GRPOTrainer:
                     last = self.step == total
                     if int(t.val_every) > 0 and (self.step % int(t.val_every) == 0 or last):
                         metrics.update(self.validate())
+                    metrics.update(overview_metrics(metrics, self.acted_keys))  # MLflow's first section
                     self.tracker.log_metrics(self.step, metrics)
                     bar(self.step, metrics)
                     if last or (int(t.save_every) > 0 and self.step % int(t.save_every) == 0):

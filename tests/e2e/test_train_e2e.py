@@ -67,6 +67,11 @@ def test_cli_train_logs_named_metrics_to_mlflow_and_jsonl(in_tmp, fast_train):
     for key in (*NAMED_METRICS, "val/acc", "val/aime24/avg_at_2"):  # MLflow names cannot hold '@'
         assert key in run.data.metrics, key
     assert [m.step for m in client.get_metric_history(run.info.run_id, "entropy")] == [1, 2, 3, 4]
+    # the entropy story is MLflow's first section (sections sort by prefix): copies of the headline curves
+    sections = sorted({k.rsplit("/", 1)[0] for k in run.data.metrics if "/" in k})
+    assert sections[0] == "0_overview", sections[:3]
+    assert run.data.metrics["0_overview/entropy"] == run.data.metrics["entropy"] == rows[-1]["0_overview/entropy"]
+    assert rows[-1]["0_overview/val_acc"] == rows[-1]["val/acc"] and "0_overview/train_acc" in rows[0]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "curves.png", "quadrants.png", "summary.json", "metrics.jsonl"} <= artifacts
     assert (run_dir / "quadrants.png").stat().st_size > 5000

@@ -25,3 +25,20 @@ def test_file_and_mlflow_use_the_same_metric_names(tmp_path):
     logged = mlflow.tracking.MlflowClient(uri).get_run(tracker.run_id).data.metrics
     assert set(logged) == set(row) - {"step"}
     assert logged["val/aime24/avg_at_2"] == row["val/aime24/avg_at_2"] == 0.25
+
+
+def test_the_overview_copies_the_entropy_story_under_the_first_section():
+    from entropyrl.trainers.run.overview import overview_metrics
+
+    step = {"entropy": 0.4, "stare/gate_on": 1.0, "acc/mean": 0.5, "loss/policy": 0.1}
+    out = overview_metrics(step, ["stare/gate_on"])
+    assert out == {
+        "0_overview/entropy": 0.4,
+        "0_overview/method_stare_gate_on": 1.0,
+        "0_overview/train_acc": 0.5,
+    }
+    # a name without '/' shows last in MLflow's run view; sections sort by name: the overview leads,
+    # and within it the headline entropy is the first chart
+    assert sorted(out)[0] == "0_overview/entropy"
+    assert min(k.rsplit("/", 1)[0] for k in [*out, "acc/mean", "async/dropped", "attribution/x"]) == "0_overview"
+    assert overview_metrics({"entropy": 0.3, "val/acc": 0.9}, [])["0_overview/val_acc"] == 0.9
