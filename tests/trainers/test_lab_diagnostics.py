@@ -207,3 +207,38 @@ def test_kl_cov_run_lists_a_warning_naming_kl_cov(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert any("kl_cov" in w["id"] and "kl_cov" in w["message"] for w in summary["warnings"])
     assert "kl_cov_" in proc.stdout + proc.stderr
+
+
+def test_stare_target_not_held_when_the_open_gate_does_not_bring_entropy_back():
+    # the gate open from step 3 on while entropy sinks to 0.1 against h_tgt 0.3
+    sinking = rows_of(20, **{"stare/gate_on": lambda i: float(i > 2), "entropy": lambda i: max(0.1, 0.6 - 0.05 * i)})
+    (w,) = regime_warnings(sinking, {"interventions": ["stare"], "stare": {"h_tgt": 0.3, "gate": True}})
+    assert w["id"] == "stare_target_not_held" and w["first_step"] == 11 and "0.100" in w["message"]
+    # held near the target (the gate opening and closing around it): no warning
+    held = rows_of(20, **{"stare/gate_on": lambda i: float(i % 2), "entropy": lambda i: 0.29 + 0.02 * (i % 2)})
+    assert regime_warnings(held, {"interventions": ["stare"], "stare": {"h_tgt": 0.3, "gate": True}}) == []
+    # open most of the time but ending within 20 % of the target: held, no warning
+    near = rows_of(20, **{"stare/gate_on": 1.0, "entropy": 0.27})
+    assert ids(regime_warnings(near, {"interventions": ["stare"], "stare": {"h_tgt": 0.3, "gate": True}})) == [
+        "stare_gate_never_closes"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("data", "algo", "advice"),
+    [
+        ({"name": "toy", "kind": "builtin"}, {}, "a harder task (data=countdown), or dynamic sampling"),
+        ({"name": "dapo_math_17k", "kind": "math", "path": "/x/mine.jsonl"}, {}, "harder prompts in your data"),
+        ({"name": "word_problems", "kind": "word_problems", "difficulty": 1}, {}, "data.difficulty, now 1"),
+        (
+            {"name": "countdown", "kind": "builtin"},
+            {"dynamic_sampling": {"enabled": True, "max_num_gen_batches": 10}},
+            "max_num_gen_batches, now 10",
+        ),
+    ],
+)
+def test_all_equal_groups_advice_fits_the_runs_data(data, algo, advice):
+    rows = rows_of(10, **{"groups/all_equal_frac": 0.9})
+    (w,) = regime_warnings(rows, {"name": "grpo", "interventions": [], **algo}, data)
+    assert advice in w["message"], w["message"]
+    assert ("a harder task (data=countdown)" in w["message"]) == (data["name"] == "toy")

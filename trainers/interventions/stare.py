@@ -45,15 +45,49 @@ class Stare(Intervention):
                     gate[0][0],
                 )
             ]
+        out = []
         if all(v == 1 for _, v in gate):
-            return [
+            out.append(
                 finding(
                     "stare_gate_never_closes",
                     f"stare's gate never closed (entropy stayed below h_tgt={h_tgt}): STARE acted open-loop on every step",
                     gate[0][0],
                 )
-            ]
-        return []
+            )
+        missed = cls.target_missed(series("entropy"), gate, h_tgt)
+        if missed is not None:
+            tail_mean, open_share, first = missed
+            out.append(
+                finding(
+                    "stare_target_not_held",
+                    f"entropy ended at {tail_mean:.3f} (last tenth), {1 - tail_mean / h_tgt:.0%} below h_tgt={h_tgt}, "
+                    f"with the gate open on {open_share:.0%} of the second half's steps: STARE slowed the fall but "
+                    f"did not hold its target here (stare/w and stare/m say how far its weights went)",
+                    first,
+                )
+            )
+        return out
+
+    #: ``stare_target_not_held``: the last tenth's entropy this far below ``h_tgt`` ...
+    TARGET_MISS = 0.2
+    #: ... while the gate was open on at least this share of the second half's steps
+    OPEN_SHARE = 0.8
+
+    @classmethod
+    def target_missed(cls, entropy, gate, h_tgt) -> tuple[float, float, int] | None:
+        """``(last-tenth mean entropy, gate-open share of the second half, first step of the second
+        half)`` when the gate stayed (mostly) open and entropy still ended more than ``TARGET_MISS``
+        below ``h_tgt``: the closed loop did not hold its set point. None otherwise. ``entropy`` and
+        ``gate``: ``[(step, value)]`` series. Pure."""
+        if h_tgt is None or not entropy or len(gate) < 2:
+            return None
+        tenth = entropy[-max(1, len(entropy) // 10) :]
+        tail_mean = sum(v for _, v in tenth) / len(tenth)
+        half = gate[len(gate) // 2 :]
+        open_share = sum(v for _, v in half) / len(half)
+        if tail_mean < (1 - cls.TARGET_MISS) * float(h_tgt) and open_share >= cls.OPEN_SHARE:
+            return tail_mean, open_share, half[0][0]
+        return None
 
     @dataclass
     class Params:

@@ -24,6 +24,7 @@ from ..interventions import INTERVENTIONS
 
 __all__ = [
     "regime_warnings",
+    "harder_groups_advice",
     "entropy_flags",
     "prediction_fit",
     "attribution_summary",
@@ -42,6 +43,7 @@ EXPLOSION_RATIO = 3.0  # ... or above 3x it
 EXPLOSION_NATS = 2.0  # ... or above 2 nats/token
 EXPLOSION_FLOOR = 0.5  # the ratio rule needs at least this many nats/token: 3x a near-zero start is no explosion
 ALL_EQUAL_SHARE = 0.5  # most groups all-equal: nothing to reweight
+FILE_KINDS = ("math", "code")  # data kinds read from a file (the user's own rows)
 DETREND_WINDOW = 21  # rolling mean removed before correlating predicted and realised change
 
 
@@ -63,11 +65,34 @@ def _interventions(algo_cfg: dict) -> list[str]:
     return [names] if isinstance(names, str) else list(names)
 
 
-def regime_warnings(rows: list[dict], algo_cfg: dict) -> list[dict]:
+def harder_groups_advice(algo_cfg: dict, data_cfg: dict | None) -> str:
+    """What to change when most groups answer alike, for the run's own data and sampling: a harder
+    built-in task for the toy one, harder prompts for a file of the user's, harder problems for the
+    other built-in tasks; dynamic sampling where it is off, more of its batches where it is on."""
+    data = data_cfg or {}
+    name = str(data.get("name", ""))
+    if data.get("path") or data.get("kind") in FILE_KINDS:
+        task = "harder prompts in your data"
+    elif name == "toy":
+        task = "a harder task (data=countdown)"
+    elif "difficulty" in data:
+        task = f"harder problems (data.difficulty, now {data['difficulty']})"
+    else:
+        task = f"harder problems for data={name}" if name else "harder problems"
+    sampling = algo_cfg.get("dynamic_sampling") or {}
+    if sampling.get("enabled"):
+        more = f"more generation batches per step (algo.dynamic_sampling.max_num_gen_batches, now {sampling.get('max_num_gen_batches')})"
+    else:
+        more = "dynamic sampling (algo.dynamic_sampling.enabled=true: those groups are dropped and more are sampled)"
+    return f"{task}, or {more}"
+
+
+def regime_warnings(rows: list[dict], algo_cfg: dict, data_cfg: dict | None = None) -> list[dict]:
     """Interventions that cannot act in this run's regime, from the metric rows.
 
     ``algo_cfg``: the ``algo`` config as a plain dict (name, interventions, per-intervention
-    sections). Returns ``[{"id", "message", "first_step"}]`` in a fixed order.
+    sections); ``data_cfg``: the ``data`` config, for advice that fits it (None: none known).
+    Returns ``[{"id", "message", "first_step"}]`` in a fixed order.
     """
     out: list[dict] = []
     for name in _interventions(algo_cfg):  # each intervention says when it could not act
@@ -85,8 +110,8 @@ def regime_warnings(rows: list[dict], algo_cfg: dict) -> list[dict]:
                 _finding(
                     "all_equal_groups",
                     f"{share:.0%} of prompt groups had all-equal rewards on average (zero advantage): "
-                    f"{algo_cfg.get('name', 'the algorithm')} has little to reweight; use a harder task "
-                    f"(data=countdown) or dynamic sampling",
+                    f"{algo_cfg.get('name', 'the algorithm')} has little to reweight; use "
+                    f"{harder_groups_advice(algo_cfg, data_cfg)}",
                     first,
                 )
             )
@@ -279,7 +304,8 @@ def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) ->
     Prints one line per finding, tags the MLflow run (``entropyrl.warnings``, ``entropyrl.flags``).
     """
     algo_cfg = to_plain(cfg.algo) if cfg is not None else {}
-    warnings, flags = regime_warnings(rows, algo_cfg), entropy_flags(rows)
+    data_cfg = to_plain(cfg.get("data")) if cfg is not None and hasattr(cfg, "get") else None
+    warnings, flags = regime_warnings(rows, algo_cfg, data_cfg), entropy_flags(rows)
     for kind, found in (("warning", warnings), ("flag", flags)):
         for f in found:
             log(f"{kind} {f['id']} (step {f['first_step']}): {f['message']}")
