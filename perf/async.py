@@ -1,4 +1,4 @@
-"""Asynchronous training (``trainer.staleness``): time per step at k=0 and at k=1 in the same run,
+"""Asynchronous training (``trainer.staleness``): time per step at k=0, 1 and 2 in the same run,
 on the tiny model with the default task, trainer and rollout worker one thread each.
 
 Each run is an ``entropyrl train`` subprocess (``trainer.threads=1``, no tracking, no validation,
@@ -6,7 +6,7 @@ no checkpoint before the end). Time per step is the mean ``time/step`` of the st
 first ``WARMUP`` (at k=1 the first step also waits for the worker to load its model). From the
 k=0 run's phase times, generation ``gen = time/generate`` and training ``train = time/step - gen``,
 the ideal overlap is ``(gen + train) / max(gen, train)``; ``speedup`` is k=0's time per step over
-k=1's. The idle shares are the k=1 run's means of ``async/trainer_idle_frac`` and
+k=1's (``speedup_k2`` over k=2's), ``fraction_of_ideal`` is ``speedup / ideal_speedup``. The idle shares are the k=1 run's means of ``async/trainer_idle_frac`` and
 ``async/worker_idle_frac``. Two processes of one thread each need two free cores: on a machine
 where something else runs, or whose CPUs do not add up, the speed-up falls short of the ideal.
 ``parallel_capacity`` says which: the throughput of two one-thread matmul loops run at once over
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-STEPS, WARMUP = 14, 4
+STEPS, WARMUP = 20, 4
 PROMPTS, N = 32, 8  # the default task's batch: 256 responses a step (GRPO keeps them all)
 
 
@@ -60,22 +60,29 @@ def run() -> dict:
     with tempfile.TemporaryDirectory(prefix="entropyrl-bench-async-") as tmp:
         sync = _run(Path(tmp), 0)
         overlapped = _run(Path(tmp), 1)
-    step0, step1 = _mean(sync, "time/step"), _mean(overlapped, "time/step")
+        two = _run(Path(tmp), 2)
+    step0, step1, step2 = (_mean(rows, "time/step") for rows in (sync, overlapped, two))
     gen = _mean(sync, "time/generate")
     train = step0 - gen
+    ideal = (gen + train) / max(gen, train)
     return {
         "steps_timed": len(sync),
         "time_per_step_k0_s": round(step0, 4),
         "time_per_step_k1_s": round(step1, 4),
         "generate_s_k0": round(gen, 4),
         "train_s_k0": round(train, 4),
+        "time_per_step_k2_s": round(step2, 4),
         "speedup": round(step0 / step1, 3),
-        "ideal_speedup": round((gen + train) / max(gen, train), 3),
+        "ideal_speedup": round(ideal, 3),
+        "fraction_of_ideal": round(step0 / step1 / ideal, 3),
+        "speedup_k2": round(step0 / step2, 3),
         "trainer_idle_frac": round(_mean(overlapped, "async/trainer_idle_frac"), 3),
         "worker_idle_frac": round(_mean(overlapped, "async/worker_idle_frac"), 3),
         "samples_per_s_k0": round(PROMPTS * N / step0, 1),
         "samples_per_s_k1": round(_mean(overlapped, "async/samples_per_s"), 1),
+        "samples_per_s_k2": round(_mean(two, "async/samples_per_s"), 1),
         "staleness_mean_k1": round(_mean(overlapped, "async/staleness/mean"), 3),
+        "staleness_mean_k2": round(_mean(two, "async/staleness/mean"), 3),
         "parallel_capacity": round(parallel_capacity(), 3),
     }
 

@@ -61,8 +61,9 @@ class Stare(Intervention):
                 finding(
                     "stare_target_not_held",
                     f"entropy ended at {tail_mean:.3f} (last tenth), {1 - tail_mean / h_tgt:.0%} below h_tgt={h_tgt}, "
-                    f"with the gate open on {open_share:.0%} of the second half's steps: STARE slowed the fall but "
-                    f"did not hold its target here (stare/w and stare/m say how far its weights went)",
+                    f"with the gate open on {open_share:.0%} of the second half's steps: STARE did not hold its "
+                    f"target here (stare/w and stare/m: how far its weights went; stronger levers: variant C2 with "
+                    f"the adaptive schedule and its bounds w_max, m_min)",
                     first,
                 )
             )
