@@ -25,6 +25,8 @@ from entropyrl.trainers.async_rollout import (
     StaleBatch,
     async_step_metrics,
     check_async,
+    staleness_counts,
+    staleness_histogram,
     too_stale,
     visible_gpus,
     worker_devices,
@@ -91,10 +93,25 @@ def test_a_too_stale_batch_is_dropped_and_its_samples_counted(monkeypatch):
     assert len(batch) == 6 and rollouts.queue.items == []
     assert metrics["async/dropped"] == 6.0  # version 1 at trainer version 4 is 3 behind > 1
     assert metrics["async/staleness/mean"] == metrics["async/staleness/max"] == 1.0
+    assert (metrics["async/staleness/frac_0"], metrics["async/staleness/frac_1"]) == (0.0, 1.0)  # trained only
     assert metrics["async/worker_idle_frac"] == 0.25
     assert metrics["async/entropy_behaviour"] == 1.25 and metrics["acc/mean"] == 0.5
     step = async_step_metrics({**metrics, "time/generate": 0.5, "time/step": 2.0, "entropy": 1.0}, rows=6)
     assert step == {"async/trainer_idle_frac": 0.25, "async/samples_per_s": 3.0, "async/entropy_gap": 0.25}
+
+
+def test_the_staleness_histogram_is_the_share_of_trained_samples_at_each_lag():
+    assert staleness_counts(lag=2, rows=6, staleness=4) == [0.0, 0.0, 6.0, 0.0, 0.0]
+    # two ranks' counts summed (what next_batch reduces): 6 samples at lag 0, 2 at lag 2
+    summed = [a + b for a, b in zip(staleness_counts(0, 6, 2), staleness_counts(2, 2, 2))]
+    assert staleness_histogram(summed) == {
+        "async/staleness/frac_0": 0.75,
+        "async/staleness/frac_1": 0.0,
+        "async/staleness/frac_2": 0.25,
+    }
+    assert staleness_histogram([0.0, 0.0]) == {}  # nothing trained: no shares
+    with pytest.raises(ValueError, match="outside the staleness bound"):
+        staleness_counts(lag=3, rows=1, staleness=2)
 
 
 # -- refused where no asynchronous path exists -------------------------------------------------
