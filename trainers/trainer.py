@@ -294,7 +294,14 @@ class GRPOTrainer:
         if sampler_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are
             metrics.update(sampler_mismatch_metrics(old_logp, sampler_logp, mask))
         sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
-        self.algo.begin_step(sampling_entropy)
+        # the controllers read this batch's entropy under the current policy, or under staleness the
+        # behaviour policy's (algo.controller_entropy; the worker's, every rank's tokens)
+        behaviour = metrics.get("async/entropy_behaviour", float("nan")) if self.async_rollouts is not None else None
+        controller_entropy = self.algo.controller_reading(sampling_entropy, behaviour)
+        self.algo.begin_step(controller_entropy)
+        if self.async_rollouts is not None:
+            metrics["async/controller_entropy"] = controller_entropy
+            metrics["async/controller_entropy_behaviour"] = float(self.algo.controller_entropy == "behaviour")
         rewards, group_ids = batch.rewards.to(self.device), batch.group_ids.to(self.device)
         advantages = self.algo.advantages(rewards, group_ids, mask, entropy=entropy)
         metrics["entropy"] = sampling_entropy
