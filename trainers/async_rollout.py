@@ -70,6 +70,8 @@ __all__ = [
     "check_async",
     "check_async_settings",
     "rollout_worker",
+    "staleness_counts",
+    "staleness_histogram",
     "visible_gpus",
     "worker_devices",
     "worker_group_env",
@@ -279,6 +281,11 @@ class AsyncRollouts:
                 "async/worker_idle_frac": item.idle_s / max(item.cycle_s, 1e-9),
             }
         )
+        # the trained samples by how many versions behind they were generated, over every rank's batch
+        counts = distributed.sum_across(
+            staleness_counts(step - item.version, 0 if batch is None else len(batch), self.staleness), self.dist
+        )
+        metrics.update(staleness_histogram(counts))
         if self.dist.world_size > 1:  # a token mean over every rank's responses, as the trainer's `entropy`
             tokens = 0.0 if batch is None else float(batch.responses.policy_mask.sum())
             total = distributed.sum_across([item.behaviour_entropy * tokens if tokens else 0.0, tokens], self.dist)
@@ -331,6 +338,27 @@ class AsyncRollouts:
         self.process.join(timeout=5.0)
         self.queue.cancel_join_thread()
         self.process = None
+
+
+def staleness_counts(lag: int, rows: int, staleness: int) -> list[float]:
+    """``[k + 1]``: ``rows`` trained samples at index ``lag`` (versions behind the trainer,
+    ``0 <= lag <= staleness``), 0 elsewhere: one batch per step and rank, so one version."""
+    if not 0 <= lag <= staleness:
+        raise ValueError(f"a trained batch {lag} versions behind is outside the staleness bound {staleness}")
+    counts = [0.0] * (int(staleness) + 1)
+    counts[int(lag)] = float(rows)
+    return counts
+
+
+def staleness_histogram(counts) -> dict[str, float]:
+    """``async/staleness/frac_<j>`` for ``j = 0..k``: the share of the step's trained samples
+    generated ``j`` versions behind, from ``counts [k + 1]`` (samples at each lag, every rank's
+    summed); empty when no sample was trained."""
+    values = [float(c) for c in counts]
+    total = sum(values)
+    if total <= 0:
+        return {}
+    return {f"async/staleness/frac_{j}": c / total for j, c in enumerate(values)}
 
 
 def async_step_metrics(metrics: dict, rows: int) -> dict[str, float]:

@@ -70,6 +70,7 @@ from .stats.policy_stats import batch_token_stats, response_token_stats
 from .stats.probe import build_probe
 from .stats.reflection import reflection_entropy_metrics, reflection_settings, reflection_token_masks
 from .stats.tool_stats import loss_mask, overlong_filter, token_kind_metrics
+from .stats.update_tokens import UpdateTokenStats, entropy_quartile_edges
 
 
 def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
@@ -296,7 +297,14 @@ class GRPOTrainer:
         if sampler_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are
             metrics.update(sampler_mismatch_metrics(old_logp, sampler_logp, mask))
         sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
-        self.algo.begin_step(sampling_entropy)
+        # the controllers read this batch's entropy under the current policy, or under staleness the
+        # behaviour policy's (algo.controller_entropy; the worker's, every rank's tokens)
+        behaviour = metrics.get("async/entropy_behaviour", float("nan")) if self.async_rollouts is not None else None
+        controller_entropy = self.algo.controller_reading(sampling_entropy, behaviour)
+        self.algo.begin_step(controller_entropy)
+        if self.async_rollouts is not None:
+            metrics["async/controller_entropy"] = controller_entropy
+            metrics["async/controller_entropy_behaviour"] = float(self.algo.controller_entropy == "behaviour")
         rewards, group_ids = batch.rewards.to(self.device), batch.group_ids.to(self.device)
         advantages = self.algo.advantages(rewards, group_ids, mask, entropy=entropy)
         metrics["entropy"] = sampling_entropy
@@ -349,6 +357,11 @@ class GRPOTrainer:
         loss_metrics: dict[str, list[float]] = defaultdict(list)
         rows, agg = len(batch), self.algo.loss_agg
         shuffle = torch.Generator().manual_seed(shuffle_seed(s.seed, self.step))
+        # beside the loss: clipped / corrected tokens by the step's entropy quartile, and under
+        # staleness the log-prob gaps between behaviour, proximal and current policy (stats/update_tokens.py)
+        token_stats = UpdateTokenStats(
+            entropy_quartile_edges(batch.entropy, batch.mask), logp_gaps=self.async_rollouts is not None
+        )
         self.model.train()
         grad_norms = []
         for _epoch in range(s.ppo_epochs):
@@ -381,6 +394,7 @@ class GRPOTrainer:
                             # after_loss advances the interventions' state (Clip-Cov's draw, EntroPIC's integral)
                             observer.on_micro_loss(self.algo, micro, out, (logp, ent, vocab), weight)
                         self.algo.after_loss(out)
+                        token_stats.add(out.tokens)
                     (out.loss * weight).backward()
                     objective += float(out.loss.detach()) * weight
                     for k, v in ({} if pairing else out.metrics).items():
@@ -393,6 +407,7 @@ class GRPOTrainer:
                     self.optimizer.step()
         self._advance_schedule(metrics)
         metrics.update({k: float(np.nanmean(v)) for k, v in loss_metrics.items()})
+        metrics.update(token_stats.metrics())
         metrics["grad_norm"] = float(np.mean(grad_norms))
 
     def _advance_schedule(self, metrics: dict) -> None:

@@ -312,6 +312,10 @@ def test_two_trainer_ranks_with_a_rollout_worker_each(in_tmp):
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
         assert r["async/dropped"] == 0 and r["async/staleness/max"] <= 1, r
+        # the histogram counts every rank's samples; each rank trains one batch of the same version
+        assert r["async/staleness/frac_0"] + r["async/staleness/frac_1"] == pytest.approx(1.0), r
+        assert r["async/staleness/frac_1"] == r["async/staleness/max"], r
+        assert r["async/controller_entropy"] == pytest.approx(r["entropy"], abs=1e-9), r  # the same on every rank
     # each start (fresh, resumed) begins from the weights the trainer holds: same entropy
     for first in (rows[0], rows[2]):
         assert first["async/staleness/max"] == 0 and first["async/entropy_gap"] == pytest.approx(0.0, abs=1e-5), first

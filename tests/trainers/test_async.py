@@ -25,6 +25,8 @@ from entropyrl.trainers.async_rollout import (
     StaleBatch,
     async_step_metrics,
     check_async,
+    staleness_counts,
+    staleness_histogram,
     too_stale,
     visible_gpus,
     worker_devices,
@@ -40,7 +42,15 @@ ASYNC_METRICS = (
     "async/samples_per_s",
     "async/entropy_behaviour",
     "async/entropy_gap",
+    "async/staleness/frac_0",
+    "async/staleness/frac_1",
+    "async/logp_gap/proximal_current",
+    "async/logp_gap/behaviour_current",
+    "async/controller_entropy",
+    "async/controller_entropy_behaviour",
 )
+# logged at any staleness, the synchronous loop included
+QUARTILE_METRICS = tuple(f"clip/frac/entropy_q{i}" for i in range(1, 5))
 
 
 def _overrides(fast_train: list[str], *extra: str) -> list[str]:
@@ -91,10 +101,25 @@ def test_a_too_stale_batch_is_dropped_and_its_samples_counted(monkeypatch):
     assert len(batch) == 6 and rollouts.queue.items == []
     assert metrics["async/dropped"] == 6.0  # version 1 at trainer version 4 is 3 behind > 1
     assert metrics["async/staleness/mean"] == metrics["async/staleness/max"] == 1.0
+    assert (metrics["async/staleness/frac_0"], metrics["async/staleness/frac_1"]) == (0.0, 1.0)  # trained only
     assert metrics["async/worker_idle_frac"] == 0.25
     assert metrics["async/entropy_behaviour"] == 1.25 and metrics["acc/mean"] == 0.5
     step = async_step_metrics({**metrics, "time/generate": 0.5, "time/step": 2.0, "entropy": 1.0}, rows=6)
     assert step == {"async/trainer_idle_frac": 0.25, "async/samples_per_s": 3.0, "async/entropy_gap": 0.25}
+
+
+def test_the_staleness_histogram_is_the_share_of_trained_samples_at_each_lag():
+    assert staleness_counts(lag=2, rows=6, staleness=4) == [0.0, 0.0, 6.0, 0.0, 0.0]
+    # two ranks' counts summed (what next_batch reduces): 6 samples at lag 0, 2 at lag 2
+    summed = [a + b for a, b in zip(staleness_counts(0, 6, 2), staleness_counts(2, 2, 2))]
+    assert staleness_histogram(summed) == {
+        "async/staleness/frac_0": 0.75,
+        "async/staleness/frac_1": 0.0,
+        "async/staleness/frac_2": 0.25,
+    }
+    assert staleness_histogram([0.0, 0.0]) == {}  # nothing trained: no shares
+    with pytest.raises(ValueError, match="outside the staleness bound"):
+        staleness_counts(lag=3, rows=1, staleness=2)
 
 
 # -- refused where no asynchronous path exists -------------------------------------------------
@@ -211,6 +236,7 @@ def test_staleness_zero_is_the_synchronous_loop(fast_train, in_tmp):
     a, b = _rows(in_tmp / "explicit"), _rows(in_tmp / "without")
     assert len(a) == 4 and [_untimed(r) for r in a] == [_untimed(r) for r in b]
     assert not any(k.startswith("async/") for r in a for k in r)
+    assert all(set(QUARTILE_METRICS) <= set(r) for r in a)  # the clip split by entropy quartile: every loop
 
 
 @pytest.mark.slow
@@ -225,6 +251,8 @@ def test_staleness_one_trains_from_the_worker_and_resumes(fast_train, in_tmp):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for r in rows:
         assert set(ASYNC_METRICS) <= set(r), sorted(set(ASYNC_METRICS) - set(r))
+        # algo.controller_entropy=current (the default): the controllers read the trainer's entropy
+        assert r["async/controller_entropy"] == r["entropy"] and r["async/controller_entropy_behaviour"] == 0.0
         assert r["async/staleness/max"] <= 1 and r["async/dropped"] == 0
         assert 0 <= r["async/trainer_idle_frac"] <= 1 and 0 <= r["async/worker_idle_frac"] <= 1
     lags = [r["async/staleness/mean"] for r in rows]
@@ -259,6 +287,54 @@ def test_sigterm_to_the_process_group_stops_at_a_step_boundary(fast_train, in_tm
     assert json.loads((in_tmp / "run" / "summary.json").read_text())["status"] == "KILLED"
     assert sorted(int(p.name.split("_")[1]) for p in (in_tmp / "run" / "checkpoints").glob("step_*")) == [steps[-1]]
     assert "received SIGTERM" in err and "To continue, run the same command again" in err
+
+
+# -- the entropy the controllers read: algo.controller_entropy -----------------------------------
+def test_controller_entropy_reads_the_chosen_policy():
+    current = Algorithm.from_config({}, max_response_length=4)
+    assert current.controller_entropy == "current" and current.controller_reading(1.0, 2.0) == 1.0
+    behaviour = Algorithm.from_config({"controller_entropy": "behaviour"}, max_response_length=4)
+    assert behaviour.controller_reading(1.0, 2.0) == 2.0
+    assert behaviour.controller_reading(1.0, None) == 1.0  # no worker (k = 0): the same policy
+    with pytest.raises(UserError, match="algo.controller_entropy=sampler is not allowed: it must be one of current, behaviour"):
+        Algorithm.from_config({"controller_entropy": "sampler"}, max_response_length=4)
+
+
+@pytest.mark.slow
+def test_with_a_worker_the_controllers_read_the_behaviour_entropy_when_asked(fast_train, in_tmp, monkeypatch):
+    from entropyrl.trainers.trainer import train
+
+    read = []
+    begin_step = Algorithm.begin_step
+    monkeypatch.setattr(Algorithm, "begin_step", lambda self, h: (read.append(h), begin_step(self, h))[1])
+    overrides = ["algo=stare", "algo.controller_entropy=behaviour", "trainer.staleness=1", "trainer.total_steps=2"]
+    assert train(compose("train", _overrides(fast_train, *overrides)), log=lambda *_: None)["status"] == "FINISHED"
+    rows = _rows(in_tmp / "run")
+    assert read == [r["async/entropy_behaviour"] for r in rows] == [r["async/controller_entropy"] for r in rows]
+    assert all(r["async/controller_entropy_behaviour"] == 1.0 for r in rows)
+    assert rows[1]["async/staleness/mean"] == 1.0 and read[1] != rows[1]["entropy"]  # a stale batch: not the current's
+
+
+@pytest.mark.slow
+def test_a_short_async_cli_run_logs_the_histogram_the_gaps_and_the_quartile_shares(fast_train, in_tmp):
+    cmd = [sys.executable, "-m", "entropyrl.cli.main", "train"]
+    overrides = ["trainer.staleness=1", "trainer.total_steps=3", "algo.interventions=[tis]", "algo.tis.mode=icepop"]
+    proc = subprocess.run([*cmd, *_overrides(fast_train, *overrides)], cwd=in_tmp, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _rows(in_tmp / "run")
+    tis_quartiles = [f"rollout/tis_clip_frac/entropy_q{i}" for i in range(1, 5)]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert set(ASYNC_METRICS) | set(QUARTILE_METRICS) | set(tis_quartiles) <= set(r)
+        assert r["async/staleness/frac_0"] + r["async/staleness/frac_1"] == pytest.approx(1.0)
+        assert r["async/staleness/frac_1"] == r["async/staleness/mean"]  # one batch a step: one lag
+        shares = [r[k] for k in (*QUARTILE_METRICS, *tis_quartiles) if r[k] is not None]
+        assert shares and all(0.0 <= v <= 1.0 for v in shares)
+    first, stale = rows[0], rows[1]
+    # the first batch comes from the trainer's own weights: behaviour = proximal, and its gap to the current is the proximal's
+    assert first["rollout/logp_diff_mean"] == pytest.approx(0.0, abs=1e-6)
+    assert first["async/logp_gap/behaviour_current"] == pytest.approx(first["async/logp_gap/proximal_current"], abs=1e-6)
+    assert stale["rollout/logp_diff_mean"] > 1e-4 and stale["async/logp_gap/behaviour_current"] > 1e-4
 
 
 # -- the corrections against their golden vectors (tests/golden/make_async_corrections.py) -----

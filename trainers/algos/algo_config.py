@@ -13,10 +13,24 @@ from omegaconf import DictConfig, OmegaConf
 from ...conf import CONF_DIR, intervention_names
 from ...core.errors import UserError
 from ...core.registry import unknown_choice
-from ...core.validation import BOOL, NONNEG, POS_INT, Rule, check_value, integer, number
+from ...core.validation import BOOL, NONNEG, POS_INT, Rule, check_value, choice, integer, number
 from ..interventions import INTERVENTIONS
 
-__all__ = ["ALGO_KEYS", "algo_defaults", "default", "read_key", "registered_name", "objective_args", "to_dict", "tracked_config"]
+__all__ = [
+    "ALGO_KEYS",
+    "CONTROLLER_ENTROPY",
+    "algo_defaults",
+    "default",
+    "read_key",
+    "registered_name",
+    "objective_args",
+    "to_dict",
+    "tracked_config",
+]
+
+#: ``algo.controller_entropy``: the trainer's policy at the start of the step, or the behaviour policy
+#: that generated the batch (the rollout worker's, ``trainer.staleness >= 1``).
+CONTROLLER_ENTROPY = ("current", "behaviour")
 
 #: The algorithm's own keys under ``algo.``: ``key -> rule``, checked once (``from_config``); their
 #: defaults are the values of ``conf/algo/grpo.yaml``. ``advantage`` and ``loss_agg`` are checked
@@ -33,6 +47,8 @@ ALGO_KEYS: dict[str, Rule] = {
     "overlong.enabled": BOOL,
     "overlong.buffer": integer(0),
     "overlong.filter": BOOL,
+    # the policy whose batch entropy the step controllers read (Algorithm.controller_reading; docs/async.md)
+    "controller_entropy": choice(*CONTROLLER_ENTROPY),
 }
 
 

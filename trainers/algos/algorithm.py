@@ -6,7 +6,7 @@ them; it is built, and its parameters checked, before anything of a run is creat
 
     rewards = algo.shape_rewards(rewards, lengths)            # DAPO overlong shaping (if enabled)
     keep    = algo.keep_groups(rewards, group_ids)            # DAPO dynamic sampling (if enabled)
-    algo.begin_step(sampling_entropy)                         # controllers: STARE gate, adaptive beta
+    algo.begin_step(algo.controller_reading(entropy, behaviour))  # controllers: STARE gate, adaptive beta
     adv     = algo.advantages(rewards, group_ids, mask)       # [B, T]
     batch   = algo.select(batch, "batch")                     # selections with scope=batch
     for mini in minibatches:                                  # mini = batch[idx]
@@ -91,6 +91,7 @@ class Algorithm:
         max_response_length: int = 1,
         objective: str = default("objective"),
         objective_args: dict | None = None,
+        controller_entropy: str = default("controller_entropy"),
     ):
         self.objective = str(objective)
         self.objective_args = objectives.check_objective_args(self.objective, dict(objective_args or {}))
@@ -107,6 +108,7 @@ class Algorithm:
         self.overlong = bool(overlong)
         self.overlong_buffer = int(overlong_buffer)
         self.max_response_length = int(max_response_length)
+        self.controller_entropy = str(controller_entropy)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -179,6 +181,7 @@ class Algorithm:
             max_response_length=int(max_response_length),
             objective=str(cfg.get("objective") or default("objective")),
             objective_args=read_objective_args(cfg.get("objective_args")),
+            controller_entropy=read_key(cfg, "controller_entropy"),
         )
 
     @classmethod
@@ -260,6 +263,16 @@ class Algorithm:
             wanted = iv.sampling_vocab_stats()
             if wanted:
                 iv.observe_sampling({k: stats[k] for k in wanted}, mask, reduce)
+
+    def controller_reading(self, current: float, behaviour: float | None = None) -> float:
+        """The batch entropy to hand ``begin_step`` (``algo.controller_entropy``): ``current``, the
+        token-mean entropy of the batch under the trainer's policy at the start of the step, or
+        ``behaviour``, under the weights that generated it (the rollout worker's, with
+        ``trainer.staleness >= 1``; None without a worker, where the two are the same policy and
+        ``current`` is read)."""
+        if self.controller_entropy == "behaviour" and behaviour is not None:
+            return float(behaviour)
+        return float(current)
 
     def begin_step(self, sampling_entropy: float) -> None:
         """Once per training step, before any update, with the sampling policy's token-mean entropy."""

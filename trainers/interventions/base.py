@@ -102,6 +102,10 @@ class LossContext:
     weights: torch.Tensor | None = None  # token weights omega (detached); None means 1
     extra_terms: dict[str, torch.Tensor] = field(default_factory=dict)  # scalars added to the loss
     metrics: dict[str, float] = field(default_factory=dict)
+    # bool [b, T]: the tokens an intervention truncated or masked, under the name of the metric that
+    # counts them (tis: "rollout/tis_clip_frac"); the loop splits them by entropy quartile beside the
+    # loss (stats/update_tokens.py)
+    token_masks: dict[str, torch.Tensor] = field(default_factory=dict)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # selections (Algorithm.select)
     sampling_entropy: torch.Tensor | None = None  # [b, T] the sampling policy's entropy (no grad)
     sampler_logp: torch.Tensor | None = None  # [b, T] the rollout engine's log-probs (vLLM)

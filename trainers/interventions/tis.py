@@ -28,6 +28,11 @@ weighted, detached, by (``mode``):
 Under ``trainer.staleness`` (docs/async.md) the rollout worker ships its behaviour log-probs as
 ``sampling_logp``, so every mode corrects the behaviour-vs-current ratio of stale samples.
 
+Logged: ``rollout/tis_weight_mean`` and ``rollout/tis_clip_frac`` (the share of tokens truncated or
+masked); the truncated or masked tokens themselves go to ``ctx.token_masks`` under that name, and
+the loop splits them by the step's entropy quartile (``rollout/tis_clip_frac/entropy_q<i>``,
+``stats/update_tokens.py``).
+
 The trainer passes the sampler's log-probs to every loss call as the step batch's ``sampler_logp``;
 batches without them (the ``hf`` engine samples with the trained model itself) are left unchanged.
 
@@ -196,3 +201,4 @@ class TruncatedIS(Intervention):
         n = ctx.pg_mask.sum().clamp(min=1)
         ctx.metrics["rollout/tis_weight_mean"] = float(w.sum() / n)
         ctx.metrics["rollout/tis_clip_frac"] = float(corrected.sum() / n)
+        ctx.token_masks["rollout/tis_clip_frac"] = corrected  # by entropy quartile: rollout/tis_clip_frac/entropy_q<i>
