@@ -1,0 +1,127 @@
+"""The per-response text facts of the long-CoT metrics (docs/long-cot.md) and where they are
+computed: the candidate-position matcher against a plain ``finditer`` of the same pattern, the
+hashed repetition score against exact n-gram sets, ``ResponseFacts`` rows, the token mapping from
+the facts' spans (no matching in the trainer) with its fallback for texts the pieces do not rebuild,
+the entropy means, and the worker pool beside the reward."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from entropyrl.evals.reflection import (
+    WORD_LISTS,
+    ReflectionMatcher,
+    ResponseFacts,
+    repetition_score,
+    response_facts,
+    response_text_metrics,
+    text_metrics,
+)
+
+DEFAULT = ReflectionMatcher(WORD_LISTS["default"])
+
+
+# -- references: what the fast paths must reproduce -----------------------------------------------
+def finditer_spans(matcher: ReflectionMatcher, text: str) -> list[tuple[int, int]]:
+    """The pattern tried at every position (``finditer``), on the lower-cased text, or on the text
+    as given, case-insensitively, when lower-casing changes its length."""
+    if matcher.regex is None:
+        return []
+    low = text.lower()
+    if len(low) == len(text):
+        return [m.span() for m in matcher.regex.finditer(low)]
+    return [m.span() for m in re.compile(matcher.regex.pattern, re.IGNORECASE).finditer(text)]
+
+
+def exact_repetition(text: str, n: int = 4) -> float:
+    words = text.lower().split()
+    total = len(words) - n + 1
+    if total <= 0:
+        return 0.0
+    return 1.0 - len(set(zip(*(words[i:] for i in range(n))))) / total
+
+
+TRICKY_WORDS = [
+    "wait", "try", "try again", "again", "a", "aa", "check", "recheck", "heck", "re-", "-wait", "wait!",
+    "go", "go over the steps", "o", "ab ab", "x_y", "1st", "\u00e9t\u00e9", "stra\u00dfe", "\u0130i", "k", "--",
+]  # fmt: skip
+FRAGMENTS = TRICKY_WORDS + [
+    " ", "  ", "\t", "\n", "\u00a0", "\u2003", ",", ".", "-", "_", "'", "!", "0", "7", "x", "re", "await", "ing",
+    "WAIT", "Try", "AGAIN", "ReCheck", "\u0130", "\u212a", "\u03a3", "\u00df", "\ufb01", "\u00c9T\u00c9", "aaa",
+]  # fmt: skip
+texts_of_fragments = st.lists(st.sampled_from(FRAGMENTS), max_size=40).map("".join)
+word_lists = st.lists(st.sampled_from(TRICKY_WORDS), min_size=1, max_size=6, unique=True)
+
+
+# -- the matcher ----------------------------------------------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(words=word_lists, text=texts_of_fragments)
+def test_candidate_matching_equals_finditer_on_crafted_texts(words, text):
+    matcher = ReflectionMatcher(words)
+    assert matcher.spans(text) == finditer_spans(matcher, text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=200) | texts_of_fragments)
+def test_candidate_matching_equals_finditer_on_any_text(text):
+    for name in ("default", "orz", "oat_zero"):
+        matcher = ReflectionMatcher(WORD_LISTS[name])
+        assert matcher.spans(text) == finditer_spans(matcher, text)
+        assert matcher.count(text) == len(finditer_spans(matcher, text))
+
+
+def test_candidate_matching_by_hand():
+    assert ReflectionMatcher(["try", "try again"]).spans("try again, try") == [(0, 9), (11, 14)]  # longer first
+    assert DEFAULT.spans("retry. recheck! check again") == [(0, 5), (7, 14), (16, 27)]  # found through "try", "check"
+    assert DEFAULT.spans("re-evaluate reevaluation reevaluate") == [(0, 11), (12, 24), (25, 35)]
+    assert DEFAULT.spans("await waiting wait_ 2wait wait2 wait") == [(32, 36)]  # "_" and digits are word characters
+    hyphen = ReflectionMatcher(["-a-"])
+    assert hyphen.spans("-a-a-") == [(0, 3)]  # the overlapping candidate at 2 is inside the first match
+    assert ReflectionMatcher(["aa"]).spans("aaa aa") == [(4, 6)]
+    odd = "\u0130 Wait, \u0130 try\u00a0 again"  # lower-casing lengthens the text: case-insensitive on the text itself
+    assert [odd[a:b] for a, b in DEFAULT.spans(odd)] == ["Wait", "try\u00a0 again"]
+
+
+# -- the repetition score -------------------------------------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(
+    words=st.lists(st.sampled_from(["a", "b", "c", "A", "\u00e9", "x_y", "1", "WAIT", "wait"]), max_size=60),
+    seps=st.lists(st.sampled_from([" ", "  ", "\n", "\t", "\u00a0", "\u2003", "\x1c"]), min_size=1, max_size=5),
+    n=st.integers(1, 5),
+)
+def test_hashed_repetition_equals_exact_ngram_sets(words, seps, n):
+    text = "".join(w + seps[i % len(seps)] for i, w in enumerate(words))
+    assert repetition_score(text, n) == exact_repetition(text, n)
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.text(max_size=300))
+def test_hashed_repetition_equals_exact_on_any_text(text):
+    assert repetition_score(text) == exact_repetition(text)
+
+
+# -- the facts of a batch -------------------------------------------------------------------------
+TEXTS = ["Wait, no. Wait.", "fine", "Recheck it", "", "a b c d a b c d try again"]
+
+
+def test_facts_hold_each_response_and_select_rows():
+    facts = response_facts(TEXTS, DEFAULT)
+    assert facts.chars.tolist() == [len(t) for t in TEXTS]
+    assert facts.counts.tolist() == [2, 0, 1, 0, 1]
+    assert [facts.row_spans(i) for i in range(len(TEXTS))] == [DEFAULT.spans(t) for t in TEXTS]
+    assert facts.repetition.tolist() == [exact_repetition(t) for t in TEXTS]
+    picked = facts.select([4, 0, 0, 1])
+    assert [picked.row_spans(i) for i in range(4)] == [DEFAULT.spans(TEXTS[i]) for i in (4, 0, 0, 1)]
+    assert picked.chars.tolist() == [len(TEXTS[i]) for i in (4, 0, 0, 1)]
+    both = ResponseFacts.concat([facts.select([2]), facts.select([0, 4])])
+    assert [both.row_spans(i) for i in range(3)] == [DEFAULT.spans(TEXTS[i]) for i in (2, 0, 4)]
+    assert len(ResponseFacts.concat([])) == 0 and len(facts.select([])) == 0
+    lengths, correct = [10, 20, 10, 1, 30], [1.0, 0.0, 0.0, 1.0, 0.0]
+    assert text_metrics(facts, lengths, correct, reflection=True) == response_text_metrics(TEXTS, lengths, correct, DEFAULT)
+    off = response_facts(TEXTS, ReflectionMatcher(()))
+    assert off.counts.tolist() == [0] * 5 and not any(
+        k.startswith("reflection/") for k in text_metrics(off, lengths, correct, False)
+    )
