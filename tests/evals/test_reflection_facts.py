@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +21,8 @@ from entropyrl.evals.reflection import (
     response_text_metrics,
     text_metrics,
 )
+from entropyrl.rewards import build_reward_runner
+from entropyrl.rewards.text_facts import TextFactsPool, TextFactsSpec
 
 DEFAULT = ReflectionMatcher(WORD_LISTS["default"])
 
@@ -125,3 +128,49 @@ def test_facts_hold_each_response_and_select_rows():
     assert off.counts.tolist() == [0] * 5 and not any(
         k.startswith("reflection/") for k in text_metrics(off, lengths, correct, False)
     )
+
+
+# -- beside the reward ----------------------------------------------------------------------------
+def test_the_pool_finds_the_same_facts_as_this_process():
+    texts = TEXTS * 200  # several chunks
+    here = response_facts(texts, DEFAULT, 3)
+    pool = TextFactsPool(1)
+    try:
+        there = pool.submit(texts, TextFactsSpec(DEFAULT, 3, 1)).result()
+    finally:
+        pool.close()
+    for field in ("chars", "repetition", "counts", "spans"):
+        assert np.array_equal(getattr(there, field), getattr(here, field)), field
+    inline = TextFactsPool(0).submit(texts, TextFactsSpec(DEFAULT, 3, 0)).result()
+    assert np.array_equal(inline.spans, here.spans)
+
+
+def test_a_failing_pool_leaves_the_facts_to_this_process():
+    said = []
+    pool = TextFactsPool(1, log=said.append)
+
+    class Broken:
+        def submit(self, *_a, **_k):
+            raise RuntimeError("no process")
+
+        def shutdown(self, **_k):
+            pass
+
+    pool.pool = Broken()
+    facts = pool.submit(TEXTS, TextFactsSpec(DEFAULT, 4, 1)).result()
+    assert facts.counts.tolist() == [2, 0, 1, 0, 1] and pool.pool is None
+    assert said and "ran in this process" in said[0]
+
+
+def test_the_reward_runner_returns_the_facts_with_the_rewards():
+    class Source:
+        def reward(self, problem, response):
+            return 1.0 if "4" in response else 0.0
+
+    runner = build_reward_runner(None, Source())
+    try:
+        batch = runner.score([None, None], ["p", "p"], ["Wait, 4", "5"], [0, 0], text=TextFactsSpec(DEFAULT, 4, 0))
+        assert batch.total == [1.0, 0.0] and batch.facts.counts.tolist() == [1, 0]
+        assert runner.score([None], ["p"], ["4"], [0]).facts is None
+    finally:
+        runner.close()
