@@ -308,7 +308,9 @@ class GRPOTrainer:
             metrics.update(token_kind_metrics(entropy, mask, roll.tools))
         metrics["groups/all_equal_frac"] = all_equal_group_share(rewards, group_ids)
         if self.reflect.token_metrics:  # entropy where reasoning turns (diagnostics.reflection.entropy)
-            at, before = reflection_token_masks(roll.response_ids, roll.response_mask, self.token_pieces, self.reflect.matcher)
+            at, before = reflection_token_masks(
+                roll.response_ids, roll.response_mask, self.token_pieces, self.reflect.matcher, facts=batch.facts
+            )
             metrics.update(reflection_entropy_metrics(entropy, old_logp, mask, at, before, advantages))
         metrics.update(self.algo.step_metrics())
         batch = batch.with_(
@@ -324,7 +326,11 @@ class GRPOTrainer:
         mask = batch.mask.detach().cpu()
         ent = (batch.entropy.detach().cpu() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
         prompts = [self.tokenizer.decode(roll.prompt_ids[i][roll.prompt_mask[i].bool()], skip_special_tokens=True) for i in rows]
-        counts = [self.reflect.matcher.count(roll.texts[i]) for i in rows] if self.reflect.matcher.enabled else None
+        counts = None
+        if self.reflect.matcher.enabled:  # found beside the reward (batch.facts), else here for these few rows
+            counts = [
+                int(batch.facts.counts[i]) if batch.facts is not None else self.reflect.matcher.count(roll.texts[i]) for i in rows
+            ]
         table = run_samples.sample_rows(
             self.step + 1,
             prompts,

@@ -6,9 +6,12 @@ the entropy means, and the worker pool beside the reward."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
+import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +19,7 @@ from entropyrl.evals.reflection import (
     WORD_LISTS,
     ReflectionMatcher,
     ResponseFacts,
+    TokenPieces,
     repetition_score,
     response_facts,
     response_text_metrics,
@@ -23,6 +27,8 @@ from entropyrl.evals.reflection import (
 )
 from entropyrl.rewards import build_reward_runner
 from entropyrl.rewards.text_facts import TextFactsPool, TextFactsSpec
+from entropyrl.trainers.stats.diagnostics import QUADRANTS, quadrant_ids
+from entropyrl.trainers.stats.reflection import reflection_entropy_metrics, reflection_token_masks
 
 DEFAULT = ReflectionMatcher(WORD_LISTS["default"])
 
@@ -128,6 +134,110 @@ def test_facts_hold_each_response_and_select_rows():
     assert off.counts.tolist() == [0] * 5 and not any(
         k.startswith("reflection/") for k in text_metrics(off, lengths, correct, False)
     )
+
+
+# -- tokens: the facts' spans mapped, the joined pieces only where they do not rebuild the text --
+class NoMatching(ReflectionMatcher):
+    """A matcher the trainer must not use: the spans come from the facts."""
+
+    def spans(self, text):
+        raise AssertionError("the trainer matched a text")
+
+
+def _batch(seed: int, rows: int = 6, width: int = 24):
+    """Random responses over a vocabulary of word pieces (some empty, one a multi-space)."""
+    table = ["", " wait", "Wait", ",", " try", " again", "  ", "re", "check", " ok", "x", "\n", "go", " over", " the", " steps"]
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, len(table), (rows, width), generator=gen)
+    lengths = torch.randint(0, width + 1, (rows,), generator=gen)
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
+    texts = ["".join(table[i] for i in ids[b, : int(lengths[b])].tolist()) for b in range(rows)]
+    return TokenPieces(table.__getitem__), ids, mask, texts
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_token_masks_from_facts_equal_matching_the_pieces(seed):
+    pieces, ids, mask, texts = _batch(seed)
+    expected = reflection_token_masks(ids, mask, pieces, DEFAULT)
+    got = reflection_token_masks(ids, mask, pieces, NoMatching(WORD_LISTS["default"]), facts=response_facts(texts, DEFAULT))
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert expected[0].any()  # the batches hold words
+
+
+def test_a_row_whose_text_is_not_its_pieces_is_matched_on_its_pieces():
+    pieces, ids, mask, texts = _batch(3)
+    expected = reflection_token_masks(ids, mask, pieces, DEFAULT)
+    cleaned = list(texts)
+    row = next(b for b, t in enumerate(texts) if DEFAULT.spans(t) and "  " in t)
+    cleaned[row] = texts[row].replace("  ", " ")  # a decode that tidied spaces: the spans index another text
+    facts = response_facts(cleaned, DEFAULT)
+    assert facts.chars[row] != len(texts[row]) and facts.row_spans(row) != DEFAULT.spans(texts[row])
+    got = reflection_token_masks(ids, mask, pieces, DEFAULT, facts=facts)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    with pytest.raises(AssertionError, match="matched a text"):  # only that row is matched here
+        reflection_token_masks(ids, mask, pieces, NoMatching(WORD_LISTS["default"]), facts=facts)
+    with pytest.raises(ValueError, match="facts of 5 responses"):
+        reflection_token_masks(ids, mask, pieces, DEFAULT, facts=facts.select(range(5)))
+
+
+def test_token_masks_by_hand_from_facts():
+    table = ["So", " wait", ",", " no", "ok", " fine", ".", "", " wa", "it"]
+    ids = torch.tensor([[0, 1, 2, 3, 7], [4, 8, 9, 6, 7], [1, 7, 7, 7, 7]])
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]], dtype=torch.float32)
+    texts = ["So wait, no", "ok wait.", " wait"]
+    at, before = reflection_token_masks(
+        ids, mask, TokenPieces(table.__getitem__), NoMatching(WORD_LISTS["default"]), facts=response_facts(texts, DEFAULT)
+    )
+    assert at.nonzero().tolist() == [[0, 1], [1, 1], [1, 2], [2, 0]]
+    assert before.nonzero().tolist() == [[0, 0], [1, 0]]  # none for the word that opens row 2
+
+
+# -- the entropy means ----------------------------------------------------------------------------
+def reference_entropy_metrics(entropy, logp, mask, at, before, advantages):
+    """The means over boolean masks, computed plainly."""
+
+    def masked_mean(values, where):
+        n = int(where.sum())
+        return float(torch.where(where, values, 0).sum()) / n if n else float("nan")
+
+    valid = mask.bool()
+    at, before = at & valid, before & valid
+    out = {
+        "reflection/entropy_at": masked_mean(entropy, at),
+        "reflection/entropy_before": masked_mean(entropy, before),
+        "reflection/entropy_all": masked_mean(entropy, valid),
+        "reflection/surprisal_at": masked_mean(-logp, at),
+        "reflection/surprisal_before": masked_mean(-logp, before),
+        "reflection/surprisal_all": masked_mean(-logp, valid),
+        "reflection/token_frac": float(at.sum()) / max(int(valid.sum()), 1),
+    }
+    adv = advantages.double()
+    per_row = (adv * valid).sum(-1) if adv.dim() == 2 else adv
+    for name, rows in (("adv_pos", per_row > 0), ("adv_neg", per_row < 0)):
+        n = int(rows.sum())
+        out[f"reflection/frac/{name}"] = float(at.any(-1)[rows].sum()) / n if n else float("nan")
+    token_adv = adv if adv.dim() == 2 else adv[:, None].expand(at.shape)
+    quadrant = quadrant_ids(logp[at], entropy[at], token_adv[at], valid[at])
+    for k, name in enumerate(QUADRANTS, start=1):
+        out[f"reflection/quadrant/{name}"] = float((quadrant == k).sum()) / int(at.sum()) if at.any() else float("nan")
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_entropy_means_equal_the_plain_masked_means(seed):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (7, 33)
+    entropy, logp = torch.rand(shape, generator=gen) * 2, -torch.rand(shape, generator=gen) * 3
+    mask = (torch.rand(shape, generator=gen) < 0.8).float()
+    at, before = torch.rand(shape, generator=gen) < 0.2, torch.rand(shape, generator=gen) < 0.1
+    for adv in (torch.randn(7, generator=gen), torch.randn(shape, generator=gen) * mask, torch.zeros(7)):
+        got, want = (
+            reflection_entropy_metrics(entropy, logp, mask, at, before, adv),
+            reference_entropy_metrics(entropy, logp, mask, at, before, adv),
+        )
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            assert (math.isnan(got[key]) and math.isnan(value)) or got[key] == pytest.approx(value, rel=1e-6), key
 
 
 # -- beside the reward ----------------------------------------------------------------------------
