@@ -208,8 +208,11 @@ class RewardRunner:
         With ``text``, also each response's text facts (``ScoredBatch.facts``), found in the text
         pool's processes while the reward runs."""
         pending = self.start_text_facts(text).submit(responses, text) if text is not None else None
-        batch = self._score(problems, prompts, responses, group)
-        batch.facts = pending.result() if pending is not None else None
+        try:
+            batch = self._score(problems, prompts, responses, group)
+        finally:  # collected even when the reward fails: the workers' answers must not stay in their sockets
+            facts = pending.result() if pending is not None else None
+        batch.facts = facts
         return batch
 
     def _score(self, problems: Sequence, prompts: Sequence[str], responses: Sequence[str], group: Sequence[int]) -> ScoredBatch:

@@ -2,26 +2,43 @@
 reflection-word spans, repetition score and length), computed in worker processes while the reward
 runs, so that the trainer only adds them up and maps the spans onto tokens.
 
-``TextFactsPool(workers)``: ``workers`` spawned processes, started at the first batch; ``submit``
-hands a batch over in contiguous chunks and returns at once; the returned ``PendingFacts.result()``
-waits for them. ``workers: 0`` computes them in the caller's process, when the result is asked
-for. A pool that fails (a worker killed) gives the batch to the caller's process and is started
-afresh for the next batch: the facts are diagnostics, never a reason to stop a run.
+``TextFactsPool(workers)``: ``workers`` processes, started at the first batch; ``submit`` hands
+each one a contiguous part of the batch and returns at once; the returned ``PendingFacts.result()``
+waits for the parts. ``workers: 0`` computes them in the caller's process, when the result is asked
+for. A worker that fails (killed, or unable to start) gives its part to the caller's process and
+the pool is started afresh for the next batch, up to ``MAX_FAILURES`` times, then left off: the
+facts are diagnostics, never a reason to stop a run.
+
+A worker is a plain subprocess (``python -E -s -c "...serve(fd)"``) that talks over a socket pair:
+it never re-imports the caller's ``__main__`` (a training script without a main guard is not run
+again) and is safe to start from a multi-threaded parent.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Callable, Sequence
 
-from ..evals.reflection import ReflectionMatcher, ResponseFacts, response_facts
+from ..evals.reflection import ReflectionMatcher, ResponseFacts, matcher_for, response_facts
 
-__all__ = ["TextFactsSpec", "TextFactsPool", "PendingFacts"]
+__all__ = ["TextFactsSpec", "TextFactsPool", "PendingFacts", "serve"]
 
-#: responses per task handed to a worker: a worker starts on the first chunk while the next are sent
-CHUNK = 256
+MAX_FAILURES = 3
+
+# the folder that holds entropyrl/ as this process imported it (not resolved: a symlinked checkout
+# must give the worker this very package), as evals/grading/grader_pool.py does for its zygote
+_PACKAGE_PARENT = str(Path(os.path.abspath(__file__)).parents[2])
+_WORKER_MAIN = (
+    "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+    "sys.path.insert(0, sys.argv[1]); "
+    "from entropyrl.rewards.text_facts import serve; serve(int(sys.argv[2]))"
+)
 
 
 @dataclass(frozen=True)
@@ -34,25 +51,78 @@ class TextFactsSpec:
     workers: int = 1
 
 
-class PendingFacts:
-    """The facts of one submitted batch, on their way."""
+def serve(fd: int) -> None:
+    """A worker's loop on socket ``fd``: reads ``(texts, words, n)``, answers their ``ResponseFacts``
+    (or the error's text); ends when the parent closes its end."""
+    conn = Connection(fd)
+    while True:
+        try:
+            texts, words, n = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            out = response_facts(texts, matcher_for(tuple(words)), n)
+        except Exception as exc:  # noqa: BLE001 - said to the parent, which computes the part itself
+            out = f"{type(exc).__name__}: {exc}"
+        try:
+            conn.send(out)
+        except OSError:
+            return
 
-    def __init__(self, owner: TextFactsPool, texts: list[str], spec: TextFactsSpec, futures: list[cf.Future]):
-        self.owner, self.texts, self.spec, self.futures = owner, texts, spec, futures
+
+class _Worker:
+    """One worker process and our end of its socket."""
+
+    def __init__(self):
+        ours, theirs = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-E", "-s", "-c", _WORKER_MAIN, _PACKAGE_PARENT, str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                close_fds=True,
+            )
+        finally:
+            theirs.close()
+        self.conn = Connection(ours.detach())
+
+    def stop(self) -> None:
+        self.conn.close()  # an idle worker ends on EOF
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class PendingFacts:
+    """The facts of one submitted batch, on their way: ``parts`` are ``(worker or None, texts)``
+    in the batch's order (None: computed here when asked for)."""
+
+    def __init__(self, owner: TextFactsPool, spec: TextFactsSpec, parts: list[tuple[_Worker | None, list[str]]]):
+        self.owner, self.spec, self.parts = owner, spec, parts
+        self.facts: ResponseFacts | None = None
 
     def result(self) -> ResponseFacts:
-        try:
-            parts = [f.result() for f in self.futures]
-        except Exception as exc:  # noqa: BLE001 - a worker died, or its process could not start
-            self.owner.failed(f"{type(exc).__name__}: {exc}")
-            parts = []
-        if len(parts) != len(self.futures) or not self.futures:
-            return response_facts(self.texts, self.spec.matcher, self.spec.repetition_n)
-        return ResponseFacts.concat(parts)
-
-
-def _ready() -> None:
-    """A task that only makes a worker import this module (its start, outside any batch)."""
+        if self.facts is None:
+            out = []
+            for worker, texts in self.parts:
+                got = None
+                if worker is not None:
+                    try:
+                        got = worker.conn.recv()
+                    except (EOFError, OSError) as exc:
+                        got = f"the worker ended ({type(exc).__name__}, exit code {worker.proc.poll()})"
+                    if isinstance(got, str):
+                        self.owner.failed(got)
+                if not isinstance(got, ResponseFacts):
+                    got = response_facts(texts, self.spec.matcher, self.spec.repetition_n)
+                out.append(got)
+            self.facts = ResponseFacts.concat(out)
+            if self.owner.open is self:
+                self.owner.open = None
+        return self.facts
 
 
 class TextFactsPool:
@@ -60,40 +130,56 @@ class TextFactsPool:
 
     def __init__(self, workers: int, log: Callable[[str], None] = print):
         self.workers, self.log = max(0, int(workers)), log
-        self.pool: cf.ProcessPoolExecutor | None = None
+        self._procs: list[_Worker] = []
         self.failures = 0
+        self.restart = False  # a worker failed: the next batch starts them afresh
+        self.open: PendingFacts | None = None  # a batch whose answers are still in the sockets
 
     def start(self) -> None:
         """Start the processes now (they import numpy and this package while the caller goes on)."""
-        if self.workers and self.pool is None:
-            self.pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
-            for _ in range(self.workers):
-                self.pool.submit(_ready)
+        while len(self._procs) < self.workers:
+            try:
+                self._procs.append(_Worker())
+            except OSError as exc:
+                self.failed(f"{type(exc).__name__}: {exc}")
+                self.workers = len(self._procs)  # as many as could start
+                return
 
     def submit(self, texts: Sequence[str], spec: TextFactsSpec) -> PendingFacts:
         """Hand ``texts`` over; ``.result()`` of the answer is their ``ResponseFacts``, in order."""
         texts = list(texts)
-        if not self.workers or not texts:
-            return PendingFacts(self, texts, spec, [])
+        if self.open is not None:  # never collected (its reward failed): read it, or the workers' sends block
+            self.open.result()
+        if self.restart:
+            self.close()
+            self.restart = False
         self.start()
-        try:
-            futures = [
-                self.pool.submit(response_facts, texts[a : a + CHUNK], spec.matcher, spec.repetition_n)
-                for a in range(0, len(texts), CHUNK)
-            ]
-        except Exception as exc:  # noqa: BLE001 - a broken pool refuses new work
-            self.failed(f"{type(exc).__name__}: {exc}")
-            futures = []
-        return PendingFacts(self, texts, spec, futures)
+        if not self._procs or not texts:
+            return PendingFacts(self, spec, [(None, texts)])
+        size = -(-len(texts) // len(self._procs))
+        parts: list[tuple[_Worker | None, list[str]]] = []
+        for worker, a in zip(self._procs, range(0, len(texts), size)):
+            part = texts[a : a + size]
+            try:
+                worker.conn.send((part, spec.matcher.words, spec.repetition_n))
+            except OSError as exc:  # a worker that died or never started: this part is computed here
+                self.failed(f"{type(exc).__name__}: {exc}")
+                worker = None
+            parts.append((worker, part))
+        self.open = PendingFacts(self, spec, parts)
+        return self.open
 
     def failed(self, detail: str) -> None:
-        """A batch the pool could not do: said once, the pool dropped (started afresh next time)."""
-        if not self.failures:
-            self.log(f"warning: the text-metrics worker failed ({detail}); that batch's text metrics ran in this process")
+        """A part the pool could not do (computed by the caller): said once; the workers are started
+        afresh for the next batch, or no more after ``MAX_FAILURES``."""
         self.failures += 1
-        self.close(wait=False)
+        if self.failures == 1:
+            self.log(f"warning: a text-metrics worker failed ({detail}); its responses' text metrics ran in this process")
+        if self.failures >= MAX_FAILURES:
+            self.workers = 0
+        self.restart = True
 
-    def close(self, wait: bool = True) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=wait, cancel_futures=True)
-            self.pool = None
+    def close(self) -> None:
+        procs, self._procs = self._procs, []
+        for w in procs:
+            w.stop()

@@ -255,21 +255,52 @@ def test_the_pool_finds_the_same_facts_as_this_process():
     assert np.array_equal(inline.spans, here.spans)
 
 
-def test_a_failing_pool_leaves_the_facts_to_this_process():
+def test_a_failing_worker_leaves_its_part_to_this_process():
     said = []
-    pool = TextFactsPool(1, log=said.append)
+    pool = TextFactsPool(2, log=said.append)
+    spec = TextFactsSpec(DEFAULT, 4, 2)
+    try:
+        pool.start()
+        pool._procs[1].proc.kill()  # the second half's worker is gone
+        pool._procs[1].proc.wait()
+        facts = pool.submit(TEXTS * 3, spec).result()
+        assert facts.counts.tolist() == [2, 0, 1, 0, 1] * 3 and pool.failures == 1 and pool.restart
+        assert said and "ran in this process" in said[0]
+        again = pool.submit(TEXTS, spec).result()  # started afresh
+        assert again.counts.tolist() == [2, 0, 1, 0, 1] and len(pool._procs) == 2 and pool.failures == 1
+    finally:
+        pool.close()
 
-    class Broken:
-        def submit(self, *_a, **_k):
-            raise RuntimeError("no process")
 
-        def shutdown(self, **_k):
-            pass
+def test_a_batch_never_collected_does_not_block_the_next(monkeypatch):
+    pool = TextFactsPool(1)
+    spec = TextFactsSpec(DEFAULT, 4, 1)
+    try:
+        pool.submit(TEXTS * 400, spec)  # its reward failed: nobody asks for the result
+        assert pool.submit(TEXTS, spec).result().counts.tolist() == [2, 0, 1, 0, 1]
+    finally:
+        pool.close()
 
-    pool.pool = Broken()
-    facts = pool.submit(TEXTS, TextFactsSpec(DEFAULT, 4, 1)).result()
-    assert facts.counts.tolist() == [2, 0, 1, 0, 1] and pool.pool is None
-    assert said and "ran in this process" in said[0]
+
+def test_the_workers_do_not_run_the_callers_script_again(tmp_path):
+    """A script without a main guard: a worker that re-imported ``__main__`` would run it twice."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "runs.txt"
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from entropyrl.evals.reflection import WORD_LISTS, ReflectionMatcher\n"
+        "from entropyrl.rewards.text_facts import TextFactsPool, TextFactsSpec\n"
+        f"open({str(marker)!r}, 'a').write('run\\n')\n"
+        "pool = TextFactsPool(1)\n"
+        "print(pool.submit(['Wait, recheck'], TextFactsSpec(ReflectionMatcher(WORD_LISTS['default']), 4, 1)).result().counts)\n"
+        "print(pool.failures)\n"
+        "pool.close()\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["[2]", "0"] and marker.read_text() == "run\n"
 
 
 def test_the_reward_runner_returns_the_facts_with_the_rewards():
