@@ -84,18 +84,22 @@ def reflection_token_masks(
     joined pieces instead, as every row is without ``facts``: positions never come from another text."""
     ids = response_ids.cpu().numpy()
     rows, width = ids.shape
-    valid = mask.bool().cpu()
     if facts is not None and len(facts) != rows:
         raise ValueError(f"reflection_token_masks: facts of {len(facts)} responses for a batch of {rows}")
+    valid = mask.detach().cpu().reshape(-1)
+    valid = (valid.float() if valid.dtype == torch.bfloat16 else valid).numpy() != 0  # numpy has no bfloat16
     at, before = np.zeros(rows * width, dtype=bool), np.zeros(rows * width, dtype=bool)
     if rows and width:
-        lengths = valid.sum(-1).numpy()
+        lengths = np.count_nonzero(valid.reshape(rows, width), axis=1)  # the response's tokens come first, then padding
         text_of, length_of = pieces.tables(ids)
-        token_chars = np.where(np.arange(width) < lengths[:, None], length_of[ids], 0)  # past the response: no text
-        ends = np.cumsum(token_chars, axis=1)
-        chars = ends[:, -1].copy()
-        base = np.cumsum(chars) - chars  # where row b's text starts in the batch's texts end to end
-        ends += base[:, None]  # one rising line over the whole batch: one search for every span
+        ends = np.cumsum(np.take(length_of.astype(np.int32), ids), axis=1, dtype=np.int32)  # where each token's text ends
+        chars = np.where(lengths > 0, ends[np.arange(rows), np.maximum(lengths - 1, 0)], 0)
+        whole = ends[:, -1].astype(np.int64)  # padding included: rows chained on these stay in order
+        base = np.cumsum(whole) - whole  # where row b starts on one rising line over the whole batch
+        kind = np.int32 if base[-1] + whole[-1] < 2**31 else np.int64
+        flat = ends.astype(kind, copy=False)
+        flat += base[:, None].astype(kind)
+        flat = flat.ravel()
         redo = np.arange(rows) if facts is None else np.flatnonzero(facts.chars != chars)
         span_rows, spans = _span_arrays(facts, redo)
         found = [(b, a, z) for b in redo.tolist() for a, z in matcher.spans("".join(text_of[ids[b, : lengths[b]]]))]
@@ -103,15 +107,28 @@ def reflection_token_masks(
             extra = np.array(found, dtype=np.int64)
             span_rows, spans = np.concatenate([span_rows, extra[:, 0]]), np.concatenate([spans, extra[:, 1:]])
         if len(span_rows):
-            flat, first = ends.ravel(), span_rows * width
-            lo = np.searchsorted(flat, base[span_rows] + spans[:, 0], side="right")  # the token of the first character
-            hi = np.searchsorted(flat, base[span_rows] + spans[:, 1], side="left")  # ... of the last one
+            first = span_rows * width
+            lo = np.searchsorted(flat, (base[span_rows] + spans[:, 0]).astype(kind), side="right")  # holds the first character
+            hi = np.searchsorted(flat, (base[span_rows] + spans[:, 1]).astype(kind), side="left")  # ... the last one
             hi = np.minimum(hi, first + np.maximum(lengths[span_rows] - 1, 0))
             size = hi - lo + 1
-            at[np.repeat(lo - (np.cumsum(size) - size), size) + np.arange(int(size.sum()))] = True
-            before[lo[lo > first] - 1] = True  # none for a word that opens its response
+            covered = np.repeat(lo - (np.cumsum(size) - size), size) + np.arange(int(size.sum()))
+            opening = lo[lo > first] - 1  # the token before each word (none for a word that opens its response)
+            at[covered[valid[covered]]] = True  # valid tokens only
+            before[opening[valid[opening]]] = True
     shape = response_ids.shape
-    return torch.from_numpy(at).view(shape) & valid, torch.from_numpy(before).view(shape) & valid
+    return torch.from_numpy(at).view(shape), torch.from_numpy(before).view(shape)
+
+
+def _valid_positions(where: torch.Tensor, valid_flat: torch.Tensor) -> torch.Tensor:
+    """Flat indices, on ``valid_flat``'s device, of the tokens set in ``where`` (few: the reflection
+    words' tokens) that ``valid_flat`` keeps; found on the CPU, where ``reflection_token_masks``
+    builds them."""
+    idx = np.flatnonzero(where.detach().cpu().numpy())
+    if valid_flat.device.type == "cpu":
+        return torch.from_numpy(idx[valid_flat.numpy()[idx]])
+    idx = torch.from_numpy(idx).to(valid_flat.device)
+    return idx[valid_flat[idx]]
 
 
 def reflection_entropy_metrics(
@@ -135,10 +152,9 @@ def reflection_entropy_metrics(
     over no token is nan."""
     ent, lp = entropy.detach(), logp.detach()  # on their device: scalars come back
     valid = mask.detach().bool()
-    at, before = at.to(valid.device) & valid, before.to(valid.device) & valid
-    n_valid = int(valid.sum())
-    at_idx, before_idx = at.flatten().nonzero().squeeze(1), before.flatten().nonzero().squeeze(1)  # few tokens
-    ent_flat, lp_flat = ent.flatten(), lp.flatten()
+    valid_flat, ent_flat, lp_flat = valid.flatten(), ent.flatten(), lp.flatten()
+    n_valid = int(torch.count_nonzero(valid))
+    at_idx, before_idx = _valid_positions(at, valid_flat), _valid_positions(before, valid_flat)
     nan = float("nan")
 
     def mean(values: torch.Tensor, idx: torch.Tensor) -> float:
@@ -157,7 +173,7 @@ def reflection_entropy_metrics(
         adv = advantages.detach()
         per_row = torch.where(valid, adv, 0).sum(-1, dtype=torch.float64) if adv.dim() == 2 else adv.double()
         width = at.shape[-1]
-        reflects = torch.zeros(at.shape[0], dtype=torch.bool, device=at.device)
+        reflects = torch.zeros(at.shape[0], dtype=torch.bool, device=at_idx.device)
         reflects[at_idx // width] = True
         for name, rows in (("adv_pos", per_row > 0), ("adv_neg", per_row < 0)):
             n = int(rows.sum())
