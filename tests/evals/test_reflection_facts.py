@@ -155,13 +155,45 @@ def _batch(seed: int, rows: int = 6, width: int = 24):
     return TokenPieces(table.__getitem__), ids, mask, texts
 
 
+def per_row_token_masks(ids, mask, pieces, matcher):
+    """Each row's first ``mask.sum()`` pieces joined and matched, the spans' tokens found one row
+    at a time, then the masks limited to the valid tokens."""
+    at, before = torch.zeros(ids.shape, dtype=torch.bool), torch.zeros(ids.shape, dtype=torch.bool)
+    for b, length in enumerate(mask.sum(-1).long().tolist()):
+        row = pieces.pieces(ids[b, :length].tolist())
+        ends = np.cumsum([len(p) for p in row])
+        for start, stop in matcher.spans("".join(row)):
+            lo = int(np.searchsorted(ends, start, side="right"))
+            hi = min(int(np.searchsorted(ends, stop, side="left")), len(ends) - 1)
+            at[b, lo : hi + 1] = True
+            if lo > 0:
+                before[b, lo - 1] = True
+    return at & mask.bool(), before & mask.bool()
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_token_masks_from_facts_equal_matching_the_pieces(seed):
     pieces, ids, mask, texts = _batch(seed)
-    expected = reflection_token_masks(ids, mask, pieces, DEFAULT)
+    expected = per_row_token_masks(ids, mask, pieces, DEFAULT)
+    assert all(torch.equal(a, b) for a, b in zip(reflection_token_masks(ids, mask, pieces, DEFAULT), expected))
     got = reflection_token_masks(ids, mask, pieces, NoMatching(WORD_LISTS["default"]), facts=response_facts(texts, DEFAULT))
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     assert expected[0].any()  # the batches hold words
+
+
+def test_a_mask_with_holes_keeps_only_its_valid_tokens():
+    pieces, ids, mask, texts = _batch(5)
+    holed = mask.clone()
+    holed[:, 1::3] = 0  # tokens left out inside the responses (as a loss mask may)
+    expected = per_row_token_masks(ids, holed, pieces, DEFAULT)
+    kept = [texts_of(pieces, ids[b, : int(n)]) for b, n in enumerate(holed.sum(-1).long().tolist())]
+    for facts in (None, response_facts(kept, DEFAULT)):
+        got = reflection_token_masks(ids, holed, pieces, DEFAULT, facts=facts)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+def texts_of(pieces, ids) -> str:
+    return "".join(pieces.pieces(ids.tolist()))
 
 
 def test_a_row_whose_text_is_not_its_pieces_is_matched_on_its_pieces():
