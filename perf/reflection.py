@@ -19,7 +19,8 @@ In the trainer's process:
 
 - ``handoff_seconds``: what ``RewardRunner.score`` adds around the grader when the facts are
   found beside it: handing the texts to the workers, plus any wait for their answer once the
-  grader is done;
+  grader is done (the grader's second pass over these responses, quicker than the first: its
+  workers keep the answers they parsed, so the wait is not understated);
 - ``aggregate_seconds``: ``text_metrics`` (counts, density, shares by verdict, repetition, lengths
   by verdict) from the facts, as ``trainers/collect.py`` runs it;
 - ``mapping_seconds``: ``reflection_token_masks`` from the facts' spans (no matching);
@@ -30,11 +31,10 @@ In the trainer's process:
 The denominator:
 
 - ``grading_seconds``: the math grader (``grade_batch``, its worker pool started beforehand) on the
-  same responses against their gold answers, alone: the part of a step's scoring measured here. A
-  step's scoring also holds the sampling policy's forward pass over the batch's tokens (the old
-  log-probs and entropies), which is not run here, so a step's real share is smaller;
-- ``scoring_seconds``: the grader with the facts found beside it, from handing the texts over to
-  having every answer (one run: as noisy as the grader);
+  same responses against their gold answers, alone, the first time it sees them (as each step's
+  responses are new): the part of a step's scoring measured here. A step's scoring also holds the
+  sampling policy's forward pass over the batch's tokens (the old log-probs and entropies), which
+  is not run here, so a step's real share is smaller;
 - ``share_of_scoring``: ``(handoff + trainer) / grading``: what the metrics add to the scoring as
   the trainer waits for it. The workers' CPU time is not in it: they run in their own processes
   while the grader runs; ``pool_cpu_share`` (``pool_cpu / grading``) is what they ask of a machine
@@ -123,7 +123,7 @@ def run() -> dict:
         t3 = time.perf_counter()
     finally:
         pool.close()
-    handoff_s, scoring_s = (t1 - t0) + (t3 - t2), t3 - t0
+    handoff_s = (t1 - t0) + (t3 - t2)
 
     # in the trainer
     threads = torch.get_num_threads()
@@ -149,7 +149,6 @@ def run() -> dict:
         "entropy_means_seconds": round(means_s, 4),
         "trainer_seconds": round(trainer_s, 4),
         "grading_seconds": round(grading_s, 4),
-        "scoring_seconds": round(scoring_s, 4),
         "share_of_scoring": round((handoff_s + trainer_s) / grading_s, 4),
         "pool_cpu_share": round(pool_cpu_s / grading_s, 4),
         "reflection_token_frac": round(token_out["reflection/token_frac"], 4),
