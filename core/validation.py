@@ -310,6 +310,7 @@ TRAIN = {
     "diagnostics.reflection.words": owned("trainers/stats/reflection.py (default, orz, oat_zero, or a list of words)"),
     "diagnostics.reflection.repetition_n": POS_INT,
     "diagnostics.reflection.entropy": BOOL,
+    "diagnostics.reflection.workers": NONNEG_INT,
     "val.prompts": NONNEG_INT,
     "val.temperature": NONNEG,
     "val.top_p": OPEN_PROB,

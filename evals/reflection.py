@@ -12,6 +12,9 @@ token pieces for the token positions); no torch, no I/O. Definitions: ``docs/lon
   turns the reflection metrics off.
 - ``repetition_score``: the share of a response's word n-grams that repeat an earlier one,
   ``1 - distinct / total`` (0 when it has fewer than ``n`` words).
+- ``response_facts``: what the step's metrics need of each response (its length, repetition score,
+  reflection spans), found once where its reward is computed (``rewards/text_facts.py``);
+  ``text_metrics`` adds them up over a step, and the trainer maps the spans onto tokens.
 """
 
 from __future__ import annotations
@@ -33,8 +36,11 @@ __all__ = [
     "resolve_words",
     "density",
     "repetition_score",
+    "ResponseFacts",
+    "response_facts",
     "reflection_block",
     "response_text_metrics",
+    "text_metrics",
     "token_offsets",
     "reflection_token_positions",
     "span_tokens",
@@ -94,12 +100,29 @@ def _pattern(word: str) -> str:
     return head + body + tail
 
 
+def _needles(heads: Sequence[str]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The strings to look for so that every place a word can start is found: each ``head`` (a
+    word's first part) that holds no other head, with the offsets at which it sits inside the heads
+    it stands for (``check`` finds ``recheck`` two characters earlier)."""
+    heads = sorted(set(heads))
+    minimal = [h for h in heads if not any(g != h and g in h for g in heads)]
+    out = []
+    for needle in minimal:
+        offsets = {m.start() for h in heads for m in re.finditer(f"(?={re.escape(needle)})", h)}
+        out.append((needle, tuple(sorted(offsets))))
+    return tuple(out)
+
+
 class ReflectionMatcher:
     """Finds the reflection words of ``words`` in a text (case-insensitive, on word boundaries).
 
-    Matching runs on the lower-cased text with a lower-cased pattern (several times faster than a
-    case-insensitive pattern); a text whose lower-casing changes its length (a few Unicode letters)
-    is matched case-insensitively instead, so spans always index the text as given."""
+    Matching runs on the lower-cased text with a lower-cased pattern. The pattern is tried only
+    where a word's first part occurs (``str.find``, in C), anchored there (``regex.match(low, pos)``,
+    which sees the character before ``pos`` for its word boundary), in order of position and
+    skipping what a match already covers: the leftmost, non-overlapping, longest-first matches of
+    ``regex.finditer``, without trying the pattern at every position. A text whose lower-casing
+    changes its length (a few Unicode letters) is matched case-insensitively instead, so spans
+    always index the text as given."""
 
     def __init__(self, words: Sequence[str]):
         self.words = tuple(words)
@@ -110,24 +133,37 @@ class ReflectionMatcher:
             alternation = f"(?=[{firsts}])(?:{alternation})"
         self.regex = re.compile(alternation) if ordered else None
         self._any_case = re.compile(alternation, re.IGNORECASE) if ordered else None
+        self._needles = _needles([w.lower().split()[0] for w in ordered])
 
     @property
     def enabled(self) -> bool:
         return self.regex is not None
 
-    def _finditer(self, text: str):
-        low = text.lower()
-        return self.regex.finditer(low) if len(low) == len(text) else self._any_case.finditer(text)
+    def spans_lower(self, text: str, low: str) -> list[tuple[int, int]]:
+        """``spans(text)`` given ``low = text.lower()`` (a caller that needs it too computes it once)."""
+        if self.regex is None:
+            return []
+        if len(low) != len(text):
+            return [m.span() for m in self._any_case.finditer(text)]
+        starts = set()
+        for needle, offsets in self._needles:
+            at = low.find(needle)
+            while at >= 0:
+                starts.update(at - o for o in offsets)
+                at = low.find(needle, at + 1)
+        out, end, match = [], 0, self.regex.match
+        for at in sorted(starts):
+            if at >= end and (m := match(low, at)) is not None:
+                out.append(m.span())
+                end = m.end()
+        return out
 
     def spans(self, text: str) -> list[tuple[int, int]]:
         """``[(start, end)]`` character spans of the matches, in order, non-overlapping."""
-        return [m.span() for m in self._finditer(text)] if self.regex is not None else []
+        return self.spans_lower(text, text.lower()) if self.regex is not None else []
 
     def count(self, text: str) -> int:
-        if self.regex is None:
-            return 0
-        low = text.lower()
-        return len(self.regex.findall(low) if len(low) == len(text) else self._any_case.findall(text))
+        return len(self.spans(text))
 
 
 @lru_cache(maxsize=16)
@@ -141,16 +177,97 @@ def density(count: int, tokens: int) -> float:
     return 1000.0 * count / tokens if tokens > 0 else 0.0
 
 
+_NGRAM_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplying by it mod 2**64 loses nothing
+
+
 def repetition_score(text: str, n: int = 4) -> float:
     """``1 - distinct / total`` over the word n-grams of ``text`` (lower-cased, split on whitespace):
     0 when no n-gram repeats, approaching 1 for a response looping on one phrase; 0 with fewer
-    than ``n`` words."""
-    words = text.lower().split()
+    than ``n`` words.
+
+    The n-grams are compared by a 64-bit hash (each word's ``hash``, combined in order by
+    multiplication with an odd constant mod 2**64) and counted distinct in one sort, with no tuple
+    of words built: two different n-grams count as one only if their hashes collide, a chance of
+    about ``total**2 / 2**65`` (under 10**-11 for a response of 10,000 words)."""
+    return _repetition_lower(text.lower(), n)
+
+
+def _repetition_lower(low: str, n: int) -> float:
+    words = low.split()
     total = len(words) - n + 1
     if total <= 0:
         return 0.0
-    distinct = len(set(zip(*(words[i:] for i in range(n)))))
+    h = np.fromiter(map(hash, words), dtype=np.int64, count=len(words)).view(np.uint64)
+    grams = h[:total].copy()
+    for i in range(1, n):  # Horner: ((h_0 * M + h_1) * M + h_2) ...
+        grams *= _NGRAM_MIX
+        grams += h[i : i + total]
+    grams.sort()
+    distinct = 1 + int(np.count_nonzero(grams[1:] != grams[:-1]))
     return 1.0 - distinct / total
+
+
+@dataclass(frozen=True)
+class ResponseFacts:
+    """What the text metrics need of each response of a batch, found once per response where its
+    reward is computed, row-aligned with the batch:
+
+    ``chars [N]``: the length of the text the spans index (the token mapping uses the spans only
+    where the response's token pieces add up to it); ``repetition [N]``: ``repetition_score``;
+    ``counts [N]``: reflection matches; ``spans [sum(counts), 2]``: their ``(start, end)`` character
+    spans, row after row (``row_spans``)."""
+
+    chars: np.ndarray
+    repetition: np.ndarray
+    counts: np.ndarray
+    spans: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    @property
+    def span_rows(self) -> np.ndarray:
+        """``[sum(counts)]``: the row of each span."""
+        return np.repeat(np.arange(len(self.counts)), self.counts)
+
+    def row_spans(self, row: int) -> list[tuple[int, int]]:
+        first = int(self.counts[:row].sum())
+        return [(int(a), int(b)) for a, b in self.spans[first : first + int(self.counts[row])]]
+
+    def select(self, rows: Sequence[int]) -> ResponseFacts:
+        """The facts of ``rows`` (in that order; a row may repeat)."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        firsts = np.concatenate([[0], np.cumsum(self.counts)])[:-1]
+        counts = self.counts[rows]
+        span_index = np.repeat(firsts[rows] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        return ResponseFacts(self.chars[rows], self.repetition[rows], counts, self.spans[span_index].reshape(-1, 2))
+
+    @staticmethod
+    def concat(parts: Sequence[ResponseFacts]) -> ResponseFacts:
+        if not parts:
+            return response_facts([], ReflectionMatcher(()))
+        return ResponseFacts(
+            *(np.concatenate([getattr(p, f) for p in parts]) for f in ("chars", "repetition", "counts", "spans"))
+        )
+
+
+def response_facts(texts: Sequence[str], matcher: ReflectionMatcher, n: int = 4) -> ResponseFacts:
+    """Each response's length, repetition score and reflection spans (``ResponseFacts``): all the
+    per-response text work of the step's metrics, one lower-casing per response."""
+    chars, repetition, counts, spans = [], [], [], []
+    for text in texts:
+        low = text.lower()
+        found = matcher.spans_lower(text, low)
+        chars.append(len(text))
+        repetition.append(_repetition_lower(low, n))
+        counts.append(len(found))
+        spans += found
+    return ResponseFacts(
+        np.array(chars, dtype=np.int64),
+        np.array(repetition, dtype=np.float64),
+        np.array(counts, dtype=np.int64),
+        np.array(spans, dtype=np.int64).reshape(-1, 2),
+    )
 
 
 def reflection_block(text: str, matcher: ReflectionMatcher, tokens: int | None = None) -> dict:
@@ -167,24 +284,31 @@ def response_text_metrics(
     texts: Sequence[str], lengths: Sequence[int], correct: Sequence[float], matcher: ReflectionMatcher, n: int = 4
 ) -> dict[str, float]:
     """A training step's text metrics over its responses (``lengths`` in tokens, ``correct`` the
-    verifier's verdict, > 0.5 counting as correct):
+    verifier's verdict, > 0.5 counting as correct): ``text_metrics`` of their ``response_facts``."""
+    return text_metrics(response_facts(texts, matcher, n), lengths, correct, reflection=matcher.enabled)
+
+
+def text_metrics(facts: ResponseFacts, lengths: Sequence[int], correct: Sequence[float], reflection: bool) -> dict[str, float]:
+    """A training step's text metrics from its responses' ``facts`` (``lengths`` in tokens,
+    ``correct`` the verifier's verdict, > 0.5 counting as correct):
 
     ``response_length/correct/mean`` and ``/incorrect/mean`` (left out when no response is one),
-    ``repetition/score/mean``; with a word list also ``reflection/count/mean``, ``reflection/density``
-    (``1000 * sum(count) / sum(tokens)``), ``reflection/frac`` (share of responses with a match) and
-    ``reflection/frac/correct``, ``/incorrect`` (the same share among those responses)."""
+    ``repetition/score/mean``; with ``reflection`` (a word list is set) also ``reflection/count/mean``,
+    ``reflection/density`` (``1000 * sum(count) / sum(tokens)``), ``reflection/frac`` (share of
+    responses with a match) and ``reflection/frac/correct``, ``/incorrect`` (the same share among
+    those responses)."""
     out: dict[str, float] = {}
-    if not texts:
+    if not len(facts):
         return out
     right = [float(c) > 0.5 for c in correct]
     for name, pick in (("correct", True), ("incorrect", False)):
         chosen = [int(L) for L, r in zip(lengths, right) if r == pick]
         if chosen:
             out[f"response_length/{name}/mean"] = sum(chosen) / len(chosen)
-    out["repetition/score/mean"] = sum(repetition_score(t, n) for t in texts) / len(texts)
-    if not matcher.enabled:
+    out["repetition/score/mean"] = sum(facts.repetition.tolist()) / len(facts)
+    if not reflection:
         return out
-    counts = [matcher.count(t) for t in texts]
+    counts = facts.counts.tolist()
     out["reflection/count/mean"] = sum(counts) / len(counts)
     out["reflection/density"] = density(sum(counts), sum(int(L) for L in lengths))
     out["reflection/frac"] = sum(c > 0 for c in counts) / len(counts)

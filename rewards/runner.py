@@ -24,10 +24,12 @@ from typing import Callable, Sequence
 
 from ..conf import to_plain
 from ..core.errors import UserError
+from ..evals.reflection import ResponseFacts
 from .builtin import BUILTIN_REWARDS
 from .calls import Outcome, WorkerPool, call_in_child, run_call
 from .http import check_reachable, post_rewards
 from .refs import builtin_name, resolve_user
+from .text_facts import TextFactsPool, TextFactsSpec
 
 #: Keywords every reward function receives besides the problem fields (which never shadow them).
 RESERVED = ("prompts", "responses", "group", "problems", "source")
@@ -49,13 +51,15 @@ class RewardEntry:
 
 @dataclass
 class ScoredBatch:
-    """One scored batch: ``total`` (the reward), ``correct`` (the verifier's verdict), and per
-    entry its values and ``{reason: responses}`` given the fallback."""
+    """One scored batch: ``total`` (the reward), ``correct`` (the verifier's verdict), per entry its
+    values and ``{reason: responses}`` given the fallback, and ``facts`` (each response's text
+    facts, ``evals.reflection.ResponseFacts``) when ``score`` was asked for them."""
 
     total: list[float]
     correct: list[float]
     components: dict[str, list[float]] = field(default_factory=dict)
     fallbacks: dict[str, dict[str, int]] = field(default_factory=dict)
+    facts: ResponseFacts | None = None
 
 
 def problem_fields(problems: Sequence) -> dict[str, list]:
@@ -99,6 +103,7 @@ class RewardRunner:
         if cfg.get("url"):
             raw.append({"url": cfg["url"], "weight": 1.0})
         self.entries = [self._entry(i, e) for i, e in enumerate(raw)]
+        self.text_pool: TextFactsPool | None = None  # the responses' text facts, beside the reward
         for i, e in enumerate(self.entries):  # a metric name part: reward/<name>/mean
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", e.name):
                 raise UserError(
@@ -182,8 +187,35 @@ class RewardRunner:
             )
         return out
 
-    def score(self, problems: Sequence, prompts: Sequence[str], responses: Sequence[str], group: Sequence[int]) -> ScoredBatch:
-        """Rewards of ``responses`` (one per response; ``problems[i]`` / ``prompts[i]`` its problem)."""
+    def start_text_facts(self, spec: TextFactsSpec) -> TextFactsPool:
+        """The pool that finds ``spec``'s text facts, its processes started (once)."""
+        if self.text_pool is None or self.text_pool.workers != spec.workers:
+            if self.text_pool is not None:
+                self.text_pool.close()
+            self.text_pool = TextFactsPool(spec.workers, log=self.log)
+        self.text_pool.start()
+        return self.text_pool
+
+    def score(
+        self,
+        problems: Sequence,
+        prompts: Sequence[str],
+        responses: Sequence[str],
+        group: Sequence[int],
+        text: TextFactsSpec | None = None,
+    ) -> ScoredBatch:
+        """Rewards of ``responses`` (one per response; ``problems[i]`` / ``prompts[i]`` its problem).
+        With ``text``, also each response's text facts (``ScoredBatch.facts``), found in the text
+        pool's processes while the reward runs."""
+        pending = self.start_text_facts(text).submit(responses, text) if text is not None else None
+        try:
+            batch = self._score(problems, prompts, responses, group)
+        finally:  # collected even when the reward fails: the workers' answers must not stay in their sockets
+            facts = pending.result() if pending is not None else None
+        batch.facts = facts
+        return batch
+
+    def _score(self, problems: Sequence, prompts: Sequence[str], responses: Sequence[str], group: Sequence[int]) -> ScoredBatch:
         n = len(responses)
         if not self.entries:
             verdict = self._verifier(problems, responses)
@@ -213,6 +245,9 @@ class RewardRunner:
         for e in self.entries:
             if e.pool is not None:
                 e.pool.kill()
+        if self.text_pool is not None:
+            self.text_pool.close()
+            self.text_pool = None
 
 
 def reward_metrics(batches: Sequence[ScoredBatch]) -> dict[str, float]:

@@ -7,13 +7,14 @@ sampling) keep generating until the batch has enough groups with a learning sign
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 import numpy as np
 import torch
 
 from ..core.seeds import group_seed, rank_seed, rollout_seed
-from ..evals.reflection import response_text_metrics
+from ..evals.reflection import ResponseFacts, text_metrics
 from ..rewards import build_reward_runner, reward_metrics
 from ..rollout.base import Rollout, cat_rollouts
 from .algos.step_batch import StepBatch
@@ -46,16 +47,20 @@ def collect_rollouts(
     its share. Returns ``(batch, metrics)``: a ``StepBatch`` of the responses with their
     ``rewards [B]``, ``correct [B]`` and ``group_ids [B]``, None when nothing was kept.
     ``reward_runner``: the run's ``rewards.RewardRunner`` (None: the source's verifier alone, as
-    ``reward.functions: []``).
+    ``reward.functions: []``). The runner also finds each response's text facts (reflection words,
+    repetition: ``diagnostics.reflection``) while the reward runs; the batch carries them
+    (``StepBatch.facts``) and the step's text metrics are added up from them.
     """
-    if reward_runner is None:
-        reward_runner = build_reward_runner(None, source)
+    reflect = reflection_settings(cfg)
+    text = reflect.text_facts
+    if reward_runner is None:  # a runner for this call alone: no worker process to start and leave behind
+        reward_runner, text = build_reward_runner(None, source), dataclasses.replace(text, workers=0)
     t, n = cfg.trainer, int(cfg.rollout.n)
     want = int(t.prompts_per_step) // dist.world_size  # this rank's share of the prompts
     max_batches = algo.max_num_gen_batches if algo.dynamic_sampling else 1
-    kept: list[tuple[Rollout, torch.Tensor, torch.Tensor]] = []
+    kept: list[tuple[Rollout, torch.Tensor, torch.Tensor, torch.Tensor, ResponseFacts]] = []
     n_kept, all_correct, all_rewards, all_len, all_trunc, per_group = 0, [], [], [], [], defaultdict(list)
-    unique_frac, attempts, scored, texts, with_tools = [], 0, [], [], []
+    unique_frac, attempts, scored, with_tools = [], 0, [], []
     tools_cfg = cfg.get("tools")
     for attempt in range(max_batches):
         attempts += 1
@@ -78,6 +83,7 @@ def collect_rollouts(
             [prompt_texts[i // n] for i in range(len(roll.texts))],
             roll.texts,
             group_ids.tolist(),
+            text=text,
         )
         scored.append(batch)
         correct = torch.tensor(batch.correct, dtype=torch.float32)  # the verifier's verdict: acc/*
@@ -90,13 +96,13 @@ def collect_rollouts(
             )
         all_correct.append(correct), all_rewards.append(shaped)
         all_len.append(roll.lengths.float()), all_trunc.append(roll.truncated.float())
-        texts += roll.texts
         for i, p in enumerate(problems):
             per_group[source.group(p)].append(correct[i * n : (i + 1) * n].mean().item())
             unique_frac.append(len(set(roll.texts[i * n : (i + 1) * n])) / n)
         keep = algo.keep_groups(shaped, group_ids)
         if keep.any():
-            kept.append((roll.select(keep), shaped[keep], correct[keep], group_ids[keep]))
+            facts = batch.facts.select(keep.nonzero()[:, 0].cpu().numpy())
+            kept.append((roll.select(keep), shaped[keep], correct[keep], group_ids[keep], facts))
             n_kept += int(keep.sum()) // n
         if int(distributed.min_across(n_kept, dist)) >= want:  # every rank has its share
             break
@@ -111,11 +117,9 @@ def collect_rollouts(
         **reward_metrics(scored),  # reward/<name>/mean, reward/<name>/fallback/<reason>
     }
     # long chain-of-thought text metrics of every generated response (diagnostics.reflection)
-    reflect = reflection_settings(cfg)
+    generated = ResponseFacts.concat([b.facts for b in scored])
     metrics.update(
-        response_text_metrics(
-            texts, torch.cat(all_len).long().tolist(), torch.cat(all_correct).tolist(), reflect.matcher, reflect.repetition_n
-        )
+        text_metrics(generated, torch.cat(all_len).long().tolist(), torch.cat(all_correct).tolist(), reflect.matcher.enabled)
     )
     if with_tools:  # tools/turns/mean, tools/calls/mean, tools/error_frac, tokens/kind/<kind>
         every = cat_rollouts(with_tools, pad_token_id)
@@ -126,5 +130,6 @@ def collect_rollouts(
         return None, metrics
     roll = cat_rollouts([k[0] for k in kept], pad_token_id)
     rewards, correct, group_ids = (torch.cat([k[i] for k in kept]) for i in (1, 2, 3))
+    facts = ResponseFacts.concat([k[4] for k in kept])
     metrics["dynamic_sampling/kept_frac"] = n_kept / (attempts * want)
-    return StepBatch(roll, rewards, correct, group_ids)[torch.arange(rows)], metrics
+    return StepBatch(roll, rewards, correct, group_ids, facts=facts)[torch.arange(rows)], metrics

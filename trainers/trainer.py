@@ -167,6 +167,8 @@ class GRPOTrainer:
         # trainer.staleness >= 1: the batches come from a rollout worker process (async_rollout.py),
         # started at the first step from the (restored) weights; 0: collected here, in turn with training
         self.async_rollouts = AsyncRollouts(cfg, staleness, self.dist) if staleness > 0 else None
+        if self.async_rollouts is None:  # the text-metrics workers start while the rest is set up (rewards/text_facts.py)
+            self.rewards.start_text_facts(self.reflect.text_facts)
 
     def _stats_kwargs(self) -> dict:
         return dict(self.settings.stats)
@@ -319,7 +321,9 @@ class GRPOTrainer:
             metrics.update(token_kind_metrics(entropy, mask, roll.tools))
         metrics["groups/all_equal_frac"] = all_equal_group_share(rewards, group_ids)
         if self.reflect.token_metrics:  # entropy where reasoning turns (diagnostics.reflection.entropy)
-            at, before = reflection_token_masks(roll.response_ids, roll.response_mask, self.token_pieces, self.reflect.matcher)
+            at, before = reflection_token_masks(
+                roll.response_ids, roll.response_mask, self.token_pieces, self.reflect.matcher, facts=batch.facts
+            )
             metrics.update(reflection_entropy_metrics(entropy, old_logp, mask, at, before, advantages))
         metrics.update(self.algo.step_metrics())
         batch = batch.with_(
@@ -335,7 +339,11 @@ class GRPOTrainer:
         mask = batch.mask.detach().cpu()
         ent = (batch.entropy.detach().cpu() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
         prompts = [self.tokenizer.decode(roll.prompt_ids[i][roll.prompt_mask[i].bool()], skip_special_tokens=True) for i in rows]
-        counts = [self.reflect.matcher.count(roll.texts[i]) for i in rows] if self.reflect.matcher.enabled else None
+        counts = None
+        if self.reflect.matcher.enabled:  # found beside the reward (batch.facts), else here for these few rows
+            counts = [
+                int(batch.facts.counts[i]) if batch.facts is not None else self.reflect.matcher.count(roll.texts[i]) for i in rows
+            ]
         table = run_samples.sample_rows(
             self.step + 1,
             prompts,

@@ -29,6 +29,8 @@ def test_a_batch_from_components_alone(in_tmp):
     assert len(roll.texts) == rewards.shape[0] == correct.shape[0] == 12
     assert group_ids.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
     assert set(correct.tolist()) <= {0.0, 1.0} and 0.0 <= metrics["acc/mean"] <= 1.0
+    # each response's text facts, found beside its reward, carried row by row
+    assert batch.facts.chars.tolist() == [len(t) for t in roll.texts] and "repetition/score/mean" in metrics
     again = collect_rollouts(
         cfg, source=source, rollout=engine, algo=algo, dist=dist, pad_token_id=tokenizer.pad_token_id, step=0
     )

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from entropyrl.conf import compose
+from entropyrl.evals.reflection import WORD_LISTS, ReflectionMatcher, response_facts
 from entropyrl.rollout.base import Rollout
 from entropyrl.trainers.algos.algorithm import Algorithm
 from entropyrl.trainers.algos.step_batch import StepBatch
@@ -30,7 +31,7 @@ def make_step_batch(B=6, T=5, seed=0, with_optional=True) -> StepBatch:
         prompt_mask=torch.ones(B, 3, dtype=torch.long),
         response_ids=torch.arange(B * T).view(B, T),
         response_mask=mask.long(),
-        texts=[f"r{i}" for i in range(B)],
+        texts=[f"r{i}" + " wait" * i for i in range(B)],
         truncated=torch.zeros(B, dtype=torch.bool),
         sampling_logp=torch.randn(B, T, generator=g) if with_optional else None,
     )
@@ -47,6 +48,7 @@ def make_step_batch(B=6, T=5, seed=0, with_optional=True) -> StepBatch:
         ref_logp=-rnd().abs() if with_optional else None,
         advantages=rnd() * mask,
         selections={"stare/l_plus": rnd() > 0},
+        facts=response_facts(roll.texts, ReflectionMatcher(WORD_LISTS["orz"])) if with_optional else None,
     )
 
 
@@ -60,7 +62,7 @@ def test_slicing_takes_the_same_rows_of_every_field(with_optional):
     micro_idx = torch.tensor([2, 3])
     micro = batch[mini_idx][micro_idx]
     rows = mini_idx[micro_idx]  # [5, 0]: what the micro-batch must hold
-    assert len(micro) == 2 and micro.responses.texts == ["r5", "r0"]
+    assert len(micro) == 2 and micro.responses.texts == [batch.responses.texts[5], batch.responses.texts[0]]
     for name in ROW_FIELDS:
         whole, part = getattr(batch, name), getattr(micro, name)
         if whole is None:
@@ -70,6 +72,10 @@ def test_slicing_takes_the_same_rows_of_every_field(with_optional):
     assert torch.equal(micro.responses.response_ids, batch.responses.response_ids[rows])
     assert torch.equal(micro.selections["stare/l_plus"], batch.selections["stare/l_plus"][rows])
     assert set(micro.selections) == set(batch.selections)
+    if with_optional:  # the text facts follow their rows: 5 and 0 "wait"s
+        assert micro.facts.counts.tolist() == [5, 0] and micro.facts.chars.tolist() == [len(t) for t in micro.responses.texts]
+    else:
+        assert micro.facts is None
     with pytest.raises(TypeError):
         batch[torch.ones(len(batch), dtype=torch.bool)]
 

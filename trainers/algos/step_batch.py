@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...evals.reflection import ResponseFacts
 from ...rollout.base import Rollout
 
 __all__ = ["StepBatch"]
@@ -42,6 +43,8 @@ class StepBatch:
     advantages:   [B, T] token-level advantages (0 on masked tokens)
     selections:   ``{"<intervention>/<what>": [B, T]}`` token selections made on the whole batch
                   or a mini-batch (``Algorithm.select``), read back by their intervention's loss
+    facts:        each response's text facts (reflection-word spans, repetition), found beside its
+                  reward (``evals.reflection.ResponseFacts``), or None
     """
 
     responses: Rollout
@@ -55,6 +58,7 @@ class StepBatch:
     ref_logp: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     selections: dict[str, torch.Tensor] = field(default_factory=dict)
+    facts: ResponseFacts | None = None
 
     def __len__(self) -> int:
         return len(self.responses.texts)
@@ -75,6 +79,7 @@ class StepBatch:
             ref_logp=_rows(self.ref_logp, idx),
             advantages=_rows(self.advantages, idx),
             selections={k: v[idx] for k, v in self.selections.items()},
+            facts=None if self.facts is None else self.facts.select(idx.cpu().numpy()),
         )
 
     def with_(self, **changes) -> StepBatch:

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from ...conf import to_plain
-from ...evals.reflection import ReflectionMatcher, TokenPieces, matcher_for, resolve_words, span_tokens
+from ...evals.reflection import ReflectionMatcher, ResponseFacts, TokenPieces, matcher_for, resolve_words
+from ...rewards.text_facts import TextFactsSpec
 from .diagnostics import QUADRANTS, quadrant_ids
 
 __all__ = ["ReflectionSettings", "reflection_settings", "reflection_token_masks", "reflection_entropy_metrics"]
@@ -22,15 +23,22 @@ __all__ = ["ReflectionSettings", "reflection_settings", "reflection_token_masks"
 @dataclass(frozen=True)
 class ReflectionSettings:
     """``diagnostics.reflection`` of a training config: the matcher (disabled for an empty word
-    list), the n of the repetition score, and whether the words are mapped onto tokens."""
+    list), the n of the repetition score, whether the words are mapped onto tokens, and how many
+    processes find each response's text facts beside its reward."""
 
     matcher: ReflectionMatcher
     repetition_n: int = 4
     entropy: bool = True
+    workers: int = 1
 
     @property
     def token_metrics(self) -> bool:
         return self.matcher.enabled and self.entropy
+
+    @property
+    def text_facts(self) -> TextFactsSpec:
+        """What ``RewardRunner.score`` finds in each response for these settings."""
+        return TextFactsSpec(self.matcher, self.repetition_n, self.workers)
 
 
 def reflection_settings(cfg) -> ReflectionSettings:
@@ -38,44 +46,89 @@ def reflection_settings(cfg) -> ReflectionSettings:
     ``UserError`` for a word list that is neither a known name nor a list of words."""
     section = to_plain(cfg.get("diagnostics", {}).get("reflection", None) if hasattr(cfg, "get") else None) or {}
     words = resolve_words(section.get("words", "default"))
-    return ReflectionSettings(matcher_for(words), int(section.get("repetition_n", 4) or 4), bool(section.get("entropy", True)))
+    return ReflectionSettings(
+        matcher_for(words),
+        int(section.get("repetition_n", 4) or 4),
+        bool(section.get("entropy", True)),
+        int(section.get("workers", 1) or 0),
+    )
+
+
+def _span_arrays(facts: ResponseFacts | None, redo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows [S], spans [S, 2])`` of ``facts`` less those of the rows in ``redo``."""
+    if facts is None:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, 2), dtype=np.int64)
+    rows, spans = facts.span_rows, facts.spans
+    if len(redo):
+        kept = ~np.isin(rows, redo)
+        rows, spans = rows[kept], spans[kept]
+    return rows, spans
 
 
 def reflection_token_masks(
-    response_ids: torch.Tensor, mask: torch.Tensor, pieces: TokenPieces, matcher: ReflectionMatcher
+    response_ids: torch.Tensor,
+    mask: torch.Tensor,
+    pieces: TokenPieces,
+    matcher: ReflectionMatcher,
+    facts: ResponseFacts | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(at [B, R], before [B, R])`` bool: ``at`` the valid tokens overlapping a reflection word,
     ``before`` the valid token just before the first token of each (none for a word that opens the
-    response). ``pieces``: token ids -> their text (``evals.reflection.TokenPieces``)."""
-    at_rows: list[int] = []
-    at_cols: list[int] = []
-    before_rows: list[int] = []
-    before_cols: list[int] = []
-    lengths = mask.sum(-1).long().tolist()
+    response). ``pieces``: token ids -> their text (``evals.reflection.TokenPieces``).
+
+    ``facts``: the rows' ``ResponseFacts``, whose spans were found in the decoded texts where the
+    reward was computed: they are mapped onto the tokens as they are, with no matching here (one
+    running sum of the tokens' text lengths and one binary search for the whole batch). A row whose
+    valid tokens' texts do not add up to the length of the text its spans index (a tokenizer's
+    decode that cleaned the text up, a character split over several tokens) is matched on its
+    joined pieces instead, as every row is without ``facts``: positions never come from another text."""
     ids = response_ids.cpu().numpy()
-    text_of, length_of = pieces.tables(ids)
-    for b in range(ids.shape[0]):
-        row = ids[b, : lengths[b]]
-        spans = matcher.spans("".join(text_of[row]))
-        if not spans:
-            continue
-        hits, firsts = span_tokens(np.cumsum(length_of[row]), spans)
-        at_rows += [b] * len(hits)
-        at_cols += hits
-        starts = [f - 1 for f in firsts if f > 0]
-        before_rows += [b] * len(starts)
-        before_cols += starts
-    at = torch.zeros(response_ids.shape, dtype=torch.bool)
-    before = torch.zeros(response_ids.shape, dtype=torch.bool)
-    at[at_rows, at_cols] = True
-    before[before_rows, before_cols] = True
-    valid = mask.bool().cpu()
-    return at & valid, before & valid
+    rows, width = ids.shape
+    if facts is not None and len(facts) != rows:
+        raise ValueError(f"reflection_token_masks: facts of {len(facts)} responses for a batch of {rows}")
+    valid = mask.detach().cpu().reshape(-1)
+    valid = (valid.float() if valid.dtype == torch.bfloat16 else valid).numpy() != 0  # numpy has no bfloat16
+    at, before = np.zeros(rows * width, dtype=bool), np.zeros(rows * width, dtype=bool)
+    if rows and width:
+        lengths = np.count_nonzero(valid.reshape(rows, width), axis=1)  # the response's tokens come first, then padding
+        text_of, length_of = pieces.tables(ids)
+        ends = np.cumsum(np.take(length_of.astype(np.int32), ids), axis=1, dtype=np.int32)  # where each token's text ends
+        chars = np.where(lengths > 0, ends[np.arange(rows), np.maximum(lengths - 1, 0)], 0)
+        whole = ends[:, -1].astype(np.int64)  # padding included: rows chained on these stay in order
+        base = np.cumsum(whole) - whole  # where row b starts on one rising line over the whole batch
+        kind = np.int32 if base[-1] + whole[-1] < 2**31 else np.int64
+        flat = ends.astype(kind, copy=False)
+        flat += base[:, None].astype(kind)
+        flat = flat.ravel()
+        redo = np.arange(rows) if facts is None else np.flatnonzero(facts.chars != chars)
+        span_rows, spans = _span_arrays(facts, redo)
+        found = [(b, a, z) for b in redo.tolist() for a, z in matcher.spans("".join(text_of[ids[b, : lengths[b]]]))]
+        if found:
+            extra = np.array(found, dtype=np.int64)
+            span_rows, spans = np.concatenate([span_rows, extra[:, 0]]), np.concatenate([spans, extra[:, 1:]])
+        if len(span_rows):
+            first = span_rows * width
+            lo = np.searchsorted(flat, (base[span_rows] + spans[:, 0]).astype(kind), side="right")  # holds the first character
+            hi = np.searchsorted(flat, (base[span_rows] + spans[:, 1]).astype(kind), side="left")  # ... the last one
+            hi = np.minimum(hi, first + np.maximum(lengths[span_rows] - 1, 0))
+            size = hi - lo + 1
+            covered = np.repeat(lo - (np.cumsum(size) - size), size) + np.arange(int(size.sum()))
+            opening = lo[lo > first] - 1  # the token before each word (none for a word that opens its response)
+            at[covered[valid[covered]]] = True  # valid tokens only
+            before[opening[valid[opening]]] = True
+    shape = response_ids.shape
+    return torch.from_numpy(at).view(shape), torch.from_numpy(before).view(shape)
 
 
-def _masked_mean(values: torch.Tensor, where: torch.Tensor) -> float:
-    n = int(where.sum())
-    return float(torch.where(where, values, 0).sum()) / n if n else float("nan")
+def _valid_positions(where: torch.Tensor, valid_flat: torch.Tensor) -> torch.Tensor:
+    """Flat indices, on ``valid_flat``'s device, of the tokens set in ``where`` (few: the reflection
+    words' tokens) that ``valid_flat`` keeps; found on the CPU, where ``reflection_token_masks``
+    builds them."""
+    idx = np.flatnonzero(where.detach().cpu().numpy())
+    if valid_flat.device.type == "cpu":
+        return torch.from_numpy(idx[valid_flat.numpy()[idx]])
+    idx = torch.from_numpy(idx).to(valid_flat.device)
+    return idx[valid_flat[idx]]
 
 
 def reflection_entropy_metrics(
@@ -97,28 +150,37 @@ def reflection_entropy_metrics(
     ``reflection/quadrant/q1`` .. ``q4``, the share of reflection tokens in each of the four
     quadrants (``diagnostics.quadrant_ids``; a token with a zero advantage is in none). A mean
     over no token is nan."""
-    ent, surprisal = entropy.detach(), -logp.detach()  # on their device: scalars come back
+    ent, lp = entropy.detach(), logp.detach()  # on their device: scalars come back
     valid = mask.detach().bool()
-    at, before = at.to(valid.device) & valid, before.to(valid.device) & valid
+    valid_flat, ent_flat, lp_flat = valid.flatten(), ent.flatten(), lp.flatten()
+    n_valid = int(torch.count_nonzero(valid))
+    at_idx, before_idx = _valid_positions(at, valid_flat), _valid_positions(before, valid_flat)
+    nan = float("nan")
+
+    def mean(values: torch.Tensor, idx: torch.Tensor) -> float:
+        return float(values[idx].sum()) / len(idx) if len(idx) else nan
+
     out = {
-        "reflection/entropy_at": _masked_mean(ent, at),
-        "reflection/entropy_before": _masked_mean(ent, before),
-        "reflection/entropy_all": _masked_mean(ent, valid),
-        "reflection/surprisal_at": _masked_mean(surprisal, at),
-        "reflection/surprisal_before": _masked_mean(surprisal, before),
-        "reflection/surprisal_all": _masked_mean(surprisal, valid),
-        "reflection/token_frac": float(at.sum()) / max(int(valid.sum()), 1),
+        "reflection/entropy_at": mean(ent_flat, at_idx),
+        "reflection/entropy_before": mean(ent_flat, before_idx),
+        "reflection/entropy_all": float(torch.where(valid, ent, 0).sum()) / n_valid if n_valid else nan,
+        "reflection/surprisal_at": -mean(lp_flat, at_idx),
+        "reflection/surprisal_before": -mean(lp_flat, before_idx),
+        "reflection/surprisal_all": -float(torch.where(valid, lp, 0).sum()) / n_valid if n_valid else nan,
+        "reflection/token_frac": len(at_idx) / max(n_valid, 1),
     }
     if advantages is not None:
-        adv = advantages.detach().double()
-        per_row = (adv * valid).sum(-1) if adv.dim() == 2 else adv
-        reflects = at.any(-1)
+        adv = advantages.detach()
+        per_row = torch.where(valid, adv, 0).sum(-1, dtype=torch.float64) if adv.dim() == 2 else adv.double()
+        width = at.shape[-1]
+        reflects = torch.zeros(at.shape[0], dtype=torch.bool, device=at_idx.device)
+        reflects[at_idx // width] = True
         for name, rows in (("adv_pos", per_row > 0), ("adv_neg", per_row < 0)):
             n = int(rows.sum())
-            out[f"reflection/frac/{name}"] = float(reflects[rows].sum()) / n if n else float("nan")
-        token_adv = adv if adv.dim() == 2 else adv[:, None].expand(at.shape)
-        quadrant = quadrant_ids(logp.detach()[at], ent[at], token_adv[at], valid[at])  # the reflection tokens only
-        n_at = int(at.sum())
+            out[f"reflection/frac/{name}"] = float(reflects[rows].sum()) / n if n else nan
+        token_adv = adv.flatten()[at_idx] if adv.dim() == 2 else adv[at_idx // width]
+        quadrant = quadrant_ids(lp_flat[at_idx], ent_flat[at_idx], token_adv, torch.ones_like(at_idx, dtype=torch.bool))
+        n_at = len(at_idx)
         for k, name in enumerate(QUADRANTS, start=1):
-            out[f"reflection/quadrant/{name}"] = float((quadrant == k).sum()) / n_at if n_at else float("nan")
+            out[f"reflection/quadrant/{name}"] = float((quadrant == k).sum()) / n_at if n_at else nan
     return out
