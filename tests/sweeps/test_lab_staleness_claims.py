@@ -265,9 +265,7 @@ def _fake_sweep(tmp_path, with_step: bool):
             )
             (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
             (d / "job.json").write_text(json.dumps({"state": "done", "started": 100.0 + seed, "ended": 160.0 + seed}))
-            jobs.append(
-                {"key": f"{variant}/s{seed}", "variant": variant, "seed": seed, "overrides": [], "output_dir": str(d)}
-            )
+            jobs.append({"key": f"{variant}/s{seed}", "variant": variant, "seed": seed, "overrides": [], "output_dir": str(d)})
     ablation = {"name": "staleness", **({"report_step": "lab_staleness"} if with_step else {})}
     sweep = {
         "sweep_id": "staleness-test",
