@@ -5,6 +5,7 @@
     entropyrl lab --algos all                            # also the newer methods (ce_gppo, gspo, ...)
     entropyrl lab --experiment quadrants --seeds 0       # only the quadrant sign experiment
     entropyrl lab --experiment tools                     # the tool study: grpo, stare, steer with a code interpreter
+    entropyrl lab --experiment staleness --jobs 1        # the staleness study: 17 variants (k, corrections, methods)
     entropyrl lab trainer.total_steps=40                 # overrides apply to every run
 
 The lab is the ablation ``conf/ablation/lab.yaml`` run by the sweep machinery, exactly like
@@ -20,6 +21,13 @@ rebuilds them from the files.
 ``experiment=lab_tool_<name>`` on ``data=tool_countdown tools=code_interpreter``, no quadrant
 experiment) with its own report step (sweeps/lab/tool_step.py: the tool claims and the figure of
 entropy by token kind and turn); ``--algos`` names its variants.
+
+``--experiment staleness`` is the staleness study, the ablation ``conf/ablation/staleness.yaml``
+(``<method>_k<k>[_<correction>]``: GRPO at k = 0, 1, 2, 4 and with each correction at k = 2, STARE,
+Clip-Cov and STEER synchronous and stale, STARE's gate on the behaviour policy's entropy; no quadrant
+experiment) with its own report step (sweeps/lab/staleness_step.py: the staleness claims, entropy per
+method and k, the clipped share by entropy quarter against k). A job at k >= 1 runs a rollout worker
+process beside its trainer, so ``--jobs 1`` is two processes.
 """
 
 from __future__ import annotations
@@ -33,11 +41,18 @@ import typer
 from ..conf import compose
 from ..core.errors import UserError
 
-EXPERIMENTS = ("all", "claims", "quadrants", "tools")
+EXPERIMENTS = ("all", "claims", "quadrants", "tools", "staleness")
 QUADRANTS = "quadrants"  # the lab ablation's quadrant-experiment variant
 TOOLS = "tools"  # --experiment tools: the tool study, its own ablation
-ABLATIONS = {TOOLS: "lab_tools"}  # --experiment -> the ablation it runs (the others: lab)
-BASE_PRESETS = {"lab": "experiment=lab_grpo", "lab_tools": "experiment=lab_tool_grpo"}  # builds the warm-started model
+STALENESS = "staleness"  # --experiment staleness: the staleness study, its own ablation
+ABLATIONS = {TOOLS: "lab_tools", STALENESS: "staleness"}  # --experiment -> the ablation it runs (the others: lab)
+BASE_PRESETS = {  # builds the warm-started model
+    "lab": "experiment=lab_grpo",
+    "lab_tools": "experiment=lab_tool_grpo",
+    "staleness": "experiment=lab_grpo",
+}
+DEFAULT_OUT = {"lab": "outputs/lab", "lab_tools": "outputs/lab_tools", "staleness": "outputs/lab_staleness"}
+VARIANT_KIND = {"lab": "lab variant", "lab_tools": "tool-study variant", "staleness": "staleness-study variant"}
 
 
 def _parse_seeds(text: str) -> list[int]:
@@ -54,8 +69,9 @@ def lab_sweep_overrides(
     variants: list[str], seeds: list[int], out: Path, jobs: int, quadrant_batches: int, ablation: str = "lab"
 ) -> list[str]:
     """The ``entropyrl sweep`` overrides that make the lab: the lab ablation (or the tool study's,
-    ``lab_tools``), its variants and seeds, the folder, the local launcher at ``jobs`` in parallel
-    with one torch thread each, MLflow experiment ``lab`` (``lab_tools``)."""
+    ``lab_tools``, or the staleness study's, ``staleness``), its variants and seeds, the folder, the
+    local launcher at ``jobs`` in parallel with one torch thread each, MLflow experiment named as
+    the ablation."""
     return [
         f"ablation={ablation}",
         f"variants=[{','.join(variants)}]",
@@ -78,6 +94,12 @@ def register(app: typer.Typer) -> None:
         "--experiment tools: the tool study instead (ablation=lab_tools: grpo, stare, steer on data=tool_countdown "
         "tools=code_interpreter; claims: GRPO collapses under tool use, STARE holds its band, entropy of text, code "
         "and post-tool tokens; figure lab-tools-entropy-kind.png). "
+        "--experiment staleness: the staleness study (ablation=staleness: GRPO at k=0,1,2,4 and with the tis "
+        "corrections at k=2, STARE at k=0,2,4 with the decoupled correction and the gate on the behaviour policy, "
+        "Clip-Cov and STEER at k=0,2; claims: stale GRPO collapses, high-entropy tokens clipped first, the largest k "
+        "where STARE holds its band, corrections lower the clipped share, Clip-Cov and STEER against GRPO; figures "
+        "lab-staleness-entropy.png and lab-staleness-clip-quarters.png; --jobs 1 on a small machine: each stale "
+        "job is two processes). "
         "Extra key=value overrides apply to every run.",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )
@@ -86,18 +108,22 @@ def register(app: typer.Typer) -> None:
         algos: str = typer.Option(
             "default",
             help="comma-separated lab variants (experiment=lab_<name>; with --experiment tools: "
-            "experiment=lab_tool_<name>), 'default' (the ablation's default_variants) or 'all' (every training variant)",
+            "experiment=lab_tool_<name>; with --experiment staleness: <method>_k<k>[_<correction>], e.g. "
+            "grpo_k0,grpo_k2,grpo_k2_m2po), 'default' (the ablation's default_variants) or 'all' (every training variant)",
         ),
         seeds: str = typer.Option("0,1,2", help="comma-separated training seeds"),
         experiment: str = typer.Option(
             "all",
             help="all | claims (training runs) | quadrants (sign experiment only) | tools (the tool study: "
-            "ablation=lab_tools, default out outputs/lab_tools)",
+            "ablation=lab_tools, default out outputs/lab_tools) | staleness (the staleness study: ablation=staleness, "
+            "default out outputs/lab_staleness)",
         ),
         quadrant_batches: int = typer.Option(20, help="batches of the quadrant sign experiment (per seed)"),
         jobs: int = typer.Option(2, help="runs in parallel (one torch thread each)"),
         out: Optional[Path] = typer.Option(
-            None, help="folder for the runs, the report and the figures (default outputs/lab; tools: outputs/lab_tools)"
+            None,
+            help="folder for the runs, the report and the figures (default outputs/lab; tools: outputs/lab_tools; "
+            "staleness: outputs/lab_staleness)",
         ),
         fresh: bool = typer.Option(False, help="retrain runs that already finished in --out"),
         resume: bool = typer.Option(
@@ -130,10 +156,9 @@ def register(app: typer.Typer) -> None:
         names = [a.strip() for a in algos.split(",") if a.strip()] if experiment != "quadrants" else []
         unknown = [n for n in names if n not in valid]
         if unknown:
-            which = "tool-study variant" if experiment == TOOLS else "lab variant"
-            raise UserError(f"unknown {which} '{unknown[0]}'; valid: {', '.join(valid)}")
+            raise UserError(f"unknown {VARIANT_KIND[ablation]} '{unknown[0]}'; valid: {', '.join(valid)}")
         seed_list = _parse_seeds(seeds)
-        out = (out or Path("outputs/lab_tools" if experiment == TOOLS else "outputs/lab")).resolve()
+        out = (out or Path(DEFAULT_OUT[ablation])).resolve()
         if resume and not sweep_file(out).exists():
             raise UserError(f"--resume: {out} holds no lab (no sweep.json); drop --resume to start one there")
         variants = ([QUADRANTS] if experiment in ("all", "quadrants") else []) + names

@@ -159,10 +159,16 @@ def register(app: typer.Typer) -> None:
             "its <!-- report:begin --> and <!-- report:end --> "
             "lines (e.g. docs/lab.md), figures beside it",
         ),
+        step: Optional[str] = typer.Option(
+            None,
+            "--step",
+            help="run this report step (e.g. lab_staleness) instead of the one the sweep's ablation names: "
+            "for a sweep started before its ablation named one",
+        ),
     ) -> None:
         from ..sweeps.report import build_report, publish_report
 
-        rep = build_report(sweep_dir, log_mlflow=mlflow, log=lambda m: typer.echo(m, err=True))
+        rep = build_report(sweep_dir, log_mlflow=mlflow, log=lambda m: typer.echo(m, err=True), report_step=step)
         c = rep["counts"]
         typer.echo(
             f"report: {rep['report']} ({c['done']} done, {c['failed']} failed, "

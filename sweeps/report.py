@@ -171,8 +171,12 @@ def acted_cell(values: dict[str, float]) -> str:
     return "; ".join(f"{k} {v:.2f}" for k, v in values.items()) or "-"
 
 
-def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str], None] = print) -> dict:
+def build_report(
+    sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str], None] = print, report_step: str | None = None
+) -> dict:
     """(Re)build the report of ``sweep_dir`` from its jobs' files; log it to the parent run.
+    ``report_step``: the report step to run instead of the one ``sweep.json``'s ablation names (a
+    sweep started before its ablation named one).
 
     Returns ``{"report": path, "plots": [...], "variants": {...}, "jobs": [...], "counts": {...}}``.
     """
@@ -290,7 +294,7 @@ def build_report(sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str
         comp_rows.append(row)
     _write_csv(sweep_dir / "comparison.csv", comp_rows, list(comp_rows[0]) if comp_rows else ["variant"])
 
-    step_name = sweep.get("ablation", {}).get("report_step")
+    step_name = report_step or sweep.get("ablation", {}).get("report_step")
     step = None
     if step_name:
         if str(step_name) not in REPORT_STEPS:

@@ -172,11 +172,15 @@ def _intervention_text(m: list[dict]) -> str:
     return text
 
 
-def explain_claims(claims: list[dict], runs: dict[str, dict[int, list[dict]]]) -> list[dict]:
+def explain_claims(
+    claims: list[dict], runs: dict[str, dict[int, list[dict]]], claim_variants: dict[str, tuple[str, ...]] | None = None
+) -> list[dict]:
     """``claims`` with an ``attribution`` entry (``{variant: {seed: sentence}}`` and a short
-    ``attribution_text``) where the runs they are about measured it; the others unchanged."""
+    ``attribution_text``) where the runs they are about measured it; the others unchanged.
+    ``claim_variants``: another study's claim ids and the variants that explain each, looked up
+    before ``CLAIM_VARIANTS`` (the staleness study's, ``staleness_claims.CLAIM_VARIANTS``)."""
     for c in claims:
-        variants = CLAIM_VARIANTS.get(c["id"])
+        variants = (claim_variants or {}).get(c["id"]) or CLAIM_VARIANTS.get(c["id"])
         if variants is None and c["id"].endswith("_keeps_entropy"):
             variants = (c["id"][: -len("_keeps_entropy")],)
         per = {}

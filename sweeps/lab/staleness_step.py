@@ -1,0 +1,319 @@
+"""The staleness study's report step (``ablation.report_step: lab_staleness``, ``entropyrl lab
+--experiment staleness``), after the sweep's report over a sweep of ``conf/ablation/staleness.yaml``.
+
+It reads the finished training runs like the lab's step (``sweep_step.collect_lab_runs``), computes
+the staleness claims (``staleness_claims.staleness_claims``), explains them with the runs'
+attribution (``explain.explain_claims``) and writes into the sweep folder ``report.md``, ``lab.json``
+(the claims, the lab's variant table and ``staleness_table``: per variant and seed the entropy, the
+clipped shares, the final pass@k, the gate and the lag), the lab's mean + band figures and two of its
+own: entropy over steps with one panel per method and one line per staleness (and a panel of each
+method's corrections or options at their k beside the uncorrected run), and the clipped share of
+each entropy quarter against k. ``entropyrl report DIR`` runs it again from the files (``--step
+lab_staleness`` for a sweep started before its ablation named the step).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ...conf import compose  # noqa: E402
+from ..aggregate import seed_band  # noqa: E402
+from ..state import FAILED  # noqa: E402
+from .explain import explain_claims  # noqa: E402
+from .report import _save_small, write_lab_outputs  # noqa: E402
+from .staleness_claims import (  # noqa: E402
+    CLAIM_VARIANTS,
+    QUARTER_KEYS,
+    parse_variant,
+    staleness_claims,
+    staleness_table,
+    step_mean,
+)
+from .sweep_step import _wall_seconds, collect_lab_runs  # noqa: E402
+
+__all__ = [
+    "lab_staleness_report_step",
+    "entropy_groups",
+    "plot_entropy_groups",
+    "plot_clip_quarters",
+    "clip_quarters",
+    "ENTROPY_FIGURE",
+    "CLIP_FIGURE",
+]
+
+ENTROPY_FIGURE = "lab-staleness-entropy.png"
+CLIP_FIGURE = "lab-staleness-clip-quarters.png"
+_NAMES = {"grpo": "GRPO", "stare": "STARE", "clip_cov": "Clip-Cov", "steer": "STEER"}
+
+
+def _method_name(method: str) -> str:
+    return _NAMES.get(method, method)
+
+
+def entropy_groups(variants: list[str]) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The entropy figure's panels, ``[(title, [(variant, line label), ...]), ...]``: per method (in
+    the order the variants come) its staleness axis, the variants without a correction by k; then, where
+    the method ran corrections or options, one panel per k of those beside the uncorrected run at that k.
+    Names that are not ``<method>_k<k>[_<tag>]`` share one last panel."""
+    parsed = {v: parse_variant(v) for v in variants}
+    methods = list(dict.fromkeys(p[0] for p in parsed.values() if p))
+    panels = []
+    for m in methods:
+        plain = sorted((p[1], v) for v, p in parsed.items() if p and p[0] == m and not p[2])
+        if plain:
+            panels.append((f"{_method_name(m)} by staleness k", [(v, f"k={k}") for k, v in plain]))
+        tagged_ks = sorted({p[1] for p in parsed.values() if p and p[0] == m and p[2]})
+        for k in tagged_ks:
+            base = [(v, "none") for kk, v in plain if kk == k]
+            tagged = [(v, p[2]) for v, p in parsed.items() if p and p[0] == m and p[1] == k and p[2]]
+            panels.append((f"{_method_name(m)} at k={k}: corrections and options", base + tagged))
+    other = [(v, v) for v, p in parsed.items() if p is None]
+    if other:
+        panels.append(("other variants", other))
+    return panels
+
+
+def plot_entropy_groups(runs: dict[str, dict[int, list[dict]]], path: Path, h_tgt: float | None = None) -> Path | None:
+    """One panel per ``entropy_groups`` entry: each variant's entropy over steps, mean over seeds with
+    the min-max band, and ``h_tgt`` (STARE's set point) as a dashed line; None when no run logged
+    entropy."""
+    panels = []
+    for title, lines in entropy_groups(list(runs)):
+        bands = [(label, b) for v, label in lines if (b := seed_band((runs.get(v) or {}).values(), "entropy")) is not None]
+        if bands:
+            panels.append((title, bands))
+    if not panels:
+        return None
+    cols = min(len(panels), 2)
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.2 * rows), squeeze=False, sharey=True)
+    for ax, (title, bands) in zip(axes.flat, panels):
+        for i, (label, b) in enumerate(bands):
+            (line,) = ax.plot(
+                b["steps"],
+                b["mean"],
+                lw=1.5,
+                color=f"C{i}",
+                label=f"{label} (n={b['seeds']})",
+                marker="o" if len(b["steps"]) < 12 else None,
+                ms=3,
+            )
+            ax.fill_between(b["steps"], b["lo"], b["hi"], color=line.get_color(), alpha=0.15, lw=0)
+        if h_tgt is not None:
+            ax.axhline(h_tgt, color="0.4", ls="--", lw=1, label=f"h_tgt {h_tgt:g}")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("entropy (nats/token)")
+    fig.suptitle("entropy under staleness: mean over seeds, band = min-max", fontsize=10)
+    fig.tight_layout()
+    _save_small(fig, Path(path))
+    plt.close(fig)
+    return Path(path)
+
+
+def clip_quarters(runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int, dict[str, list[float]]]]:
+    """``{method: {k: {quarter key: [per seed mean over steps]}}}`` of the variants without a
+    correction; quarters no seed logged are left out."""
+    out: dict[str, dict[int, dict[str, list[float]]]] = {}
+    for v, by_seed in runs.items():
+        p = parse_variant(v)
+        if p is None or p[2]:
+            continue
+        per_key = {}
+        for key in QUARTER_KEYS:
+            vals = [m for rows in by_seed.values() if math.isfinite(m := step_mean(rows, key))]
+            if vals:
+                per_key[key] = vals
+        if per_key:
+            out.setdefault(p[0], {})[p[1]] = per_key
+    return out
+
+
+def plot_clip_quarters(runs: dict[str, dict[int, list[dict]]], path: Path) -> Path | None:
+    """One panel per method: the clipped share of each entropy quarter (``clip/frac/entropy_q1`` ..
+    ``_q4``, mean over steps) against the staleness k, mean over seeds with the min-max as error bars;
+    None when no run logged the quarters."""
+    data = clip_quarters(runs)
+    if not data:
+        return None
+    cols = min(len(data), 2)
+    rows = math.ceil(len(data) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.0 * cols, 3.2 * rows), squeeze=False, sharey=True)
+    for ax, (method, by_k) in zip(axes.flat, data.items()):
+        ks = sorted(by_k)
+        for i, key in enumerate(QUARTER_KEYS):
+            pts = [(k, by_k[k][key]) for k in ks if key in by_k[k]]
+            if not pts:
+                continue
+            x = np.array([k for k, _ in pts], dtype=float)
+            mean = np.array([np.mean(v) for _, v in pts])
+            lo, hi = np.array([min(v) for _, v in pts]), np.array([max(v) for _, v in pts])
+            ax.errorbar(
+                x, mean, yerr=[mean - lo, hi - mean], marker="o", ms=4, lw=1.4, capsize=3, color=f"C{i}", label=f"q{i + 1}"
+            )
+        ax.set_xticks(ks)
+        ax.set_title(f"{_method_name(method)}", fontsize=10)
+        ax.set_xlabel("staleness k")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, title="entropy quarter", title_fontsize=7)
+    for ax in list(axes.flat)[len(data) :]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("clipped share (mean over steps)")
+    fig.suptitle("clipped tokens by entropy quarter (q1 lowest, q4 highest): mean over seeds, bars = min-max", fontsize=10)
+    fig.tight_layout()
+    _save_small(fig, Path(path))
+    plt.close(fig)
+    return Path(path)
+
+
+def _cell(vals: list[float], digits: int = 3) -> str:
+    """Mean ± std over the seeds' finite values; the value alone for one seed; ``-`` for none."""
+    vals = [float(v) for v in vals if v is not None and math.isfinite(v)]
+    if not vals:
+        return "-"
+    if len(vals) == 1:
+        return f"{vals[0]:.{digits}f}"
+    return f"{np.mean(vals):.{digits}f} ± {np.std(vals):.{digits}f}"
+
+
+def _below_cell(steps: list[int | None]) -> str:
+    crossed = [s for s in steps if s is not None]
+    if not crossed:
+        return "never"
+    cell = _cell(crossed, 1)
+    return cell if len(crossed) == len(steps) else f"{cell} ({len(crossed)} of {len(steps)} seeds)"
+
+
+def _table_md(table: list[dict], h_tgt: float, pass_key: str) -> list[str]:
+    label = pass_key.split("/")[-1].replace("pass_at_", "pass@")
+    lines = [
+        "## Variants under staleness (mean ± std over seeds)",
+        "",
+        f"Entropy last tenth: the last tenth of the steps; first step below h_tgt ({h_tgt:g}): mean over the seeds "
+        "that went below (how many, when not all); clip/frac and its bottom (q1) and top (q4) entropy quarters, "
+        f"STARE's gate open share (`stare/gate_on`) and the lag (`async/staleness/mean`): means over steps; {label} "
+        "and accuracy: the last validation.",
+        "",
+        f"| variant | k | correction / option | seeds | entropy last tenth | first step below h_tgt | clip/frac | "
+        f"clip q1 | clip q4 | final {label} | final val acc | gate open | mean lag |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for t in table:
+        lines.append(
+            f"| {t['variant']} | {'-' if t['k'] is None else t['k']} | {t['tag'] or 'none'} | "
+            f"{','.join(map(str, t['seeds']))} | {_cell(t['entropy_last_tenth'])} | {_below_cell(t['first_step_below'])} | "
+            f"{_cell(t['clip_frac'], 4)} | {_cell(t['clip_q1'], 4)} | {_cell(t['clip_q4'], 4)} | {_cell(t['pass'])} | "
+            f"{_cell(t['val_acc'])} | {_cell(t['gate_open'], 2)} | {_cell(t['staleness_mean'], 2)} |"
+        )
+    return [*lines, ""]
+
+
+def _figures_md(entropy: bool, clip: bool) -> list[str]:
+    lines = ["## Entropy by method and staleness", ""]
+    lines += (
+        [
+            f"![entropy by method and staleness]({ENTROPY_FIGURE})",
+            "",
+            "One panel per method with a line per staleness k, and one per method and k with its corrections or "
+            "options beside the run without (`none`); the dashed line is STARE's h_tgt.",
+            "",
+        ]
+        if entropy
+        else ["(no run logged entropy)", ""]
+    )
+    lines += ["## Clipped share by entropy quarter", ""]
+    lines += (
+        [
+            f"![clipped share by entropy quarter against k]({CLIP_FIGURE})",
+            "",
+            "Stale samples' ratios leave the clip range on high-entropy tokens first (M2PO): the q4 line above "
+            "the q1 line, rising with k, is that observation.",
+            "",
+        ]
+        if clip
+        else ["(no run logged clip/frac/entropy_q*)", ""]
+    )
+    return lines
+
+
+def _h_tgt(configs: dict[str, dict], every_job: list[str]) -> float:
+    """STARE's h_tgt from a STARE run's saved config, else from the lab preset with the sweep's overrides."""
+    for v, cfg in configs.items():
+        p = parse_variant(v)
+        h = (((cfg or {}).get("algo") or {}).get("stare") or {}).get("h_tgt")
+        if p and p[0] == "stare" and h is not None:
+            return float(h)
+    return float(compose("train", ["experiment=lab_stare", *every_job]).algo.stare.h_tgt)
+
+
+def _pass_key(configs: dict[str, dict], every_job: list[str]) -> str:
+    """``val/pass_at_<k>`` as metrics.jsonl names it (core/tracking.py), from a saved config or the preset."""
+    for cfg in configs.values():
+        k = ((cfg or {}).get("val") or {}).get("pass_k")
+        if k is not None:
+            return f"val/pass_at_{int(k)}"
+    return f"val/pass_at_{int(compose('train', ['experiment=lab_grpo', *every_job]).val.pass_k)}"
+
+
+def lab_staleness_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[[str], None] = print) -> dict:
+    """The staleness claims, ``lab.json``, ``report.md`` and the figures in ``sweep_dir``; returns
+    ``{"paths", "claims", "metrics": {"claims/<id>": 1.0 | 0.0}}``."""
+    runs, _quadrants, configs = collect_lab_runs(sweep, statuses)
+    every_job = list(sweep.get("train_overrides") or [])
+    algo_cfgs = {v: c.get("algo", {}) for v, c in configs.items()}
+    h_tgt = _h_tgt(configs, every_job)
+    pass_key = _pass_key(configs, every_job)
+    claims = staleness_claims(runs, h_tgt=h_tgt, algo_cfgs=algo_cfgs, pass_key=pass_key)
+    claims = explain_claims(claims, runs, claim_variants=CLAIM_VARIANTS)  # why entropy moved, from the attribution
+    table = staleness_table(runs, h_tgt=h_tgt, pass_key=pass_key)
+    out = Path(sweep_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    entropy_fig = plot_entropy_groups(runs, out / ENTROPY_FIGURE, h_tgt)
+    clip_fig = plot_clip_quarters(runs, out / CLIP_FIGURE)
+    failed = [st.key for st in statuses if st.state == FAILED]
+    command = sweep.get("command") or " ".join(["entropyrl sweep", "ablation=staleness", *every_job])
+    paths = write_lab_outputs(
+        out,
+        runs,
+        claims,
+        algo_cfgs=algo_cfgs,
+        quadrants=None,
+        pass_key=pass_key,
+        command=command,
+        wall_seconds=_wall_seconds(statuses),
+        failed=failed,
+        title="entropyrl lab report: staleness",
+        sections=[*_figures_md(entropy_fig is not None, clip_fig is not None), *_table_md(table, h_tgt, pass_key)],
+        extra={
+            "staleness_table": table,
+            "h_tgt": h_tgt,
+            "entropy_panels": [{"title": t, "variants": [v for v, _ in lines]} for t, lines in entropy_groups(list(runs))],
+        },
+    )
+    if entropy_fig is not None:
+        paths["staleness_entropy"] = entropy_fig
+    if clip_fig is not None:
+        paths["staleness_clip_quarters"] = clip_fig
+    log(
+        f"lab staleness report: {paths['report.md']} ({sum(c['reproduced'] is True for c in claims)} of "
+        f"{sum(c['reproduced'] is not None for c in claims)} claims run reproduced)"
+    )
+    return {
+        "paths": paths,
+        "claims": claims,
+        "metrics": {f"claims/{c['id']}": float(c["reproduced"]) for c in claims if c["reproduced"] is not None},
+    }
