@@ -470,6 +470,10 @@ def _log_to_parent(sweep: dict, sweep_dir: Path, result: dict, log: Callable[[st
             status = "FAILED" if counts[FAILED] else "FINISHED"
             store.finish(run_id, status=status)
             log(f"report logged to MLflow parent run {run_id} ({status}) at {tr['uri']}")
+            log(
+                f"compare the variants in MLflow: experiment {tr.get('experiment')}, chart view, "
+                f"'Group by' -> tag 'variant' (one curve per variant, the seeds averaged)"
+            )
         else:
             store.reopen(run_id)
     except Exception as exc:  # noqa: BLE001 - the files are written; MLflow is best effort here
