@@ -438,7 +438,8 @@ def record_mismatch(record: dict, step: int, staleness: int, world_size: int) ->
     if int(record["staleness"]) != int(staleness):
         return f"drawn at trainer.staleness={record['staleness']}, this run has trainer.staleness={staleness}"
     if int(record["world_size"]) != int(world_size):
-        return f"drawn by {record['world_size']} trainer ranks, this run has {world_size}"
+        ranks = int(record["world_size"])
+        return f"drawn by {ranks} trainer rank{'s' if ranks != 1 else ''}, this run has {world_size}"
     if int(record["step"]) != int(step):
         return f"drawn at step {record['step']}, the checkpoint is at step {step}"
     return None
