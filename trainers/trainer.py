@@ -223,10 +223,8 @@ class GRPOTrainer:
         if note is not None:
             self.log(note)
         elif pending:
-            self.log(
-                f"the {len(pending)} batch{'es' if len(pending) > 1 else ''} the rollout worker had drawn ahead "
-                f"(steps {self.step + 1}-{self.step + len(pending)}) come from the checkpoint"
-            )
+            steps = f"step {self.step + 1}" if len(pending) == 1 else f"steps {self.step + 1}-{self.step + len(pending)}"
+            self.log(f"the batches the rollout worker had drawn ahead ({steps}) come from the checkpoint")
 
     def save(self) -> Path | None:
         # Under FSDP every rank takes part in gathering the full state; rank 0 writes it, with every

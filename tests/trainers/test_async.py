@@ -26,6 +26,7 @@ from entropyrl.trainers.algos.step_batch import StepBatch
 from entropyrl.trainers.async_rollout import (
     AsyncRollouts,
     StaleBatch,
+    WorkerFailed,
     async_step_metrics,
     check_async,
     record_mismatch,
@@ -200,6 +201,17 @@ def test_pending_batches_that_do_not_continue_the_run_are_not_used():
     assert note.startswith("not using the batches") and "(pending_batches_rank0.pt cannot be read (EOFError))" in note
     assert rollouts.pending == []
     assert rollouts.restore(record, step=2) is None and rollouts.pending == record["batches"]
+
+
+def test_a_worker_failing_while_a_checkpoint_waits_leaves_its_batches_out_and_ends_the_run_later():
+    rollouts = AsyncRollouts(compose("train", ["tracking.enabled=false", "trainer.staleness=2"]), staleness=2)
+    rollouts.process = _Started()
+    rollouts.queue = _ListQueue([_item(4, 2, rows=2), WorkerFailed(5, "RuntimeError: out of memory")])
+    assert rollouts.checkpoint_record(step=4) is None  # the checkpoint is written without them
+    batch, _metrics = rollouts.next_batch(None, step=4)  # the batch that was ready is still trained
+    assert len(batch) == 2
+    with pytest.raises(UserError, match="failed while producing step 6's batch: RuntimeError: out of memory"):
+        rollouts.next_batch(None, step=5)
 
 
 def test_changing_the_staleness_on_resume_is_refused_by_the_config_check():
