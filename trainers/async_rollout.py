@@ -35,8 +35,16 @@ A worker that raises sends its error and exits; one that dies (killed, out of me
 within a second; both end the run with one ``error:`` line (``UserError``). The trainer owns
 shutdown: ``close`` stops the worker; the worker ignores SIGINT and SIGTERM (a Ctrl-C or a
 scheduler's signal to the process group reaches the trainer, which stops at a step boundary as
-usual) and exits when its parent is gone. On resume the queue
-is not restored: the worker starts again from the restored weights and step.
+usual) and exits when its parent is gone.
+
+Checkpoints and resume: at every checkpoint the trainer takes from its worker the batches of the
+next ``k`` steps (``drain``: they exist or are being generated, from weights the checkpoint's
+step already covers, so the worker finishes them without a new version) into its own buffer,
+``pending``, which the run trains first, in order, as it would have from the queue; the
+checkpoint keeps them (``checkpoint_record``). A resumed run takes them back (``restore``), trains
+them with the versions they were stamped with, and starts its worker at the first step after them
+from the restored weights (the checkpoint's version), behind the same gate: the batches and
+versions of the run that did not stop, since each step's generation is seeded by its step.
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ from .stats.policy_stats import batch_token_stats, masked_mean
 
 __all__ = [
     "AsyncRollouts",
+    "record_mismatch",
     "StaleBatch",
     "WeightChannel",
     "too_stale",
@@ -105,12 +114,14 @@ class WorkerFailed:
 
 
 class WeightChannel:
-    """The trainer's weights in shared memory, with the version they are at (training steps).
-    ``state``: whole tensors by name (``distributed.full_weights`` of the policy)."""
+    """The trainer's weights in shared memory, with the version they are at (training steps), and
+    the version the worker last loaded (-1: none yet). ``state``: whole tensors by name
+    (``distributed.full_weights`` of the policy)."""
 
     def __init__(self, state: dict[str, torch.Tensor], version: int, ctx):
         self.tensors = {k: v.detach().to("cpu", copy=True).share_memory_() for k, v in state.items()}
         self.version = ctx.Value("q", int(version))
+        self.loaded = ctx.Value("q", -1)
         self.lock = ctx.Lock()
 
     def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
@@ -124,6 +135,7 @@ class WeightChannel:
         """Copy the published weights into ``model`` (the worker); returns their version."""
         with self.lock:
             model.load_state_dict(self.tensors)
+            self.loaded.value = int(self.version.value)
             return int(self.version.value)
 
 
@@ -228,9 +240,15 @@ class AsyncRollouts:
         self.rollout_gpus = int(cfg.trainer.get("rollout_gpus", 0) or 0)
         self.process = None
         self.weights: WeightChannel | None = None
+        # batches taken from the worker ahead of the steps that train them (drain, restore): trained first
+        self.pending: list[StaleBatch] = []
+        self.failure: UserError | None = None  # the worker's error met while draining: raised when its batch is due
 
     def start(self, model: torch.nn.Module, step: int) -> None:
-        """Start the worker from ``model``'s weights at ``step`` (0, or the resumed step)."""
+        """Start the worker from ``model``'s weights, published as version ``step`` (0, or the
+        resumed step); it generates from the first step after the pending batches, behind the
+        staleness gate."""
+        first_step = self.pending[-1].step + 1 if self.pending else step
         self.weights = WeightChannel(distributed.full_weights(model), step, self.ctx)
         env: dict[str, str | None] = {}  # the worker's environment where it differs from this process's
         if self.rollout_gpus:
@@ -242,7 +260,7 @@ class AsyncRollouts:
         self.stop = self.ctx.Event()
         self.process = self.ctx.Process(
             target=self.worker,
-            args=(self.cfg_yaml, self.weights, self.queue, self.stop, int(step), self.staleness),
+            args=(self.cfg_yaml, self.weights, self.queue, self.stop, int(first_step), self.staleness),
             name="entropyrl-rollout-worker",
             # vLLM starts its engine in a process of its own, which a daemonic process may not have;
             # close() stops the worker either way (and the worker stops when its parent is gone)
@@ -250,6 +268,18 @@ class AsyncRollouts:
         )
         with _environment(env):
             self.process.start()  # a spawned process takes the environment of the moment it starts
+        if self.pending:  # the stopped run's worker held this version while the trainer trained them
+            self._wait_until_loaded(step, first_step)
+
+    def _wait_until_loaded(self, version: int, first_step: int) -> None:
+        """Block until the worker has loaded weights ``version``. A restarted worker takes seconds to
+        build its model; meanwhile the trainer would train the pending batches and publish newer
+        weights, and the worker's first batch would come from those instead of the version the
+        uninterrupted run's worker generated it from (the gate's, when generation keeps up)."""
+        while self.weights.loaded.value < version:
+            if not self.process.is_alive():  # its error, sent before it exited, or that it is gone
+                self._receive(first_step)
+            time.sleep(0.01)
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
         """The weights after training step ``version`` (the worker loads them before its next batch)."""
@@ -259,12 +289,13 @@ class AsyncRollouts:
     def next_batch(self, model: torch.nn.Module, step: int) -> tuple[StepBatch | None, dict]:
         """Step ``step``'s batch (``collect_rollouts``' pair) with the ``async/*`` metrics of its
         provenance: its version lag, the samples dropped as too stale, the worker's idle share and
-        the behaviour policy's entropy. Starts the worker on the first call."""
+        the behaviour policy's entropy. A pending batch comes first, else the worker's next. Starts
+        the worker on the first call."""
         if self.process is None:
             self.start(model, step)
         dropped = 0
         while True:
-            item = self._receive(step)
+            item = self._take(step)
             if not too_stale(item.version, step, self.staleness):
                 break
             batch = item.collected[0]
@@ -294,6 +325,65 @@ class AsyncRollouts:
         elif batch is not None:
             metrics["async/entropy_behaviour"] = item.behaviour_entropy
         return batch, metrics
+
+    def drain(self, step: int) -> list[StaleBatch] | None:
+        """Take the batches of the next ``k`` steps into ``pending`` (the trainer at version
+        ``step``), waiting for those the worker is still generating: their gate is open, so it
+        finishes them from weights this version already covers. The run trains them next, in order,
+        as it would have from the queue. Returns ``pending``; None when the worker failed meanwhile
+        (its error is raised when the step that needs its batch comes)."""
+        if self.process is not None and self.failure is None:
+            try:
+                while len(self.pending) < self.staleness:
+                    self.pending.append(self._receive(step + len(self.pending)))
+            except UserError as exc:
+                self.failure = exc
+        return None if self.failure is not None else list(self.pending)
+
+    def checkpoint_record(self, step: int) -> dict | None:
+        """What a checkpoint at ``step`` keeps of this rank's worker: the pending batches after
+        ``drain`` (on the CPU: tensors, metrics, version stamps, behaviour entropy and idle/cycle
+        times as the worker sent them), with the step, staleness and ranks they continue; None when
+        the worker failed while draining."""
+        batches = self.drain(step)
+        if batches is None:
+            return None
+        return {
+            "step": int(step),
+            "staleness": self.staleness,
+            "world_size": int(self.dist.world_size),
+            "rank": int(self.dist.rank),
+            "batches": [_on_cpu(batch) for batch in batches],
+        }
+
+    def restore(self, record: dict | None, step: int, problem: str | None = None) -> str | None:
+        """Take the pending batches a checkpoint at ``step`` recorded for this rank
+        (``checkpoint_record``, None: no record) when every rank's record continues this run; the
+        worker then starts after them. Returns the line to log when they are not used: none were
+        recorded (a synchronous run's checkpoint, or one from before they were kept), or why one
+        rank's record does not fit (``problem``: its file could not be read). Every rank must call it."""
+        if problem is None and record is not None:
+            problem = record_mismatch(record, step, self.staleness, int(self.dist.world_size))
+        elif problem is None:
+            problem = "none recorded"
+        problems = distributed.all_gather_objects(problem, self.dist)
+        if all(p is None for p in problems):
+            self.pending = list(record["batches"])
+            return None
+        fresh = "the first batches after the resume are generated fresh from the restored weights"
+        if all(p == "none recorded" for p in problems):
+            return f"the checkpoint holds no batches drawn ahead by the rollout worker (saved before they were kept): {fresh}"
+        rank, why = next((r, p) for r, p in enumerate(problems) if p is not None)
+        where = f"rank {rank}: " if len(problems) > 1 else ""
+        return f"not using the batches the rollout worker had drawn ahead at the checkpoint ({where}{why}): {fresh}"
+
+    def _take(self, step: int) -> StaleBatch:
+        """The next batch in step order: the first pending one, else the worker's next."""
+        if self.pending:
+            return self.pending.pop(0)
+        if self.failure is not None:
+            raise self.failure
+        return self._receive(step)
 
     def _receive(self, step: int) -> StaleBatch:
         while True:
@@ -338,6 +428,37 @@ class AsyncRollouts:
         self.process.join(timeout=5.0)
         self.queue.cancel_join_thread()
         self.process = None
+
+
+def record_mismatch(record: dict, step: int, staleness: int, world_size: int) -> str | None:
+    """Why the pending batches a checkpoint recorded (``AsyncRollouts.checkpoint_record``) cannot
+    continue a run at ``step`` with ``staleness`` and ``world_size`` trainer ranks (None: they can):
+    they were drawn at another staleness (another gate, another number of batches ahead), by
+    another number of ranks (each rank's batch is its share of the step), or at another step."""
+    if int(record["staleness"]) != int(staleness):
+        return f"drawn at trainer.staleness={record['staleness']}, this run has trainer.staleness={staleness}"
+    if int(record["world_size"]) != int(world_size):
+        ranks = int(record["world_size"])
+        return f"drawn by {ranks} trainer rank{'s' if ranks != 1 else ''}, this run has {world_size}"
+    if int(record["step"]) != int(step):
+        return f"drawn at step {record['step']}, the checkpoint is at step {step}"
+    return None
+
+
+def _on_cpu(value):
+    """``value`` with every tensor in it (dataclass fields, dicts, lists, tuples) copied to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        moved = {f.name: _on_cpu(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **moved)
+    if isinstance(value, dict):
+        return {key: _on_cpu(item) for key, item in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(_on_cpu(item) for item in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(item) for item in value)
+    return value
 
 
 def staleness_counts(lag: int, rows: int, staleness: int) -> list[float]:

@@ -22,7 +22,9 @@ mini- and micro-batch; the loss returns what it computed, and the diagnostics th
 gradients (``diagnostics.quadrants``, ``diagnostics.attribution``) are explicit steps around it.
 
 ``train(cfg)`` resumes from the latest checkpoint in ``output_dir`` when there is one
-(``trainer.resume=auto``), continuing the step count and the same MLflow run.
+(``trainer.resume=auto``), continuing the step count and the same MLflow run. Under staleness a
+checkpoint also keeps the batches each rank drew from its worker for the next steps, so a resumed
+run trains the batches the uninterrupted one would (``async_rollout.py``, ``drain``).
 """
 
 from __future__ import annotations
@@ -204,10 +206,30 @@ class GRPOTrainer:
         ckpt.set_rng_state(state["rng"])
         self.step = int(state["step"])
         self.log(f"resumed from {latest} (step {self.step})")
+        if self.async_rollouts is not None:
+            self._restore_pending(latest)
         return self.step
 
+    def _restore_pending(self, checkpoint: Path) -> None:
+        """The batches this rank drew from its rollout worker ahead of the checkpoint's step: trained
+        first, with the versions they were stamped with; the new worker starts after them."""
+        record, problem = None, None
+        try:
+            record = ckpt.load_pending_batches(checkpoint, self.dist.rank)
+        except Exception as exc:  # noqa: BLE001 - a file that does not read: the run goes on without it
+            problem = f"{ckpt.pending_batches_name(self.dist.rank)} cannot be read ({type(exc).__name__})"
+        note = self.async_rollouts.restore(record, self.step, problem=problem)
+        pending = self.async_rollouts.pending
+        if note is not None:
+            self.log(note)
+        elif pending:
+            steps = f"step {self.step + 1}" if len(pending) == 1 else f"steps {self.step + 1}-{self.step + len(pending)}"
+            self.log(f"the batches the rollout worker had drawn ahead ({steps}) come from the checkpoint")
+
     def save(self) -> Path | None:
-        # Under FSDP every rank takes part in gathering the full state; rank 0 writes it.
+        # Under FSDP every rank takes part in gathering the full state; rank 0 writes it, with every
+        # rank's batches drawn ahead of the next steps under staleness.
+        pending = self._pending_records()
         model, optimizer = distributed.checkpoint_views(self.model, self.optimizer, self.dist)
         path = None
         if self.dist.is_main:
@@ -224,9 +246,28 @@ class GRPOTrainer:
                 keep=self.settings.keep_checkpoints,
                 export=export,
                 config_text=self.settings.config_yaml,
+                objects=pending,
             )
         distributed.barrier(self.dist)
         return path
+
+    def _pending_records(self) -> dict[str, dict]:
+        """``{file name: record}`` of every rank's pending batches (``AsyncRollouts.checkpoint_record``:
+        the batches of the next ``k`` steps, waited for), on rank 0; empty on the other ranks, at
+        staleness 0, and when a worker failed before its batches were ready (the checkpoint is then
+        written without them: a resume generates those steps' batches afresh)."""
+        if self.async_rollouts is None:
+            return {}
+        records = distributed.gather_objects_to_main(self.async_rollouts.checkpoint_record(self.step), self.dist)
+        if records is None:
+            return {}
+        if any(record is None for record in records):
+            self.log(
+                f"warning: a rollout worker failed before the batches it had started were ready; checkpoint "
+                f"step {self.step} is written without them (a resume generates them afresh)"
+            )
+            return {}
+        return {ckpt.pending_batches_name(rank): record for rank, record in enumerate(records)}
 
     # -- rollouts ---------------------------------------------------------------------------
     def collect(self) -> tuple[StepBatch | None, dict]:

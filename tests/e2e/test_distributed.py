@@ -294,35 +294,63 @@ def _synchronous_first_step(overrides: list[str]) -> dict[str, float]:
     return {k: (per_rank[0][k] + per_rank[1][k]) / 2 for k in ("acc/mean", "reward/mean", "response_length/mean")}
 
 
+# the metrics a resumed step must repeat; the async/ ones say it trained the same batches on every rank
+EXACT_ASYNC_METRICS = ("entropy", "loss/policy", "reward/mean", "acc/mean", "async/staleness/max", "async/entropy_behaviour")
+
+
 @pytest.mark.slow
 def test_two_trainer_ranks_with_a_rollout_worker_each(in_tmp):
     """``trainer.staleness=1`` under torchrun with 2 FSDP ranks (gloo): every rank starts a worker,
     the workers form their own group and each generates its rank's share, so step 1 (from the
-    starting weights) is the synchronous run's step 1; they load the weights each rank gathers whole,
-    so a resumed run's first batch, generated from the restored FSDP weights, has the trainer's
-    entropy; lags stay within 1 and the run resumes from its checkpoint."""
-    for steps in (2, 3):
-        cmd = [*TORCHRUN, str(_free_port()), "-m", CLI_MODULE, "train", *ASYNC_ARGS, f"trainer.total_steps={steps}"]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_env())
+    starting weights) is the synchronous run's step 1; lags stay within 1. Each rank's batch drawn
+    ahead is saved with the checkpoint (``pending_batches_rank<r>.pt``), so a run stopped at step 2
+    and resumed trains steps 3 and 4 as the uninterrupted run does: step 3 on the recorded batches,
+    step 4 on the batches of workers restarted from the restored FSDP weights. ``ppo_epochs=2``
+    keeps training slower than generation, so the lag is exactly 1 after step 1 (the comparison
+    needs it)."""
+
+    def launch(folder: str, steps: int) -> tuple[str, list[dict]]:
+        args = [a for a in ASYNC_ARGS if not a.startswith("output_dir")]
+        cmd = [*TORCHRUN, str(_free_port()), "-m", CLI_MODULE, "train", *args, "trainer.ppo_epochs=2"]
+        out = subprocess.run(
+            [*cmd, f"output_dir={folder}", f"trainer.total_steps={steps}"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=_env(),
+        )
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-        summary = json.loads((in_tmp / "run" / "summary.json").read_text())
+        summary = json.loads((in_tmp / folder / "summary.json").read_text())
         assert summary["status"] == "FINISHED" and summary["world_size"] == 2 and summary["steps"] == steps
-    assert "resumed from" in out.stdout + out.stderr
-    rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3]
+        lines = (in_tmp / folder / "metrics.jsonl").read_text().splitlines()
+        return out.stdout + out.stderr, [json.loads(line) for line in lines]
+
+    _log, whole = launch("whole", 4)
+    launch("run", 2)
+    log, rows = launch("run", 4)
+    assert "resumed from" in log and "come from the checkpoint" in log
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    saved = sorted(p.name for p in (in_tmp / "run" / "checkpoints" / "step_000002").glob("pending_batches_rank*.pt"))
+    assert saved == ["pending_batches_rank0.pt", "pending_batches_rank1.pt"]
     for r in rows:
         assert r["async/dropped"] == 0 and r["async/staleness/max"] <= 1, r
         # the histogram counts every rank's samples; each rank trains one batch of the same version
         assert r["async/staleness/frac_0"] + r["async/staleness/frac_1"] == pytest.approx(1.0), r
         assert r["async/staleness/frac_1"] == r["async/staleness/max"], r
         assert r["async/controller_entropy"] == pytest.approx(r["entropy"], abs=1e-9), r  # the same on every rank
-    # each start (fresh, resumed) begins from the weights the trainer holds: same entropy
-    for first in (rows[0], rows[2]):
-        assert first["async/staleness/max"] == 0 and first["async/entropy_gap"] == pytest.approx(0.0, abs=1e-5), first
+    # the fresh start begins from the weights the trainer holds: same entropy
+    assert rows[0]["async/staleness/max"] == 0 and rows[0]["async/entropy_gap"] == pytest.approx(0.0, abs=1e-5), rows[0]
     assert rows[1]["async/staleness/max"] == 1  # generated while the trainer trained step 1
+    assert rows[2]["async/staleness/max"] == 1  # the batches drawn ahead before the step-2 checkpoint
     expected = _synchronous_first_step([a for a in ASYNC_ARGS if not a.startswith("output_dir")])
     for key, value in expected.items():
         assert rows[0][key] == pytest.approx(value, abs=1e-6), (key, rows[0][key], value)
+    lags = [r["async/staleness/max"] for r in whole[1:] + rows[3:]]
+    if lags != [1.0] * len(lags):
+        pytest.skip(f"the workers did not keep one step ahead (lags {lags}): generation was not faster than training here")
+    for a, b in zip(whole[2:], rows[2:]):
+        diff = {k: (a[k], b[k]) for k in EXACT_ASYNC_METRICS if abs(a[k] - b[k]) > 1e-6}
+        assert not diff, f"step {a['step']}: {diff}"
 
 
 @pytest.mark.slow

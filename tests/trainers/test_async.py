@@ -1,7 +1,8 @@
 """trainer.staleness: 0 is the synchronous loop unchanged; k >= 1 trains from a rollout worker
 process with batches at most k versions old (stamped, too-stale ones dropped and counted), a
-resumed run continues the step count, a worker that fails or dies ends the run with one UserError,
-and configurations without an asynchronous path are refused before anything starts."""
+checkpoint keeps the batches drawn ahead of the next k steps so that a resumed run trains what the
+uninterrupted one trains, a worker that fails or dies ends the run with one UserError, and
+configurations without an asynchronous path are refused before anything starts."""
 
 from __future__ import annotations
 
@@ -15,16 +16,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 from entropyrl.conf import compose
 from entropyrl.core.errors import UserError
+from entropyrl.rollout.base import Rollout
 from entropyrl.trainers.algos.algorithm import Algorithm
+from entropyrl.trainers.algos.step_batch import StepBatch
 from entropyrl.trainers.async_rollout import (
     AsyncRollouts,
     StaleBatch,
+    WorkerFailed,
     async_step_metrics,
     check_async,
+    record_mismatch,
     staleness_counts,
     staleness_histogram,
     too_stale,
@@ -32,6 +37,8 @@ from entropyrl.trainers.async_rollout import (
     worker_devices,
 )
 from entropyrl.trainers.interventions.tis import m2po_keep, mismatch_weight
+from entropyrl.trainers.run import checkpoint as ckpt
+from entropyrl.trainers.run.run_dir import config_differences
 
 ASYNC_METRICS = (
     "async/staleness/mean",
@@ -88,6 +95,13 @@ class _ListQueue:
         return self.items.pop(0)
 
 
+class _Started:
+    """Stands for a running worker process: next_batch and drain only read the queue."""
+
+    def is_alive(self) -> bool:
+        return True
+
+
 def _item(step: int, version: int, rows: int) -> StaleBatch:
     batch = torch.zeros(rows)  # stands for a StepBatch: only len() is read when it is dropped
     return StaleBatch(step, version, (batch, {"acc/mean": 0.5}), 1.25, idle_s=1.0, cycle_s=4.0)
@@ -120,6 +134,109 @@ def test_the_staleness_histogram_is_the_share_of_trained_samples_at_each_lag():
     assert staleness_histogram([0.0, 0.0]) == {}  # nothing trained: no shares
     with pytest.raises(ValueError, match="outside the staleness bound"):
         staleness_counts(lag=3, rows=1, staleness=2)
+
+
+# -- the batches drawn ahead, kept by a checkpoint ---------------------------------------------
+def _step_batch(seed: int, rows: int = 4, width: int = 3) -> StepBatch:
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(rows, width, dtype=torch.long)
+    roll = Rollout(
+        prompt_ids=torch.randint(0, 50, (rows, 2), generator=g),
+        prompt_mask=torch.ones(rows, 2, dtype=torch.long),
+        response_ids=torch.randint(0, 50, (rows, width), generator=g),
+        response_mask=mask,
+        texts=[f"r{seed}-{i}" for i in range(rows)],
+        truncated=torch.zeros(rows, dtype=torch.bool),
+        sampling_logp=-torch.rand(rows, width, generator=g),
+    )
+    return StepBatch(roll, torch.rand(rows, generator=g), torch.ones(rows), torch.arange(rows) // 2)
+
+
+class _SavesNothing:
+    def save_pretrained(self, folder) -> None:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+
+
+def test_a_checkpoint_keeps_the_batches_drawn_ahead_and_a_resume_trains_them_as_recorded(tmp_path):
+    cfg = compose("train", ["tracking.enabled=false", "trainer.staleness=2"])
+    rollouts = AsyncRollouts(cfg, staleness=2)
+    rollouts.process = _Started()
+    drawn = [StaleBatch(s, s - 2, (_step_batch(s), {"acc/mean": s / 10}), 0.5 + s, idle_s=0.25, cycle_s=1.0) for s in (4, 5)]
+    rollouts.queue = _ListQueue([*drawn, "not taken: step 6 is not one of the next k"])
+    record = rollouts.checkpoint_record(step=4)  # the trainer at version 4: steps 4 and 5 come next
+    assert [b.step for b in rollouts.pending] == [4, 5] and len(rollouts.queue.items) == 1
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    name = ckpt.pending_batches_name(0)
+    folder = ckpt.save_checkpoint(tmp_path, 4, _SavesNothing(), _SavesNothing(), optimizer, {}, objects={name: record})
+    assert (folder / name).is_file() and not list((tmp_path / "checkpoints").glob(".tmp-*"))
+
+    resumed = AsyncRollouts(cfg, staleness=2)
+    assert resumed.restore(ckpt.load_pending_batches(folder, rank=0), step=4) is None
+    resumed.process = _Started()  # started after the pending batches: none of them is read from it
+    resumed.queue = _ListQueue([])
+    for step, want in zip((4, 5), drawn):
+        batch, metrics = resumed.next_batch(None, step=step)
+        assert torch.equal(batch.responses.response_ids, want.collected[0].responses.response_ids)
+        assert torch.equal(batch.responses.sampling_logp, want.collected[0].responses.sampling_logp)
+        assert (
+            torch.equal(batch.rewards, want.collected[0].rewards) and batch.responses.texts == want.collected[0].responses.texts
+        )
+        assert metrics["acc/mean"] == step / 10 and metrics["async/entropy_behaviour"] == 0.5 + step
+        assert metrics["async/staleness/mean"] == 2.0 and metrics["async/staleness/frac_2"] == 1.0  # as stamped
+        assert metrics["async/worker_idle_frac"] == 0.25
+    assert ckpt.load_pending_batches(tmp_path / "checkpoints" / "no_such_step", rank=0) is None
+
+
+def test_pending_batches_that_do_not_continue_the_run_are_not_used():
+    cfg = compose("train", ["tracking.enabled=false", "trainer.staleness=1"])
+    record = {"step": 2, "staleness": 1, "world_size": 1, "rank": 0, "batches": [_item(2, 1, rows=2)]}
+    assert record_mismatch(record, step=2, staleness=1, world_size=1) is None
+    assert record_mismatch(record, 2, 2, 1) == "drawn at trainer.staleness=1, this run has trainer.staleness=2"
+    assert record_mismatch(record, 2, 1, 2) == "drawn by 1 trainer rank, this run has 2"
+    assert record_mismatch(record, 4, 1, 1) == "drawn at step 2, the checkpoint is at step 4"
+    rollouts = AsyncRollouts(cfg, staleness=1)
+    note = rollouts.restore(None, step=2)  # a checkpoint saved before the batches were kept
+    assert "holds no batches drawn ahead" in note and "generated fresh from the restored weights" in note
+    note = rollouts.restore(None, step=2, problem="pending_batches_rank0.pt cannot be read (EOFError)")
+    assert note.startswith("not using the batches") and "(pending_batches_rank0.pt cannot be read (EOFError))" in note
+    assert rollouts.pending == []
+    assert rollouts.restore(record, step=2) is None and rollouts.pending == record["batches"]
+
+
+def test_a_worker_failing_while_a_checkpoint_waits_leaves_its_batches_out_and_ends_the_run_later():
+    rollouts = AsyncRollouts(compose("train", ["tracking.enabled=false", "trainer.staleness=2"]), staleness=2)
+    rollouts.process = _Started()
+    rollouts.queue = _ListQueue([_item(4, 2, rows=2), WorkerFailed(5, "RuntimeError: out of memory")])
+    assert rollouts.checkpoint_record(step=4) is None  # the checkpoint is written without them
+    batch, _metrics = rollouts.next_batch(None, step=4)  # the batch that was ready is still trained
+    assert len(batch) == 2
+    with pytest.raises(UserError, match="failed while producing step 6's batch: RuntimeError: out of memory"):
+        rollouts.next_batch(None, step=5)
+
+
+def test_changing_the_staleness_on_resume_is_refused_by_the_config_check():
+    """The batches drawn ahead hold for one gate: trainer.staleness is not a resumable change, so a
+    resume with another value is one error line listing it (run_dir.check_output_dir)."""
+    saved, requested = (OmegaConf.to_container(compose("train", [f"trainer.staleness={k}"]), resolve=True) for k in (1, 2))
+    assert config_differences(saved, requested) == [("trainer.staleness", 1, 2)]
+
+
+def _report_start(cfg_yaml, weights, out, stop, first_step, staleness):
+    """A stand-in worker body that loads the published weights and sends back where it starts."""
+    weights.load_into(torch.nn.Linear(2, 2))
+    time.sleep(0.5)  # a trainer that did not wait for the load would have moved on by now
+    out.put((first_step, weights.loaded.value, weights.version.value, staleness))
+
+
+def test_a_restarted_worker_starts_after_the_pending_batches_from_the_checkpoint_weights(fast_train, in_tmp):
+    rollouts = AsyncRollouts(compose("train", _overrides(fast_train, "trainer.staleness=2")), staleness=2, worker=_report_start)
+    rollouts.pending = [_item(4, 2, rows=2), _item(5, 3, rows=2)]
+    try:
+        rollouts.start(torch.nn.Linear(2, 2), step=4)  # returns once the worker holds version 4
+        assert rollouts.weights.loaded.value == 4
+        assert rollouts.queue.get(timeout=120) == (6, 4, 4, 2)  # step 6 behind the gate (version 6 - 2)
+    finally:
+        rollouts.close()
 
 
 # -- refused where no asynchronous path exists -------------------------------------------------
@@ -256,10 +373,50 @@ def test_staleness_one_trains_from_the_worker_and_resumes(fast_train, in_tmp):
         assert r["async/staleness/max"] <= 1 and r["async/dropped"] == 0
         assert 0 <= r["async/trainer_idle_frac"] <= 1 and 0 <= r["async/worker_idle_frac"] <= 1
     lags = [r["async/staleness/mean"] for r in rows]
-    assert lags == [0.0, 1.0, 0.0, 1.0]  # each start (fresh, resumed) begins from the current weights
-    assert 0 < sum(lags) / len(lags) < 1
+    # a fresh start begins from the current weights; the resumed run trains step 3 on the batch the
+    # stopped run had drawn ahead (saved with the step-2 checkpoint), and its worker starts at step 4
+    assert lags == [0.0, 1.0, 1.0, 1.0]
+    for step in (2, 4):
+        record = ckpt.load_pending_batches(in_tmp / "run" / "checkpoints" / f"step_{step:06d}", rank=0)
+        assert record["step"] == step and [b.step for b in record["batches"]] == [step]
     assert rows[0]["async/entropy_gap"] == pytest.approx(0.0, abs=1e-5)  # same weights: same entropy
     assert any(abs(r["async/entropy_gap"]) > 1e-4 for r in rows if r["async/staleness/mean"] == 1)
+
+
+# the metrics a resumed step must repeat; the async/ ones say it trained the same batch, recorded or not
+EXACT_METRICS = ("entropy", "loss/policy", "reward/mean", "acc/mean", "async/staleness/mean", "async/entropy_behaviour")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_a_resumed_async_run_trains_the_batches_the_uninterrupted_run_trains(fast_train, in_tmp, staleness):
+    """Stopped at the step-2 checkpoint and resumed, a run at staleness k trains steps 3.. on the
+    batches the uninterrupted run trains: the k batches drawn ahead are saved with the checkpoint
+    and trained first (their versions as recorded), then the new worker continues from step 3 + k.
+    ``trainer.ppo_epochs=2`` makes training slower than generation, so the worker generates each
+    batch as soon as the gate opens (lag exactly k): only then is the uninterrupted run's schedule
+    a deterministic function of the seed, which the comparison needs."""
+    from entropyrl.trainers.trainer import train
+
+    def run(folder: str, steps: int) -> list[dict]:
+        extra = [f"output_dir={folder}", f"trainer.staleness={staleness}", "trainer.ppo_epochs=2", f"trainer.total_steps={steps}"]
+        assert train(compose("train", _overrides(fast_train, *extra)), log=lambda *_: None)["status"] == "FINISHED"
+        return _rows(in_tmp / folder)
+
+    whole = run("whole", 5)
+    run("resumed", 2)
+    resumed = run("resumed", 5)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
+    # the worker's own batches after the resume: the ones not recorded at the checkpoint
+    generated = [r for r in resumed if r["step"] > 2 + staleness]
+    lags = [r["async/staleness/mean"] for r in whole[2:] + generated]
+    if lags != [float(staleness)] * len(lags):
+        pytest.skip(
+            f"the worker did not keep k={staleness} steps ahead (lags {lags}): generation was not faster than training here"
+        )
+    for a, b in zip(whole[2:], resumed[2:]):
+        diff = {k: (a[k], b[k]) for k in EXACT_METRICS if abs(a[k] - b[k]) > 1e-6}
+        assert not diff, f"step {a['step']}: {diff}"
 
 
 @pytest.mark.slow

@@ -72,6 +72,8 @@ __all__ = [
     "clip_grad_norm",
     "barrier",
     "broadcast_value",
+    "all_gather_objects",
+    "gather_objects_to_main",
     "checkpoint_views",
     "full_weights",
     "load_full_state",
@@ -234,6 +236,30 @@ def broadcast_value(value, info: DistInfo):
     box = [value if info.rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def all_gather_objects(value, info: DistInfo) -> list:
+    """Every rank's ``value`` (any picklable object), by rank, on every rank; ``[value]`` on one
+    process. Every rank must call it."""
+    if not _active(info):
+        return [value]
+    import torch.distributed as dist
+
+    gathered: list = [None] * info.world_size
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def gather_objects_to_main(value, info: DistInfo) -> list | None:
+    """Every rank's ``value`` (any picklable object), by rank, on rank 0 (None on the others):
+    what rank 0 alone writes. ``[value]`` on one process. Every rank must call it."""
+    if not _active(info):
+        return [value]
+    import torch.distributed as dist
+
+    gathered: list | None = [None] * info.world_size if info.rank == 0 else None
+    dist.gather_object(value, gathered, dst=0)
+    return gathered
 
 
 def barrier(info: DistInfo) -> None:

@@ -8,6 +8,11 @@ loss right after leaves a half checkpoint that resume would pick up. Staging fol
 a killed save are removed at the next save or resume. On resume, a checkpoint that fails to load
 (a truncated ``trainer_state.pt``, a damaged weights file) is skipped with a warning and the
 previous intact one is used (``load_latest_intact``).
+
+A run with a rollout worker (``trainer.staleness=k >= 1``) also keeps, per trainer rank, the
+batches that rank drew from its worker for the next steps: ``pending_batches_rank<r>.pt``
+(``trainers/async_rollout.py``: ``AsyncRollouts.checkpoint_record``), written by rank 0 into the
+same staging folder, so they appear together with the weights they follow or not at all.
 """
 
 from __future__ import annotations
@@ -28,6 +33,12 @@ from ...core.files import fsync_dir
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 STAGING_PREFIX = ".tmp-"
 CONFIG_COPY = "config.yaml"  # each checkpoint's copy of the run's config (resume checks against it)
+PENDING_BATCHES = "pending_batches_rank{rank}.pt"  # a trainer rank's batches drawn ahead (staleness k >= 1)
+
+
+def pending_batches_name(rank: int) -> str:
+    """The file of trainer rank ``rank``'s pending batches in a checkpoint folder."""
+    return PENDING_BATCHES.format(rank=int(rank))
 
 
 def checkpoint_dir(output_dir: Path) -> Path:
@@ -110,12 +121,14 @@ def save_checkpoint(
     keep: int = 2,
     export=None,
     config_text: str | None = None,
+    objects: dict[str, object] | None = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically and delete all but the newest ``keep``. ``model``: what
     ``save_pretrained`` writes (a LoRA run: the adapter); ``export(folder)`` writes more into the
     staging folder (a LoRA run's merged model) before it is made visible; ``config_text``: the
     run's config as YAML, kept as ``CONFIG_COPY`` (what a resume compares with when the run
-    folder's config.yaml is lost)."""
+    folder's config.yaml is lost); ``objects``: ``{file name: object}`` saved with ``torch.save``
+    beside the trainer state (every rank's pending batches, ``pending_batches_name``)."""
     root = checkpoint_dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     remove_staging(output_dir)
@@ -132,6 +145,8 @@ def save_checkpoint(
         torch.save({"step": step, "optimizer": optimizer.state_dict(), "rng": rng_state(), **extra}, staging / "trainer_state.pt")
         if config_text is not None:
             (staging / CONFIG_COPY).write_text(config_text)
+        for name, value in (objects or {}).items():
+            torch.save(value, staging / name)
         record = Path(output_dir) / "metrics.jsonl"
         if record.exists():  # the record up to this step: rebuilt from here if it is lost
             shutil.copyfile(record, staging / "metrics.jsonl")
@@ -161,6 +176,16 @@ def save_checkpoint(
 
 def load_trainer_state(ckpt: Path) -> dict:
     return torch.load(Path(ckpt) / "trainer_state.pt", map_location="cpu", weights_only=False)
+
+
+def load_pending_batches(ckpt: Path, rank: int) -> dict | None:
+    """Trainer rank ``rank``'s pending batches as ``save_checkpoint`` wrote them, or None when the
+    checkpoint has none (a synchronous run, or one saved before they were kept); raises whatever
+    reading a damaged file raises."""
+    path = Path(ckpt) / pending_batches_name(rank)
+    if not path.is_file():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def load_checkpoint(path: Path, dtype=None) -> tuple[dict, dict]:
