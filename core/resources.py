@@ -35,6 +35,8 @@ import statistics
 import time
 from pathlib import Path
 
+from .errors import UserError
+
 __all__ = [
     "available_cpus",
     "affinity_cpus",
@@ -46,6 +48,7 @@ __all__ = [
     "default_threads",
     "user_threads",
     "apply_threads",
+    "check_threads",
     "ThreadBudget",
     "available_memory_bytes",
     "JOBS_ENV",
@@ -268,13 +271,28 @@ def _is_auto(requested) -> bool:
     return requested in (None, 0, "0", "auto", "")
 
 
-def apply_threads(requested: int | str | None = 0, *, export: bool = True) -> int:
+def check_threads(requested, option: str = "trainer.threads") -> None:
+    """A thread count setting is 0, "auto" or null (the CPUs left to the run) or a positive whole
+    number; anything else is one ``UserError`` naming ``option``, never a silent 1."""
+    if _is_auto(requested):
+        return
+    value = requested.strip() if isinstance(requested, str) else requested
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    whole = whole or (isinstance(value, float) and value.is_integer()) or (isinstance(value, str) and value.isdigit())
+    if not whole or int(value) < 1:
+        raise UserError(
+            f"{option}={requested!r} is not a thread count: give a positive integer, or 0 / auto for the CPUs left to the run"
+        )
+
+
+def apply_threads(requested: int | str | None = 0, *, export: bool = True, option: str = "trainer.threads") -> int:
     """Set torch's intra-op threads: ``requested``; for 0 / None / "auto" the user's
     ``$OMP_NUM_THREADS`` when set, else ``default_threads()``. With ``export``,
     ``OMP/MKL/OPENBLAS_NUM_THREADS`` are set for child processes unless already set.
-    Returns the count used."""
+    Returns the count used; ``UserError`` (naming ``option``) for a value that is no thread count."""
     import torch
 
+    check_threads(requested, option)
     if _is_auto(requested):
         threads = user_threads() or default_threads()
     else:

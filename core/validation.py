@@ -63,6 +63,8 @@ class Rule:
         """What is allowed, in words (the end of the error line)."""
         if self.kind == "owned":
             text = f"what {self.owner} accepts"
+        elif self.kind == "threads":
+            text = "a positive integer (torch threads), or 0 / auto for the CPUs left to the run"
         elif self.kind == "str_list":
             text = "a list of non-empty strings"
         elif self.kind == "mapping":
@@ -106,6 +108,8 @@ class Rule:
     def ok(self, value: Any) -> bool:
         if self.kind == "owned":
             return True  # its component checks it (``owner``)
+        if self.kind == "threads":
+            return value in (0, "auto") and not isinstance(value, bool) or self._number_ok(value, integer=True) and value >= 1
         if value is None:
             return self.nullable
         if self.kind == "str_list":
@@ -185,6 +189,7 @@ OPT_STR = Rule("str", nullable=True)
 STR_LIST = Rule("str_list")
 MAPPING = Rule("mapping")
 FOLDER = Rule("path")
+THREADS = Rule("threads")  # 0 / auto: the CPUs left to the run (core/resources.py); N >= 1: N threads
 
 
 def owned(owner: str) -> Rule:
@@ -301,7 +306,7 @@ TRAIN = {
     "trainer.staleness": NONNEG_INT,
     "trainer.rollout_gpus": NONNEG_INT,
     "trainer.device": STR,
-    "trainer.threads": owned("core/resources.py (0 or auto: the CPUs left to the run; N: N threads)"),
+    "trainer.threads": THREADS,
     "rollout.name": STR,
     "data.*": owned("the task (tasks/, trainers/data/): each data= option declares its own keys"),
     "reward.functions": owned("rewards/ (a list of {fn, weight, ...} entries or function names)"),
@@ -377,6 +382,7 @@ EVAL = {
     "eval.prompt": STR,
     "eval.chat_template": owned("evals/ (auto, or what model.chat_template accepts)"),
     "eval.device": STR,
+    "eval.threads": THREADS,
     "eval.reflection_words": owned("trainers/stats/reflection.py (default, orz, oat_zero, or a list of words)"),
     "eval.data_root": OPT_STR,
     "eval.sandbox.*": owned("evals/code/sandbox.py (SandboxLimits: null keeps the benchmark's own limit)"),

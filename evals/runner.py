@@ -30,6 +30,7 @@ from ..core.errors import UserError
 from ..core.files import atomic_write_lines, atomic_write_text
 from ..core.mlflow_store import resolve_uri
 from ..core.outbox import short_http_retries
+from ..core.resources import apply_threads
 from ..core.tracking import TrackingStore, check_reachable
 from ..models.loading import checkpoint_label, load_policy, model_dir, resolve_model_path, stop_tokens
 from ..rollout.base import RolloutEngine, build_rollout, rollout_engine
@@ -477,6 +478,9 @@ def run_eval(cfg, console=None) -> dict:
         short_http_retries()
     out_dir = Path(str(cfg.output_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
+    # generation on the CPUs left to this run, as training does: torch's default (one thread per
+    # core) beside a busy process makes every parallel region wait for its slowest thread
+    threads = apply_threads(ev.get("threads", 0), option="eval.threads")
 
     engine, tokenizer, label = make_engine(cfg, log=lambda m: console.print(f"[dim]{m}[/dim]"))
     started = time.perf_counter()
@@ -516,6 +520,7 @@ def run_eval(cfg, console=None) -> dict:
         "metrics": metrics,
         "output_dir": str(out_dir.resolve()),
         "seconds": round(time.perf_counter() - started, 3),
+        "threads": threads,
         "warnings": warnings,
         "config": OmegaConf.to_container(cfg, resolve=True),
     }

@@ -116,6 +116,7 @@ def test_eval_end_to_end_with_the_tiny_model(tmp_path, data_dir):
         "eval.n_samples=4",
         "eval.limit=3",
         "eval.max_new_tokens=8",
+        "eval.threads=1",
         "output_dir=run",
         cwd=tmp_path,
         env={"ENTROPYRL_DATA": str(data_dir)},
@@ -124,6 +125,7 @@ def test_eval_end_to_end_with_the_tiny_model(tmp_path, data_dir):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "aime24" in out.stdout and "avg@n" in out.stdout  # the rich table
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["threads"] == 1  # eval.threads, as trainer.threads: never torch's one-per-core default
     bench = summary["benchmarks"]["aime24"]
     assert bench["n_samples"] == 4 and bench["problems"] == 3
     assert set(bench["metrics"]) == {"avg@4", "pass@1", "pass@2", "pass@4", "maj@4"}

@@ -62,6 +62,8 @@ def assert_nothing_created(workdir, *names: str) -> None:
         ("rollout.n=0", "a positive integer"),
         ("trainer.resume=maybe", "one of auto, never, overwrite"),  # used to be taken as auto
         ("algo=stare algo.stare.p=1.5", "in (0, 1]"),  # the intervention's own range (Params.validate)
+        ("trainer.threads=abc", "0 / auto for the CPUs left"),  # used to end in a ValueError traceback
+        ("trainer.threads=-2", "a positive integer (torch threads)"),  # used to run on 1 thread silently
     ],
 )
 def test_bad_train_values_fail_before_anything_is_created(override, allowed, tmp_path, capsys, monkeypatch):
@@ -139,6 +141,8 @@ def test_shipped_defaults_pass_their_table(config_name):
         ("eval", "eval.n_samples=0", "a positive integer, or null"),
         ("eval", "eval.grade_timeout=0", "eval.grade_timeout=0 is not allowed"),
         ("eval", "eval.backend=''", "eval.backend= is not allowed: it must be a non-empty string"),
+        ("eval", "eval.threads=1.5", "eval.threads=1.5 is not allowed: it must be a positive integer (torch threads)"),
+        ("train", "trainer.threads=0.5", "or 0 / auto for the CPUs left to the run"),
         ("sweep", "seeds=[0,-1]", "seeds=[0,-1]"),
         ("sweep", "launcher.max_parallel=0", "launcher.max_parallel=0"),
     ],

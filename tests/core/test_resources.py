@@ -192,3 +192,14 @@ def test_available_memory_is_memavailable_lowered_by_a_cgroup_limit(tmp_path):
     assert available_memory_bytes(meminfo, proc_cgroup="0::/job\n", root=tmp_path) == 5 << 30
     assert available_memory_bytes("", proc_cgroup="", root=tmp_path) is None
     assert available_memory_bytes() is None or available_memory_bytes() > 0  # this machine's
+
+
+@pytest.mark.parametrize("bad", ["abc", -2, 1.5, "-1", True])
+def test_a_thread_setting_that_is_no_count_is_one_error_naming_the_option(bad):
+    from entropyrl.core.errors import UserError
+    from entropyrl.core.resources import check_threads
+
+    with pytest.raises(UserError, match=r"^eval\.threads=.* is not a thread count: give a positive integer"):
+        check_threads(bad, "eval.threads")
+    for good in (0, "0", "auto", None, 1, 3, "2"):
+        check_threads(good, "eval.threads")
