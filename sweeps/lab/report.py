@@ -223,6 +223,7 @@ def write_lab_outputs(
     command: str,
     wall_seconds: float,
     failed: list[str],
+    job_seconds: float | None = None,
     title: str = "entropyrl lab report",
     sections: list[str] | None = None,
     extra: dict | None = None,
@@ -230,7 +231,8 @@ def write_lab_outputs(
     """Figures, ``lab.json`` and ``report.md`` in ``out``; returns their paths by name. ``sections``:
     markdown lines placed after the entropy figure (the tool study's token kinds); ``extra``: more
     keys of ``lab.json``; ``quadrants=None``: the report has no quadrant section (an ablation
-    without the experiment)."""
+    without the experiment). ``wall_seconds``: first job's start to last job's end (a resumed sweep
+    includes the pause between sessions); ``job_seconds``: the jobs' own times summed."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     main = [v for v in runs if not v.endswith("_extreme")]
@@ -258,6 +260,7 @@ def write_lab_outputs(
         "quadrant_comparison": quadrant_comparison(quadrants) if quadrants else {},
         "command": command,
         "wall_seconds": wall_seconds,
+        "job_seconds": job_seconds,
         "failed_runs": failed,
         **(extra or {}),
     }
@@ -265,7 +268,10 @@ def write_lab_outputs(
     paths["lab.json"] = out / "lab.json"
     k = pass_key.split("/")[-1]
     k_label = "pass@k" if k == "pass_at_0" else k.replace("pass_at_", "pass@")  # val.pass_k=0: none sampled
-    lines = [f"# {title}", "", f"`{command}`: {len(runs)} variants, {wall_seconds / 60:.1f} min wall.", ""]
+    took = f"{wall_seconds / 60:.1f} min from the first job's start to the last one's end"
+    if job_seconds is not None:
+        took += f", {job_seconds / 60:.1f} min of job time summed over the jobs (they may overlap; a resumed sweep's wall includes its pause)"
+    lines = [f"# {title}", "", f"`{command}`: {len(runs)} variants, {took}.", ""]
     if failed:
         lines += [f"**Failed runs** (see their log.txt): {', '.join(failed)}", ""]
     lines += ["## Claims", "", *_claims_md(claims), "", "## Entropy", "", "![entropy](lab-entropy.png)", ""]

@@ -37,7 +37,7 @@ from .staleness_claims import (  # noqa: E402
     staleness_table,
     step_mean,
 )
-from .sweep_step import _wall_seconds, collect_lab_runs  # noqa: E402
+from .sweep_step import _job_seconds, _wall_seconds, collect_lab_runs  # noqa: E402
 
 __all__ = [
     "lab_staleness_report_step",
@@ -295,6 +295,7 @@ def lab_staleness_report_step(sweep_dir: Path, sweep: dict, statuses: list, log:
         pass_key=pass_key,
         command=command,
         wall_seconds=_wall_seconds(statuses),
+        job_seconds=_job_seconds(statuses),
         failed=failed,
         title="entropyrl lab report: staleness",
         sections=[*_figures_md(entropy_fig is not None, clip_fig is not None), *_table_md(table, h_tgt, pass_key)],

@@ -58,11 +58,18 @@ def collect_lab_runs(sweep: dict, statuses: list) -> tuple[dict, dict, dict]:
 
 
 def _wall_seconds(statuses: list) -> float:
-    """From the first job's start to the last one's end (job.json), over the jobs in the folder."""
+    """From the first job's start to the last one's end (job.json), over the jobs in the folder. A sweep
+    resumed later includes the time between its sessions: ``_job_seconds`` is the work itself."""
     states = [read_job_state(Path(st.output_dir)) for st in statuses]
     starts = [s["started"] for s in states if s.get("started")]
     ends = [s["ended"] for s in states if s.get("ended")]
     return max(ends) - min(starts) if starts and ends else 0.0
+
+
+def _job_seconds(statuses: list) -> float:
+    """Each finished job's own time, start to end (job.json), summed over the jobs in the folder."""
+    states = [read_job_state(Path(st.output_dir)) for st in statuses]
+    return float(sum(s["ended"] - s["started"] for s in states if s.get("started") and s.get("ended")))
 
 
 def lab_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[[str], None] = print) -> dict:
@@ -91,6 +98,7 @@ def lab_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[
         pass_key=pass_key,
         command=command,
         wall_seconds=_wall_seconds(statuses),
+        job_seconds=_job_seconds(statuses),
         failed=failed,
     )
     log(

@@ -310,3 +310,38 @@ def test_lab_bad_options_fail_in_one_line(args, needle, tmp_path):
         timeout=300,
     )
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_report_tells_a_resumed_sweeps_pause_from_its_job_time(tmp_path):
+    """Two jobs of one hour each, a day apart (a sweep resumed the next day): the span is 25 h, the
+    jobs' own time 2 h; the report says both, and lab.json keeps both."""
+    from types import SimpleNamespace
+
+    from entropyrl.sweeps.jobs import write_job_state
+    from entropyrl.sweeps.lab.sweep_step import _job_seconds, _wall_seconds
+
+    statuses = []
+    for i, (start, end) in enumerate([(0.0, 3600.0), (86400.0, 90000.0)]):
+        out = tmp_path / "runs" / f"j{i}"
+        write_job_state(out, {"started": 1.7e9 + start, "ended": 1.7e9 + end})
+        statuses.append(SimpleNamespace(output_dir=str(out)))
+    statuses.append(SimpleNamespace(output_dir=str(tmp_path / "runs" / "never_started")))
+    assert _wall_seconds(statuses) == pytest.approx(90000.0)
+    assert _job_seconds(statuses) == pytest.approx(7200.0)
+    runs, _ = synthetic_runs(seeds=(0,))
+    write_lab_outputs(
+        tmp_path / "report",
+        runs,
+        compute_claims(runs, h_tgt=0.3),
+        algo_cfgs={},
+        quadrants=None,
+        pass_key="val/pass_at_8",
+        command="entropyrl lab",
+        wall_seconds=_wall_seconds(statuses),
+        job_seconds=_job_seconds(statuses),
+        failed=[],
+    )
+    head = (tmp_path / "report" / "report.md").read_text().splitlines()[2]
+    assert "1500.0 min from the first job's start" in head and "120.0 min of job time" in head, head
+    doc = json.loads((tmp_path / "report" / "lab.json").read_text())
+    assert (doc["wall_seconds"], doc["job_seconds"]) == (90000.0, 7200.0)
