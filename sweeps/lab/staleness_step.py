@@ -37,7 +37,7 @@ from .staleness_claims import (  # noqa: E402
     staleness_table,
     step_mean,
 )
-from .sweep_step import _job_seconds, _wall_seconds, collect_lab_runs  # noqa: E402
+from .sweep_step import _job_times, collect_lab_runs  # noqa: E402
 
 __all__ = [
     "lab_staleness_report_step",
@@ -286,6 +286,7 @@ def lab_staleness_report_step(sweep_dir: Path, sweep: dict, statuses: list, log:
     clip_fig = plot_clip_quarters(runs, out / CLIP_FIGURE)
     failed = [st.key for st in statuses if st.state == FAILED]
     command = sweep.get("command") or " ".join(["entropyrl sweep", "ablation=staleness", *every_job])
+    wall_seconds, job_seconds = _job_times(statuses)
     paths = write_lab_outputs(
         out,
         runs,
@@ -294,8 +295,8 @@ def lab_staleness_report_step(sweep_dir: Path, sweep: dict, statuses: list, log:
         quadrants=None,
         pass_key=pass_key,
         command=command,
-        wall_seconds=_wall_seconds(statuses),
-        job_seconds=_job_seconds(statuses),
+        wall_seconds=wall_seconds,
+        job_seconds=job_seconds,
         failed=failed,
         title="entropyrl lab report: staleness",
         sections=[*_figures_md(entropy_fig is not None, clip_fig is not None), *_table_md(table, h_tgt, pass_key)],

@@ -57,19 +57,16 @@ def collect_lab_runs(sweep: dict, statuses: list) -> tuple[dict, dict, dict]:
     return runs, quadrants, configs
 
 
-def _wall_seconds(statuses: list) -> float:
-    """From the first job's start to the last one's end (job.json), over the jobs in the folder. A sweep
-    resumed later includes the time between its sessions: ``_job_seconds`` is the work itself."""
+def _job_times(statuses: list) -> tuple[float, float]:
+    """``(wall, job)`` seconds from the jobs' ``job.json``: wall from the first job's start to the last
+    one's end (a sweep resumed later includes the time between its sessions), job the finished jobs'
+    own start-to-end times summed (the work itself; jobs that ran side by side overlap)."""
     states = [read_job_state(Path(st.output_dir)) for st in statuses]
     starts = [s["started"] for s in states if s.get("started")]
     ends = [s["ended"] for s in states if s.get("ended")]
-    return max(ends) - min(starts) if starts and ends else 0.0
-
-
-def _job_seconds(statuses: list) -> float:
-    """Each finished job's own time, start to end (job.json), summed over the jobs in the folder."""
-    states = [read_job_state(Path(st.output_dir)) for st in statuses]
-    return float(sum(s["ended"] - s["started"] for s in states if s.get("started") and s.get("ended")))
+    wall = max(ends) - min(starts) if starts and ends else 0.0
+    job = float(sum(s["ended"] - s["started"] for s in states if s.get("started") and s.get("ended")))
+    return wall, job
 
 
 def lab_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[[str], None] = print) -> dict:
@@ -89,6 +86,7 @@ def lab_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[
     command = sweep.get("command") or " ".join(
         ["entropyrl sweep", f"ablation={sweep.get('ablation', {}).get('name')}", *every_job]
     )
+    wall_seconds, job_seconds = _job_times(statuses)
     paths = write_lab_outputs(
         Path(sweep_dir),
         runs,
@@ -97,8 +95,8 @@ def lab_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[
         quadrants=quadrants,
         pass_key=pass_key,
         command=command,
-        wall_seconds=_wall_seconds(statuses),
-        job_seconds=_job_seconds(statuses),
+        wall_seconds=wall_seconds,
+        job_seconds=job_seconds,
         failed=failed,
     )
     log(

@@ -23,7 +23,7 @@ from ...conf import compose, to_plain  # noqa: E402
 from ..aggregate import seed_band  # noqa: E402
 from ..state import FAILED  # noqa: E402
 from .report import _save_small, write_lab_outputs  # noqa: E402
-from .sweep_step import _job_seconds, _wall_seconds, collect_lab_runs  # noqa: E402
+from .sweep_step import _job_times, collect_lab_runs  # noqa: E402
 from .tool_claims import KIND_KEYS, TURN_KEYS, kind_table, tool_claims  # noqa: E402
 
 __all__ = ["lab_tools_report_step", "plot_kinds", "KIND_FIGURE"]
@@ -121,6 +121,7 @@ def lab_tools_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Cal
     figure = plot_kinds(runs, out / KIND_FIGURE)
     failed = [st.key for st in statuses if st.state == FAILED]
     command = sweep.get("command") or " ".join(["entropyrl sweep", "ablation=lab_tools", *every_job])
+    wall_seconds, job_seconds = _job_times(statuses)
     paths = write_lab_outputs(
         out,
         runs,
@@ -129,8 +130,8 @@ def lab_tools_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Cal
         quadrants=None,
         pass_key=pass_key,
         command=command,
-        wall_seconds=_wall_seconds(statuses),
-        job_seconds=_job_seconds(statuses),
+        wall_seconds=wall_seconds,
+        job_seconds=job_seconds,
         failed=failed,
         title="entropyrl lab report: tool use",
         sections=_kinds_md(table, figure is not None),

@@ -318,7 +318,7 @@ def test_the_report_tells_a_resumed_sweeps_pause_from_its_job_time(tmp_path):
     from types import SimpleNamespace
 
     from entropyrl.sweeps.jobs import write_job_state
-    from entropyrl.sweeps.lab.sweep_step import _job_seconds, _wall_seconds
+    from entropyrl.sweeps.lab.sweep_step import _job_times
 
     statuses = []
     for i, (start, end) in enumerate([(0.0, 3600.0), (86400.0, 90000.0)]):
@@ -326,8 +326,9 @@ def test_the_report_tells_a_resumed_sweeps_pause_from_its_job_time(tmp_path):
         write_job_state(out, {"started": 1.7e9 + start, "ended": 1.7e9 + end})
         statuses.append(SimpleNamespace(output_dir=str(out)))
     statuses.append(SimpleNamespace(output_dir=str(tmp_path / "runs" / "never_started")))
-    assert _wall_seconds(statuses) == pytest.approx(90000.0)
-    assert _job_seconds(statuses) == pytest.approx(7200.0)
+    wall_seconds, job_seconds = _job_times(statuses)
+    assert wall_seconds == pytest.approx(90000.0)
+    assert job_seconds == pytest.approx(7200.0)
     runs, _ = synthetic_runs(seeds=(0,))
     write_lab_outputs(
         tmp_path / "report",
@@ -337,8 +338,8 @@ def test_the_report_tells_a_resumed_sweeps_pause_from_its_job_time(tmp_path):
         quadrants=None,
         pass_key="val/pass_at_8",
         command="entropyrl lab",
-        wall_seconds=_wall_seconds(statuses),
-        job_seconds=_job_seconds(statuses),
+        wall_seconds=wall_seconds,
+        job_seconds=job_seconds,
         failed=[],
     )
     head = (tmp_path / "report" / "report.md").read_text().splitlines()[2]
