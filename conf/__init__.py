@@ -269,11 +269,16 @@ def to_yaml(cfg: DictConfig) -> str:
 def used_settings(cfg: DictConfig) -> tuple[dict, list[str]]:
     """``(config as a plain dict, hidden)``: the composed config without the parameter sections of
     interventions the run does not apply (``algo.<name>`` for a name outside ``algo.interventions``;
-    ``tis`` counts as applied with ``rollout.tis.enabled``), and the names of those left out. What
-    ``config show`` prints by default: only what the run uses."""
+    ``tis`` counts as applied with ``rollout.tis.enabled``), and the names of those left out. A
+    model that is not the embedded one loses ``model.warm_start`` too (a task may set the embedded
+    model's warm start, conf/data/countdown.yaml; no other model has one). What ``config show``
+    prints by default: only what the run uses."""
     from omegaconf import OmegaConf
 
     plain = OmegaConf.to_container(cfg, resolve=True)
+    model = plain.get("model") if isinstance(plain, dict) else None
+    if isinstance(model, dict) and not model.get("embedded") and "warm_start" in model:
+        del model["warm_start"]
     algo = plain.get("algo") if isinstance(plain, dict) else None
     if not isinstance(algo, dict) or "interventions" not in algo:
         return plain, []

@@ -1,7 +1,7 @@
 """A minimal reward judge served over HTTP, for `entropyrl train reward.url=http://127.0.0.1:8000/`.
 
     python examples/judge_server.py 8000          # then, in another shell:
-    entropyrl train reward.url=http://127.0.0.1:8000/ trainer.total_steps=5
+    entropyrl train data=toy reward.url=http://127.0.0.1:8000/ trainer.total_steps=5
 
 It receives ``{"prompts": [...], "responses": [...], "group": [...], <problem fields>...}`` and
 answers ``{"rewards": [...]}``: here 1.0 when the response equals the reference answer.

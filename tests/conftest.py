@@ -65,8 +65,10 @@ def in_tmp(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-# Small but real runs: the embedded model, a few steps, tiny batches.
+# Small but real runs: the embedded model on the one-line toy tasks (6-token responses, where the
+# default countdown task's run 32), a few steps, tiny batches.
 FAST_TRAIN = [
+    "data=toy",
     "trainer.total_steps=4",
     "trainer.prompts_per_step=8",
     "trainer.mini_batch_prompts=4",

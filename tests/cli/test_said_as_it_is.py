@@ -26,6 +26,14 @@ def test_config_show_prints_only_the_interventions_the_run_applies():
     assert "stare" in yaml.safe_load(everything.stdout)["algo"]
 
 
+def test_used_settings_keep_the_warm_start_of_the_embedded_model_only():
+    # the default task sets the embedded model's warm start; a real model has none to show
+    plain, _ = used_settings(compose("train", []))
+    assert plain["model"]["warm_start"]["steps"] == 1000
+    plain, _ = used_settings(compose("train", ["model=smollm2-135m"]))
+    assert "warm_start" not in plain["model"]
+
+
 def test_used_settings_keeps_tis_when_enabled_and_every_applied_intervention():
     plain, hidden = used_settings(compose("train", ["algo=grpo", "algo.interventions=[stare,clip_cov]"]))
     assert "stare" in plain["algo"] and "clip_cov" in plain["algo"] and "steer" in hidden

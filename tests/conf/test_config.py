@@ -18,7 +18,7 @@ def test_default_train_config_has_stable_keys():
         for part in key.split("."):
             assert part in node, key
             node = node[part]
-    assert cfg.algo.name == "grpo" and cfg.model.name == "tiny" and cfg.data.name == "toy"
+    assert cfg.algo.name == "grpo" and cfg.model.name == "tiny" and cfg.data.name == "countdown"
 
 
 @pytest.mark.parametrize("group", TRAIN_GROUPS)

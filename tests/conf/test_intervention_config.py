@@ -17,12 +17,24 @@ from entropyrl.trainers.interventions import INTERVENTIONS, build_intervention
 
 YAMLS = sorted(p.stem for p in (CONF_DIR / "intervention").glob("*.yaml"))
 
+#: `algo=stare`'s values for the embedded model on the default task (conf/algo/stare.yaml); the
+#: published ones are `algo=stare_o1`'s.
+EMBEDDED_STARE = {
+    "stare.variant": "C2",
+    "stare.adaptive": True,
+    "stare.alpha": 0.05,
+    "stare.w_max": 3.0,
+    "stare.m_min": 0.1,
+    "stare.h_tgt": 0.25,
+}
+
 #: What each preset changes from the published intervention parameters (composed before the
 #: parameters moved out of conf/algo/grpo.yaml): {overrides: (algo.interventions, {name.key: value})}.
 PRESETS = {
     ("algo=grpo",): ([], {}),
     ("algo=dapo",): ([], {}),
-    ("algo=stare",): (["stare"], {}),
+    ("algo=stare_o1",): (["stare"], {}),
+    ("algo=stare",): (["stare"], EMBEDDED_STARE),
     ("algo=stare_c2",): (["stare"], {"stare.variant": "C2"}),
     ("algo=stare_adaptive",): (["stare"], {"stare.variant": "C2", "stare.adaptive": True}),
     ("algo=steer",): (["steer"], {}),
@@ -36,7 +48,7 @@ PRESETS = {
     ("experiment=kl_cov_7b",): (["kl_cov"], {"kl_cov.ratio": 0.002}),
     ("experiment=stare_7b_short_cot",): (["stare"], {}),
     ("experiment=steer_7b",): (["steer"], {}),
-    ("algo=stare", "algo.stare.h_tgt=0.5"): (["stare"], {"stare.h_tgt": 0.5}),
+    ("algo=stare", "algo.stare.h_tgt=0.5"): (["stare"], {**EMBEDDED_STARE, "stare.h_tgt": 0.5}),
     ("algo=grpo", "algo.interventions=[stare,entropy_bonus]", "algo.stare.p=0.2"): (["stare", "entropy_bonus"], {"stare.p": 0.2}),
 }
 

@@ -241,15 +241,25 @@ def test_a_global_group_file_sets_no_key_the_primary_config_would_override(path)
     the primary configs list `_self_` after their groups: a key the primary config sets itself (train.yaml's
     trainer.*, val.*, ...) would silently win over the option's value. Such a value belongs in an
     experiment preset, which comes after `_self_`."""
+
+    def leaves(node: dict, prefix: str = "") -> set[str]:
+        out: set[str] = set()
+        for key, value in node.items():
+            path_ = f"{prefix}{key}"
+            out |= leaves(value, f"{path_}.") if isinstance(value, dict) and value else {path_}
+        return out
+
     body = yaml.safe_load(path.read_text()) or {}
     for primary in ("train", "eval", "sweep"):
-        own = set(yaml.safe_load((CONF_DIR / f"{primary}.yaml").read_text())) - {"defaults"}
+        primary_body = yaml.safe_load((CONF_DIR / f"{primary}.yaml").read_text())
+        own = leaves({k: v for k, v in primary_body.items() if k != "defaults"})
         groups = {
             next(iter(d)) if isinstance(d, dict) else d
             for d in yaml.safe_load((CONF_DIR / f"{primary}.yaml").read_text())["defaults"]
         }
         if path.parent.name not in groups:
             continue
-        clash = sorted((set(body) - {"defaults", path.parent.name}) & own)
+        mine = leaves({k: v for k, v in body.items() if k not in ("defaults", path.parent.name)})
+        clash = sorted(mine & own)
         assert not clash, f"{path.name} sets {clash}, which {primary}.yaml sets after it (its _self_ comes later)"
     assert _global_group_files(), "the check found no global group file to look at"

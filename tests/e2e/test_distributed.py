@@ -22,6 +22,7 @@ CLI_MODULE = "entropyrl.cli.main"
 # rows), several micro-batches each (gradient accumulation), two steps (the second one starts
 # from weights the first step changed).
 OVERRIDES = [
+    "data=toy",
     "trainer.prompts_per_step=8",
     "trainer.mini_batch_prompts=8",
     "trainer.micro_batch_responses=6",
@@ -255,6 +256,7 @@ def test_cli_train_under_torchrun(in_tmp):
 
 
 ASYNC_ARGS = [
+    "data=toy",
     "trainer.staleness=1",
     "trainer.prompts_per_step=4",
     "trainer.mini_batch_prompts=4",

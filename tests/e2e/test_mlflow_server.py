@@ -17,6 +17,7 @@ import pytest
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 TINY = [
+    "data=toy",
     "train.trainer.total_steps=3",
     "train.trainer.prompts_per_step=4",
     "train.trainer.mini_batch_prompts=4",

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slurm
 HERE = Path(__file__).resolve().parent
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 TINY = [
+    "data=toy",
     "train.trainer.total_steps=3",
     "train.trainer.prompts_per_step=4",
     "train.trainer.mini_batch_prompts=4",

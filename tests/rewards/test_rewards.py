@@ -18,6 +18,7 @@ from entropyrl.tasks.builtin import BuiltinTaskSource
 from entropyrl.tasks.problem import Problem
 
 TINY_RUN = [
+    "data=toy",
     "trainer.total_steps=2",
     "trainer.prompts_per_step=4",
     "trainer.mini_batch_prompts=4",

@@ -215,7 +215,7 @@ def test_countdown_verifier(response, want):
 
 
 def test_countdown_problems_are_solvable_with_several_paths():
-    cfg = OmegaConf.load(CONF_DIR / "data" / "countdown.yaml")
+    cfg = OmegaConf.load(CONF_DIR / "data" / "countdown.yaml").data  # @package _global_
     problems = tasks.sample_problems(cfg, 200, random.Random(0))
     assert {p.task for p in problems} == {"countdown3", "countdown4"}
     for p in problems:
@@ -284,7 +284,7 @@ def test_countdown_text_survives_the_saved_embedded_tokenizer(tmp_path):
 
     build_tokenizer().save_pretrained(tmp_path)
     tok = AutoTokenizer.from_pretrained(str(tmp_path))
-    cfg = OmegaConf.load(CONF_DIR / "data" / "countdown.yaml")
+    cfg = OmegaConf.load(CONF_DIR / "data" / "countdown.yaml").data  # @package _global_
     for p in tasks.sample_problems(cfg, 20, random.Random(3)):
         for text in (p.prompt, p.answer):
             ids = tok(text, add_special_tokens=False)["input_ids"]

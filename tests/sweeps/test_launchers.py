@@ -22,6 +22,7 @@ from entropyrl.sweeps.slurm import WAITING, PartitionSize, SlurmLauncher, _gpus,
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 TINY = [
+    "data=toy",
     "trainer.total_steps=3",
     "trainer.prompts_per_step=4",
     "trainer.mini_batch_prompts=4",

@@ -12,7 +12,7 @@ from entropyrl.conf import compose
 from entropyrl.sweeps import planning
 from entropyrl.sweeps.state import save_sweep
 
-TRAIN = ["trainer.total_steps=3", "trainer.prompts_per_step=4"]
+TRAIN = ["data=toy", "trainer.total_steps=3", "trainer.prompts_per_step=4"]
 
 
 def _saved_sweep(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ import pytest
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 JOB = [
+    "data=toy",
     "train.trainer.prompts_per_step=4",
     "train.trainer.mini_batch_prompts=4",
     "train.trainer.val_every=0",

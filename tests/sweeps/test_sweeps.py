@@ -27,6 +27,7 @@ from entropyrl.trainers.run.regime import findings_cell
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 # A job of a few seconds: 3 steps of 4 prompts, validation only at the end, one checkpoint.
 TINY = [
+    "data=toy",
     "train.trainer.total_steps=3",
     "train.trainer.prompts_per_step=4",
     "train.trainer.val_every=3",

@@ -24,9 +24,9 @@ from entropyrl.trainers.stats.probe import probe_entropy
 
 
 def _tiny_probe(prompts: int):
-    """The embedded tiny model, ``prompts`` validation prompts x 4 sampled responses, and the
-    token-statistics keywords of the default config."""
-    cfg = compose("train", [])
+    """The embedded tiny model on the toy tasks, ``prompts`` validation prompts x 4 sampled
+    responses, and the token-statistics keywords of that config."""
+    cfg = compose("train", ["data=toy"])
     torch.manual_seed(0)
     model, tok = load_policy(cfg.model, cfg.data, log=lambda *_: None)
     source = build_prompt_source(cfg.data, 0, tokenizer=tok)

@@ -25,6 +25,7 @@ from entropyrl.trainers.interventions import INTERVENTIONS, Intervention, LossCo
 from entropyrl.trainers.trainer import train
 
 RUN = [
+    "data=toy",
     "trainer.total_steps=2",
     "trainer.prompts_per_step=8",
     "trainer.mini_batch_prompts=4",

@@ -23,6 +23,7 @@ from entropyrl.trainers.run.run_dir import config_differences, upgrade_saved_con
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 SMALL = [
+    "data=toy",
     "trainer.prompts_per_step=4",
     "trainer.mini_batch_prompts=4",
     "val.prompts=0",
@@ -195,7 +196,7 @@ def test_cosine_with_warmup_logs_an_lr_that_rises_for_5_steps_then_falls(in_tmp)
     assert len(lrs) == 20
     assert all(a < b for a, b in zip(lrs[:6], lrs[1:6])), lrs  # steps 1..6: rising (5 rises)
     assert all(a > b for a, b in zip(lrs[5:], lrs[6:])), lrs  # then falling to the end
-    assert math.isclose(max(lrs), 5e-4)
+    assert math.isclose(max(lrs), 3e-4)
     import mlflow
 
     client = mlflow.tracking.MlflowClient(f"sqlite:///{in_tmp / 'mlflow.db'}")
@@ -216,7 +217,7 @@ def test_the_schedule_resumes_from_the_checkpoint(in_tmp):
     assert state["scheduler"]["last_epoch"] == 3
     train(compose("train", [*base, "trainer.total_steps=8"]), log=lambda *_: None)
     assert [r["lr"] for r in rows_of(in_tmp / "run")] == pytest.approx(
-        [5e-4 * f for f in (0, 1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6, 1, 1)]
+        [3e-4 * f for f in (0, 1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6, 1, 1)]
     )
 
 
@@ -240,4 +241,4 @@ def test_a_run_saved_before_the_optim_section_resumes(in_tmp):
     summary = train(compose("train", [*base, "trainer.total_steps=4"]), log=log.append)
     assert summary["steps"] == 4 and any("resumed from" in m for m in log), log
     assert [r["step"] for r in rows_of(run)] == [1, 2, 3, 4]
-    assert {r["lr"] for r in rows_of(run)} == {5e-4}
+    assert {r["lr"] for r in rows_of(run)} == {3e-4}

@@ -85,7 +85,7 @@ def test_a_run_with_other_settings_is_refused_and_run_length_may_change(in_tmp, 
     ):
         assert fragment in lines[0], fragment
     assert folder_state(run_dir) == before  # nothing touched
-    with pytest.raises(UserError, match=r"optim.lr: 0.0005 -> 0.001"):
+    with pytest.raises(UserError, match=r"optim.lr: 0.0003 -> 0.001"):
         train(in_tmp, fast_train, "trainer.total_steps=3", "optim.lr=1e-3")
     # Run length and logging options may change: this continues the same run.
     second = train(

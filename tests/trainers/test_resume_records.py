@@ -20,6 +20,7 @@ from entropyrl.core.tracking import read_metrics
 from entropyrl.trainers.run.run_dir import check_output_dir
 
 RUN = [
+    "data=toy",
     "trainer.total_steps=2",
     "trainer.prompts_per_step=8",
     "trainer.mini_batch_prompts=4",
@@ -68,9 +69,9 @@ def test_without_a_readable_config_yaml_a_changed_request_is_refused_against_the
         (run / "config.yaml").unlink()
     before = (run / "config.yaml").read_bytes() if damage == "unparseable" else None
     with pytest.raises(UserError) as err:
-        check_output_dir(_request(run, "algo=stare", "optim.lr=1e-2"))
+        check_output_dir(_request(run, "algo=stare_o1", "optim.lr=1e-2"))
     msg = str(err.value)
-    assert "\n" not in msg and "algo.name: grpo -> stare" in msg and "optim.lr: 0.0005 -> 0.01" in msg
+    assert "\n" not in msg and "algo.name: grpo -> stare_o1" in msg and "optim.lr: 0.0003 -> 0.01" in msg
     assert "compared with the checkpoint's copy" in msg and "trainer.resume=overwrite" in msg
     if before is not None:
         assert (run / "config.yaml").read_bytes() == before  # not rewritten to claim STARE
