@@ -253,10 +253,7 @@ def test_a_global_group_file_sets_no_key_the_primary_config_would_override(path)
     for primary in ("train", "eval", "sweep"):
         primary_body = yaml.safe_load((CONF_DIR / f"{primary}.yaml").read_text())
         own = leaves({k: v for k, v in primary_body.items() if k != "defaults"})
-        groups = {
-            next(iter(d)) if isinstance(d, dict) else d
-            for d in yaml.safe_load((CONF_DIR / f"{primary}.yaml").read_text())["defaults"]
-        }
+        groups = {next(iter(d)) if isinstance(d, dict) else d for d in primary_body["defaults"]}
         if path.parent.name not in groups:
             continue
         mine = leaves({k: v for k, v in body.items() if k not in ("defaults", path.parent.name)})
