@@ -105,7 +105,10 @@ def register(app: typer.Typer) -> None:
 
         def _stop(signum, _frame):  # SIGTERM stops a sweep as Ctrl-C does: jobs stopped, parent KILLED
             stopped_by.append(signum)
-            raise KeyboardInterrupt
+            if len(stopped_by) == 1:
+                raise KeyboardInterrupt
+            # a repeat (`timeout` and `scancel` signal the process and then its group) arrives while the
+            # jobs are being stopped: interrupting that would leave jobs and the parent run behind
 
         previous = signal.signal(signal.SIGTERM, _stop)
         try:

@@ -168,6 +168,25 @@ def call_in_child(fn: Callable, kwargs: dict, timeout: float | None):
     return value
 
 
+def _helper_process_setup() -> None:
+    """Initializer of a reward worker process. A stop signal sent to the whole process group (Ctrl-C,
+    ``timeout``, ``scancel``) is the trainer's to handle at its step boundary: a worker that died of
+    it would give the step in progress the fallback reward. Ignoring it, the worker instead ends
+    when its parent is gone (checked every second), so it never outlives the trainer."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 class WorkerPool:
     """``workers`` spawned processes for one reward function; killed and replaced after a timeout."""
 
@@ -179,7 +198,9 @@ class WorkerPool:
         """The pool, started and warm: each process has imported the function (outside the time
         limit, which is for the function, not for a process starting)."""
         if self.pool is None:
-            self.pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+            self.pool = cf.ProcessPoolExecutor(
+                self.workers, mp_context=mp.get_context("spawn"), initializer=_helper_process_setup
+            )
             try:
                 for fut in [self.pool.submit(warm_worker, self.ref) for _ in range(self.workers)]:
                     fut.result(timeout=300)

@@ -17,6 +17,7 @@ again) and is safe to start from a multi-threaded parent.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -53,7 +54,11 @@ class TextFactsSpec:
 
 def serve(fd: int) -> None:
     """A worker's loop on socket ``fd``: reads ``(texts, words, n)``, answers their ``ResponseFacts``
-    (or the error's text); ends when the parent closes its end."""
+    (or the error's text); ends when the parent closes its end (also when the parent dies).
+    A stop signal to the process group (Ctrl-C, ``timeout``, a scheduler) is the trainer's to handle
+    at a step boundary; this worker ignores it so that the step in progress keeps its helpers."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     conn = Connection(fd)
     while True:
         try:

@@ -1,11 +1,13 @@
 """SIGTERM, SIGUSR1, SIGUSR2 and SIGINT end a training run cleanly: a checkpoint at the step boundary,
 summary.json, the MLflow run KILLED (read from the sqlite store), a line saying how to resume, exit
-status 128 + signal; a second signal stops at once. Real `entropyrl train` subprocesses, real
+status 128 + signal; a second signal stops at once, the same signal delivered twice (a process-group
+kill, as `timeout` and `scancel` send) does not. Real `entropyrl train` subprocesses, real
 signals, a real MLflow store."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -14,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from entropyrl.trainers.run.stop_signals import REPEAT_WINDOW_S, RunInterrupted, StopSignals
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 
@@ -123,7 +127,7 @@ def test_a_second_signal_stops_at_once(in_tmp, fast_train):
         time.sleep(0.05)
     time.sleep(1.0)  # inside step 1
     proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    time.sleep(REPEAT_WINDOW_S + 0.5)  # a second request, not the first one delivered twice
     proc.send_signal(signal.SIGTERM)
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
@@ -134,3 +138,43 @@ def test_a_second_signal_stops_at_once(in_tmp, fast_train):
     assert checkpoint_steps(in_tmp / "run") == []  # no checkpoint of a half-done step
     assert "no checkpoint yet" in err
     assert mlflow_status(in_tmp, summary["mlflow_run_id"]) == "KILLED"
+
+
+def test_a_repeat_within_the_window_is_the_same_stop(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr("entropyrl.trainers.run.stop_signals.time.monotonic", lambda: clock[0])
+    lines: list[str] = []
+    stop = StopSignals(lines.append)
+    stop._handle(signal.SIGTERM, None)
+    clock[0] += 0.01
+    stop._handle(signal.SIGTERM, None)  # the process group's copy of the same stop
+    clock[0] += REPEAT_WINDOW_S * 0.9
+    stop._handle(signal.SIGINT, None)  # within the window of the last signal counted
+    assert stop.requested == signal.SIGTERM and stop.count == 1 and len(lines) == 1
+    clock[0] += REPEAT_WINDOW_S
+    with pytest.raises(RunInterrupted) as raised:
+        stop._handle(signal.SIGTERM, None)  # a later, deliberate second signal
+    assert raised.value.exit_code == 128 + signal.SIGTERM
+
+
+@pytest.mark.slow
+def test_a_process_group_kill_stops_at_the_step_boundary(in_tmp, fast_train):
+    """`timeout` signals its command, then the command's process group: the trainer gets SIGTERM twice
+    in a row (and a launcher forwarding it, a moment later). That is one stop: the step in progress finishes and is saved."""
+    cmd = small_run(in_tmp, fast_train, "trainer.ppo_epochs=100")
+    proc = subprocess.Popen(cmd, cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not (in_tmp / "run" / "tracking.json").exists():  # written just before the first step
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    time.sleep(1.0)  # inside step 1
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.1)  # the group's copy comes a moment later (as a launcher's forward does): not coalesced
+    os.killpg(proc.pid, signal.SIGTERM)
+    _out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err and "received SIGTERM" in err, err[-3000:]
+    assert "worker failed" not in err, err[-3000:]  # the helpers leave the stop to the trainer
+    summary = json.loads((in_tmp / "run" / "summary.json").read_text())
+    assert summary["status"] == "KILLED" and summary["steps"] >= 1, summary
+    assert checkpoint_steps(in_tmp / "run") == [summary["steps"]]  # the step in progress finished and was saved

@@ -304,6 +304,26 @@ def test_a_failing_worker_leaves_its_part_to_this_process():
         pool.close()
 
 
+def test_a_stop_signal_to_the_process_group_leaves_the_workers_to_the_trainer():
+    """Ctrl-C, ``timeout`` or a scheduler signal the whole group; the trainer stops at a step boundary
+    and needs its helpers until then."""
+    import signal
+
+    said = []
+    pool = TextFactsPool(1, log=said.append)
+    spec = TextFactsSpec(DEFAULT, 4, 1)
+    try:
+        assert pool.submit(TEXTS, spec).result().counts.tolist() == [2, 0, 1, 0, 1]  # the worker is serving
+        worker = pool._procs[0].proc
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            worker.send_signal(sig)
+        assert pool.submit(TEXTS, spec).result().counts.tolist() == [2, 0, 1, 0, 1]
+        assert worker.poll() is None and pool.failures == 0 and not said
+    finally:
+        pool.close()
+    assert worker.poll() == 0  # and it still ends when the pool closes
+
+
 def test_a_batch_never_collected_does_not_block_the_next(monkeypatch):
     pool = TextFactsPool(1)
     spec = TextFactsSpec(DEFAULT, 4, 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pickle
 import textwrap
 from pathlib import Path
@@ -290,3 +291,57 @@ def test_a_run_saved_before_reward_and_lora_existed_still_resumes():
     assert config_differences(upgrade_saved_config(saved, requested), requested) == []
     with_lora = OmegaConf.to_container(compose("train", ["output_dir=x", "model.lora.rank=4"]), resolve=True)
     assert [d[0] for d in config_differences(upgrade_saved_config(saved, with_lora), with_lora)] == ["model.lora.rank"]
+
+
+def test_reward_workers_leave_a_stop_signal_to_the_trainer(user_module):
+    """Ctrl-C or ``timeout`` signal the whole process group; the step in progress must still get its
+    real rewards (a dead worker would give it the fallback)."""
+    import signal
+
+    from entropyrl.rewards.calls import WorkerPool
+
+    pool = WorkerPool(f"{user_module}:starts_with_answer", 1)
+    batch = {"responses": ["4 apples", "5"], "answer": ["4", "4"]}
+    try:
+        assert pool.call(batch, 2, 30.0, "starts_with_answer") == [1.0, 0.0]
+        procs = list(pool.pool._processes.values())
+        for proc in procs:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                os.kill(proc.pid, sig)
+        assert pool.call(batch, 2, 30.0, "starts_with_answer") == [1.0, 0.0]
+        assert all(proc.is_alive() for proc in procs)
+    finally:
+        pool.kill()
+
+
+def test_a_reward_worker_ends_when_its_trainer_is_gone(user_module, tmp_path):
+    """Ignoring the group's stop signal must not leave it running after a trainer killed outright."""
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "dies.py"
+    script.write_text(
+        "import os\n"
+        "from entropyrl.rewards.calls import WorkerPool\n"
+        "if __name__ == '__main__':  # spawned workers import this file\n"
+        f"    pool = WorkerPool({f'{user_module}:starts_with_answer'!r}, 1)\n"
+        "    pool.call({'responses': ['4'], 'answer': ['4']}, 1, 30.0, 'r')\n"
+        "    print(*[p.pid for p in pool.pool._processes.values()], flush=True)\n"
+        "    os._exit(0)  # no shutdown: as a SIGKILL would leave it\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    pids = [int(p) for p in out.stdout.split()]
+    deadline = time.monotonic() + 15
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pids and not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    return state != "Z"

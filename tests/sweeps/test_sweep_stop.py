@@ -50,11 +50,15 @@ SIGINT_UNDER_XDIST = pytest.mark.skipif(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=SIGINT_UNDER_XDIST)], ids=["SIGTERM", "SIGINT"]
+    "sig, group",
+    [(signal.SIGTERM, False), (signal.SIGTERM, True), pytest.param(signal.SIGINT, False, marks=SIGINT_UNDER_XDIST)],
+    ids=["SIGTERM", "SIGTERM-to-the-group", "SIGINT"],
 )
-def test_a_stop_signal_stops_a_local_sweep_and_its_job(tmp_path, sig):
+def test_a_stop_signal_stops_a_local_sweep_and_its_job(tmp_path, sig, group):
     """SIGTERM (a scheduler, ``timeout``) and SIGINT (Ctrl-C) alike: one line, no traceback, the
-    job stopped at a step boundary, the sweep's parent run and the job's child run KILLED."""
+    job stopped at a step boundary, the sweep's parent run and the job's child run KILLED. With
+    ``group`` the sweep gets the signal twice, then its process group (as ``timeout`` sends it):
+    still one stop, not a second one cutting the first short."""
     db = tmp_path / "mlflow.db"
     proc = subprocess.Popen(
         [
@@ -73,6 +77,7 @@ def test_a_stop_signal_stops_a_local_sweep_and_its_job(tmp_path, sig):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=group,
     )
     job_dir = tmp_path / "sw" / "runs" / "symmetric" / "s0"
     deadline = time.monotonic() + 300
@@ -82,6 +87,9 @@ def test_a_stop_signal_stops_a_local_sweep_and_its_job(tmp_path, sig):
         time.sleep(0.2)
     job_pid = json.loads((job_dir / "job.json").read_text())["pid"]
     proc.send_signal(sig)
+    if group:
+        time.sleep(0.1)
+        os.killpg(proc.pid, sig)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 128 + sig and "Traceback" not in err, err[-3000:]
     assert f"stopped by {sig.name}; to continue: entropyrl sweep ablation=clip --resume sweep_dir=" in err

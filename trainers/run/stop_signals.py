@@ -7,6 +7,13 @@ ends the MLflow run as KILLED and says how to resume. A second signal stops at o
 progress is lost; summary and MLflow status are still written: that last part, ``finishing()``,
 is not interrupted by a second signal); a third exits immediately.
 
+One stop often arrives more than once: ``timeout`` signals its command and then the command's
+whole process group, ``scancel`` and ``kill -- -PGID`` reach every process of a group, a launcher
+such as torchrun forwards what it receives to ranks that already got it. Whether two deliveries
+are coalesced depends on the kernel's timing, so a repeat of a signal within ``REPEAT_WINDOW_S``
+of the one before counts as the same request; only a later one escalates. Without this a single
+``timeout`` could throw away every step since the last checkpoint.
+
 A signal that some other layer already handles in this process (submitit's preemption handler in
 a sweep job: it checkpoints and requeues the job itself) is left to it.
 """
@@ -17,10 +24,12 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from typing import Callable
 
 from ..parallel import distributed
 
+REPEAT_WINDOW_S = 1.0  # a repeat of a stop signal sooner than this is the same stop, delivered twice
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2") if hasattr(signal, n))
 
 
@@ -58,6 +67,7 @@ class StopSignals:
         self.log = log
         self.requested: int | None = None  # the first stop signal received
         self.count = 0
+        self._last_at: float | None = None  # time.monotonic() of the last signal counted
         self._previous: dict[int, object] = {}
         self._finishing = False
 
@@ -78,12 +88,16 @@ class StopSignals:
         return False
 
     def _handle(self, signum: int, _frame) -> None:
+        now = time.monotonic()
+        if self._last_at is not None and now - self._last_at < REPEAT_WINDOW_S:
+            return  # the same stop delivered twice (process group + direct, or forwarded): not an escalation
+        self._last_at = now
         self.count += 1
         if self.count == 1:
             self.requested = signum
             self.log(
                 f"received {signal_name(signum)}: stopping after the current step (checkpoint, summary, "
-                f"MLflow run KILLED); send it again to stop at once"
+                f"MLflow run KILLED); send it again (a second or more later) to stop at once"
             )
             return
         if self.count == 2:
