@@ -443,6 +443,21 @@ def rank_main(check: Check, train: dict) -> None:
         Path(os.environ["ENTROPYRL_GPU_CHECK_OUT"]).write_text(json.dumps(train))
 
 
+def _versions() -> dict:
+    """The libraries the figures depend on (None: not installed)."""
+    from importlib import metadata
+
+    import torch
+
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    for name in ("transformers", "vllm"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def run(argv=None) -> dict:
     import torch
 
@@ -459,6 +474,8 @@ def run(argv=None) -> dict:
     peak = peak_tflops(args, check.device)
     train = train_phase(check, peak)
     result = {
+        "argv": list(argv if argv is not None else []),
+        "versions": _versions(),
         "device": torch.cuda.get_device_name(check.device) if check.device.type == "cuda" else "cpu (smoke)",
         "model": "Qwen2.5-0.5B shape, random init" if not check.smoke else "tiny Qwen2 shape (smoke)",
         "params": check.n_params,

@@ -481,6 +481,7 @@ def test_gpu_check_cpu_smoke_runs_one_bf16_fsdp_step():
     result = json.loads(out.stdout)
     assert result["loss_finite"] and result["tokens_per_s"] > 0 and result["tokens_per_step"] > 0
     assert "FSDP2 bf16" in result["mode"] and result["gradient_checkpointing"] is True
+    assert result["argv"] == ["--cpu-smoke", "--steps", "1"] and result["versions"]["torch"]  # what a results file records
     train = result["train"]
     # MFU's FLOPs and plan's memory come from models/cost for the same (tiny) shape
     assert train["train_flops_per_step"] > 0 and train["ranks"] == 1
