@@ -24,8 +24,6 @@ def test_gate_ablation_defaults_separate_the_variants_beyond_their_seed_band(tmp
             "seeds=[0,1]",
             "trainer.total_steps=30",
             "launcher.max_parallel=2",
-            "diagnostics.attribution=false",
-            "diagnostics.entropy_change=false",
             "sweep_dir=sw",
             "tracking.enabled=false",
         ],
