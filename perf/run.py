@@ -20,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPORT = HERE.parent / "bench-results.json"
-SKIP = {"run", "report", "gpu_check", "__init__"}
+SKIP = {"run", "report", "gpu_check", "gpu_report", "__init__"}  # scripts, not suites
 
 
 def suites() -> list[str]:

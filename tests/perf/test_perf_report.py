@@ -77,3 +77,13 @@ def test_real_model_plan_estimate_is_the_plan_of_the_train_step_overrides():
         short["weights"] + short["gradients"] + short["optimizer"] + short["activations"], abs=0.5
     )
     assert long["activations"] > short["activations"]
+
+
+def test_every_bench_suite_has_a_run_function():
+    """`make bench` runs every perf/*.py it lists as a suite: a script beside them (a report
+    generator, `make gpu-check`) must not be listed, or the bench reports it as a failed suite."""
+    import ast
+
+    for name in _perf_module("run").suites():
+        tree = ast.parse((REPO / "perf" / f"{name}.py").read_text())
+        assert any(isinstance(n, ast.FunctionDef) and n.name == "run" for n in tree.body), f"perf/{name}.py has no run()"
