@@ -11,6 +11,7 @@ the prose around the markers is the page's own. By hand::
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -23,11 +24,15 @@ def _num(value, fmt: str = "{:.3g}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _table(header: list[str], rows: list[str]) -> list[str]:
+    """A markdown table: the header cells, the separator, then ``rows`` (already ``| ... |`` lines)."""
+    return ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header), *rows]
+
+
 def _check_rows(checks: list[dict]) -> list[str]:
-    rows = [
-        "| `perf/gpu_check.py` | batch x (prompt + response) | checkpointing | step s | tokens/s | MFU | peak GB | `plan` GB | plan / peak |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    header = ["`perf/gpu_check.py`", "batch x (prompt + response)", "checkpointing", "step s", "tokens/s", "MFU"]
+    header += ["peak GB", "`plan` GB", "plan / peak"]
+    rows = []
     for c in checks:
         t = c["train"]
         rows.append(
@@ -35,7 +40,7 @@ def _check_rows(checks: list[dict]) -> list[str]:
             f"| {'on' if c['gradient_checkpointing'] else 'off'} | {_num(t['step_seconds'])} | {_num(t['tokens_per_s'], '{:,.0f}')} "
             f"| {_num(t['mfu'], '{:.1%}')} | {_num(t['peak_mem_gb'])} | {_num(t['plan_memory_gb'])} | {_num(t['plan_vs_peak'])} |"
         )
-    return rows
+    return _table(header, rows)
 
 
 def _skips(checks: list[dict]) -> list[str]:
@@ -49,10 +54,8 @@ def _skips(checks: list[dict]) -> list[str]:
 
 
 def _train_rows(runs: list[dict]) -> list[str]:
-    rows = [
-        "| command | status | steps | wall s | entropy first -> last tenth | collapse flag | final val acc |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    header = ["command", "status", "steps", "wall s", "entropy first -> last tenth", "collapse flag", "final val acc"]
+    rows = []
     for run in runs:
         s = run["summary"]
         collapse = next((f.get("first_step") for f in s.get("flags", []) if f.get("id") == "collapse"), None)
@@ -62,7 +65,7 @@ def _train_rows(runs: list[dict]) -> list[str]:
             f"| {_num(s['entropy/first_tenth'])} -> {_num(s['entropy/last_tenth'])} "
             f"| {'step ' + str(collapse) if collapse is not None else 'none'} | {_num(s.get('final/val/acc'))} |"
         )
-    return rows
+    return _table(header, rows)
 
 
 def render(sessions: list[tuple[str, dict]]) -> str:
@@ -95,13 +98,11 @@ def load(folder: Path) -> list[tuple[str, dict]]:
 
 
 def write(sessions: list[tuple[str, dict]], page: Path) -> None:
-    """Replace the generated section of ``page`` (the markers must be there, once each)."""
-    text = page.read_text()
-    if text.count(BEGIN) != 1 or text.count(END) != 1:
-        raise SystemExit(f"{page}: needs one {BEGIN} and one {END} line around the generated section")
-    head, rest = text.split(BEGIN)
-    _, tail = rest.split(END)
-    page.write_text(f"{head}{BEGIN}\n{render(sessions)}{END}{tail}")
+    """Replace the GPU section of ``page`` (``perf/report.py``'s section writer, these markers)."""
+    spec = importlib.util.spec_from_file_location("perf_report", HERE / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    report.write_section(page, render(sessions), BEGIN, END)
 
 
 if __name__ == "__main__":

@@ -47,14 +47,20 @@ def render(report: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write(report: dict, page: Path) -> None:
-    """Replace the generated section of ``page`` (the markers must be there, once each)."""
+def write_section(page: Path, body: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace what lies between ``begin`` and ``end`` in ``page`` with ``body`` (the markers must
+    be there, once each); the rest of the page is kept as it is."""
     text = page.read_text()
-    if text.count(BEGIN) != 1 or text.count(END) != 1:
-        raise SystemExit(f"{page}: needs one {BEGIN} and one {END} line around the generated section")
-    head, rest = text.split(BEGIN)
-    _, tail = rest.split(END)
-    page.write_text(f"{head}{BEGIN}\n{render(report)}{END}{tail}")
+    if text.count(begin) != 1 or text.count(end) != 1:
+        raise SystemExit(f"{page}: needs one {begin} and one {end} line around the generated section")
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    page.write_text(f"{head}{begin}\n{body}{end}{tail}")
+
+
+def write(report: dict, page: Path) -> None:
+    """Replace the generated section of ``page`` with the rendering of ``report``."""
+    write_section(page, render(report))
 
 
 if __name__ == "__main__":

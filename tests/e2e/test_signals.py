@@ -59,6 +59,19 @@ def start_and_wait_for_step(cmd: list[str], cwd: Path, step: int = 1, timeout: f
     return proc
 
 
+def start_inside_step_one(workdir: Path, fast_train: list[str], **popen) -> subprocess.Popen:
+    """A run with slow steps (many PPO epochs over the batch), about a second into its step 1:
+    with one stop signal, step 1 would still finish and be saved."""
+    cmd = small_run(workdir, fast_train, "trainer.ppo_epochs=100")
+    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    deadline = time.monotonic() + 240
+    while not (workdir / "run" / "tracking.json").exists():  # written just before the first step
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    time.sleep(1.0)
+    return proc
+
+
 def mlflow_status(workdir: Path, run_id: str) -> str:
     with sqlite3.connect(workdir / "mlflow.db") as db:
         return db.execute("select status from runs where run_uuid = ?", (run_id,)).fetchone()[0]
@@ -118,14 +131,7 @@ def test_other_stop_signals_end_the_run_the_same_way(sig, in_tmp, fast_train):
 
 @pytest.mark.slow
 def test_a_second_signal_stops_at_once(in_tmp, fast_train):
-    # Slow steps (many PPO epochs over the batch): with one signal, step 1 would finish and be saved.
-    cmd = small_run(in_tmp, fast_train, "trainer.ppo_epochs=100")
-    proc = subprocess.Popen(cmd, cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while not (in_tmp / "run" / "tracking.json").exists():  # written just before the first step
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.05)
-    time.sleep(1.0)  # inside step 1
+    proc = start_inside_step_one(in_tmp, fast_train)
     proc.send_signal(signal.SIGTERM)
     time.sleep(REPEAT_WINDOW_S + 0.5)  # a second request, not the first one delivered twice
     proc.send_signal(signal.SIGTERM)
@@ -161,13 +167,7 @@ def test_a_repeat_within_the_window_is_the_same_stop(monkeypatch):
 def test_a_process_group_kill_stops_at_the_step_boundary(in_tmp, fast_train):
     """`timeout` signals its command, then the command's process group: the trainer gets SIGTERM twice
     in a row (and a launcher forwarding it, a moment later). That is one stop: the step in progress finishes and is saved."""
-    cmd = small_run(in_tmp, fast_train, "trainer.ppo_epochs=100")
-    proc = subprocess.Popen(cmd, cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 240
-    while not (in_tmp / "run" / "tracking.json").exists():  # written just before the first step
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.05)
-    time.sleep(1.0)  # inside step 1
+    proc = start_inside_step_one(in_tmp, fast_train, start_new_session=True)
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.1)  # the group's copy comes a moment later (as a launcher's forward does): not coalesced
     os.killpg(proc.pid, signal.SIGTERM)

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from .conftest import load_perf
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("perf_gpu_report", REPO / "perf" / "gpu_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_perf("gpu_report")
 
 
 def test_the_planning_page_shows_exactly_the_result_files():

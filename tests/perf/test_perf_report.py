@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from .conftest import load_perf
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _report_module():
-    spec = importlib.util.spec_from_file_location("perf_report", REPO / "perf" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_perf("report")
 
 
 def test_the_measured_section_is_rewritten_from_the_results_and_the_prose_kept(tmp_path):
@@ -44,11 +42,7 @@ def test_the_docs_page_has_one_generated_section_and_a_page_without_markers_is_r
         report.write({}, bare)
 
 
-def _perf_module(name):
-    spec = importlib.util.spec_from_file_location(f"perf_{name}", REPO / "perf" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_perf_module = load_perf
 
 
 def test_real_model_is_a_bench_key_that_says_why_when_the_model_is_missing(monkeypatch):
