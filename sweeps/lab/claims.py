@@ -6,6 +6,15 @@ rows. ``runs`` maps a lab variant (``grpo``, ``stare``, ``steer``, ``clip_cov``,
 ``{seed: rows}``. Every claim is ``{"id", "claim", "measured", "reproduced", "per_seed"}``;
 ``reproduced`` is None when the runs a claim needs are missing, and a claim that is not
 reproduced names the measured reason (the regime warnings and flags of the runs involved).
+
+Every claim can fail on its null control: the rows of a run in which the method did nothing
+(entropy flat at its start, GRPO's rows under the method's name, a gate that never opened) give
+``reproduced`` False (``null_controls.py`` declares each claim's null and a synthetic positive;
+``tests/sweeps/test_claim_nulls.py`` runs both). So a claim that a method holds a target
+(``target_hold``) also needs the method to have acted (STARE: its gate open on at least
+``GATE_MIN_OPEN_SHARE`` of the steps) and entropy to have reached the target from where it started
+(crossed it): a run that sat in the band from its first step, untouched, is no evidence. A claim
+that a gate follows entropy needs the gate to have both opened and closed.
 """
 
 from __future__ import annotations
@@ -16,12 +25,33 @@ import numpy as np
 
 from ...trainers.run.regime import entropy_flags, regime_warnings
 
-__all__ = ["compute_claims", "entropy_ends", "step_change_std", "final_value", "quadrant_claim", "THEORY"]
+__all__ = [
+    "compute_claims",
+    "entropy_ends",
+    "step_change_std",
+    "final_value",
+    "quadrant_claim",
+    "target_hold",
+    "hold_text",
+    "crossing_step",
+    "acted_share",
+    "THEORY",
+    "BAND",
+    "GATE_KEY",
+    "GATE_MIN_OPEN_SHARE",
+]
 
 # Quadrant sign theory (diagnostics.py): Q1 exploitation and Q3 suppression lower entropy,
 # Q2 exploration and Q4 error-correction raise it.
 THEORY = {"q1": -1, "q2": +1, "q3": -1, "q4": +1}
 COV_VARIANTS = ("clip_cov", "kl_cov")
+BAND = 0.3  # a target is held when the last third is within +/-30 % of it
+GATE_KEY = "stare/gate_on"  # STARE's gate, 1 on the steps it was open
+#: A "holds target" claim needs the method to have acted on at least this share of the steps (STARE's
+#: gate open, a controller's coefficient non-zero): entropy that sat at the target while the method was
+#: idle on 9 steps in 10 was held by something else.
+GATE_MIN_OPEN_SHARE = 0.1
+ACT_EPS = 1e-9  # a lever's value this close to 0 did nothing on that step
 
 
 def _vals(rows: list[dict], key: str) -> list[float]:
@@ -35,6 +65,79 @@ def entropy_ends(rows: list[dict]) -> tuple[float, float]:
         return float("nan"), float("nan")
     tenth = max(1, len(ent) // 10)
     return float(np.mean(ent[:tenth])), float(np.mean(ent[-tenth:]))
+
+
+def crossing_step(rows: list[dict], target: float) -> int | None:
+    """The first step at which the entropy reached ``target`` from where it started: the first logged
+    step on the other side of ``target`` from the first step's entropy (or on it); None when it never
+    did (a curve that stayed on one side, however close, never reached the target)."""
+    ent = [
+        (int(r.get("step", i + 1)), float(r["entropy"]))
+        for i, r in enumerate(rows)
+        if isinstance(r.get("entropy"), (int, float)) and math.isfinite(r["entropy"])
+    ]
+    if not ent or not math.isfinite(target):
+        return None
+    side = np.sign(ent[0][1] - target)
+    if side == 0:
+        return ent[0][0]
+    return next((s for s, h in ent[1:] if np.sign(h - target) != side), None)
+
+
+def acted_share(rows: list[dict], key: str) -> float:
+    """Share of the steps that logged ``key`` on which it was non-zero (a 0/1 gate: the share of steps
+    it was open; a coefficient: the steps it acted); NaN when no step logged it."""
+    vals = _vals(rows, key)
+    return float(np.mean([abs(v) > ACT_EPS for v in vals])) if vals else float("nan")
+
+
+def target_hold(rows: list[dict], target: float, acted_key: str = GATE_KEY, band: float = BAND) -> dict:
+    """Whether a controller held entropy at ``target`` on one run: the last third within ``band`` of it
+    (``in_band``), entropy reached it from its start (``crossed_at_step``, ``crossing_step``) and the
+    method acted on at least ``GATE_MIN_OPEN_SHARE`` of the steps (``acted_share`` of ``acted_key``,
+    STARE's gate). ``ok`` is all three; ``why_not`` names the ones that failed."""
+    ent = _vals(rows, "entropy")
+    m = float(np.mean(ent[-max(1, len(ent) // 3) :])) if ent else float("nan")
+    rel = m / target - 1.0 if math.isfinite(m) and target > 0 else float("nan")
+    in_band = bool(abs(rel) <= band) if math.isfinite(rel) else False
+    crossed = crossing_step(rows, target)
+    share = acted_share(rows, acted_key)
+    acted = math.isfinite(share) and share >= GATE_MIN_OPEN_SHARE
+    why = []
+    if not in_band:
+        why.append(f"last third {_fmt(m)} outside +/-{band:.0%} of {target:g}")
+    if crossed is None:
+        why.append(f"entropy never reached {target:g} from its start {_fmt(ent[0]) if ent else 'nan'}")
+    if not acted:
+        why.append(
+            f"{acted_key} logged on no step"
+            if not math.isfinite(share)
+            else f"{acted_key} non-zero on {share:.0%} of steps (< {GATE_MIN_OPEN_SHARE:.0%}): the method barely acted"
+        )
+    return {
+        "last_third": m,
+        "rel_error": rel,
+        "in_band": in_band,
+        "start": ent[0] if ent else float("nan"),
+        "crossed_at_step": crossed,
+        "acted_key": acted_key,
+        "acted_share": share,
+        "ok": bool(in_band and crossed is not None and acted),
+        "why_not": "; ".join(why),
+    }
+
+
+def hold_text(p: dict) -> str:
+    """One seed's measured cell of a "holds target" claim: the last third and its error, the share of
+    steps the method acted (the gate open) and the step it reached the target."""
+    share = p.get("acted_share", float("nan"))
+    acted = "nan" if not math.isfinite(share) else f"{share:.0%}"
+    what = "gate open" if p.get("acted_key") == GATE_KEY else f"{p.get('acted_key')} non-zero"
+    crossed = p.get("crossed_at_step")
+    rel = p.get("rel_error", float("nan"))
+    return f"{_fmt(p['last_third'])} ({'nan' if not math.isfinite(rel) else f'{rel:+.0%}'}), {what} {acted} of steps, " + (
+        f"reached target at step {crossed}" if crossed is not None else "never reached target"
+    )
 
 
 def step_change_std(rows: list[dict]) -> float:
@@ -61,7 +164,7 @@ def _reasons(runs: dict, variants: tuple[str, ...], algo_cfgs: dict) -> str:
     found = []
     for v in variants:
         for _seed, rows in sorted((runs.get(v) or {}).items()):
-            for f in regime_warnings(rows, algo_cfgs.get(v, {})) + entropy_flags(rows):
+            for f in regime_warnings(rows, algo_cfgs.get(v, {})) + entropy_flags(rows, algo_cfgs.get(v, {})):
                 tag = f"{v}: {f['id']}"
                 if tag not in found:
                     found.append(tag)
@@ -134,20 +237,19 @@ def compute_claims(
         )
     )
 
-    per = []
-    for s in _seeds(runs, "stare"):
-        ent = _vals(runs["stare"][s], "entropy")
-        third = ent[-max(1, len(ent) // 3) :]
-        m = float(np.mean(third))
-        per.append({"seed": s, "last_third": m, "h_tgt": h_tgt, "rel_error": m / h_tgt - 1.0, "ok": abs(m / h_tgt - 1.0) <= 0.3})
+    per = [{"seed": s, "h_tgt": h_tgt, **target_hold(runs["stare"][s], h_tgt)} for s in _seeds(runs, "stare")]
     claims.append(
         _claim(
             "stare_holds_target",
-            f"STARE holds entropy at its target: last third within +/-30 % of h_tgt={h_tgt}",
+            f"STARE holds entropy at its target: last third within +/-{BAND:.0%} of h_tgt={h_tgt}, entropy reached "
+            f"h_tgt from its start, and the gate open on at least {GATE_MIN_OPEN_SHARE:.0%} of steps (a run that sat in "
+            "the band with its gate shut is not STARE holding it)",
             per,
             "ok",
-            "last third " + ", ".join(f"{_fmt(p['last_third'])} ({p['rel_error']:+.0%})" for p in per),
-            _reasons(runs, ("stare",), algo_cfgs),
+            "last third " + ", ".join(hold_text(p) for p in per),
+            _join(
+                "; ".join(f"seed {p['seed']}: {p['why_not']}" for p in per if p["why_not"]), _reasons(runs, ("stare",), algo_cfgs)
+            ),
         )
     )
 
@@ -159,19 +261,24 @@ def compute_claims(
             if r.get("stare/gate_on") is not None and r.get("entropy") is not None
         ]
         match = float(np.mean([float(g) == float(h < h_tgt) for g, h in pairs])) if pairs else float("nan")
+        open_share = float(np.mean([float(g) > 0.5 for g, _ in pairs])) if pairs else float("nan")
         per.append(
             {
                 "seed": s,
                 "steps": len(pairs),
                 "match": match,
-                "open_share": float(np.mean([g for g, _ in pairs])) if pairs else float("nan"),
-                "ok": bool(pairs) and match == 1.0,
+                "open_share": open_share,
+                # a gate that never opened (or never closed) matches a curve that stayed on one side
+                # without ever deciding anything: both states must be seen
+                "both_states": bool(pairs) and 0.0 < open_share < 1.0,
+                "ok": bool(pairs) and match == 1.0 and 0.0 < open_share < 1.0,
             }
         )
     claims.append(
         _claim(
             "stare_gate_follows_entropy",
-            "STARE's gate is open exactly on the steps whose entropy is below h_tgt",
+            "STARE's gate is open exactly on the steps whose entropy is below h_tgt, and it both opened and closed "
+            "(a gate shut on every step of a curve that stayed above h_tgt matches it without deciding anything)",
             per,
             "ok",
             "gate == (H < h_tgt) on " + ", ".join(f"{p['match']:.0%} (open {p['open_share']:.0%})" for p in per),
@@ -198,8 +305,8 @@ def compute_claims(
 
     per = []
     for s in _seeds(runs, "grpo_extreme", "steer_extreme"):
-        g_flags = [f["id"] for f in entropy_flags(runs["grpo_extreme"][s])]
-        s_flags = [f["id"] for f in entropy_flags(runs["steer_extreme"][s])]
+        g_flags = [f["id"] for f in entropy_flags(runs["grpo_extreme"][s], algo_cfgs.get("grpo_extreme", {}))]
+        s_flags = [f["id"] for f in entropy_flags(runs["steer_extreme"][s], algo_cfgs.get("steer_extreme", {}))]
         per.append(
             {
                 "seed": s,
@@ -278,9 +385,21 @@ def compute_claims(
 
     per = []
     others = [v for v in runs if v not in ("grpo", "grpo_extreme", "steer_extreme")]
-    for s in _seeds(runs, "grpo"):
-        g = final_value(runs["grpo"][s], pass_key)
-        ends = {v: final_value(runs[v][s], pass_key) for v in others if s in runs[v]}
+    seeds = _seeds(runs, "grpo")
+    finals = {s: {v: final_value(runs[v][s], pass_key) for v in others if s in runs[v]} for s in seeds}
+    grpo_final = {s: final_value(runs["grpo"][s], pass_key) for s in seeds}
+    # the same intervention above GRPO on every seed: the best of several per seed would pass on noise alone
+    above_all = [
+        v
+        for v in others
+        if seeds
+        and all(
+            math.isfinite(grpo_final[s]) and math.isfinite(finals[s].get(v, float("nan"))) and finals[s][v] > grpo_final[s]
+            for s in seeds
+        )
+    ]
+    for s in seeds:
+        g, ends = grpo_final[s], finals[s]
         best = max(ends, key=lambda v: ends[v] if math.isfinite(ends[v]) else -1.0) if ends else None
         per.append(
             {
@@ -288,16 +407,19 @@ def compute_claims(
                 "grpo": g,
                 "best": best,
                 "best_value": ends.get(best, float("nan")) if best else float("nan"),
-                "ok": None if best is None or not math.isfinite(g) else ends[best] > g,
+                "above_on_every_seed": above_all,
+                "ok": None if best is None or not math.isfinite(g) else bool(above_all),
             }
         )
     claims.append(
         _claim(
             "pass_at_k_preserved",
-            f"An intervention ends with a higher {pass_key} than GRPO",
+            f"An intervention ends with a higher {pass_key} than GRPO on every seed (the same intervention on each; "
+            f"{len(others)} compared, no correction for comparing several: a seed-by-seed win is the evidence)",
             per,
             "ok",
-            ", ".join(f"{p['best']} {_fmt(p['best_value'])} vs grpo {_fmt(p['grpo'])}" for p in per),
+            ", ".join(f"{p['best']} {_fmt(p['best_value'])} vs grpo {_fmt(p['grpo'])}" for p in per)
+            + (f"; above GRPO on every seed: {', '.join(above_all) or 'none'}" if per else ""),
         )
     )
     return claims

@@ -7,6 +7,11 @@ all`` or a subset naming it), so the default lab's table is unchanged. A claim t
 reproduced names the measured reason: the regime warnings and flags (``claims._reasons``) and the
 method's own levers as they were logged (``method_levers``: what it selected, its coefficient or
 weights), with a finding id when a lever was inert (selected nothing, sat at a bound, weights ~1).
+
+Each claim fails on its null control (``null_controls.py``): ``<m>_keeps_entropy`` on GRPO's rows
+under the method's name (equal ends are not "above"), ``<m>_holds_target`` on a run whose entropy sat
+near the target from its first step while the method's acted metric (``Intervention.acted_key``) stayed
+0: holding needs the target reached from the start and the method acting (``claims.target_hold``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,20 @@ from ...conf import intervention_defaults
 from ...trainers.algos.lab_claim import LabClaim
 from ...trainers.algos.objectives import OBJECTIVE_LAB_CLAIMS
 from ...trainers.interventions import INTERVENTIONS
-from .claims import _claim, _fmt, _join, _reasons, _seeds, _vals, entropy_ends, step_change_std
+from .claims import (
+    BAND,
+    GATE_MIN_OPEN_SHARE,
+    _claim,
+    _fmt,
+    _join,
+    _reasons,
+    _seeds,
+    _vals,
+    entropy_ends,
+    hold_text,
+    step_change_std,
+    target_hold,
+)
 
 __all__ = ["method_claims", "method_levers", "registered_lab_claims"]
 
@@ -148,41 +166,55 @@ def _target(v: str, algo_cfgs: dict) -> float:
     return float(value) if isinstance(value, (int, float)) else float("nan")
 
 
+def _acted_key(v: str) -> str:
+    """The metric that says on which steps method ``v`` acted (``Intervention.acted_key``)."""
+    cls = INTERVENTIONS.get(v)
+    key = cls.acted_key() if cls is not None else None
+    return key or f"{v}/acted"
+
+
 def _holds_target(runs: dict, v: str, claim: LabClaim, algo_cfgs: dict) -> dict:
-    """A controller's claim: the last third of its entropy curve within 30 % of its target, and (when
-    STARE ran beside it) steadier than STARE's gate (a smaller std of the step-to-step change)."""
+    """A controller's claim: the last third of its entropy curve within 30 % of its target, reached
+    from its start while the method acted (``claims.target_hold``), and (when STARE ran beside it)
+    steadier than STARE's gate (a smaller std of the step-to-step change)."""
     target = _target(v, algo_cfgs)
     gate = "stare" if runs.get("stare") else None
     per = []
     for s in _seeds(runs, v, *([gate] if gate else [])):
-        ent = _vals(runs[v][s], "entropy")
-        m = float(np.mean(ent[-max(1, len(ent) // 3) :])) if ent else float("nan")
+        hold = target_hold(runs[v][s], target, _acted_key(v))
         std_own = step_change_std(runs[v][s])
         std_gate = step_change_std(runs[gate][s]) if gate else float("nan")
-        near = abs(m / target - 1.0) <= 0.3
         per.append(
             {
                 "seed": s,
-                "last_third": m,
+                **hold,
                 "target": target,
                 f"std_{v}": std_own,
                 "std_gate": std_gate,
-                "near_target": near,
-                "ok": near and (std_own < std_gate if gate else True),
+                "near_target": hold["in_band"],
+                "ok": hold["ok"] and (std_own < std_gate if gate else True),
             }
         )
-    text = f"{claim.text} (last third within +/-30 % of {target})" + (" with less oscillation than STARE's gate" if gate else "")
+    text = (
+        f"{claim.text} (last third within +/-{BAND:.0%} of {target}, reached from its start, with "
+        f"{_acted_key(v)} non-zero on at least {GATE_MIN_OPEN_SHARE:.0%} of steps)"
+        + (" with less oscillation than STARE's gate" if gate else "")
+    )
     return _claim(
         f"{v}_holds_target",
         text,
         per,
         "ok",
         ", ".join(
-            f"last third {_fmt(p['last_third'])} ({p['last_third'] / target - 1.0:+.0%}), step-change std {_fmt(p[f'std_{v}'])}"
+            f"last third {hold_text(p)}, step-change std {_fmt(p[f'std_{v}'])}"
             + (f" vs gate {_fmt(p['std_gate'])}" if gate else "")
             for p in per
         ),
-        _join(_reasons(runs, (v,), algo_cfgs), method_levers(runs, v, algo_cfgs)),
+        _join(
+            "; ".join(f"seed {p['seed']}: {p['why_not']}" for p in per if p["why_not"]),
+            _reasons(runs, (v,), algo_cfgs),
+            method_levers(runs, v, algo_cfgs),
+        ),
     )
 
 

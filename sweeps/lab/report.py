@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 
 from ...trainers.run.regime import entropy_flags, findings_cell, prediction_fit, regime_warnings  # noqa: E402
 from ..aggregate import seed_band  # noqa: E402
-from .claims import THEORY, entropy_ends, final_value  # noqa: E402
+from .claims import GATE_KEY, THEORY, acted_share, entropy_ends, final_value  # noqa: E402
 from .explain import variant_attribution  # noqa: E402
 
 __all__ = ["plot_band", "variant_table", "claim_status", "quadrant_comparison", "write_lab_outputs"]
@@ -75,13 +75,21 @@ def _ms(vals: list[float]) -> str:
     return f"{np.mean(vals):.3f} ± {np.std(vals):.3f}" if len(vals) > 1 else f"{vals[0]:.3f}"
 
 
+def _gate_cell(shares: list[float]) -> str:
+    """The gate's open share per seed (``stare/gate_on``, share of steps), ``-`` for a variant without a gate."""
+    shares = [x for x in shares if math.isfinite(x)]
+    return "/".join(f"{x:.0%}" for x in shares) if shares else "-"
+
+
 def variant_table(runs: dict, algo_cfgs: dict, pass_key: str) -> list[dict]:
-    """Per variant: entropy ends, final accuracies, prediction fit, warnings and flags over seeds."""
+    """Per variant: entropy ends, final accuracies, prediction fit, warnings and flags over seeds, and
+    for a gated method (STARE) the share of steps its gate was open per seed (``gate_open``, NaN for a
+    variant that logged no gate): a claim about a gated method is read beside how often it acted."""
     out = []
     for name, by_seed in runs.items():
         rows_list = list(by_seed.values())
         warnings = findings_cell([regime_warnings(rows, algo_cfgs.get(name, {})) for rows in rows_list])
-        flags = findings_cell([entropy_flags(rows) for rows in rows_list])
+        flags = findings_cell([entropy_flags(rows, algo_cfgs.get(name, {})) for rows in rows_list])
         fits = [prediction_fit(rows) for rows in rows_list]
         out.append(
             {
@@ -94,6 +102,7 @@ def variant_table(runs: dict, algo_cfgs: dict, pass_key: str) -> list[dict]:
                 pass_key.split("/")[-1]: [final_value(r, pass_key) for r in rows_list],
                 "pred_r_detrended": [f.get("pearson_r_detrended", float("nan")) for f in fits],
                 "attribution": variant_attribution(by_seed),  # predicted_net's fit and the parts (explain.py)
+                "gate_open": [acted_share(r, GATE_KEY) for r in rows_list],
                 "warnings": warnings,
                 "flags": flags,
             }
@@ -119,8 +128,9 @@ def _claims_md(claims: list[dict]) -> list[str]:
     ]
     for c in claims:
         rep = claim_status(c)
+        null = f" Null control: {c['null_control']}." if c.get("null_control") else ""
         lines.append(
-            f"| `{c['id']}`: {c['claim']} | {c['measured'] or '-'} | {rep} | {c.get('reason', '')} | "
+            f"| `{c['id']}`: {c['claim']}{null} | {c['measured'] or '-'} | {rep} | {c.get('reason', '')} | "
             f"{c.get('attribution_text', '')} |"
         )
     return lines
@@ -283,14 +293,15 @@ def write_lab_outputs(
     lines += [
         "## Variants (mean ± std over seeds)",
         "",
-        f"| variant | entropy first tenth | entropy last tenth | val acc | pass@1 | {k_label} | pred/realised r (detrended) | warnings | flags |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| variant | entropy first tenth | entropy last tenth | val acc | pass@1 | {k_label} | pred/realised r (detrended) | "
+        "gate open (share of steps, per seed) | warnings | flags |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in table:
         lines.append(
             f"| {t['variant']} | {_ms(t['entropy_first_tenth'])} | {_ms(t['entropy_last_tenth'])} | {_ms(t['val_acc'])} | "
-            f"{_ms(t['pass@1'])} | {_ms(t[k])} | {_ms(t['pred_r_detrended'])} | {t['warnings']} | "
-            f"{t['flags']} |"
+            f"{_ms(t['pass@1'])} | {_ms(t[k])} | {_ms(t['pred_r_detrended'])} | {_gate_cell(t['gate_open'])} | "
+            f"{t['warnings']} | {t['flags']} |"
         )
     lines += [
         "",

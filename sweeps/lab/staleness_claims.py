@@ -15,18 +15,37 @@ regime warnings of its runs (``claims._reasons``).
   the entropy of the synchronous run of the same seed; the ratio is measured at every ``k``.
 - ``stale_clips_high_entropy_first``: M2PO's observation (Zheng et al. 2025): the importance ratio of
   stale samples leaves the clip range on high-entropy tokens first, so at every ``k >= 1`` the
-  clipped share of the top entropy quarter exceeds the bottom quarter's, and grows with ``k``
-  (over GRPO's levels of the grid, ``GRPO_KS``).
+  stale ratio's clipped share of the top entropy quarter exceeds the bottom quarter's, and grows with
+  ``k`` (over GRPO's levels of the grid, ``GRPO_KS``). Stated on the stale ratio itself,
+  ``async/stale_clip_frac/entropy_q<i>``: the share of tokens whose ``pi_prox / pi_behav`` (the
+  trainer's recompute at step start over the behaviour policy that sampled) leaves
+  ``[1 - clip.low, 1 + clip.high]``, per entropy quartile (0 at ``k = 0`` by construction). It was
+  stated on ``clip/frac/entropy_q<i>``, the update's clip of ``pi_theta / pi_prox``, which the stale
+  ratio never enters (0 on a step's first mini-batch whatever ``k``): restated, and earlier results
+  on it withdrawn.
 - ``stare_band_by_k``: STARE (gate on the current policy's entropy) holds the lab's band at each
-  ``k``; the claim says the largest ``k`` where it holds on every seed, i.e. where it stops holding.
+  ``k`` (``claims.target_hold``: the last third in the band, reached from its start, the gate open on
+  at least ``claims.GATE_MIN_OPEN_SHARE`` of steps); the claim says the largest ``k`` where it holds on
+  every seed, i.e. where it stops holding.
   ``stare_k2_dec_holds_band`` and ``stare_k2_behav_holds_band``: the same band with the decoupled
   correction and with the gate on the behaviour policy's entropy.
-- ``corrections_lower_clipping``: at ``k = 2`` the decoupled objective (AReaL) and M2PO's mask lower
-  the clipped share against no correction; token TIS and IcePop are measured beside them.
+- ``corrections_lower_clipping``: at ``k = 2`` the decoupled objective (AReaL) and M2PO's mask each act
+  on the stale tokens (their weights differ from 1 or they mask tokens: ``rollout/tis_weight_mean``,
+  ``rollout/tis_clip_frac``) and lower the update's clipped share (``clip/frac``: ``pi_theta`` against
+  ``pi_prox``, which a correction changes through the gradient it lets through) below GRPO's without a
+  correction at the same ``k`` and seed; token TIS and IcePop are measured beside them. Restated: it
+  was read as the stale ratio's clipping, but no correction changes ``pi_prox / pi_behav`` itself, so
+  the stale ratio's clipped share (``async/stale_clip_frac``, shown beside) is the same with and
+  without a correction by construction and a claim that one lowers it could not be true; a
+  correction that did nothing (GRPO's rows under its name) fails the "acted" part.
 - ``clip_cov_keeps_entropy_stale`` / ``steer_moderates_change_stale``: the lab's claims of Clip-Cov
   (ends above GRPO's entropy) and STEER (a smaller per-step entropy change than GRPO's), each
   against GRPO at the same ``k`` and seed, at ``k = 0`` and at ``k = 2``.
 - ``stale_pass_at_k``: descriptive, no direction claimed: final pass@k and accuracy per variant.
+
+Each claim's null control (the staleness or correction did nothing: the ``k = 0`` rows at every ``k``,
+GRPO's rows under a correction's or method's name, STARE's gate never open) is declared in
+``null_controls.py`` and gives ``reproduced`` False (``tests/sweeps/test_claim_nulls.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +56,21 @@ import re
 import numpy as np
 
 from ..aggregate import first_step_below, series
-from .claims import _claim, _fmt, _reasons, _seeds, _vals, entropy_ends, final_value, step_change_std
+from .claims import (
+    GATE_KEY,
+    GATE_MIN_OPEN_SHARE,
+    _claim,
+    _fmt,
+    _join,
+    _reasons,
+    _seeds,
+    _vals,
+    entropy_ends,
+    final_value,
+    hold_text,
+    step_change_std,
+    target_hold,
+)
 
 __all__ = [
     "staleness_claims",
@@ -57,6 +90,9 @@ __all__ = [
     "CLAIMED_CORRECTIONS",
     "METHOD_KS",
     "QUARTER_KEYS",
+    "STALE_KEY",
+    "STALE_QUARTER_KEYS",
+    "ACTED_EPS",
 ]
 
 VARIANT_NAME = re.compile(r"^(?P<method>[A-Za-z0-9_]+?)_k(?P<k>\d+)(?:_(?P<tag>.+))?$")
@@ -69,7 +105,10 @@ CORRECTION_K = 2  # the staleness the corrections run at
 CORRECTIONS = ("tis", "icepop", "dec", "m2po")  # the tis modes at k = 2, as the variants name them
 CLAIMED_CORRECTIONS = ("dec", "m2po")  # the ones a direction is claimed for
 METHOD_KS = (0, 2)  # Clip-Cov and STEER: synchronous and k = 2
-QUARTER_KEYS = tuple(f"clip/frac/entropy_q{i}" for i in (1, 2, 3, 4))
+QUARTER_KEYS = tuple(f"clip/frac/entropy_q{i}" for i in (1, 2, 3, 4))  # the update's clip, pi_theta / pi_prox
+STALE_KEY = "async/stale_clip_frac"  # the stale ratio pi_prox / pi_behav outside the clip range
+STALE_QUARTER_KEYS = tuple(f"{STALE_KEY}/entropy_q{i}" for i in (1, 2, 3, 4))
+ACTED_EPS = 1e-3  # a correction whose mean weight is within this of 1 and that masked nothing did nothing
 
 # claim id -> the variants whose attribution explains it (explain.explain_claims)
 CLAIM_VARIANTS = {
@@ -181,8 +220,8 @@ def _high_entropy_clipped_first(runs: dict, algo_cfgs: dict) -> dict:
             row: dict = {"seed": s}
             for k in ks:
                 rows = runs[f"grpo_k{k}"][s]
-                row[f"q1_k{k}"] = step_mean(rows, QUARTER_KEYS[0])
-                row[f"q4_k{k}"] = step_mean(rows, QUARTER_KEYS[3])
+                row[f"q1_k{k}"] = step_mean(rows, STALE_QUARTER_KEYS[0])
+                row[f"q4_k{k}"] = step_mean(rows, STALE_QUARTER_KEYS[3])
             top_first = [
                 bool(row[f"q4_k{k}"] > row[f"q1_k{k}"]) if _finite(row[f"q4_k{k}"], row[f"q1_k{k}"]) else None
                 for k in ks
@@ -204,41 +243,40 @@ def _high_entropy_clipped_first(runs: dict, algo_cfgs: dict) -> dict:
     out = _claim(
         "stale_clips_high_entropy_first",
         "Stale samples are clipped on high-entropy tokens first (M2PO): at every k >= 1 of the grid "
-        f"({', '.join(map(str, GRPO_KS[1:]))}) GRPO's clipped share of the top entropy quarter (clip/frac/entropy_q4, "
-        "mean over steps) exceeds the bottom quarter's (_q1), and the top quarter's grows with k (higher at each k "
-        f"of {', '.join(map(str, GRPO_KS))} than at the one below), on every seed",
+        f"({', '.join(map(str, GRPO_KS[1:]))}) the share of GRPO's tokens whose stale ratio pi_prox/pi_behav leaves the "
+        f"clip range is larger in the top entropy quarter ({STALE_QUARTER_KEYS[3]}, mean over steps) than in the "
+        "bottom quarter's (_q1), and the top quarter's grows with k (higher at each k "
+        f"of {', '.join(map(str, GRPO_KS))} than at the one below; 0 at k=0), on every seed. Restated on the stale "
+        "ratio: it was stated on clip/frac/entropy_q*, the update's pi_theta/pi_prox, which the stale ratio never enters",
         per,
         "ok",
         measured,
         _reasons(runs, tuple(variants), algo_cfgs),
     )
-    lacking = [v for v in variants if any(not _vals(r, q) for r in runs[v].values() for q in QUARTER_KEYS[::3])]
+    lacking = [v for v in variants if any(not _vals(r, q) for r in runs[v].values() for q in STALE_QUARTER_KEYS[::3])]
     why = []
     if len(ks) < 2 or ks[-1] < 1:
         why.append("needs GRPO at two k, one >= 1")
     elif not per:
         why.append(f"no seed ran every one of {', '.join(variants)}")
     if lacking:
-        why.append(f"{', '.join(lacking)} logged no clip/frac/entropy_q1 or _q4")
+        why.append(f"{', '.join(lacking)} logged no {STALE_QUARTER_KEYS[0]} or _q4")
     return _not_run(out, runs, tuple(f"grpo_k{k}" for k in GRPO_KS), "; ".join(why))
 
 
 def _band_row(variant: str, k: int, s: int, rows: list[dict], h_tgt: float) -> dict:
-    m = last_third(rows)
-    rel = m / h_tgt - 1.0 if math.isfinite(m) else float("nan")
-    return {
-        "variant": variant,
-        "k": k,
-        "seed": s,
-        "last_third": m,
-        "h_tgt": h_tgt,
-        "rel_error": rel,
-        "ok": bool(abs(rel) <= BAND) if math.isfinite(rel) else None,
-    }
+    """One STARE run against the band (``claims.target_hold``); ``ok`` None when it logged no entropy."""
+    hold = target_hold(rows, h_tgt, GATE_KEY, band=BAND)
+    ok = hold["ok"] if math.isfinite(hold["last_third"]) else None
+    return {"variant": variant, "k": k, "seed": s, "h_tgt": h_tgt, **hold, "ok": ok}
 
 
 def _band_text(per: list[dict]) -> str:
-    return ", ".join(f"{_fmt(p['last_third'])} ({p['rel_error']:+.0%})" for p in per if math.isfinite(p["rel_error"]))
+    return ", ".join(hold_text(p) for p in per if math.isfinite(p["rel_error"]))
+
+
+def _band_why(per: list[dict]) -> str:
+    return "; ".join(f"{p['variant']} seed {p['seed']}: {p['why_not']}" for p in per if p["ok"] is False and p["why_not"])
 
 
 def _stare_band_by_k(runs: dict, h_tgt: float, algo_cfgs: dict) -> dict:
@@ -265,7 +303,8 @@ def _stare_band_by_k(runs: dict, h_tgt: float, algo_cfgs: dict) -> dict:
     out = {
         "id": "stare_band_by_k",
         "claim": f"STARE (gate on the current policy's entropy) holds its band at every staleness of the grid: last "
-        f"third within +/-{BAND:.0%} of h_tgt={h_tgt} at k = {', '.join(map(str, STARE_KS))} on every seed "
+        f"third within +/-{BAND:.0%} of h_tgt={h_tgt}, reached from its start with the gate open on at least "
+        f"{GATE_MIN_OPEN_SHARE:.0%} of steps, at k = {', '.join(map(str, STARE_KS))} on every seed "
         "(measured: the largest k where it holds, where it stops)",
         "measured": measured,
         "reproduced": reproduced,
@@ -275,7 +314,9 @@ def _stare_band_by_k(runs: dict, h_tgt: float, algo_cfgs: dict) -> dict:
         "stops_at_k": stops,
     }
     if reproduced is False:
-        out["reason"] = _reasons(runs, tuple(f"stare_k{k}" for k in STARE_KS if holds[k] is False), algo_cfgs)
+        out["reason"] = _join(
+            _band_why(per), _reasons(runs, tuple(f"stare_k{k}" for k in STARE_KS if holds[k] is False), algo_cfgs)
+        )
     return _not_run(out, runs, tuple(f"stare_k{k}" for k in STARE_KS))
 
 
@@ -290,13 +331,22 @@ def _stare_variant_band(runs: dict, h_tgt: float, variant: str, what: str, algo_
         )
     out = _claim(
         f"{variant}_holds_band",
-        f"STARE at k={k} {what} holds its band: last third within +/-{BAND:.0%} of h_tgt={h_tgt} on every seed",
+        f"STARE at k={k} {what} holds its band: last third within +/-{BAND:.0%} of h_tgt={h_tgt}, reached from its "
+        f"start with the gate open on at least {GATE_MIN_OPEN_SHARE:.0%} of steps, on every seed",
         per,
         "ok",
         measured,
-        _reasons(runs, (variant,), algo_cfgs),
+        _join(_band_why(per), _reasons(runs, (variant,), algo_cfgs)),
     )
     return _not_run(out, runs, (variant,))
+
+
+def _acted(rows: list[dict]) -> bool:
+    """Whether a correction acted on a run: its mean weight (``rollout/tis_weight_mean``) differs from 1
+    by more than ``ACTED_EPS`` or it truncated or masked tokens (``rollout/tis_clip_frac`` > 0); False
+    when it logged neither (GRPO's rows under a correction's name)."""
+    w, masked = step_mean(rows, "rollout/tis_weight_mean"), step_mean(rows, "rollout/tis_clip_frac")
+    return bool((math.isfinite(w) and abs(w - 1.0) > ACTED_EPS) or (math.isfinite(masked) and masked > 0))
 
 
 def _corrections(runs: dict, algo_cfgs: dict) -> dict:
@@ -307,6 +357,7 @@ def _corrections(runs: dict, algo_cfgs: dict) -> dict:
         row: dict = {
             "seed": s,
             "clip_frac_none": step_mean(runs[base][s], "clip/frac"),
+            "stale_clip_frac_none": step_mean(runs[base][s], STALE_KEY),
             "last_tenth_none": entropy_ends(runs[base][s])[1],
         }
         oks = []
@@ -316,11 +367,15 @@ def _corrections(runs: dict, algo_cfgs: dict) -> dict:
                 oks += [None] if c in CLAIMED_CORRECTIONS else []
                 continue
             row[f"clip_frac_{c}"] = step_mean(rows, "clip/frac")
+            row[f"stale_clip_frac_{c}"] = step_mean(rows, STALE_KEY)  # the same ratio as without: shown, not claimed
             row[f"last_tenth_{c}"] = entropy_ends(rows)[1]
             row[f"tis_clip_frac_{c}"] = step_mean(rows, "rollout/tis_clip_frac")  # what the correction itself removed
+            row[f"tis_weight_mean_{c}"] = step_mean(rows, "rollout/tis_weight_mean")
+            row[f"acted_{c}"] = _acted(rows)
             if c in CLAIMED_CORRECTIONS:
                 a, b = row[f"clip_frac_{c}"], row["clip_frac_none"]
-                oks.append(bool(a < b) if _finite(a, b) else None)
+                lower = bool(a < b) if _finite(a, b) else None
+                oks.append(False if not row[f"acted_{c}"] else lower)
         oks += [None for c in CLAIMED_CORRECTIONS if c not in present]
         row["ok"] = all_or_none(oks)
         per.append(row)
@@ -328,28 +383,41 @@ def _corrections(runs: dict, algo_cfgs: dict) -> dict:
     def cell(c: str) -> str:
         vals = [p for p in per if f"clip_frac_{c}" in p]
         lower = sum(p[f"clip_frac_{c}"] < p["clip_frac_none"] for p in vals)
+        acted = sum(bool(p[f"acted_{c}"]) for p in vals)
         return (
-            f"{c} {_fmt(np.mean([p[f'clip_frac_{c}'] for p in vals]))} ({lower}/{len(vals)} seeds lower), "
-            f"entropy {_fmt(np.mean([p[f'last_tenth_{c}'] for p in vals]))}"
+            f"{c} {_fmt(np.mean([p[f'clip_frac_{c}'] for p in vals]))} ({lower}/{len(vals)} seeds lower, acted on "
+            f"{acted}/{len(vals)}: removed {_fmt(np.mean([p[f'tis_clip_frac_{c}'] for p in vals]))}, mean weight "
+            f"{_fmt(np.mean([p[f'tis_weight_mean_{c}'] for p in vals]))}), stale ratio clipped "
+            f"{_fmt(np.mean([p[f'stale_clip_frac_{c}'] for p in vals]))}, entropy {_fmt(np.mean([p[f'last_tenth_{c}'] for p in vals]))}"
         )
 
     measured = ""
     if per:
         measured = (
-            f"clip/frac none {_fmt(np.mean([p['clip_frac_none'] for p in per]))}, entropy last tenth "
+            f"update clip/frac none {_fmt(np.mean([p['clip_frac_none'] for p in per]))}, stale ratio clipped "
+            f"({STALE_KEY}) {_fmt(np.mean([p['stale_clip_frac_none'] for p in per]))}, entropy last tenth "
             f"{_fmt(np.mean([p['last_tenth_none'] for p in per]))} | "
             + " | ".join(cell(c) for c in present if any(f"clip_frac_{c}" in p for p in per))
             + " (means over seeds)"
         )
+    not_acted = [f"{c} seed {p['seed']} did not act" for p in per for c in CLAIMED_CORRECTIONS if p.get(f"acted_{c}") is False]
     out = _claim(
         "corrections_lower_clipping",
-        f"At k={CORRECTION_K} the decoupled objective (AReaL) and M2PO's second-moment mask each lower the share of "
-        "clipped tokens (clip/frac, mean over steps) below GRPO's without a correction, on every seed; token TIS and "
-        "IcePop are measured beside them (no direction claimed), with each one's entropy last tenth",
+        f"At k={CORRECTION_K} the decoupled objective (AReaL) and M2PO's second-moment mask each act on the stale "
+        "tokens (weights != 1 or tokens masked: rollout/tis_weight_mean, rollout/tis_clip_frac) and lower the update's "
+        "clipped share (clip/frac, pi_theta against pi_prox, mean over steps) below GRPO's without a correction, on "
+        "every seed; token TIS and IcePop are measured beside them (no direction claimed), with each one's entropy last "
+        f"tenth. Restated: no correction changes the stale ratio pi_prox/pi_behav, so its clipped share ({STALE_KEY}, "
+        "shown) is the same with and without one by construction and is not what this claims",
         per,
         "ok",
         measured,
-        _reasons(runs, tuple(f"{base}_{c}" for c in present), algo_cfgs),
+        _join("; ".join(not_acted), _reasons(runs, tuple(f"{base}_{c}" for c in present), algo_cfgs)),
+    )
+    out["restated"] = (
+        "earlier stated as the corrections lowering the clipping of stale samples; the stale ratio pi_prox/pi_behav "
+        "does not depend on the correction, so the claim is now on the update's clip/frac, and a correction must "
+        "have acted"
     )
     return _not_run(out, runs, (base, *(f"{base}_{c}" for c in CLAIMED_CORRECTIONS)))
 
@@ -459,8 +527,9 @@ def staleness_claims(
 
 def staleness_table(runs: dict[str, dict[int, list[dict]]], *, h_tgt: float, pass_key: str = "val/pass_at_8") -> list[dict]:
     """Per variant, one value per seed (the seeds in ``seeds``' order): entropy last tenth, the first
-    step below ``h_tgt`` (None: never), ``clip/frac`` and its bottom and top entropy quarters (means
-    over steps), final ``pass_key`` and ``val/acc``, STARE's gate open share (``stare/gate_on``, mean
+    step below ``h_tgt`` (None: never), ``clip/frac`` (the update's clip) and its bottom and top entropy
+    quarters, ``async/stale_clip_frac`` (the stale ratio's) and its bottom and top quarters (means over
+    steps), final ``pass_key`` and ``val/acc``, STARE's gate open share (``stare/gate_on``, mean
     over steps) and the mean lag ``async/staleness/mean`` (NaN where a run did not log one: k = 0,
     or no gate)."""
     out = []
@@ -480,6 +549,9 @@ def staleness_table(runs: dict[str, dict[int, list[dict]]], *, h_tgt: float, pas
                 "clip_frac": [step_mean(r, "clip/frac") for r in rows_list],
                 "clip_q1": [step_mean(r, QUARTER_KEYS[0]) for r in rows_list],
                 "clip_q4": [step_mean(r, QUARTER_KEYS[3]) for r in rows_list],
+                "stale_clip_frac": [step_mean(r, STALE_KEY) for r in rows_list],
+                "stale_q1": [step_mean(r, STALE_QUARTER_KEYS[0]) for r in rows_list],
+                "stale_q4": [step_mean(r, STALE_QUARTER_KEYS[3]) for r in rows_list],
                 "pass": [final_value(r, pass_key) for r in rows_list],
                 "val_acc": [final_value(r, "val/acc") for r in rows_list],
                 "gate_open": [step_mean(r, "stare/gate_on") for r in rows_list],

@@ -7,8 +7,10 @@ attribution (``explain.explain_claims``) and writes into the sweep folder ``repo
 (the claims, the lab's variant table and ``staleness_table``: per variant and seed the entropy, the
 clipped shares, the final pass@k, the gate and the lag), the lab's mean + band figures and two of its
 own: entropy over steps with one panel per method and one line per staleness (and a panel of each
-method's corrections or options at their k beside the uncorrected run), and the clipped share of
-each entropy quarter against k. ``entropyrl report DIR`` runs it again from the files (``--step
+method's corrections or options at their k beside the uncorrected run), and the stale ratio's
+clipped share (``async/stale_clip_frac/entropy_q<i>``: ``pi_prox / pi_behav`` outside the clip range)
+of each entropy quarter against k (the update's ``clip/frac``, which the stale ratio never enters, is
+in the table beside it). ``entropyrl report DIR`` runs it again from the files (``--step
 lab_staleness`` for a sweep started before its ablation named the step).
 """
 
@@ -28,10 +30,11 @@ from ...conf import compose  # noqa: E402
 from ..aggregate import seed_band  # noqa: E402
 from ..state import FAILED  # noqa: E402
 from .explain import explain_claims  # noqa: E402
+from .null_controls import declare_nulls  # noqa: E402
 from .report import _save_small, write_lab_outputs  # noqa: E402
 from .staleness_claims import (  # noqa: E402
     CLAIM_VARIANTS,
-    QUARTER_KEYS,
+    STALE_QUARTER_KEYS,
     parse_variant,
     staleness_claims,
     staleness_table,
@@ -124,16 +127,18 @@ def plot_entropy_groups(runs: dict[str, dict[int, list[dict]]], path: Path, h_tg
     return Path(path)
 
 
-def clip_quarters(runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int, dict[str, list[float]]]]:
+def clip_quarters(
+    runs: dict[str, dict[int, list[dict]]], keys: tuple[str, ...] = STALE_QUARTER_KEYS
+) -> dict[str, dict[int, dict[str, list[float]]]]:
     """``{method: {k: {quarter key: [per seed mean over steps]}}}`` of the variants without a
-    correction; quarters no seed logged are left out."""
+    correction, for ``keys`` (the stale ratio's quarters); quarters no seed logged are left out."""
     out: dict[str, dict[int, dict[str, list[float]]]] = {}
     for v, by_seed in runs.items():
         p = parse_variant(v)
         if p is None or p[2]:
             continue
         per_key = {}
-        for key in QUARTER_KEYS:
+        for key in keys:
             vals = [m for rows in by_seed.values() if math.isfinite(m := step_mean(rows, key))]
             if vals:
                 per_key[key] = vals
@@ -143,9 +148,9 @@ def clip_quarters(runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int,
 
 
 def plot_clip_quarters(runs: dict[str, dict[int, list[dict]]], path: Path) -> Path | None:
-    """One panel per method: the clipped share of each entropy quarter (``clip/frac/entropy_q1`` ..
-    ``_q4``, mean over steps) against the staleness k, mean over seeds with the min-max as error bars;
-    None when no run logged the quarters."""
+    """One panel per method: the stale ratio's clipped share of each entropy quarter
+    (``async/stale_clip_frac/entropy_q1`` .. ``_q4``, mean over steps) against the staleness k, mean over
+    seeds with the min-max as error bars; None when no run logged the quarters."""
     data = clip_quarters(runs)
     if not data:
         return None
@@ -154,7 +159,7 @@ def plot_clip_quarters(runs: dict[str, dict[int, list[dict]]], path: Path) -> Pa
     fig, axes = plt.subplots(rows, cols, figsize=(5.0 * cols, 3.2 * rows), squeeze=False, sharey=True)
     for ax, (method, by_k) in zip(axes.flat, data.items()):
         ks = sorted(by_k)
-        for i, key in enumerate(QUARTER_KEYS):
+        for i, key in enumerate(STALE_QUARTER_KEYS):
             pts = [(k, by_k[k][key]) for k in ks if key in by_k[k]]
             if not pts:
                 continue
@@ -172,8 +177,12 @@ def plot_clip_quarters(runs: dict[str, dict[int, list[dict]]], path: Path) -> Pa
     for ax in list(axes.flat)[len(data) :]:
         ax.axis("off")
     for ax in axes[:, 0]:
-        ax.set_ylabel("clipped share (mean over steps)")
-    fig.suptitle("clipped tokens by entropy quarter (q1 lowest, q4 highest): mean over seeds, bars = min-max", fontsize=10)
+        ax.set_ylabel("stale ratio outside the clip range (mean over steps)")
+    fig.suptitle(
+        "stale ratio pi_prox/pi_behav outside the clip range, by entropy quarter (q1 lowest, q4 highest): "
+        "mean over seeds, bars = min-max",
+        fontsize=9,
+    )
     fig.tight_layout()
     _save_small(fig, Path(path))
     plt.close(fig)
@@ -204,19 +213,23 @@ def _table_md(table: list[dict], h_tgt: float, pass_key: str) -> list[str]:
         "## Variants under staleness (mean ± std over seeds)",
         "",
         f"Entropy last tenth: the last tenth of the steps; first step below h_tgt ({h_tgt:g}): mean over the seeds "
-        "that went below (how many, when not all); clip/frac and its bottom (q1) and top (q4) entropy quarters, "
+        "that went below (how many, when not all); clip/frac (the update's clip, pi_theta against pi_prox) and its "
+        "bottom (q1) and top (q4) entropy quarters, stale clip (`async/stale_clip_frac`: the stale ratio "
+        "pi_prox/pi_behav outside the clip range, the same with or without a correction) and its q1 and q4, "
         f"STARE's gate open share (`stare/gate_on`) and the lag (`async/staleness/mean`): means over steps; {label} "
         "and accuracy: the last validation.",
         "",
         f"| variant | k | correction / option | seeds | entropy last tenth | first step below h_tgt | clip/frac | "
-        f"clip q1 | clip q4 | final {label} | final val acc | gate open | mean lag |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"clip q1 | clip q4 | stale clip | stale q1 | stale q4 | final {label} | final val acc | gate open | mean lag |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in table:
         lines.append(
             f"| {t['variant']} | {'-' if t['k'] is None else t['k']} | {t['tag'] or 'none'} | "
             f"{','.join(map(str, t['seeds']))} | {_cell(t['entropy_last_tenth'])} | {_below_cell(t['first_step_below'])} | "
-            f"{_cell(t['clip_frac'], 4)} | {_cell(t['clip_q1'], 4)} | {_cell(t['clip_q4'], 4)} | {_cell(t['pass'])} | "
+            f"{_cell(t['clip_frac'], 4)} | {_cell(t['clip_q1'], 4)} | {_cell(t['clip_q4'], 4)} | "
+            f"{_cell(t.get('stale_clip_frac', []), 4)} | {_cell(t.get('stale_q1', []), 4)} | {_cell(t.get('stale_q4', []), 4)} | "
+            f"{_cell(t['pass'])} | "
             f"{_cell(t['val_acc'])} | {_cell(t['gate_open'], 2)} | {_cell(t['staleness_mean'], 2)} |"
         )
     return [*lines, ""]
@@ -235,17 +248,18 @@ def _figures_md(entropy: bool, clip: bool) -> list[str]:
         if entropy
         else ["(no run logged entropy)", ""]
     )
-    lines += ["## Clipped share by entropy quarter", ""]
+    lines += ["## Stale ratio outside the clip range, by entropy quarter", ""]
     lines += (
         [
-            f"![clipped share by entropy quarter against k]({CLIP_FIGURE})",
+            f"![stale ratio outside the clip range by entropy quarter against k]({CLIP_FIGURE})",
             "",
-            "Stale samples' ratios leave the clip range on high-entropy tokens first (M2PO): the q4 line above "
-            "the q1 line, rising with k, is that observation.",
+            "Stale samples' ratios pi_prox/pi_behav leave the clip range on high-entropy tokens first (M2PO): the q4 "
+            "line above the q1 line, rising with k, is that observation (`async/stale_clip_frac/entropy_q*`; the "
+            "update's clip/frac, pi_theta against pi_prox, does not see the stale ratio).",
             "",
         ]
         if clip
-        else ["(no run logged clip/frac/entropy_q*)", ""]
+        else ["(no run logged async/stale_clip_frac/entropy_q*)", ""]
     )
     return lines
 
@@ -279,6 +293,7 @@ def lab_staleness_report_step(sweep_dir: Path, sweep: dict, statuses: list, log:
     pass_key = _pass_key(configs, every_job)
     claims = staleness_claims(runs, h_tgt=h_tgt, algo_cfgs=algo_cfgs, pass_key=pass_key)
     claims = explain_claims(claims, runs, claim_variants=CLAIM_VARIANTS)  # why entropy moved, from the attribution
+    claims = declare_nulls(claims)  # each claim's null control, in words (null_controls.py)
     table = staleness_table(runs, h_tgt=h_tgt, pass_key=pass_key)
     out = Path(sweep_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ from ..state import DONE, FAILED
 from .claims import compute_claims
 from .explain import explain_claims
 from .method_claims import method_claims
+from .null_controls import declare_nulls
 from .quadrant_probe import RESULT_FILE
 from .report import write_lab_outputs
 
@@ -82,6 +83,7 @@ def lab_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[
     claims = compute_claims(runs, h_tgt=h_tgt, algo_cfgs=algo_cfgs, quadrants=quadrants or None, pass_key=pass_key)
     claims += method_claims(runs, algo_cfgs)  # the newer methods, where their runs are present
     claims = explain_claims(claims, runs)  # why entropy moved, from the runs' attribution
+    claims = declare_nulls(claims)  # each claim's null control, in words (null_controls.py)
     failed = [st.key for st in statuses if st.state == FAILED]
     command = sweep.get("command") or " ".join(
         ["entropyrl sweep", f"ablation={sweep.get('ablation', {}).get('name')}", *every_job]

@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from ...conf import compose, to_plain  # noqa: E402
 from ..aggregate import seed_band  # noqa: E402
 from ..state import FAILED  # noqa: E402
+from .null_controls import declare_nulls  # noqa: E402
 from .report import _save_small, write_lab_outputs  # noqa: E402
 from .sweep_step import _job_times, collect_lab_runs  # noqa: E402
 from .tool_claims import KIND_KEYS, TURN_KEYS, kind_table, tool_claims  # noqa: E402
@@ -114,7 +115,7 @@ def lab_tools_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Cal
     h_tgt = float(stare["algo"]["stare"]["h_tgt"])
     any_cfg = next(iter(configs.values()), None) or to_plain(compose("train", ["experiment=lab_tool_grpo", *every_job]))
     pass_key = f"val/pass_at_{int(any_cfg['val']['pass_k'])}"
-    claims = tool_claims(runs, h_tgt=h_tgt, algo_cfgs=algo_cfgs)
+    claims = declare_nulls(tool_claims(runs, h_tgt=h_tgt, algo_cfgs=algo_cfgs))  # with each one's null control
     table = kind_table(runs)
     out = Path(sweep_dir)
     out.mkdir(parents=True, exist_ok=True)

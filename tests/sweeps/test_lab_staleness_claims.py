@@ -47,6 +47,16 @@ def _quarters(q1, q4, clip=None):
     return {"clip__frac__entropy_q1": q1, "clip__frac__entropy_q4": q4, "clip__frac": (q1 + q4) / 2 if clip is None else clip}
 
 
+def _stale(q1, q4):
+    """The stale ratio's clipped share of the bottom and top entropy quartiles (async/stale_clip_frac/entropy_q*)."""
+    return {"async__stale_clip_frac__entropy_q1": q1, "async__stale_clip_frac__entropy_q4": q4}
+
+
+def _gated(entropy, h=H):
+    """STARE rows whose gate is open exactly on the steps below ``h``."""
+    return _rows(entropy, stare__gate_on=[float(x < h) for x in entropy])
+
+
 def _claims(runs, **kw):
     return {c["id"]: c for c in staleness_claims(runs, h_tgt=H, **kw)}
 
@@ -89,21 +99,24 @@ def test_stale_grpo_collapse_is_k4_last_tenth_against_the_k0_run_of_the_same_see
 
 
 def test_high_entropy_tokens_clipped_first_and_more_with_k():
+    """Stated on the stale ratio pi_prox/pi_behav (async/stale_clip_frac/entropy_q*), no longer on the
+    update's clip/frac/entropy_q*, which the stale ratio never enters: quarters of clip/frac alone now
+    leave the claim not run."""
     n = 30
     runs = {
-        f"grpo_k{k}": {s: _rows(_linear(0.6, 0.2, n), **_quarters(0.001, q4 + 0.001 * s)) for s in (0, 1)}
+        f"grpo_k{k}": {s: _rows(_linear(0.6, 0.2, n), **_stale(0.001, q4 + 0.001 * s)) for s in (0, 1)}
         for k, q4 in ((0, 0.002), (1, 0.01), (2, 0.02), (4, 0.04))
     }
     c = _claims(runs)["stale_clips_high_entropy_first"]
     assert c["reproduced"] is True and c["per_seed"][1]["q4_k4"] == pytest.approx(0.041)
     assert "k=4: q4 0.04/0.041 vs q1 0.001/0.001" in c["measured"]
     # the top quarter's share does not grow from k=2 to k=4 on one seed
-    runs["grpo_k4"][1] = _rows(_linear(0.6, 0.2, n), **_quarters(0.001, 0.015))
+    runs["grpo_k4"][1] = _rows(_linear(0.6, 0.2, n), **_stale(0.001, 0.015))
     c = _claims(runs)["stale_clips_high_entropy_first"]
     assert c["reproduced"] is False and c["per_seed"][1]["q4_grows"] is False and c["per_seed"][1]["q4_above_q1"] is True
     # q1 above q4 at k=1: not reproduced either
     runs["grpo_k4"][1] = runs["grpo_k4"][0]
-    runs["grpo_k1"] = {s: _rows(_linear(0.6, 0.2, n), **_quarters(0.02, 0.01 + 0.001 * s)) for s in (0, 1)}
+    runs["grpo_k1"] = {s: _rows(_linear(0.6, 0.2, n), **_stale(0.02, 0.01 + 0.001 * s)) for s in (0, 1)}
     assert _claims(runs)["stale_clips_high_entropy_first"]["per_seed"][0]["q4_above_q1"] is False
     # a partial grid: open while the measured k agree, refuted as soon as one does not
     partial = {v: runs[v] for v in ("grpo_k0", "grpo_k2")}
@@ -113,14 +126,17 @@ def test_high_entropy_tokens_clipped_first_and_more_with_k():
     # only the synchronous run, or runs without the quarters: not run, with the reason
     c = _claims({"grpo_k0": runs["grpo_k0"]})["stale_clips_high_entropy_first"]
     assert c["reproduced"] is None and "two k" in c["reason"]
-    bare = {f"grpo_k{k}": {0: _rows(_linear(0.6, 0.2, n))} for k in (0, 1, 2, 4)}
+    bare = {f"grpo_k{k}": {0: _rows(_linear(0.6, 0.2, n), **_quarters(0.001, 0.01 * (k + 1)))} for k in (0, 1, 2, 4)}
     c = _claims(bare)["stale_clips_high_entropy_first"]
-    assert c["reproduced"] is None and "grpo_k0, grpo_k1, grpo_k2, grpo_k4 logged no clip/frac/entropy_q1" in c["reason"]
+    assert c["reproduced"] is None
+    assert "grpo_k0, grpo_k1, grpo_k2, grpo_k4 logged no async/stale_clip_frac/entropy_q1" in c["reason"]
 
 
 def test_stare_band_by_k_says_where_it_stops_holding():
-    held = _rows([0.6] * 20 + [0.26] * 10)  # last third 0.26: +4 %
-    lost = _rows([0.6] * 20 + [0.4] * 10)  # +60 %
+    # held: reaches h_tgt from 0.6 and its gate opens below it (a curve that sat in the band with the
+    # gate shut, as these rows were before, no longer holds: test_claim_nulls.py)
+    held = _gated([0.6] * 20 + [0.24, 0.28] * 5)  # last third 0.26: +4 %
+    lost = _gated([0.6] * 20 + [0.4] * 10)  # +60 %
     runs = {"stare_k0": {0: held, 1: held}, "stare_k2": {0: held, 1: held}, "stare_k4": {0: held, 1: lost}}
     c = _claims(runs)["stare_band_by_k"]
     assert c["reproduced"] is False and c["holds_up_to_k"] == 2 and c["stops_at_k"] == 4
@@ -141,7 +157,7 @@ def test_stare_band_by_k_says_where_it_stops_holding():
 
 
 def test_stare_k2_dec_and_behav_rows_use_the_same_band():
-    held, below = _rows([0.6] * 20 + [0.24] * 10), _rows([0.6] * 20 + [0.1] * 10)
+    held, below = _gated([0.6] * 20 + [0.24] * 10), _gated([0.6] * 20 + [0.1] * 10)
     c = _claims({"stare_k2_behav": {0: held, 1: held}, "stare_k2": {0: below}})
     behav = c["stare_k2_behav_holds_band"]
     assert behav["reproduced"] is True and "behaviour policy" in behav["claim"]
@@ -167,7 +183,12 @@ def test_corrections_lower_clipping_claims_dec_and_m2po_and_measures_tis_icepop(
     p = c["per_seed"][0]
     assert p["clip_frac_none"] == pytest.approx(0.012) and p["clip_frac_tis"] == pytest.approx(0.02)
     assert p["tis_clip_frac_m2po"] == pytest.approx(0.05) and p["last_tenth_m2po"] > p["last_tenth_none"]
-    assert "m2po 0.006 (2/2 seeds lower)" in c["measured"] and "tis 0.02 (0/2 seeds lower)" in c["measured"]
+    assert "m2po 0.006 (2/2 seeds lower, acted on 2/2" in c["measured"] and "tis 0.02 (0/2 seeds lower" in c["measured"]
+    assert "Restated" in c["claim"] and c["restated"]
+    # a correction that did nothing (no weight, no mask logged) is not credited with a lower clip/frac
+    idle = {s: _rows(_linear(0.6, 0.3), clip__frac=0.006) for s in (0, 1)}
+    c = _claims({**runs, "grpo_k2_m2po": idle})["corrections_lower_clipping"]
+    assert c["reproduced"] is False and c["per_seed"][0]["acted_m2po"] is False and "m2po seed 0 did not act" in c["reason"]
     runs["grpo_k2_m2po"] = run(0.015)
     c = _claims(runs)["corrections_lower_clipping"]
     assert c["reproduced"] is False
@@ -247,8 +268,9 @@ def _fake_sweep(tmp_path, with_step: bool):
     shapes = {
         "grpo_k0": dict(end=0.1, q4=0.002),
         "grpo_k4": dict(end=0.04, q4=0.03),
-        "stare_k0": dict(end=0.25, q4=0.002),
-        "stare_k4": dict(end=0.26, q4=0.03),
+        # STARE reaches h_tgt (0.25) with its gate open: a run that stayed above it never held it
+        "stare_k0": dict(end=0.24, q4=0.002),
+        "stare_k4": dict(end=0.24, q4=0.03),
     }
     jobs = []
     for variant, sh in shapes.items():
@@ -258,6 +280,8 @@ def _fake_sweep(tmp_path, with_step: bool):
             rows = _rows(
                 [0.6] * 10 + [sh["end"] + 0.005 * seed] * 10,
                 **_quarters(0.001, sh["q4"]),
+                # the stale ratio's clipped quarters: 0 at k=0 by construction
+                **(_stale(0.0, 0.0) if variant.endswith("k0") else _stale(0.001, sh["q4"])),
                 val__pass_at_8=[float("nan")] * (n - 1) + [0.6],
                 val__acc=[float("nan")] * (n - 1) + [0.4],
                 **({"stare__gate_on": [0.0] * 10 + [1.0] * 10} if variant.startswith("stare") else {}),
@@ -305,8 +329,9 @@ def test_report_step_writes_the_report_the_claims_and_the_figures(tmp_path):
     assert f"![entropy by method and staleness]({ENTROPY_FIGURE})" in report and CLIP_FIGURE in report
     row = next(line for line in report.splitlines() if line.startswith("| stare_k4 | 4 | none |"))
     cells = [c.strip() for c in row.split("|")[1:-1]]
-    assert cells[4] == "0.263 ± 0.003" and cells[5] == "never" and cells[8] == "0.0300 ± 0.0000"
-    assert cells[11] == "0.50 ± 0.00" and cells[12] == "4.00 ± 0.00"
+    assert cells[4] == "0.242 ± 0.003" and cells[5] == "11.0 ± 0.0" and cells[8] == "0.0300 ± 0.0000"
+    assert cells[9:12] == ["-", "0.0010 ± 0.0000", "0.0300 ± 0.0000"]  # stale clip overall not logged, its q1, q4
+    assert cells[14] == "0.50 ± 0.00" and cells[15] == "4.00 ± 0.00"
     row = next(line for line in report.splitlines() if line.startswith("| grpo_k4 | 4 | none |"))
     assert [c.strip() for c in row.split("|")[1:-1]][5] == "11.0 ± 0.0"  # 0.04 from step 11
     assert "| grpo_k0 | 0 | none |" in report and "| - |" in report.split("| grpo_k0 | 0 | none |")[1].splitlines()[0]

@@ -56,10 +56,15 @@ def test_grpo_collapse_is_last_tenth_against_first_tenth():
 
 
 def test_stare_band_is_last_third_within_thirty_percent_of_h_tgt():
-    held = _rows([0.6] * 14 + [0.32] * 6)  # last third (6 steps) 0.32: +7 %
-    below = _rows([0.6] * 14 + [0.15] * 6)  # -50 %
+    # held: entropy reaches h_tgt and the gate opens below it (a curve sitting in the band with no gate,
+    # as these rows were before, is the claim's null control and no longer holds: test_claim_nulls.py)
+    gate = lambda ent: {"stare/gate_on": [float(h < 0.3) for h in ent]}  # noqa: E731
+    held_ent, below_ent = [0.6] * 14 + [0.28, 0.36] * 3, [0.6] * 14 + [0.15] * 6
+    held = _rows(held_ent, gate(held_ent))  # last third (6 steps) 0.32: +7 %
+    below = _rows(below_ent, gate(below_ent))  # -50 %
     c = _claims({"stare": {0: held}}, h_tgt=0.3)["tool_stare_holds_target"]
     assert c["reproduced"] is True and c["per_seed"][0]["last_third"] == pytest.approx(0.32)
+    assert c["per_seed"][0]["acted_share"] == pytest.approx(0.15) and "gate open 15% of steps" in c["measured"]
     assert "h_tgt=0.3" in c["claim"]
     c = _claims({"stare": {0: held, 1: below}}, h_tgt=0.3)["tool_stare_holds_target"]
     assert c["reproduced"] is False and c["per_seed"][1]["rel_error"] == pytest.approx(-0.5)

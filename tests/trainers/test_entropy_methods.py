@@ -451,7 +451,9 @@ def test_method_claims_are_measured_per_seed_and_only_for_present_runs():
     runs = {
         "grpo": {0: falling, 1: falling},
         "ce_gppo": {0: held, 1: falling},
-        "entropic": {0: held},
+        # EntroPIC acting (alpha non-zero): a held curve with the controller idle is the claim's null
+        # control and no longer holds (sweeps/lab/null_controls.py)
+        "entropic": {0: [{**r, "entropic/alpha": 0.1} for r in held]},
         "stare": {0: wobbly},
         "gspo": {0: held},
     }

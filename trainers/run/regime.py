@@ -7,7 +7,7 @@ I/O edge: it prints one line per finding, tags the MLflow run and returns what g
 ``summary.json``::
 
     "warnings": [{"id": "kl_cov_on_policy", "message": "...", "first_step": 1}, ...]
-    "flags":    [{"id": "collapse", "message": "...", "first_step": 57}]
+    "flags":    [{"id": "collapse", "message": "...", "first_step": 57, "evidence": {"reference_steps": [1, 20], ...}}]
     "entropy_change": {"n": 199, "pearson_r": ..., "slope": ..., "pearson_r_detrended": ..., ...}
     "attribution": {"fit": {...as entropy_change, of predicted_net...}, "total": {"q1": ...}, "share": {...}}
 """
@@ -34,14 +34,33 @@ __all__ = [
     "EXPLOSION_RATIO",
     "EXPLOSION_NATS",
     "EXPLOSION_FLOOR",
+    "MIN_FLAG_STEPS",
+    "TARGET_BAND",
+    "FLAG_NULL_CONTROLS",
+    "entropy_target",
     "DETREND_WINDOW",
     "rolling_mean_by_step",
 ]
 
 COLLAPSE_RATIO = 0.2  # entropy below 0.2x its first-tenth mean
 EXPLOSION_RATIO = 3.0  # ... or above 3x it
-EXPLOSION_NATS = 2.0  # ... or above 2 nats/token
+EXPLOSION_NATS = 2.0  # ... or above 2 nats/token, from a first tenth below that
 EXPLOSION_FLOOR = 0.5  # the ratio rule needs at least this many nats/token: 3x a near-zero start is no explosion
+#: A flag compares the first tenth of the logged entropy steps with each later step. With fewer
+#: steps than this the reference is one step and the comparison a handful of noisy steps: no flag is
+#: raised (a 2-step run says nothing about a trend, and a real model's first step is no baseline).
+MIN_FLAG_STEPS = 10
+#: A run whose controller has an entropy set point (STARE's ``h_tgt``, EntroPIC's ``target``: the
+#: intervention's ``target_param``) and whose last tenth ends within this relative band of it ended
+#: where the method steers it: neither a collapse nor an explosion (the lab's band, claims.py).
+TARGET_BAND = 0.3
+#: Each flag's null control: runs on which it must not fire (tests/sweeps/test_claim_nulls.py).
+FLAG_NULL_CONTROLS = {
+    "collapse": "entropy flat at its start; a run with fewer than MIN_FLAG_STEPS logged steps; a run that ends "
+    "within TARGET_BAND of its controller's set point",
+    "explosion": "entropy flat at its start, at any level (above 2 nats included); a run with fewer than "
+    "MIN_FLAG_STEPS logged steps",
+}
 ALL_EQUAL_SHARE = 0.5  # most groups all-equal: nothing to reweight
 FILE_KINDS = ("math", "code")  # data kinds read from a file (the user's own rows)
 DETREND_WINDOW = 21  # rolling mean removed before correlating predicted and realised change
@@ -118,34 +137,95 @@ def regime_warnings(rows: list[dict], algo_cfg: dict, data_cfg: dict | None = No
     return out
 
 
-def entropy_flags(rows: list[dict]) -> list[dict]:
-    """Collapse (entropy < 0.2x its first-tenth mean) and explosion (> 3x it and above a floor of
-    ``EXPLOSION_FLOOR`` nats, or > 2 nats), with the first step at which each happened: a ratio alone
-    would call 0.06 nats an explosion of a run that started near zero.
-    ``[{"id", "message", "first_step"}]``."""
+def entropy_target(algo_cfg: dict | None) -> float | None:
+    """The entropy set point (nats) of the run's closed-loop controller, from its ``algo`` config: the
+    ``target_param`` of the first configured intervention that has one (STARE's ``h_tgt``, only while
+    its gate is on: an open-loop STARE steers to no level); None when there is none."""
+    algo_cfg = algo_cfg or {}
+    for name in _interventions(algo_cfg):
+        cls = INTERVENTIONS.get(name)
+        key = getattr(cls, "target_param", None)
+        params = dict(algo_cfg.get(name) or {})
+        if key is None or (name == "stare" and not params.get("gate", True)):
+            continue
+        value = params.get(key)
+        if isinstance(value, (int, float)) and value > 0:
+            return float(value)
+    return None
+
+
+def entropy_flags(rows: list[dict], algo_cfg: dict | None = None) -> list[dict]:
+    """Collapse (a step's entropy < 0.2x the first tenth's mean) and explosion (> 3x it and above a
+    floor of ``EXPLOSION_FLOOR`` nats, or > 2 nats from a first tenth below 2 nats), with the first
+    step at which each happened. A ratio alone would call 0.06 nats an explosion of a run that started
+    near zero, and the 2-nat rule alone a model whose entropy starts above 2 nats.
+
+    Each flag states its evidence: the steps it compares (``evidence``: the first tenth's steps and
+    mean, the step and its value) in the message and as a field. No flag with fewer than
+    ``MIN_FLAG_STEPS`` logged entropy steps (too short to show a trend), and none where the run ends
+    within ``TARGET_BAND`` of its controller's set point (``entropy_target(algo_cfg)``): entropy at the
+    target STARE holds is the method working, not a collapse. ``[{"id", "message", "first_step",
+    "evidence"}]``."""
     ent = _series(rows, "entropy")
-    if len(ent) < 2:
+    if len(ent) < MIN_FLAG_STEPS:
         return []
     tenth = max(1, len(ent) // 10)
     ref = float(np.mean([v for _, v in ent[:tenth]]))
+    last = float(np.mean([v for _, v in ent[-tenth:]]))
+    first_steps = f"steps {ent[0][0]}-{ent[tenth - 1][0]}" if tenth > 1 else f"step {ent[0][0]}"
+    target = entropy_target(algo_cfg)
+    if target is not None and abs(last / target - 1.0) <= TARGET_BAND:
+        return []
+    later = ent[tenth:]
+
+    def evidence(step: int, value: float) -> dict:
+        return {
+            "reference_steps": [ent[0][0], ent[tenth - 1][0]],
+            "reference_mean": ref,
+            "step": step,
+            "value": value,
+            "steps_logged": len(ent),
+        }
+
     out = []
-    low = next(((s, v) for s, v in ent if v < COLLAPSE_RATIO * ref), None)
+    low = next(((s, v) for s, v in later if v < COLLAPSE_RATIO * ref), None)
     if low is not None:
         out.append(
-            _finding(
-                "collapse",
-                f"entropy collapsed: {low[1]:.3f} nats < {COLLAPSE_RATIO} x its first-tenth mean {ref:.3f} at step {low[0]}",
-                low[0],
-            )
+            {
+                **_finding(
+                    "collapse",
+                    f"entropy collapsed: {low[1]:.3f} nats at step {low[0]} < {COLLAPSE_RATIO} x {ref:.3f}, the mean of "
+                    f"the first tenth ({first_steps}; {len(ent)} steps logged)",
+                    low[0],
+                ),
+                "evidence": evidence(*low),
+            }
         )
-    high = next(((s, v) for s, v in ent if v > max(EXPLOSION_RATIO * ref, EXPLOSION_FLOOR) or v > EXPLOSION_NATS), None)
+    high = next(
+        (
+            (s, v)
+            for s, v in later
+            if v > max(EXPLOSION_RATIO * ref, EXPLOSION_FLOOR) or (v > EXPLOSION_NATS and ref <= EXPLOSION_NATS)
+        ),
+        None,
+    )
     if high is not None:
         why = (
             f"> {EXPLOSION_NATS} nats"
-            if high[1] > EXPLOSION_NATS
+            if high[1] > EXPLOSION_NATS and ref <= EXPLOSION_NATS
             else f"> {EXPLOSION_RATIO} x its first-tenth mean {ref:.3f} (and > {EXPLOSION_FLOOR} nats)"
         )
-        out.append(_finding("explosion", f"entropy exploded: {high[1]:.3f} nats {why} at step {high[0]}", high[0]))
+        out.append(
+            {
+                **_finding(
+                    "explosion",
+                    f"entropy exploded: {high[1]:.3f} nats at step {high[0]} {why}; first tenth ({first_steps}) "
+                    f"mean {ref:.3f}, {len(ent)} steps logged",
+                    high[0],
+                ),
+                "evidence": evidence(*high),
+            }
+        )
     return out
 
 
@@ -305,7 +385,7 @@ def report_regime(rows: list[dict], cfg, tracker=None, log: Callable = print) ->
     """
     algo_cfg = to_plain(cfg.algo) if cfg is not None else {}
     data_cfg = to_plain(cfg.get("data")) if cfg is not None and hasattr(cfg, "get") else None
-    warnings, flags = regime_warnings(rows, algo_cfg, data_cfg), entropy_flags(rows)
+    warnings, flags = regime_warnings(rows, algo_cfg, data_cfg), entropy_flags(rows, algo_cfg)
     for kind, found in (("warning", warnings), ("flag", flags)):
         for f in found:
             log(f"{kind} {f['id']} (step {f['first_step']}): {f['message']}")
