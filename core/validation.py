@@ -262,6 +262,7 @@ TOOLS = {
     "tools.max_calls": NONNEG_INT,
     "tools.max_output_chars": integer(16),
     "tools.session": choice("stateless", "trajectory"),
+    "tools.tool_turn": choice("inline", "chat"),
     "tools.show_last_expression": BOOL,
     "tools.tags.*": owned("rollout/tool_formats.py (a tag string, or null for the format's own)"),
     "tools.executor.isolation": owned("evals/code/sandbox.py (auto, bwrap, unshare or none)"),

@@ -20,7 +20,7 @@ can still call tools with tags made of its own characters.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from ..core.errors import UserError
@@ -34,6 +34,9 @@ __all__ = [
     "register_tool_format",
     "build_tool_format",
     "middle_cut",
+    "cut_note",
+    "tool_schema",
+    "hermes_tools_prompt",
     "TAG_KEYS",
 ]
 
@@ -44,22 +47,39 @@ TAG_KEYS = ("call_open", "call_close", "output_open", "output_close")
 class ToolCall:
     """One parsed call: ``code`` to run, or ``error`` (why the call is malformed; ``code`` is then
     empty and the error text becomes the tool's output). ``start``: the character offset in the
-    turn's text where the call opens (tokens from there on are the code the policy wrote)."""
+    turn's text where the call opens (tokens from there on are the code the policy wrote);
+    ``end``: where its closing tag ends."""
 
     code: str
     error: str | None
     start: int
+    end: int | None = None  # the character offset just past the call's closing tag
+
+
+def cut_note(removed: int) -> str:
+    """The note that stands where ``middle_cut`` removed ``removed`` characters."""
+    return f"\n...[{removed} characters cut]...\n"
 
 
 def middle_cut(text: str, limit: int) -> str:
-    """``text`` cut to at most about ``limit`` characters by dropping its middle (the head and the
-    tail of an output say most: what started, how it ended), with a note of how much was dropped."""
+    """``text`` cut to at most ``limit`` characters by dropping its middle (the head and the tail of
+    an output say most: what started, how it ended), with a note of exactly how many characters
+    were dropped; the note counts against ``limit``. A ``limit`` too small to hold the note keeps
+    the first ``limit`` characters, without a note."""
     if len(text) <= limit:
         return text
-    note = f"\n...[{len(text) - limit} characters cut]...\n"
-    head = max(0, (limit - len(note)) // 2)
-    tail = max(0, limit - len(note) - head)
-    return text[:head] + note + (text[-tail:] if tail else "")
+    removed = len(text) - limit
+    while True:  # the note's length depends on the count it states: rises to the least consistent count
+        keep = limit - len(cut_note(removed))
+        if keep <= 0:
+            return text[:limit]
+        if len(text) - keep == removed:
+            break
+        removed = len(text) - keep
+    note = cut_note(removed)
+    head = (keep + 1) // 2
+    tail = keep - head
+    return text[:head] + note + (text[len(text) - tail :] if tail else "")
 
 
 class ToolFormat:
@@ -83,11 +103,12 @@ class ToolFormat:
 
     @property
     def stop_strings(self) -> list[str]:
-        """Strings after which a turn may hold a complete call, for engines that stop on strings
-        (vLLM). A closing tag that is part of the opening one (a fence: ```` ``` ```` in
-        ```` ```python ````) is matched at the start of a line, so the opening does not stop."""
-        close = self.tags["call_close"]
-        return ["\n" + close] if close in self.tags["call_open"] else [close]
+        """Strings at which a turn may hold a complete call, for engines that stop on strings
+        (vLLM): the closing tag. Such an engine also stops where the closing tag is not a call's
+        end (a fence is part of its opening tag, ```` ``` ```` in ```` ```python ````; a closing tag
+        with no opening one): the driver then continues the same turn (``multi_turn.py``), so
+        every engine ends a turn where ``closed`` first holds."""
+        return [self.tags["call_close"]]
 
     def _span(self, text: str) -> tuple[int, int, int] | None:
         """``(open start, body start, close end)`` of the first complete call in ``text``, or None."""
@@ -111,7 +132,7 @@ class ToolFormat:
         if span is None:
             return None
         start, body, end = span
-        return self._parse_body(text[body : end - len(self.tags["call_close"])], start)
+        return replace(self._parse_body(text[body : end - len(self.tags["call_close"])], start), end=end)
 
     def _parse_body(self, body: str, start: int) -> ToolCall:
         raise NotImplementedError
@@ -163,6 +184,36 @@ class TIRFormat(ToolFormat):
         if not body.strip():
             return ToolCall("", "empty code block", start)
         return ToolCall(body, None, start)
+
+
+def tool_schema(name: str = "code_interpreter") -> dict:
+    """The code interpreter as a JSON function schema (the OpenAI ``tools`` entry a chat template
+    renders into the system prompt), as verl's ``sandbox_fusion_tool_config.yaml`` declares it."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": "A tool for executing code.",
+            "parameters": {
+                "type": "object",
+                "properties": {"code": {"type": "string", "description": "The code to execute."}},
+                "required": ["code"],
+            },
+        },
+    }
+
+
+def hermes_tools_prompt(schema: dict) -> str:
+    """The system prompt that declares ``schema`` for hermes calls, in the words of Qwen2.5's chat
+    template (for a template that does not render ``tools`` itself)."""
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        + json.dumps(schema)
+        + "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+        "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
 
 
 #: name -> format class (``tools.format``).

@@ -306,6 +306,11 @@ class VLLMRollout:
             self._stop = ids + [int(t) for t in (cfg_get(self.cfg, "extra_stop_ids", None) or []) if int(t) not in ids]
         return self._stop
 
+    def context_length(self) -> int:
+        """The engine's context in tokens (``max_model_len``): prompt and response together."""
+        self.start()
+        return int(self.llm.model_config.max_model_len)
+
     @torch.no_grad()
     def generate_ids(
         self,
@@ -320,17 +325,24 @@ class VLLMRollout:
     ) -> list[tuple[list[int], list[float]]]:
         """``(new ids, their sampler log-probs)`` of each token sequence (one sample each), until EOS (kept), one of
         ``stop_strings`` (kept: the turn ends with the closing tag) or ``max_new_tokens``; the
-        multi-turn driver's turn (``multi_turn.py``). ``stop`` (a per-step test) is not used."""
+        multi-turn driver's turn (``multi_turn.py``). ``stop`` (a per-step test) is not used.
+
+        A row never asks past the context (``max_model_len``): ``max_tokens`` is what is left of
+        it, and a row with nothing left gets no new ids (the driver ends it, truncated); vLLM
+        would refuse the whole batch for such a row."""
         self.start()
         greedy = not temperature > 0
         top_k = int(cfg_get(self.cfg, "top_k", 0))
+        context = self.context_length()
+        rows: list[tuple[list[int], list[float]]] = [([], []) for _ in sequences]
+        fits = [i for i, s in enumerate(sequences) if len(s) < context]
         params = [
             self._vllm.SamplingParams(
                 n=1,
                 temperature=0.0 if greedy else temperature,
                 top_p=1.0 if greedy else top_p,
                 top_k=-1 if (greedy or top_k <= 0) else top_k,
-                max_tokens=max(1, int(max_new_tokens)),
+                max_tokens=max(1, min(int(max_new_tokens), context - len(sequences[i]))),
                 logprobs=0,
                 seed=_prompt_seed(seed, i),
                 stop_token_ids=self._stop_ids(),
@@ -338,18 +350,17 @@ class VLLMRollout:
                 include_stop_str_in_output=True,
                 detokenize=bool(stop_strings),
             )
-            for i in range(len(sequences))
+            for i in fits
         ]
-        outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
-        rows = []
-        for out in outputs:
+        if not fits:
+            return rows
+        outputs = self.llm.generate([{"prompt_token_ids": list(sequences[i])} for i in fits], params, use_tqdm=False)
+        for i, out in zip(fits, outputs):
             c = out.outputs[0]
             tokens = list(c.token_ids)[: int(max_new_tokens)]
-            rows.append(
-                (
-                    tokens,
-                    [_sampled_logprob(c.logprobs, j, t) for j, t in enumerate(tokens)] if c.logprobs else [0.0] * len(tokens),
-                )
+            rows[i] = (
+                tokens,
+                [_sampled_logprob(c.logprobs, j, t) for j, t in enumerate(tokens)] if c.logprobs else [0.0] * len(tokens),
             )
         return rows
 

@@ -329,7 +329,7 @@ def _communicate(
                     out += chunk
                     if len(out) > lim.max_output_bytes:
                         status = "output_limit"
-                        return bytes(out[-TAIL_CHARS * 2 :]), bytes(res), status
+                        return bytes(out), bytes(res), status  # all that was read: the caller keeps its head and tail
         if status == "ok":
             try:
                 proc.wait(timeout=max(0.05, deadline - time.perf_counter()))

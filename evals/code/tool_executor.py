@@ -29,7 +29,7 @@ import re
 from typing import Sequence
 
 from ...core.errors import UserError
-from ...rollout.multi_turn import SESSIONS, ToolResult
+from ...rollout.multi_turn import SESSIONS, ToolResult, check_tool_turn
 from ...rollout.tool_formats import build_tool_format
 from .sandbox import SandboxLimits, SandboxPool
 
@@ -155,8 +155,8 @@ class SandboxToolExecutor:
     at a time. ``histories`` (a trajectory session): for each code, the earlier successful calls of
     its response, replayed first in the same process (see the module docstring); None: stateless."""
 
-    def __init__(self, limits: SandboxLimits, workers: int | None = None, show_last: bool = True, output_chars: int = 4096):
-        self.limits, self.show_last, self.output_chars = limits, show_last, int(output_chars)
+    def __init__(self, limits: SandboxLimits, workers: int | None = None, show_last: bool = True):
+        self.limits, self.show_last = limits, show_last
         self.pool = SandboxPool(workers, limits)
 
     def __call__(self, codes: list[str], histories: Sequence[Sequence[str]] | None = None) -> list[ToolResult]:
@@ -165,9 +165,10 @@ class SandboxToolExecutor:
         replays = [()] * len(codes) if histories is None else [tuple(h) for h in histories]
         if len(replays) != len(codes):
             raise ValueError(f"{len(codes)} calls but {len(replays)} histories")
-        # keep enough of the output for the caller's middle cut to have a head and a tail
+        # the whole output read (at most max_output_bytes and the read past it): the caller's middle
+        # cut keeps its real head and tail and counts exactly what it drops
         programs = [wrap_cell(c, self.show_last, h) for c, h in zip(codes, replays)]
-        results = self.pool.scripts(programs, tail_chars=self.output_chars)
+        results = self.pool.scripts(programs, tail_chars=self.limits.max_output_bytes + (1 << 16))
         out = []
         for r, replay in zip(results, replays):
             text = r.stdout_tail
@@ -196,12 +197,7 @@ class SandboxToolExecutor:
 def build_tool_executor(tools_cfg) -> SandboxToolExecutor:
     """The executor of ``tools.executor`` (sandbox limits; ``workers`` 0 = the CPUs of this process)."""
     limits, workers = _limits(tools_cfg)
-    return SandboxToolExecutor(
-        limits,
-        workers,
-        show_last=bool(tools_cfg.get("show_last_expression", True)),
-        output_chars=max(4 * int(tools_cfg.get("max_output_chars", 1024)), 2000),
-    )
+    return SandboxToolExecutor(limits, workers, show_last=bool(tools_cfg.get("show_last_expression", True)))
 
 
 def _limits(tools_cfg) -> tuple[SandboxLimits, int | None]:
@@ -215,11 +211,12 @@ def _limits(tools_cfg) -> tuple[SandboxLimits, int | None]:
 
 def check_tools(tools_cfg) -> None:
     """Refuse a bad ``tools`` section with one line (before a model loads): the format's name and
-    tags, the session mode, the executor's limits. Nothing is checked when tools are off."""
+    tags, the session mode, the tool turn's mode, the executor's limits. Nothing is checked when tools are off."""
     if tools_cfg is None or not bool(tools_cfg.get("enabled", False)):
         return
     build_tool_format(tools_cfg)
     session = str(tools_cfg.get("session", "stateless"))
     if session not in SESSIONS:
         raise UserError(f"unknown tools.session={session}; valid: {', '.join(SESSIONS)}")
+    check_tool_turn(tools_cfg)
     _limits(tools_cfg)
