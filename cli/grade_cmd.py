@@ -22,6 +22,12 @@ prints the share of lines that reflect. ``--reflection-words`` names a list (def
 oat_zero), gives comma-separated words, or ``none`` (no block).
 
 
+The file is read and graded ``CHUNK_LINES`` lines at a time, each chunk's results written before
+the next is read, so memory does not grow with the file. Bytes that are not UTF-8 are refused as
+``data.path`` refuses them (``evals/benchmarks.read_rows``): the line is named with the byte and its
+column, and is left out of the output like any malformed line -- never graded with the bytes
+replaced.
+
 Exit status: 0 when every line was graded; 1 when some lines were skipped as malformed (the others
 are graded and written; ``--allow-skipped`` exits 0 then); 2 when nothing could be graded (missing
 file, no valid line). The first ``SHOWN_BAD`` malformed lines are named, the rest counted (a binary
@@ -31,70 +37,100 @@ file is one line of count, not thousands).
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 
 from ..core.errors import UserError
-from ..core.files import atomic_write_lines, same_file
+from ..core.files import atomic_path, same_file
 from ..core.validation import check_output_file
 from ..evals.benchmarks import gold_from
 from ..evals.code.code_tasks import is_code_row
 from ..evals.code.sandbox import SandboxPool
 from ..evals.grading.grader import grade_batch
+from ..evals.grading.grader_pool import GradingPoolError
 from ..evals.reflection import WORD_LISTS, matcher_for, reflection_block, resolve_words
 
 #: Malformed lines named one by one on stderr; the rest are counted in one line.
 SHOWN_BAD = 5
+#: Lines read and graded together: what bounds the command's memory, whatever the file's size.
+CHUNK_LINES = 2048
 
 
-def read_items(path: Path) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
-    """``([(line number, object)], [(line number, problem)])`` for a JSON-lines file."""
+def not_utf8(raw: bytes, exc: UnicodeDecodeError, path: Path) -> str:
+    """The problem of a line whose bytes are not UTF-8, worded as ``data.path`` words it: the byte,
+    its column (1-based, in bytes) and how to re-encode the file."""
+    return (
+        f"byte 0x{raw[exc.start]:02x} (column {exc.start + 1}) is not UTF-8: re-encode the file as UTF-8 "
+        f"(e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix})"
+    )
 
+
+def _problem(obj) -> str | None:
+    """Why a parsed line cannot be graded (None when it can)."""
+    if not isinstance(obj, dict):
+        return "not a JSON object"
+    if not isinstance(obj.get("response"), str):
+        return "no string field 'response'" if "response" in obj else "missing field 'response'"
+    if is_code_row(obj):  # graded by running it: evals/code/sandbox.py
+        return None
+    if obj.get("answer") is None or isinstance(obj["answer"], (dict, bool)):
+        return "missing field 'answer'" if "answer" not in obj else "field 'answer' is not a string, number or list"
+    return None
+
+
+def iter_items(path: Path) -> Iterator[tuple[int, dict | None, str | None]]:
+    """``(line number, object, None)`` for each gradable line of a JSON-lines file and
+    ``(line number, None, problem)`` for each malformed one, read one line at a time (blank lines
+    skipped)."""
     try:
-        handle = path.open("r", encoding="utf-8", errors="replace")
+        handle = path.open("rb")
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
-    good, bad = [], []
     with handle:
-        for lineno, line in enumerate(handle, 1):
+        for lineno, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield lineno, None, not_utf8(raw, exc, path)
+                continue
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                bad.append((lineno, f"not valid JSON ({exc.msg} at column {exc.colno})"))
+                yield lineno, None, f"not valid JSON ({exc.msg} at column {exc.colno})"
                 continue
-            if not isinstance(obj, dict):
-                bad.append((lineno, "not a JSON object"))
-            elif not isinstance(obj.get("response"), str):
-                bad.append((lineno, "no string field 'response'" if "response" in obj else "missing field 'response'"))
-            elif is_code_row(obj):  # graded by running it: evals/code/sandbox.py
-                good.append((lineno, obj))
-            elif obj.get("answer") is None or isinstance(obj["answer"], (dict, bool)):
-                bad.append(
-                    (
-                        lineno,
-                        "missing field 'answer'" if "answer" not in obj else "field 'answer' is not a string, number or list",
-                    )
-                )
-            else:
-                good.append((lineno, obj))
-    return good, bad
+            problem = _problem(obj)
+            yield (lineno, None, problem) if problem else (lineno, obj, None)
 
 
-def _grade_code_lines(good: list, bad: list, workers, grade_code_rows) -> tuple[list, list]:
+def chunks(items: Iterator, size: int | None = None) -> Iterator[list]:
+    """``items`` in lists of at most ``size`` (default ``CHUNK_LINES``)."""
+    size = size or CHUNK_LINES
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _grade_code_lines(good: list, bad: list, pool, grade_code_rows) -> tuple[list, list]:
     """Math lines stay in ``good``; code lines (HumanEval layout or benchmark + id) are run in the
     code sandbox by ``grade_code_rows`` (``evals/code/code_eval.py``, passed in by the command, which
-    imports it when it runs): ``(line number, row + program, correct, reason, ...)``; unresolvable
-    ones go to ``bad``."""
+    imports it when it runs) on the ``SandboxPool`` that ``pool()`` returns (made on first use):
+    ``(line number, row + program, correct, reason, ...)``; unresolvable ones go to ``bad``."""
 
     code = [(n, o) for n, o in good if is_code_row(o)]
     if not code:
         return good, []
-    records = grade_code_rows([o for _, o in code], SandboxPool(workers=workers))
+    records = grade_code_rows([o for _, o in code], pool())
     out = []
     for (n, obj), rec in zip(code, records):
         if isinstance(rec, str):
@@ -173,65 +209,88 @@ def register(app: typer.Typer) -> None:
             )
         check_output_file(target, "--out")  # before minutes of grading, not after
         matcher = matcher_for(reflection_words(reflection))
-        good, bad = read_items(file)
-        good, code_lines = _grade_code_lines(good, bad, workers, grade_code_rows)
-        bad.sort()
-        for lineno, problem in bad[:SHOWN_BAD]:
-            err.print(f"[yellow]skipped[/yellow]: {file}:{lineno}: {problem}", highlight=False)
-        if len(bad) > SHOWN_BAD:
-            err.print(
-                f"[yellow]skipped[/yellow]: {len(bad) - SHOWN_BAD} more malformed line(s) of {file} (not shown)", highlight=False
-            )
-        if not good and not code_lines:
-            raise UserError(f"{file}: no line could be graded ({len(bad)} malformed); each line needs 'response' and 'answer'")
-        with Progress(TextColumn("grading"), BarColumn(), MofNCompleteColumn(), console=err, transient=True) as bar:
-            task = bar.add_task("grade", total=len(good))
-            results = (
-                grade_batch(
-                    [o["response"] for _, o in good],
-                    [gold_text(o["answer"]) for _, o in good],
-                    workers=workers,
-                    timeout=timeout,
-                    progress=lambda k: bar.advance(task, k),
+        n_bad, n_graded, correct, reflecting, matches = 0, 0, 0, 0, 0
+        reasons: Counter = Counter()
+        pools: list = []
+
+        def pool():
+            if not pools:
+                pools.append(SandboxPool(workers=workers))
+            return pools[0]
+
+        def note_bad(lineno: int, problem: str) -> None:
+            nonlocal n_bad
+            n_bad += 1
+            if n_bad <= SHOWN_BAD:  # named as found; the rest counted at the end
+                err.print(f"[yellow]skipped[/yellow]: {file}:{lineno}: {problem}", highlight=False)
+
+        with (
+            atomic_path(target) as tmp,  # whole or not at all
+            open(tmp, "w", encoding="utf-8") as sink,
+            Progress(TextColumn("grading"), BarColumn(), MofNCompleteColumn(), console=err, transient=True) as bar,
+        ):
+            task = bar.add_task("grade", total=None)
+            for chunk in chunks(iter_items(file)):
+                good, bad = [(n, o) for n, o, p in chunk if p is None], [(n, p) for n, o, p in chunk if p is not None]
+                good, code_lines = _grade_code_lines(good, bad, pool, grade_code_rows)
+                for lineno, problem in sorted(bad):
+                    note_bad(lineno, problem)
+                try:
+                    results = (
+                        grade_batch(
+                            [o["response"] for _, o in good],
+                            [gold_text(o["answer"]) for _, o in good],
+                            workers=workers,
+                            timeout=timeout,
+                            progress=lambda k: bar.advance(task, k),
+                        )
+                        if good
+                        else []
+                    )
+                except GradingPoolError as exc:  # raised inside: the output file is not written
+                    raise UserError(
+                        f"{file}: grading stopped after {n_graded} line(s): {exc}; nothing was written to {target} "
+                        f"(run it again; check that math-verify imports in {sys.executable})"
+                    ) from None
+                lines = sorted(
+                    [
+                        (n, {**obj, "correct": r.correct, "extracted": r.extracted, "reason": r.reason})
+                        for (n, obj), r in zip(good, results)
+                    ]
+                    + code_lines,
+                    key=lambda item: item[0],
                 )
-                if good
-                else []
-            )
-        lines = sorted(
-            [
-                (n, {**obj, "correct": r.correct, "extracted": r.extracted, "reason": r.reason})
-                for (n, obj), r in zip(good, results)
-            ]
-            + code_lines,
-            key=lambda item: item[0],
-        )
-        if matcher.enabled:
-            for _, row in lines:
-                row["reflection"] = reflection_block(row["response"], matcher)
-        atomic_write_lines(target, (json.dumps(row) for _, row in lines))  # whole or not at all
-        results = [row for _, row in lines]
-        correct = sum(bool(r["correct"]) for r in results)
+                for _, row in lines:
+                    if matcher.enabled:
+                        row["reflection"] = reflection_block(row["response"], matcher)
+                        reflecting += row["reflection"]["count"] > 0
+                        matches += row["reflection"]["count"]
+                    n_graded += 1
+                    correct += bool(row["correct"])
+                    reasons[row["reason"]] += 1
+                    sink.write(json.dumps(row) + "\n")
+            if n_bad > SHOWN_BAD:
+                err.print(
+                    f"[yellow]skipped[/yellow]: {n_bad - SHOWN_BAD} more malformed line(s) of {file} (not shown)",
+                    highlight=False,
+                )
+            if not n_graded:  # raised inside: the output file is not written
+                raise UserError(f"{file}: no line could be graded ({n_bad} malformed); each line needs 'response' and 'answer'")
         Console(soft_wrap=True).print(
-            f"graded [bold]{len(results)}[/bold] lines: accuracy [bold]{correct / len(results):.4f}[/bold] "
-            f"({correct}/{len(results)})"
-            + (f", [red]{len(bad)} malformed line(s) skipped[/red]" if bad else "")
-            + f" -> {target}",
+            f"graded [bold]{n_graded}[/bold] lines: accuracy [bold]{correct / n_graded:.4f}[/bold] "
+            f"({correct}/{n_graded})" + (f", [red]{n_bad} malformed line(s) skipped[/red]" if n_bad else "") + f" -> {target}",
             highlight=False,
         )
         if matcher.enabled:
-            reflecting = sum(r["reflection"]["count"] > 0 for r in results)
             Console(soft_wrap=True).print(
-                f"reflection: {reflecting}/{len(results)} lines hold a reflection word "
-                f"({sum(r['reflection']['count'] for r in results)} matches)",
+                f"reflection: {reflecting}/{n_graded} lines hold a reflection word ({matches} matches)",
                 highlight=False,
             )
-        Console(soft_wrap=True).print(
-            "reasons: " + ", ".join(f"{k} {v}" for k, v in Counter(r["reason"] for r in results).most_common()), highlight=False
-        )
-        if bad and not allow_skipped:
+        Console(soft_wrap=True).print("reasons: " + ", ".join(f"{k} {v}" for k, v in reasons.most_common()), highlight=False)
+        if n_bad and not allow_skipped:
             err.print(
-                f"[red]error[/red]: {len(bad)} malformed line(s) of {file} were skipped (the other "
-                f"{len(results)} are in {target}): fix them, or pass --allow-skipped to accept",
+                f"[red]error[/red]: {n_bad} malformed line(s) of {file} were skipped (the other "
+                f"{n_graded} are in {target}): fix them, or pass --allow-skipped to accept",
                 highlight=False,
             )
             raise typer.Exit(1)

@@ -11,7 +11,10 @@ facts are diagnostics, never a reason to stop a run.
 
 A worker is a plain subprocess (``python -E -s -c "...serve(fd)"``) that talks over a socket pair:
 it never re-imports the caller's ``__main__`` (a training script without a main guard is not run
-again) and is safe to start from a multi-threaded parent.
+again) and is safe to start from a multi-threaded parent. Every wait on it is bounded: a worker
+that died is seen at once (its end of the socket closes), and one that is stuck or stopped (a
+paused process, a full machine) answers within ``WAIT_SECONDS`` or is taken as failed (the socket's
+send and receive time limits), so the trainer never waits on it for ever.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -31,6 +35,8 @@ from ..evals.reflection import ReflectionMatcher, ResponseFacts, matcher_for, re
 __all__ = ["TextFactsSpec", "TextFactsPool", "PendingFacts", "serve"]
 
 MAX_FAILURES = 3
+#: Longest wait, in seconds, for a worker to take a part or answer it (far above what a part takes).
+WAIT_SECONDS = 120.0
 
 # the folder that holds entropyrl/ as this process imported it (not resolved: a symlinked checkout
 # must give the worker this very package), as evals/grading/grader_pool.py does for its zygote
@@ -90,6 +96,9 @@ class _Worker:
             )
         finally:
             theirs.close()
+        limit = struct.pack("ll", int(WAIT_SECONDS), int((WAIT_SECONDS % 1) * 1e6))  # a timeval
+        for option in (socket.SO_SNDTIMEO, socket.SO_RCVTIMEO):  # a blocked send or receive fails after it
+            ours.setsockopt(socket.SOL_SOCKET, option, limit)
         self.conn = Connection(ours.detach())
 
     def stop(self) -> None:
@@ -117,6 +126,8 @@ class PendingFacts:
                 if worker is not None:
                     try:
                         got = worker.conn.recv()
+                    except BlockingIOError:  # the receive time limit: stuck or stopped, not dead
+                        got = f"no answer within {WAIT_SECONDS:g} s (the worker is stuck or stopped)"
                     except (EOFError, OSError) as exc:
                         got = f"the worker ended ({type(exc).__name__}, exit code {worker.proc.poll()})"
                     if isinstance(got, str):

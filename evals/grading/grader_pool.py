@@ -49,6 +49,11 @@ _ZYGOTE_MAIN = (
 )
 
 
+class GradingPoolError(RuntimeError):
+    """The grading processes cannot go on (they do not start, or their zygote died twice in a row):
+    the caller's to say in one line (``entropyrl grade``), or to count as a failed call (a reward)."""
+
+
 class _Zygote:
     """A plain subprocess running ``_zygote`` (never re-imports the caller's ``__main__``; safe
     to start from a multi-threaded parent) that forks warm workers."""
@@ -81,16 +86,24 @@ class _Zygote:
             except OSError:
                 got = b""
             if got != b"R":
-                raise RuntimeError(
+                raise GradingPoolError(
                     "the grading process failed to start (is math-verify installed "
                     f"for {sys.executable}?); exit code {self.proc.poll()}"
                 )
             self.ctl.settimeout(None)
             self.ready = True
-        self.ctl.sendall(b"s")
-        msg, fds, _, _ = socket.recv_fds(self.ctl, 64, 1)
+        self.ctl.settimeout(SPAWN_TIMEOUT)  # a stuck or stopped zygote must not hold the grader for ever
+        try:
+            self.ctl.sendall(b"s")
+            msg, fds, _, _ = socket.recv_fds(self.ctl, 64, 1)
+        except OSError as exc:  # socket.timeout is an OSError
+            raise GradingPoolError(
+                f"the grading process did not answer ({type(exc).__name__}; exit code {self.proc.poll()})"
+            ) from None
+        finally:
+            self.ctl.settimeout(None)
         if not msg or not fds:
-            raise RuntimeError(f"the grading process died (exit code {self.proc.poll()})")
+            raise GradingPoolError(f"the grading process died (exit code {self.proc.poll()})")
         return int(msg.decode()), fds[0]
 
     def alive(self) -> bool:
@@ -104,6 +117,15 @@ class _Zygote:
                 self.ctl.sendall(b"w")
             except OSError:
                 pass
+
+    def kill(self) -> None:
+        """End a zygote that stopped answering (SIGKILL also ends a stopped process)."""
+        try:
+            self.ctl.close()
+        except OSError:
+            pass
+        self.proc.kill()
+        self.proc.wait(timeout=5)
 
     def close(self) -> None:
         try:
@@ -148,6 +170,7 @@ class _Worker:
 
 
 WORKER_START_TIMEOUT = 60.0
+SPAWN_TIMEOUT = 30.0  # seconds for a warm zygote to fork a worker (it takes milliseconds)
 QUEUE_DEPTH = 2  # items handed to a worker at once (one running, one waiting)
 
 
@@ -172,11 +195,20 @@ class GradingPool:
         self.restarts = 0
 
     def _new_worker(self) -> _Worker:
+        """A worker forked by the zygote; a zygote that died or stopped answering since the last
+        one is replaced once (a second failure is the caller's: the grading cannot go on)."""
         if self._zygote is None or not self._zygote.alive():
             if self._zygote is not None:
                 self._zygote.close()
             self._zygote = _Zygote()
-        return _Worker(self._zygote)
+        try:
+            return _Worker(self._zygote)
+        except GradingPoolError:
+            if not self._zygote.ready:  # it never started: a new one would fail the same way
+                raise
+            self._zygote.kill()
+            self._zygote = _Zygote()
+            return _Worker(self._zygote)
 
     def _ensure(self, wanted: int) -> None:
         while len(self._workers) < min(wanted, self.size):
@@ -260,7 +292,7 @@ class GradingPool:
                     self._replace(w, kill=not _hung_up(w.conn))  # kill: the only reliable way to stop it
                     on_done(head, False, "timeout")
                 elif not w.ready and now - w.started > WORKER_START_TIMEOUT:
-                    raise RuntimeError(f"a grading worker did not start within {WORKER_START_TIMEOUT:.0f} s")
+                    raise GradingPoolError(f"a grading worker did not start within {WORKER_START_TIMEOUT:.0f} s")
 
     def close(self) -> None:
         for w in self._workers:

@@ -89,9 +89,9 @@ def test_a_file_that_is_not_gguf_is_one_error_line(tmp_path, monkeypatch):
     monkeypatch.setenv("ENTROPYRL_CACHE", str(tmp_path / "cache"))
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf file at all")
-    with pytest.raises(UserError, match="cannot read bad.gguf"):
+    with pytest.raises(UserError, match="bad.gguf: not a GGUF file"):
         converted_dir(bad, log=lambda *_: None)
-    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".gguf-tmp")]  # staging cleaned up
+    assert not (tmp_path / "cache").exists()  # refused before any staging folder (models/gguf.read_layout)
 
 
 def test_stop_tokens_join_the_generation_config_and_unknown_ones_are_refused():
