@@ -17,7 +17,10 @@ trainer). The two meet in two places:
 
 Bounded staleness: the worker starts step ``j``'s batch only once version ``j - k`` is published,
 so the trainer at step ``s`` (version ``s``) gets a batch at most ``k`` versions old. A batch older
-than that (which the gate prevents; kept as a check of the contract) is dropped and counted.
+than that (which the gate prevents; kept as a check of the contract) is dropped and counted, and
+its step trains nothing: every batch is stamped with the step it was generated for, and the
+trainer takes a step's batch by that stamp, never by order of arrival, so a dropped batch never
+shifts the batches of the steps after it.
 
 Several trainer ranks (torchrun, SLURM, ``launcher=local launcher.tasks_per_node=N``): every rank
 starts a worker of its own, and the workers form a process group of their own (the trainer's
@@ -289,17 +292,18 @@ class AsyncRollouts:
     def next_batch(self, model: torch.nn.Module, step: int) -> tuple[StepBatch | None, dict]:
         """Step ``step``'s batch (``collect_rollouts``' pair) with the ``async/*`` metrics of its
         provenance: its version lag, the samples dropped as too stale, the worker's idle share and
-        the behaviour policy's entropy. A pending batch comes first, else the worker's next. Starts
-        the worker on the first call."""
+        the behaviour policy's entropy. A pending batch comes first, else the worker's next; the
+        batch is the one stamped for ``step`` (``_take_for_step``). ``(None, {"async/dropped": n})``
+        when this step has no batch to train (too stale, or missing, on any rank): the trainer skips
+        the step and the next step trains its own batch. Starts the worker on the first call."""
         if self.process is None:
             self.start(model, step)
-        dropped = 0
-        while True:
-            item = self._take(step)
-            if not too_stale(item.version, step, self.staleness):
-                break
-            batch = item.collected[0]
-            dropped += 0 if batch is None else len(batch)
+        item, dropped = self._take_for_step(step)
+        # every rank trains this step or none does (a rank's batch missing or too stale skips it for all)
+        if distributed.max_across(float(item is None), self.dist) > 0:
+            if item is not None:  # this rank's batch is fine, another rank's is not: not trained either
+                dropped += _rows_of(item)
+            return None, {"async/dropped": float(distributed.sum_across(float(dropped), self.dist))}
         batch, metrics = item.collected
         lag = float(step - item.version)
         metrics = dict(metrics)
@@ -325,6 +329,25 @@ class AsyncRollouts:
         elif batch is not None:
             metrics["async/entropy_behaviour"] = item.behaviour_entropy
         return batch, metrics
+
+    def _take_for_step(self, step: int) -> tuple[StaleBatch | None, int]:
+        """``(the batch stamped for step ``step``, or None; samples dropped)``. Each batch carries the
+        step it was generated for (``StaleBatch.step``), and that stamp, not the order of arrival,
+        decides: a batch of an earlier step is dropped and the next one taken; this step's batch is
+        dropped when it is more than ``k`` versions old, and the step then trains nothing (None), so
+        the next step still gets its own batch; a batch of a later step goes back to ``pending``
+        for that step and this step trains nothing. Dropped batches count their samples."""
+        dropped = 0
+        while True:
+            item = self._take(step)
+            if item.step > step:  # this step's batch never came: the later one waits for its own step
+                self.pending.insert(0, item)
+                return None, dropped
+            if item.step == step and not too_stale(item.version, step, self.staleness):
+                return item, dropped
+            dropped += _rows_of(item)
+            if item.step == step:  # this step's batch, too old: the step is skipped, the next ones keep theirs
+                return None, dropped
 
     def drain(self, step: int) -> list[StaleBatch] | None:
         """Take the batches of the next ``k`` steps into ``pending`` (the trainer at version
@@ -443,6 +466,12 @@ def record_mismatch(record: dict, step: int, staleness: int, world_size: int) ->
     if int(record["step"]) != int(step):
         return f"drawn at step {record['step']}, the checkpoint is at step {step}"
     return None
+
+
+def _rows_of(item: StaleBatch) -> int:
+    """The samples of a worker's batch (0 when its step kept none)."""
+    batch = item.collected[0]
+    return 0 if batch is None else len(batch)
 
 
 def _on_cpu(value):

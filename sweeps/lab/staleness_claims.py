@@ -349,6 +349,13 @@ def _acted(rows: list[dict]) -> bool:
     return bool((math.isfinite(w) and abs(w - 1.0) > ACTED_EPS) or (math.isfinite(masked) and masked > 0))
 
 
+def _clip_free(algo_cfg: dict | None) -> bool:
+    """True for a run whose objective has no clip (M2PO's own objective, ``algo.tis.m2po_clip`` false):
+    its ``clip/frac`` is 0 whatever it did, so a claim that it lowers the clipped share could not fail."""
+    tis = dict((algo_cfg or {}).get("tis") or {})
+    return tis.get("mode") == "m2po" and not tis.get("m2po_clip", False)
+
+
 def _corrections(runs: dict, algo_cfgs: dict) -> dict:
     base = f"grpo_k{CORRECTION_K}"
     present = [c for c in CORRECTIONS if runs.get(f"{base}_{c}")]
@@ -375,6 +382,8 @@ def _corrections(runs: dict, algo_cfgs: dict) -> dict:
             if c in CLAIMED_CORRECTIONS:
                 a, b = row[f"clip_frac_{c}"], row["clip_frac_none"]
                 lower = bool(a < b) if _finite(a, b) else None
+                if _clip_free(algo_cfgs.get(f"{base}_{c}")):
+                    lower = None  # no clip in the objective: clip/frac is 0 by construction, nothing to compare
                 oks.append(False if not row[f"acted_{c}"] else lower)
         oks += [None for c in CLAIMED_CORRECTIONS if c not in present]
         row["ok"] = all_or_none(oks)
@@ -401,6 +410,7 @@ def _corrections(runs: dict, algo_cfgs: dict) -> dict:
             + " (means over seeds)"
         )
     not_acted = [f"{c} seed {p['seed']} did not act" for p in per for c in CLAIMED_CORRECTIONS if p.get(f"acted_{c}") is False]
+    clip_free = [c for c in present if c in CLAIMED_CORRECTIONS and _clip_free(algo_cfgs.get(f"{base}_{c}"))]
     out = _claim(
         "corrections_lower_clipping",
         f"At k={CORRECTION_K} the decoupled objective (AReaL) and M2PO's second-moment mask each act on the stale "
@@ -419,7 +429,13 @@ def _corrections(runs: dict, algo_cfgs: dict) -> dict:
         "does not depend on the correction, so the claim is now on the update's clip/frac, and a correction must "
         "have acted"
     )
-    return _not_run(out, runs, (base, *(f"{base}_{c}" for c in CLAIMED_CORRECTIONS)))
+    extra = (
+        f"{', '.join(clip_free)} ran the clip-free objective (algo.tis.m2po_clip=false): clip/frac is 0 by construction, "
+        "so the comparison is made only with algo.tis.m2po_clip=true"
+        if clip_free
+        else ""
+    )
+    return _not_run(out, runs, (base, *(f"{base}_{c}" for c in CLAIMED_CORRECTIONS)), extra)
 
 
 def _method_vs_grpo(runs: dict, method: str, algo_cfgs: dict) -> dict:

@@ -200,6 +200,21 @@ def test_corrections_lower_clipping_claims_dec_and_m2po_and_measures_tis_icepop(
     assert _claims(runs)["corrections_lower_clipping"]["reproduced"] is False
 
 
+def test_a_clip_free_m2po_run_cannot_lower_clipping_by_construction():
+    """M2PO's own objective (algo.tis.m2po_clip false, the default) has no clip: its clip/frac is 0 whatever
+    it did, so comparing it with GRPO's would pass by construction; the claim leaves it unjudged and says why."""
+
+    def run(clip):
+        return {s: _rows(_linear(0.6, 0.2), **{"clip__frac": clip, "rollout__tis_clip_frac": 0.05}) for s in (0, 1)}
+
+    runs = {"grpo_k2": run(0.012), "grpo_k2_dec": run(0.009), "grpo_k2_m2po": run(0.0)}
+    clip_free = {"grpo_k2_m2po": {"tis": {"mode": "m2po", "m2po_clip": False}}}
+    c = _claims(runs, algo_cfgs=clip_free)["corrections_lower_clipping"]
+    assert c["reproduced"] is None and "clip-free" in c["reason"]
+    clipped = {"grpo_k2_m2po": {"tis": {"mode": "m2po", "m2po_clip": True}}}
+    assert _claims(runs, algo_cfgs=clipped)["corrections_lower_clipping"]["reproduced"] is True
+
+
 def test_clip_cov_and_steer_against_grpo_at_the_same_k():
     grpo = {s: _rows(_linear(0.6, 0.1)) for s in (0, 1)}
     above = {s: _rows(_linear(0.6, 0.3)) for s in (0, 1)}

@@ -58,6 +58,7 @@ ASYNC_METRICS = (
 )
 # logged at any staleness, the synchronous loop included
 QUARTILE_METRICS = tuple(f"clip/frac/entropy_q{i}" for i in range(1, 5))
+STALE_METRICS = ("async/stale_clip_frac", *(f"async/stale_clip_frac/entropy_q{i}" for i in range(1, 5)))
 
 
 def _overrides(fast_train: list[str], *extra: str) -> list[str]:
@@ -120,6 +121,29 @@ def test_a_too_stale_batch_is_dropped_and_its_samples_counted(monkeypatch):
     assert metrics["async/entropy_behaviour"] == 1.25 and metrics["acc/mean"] == 0.5
     step = async_step_metrics({**metrics, "time/generate": 0.5, "time/step": 2.0, "entropy": 1.0}, rows=6)
     assert step == {"async/trainer_idle_frac": 0.25, "async/samples_per_s": 3.0, "async/entropy_gap": 0.25}
+
+
+def test_a_dropped_batch_skips_its_own_step_and_never_shifts_the_later_ones():
+    rollouts = AsyncRollouts(compose("train", ["tracking.enabled=false"]), staleness=1)
+    rollouts.process = object()  # started: next_batch only reads the queue
+    # step 4's batch is 3 versions old (dropped); steps 5 and 6 have their own (told apart by their rows)
+    rollouts.queue = _ListQueue([_item(4, 1, rows=6), _item(5, 4, rows=5), _item(6, 5, rows=4)])
+    batch, metrics = rollouts.next_batch(None, step=4)
+    assert batch is None and metrics == {"async/dropped": 6.0}  # the step trains nothing
+    batch, metrics = rollouts.next_batch(None, step=5)
+    assert len(batch) == 5 and metrics["async/dropped"] == 0.0 and metrics["async/staleness/mean"] == 1.0
+    batch, _ = rollouts.next_batch(None, step=6)
+    assert len(batch) == 4 and rollouts.queue.items == []
+
+
+def test_a_batch_stamped_for_a_later_step_waits_for_that_step():
+    rollouts = AsyncRollouts(compose("train", ["tracking.enabled=false"]), staleness=1)
+    rollouts.process = object()
+    rollouts.queue = _ListQueue([_item(5, 4, rows=5)])  # step 4's batch never came
+    batch, metrics = rollouts.next_batch(None, step=4)
+    assert batch is None and metrics == {"async/dropped": 0.0} and [b.step for b in rollouts.pending] == [5]
+    batch, _ = rollouts.next_batch(None, step=5)
+    assert len(batch) == 5 and rollouts.pending == []
 
 
 def test_the_staleness_histogram_is_the_share_of_trained_samples_at_each_lag():
@@ -352,8 +376,10 @@ def test_staleness_zero_is_the_synchronous_loop(fast_train, in_tmp):
     train(without, log=lambda *_: None)
     a, b = _rows(in_tmp / "explicit"), _rows(in_tmp / "without")
     assert len(a) == 4 and [_untimed(r) for r in a] == [_untimed(r) for r in b]
-    assert not any(k.startswith("async/") for r in a for k in r)
+    assert not any(k.startswith("async/") and not k.startswith("async/stale_clip_frac") for r in a for k in r)
     assert all(set(QUARTILE_METRICS) <= set(r) for r in a)  # the clip split by entropy quartile: every loop
+    # the stale ratio pi_prox / pi_behav: the trained model sampled the batch itself, so never outside the clip range
+    assert all(r[k] == 0.0 for r in a for k in STALE_METRICS if r[k] is not None) and all(set(STALE_METRICS) <= set(r) for r in a)
 
 
 @pytest.mark.slow
@@ -482,7 +508,7 @@ def test_a_short_async_cli_run_logs_the_histogram_the_gaps_and_the_quartile_shar
     tis_quartiles = [f"rollout/tis_clip_frac/entropy_q{i}" for i in range(1, 5)]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
-        assert set(ASYNC_METRICS) | set(QUARTILE_METRICS) | set(tis_quartiles) <= set(r)
+        assert set(ASYNC_METRICS) | set(QUARTILE_METRICS) | set(tis_quartiles) | set(STALE_METRICS) <= set(r)
         assert r["async/staleness/frac_0"] + r["async/staleness/frac_1"] == pytest.approx(1.0)
         assert r["async/staleness/frac_1"] == r["async/staleness/mean"]  # one batch a step: one lag
         shares = [r[k] for k in (*QUARTILE_METRICS, *tis_quartiles) if r[k] is not None]
@@ -490,6 +516,7 @@ def test_a_short_async_cli_run_logs_the_histogram_the_gaps_and_the_quartile_shar
     first, stale = rows[0], rows[1]
     # the first batch comes from the trainer's own weights: behaviour = proximal, and its gap to the current is the proximal's
     assert first["rollout/logp_diff_mean"] == pytest.approx(0.0, abs=1e-6)
+    assert first["async/stale_clip_frac"] == 0.0  # the same weights: the stale ratio is 1
     assert first["async/logp_gap/behaviour_current"] == pytest.approx(first["async/logp_gap/proximal_current"], abs=1e-6)
     assert stale["rollout/logp_diff_mean"] > 1e-4 and stale["async/logp_gap/behaviour_current"] > 1e-4
 

@@ -17,6 +17,7 @@ from entropyrl.trainers.stats.update_tokens import (
     masked_abs_gap,
     quartile_counts,
     quartile_shares,
+    stale_clip_metrics,
 )
 
 # 8 tokens, the last one padding: the valid entropies are 0.1 .. 0.7
@@ -54,6 +55,33 @@ def test_masked_abs_gap():
     b = torch.tensor([[0.5, -0.5], [-1.0, 0.0]])
     assert masked_abs_gap(a, b, torch.tensor([[1, 1], [1, 0]])) == pytest.approx((0.5 + 0.5 + 1.0) / 3)
     assert math.isnan(masked_abs_gap(a, b, torch.zeros(2, 2)))
+
+
+STALE_KEYS = ["async/stale_clip_frac", *(f"async/stale_clip_frac/entropy_q{i}" for i in range(1, 5))]
+
+
+def test_the_stale_ratio_outside_the_clip_range_by_entropy_quarter():
+    # quarters of the valid tokens: [[q1, q1, q2, q2], [q3, q4, q4, pad]]; clip range [0.8, 1.28]
+    prox = torch.zeros(2, 4, dtype=torch.float64)
+    ratio = torch.tensor([[1.0, 1.0, 1.5, 1.1], [0.7, 1.3, 0.85, 100.0]], dtype=torch.float64)  # the pad's is not counted
+    behav = prox - torch.log(ratio)
+    edges = entropy_quartile_edges(ENTROPY, MASK)
+    got = stale_clip_metrics(prox, behav, ENTROPY, MASK, edges, eps_low=0.2, eps_high=0.28)
+    assert [got[k] for k in STALE_KEYS] == pytest.approx([3 / 7, 0.0, 0.5, 1.0, 0.5])
+    # a wider clip range keeps 1.3 and 1.5 inside: only 0.7 is out
+    wide = stale_clip_metrics(prox, behav, ENTROPY, MASK, edges, eps_low=0.2, eps_high=0.6)
+    assert [wide[k] for k in STALE_KEYS] == pytest.approx([1 / 7, 0.0, 0.0, 1.0, 0.0])
+
+
+def test_the_stale_ratio_is_never_outside_when_behaviour_is_the_proximal_policy():
+    prox = -torch.rand(2, 4, dtype=torch.float64)
+    edges = entropy_quartile_edges(ENTROPY, MASK)
+    for behav in (prox.clone(), None):  # k = 0: the same weights, or the trained model sampled itself
+        got = stale_clip_metrics(prox, behav, ENTROPY, MASK, edges, eps_low=0.2, eps_high=0.28)
+        assert [got[k] for k in STALE_KEYS] == [0.0] * 5
+    assert math.isnan(
+        stale_clip_metrics(prox, None, ENTROPY, torch.zeros_like(MASK), edges, eps_low=0.2, eps_high=0.28)[STALE_KEYS[0]]
+    )
 
 
 def _loss_context(algo: Algorithm, rows: slice):

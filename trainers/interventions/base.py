@@ -61,13 +61,16 @@ SCOPES = ("micro", "mini", "batch", "global")
 
 @dataclass
 class TokenBatch:
-    """Detached per-token statistics of a batch, all ``[b, T]`` (what ``select`` sees)."""
+    """Detached per-token statistics of a batch, all ``[b, T]`` (what ``select`` sees);
+    ``sampler_logp``: the behaviour log-probs the rollout reported (``StepBatch.sampler_logp``), None
+    where the trained model sampled (or at scope global, whose gather leaves them out)."""
 
     logp: torch.Tensor
     old_logp: torch.Tensor
     entropy: torch.Tensor
     advantages: torch.Tensor
     mask: torch.Tensor
+    sampler_logp: torch.Tensor | None = None
 
 
 @dataclass
@@ -130,7 +133,12 @@ class LossContext:
         """Detached view for selection rules; the current ``pg_mask`` defines valid tokens, so an
         earlier mask in the intervention list narrows the pool of a later selection."""
         return TokenBatch(
-            self.logp.detach(), self.old_logp.detach(), self.entropy.detach(), self.advantages.detach(), self.pg_mask
+            self.logp.detach(),
+            self.old_logp.detach(),
+            self.entropy.detach(),
+            self.advantages.detach(),
+            self.pg_mask,
+            None if self.sampler_logp is None else self.sampler_logp.detach(),
         )
 
 

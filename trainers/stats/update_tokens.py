@@ -9,11 +9,22 @@ computed beside the loss by the loop (``trainer._update``), never inside it.
   (``ctx.sampling_entropy``).
 - ``clip/frac/entropy_q<i>``: the clipped tokens of quarter ``i`` (``ctx.clipped``, what
   ``clip/frac`` counts) over the valid tokens of that quarter, summed over the step's updates
-  (every micro-batch of every mini-batch and epoch). Stale data clips the high-entropy tokens
-  first (M2PO's observation), so under ``trainer.staleness`` ``q4`` rises before the others.
+  (every micro-batch of every mini-batch and epoch). This is the update's own clip, of
+  ``pi_theta / pi_prox``: stale samples reach it only through the gradient they let through, so
+  M2PO's observation (stale ratios leave the clip range on high-entropy tokens first) is read on
+  ``async/stale_clip_frac/entropy_q<i>`` below, not here.
 - ``<metric>/entropy_q<i>`` for each per-token mask an intervention reports under the name of the
   metric that counts it (``ctx.token_masks``): the ``tis`` corrections' truncated or masked tokens
   give ``rollout/tis_clip_frac/entropy_q<i>``; the denominator is the quarter's valid tokens.
+- ``async/stale_clip_frac``: the stale ratio itself, ``pi_prox / pi_behav`` (``old_logp``, the
+  trainer's recompute at the start of the step, over ``sampler_logp``, the policy that generated
+  the batch): the share of valid tokens whose ratio lies outside the clip range
+  ``[1 - clip.low, 1 + clip.high]``, and ``async/stale_clip_frac/entropy_q<i>`` the same within each
+  quarter (``stale_clip_metrics``). The PPO clip compares the policy being updated with
+  ``pi_prox``, so ``clip/frac`` never sees this ratio (on a step's first mini-batch it is 0 at any
+  staleness); this is the measure of how far outside the trust region the stale samples start.
+  With no behaviour log-probs (the trained model sampled the batch itself, ``k = 0`` on the
+  ``hf`` engine) behaviour and proximal policy are the same weights and every share is 0.
 - Log-prob gaps (``logp_gaps=True``, the loop asks under ``trainer.staleness``): the mean absolute
   token gap between the proximal policy (``old_logp``, recomputed at the start of the step) and
   the current one (``logp``, the policy being updated) ``async/logp_gap/proximal_current``, and
@@ -38,6 +49,7 @@ __all__ = [
     "quartile_counts",
     "quartile_shares",
     "masked_abs_gap",
+    "stale_clip_metrics",
     "UpdateTokenStats",
 ]
 
@@ -87,6 +99,39 @@ def masked_abs_gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> floa
         return float("nan")
     d = (a.detach().double() - b.detach().to(a.device).double()).abs()[valid]
     return float(d.sum() / n)
+
+
+def stale_clip_metrics(
+    prox_logp: torch.Tensor,
+    behav_logp: torch.Tensor | None,
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    edges: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+) -> dict[str, float]:
+    """``async/stale_clip_frac`` and ``async/stale_clip_frac/entropy_q1`` .. ``q4``: the share of
+    valid tokens (``mask [B, T]``) whose stale ratio ``exp(prox_logp - behav_logp)`` lies outside
+    ``[1 - eps_low, 1 + eps_high]``, over all of them and within each entropy quarter of
+    ``entropy [B, T]`` (``edges [3]`` from ``entropy_quartile_edges``; ``q1`` lowest). ``prox_logp``:
+    ``[B, T]`` the proximal policy (the trainer's recompute at the start of the step);
+    ``behav_logp``: ``[B, T]`` the behaviour policy's, None when the proximal policy sampled the
+    batch itself (every share 0). NaN for the whole share without a valid token and for a quarter
+    without one."""
+    valid = mask.bool()
+    if behav_logp is None:
+        outside = torch.zeros_like(valid)
+    else:
+        log_ratio = prox_logp.detach().double() - behav_logp.detach().to(prox_logp.device).double()
+        ratio = torch.exp(log_ratio)
+        outside = ((ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)) & valid
+    n = int(valid.sum())
+    counts = quartile_counts(outside, entropy_quartile(entropy, edges), mask)
+    return {
+        "async/stale_clip_frac": float(outside.sum()) / n if n else float("nan"),
+        **quartile_shares("async/stale_clip_frac", counts),
+    }
 
 
 class UpdateTokenStats:
