@@ -7,6 +7,9 @@
 The template fills the *user message*. With a tokenizer that has a chat template (and
 ``use_chat_template`` not False), the message goes through ``tokenizer.apply_chat_template(...,
 add_generation_prompt=True)``; otherwise the filled template text is the prompt itself.
+``use_chat_template`` takes what ``model.chat_template`` takes (``chat_use``): auto/null, true,
+false/none, or a Jinja template string, which ``models.loading.install_chat_template`` has put on
+the tokenizer (``load_policy`` does for ``model.chat_template``, the eval for ``eval.chat_template``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ TEMPLATES: dict[str, str] = {
 }
 NATIVE = "native"
 
-__all__ = ["TEMPLATES", "available_templates", "user_message", "build_prompt", "build_prompts"]
+__all__ = ["TEMPLATES", "available_templates", "user_message", "chat_use", "build_prompt", "build_prompts"]
 
 
 def available_templates() -> list[str]:
@@ -43,13 +46,32 @@ def user_message(problem: str, template: str = "boxed") -> str:
     return _fill(TEMPLATES[template], problem)
 
 
+def chat_use(value):
+    """How prompts use a chat-template setting: ``"auto"`` (null, ``auto``: the tokenizer's template
+    when it has one), False (``false``, ``none``: raw text) or True (``true``, or a template string:
+    the one installed on the tokenizer). A template string is a truthy string, not an off switch:
+    ``"none"`` and ``"false"`` written as strings mean off."""
+    if isinstance(value, str):
+        low = value.strip().lower()
+        if low in ("auto", "none", "false", "true"):
+            return {"auto": "auto", "none": False, "false": False, "true": True}[low]
+        return True
+    if value is None:
+        return "auto"
+    return bool(value)
+
+
 def _wants_chat(tokenizer, use_chat_template) -> bool:
     has = bool(getattr(tokenizer, "chat_template", None)) if tokenizer is not None else False
-    if use_chat_template in (None, "auto"):
+    use = chat_use(use_chat_template)
+    if use == "auto":
         return has
-    if use_chat_template and not has:
-        raise UserError("eval.chat_template=true but the tokenizer has no chat template: set eval.chat_template=auto or false")
-    return bool(use_chat_template)
+    if use and not has:
+        raise UserError(
+            "chat_template is set (true or a template) but the tokenizer has no chat template: "
+            "set model.chat_template / eval.chat_template to auto, false or a Jinja template string"
+        )
+    return bool(use)
 
 
 def build_prompt(problem, template: str = "boxed", tokenizer=None, use_chat_template="auto") -> str:

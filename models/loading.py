@@ -1,7 +1,9 @@
 """The one entry point that training and evaluation load a policy through: ``load_policy(model_cfg)``
 returns ``(model, tokenizer)`` for the embedded tiny model (``models/tiny.py``), a GGUF file
 (``model.gguf_file``, converted once by ``models/gguf.py``) or any local Hugging Face folder / hub id
-(``model.path``). ``model_dir(model_cfg)`` is the folder itself, for engines that load it (vLLM)."""
+(``model.path``). ``model_dir(model_cfg)`` is the folder itself, for engines that load it (vLLM).
+``install_chat_template`` puts ``model.chat_template`` (or ``eval.chat_template``) on the tokenizer,
+so that every prompt built from it, in training and in evaluation, uses the template asked for."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import UserError
+from .folders import weights_damage
 from .gguf import converted_dir, gguf_path
 from .tiny import embedded_model_dir
 
@@ -91,14 +94,61 @@ def stop_tokens(model_cfg, tokenizer) -> list[int]:
     return ids
 
 
+#: ``model.chat_template`` values that name no template: the tokenizer's own (auto) or none (raw text)
+CHAT_TEMPLATE_AUTO = (None, "auto")
+CHAT_TEMPLATE_OFF = (False, "none", "false")
+
+
+def install_chat_template(tokenizer, value, option: str = "model.chat_template"):
+    """Put the chat template ``value`` on ``tokenizer`` and say how prompts use it.
+
+    ``value``: null or ``auto`` (the tokenizer's own template, used when it has one: returns
+    ``"auto"``); ``true`` (its own, required: returns True); ``false`` or ``none`` (no template:
+    the tokenizer's is removed, prompts are raw text: returns False); or a Jinja chat template
+    string (it replaces the tokenizer's: returns True). Every prompt built from this tokenizer
+    (``evals.prompts.build_prompt`` with ``auto``, the training sources, validation) then follows it.
+    A value that is none of these, or a template that does not render, is a ``UserError`` naming ``option``."""
+    if isinstance(value, str) and value.strip().lower() in ("auto", "none", "false", "true"):
+        value = {"auto": "auto", "none": "none", "false": False, "true": True}[value.strip().lower()]
+    if value in CHAT_TEMPLATE_AUTO:
+        return "auto"
+    if value is True:
+        if not getattr(tokenizer, "chat_template", None):
+            raise UserError(
+                f"{option}=true but the tokenizer has no chat template: set {option}=auto, false, or a Jinja template string"
+            )
+        return True
+    if value in CHAT_TEMPLATE_OFF:
+        tokenizer.chat_template = None
+        return False
+    if not isinstance(value, str) or ("{{" not in value and "{%" not in value):
+        raise UserError(
+            f"{option}={value!r} is not a chat template: use auto (the tokenizer's own), false (raw text prompts) "
+            f"or a Jinja template string (with {{% ... %}} or {{{{ ... }}}})"
+        )
+    tokenizer.chat_template = value
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "1+1?"}], tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # jinja2's TemplateError and what a template raises while rendering
+        raise UserError(f"{option}: the Jinja template does not render a user message: {exc}") from None
+    return True
+
+
 def load_policy(model_cfg, task_cfg=None, log=print):
     """``(model, tokenizer)`` for ``model_cfg`` (see ``model_dir``). The tokenizer pads on the left
     (generation) with its pad token, or its EOS when it has none; ``model.stop_tokens`` join the
-    model's ``generation_config.eos_token_id``, so every engine stops at them."""
+    model's ``generation_config.eos_token_id``, so every engine stops at them; ``model.chat_template``
+    is installed on the tokenizer (``install_chat_template``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = model_dir(model_cfg, task_cfg, log=log)
     dtype = getattr(torch, str(model_cfg.get("dtype", "float32")))
+    damage = weights_damage(Path(str(path)))  # a weights file cut short: one line, not the loader's traceback
+    if damage:
+        raise UserError(
+            f"cannot load model '{path}': {damage}: the weights file is cut short or damaged "
+            f"(an interrupted copy or save, a full disk): copy or save the model again"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
@@ -110,6 +160,7 @@ def load_policy(model_cfg, task_cfg=None, log=print):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
+    install_chat_template(tokenizer, model_cfg.get("chat_template", None))
     extra = stop_tokens(model_cfg, tokenizer)
     if extra:
         eos = model.generation_config.eos_token_id

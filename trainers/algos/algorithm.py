@@ -159,6 +159,13 @@ class Algorithm:
                 if n in where and n not in listed:  # the user set <path>.*, not algo.<name>.*
                     raise UserError(str(exc).replace(f"algo.{n}.", f"{where[n]}.")) from None
                 raise
+        loss_agg, loss_agg_norm = registered_name(cfg, "loss_agg", core_algos.LOSS_AGGREGATIONS), read_key(cfg, "loss_agg_norm")
+        if loss_agg_norm is not None and core_algos.LOSS_AGGREGATIONS[loss_agg].denominator is not None:
+            # only an aggregation with a constant normaliser reads it: elsewhere it would be accepted and ignored
+            raise UserError(
+                f"algo.loss_agg_norm={loss_agg_norm} is not read by algo.loss_agg={loss_agg}, which divides by its own "
+                f"count: set algo.loss_agg_norm=null, or algo.loss_agg=seq-mean-token-sum-norm for a constant normaliser"
+            )
         overlong, buffer = read_key(cfg, "overlong.enabled"), read_key(cfg, "overlong.buffer")
         if overlong and not 1 <= buffer <= max_response_length:
             raise UserError(
@@ -170,8 +177,8 @@ class Algorithm:
             eps_low=float(read_key(cfg, "clip.low")),
             eps_high=float(read_key(cfg, "clip.high")),
             dual_c=read_key(cfg, "clip.dual_c"),
-            loss_agg=registered_name(cfg, "loss_agg", core_algos.LOSS_AGGREGATIONS),
-            loss_agg_norm=read_key(cfg, "loss_agg_norm"),
+            loss_agg=loss_agg,
+            loss_agg_norm=loss_agg_norm,
             kl_coef=float(read_key(cfg, "kl_coef")),
             interventions=ivs,
             dynamic_sampling=read_key(cfg, "dynamic_sampling.enabled"),
@@ -299,9 +306,11 @@ class Algorithm:
         advantages: torch.Tensor,
         mask: torch.Tensor,
         gather=None,
+        sampler_logp: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """Selections of interventions whose scope is ``level`` ("batch" or "mini"; "mini" also
-        computes the "global" ones), ``{key: [b, T]}``.
+        computes the "global" ones), ``{key: [b, T]}``; ``sampler_logp``: the behaviour log-probs
+        (``TokenBatch.sampler_logp``, the ``tis`` corrections' weights at scope mini or batch).
 
         ``gather(tensors) -> (all ranks' tensors, this rank's rows)`` (``distributed.gather_rows``):
         a "global" selection is computed on every rank's rows of the mini-batch together and this
@@ -310,7 +319,8 @@ class Algorithm:
         """
         if level not in PREPARE_LEVELS:
             raise ValueError(f"prepare level must be one of {PREPARE_LEVELS}, got {level!r}")
-        batch = TokenBatch(logp.detach(), old_logp.detach(), entropy.detach(), advantages.detach(), mask)
+        behaviour = None if sampler_logp is None else sampler_logp.detach()
+        batch = TokenBatch(logp.detach(), old_logp.detach(), entropy.detach(), advantages.detach(), mask, behaviour)
         out: dict[str, torch.Tensor] = {}
         for iv in self.interventions:
             if iv.scope == level:
@@ -341,6 +351,7 @@ class Algorithm:
                 advantages=batch.advantages,
                 mask=batch.mask,
                 gather=gather,
+                sampler_logp=batch.sampler_logp,
             )
         return batch.with_(selections={**batch.selections, **made}) if made else batch
 
@@ -456,6 +467,8 @@ class Algorithm:
             total = total + self.kl_coef * kl
             metrics["loss/kl"] = float(kl.detach().item())
         metrics["loss/total"] = float(total.detach().item())
+        # what the objective itself did (objectives.OBJECTIVE_METRICS), from the surrogate the loss used
+        metrics.update({k: float(v) for k, v in (getattr(ctx.surrogate, "metrics", None) or {}).items()})
         metrics.update(ctx.metrics)
         return LossOutput(total, metrics, tokens=ctx, token_loss=loss_mat)
 

@@ -228,6 +228,9 @@ class SurrogateOutput(NamedTuple):
     ratio: ``rho = exp(clamp(logp - old_logp, -20, 20))``.
     loss_unclipped: ``L1 = -A * rho``. loss_ratio_clipped: ``max(L1, L2)`` before dual clip.
     ratio_clipped: bool, ``L2 > L1``. dual_clipped: bool, the dual clip bound was taken.
+    metrics: what the objective itself did, ``{"<objective>/<what>": 0-d detached tensor}`` (GSPO's
+    share of responses clipped, SAPO's gate...); None for the PPO clip, whose clip shares the
+    facade logs for every objective (``clip/*``). Returned, never stored: the loss stays pure.
     """
 
     loss: torch.Tensor
@@ -237,6 +240,7 @@ class SurrogateOutput(NamedTuple):
     loss_ratio_clipped: torch.Tensor
     ratio_clipped: torch.Tensor
     dual_clipped: torch.Tensor
+    metrics: dict | None = None
 
 
 def clipped_surrogate(

@@ -17,7 +17,11 @@ sequence-level and soft objectives of 2025, cross-checked against verl's ``core_
   the hard clip, ``tau_pos`` for positive and ``tau_neg`` for other advantages.
 
 Every objective returns ``core_algos.SurrogateOutput`` (per-token ``[B, T]`` pieces) so the
-aggregation, the interventions and the diagnostics see the same fields. A response-level loss
+aggregation, the interventions and the diagnostics see the same fields, with ``metrics``: what the
+objective itself did on this micro-batch (GSPO's share of responses clipped, CISPO's clipped IS
+weights, SAPO's gate...), so that a run shows the switch acted. They are the objective's own keys,
+``<name>/...``, declared with ``register_objective(..., logged_metrics=...)`` (``OBJECTIVE_METRICS``);
+the facade logs them beside ``clip/*`` and ``loss/*``. A response-level loss
 (GMPO) is written on each of the response's tokens: with ``seq-mean-token-mean`` (the presets) it
 aggregates to the mean over responses, as verl's ``torch.mean(pg_losses)``.
 """
@@ -37,6 +41,7 @@ __all__ = [
     "POLICY_OBJECTIVES",
     "register_objective",
     "OBJECTIVE_LAB_CLAIMS",
+    "OBJECTIVE_METRICS",
     "policy_objective",
     "check_objective_args",
     "gspo_objective",
@@ -52,19 +57,42 @@ GMPO_EPS = 1e-8  # verl's length floor in the geometric mean
 POLICY_OBJECTIVES: Registry = Registry("algo.objective")
 # name -> what its paper claims about entropy, as the lab measures it (trainers/algos/lab_claim.py)
 OBJECTIVE_LAB_CLAIMS: dict[str, LabClaim] = {}
+# name -> the metric keys its SurrogateOutput.metrics holds (what the objective itself did)
+OBJECTIVE_METRICS: dict[str, tuple[str, ...]] = {}
+# name -> the algo.clip.* keys the objective does not read (an intervention that re-clips may still read them)
+OBJECTIVE_UNREAD: dict[str, tuple[str, ...]] = {}
 
 
-def register_objective(name: str, lab_claim: LabClaim | None = None):
+def register_objective(
+    name: str, lab_claim: LabClaim | None = None, logged_metrics: tuple[str, ...] = (), unread: tuple[str, ...] = ()
+):
     """Register ``fn(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_c, **args)``, with
-    its paper's entropy claim for the lab (``lab_claim``, optional)."""
+    its paper's entropy claim for the lab (``lab_claim``, optional), the keys of the metrics it
+    returns in ``SurrogateOutput.metrics`` (``logged_metrics``; tests/trainers/test_method_metrics.py
+    checks every method logs one of its own) and the ``algo.clip.*`` keys it does not read
+    (``unread``: said, not silently ignored; tests/trainers/test_accepted_keys.py checks both ways)."""
 
     def deco(fn):
         POLICY_OBJECTIVES[name] = fn
         if lab_claim is not None:
             OBJECTIVE_LAB_CLAIMS[name] = lab_claim
+        OBJECTIVE_METRICS[name] = tuple(logged_metrics)
+        OBJECTIVE_UNREAD[name] = tuple(unread)
         return fn
 
     return deco
+
+
+def _valid_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x [B, T]`` over the valid tokens of ``mask`` (0 when there are none), detached."""
+    m = mask.to(torch.float64)
+    return ((x.detach().to(torch.float64) * m).sum() / m.sum().clamp(min=1.0)).to(torch.float32)
+
+
+def _row_mean(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x [B]`` over the responses where ``rows [B]`` (bool) holds (0 when none), detached."""
+    r = rows.to(torch.float64)
+    return ((x.detach().to(torch.float64) * r).sum() / r.sum().clamp(min=1.0)).to(torch.float32)
 
 
 def _extra_args(fn) -> dict[str, object]:
@@ -110,7 +138,9 @@ def policy_objective(
     )
 
 
-@register_objective("ppo_clip")
+# the PPO clip's own quantities are the clip shares the facade logs for every objective (clip/ratio_frac,
+# clip/dual_frac): it is the baseline the other objectives' keys are told apart from
+@register_objective("ppo_clip", logged_metrics=("clip/ratio_frac", "clip/dual_frac"))
 def _ppo_clip(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_c):
     return clipped_surrogate(logp, old_logp, advantages, eps_low=eps_low, eps_high=eps_high, dual_c=dual_c)
 
@@ -118,6 +148,8 @@ def _ppo_clip(logp, old_logp, advantages, mask, *, eps_low, eps_high, dual_c):
 @register_objective(
     "gspo",
     LabClaim("none", "its claim is on the sampler/trainer mismatch (vLLM), which the lab's hf rollout does not have"),
+    logged_metrics=("gspo/seq_clip_frac", "gspo/seq_ratio_mean"),
+    unread=("clip.dual_c",),
 )
 def gspo_objective(
     logp: torch.Tensor,
@@ -132,7 +164,13 @@ def gspo_objective(
     """GSPO: ``L = max(-A s, -A clip(s, 1 - eps_low, 1 + eps_high))`` with the response ratio
     ``s_i = exp(min(mean_valid(logp - old_logp), 10))``; each token's gradient is
     ``s_i * d logp_t`` (the sequence ratio detached, the token's own log-prob live). No dual clip.
-    ``[B, T] -> SurrogateOutput [B, T]``."""
+    ``[B, T] -> SurrogateOutput [B, T]``.
+
+    As the paper's GSPO-token (its eq. for ``s_i,t``) with one advantage per response; the clamp of the
+    sequence log-ratio at 10 is verl's, not the paper's (it only bounds a ratio the clip already cuts).
+    Metrics: ``gspo/seq_clip_frac``, the share of responses whose ``s_i`` left ``[1 - eps_low, 1 +
+    eps_high]`` on the side its mean advantage pushes (the clip the paper defines, taken per response),
+    and ``gspo/seq_ratio_mean``, the mean ``s_i`` over responses."""
     m = mask.to(logp.dtype)
     n = m.sum(-1).clamp(min=1.0)
     seq_log = (((logp - old_logp) * m).sum(-1) / n).detach()
@@ -142,7 +180,13 @@ def gspo_objective(
     l2 = -advantages * torch.clamp(s, 1.0 - eps_low, 1.0 + eps_high)
     loss = torch.maximum(l1, l2)
     clipped = l2 > l1
-    return SurrogateOutput(loss, clipped, s, l1, loss, clipped, torch.zeros_like(clipped))
+    with torch.no_grad():
+        rows = m.sum(-1) > 0
+        s_seq = torch.exp(torch.clamp(seq_log, max=GSPO_LOG_RATIO_MAX))
+        adv_seq = (advantages.detach() * m).sum(-1) / n
+        cut = ((adv_seq > 0) & (s_seq > 1.0 + eps_high)) | ((adv_seq < 0) & (s_seq < 1.0 - eps_low))
+        metrics = {"gspo/seq_clip_frac": _row_mean(cut.to(logp.dtype), rows), "gspo/seq_ratio_mean": _row_mean(s_seq, rows)}
+    return SurrogateOutput(loss, clipped, s, l1, loss, clipped, torch.zeros_like(clipped), metrics)
 
 
 @register_objective(
@@ -152,6 +196,8 @@ def gspo_objective(
         "GMPO's geometric mean keeps entropy higher than GRPO's arithmetic mean",
         levers=(Lever("clip/frac", "log-ratios clipped", "frac"),),
     ),
+    logged_metrics=("gmpo/clip_frac", "gmpo/log_ratio_mean", "gmpo/seq_ratio_mean"),
+    unread=("clip.dual_c",),
 )
 def gmpo_objective(
     logp: torch.Tensor,
@@ -165,7 +211,12 @@ def gmpo_objective(
 ) -> SurrogateOutput:
     """GMPO: per response ``L_i = -mean_valid(A) * exp(mean_valid(sgn(A) min(sgn(A) d, sgn(A) clip(d, -eps_low,
     eps_high))))`` with ``d = logp - old_logp``; ``L_i`` is written on every token of response ``i``.
-    ``clipped``: the token's log-ratio was cut (the clipped side of the min). ``[B, T] -> SurrogateOutput``."""
+    ``clipped``: the token's log-ratio was cut (the clipped side of the min). ``[B, T] -> SurrogateOutput``.
+
+    The paper's clip range ``(e^-eps_low, e^eps_high)`` on the token ratio is this clip of the log-ratio
+    (its runs: 0.4 on both sides); ``GMPO_EPS`` in the length is verl's. Metrics: ``gmpo/clip_frac``,
+    the share of valid tokens whose log-ratio was cut; ``gmpo/log_ratio_mean``, the mean token
+    log-ratio ``d`` before the clip; ``gmpo/seq_ratio_mean``, the mean geometric-mean ratio over responses."""
     m = mask.to(logp.dtype)
     d = logp - old_logp
     sgn = torch.sign(advantages)
@@ -177,10 +228,21 @@ def gmpo_objective(
     loss = (-adv_seq * ratio_seq).unsqueeze(-1).expand_as(logp)
     clipped = (sgn * d_clip < sgn * d) & mask.bool()
     ratio = torch.exp(torch.clamp(d, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    return SurrogateOutput(loss, clipped, ratio, loss, loss, clipped, torch.zeros_like(clipped))
+    with torch.no_grad():
+        metrics = {
+            "gmpo/clip_frac": _valid_mean(clipped.to(logp.dtype), mask),
+            "gmpo/log_ratio_mean": _valid_mean(d, mask),
+            "gmpo/seq_ratio_mean": _row_mean(ratio_seq, n > 0),
+        }
+    return SurrogateOutput(loss, clipped, ratio, loss, loss, clipped, torch.zeros_like(clipped), metrics)
 
 
-@register_objective("cispo", LabClaim("none", "its claims are on training efficiency"))
+@register_objective(
+    "cispo",
+    LabClaim("none", "its claims are on training efficiency"),
+    logged_metrics=("cispo/is_clip_frac", "cispo/is_weight_mean"),
+    unread=("clip.dual_c",),
+)
 def cispo_objective(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -192,15 +254,27 @@ def cispo_objective(
     dual_c: float | None = None,
 ) -> SurrogateOutput:
     """CISPO: ``L = -sg[clip(rho, 1 - eps_low, 1 + eps_high)] * A * logp``. ``clipped`` marks tokens whose
-    weight was clipped (their gradient is kept, only its weight bounded). ``[B, T] -> SurrogateOutput``."""
+    weight was clipped (their gradient is kept, only its weight bounded). ``[B, T] -> SurrogateOutput``.
+
+    The paper's objective (MiniMax-M1, eq. for J_CISPO) with its token mask left out (all ones, as
+    in its runs); it leaves the lower bound off (the preset's ``clip.low: 1.0``) and normalises by the
+    batch's tokens (the preset's ``token-mean``). Metrics: ``cispo/is_clip_frac``, the share of valid
+    tokens whose IS weight was clipped; ``cispo/is_weight_mean``, the mean clipped weight."""
     ratio = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     w = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high).detach()
     loss = -w * advantages * logp
     clipped = ratio.detach() != w
-    return SurrogateOutput(loss, clipped, ratio, loss, loss, clipped, torch.zeros_like(clipped))
+    with torch.no_grad():
+        metrics = {"cispo/is_clip_frac": _valid_mean(clipped.to(logp.dtype), mask), "cispo/is_weight_mean": _valid_mean(w, mask)}
+    return SurrogateOutput(loss, clipped, ratio, loss, loss, clipped, torch.zeros_like(clipped), metrics)
 
 
-@register_objective("sapo", LabClaim("none", "its claims are on training stability and accuracy"))
+@register_objective(
+    "sapo",
+    LabClaim("none", "its claims are on training stability and accuracy"),
+    logged_metrics=("sapo/gate_mean", "sapo/gate_min"),
+    unread=("clip.low", "clip.high", "clip.dual_c"),
+)
 def sapo_objective(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -214,10 +288,22 @@ def sapo_objective(
     tau_neg: float = 1.05,
 ) -> SurrogateOutput:
     """SAPO: ``L = -A * 4/tau * sigmoid(tau (rho - 1))``, ``tau = tau_pos`` where ``A > 0`` else ``tau_neg``
-    (the clip range is not used: the gate decays smoothly instead). ``[B, T] -> SurrogateOutput``."""
+    (the clip range is not used: the gate decays smoothly instead). ``[B, T] -> SurrogateOutput``.
+
+    The paper's token-level soft gate (its eq. for ``f(r)``), as verl writes it. The gradient of
+    ``f`` at ``rho`` is ``rho * 4 sigmoid(tau (rho - 1)) (1 - sigmoid(...))`` times ``d logp``: the
+    soft gate ``g = 4 sigmoid (1 - sigmoid)`` is 1 on policy and decays as ``rho`` leaves 1, where
+    the hard clip would cut. Metrics: ``sapo/gate_mean`` and ``sapo/gate_min``, ``g`` over the valid
+    tokens (1 = the gate did not attenuate anything)."""
     ratio = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     tau = torch.where(advantages > 0, torch.full_like(advantages, tau_pos), torch.full_like(advantages, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
     loss = -gate * advantages
     none = torch.zeros_like(mask, dtype=torch.bool)
-    return SurrogateOutput(loss, none, ratio, loss, loss, none, none)
+    with torch.no_grad():
+        sig = torch.sigmoid(tau * (ratio - 1.0))
+        g = 4.0 * sig * (1.0 - sig)
+        valid = mask.bool()
+        g_min = g[valid].min() if bool(valid.any()) else torch.ones((), dtype=g.dtype, device=g.device)
+        metrics = {"sapo/gate_mean": _valid_mean(g, mask), "sapo/gate_min": g_min.detach()}
+    return SurrogateOutput(loss, none, ratio, loss, loss, none, none, metrics)

@@ -18,6 +18,16 @@ from .base import Intervention, LossContext, register_intervention
 
 @register_intervention("sample_reweight")
 class SampleReweight(Intervention):
+    #: the share of valid tokens whose weight is not 1 (what it changed: 0 with pos_weight = neg_weight
+    #: = 1), the shares of positive (scaled by pos_weight) and negative (by neg_weight) tokens, and the
+    #: mean token weight
+    logged_metrics = (
+        "sample_reweight/reweighted_frac",
+        "sample_reweight/pos_frac",
+        "sample_reweight/neg_frac",
+        "sample_reweight/weight_mean",
+    )
+
     @dataclass
     class Params:
         """Names and types; the published values: conf/intervention/sample_reweight.yaml."""
@@ -37,3 +47,9 @@ class SampleReweight(Intervention):
             torch.where(a < 0, torch.full_like(ctx.pg_loss, self.params.neg_weight), torch.ones_like(ctx.pg_loss)),
         )
         ctx.scale(w)
+        valid = ctx.mask.bool()
+        n = max(int(valid.sum().item()), 1)
+        ctx.metrics["sample_reweight/reweighted_frac"] = float(((w != 1.0) & valid).sum().item()) / n
+        ctx.metrics["sample_reweight/pos_frac"] = float(((a > 0) & valid).sum().item()) / n
+        ctx.metrics["sample_reweight/neg_frac"] = float(((a < 0) & valid).sum().item()) / n
+        ctx.metrics["sample_reweight/weight_mean"] = float(w.detach()[valid].sum().item()) / n
