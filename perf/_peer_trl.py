@@ -1,0 +1,137 @@
+"""TRL's side of ``make bench-peers``: TRL's ``GRPOTrainer`` on the workload ``perf/peers.py`` hands it.
+
+Run by ``perf/peers.py`` with the peer venv's interpreter (``.venv-peers``, where TRL is installed;
+the product venv never gets it)::
+
+    .venv-peers/bin/python perf/_peer_trl.py JOB.json OUT_FOLDER
+
+``JOB.json`` holds our side's workload (``perf/_peer_workload.py``: ``ours``) and the problems of
+every step in our order. The model is the embedded model's Hugging Face folder (its tokenizer
+included) that our run loads; the reward is our built-in verifier (``tasks/builtin.py``: standard
+library only, loaded from the checkout without installing the package). Writes, into
+``OUT_FOLDER``: ``rows.jsonl``, one row per step of ours (``updates_per_step`` optimizer steps of
+TRL's) as it ends, with the batch's mean reward and the step's seconds; ``result.json``, the
+workload read back from the ``GRPOConfig`` TRL trained with, and TRL's version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def _load(name: str, path: Path, search: list[str] | None = None):
+    spec = importlib.util.spec_from_file_location(name, path, submodule_search_locations=search)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _verifier():
+    """``entropyrl.tasks.builtin`` from the checkout (the package's root, its core errors and its tasks:
+    standard library only), so both sides score a response with the same function."""
+    if "entropyrl" not in sys.modules:
+        _load("entropyrl", REPO / "__init__.py", [str(REPO)])
+    import entropyrl.tasks.builtin as builtin  # noqa: PLC0415 - found through the package just loaded
+    from entropyrl.tasks.problem import Problem  # noqa: PLC0415
+
+    return builtin, Problem
+
+
+def prompts_sha256(prompts: list[str]) -> str:
+    """The hash both sides give the prompts of every step, in order (one prompt per group)."""
+    return hashlib.sha256("\n".join(prompts).encode()).hexdigest()
+
+
+def main(job_path: str, out: str) -> int:
+    workload_mod = _load("peer_workload", HERE / "_peer_workload.py")
+    job = json.loads(Path(job_path).read_text())
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    ours = job["workload"]
+
+    import torch
+
+    torch.set_num_threads(int(ours["threads"]))
+    import trl
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    builtin, Problem = _verifier()
+    problems = job["problems"]  # [task, prompt, answer, params] per prompt, step after step
+    dataset = Dataset.from_dict(
+        {
+            "prompt": [p[1] for p in problems],
+            "task": [p[0] for p in problems],
+            "answer": [p[2] for p in problems],
+            "params": [list(p[3]) for p in problems],
+        }
+    )
+    n = int(ours["samples_per_prompt"])
+    seen: list[str] = []  # one prompt per group, in the order TRL trained on them
+    rewards: list[float] = []  # the mean reward of each generation (one step of ours)
+
+    def reward(prompts, completions, task, answer, params, **_):
+        scores = [
+            builtin.reward(Problem(t, p, a, tuple(q)), c) for p, c, t, a, q in zip(prompts, completions, task, answer, params)
+        ]
+        seen.extend(prompts[::n])
+        rewards.append(sum(scores) / len(scores))
+        return scores
+
+    rows = (folder / "rows.jsonl").open("w")
+    updates = int(ours["updates_per_step"]) * int(ours["epochs"])
+    last = [time.perf_counter()]
+
+    class StepClock(TrainerCallback):
+        """A row per step of ours: the batch's mean reward and the seconds since the previous one."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % updates == 0:
+                now = time.perf_counter()
+                step = state.global_step // updates
+                rows.write(json.dumps({"step": step, "reward/mean": rewards[step - 1], "time/step": now - last[0]}) + "\n")
+                rows.flush()
+                last[0] = now
+
+    args = GRPOConfig(
+        **workload_mod.trl_config_kwargs(ours),
+        output_dir=str(folder / "trl"),
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        log_completions=False,
+        model_init_kwargs={"dtype": getattr(torch, ours["dtype"])},
+    )
+    trainer = GRPOTrainer(model=ours["model_dir"], reward_funcs=reward, args=args, train_dataset=dataset, callbacks=[StepClock()])
+    last[0] = time.perf_counter()
+    trainer.train()
+    rows.close()
+    model_dtype = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
+    used = workload_mod.from_trl_config(
+        trainer.args,
+        model_dir=trainer.model.config._name_or_path,
+        dtype=model_dtype,
+        threads=torch.get_num_threads(),
+        prompts_sha256=prompts_sha256(seen),
+    )
+    (folder / "result.json").write_text(json.dumps({"workload": used, "trl": trl.__version__, "torch": torch.__version__}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))

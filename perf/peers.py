@@ -1,0 +1,275 @@
+"""``make bench-peers`` (key ``peers``): ``entropyrl train data=toy`` against TRL's ``GRPOTrainer`` on
+the same workload, measured in the same run.
+
+The workload is ours, composed from ``data=toy`` (``OVERRIDES``: the bench's harness settings, and
+the dual clip off because TRL has none), and handed to TRL through ``perf/_peer_workload.py``: the
+same embedded model folder (the warm-started tiny model and its character tokenizer, which TRL
+loads as any Hugging Face folder), the prompts of every step in our order, the batch, sampling,
+optimizer and loss settings, and our verifier as the reward. Each side reports the settings it
+actually trained with (ours from the composed config, TRL's from its ``GRPOConfig``);
+``workload_equal`` says whether they agree field by field, ``workload_differences`` lists any that
+do not.
+
+The two sides take turns, ``REPEATS`` runs each, every run a fresh process on the same torch thread
+count; each figure is its median over a side's runs, the curves are the first runs':
+
+- ``step_s``: min and median seconds per step after the first ``WARMUP`` steps (ours: the run's
+  ``time/step``; TRL: the time between the ends of consecutive steps of ours, i.e. of every
+  ``updates_per_step``-th optimizer step);
+  ``step_s_outside``: the mean seen from outside, from when the rows appear in the metrics files
+  (each side's logging included);
+- ``startup_s``: from the process's launch to its first finished step (the first row of its
+  metrics file, polled the same way for both);
+- ``peak_rss_mb``: the process's peak resident memory (``wait4``'s ``ru_maxrss``);
+- ``curves``: the batch's mean reward per step, side by side.
+
+Ratios are ours over TRL's: below 1 is better for us. Without the peer venv (``make bench-peers``
+makes it; ``ENTROPYRL_PEERS_PYTHON`` names another interpreter) ``make bench`` leaves this suite out.
+The suite writes its own section of ``docs/performance.md`` (between ``<!-- peers:begin -->`` and
+``<!-- peers:end -->``) and no other.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+PAGE = REPO / "docs" / "performance.md"
+BEGIN, END = "<!-- peers:begin -->", "<!-- peers:end -->"
+STEPS = int(os.environ.get("ENTROPYRL_PEER_STEPS", "12"))
+REPEATS = int(os.environ.get("ENTROPYRL_PEER_REPEATS", "3"))  # runs of each side, taking turns; figures: medians
+WARMUP = 2
+POLL_S = 0.005  # how often the metrics files are looked at
+THREADS = 1  # torch threads of each side: the same for both, and whatever cores other work leaves free
+OVERRIDES = [
+    "data=toy",
+    "algo.clip.dual_c=null",  # TRL's clipped surrogate has no dual clip
+    f"trainer.threads={THREADS}",
+    "trainer.val_every=0",
+    "trainer.save_every=0",
+    "trainer.samples_every=0",
+    "trainer.progress=false",
+    "val.prompts=0",
+    "tracking.enabled=false",
+]
+
+
+def _sibling(name: str):
+    spec = importlib.util.spec_from_file_location(f"perf_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+workload_mod = _sibling("_peer_workload")
+
+
+def peer_python() -> Path:
+    """The peer venv's interpreter: ``ENTROPYRL_PEERS_PYTHON``, else ``.venv-peers`` in the checkout."""
+    # absolute but not resolved: a venv's python is a link, and resolving it leaves the venv
+    return Path(os.path.abspath(os.environ.get("ENTROPYRL_PEERS_PYTHON") or REPO / ".venv-peers" / "bin" / "python"))
+
+
+def available() -> bool:
+    return peer_python().exists()
+
+
+def plan(steps: int) -> tuple[list[str], dict, list[list]]:
+    """Our overrides for ``steps`` steps, our workload and the problems of every step in our order."""
+    from entropyrl.conf import compose
+    from entropyrl.models.tiny import embedded_model_dir
+    from entropyrl.trainers.data.prompts_source import build_prompt_source
+
+    overrides = [*OVERRIDES, f"trainer.total_steps={steps}"]
+    cfg = compose("train", overrides)
+    source = build_prompt_source(cfg.data, int(cfg.trainer.seed))
+    per_step = int(cfg.trainer.prompts_per_step)
+    problems = [p for step in range(steps) for p in source.sample(per_step, step, 0)]
+    trl_side = _sibling("_peer_trl")
+    workload = workload_mod.ours(
+        cfg,
+        model_dir=str(embedded_model_dir(cfg.model, cfg.data, log=lambda *_: None)),
+        threads=THREADS,
+        prompts_sha256=trl_side.prompts_sha256([p.prompt for p in problems]),
+    )
+    return overrides, workload, [[p.task, p.prompt, p.answer, list(p.params)] for p in problems]
+
+
+def _measure(cmd: list[str], rows: Path, cwd: Path) -> dict:
+    """Run ``cmd``; seconds from launch to each row's appearance in ``rows`` (the first: its start-up),
+    its peak RSS and wall time."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[float] = []  # when each row appeared, from launch
+    output: list[str] = []
+    reader = _drain(proc, output)
+    while True:  # wait4, not Popen.wait: its rusage is this child's own peak memory
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        count = rows.read_text().count("\n") if rows.exists() else 0
+        seen += [time.perf_counter() - started] * (count - len(seen))
+        time.sleep(POLL_S)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    reader.join()
+    wall = time.perf_counter() - started
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd[:4])} failed ({proc.returncode}): {''.join(output)[-2000:]}")
+    return {"startup_s": seen[0], "row_times": seen, "wall_s": wall, "peak_rss_mb": _peak_mb(usage)}
+
+
+def _drain(proc, output: list[str]):
+    import threading
+
+    thread = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
+    thread.start()
+    return thread
+
+
+def _peak_mb(usage) -> float:
+    return round(usage.ru_maxrss / 1024, 1)  # Linux: kilobytes
+
+
+def _steady(rows: list[dict], row_times: list[float]) -> dict:
+    """Min and median of the steps' own clocks after the warm-up, and the mean seen from outside: the
+    time between the warm-up's last row and the last row, over the steps between (logging included)."""
+    times = [r["time/step"] for r in rows[WARMUP:]]
+    outside = (row_times[-1] - row_times[WARMUP - 1]) / (len(row_times) - WARMUP)
+    return {"min": round(min(times), 4), "median": round(statistics.median(times), 4), "mean_outside": round(outside, 4)}
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _run_ours(folder: Path, overrides: list[str]) -> tuple[dict, list[dict]]:
+    out = folder / "ours"
+    cmd = [sys.executable, "-m", "entropyrl.cli.main", "train", f"output_dir={out}", *overrides]
+    measured = _measure(cmd, out / "metrics.jsonl", folder)
+    rows = _rows(out / "metrics.jsonl")
+    return _figures(measured, rows), rows
+
+
+def _run_trl(folder: Path, job: Path) -> tuple[dict, list[dict], dict]:
+    out = folder / "trl"
+    measured = _measure([str(peer_python()), str(HERE / "_peer_trl.py"), str(job), str(out)], out / "rows.jsonl", folder)
+    rows = _rows(out / "rows.jsonl")
+    return _figures(measured, rows), rows, json.loads((out / "result.json").read_text())
+
+
+def _figures(measured: dict, rows: list[dict]) -> dict:
+    steady = _steady(rows, measured["row_times"])
+    return {
+        "step_s_min": steady["min"],
+        "step_s_median": steady["median"],
+        "step_s_outside": steady["mean_outside"],
+        "startup_s": round(measured["startup_s"], 3),
+        "peak_rss_mb": measured["peak_rss_mb"],
+    }
+
+
+def _median_figures(runs: list[dict]) -> dict:
+    """Each figure's median over the runs (a busy machine slows one run, not all of them)."""
+    return {key: round(statistics.median(run[key] for run in runs), 4) for key in runs[0]}
+
+
+def run() -> dict:
+    if not available():
+        return {"skipped": f"no peer venv at {peer_python()}: `make bench-peers` installs TRL there"}
+    if STEPS <= WARMUP or REPEATS < 1:
+        raise ValueError(f"PEER_STEPS={STEPS} / ENTROPYRL_PEER_REPEATS={REPEATS}: need more than {WARMUP} steps and one run")
+    overrides, ours_workload, problems = plan(STEPS)
+    load_before = os.getloadavg()[0]
+    ours_runs, trl_runs, curves, differences = [], [], {}, []
+    for _ in range(REPEATS):  # the two sides take turns, each in a fresh folder
+        with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
+            folder = Path(tmp)
+            job = folder / "job.json"
+            job.write_text(json.dumps({"workload": ours_workload, "problems": problems}))
+            figures, rows = _run_ours(folder, overrides)
+            ours_runs.append(figures)
+            curves.setdefault("ours", [round(r["reward/mean"], 4) for r in rows])
+            figures, rows, trl_result = _run_trl(folder, job)
+            trl_runs.append(figures)
+            curves.setdefault("trl", [round(r["reward/mean"], 4) for r in rows])
+            differences += [d for d in workload_mod.differences(ours_workload, trl_result["workload"]) if d not in differences]
+    ours, peer = _median_figures(ours_runs), _median_figures(trl_runs)
+    result = {
+        "trl": {
+            "version": trl_result["trl"],
+            "step_ratio": round(ours["step_s_median"] / peer["step_s_median"], 3),
+            "step_ratio_min": round(ours["step_s_min"] / peer["step_s_min"], 3),
+            "step_ratio_outside": round(ours["step_s_outside"] / peer["step_s_outside"], 3),
+            "startup_ratio": round(ours["startup_s"] / peer["startup_s"], 3),
+            "memory_ratio": round(ours["peak_rss_mb"] / peer["peak_rss_mb"], 3),
+            "ours": ours,
+            "peer": peer,
+        },
+        "steps": STEPS,
+        "warmup_steps": WARMUP,
+        "repeats": REPEATS,
+        "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # 1-minute load at the start and the end
+        "workload_equal": not differences,
+        "workload_differences": differences,
+        "workload": ours_workload,
+        "curves": curves,
+    }
+    write_section(result, PAGE)
+    return result
+
+
+def render(result: dict) -> str:
+    """The peer section: the ratio table, the workload both sides trained with, the curves."""
+    trl, ours, peer = result["trl"], result["trl"]["ours"], result["trl"]["peer"]
+    lines = [
+        f"Generated by `perf/peers.py` (`make bench-peers`): `entropyrl train data=toy` against TRL {trl['version']}'s "
+        f"`GRPOTrainer`, {result['steps']} steps a run, {result['repeats']} runs of each taking turns (each figure: the "
+        f"median over a side's runs), the first {result['warmup_steps']} steps of a run left out of its step times. "
+        "Ratios are ours over TRL's (below 1: ours is faster or lighter). "
+        f"Load average {result['load_avg'][0]} at the start, {result['load_avg'][1]} at the end "
+        f"(on {os.cpu_count()} CPUs: above that, the figures are upper bounds).",
+        "",
+        "| figure | entropyrl | TRL | ratio |",
+        "| --- | --- | --- | --- |",
+        f"| seconds per step, min | {ours['step_s_min']} | {peer['step_s_min']} | {trl['step_ratio_min']} |",
+        f"| seconds per step, median | {ours['step_s_median']} | {peer['step_s_median']} | {trl['step_ratio']} |",
+        f"| seconds per step, seen from outside | {ours['step_s_outside']} | {peer['step_s_outside']} | "
+        f"{trl['step_ratio_outside']} |",
+        f"| launch to first step (s) | {ours['startup_s']} | {peer['startup_s']} | {trl['startup_ratio']} |",
+        f"| peak resident memory (MB) | {ours['peak_rss_mb']} | {peer['peak_rss_mb']} | {trl['memory_ratio']} |",
+        "",
+        "Workload, as each side reports the settings it trained with: "
+        + (
+            "equal field by field." if result["workload_equal"] else "**not equal**: " + "; ".join(result["workload_differences"])
+        ),
+        "",
+        "| setting | value |",
+        "| --- | --- |",
+    ]
+    lines += [f"| `{k}` | `{v}` |" for k, v in result["workload"].items() if k not in ("model_dir", "prompts_sha256")]
+    curves = result["curves"]
+    lines += ["", "Mean reward of each step's batch:", "", "| step | entropyrl | TRL |", "| --- | --- | --- |"]
+    for i in range(max(len(curves["ours"]), len(curves["trl"]))):
+        a = curves["ours"][i] if i < len(curves["ours"]) else ""
+        b = curves["trl"][i] if i < len(curves["trl"]) else ""
+        lines.append(f"| {i + 1} | {a} | {b} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(result: dict, page: Path = PAGE) -> None:
+    """Replace the peer section of ``page`` (``perf/report.py``'s section writer, this suite's markers)."""
+    _sibling("report").write_section(page, render(result), BEGIN, END)
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(), indent=2))

@@ -1,0 +1,167 @@
+"""`make bench-peers` (perf/peers.py): the workload TRL is given is ours, field by field.
+
+Our side's settings come from the composed ``data=toy`` config the bench trains with; TRL's from
+the ``GRPOConfig`` built by ``perf/_peer_workload.py``'s mapping. Without TRL the mapping is read
+back from a plain object holding the keywords (plus the one value ``GRPOConfig`` derives,
+``generation_batch_size``); with the peer venv present, from a real ``GRPOConfig`` built there.
+The timings are not checked here (they live in ``make bench``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from entropyrl.conf import compose
+
+from .conftest import PERF, load_perf
+
+peers = load_perf("peers")
+workload = load_perf("_peer_workload")
+bench_run = load_perf("run")
+
+
+def _ours(extra: list[str] | None = None) -> dict:
+    cfg = compose("train", [*peers.OVERRIDES, "trainer.total_steps=7", *(extra or [])])
+    return workload.ours(cfg, model_dir="/models/tiny", threads=peers.THREADS, prompts_sha256="abc")
+
+
+def _as_grpo_config(kwargs: dict) -> SimpleNamespace:
+    """The keywords as attributes, with what ``GRPOConfig.__post_init__`` derives from them."""
+    derived = kwargs["per_device_train_batch_size"] * kwargs["steps_per_generation"]
+    return SimpleNamespace(**kwargs, generation_batch_size=derived, warmup_ratio=0.0)
+
+
+def _back(ours: dict, args) -> dict:
+    return workload.from_trl_config(
+        args, model_dir=ours["model_dir"], dtype=ours["dtype"], threads=ours["threads"], prompts_sha256=ours["prompts_sha256"]
+    )
+
+
+def test_trl_side_reads_back_our_toy_workload_field_by_field():
+    ours = _ours()
+    assert set(ours) == set(workload.FIELDS)
+    # the toy run's workload, as the issue states it: 32 prompts x 8 samples of 6 tokens, two updates, clip 0.2
+    assert (ours["prompts_per_step"], ours["samples_per_prompt"], ours["max_new_tokens"]) == (32, 8, 6)
+    assert (ours["updates_per_step"], ours["responses_per_update"], ours["epochs"]) == (2, 128, 1)
+    assert (ours["clip_low"], ours["clip_high"], ours["loss_agg"], ours["kl_coef"]) == (0.2, 0.2, "token-mean", 0.0)
+    kwargs = workload.trl_config_kwargs(ours)
+    assert kwargs["steps_per_generation"] == 2 and kwargs["num_iterations"] == 1 and kwargs["max_steps"] == 14
+    assert kwargs["loss_type"] == "dapo" and kwargs["beta"] == 0.0 and kwargs["shuffle_dataset"] is False
+    back = _back(ours, _as_grpo_config(kwargs))
+    assert workload.differences(ours, back) == []
+    assert back == ours
+
+
+def test_a_setting_that_differs_is_named():
+    ours = _ours()
+    kwargs = {
+        **workload.trl_config_kwargs(ours),
+        "learning_rate": 1e-3,
+        "steps_per_generation": 1,
+        "per_device_train_batch_size": 256,
+    }
+    diff = workload.differences(ours, _back(ours, _as_grpo_config(kwargs)))
+    assert [d.split(":")[0] for d in diff] == ["steps", "updates_per_step", "responses_per_update", "lr"]
+
+
+def test_settings_of_ours_that_trl_cannot_express_are_refused():
+    """The plain toy run has a dual clip, which TRL lacks: the bench's override turns it off."""
+    plain = compose("train", ["data=toy"])
+    assert plain.algo.clip.dual_c is not None and "algo.clip.dual_c=null" in peers.OVERRIDES
+    with pytest.raises(ValueError, match="dual clip"):
+        workload.trl_config_kwargs(workload.ours(plain, model_dir="m", threads=1, prompts_sha256="h"))
+    with pytest.raises(ValueError, match="constant"):
+        workload.trl_config_kwargs(_ours(["optim.scheduler=cosine"]))
+
+
+@pytest.mark.skipif(not peers.available(), reason="no peer venv (make bench-peers installs TRL in .venv-peers)")
+def test_a_real_grpo_config_reads_back_our_workload(tmp_path):
+    ours = _ours()
+    script = (
+        "import importlib.util, json, sys\n"
+        f"spec = importlib.util.spec_from_file_location('w', {str(PERF / '_peer_workload.py')!r})\n"
+        "w = importlib.util.module_from_spec(spec); spec.loader.exec_module(w)\n"
+        "from trl import GRPOConfig\n"
+        "ours = json.loads(sys.argv[1])\n"
+        f"args = GRPOConfig(**w.trl_config_kwargs(ours), output_dir={str(tmp_path)!r}, use_cpu=True, report_to='none')\n"
+        "print(json.dumps(w.from_trl_config(args, model_dir=ours['model_dir'], dtype=ours['dtype'], "
+        "threads=ours['threads'], prompts_sha256=ours['prompts_sha256'])))\n"
+    )
+    done = subprocess.run([str(peers.peer_python()), "-c", script, json.dumps(ours)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    back = json.loads(done.stdout.strip().splitlines()[-1])
+    assert workload.differences(ours, back) == []
+
+
+def _result() -> dict:
+    figures = {"step_s_min": 0.1, "step_s_median": 0.2, "step_s_outside": 0.2, "startup_s": 3.0, "peak_rss_mb": 500.0}
+    ratios = {"step_ratio": 0.5, "step_ratio_min": 0.5, "step_ratio_outside": 0.5, "startup_ratio": 1.0, "memory_ratio": 1.2}
+    return {
+        "trl": {"version": "1.16.0", **ratios} | {"ours": figures, "peer": figures},
+        "steps": 3,
+        "warmup_steps": 2,
+        "repeats": 3,
+        "load_avg": [1.0, 1.5],
+        "workload_equal": True,
+        "workload_differences": [],
+        "workload": _ours(),
+        "curves": {"ours": [0.5, 0.6, 0.7], "trl": [0.5, 0.55]},
+    }
+
+
+def test_the_peer_section_is_written_and_no_other(tmp_path):
+    page = tmp_path / "performance.md"
+    bench = "<!-- bench:begin -->\nthe other suites' tables\n<!-- bench:end -->\n"
+    page.write_text(f"# page\n<!-- peers:begin -->\nold\n<!-- peers:end -->\nprose\n{bench}")
+    peers.write_section(_result(), page)
+    text = page.read_text()
+    assert text.endswith(f"prose\n{bench}") and "old" not in text
+    assert "| peak resident memory (MB) | 500.0 | 500.0 | 1.2 |" in text
+    assert "equal field by field" in text and "| 3 | 0.7 |  |" in text
+
+
+def test_make_bench_runs_the_peer_suite_only_where_the_peer_is_installed(tmp_path, monkeypatch):
+    monkeypatch.setitem(bench_run.OPTIONAL, "peers", tmp_path / "absent" / "python")
+    assert "peers" not in bench_run.suites() and "tools" in bench_run.suites()
+    (tmp_path / "python").touch()
+    monkeypatch.setitem(bench_run.OPTIONAL, "peers", tmp_path / "python")
+    assert "peers" in bench_run.suites()
+
+
+def test_a_partial_bench_run_leaves_the_measured_section_to_a_full_report(tmp_path, monkeypatch):
+    """`make bench-peers` on a checkout with no bench-results.json must not regenerate the measured
+    section from its one suite (which would drop every other suite's table from the page)."""
+    monkeypatch.setattr(bench_run, "REPORT", tmp_path / "bench-results.json")
+    monkeypatch.setattr(bench_run, "suites", lambda: ["peers", "tools"])
+    written: list[list[str]] = []
+    modules = {
+        "peers": SimpleNamespace(run=lambda: {"trl": {"step_ratio": 0.5}}),
+        "tools": SimpleNamespace(run=lambda: {"calls_per_s": 30.0}),
+        "report": SimpleNamespace(write=lambda report, page: written.append(sorted(report))),
+    }
+    monkeypatch.setattr(bench_run, "load", modules.__getitem__)
+    assert bench_run.main(["peers"]) == 0
+    assert written == [] and json.loads((tmp_path / "bench-results.json").read_text())["peers"]["trl"]["step_ratio"] == 0.5
+    assert bench_run.main(["tools"]) == 0
+    assert written == [["_machine", "peers", "tools"]]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not peers.available(), reason="no peer venv (make bench-peers installs TRL in .venv-peers)")
+def test_both_sides_train_on_the_same_workload_and_report_their_ratios(tmp_path, monkeypatch):
+    """A short real run of each side: TRL reports back the settings and prompts ours trained with."""
+    monkeypatch.setattr(peers, "STEPS", 3)
+    monkeypatch.setattr(peers, "REPEATS", 1)
+    page = tmp_path / "performance.md"
+    page.write_text("<!-- peers:begin -->\n<!-- peers:end -->\n")
+    monkeypatch.setattr(peers, "PAGE", page)
+    result = peers.run()
+    assert result["workload_equal"], result["workload_differences"]
+    assert len(result["curves"]["ours"]) == len(result["curves"]["trl"]) == 3
+    trl = result["trl"]
+    assert all(trl[k] > 0 for k in ("step_ratio", "startup_ratio", "memory_ratio"))
+    assert trl["peer"]["peak_rss_mb"] > 100 and trl["ours"]["startup_s"] > 0
+    assert "equal field by field" in page.read_text()
