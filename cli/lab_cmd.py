@@ -6,6 +6,7 @@
     entropyrl lab --experiment quadrants --seeds 0       # only the quadrant sign experiment
     entropyrl lab --experiment tools                     # the tool study: grpo, stare, steer with a code interpreter
     entropyrl lab --experiment staleness --jobs 1        # the staleness study: 17 variants (k, corrections, methods)
+    entropyrl lab --experiment real_model --seeds 0,1,2  # the real-model study: SmolLM2-135M, 4 methods, 80 steps
     entropyrl lab trainer.total_steps=40                 # overrides apply to every run
 
 The lab is the ablation ``conf/ablation/lab.yaml`` run by the sweep machinery, exactly like
@@ -28,6 +29,15 @@ Clip-Cov and STEER synchronous and stale, STARE's gate on the behaviour policy's
 experiment) with its own report step (sweeps/lab/staleness_step.py: the staleness claims, entropy per
 method and k, the clipped share by entropy quarter against k). A job at k >= 1 runs a rollout worker
 process beside its trainer, so ``--jobs 1`` is two processes.
+
+``--experiment real_model`` is the real-model study, the ablation ``conf/ablation/real_model.yaml``
+(SmolLM2-135M-Instruct on word problems, ``experiment=smollm2_word_problems``: GRPO, STARE with fixed
+W/M, Clip-Cov and KL-Cov by default, ``stare_published`` and ``steer`` with ``--algos``; no quadrant
+experiment) with its own report step (sweeps/lab/real_model_step.py: the real-model claims, the runs'
+entropy with h_tgt and the gate shaded, wall time per run, what does not reproduce and why). It needs
+the model's package (``make install-smollm2``): without it the command stops with one ``error:`` line
+before anything is planned. Its runs go one at a time unless ``--jobs`` says otherwise (a run that
+measures the attribution holds several copies of the model's parameters).
 """
 
 from __future__ import annotations
@@ -41,18 +51,31 @@ import typer
 from ..conf import compose
 from ..core.errors import UserError
 
-EXPERIMENTS = ("all", "claims", "quadrants", "tools", "staleness")
+EXPERIMENTS = ("all", "claims", "quadrants", "tools", "staleness", "real_model")
 QUADRANTS = "quadrants"  # the lab ablation's quadrant-experiment variant
 TOOLS = "tools"  # --experiment tools: the tool study, its own ablation
 STALENESS = "staleness"  # --experiment staleness: the staleness study, its own ablation
-ABLATIONS = {TOOLS: "lab_tools", STALENESS: "staleness"}  # --experiment -> the ablation it runs (the others: lab)
-BASE_PRESETS = {  # builds the warm-started model
+REAL_MODEL = "real_model"  # --experiment real_model: the real-model study, its own ablation
+ABLATIONS = {TOOLS: "lab_tools", STALENESS: "staleness", REAL_MODEL: "real_model"}  # --experiment -> its ablation (others: lab)
+BASE_PRESETS = {  # builds the warm-started model (the real model: converts its GGUF file once)
     "lab": "experiment=lab_grpo",
     "lab_tools": "experiment=lab_tool_grpo",
     "staleness": "experiment=lab_grpo",
+    "real_model": "experiment=smollm2_word_problems",
 }
-DEFAULT_OUT = {"lab": "outputs/lab", "lab_tools": "outputs/lab_tools", "staleness": "outputs/lab_staleness"}
-VARIANT_KIND = {"lab": "lab variant", "lab_tools": "tool-study variant", "staleness": "staleness-study variant"}
+DEFAULT_OUT = {
+    "lab": "outputs/lab",
+    "lab_tools": "outputs/lab_tools",
+    "staleness": "outputs/lab_staleness",
+    "real_model": "outputs/lab_real_model",
+}
+VARIANT_KIND = {
+    "lab": "lab variant",
+    "lab_tools": "tool-study variant",
+    "staleness": "staleness-study variant",
+    "real_model": "real-model-study variant",
+}
+DEFAULT_JOBS = {"real_model": 1}  # runs in parallel unless --jobs says (others: 2): a real-model run's attribution is large
 
 
 def _parse_seeds(text: str) -> list[int]:
@@ -100,6 +123,11 @@ def register(app: typer.Typer) -> None:
         "where STARE holds its band, corrections lower the clipped share, Clip-Cov and STEER against GRPO; figures "
         "lab-staleness-entropy.png and lab-staleness-clip-quarters.png; --jobs 1 on a small machine: each stale "
         "job is two processes). "
+        "--experiment real_model: the real-model study (ablation=real_model: GRPO, STARE with fixed W/M, Clip-Cov and "
+        "KL-Cov on SmolLM2-135M-Instruct, data=word_problems, 80 steps; needs `make install-smollm2`; claims: GRPO's "
+        "collapse flag fires, STARE holds its band with its gate open, each method ends above GRPO's entropy, the "
+        "attribution tracks the realised change; accuracy, pass@k and the text metrics side by side; figure "
+        "real-model-entropy-runs.png; one run at a time by default). "
         "Extra key=value overrides apply to every run.",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )
@@ -109,21 +137,27 @@ def register(app: typer.Typer) -> None:
             "default",
             help="comma-separated lab variants (experiment=lab_<name>; with --experiment tools: "
             "experiment=lab_tool_<name>; with --experiment staleness: <method>_k<k>[_<correction>], e.g. "
-            "grpo_k0,grpo_k2,grpo_k2_m2po), 'default' (the ablation's default_variants) or 'all' (every training variant)",
+            "grpo_k0,grpo_k2,grpo_k2_m2po; with --experiment real_model: grpo, stare, clip_cov, kl_cov, stare_published, "
+            "steer), 'default' (the ablation's default_variants) or 'all' (every training variant)",
         ),
         seeds: str = typer.Option("0,1,2", help="comma-separated training seeds"),
         experiment: str = typer.Option(
             "all",
             help="all | claims (training runs) | quadrants (sign experiment only) | tools (the tool study: "
             "ablation=lab_tools, default out outputs/lab_tools) | staleness (the staleness study: ablation=staleness, "
-            "default out outputs/lab_staleness)",
+            "default out outputs/lab_staleness) | real_model (the real-model study: ablation=real_model, default out "
+            "outputs/lab_real_model)",
         ),
         quadrant_batches: int = typer.Option(20, help="batches of the quadrant sign experiment (per seed)"),
-        jobs: int = typer.Option(2, help="runs in parallel (one torch thread each)"),
+        jobs: Optional[int] = typer.Option(
+            None,
+            help="runs in parallel (one torch thread each; default 2; real_model: 1, a run measuring the attribution "
+            "holds several copies of the model's parameters)",
+        ),
         out: Optional[Path] = typer.Option(
             None,
             help="folder for the runs, the report and the figures (default outputs/lab; tools: outputs/lab_tools; "
-            "staleness: outputs/lab_staleness)",
+            "staleness: outputs/lab_staleness; real_model: outputs/lab_real_model)",
         ),
         fresh: bool = typer.Option(False, help="retrain runs that already finished in --out"),
         resume: bool = typer.Option(
@@ -132,6 +166,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from rich.console import Console
 
+        from ..models.gguf import gguf_path
         from ..models.loading import load_policy  # torch and matplotlib load when it runs
         from ..sweeps import following, planning
         from ..sweeps.ablation import default_variants, training_variants
@@ -142,11 +177,12 @@ def register(app: typer.Typer) -> None:
         say = lambda msg: console.print(f"[bold]lab[/bold]: {msg}")  # noqa: E731
         if experiment not in EXPERIMENTS:
             raise UserError(f"--experiment must be one of {', '.join(EXPERIMENTS)}; got '{experiment}'")
+        ablation = ABLATIONS.get(experiment, "lab")
+        jobs = DEFAULT_JOBS.get(ablation, 2) if jobs is None else jobs
         if jobs < 1:
             raise UserError(f"--jobs must be >= 1, got {jobs}")
         if quadrant_batches < 1:
             raise UserError(f"--quadrant-batches must be >= 1, got {quadrant_batches}")
-        ablation = ABLATIONS.get(experiment, "lab")
         valid = training_variants(ablation)
         asked = algos.strip()
         if asked == "all":
@@ -163,6 +199,8 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--resume: {out} holds no lab (no sweep.json); drop --resume to start one there")
         variants = ([QUADRANTS] if experiment in ("all", "quadrants") else []) + names
         sweep_ov, train_ov = split_overrides(list(overrides or []))
+        base = compose("train", [BASE_PRESETS[ablation], *train_ov])
+        gguf_path(base.model)  # a model from a package that is not installed: one error line before anything is planned
         cfg = compose("sweep", [*lab_sweep_overrides(variants, seed_list, out, jobs, quadrant_batches, ablation), *sweep_ov])
         plan = planning.plan(cfg, train_ov, explicit_dir=True, resume=resume)  # every run checked before any starts
         plan.command = " ".join(
@@ -178,8 +216,7 @@ def register(app: typer.Typer) -> None:
         if fresh:
             for job in plan.jobs:
                 shutil.rmtree(job.output_dir, ignore_errors=True)
-        base = compose("train", [BASE_PRESETS[ablation], *train_ov])
-        say("building / loading the warm-started lab model once (cached)")
+        say("building / loading the model once (cached)")
         load_policy(base.model, base.data, log=lambda m: say(m))  # one builder, not one per job
         result = following.run(plan, wait=True, log=lambda m: console.print(m, markup=False, soft_wrap=True))
         step = (result.get("report_data") or {}).get("step") or {}

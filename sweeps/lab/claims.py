@@ -39,6 +39,11 @@ __all__ = [
     "BAND",
     "GATE_KEY",
     "GATE_MIN_OPEN_SHARE",
+    "make_claim",
+    "seeds_with",
+    "finite_values",
+    "fmt",
+    "regime_reasons",
 ]
 
 # Quadrant sign theory (diagnostics.py): Q1 exploitation and Q3 suppression lower entropy,
@@ -452,3 +457,11 @@ def quadrant_claim(quadrants: dict | None) -> dict:
         "ok",
         measured,
     )
+
+
+# the helpers another study builds its claims with, under public names (the lab's own code uses the short ones)
+make_claim = _claim  # (id, claim, per_seed, ok_key, measured, reason) -> a claim: reproduced when every seed is ok
+seeds_with = _seeds  # the seeds every one of the named variants ran
+finite_values = _vals  # a metric's finite values over the rows, in step order
+fmt = _fmt  # a number in 3 significant digits, "nan" for none
+regime_reasons = _reasons  # the regime warnings and flags of the named variants' runs, as one phrase

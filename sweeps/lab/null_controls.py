@@ -2,8 +2,8 @@
 
 A claim that a run in which the method did nothing also passes is not a claim. Each claim id the lab
 (``claims.compute_claims``), the registered methods (``method_claims.method_claims``), the tool study
-(``tool_claims.tool_claims``) and the staleness study (``staleness_claims.staleness_claims``) can emit
-is declared here with
+(``tool_claims.tool_claims``), the staleness study (``staleness_claims.staleness_claims``) and the
+real-model study (``real_model_claims.real_model_claims``) can emit is declared here with
 
 - ``null``: the null control in words, shown beside the claim in ``report.md`` and ``lab.json``
   (``declare_nulls``): the rows of a run in which the method did nothing (entropy flat at its start,
@@ -27,16 +27,18 @@ from typing import Callable
 
 from .claims import compute_claims
 from .method_claims import _acted_key, _target, method_claims, registered_lab_claims
+from .real_model_claims import EXTRA_METHODS, METHODS, real_model_claims
 from .staleness_claims import STALE_QUARTER_KEYS, staleness_claims
 from .tool_claims import tool_claims
 
 __all__ = ["NullControl", "registry", "evaluate", "declare_nulls", "emitted_ids", "STUDIES"]
 
-STUDIES = ("lab", "method", "tool", "staleness")
+STUDIES = ("lab", "method", "tool", "staleness", "real_model")
 N = 60  # steps of a synthetic run
 SEEDS = (0, 1)
 LAB_H = 0.5  # h_tgt of the synthetic lab and staleness STARE runs
 TOOL_H = 0.08  # the tool preset's h_tgt: its warm start (about 0.098 nats) sits inside the +/-30 % band
+REAL_H = 0.5  # the real-model study's h_tgt (conf/ablation/real_model.yaml)
 
 
 @dataclass(frozen=True)
@@ -381,10 +383,87 @@ def _staleness() -> list[NullControl]:
     ]
 
 
+# -- the real-model study ---------------------------------------------------------------------------
+def _attribution_rows(predicted: Callable[[float], float]) -> list[dict]:
+    """GRPO's decaying rows with the attribution measured every 10th step: a realised probe change of
+    about -0.01 (-0.008 and -0.012 in turn) and ``predicted(realised)`` as the prediction."""
+    rows = _rows(_decay(0.05))
+    for i, r in enumerate(rows):
+        if (i + 1) % 10 == 0 or i == 0:
+            realised = -0.01 + 0.002 * (-1) ** i
+            r["entropy_change/realized"], r["entropy_change/predicted_net"] = realised, predicted(realised)
+    return rows
+
+
+def _real_model() -> list[NullControl]:
+    def inputs(runs: dict) -> dict:
+        return _inputs(runs, REAL_H)
+
+    def above(method: str, null: bool) -> dict:
+        grpo = _grpo()
+        return inputs({"grpo": grpo, method: _same(grpo) if null else _seeds(lambda: _rows(_decay(0.01)))})
+
+    def acc(null: bool) -> dict:
+        grpo = _seeds(lambda: _rows(_decay(0.05), **{"val/acc": 0.5, "val/pass_at_4": 0.7}))
+        own = _seeds(lambda: _rows(_decay(0.01), **{"val/acc": 0.4, "val/pass_at_4": 0.7}))
+        return inputs({"grpo": grpo, "stare": _same(grpo) if null else own})
+
+    text = {"repetition/score/mean": lambda i: 0.1 + 0.005 * i, "reflection/density": 2.0, "response_length/mean": 40.0}
+    return [
+        NullControl(
+            "real_model_grpo_collapses",
+            "real_model",
+            "GRPO's entropy flat at its start",
+            lambda: inputs({"grpo": _seeds(lambda: _rows(_flat(0.8)))}),
+            lambda: inputs({"grpo": _grpo()}),
+        ),
+        NullControl(
+            "real_model_stare_holds_target",
+            "real_model",
+            "GRPO's rows under STARE's name, its gate never open",
+            lambda: inputs({"stare": _seeds(lambda: _rows(_decay(0.05), **{"stare/gate_on": 0.0}))}),
+            lambda: inputs({"stare": _seeds(lambda: _stare(REAL_H))}),
+        ),
+        *[
+            NullControl(
+                f"real_model_{m}_above_grpo",
+                "real_model",
+                f"GRPO's rows under {m}'s name",
+                lambda m=m: above(m, True),
+                lambda m=m: above(m, False),
+            )
+            for m in (*METHODS, *EXTRA_METHODS)
+        ],
+        NullControl(
+            "real_model_attribution_tracks",
+            "real_model",
+            "a prediction that says nothing: entropy_change/predicted_net 0 on every measured step",
+            lambda: inputs({"grpo": _seeds(lambda: _attribution_rows(lambda q: 0.0))}),
+            lambda: inputs({"grpo": _seeds(lambda: _attribution_rows(lambda q: 0.9 * q))}),
+        ),
+        NullControl(
+            "real_model_accuracy",
+            "real_model",
+            "none: descriptive, no direction claimed",
+            lambda: acc(True),
+            lambda: acc(False),
+            descriptive=True,
+        ),
+        NullControl(
+            "real_model_text",
+            "real_model",
+            "none: descriptive, no direction claimed",
+            lambda: inputs({"grpo": _seeds(lambda: _rows(_flat(0.8), **text))}),
+            lambda: inputs({"grpo": _seeds(lambda: _rows(_decay(0.05), **text))}),
+            descriptive=True,
+        ),
+    ]
+
+
 def registry() -> dict[str, NullControl]:
     """``claim id -> NullControl`` of every study's claims (the methods' from the registries, so a new
     method with a claim is here without an edit)."""
-    return {e.claim_id: e for e in (*_lab(), *_methods(), *_tool(), *_staleness())}
+    return {e.claim_id: e for e in (*_lab(), *_methods(), *_tool(), *_staleness(), *_real_model())}
 
 
 def _study_claims(study: str, inputs: dict) -> list[dict]:
@@ -395,6 +474,8 @@ def _study_claims(study: str, inputs: dict) -> list[dict]:
         return method_claims(runs)
     if study == "tool":
         return tool_claims(runs, h_tgt=h_tgt)
+    if study == "real_model":
+        return real_model_claims(runs, h_tgt=h_tgt)
     return staleness_claims(runs, h_tgt=h_tgt)
 
 
@@ -405,13 +486,15 @@ def evaluate(entry: NullControl, inputs: dict) -> dict:
 
 def emitted_ids() -> dict[str, set[str]]:
     """Per study, every claim id it emits: the lab, tool and staleness studies emit all of theirs on no
-    runs; the methods' ids need a run of each registered method."""
+    runs; the methods' ids need a run of each registered method; the real-model study's extra methods'
+    ids need their runs."""
     one = {0: [{"step": 1, "entropy": 1.0}]}
     return {
         "lab": {c["id"] for c in compute_claims({}, h_tgt=LAB_H)},
         "method": {c["id"] for c in method_claims({"grpo": one, **{v: one for v in registered_lab_claims()}})},
         "tool": {c["id"] for c in tool_claims({}, h_tgt=TOOL_H)},
         "staleness": {c["id"] for c in staleness_claims({}, h_tgt=LAB_H)},
+        "real_model": {c["id"] for c in real_model_claims({"grpo": one, **{m: one for m in EXTRA_METHODS}}, h_tgt=REAL_H)},
     }
 
 
