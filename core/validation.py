@@ -218,6 +218,8 @@ MODEL = {
     "model.arch.max_position_embeddings": POS_INT,
     "model.arch.rope_theta": POS,
     "model.warm_start.steps": NONNEG_INT,
+    "model.eval.n_samples": integer(1, nullable=True),
+    "model.eval.max_new_tokens": integer(1, nullable=True),
     "model.warm_start.batch_size": POS_INT,
     "model.warm_start.lr": POS,
     "model.warm_start.label_noise": PROB,
@@ -276,6 +278,7 @@ TOOLS = {
     "tools.executor.processes": POS_INT,
     "tools.executor.max_output_bytes": integer(256),
     "tools.executor.workers": NONNEG_INT,
+    "tools.executor.launch": choice("zygote", "fresh"),
     "tools.shaping.call_bonus": number(),
     "tools.shaping.error_penalty": NONNEG,
 }
@@ -338,6 +341,7 @@ TRAIN = {
     "rollout.max_new_tokens": POS_INT,
     "rollout.batch_size": POS_INT,
     "rollout.seed_scope": choice("call", "group"),
+    "rollout.share_prefill": BOOL,  # the hf engine's (conf/rollout/hf.yaml)
     # the vllm engine's own keys (conf/rollout/vllm.yaml; null: the engine's choice for the device)
     "rollout.dtype": choice("float32", "bfloat16", "float16", nullable=True),
     "rollout.gpu_memory_utilization": number(0, 1, open_low=True, nullable=True),
@@ -373,7 +377,9 @@ EVAL = {
     "eval.limit": integer(1, nullable=True),
     "eval.temperature": number(0, nullable=True),
     "eval.top_p": number(0, 1, open_low=True, nullable=True),
-    "eval.max_new_tokens": POS_INT,
+    "eval.max_new_tokens": integer(1, nullable=True),
+    "eval.heartbeat_s": POS,
+    "eval.unrepresentable": choice("error", "warn"),
     "eval.batch_size": POS_INT,
     "eval.backend": STR,  # a registered rollout engine name: checked against rollout.ROLLOUT_ENGINES
     "eval.seed": NONNEG_INT,

@@ -3,7 +3,11 @@ tool costs a training step on the tool task against the same step without the to
 
 - ``executor``: batches of small calls (the tool task's additions) through the executor a training
   run builds (``evals/code/tool_executor.py``, the default ``tools.executor`` limits and the
-  strongest isolation that works here), ``workers`` at a time; ``calls_per_s`` over the batches.
+  strongest isolation that works here), ``workers`` at a time; ``calls_per_s`` over the batches,
+  with the default ``tools.executor.launch=zygote`` (each call a fork of a warm sandboxed
+  interpreter). ``executor_fresh``: the same with ``launch=fresh`` (a new sandboxed interpreter
+  per call, the design the zygote replaced); ``calls_per_s_fresh`` and ``calls_speedup`` (zygote
+  over fresh) compare the two in the same run.
 - ``step``: two ``entropyrl train`` subprocesses on ``data=tool_arith``, one with
   ``tools=code_interpreter`` and one without (the task answered in one go), the same batch
   (``PROMPTS`` x ``N``), one torch thread each, run one after the other. Time per step is the mean
@@ -28,11 +32,11 @@ PROMPTS, N = 16, 8  # 128 responses a step
 BATCHES, CALLS = 3, 32
 
 
-def _executor() -> dict:
+def _executor(launch: str = "zygote") -> dict:
     from entropyrl.conf import compose
     from entropyrl.evals.code.tool_executor import build_tool_executor
 
-    tools = compose("train", ["data=tool_arith", "tools=code_interpreter"]).tools
+    tools = compose("train", ["data=tool_arith", "tools=code_interpreter", f"tools.executor.launch={launch}"]).tools
     executor = build_tool_executor(tools)
     codes = [f"{1000 + 37 * i}+{9999 - 53 * i}" for i in range(CALLS)]
     executor(codes[:2])  # the pool and the launcher warmed up
@@ -41,7 +45,9 @@ def _executor() -> dict:
     for _ in range(BATCHES):
         errors += sum(r.error for r in executor(codes))
     elapsed = time.perf_counter() - started
+    executor.close()
     return {
+        "launch": launch,
         "calls": BATCHES * CALLS,
         "calls_per_s": round(BATCHES * CALLS / elapsed, 2),
         "errors": errors,
@@ -63,7 +69,7 @@ def _mean(rows: list[dict], key: str) -> float:
 
 
 def run() -> dict:
-    result = {"executor": _executor()}
+    result = {"executor": _executor("zygote"), "executor_fresh": _executor("fresh")}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         plain, tool = _train(folder, with_tool=False), _train(folder, with_tool=True)
@@ -79,5 +85,8 @@ def run() -> dict:
         "call_error_frac": round(_mean(tool, "tools/error_frac"), 4),
     }
     result["calls_per_s"] = result["executor"]["calls_per_s"]
+    result["calls_per_s_fresh"] = result["executor_fresh"]["calls_per_s"]
+    result["calls_speedup"] = round(result["calls_per_s"] / result["calls_per_s_fresh"], 2)
+    result["step_ratio"] = result["step"]["step_ratio"]
     result["tool_time_frac"] = result["step"]["tool_time_frac"]
     return result

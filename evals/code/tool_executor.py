@@ -1,7 +1,11 @@
 """The code interpreter a policy calls during a multi-turn rollout (``tools=code_interpreter``): each
 call's code runs in the code sandbox (``sandbox.run_script``), isolated like a graded program.
 
-Every call is a fresh sandboxed process. ``tools.session`` says what it starts from:
+Every call is a fresh sandboxed process. ``tools.executor.launch`` says how it starts:
+``zygote`` (the default; ``evals/code/zygote.py``): a fork of a warm interpreter already inside
+the sandbox, one per worker, so a call pays no interpreter start-up or launcher; ``fresh``: a new
+sandboxed interpreter per call (``sandbox.run_script``). Both give a call the same limits,
+namespaces and nothing of another call. ``tools.session`` says what it starts from:
 
 - ``stateless`` (as SandboxFusion): nothing from earlier calls;
 - ``trajectory``: the variables of the same response's earlier calls, as in a notebook kernel,
@@ -32,12 +36,17 @@ from ...core.errors import UserError
 from ...rollout.multi_turn import SESSIONS, ToolResult, check_tool_turn
 from ...rollout.tool_formats import build_tool_format
 from .sandbox import SandboxLimits, SandboxPool
+from .zygote import ZygotePool
 
-__all__ = ["SandboxToolExecutor", "wrap_cell", "build_tool_executor", "check_tools"]
+__all__ = ["SandboxToolExecutor", "wrap_cell", "build_tool_executor", "check_tools", "LAUNCHES"]
+
+LAUNCHES = ("zygote", "fresh")  # how a call's process starts (tools.executor.launch)
 
 # Runs inside the sandbox. The flag ``_entropyrl_script_failed_`` is read back by the sandbox's
-# script test (``sandbox.SCRIPT_TEST``).
-_CELL = """
+# script test (``sandbox.SCRIPT_TEST``). ``_CELL_DEFS``: the wrapper's functions alone; the zygote
+# holds them compiled (``cell_prelude``) and its child calls ``_entropyrl_cell`` with the call's
+# code as data, so neither the wrapper nor a literal of the code is compiled per call.
+_CELL_DEFS = """
 _entropyrl_script_failed_ = 1
 def _entropyrl_replay(sources, scope):
     # Earlier calls of this trajectory, run again in ``scope`` with their output discarded (at the
@@ -120,8 +129,8 @@ def _entropyrl_cell(src, show_last, replay):
         print("".join(lines + traceback.format_exception_only(type(exc), exc)), end="")
         return 1
     return 0
-_entropyrl_script_failed_ = _entropyrl_cell(__SRC__, __SHOW__, __REPLAY__)
 """
+_CELL = _CELL_DEFS + "_entropyrl_script_failed_ = _entropyrl_cell(__SRC__, __SHOW__, __REPLAY__)\n"
 
 _SLOT = re.compile(r"__(SHOW|REPLAY_NOTE|REPLAY|SRC)__")
 # How the output of a call whose replay failed begins (the call itself was not run).
@@ -150,14 +159,28 @@ def wrap_cell(code: str, show_last: bool = True, replay: Sequence[str] = ()) -> 
     return _SLOT.sub(lambda m: values[m.group(1)], _CELL)  # one pass: no slot is looked for inside a value
 
 
+def cell_prelude() -> str:
+    """The wrapper's functions (``_entropyrl_cell(src, show_last, replay)`` returns the failed
+    flag), trusted text the zygote compiles once; a call then reaches it only as data."""
+    return _CELL_DEFS.replace("__REPLAY_NOTE__", REPLAY_NOTE)
+
+
 class SandboxToolExecutor:
     """``executor(codes, histories=None) -> [ToolResult]``: each code run in the sandbox, ``workers``
     at a time. ``histories`` (a trajectory session): for each code, the earlier successful calls of
-    its response, replayed first in the same process (see the module docstring); None: stateless."""
+    its response, replayed first in the same process (see the module docstring); None: stateless.
+    ``launch``: ``zygote`` (a fork of a warm sandboxed interpreter) or ``fresh`` (a new one per call)."""
 
-    def __init__(self, limits: SandboxLimits, workers: int | None = None, show_last: bool = True):
-        self.limits, self.show_last = limits, show_last
-        self.pool = SandboxPool(workers, limits)
+    def __init__(self, limits: SandboxLimits, workers: int | None = None, show_last: bool = True, launch: str = "zygote"):
+        if launch not in LAUNCHES:
+            raise UserError(f"unknown tools.executor.launch={launch}; valid: {', '.join(LAUNCHES)}")
+        self.limits, self.show_last, self.launch = limits, show_last, launch
+        self.pool = ZygotePool(workers, limits, prelude=cell_prelude()) if launch == "zygote" else SandboxPool(workers, limits)
+
+    def close(self) -> None:
+        """End the warm zygotes now (they also end with this object or the interpreter)."""
+        if isinstance(self.pool, ZygotePool):
+            self.pool.close()
 
     def __call__(self, codes: list[str], histories: Sequence[Sequence[str]] | None = None) -> list[ToolResult]:
         if not codes:
@@ -167,8 +190,11 @@ class SandboxToolExecutor:
             raise ValueError(f"{len(codes)} calls but {len(replays)} histories")
         # the whole output read (at most max_output_bytes and the read past it): the caller's middle
         # cut keeps its real head and tail and counts exactly what it drops
-        programs = [wrap_cell(c, self.show_last, h) for c, h in zip(codes, replays)]
-        results = self.pool.scripts(programs, tail_chars=self.limits.max_output_bytes + (1 << 16))
+        tail = self.limits.max_output_bytes + (1 << 16)
+        if isinstance(self.pool, ZygotePool):
+            results = self.pool.cells([(str(c), bool(self.show_last), [str(x) for x in h]) for c, h in zip(codes, replays)], tail)
+        else:
+            results = self.pool.scripts([wrap_cell(c, self.show_last, h) for c, h in zip(codes, replays)], tail_chars=tail)
         out = []
         for r, replay in zip(results, replays):
             text = r.stdout_tail
@@ -196,15 +222,18 @@ class SandboxToolExecutor:
 
 def build_tool_executor(tools_cfg) -> SandboxToolExecutor:
     """The executor of ``tools.executor`` (sandbox limits; ``workers`` 0 = the CPUs of this process)."""
-    limits, workers = _limits(tools_cfg)
-    return SandboxToolExecutor(limits, workers, show_last=bool(tools_cfg.get("show_last_expression", True)))
+    limits, workers, launch = _limits(tools_cfg)
+    return SandboxToolExecutor(limits, workers, show_last=bool(tools_cfg.get("show_last_expression", True)), launch=launch)
 
 
-def _limits(tools_cfg) -> tuple[SandboxLimits, int | None]:
+def _limits(tools_cfg) -> tuple[SandboxLimits, int | None, str]:
     ex = dict(tools_cfg.get("executor") or {})
     workers = int(ex.pop("workers", 0) or 0) or None
+    launch = str(ex.pop("launch", None) or "zygote")
+    if launch not in LAUNCHES:
+        raise UserError(f"unknown tools.executor.launch={launch}; valid: {', '.join(LAUNCHES)}")
     try:
-        return SandboxLimits.from_cfg(ex), workers
+        return SandboxLimits.from_cfg(ex), workers, launch
     except UserError as err:
         raise UserError(f"tools.executor: {err}") from None
 

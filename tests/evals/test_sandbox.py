@@ -253,7 +253,7 @@ def test_a_harness_that_cannot_start_the_program_is_a_sandbox_error_not_the_prog
     # a call of the code interpreter says the interpreter failed, and why; the code is not blamed
     from entropyrl.evals.code.tool_executor import SandboxToolExecutor
 
-    (call,) = SandboxToolExecutor(LIMITS, workers=1)(["print(1)"])
+    (call,) = SandboxToolExecutor(LIMITS, workers=1, launch="fresh")(["print(1)"])  # the zygote's: test_zygote.py
     assert call.reason == "sandbox_error" and "BlockingIOError" in call.output, call
 
 

@@ -20,3 +20,6 @@ def test_bench_tools_executor_runs_real_calls_and_reports_their_rate(monkeypatch
     result = bench._executor()
     assert result["calls"] == 4 and result["errors"] == 0, result
     assert result["calls_per_s"] > 0 and result["workers"] >= 1
+    assert result["launch"] == "zygote"  # the default a training run builds
+    fresh = bench._executor("fresh")  # the figure beside it: a fresh interpreter per call
+    assert (fresh["launch"], fresh["calls"], fresh["errors"]) == ("fresh", 4, 0), fresh
