@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from typing import List, Optional
 
 import typer
@@ -48,7 +49,22 @@ def register(app: typer.Typer) -> None:
             with open_dict(cfg):
                 cfg.benchmarks = list(cfg.get("benchmarks") or []) + names
         err = Console(stderr=True, soft_wrap=True)
-        summary = run_eval(cfg, console=err)
+        stopped_by: list[int] = []
+
+        def _stop(signum, _frame):  # SIGTERM ends an eval as Ctrl-C does: its folder cleaned, one line
+            stopped_by.append(signum)
+            if len(stopped_by) == 1:
+                raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, _stop)
+        try:
+            summary = run_eval(cfg, console=err)
+        except KeyboardInterrupt:
+            sig = stopped_by[0] if stopped_by else signal.SIGINT
+            err.print(f"stopped by {signal.Signals(sig).name}", markup=False, highlight=False)
+            raise SystemExit(128 + int(sig)) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         Console().print(render_table(summary["benchmarks"], title=f"entropyrl eval: {summary['model']}"))
         for line in reflection_lines(summary["benchmarks"]):  # eval.reflection_words; [] = none
             Console(soft_wrap=True).print(f"reflection {line}", highlight=False)

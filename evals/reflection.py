@@ -290,7 +290,9 @@ def response_text_metrics(
 
 def text_metrics(facts: ResponseFacts, lengths: Sequence[int], correct: Sequence[float], reflection: bool) -> dict[str, float]:
     """A training step's text metrics from its responses' ``facts`` (``lengths`` in tokens,
-    ``correct`` the verifier's verdict, > 0.5 counting as correct):
+    ``correct`` the verifier's verdict, > 0.5 counting as correct). In a tool run the facts are
+    those of the policy's own text and ``lengths`` its own tokens, the tool's outputs left out
+    (``trainers/collect.py``):
 
     ``response_length/correct/mean`` and ``/incorrect/mean`` (left out when no response is one),
     ``repetition/score/mean``; with ``reflection`` (a word list is set) also ``reflection/count/mean``,

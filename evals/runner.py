@@ -5,19 +5,23 @@
 - ``run_eval(cfg)``: ``entropyrl eval``: loads data and model from a composed ``conf/eval.yaml``,
   prints a table, writes ``<output_dir>/samples.jsonl`` and ``summary.json`` and logs an MLflow
   run (metric keys ``eval/<bench>/avg@<n>`` with ``@`` spelled ``_at_``, as MLflow forbids ``@``).
-- ``validate(model, tokenizer, benchmarks, val_cfg)``: ``{"val/<bench>/avg@<n>": ...}`` for the
-  trainer, with the in-memory policy, leaving its RNG state and train/eval mode as they were.
+- ``validate(model, tokenizer, benchmarks, val_cfg, tools=...)``: ``{"val/<bench>/avg@<n>": ...}``
+  for the trainer, with the in-memory policy, leaving its RNG state and train/eval mode as they
+  were; in a tool run through the same multi-turn driver and tool as training, with the tool
+  metrics (``val/<bench>/tools/calls/mean``, ...).
 
 Samples come from a rollout engine (``entropyrl.rollout``, the one stack training uses too):
 ``eval.backend=hf|vllm|<registered>``, its settings from ``eval.*`` and the section named after it
 (``eval.vllm``). With ``tools=code_interpreter`` the engine samples multi-turn responses through the
 tool driver (``rollout/multi_turn.py``, calls run in the code sandbox) and each benchmark's metrics
-add ``tools/turns/mean``, ``tools/calls/mean`` and ``tools/error_frac``; every sample records its
-``turns`` and ``calls``.
+add the tool-use figures of ``tool_summary`` (``tools/turns/mean``, ``tools/calls/mean``,
+``tools/error_frac``, ``tools/called_frac``, ``tools/{malformed,repeated,void}_frac``); every sample
+records its ``turns`` and ``calls``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -32,21 +36,22 @@ from ..core.mlflow_store import resolve_uri
 from ..core.outbox import short_http_retries
 from ..core.resources import apply_threads
 from ..core.tracking import TrackingStore, check_reachable
-from ..models.loading import checkpoint_label, load_policy, model_dir, resolve_model_path, stop_tokens
-from ..rollout.base import RolloutEngine, build_rollout, rollout_engine
+from ..models.loading import checkpoint_label, install_chat_template, load_policy, model_dir, resolve_model_path, stop_tokens
+from ..models.tiny import check_representable
+from ..rollout.base import RolloutEngine, ToolTrace, build_rollout, rollout_engine
 from ..rollout.multi_turn import ToolRollout
 from ..tasks.problem import Problem
 from .benchmarks import available_benchmarks, expand_benchmarks, get_spec, load_benchmark
 from .code.code_eval import evaluate_code, is_code_problem
 from .code.tool_executor import build_tool_executor, check_tools
-from .generation import sample_texts
+from .generation import GenerationMeter, sample_texts
 from .grading.answer_extraction import extract_answer
 from .grading.grader import DEFAULT_TIMEOUT, grade_batch, no_answer_warning, reason_counts
 from .metrics import mean_metrics, problem_metrics
-from .prompts import available_templates, build_prompts
+from .prompts import available_templates, build_prompts, chat_use
 from .reflection import ReflectionMatcher, density, matcher_for, reflection_block, reflection_eval_metrics, resolve_words
 
-__all__ = ["EvalSettings", "evaluate", "run_eval", "validate", "render_table"]
+__all__ = ["EvalSettings", "eval_settings", "evaluate", "run_eval", "validate", "render_table"]
 
 SUMMARY_KEYS = ("avg@n", "pass@1", "maj@n")  # averaged over benchmarks (n differs per benchmark)
 
@@ -141,10 +146,18 @@ def evaluate(
             if progress is None:
                 return None
             progress(bench, phase, 0, total)
-            return lambda k: progress(bench, phase, k, total)
+
+            def advance(k: int) -> None:
+                progress(bench, phase, k, total)
+
+            # an engine that reports its decoding steps (hf) calls this with the tokens of each one:
+            # phase "tokens" of the same benchmark (the caller's tokens/s and ETA)
+            advance.tokens = lambda k: progress(bench, "tokens", k, total)  # type: ignore[attr-defined]
+            return advance
 
         t0 = time.perf_counter()
         traces: list = []
+        own: list[str] = []  # each response's own text (with a tool: its outputs left out)
         completions = sample_texts(
             engine,
             prompts,
@@ -155,6 +168,7 @@ def evaluate(
             seed=settings.seed,
             progress=tick("generate"),
             traces=traces,
+            own_texts=own,
         )
         trace = traces[0] if traces else None  # multi-turn with a tool: turns and calls per response
         t1 = time.perf_counter()
@@ -190,20 +204,27 @@ def evaluate(
             "grader_timeouts": sum(g.reason == "timeout" for g in grades),
             "grade_reasons": reason_counts(grades),
         }
-        _add_reflection(results[bench], samples[first:], matcher, tokenizer)
+        _add_reflection(results[bench], samples[first:], matcher, tokenizer, texts=own)
         warning = no_answer_warning(grades, bench)
         if warning:
             results[bench]["warning"] = warning
     return results, samples
 
 
-def _add_reflection(result: dict, recs: list[dict], matcher: ReflectionMatcher, tokenizer) -> None:
+def _add_reflection(
+    result: dict, recs: list[dict], matcher: ReflectionMatcher, tokenizer, texts: list[str] | None = None
+) -> None:
     """Each sample's ``reflection`` block (count, density per 1k model tokens) and the benchmark's
     ``reflection`` figures (``reflection@n``, share, precision and recall against correctness:
-    ``evals/reflection.py``); nothing when the word list is empty."""
+    ``evals/reflection.py``); nothing when the word list is empty. ``texts``: what each sample's
+    policy wrote, one per record (with a tool, its outputs left out: ``generation.policy_texts``);
+    None: each record's ``response``."""
     if not matcher.enabled or not recs:
         return
-    texts = [str(r.get("response", "")) for r in recs]
+    if texts is None:
+        texts = [str(r.get("response", "")) for r in recs]
+    elif len(texts) != len(recs):
+        raise ValueError(f"_add_reflection: {len(texts)} texts for {len(recs)} samples")
     counts = None
     if tokenizer is not None:
         counts = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
@@ -223,13 +244,24 @@ def _add_reflection(result: dict, recs: list[dict], matcher: ReflectionMatcher, 
 
 
 def tool_summary(trace) -> dict[str, float]:
-    """Turns and calls per response and the share of calls that errored (a ``rollout.ToolTrace``)."""
+    """The tool use of a batch of responses (a ``rollout.ToolTrace``), the same figures in training
+    (``trainers/stats/tool_stats.py``), validation and evaluation: ``tools/turns/mean`` and
+    ``tools/calls/mean`` per response, ``tools/error_frac`` (calls that errored / calls, 0 without
+    a call), ``tools/called_frac`` (responses with a call) and, where the trace counts them,
+    ``tools/malformed_frac``, ``/repeated_frac``, ``/void_frac`` (responses with a malformed call,
+    a repeated call, a void turn)."""
     calls = float(trace.calls.sum())
-    return {
+    out = {
         "tools/turns/mean": float(trace.turns.float().mean()),
         "tools/calls/mean": float(trace.calls.float().mean()),
         "tools/error_frac": float(trace.errors.sum()) / calls if calls else 0.0,
+        "tools/called_frac": float((trace.calls > 0).float().mean()),
     }
+    for name in ToolTrace.ROW_COUNTS:
+        counts = getattr(trace, name)
+        if counts is not None:
+            out[f"tools/{name}_frac"] = float((counts > 0).float().mean())
+    return out
 
 
 def average_over_benchmarks(results: Mapping[str, dict]) -> dict[str, float]:
@@ -269,16 +301,33 @@ def flat_metrics(results: Mapping[str, dict], prefix: str = "eval") -> dict[str,
 # --------------------------------------------------------------------------------------------
 
 
-def validate(model, tokenizer, benchmarks: list[str], val_cfg) -> dict[str, float]:
+def validate(
+    model,
+    tokenizer,
+    benchmarks: list[str],
+    val_cfg,
+    *,
+    tools=None,
+    executor=None,
+    max_new_tokens: int | None = None,
+) -> dict[str, float]:
     """``{"val/<bench>/avg@<n>": ..., "val/<bench>/pass@<k>": ..., "val/<bench>/maj@<n>": ...}``.
 
     Reads from ``val_cfg`` (all optional): ``n_samples`` (default 1), ``limit`` (first N problems),
-    ``temperature`` (0 = greedy), ``top_p``, ``max_new_tokens`` (1024), ``prompt`` (boxed),
-    ``chat_template`` (auto), ``batch_size`` (16), ``seed`` (0), ``data_root``, ``workers``,
-    ``grade_timeout``. The model's RNG state and train/eval mode are restored afterwards."""
+    ``temperature`` (0 = greedy), ``top_p``, ``max_new_tokens`` (null: the caller's
+    ``max_new_tokens``, the training run's ``rollout.max_new_tokens``; 1024 without one),
+    ``prompt`` (boxed), ``chat_template`` (auto), ``batch_size`` (16), ``seed`` (0), ``data_root``,
+    ``workers``, ``grade_timeout``. The model's RNG state and train/eval mode are restored afterwards.
+
+    ``tools``: the run's ``tools`` section. With ``tools.enabled`` the samples come through the
+    multi-turn driver with the tool (``rollout/multi_turn.py``, as training and ``entropyrl eval``
+    sample them), so a tool-using policy is validated with its tool, and each benchmark adds its
+    ``val/<bench>/tools/...`` figures (``tool_summary``). ``executor``: the training run's tool
+    executor, to share (None: one built from ``tools``)."""
     val_cfg = val_cfg if val_cfg is not None else {}
     get = val_cfg.get
-    settings = EvalSettings.from_cfg(val_cfg, n_samples=1)
+    fallback = {} if max_new_tokens is None else {"max_new_tokens": int(max_new_tokens)}
+    settings = EvalSettings.from_cfg(val_cfg, n_samples=1, **fallback)
     names = expand_benchmarks(benchmarks)
     data = {b: load_benchmark(b, get("data_root", None), get("limit", None)) for b in names}
     chat = _use_chat(tokenizer, settings.chat_template)
@@ -287,14 +336,23 @@ def validate(model, tokenizer, benchmarks: list[str], val_cfg) -> dict[str, floa
         model,
         tokenizer,
     )
+    if tools is not None and bool(tools.get("enabled", False)):  # the tool run's multi-turn driver
+        engine = ToolRollout(
+            engine,
+            tools,
+            executor if executor is not None else build_tool_executor(tools),
+            {"add_special_tokens": not chat},
+            final_answer=extract_answer,
+        )
     results, _ = evaluate(engine, tokenizer, data, settings)
     return flat_metrics(results, prefix="val")
 
 
 def _use_chat(tokenizer, chat_template) -> bool:
-    if chat_template in (None, "auto"):
+    use = chat_use(chat_template)  # "auto" | True | False: a template string is True, "none" False
+    if use == "auto":
         return bool(getattr(tokenizer, "chat_template", None))
-    return bool(chat_template)
+    return bool(use)
 
 
 # --------------------------------------------------------------------------------------------
@@ -303,12 +361,17 @@ def _use_chat(tokenizer, chat_template) -> bool:
 
 
 def _chat_setting(cfg) -> Any:
-    """eval.chat_template, falling back to model.chat_template (false for the embedded model)."""
+    """eval.chat_template, falling back to model.chat_template (false for the embedded model): what
+    ``install_chat_template`` takes (auto, true, false/none, or a Jinja template string)."""
     ev = cfg.eval.get("chat_template", "auto")
     if ev not in (None, "auto"):
         return ev
-    model_flag = cfg.model.get("chat_template", None) if "model" in cfg else None
-    return "auto" if model_flag is None or model_flag is True else False
+    return cfg.model.get("chat_template", None) if "model" in cfg else None
+
+
+def _chat_option(cfg) -> str:
+    """The key ``_chat_setting`` read, for its error messages."""
+    return "eval.chat_template" if cfg.eval.get("chat_template", "auto") not in (None, "auto") else "model.chat_template"
 
 
 def _device(setting: str):
@@ -355,12 +418,37 @@ def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine,
         model_cfg = {**(to_plain(cfg.model) or {}), "path": label} if cfg.model.get("path") else cfg.model
         model, tokenizer = load_policy(model_cfg, log=log)
         model.to(_device(ev.get("device", "auto")))
-    engine_cfg["add_special_tokens"] = not _use_chat(tokenizer, _chat_setting(cfg))
+    # the template asked for (eval's, else the model's) on the tokenizer the prompts are built with
+    chat = install_chat_template(tokenizer, _chat_setting(cfg), option=_chat_option(cfg))
+    engine_cfg["add_special_tokens"] = not _use_chat(tokenizer, chat)
     engine = engine_cls(engine_cfg, model, tokenizer)
     tools = cfg.get("tools")
     if tools is not None and bool(tools.get("enabled", False)):  # tools=code_interpreter: multi-turn
         engine = ToolRollout(engine, tools, build_tool_executor(tools), engine_cfg, final_answer=extract_answer)
     return engine, tokenizer, label
+
+
+def _unrepresentable(data: Mapping[str, list], settings: EvalSettings, tokenizer, mode: str) -> list[str]:
+    """One counted line per benchmark whose prompts hold characters the model cannot represent
+    (``eval.unrepresentable: warn``; ``error``: a ``UserError`` naming the rows, the characters and the
+    fix). The embedded model reads digits and a few symbols only: a benchmark with it is a smoke run
+    of the pipeline, said so rather than silently scored on prompts it never saw."""
+    lines = []
+    for source, problems in data.items():
+        if not problems or is_code_problem(problems[0]):
+            continue
+        prompts = build_prompts(problems, settings.prompt, tokenizer, settings.chat_template)
+        note = check_representable(
+            tokenizer,
+            prompts,
+            [p.id or str(i) for i, p in enumerate(problems)],
+            what=f"eval {get_spec(source).name}",
+            option="eval.unrepresentable",
+            mode=mode,
+        )
+        if note:
+            lines.append(note)
+    return lines
 
 
 def render_table(results: Mapping[str, dict], title: str = "entropyrl eval"):
@@ -432,9 +520,14 @@ def _log_mlflow(
             params=params,
             parent_run_id=tr.get("parent_run_id"),
         )
-        store.log_metrics(run_id, metrics)
-        for f in files:
-            store.log_artifact(run_id, f)
+        try:
+            store.log_metrics(run_id, metrics)
+            for f in files:
+                store.log_artifact(run_id, f)
+        except BaseException as exc:  # Ctrl-C, SIGTERM or the store failing half-way: the run closed, not RUNNING
+            with contextlib.suppress(Exception):
+                store.finish(run_id, status="KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+            raise
         store.finish(run_id)
         return run_id, uri
     except UserError:
@@ -446,11 +539,19 @@ def _log_mlflow(
         ) from None
 
 
+def eval_settings(cfg) -> EvalSettings:
+    """The settings of ``entropyrl eval`` from a composed ``conf/eval.yaml``: ``eval.*``, where null the
+    model preset's ``model.eval.*`` (a 135M model needs neither 1024 tokens nor many samples to
+    start), where null too the benchmark's reference values (``evaluate``)."""
+    preset = {k: v for k, v in (to_plain(cfg.model.get("eval", None)) or {}).items() if v is not None}
+    settings = EvalSettings.from_cfg(cfg.eval, **preset)
+    settings.chat_template = _chat_setting(cfg)
+    return settings
+
+
 def run_eval(cfg, console=None) -> dict:
     """``entropyrl eval``: see the module docstring. Returns the summary dict."""
-    from omegaconf import OmegaConf
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = console or Console(stderr=True)
     ev = cfg.eval
@@ -466,8 +567,7 @@ def run_eval(cfg, console=None) -> dict:
     limit = ev.get("limit")
     if limit is not None and int(limit) < 1:
         raise UserError(f"eval.limit must be >= 1 (or null for every problem), got {limit}")
-    settings = EvalSettings.from_cfg(ev)
-    settings.chat_template = _chat_setting(cfg)
+    settings = eval_settings(cfg)
     if settings.prompt not in available_templates():
         raise UserError(f"unknown eval.prompt '{settings.prompt}'; valid: {', '.join(available_templates())}")
     data = {b: load_benchmark(b, ev.get("data_root"), limit) for b in names}  # fail fast, before the model
@@ -477,36 +577,85 @@ def run_eval(cfg, console=None) -> dict:
         check_reachable(resolve_uri(tr))
         short_http_retries()
     out_dir = Path(str(cfg.output_dir))
+    fresh = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run_into(cfg, console, out_dir, names, data, settings)
+    except BaseException as exc:  # Ctrl-C, SIGTERM, a crash: no empty folder of ours left behind, one line
+        if fresh and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+            line = f"eval stopped before any result: nothing written ({out_dir} removed)"
+        else:
+            line = f"eval stopped: what it wrote is in {out_dir}"
+        if not isinstance(exc, UserError):  # a user error is its own one line
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        raise
+
+
+def _run_into(cfg, console, out_dir: Path, names: list[str], data: dict, settings: EvalSettings) -> dict:
+    """``run_eval`` from the model on: generate, grade, write into ``out_dir``, log the MLflow run."""
+    from omegaconf import OmegaConf
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    ev = cfg.eval
     # generation on the CPUs left to this run, as training does: torch's default (one thread per
     # core) beside a busy process makes every parallel region wait for its slowest thread
     threads = apply_threads(ev.get("threads", 0), option="eval.threads")
 
     engine, tokenizer, label = make_engine(cfg, log=lambda m: console.print(f"[dim]{m}[/dim]"))
+    unreadable = _unrepresentable(data, settings, tokenizer, str(ev.get("unrepresentable", "warn") or "warn"))
+    for line in unreadable:
+        console.print(f"[yellow]warning[/yellow]: {line}", highlight=False)
     started = time.perf_counter()
+    batch = int(ev.get("batch_size", 16) or 16)
+    every = float(ev.get("heartbeat_s", 30.0) or 30.0)
     try:
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
+            TextColumn("{task.fields[meter]}"),
             console=console,
             transient=False,
         ) as bar:
             tasks: dict[tuple[str, str], int] = {}
+            meters: dict[str, GenerationMeter] = {}
 
             def progress(bench: str, phase: str, advance: int, total: int) -> None:
+                meter = meters.get(bench)
+                if phase == "tokens":  # one decoding step of the generate phase (hf)
+                    if meter is not None:
+                        meter.tokens(advance)
+                        _show(bench, meter)
+                    return
                 key = (bench, phase)
                 if key not in tasks:
-                    tasks[key] = bar.add_task(f"{phase:8s} {bench}", total=total)
+                    tasks[key] = bar.add_task(f"{phase:8s} {bench}", total=total, meter="")
+                    if phase == "generate":
+                        meters[bench] = meter = GenerationMeter(total, settings.max_new_tokens, batch, every_s=every)
+                        if not console.is_terminal:  # a log file: say what starts, then a heartbeat line
+                            console.print(
+                                f"generate {bench}: {total} responses of up to {settings.max_new_tokens} tokens, {batch} at once",
+                                markup=False,
+                                highlight=False,
+                            )
                 if advance:
                     bar.advance(tasks[key], advance)
+                    if phase == "generate" and meter is not None:
+                        meter.sequences(advance)
+                        _show(bench, meter)
+
+            def _show(bench: str, meter: GenerationMeter) -> None:
+                bar.update(tasks[(bench, "generate")], meter=meter.line())
+                if not console.is_terminal and meter.due():
+                    console.print(f"generate {bench}: {meter.line()}", markup=False, highlight=False)
 
             results, samples = evaluate(engine, tokenizer, data, settings, progress=progress)
     finally:
         engine.close()
 
-    warnings = [r["warning"] for r in results.values() if "warning" in r]  # many responses cut short
+    warnings = unreadable + [r["warning"] for r in results.values() if "warning" in r]  # many responses cut short
     for line in warnings:
         console.print(f"[yellow]warning[/yellow]: {line}", highlight=False)
 

@@ -130,8 +130,8 @@ def run() -> dict:
     torch.set_num_threads(1)
     try:
         aggregate_s, text_out = _best(lambda: text_metrics(facts, lengths, correct, reflection=True))
-        mapping_s, (at, before) = _best(lambda: reflection_token_masks(ids, mask, pieces_of, matcher, facts=facts))
-        means_s, token_out = _best(lambda: reflection_entropy_metrics(entropy, logp, mask, at, before, advantages))
+        mapping_s, (at, before, first) = _best(lambda: reflection_token_masks(ids, mask, pieces_of, matcher, facts=facts))
+        means_s, token_out = _best(lambda: reflection_entropy_metrics(entropy, logp, mask, at, before, advantages, first=first))
     finally:
         torch.set_num_threads(threads)
     trainer_s = aggregate_s + mapping_s + means_s

@@ -343,6 +343,13 @@ class _Follower:
             time.sleep(0.2)
         handles = [sj for sj in self.inflight.values() if sj is not None]
         self.launcher.cancel([], [sj for sj in handles if not _ended(sj)])  # what did not stop by itself
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and any(pid_alive(pid, None) for pid in pids):
+            time.sleep(0.2)
+        for pid in pids:  # deaf to both (a SIGINT before its handlers were set is ignored): no orphan left
+            if pid_alive(pid, None):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         self.log(
             f"interrupted: {self.launcher.name} jobs stopped at their last step (checkpointed); they resume "
             f"from there with `entropyrl sweep ... --resume sweep_dir={self.sweep_dir}`"

@@ -28,7 +28,10 @@ implement ``executor`` (and ``queue``/``stuck``/``cancel`` for a scheduler), the
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -169,7 +172,35 @@ class Launcher:
 
 
 class LocalLauncher(Launcher):
+    """One submitit controller process per job, on this machine.
+
+    Ctrl-C in a terminal sends SIGINT to the whole process group: to the sweep, to each job's
+    training processes and to submitit's controller between them, which on SIGINT kills its tasks
+    a second later (SIGKILL: no checkpoint, no summary, the job's MLflow run left RUNNING). So the
+    controllers start with SIGINT ignored (``submit``) and the sweep alone stops its jobs
+    (``following``: a stop signal to each training process, which ends its step, checkpoints and
+    closes its run); ``cancel`` reaches a controller by SIGTERM, which it passes on to its tasks."""
+
     name = "local"
+
+    def submit(self, executor: submitit.Executor, callables: Sequence[Any]) -> list[submitit.Job]:
+        if threading.current_thread() is not threading.main_thread():
+            return super().submit(executor, callables)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the controllers started here
+        try:
+            return super().submit(executor, callables)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def cancel(self, job_ids: Sequence[str], handles: Sequence[submitit.Job]) -> None:
+        """SIGTERM to each job's controller, which passes it on to the job's processes (submitit's own
+        cancel is a SIGINT, which the controller ignores: see the class docstring)."""
+        for job in handles:
+            process = getattr(job, "_process", None)
+            if process is None or process.poll() is not None:
+                continue
+            with contextlib.suppress(OSError):
+                process.send_signal(signal.SIGTERM)
 
     def executor(self, cfg: Any, folder: Path) -> submitit.Executor:
         ex = submitit.LocalExecutor(folder, max_num_timeout=int(cfg_get(cfg, "max_num_timeout", 3)))

@@ -21,8 +21,13 @@ SOURCES = ["README.md", "CONTRIBUTING.md", "docs/*.md", "examples/*", "*.py", "*
 METRIC_NAMESPACES = ("rollout/",)  # folders whose name is also a metric prefix
 
 
-def _top_folders() -> list[str]:
-    return sorted(p.name for p in REPO.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != "build") + [".ci"]
+def _top_folders(root: Path = REPO) -> list[str]:
+    """The top-level folders git tracks: an untracked folder of the working tree (``outputs/`` that
+    ``make run`` writes, ``mlruns/``) is no repository path, so a doc's ``outputs/...`` is never checked
+    against what happens to lie on disk."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    tops = {rel.split("/", 1)[0] for rel in tracked if "/" in rel}
+    return sorted(t for t in tops if not t.startswith(".") and t != "build") + [".ci"]
 
 
 def _mentions(text: str) -> list[tuple[int, str]]:
@@ -67,6 +72,16 @@ def test_every_mentioned_repository_path_resolves():
                     if not re.match(r"^[a-z]+:", target) and not (path.parent / target).exists():
                         missing.append(f"{rel}:{number}: link {target}")
     assert missing == [], "paths that name nothing:\n" + "\n".join(missing)
+
+
+def test_untracked_folders_are_no_repository_paths(tmp_path):
+    """``make run`` then ``make test``: the ``outputs/`` a run leaves is not a top folder to check."""
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("see outputs/eval/\n")
+    (tmp_path / "outputs" / "eval").mkdir(parents=True)
+    subprocess.run(["git", "add", "docs/a.md"], cwd=tmp_path, check=True)
+    assert _top_folders(tmp_path) == ["docs", ".ci"]
 
 
 def test_the_checker_catches_a_moved_file(tmp_path):

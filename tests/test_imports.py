@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,11 +24,24 @@ LAYER = {
 }
 
 
+def _ignored_top_folders(root: Path = REPO) -> set[str]:
+    """Top-level folders git ignores (``outputs/``, ``mlruns/``): what a run leaves in the working tree
+    is no part of the package, whatever files it holds."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--others", "--ignored", "--exclude-standard", "--directory"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return {entry.rstrip("/") for entry in listed if entry.count("/") == 1 and entry.endswith("/")}
+
+
 def _modules() -> dict[str, Path]:
     out = {}
+    skip = SKIP | _ignored_top_folders()
     for path in sorted(REPO.rglob("*.py")):
         rel = path.relative_to(REPO)
-        if rel.parts[0] in SKIP or any(p.startswith(".") for p in rel.parts):
+        if rel.parts[0] in skip or any(p.startswith(".") for p in rel.parts):
             continue
         parts = ("entropyrl",) + rel.with_suffix("").parts
         if parts[-1] == "__init__":
@@ -249,3 +263,14 @@ def test_the_repository_folders_beside_the_package_do_not_import():
     for name in ("entropyrl.tests", "entropyrl.docs", "entropyrl.data", "entropyrl.perf", "entropyrl.examples"):
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module(name)
+
+
+def test_ignored_folders_of_the_working_tree_are_no_package(tmp_path):
+    """``make run`` leaves ``outputs/``; a ``.py`` a run writes there is not a package folder without a layer."""
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / ".gitignore").write_text("outputs/\n")
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "rewards.py").write_text("x = 1\n")
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "a.py").write_text("x = 1\n")
+    assert _ignored_top_folders(tmp_path) == {"outputs"}

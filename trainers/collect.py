@@ -14,13 +14,14 @@ import numpy as np
 import torch
 
 from ..core.seeds import group_seed, rank_seed, rollout_seed
+from ..evals.generation import policy_texts
 from ..evals.reflection import ResponseFacts, text_metrics
 from ..rewards import build_reward_runner, reward_metrics
 from ..rollout.base import Rollout, cat_rollouts
 from .algos.step_batch import StepBatch
 from .parallel import distributed
 from .stats.reflection import reflection_settings
-from .stats.tool_stats import tool_shaping, tool_use_metrics
+from .stats.tool_stats import policy_lengths, tool_shaping, tool_use_metrics
 
 __all__ = ["collect_rollouts", "generate_groups"]
 
@@ -60,6 +61,7 @@ def collect_rollouts(
     max_batches = algo.max_num_gen_batches if algo.dynamic_sampling else 1
     kept: list[tuple[Rollout, torch.Tensor, torch.Tensor, torch.Tensor, ResponseFacts]] = []
     n_kept, all_correct, all_rewards, all_len, all_trunc, per_group = 0, [], [], [], [], defaultdict(list)
+    own_len = []  # the policy's own tokens of each response (tool outputs left out): the text metrics' lengths
     unique_frac, attempts, scored, with_tools = [], 0, [], []
     tools_cfg = cfg.get("tools")
     for attempt in range(max_batches):
@@ -84,6 +86,8 @@ def collect_rollouts(
             roll.texts,
             group_ids.tolist(),
             text=text,
+            # in a tool run the text metrics read the policy's own text, never the interpreter's output
+            facts_texts=None if roll.tools is None else policy_texts(roll, rollout.tokenizer),
         )
         scored.append(batch)
         correct = torch.tensor(batch.correct, dtype=torch.float32)  # the verifier's verdict: acc/*
@@ -96,6 +100,7 @@ def collect_rollouts(
             )
         all_correct.append(correct), all_rewards.append(shaped)
         all_len.append(roll.lengths.float()), all_trunc.append(roll.truncated.float())
+        own_len.append(policy_lengths(roll).float())
         for i, p in enumerate(problems):
             per_group[source.group(p)].append(correct[i * n : (i + 1) * n].mean().item())
             unique_frac.append(len(set(roll.texts[i * n : (i + 1) * n])) / n)
@@ -116,10 +121,11 @@ def collect_rollouts(
         **{f"acc/{g}": float(np.mean(v)) for g, v in per_group.items()},
         **reward_metrics(scored),  # reward/<name>/mean, reward/<name>/fallback/<reason>
     }
-    # long chain-of-thought text metrics of every generated response (diagnostics.reflection)
+    # long chain-of-thought text metrics of every generated response (diagnostics.reflection), on
+    # the policy's own text and tokens (in a tool run, without the interpreter's outputs)
     generated = ResponseFacts.concat([b.facts for b in scored])
     metrics.update(
-        text_metrics(generated, torch.cat(all_len).long().tolist(), torch.cat(all_correct).tolist(), reflect.matcher.enabled)
+        text_metrics(generated, torch.cat(own_len).long().tolist(), torch.cat(all_correct).tolist(), reflect.matcher.enabled)
     )
     if with_tools:  # tools/turns/mean, tools/calls/mean, tools/error_frac, tokens/kind/<kind>
         every = cat_rollouts(with_tools, pad_token_id)

@@ -40,6 +40,8 @@ class StepSettings:
     samples_every: int = 0  # trainer.samples_every: a samples table every N steps (0: off)
     samples_rows: int = 4  # rows of each samples table
     val: Any = None  # the val section, as evals.runner.validate reads it
+    tools: Any = None  # the tools section: benchmark validation samples through the same tool driver
+    rollout_max_new_tokens: int = 0  # rollout.max_new_tokens: benchmark validation's cap when val.max_new_tokens is null
     lora: Any = None  # model.lora, for the adapter's checkpoint parts
     stats: dict = field(default_factory=dict)  # keyword arguments of the token statistics
     config_yaml: str = ""  # the resolved config, as every checkpoint keeps a copy of it
@@ -74,6 +76,8 @@ class StepSettings:
             samples_every=int(t.get("samples_every") or 0),
             samples_rows=int(t.get("samples_rows") or 4),
             val=val,
+            tools=cfg.get("tools"),
+            rollout_max_new_tokens=int(cfg.rollout.max_new_tokens),
             lora=cfg.model.get("lora"),
             stats=stats_kwargs(cfg),
             config_yaml=OmegaConf.to_yaml(cfg, resolve=True),

@@ -117,6 +117,7 @@ def test_eval_end_to_end_with_the_tiny_model(tmp_path, data_dir):
         "eval.limit=3",
         "eval.max_new_tokens=8",
         "eval.threads=1",
+        "eval.heartbeat_s=0.001",
         "output_dir=run",
         cwd=tmp_path,
         env={"ENTROPYRL_DATA": str(data_dir)},
@@ -124,7 +125,14 @@ def test_eval_end_to_end_with_the_tiny_model(tmp_path, data_dir):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "aime24" in out.stdout and "avg@n" in out.stdout  # the rich table
+    # no terminal (a log): what starts, then heartbeat lines with tokens/s and an ETA, from the engine's decoding steps
+    assert "generate aime24: 12 responses of up to 8 tokens, 16 at once" in out.stderr, out.stderr[-3000:]
+    beats = [ln for ln in out.stderr.splitlines() if ln.startswith("generate aime24: ") and "tokens/s" in ln]
+    assert beats and "ETA <= " in beats[0] and "/12 responses" in beats[0], out.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # English problems through the embedded character tokenizer: said and counted, never silently scored
+    unread = [w for w in summary["warnings"] if "3 of 3 prompt(s) hold characters the model cannot represent" in w]
+    assert unread and "model=smollm2-135m" in unread[0] and "warning: eval aime24: 3 of 3 prompt(s)" in out.stderr
     assert summary["threads"] == 1  # eval.threads, as trainer.threads: never torch's one-per-core default
     bench = summary["benchmarks"]["aime24"]
     assert bench["n_samples"] == 4 and bench["problems"] == 3
@@ -161,6 +169,74 @@ def test_eval_end_to_end_with_the_tiny_model(tmp_path, data_dir):
     assert metrics["eval/aime24/avg_at_4"] == pytest.approx(bench["metrics"]["avg@4"])
     artifacts = {a.path for a in mlflow.tracking.MlflowClient().list_artifacts(runs[0].info.run_id)}
     assert {"samples.jsonl", "summary.json"} <= artifacts
+
+
+@pytest.mark.slow
+def test_eval_unrepresentable_error_is_one_line_and_leaves_no_folder(tmp_path, data_dir):
+    out = run_cli(
+        "eval",
+        "aime24",
+        *FAST_TINY,
+        "eval.limit=2",
+        "eval.unrepresentable=error",
+        "tracking.enabled=false",
+        "output_dir=run",
+        cwd=tmp_path,
+        env={"ENTROPYRL_DATA": str(data_dir)},
+    )
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error: ")]
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert len(lines) == 1 and "eval aime24: 2 of 2 prompt(s)" in lines[0] and "rows " in lines[0]
+    assert "use a real model (e.g. model=smollm2-135m)" in lines[0]
+    assert not (tmp_path / "run").exists()  # refused before anything was written: no empty folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_on_an_eval_leaves_no_empty_folder_and_says_so(tmp_path, data_dir, signame):
+    """SIGINT to the process group (Ctrl-C in a terminal) or SIGTERM (a scheduler, ``timeout``) while
+    generating: exit 128 + the signal, no traceback, one line, and no empty ``outputs/eval/<time>/``
+    (nothing was computed to keep)."""
+    import signal
+    import time
+
+    sig = getattr(signal, signame)
+
+    proc = subprocess.Popen(
+        [*CLI, "eval", "math500", *FAST_TINY, "eval.n_samples=64", "eval.threads=1", "tracking.enabled=false"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "ENTROPYRL_DATA": str(data_dir)},
+        start_new_session=True,
+    )
+    seen = ""
+    deadline = time.monotonic() + 120
+    while "generate math500:" not in seen:  # the run has started generating
+        line = proc.stderr.readline()
+        assert line or proc.poll() is None, seen[-3000:]
+        assert time.monotonic() < deadline, seen[-3000:]
+        seen += line
+    assert list((tmp_path / "outputs" / "eval").iterdir())  # its folder exists while it runs
+    os.killpg(proc.pid, sig)
+    _, rest = proc.communicate(timeout=120)
+    err = seen + rest
+    assert proc.returncode == 128 + sig and "Traceback" not in err, err[-3000:]
+    assert "eval stopped before any result: nothing written" in err and f"stopped by {signame}" in err
+    assert list((tmp_path / "outputs" / "eval").iterdir()) == []
+
+
+def test_eval_defaults_follow_the_model_preset():
+    from entropyrl.conf import compose
+    from entropyrl.evals.runner import eval_settings
+
+    small = eval_settings(compose("eval", ["model=smollm2-135m"]))
+    assert (small.n_samples, small.max_new_tokens) == (1, 256)  # conf/model/smollm2-135m.yaml: model.eval
+    given = eval_settings(compose("eval", ["model=smollm2-135m", "eval.max_new_tokens=100", "eval.n_samples=3"]))
+    assert (given.n_samples, given.max_new_tokens) == (3, 100)  # an eval.* key given wins
+    tiny = eval_settings(compose("eval", ["model=tiny"]))
+    assert (tiny.n_samples, tiny.max_new_tokens) == (None, 1024)  # no model.eval: the benchmark's samples
 
 
 def _char_tokenizer():
@@ -218,3 +294,27 @@ def test_validate_hook_returns_val_metrics_and_leaves_the_model_alone(data_dir):
             assert 0.0 <= out[f"val/{bench}/{key}"] <= 1.0
     assert set(out) >= {"val/average/avg@n", "val/average/pass@1"}
     assert validate(model, tok, ["aime24"], val_cfg) == {k: v for k, v in out.items() if k.startswith("val/aime24/")}
+
+
+def test_an_eval_run_interrupted_while_logging_is_closed_killed_not_left_running(tmp_path, monkeypatch):
+    """Ctrl-C while the eval's MLflow run takes its artifacts: the run ends KILLED (a store that fails
+    there: FAILED), never RUNNING forever."""
+    import sqlite3
+
+    from entropyrl.conf import compose
+    from entropyrl.core.tracking import TrackingStore
+    from entropyrl.evals import runner
+
+    db = tmp_path / "mlflow.db"
+    cfg = compose("eval", [f"tracking.uri=sqlite:///{db}", f"output_dir={tmp_path / 'ev'}"])
+    (tmp_path / "summary.json").write_text("{}")
+
+    def interrupted(self, run_id, path, artifact_path=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(TrackingStore, "log_artifact", interrupted)
+    results = {"aime24": {"n_samples": 1}}
+    with pytest.raises(KeyboardInterrupt):
+        runner._log_mlflow(cfg, results, {"eval/aime24/avg_at_1": 0.0}, [tmp_path / "summary.json"], "tiny", ["aime24"])
+    with sqlite3.connect(db) as con:
+        assert [r[0] for r in con.execute("select status from runs")] == ["KILLED"]

@@ -169,7 +169,8 @@ def test_a_sweep_job_run_again_from_scratch_marks_its_earlier_child_superseded(t
     first, again = (client.get_run(r) for r in children)
     assert first.data.tags["entropyrl.superseded_by"] == again.info.run_id
     assert "entropyrl.superseded_by" not in again.data.tags
-    assert first.info.status == "FINISHED"  # it ended as it ended; only the tag says it was replaced
+    assert first.info.status == "FINISHED"  # it ended as it ended; the tag and its name say it was replaced
+    assert (first.info.run_name, again.info.run_name) == ("gated-s0 (superseded)", "gated-s0")  # not two of one name
 
 
 def test_an_artifact_folder_that_cannot_be_written_is_one_line_before_training(tmp_path, monkeypatch):

@@ -276,6 +276,7 @@ def test_train_on_code_tasks_with_the_tiny_model(task_file, tmp_path):
         *FAST_TINY,
         "data=humaneval_code",
         f"data.path={task_file}",
+        "data.unrepresentable=warn",  # Python through the embedded character tokenizer: said, counted, run anyway
         "data.sandbox.workers=2",
         "trainer.total_steps=2",
         "trainer.prompts_per_step=2",
@@ -290,8 +291,19 @@ def test_train_on_code_tasks_with_the_tiny_model(task_file, tmp_path):
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "2 of 2 prompt(s) hold characters the model cannot represent" in out.stdout + out.stderr
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows][-1] == 2 and all("reward/mean" in r for r in rows)
+
+
+def test_code_prompts_the_embedded_model_cannot_read_are_refused(task_file):
+    from entropyrl.conf import compose
+    from entropyrl.models.tiny import build_tokenizer
+    from entropyrl.trainers.data.prompts_source import build_prompt_source
+
+    cfg = compose("train", ["data=humaneval_code", f"data.path={task_file}", "data.sandbox.workers=1"])
+    with pytest.raises(UserError, match=r"2 of 2 prompt\(s\) hold characters .*model=smollm2-135m"):
+        build_prompt_source(cfg.data, seed=0, tokenizer=build_tokenizer())
 
 
 def test_programs_cannot_redefine_the_checker_or_the_function_under_test(humaneval, pool):

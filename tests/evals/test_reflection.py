@@ -132,8 +132,9 @@ def _crafted_batch():
 
 def test_entropy_at_reflection_tokens_by_hand():
     pieces, ids, mask, entropy, logp = _crafted_batch()
-    at, before = reflection_token_masks(ids, mask, pieces, DEFAULT)
+    at, before, first = reflection_token_masks(ids, mask, pieces, DEFAULT)
     assert at.nonzero().tolist() == [[0, 1]] and before.nonzero().tolist() == [[0, 0]]
+    assert first.nonzero().tolist() == [[0, 1]]
     out = reflection_entropy_metrics(entropy, logp, mask, at, before, torch.tensor([1.0, -1.0]))
     assert out["reflection/entropy_at"] == pytest.approx(0.9)
     assert out["reflection/entropy_before"] == pytest.approx(0.1)
@@ -152,6 +153,26 @@ def test_entropy_at_reflection_tokens_by_hand():
     assert [flipped[f"reflection/quadrant/q{k}"] for k in (1, 2, 3, 4)] == [0.0, 0.0, 1.0, 0.0]  # suppression
     none = reflection_entropy_metrics(entropy, logp, mask, torch.zeros_like(at), torch.zeros_like(at))
     assert math.isnan(none["reflection/entropy_at"]) and "reflection/frac/adv_pos" not in none
+
+
+def test_entropy_first_is_the_decision_and_entropy_at_dilutes_it():
+    """A three-token word (" re" "ch" "eck") whose first token, where the policy decides to turn,
+    has entropy 2 nats and the rest 0: ``entropy_first`` reads the decision (2.0), ``entropy_at``
+    its mean over the word (2/3), ``entropy_before`` the token before it (0.5)."""
+    table = ["So", " re", "ch", "eck", " it", ""]
+    ids = torch.tensor([[0, 1, 2, 3, 4, 5]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0]], dtype=torch.float32)
+    entropy = torch.tensor([[0.5, 2.0, 0.0, 0.0, 0.3, 9.0]], dtype=torch.float64)
+    logp = torch.tensor([[-0.2, -3.0, -0.1, -0.1, -0.4, 0.0]], dtype=torch.float64)
+    at, before, first = reflection_token_masks(ids, mask, TokenPieces(table.__getitem__), DEFAULT)
+    assert at.nonzero().tolist() == [[0, 1], [0, 2], [0, 3]]
+    assert first.nonzero().tolist() == [[0, 1]] and before.nonzero().tolist() == [[0, 0]]
+    out = reflection_entropy_metrics(entropy, logp, mask, at, before, first=first)
+    assert out["reflection/entropy_first"] == pytest.approx(2.0)
+    assert out["reflection/entropy_at"] == pytest.approx(2.0 / 3)
+    assert out["reflection/entropy_before"] == pytest.approx(0.5)
+    assert out["reflection/surprisal_first"] == pytest.approx(3.0)
+    assert out["reflection/surprisal_at"] == pytest.approx(3.2 / 3)
 
 
 def test_reflection_settings_from_a_training_config():
@@ -266,9 +287,11 @@ STEP_METRICS = (
     "reflection/frac",
     "reflection/frac/correct",
     "reflection/frac/incorrect",
+    "reflection/entropy_first",
     "reflection/entropy_at",
     "reflection/entropy_before",
     "reflection/entropy_all",
+    "reflection/surprisal_first",
     "reflection/surprisal_at",
     "reflection/surprisal_all",
     "reflection/frac/adv_pos",

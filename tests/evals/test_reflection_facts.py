@@ -156,40 +156,82 @@ def _batch(seed: int, rows: int = 6, width: int = 24):
 
 
 def per_row_token_masks(ids, mask, pieces, matcher):
-    """Each row's first ``mask.sum()`` pieces joined and matched, the spans' tokens found one row
-    at a time, then the masks limited to the valid tokens."""
-    at, before = torch.zeros(ids.shape, dtype=torch.bool), torch.zeros(ids.shape, dtype=torch.bool)
-    for b, length in enumerate(mask.sum(-1).long().tolist()):
-        row = pieces.pieces(ids[b, :length].tolist())
+    """Each row's valid pieces joined in order and matched, the spans' tokens found one row at a
+    time among the valid positions; ``before`` only where the token before a word's first token is
+    valid and next to it in the response."""
+    at, before, first = (torch.zeros(ids.shape, dtype=torch.bool) for _ in range(3))
+    for b in range(ids.shape[0]):
+        place = mask[b].nonzero().flatten().tolist()
+        if not place:
+            continue
+        row = pieces.pieces(ids[b, place].tolist())
         ends = np.cumsum([len(p) for p in row])
         for start, stop in matcher.spans("".join(row)):
             lo = int(np.searchsorted(ends, start, side="right"))
             hi = min(int(np.searchsorted(ends, stop, side="left")), len(ends) - 1)
-            at[b, lo : hi + 1] = True
-            if lo > 0:
-                before[b, lo - 1] = True
-    return at & mask.bool(), before & mask.bool()
+            at[b, place[lo : hi + 1]] = True
+            first[b, place[lo]] = True
+            if lo > 0 and place[lo - 1] == place[lo] - 1:
+                before[b, place[lo - 1]] = True
+    return at, before, first
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_token_masks_from_facts_equal_matching_the_pieces(seed):
     pieces, ids, mask, texts = _batch(seed)
     expected = per_row_token_masks(ids, mask, pieces, DEFAULT)
-    assert all(torch.equal(a, b) for a, b in zip(reflection_token_masks(ids, mask, pieces, DEFAULT), expected))
+    assert all(torch.equal(a, b) for a, b in zip(reflection_token_masks(ids, mask, pieces, DEFAULT), expected, strict=True))
     got = reflection_token_masks(ids, mask, pieces, NoMatching(WORD_LISTS["default"]), facts=response_facts(texts, DEFAULT))
-    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
     assert expected[0].any()  # the batches hold words
 
 
-def test_a_mask_with_holes_keeps_only_its_valid_tokens():
+def test_a_mask_with_holes_reads_only_the_text_of_its_valid_tokens():
     pieces, ids, mask, texts = _batch(5)
     holed = mask.clone()
-    holed[:, 1::3] = 0  # tokens left out inside the responses (as a loss mask may)
+    holed[:, 1::3] = 0  # tokens left out inside the responses (as the policy mask of a tool run)
     expected = per_row_token_masks(ids, holed, pieces, DEFAULT)
-    kept = [texts_of(pieces, ids[b, : int(n)]) for b, n in enumerate(holed.sum(-1).long().tolist())]
+    kept = [texts_of(pieces, ids[b][holed[b].bool()]) for b in range(ids.shape[0])]  # the valid tokens' text
     for facts in (None, response_facts(kept, DEFAULT)):
-        got = reflection_token_masks(ids, holed, pieces, DEFAULT, facts=facts)
-        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+        matcher = DEFAULT if facts is None else NoMatching(WORD_LISTS["default"])
+        got = reflection_token_masks(ids, holed, pieces, matcher, facts=facts)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+        assert not (got[0] & ~holed.bool()).any() and got[2].any()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_stretches_left_out_match_the_per_row_reference(seed):
+    """Stretches of each response left out at random (as tool outputs are), with and without facts."""
+    pieces, ids, mask, texts = _batch(seed)
+    gen = torch.Generator().manual_seed(100 + seed)
+    holed = mask.clone()
+    for b in range(ids.shape[0]):
+        start = int(torch.randint(0, ids.shape[1], (1,), generator=gen))
+        holed[b, start : start + int(torch.randint(1, 8, (1,), generator=gen))] = 0
+    expected = per_row_token_masks(ids, holed, pieces, DEFAULT)
+    kept = [texts_of(pieces, ids[b][holed[b].bool()]) for b in range(ids.shape[0])]
+    for facts in (None, response_facts(kept, DEFAULT)):
+        matcher = DEFAULT if facts is None else NoMatching(WORD_LISTS["default"])  # with facts: their spans alone
+        got = reflection_token_masks(ids, holed, pieces, matcher, facts=facts)
+        assert all(torch.equal(x, y) for x, y in zip(got, expected, strict=True))
+
+
+def test_a_word_in_a_tool_output_is_not_the_policys():
+    """A tool run: the interpreter's output (policy mask 0) says "Wait" and "however"; the policy
+    reflects once, right after that output. Only the policy's word is found, with no token before
+    it (the token before it in the response is the tool's)."""
+    table = ["x=1", "=M", ":", "Wait", " however", " wait", " so", " 2", ""]
+    ids = torch.tensor([[0, 1, 2, 3, 4, 2, 5, 6, 7, 8]])
+    policy = torch.tensor([[1, 1, 0, 0, 0, 0, 1, 1, 1, 0]], dtype=torch.float32)  # tokens 2-5: the tool's
+    pieces = TokenPieces(table.__getitem__)
+    own = "".join(pieces.pieces(ids[0][policy[0].bool()].tolist()))
+    assert own == "x=1=M wait so 2"
+    for facts in (None, response_facts([own], DEFAULT)):
+        at, before, first = reflection_token_masks(ids, policy, pieces, DEFAULT, facts=facts)
+        assert at.nonzero().tolist() == [[0, 6]] and first.nonzero().tolist() == [[0, 6]]
+        assert not before.any()
+    at, before, first = reflection_token_masks(ids, (ids != 8).float(), pieces, DEFAULT)  # the whole response
+    assert at.nonzero().tolist() == [[0, 3], [0, 4], [0, 6]]  # what the tool said, read as the policy's
 
 
 def texts_of(pieces, ids) -> str:
@@ -217,10 +259,11 @@ def test_token_masks_by_hand_from_facts():
     ids = torch.tensor([[0, 1, 2, 3, 7], [4, 8, 9, 6, 7], [1, 7, 7, 7, 7]])
     mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]], dtype=torch.float32)
     texts = ["So wait, no", "ok wait.", " wait"]
-    at, before = reflection_token_masks(
+    at, before, first = reflection_token_masks(
         ids, mask, TokenPieces(table.__getitem__), NoMatching(WORD_LISTS["default"]), facts=response_facts(texts, DEFAULT)
     )
     assert at.nonzero().tolist() == [[0, 1], [1, 1], [1, 2], [2, 0]]
+    assert first.nonzero().tolist() == [[0, 1], [1, 1], [2, 0]]  # " wa" begins the word of row 1
     assert before.nonzero().tolist() == [[0, 0], [1, 0]]  # none for the word that opens row 2
 
 

@@ -51,8 +51,13 @@ SIGINT_UNDER_XDIST = pytest.mark.skipif(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "sig, group",
-    [(signal.SIGTERM, False), (signal.SIGTERM, True), pytest.param(signal.SIGINT, False, marks=SIGINT_UNDER_XDIST)],
-    ids=["SIGTERM", "SIGTERM-to-the-group", "SIGINT"],
+    [
+        (signal.SIGTERM, False),
+        (signal.SIGTERM, True),
+        pytest.param(signal.SIGINT, False, marks=SIGINT_UNDER_XDIST),
+        pytest.param(signal.SIGINT, True, marks=SIGINT_UNDER_XDIST),  # Ctrl-C in a terminal: the whole group
+    ],
+    ids=["SIGTERM", "SIGTERM-to-the-group", "SIGINT", "SIGINT-to-the-group"],
 )
 def test_a_stop_signal_stops_a_local_sweep_and_its_job(tmp_path, sig, group):
     """SIGTERM (a scheduler, ``timeout``) and SIGINT (Ctrl-C) alike: one line, no traceback, the
@@ -86,8 +91,11 @@ def test_a_stop_signal_stops_a_local_sweep_and_its_job(tmp_path, sig, group):
         assert time.monotonic() < deadline, "the job logged no step in time"
         time.sleep(0.2)
     job_pid = json.loads((job_dir / "job.json").read_text())["pid"]
-    proc.send_signal(sig)
-    if group:
+    if sig == signal.SIGINT and group:  # Ctrl-C in a terminal: once, to every process of the group
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    if group and sig == signal.SIGTERM:
         time.sleep(0.1)
         os.killpg(proc.pid, sig)
     _, err = proc.communicate(timeout=300)

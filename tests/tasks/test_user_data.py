@@ -44,7 +44,7 @@ def test_an_explicit_data_path_that_is_not_a_file_is_refused_before_the_run_not_
         check_training(cfg)  # the pre-flight: before any folder or model
     msg = str(err.value)
     assert "\n" not in msg and str(target) in msg
-    assert ("no such file" in msg) if make == "typo" else ("is a folder" in msg)
+    assert ("no such file (looked for" in msg and "exists" not in msg) if make == "typo" else ("is a folder" in msg)
     assert not (tmp_path / "run").exists()
 
 
@@ -111,12 +111,52 @@ def test_overlong_prompts_are_counted(tmp_path):
         "data.max_prompt_length=100",
         "data.chat_template=false",
         "data.prompt=boxed",
+        "data.unrepresentable=warn",  # English prompts through the embedded character tokenizer
         tokenizer=build_tokenizer(),
     )
     assert len(src.train_items) == 6
     assert any(n.startswith("data: dropped 1 of 7 prompt(s) longer than data.max_prompt_length=100") for n in src.notes)
     with pytest.raises(UserError, match="all 7 prompt"):
-        _source(f"data.path={path}", "data.max_prompt_length=3", "data.chat_template=false", tokenizer=build_tokenizer())
+        _source(
+            f"data.path={path}",
+            "data.max_prompt_length=3",
+            "data.chat_template=false",
+            "data.unrepresentable=warn",
+            tokenizer=build_tokenizer(),
+        )
+
+
+def test_prompts_the_embedded_model_cannot_read_are_refused_naming_rows_characters_and_the_fix(tmp_path):
+    """An English word problem through the embedded character tokenizer would reach the model as its
+    digits ("Cara has 30 marbles..." -> "30"): refused at load time, or kept and counted when asked."""
+    from entropyrl.models.tiny import build_tokenizer
+
+    path = tmp_path / "mine.jsonl"
+    rows = [{"question": "1+2=", "answer": "3"}, {"question": "Cara has 30 marbles and gets 12 more.", "answer": "42"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    plain = ("data.chat_template=false", "data.prompt=native", "data.fields.problem=question", "data.fields.answer=answer")
+    with pytest.raises(UserError) as err:
+        _source(f"data.path={path}", *plain, tokenizer=build_tokenizer())
+    msg = str(err.value)
+    # the template's instruction is English too: every prompt, each row named, the characters in order
+    assert "\n" not in msg and "2 of 2 prompt(s)" in msg and "rows 0, 1;" in msg and "characters '\\nPleas" in msg
+    assert "model=smollm2-135m" in msg and "data.unrepresentable=warn" in msg
+    kept = _source(f"data.path={path}", *plain, "data.unrepresentable=warn", tokenizer=build_tokenizer())
+    assert len(kept.train_items) == 2 and any("warning" in n and "2 of 2 prompt(s)" in n for n in kept.notes)
+    with pytest.raises(UserError, match="data.unrepresentable=maybe is not allowed"):
+        _source(f"data.path={path}", *plain, "data.unrepresentable=maybe", tokenizer=build_tokenizer())
+
+
+def test_a_tokenizer_that_reads_every_text_has_no_unknown_characters():
+    from entropyrl.models.tiny import build_tokenizer, unknown_characters
+
+    assert unknown_characters(build_tokenizer(), "12+30=42") == ""
+    assert unknown_characters(build_tokenizer(), "Cara: 30") == "Car"  # each once, in order
+
+    class Bytes:  # a byte-level BPE has no unknown token
+        unk_token_id = None
+
+    assert unknown_characters(Bytes(), "anything at all") == ""
 
 
 def test_the_code_task_refuses_a_folder_as_data_path(tmp_path):

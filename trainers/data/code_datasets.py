@@ -22,6 +22,7 @@ from ...core.errors import UserError
 from ...evals.benchmarks import load_benchmark, read_rows
 from ...evals.code.code_eval import OPEN_FENCE, code_prompt, sandbox_for
 from ...evals.code.code_tasks import CodeProblem, grade_code, rows_to_code_problems
+from ...models.tiny import check_representable
 from .datasets import MathDatasetSource, resolve_data_path, split_holdout
 
 __all__ = ["CodeTaskSource", "REWARDS"]
@@ -63,6 +64,18 @@ class CodeTaskSource(MathDatasetSource):
             problems = problems[: int(limit)]
         if not problems:
             raise UserError(f"data={self.name}: no code problems in {self.where}")
+        self.notes: list[str] = []
+        if tokenizer is not None:  # a prompt the model cannot read: refused or counted, never rewritten
+            note = check_representable(
+                tokenizer,
+                [self.prompt(p) for p in problems],
+                [p.id or str(i) for i, p in enumerate(problems)],
+                what=f"data={self.name} ({self.where})",
+                option="data.unrepresentable",
+                mode=str(cfg_get(data_cfg, "unrepresentable", "error")),
+            )
+            if note:
+                self.notes.append(f"data: warning: {note}")
         self.train_items, self.val_items = split_holdout(problems, data_cfg)
         self._perms: dict[int, list[int]] = {}
 

@@ -40,6 +40,7 @@ from ...core.registry import unknown_choice
 from ...evals.benchmarks import describe_fields, limit_rows, read_rows, resolve_data_root, rows_to_problems
 from ...evals.grading.grader import grade_batch
 from ...evals.prompts import available_templates, build_prompt
+from ...models.tiny import check_representable
 
 __all__ = ["MathDatasetSource", "load_problems", "resolve_data_path"]
 
@@ -80,9 +81,9 @@ def resolve_data_path(data_cfg) -> Path | None:
         raise UserError(
             f"data.path={raw}: {folder} is a folder, not a data file: point data.path at a .jsonl, .json or .parquet file"
         )
-    looked = " nor ".join(str(c) for c in candidates)
+    looked = " and ".join(str(c) for c in candidates)
     raise UserError(
-        f"data.path={raw}: no such file ({looked} exists): fix the path "
+        f"data.path={raw}: no such file (looked for {looked}): fix the path "
         f"(a data.path you give is read as written, never replaced by a hub download)"
     )
 
@@ -185,6 +186,17 @@ class MathDatasetSource:
         if limit:
             problems = problems[: int(limit)]
         max_len = cfg_get(data_cfg, "max_prompt_length", None)
+        if tokenizer is not None and problems:  # a prompt the model cannot read: refused or counted, never rewritten
+            note = check_representable(
+                tokenizer,
+                [self.prompt(p) for p in problems],
+                [p.id or str(i + 1) for i, p in enumerate(problems)],
+                what=f"data={self.name} ({self.where})",
+                option="data.unrepresentable",
+                mode=str(cfg_get(data_cfg, "unrepresentable", "error")),
+            )
+            if note:
+                self.notes.append(f"data: warning: {note}")
         if not problems:
             raise UserError(
                 f"data={self.name}: no problems in {self.where}"

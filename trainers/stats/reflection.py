@@ -1,6 +1,8 @@
-"""Entropy where reasoning turns: the sampling policy's token entropy and surprisal at the
-reflection words of a step's responses, at the token just before each, and over all valid tokens;
-and the share of reflecting responses by advantage sign. The words are found in the text
+"""Entropy where reasoning turns: the sampling policy's token entropy and surprisal at the first
+token of each reflection word of a step's responses (the decision to turn), over all the words'
+tokens, at the token just before each word, and over all valid tokens; and the share of
+reflecting responses by advantage sign. In a tool run only the policy's own tokens count (the
+interpreter's output is not its writing). The words are found in the text
 (``evals/reflection.py``); this maps them onto the ``[B, R]`` token grid the step already holds.
 Definitions: ``docs/long-cot.md``.
 """
@@ -71,26 +73,41 @@ def reflection_token_masks(
     pieces: TokenPieces,
     matcher: ReflectionMatcher,
     facts: ResponseFacts | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(at [B, R], before [B, R])`` bool: ``at`` the valid tokens overlapping a reflection word,
-    ``before`` the valid token just before the first token of each (none for a word that opens the
-    response). ``pieces``: token ids -> their text (``evals.reflection.TokenPieces``).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(at [B, R], before [B, R], first [B, R])`` bool over the valid tokens of ``mask``: ``at``
+    every token overlapping a reflection word, ``first`` the first token of each word (where the
+    policy decides to turn), ``before`` the token just before that first token (none for a word
+    that opens the response or follows a token ``mask`` leaves out, such as a tool output).
+    ``pieces``: token ids -> their text (``evals.reflection.TokenPieces``).
+
+    The words are those of the text the valid tokens write, in order: with a mask that has holes
+    (``Rollout.policy_mask`` of a tool run, 0 on the interpreter's output) that is the policy's own
+    text, and a word in a tool output is no reflection of the policy's.
 
     ``facts``: the rows' ``ResponseFacts``, whose spans were found in the decoded texts where the
-    reward was computed: they are mapped onto the tokens as they are, with no matching here (one
-    running sum of the tokens' text lengths and one binary search for the whole batch). A row whose
-    valid tokens' texts do not add up to the length of the text its spans index (a tokenizer's
-    decode that cleaned the text up, a character split over several tokens) is matched on its
-    joined pieces instead, as every row is without ``facts``: positions never come from another text."""
+    reward was computed (for a tool run, the policy's own texts): they are mapped onto the tokens as
+    they are, with no matching here (one running sum of the tokens' text lengths and one binary
+    search for the whole batch). A row whose valid tokens' texts do not add up to the length of the
+    text its spans index (a tokenizer's decode that cleaned the text up, a character split over
+    several tokens) is matched on its joined pieces instead, as every row is without ``facts``:
+    positions never come from another text."""
     ids = response_ids.cpu().numpy()
     rows, width = ids.shape
     if facts is not None and len(facts) != rows:
         raise ValueError(f"reflection_token_masks: facts of {len(facts)} responses for a batch of {rows}")
     valid = mask.detach().cpu().reshape(-1)
     valid = (valid.float() if valid.dtype == torch.bfloat16 else valid).numpy() != 0  # numpy has no bfloat16
-    at, before = np.zeros(rows * width, dtype=bool), np.zeros(rows * width, dtype=bool)
+    at, before, first = (np.zeros(rows * width, dtype=bool) for _ in range(3))
+    order = dest = None  # with holes in the mask: each row's valid tokens moved to its front, in order
     if rows and width:
-        lengths = np.count_nonzero(valid.reshape(rows, width), axis=1)  # the response's tokens come first, then padding
+        lengths = np.count_nonzero(valid.reshape(rows, width), axis=1)
+        prefix = (np.arange(width)[None, :] < lengths[:, None]).ravel()
+        if not np.array_equal(prefix, valid):  # dest: where each token goes; order: which token lands at each place
+            kept = valid.reshape(rows, width)
+            dest = np.where(kept, np.cumsum(kept, axis=1) - 1, lengths[:, None] + np.cumsum(~kept, axis=1) - 1)
+            order = np.empty_like(dest)
+            np.put_along_axis(order, dest, np.broadcast_to(np.arange(width), (rows, width)), axis=1)
+            ids, valid = np.take_along_axis(ids, order, axis=1), prefix
         text_of, length_of = pieces.tables(ids)
         ends = np.cumsum(np.take(length_of.astype(np.int32), ids), axis=1, dtype=np.int32)  # where each token's text ends
         chars = np.where(lengths > 0, ends[np.arange(rows), np.maximum(lengths - 1, 0)], 0)
@@ -107,17 +124,26 @@ def reflection_token_masks(
             extra = np.array(found, dtype=np.int64)
             span_rows, spans = np.concatenate([span_rows, extra[:, 0]]), np.concatenate([spans, extra[:, 1:]])
         if len(span_rows):
-            first = span_rows * width
+            row_start = span_rows * width
             lo = np.searchsorted(flat, (base[span_rows] + spans[:, 0]).astype(kind), side="right")  # holds the first character
             hi = np.searchsorted(flat, (base[span_rows] + spans[:, 1]).astype(kind), side="left")  # ... the last one
-            hi = np.minimum(hi, first + np.maximum(lengths[span_rows] - 1, 0))
+            hi = np.minimum(hi, row_start + np.maximum(lengths[span_rows] - 1, 0))
             size = hi - lo + 1
             covered = np.repeat(lo - (np.cumsum(size) - size), size) + np.arange(int(size.sum()))
-            opening = lo[lo > first] - 1  # the token before each word (none for a word that opens its response)
+            opening = lo[lo > row_start] - 1  # the token before each word (none for a word that opens its response)
+            if order is not None:  # ... and next to it in the response, not across a left-out stretch
+                place = order.ravel()
+                opening = opening[place[opening] + 1 == place[opening + 1]]
             at[covered[valid[covered]]] = True  # valid tokens only
             before[opening[valid[opening]]] = True
+            first[lo[valid[lo]]] = True
     shape = response_ids.shape
-    return torch.from_numpy(at).view(shape), torch.from_numpy(before).view(shape)
+    out = []
+    for m in (at, before, first):
+        if dest is not None:  # back to the tokens' places in the response
+            m = np.take_along_axis(m.reshape(rows, width), dest, axis=1)
+        out.append(torch.from_numpy(np.ascontiguousarray(m).reshape(-1)).view(shape))
+    return out[0], out[1], out[2]
 
 
 def _valid_positions(where: torch.Tensor, valid_flat: torch.Tensor) -> torch.Tensor:
@@ -138,13 +164,19 @@ def reflection_entropy_metrics(
     at: torch.Tensor,
     before: torch.Tensor,
     advantages: torch.Tensor | None = None,
+    first: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """Means over a step's tokens, all ``[B, R]``:
+    """Means over a step's tokens, all ``[B, R]`` (``at``, ``before``, ``first``: the masks of
+    ``reflection_token_masks``):
 
-    ``reflection/entropy_at``, ``/entropy_before``, ``/entropy_all`` (token entropy at reflection
-    tokens, at the tokens just before them, at every valid token); ``reflection/surprisal_at``,
-    ``/surprisal_before``, ``/surprisal_all`` the same for ``-logp`` of the sampled token;
-    ``reflection/token_frac`` the share of valid tokens that are reflection tokens. With
+    ``reflection/entropy_first`` (with ``first``) the token entropy at the first token of each
+    reflection word, where the policy decides to turn, averaged over the words; ``/entropy_at``
+    the mean over every token of the words (a word of several tokens weighs its continuation
+    tokens in, which are nearly determined once the word has begun: it dilutes the decision);
+    ``/entropy_before`` at the token just before each word's first token (the context the decision
+    is made in, not the decision); ``/entropy_all`` at every valid token.
+    ``reflection/surprisal_first``, ``_at``, ``_before``, ``_all`` the same for ``-logp`` of the
+    sampled token. ``reflection/token_frac`` the share of valid tokens that are reflection tokens. With
     ``advantages`` (``[B, R]`` or ``[B]``): ``reflection/frac/adv_pos`` and ``/adv_neg``, the share of
     responses holding a reflection word among those with a positive (negative) advantage, and
     ``reflection/quadrant/q1`` .. ``q4``, the share of reflection tokens in each of the four
@@ -155,6 +187,7 @@ def reflection_entropy_metrics(
     valid_flat, ent_flat, lp_flat = valid.flatten(), ent.flatten(), lp.flatten()
     n_valid = int(torch.count_nonzero(valid))
     at_idx, before_idx = _valid_positions(at, valid_flat), _valid_positions(before, valid_flat)
+    first_idx = None if first is None else _valid_positions(first, valid_flat)
     nan = float("nan")
 
     def mean(values: torch.Tensor, idx: torch.Tensor) -> float:
@@ -169,6 +202,9 @@ def reflection_entropy_metrics(
         "reflection/surprisal_all": -float(torch.where(valid, lp, 0).sum()) / n_valid if n_valid else nan,
         "reflection/token_frac": len(at_idx) / max(n_valid, 1),
     }
+    if first_idx is not None:
+        out["reflection/entropy_first"] = mean(ent_flat, first_idx)
+        out["reflection/surprisal_first"] = -mean(lp_flat, first_idx)
     if advantages is not None:
         adv = advantages.detach()
         per_row = torch.where(valid, adv, 0).sum(-1, dtype=torch.float64) if adv.dim() == 2 else adv.double()

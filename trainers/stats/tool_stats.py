@@ -10,6 +10,10 @@ batch's ``ToolTrace`` (``rollout/base.py``) and its token statistics.
   ``post_tool``; tool outputs are not the policy's and have no entropy here), and
   ``entropy/turn/first`` / ``entropy/turn/later`` (policy tokens of the first generation turn
   against those of every later one). NaN where a batch has no such token.
+- ``policy_lengths``: each response's own token count, the tool's outputs left out: with its own
+  text (``evals.generation.policy_texts``), what the text-level long-CoT metrics read in a tool run
+  (reflection words, repetition, lengths by verdict; ``docs/long-cot.md``), so an interpreter's
+  output is never counted as the policy's writing.
 - ``tool_shaping``: the optional reward term (``tools.shaping``), 0 when off.
 - ``invalid_call_rows``: [B] responses with a malformed call, which ``tools.mask_invalid_calls``
   leaves out of the loss (a STARE recipe switch).
@@ -27,12 +31,14 @@ from __future__ import annotations
 
 import torch
 
+from ...evals.runner import tool_summary
 from ...rollout.base import TOKEN_KINDS, Rollout, ToolTrace
 
 __all__ = [
     "tool_use_metrics",
     "token_kind_metrics",
     "tool_shaping",
+    "policy_lengths",
     "invalid_call_rows",
     "left_out_rows",
     "loss_mask",
@@ -44,18 +50,10 @@ POLICY_KINDS = tuple(k for k in TOKEN_KINDS if k != "tool")
 
 
 def tool_use_metrics(trace: ToolTrace, response_mask: torch.Tensor) -> dict[str, float]:
-    """Per-response tool use of a batch (see the module docstring). ``response_mask`` [B, R]."""
-    calls = trace.calls.float()
-    out = {
-        "tools/turns/mean": trace.turns.float().mean().item(),
-        "tools/calls/mean": calls.mean().item(),
-        "tools/error_frac": (trace.errors.sum() / calls.sum()).item() if calls.sum() > 0 else 0.0,
-        "tools/called_frac": (calls > 0).float().mean().item(),
-        "tools/seconds": float(trace.seconds),
-    }
-    for name in ToolTrace.ROW_COUNTS:  # responses with a malformed call, a repeated call, a void turn
-        if getattr(trace, name) is not None:
-            out[f"tools/{name}_frac"] = (getattr(trace, name) > 0).float().mean().item()
+    """Per-response tool use of a batch (see the module docstring). ``response_mask`` [B, R]. The
+    figures validation and ``entropyrl eval`` log too are ``evals.runner.tool_summary``'s, so the
+    three read the same."""
+    out = {**tool_summary(trace), "tools/seconds": float(trace.seconds)}
     valid = response_mask.bool()
     for i, kind in enumerate(TOKEN_KINDS):
         out[f"tokens/kind/{kind}"] = ((trace.kind == i) & valid).sum(-1).float().mean().item()
@@ -76,6 +74,11 @@ def token_kind_metrics(entropy: torch.Tensor, mask: torch.Tensor, trace: ToolTra
     out["entropy/turn/first"] = _masked_mean(entropy, m * (turn == 0).to(m.dtype))
     out["entropy/turn/later"] = _masked_mean(entropy, m * (turn > 0).to(m.dtype))
     return out
+
+
+def policy_lengths(roll: Rollout) -> torch.Tensor:
+    """[B] the tokens each response's policy sampled (``roll.lengths`` less the tool's outputs)."""
+    return roll.policy_mask.sum(-1)
 
 
 def tool_shaping(trace: ToolTrace, call_bonus: float, error_penalty: float) -> torch.Tensor:
