@@ -50,6 +50,18 @@ def _table(f: dict) -> str:
                 f"verl publishes one-step-off +23-40 %, fully async 2.66x on 32 GPUs)",
             )
         )
+    cpu = f.get("cpu")
+    if cpu:
+        rows.append(
+            (
+                f"step time on a CPU ({cpu['gflops']:g} GFLOP/s, decode {cpu['decode_gflops']:g} GFLOP/s, "
+                f"{cpu['mem_gbps']:g} GB/s; efficiency decode {cpu['decode_efficiency']:g}, training {cpu['train_efficiency']:g})",
+                f"{cpu['step_seconds']:.1f} s (prefill {cpu['prefill_seconds']:.1f} s, decode {cpu['decode_seconds']:.1f} s "
+                f"= {f['response_len']} steps x {cpu['decode_step_seconds']:.3f} s, its roofline the longer of weights "
+                f"{cpu['decode_step_memory_seconds']:.3f} s and FLOPs {cpu['decode_step_flop_seconds']:.3f} s; "
+                f"training {cpu['train_seconds']:.1f} s)",
+            )
+        )
     e, v, c = f["vllm"], f["verdict"], f["checkpoint"]
     if e:
         rows.append(
@@ -110,11 +122,43 @@ def register(app: typer.Typer) -> None:
         prompt_len: Optional[int] = typer.Option(
             None, "--prompt-len", help="prompt tokens (default data.max_prompt_length, else 256)"
         ),
+        cpu: bool = typer.Option(
+            False, "--cpu", help="also the step time on a CPU: generation bound by memory bandwidth or FLOPs, training by FLOPs"
+        ),
+        cpu_gflops: Optional[float] = typer.Option(
+            None,
+            "--cpu-gflops",
+            help="with --cpu: matmul GFLOP/s of the threads a run uses (make bench: real_model.rates.matmul_gflops)",
+        ),
+        cpu_decode_gflops: Optional[float] = typer.Option(
+            None,
+            "--cpu-decode-gflops",
+            help="with --cpu: GFLOP/s of a decode step's few-row products (make bench: real_model.rates.decode_matmul_gflops)",
+        ),
+        cpu_decode_efficiency: Optional[float] = typer.Option(
+            None,
+            "--cpu-decode-efficiency",
+            help="with --cpu: share of its roofline a decode step reaches (bench: decode_roofline_frac)",
+        ),
+        cpu_train_efficiency: Optional[float] = typer.Option(
+            None, "--cpu-train-efficiency", help="with --cpu: share of the matmul rate training reaches (bench: train_flops_frac)"
+        ),
+        mem_gbps: Optional[float] = typer.Option(
+            None, "--mem-gbps", help="with --cpu: memory bandwidth in GB/s (make bench: real_model.rates.bandwidth_gbps)"
+        ),
         as_json: bool = typer.Option(False, "--json", help="print the figures as JSON"),
     ) -> None:
-        from ..models.cost import plan_figures  # torch (the embedded tokenizer) loads when it runs
+        from ..models import cost  # torch (the embedded tokenizer) loads when it runs
 
-        figures = plan_figures(
+        given = {
+            "gflops": cpu_gflops,
+            "mem_gbps": mem_gbps,
+            "decode_gflops": cpu_decode_gflops,
+            "decode_efficiency": cpu_decode_efficiency,
+            "train_efficiency": cpu_train_efficiency,
+        }
+        rates = given if cpu or any(v is not None for v in given.values()) else None
+        figures = cost.plan_figures(
             overrides or [],
             ranks=ranks,
             mfu=mfu,
@@ -122,5 +166,6 @@ def register(app: typer.Typer) -> None:
             prompt_len=prompt_len,
             gpu_gb=gpu_gb,
             decode_mfu=decode_mfu,
+            cpu=rates,
         )
         typer.echo(json.dumps(figures, indent=2) if as_json else _table(figures))

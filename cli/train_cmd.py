@@ -23,24 +23,27 @@ def register(app: typer.Typer) -> None:
     def train(overrides: Optional[List[str]] = typer.Argument(None, help="key=value config overrides")) -> None:
         from rich.console import Console
 
-        # the implementation (torch, transformers, MLflow) loads when the command runs, not for --help
-        from ..trainers.parallel.distributed import launcher_env
-        from ..trainers.preflight import check_training
-        from ..trainers.run.run_dir import run_lock
-        from ..trainers.run.run_report import validation_text
-        from ..trainers.run.stop_signals import RunInterrupted
-        from ..trainers.trainer import train as run_training
+        from ..core.gc_pause import paused_gc
 
-        quiet_transformers()
-        main_rank = launcher_env()["rank"] == 0  # under torchrun/srun only rank 0 talks
-        console = Console(stderr=True, quiet=not main_rank)
-        cfg = compose("train", overrides or [])  # launcher=... is an error here (conf.OWNED_ELSEWHERE)
+        with paused_gc():  # start-up: thousands of modules imported, nothing for the cycle collector to free
+            # the implementation (torch, transformers, MLflow) loads when the command runs, not for --help
+            from ..trainers.parallel.distributed import launcher_env
+            from ..trainers.preflight import check_training
+            from ..trainers.run.run_dir import run_lock
+            from ..trainers.run.run_report import validation_text
+            from ..trainers.run.stop_signals import RunInterrupted
+            from ..trainers.trainer import train as run_training
 
-        lock = run_lock(cfg)
-        if hasattr(lock, "check_free"):
-            lock.check_free()  # another process writes there: say who, before anything
-        # algorithm, interventions, optimizer names and the output folder, once, before anything is printed
-        checked = check_training(cfg)
+            quiet_transformers()
+            main_rank = launcher_env()["rank"] == 0  # under torchrun/srun only rank 0 talks
+            console = Console(stderr=True, quiet=not main_rank)
+            cfg = compose("train", overrides or [])  # launcher=... is an error here (conf.OWNED_ELSEWHERE)
+
+            lock = run_lock(cfg)
+            if hasattr(lock, "check_free"):
+                lock.check_free()  # another process writes there: say who, before anything
+            # algorithm, interventions, optimizer names and the output folder, once, before anything is printed
+            checked = check_training(cfg)
 
         console.print(
             f"[bold]entropyrl train[/bold] algo={cfg.algo.name} model={cfg.model.name} "

@@ -214,7 +214,10 @@ class RunTracker:
         process died without a word), ended FAILED. A store that refuses is not worth failing over."""
         try:
             self._client.set_tag(old_run_id, "entropyrl.superseded_by", self.run_id)
-            if self._client.get_run(old_run_id).info.status == "RUNNING":
+            old = self._client.get_run(old_run_id)
+            if old.info.run_name and not old.info.run_name.endswith("(superseded)"):  # two children of one name
+                self._client.set_tag(old_run_id, "mlflow.runName", f"{old.info.run_name} (superseded)")  # read apart
+            if old.info.status == "RUNNING":
                 self._client.set_terminated(old_run_id, status="FAILED")
             self.log(
                 f"MLflow run {old_run_id} (this folder's earlier attempt, before any checkpoint) is superseded by {self.run_id}"

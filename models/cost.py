@@ -41,7 +41,16 @@ from ..conf import cfg_get, compose, to_plain
 from ..core.errors import UserError
 from .tiny import build_tokenizer
 
-__all__ = ["Architecture", "architecture", "parameters", "step_cost", "plan_figures", "vllm_share", "verdict"]
+__all__ = [
+    "Architecture",
+    "architecture",
+    "parameters",
+    "step_cost",
+    "cpu_step_time",
+    "plan_figures",
+    "vllm_share",
+    "verdict",
+]
 
 # what the vLLM engine takes beside a trainer when rollout.gpu_memory_utilization is null (rollout/vllm_engine.py)
 VLLM_DEFAULT_SHARE = 0.6
@@ -151,16 +160,21 @@ def step_cost(
     mfu: float | None = None,
     peak_flops: float | None = None,
     decode_mfu: float | None = None,
+    head_flops: bool = False,
+    extra_backwards: int = 0,
 ) -> StepCost:
     """The cost of one training step; memory per rank in GB (1e9 bytes), time at ``mfu`` of
-    ``ranks x peak_flops`` for the training FLOPs and ``decode_mfu`` (default ``mfu``) for generation."""
+    ``ranks x peak_flops`` for the training FLOPs and ``decode_mfu`` (default ``mfu``) for generation.
+    ``head_flops``: count a tied output head's product (``V h`` a token) in ``N``, as a CPU executes it;
+    ``extra_backwards``: backward passes per epoch beyond the loss's (``diagnostics.quadrants``' one
+    ``autograd.grad``, twice a forward each). Both off: the usual ``6 N`` count of model FLOPs (MFU)."""
     p = parameters(a)
-    n_body = p["non_embedding"]
+    n_body = p["non_embedding"] + (a.vocab_size * a.hidden_size if head_flops and a.tie_word_embeddings else 0)
     seqs, s = prompts * n, prompt_len + response_len
     tokens = seqs * s
     L, h = a.num_hidden_layers, a.hidden_size
     fwd = tokens * (2 * n_body + 2 * L * h * s)  # forward of every sequence once
-    train = fwd * (3 + (1 if checkpointing else 0)) * epochs + fwd * (2 if ref_model else 1)
+    train = fwd * (3 + (1 if checkpointing else 0) + 2 * extra_backwards) * epochs + fwd * (2 if ref_model else 1)
     generated = seqs * response_len
     gen = seqs * prompt_len * 2 * n_body + generated * (2 * n_body + 2 * L * h * s)
     shard = ranks if fsdp and ranks > 1 else 1
@@ -200,6 +214,91 @@ def step_cost(
         train_s,
         gen_s,
     )
+
+
+# `entropyrl plan --cpu`'s rates when not given: one core of this project's reference machine (an AMD EPYC
+# with AVX2, no AVX-512, 2 cores), float32, measured by `make bench` key real_model (perf/real_model.py:
+# `matmul_gflops`, a [tokens x hidden] @ [hidden x intermediate] product; `bandwidth_gbps`, a sum over a
+# tensor far larger than L3). Measure your own machine's with `make bench` and pass them.
+CPU_GFLOPS_DEFAULT = 30.0
+CPU_MEM_GBPS_DEFAULT = 6.0
+CPU_DECODE_GFLOPS_DEFAULT = 15.0  # `decode_matmul_gflops`: 16 rows through the model's weights, streamed from memory
+# the share of those limits a step reaches (`make bench` key real_model: `decode_roofline_frac`,
+# `train_flops_frac`): HF generate's decode loses the rest to the KV cache's concatenation, attention,
+# norms and per-token Python; training to the token statistics over the vocabulary, the optimizer and grading
+CPU_DECODE_EFFICIENCY_DEFAULT = 0.35
+CPU_TRAIN_EFFICIENCY_DEFAULT = 0.7
+CPU_KEYS = ("gflops", "mem_gbps", "decode_gflops", "decode_efficiency", "train_efficiency")
+
+
+def cpu_step_time(
+    a: Architecture,
+    *,
+    prompts: int,
+    n: int,
+    prompt_len: int,
+    response_len: int,
+    train_flops: float,
+    gflops: float,
+    mem_gbps: float,
+    shared_prefill: bool = True,
+    weight_bytes: int = 4,
+    decode_gflops: float | None = None,
+    decode_efficiency: float = 1.0,
+    train_efficiency: float = 1.0,
+) -> dict[str, float]:
+    """One step's seconds on a CPU, by part, with Hugging Face ``generate`` (``rollout=hf``). Pure.
+
+    A CPU runs the step's matrix products at about ``gflops`` GFLOP/s and streams memory at about
+    ``mem_gbps`` GB/s (the rates of one run, measured side by side), so:
+
+    - prefill: every prompt once (``shared_prefill``, ``rollout.share_prefill``) or once per response,
+      ``prompt_len`` tokens at ``2 N`` FLOPs each, compute-bound;
+    - decode: ``response_len`` steps of ``prompts x n`` rows; a step reads every weight once
+      (``weight_bytes`` each, the tied output head included) and does ``2 (N + V h)`` FLOPs a row (the
+      output head over the vocabulary for every row), so it takes the longer of its memory time and
+      its FLOP time (the roofline): with few rows a step is weights-bandwidth-bound, with many it is
+      FLOP-bound. Its FLOPs run at ``decode_gflops`` (default ``gflops``): a product of a few rows
+      by a weight streamed from memory runs well below a training-sized one. Not counted: the
+      attention over the KV cache and its concatenation, norms and the per-token Python of
+      ``generate`` (a quarter to a third of a CPU decode step under ``torch.profiler``);
+    - training: ``train_flops`` (``step_cost``'s: the sampling policy's forward, forward and backward
+      per epoch, a reference forward) at the same FLOP rate.
+
+    ``decode_efficiency`` and ``train_efficiency`` (0-1]: the share of its limit each part reaches
+    (1: the limit itself, a lower bound on the time); ``*_floor_seconds`` keep the limits' own times.
+    """
+    if gflops <= 0 or mem_gbps <= 0 or (decode_gflops is not None and decode_gflops <= 0):
+        raise UserError("entropyrl plan --cpu: need --cpu-gflops > 0, --cpu-decode-gflops > 0 and --mem-gbps > 0")
+    if not (0 < decode_efficiency <= 1 and 0 < train_efficiency <= 1):
+        raise UserError("entropyrl plan --cpu: need 0 < --cpu-decode-efficiency <= 1 and 0 < --cpu-train-efficiency <= 1")
+    p = parameters(a)
+    head = a.vocab_size * a.hidden_size
+    row_flops = 2 * (p["non_embedding"] + (head if a.tie_word_embeddings else 0))
+    rows = prompts * n
+    flops_s, bytes_s = gflops * 1e9, mem_gbps * 1e9
+    prefill_rows = prompts if shared_prefill else rows
+    prefill = prefill_rows * prompt_len * 2 * p["non_embedding"] / flops_s
+    step_memory = row_flops / 2 * weight_bytes / bytes_s  # the weights a row multiplies: all but the input embedding
+    decode_rate = (decode_gflops or gflops) * 1e9
+    step_flops = rows * (row_flops + 2 * a.num_hidden_layers * a.hidden_size * (prompt_len + response_len)) / decode_rate
+    decode_floor = max(step_memory, step_flops)
+    decode_step = decode_floor / decode_efficiency
+    decode = response_len * decode_step
+    train_floor = train_flops / flops_s
+    train = train_floor / train_efficiency
+    return {
+        "decode_step_floor_seconds": decode_floor,
+        "train_floor_seconds": train_floor,
+        "prefill_seconds": prefill,
+        "decode_step_seconds": decode_step,
+        "decode_step_memory_seconds": step_memory,
+        "decode_step_flop_seconds": step_flops,
+        "decode_seconds": decode,
+        "generation_seconds": prefill + decode,
+        "train_seconds": train,
+        "step_seconds": prefill + decode + train,
+    }
 
 
 def vllm_share(a: Architecture, *, share: float, gpu_gb: float, weight_bytes: int, tensor_parallel: int, seq_len: int) -> dict:
@@ -264,9 +363,13 @@ def plan_figures(
     prompt_len: int | None,
     gpu_gb: float = 80.0,
     decode_mfu: float | None = None,
+    cpu: dict | None = None,
 ) -> dict:
     """The cost table of ``entropyrl train <overrides>`` on ``ranks`` ranks, as a dict, with the
-    per-rank verdict against ``gpu_gb`` GB GPUs and the assumptions it rests on."""
+    per-rank verdict against ``gpu_gb`` GB GPUs and the assumptions it rests on. ``cpu``: a CPU's
+    rates and efficiencies (``CPU_KEYS``; one left out: its ``CPU_*_DEFAULT``): adds ``cpu``, the step's
+    seconds there by part (``cpu_step_time``) with its training FLOPs as executed (the tied head,
+    ``diagnostics.quadrants``' extra backward)."""
     if ranks < 1 or not 0 < mfu <= 1 or peak_tflops <= 0 or gpu_gb <= 0 or not 0 < (decode_mfu or mfu) <= 1:
         raise UserError(
             "entropyrl plan: need --ranks >= 1, 0 < --mfu <= 1, 0 < --decode-mfu <= 1, --peak-tflops > 0 and --gpu-gb > 0"
@@ -315,6 +418,54 @@ def plan_figures(
             else f"rollout.gpu_memory_utilization=null: the engine's {VLLM_DEFAULT_SHARE} beside a trainer"
         )
         engine["placement"] = f"the rollout worker's own {rollout_gpus} GPU(s)" if rollout_gpus else "beside the trainer"
+    cpu_time = None
+    if cpu is not None:
+        unknown = sorted(set(cpu) - set(CPU_KEYS))
+        if unknown:
+            raise UserError(f"entropyrl plan: unknown CPU rate {unknown[0]}: give {', '.join(CPU_KEYS)}")
+        defaults = dict(
+            zip(
+                CPU_KEYS,
+                (
+                    CPU_GFLOPS_DEFAULT,
+                    CPU_MEM_GBPS_DEFAULT,
+                    CPU_DECODE_GFLOPS_DEFAULT,
+                    CPU_DECODE_EFFICIENCY_DEFAULT,
+                    CPU_TRAIN_EFFICIENCY_DEFAULT,
+                ),
+            )
+        )
+        rates = {k: float(defaults[k] if cpu.get(k) is None else cpu[k]) for k in CPU_KEYS}
+        executed = step_cost(
+            arch,
+            prompts=int(t.prompts_per_step),
+            n=int(cfg.rollout.n),
+            prompt_len=prompt,
+            response_len=int(cfg.rollout.max_new_tokens),
+            ranks=ranks,
+            micro_rows=int(t.micro_batch_responses),
+            micro_tokens=t.get("micro_batch_tokens"),
+            epochs=int(t.ppo_epochs),
+            checkpointing=bool(t.gradient_checkpointing),
+            compute_bytes=2 if t.dtype == "bfloat16" else 4,
+            chunk=int(t.token_chunk_size),
+            fsdp=fsdp,
+            ref_model=float(cfg.algo.get("kl_coef", 0) or 0) > 0,
+            head_flops=True,
+            extra_backwards=1 if bool(cfg_get(cfg_get(cfg, "diagnostics", {}), "quadrants", False)) else 0,
+        )
+        cpu_time = cpu_step_time(
+            arch,
+            prompts=int(t.prompts_per_step),
+            n=int(cfg.rollout.n),
+            prompt_len=prompt,
+            response_len=int(cfg.rollout.max_new_tokens),
+            train_flops=executed.train_flops,
+            **rates,
+            shared_prefill=bool(cfg_get(cfg.rollout, "share_prefill", False)) and str(cfg_get(cfg.rollout, "name", "hf")) == "hf",
+            weight_bytes=2 if t.dtype == "bfloat16" else 4,
+        )
+        cpu_time = {**rates, "train_flops": float(executed.train_flops), **{k: round(v, 3) for k, v in cpu_time.items()}}
     ckpt_gb = 12 * cost.parameters / 1e9
     keep, every = int(t.get("keep_checkpoints", 2) or 0), int(t.get("save_every", 0) or 0)
     decode = decode_mfu or mfu
@@ -359,6 +510,7 @@ def plan_figures(
         "vllm": engine,
         "verdict": verdict(cost.memory_gb["total"], gpu_gb, engine, engine_beside=not rollout_gpus),
         "async": overlap,
+        "cpu": cpu_time,
         "checkpoint": {"gb": round(ckpt_gb, 3), "save_every": every, "keep": keep, "disk_gb": round(ckpt_gb * max(keep, 1), 3)},
         "assumptions": assumptions,
     }

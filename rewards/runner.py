@@ -203,11 +203,16 @@ class RewardRunner:
         responses: Sequence[str],
         group: Sequence[int],
         text: TextFactsSpec | None = None,
+        facts_texts: Sequence[str] | None = None,
     ) -> ScoredBatch:
         """Rewards of ``responses`` (one per response; ``problems[i]`` / ``prompts[i]`` its problem).
         With ``text``, also each response's text facts (``ScoredBatch.facts``), found in the text
-        pool's processes while the reward runs."""
-        pending = self.start_text_facts(text).submit(responses, text) if text is not None else None
+        pool's processes while the reward runs, in ``facts_texts`` (one per response: in a tool run
+        the policy's own text, without the tool's outputs) or else in ``responses``."""
+        if facts_texts is not None and len(facts_texts) != len(responses):
+            raise ValueError(f"score: {len(facts_texts)} texts for the facts of {len(responses)} responses")
+        read = responses if facts_texts is None else facts_texts
+        pending = self.start_text_facts(text).submit(read, text) if text is not None else None
         try:
             batch = self._score(problems, prompts, responses, group)
         finally:  # collected even when the reward fails: the workers' answers must not stay in their sockets

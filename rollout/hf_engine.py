@@ -31,8 +31,42 @@ class _StopWhen:
         return done
 
 
+class _CountTokens:
+    """A ``StoppingCriteria`` that stops nothing: after each decoding step it calls ``count(k)`` with
+    the ``k`` rows that made a token (rows already ended by a stop id not counted): the tokens/s and
+    ETA of a long generation (``progress.tokens``, ``evals.generation.GenerationMeter``)."""
+
+    def __init__(self, count: Callable[[int], None], stop: list[int]):
+        self.count, self.stop = count, torch.tensor(sorted(set(stop)) or [-1])
+        self.ended: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        last = input_ids[:, -1].cpu()
+        ended = self.ended if self.ended is not None else torch.zeros(last.shape[0], dtype=torch.bool)
+        self.count(int((~ended).sum()))
+        self.ended = ended | torch.isin(last, self.stop)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+def _shared_prefill(model, ids: torch.Tensor, mask: torch.Tensor, n: int):
+    """The KV cache of each prompt's tokens but its last, computed once per prompt and repeated ``n``
+    times in place (``[B, T]`` -> a cache of ``B * n`` rows, ``T - 1`` positions): the ``n`` responses of
+    a prompt share one prefill instead of recomputing it ``n`` times. Positions follow the attention
+    mask, as ``generate`` computes them for left-padded rows, so the cache equals the one ``generate``
+    would build for the repeated rows."""
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], use_cache=True, logits_to_keep=1
+    )
+    cache = out.past_key_values
+    if n > 1:
+        cache.batch_repeat_interleave(n)
+    return cache
+
+
 class HFRollout:
-    """Sampling with ``model.generate`` (temperature, top-p, top-k), seeded per call."""
+    """Sampling with ``model.generate`` (temperature, top-p, top-k), seeded per call. With
+    ``rollout.share_prefill`` (the default) the ``n`` responses of a prompt share one prefill of it."""
 
     def __init__(self, rollout_cfg, model, tokenizer):
         self.cfg = rollout_cfg
@@ -118,7 +152,7 @@ class HFRollout:
         max_new_tokens: int | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> Rollout:
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, StoppingCriteriaList
 
         cfg, tok, model = self.cfg, self.tokenizer, self.model
         temperature = float(cfg_get(cfg, "temperature", 1.0) if temperature is None else temperature)
@@ -141,15 +175,26 @@ class HFRollout:
         was_training, side = model.training, tok.padding_side
         tok.padding_side = "left"
         model.eval()
-        expanded = [p for p in prompts for _ in range(int(n))]
+        n = int(n)
+        # share_prefill: whole groups per call (a prompt's n rows together), each prompt prefilled once
+        share = bool(cfg_get(cfg, "share_prefill", True)) and n > 1
+        per_call = max(1, batch_size // n) if share else batch_size
+        units = list(prompts) if share else [p for p in prompts for _ in range(n)]
         chunks = []
         try:
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 torch.manual_seed(int(seed))
-                for start in range(0, len(expanded), batch_size):
-                    part = expanded[start : start + batch_size]
+                for start in range(0, len(units), per_call):
+                    part = units[start : start + per_call]
                     enc = tok(part, return_tensors="pt", padding=True, add_special_tokens=special).to(device)
-                    out = model.generate(**enc, generation_config=config)
+                    count = getattr(progress, "tokens", None)  # a caller that shows tokens/s (evals/runner.py)
+                    extra = {"stopping_criteria": StoppingCriteriaList([_CountTokens(count, stop)])} if callable(count) else {}
+                    if share and enc["input_ids"].shape[1] > 1:
+                        extra["past_key_values"] = _shared_prefill(model, enc["input_ids"], enc["attention_mask"], n)
+                    if share:
+                        enc = {k: v.repeat_interleave(n, dim=0) for k, v in enc.items()}
+                        part = [p for p in part for _ in range(n)]
+                    out = model.generate(**enc, generation_config=config, **extra)
                     width = enc["input_ids"].shape[1]
                     chunks.append((enc["input_ids"].cpu(), enc["attention_mask"].cpu(), out[:, width:].cpu()))
                     if progress:

@@ -39,10 +39,13 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from ..core.gc_pause import paused_gc
+from ..core.heap import trim_heap
 from ..core.resources import ThreadBudget
 from ..core.seeds import shuffle_seed
 from ..core.tracking import read_metrics
 from ..evals.reflection import TokenPieces
+from ..evals.runner import tool_summary
 from ..evals.runner import validate as validate_benchmarks
 from ..rollout.base import Rollout
 from . import components
@@ -60,6 +63,8 @@ from .preflight import TrainingCheck, check_training
 from .run import checkpoint as ckpt
 from .run import run_dir
 from .run import samples as run_samples
+from .run.names import default_run_name
+from .run.oom import is_out_of_memory, memory_error
 from .run.overview import overview_metrics
 from .run.run_report import TrainingProgress, write_run_report
 from .run.stop_signals import RunInterrupted, StopSignals
@@ -72,7 +77,7 @@ from .stats.policy_stats import batch_token_stats, response_token_stats
 from .stats.probe import build_probe
 from .stats.reflection import reflection_entropy_metrics, reflection_settings, reflection_token_masks
 from .stats.tool_stats import loss_mask, overlong_filter, token_kind_metrics
-from .stats.update_tokens import UpdateTokenStats, entropy_quartile_edges
+from .stats.update_tokens import UpdateTokenStats, entropy_quartile_edges, stale_clip_metrics
 
 
 def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
@@ -339,6 +344,11 @@ class GRPOTrainer:
         sampler_logp = None if roll.sampling_logp is None else roll.sampling_logp.to(self.device) * mask
         if sampler_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are
             metrics.update(sampler_mismatch_metrics(old_logp, sampler_logp, mask))
+        # the stale ratio pi_prox / pi_behav against the clip range, by entropy quartile, at every k (0 where the
+        # trained model sampled the batch itself), which clip/frac (pi_theta / pi_prox) never sees (stats/update_tokens.py)
+        edges = entropy_quartile_edges(entropy, mask)
+        clip_range = {"eps_low": self.algo.eps_low, "eps_high": self.algo.eps_high}
+        metrics.update(stale_clip_metrics(old_logp, sampler_logp, entropy, mask, edges, **clip_range))
         sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
         # the controllers read this batch's entropy under the current policy, or under staleness the
         # behaviour policy's (algo.controller_entropy; the worker's, every rank's tokens)
@@ -362,10 +372,10 @@ class GRPOTrainer:
             metrics.update(token_kind_metrics(entropy, mask, roll.tools))
         metrics["groups/all_equal_frac"] = all_equal_group_share(rewards, group_ids)
         if self.reflect.token_metrics:  # entropy where reasoning turns (diagnostics.reflection.entropy)
-            at, before = reflection_token_masks(
-                roll.response_ids, roll.response_mask, self.token_pieces, self.reflect.matcher, facts=batch.facts
+            at, before, first = reflection_token_masks(  # the policy's own tokens: never a tool's output
+                roll.response_ids, roll.policy_mask, self.token_pieces, self.reflect.matcher, facts=batch.facts
             )
-            metrics.update(reflection_entropy_metrics(entropy, old_logp, mask, at, before, advantages))
+            metrics.update(reflection_entropy_metrics(entropy, old_logp, mask, at, before, advantages, first=first))
         metrics.update(self.algo.step_metrics())
         batch = batch.with_(
             mask=mask, old_logp=old_logp, entropy=entropy, sampler_logp=sampler_logp, ref_logp=ref_logp, advantages=advantages
@@ -474,9 +484,13 @@ class GRPOTrainer:
                 n=1,
                 seed=self.settings.seed,
                 temperature=self.settings.val_temperature,
+                top_p=(self.settings.val or {}).get("top_p", None),  # null: rollout.top_p
+                max_new_tokens=(self.settings.val or {}).get("max_new_tokens", None),  # null: rollout.max_new_tokens
             )
             correct = [self.source.reward(p, txt) for p, txt in zip(self.val_problems, roll.texts)]
             out["val/acc"] = float(np.mean(correct))
+            if roll.tools is not None:  # sampled through the tool driver, as training: val/tools/calls/mean, ...
+                out.update({f"val/{k}": v for k, v in tool_summary(roll.tools).items()})
             by_group = defaultdict(list)
             for p, c in zip(self.val_problems, correct):
                 by_group[self.source.group(p)].append(c)
@@ -484,7 +498,18 @@ class GRPOTrainer:
             if self.settings.val_pass_k > 0:  # pass@1 / pass@k from sampled responses
                 out.update(sampled_pass_metrics(self.rollout, self.source, self.val_problems, self.settings.val_pass_k))
         if self.settings.val_benchmarks:
-            out.update(validate_benchmarks(self.model, self.tokenizer, list(self.settings.val_benchmarks), self.settings.val))
+            # with tools on, through the same multi-turn driver and tool as training (val/<bench>/tools/...)
+            out.update(
+                validate_benchmarks(
+                    self.model,
+                    self.tokenizer,
+                    list(self.settings.val_benchmarks),
+                    self.settings.val,
+                    tools=self.settings.tools,
+                    executor=getattr(self.rollout, "executor", None),
+                    max_new_tokens=self.settings.rollout_max_new_tokens,
+                )
+            )
         return out
 
     # -- the run ----------------------------------------------------------------------------
@@ -502,7 +527,7 @@ class GRPOTrainer:
                 f"the run is already at step {self.step} (trainer.total_steps={total}): nothing to train; "
                 f"raise trainer.total_steps to continue it"
             )
-        run_name = self.cfg.tracking.get("run_name") or f"{self.cfg.algo.name}-s{t.seed}"
+        run_name = self.cfg.tracking.get("run_name") or default_run_name(self.cfg)  # what differs, in the name
         # start-up succeeded: only now the folder gets its MLflow run and config.yaml
         self.tracker.start(tracked_config(self.cfg), run_name, resume_step=resumed)
         if resumed is not None and self.dist.is_main:  # the samples of steps this run redoes
@@ -543,6 +568,12 @@ class GRPOTrainer:
             raise
         except OSError as exc:  # disk full, read-only or vanished folder: one line, resumable
             raise run_dir.storage_error(exc, self.output_dir, saved_step) from None
+        except (RuntimeError, MemoryError) as exc:  # out of memory: the knobs to turn, in one line (run/oom.py)
+            if not is_out_of_memory(exc):
+                raise
+            error = memory_error(exc, self.cfg, self.step + 1, saved_step, str(self.device))
+            exc.__traceback__ = None  # the failed step's tensors go before the summary is written
+            raise error from None
         finally:
             with stop.finishing():
                 summary = self._finish(started, status)
@@ -564,6 +595,7 @@ class GRPOTrainer:
                 "output_dir": str(self.output_dir),
                 "rank": self.dist.rank,
             }
+        trim_heap()  # what the steps freed goes back before the figures need memory (core/heap.py)
         return write_run_report(
             read_metrics(self.output_dir),
             self.cfg,
@@ -594,7 +626,8 @@ def train(cfg: DictConfig, log=print, *, checked: TrainingCheck | None = None) -
     signal stopped it."""
     checked = checked if checked is not None else check_training(cfg)
     with run_dir.run_lock(cfg):  # one writer per output_dir, held until the summary is written
-        trainer = GRPOTrainer(cfg, log=log, algo=checked.algo, run_mode=checked.run_mode)
+        with paused_gc():  # set-up (the model classes' imports, the model): no cycle collection meanwhile
+            trainer = GRPOTrainer(cfg, log=log, algo=checked.algo, run_mode=checked.run_mode)
         try:
             return trainer.fit()
         finally:

@@ -342,6 +342,8 @@ def test_every_engine_key_is_read(engine):
 
 #: the hf engine's keys whose effect is on the samples, with a value that must change them
 HF_SAMPLING = {"temperature": 1.0, "top_p": 0.3, "top_k": 1, "max_new_tokens": 2, "batch_size": 1}
+#: the hf engine's speed keys, with a value that must leave the samples as they are (the same samples, faster)
+HF_SPEED = {"share_prefill": False}
 
 
 def test_hf_sampling_keys_change_the_samples():
@@ -355,7 +357,7 @@ def test_hf_sampling_keys_change_the_samples():
     from entropyrl.rollout.base import build_rollout
 
     keys = set(yaml.safe_load((CONF_DIR / "rollout" / "hf.yaml").read_text()))
-    assert keys == set(HF_SAMPLING) | (keys & set(ENGINE_KEYS_READ_BY_THE_LOOP)), sorted(keys)
+    assert keys == set(HF_SAMPLING) | set(HF_SPEED) | (keys & set(ENGINE_KEYS_READ_BY_THE_LOOP)), sorted(keys)
     from entropyrl.conf import compose
 
     cfg = compose("train", ["tracking.enabled=false"])
@@ -373,6 +375,9 @@ def test_hf_sampling_keys_change_the_samples():
     for key, value in HF_SAMPLING.items():
         assert base[key] != value, key
         assert sample({**base, key: value}) != ref, f"rollout.{key}={value} changed nothing"
+    for key, value in HF_SPEED.items():
+        assert base[key] != value, key
+        assert sample({**base, key: value}) == ref, f"rollout.{key}={value} changed the samples"
 
 
 @pytest.mark.parametrize("agg", sorted(core_algos.LOSS_AGGREGATIONS))

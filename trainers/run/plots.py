@@ -1,16 +1,26 @@
-"""Training-curve figures (matplotlib, headless)."""
+"""Training-curve figures (matplotlib, headless).
+
+matplotlib loads on the first figure (``_pyplot``), not with this module: the trainer imports this
+module at start-up but draws only when the run ends, so a run's launch and first step do not wait
+for matplotlib's import."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
 from ...core.files import atomic_path
 from .regime import PARTS, PARTS_1ST
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+
+def _pyplot():
+    """``matplotlib.pyplot`` on the headless Agg backend, imported on first use."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
 
 PANELS = [("entropy", "policy entropy (nats/token)"), ("reward/mean", "reward"), ("acc/mean", "accuracy")]
 
@@ -50,7 +60,7 @@ def plot_training_curves(
     (STARE's ``h_tgt``, adaptive entropy's ``target``), shading on every panel where the ``gate_key``
     metric was on (STARE's gate open), and a dotted vertical line at ``collapse_step`` (the summary's
     ``collapse`` flag). Each appears only when given or logged, so a plain GRPO run draws the three curves."""
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.2))
+    fig, axes = _pyplot().subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.2))
     spans = gate_spans(rows, gate_key)
     for ax, (key, label) in zip(axes, PANELS):
         pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
@@ -91,7 +101,7 @@ def plot_quadrants(rows: list[dict], path: Path, title: str = "") -> Path | None
     balance reads at a glance (``trainers/stats/diagnostics.py`` numbers them); None when the run logged none."""
     if not any(r.get("quadrant/q1/share") is not None for r in rows):
         return None
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = _pyplot().subplots(figsize=(6.4, 3.6))
     _lines(ax, rows, [(f"quadrant/{q}/share", label, "-") for q, label in QUADRANTS])
     ax.set_xlabel("step")
     ax.set_ylabel("share of valid tokens")
@@ -120,7 +130,7 @@ def plot_reflection(rows: list[dict], path: Path, title: str = "") -> Path | Non
     ``reflection/*`` metric (an empty word list)."""
     if not any(r.get("reflection/density") is not None for r in rows):
         return None
-    fig, axes = plt.subplots(1, 3, figsize=(12.6, 3.2))
+    fig, axes = _pyplot().subplots(1, 3, figsize=(12.6, 3.2))
     ax = axes[0]
     _lines(ax, rows, [("reflection/density", "per 1k tokens", "-")])
     ax.set_ylabel("reflection words per 1k tokens")
@@ -144,7 +154,8 @@ def plot_reflection(rows: list[dict], path: Path, title: str = "") -> Path | Non
         rows,
         [
             ("reflection/entropy_all", "all tokens", "-"),
-            ("reflection/entropy_at", "reflection tokens", "o-"),
+            ("reflection/entropy_first", "first token of a word", "^-"),
+            ("reflection/entropy_at", "all tokens of a word", "o-"),
             ("reflection/entropy_before", "just before", "s-"),
         ],
     )
@@ -183,7 +194,7 @@ def plot_tool_use(rows: list[dict], path: Path, title: str = "") -> Path | None:
     the run logged no ``tools/*`` metric (tools off)."""
     if not any(r.get("tools/calls/mean") is not None for r in rows):
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(10.8, 3.4))
+    fig, axes = _pyplot().subplots(1, 2, figsize=(10.8, 3.4))
     if _lines(axes[0], rows, TOOL_ENTROPY):
         axes[0].set_yscale("log")
         axes[0].legend(fontsize=7)
@@ -207,7 +218,7 @@ def save_figure(fig, path: Path) -> Path:
         with atomic_path(path) as tmp:
             fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png")
     finally:
-        plt.close(fig)
+        _pyplot().close(fig)
     return path
 
 
@@ -222,7 +233,7 @@ def plot_attribution(rows: list[dict], path: Path, title: str = "") -> Path | No
     parts = sorted({k for r in measured for k in r if k.startswith(PARTS)})
     steps = [r["step"] for r in measured]
     width = 0.8 * (min(b - a for a, b in zip(steps, steps[1:])) if len(steps) > 1 else 1)
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig, ax = _pyplot().subplots(figsize=(7.5, 3.6))
     up, down = [0.0] * len(measured), [0.0] * len(measured)
     for key in parts:
         vals = [float(r.get(key, 0.0)) for r in measured]
