@@ -40,6 +40,15 @@ shutdown: ``close`` stops the worker; the worker ignores SIGINT and SIGTERM (a C
 scheduler's signal to the process group reaches the trainer, which stops at a step boundary as
 usual) and exits when its parent is gone.
 
+No wait between the two processes can outlive the other one, wherever it dies: nothing they share
+needs the other side to finish what it started. The stop flag and the version counters are shared
+numbers without a lock (a ``multiprocessing.Event`` is not: its ``set`` waits for every process
+sleeping in ``wait`` to wake, which a process killed at the staleness gate never does); the weights'
+lock is taken in short polls that look at the other process (``_acquire``), with a bound; the
+trainer closes its copy of the queue's write end once the worker has its own, so a batch cut short
+by the worker's death reads as the end of the pipe instead of blocking; the batch wait polls the
+worker's liveness; ``close`` is bounded (the worker is killed after 10 s).
+
 Checkpoints and resume: at every checkpoint the trainer takes from its worker the batches of the
 next ``k`` steps (``drain``: they exist or are being generated, from weights the checkpoint's
 step already covers, so the worker finishes them without a new version) into its own buffer,
@@ -76,7 +85,9 @@ __all__ = [
     "AsyncRollouts",
     "record_mismatch",
     "StaleBatch",
+    "StopFlag",
     "WeightChannel",
+    "exit_cause",
     "too_stale",
     "async_step_metrics",
     "check_async",
@@ -90,6 +101,46 @@ __all__ = [
 ]
 
 _POLL_S = 0.5  # how often a blocked side looks at the stop flag and at the other process
+# the longest either side waits for the weights' lock while the other is alive (the holder copies
+# the weights, seconds even for a large model): past it the run ends instead of hanging
+_LOCK_BOUND_S = 600.0
+
+
+class StopFlag:
+    """The trainer's request that the worker stop: one shared byte, set once, read without a lock.
+    Not a ``multiprocessing.Event``, whose ``set`` waits for every process sleeping in ``wait`` to
+    wake: a worker killed while it waits at the staleness gate never does, and the trainer's
+    shutdown would block for ever."""
+
+    def __init__(self, ctx):
+        self._flag = ctx.Value("b", 0, lock=False)
+
+    def set(self) -> None:
+        self._flag.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self._flag.value)
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep ``timeout`` seconds unless the flag is already set; returns whether it is set."""
+        if not self.is_set():
+            time.sleep(timeout)
+        return self.is_set()
+
+
+def _acquire(lock, alive, bound_s: float = _LOCK_BOUND_S) -> bool:
+    """Take ``lock`` (shared with one other process), looking every ``_POLL_S`` at whether that
+    process is still ``alive()``: False, not taken, when it is gone (it may have died holding the
+    lock, which then is never released) or after ``bound_s`` seconds."""
+    deadline = time.monotonic() + bound_s
+    while not lock.acquire(timeout=_POLL_S):
+        if not alive() or time.monotonic() > deadline:
+            return False
+    return True
+
+
+def _always() -> bool:
+    return True
 
 
 @dataclass
@@ -123,23 +174,37 @@ class WeightChannel:
 
     def __init__(self, state: dict[str, torch.Tensor], version: int, ctx):
         self.tensors = {k: v.detach().to("cpu", copy=True).share_memory_() for k, v in state.items()}
-        self.version = ctx.Value("q", int(version))
-        self.loaded = ctx.Value("q", -1)
-        self.lock = ctx.Lock()
+        # one writer each (the trainer's version, the worker's loaded): no lock, which a process
+        # killed while holding it would keep for ever
+        self.version = ctx.Value("q", int(version), lock=False)
+        self.loaded = ctx.Value("q", -1, lock=False)
+        self.lock = ctx.Lock()  # the tensors: never read while half copied
 
-    def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """Copy ``state`` in and set the version (the trainer, after a training step)."""
-        with self.lock:
+    def publish(self, state: dict[str, torch.Tensor], version: int, alive=_always) -> bool:
+        """Copy ``state`` in and set the version (the trainer, after a training step). False,
+        nothing published, when the lock could not be taken: the worker is gone (``alive()``
+        false) or held it past the bound."""
+        if not _acquire(self.lock, alive):
+            return False
+        try:
             for key, shared in self.tensors.items():
                 shared.copy_(state[key].detach())
             self.version.value = int(version)
+        finally:
+            self.lock.release()
+        return True
 
-    def load_into(self, model: torch.nn.Module) -> int:
-        """Copy the published weights into ``model`` (the worker); returns their version."""
-        with self.lock:
+    def load_into(self, model: torch.nn.Module, alive=_always) -> int | None:
+        """Copy the published weights into ``model`` (the worker); returns their version, None when
+        the lock could not be taken (the trainer, ``alive()``, is gone or held it past the bound)."""
+        if not _acquire(self.lock, alive):
+            return None
+        try:
             model.load_state_dict(self.tensors)
             self.loaded.value = int(self.version.value)
             return int(self.version.value)
+        finally:
+            self.lock.release()
 
 
 def too_stale(batch_version: int, trainer_version: int, staleness: int) -> bool:
@@ -153,6 +218,7 @@ def rollout_worker(cfg_yaml: str, weights: WeightChannel, out, stop, first_step:
     for sig in (signal.SIGINT, signal.SIGTERM):  # a Ctrl-C or a scheduler's SIGTERM to the process group
         signal.signal(sig, signal.SIG_IGN)  # is the trainer's to handle (a step boundary); it stops us
     parent = os.getppid()
+    parent_alive = lambda: os.getppid() == parent  # noqa: E731  (re-parented: the trainer is gone)
     step, engine = first_step, None
     try:
         cfg = OmegaConf.create(cfg_yaml)
@@ -176,10 +242,12 @@ def rollout_worker(cfg_yaml: str, weights: WeightChannel, out, stop, first_step:
         while not stop.is_set():
             waited = time.perf_counter()
             while weights.version.value < step - staleness:  # the staleness gate
-                if stop.wait(0.002) or os.getppid() != parent:
+                if stop.wait(0.002) or not parent_alive():
                     return
             if weights.version.value != loaded:
-                loaded = weights.load_into(model)
+                loaded = weights.load_into(model, alive=parent_alive)
+                if loaded is None:
+                    raise RuntimeError(f"could not take the weights' lock in {_LOCK_BOUND_S:.0f} s")
                 engine.sync_weights()  # an engine holding its own copy (vLLM) gets them too
             idle += time.perf_counter() - waited
             batch, metrics = collect_rollouts(
@@ -212,7 +280,7 @@ def rollout_worker(cfg_yaml: str, weights: WeightChannel, out, stop, first_step:
                     out.put(item, timeout=_POLL_S)
                     break
                 except queue_errors.Full:
-                    if stop.is_set() or os.getppid() != parent:
+                    if stop.is_set() or not parent_alive():
                         return
             idle = time.perf_counter() - ready
             step += 1
@@ -260,7 +328,7 @@ class AsyncRollouts:
             port = distributed.broadcast_value(_free_port() if self.dist.is_main else 0, self.dist)
             env.update(worker_group_env(self.dist, port))
         self.queue = self.ctx.Queue(maxsize=self.staleness)
-        self.stop = self.ctx.Event()
+        self.stop = StopFlag(self.ctx)
         self.process = self.ctx.Process(
             target=self.worker,
             args=(self.cfg_yaml, self.weights, self.queue, self.stop, int(first_step), self.staleness),
@@ -271,6 +339,11 @@ class AsyncRollouts:
         )
         with _environment(env):
             self.process.start()  # a spawned process takes the environment of the moment it starts
+        # the worker holds its own write end now; with ours open, a batch cut short by the worker's
+        # death would block the trainer's read for ever instead of ending at the end of the pipe
+        writer = getattr(self.queue, "_writer", None)
+        if writer is not None:
+            writer.close()
         if self.pending:  # the stopped run's worker held this version while the trainer trained them
             self._wait_until_loaded(step, first_step)
 
@@ -285,9 +358,24 @@ class AsyncRollouts:
             time.sleep(0.01)
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
-        """The weights after training step ``version`` (the worker loads them before its next batch)."""
-        if self.weights is not None:
-            self.weights.publish(distributed.full_weights(model), version)
+        """The weights after training step ``version`` (the worker loads them before its next batch).
+        When the worker is gone (it may have died holding the weights' lock) or holds the lock past
+        the bound, nothing is published and the error is kept for the next step's batch, so the step
+        just trained is still logged and saved."""
+        if self.weights is None:
+            return
+        alive = self.process.is_alive if self.process is not None else _always
+        if self.weights.publish(distributed.full_weights(model), version, alive=alive):
+            return
+        when = f"while the trainer published the weights of step {version}"
+        if self.process is not None and not self.process.is_alive():
+            self.failure = self.failure or self._worker_gone(version, when)
+            return
+        self.failure = self.failure or UserError(
+            f"the rollout worker (pid {self.process.pid}) held the shared weights for more than {_LOCK_BOUND_S:.0f} s "
+            f"{when}; the metrics and checkpoints written so far are kept: run the same command again to resume, "
+            f"or set trainer.staleness=0"
+        )
 
     def next_batch(self, model: torch.nn.Module, step: int) -> tuple[StepBatch | None, dict]:
         """Step ``step``'s batch (``collect_rollouts``' pair) with the ``async/*`` metrics of its
@@ -426,11 +514,12 @@ class AsyncRollouts:
                 )
             return item
 
-    def _worker_gone(self, step: int) -> UserError:
+    def _worker_gone(self, step: int, when: str | None = None) -> UserError:
+        when = when or f"before sending step {step + 1}'s batch"
         return UserError(
-            f"the rollout worker (pid {self.process.pid}) exited with code {self.process.exitcode} before sending "
-            f"step {step + 1}'s batch (killed, or out of memory?); the checkpoints written so far are kept: run the "
-            f"same command again to resume, or set trainer.staleness=0"
+            f"the rollout worker (pid {self.process.pid}) exited with code {self.process.exitcode} {when} "
+            f"({exit_cause(self.process.exitcode)}); the metrics and checkpoints written so far are kept: run "
+            f"the same command again to resume, or set trainer.staleness=0"
         )
 
     def close(self) -> None:
@@ -451,6 +540,18 @@ class AsyncRollouts:
         self.process.join(timeout=5.0)
         self.queue.cancel_join_thread()
         self.process = None
+
+
+def exit_cause(exitcode: int | None) -> str:
+    """What a worker's exit code says: the signal that killed it (negative codes), else a guess."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        why = "killed, or out of memory?" if -exitcode == signal.SIGKILL else "killed"
+        return f"{name}: {why}"
+    return "killed, or out of memory?"
 
 
 def record_mismatch(record: dict, step: int, staleness: int, world_size: int) -> str | None:
