@@ -28,13 +28,13 @@ from ...conf import compose, to_plain  # noqa: E402
 from ...trainers.run.regime import entropy_flags  # noqa: E402
 from ..ablation import variants_of  # noqa: E402
 from ..jobs import read_job_state  # noqa: E402
-from ..state import DONE, FAILED  # noqa: E402
+from ..state import DONE  # noqa: E402
 from .claims import GATE_KEY, acted_share, entropy_ends, final_value, finite_values  # noqa: E402
 from .explain import explain_claims  # noqa: E402
 from .null_controls import declare_nulls  # noqa: E402
 from .real_model_claims import CLAIM_VARIANTS, accuracy_table, real_model_claims, text_table  # noqa: E402
-from .report import _save_small, write_lab_outputs  # noqa: E402
-from .sweep_step import _job_times, collect_lab_runs  # noqa: E402
+from .report import save_small, write_study_report  # noqa: E402
+from .sweep_step import collect_lab_runs  # noqa: E402
 
 __all__ = ["real_model_report_step", "plot_runs", "run_table", "gate_spans", "CURVES_FIGURE", "ABLATION"]
 
@@ -101,7 +101,7 @@ def plot_runs(
         ax.set_ylabel("entropy (nats/token)")
     fig.suptitle("entropy per run: one line per seed, x = collapse flag, shaded = STARE's gate open", fontsize=10)
     fig.tight_layout()
-    _save_small(fig, Path(path))
+    save_small(fig, Path(path))
     plt.close(fig)
     return Path(path)
 
@@ -248,32 +248,19 @@ def real_model_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Ca
     out = Path(sweep_dir)
     out.mkdir(parents=True, exist_ok=True)
     figure = plot_runs(runs, out / CURVES_FIGURE, h_tgt, algo_cfgs)
-    failed = [st.key for st in statuses if st.state == FAILED]
-    command = sweep.get("command") or " ".join(["entropyrl sweep", f"ablation={ABLATION}", *every_job])
-    wall_seconds, job_seconds = _job_times(statuses)
-    paths = write_lab_outputs(
+    return write_study_report(
         out,
         runs,
         claims,
+        name="real-model",
+        sweep=sweep,
+        statuses=statuses,
+        ablation=ABLATION,
         algo_cfgs=algo_cfgs,
-        quadrants=None,
         pass_key=pass_key,
-        command=command,
-        wall_seconds=wall_seconds,
-        job_seconds=job_seconds,
-        failed=failed,
         title="entropyrl lab report: the real model (SmolLM2-135M-Instruct)",
         sections=_sections(claims, table, acc, text, h_tgt, pass_key, figure is not None),
         extra={"runs": table, "accuracy": acc, "text": text, "h_tgt": h_tgt},
+        figures={"entropy_runs": figure},
+        log=log,
     )
-    if figure is not None:
-        paths["entropy_runs"] = figure
-    log(
-        f"real-model report: {paths['report.md']} ({sum(c['reproduced'] is True for c in claims)} of "
-        f"{sum(c['reproduced'] is not None for c in claims)} claims run reproduced)"
-    )
-    return {
-        "paths": paths,
-        "claims": claims,
-        "metrics": {f"claims/{c['id']}": float(c["reproduced"]) for c in claims if c["reproduced"] is not None},
-    }

@@ -19,10 +19,21 @@ import numpy as np  # noqa: E402
 
 from ...trainers.run.regime import entropy_flags, findings_cell, prediction_fit, regime_warnings  # noqa: E402
 from ..aggregate import seed_band  # noqa: E402
+from ..jobs import read_job_state  # noqa: E402
+from ..state import FAILED  # noqa: E402
 from .claims import GATE_KEY, THEORY, acted_share, entropy_ends, final_value  # noqa: E402
 from .explain import variant_attribution  # noqa: E402
 
-__all__ = ["plot_band", "variant_table", "claim_status", "quadrant_comparison", "write_lab_outputs"]
+__all__ = [
+    "plot_band",
+    "variant_table",
+    "claim_status",
+    "quadrant_comparison",
+    "write_lab_outputs",
+    "write_study_report",
+    "job_times",
+    "save_small",
+]
 
 
 def plot_band(
@@ -50,12 +61,12 @@ def plot_band(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    _save_small(fig, Path(path))
+    save_small(fig, Path(path))
     plt.close(fig)
     return Path(path)
 
 
-def _save_small(fig, path: Path) -> None:
+def save_small(fig, path: Path) -> None:
     """Save ``fig`` as a 64-colour palette PNG: the docs embed these, and a full-colour PNG of
     nine translucent bands is ~4x larger for no visible difference."""
     from io import BytesIO
@@ -329,3 +340,67 @@ def write_lab_outputs(
     (out / "report.md").write_text("\n".join(lines))
     paths["report.md"] = out / "report.md"
     return paths
+
+
+def job_times(statuses: list) -> tuple[float, float]:
+    """``(wall, job)`` seconds from the jobs' ``job.json``: wall from the first job's start to the last
+    one's end (a sweep resumed later includes the time between its sessions), job the finished jobs'
+    own start-to-end times summed (the work itself; jobs that ran side by side overlap)."""
+    states = [read_job_state(Path(st.output_dir)) for st in statuses]
+    starts = [s["started"] for s in states if s.get("started")]
+    ends = [s["ended"] for s in states if s.get("ended")]
+    wall = max(ends) - min(starts) if starts and ends else 0.0
+    job = float(sum(s["ended"] - s["started"] for s in states if s.get("started") and s.get("ended")))
+    return wall, job
+
+
+def write_study_report(
+    out: Path,
+    runs: dict,
+    claims: list[dict],
+    *,
+    name: str,
+    sweep: dict,
+    statuses: list,
+    ablation: str,
+    algo_cfgs: dict,
+    pass_key: str,
+    quadrants: dict | None = None,
+    title: str = "entropyrl lab report",
+    sections: list[str] | None = None,
+    extra: dict | None = None,
+    figures: dict[str, Path | None] | None = None,
+    log=print,
+) -> dict:
+    """The part every study's report step shares: the sweep's command, its failed jobs and times,
+    ``write_lab_outputs`` with the study's own ``sections`` and ``extra``, the study's ``figures``
+    (name -> path, None when not drawn) among the paths, and one line saying where; returns the
+    report step's answer ``{"paths", "claims", "metrics": {"claims/<id>": 1.0 | 0.0}}``."""
+    every_job = list(sweep.get("train_overrides") or [])
+    command = sweep.get("command") or " ".join(["entropyrl sweep", f"ablation={ablation}", *every_job])
+    wall_seconds, job_seconds = job_times(statuses)
+    paths = write_lab_outputs(
+        Path(out),
+        runs,
+        claims,
+        algo_cfgs=algo_cfgs,
+        quadrants=quadrants,
+        pass_key=pass_key,
+        command=command,
+        wall_seconds=wall_seconds,
+        job_seconds=job_seconds,
+        failed=[st.key for st in statuses if st.state == FAILED],
+        title=title,
+        sections=sections,
+        extra=extra,
+    )
+    paths.update({k: v for k, v in (figures or {}).items() if v is not None})
+    log(
+        f"{name} report: {paths['report.md']} ({sum(c['reproduced'] is True for c in claims)} of "
+        f"{sum(c['reproduced'] is not None for c in claims)} claims run reproduced)"
+    )
+    return {
+        "paths": paths,
+        "claims": claims,
+        "metrics": {f"claims/{c['id']}": float(c["reproduced"]) for c in claims if c["reproduced"] is not None},
+    }

@@ -28,10 +28,9 @@ import numpy as np  # noqa: E402
 
 from ...conf import compose  # noqa: E402
 from ..aggregate import seed_band  # noqa: E402
-from ..state import FAILED  # noqa: E402
 from .explain import explain_claims  # noqa: E402
 from .null_controls import declare_nulls  # noqa: E402
-from .report import _save_small, write_lab_outputs  # noqa: E402
+from .report import save_small, write_study_report  # noqa: E402
 from .staleness_claims import (  # noqa: E402
     CLAIM_VARIANTS,
     STALE_QUARTER_KEYS,
@@ -40,7 +39,7 @@ from .staleness_claims import (  # noqa: E402
     staleness_table,
     step_mean,
 )
-from .sweep_step import _job_times, collect_lab_runs  # noqa: E402
+from .sweep_step import collect_lab_runs  # noqa: E402
 
 __all__ = [
     "lab_staleness_report_step",
@@ -122,7 +121,7 @@ def plot_entropy_groups(runs: dict[str, dict[int, list[dict]]], path: Path, h_tg
         ax.set_ylabel("entropy (nats/token)")
     fig.suptitle("entropy under staleness: mean over seeds, band = min-max", fontsize=10)
     fig.tight_layout()
-    _save_small(fig, Path(path))
+    save_small(fig, Path(path))
     plt.close(fig)
     return Path(path)
 
@@ -184,7 +183,7 @@ def plot_clip_quarters(runs: dict[str, dict[int, list[dict]]], path: Path) -> Pa
         fontsize=9,
     )
     fig.tight_layout()
-    _save_small(fig, Path(path))
+    save_small(fig, Path(path))
     plt.close(fig)
     return Path(path)
 
@@ -299,20 +298,16 @@ def lab_staleness_report_step(sweep_dir: Path, sweep: dict, statuses: list, log:
     out.mkdir(parents=True, exist_ok=True)
     entropy_fig = plot_entropy_groups(runs, out / ENTROPY_FIGURE, h_tgt)
     clip_fig = plot_clip_quarters(runs, out / CLIP_FIGURE)
-    failed = [st.key for st in statuses if st.state == FAILED]
-    command = sweep.get("command") or " ".join(["entropyrl sweep", "ablation=staleness", *every_job])
-    wall_seconds, job_seconds = _job_times(statuses)
-    paths = write_lab_outputs(
+    return write_study_report(
         out,
         runs,
         claims,
+        name="lab staleness",
+        sweep=sweep,
+        statuses=statuses,
+        ablation="staleness",
         algo_cfgs=algo_cfgs,
-        quadrants=None,
         pass_key=pass_key,
-        command=command,
-        wall_seconds=wall_seconds,
-        job_seconds=job_seconds,
-        failed=failed,
         title="entropyrl lab report: staleness",
         sections=[*_figures_md(entropy_fig is not None, clip_fig is not None), *_table_md(table, h_tgt, pass_key)],
         extra={
@@ -320,17 +315,6 @@ def lab_staleness_report_step(sweep_dir: Path, sweep: dict, statuses: list, log:
             "h_tgt": h_tgt,
             "entropy_panels": [{"title": t, "variants": [v for v, _ in lines]} for t, lines in entropy_groups(list(runs))],
         },
+        figures={"staleness_entropy": entropy_fig, "staleness_clip_quarters": clip_fig},
+        log=log,
     )
-    if entropy_fig is not None:
-        paths["staleness_entropy"] = entropy_fig
-    if clip_fig is not None:
-        paths["staleness_clip_quarters"] = clip_fig
-    log(
-        f"lab staleness report: {paths['report.md']} ({sum(c['reproduced'] is True for c in claims)} of "
-        f"{sum(c['reproduced'] is not None for c in claims)} claims run reproduced)"
-    )
-    return {
-        "paths": paths,
-        "claims": claims,
-        "metrics": {f"claims/{c['id']}": float(c["reproduced"]) for c in claims if c["reproduced"] is not None},
-    }

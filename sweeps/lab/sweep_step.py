@@ -18,14 +18,14 @@ from omegaconf import OmegaConf
 
 from ...conf import compose, to_plain
 from ..aggregate import load_rows
-from ..jobs import TRAIN_KIND, job_kind, read_job_state
-from ..state import DONE, FAILED
+from ..jobs import TRAIN_KIND, job_kind
+from ..state import DONE
 from .claims import compute_claims
 from .explain import explain_claims
 from .method_claims import method_claims
 from .null_controls import declare_nulls
 from .quadrant_probe import RESULT_FILE
-from .report import write_lab_outputs
+from .report import write_study_report
 
 __all__ = ["lab_report_step", "collect_lab_runs"]
 
@@ -58,18 +58,6 @@ def collect_lab_runs(sweep: dict, statuses: list) -> tuple[dict, dict, dict]:
     return runs, quadrants, configs
 
 
-def _job_times(statuses: list) -> tuple[float, float]:
-    """``(wall, job)`` seconds from the jobs' ``job.json``: wall from the first job's start to the last
-    one's end (a sweep resumed later includes the time between its sessions), job the finished jobs'
-    own start-to-end times summed (the work itself; jobs that ran side by side overlap)."""
-    states = [read_job_state(Path(st.output_dir)) for st in statuses]
-    starts = [s["started"] for s in states if s.get("started")]
-    ends = [s["ended"] for s in states if s.get("ended")]
-    wall = max(ends) - min(starts) if starts and ends else 0.0
-    job = float(sum(s["ended"] - s["started"] for s in states if s.get("started") and s.get("ended")))
-    return wall, job
-
-
 def lab_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[[str], None] = print) -> dict:
     """The lab's claims, ``lab.json``, ``report.md`` and figures in ``sweep_dir``; returns
     ``{"paths": {name: path}, "metrics": {"claims/<id>": 1.0 | 0.0}}``."""
@@ -84,29 +72,16 @@ def lab_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[
     claims += method_claims(runs, algo_cfgs)  # the newer methods, where their runs are present
     claims = explain_claims(claims, runs)  # why entropy moved, from the runs' attribution
     claims = declare_nulls(claims)  # each claim's null control, in words (null_controls.py)
-    failed = [st.key for st in statuses if st.state == FAILED]
-    command = sweep.get("command") or " ".join(
-        ["entropyrl sweep", f"ablation={sweep.get('ablation', {}).get('name')}", *every_job]
-    )
-    wall_seconds, job_seconds = _job_times(statuses)
-    paths = write_lab_outputs(
+    return write_study_report(
         Path(sweep_dir),
         runs,
         claims,
+        name="lab",
+        sweep=sweep,
+        statuses=statuses,
+        ablation=str(sweep.get("ablation", {}).get("name")),
         algo_cfgs=algo_cfgs,
-        quadrants=quadrants,
         pass_key=pass_key,
-        command=command,
-        wall_seconds=wall_seconds,
-        job_seconds=job_seconds,
-        failed=failed,
+        quadrants=quadrants,
+        log=log,
     )
-    log(
-        f"lab report: {paths['report.md']} ({sum(c['reproduced'] is True for c in claims)} of "
-        f"{sum(c['reproduced'] is not None for c in claims)} claims run reproduced)"
-    )
-    return {
-        "paths": paths,
-        "claims": claims,
-        "metrics": {f"claims/{c['id']}": float(c["reproduced"]) for c in claims if c["reproduced"] is not None},
-    }

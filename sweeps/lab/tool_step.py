@@ -21,10 +21,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ...conf import compose, to_plain  # noqa: E402
 from ..aggregate import seed_band  # noqa: E402
-from ..state import FAILED  # noqa: E402
 from .null_controls import declare_nulls  # noqa: E402
-from .report import _save_small, write_lab_outputs  # noqa: E402
-from .sweep_step import _job_times, collect_lab_runs  # noqa: E402
+from .report import save_small, write_study_report  # noqa: E402
+from .sweep_step import collect_lab_runs  # noqa: E402
 from .tool_claims import KIND_KEYS, TURN_KEYS, kind_table, tool_claims  # noqa: E402
 
 __all__ = ["lab_tools_report_step", "plot_kinds", "KIND_FIGURE"]
@@ -79,7 +78,7 @@ def plot_kinds(runs: dict[str, dict[int, list[dict]]], path: Path) -> Path | Non
         ax.set_ylabel("entropy (nats/token, log)")
     fig.suptitle("entropy by token kind and turn: mean over seeds, band = min-max", fontsize=10)
     fig.tight_layout()
-    _save_small(fig, Path(path))
+    save_small(fig, Path(path))
     plt.close(fig)
     return Path(path)
 
@@ -117,35 +116,21 @@ def lab_tools_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Cal
     pass_key = f"val/pass_at_{int(any_cfg['val']['pass_k'])}"
     claims = declare_nulls(tool_claims(runs, h_tgt=h_tgt, algo_cfgs=algo_cfgs))  # with each one's null control
     table = kind_table(runs)
-    out = Path(sweep_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    figure = plot_kinds(runs, out / KIND_FIGURE)
-    failed = [st.key for st in statuses if st.state == FAILED]
-    command = sweep.get("command") or " ".join(["entropyrl sweep", "ablation=lab_tools", *every_job])
-    wall_seconds, job_seconds = _job_times(statuses)
-    paths = write_lab_outputs(
-        out,
+    Path(sweep_dir).mkdir(parents=True, exist_ok=True)
+    figure = plot_kinds(runs, Path(sweep_dir) / KIND_FIGURE)
+    return write_study_report(
+        Path(sweep_dir),
         runs,
         claims,
+        name="lab tools",
+        sweep=sweep,
+        statuses=statuses,
+        ablation="lab_tools",
         algo_cfgs=algo_cfgs,
-        quadrants=None,
         pass_key=pass_key,
-        command=command,
-        wall_seconds=wall_seconds,
-        job_seconds=job_seconds,
-        failed=failed,
         title="entropyrl lab report: tool use",
         sections=_kinds_md(table, figure is not None),
         extra={"token_kinds": table, "h_tgt": h_tgt},
+        figures={"entropy_kind": figure},
+        log=log,
     )
-    if figure is not None:
-        paths["entropy_kind"] = figure
-    log(
-        f"lab tools report: {paths['report.md']} ({sum(c['reproduced'] is True for c in claims)} of "
-        f"{sum(c['reproduced'] is not None for c in claims)} claims run reproduced)"
-    )
-    return {
-        "paths": paths,
-        "claims": claims,
-        "metrics": {f"claims/{c['id']}": float(c["reproduced"]) for c in claims if c["reproduced"] is not None},
-    }

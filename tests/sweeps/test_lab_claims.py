@@ -318,7 +318,7 @@ def test_the_report_tells_a_resumed_sweeps_pause_from_its_job_time(tmp_path):
     from types import SimpleNamespace
 
     from entropyrl.sweeps.jobs import write_job_state
-    from entropyrl.sweeps.lab.sweep_step import _job_times
+    from entropyrl.sweeps.lab.report import job_times
 
     statuses = []
     for i, (start, end) in enumerate([(0.0, 3600.0), (86400.0, 90000.0)]):
@@ -326,7 +326,7 @@ def test_the_report_tells_a_resumed_sweeps_pause_from_its_job_time(tmp_path):
         write_job_state(out, {"started": 1.7e9 + start, "ended": 1.7e9 + end})
         statuses.append(SimpleNamespace(output_dir=str(out)))
     statuses.append(SimpleNamespace(output_dir=str(tmp_path / "runs" / "never_started")))
-    wall_seconds, job_seconds = _job_times(statuses)
+    wall_seconds, job_seconds = job_times(statuses)
     assert wall_seconds == pytest.approx(90000.0)
     assert job_seconds == pytest.approx(7200.0)
     runs, _ = synthetic_runs(seeds=(0,))
