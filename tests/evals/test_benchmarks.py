@@ -270,7 +270,13 @@ def test_hf_engine_samples_for_eval_shapes_seeds_and_rng(tiny_random):
     assert sample_texts(engine, prompts, n=2, temperature=0.0, top_p=1.0, max_new_tokens=8, seed=6) == greedy
     seen = []
     sample_texts(engine, prompts, seed=1, progress=seen.append, **kw)
-    assert seen == [4, 2]  # one call per batch of 4 sequences
+    assert seen == [3, 3]  # one call per batch: whole prompt groups (n=3) of at most 4 sequences (share_prefill)
+    plain = build_rollout(
+        {"name": "hf", "batch_size": 4, "top_k": 0, "add_special_tokens": True, "share_prefill": False}, model, tok
+    )
+    seen = []
+    sample_texts(plain, prompts, seed=1, progress=seen.append, **kw)  # other batches: other draws of the same policy
+    assert seen == [4, 2]  # without the shared prefill: batches of 4 sequences, a group split between them
     with pytest.raises(UserError, match="eval.n_samples"):
         sample_texts(engine, prompts, n=0, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0)
 

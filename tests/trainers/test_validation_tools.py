@@ -71,7 +71,15 @@ def test_the_trainers_validation_goes_through_the_tool_driver(tool_run):
         rollout=engine,
         source=source,
         val_problems=source.validation(4),
-        settings=SimpleNamespace(seed=0, val_temperature=1.0, val_pass_k=0, val_benchmarks=tuple(val.benchmarks), val=val),
+        settings=SimpleNamespace(
+            seed=0,
+            val_temperature=1.0,
+            val_pass_k=0,
+            val_benchmarks=tuple(val.benchmarks),
+            val=val,
+            tools=cfg.tools,  # StepSettings: the tools section and the rollout's cap, read once at set-up
+            rollout_max_new_tokens=int(cfg.rollout.max_new_tokens),
+        ),
     )
     out = GRPOTrainer.validate(trainer)
     assert out["val/tools/calls/mean"] > 0 and "val/acc" in out  # the task's held-out prompts, with the tool
