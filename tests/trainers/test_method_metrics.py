@@ -152,3 +152,19 @@ def test_sample_reweight_says_which_tokens_it_reweighted():
         assert out.metrics["sample_reweight/reweighted_frac"] == pytest.approx(frac), weights
         assert out.metrics["sample_reweight/pos_frac"] == pytest.approx(pos)
     assert 0.0 < pos < 1.0  # the batch has both kinds, so the two cases differ
+
+
+def test_objective_metrics_on_their_null_say_nothing_acted():
+    """The null of every objective: the policy that sampled is the one trained (ratio 1 everywhere).
+    No sequence, token or weight is clipped and SAPO's gate is fully open: a metric that read
+    otherwise here would credit the objective with an effect it did not have."""
+    from entropyrl.trainers.algos.objectives import cispo_objective, gmpo_objective
+
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    logp = torch.tensor([[-0.3, -1.2, 0.0], [-0.7, -0.1, -2.0]])
+    adv = torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]])
+    assert float(gspo_objective(logp, logp, adv, mask, eps_low=0.2, eps_high=0.2).metrics["gspo/seq_clip_frac"]) == 0.0
+    assert float(gmpo_objective(logp, logp, adv, mask, eps_low=0.4, eps_high=0.4).metrics["gmpo/clip_frac"]) == 0.0
+    c = cispo_objective(logp, logp, adv, mask, eps_low=1.0, eps_high=0.2).metrics
+    assert float(c["cispo/is_clip_frac"]) == 0.0 and float(c["cispo/is_weight_mean"]) == pytest.approx(1.0)
+    assert float(sapo_objective(logp, logp, adv, mask).metrics["sapo/gate_mean"]) == pytest.approx(1.0)
