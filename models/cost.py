@@ -379,8 +379,8 @@ def plan_figures(
     arch = architecture(cfg.model)
     prompt = int(prompt_len or cfg_get(cfg.data, "max_prompt_length", 0) or 256)
     fsdp = str(t.get("fsdp", "auto")).lower() not in ("false", "0", "no") and (ranks > 1 or t.dtype == "bfloat16")
-    cost = step_cost(
-        arch,
+    # the run's step as step_cost reads it, for the GPU plan and the CPU step time alike
+    shape = dict(
         prompts=int(t.prompts_per_step),
         n=int(cfg.rollout.n),
         prompt_len=prompt,
@@ -394,6 +394,10 @@ def plan_figures(
         chunk=int(t.token_chunk_size),
         fsdp=fsdp,
         ref_model=float(cfg.algo.get("kl_coef", 0) or 0) > 0,
+    )
+    cost = step_cost(
+        arch,
+        **shape,
         mfu=mfu,
         peak_flops=peak_tflops * 1e12,
         decode_mfu=decode_mfu,
@@ -438,19 +442,7 @@ def plan_figures(
         rates = {k: float(defaults[k] if cpu.get(k) is None else cpu[k]) for k in CPU_KEYS}
         executed = step_cost(
             arch,
-            prompts=int(t.prompts_per_step),
-            n=int(cfg.rollout.n),
-            prompt_len=prompt,
-            response_len=int(cfg.rollout.max_new_tokens),
-            ranks=ranks,
-            micro_rows=int(t.micro_batch_responses),
-            micro_tokens=t.get("micro_batch_tokens"),
-            epochs=int(t.ppo_epochs),
-            checkpointing=bool(t.gradient_checkpointing),
-            compute_bytes=2 if t.dtype == "bfloat16" else 4,
-            chunk=int(t.token_chunk_size),
-            fsdp=fsdp,
-            ref_model=float(cfg.algo.get("kl_coef", 0) or 0) > 0,
+            **shape,
             head_flops=True,
             extra_backwards=1 if bool(cfg_get(cfg_get(cfg, "diagnostics", {}), "quadrants", False)) else 0,
         )
