@@ -33,7 +33,7 @@ from .claims import GATE_KEY, acted_share, entropy_ends, final_value, finite_val
 from .explain import explain_claims  # noqa: E402
 from .null_controls import declare_nulls  # noqa: E402
 from .real_model_claims import CLAIM_VARIANTS, accuracy_table, real_model_claims, text_table  # noqa: E402
-from .report import save_small, write_study_report  # noqa: E402
+from .report import finish_panels, write_study_report  # noqa: E402
 from .sweep_step import collect_lab_runs  # noqa: E402
 
 __all__ = ["real_model_report_step", "plot_runs", "run_table", "gate_spans", "CURVES_FIGURE", "ABLATION"]
@@ -95,15 +95,14 @@ def plot_runs(
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("entropy (nats/token)")
-    fig.suptitle("entropy per run: one line per seed, x = collapse flag, shaded = STARE's gate open", fontsize=10)
-    fig.tight_layout()
-    save_small(fig, Path(path))
-    plt.close(fig)
-    return Path(path)
+    return finish_panels(
+        fig,
+        axes,
+        len(panels),
+        "entropy (nats/token)",
+        "entropy per run: one line per seed, x = collapse flag, shaded = STARE's gate open",
+        path,
+    )
 
 
 def run_table(runs: dict, statuses: list, algo_cfgs: dict, pass_key: str) -> list[dict]:

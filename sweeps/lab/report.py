@@ -33,6 +33,7 @@ __all__ = [
     "write_study_report",
     "job_times",
     "save_small",
+    "finish_panels",
 ]
 
 
@@ -60,6 +61,20 @@ def plot_band(
     ax.set_title(title or f"{ylabel}: mean over seeds, band = min-max", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    save_small(fig, Path(path))
+    plt.close(fig)
+    return Path(path)
+
+
+def finish_panels(fig, axes, used: int, ylabel: str, title: str, path: Path) -> Path:
+    """The close of a study's grid of panels: the unused panels hidden, the entropy axis labelled on
+    the first column, the title, and the figure saved small (``save_small``) and closed."""
+    for ax in list(axes.flat)[used:]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     save_small(fig, Path(path))
     plt.close(fig)

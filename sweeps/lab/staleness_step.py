@@ -30,7 +30,7 @@ from ...conf import compose  # noqa: E402
 from ..aggregate import seed_band  # noqa: E402
 from .explain import explain_claims  # noqa: E402
 from .null_controls import declare_nulls  # noqa: E402
-from .report import save_small, write_study_report  # noqa: E402
+from .report import finish_panels, save_small, write_study_report  # noqa: E402
 from .staleness_claims import (  # noqa: E402
     CLAIM_VARIANTS,
     STALE_QUARTER_KEYS,
@@ -115,15 +115,9 @@ def plot_entropy_groups(runs: dict[str, dict[int, list[dict]]], path: Path, h_tg
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("entropy (nats/token)")
-    fig.suptitle("entropy under staleness: mean over seeds, band = min-max", fontsize=10)
-    fig.tight_layout()
-    save_small(fig, Path(path))
-    plt.close(fig)
-    return Path(path)
+    return finish_panels(
+        fig, axes, len(panels), "entropy (nats/token)", "entropy under staleness: mean over seeds, band = min-max", path
+    )
 
 
 def clip_quarters(

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from ...conf import compose, to_plain  # noqa: E402
 from ..aggregate import seed_band  # noqa: E402
 from .null_controls import declare_nulls  # noqa: E402
-from .report import save_small, write_study_report  # noqa: E402
+from .report import finish_panels, write_study_report  # noqa: E402
 from .sweep_step import collect_lab_runs  # noqa: E402
 from .tool_claims import KIND_KEYS, TURN_KEYS, kind_table, tool_claims  # noqa: E402
 
@@ -72,15 +72,14 @@ def plot_kinds(runs: dict[str, dict[int, list[dict]]], path: Path) -> Path | Non
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("entropy (nats/token, log)")
-    fig.suptitle("entropy by token kind and turn: mean over seeds, band = min-max", fontsize=10)
-    fig.tight_layout()
-    save_small(fig, Path(path))
-    plt.close(fig)
-    return Path(path)
+    return finish_panels(
+        fig,
+        axes,
+        len(panels),
+        "entropy (nats/token, log)",
+        "entropy by token kind and turn: mean over seeds, band = min-max",
+        path,
+    )
 
 
 def _kinds_md(table: list[dict], figure: bool) -> list[str]:
