@@ -431,6 +431,7 @@ def test_cli_train_under_srun_two_tasks(slurm_cluster, in_tmp):
         "--cpus-per-task",
         "1",
         "--mem=4G",
+        "--time=20",  # minutes: an allocation this test leaves behind ends
         sys.executable,
         "-m",
         CLI_MODULE,

@@ -7,6 +7,10 @@
 # /etc/slurm/slurm.conf (a changed file restarts the daemons this script runs), starts munged,
 # slurmctld and the three slurmd only when they are not running, and waits until `sinfo` shows
 # every node idle. Needs root. Stop it with tests/slurm/stop.sh.
+# A slurmctld this script starts begins with no jobs (`slurmctld -c`, its own state folder): the jobs
+# of an earlier test session whose processes are gone (a machine stopped mid-run keeps the state on
+# disk) would otherwise hold the nodes and leave every later job pending. InactiveLimit releases an
+# `srun` allocation whose srun died.
 #
 #   sudo tests/slurm/start.sh && sinfo && sbatch --wrap "hostname" && srun -p two -N 2 hostname
 #
@@ -16,6 +20,8 @@ set -euo pipefail
 
 STATE_DIR=/run/entropyrl-slurm
 LOG_DIR=/var/log/slurm
+# slurmctld's saved jobs and nodes: the test cluster's own (not /var/spool/slurmctld, a real install's)
+CTLD_STATE=/var/spool/entropyrl-slurmctld
 
 if [[ $(id -u) -ne 0 ]]; then
   echo "start.sh: needs root to install and run slurmctld/slurmd (run as root or skip the slurm tests)" >&2
@@ -34,7 +40,7 @@ if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! comm
   apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
 fi
 
-mkdir -p "$STATE_DIR" "$LOG_DIR" /var/spool/slurmctld /var/spool/slurmd /etc/slurm /run/munge /var/log/munge
+mkdir -p "$STATE_DIR" "$LOG_DIR" "$CTLD_STATE" /var/spool/slurmd /etc/slurm /run/munge /var/log/munge
 
 # --- munge -------------------------------------------------------------------------------------
 if [[ ! -s /etc/munge/munge.key ]]; then
@@ -86,8 +92,10 @@ ReturnToService=2
 # visible to squeue/scontrol for 10 minutes (there is no slurmdbd for sacct).
 KillWait=2
 MinJobAge=600
+# an srun allocation whose srun is gone (killed with its test) is released after 2 minutes
+InactiveLimit=120
 DefMemPerCPU=1024
-StateSaveLocation=/var/spool/slurmctld
+StateSaveLocation=${CTLD_STATE}
 # Several slurmd on one host: each its own spool, pid file and log (%n: the node name)
 SlurmdSpoolDir=/var/spool/slurmd/%n
 SlurmctldPidFile=/run/slurmctld.pid
@@ -136,7 +144,7 @@ if [[ $CONF_CHANGED -eq 1 ]]; then
   done
 fi
 if ! alive /run/slurmctld.pid; then
-  slurmctld || { echo "start.sh: slurmctld failed to start; see ${LOG_DIR}/slurmctld.log" >&2; exit 1; }
+  slurmctld -c || { echo "start.sh: slurmctld failed to start; see ${LOG_DIR}/slurmctld.log" >&2; exit 1; }
 fi
 for _ in $(seq 1 100); do scontrol ping 2>/dev/null | grep -q "is UP" && break; sleep 0.2; done
 for name in "${NODES[@]}"; do
