@@ -6,6 +6,7 @@ for matplotlib's import."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ...core.files import atomic_path
@@ -46,6 +47,99 @@ def gate_spans(rows: list[dict], key: str = "stare/gate_on") -> list[tuple[float
     return spans
 
 
+# the entropy panel's axis: the start is the mean of this many first logged steps, the ceiling this
+# factor above the larger of start and target, rounded up to the next of these steps (x a power of ten)
+START_STEPS = 3
+HEADROOM = 1.25
+NICE_STEPS = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest ``NICE_STEPS`` value times a power of ten that is ``>= value`` (``value > 0``). Pure.
+
+    Rounding up to a coarse grid makes two starts a few percent apart share one ceiling, so runs that
+    part ways after their first steps still get the same axis."""
+    exponent = math.floor(math.log10(value))
+    for decade in (exponent, exponent + 1):  # float error in log10 can put value past the top step
+        for step in NICE_STEPS:
+            nice = float(f"{step}e{decade}")  # 0.3, not 3 * 0.1 = 0.30000000000000004
+            if nice >= value * (1 - 1e-12):
+                return nice
+    return value
+
+
+def entropy_axis_limits(rows: list[dict], target: float | None = None) -> tuple[float, float] | None:
+    """The entropy panel's y-limits, ``(0, ceiling)``, from the run's reference rather than its path.
+    Pure; None when no row logged a finite ``entropy`` (matplotlib then scales the empty panel).
+
+    The ceiling is ``HEADROOM`` above the larger of the run's starting entropy (the mean of its first
+    ``START_STEPS`` logged steps) and its entropy target, rounded up by ``nice_ceiling``. Why: an
+    axis fitted to each trajectory zooms a collapsed run onto its own tail and a held run onto its
+    flat line, so GRPO's and STARE's figures of one model and task could only be compared by reading
+    the ticks. Fixed by the start, both share one axis and the collapse shows as the drop it is. The
+    one exception is a run that climbs past the ceiling (an entropy explosion): its axis widens to
+    cover its maximum, since a curve drawn off the top would hide the failure the figure is for."""
+    points = sorted((r["step"], float(r["entropy"])) for r in rows if _finite(r.get("entropy")))
+    if not points:
+        return None
+    start = sum(v for _, v in points[:START_STEPS]) / len(points[:START_STEPS])
+    reference = max(start, target if target is not None and target > 0 else 0.0)
+    if reference <= 0:  # a start at zero entropy leaves nothing to scale by: cover what the run did
+        reference = max(v for _, v in points)
+    if reference <= 0:
+        return (0.0, 1.0)
+    ceiling = nice_ceiling(reference * HEADROOM)
+    peak = max(v for _, v in points)
+    if peak > ceiling:
+        ceiling = nice_ceiling(peak * 1.05)
+    return (0.0, ceiling)
+
+
+def _finite(value) -> bool:
+    """Whether ``value`` is a finite number (a metric row's NaN or inf entry is skipped)."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def training_curves_figure(
+    rows: list[dict],
+    title: str = "",
+    *,
+    target: tuple[str, float] | None = None,
+    collapse_step: int | None = None,
+    gate_key: str = "stare/gate_on",
+):
+    """The figure ``plot_training_curves`` saves, returned unsaved (a test reads its axes)."""
+    fig, axes = _pyplot().subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.2))
+    spans = gate_spans(rows, gate_key)
+    for ax, (key, label) in zip(axes, PANELS):
+        pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+        if pts:
+            ax.plot(*zip(*pts), label="train", lw=1.5)
+        for i, (a, b) in enumerate(spans):
+            ax.axvspan(a, b, color="C2", alpha=0.15, lw=0, label=f"{gate_key.split('/')[0]} gate open" if i == 0 else None)
+        if collapse_step is not None:
+            ax.axvline(collapse_step, color="C3", ls=":", lw=1.2, label=f"collapse (step {collapse_step})")
+        if key == "entropy" and target is not None:
+            ax.axhline(target[1], color="grey", ls="--", lw=1, label=f"{target[0]} = {target[1]:g}")
+        if key == "entropy":
+            limits = entropy_axis_limits(rows, target[1] if target is not None else None)
+            if limits is not None:
+                ax.set_ylim(*limits)
+        if key == "acc/mean":
+            val = [(r["step"], r["val/acc"]) for r in rows if r.get("val/acc") is not None]
+            if val:
+                ax.plot(*zip(*val), "o-", label="validation", ms=3)
+        if key == "acc/mean" or (key == "entropy" and (spans or target is not None or collapse_step is not None)):
+            ax.legend(fontsize=7)
+        ax.set_xlabel("step")
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def plot_training_curves(
     rows: list[dict],
     path: Path,
@@ -59,31 +153,12 @@ def plot_training_curves(
     the intervention drawn in: ``target`` ``(label, nats)`` as a dashed line on the entropy panel
     (STARE's ``h_tgt``, adaptive entropy's ``target``), shading on every panel where the ``gate_key``
     metric was on (STARE's gate open), and a dotted vertical line at ``collapse_step`` (the summary's
-    ``collapse`` flag). Each appears only when given or logged, so a plain GRPO run draws the three curves."""
-    fig, axes = _pyplot().subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.2))
-    spans = gate_spans(rows, gate_key)
-    for ax, (key, label) in zip(axes, PANELS):
-        pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-        if pts:
-            ax.plot(*zip(*pts), label="train", lw=1.5)
-        for i, (a, b) in enumerate(spans):
-            ax.axvspan(a, b, color="C2", alpha=0.15, lw=0, label=f"{gate_key.split('/')[0]} gate open" if i == 0 else None)
-        if collapse_step is not None:
-            ax.axvline(collapse_step, color="C3", ls=":", lw=1.2, label=f"collapse (step {collapse_step})")
-        if key == "entropy" and target is not None:
-            ax.axhline(target[1], color="grey", ls="--", lw=1, label=f"{target[0]} = {target[1]:g}")
-        if key == "acc/mean":
-            val = [(r["step"], r["val/acc"]) for r in rows if r.get("val/acc") is not None]
-            if val:
-                ax.plot(*zip(*val), "o-", label="validation", ms=3)
-        if key == "acc/mean" or (key == "entropy" and (spans or target is not None or collapse_step is not None)):
-            ax.legend(fontsize=7)
-        ax.set_xlabel("step")
-        ax.set_title(label, fontsize=10)
-        ax.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    ``collapse`` flag). Each appears only when given or logged, so a plain GRPO run draws the three curves.
+
+    The entropy axis runs from 0 to a ceiling set by the run's start and target
+    (``entropy_axis_limits``), not by its trajectory: the figures of two runs of one model and task
+    that start alike share the axis, so a collapse and a held entropy compare without reading ticks."""
+    fig = training_curves_figure(rows, title, target=target, collapse_step=collapse_step, gate_key=gate_key)
     return save_figure(fig, path)
 
 
@@ -171,10 +246,12 @@ def plot_reflection(rows: list[dict], path: Path, title: str = "") -> Path | Non
     return save_figure(fig, path)
 
 
-TOOL_ENTROPY = [
+TOOL_KIND_ENTROPY = [
     ("entropy/kind/text", "text", "-"),
     ("entropy/kind/code", "code", "-"),
     ("entropy/kind/post_tool", "after a tool result", "-"),
+]
+TOOL_TURN_ENTROPY = [
     ("entropy/turn/first", "first turn", "--"),
     ("entropy/turn/later", "later turns", "--"),
 ]
@@ -186,29 +263,43 @@ TOOL_USE = [
 ]
 
 
-def plot_tool_use(rows: list[dict], path: Path, title: str = "") -> Path | None:
-    """Multi-turn tool use at a glance (``docs/tools.md``): the entropy of each token kind (the
-    policy's text and code, the tokens after a tool result) and of the first vs later turns, on a log
-    axis (the kinds sit orders of magnitude apart), and the tool use itself (turns and calls per
-    response, the error share of the calls, the share of the step's wall time in tools); None when
-    the run logged no ``tools/*`` metric (tools off)."""
+def tool_use_figure(rows: list[dict], title: str = ""):
+    """The figure ``plot_tool_use`` saves, returned unsaved (a test measures its labels); None when
+    the run logged no ``tools/*`` metric."""
     if not any(r.get("tools/calls/mean") is not None for r in rows):
         return None
-    fig, axes = _pyplot().subplots(1, 2, figsize=(10.8, 3.4))
-    if _lines(axes[0], rows, TOOL_ENTROPY):
-        axes[0].set_yscale("log")
-        axes[0].legend(fontsize=7)
-    axes[0].set_title("token entropy by kind and turn (nats)", fontsize=10)
-    _lines(axes[1], rows, TOOL_USE)
-    axes[1].set_title("tool use", fontsize=10)
-    axes[1].legend(fontsize=7)
-    for a in axes:
-        a.set_xlabel("step")
-        a.grid(alpha=0.3)
+    fig, axes = _pyplot().subplots(1, 3, figsize=(13.5, 4.0), layout="constrained")
+    kinds, turns, use = axes
+    turns.sharey(kinds)  # one entropy scale: a kind and a turn compare across the two panels
+    drawn = [_lines(kinds, rows, TOOL_KIND_ENTROPY), _lines(turns, rows, TOOL_TURN_ENTROPY), _lines(use, rows, TOOL_USE)]
+    if drawn[0] or drawn[1]:
+        kinds.set_yscale("log")
+    kinds.set_title("token entropy by kind (nats)", fontsize=10)
+    turns.set_title("token entropy by turn (nats)", fontsize=10)
+    use.set_title("tool use", fontsize=10)
+    for ax, has_lines in zip(axes, drawn):
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if has_lines:  # below the panel, never over its lines
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return fig
+
+
+def plot_tool_use(rows: list[dict], path: Path, title: str = "") -> Path | None:
+    """Multi-turn tool use at a glance (``docs/tools.md``): the entropy of each token kind (the
+    policy's text and code, the tokens after a tool result), the entropy of the first vs later turns,
+    and the tool use itself (turns and calls per response, the error share of the calls, the share of
+    the step's wall time in tools); None when the run logged no ``tools/*`` metric (tools off).
+
+    Kinds and turns get a panel each, on one shared log axis (the kinds sit orders of magnitude
+    apart): they partition the same tokens two ways, so on one panel their lines coincide wherever
+    the task makes them equal (later turns are all text after a tool result; a first turn without
+    prose is all code), one line hidden under another. Legends sit below their panels, outside the
+    lines they name."""
+    fig = tool_use_figure(rows, title)
+    return None if fig is None else save_figure(fig, path)
 
 
 def save_figure(fig, path: Path) -> Path:
