@@ -53,6 +53,8 @@ lint: install
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not slurm and not vllm"
 
+# Every suite in perf/ (`$(PY) perf/run.py NAME...` runs some): each writes its own key of bench-results.json
+# and its own section of docs/performance.md (<!-- bench:NAME:begin/end --> markers); the others stay as they were.
 bench: install
 	$(PY) perf/run.py
 

@@ -25,8 +25,9 @@ count; each figure is its median over a side's runs, the curves are the first ru
 
 Ratios are ours over TRL's: below 1 is better for us. Without the peer venv (``make bench-peers``
 makes it; ``ENTROPYRL_PEERS_PYTHON`` names another interpreter) ``make bench`` leaves this suite out.
-The suite writes its own section of ``docs/performance.md`` (between ``<!-- peers:begin -->`` and
-``<!-- peers:end -->``) and no other.
+Its section of ``docs/performance.md`` (between ``<!-- bench:peers:begin -->`` and
+``<!-- bench:peers:end -->``) is ``render``'s, written by ``perf/run.py`` with the result; no other
+section is touched.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 PAGE = REPO / "docs" / "performance.md"
-BEGIN, END = "<!-- peers:begin -->", "<!-- peers:end -->"
 STEPS = int(os.environ.get("ENTROPYRL_PEER_STEPS", "12"))
 REPEATS = int(os.environ.get("ENTROPYRL_PEER_REPEATS", "3"))  # runs of each side, taking turns; figures: medians
 WARMUP = 2
@@ -224,7 +224,6 @@ def run() -> dict:
         "workload": ours_workload,
         "curves": curves,
     }
-    write_section(result, PAGE)
     return result
 
 
@@ -267,8 +266,9 @@ def render(result: dict) -> str:
 
 
 def write_section(result: dict, page: Path = PAGE) -> None:
-    """Replace the peer section of ``page`` (``perf/report.py``'s section writer, this suite's markers)."""
-    _sibling("report").write_section(page, render(result), BEGIN, END)
+    """Replace the peer section of ``page`` with ``render(result)`` (``perf/report.py``'s writer,
+    this suite's markers); ``perf/run.py`` records the result and its section together."""
+    _sibling("report").write_suite(page, "peers", render(result))
 
 
 if __name__ == "__main__":

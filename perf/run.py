@@ -1,8 +1,12 @@
-"""`make bench`: run every benchmark suite and merge the results into bench-results.json.
+"""`make bench`: run every benchmark suite (or those named), each recorded as it finishes.
 
-Each module in this folder (except this one) exposes ``run() -> dict``; its result is stored under
-the module's name (``token_stats``, ``grading``, ``rollout``, ...). Ratios are always measured
-against a baseline in the same run, since the machines are noisy.
+Each module in this folder (except the scripts in ``SKIP``) exposes ``run() -> dict``; its result
+is stored under the module's name (``token_stats``, ``grading``, ``rollout``, ...) in
+bench-results.json, with the machine it ran on, and its own section of docs/performance.md is
+rewritten from it (``perf/report.py``'s ``record``). A suite not run keeps its key and its section
+as they were; so does a suite that fails (it measured nothing: the error is printed and the exit
+status is 1). Before measuring, the page must have every wanted suite's markers. Ratios are always
+measured against a baseline in the same run, since the machines are noisy.
 
     .venv/bin/python perf/run.py                 # all suites
     .venv/bin/python perf/run.py grading         # only some
@@ -21,6 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPORT = HERE.parent / "bench-results.json"
+PAGE = HERE.parent / "docs" / "performance.md"
 SKIP = {"run", "report", "gpu_check", "gpu_report", "__init__"}  # scripts, not suites
 
 
@@ -42,36 +47,43 @@ def load(name: str):
     return module
 
 
-def main(argv: list[str]) -> int:
+def machine() -> dict:
+    """The machine a suite ran on, stored with its result."""
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+    }
+
+
+def main(argv: list[str], results_path: Path | None = None, page: Path | None = None) -> int:
+    """Run the ``argv`` suites (default: all), recording each into ``results_path`` (default
+    bench-results.json) and its section of ``page`` (default docs/performance.md)."""
+    results_path, page = results_path or REPORT, page or PAGE
     wanted = argv or suites()
-    report = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+    unknown = [name for name in wanted if not (HERE / f"{name}.py").exists() or name in SKIP or name.startswith("_")]
+    if unknown:
+        raise SystemExit(f"no bench suite {', '.join(unknown)}: choose from {', '.join(suites())}")
+    report = load("report")
+    report.check_sections(page, wanted)  # before minutes of measuring, not after
     failed = 0
     for name in wanted:
         print(f"== {name}", flush=True)
         started = time.perf_counter()
         try:
-            result = load(name).run()
+            module = load(name)
+            result = module.run()
         except Exception:  # noqa: BLE001 - one broken suite must not hide the others
             traceback.print_exc()
-            result = {"error": traceback.format_exc(limit=3).splitlines()[-1]}
+            print(f"{name} failed: its key in {results_path} and its section of {page} are left as they were", flush=True)
             failed += 1
+            continue
         result["seconds"] = round(time.perf_counter() - started, 2)
-        report[name] = result
+        result[report.MACHINE] = machine()
         print(json.dumps(result, indent=2), flush=True)
-    report["_machine"] = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "processor": platform.processor(),
-        "cpus": __import__("os").cpu_count(),
-    }
-    REPORT.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {REPORT}")
-    missing = [name for name in suites() if name not in report]
-    if missing:  # a partial report would drop the other suites' tables from the page
-        print(f"left docs/performance.md's measured section as it was: no results yet for {', '.join(missing)}")
-    else:
-        load("report").write(report, HERE.parent / "docs" / "performance.md")  # its measured section
-        print("wrote docs/performance.md (measured section)")
+        report.record(results_path, page, name, result, getattr(module, "render", None))
+        print(f"wrote {name} into {results_path} and its section of {page}", flush=True)
     return 1 if failed else 0
 
 

@@ -114,8 +114,8 @@ def _result() -> dict:
 
 def test_the_peer_section_is_written_and_no_other(tmp_path):
     page = tmp_path / "performance.md"
-    bench = "<!-- bench:begin -->\nthe other suites' tables\n<!-- bench:end -->\n"
-    page.write_text(f"# page\n<!-- peers:begin -->\nold\n<!-- peers:end -->\nprose\n{bench}")
+    bench = "<!-- bench:tools:begin -->\nthe other suites' tables\n<!-- bench:tools:end -->\n"
+    page.write_text(f"# page\n<!-- bench:peers:begin -->\nold\n<!-- bench:peers:end -->\nprose\n{bench}")
     peers.write_section(_result(), page)
     text = page.read_text()
     assert text.endswith(f"prose\n{bench}") and "old" not in text
@@ -131,22 +131,20 @@ def test_make_bench_runs_the_peer_suite_only_where_the_peer_is_installed(tmp_pat
     assert "peers" in bench_run.suites()
 
 
-def test_a_partial_bench_run_leaves_the_measured_section_to_a_full_report(tmp_path, monkeypatch):
-    """`make bench-peers` on a checkout with no bench-results.json must not regenerate the measured
-    section from its one suite (which would drop every other suite's table from the page)."""
-    monkeypatch.setattr(bench_run, "REPORT", tmp_path / "bench-results.json")
-    monkeypatch.setattr(bench_run, "suites", lambda: ["peers", "tools"])
-    written: list[list[str]] = []
-    modules = {
-        "peers": SimpleNamespace(run=lambda: {"trl": {"step_ratio": 0.5}}),
-        "tools": SimpleNamespace(run=lambda: {"calls_per_s": 30.0}),
-        "report": SimpleNamespace(write=lambda report, page: written.append(sorted(report))),
-    }
+def test_a_bench_run_of_the_peers_records_its_key_and_section_and_no_other(tmp_path, monkeypatch):
+    """`make bench-peers` merges `peers` into bench-results.json and rewrites the peer section only:
+    the other suites' keys and tables stay (tests/perf/test_bench_sections.py covers the writer)."""
+    results = tmp_path / "bench-results.json"
+    results.write_text(json.dumps({"tools": {"calls_per_s": 30.0}}, indent=2) + "\n")
+    page = tmp_path / "performance.md"
+    tools_section = "<!-- bench:tools:begin -->\nthe tools table\n<!-- bench:tools:end -->\n"
+    page.write_text(f"<!-- bench:peers:begin -->\n<!-- bench:peers:end -->\n{tools_section}")
+    modules = {"peers": SimpleNamespace(run=_result, render=peers.render), "report": load_perf("report")}
     monkeypatch.setattr(bench_run, "load", modules.__getitem__)
-    assert bench_run.main(["peers"]) == 0
-    assert written == [] and json.loads((tmp_path / "bench-results.json").read_text())["peers"]["trl"]["step_ratio"] == 0.5
-    assert bench_run.main(["tools"]) == 0
-    assert written == [["_machine", "peers", "tools"]]
+    assert bench_run.main(["peers"], results, page) == 0
+    merged = json.loads(results.read_text())
+    assert merged["tools"] == {"calls_per_s": 30.0} and merged["peers"]["trl"]["step_ratio"] == 0.5
+    assert page.read_text().endswith(tools_section) and "equal field by field" in page.read_text()
 
 
 @pytest.mark.slow
@@ -156,9 +154,9 @@ def test_both_sides_train_on_the_same_workload_and_report_their_ratios(tmp_path,
     monkeypatch.setattr(peers, "STEPS", 3)
     monkeypatch.setattr(peers, "REPEATS", 1)
     page = tmp_path / "performance.md"
-    page.write_text("<!-- peers:begin -->\n<!-- peers:end -->\n")
-    monkeypatch.setattr(peers, "PAGE", page)
+    page.write_text("<!-- bench:peers:begin -->\n<!-- bench:peers:end -->\n")
     result = peers.run()
+    peers.write_section(result, page)
     assert result["workload_equal"], result["workload_differences"]
     assert len(result["curves"]["ours"]) == len(result["curves"]["trl"]) == 3
     trl = result["trl"]

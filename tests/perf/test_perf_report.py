@@ -1,4 +1,4 @@
-"""docs/performance.md's measured section is generated from bench-results.json (perf/report.py)."""
+"""docs/performance.md's measured sections are generated from bench-results.json (perf/report.py)."""
 
 from __future__ import annotations
 
@@ -15,31 +15,39 @@ def _report_module():
     return load_perf("report")
 
 
-def test_the_measured_section_is_rewritten_from_the_results_and_the_prose_kept(tmp_path):
+def test_a_suite_section_is_rewritten_from_its_results_and_the_prose_kept(tmp_path):
     report = _report_module()
+    begin, end = report.markers("startup")
     page = tmp_path / "performance.md"
-    page.write_text(f"# Performance\n\nprose stays\n\n{report.BEGIN}\nold numbers\n{report.END}\n\nafter\n")
+    page.write_text(f"# Performance\n\nprose stays\n\n{begin}\nold numbers\n{end}\n\nafter\n")
     results = {
-        "startup": {"entropyrl_help_ratio_vs_python": 2.51234, "repeats": 7, "nested": {"a": 1.5}},
-        "_machine": {"cpus": 2, "python": "3.11.7", "platform": "linux"},
+        "startup": {
+            "entropyrl_help_ratio_vs_python": 2.51234,
+            "repeats": 7,
+            "nested": {"a": 1.5},
+            "_machine": {"cpus": 2, "python": "3.11.7", "platform": "linux"},
+        },
     }
     report.write(results, page)
     text = page.read_text()
     assert "prose stays" in text and text.endswith("\nafter\n") and "old numbers" not in text
     assert "| `entropyrl_help_ratio_vs_python` | 2.512 |" in text and "| `nested.a` | 1.5 |" in text
-    assert text.count(report.BEGIN) == 1 and "### `startup`" in text
+    assert "Machine: 2 CPUs, Python 3.11.7, linux." in text and "_machine" not in text
+    assert text.count(begin) == 1 and "### `startup`" in text
     report.write(results, page)  # idempotent
     assert page.read_text() == text
 
 
-def test_the_docs_page_has_one_generated_section_and_a_page_without_markers_is_refused(tmp_path):
+def test_the_docs_page_has_one_section_per_suite_and_a_page_without_markers_is_refused(tmp_path):
     report = _report_module()
     text = (REPO / "docs" / "performance.md").read_text()
-    assert text.count(report.BEGIN) == 1 and text.count(report.END) == 1
+    for suite in _perf_module("run").suites():
+        begin, end = report.markers(suite)
+        assert text.count(begin) == 1 and text.count(end) == 1, suite
     bare = tmp_path / "bare.md"
     bare.write_text("# nothing to fill\n")
     with pytest.raises(SystemExit, match="needs one"):
-        report.write({}, bare)
+        report.write({"startup": {"repeats": 1}}, bare)
 
 
 _perf_module = load_perf
