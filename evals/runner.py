@@ -37,7 +37,7 @@ from ..core.outbox import short_http_retries
 from ..core.resources import apply_threads
 from ..core.tracking import TrackingStore, check_reachable
 from ..models.loading import checkpoint_label, install_chat_template, load_policy, model_dir, resolve_model_path, stop_tokens
-from ..models.tiny import check_representable
+from ..models.tiny import check_representable, representable
 from ..rollout.base import RolloutEngine, ToolTrace, build_rollout, rollout_engine
 from ..rollout.multi_turn import ToolRollout
 from ..tasks.problem import Problem
@@ -448,6 +448,14 @@ def _unrepresentable(data: Mapping[str, list], settings: EvalSettings, tokenizer
         )
         if note:
             lines.append(note)
+            kept = representable(tokenizer, prompts)  # a prompt of which nothing is left: out, and counted in the note
+            if not kept:
+                raise UserError(
+                    f"eval {get_spec(source).name}: no prompt keeps a character the model can represent, so there is "
+                    "nothing to generate from: use a real model (e.g. model=smollm2-135m)"
+                )
+            if len(kept) < len(problems):
+                data[source][:] = [problems[i] for i in kept]
     return lines
 
 

@@ -82,10 +82,25 @@ def unknown_characters(tokenizer, text: str) -> str:
     return "".join(sorted(set(unknown), key=text.index))
 
 
+def nothing_left(tokenizer, text: str) -> bool:
+    """True when no character of ``text`` but white space reaches the model: a prompt the embedded
+    tokenizer reads as nothing at all (a word problem without a digit), which no engine can generate
+    from. Such rows are left out, and counted, under ``unrepresentable=warn`` (``representable``)."""
+    unknown = set(unknown_characters(tokenizer, text))
+    return not any(ch not in unknown and not ch.isspace() for ch in text)
+
+
+def representable(tokenizer, texts) -> list[int]:
+    """The indices of ``texts`` of which something reaches the model (``nothing_left`` is false)."""
+    return [i for i, text in enumerate(texts) if not nothing_left(tokenizer, text)]
+
+
 def check_representable(tokenizer, texts, rows, *, what: str, option: str, mode: str) -> str | None:
     """Refuse (``mode`` error: ``UserError``) or count (``mode`` warn: the returned line) the texts
     that ``tokenizer`` cannot represent, naming their ``rows`` (one label per text), the characters
-    and the fix. None when every text is read as written: a prompt is never silently rewritten."""
+    and the fix. None when every text is read as written: a prompt is never silently rewritten. Under
+    warn the line also names the rows of which nothing is left: the caller leaves those out
+    (``representable``), since there is no prompt left to generate from."""
     if mode not in UNREPRESENTABLE:
         raise UserError(f"{option}={mode} is not allowed: it must be one of {', '.join(UNREPRESENTABLE)}")
     bad = [(row, unknown_characters(tokenizer, text)) for row, text in zip(rows, texts)]
@@ -105,7 +120,15 @@ def check_representable(tokenizer, texts, rows, *, what: str, option: str, mode:
         raise UserError(
             f"{head}: use a real model (e.g. model=smollm2-135m), or {option}=warn to go on with those characters lost (read as <unk> or dropped)"
         )
-    return f"{head}; going on with those characters lost ({option}=warn; a real model, e.g. model=smollm2-135m, reads them)"
+    void = [row for row, text in zip(rows, texts) if nothing_left(tokenizer, text)]
+    left_out = ""
+    if void:
+        named = ", ".join(str(row) for row in void[:5]) + (f" and {len(void) - 5} more" if len(void) > 5 else "")
+        left_out = f"; {len(void)} of them keep no character at all and are left out (rows {named})"
+    return (
+        f"{head}; going on with those characters lost ({option}=warn; a real model, e.g. model=smollm2-135m, "
+        f"reads them){left_out}"
+    )
 
 
 def build_model(arch_cfg, tokenizer, seed: int):

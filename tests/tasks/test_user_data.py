@@ -25,7 +25,7 @@ def _source(*overrides, tokenizer=None):
 def _rows(path, n=6, big=None):
     lines = [json.dumps({"question": f"What is {i}+{i}?", "answer": str(2 * i)}) for i in range(n)]
     if big is not None:
-        lines.insert(2, json.dumps({"question": "x" * big, "answer": "1"}))
+        lines.insert(2, json.dumps({"question": "x" * big + " 1", "answer": "1"}))  # a digit: something reaches the tiny model
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
@@ -145,6 +145,27 @@ def test_prompts_the_embedded_model_cannot_read_are_refused_naming_rows_characte
     assert len(kept.train_items) == 2 and any("warning" in n and "2 of 2 prompt(s)" in n for n in kept.notes)
     with pytest.raises(UserError, match="data.unrepresentable=maybe is not allowed"):
         _source(f"data.path={path}", *plain, "data.unrepresentable=maybe", tokenizer=build_tokenizer())
+
+
+def test_a_prompt_of_which_nothing_reaches_the_model_is_left_out_and_counted_under_warn(tmp_path):
+    """A word problem without a digit reaches the embedded model as nothing at all: no engine can
+    generate from an empty prompt, so under warn the row is left out and named in the warning line;
+    a file of which no prompt keeps a character is one error, not a run on nothing."""
+    from entropyrl.models.tiny import build_tokenizer, nothing_left, representable
+
+    tok = build_tokenizer()
+    assert nothing_left(tok, "Cara has some marbles.") and not nothing_left(tok, "Cara has 30 marbles.")
+    assert representable(tok, ["a b c", "1+2=", "", "x 7"]) == [1, 3]
+    path = tmp_path / "mine.jsonl"
+    rows = [{"question": "1+2=", "answer": "3"}, {"question": "How many marbles?", "answer": "4"}, {"question": "7-5=", "answer": "2"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    plain = ("data.chat_template=false", "data.prompt=native", "data.fields.problem=question", "data.fields.answer=answer")
+    kept = _source(f"data.path={path}", *plain, "data.unrepresentable=warn", tokenizer=tok)
+    assert sorted({p.answer for p in kept.train_items}) == ["2", "3"]
+    assert any("1 of them keep no character at all and are left out (rows 1)" in n for n in kept.notes), kept.notes
+    path.write_text(json.dumps(rows[1]) + "\n")
+    with pytest.raises(UserError, match="no prompt of .* keeps a character the model can represent"):
+        _source(f"data.path={path}", *plain, "data.unrepresentable=warn", tokenizer=tok)
 
 
 def test_a_tokenizer_that_reads_every_text_has_no_unknown_characters():

@@ -22,7 +22,7 @@ from ...core.errors import UserError
 from ...evals.benchmarks import load_benchmark, read_rows
 from ...evals.code.code_eval import OPEN_FENCE, code_prompt, sandbox_for
 from ...evals.code.code_tasks import CodeProblem, grade_code, rows_to_code_problems
-from ...models.tiny import check_representable
+from ...models.tiny import check_representable, representable
 from .datasets import MathDatasetSource, resolve_data_path, split_holdout
 
 __all__ = ["CodeTaskSource", "REWARDS"]
@@ -66,9 +66,10 @@ class CodeTaskSource(MathDatasetSource):
             raise UserError(f"data={self.name}: no code problems in {self.where}")
         self.notes: list[str] = []
         if tokenizer is not None:  # a prompt the model cannot read: refused or counted, never rewritten
+            texts = [self.prompt(p) for p in problems]
             note = check_representable(
                 tokenizer,
-                [self.prompt(p) for p in problems],
+                texts,
                 [p.id or str(i) for i, p in enumerate(problems)],
                 what=f"data={self.name} ({self.where})",
                 option="data.unrepresentable",
@@ -76,6 +77,12 @@ class CodeTaskSource(MathDatasetSource):
             )
             if note:
                 self.notes.append(f"data: warning: {note}")
+                problems = [problems[i] for i in representable(tokenizer, texts)]  # nothing left: out, counted above
+                if not problems:
+                    raise UserError(
+                        f"data={self.name}: no prompt of {self.where} keeps a character the model can represent: "
+                        "use a real model (e.g. model=smollm2-135m)"
+                    )
         self.train_items, self.val_items = split_holdout(problems, data_cfg)
         self._perms: dict[int, list[int]] = {}
 

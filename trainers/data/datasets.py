@@ -40,7 +40,7 @@ from ...core.registry import unknown_choice
 from ...evals.benchmarks import describe_fields, limit_rows, read_rows, resolve_data_root, rows_to_problems
 from ...evals.grading.grader import grade_batch
 from ...evals.prompts import available_templates, build_prompt
-from ...models.tiny import check_representable
+from ...models.tiny import check_representable, representable
 
 __all__ = ["MathDatasetSource", "load_problems", "resolve_data_path"]
 
@@ -187,9 +187,10 @@ class MathDatasetSource:
             problems = problems[: int(limit)]
         max_len = cfg_get(data_cfg, "max_prompt_length", None)
         if tokenizer is not None and problems:  # a prompt the model cannot read: refused or counted, never rewritten
+            texts = [self.prompt(p) for p in problems]
             note = check_representable(
                 tokenizer,
-                [self.prompt(p) for p in problems],
+                texts,
                 [p.id or str(i + 1) for i, p in enumerate(problems)],
                 what=f"data={self.name} ({self.where})",
                 option="data.unrepresentable",
@@ -197,6 +198,13 @@ class MathDatasetSource:
             )
             if note:
                 self.notes.append(f"data: warning: {note}")
+                kept = [problems[i] for i in representable(tokenizer, texts)]  # nothing left: out, counted above
+                if not kept:
+                    raise UserError(
+                        f"data={self.name}: no prompt of {self.where} keeps a character the model can represent: "
+                        "use a real model (e.g. model=smollm2-135m)"
+                    )
+                problems = kept
         if not problems:
             raise UserError(
                 f"data={self.name}: no problems in {self.where}"
