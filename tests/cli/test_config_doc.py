@@ -1,0 +1,159 @@
+"""``entropyrl config show --doc``: every key with its value, what is allowed and its doc, the doc
+being the YAML comment where the key is declared (conf/key_docs.py)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from entropyrl.conf import CONF_DIR, compose
+from entropyrl.conf.key_docs import composition_choices, composition_files, declared_docs, doc_for, key_docs
+
+
+def _leaves(node, prefix: str = "") -> list[str]:
+    if isinstance(node, dict) and node:
+        return [leaf for key, value in node.items() for leaf in _leaves(value, f"{prefix}{key}.")]
+    return [prefix[:-1]]
+
+
+def run_main(*args: str, cwd, capsys, monkeypatch) -> subprocess.CompletedProcess:
+    """The CLI's `main` in this process (the same code path, without seconds of imports per case)."""
+    from entropyrl.cli.main import main
+
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, captured.out, captured.err)
+
+
+def _line_of(out: str, key: str) -> str:
+    lines = [line for line in out.splitlines() if line.startswith(f"{key}: ")]
+    assert len(lines) == 1, (key, out[-3000:])
+    return lines[0]
+
+
+# -- the comment parser --------------------------------------------------------------------------
+def test_declared_docs_reads_trailing_continued_and_leading_comments():
+    text = (
+        "# What this file is for: never a key's doc.\n"
+        "name: demo\n"
+        "trainer:\n"
+        "  steps: 3          # training steps, a first line\n"
+        "                    #   that goes on here\n"
+        "  # a header about seed, at seed's indentation\n"
+        "  seed: 0\n"
+        "  url: 'http://x#y'  # the '#' inside quotes is no comment\n"
+        "# about the list\n"
+        "items:              # the list\n"
+        "  - name: inside    # a list item's key is no config key\n"
+        "after: 1            # after the list\n"
+        "# a shallower comment ends a continuation\n"
+    )
+    docs = declared_docs(text)
+    assert docs["name"] == ""
+    assert docs["trainer.steps"] == "training steps, a first line that goes on here"
+    assert docs["trainer.seed"] == "a header about seed, at seed's indentation"
+    assert docs["trainer.url"] == "the '#' inside quotes is no comment"
+    assert docs["items"] == "the list" and "items.name" not in docs
+    assert docs["after"] == "after the list"
+
+
+def test_a_key_inside_a_free_form_mapping_takes_its_parents_doc():
+    docs = {"algo.objective_args": "the objective's own parameters", "algo": ""}
+    assert doc_for("algo.objective_args.tau_pos", docs) == "the objective's own parameters"
+    assert doc_for("nowhere.at_all", docs) == ""
+
+
+def test_the_primary_config_wins_then_the_first_group_file_in_merge_order():
+    sweep_choices = composition_choices("sweep", [])
+    files = [path for path, _ in composition_files("sweep", sweep_choices)]
+    tracking = CONF_DIR / "tracking" / "mlflow.yaml"
+    assert files.index(tracking) < files.index(CONF_DIR / "sweep.yaml")  # merged before the primary
+    primary_doc = declared_docs((CONF_DIR / "sweep.yaml").read_text())["tracking.experiment"]
+    assert primary_doc and primary_doc != declared_docs(tracking.read_text())["experiment"]
+    assert key_docs("sweep", sweep_choices)["tracking.experiment"] == primary_doc
+
+    # rollout.max_new_tokens: declared by rollout/hf.yaml, set again by data/countdown.yaml after it
+    train_choices = composition_choices("train", [])
+    docs = key_docs("train", train_choices)
+    declared = declared_docs((CONF_DIR / "rollout" / "hf.yaml").read_text())["max_new_tokens"]
+    again = declared_docs((CONF_DIR / "data" / "countdown.yaml").read_text())["rollout.max_new_tokens"]
+    assert declared and again and declared != again
+    assert docs["rollout.max_new_tokens"] == declared
+
+
+def test_an_override_of_a_group_is_followed_to_its_files():
+    choices = composition_choices("train", ["algo=stare"])
+    files = [path.relative_to(CONF_DIR).as_posix() for path, _ in composition_files("train", choices)]
+    for name in ("algo/grpo.yaml", "algo/stare_o1.yaml", "algo/stare.yaml", "intervention/stare.yaml"):
+        assert name in files, (name, files)
+    assert files.index("algo/stare_o1.yaml") < files.index("algo/stare.yaml")
+    assert "algo/dapo.yaml" not in files
+
+
+# -- every shipped key is documented -------------------------------------------------------------
+@pytest.mark.parametrize("config_name", ["train", "eval", "sweep"])
+def test_every_key_of_the_default_configs_has_its_own_doc(config_name):
+    """Each leaf key's own declaration carries a comment (not one inherited from its parent): the
+    house rule "every option documented where declared", kept by this test."""
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(compose(config_name, []), resolve=False)
+    docs = key_docs(config_name, composition_choices(config_name, []))
+    leaves = _leaves(plain)
+    assert len(leaves) > 20
+    missing = [key for key in leaves if not docs.get(key, "").strip()]
+    assert not missing, f"keys of {config_name} without a comment where declared: {missing}"
+
+
+# -- the command ---------------------------------------------------------------------------------
+def test_doc_prints_a_stare_key_with_value_range_and_doc(tmp_path, capsys, monkeypatch):
+    from entropyrl.cli.config_cmd import _shown
+    from entropyrl.conf import used_settings
+    from entropyrl.trainers.algos.algo_config import ALGO_KEYS
+
+    out = run_main("config", "show", "--doc", "algo=stare", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert out.returncode == 0, out.stderr
+    cfg = compose("train", ["algo=stare"])
+
+    h_tgt = _line_of(out.stdout, "algo.stare.h_tgt")
+    doc = declared_docs((CONF_DIR / "intervention" / "stare.yaml").read_text())["h_tgt"]
+    assert (
+        h_tgt
+        == f"algo.stare.h_tgt: {_shown(cfg.algo.stare.h_tgt)}  [a number, range checked in trainers/interventions/stare.py]  # {doc}"
+    )
+
+    high = _line_of(out.stdout, "algo.clip.high")  # STARE's clip-higher, with its rule's range
+    assert f": {_shown(cfg.algo.clip.high)}  [{ALGO_KEYS['clip.high'].allowed()}]  # " in high
+    assert _shown(cfg.algo.clip.high) != _shown(compose("train", []).algo.clip.high)
+
+    plain, hidden = used_settings(cfg)
+    keys = [line.split(": ", 1)[0] for line in out.stdout.splitlines() if not line.startswith("#")]
+    assert keys == _leaves(plain)  # one line per key the run uses, in config order
+    assert "algo.steer.lambda_min" not in keys and hidden
+    assert all("  [" in line and "]  # " in line for line in out.stdout.splitlines() if not line.startswith("#"))
+
+
+def test_an_override_changes_the_printed_value(tmp_path, capsys, monkeypatch):
+    default = run_main("config", "show", "--doc", "--for", "eval", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    changed = run_main(
+        "config", "show", "--doc", "--for", "eval", "eval.limit=7", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch
+    )
+    assert default.returncode == 0 and changed.returncode == 0, (default.stderr, changed.stderr)
+    before, after = _line_of(default.stdout, "eval.limit"), _line_of(changed.stdout, "eval.limit")
+    assert before.startswith("eval.limit: null  [") and after.startswith("eval.limit: 7  [")
+    assert before.split("  [", 1)[1] == after.split("  [", 1)[1]  # the same rule and doc
+
+
+def test_an_unknown_key_is_still_a_one_line_error(tmp_path, capsys, monkeypatch):
+    out = run_main("config", "show", "--doc", "trainer.totl_steps=3", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert out.returncode == 2 and out.stdout == ""
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: unknown config key 'trainer.totl_steps'"), out.stderr
+    assert "trainer.total_steps" in lines[0]
