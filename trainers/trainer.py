@@ -404,6 +404,8 @@ class GRPOTrainer:
             [float(ent[i]) for i in rows],
             [int(roll.lengths[i]) for i in rows],
             counts,
+            # a tool run's responses as text segments and calls, with their entropies (run/samples.py)
+            None if roll.tools is None else run_samples.tool_turn_rows(roll, batch.entropy, rows, self.tokenizer, self.cfg.tools),
         )
         path = run_samples.append_samples(self.output_dir, table)
         self.tracker.log_artifact(path, "samples")

@@ -9,13 +9,13 @@ from typing import Callable
 
 import numpy as np
 
-from ...conf import to_plain
+from ...conf import cfg_get, to_plain
 from ..interventions import INTERVENTIONS
 from .plots import plot_attribution, plot_quadrants, plot_reflection, plot_tool_use, plot_training_curves
 from .regime import report_regime
 from .run_dir import atomic_write_text
 
-__all__ = ["summarize", "validation_text", "write_run_report", "TrainingProgress"]
+__all__ = ["summarize", "validation_text", "async_summary", "async_text", "write_run_report", "TrainingProgress"]
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -76,6 +76,69 @@ def validation_text(summary: dict) -> str:
     return ", ".join(parts) or "no validation"
 
 
+def async_summary(rows: list[dict], staleness: int) -> dict:
+    """What an asynchronous run (``trainer.staleness=k >= 1``) did, from the ``async/*`` metrics its
+    steps logged (docs/async.md), for ``summary.json``'s ``async`` block:
+
+    - ``staleness_limit``: ``k``, the most versions a trained batch may lag the trainer;
+    - ``staleness_mean`` / ``staleness_max``: the realised lag over the trained steps, the mean of
+      ``async/staleness/mean`` and the largest ``async/staleness/max`` (None when no step trained);
+    - ``dropped_samples``: ``async/dropped`` summed, the samples thrown away as more than ``k``
+      versions old; ``skipped_steps``: the steps that trained nothing because their batch was dropped;
+    - ``trainer_idle_frac``: the share of the trainer's step time spent waiting for the rollout queue,
+      ``sum(time/generate) / sum(time/step)`` (``time/generate`` is that wait under staleness);
+    - ``worker_idle_frac``: the mean of ``async/worker_idle_frac``, the share of the worker's time it
+      sat blocked (a full queue, or waiting for recent enough weights) instead of generating;
+    - ``overlap``: the share of rollout time hidden behind training, ``1 - wait / rollout``. No metric
+      times the worker's generation itself, so a step's rollout time is estimated as its busy share,
+      ``1 - async/worker_idle_frac``, of one trainer step (the worker makes one batch per step, so its
+      cycle is a step long); ``wait`` is ``time/generate``. Step 1 is left out: it holds
+      the worker's start-up (building its model), which nothing can overlap. Clipped to [0, 1]; None
+      with no step to measure.
+
+    Only the rows that carry the keys count, so a skipped step or one logged before a key existed
+    changes nothing. Pure."""
+    trained = [r for r in rows if r.get("async/staleness/mean") is not None]
+    lags = [float(r["async/staleness/mean"]) for r in trained]
+    maxima = [float(r["async/staleness/max"]) for r in trained if r.get("async/staleness/max") is not None]
+    timed = [r for r in trained if r.get("time/generate") is not None and r.get("time/step") is not None]
+    step_s = sum(float(r["time/step"]) for r in timed)
+    idle = [float(r["async/worker_idle_frac"]) for r in trained if r.get("async/worker_idle_frac") is not None]
+    later = [r for r in timed if r.get("step") != 1 and r.get("async/worker_idle_frac") is not None]
+    rollout_s = sum((1.0 - float(r["async/worker_idle_frac"])) * float(r["time/step"]) for r in later)
+    wait_s = sum(float(r["time/generate"]) for r in later)
+    overlap = min(max(1.0 - wait_s / rollout_s, 0.0), 1.0) if rollout_s > 0 else None
+    return {
+        "staleness_limit": int(staleness),
+        "staleness_mean": float(np.mean(lags)) if lags else None,
+        "staleness_max": float(max(maxima)) if maxima else None,
+        "dropped_samples": int(sum(float(r.get("async/dropped") or 0.0) for r in rows)),
+        "skipped_steps": sum(1 for r in rows if r.get("skipped") and r.get("async/dropped")),
+        "trainer_idle_frac": sum(float(r["time/generate"]) for r in timed) / step_s if step_s > 0 else None,
+        "worker_idle_frac": float(np.mean(idle)) if idle else None,
+        "overlap": overlap,
+    }
+
+
+def async_text(block: dict) -> str:
+    """The end line of an asynchronous run from its ``async_summary`` block: ``async: k=2, 85% of
+    rollout time overlapped training, staleness mean 1.4 max 2, 0 samples dropped``."""
+    overlap = (
+        "overlap not measured" if block.get("overlap") is None else f"{block['overlap']:.0%} of rollout time overlapped training"
+    )
+    mean, most = block.get("staleness_mean"), block.get("staleness_max")
+    lag = (
+        "no step trained"
+        if mean is None
+        else f"staleness mean {mean:.1f} max {most:g}"
+        if most is not None
+        else f"staleness mean {mean:.1f}"
+    )
+    skipped = block.get("skipped_steps") or 0
+    dropped = f"{block.get('dropped_samples', 0)} samples dropped" + (f" ({skipped} steps skipped)" if skipped else "")
+    return f"async: k={block['staleness_limit']}, {overlap}, {lag}, {dropped}"
+
+
 def write_run_report(
     rows: list[dict], cfg, output_dir: Path, tracker, status: str, run_facts: dict, log: Callable = print
 ) -> dict:
@@ -88,6 +151,10 @@ def write_run_report(
     summary = summarize(rows)
     summary.update(report_regime(rows, cfg, tracker, log=log))  # warnings, flags, r
     summary.update(run_facts)
+    staleness = int(cfg_get(cfg_get(cfg, "trainer"), "staleness", 0))
+    if staleness > 0:  # an asynchronous run says what its overlap and staleness were (async_summary)
+        summary["async"] = async_summary(rows, staleness)
+        log(async_text(summary["async"]))
     figures: list[Path | None] = []
     if rows:
         try:  # written beside and renamed: a full disk leaves the old figure, never 0 bytes
