@@ -309,6 +309,7 @@ TRAIN = {
     "trainer.samples_rows": POS_INT,
     "trainer.staleness": NONNEG_INT,
     "trainer.rollout_gpus": NONNEG_INT,
+    "trainer.worker_stall_s": number(0, open_low=True, nullable=True),
     "trainer.device": STR,
     "trainer.threads": THREADS,
     "rollout.name": STR,

@@ -10,6 +10,11 @@
   were; in a tool run through the same multi-turn driver and tool as training, with the tool
   metrics (``val/<bench>/tools/calls/mean``, ...).
 
+Running out of memory while generating or grading (``core/oom.py`` tells it from other errors) ends
+``entropyrl eval`` in one line (``memory_error``) naming what ran out, where, and the keys that lower
+it; the benchmarks already finished keep their results (samples.jsonl, summary.json with
+``status: FAILED``) and the MLflow run holds them, ended FAILED.
+
 Samples come from a rollout engine (``entropyrl.rollout``, the one stack training uses too):
 ``eval.backend=hf|vllm|<registered>``, its settings from ``eval.*`` and the section named after it
 (``eval.vllm``). With ``tools=code_interpreter`` the engine samples multi-turn responses through the
@@ -33,6 +38,7 @@ from ..conf import to_plain
 from ..core.errors import UserError
 from ..core.files import atomic_write_lines, atomic_write_text
 from ..core.mlflow_store import resolve_uri
+from ..core.oom import is_out_of_memory, memory_kind
 from ..core.outbox import short_http_retries
 from ..core.resources import apply_threads
 from ..core.tracking import TrackingStore, check_reachable
@@ -51,7 +57,7 @@ from .metrics import mean_metrics, problem_metrics
 from .prompts import available_templates, build_prompts, chat_use
 from .reflection import ReflectionMatcher, density, matcher_for, reflection_block, reflection_eval_metrics, resolve_words
 
-__all__ = ["EvalSettings", "eval_settings", "evaluate", "run_eval", "validate", "render_table"]
+__all__ = ["EvalSettings", "eval_settings", "evaluate", "memory_error", "run_eval", "validate", "render_table"]
 
 SUMMARY_KEYS = ("avg@n", "pass@1", "maj@n")  # averaged over benchmarks (n differs per benchmark)
 
@@ -110,14 +116,16 @@ def evaluate(
     settings: EvalSettings,
     *,
     progress: ProgressFn | None = None,
+    into: tuple[dict, list] | None = None,
 ) -> tuple[dict[str, dict], list[dict]]:
     """Sample, grade and score each benchmark.
 
     Returns ``(results, samples)``: ``results[bench]`` holds ``n_samples``, ``problems``,
     ``temperature``, ``top_p`` and ``metrics`` (``avg@n``, ``pass@k``, ``maj@n`` means over
-    problems); ``samples`` has one dict per generated response."""
-    results: dict[str, dict] = {}
-    samples: list[dict] = []
+    problems); ``samples`` has one dict per generated response. ``into``: the ``(results,
+    samples)`` to fill, benchmark by benchmark, so that a caller keeps the finished ones when a
+    later one fails (a benchmark is finished once its name is in ``results``)."""
+    results, samples = into if into is not None else ({}, [])
     matcher = matcher_for(resolve_words(settings.reflection_words, "eval.reflection_words"))
     for source, problems in benchmarks.items():
         spec = get_spec(source)
@@ -502,7 +510,7 @@ def reflection_lines(results: Mapping[str, dict]) -> list[str]:
 
 
 def _log_mlflow(
-    cfg, results, metrics: dict[str, float], files: list[Path], label: str, names: list[str]
+    cfg, results, metrics: dict[str, float], files: list[Path], label: str, names: list[str], status: str = "FINISHED"
 ) -> tuple[str | None, str | None]:
     tr = cfg.get("tracking") or {}
     if not tr.get("enabled", True):
@@ -536,7 +544,7 @@ def _log_mlflow(
             with contextlib.suppress(Exception):
                 store.finish(run_id, status="KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
             raise
-        store.finish(run_id)
+        store.finish(run_id, status=status)
         return run_id, uri
     except UserError:
         raise
@@ -602,7 +610,6 @@ def run_eval(cfg, console=None) -> dict:
 
 def _run_into(cfg, console, out_dir: Path, names: list[str], data: dict, settings: EvalSettings) -> dict:
     """``run_eval`` from the model on: generate, grade, write into ``out_dir``, log the MLflow run."""
-    from omegaconf import OmegaConf
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     ev = cfg.eval
@@ -617,6 +624,10 @@ def _run_into(cfg, console, out_dir: Path, names: list[str], data: dict, setting
     started = time.perf_counter()
     batch = int(ev.get("batch_size", 16) or 16)
     every = float(ev.get("heartbeat_s", 30.0) or 30.0)
+    results: dict[str, dict] = {}
+    samples: list[dict] = []
+    under_way: dict[str, str] = {}  # the benchmark and phase (generate, grade) running: what an error names
+    out_of_memory: BaseException | None = None
     try:
         with Progress(
             TextColumn("{task.description}"),
@@ -637,6 +648,7 @@ def _run_into(cfg, console, out_dir: Path, names: list[str], data: dict, setting
                         meter.tokens(advance)
                         _show(bench, meter)
                     return
+                under_way.update(benchmark=bench, phase=phase)
                 key = (bench, phase)
                 if key not in tasks:
                     tasks[key] = bar.add_task(f"{phase:8s} {bench}", total=total, meter="")
@@ -659,19 +671,51 @@ def _run_into(cfg, console, out_dir: Path, names: list[str], data: dict, setting
                 if not console.is_terminal and meter.due():
                     console.print(f"generate {bench}: {meter.line()}", markup=False, highlight=False)
 
-            results, samples = evaluate(engine, tokenizer, data, settings, progress=progress)
+            evaluate(engine, tokenizer, data, settings, progress=progress, into=(results, samples))
+    except (RuntimeError, MemoryError) as exc:  # out of memory: the finished benchmarks are written below
+        if not is_out_of_memory(exc):
+            raise
+        exc.__traceback__ = None  # the failed batch's tensors go before the results are written
+        out_of_memory = exc
     finally:
         engine.close()
 
     warnings = unreadable + [r["warning"] for r in results.values() if "warning" in r]  # many responses cut short
     for line in warnings:
         console.print(f"[yellow]warning[/yellow]: {line}", highlight=False)
+    if out_of_memory is not None:
+        samples = [s for s in samples if s.get("benchmark") in results]  # the failed benchmark's are partial
+        error = memory_error(out_of_memory, cfg, settings, data, results, under_way, out_dir)
+        _write_results(cfg, out_dir, label, names, results, samples, started, threads, warnings, str(error))
+        raise error
+    return _write_results(cfg, out_dir, label, names, results, samples, started, threads, warnings)
+
+
+def _write_results(
+    cfg,
+    out_dir: Path,
+    label: str,
+    names: list[str],
+    results: dict,
+    samples: list[dict],
+    started: float,
+    threads: int,
+    warnings: list[str],
+    error: str | None = None,
+) -> dict:
+    """Write ``samples.jsonl`` and ``summary.json`` into ``out_dir`` and log the MLflow run, FINISHED,
+    or FAILED with ``error`` (the line that ended the eval; ``results`` then holds the benchmarks
+    finished before it). Returns the summary."""
+    from omegaconf import OmegaConf
 
     metrics = flat_metrics(results, prefix="eval")
     samples_path, summary_path = out_dir / "samples.jsonl", out_dir / "summary.json"
     atomic_write_lines(samples_path, (json.dumps(s) for s in samples))
+    status = "FINISHED" if error is None else "FAILED"
     summary = {
         "model": label,
+        "status": status,
+        **({} if error is None else {"error": error}),
         "benchmarks": results,
         "average": average_over_benchmarks(results),
         "metrics": metrics,
@@ -682,8 +726,48 @@ def _run_into(cfg, console, out_dir: Path, names: list[str], data: dict, setting
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
     atomic_write_text(summary_path, json.dumps(summary, indent=2))
-    run_id, uri = _log_mlflow(cfg, results, metrics, [samples_path, summary_path], label, names)
+    run_id, uri = _log_mlflow(cfg, results, metrics, [samples_path, summary_path], label, names, status=status)
     if run_id:
         summary.update({"mlflow_run_id": run_id, "tracking_uri": uri})
         atomic_write_text(summary_path, json.dumps(summary, indent=2))
     return summary
+
+
+def memory_error(
+    exc: BaseException, cfg, settings: EvalSettings, data: Mapping, results: Mapping, under_way: Mapping, out_dir: Path
+) -> UserError:
+    """The one line for an eval that ran out of memory (``exc``): what ran out and where (the
+    benchmark and phase ``under_way``, else the first unfinished one), the keys that lower it, and
+    what is kept (the benchmarks in ``results``) with the command's arguments that finish the rest."""
+    ev = cfg.eval
+    unfinished = [source for source in data if get_spec(source).name not in results]
+    started = under_way.get("benchmark") not in (None, *results)  # else it failed before its first phase
+    bench = under_way["benchmark"] if started else (get_spec(unfinished[0]).name if unfinished else "?")
+    phase = under_way.get("phase") if started else None
+    doing = {"generate": "generating", "grade": "grading"}.get(str(phase), "evaluating")
+    said = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    said = said if len(said) <= 160 else said[:157] + "..."
+    spec = next((get_spec(source) for source in unfinished if get_spec(source).name == bench), None)
+    n = int(settings.n_samples or (spec.n_samples if spec is not None else 1))
+    advice = []
+    if doing == "grading":
+        advice.append(f"fewer grading processes, eval.workers (now {settings.workers or 'one per CPU'})")
+    else:
+        if str(ev.get("backend", "hf")) == "hf":
+            advice.append(f"lower eval.batch_size (now {int(ev.get('batch_size', 16) or 16)})")
+        advice.append(f"shorten eval.max_new_tokens (now {settings.max_new_tokens})")
+    advice.append(f"fewer samples per problem, eval.n_samples (now {n})")
+    advice.append(f"fewer problems, eval.limit (now {ev.get('limit') or 'all'})")
+    if results:
+        kept = (
+            f"the finished benchmark{'s' if len(results) > 1 else ''} ({', '.join(results)}) "
+            f"{'are' if len(results) > 1 else 'is'} kept in {out_dir}/summary.json and samples.jsonl"
+        )
+    else:
+        kept = "no benchmark had finished"
+    if bool((cfg.get("tracking") or {}).get("enabled", True)):
+        kept += "; the MLflow run ended FAILED"
+    return UserError(
+        f"out of {memory_kind(exc)} while {doing} {bench} ({said}): " + "; ".join(advice) + f"; {kept}; run "
+        f"`entropyrl eval {' '.join(unfinished)} ...` with those changes for the rest"
+    )

@@ -49,6 +49,15 @@ trainer closes its copy of the queue's write end once the worker has its own, so
 by the worker's death reads as the end of the pipe instead of blocking; the batch wait polls the
 worker's liveness; ``close`` is bounded (the worker is killed after 10 s).
 
+A worker alive but sending nothing (stopped by SIGSTOP, deadlocked, spinning) is bounded too: every
+wait of the trainer on it (its batch, the weights' lock, its loading of restored weights) ends after
+``stall_limit_s``: ``trainer.worker_stall_s`` when set, else ten times the slowest batch the worker
+has made so far (at least five minutes), and at least half an hour before its first batch (building
+the model, warming up its engine). Then the trainer stops the worker and ends the run with one
+``error:`` line naming the wait, its length, the worker's pid and the key to raise. The queue is read
+in a helper thread (``_QueueReader``): taking a batch can itself block on the worker, which hands
+its tensors over through a connection of its own while the trainer unpickles them.
+
 Checkpoints and resume: at every checkpoint the trainer takes from its worker the batches of the
 next ``k`` steps (``drain``: they exist or are being generated, from weights the checkpoint's
 step already covers, so the worker finishes them without a new version) into its own buffer,
@@ -66,6 +75,7 @@ import dataclasses
 import os
 import queue as queue_errors
 import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -95,15 +105,41 @@ __all__ = [
     "rollout_worker",
     "staleness_counts",
     "staleness_histogram",
+    "stall_limit_s",
     "visible_gpus",
     "worker_devices",
     "worker_group_env",
 ]
 
 _POLL_S = 0.5  # how often a blocked side looks at the stop flag and at the other process
-# the longest either side waits for the weights' lock while the other is alive (the holder copies
-# the weights, seconds even for a large model): past it the run ends instead of hanging
+# the longest the worker waits for the weights' lock while the trainer is alive (the holder copies
+# the weights, seconds even for a large model): past it the run ends instead of hanging; the
+# trainer's own wait is bounded by stall_limit_s
 _LOCK_BOUND_S = 600.0
+# a live worker that sends nothing: the trainer's bound on each wait for it (stall_limit_s)
+FIRST_BATCH_WAIT_S = 1800.0  # before its first batch: the worker builds its model and warms its engine up
+STALL_FACTOR = 10.0  # after it: this many times the slowest batch so far ...
+STALL_FLOOR_S = 300.0  # ... and never less (a longer response than any before, a slow shared machine)
+_READ_GRACE_S = 0.5  # past a read's own timeout: the unpickling of a batch that arrived
+
+
+def stall_limit_s(explicit: float | None, slowest_batch_s: float | None) -> tuple[float, str]:
+    """``(seconds, how they were set)``: how long the trainer waits on a live rollout worker that
+    sends nothing before it ends the run. ``explicit``: ``trainer.worker_stall_s`` (None: derived);
+    ``slowest_batch_s``: the longest the worker has generated one batch (None: no batch yet, where
+    building the model and warming up the engine come first, so the wait is at least
+    ``FIRST_BATCH_WAIT_S``). Derived from what the run measured so a slow model or long responses
+    never trip it, while a stall ends in minutes rather than never."""
+    if slowest_batch_s is None:
+        seconds = max(FIRST_BATCH_WAIT_S, float(explicit or 0.0))
+        return seconds, f"the allowance for building the model and its first batch, {seconds:.0f} s"
+    if explicit is not None:
+        return float(explicit), f"trainer.worker_stall_s={float(explicit):g}"
+    seconds = max(STALL_FLOOR_S, STALL_FACTOR * float(slowest_batch_s))
+    return (
+        seconds,
+        f"{STALL_FACTOR:g} x the slowest batch so far ({float(slowest_batch_s):.1f} s), at least {STALL_FLOOR_S:.0f} s",
+    )
 
 
 class StopFlag:
@@ -180,11 +216,11 @@ class WeightChannel:
         self.loaded = ctx.Value("q", -1, lock=False)
         self.lock = ctx.Lock()  # the tensors: never read while half copied
 
-    def publish(self, state: dict[str, torch.Tensor], version: int, alive=_always) -> bool:
+    def publish(self, state: dict[str, torch.Tensor], version: int, alive=_always, bound_s: float = _LOCK_BOUND_S) -> bool:
         """Copy ``state`` in and set the version (the trainer, after a training step). False,
         nothing published, when the lock could not be taken: the worker is gone (``alive()``
-        false) or held it past the bound."""
-        if not _acquire(self.lock, alive):
+        false) or held it past ``bound_s`` seconds."""
+        if not _acquire(self.lock, alive, bound_s):
             return False
         try:
             for key, shared in self.tensors.items():
@@ -314,6 +350,17 @@ class AsyncRollouts:
         # batches taken from the worker ahead of the steps that train them (drain, restore): trained first
         self.pending: list[StaleBatch] = []
         self.failure: UserError | None = None  # the worker's error met while draining: raised when its batch is due
+        stall = cfg.trainer.get("worker_stall_s", None)
+        self.stall_s = None if stall is None else float(stall)  # trainer.worker_stall_s; None: stall_limit_s derives it
+        self.slowest_batch_s: float | None = None  # the longest the worker took to generate one batch (None: none yet)
+        self._reader: _QueueReader | None = None
+
+    @property
+    def reader(self) -> _QueueReader:
+        """The reader of the worker's queue (``self.queue``; a new one when the queue changed)."""
+        if self._reader is None or self._reader.source is not self.queue:
+            self._reader = _QueueReader(self.queue)
+        return self._reader
 
     def start(self, model: torch.nn.Module, step: int) -> None:
         """Start the worker from ``model``'s weights, published as version ``step`` (0, or the
@@ -352,9 +399,14 @@ class AsyncRollouts:
         build its model; meanwhile the trainer would train the pending batches and publish newer
         weights, and the worker's first batch would come from those instead of the version the
         uninterrupted run's worker generated it from (the gate's, when generation keeps up)."""
+        limit_s, how = stall_limit_s(self.stall_s, self.slowest_batch_s)
+        started = time.monotonic()
         while self.weights.loaded.value < version:
             if not self.process.is_alive():  # its error, sent before it exited, or that it is gone
                 self._receive(first_step)
+            waited = time.monotonic() - started
+            if waited > limit_s:
+                raise self._stalled(waited, f"for it to load the restored weights of step {version}", how)
             time.sleep(0.01)
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
@@ -365,17 +417,16 @@ class AsyncRollouts:
         if self.weights is None:
             return
         alive = self.process.is_alive if self.process is not None else _always
-        if self.weights.publish(distributed.full_weights(model), version, alive=alive):
+        limit_s, how = stall_limit_s(self.stall_s, self.slowest_batch_s)
+        started = time.monotonic()
+        if self.weights.publish(distributed.full_weights(model), version, alive=alive, bound_s=limit_s):
             return
         when = f"while the trainer published the weights of step {version}"
         if self.process is not None and not self.process.is_alive():
             self.failure = self.failure or self._worker_gone(version, when)
             return
-        self.failure = self.failure or UserError(
-            f"the rollout worker (pid {self.process.pid}) held the shared weights for more than {_LOCK_BOUND_S:.0f} s "
-            f"{when}; the metrics and checkpoints written so far are kept: run the same command again to resume, "
-            f"or set trainer.staleness=0"
-        )
+        stalled = self._stalled(time.monotonic() - started, f"for the shared weights' lock to publish step {version}'s", how)
+        self.failure = self.failure or stalled
 
     def next_batch(self, model: torch.nn.Module, step: int) -> tuple[StepBatch | None, dict]:
         """Step ``step``'s batch (``collect_rollouts``' pair) with the ``async/*`` metrics of its
@@ -497,12 +548,19 @@ class AsyncRollouts:
         return self._receive(step)
 
     def _receive(self, step: int) -> StaleBatch:
+        """The worker's next item for the trainer at ``step``; ``UserError`` when the worker failed,
+        is gone, or sent nothing within ``stall_limit_s`` (then it is stopped)."""
+        limit_s, how = stall_limit_s(self.stall_s, self.slowest_batch_s)
+        started = time.monotonic()
         while True:
             try:
-                item = self.queue.get(timeout=_POLL_S)
+                item = self.reader.get(timeout=_POLL_S)
             except queue_errors.Empty:
                 if not self.process.is_alive():
                     raise self._worker_gone(step) from None
+                waited = time.monotonic() - started
+                if waited > limit_s:
+                    raise self._stalled(waited, f"for step {step + 1}'s batch", how) from None
                 continue
             except (OSError, EOFError):  # a batch whose tensors the worker shares died with it
                 self.process.join(timeout=5.0)
@@ -512,7 +570,22 @@ class AsyncRollouts:
                     f"the rollout worker failed while producing step {item.step + 1}'s batch: {item.error}; the "
                     f"checkpoints written so far are kept: fix the cause and run the same command again to resume"
                 )
+            busy = max(float(item.cycle_s) - float(item.idle_s), 0.0)  # generating it, not waiting at the gate
+            self.slowest_batch_s = max(self.slowest_batch_s or 0.0, busy)
             return item
+
+    def _stalled(self, waited_s: float, what: str, how: str) -> UserError:
+        """Stop a live worker that sent nothing for ``waited_s`` seconds while the trainer waited
+        ``what`` (past its limit, set as ``how`` says), and the one line that ends the run."""
+        pid = self.process.pid
+        self.process.kill()  # SIGKILL ends a stopped process too; close() reaps it
+        self.process.join(timeout=5.0)
+        return UserError(
+            f"the rollout worker (pid {pid}) is alive but sent nothing for {waited_s:.0f} s while the trainer waited "
+            f"{what} (stopped, deadlocked or spinning?); the limit is {how}; the worker was stopped. The metrics "
+            f"and checkpoints written so far are kept: run the same command again to resume, or, if its batches "
+            f"are this slow, raise trainer.worker_stall_s (seconds)"
+        )
 
     def _worker_gone(self, step: int, when: str | None = None) -> UserError:
         when = when or f"before sending step {step + 1}'s batch"
@@ -530,7 +603,7 @@ class AsyncRollouts:
         deadline = time.monotonic() + 10.0
         while self.process.is_alive() and time.monotonic() < deadline:
             try:  # a worker blocked on a full queue gets room (what it sent is dropped)
-                self.queue.get(timeout=0.1)
+                self.reader.get(timeout=0.1)
             except queue_errors.Empty:
                 pass
             except (OSError, EOFError):  # a batch whose tensors left with the worker that shared them
@@ -540,6 +613,41 @@ class AsyncRollouts:
         self.process.join(timeout=5.0)
         self.queue.cancel_join_thread()
         self.process = None
+
+
+class _QueueReader:
+    """Reads a ``multiprocessing`` queue in a helper thread, so that the trainer's wait for an item
+    is bounded even where the read itself blocks: a batch's tensors come through the worker's own
+    connection while they are unpickled, which never answers when the worker is stopped, and a
+    message cut short by a stopped writer never ends. A read still under way when a ``get`` gives
+    up is kept and joined by the next ``get`` (its item is never lost); once the worker is killed
+    the blocked read fails and its thread ends."""
+
+    def __init__(self, source):
+        self.source = source
+        self.thread: threading.Thread | None = None
+        self.box: dict = {}
+
+    def get(self, timeout: float):
+        """The next item; ``queue.Empty`` when none came within about ``timeout`` seconds (or a read
+        is still under way), else the read's own error (``OSError``, ``EOFError``)."""
+        if self.thread is None:
+            self.box = {}
+            self.thread = threading.Thread(target=self._read, args=(self.box, timeout), daemon=True)
+            self.thread.start()
+        self.thread.join(timeout + _READ_GRACE_S)
+        if self.thread.is_alive():
+            raise queue_errors.Empty
+        self.thread, box = None, self.box
+        if "error" in box:
+            raise box["error"]
+        return box["item"]
+
+    def _read(self, box: dict, timeout: float) -> None:
+        try:
+            box["item"] = self.source.get(timeout=timeout)
+        except BaseException as exc:  # noqa: BLE001  (handed to the caller of get)
+            box["error"] = exc
 
 
 def exit_cause(exitcode: int | None) -> str:

@@ -1,8 +1,9 @@
 """A rollout worker that dies ends the asynchronous run in one line at every wait between it and the
 trainer, never a hang: killed mid-generation, at the staleness gate waiting for weights, while the
 trainer waits for its batch, while it holds the weights' lock, half-way through sending a batch, and
-during the trainer's shutdown. Each wait runs in a thread joined with a bound, so a hang fails the
-test instead of blocking the suite."""
+during the trainer's shutdown. A worker alive but sending nothing (stopped with SIGSTOP) ends it the
+same way once the trainer's limit passes, the worker stopped. Each wait runs in a thread joined with
+a bound, so a hang fails the test instead of blocking the suite."""
 
 from __future__ import annotations
 
@@ -22,7 +23,16 @@ import torch
 from entropyrl.conf import compose
 from entropyrl.core.errors import UserError
 from entropyrl.trainers import components
-from entropyrl.trainers.async_rollout import AsyncRollouts, StopFlag, exit_cause
+from entropyrl.trainers.async_rollout import (
+    FIRST_BATCH_WAIT_S,
+    STALL_FACTOR,
+    STALL_FLOOR_S,
+    AsyncRollouts,
+    StaleBatch,
+    StopFlag,
+    exit_cause,
+    stall_limit_s,
+)
 from entropyrl.trainers.parallel.distributed import DistInfo
 
 BOUND_S = 30.0  # a dead worker is noticed within a second; shutdown kills a live one after 10 s
@@ -109,6 +119,16 @@ def _full_queue(cfg_yaml, weights, out, stop, first_step, staleness):
     weights.loaded.value = 0
     for step in range(first_step, first_step + 10):
         out.put(("batch", step))
+
+
+def _two_batches_then_generating(cfg_yaml, weights, out, stop, first_step, staleness):
+    """Sends the batches of two steps, the second holding a tensor (shared through the worker's own
+    connection while the trainer unpickles it), then generates for ever."""
+    weights.loaded.value = 0
+    for step, metrics in ((first_step, {}), (first_step + 1, {"shared": torch.ones(64)})):
+        out.put(StaleBatch(step, 0, (None, metrics), float("nan"), 0.0, 0.05))
+    while not stop.wait(0.01):
+        pass
 
 
 def _started(cfg, worker) -> AsyncRollouts:
@@ -288,3 +308,112 @@ def _spawned_children(pid: int) -> list[int]:
             if b"spawn_main" in cmdline:
                 out.append(int(child))
     return out
+
+
+# -- a worker alive but stalled ----------------------------------------------------------------------
+def _stopped(rollouts: AsyncRollouts) -> int:
+    pid = rollouts.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    _wait_for(lambda: Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T", "the worker to stop", 10)
+    return pid
+
+
+def _stalled(error, pid: int) -> None:
+    assert isinstance(error, UserError), repr(error)
+    text = str(error)
+    assert f"the rollout worker (pid {pid}) is alive but sent nothing for" in text, text
+    assert "trainer.worker_stall_s" in text and "the worker was stopped" in text and "\n" not in text, text
+
+
+def test_the_stall_limit_grows_with_the_slowest_batch_and_waits_longer_for_the_first():
+    assert stall_limit_s(None, None)[0] == FIRST_BATCH_WAIT_S  # the model is still loading
+    assert stall_limit_s(2.0, None)[0] == FIRST_BATCH_WAIT_S  # a small explicit limit leaves the warm-up alone
+    assert stall_limit_s(10 * FIRST_BATCH_WAIT_S, None)[0] == 10 * FIRST_BATCH_WAIT_S
+    assert stall_limit_s(None, 1.0)[0] == STALL_FLOOR_S
+    slow = 2 * STALL_FLOOR_S / STALL_FACTOR
+    assert stall_limit_s(None, slow)[0] == pytest.approx(STALL_FACTOR * slow)
+    assert stall_limit_s(None, slow)[0] > STALL_FLOOR_S
+    seconds, how = stall_limit_s(2.5, slow)
+    assert seconds == 2.5 and "trainer.worker_stall_s=2.5" in how
+
+
+@pytest.mark.parametrize("batches_taken", [1, 0], ids=["generating", "batch-in-the-queue"])
+def test_a_stopped_worker_ends_the_wait_for_its_batch_after_the_limit(fast_train, in_tmp, batches_taken):
+    """SIGSTOP after the first batch: while it generates the next one, and with the next one
+    already in the queue, whose tensor the trainer fetches from the stopped worker as it reads it.
+    With ``trainer.worker_stall_s=1`` the wait ends in about a second: one line, the worker killed."""
+    cfg = compose("train", _overrides(fast_train, "trainer.staleness=2", "trainer.worker_stall_s=1"))
+    rollouts = _started(cfg, _two_batches_then_generating)
+    batch, _metrics = _within(lambda: rollouts.next_batch(None, step=0))
+    assert batch is None and rollouts.slowest_batch_s == pytest.approx(0.05)
+    if batches_taken == 0:
+        _wait_for(lambda: rollouts.queue._reader.poll(), "the second batch in the queue's pipe")
+    else:
+        assert _within(lambda: rollouts.next_batch(None, step=1))[0] is None
+    pid = _stopped(rollouts)
+    started = time.monotonic()
+    error = _within(lambda: rollouts.next_batch(None, step=1 + batches_taken), 15)
+    assert time.monotonic() - started < 10
+    _stalled(error, pid)
+    assert f"while the trainer waited for step {2 + batches_taken}'s batch" in str(error)
+    assert "trainer.worker_stall_s=1" in str(error)  # the limit, and where it came from
+    assert rollouts.process.exitcode == -signal.SIGKILL  # stopped for good, not left frozen
+    assert _within(rollouts.close) is None and rollouts.process is None
+
+
+def test_a_worker_stopped_holding_the_weights_ends_the_run_at_the_next_batch(fast_train, in_tmp):
+    """Stopped inside the weights' lock: the trainer's publish gives up after the limit (the step it
+    trained is still logged and saved), the worker is stopped, and the next batch ends the run."""
+    cfg = compose("train", _overrides(fast_train, "trainer.staleness=1", "trainer.worker_stall_s=1"))
+    rollouts = _started(cfg, _holding_the_weights)
+    rollouts.slowest_batch_s = 0.05  # past the first batch's allowance
+    pid = _stopped(rollouts)
+    assert _within(lambda: rollouts.publish(torch.nn.Linear(2, 2), 1), 15) is None
+    assert rollouts.weights.version.value == 0  # nothing published
+    error = _within(lambda: rollouts.next_batch(None, step=1))
+    _stalled(error, pid)
+    assert "while the trainer waited for the shared weights' lock to publish step 1's" in str(error)
+    assert _within(rollouts.close) is None
+
+
+@pytest.mark.slow
+def test_a_cli_run_whose_worker_is_stopped_ends_in_one_line_keeping_its_metrics(fast_train, in_tmp):
+    """SIGSTOP to the real worker of a CLI run after its first steps: with trainer.worker_stall_s=5
+    the run ends within seconds, with one error line naming the stall, the worker's pid and the key
+    to raise, its finished steps in metrics.jsonl and a FAILED summary; the worker is gone."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "entropyrl.cli.main",
+        "train",
+        *_overrides(fast_train, "trainer.staleness=1", "trainer.total_steps=500", "trainer.worker_stall_s=5"),
+    ]
+    proc = subprocess.Popen(cmd, cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = None
+    try:
+        metrics = in_tmp / "run" / "metrics.jsonl"
+        _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "two steps logged", 40)
+        assert proc.poll() is None
+        (worker,) = _spawned_children(proc.pid)
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            _out, err = proc.communicate(timeout=25)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the trainer still runs 25 s after its worker was stopped, with trainer.worker_stall_s=5")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if worker is not None and Path(f"/proc/{worker}").exists():
+            os.kill(worker, signal.SIGKILL)
+    assert proc.returncode == 2
+    assert "Traceback" not in err, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err[-3000:]
+    assert f"the rollout worker (pid {worker}) is alive but sent nothing for" in errors[0], errors[0]
+    assert "trainer.worker_stall_s" in errors[0]
+    _wait_for(lambda: not Path(f"/proc/{worker}").exists(), "the stopped worker to be gone", 5)
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert len(rows) >= 2 and [row["step"] for row in rows] == list(range(1, len(rows) + 1))
+    summary = json.loads((in_tmp / "run" / "summary.json").read_text())
+    assert summary["status"] == "FAILED" and summary["steps"] == len(rows)

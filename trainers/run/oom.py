@@ -3,7 +3,7 @@ instead of the allocator's traceback.
 
 torch reports exhaustion three ways: ``torch.OutOfMemoryError`` (CUDA and other accelerators), a
 ``RuntimeError`` from the CPU allocator (``DefaultCPUAllocator: can't allocate memory``), and
-Python's ``MemoryError``. Which knob helps depends on the run, so the line lists those not yet
+Python's ``MemoryError`` (told apart in ``core/oom.py``, shared with ``entropyrl eval``). Which knob helps depends on the run, so the line lists those not yet
 turned (micro-batch, packing by tokens, LoRA, gradient checkpointing, response length) and names
 ``entropyrl plan``, which estimates the memory per rank for the same overrides. What the run
 keeps is said too: the steps before it are in metrics.jsonl and the summary, and the last
@@ -13,18 +13,9 @@ checkpoint is intact (a step that failed mid-update is never saved: its weights 
 from __future__ import annotations
 
 from ...core.errors import UserError
+from ...core.oom import OOM_WORDS, is_out_of_memory
 
-#: Words of the CPU allocator's and the accelerators' out-of-memory messages (lower case).
-OOM_WORDS = ("out of memory", "can't allocate memory", "cannot allocate memory")
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is an allocation that failed for want of memory."""
-    import torch
-
-    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
-        return True
-    return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in OOM_WORDS)
+__all__ = ["OOM_WORDS", "is_out_of_memory", "memory_advice", "memory_error"]  # the classifier lives in core/oom.py
 
 
 def _get(cfg, dotted: str, default=None):
