@@ -143,10 +143,20 @@ if [[ $CONF_CHANGED -eq 1 ]]; then
     fi
   done
 fi
-if ! alive /run/slurmctld.pid; then
-  slurmctld -c || { echo "start.sh: slurmctld failed to start; see ${LOG_DIR}/slurmctld.log" >&2; exit 1; }
+ctld_up() { timeout 5 scontrol ping 2>/dev/null | grep -q "is UP"; }
+# a controller killed a moment ago may still hold its port: the new one exits; try a few times
+for attempt in 1 2 3; do
+  if ! alive /run/slurmctld.pid; then
+    slurmctld -c || { echo "start.sh: slurmctld failed to start; see ${LOG_DIR}/slurmctld.log" >&2; exit 1; }
+  fi
+  for _ in $(seq 1 50); do ctld_up && break; sleep 0.2; done
+  ctld_up && break
+  sleep 2
+done
+if ! ctld_up; then
+  echo "start.sh: slurmctld does not answer (scontrol ping); see ${LOG_DIR}/slurmctld.log" >&2
+  exit 1
 fi
-for _ in $(seq 1 100); do scontrol ping 2>/dev/null | grep -q "is UP" && break; sleep 0.2; done
 for name in "${NODES[@]}"; do
   if ! alive "/run/slurmd-${name}.pid"; then
     slurmd -N "$name" || { echo "start.sh: slurmd -N ${name} failed to start; see ${LOG_DIR}/slurmd-${name}.log" >&2; exit 1; }
@@ -154,10 +164,11 @@ for name in "${NODES[@]}"; do
 done
 
 # --- wait until every node is idle -----------------------------------------------------------
-for i in $(seq 1 120); do
+deadline=$((SECONDS + 120))  # a bound on the wall time: each query is bounded too
+while (( SECONDS < deadline )); do
   waiting=""
   for name in "${NODES[@]}"; do
-    state=$(sinfo -h -n "$name" -o "%T" 2>/dev/null | head -n1 || true)
+    state=$(timeout 5 sinfo -h -n "$name" -o "%T" 2>/dev/null | head -n1 || true)
     case "$state" in
       idle|mixed|allocated|completing) ;;
       down*|drain*|drained*) scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true; waiting+=" $name:$state" ;;
