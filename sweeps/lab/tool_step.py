@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -38,6 +39,30 @@ _STYLE = {
 }
 
 
+def coinciding_series_merged(bands: list[tuple[str, dict]]) -> list[tuple[str, str, dict]]:
+    """``(label, line style, band)`` to draw, one per distinct series: a series equal to an earlier
+    one at every step (in the tool tasks the later turns are all text after a tool result, and a
+    first turn without prose is all code) joins that one's label ("a = b") instead of being drawn
+    exactly on top of it, where its line and label would hide."""
+    out: list[list] = []
+    for key, b in bands:
+        label, ls = _STYLE[key]
+        same = next(
+            (
+                o
+                for o in out
+                if np.array_equal(o[2]["steps"], b["steps"])
+                and np.allclose(o[2]["mean"], b["mean"], rtol=0, atol=1e-12, equal_nan=True)
+            ),
+            None,
+        )
+        if same is not None:
+            same[0] = f"{same[0]} = {label}"
+        else:
+            out.append([label, ls, b])
+    return [tuple(o) for o in out]
+
+
 def plot_kinds(runs: dict[str, dict[int, list[dict]]], path: Path) -> Path | None:
     """One panel per variant: the entropy of each token kind (solid) and of the first vs later
     turns (dashed) over steps, mean over seeds with the min-max band, on a log axis (the kinds sit
@@ -53,8 +78,7 @@ def plot_kinds(runs: dict[str, dict[int, list[dict]]], path: Path) -> Path | Non
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.4 * rows), squeeze=False, sharey=True)
     for ax, (variant, bands) in zip(axes.flat, panels):
-        for i, (key, b) in enumerate(bands):
-            label, ls = _STYLE[key]
+        for i, (label, ls, b) in enumerate(coinciding_series_merged(bands)):
             (line,) = ax.plot(
                 b["steps"],
                 b["mean"],

@@ -246,3 +246,44 @@ def test_entropyrl_lab_tools_end_to_end(tmp_path):
     assert "`tool_grpo_collapses`" in report and "## Entropy by token kind and turn" in report
     assert (lab / "lab-tools-entropy-kind.png").stat().st_size > 5000
     assert "tool_grpo_collapses:" in proc.stderr  # the CLI prints the claim table
+
+
+def test_the_kinds_figure_draws_a_series_equal_to_another_once_under_both_names(tmp_path):
+    """In the tool tasks the later turns are all text after a tool result and a first turn without
+    prose is all code: drawn apart, one line hid the other exactly. Equal series are one line with
+    both names; distinct ones stay apart."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from entropyrl.sweeps.lab.tool_step import coinciding_series_merged, plot_kinds
+
+    def rows(code, post):
+        return [
+            {
+                "step": s,
+                "entropy/kind/text": 0.5,
+                "entropy/kind/code": code[s - 1],
+                "entropy/kind/post_tool": post[s - 1],
+                "entropy/turn/first": code[s - 1],
+                "entropy/turn/later": post[s - 1],
+            }
+            for s in (1, 2, 3)
+        ]
+
+    runs = {"grpo": {0: rows([0.3, 0.2, 0.1], [0.05, 0.04, 0.03]), 1: rows([0.3, 0.25, 0.2], [0.05, 0.05, 0.04])}}
+    from entropyrl.sweeps.aggregate import seed_band
+
+    keys = ("entropy/kind/text", "entropy/kind/code", "entropy/kind/post_tool", "entropy/turn/first", "entropy/turn/later")
+    bands = [(k, seed_band(runs["grpo"].values(), k)) for k in keys]
+    labels = [label for label, _ls, _b in coinciding_series_merged(bands)]
+    assert labels == ["text", "code = first turn", "post-tool = later turns"]
+    # a series that differs at one step stays its own line
+    runs["grpo"][1][2]["entropy/turn/later"] = 0.5
+    bands = [(k, seed_band(runs["grpo"].values(), k)) for k in keys]
+    assert [label for label, _ls, _b in coinciding_series_merged(bands)] == [
+        "text",
+        "code = first turn",
+        "post-tool",
+        "later turns",
+    ]
+    assert plot_kinds(runs, tmp_path / "kinds.png").is_file()
