@@ -79,7 +79,7 @@ def test_the_primary_config_wins_then_the_first_group_file_in_merge_order():
     assert primary_doc and primary_doc != declared_docs(tracking.read_text())["experiment"]
     assert key_docs("sweep", sweep_choices)["tracking.experiment"] == primary_doc
 
-    # rollout.max_new_tokens: declared by rollout/hf.yaml, set again by data/countdown.yaml after it
+    # rollout.max_new_tokens: declared by conf/rollout/hf.yaml, set again by conf/data/countdown.yaml after it
     train_choices = composition_choices("train", [])
     docs = key_docs("train", train_choices)
     declared = declared_docs((CONF_DIR / "rollout" / "hf.yaml").read_text())["max_new_tokens"]
