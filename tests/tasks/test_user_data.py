@@ -157,7 +157,11 @@ def test_a_prompt_of_which_nothing_reaches_the_model_is_left_out_and_counted_und
     assert nothing_left(tok, "Cara has some marbles.") and not nothing_left(tok, "Cara has 30 marbles.")
     assert representable(tok, ["a b c", "1+2=", "", "x 7"]) == [1, 3]
     path = tmp_path / "mine.jsonl"
-    rows = [{"question": "1+2=", "answer": "3"}, {"question": "How many marbles?", "answer": "4"}, {"question": "7-5=", "answer": "2"}]
+    rows = [
+        {"question": "1+2=", "answer": "3"},
+        {"question": "How many marbles?", "answer": "4"},
+        {"question": "7-5=", "answer": "2"},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     plain = ("data.chat_template=false", "data.prompt=native", "data.fields.problem=question", "data.fields.answer=answer")
     kept = _source(f"data.path={path}", *plain, "data.unrepresentable=warn", tokenizer=tok)
