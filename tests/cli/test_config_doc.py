@@ -157,3 +157,74 @@ def test_an_unknown_key_is_still_a_one_line_error(tmp_path, capsys, monkeypatch)
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: unknown config key 'trainer.totl_steps'"), out.stderr
     assert "trainer.total_steps" in lines[0]
+
+
+#: Config groups whose options no primary config picks alone here, and why.
+GROUPS_NOT_COMPOSED = {
+    "benchmark": "read by name (evals/benchmarks.py: `entropyrl eval aime24`), and compose refuses `+benchmark=` "
+    "as a near miss of `benchmarks`: no composition holds its keys",
+    "intervention": "every option is mounted at algo.<name> in every train composition, so the default train "
+    "config's test above already checks its keys",
+}
+
+
+def test_every_key_of_every_group_option_has_its_own_doc():
+    """Each option of each config group, picked alone on the primary config whose defaults list names
+    the group (``train``; ``sweep`` for ablation and launcher) with the other groups at their defaults:
+    every leaf key of that composition carries a comment where it is declared, the same rule as the
+    test above (which covers the default options).
+
+    Nearly a hundred compositions, so each is one Hydra call that gives both the config and the group
+    choices ``key_docs`` follows (``compose`` then ``composition_choices`` would compose twice), made
+    without the intervention configs mounted at ``algo.<name>``, which are half of each call: they
+    are the same files in every train composition, merged right after conf/algo/grpo.yaml and before
+    any other option's file, so the default config's test already holds each of their keys to a
+    comment, which is taken here as the doc of any key of theirs that an option sets again."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from entropyrl.conf import INTERVENTION_MOUNT, config_groups, intervention_names, mount_interventions, primary_defaults
+
+    groups = config_groups()
+    owner: dict[str, str] = {}
+    for config_name in ("train", "sweep"):  # train first: `tracking` is in both
+        for group in primary_defaults(config_name):
+            owner.setdefault(group, config_name)
+    assert set(owner) | set(GROUPS_NOT_COMPOSED) == set(groups), "a new config group: compose it here or say why not"
+    assert not set(owner) & set(GROUPS_NOT_COMPOSED)
+    picks = [
+        (owner[group], f"{group}={option}")
+        for group, options in groups.items()
+        if group in owner
+        for option in options
+        if option != primary_defaults(owner[group])[group]
+    ]
+    assert {"algo", "model", "data", "rollout", "experiment", "ablation", "launcher"} <= {p.split("=")[0] for _, p in picks}
+
+    mounted = key_docs("train", composition_choices("train", []))
+    sections = tuple(f"algo.{name}." for name in intervention_names())
+    intervention_docs = {key: doc for key, doc in mounted.items() if key.startswith(sections)}
+    assert intervention_docs and all(intervention_docs.values())
+
+    missing: dict[str, list[str]] = {}
+    GlobalHydra.instance().clear()
+    ConfigStore.instance().store(name=INTERVENTION_MOUNT, node={"defaults": []})  # nothing mounted
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="entropyrl"):
+            for config_name, pick in picks:
+                cfg = hydra_compose(config_name=config_name, overrides=[pick], return_hydra_config=True)
+                choices = OmegaConf.to_container(cfg.hydra.runtime.choices, resolve=False)
+                choices = {str(k): None if v is None else str(v) for k, v in choices.items() if not str(k).startswith("hydra/")}
+                plain = OmegaConf.to_container(cfg, resolve=False)
+                del plain["hydra"]
+                docs = {**intervention_docs, **{k: v for k, v in key_docs(config_name, choices).items() if v.strip()}}
+                undocumented = [key for key in _leaves(plain) if not docs.get(key, "").strip()]
+                if undocumented:
+                    missing[f"{config_name} {pick}"] = undocumented
+    finally:
+        GlobalHydra.instance().clear()
+        mount_interventions()  # back as compose leaves it
+    assert not missing, f"keys without a comment where declared: {missing}"
