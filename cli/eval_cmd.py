@@ -51,12 +51,15 @@ def register(app: typer.Typer) -> None:
         err = Console(stderr=True, soft_wrap=True)
         stopped_by: list[int] = []
 
-        def _stop(signum, _frame):  # SIGTERM ends an eval as Ctrl-C does: its folder cleaned, one line
+        def _stop(signum, _frame):  # SIGINT (Ctrl-C) and SIGTERM end an eval alike: its folder cleaned, one line
             stopped_by.append(signum)
             if len(stopped_by) == 1:
                 raise KeyboardInterrupt
 
-        previous = signal.signal(signal.SIGTERM, _stop)
+        # both set here, as the training run's stop signals are: a SIGINT that the process inherited
+        # ignored (a job started in the background of a script) still stops it
+        stop_signals = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, _stop) for sig in stop_signals}
         try:
             summary = run_eval(cfg, console=err)
         except KeyboardInterrupt:
@@ -64,7 +67,8 @@ def register(app: typer.Typer) -> None:
             err.print(f"stopped by {signal.Signals(sig).name}", markup=False, highlight=False)
             raise SystemExit(128 + int(sig)) from None
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         Console().print(render_table(summary["benchmarks"], title=f"entropyrl eval: {summary['model']}"))
         for line in reflection_lines(summary["benchmarks"]):  # eval.reflection_words; [] = none
             Console(soft_wrap=True).print(f"reflection {line}", highlight=False)

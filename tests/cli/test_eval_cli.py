@@ -202,6 +202,9 @@ def test_ctrl_c_on_an_eval_leaves_no_empty_folder_and_says_so(tmp_path, data_dir
 
     sig = getattr(signal, signame)
 
+    def inherit_an_ignored_sigint():  # as a job started in the background of a script does: Ctrl-C must still stop it
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     proc = subprocess.Popen(
         [*CLI, "eval", "math500", *FAST_TINY, "eval.n_samples=64", "eval.threads=1", "tracking.enabled=false"],
         cwd=tmp_path,
@@ -210,6 +213,7 @@ def test_ctrl_c_on_an_eval_leaves_no_empty_folder_and_says_so(tmp_path, data_dir
         text=True,
         env={**os.environ, "ENTROPYRL_DATA": str(data_dir)},
         start_new_session=True,
+        preexec_fn=inherit_an_ignored_sigint,
     )
     seen = ""
     deadline = time.monotonic() + 120
