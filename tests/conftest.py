@@ -79,6 +79,28 @@ FAST_TRAIN = [
 ]
 
 
+@pytest.fixture()
+def cli_in_process(tmp_path, capsys, monkeypatch):
+    """``run(*args)``: the CLI's ``main`` in this process, from ``tmp_path`` (the same code path as
+    ``entropyrl ...`` without seconds of imports per case), as a ``CompletedProcess`` of its exit
+    code, stdout and stderr."""
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        from entropyrl.cli.main import main
+
+        monkeypatch.chdir(tmp_path)
+        capsys.readouterr()
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), code, captured.out, captured.err)
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def fast_train() -> list[str]:
     return list(FAST_TRAIN)

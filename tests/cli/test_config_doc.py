@@ -3,8 +3,6 @@ being the YAML comment where the key is declared (conf/key_docs.py)."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from entropyrl.conf import CONF_DIR, compose
@@ -15,21 +13,6 @@ def _leaves(node, prefix: str = "") -> list[str]:
     if isinstance(node, dict) and node:
         return [leaf for key, value in node.items() for leaf in _leaves(value, f"{prefix}{key}.")]
     return [prefix[:-1]]
-
-
-def run_main(*args: str, cwd, capsys, monkeypatch) -> subprocess.CompletedProcess:
-    """The CLI's `main` in this process (the same code path, without seconds of imports per case)."""
-    from entropyrl.cli.main import main
-
-    monkeypatch.chdir(cwd)
-    capsys.readouterr()
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    captured = capsys.readouterr()
-    return subprocess.CompletedProcess(list(args), code, captured.out, captured.err)
 
 
 def _line_of(out: str, key: str) -> str:
@@ -113,12 +96,12 @@ def test_every_key_of_the_default_configs_has_its_own_doc(config_name):
 
 
 # -- the command ---------------------------------------------------------------------------------
-def test_doc_prints_a_stare_key_with_value_range_and_doc(tmp_path, capsys, monkeypatch):
+def test_doc_prints_a_stare_key_with_value_range_and_doc(cli_in_process):
     from entropyrl.cli.config_cmd import _shown
     from entropyrl.conf import used_settings
     from entropyrl.trainers.algos.algo_config import ALGO_KEYS
 
-    out = run_main("config", "show", "--doc", "algo=stare", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    out = cli_in_process("config", "show", "--doc", "algo=stare")
     assert out.returncode == 0, out.stderr
     cfg = compose("train", ["algo=stare"])
 
@@ -140,19 +123,17 @@ def test_doc_prints_a_stare_key_with_value_range_and_doc(tmp_path, capsys, monke
     assert all("  [" in line and "]  # " in line for line in out.stdout.splitlines() if not line.startswith("#"))
 
 
-def test_an_override_changes_the_printed_value(tmp_path, capsys, monkeypatch):
-    default = run_main("config", "show", "--doc", "--for", "eval", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
-    changed = run_main(
-        "config", "show", "--doc", "--for", "eval", "eval.limit=7", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch
-    )
+def test_an_override_changes_the_printed_value(cli_in_process):
+    default = cli_in_process("config", "show", "--doc", "--for", "eval")
+    changed = cli_in_process("config", "show", "--doc", "--for", "eval", "eval.limit=7")
     assert default.returncode == 0 and changed.returncode == 0, (default.stderr, changed.stderr)
     before, after = _line_of(default.stdout, "eval.limit"), _line_of(changed.stdout, "eval.limit")
     assert before.startswith("eval.limit: null  [") and after.startswith("eval.limit: 7  [")
     assert before.split("  [", 1)[1] == after.split("  [", 1)[1]  # the same rule and doc
 
 
-def test_an_unknown_key_is_still_a_one_line_error(tmp_path, capsys, monkeypatch):
-    out = run_main("config", "show", "--doc", "trainer.totl_steps=3", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+def test_an_unknown_key_is_still_a_one_line_error(cli_in_process):
+    out = cli_in_process("config", "show", "--doc", "trainer.totl_steps=3")
     assert out.returncode == 2 and out.stdout == ""
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: unknown config key 'trainer.totl_steps'"), out.stderr

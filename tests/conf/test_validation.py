@@ -21,21 +21,6 @@ def run_cli(*args: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
-def run_main(*args: str, cwd, capsys, monkeypatch) -> subprocess.CompletedProcess:
-    """The CLI's `main` in this process (the same code path, without 3 s of imports per case)."""
-    from entropyrl.cli.main import main
-
-    monkeypatch.chdir(cwd)
-    capsys.readouterr()
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    captured = capsys.readouterr()
-    return subprocess.CompletedProcess(list(args), code, captured.out, captured.err)
-
-
 def assert_one_line_error(out: subprocess.CompletedProcess, *fragments: str) -> str:
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
     lines = [line for line in out.stderr.splitlines() if line.strip()]
@@ -66,8 +51,8 @@ def assert_nothing_created(workdir, *names: str) -> None:
         ("trainer.threads=-2", "a positive integer (torch threads)"),  # used to run on 1 thread silently
     ],
 )
-def test_bad_train_values_fail_before_anything_is_created(override, allowed, tmp_path, capsys, monkeypatch):
-    out = run_main("train", *override.split(), "output_dir=run", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+def test_bad_train_values_fail_before_anything_is_created(override, allowed, tmp_path, cli_in_process):
+    out = cli_in_process("train", *override.split(), "output_dir=run")
     assert_one_line_error(out, override.split()[-1], allowed)
     assert_nothing_created(tmp_path)
 
