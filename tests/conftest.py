@@ -101,6 +101,32 @@ def cli_in_process(tmp_path, capsys, monkeypatch):
     return run
 
 
+def _children_spawned_by(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` and that multiprocessing's spawn started (not its resource
+    tracker). Reads /proc/*/stat, tolerating entries that vanish while it reads (threads and short-lived
+    helpers come and go under a running trainer)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) != pid:
+                continue
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if b"spawn_main" in cmdline:
+            out.append(int(entry.name))
+    return sorted(out)
+
+
+@pytest.fixture()
+def spawned_children():
+    """``spawned_children(pid)``: the pids of the processes multiprocessing spawned from ``pid``."""
+    return _children_spawned_by
+
+
 @pytest.fixture(scope="session")
 def fast_train() -> list[str]:
     return list(FAST_TRAIN)

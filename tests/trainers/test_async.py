@@ -591,19 +591,8 @@ def test_m2po_threshold_must_be_positive():
         Algorithm.from_config({"interventions": ["tis"], "tis": {"mode": "m2po", "m2_threshold": 0.0}}, max_response_length=4)
 
 
-def _spawned_children(pid: int) -> list[int]:
-    """Child processes of ``pid`` started by multiprocessing's spawn (not its resource tracker)."""
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
-            if b"spawn_main" in cmdline:
-                out.append(int(child))
-    return out
-
-
 @pytest.mark.slow
-def test_a_killed_worker_ends_the_cli_run_with_one_error_line(fast_train, in_tmp):
+def test_a_killed_worker_ends_the_cli_run_with_one_error_line(fast_train, in_tmp, spawned_children):
     cmd = [
         sys.executable,
         "-m",
@@ -618,7 +607,7 @@ def test_a_killed_worker_ends_the_cli_run_with_one_error_line(fast_train, in_tmp
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "no step logged in time"
         time.sleep(0.05)
-    (worker,) = _spawned_children(proc.pid)
+    (worker,) = spawned_children(proc.pid)
     os.kill(worker, signal.SIGKILL)
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode != 0

@@ -250,7 +250,7 @@ def test_the_real_worker_killed_at_its_staleness_gate_ends_the_run_in_one_line(c
 
 
 @pytest.mark.slow
-def test_a_cli_run_whose_worker_is_killed_ends_in_one_line_keeping_its_metrics(fast_train, in_tmp):
+def test_a_cli_run_whose_worker_is_killed_ends_in_one_line_keeping_its_metrics(fast_train, in_tmp, spawned_children):
     """Training slower than generation (ppo_epochs): the worker spends most of its time at the gate,
     where the kill lands; the run ends within the bound, with one error line, its finished steps in
     metrics.jsonl and a FAILED summary."""
@@ -267,7 +267,7 @@ def test_a_cli_run_whose_worker_is_killed_ends_in_one_line_keeping_its_metrics(f
         # past the first steps (the worker's warm-up), it waits at the gate most of each step
         _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 4, "four steps logged", 150)
         assert proc.poll() is None
-        (worker,) = _spawned_children(proc.pid)
+        (worker,) = spawned_children(proc.pid)
         _wait_for(lambda: _blocked(worker), "the worker to wait at its gate", 60)
         os.kill(worker, signal.SIGKILL)
         try:
@@ -297,17 +297,6 @@ def _blocked(pid: int, samples: int = 5) -> bool:
             return False
         time.sleep(0.01)
     return True
-
-
-def _spawned_children(pid: int) -> list[int]:
-    """Child processes of ``pid`` started by multiprocessing's spawn (not its resource tracker)."""
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
-            if b"spawn_main" in cmdline:
-                out.append(int(child))
-    return out
 
 
 # -- a worker alive but stalled ----------------------------------------------------------------------
@@ -377,7 +366,7 @@ def test_a_worker_stopped_holding_the_weights_ends_the_run_at_the_next_batch(fas
 
 
 @pytest.mark.slow
-def test_a_cli_run_whose_worker_is_stopped_ends_in_one_line_keeping_its_metrics(fast_train, in_tmp):
+def test_a_cli_run_whose_worker_is_stopped_ends_in_one_line_keeping_its_metrics(fast_train, in_tmp, spawned_children):
     """SIGSTOP to the real worker of a CLI run after its first steps: with trainer.worker_stall_s=5
     the run ends within seconds, with one error line naming the stall, the worker's pid and the key
     to raise, its finished steps in metrics.jsonl and a FAILED summary; the worker is gone."""
@@ -394,7 +383,7 @@ def test_a_cli_run_whose_worker_is_stopped_ends_in_one_line_keeping_its_metrics(
         metrics = in_tmp / "run" / "metrics.jsonl"
         _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "two steps logged", 40)
         assert proc.poll() is None
-        (worker,) = _spawned_children(proc.pid)
+        (worker,) = spawned_children(proc.pid)
         os.kill(worker, signal.SIGSTOP)
         try:
             _out, err = proc.communicate(timeout=25)
