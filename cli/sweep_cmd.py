@@ -103,14 +103,17 @@ def register(app: typer.Typer) -> None:
             )
         stopped_by: list[int] = []
 
-        def _stop(signum, _frame):  # SIGTERM stops a sweep as Ctrl-C does: jobs stopped, parent KILLED
+        def _stop(signum, _frame):  # SIGINT (Ctrl-C) and SIGTERM stop a sweep alike: jobs stopped, parent KILLED
             stopped_by.append(signum)
             if len(stopped_by) == 1:
                 raise KeyboardInterrupt
             # a repeat (`timeout` and `scancel` signal the process and then its group) arrives while the
             # jobs are being stopped: interrupting that would leave jobs and the parent run behind
 
-        previous = signal.signal(signal.SIGTERM, _stop)
+        # both set here, as eval's and the training run's are: a SIGINT that the process inherited ignored
+        # (a sweep started in the background of a script, or from a test worker) still stops it
+        stop_signals = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, _stop) for sig in stop_signals}
         try:
             with _live_line(console) as progress:
                 result = following.run(
@@ -126,7 +129,8 @@ def register(app: typer.Typer) -> None:
             )
             raise SystemExit(128 + int(sig)) from None
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         c = result["counts"]
         console.print(
             f"[bold]sweep {result['sweep_id']}[/bold]: {c['done']} done, {c['failed']} failed, "
