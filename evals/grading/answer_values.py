@@ -40,136 +40,151 @@ def numeric_value(key: str) -> float | None:
         pos = m.end()
     if pos != len(key):
         return None
-    i = 0
+    parser = _Evaluator(tokens)
+    try:
+        value = parser.expr()
+    except (_NotNumeric, RecursionError, OverflowError, ZeroDivisionError, ValueError):
+        return None
+    return value if parser.i == len(tokens) else None
 
-    def peek():
-        return tokens[i] if i < len(tokens) else None
 
-    def take(expected=None):
-        nonlocal i
-        tok = peek()
+def _finite(x: float) -> float:
+    if not math.isfinite(x) or abs(x) > 1e100:
+        raise _NotNumeric
+    return x
+
+
+class _Evaluator:
+    """The grammar of ``numeric_value``, one method per rule, over its tokens; ``i`` is the next
+    token's index. Every rule raises ``_NotNumeric`` where the text is outside the grammar."""
+
+    def __init__(self, tokens: list[str]):
+        self.tokens = tokens
+        self.i = 0
+
+    def peek(self) -> str | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def take(self, expected: str | None = None) -> str:
+        tok = self.peek()
         if tok is None or (expected is not None and tok != expected):
             raise _NotNumeric
-        i += 1
+        self.i += 1
         return tok
 
-    def finite(x: float) -> float:
-        if not math.isfinite(x) or abs(x) > 1e100:
-            raise _NotNumeric
-        return x
-
-    def expr() -> float:
-        value = term()
-        while peek() in ("+", "-"):
-            value = finite(value + term() if take() == "+" else value - term())
+    def expr(self) -> float:
+        value = self.term()
+        while self.peek() in ("+", "-"):
+            value = _finite(value + self.term() if self.take() == "+" else value - self.term())
         return value
 
-    def starts_factor(tok) -> bool:
+    @staticmethod
+    def starts_factor(tok: str | None) -> bool:
         return tok is not None and (tok[0].isdigit() or tok[0] == "." or tok in ("\\frac", "\\sqrt", "\\pi", "(", "{"))
 
-    def term() -> float:
-        value = unary()
+    def term(self) -> float:
+        value = self.unary()
         while True:
-            tok = peek()
+            tok = self.peek()
             if tok in ("*", "\\cdot", "\\times"):
-                take()
-                value = finite(value * unary())
+                self.take()
+                value = _finite(value * self.unary())
             elif tok == "/":  # "2/3\\pi": (2/3)pi or 2/(3pi)? Left to math-verify.
                 raise _NotNumeric
             elif tok is not None and (tok[0].isdigit() or tok[0] == "."):
                 raise _NotNumeric  # a number right after a factor ("1.5.2", "\\sqrt{2}3")
-            elif tok == "\\frac" and tokens[i - 1][0].isdigit():
+            elif tok == "\\frac" and self.tokens[self.i - 1][0].isdigit():
                 raise _NotNumeric  # "15\\frac{39}{40}": a mixed number or a product? Unsure.
-            elif starts_factor(tok):
-                value = finite(value * power())
+            elif self.starts_factor(tok):
+                value = _finite(value * self.power())
             else:
                 return value
 
-    def unary() -> float:
-        if peek() in ("-", "+"):
-            return -unary() if take() == "-" else unary()
-        return power()
+    def unary(self) -> float:
+        if self.peek() in ("-", "+"):
+            return -self.unary() if self.take() == "-" else self.unary()
+        return self.power()
 
-    def power() -> float:
-        base = atom()
-        if peek() == "^":
-            take()
-            exponent = group() if peek() == "{" else atom_single()
-            if abs(exponent) > 64 or (base < 0 and exponent != int(exponent)) or (base == 0 and exponent < 0):
-                raise _NotNumeric
-            try:
-                return finite(math.pow(base, exponent))
-            except (OverflowError, ValueError):
-                raise _NotNumeric from None
-        return base
+    def power(self) -> float:
+        base = self.atom()
+        if self.peek() != "^":
+            return base
+        self.take()
+        exponent = self.group() if self.peek() == "{" else self.atom_single()
+        if abs(exponent) > 64 or (base < 0 and exponent != int(exponent)) or (base == 0 and exponent < 0):
+            raise _NotNumeric
+        try:
+            return _finite(math.pow(base, exponent))
+        except (OverflowError, ValueError):
+            raise _NotNumeric from None
 
-    def group() -> float:
-        take("{")
-        value = expr()
-        take("}")
+    def group(self) -> float:
+        self.take("{")
+        value = self.expr()
+        self.take("}")
         return value
 
-    def atom_single() -> float:
+    def atom_single(self) -> float:
         """A one-character argument: ``\\sqrt2``, ``2^3``. Longer bare runs ("2^10", which LaTeX
         typesets as 2^1 0) are ambiguous: not numeric."""
-        tok = take()
+        tok = self.take()
         if tok.isdigit() and len(tok) == 1:
             return float(tok)
         if tok == "\\pi":
             return math.pi
         raise _NotNumeric
 
-    def arg() -> float:
-        return group() if peek() == "{" else atom_single()
+    def arg(self) -> float:
+        return self.group() if self.peek() == "{" else self.atom_single()
 
-    def atom() -> float:
-        tok = peek()
+    def atom(self) -> float:
+        tok = self.peek()
         if tok is None:
             raise _NotNumeric
         if tok[0].isdigit() or tok[0] == ".":
-            take()
+            self.take()
             return float(tok)
         if tok == "\\pi":
-            take()
+            self.take()
             return math.pi
         if tok == "(":
-            take()
-            value = expr()
-            take(")")
+            self.take()
+            value = self.expr()
+            self.take(")")
             return value
         if tok == "{":
-            return group()
+            return self.group()
         if tok == "\\frac":
-            take()
-            nxt = peek()
-            if nxt is not None and nxt.isdigit() and len(nxt) == 2:  # \\frac12
-                take()
-                top, bottom = float(nxt[0]), float(nxt[1])
-            else:
-                top, bottom = arg(), arg()
-            if bottom == 0:
-                raise _NotNumeric
-            return finite(top / bottom)
+            return self.fraction()
         if tok == "\\sqrt":
-            take()
-            index = 2.0
-            if peek() == "[":
-                take()
-                index = expr()
-                take("]")
-                if index not in (2.0, 3.0, 4.0, 5.0):
-                    raise _NotNumeric
-            radicand = arg()
-            if radicand < 0:
-                raise _NotNumeric
-            return finite(radicand ** (1.0 / index))
+            return self.root()
         raise _NotNumeric
 
-    try:
-        value = expr()
-    except (_NotNumeric, RecursionError, OverflowError, ZeroDivisionError, ValueError):
-        return None
-    return value if i == len(tokens) else None
+    def fraction(self) -> float:
+        self.take("\\frac")
+        nxt = self.peek()
+        if nxt is not None and nxt.isdigit() and len(nxt) == 2:  # \\frac12
+            self.take()
+            top, bottom = float(nxt[0]), float(nxt[1])
+        else:
+            top, bottom = self.arg(), self.arg()
+        if bottom == 0:
+            raise _NotNumeric
+        return _finite(top / bottom)
+
+    def root(self) -> float:
+        self.take("\\sqrt")
+        index = 2.0
+        if self.peek() == "[":
+            self.take()
+            index = self.expr()
+            self.take("]")
+            if index not in (2.0, 3.0, 4.0, 5.0):
+                raise _NotNumeric
+        radicand = self.arg()
+        if radicand < 0:
+            raise _NotNumeric
+        return _finite(radicand ** (1.0 / index))
 
 
 _FRAC_RE = re.compile(r"^(-?)\\frac(?:\{(-?\d{1,30})\}\{(\d{1,30})\}|(\d)(\d))$")
