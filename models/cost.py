@@ -379,22 +379,7 @@ def plan_figures(
     arch = architecture(cfg.model)
     prompt = int(prompt_len or cfg_get(cfg.data, "max_prompt_length", 0) or 256)
     fsdp = str(t.get("fsdp", "auto")).lower() not in ("false", "0", "no") and (ranks > 1 or t.dtype == "bfloat16")
-    # the run's step as step_cost reads it, for the GPU plan and the CPU step time alike
-    shape = dict(
-        prompts=int(t.prompts_per_step),
-        n=int(cfg.rollout.n),
-        prompt_len=prompt,
-        response_len=int(cfg.rollout.max_new_tokens),
-        ranks=ranks,
-        micro_rows=int(t.micro_batch_responses),
-        micro_tokens=t.get("micro_batch_tokens"),
-        epochs=int(t.ppo_epochs),
-        checkpointing=bool(t.gradient_checkpointing),
-        compute_bytes=2 if t.dtype == "bfloat16" else 4,
-        chunk=int(t.token_chunk_size),
-        fsdp=fsdp,
-        ref_model=float(cfg.algo.get("kl_coef", 0) or 0) > 0,
-    )
+    shape = _step_shape(cfg, prompt, ranks, fsdp)  # the run's step as step_cost reads it
     cost = step_cost(
         arch,
         **shape,
@@ -402,91 +387,16 @@ def plan_figures(
         peak_flops=peak_tflops * 1e12,
         decode_mfu=decode_mfu,
     )
-    engine = None
     staleness = int(t.get("staleness", 0) or 0)
     rollout_gpus = int(t.get("rollout_gpus", 0) or 0) if staleness else 0  # the worker's own GPUs
     engine_dtype = str(cfg_get(cfg.rollout, "dtype", None) or t.dtype)  # null: the trainer's dtype
-    if str(cfg_get(cfg.rollout, "name", "hf")) == "vllm":
-        share = cfg_get(cfg.rollout, "gpu_memory_utilization", None)
-        engine = vllm_share(
-            arch,
-            share=float(VLLM_DEFAULT_SHARE if share is None else share),
-            gpu_gb=gpu_gb,
-            weight_bytes=4 if engine_dtype == "float32" else 2,
-            tensor_parallel=int(cfg_get(cfg.rollout, "tensor_parallel_size", 1) or 1),
-            seq_len=prompt + int(cfg.rollout.max_new_tokens),
-        )
-        engine["source"] = (
-            "rollout.gpu_memory_utilization"
-            if share is not None
-            else f"rollout.gpu_memory_utilization=null: the engine's {VLLM_DEFAULT_SHARE} beside a trainer"
-        )
-        engine["placement"] = f"the rollout worker's own {rollout_gpus} GPU(s)" if rollout_gpus else "beside the trainer"
-    cpu_time = None
-    if cpu is not None:
-        unknown = sorted(set(cpu) - set(CPU_KEYS))
-        if unknown:
-            raise UserError(f"entropyrl plan: unknown CPU rate {unknown[0]}: give {', '.join(CPU_KEYS)}")
-        defaults = dict(
-            zip(
-                CPU_KEYS,
-                (
-                    CPU_GFLOPS_DEFAULT,
-                    CPU_MEM_GBPS_DEFAULT,
-                    CPU_DECODE_GFLOPS_DEFAULT,
-                    CPU_DECODE_EFFICIENCY_DEFAULT,
-                    CPU_TRAIN_EFFICIENCY_DEFAULT,
-                ),
-            )
-        )
-        rates = {k: float(defaults[k] if cpu.get(k) is None else cpu[k]) for k in CPU_KEYS}
-        executed = step_cost(
-            arch,
-            **shape,
-            head_flops=True,
-            extra_backwards=1 if bool(cfg_get(cfg_get(cfg, "diagnostics", {}), "quadrants", False)) else 0,
-        )
-        cpu_time = cpu_step_time(
-            arch,
-            prompts=int(t.prompts_per_step),
-            n=int(cfg.rollout.n),
-            prompt_len=prompt,
-            response_len=int(cfg.rollout.max_new_tokens),
-            train_flops=executed.train_flops,
-            **rates,
-            shared_prefill=bool(cfg_get(cfg.rollout, "share_prefill", False)) and str(cfg_get(cfg.rollout, "name", "hf")) == "hf",
-            weight_bytes=2 if t.dtype == "bfloat16" else 4,
-        )
-        cpu_time = {**rates, "train_flops": float(executed.train_flops), **{k: round(v, 3) for k, v in cpu_time.items()}}
+    engine = _vllm_plan(cfg, arch, gpu_gb, prompt, engine_dtype, rollout_gpus)
+    cpu_time = None if cpu is None else _cpu_plan(cfg, arch, shape, prompt, cpu)
     ckpt_gb = 12 * cost.parameters / 1e9
     keep, every = int(t.get("keep_checkpoints", 2) or 0), int(t.get("save_every", 0) or 0)
     decode = decode_mfu or mfu
-    assumptions = [
-        f"training FLOPs at MFU {mfu:.0%} of {peak_tflops:g} TFLOP/s per rank (--mfu, --peak-tflops)",
-        f"generation at MFU {decode:.0%} (--decode-mfu): decoding is memory-bound and usually runs far below "
-        f"the training MFU, so this part of the step time is a lower bound unless --decode-mfu says otherwise",
-        f"{gpu_gb:g} GB per GPU (--gpu-gb); every sequence at the maximum prompt and response length",
-        "not counted: CUDA context, allocator fragmentation, Hugging Face generate's KV cache, a reference model",
-    ]
-    if engine:
-        assumptions.append(
-            f"one vLLM engine {'in the rollout worker, on GPUs of its own,' if rollout_gpus else 'per rank'} holding "
-            f"the full weights in {engine_dtype} (split over rollout.tensor_parallel_size GPUs), its KV cache in the "
-            f"rest of its {engine['share']:.0%} share ({engine['source']})"
-        )
     overlap = async_estimate(cost.train_seconds, cost.generation_seconds, staleness, rollout_gpus)
-    if overlap:
-        assumptions.append(
-            "trainer.staleness >= 1: the step time if generation overlaps training completely (no weight-sync "
-            "cost); "
-            + (
-                f"the rollout worker has {rollout_gpus} GPU(s) of its own (trainer.rollout_gpus), "
-                f"{ranks + rollout_gpus} GPUs in all"
-                if rollout_gpus
-                else "the rollout worker shares a rank's GPUs (trainer.rollout_gpus=0), so a run reaches less"
-            )
-            + " (docs/async.md)"
-        )
+    assumptions = _plan_assumptions(mfu, decode, peak_tflops, gpu_gb, engine, engine_dtype, overlap, ranks, rollout_gpus)
     return {
         "model": str(cfg.model.name),
         "architecture": arch.source,
@@ -506,3 +416,126 @@ def plan_figures(
         "checkpoint": {"gb": round(ckpt_gb, 3), "save_every": every, "keep": keep, "disk_gb": round(ckpt_gb * max(keep, 1), 3)},
         "assumptions": assumptions,
     }
+
+
+def _step_shape(cfg, prompt: int, ranks: int, fsdp: bool) -> dict:
+    """``step_cost``'s keyword arguments for the run's step: the GPU plan and the CPU step time alike."""
+    t = cfg.trainer
+    return dict(
+        prompts=int(t.prompts_per_step),
+        n=int(cfg.rollout.n),
+        prompt_len=prompt,
+        response_len=int(cfg.rollout.max_new_tokens),
+        ranks=ranks,
+        micro_rows=int(t.micro_batch_responses),
+        micro_tokens=t.get("micro_batch_tokens"),
+        epochs=int(t.ppo_epochs),
+        checkpointing=bool(t.gradient_checkpointing),
+        compute_bytes=2 if t.dtype == "bfloat16" else 4,
+        chunk=int(t.token_chunk_size),
+        fsdp=fsdp,
+        ref_model=float(cfg.algo.get("kl_coef", 0) or 0) > 0,
+    )
+
+
+def _vllm_plan(cfg, arch, gpu_gb: float, prompt: int, engine_dtype: str, rollout_gpus: int) -> dict | None:
+    """The vLLM engine's share of a GPU (``vllm_share``) with where it comes from and where it sits;
+    None with another engine."""
+    if str(cfg_get(cfg.rollout, "name", "hf")) != "vllm":
+        return None
+    share = cfg_get(cfg.rollout, "gpu_memory_utilization", None)
+    engine = vllm_share(
+        arch,
+        share=float(VLLM_DEFAULT_SHARE if share is None else share),
+        gpu_gb=gpu_gb,
+        weight_bytes=4 if engine_dtype == "float32" else 2,
+        tensor_parallel=int(cfg_get(cfg.rollout, "tensor_parallel_size", 1) or 1),
+        seq_len=prompt + int(cfg.rollout.max_new_tokens),
+    )
+    engine["source"] = (
+        "rollout.gpu_memory_utilization"
+        if share is not None
+        else f"rollout.gpu_memory_utilization=null: the engine's {VLLM_DEFAULT_SHARE} beside a trainer"
+    )
+    engine["placement"] = f"the rollout worker's own {rollout_gpus} GPU(s)" if rollout_gpus else "beside the trainer"
+    return engine
+
+
+def _cpu_plan(cfg, arch, shape: dict, prompt: int, cpu: dict) -> dict:
+    """The step's seconds on a CPU of ``cpu``'s rates (``CPU_KEYS``; one left out: its default), by
+    part, with the training FLOPs as executed (the tied head, the quadrant diagnostic's backward)."""
+    t = cfg.trainer
+    unknown = sorted(set(cpu) - set(CPU_KEYS))
+    if unknown:
+        raise UserError(f"entropyrl plan: unknown CPU rate {unknown[0]}: give {', '.join(CPU_KEYS)}")
+    defaults = dict(
+        zip(
+            CPU_KEYS,
+            (
+                CPU_GFLOPS_DEFAULT,
+                CPU_MEM_GBPS_DEFAULT,
+                CPU_DECODE_GFLOPS_DEFAULT,
+                CPU_DECODE_EFFICIENCY_DEFAULT,
+                CPU_TRAIN_EFFICIENCY_DEFAULT,
+            ),
+        )
+    )
+    rates = {k: float(defaults[k] if cpu.get(k) is None else cpu[k]) for k in CPU_KEYS}
+    executed = step_cost(
+        arch,
+        **shape,
+        head_flops=True,
+        extra_backwards=1 if bool(cfg_get(cfg_get(cfg, "diagnostics", {}), "quadrants", False)) else 0,
+    )
+    cpu_time = cpu_step_time(
+        arch,
+        prompts=int(t.prompts_per_step),
+        n=int(cfg.rollout.n),
+        prompt_len=prompt,
+        response_len=int(cfg.rollout.max_new_tokens),
+        train_flops=executed.train_flops,
+        **rates,
+        shared_prefill=bool(cfg_get(cfg.rollout, "share_prefill", False)) and str(cfg_get(cfg.rollout, "name", "hf")) == "hf",
+        weight_bytes=2 if t.dtype == "bfloat16" else 4,
+    )
+    return {**rates, "train_flops": float(executed.train_flops), **{k: round(v, 3) for k, v in cpu_time.items()}}
+
+
+def _plan_assumptions(
+    mfu: float,
+    decode: float,
+    peak_tflops: float,
+    gpu_gb: float,
+    engine: dict | None,
+    engine_dtype: str,
+    overlap: dict | None,
+    ranks: int,
+    rollout_gpus: int,
+) -> list[str]:
+    """What the plan's figures rest on, one sentence each, as ``entropyrl plan`` prints them."""
+    assumptions = [
+        f"training FLOPs at MFU {mfu:.0%} of {peak_tflops:g} TFLOP/s per rank (--mfu, --peak-tflops)",
+        f"generation at MFU {decode:.0%} (--decode-mfu): decoding is memory-bound and usually runs far below "
+        f"the training MFU, so this part of the step time is a lower bound unless --decode-mfu says otherwise",
+        f"{gpu_gb:g} GB per GPU (--gpu-gb); every sequence at the maximum prompt and response length",
+        "not counted: CUDA context, allocator fragmentation, Hugging Face generate's KV cache, a reference model",
+    ]
+    if engine:
+        assumptions.append(
+            f"one vLLM engine {'in the rollout worker, on GPUs of its own,' if rollout_gpus else 'per rank'} holding "
+            f"the full weights in {engine_dtype} (split over rollout.tensor_parallel_size GPUs), its KV cache in the "
+            f"rest of its {engine['share']:.0%} share ({engine['source']})"
+        )
+    if overlap:
+        assumptions.append(
+            "trainer.staleness >= 1: the step time if generation overlaps training completely (no weight-sync "
+            "cost); "
+            + (
+                f"the rollout worker has {rollout_gpus} GPU(s) of its own (trainer.rollout_gpus), "
+                f"{ranks + rollout_gpus} GPUs in all"
+                if rollout_gpus
+                else "the rollout worker shares a rank's GPUs (trainer.rollout_gpus=0), so a run reaches less"
+            )
+            + " (docs/async.md)"
+        )
+    return assumptions
