@@ -205,24 +205,7 @@ def run_program(
         if uid is not None:
             os.chown(workdir, uid, uid)
         spec = {"program": program, "setup": setup, "tests": tests, "nonce": nonce, "stdio": bool(stdio)}
-        limits = {
-            "cpu": int(lim.cpu_seconds),
-            "as": int(lim.memory_mb) << 20,
-            "nproc": int(lim.processes),
-            "nofile": int(lim.open_files),
-            "fsize": int(lim.file_size_mb) << 20,
-        }
-        cmd = launch_prefix(kind, workdir, lim.disk_mb) + [
-            interpreter(),
-            "-I",
-            "-S",
-            "-c",
-            BOOT,
-            str(write_fd),
-            *("-" if u is None else str(u) for u in uids),
-            *(str(limits[k]) for k in ("cpu", "as", "nproc", "nofile", "fsize")),
-            workdir,
-        ]
+        cmd = _boot_command(kind, workdir, lim, uids, write_fd)
         try:
             proc = subprocess.Popen(
                 cmd,
@@ -265,24 +248,52 @@ def run_program(
     if status in ("timeout", "output_limit"):
         reason = status
     elif reason == "":
-        rc = proc.returncode if proc is not None else None
-        if rc is not None and rc < 0 and -rc == signal.SIGXCPU:
-            reason, detail = "timeout", "CPU time limit"
-        elif rc is not None and (rc < 0 or rc >= 128):  # bwrap reports a signal death as 128+sig
-            sig = -rc if rc < 0 else rc - 128
-            reason = "timeout" if sig == signal.SIGXCPU else "killed"
-            detail = f"killed by signal {sig}" + (
-                " (the CPU hard limit, or the kernel's OOM killer)" if sig == signal.SIGKILL else ""
-            )
-        elif rc == HARNESS_FAILED_STATUS:  # the harness's own failure (its code is ours): the machine's, not the program's
-            said = [ln for ln in out[-4000:].decode("utf-8", "replace").splitlines() if ln.startswith(HARNESS_FAILED_MARK)]
-            reason = "sandbox_error"
-            detail = "the sandbox's harness failed" + (": " + said[-1][len(HARNESS_FAILED_MARK) :].strip() if said else "")
-        elif b"MemoryError" in out[-4000:]:
-            reason = "memory"
-        else:
-            reason, detail = "error", f"exited (status {rc}) before the tests finished"
+        reason, detail = _unfinished_reason(proc.returncode if proc is not None else None, out, detail)
     return SandboxResult(reason == "pass", reason, round(seconds, 4), tail, n_ok, len(tests), detail)
+
+
+def _boot_command(kind: str, workdir: str, lim: SandboxLimits, uids: tuple, write_fd: int) -> list[str]:
+    """The launcher's prefix (``kind``) and the boot interpreter's arguments: the pipe it reports
+    on, the two uids to drop to (``-``: none), the resource limits and the work folder."""
+    limits = {
+        "cpu": int(lim.cpu_seconds),
+        "as": int(lim.memory_mb) << 20,
+        "nproc": int(lim.processes),
+        "nofile": int(lim.open_files),
+        "fsize": int(lim.file_size_mb) << 20,
+    }
+    return launch_prefix(kind, workdir, lim.disk_mb) + [
+        interpreter(),
+        "-I",
+        "-S",
+        "-c",
+        BOOT,
+        str(write_fd),
+        *("-" if u is None else str(u) for u in uids),
+        *(str(limits[k]) for k in ("cpu", "as", "nproc", "nofile", "fsize")),
+        workdir,
+    ]
+
+
+def _unfinished_reason(rc: int | None, out: bytes, detail: str) -> tuple[str, str]:
+    """Why a run whose tests did not all report ended, from its exit status ``rc`` and the end of
+    its output: ``(reason, detail)``; ``detail`` is the verdict's own where the status adds none."""
+    if rc is not None and rc < 0 and -rc == signal.SIGXCPU:
+        return "timeout", "CPU time limit"
+    if rc is not None and (rc < 0 or rc >= 128):  # bwrap reports a signal death as 128+sig
+        sig = -rc if rc < 0 else rc - 128
+        reason = "timeout" if sig == signal.SIGXCPU else "killed"
+        return reason, f"killed by signal {sig}" + (
+            " (the CPU hard limit, or the kernel's OOM killer)" if sig == signal.SIGKILL else ""
+        )
+    if rc == HARNESS_FAILED_STATUS:  # the harness's own failure (its code is ours): the machine's, not the program's
+        said = [ln for ln in out[-4000:].decode("utf-8", "replace").splitlines() if ln.startswith(HARNESS_FAILED_MARK)]
+        return "sandbox_error", "the sandbox's harness failed" + (
+            ": " + said[-1][len(HARNESS_FAILED_MARK) :].strip() if said else ""
+        )
+    if b"MemoryError" in out[-4000:]:
+        return "memory", detail
+    return "error", f"exited (status {rc}) before the tests finished"
 
 
 def _communicate(
