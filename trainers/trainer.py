@@ -142,7 +142,27 @@ class GRPOTrainer:
         self.tracker = components.build_tracker(cfg, self.output_dir, self.dist, log=self.log)
         self.step = 0
         self.val_problems = self.source.validation(int(cfg.val.prompts)) if cfg.val.prompts else []
-        # what watches the step without changing it, built only when switched on (stats/observers.py)
+        # generation, scoring and dynamic sampling of one step (collect.py), bound to this run's parts
+        self._collect = functools.partial(
+            collect_rollouts,
+            cfg,
+            source=self.source,
+            rollout=self.rollout,
+            algo=self.algo,
+            dist=self.dist,
+            pad_token_id=self.tokenizer.pad_token_id,
+            reward_runner=self.rewards,
+        )
+        self._setup_observers(cfg)
+        # trainer.staleness >= 1: the batches come from a rollout worker process (async_rollout.py),
+        # started at the first step from the (restored) weights; 0: collected here, in turn with training
+        self.async_rollouts = AsyncRollouts(cfg, staleness, self.dist) if staleness > 0 else None
+        if self.async_rollouts is None:  # the text-metrics workers start while the rest is set up (rewards/text_facts.py)
+            self.rewards.start_text_facts(self.reflect.text_facts)
+
+    def _setup_observers(self, cfg: DictConfig) -> None:
+        """What watches the step without changing it, built only when switched on
+        (stats/observers.py): the entropy probe, the attribution of its change, the quadrants."""
         self.probe = build_probe(
             cfg,
             self.source,
@@ -157,25 +177,9 @@ class GRPOTrainer:
             self.model,
             log=self.log,
         )
-        # generation, scoring and dynamic sampling of one step (collect.py), bound to this run's parts
-        self._collect = functools.partial(
-            collect_rollouts,
-            cfg,
-            source=self.source,
-            rollout=self.rollout,
-            algo=self.algo,
-            dist=self.dist,
-            pad_token_id=self.tokenizer.pad_token_id,
-            reward_runner=self.rewards,
-        )
         self.observers: list[StepObserver] = build_observers(
             quadrants=self.settings.quadrants, probe=self.probe, attribution=self.attribution
         )
-        # trainer.staleness >= 1: the batches come from a rollout worker process (async_rollout.py),
-        # started at the first step from the (restored) weights; 0: collected here, in turn with training
-        self.async_rollouts = AsyncRollouts(cfg, staleness, self.dist) if staleness > 0 else None
-        if self.async_rollouts is None:  # the text-metrics workers start while the rest is set up (rewards/text_facts.py)
-            self.rewards.start_text_facts(self.reflect.text_facts)
 
     def _stats_kwargs(self) -> dict:
         return dict(self.settings.stats)
