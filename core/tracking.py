@@ -19,6 +19,7 @@ entries are queued on disk and delivered when it answers again, at the latest at
 run or on resume; the run's final state is delivered last, so FINISHED means every step is there.
 """
 
+# size: the one place the package talks to MLflow (a test keeps it so): the job's run and the run store share its offline and retry rules
 from __future__ import annotations
 
 import contextlib

@@ -26,6 +26,7 @@ and checks them once, beside its code, with the same rules: the algorithm's keys
 (``validate``); ``trainers/preflight.py`` runs those checks before a training run creates anything.
 """
 
+# size: one table of rules per command, a line per key, with the checks that read it
 from __future__ import annotations
 
 import math

@@ -28,6 +28,7 @@ copies: files are then read there only (an explicit root that lacks the file goe
 never silently back to the packaged copy). ``data_root="hub"`` reads the Hugging Face hub.
 """
 
+# size: the registry and the one loader behind every benchmark, with each source layout's reader (jsonl, parquet, verl, the hub)
 from __future__ import annotations
 
 import difflib

@@ -17,6 +17,7 @@ token pieces for the token positions); no torch, no I/O. Definitions: ``docs/lon
   ``text_metrics`` adds them up over a step, and the trainer maps the spans onto tokens.
 """
 
+# size: every text metric of a response, pure functions over strings and token pieces, defined together as docs/long-cot.md defines them
 from __future__ import annotations
 
 import re

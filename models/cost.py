@@ -30,6 +30,7 @@ the maximum prompt and response lengths):
   ``trainer.save_every`` steps, ``trainer.keep_checkpoints`` of them kept.
 """
 
+# size: one cost model: the counting conventions of the docstring hold for every function here
 from __future__ import annotations
 
 import json

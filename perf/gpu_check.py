@@ -33,6 +33,7 @@ object and, with its defaults, stays well under 8 minutes on one H100/H200-class
 Without a CUDA device (and without ``--cpu-smoke``) it prints a skip message and exits 0.
 """
 
+# size: one self-contained script the GPU machine runs: its phases and their report together
 from __future__ import annotations
 
 import argparse

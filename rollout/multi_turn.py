@@ -56,6 +56,7 @@ a call, ``tool`` output, ``post_tool`` text after a tool result), turns, calls, 
 Its ``policy_mask`` is 0 on tool outputs, so no loss or statistic reads them.
 """
 
+# size: one driver of tool turns for every engine: the turn-end rule and the token bookkeeping it depends on stay side by side
 from __future__ import annotations
 
 import re

@@ -34,6 +34,7 @@ importance-sampling correction of the sampler/trainer mismatch (``rollout.tis``)
 intervention, ``trainers/interventions/tis.py``.
 """
 
+# size: the vLLM engine with its in-place weight sync, whose tensor packing must match the worker extension defined here
 from __future__ import annotations
 
 import os

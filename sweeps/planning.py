@@ -7,6 +7,7 @@ of the ablation) plans the same jobs; the follower then submits only those neith
 queued/running.
 """
 
+# size: everything a sweep checks before it runs, in the order it checks it
 from __future__ import annotations
 
 import json

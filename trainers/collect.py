@@ -39,6 +39,7 @@ def generate_groups(
     return cat_rollouts(parts, pad_token_id)
 
 
+# size: one loop of generate, score and filter per attempt, with the bookkeeping each attempt adds to
 def collect_rollouts(
     cfg, *, source, rollout, algo, dist, pad_token_id: int, step: int, reward_runner=None
 ) -> tuple[StepBatch | None, dict]:

@@ -27,6 +27,7 @@ checkpoint also keeps the batches each rank drew from its worker for the next st
 run trains the batches the uninterrupted one would (``async_rollout.py``, ``drain``).
 """
 
+# size: the recipe; its feature blocks (tools, async, quantiles, reflection) are still inline, to move to scored-batch observers
 from __future__ import annotations
 
 import functools

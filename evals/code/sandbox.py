@@ -34,6 +34,7 @@ How one run is isolated (docs/sandbox.md says what this does *not* cover):
   ``disk_mb`` mounted over it, so a program cannot fill the host's disk either).
 """
 
+# size: the isolation of one untrusted run end to end, with the harness source it boots (the launchers are sandbox_launch.py)
 from __future__ import annotations
 
 import marshal

@@ -25,6 +25,7 @@ the constructor's defaults too), and checked in ``from_config``; an intervention
 are checked by its ``Params``.
 """
 
+# size: one facade holding every piece of a step's RL math, in the order the loop calls it
 from __future__ import annotations
 
 import copy

@@ -12,6 +12,7 @@ I/O edge: it prints one line per finding, tags the MLflow run and returns what g
     "attribution": {"fit": {...as entropy_change, of predicted_net...}, "total": {"q1": ...}, "share": {...}}
 """
 
+# size: every regime finding of a run: pure functions of its metric rows, with one I/O edge
 from __future__ import annotations
 
 import math
