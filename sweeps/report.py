@@ -16,28 +16,32 @@ mean over steps and seeds, read from the metrics alone, so any intervention is c
 An ablation may name a ``report_step`` (``REPORT_STEPS``; the lab's: ``lab``) that runs after this
 report over the same folder; its own ``report.md`` then takes that name and this report is kept as
 ``sweep-report.md``.
+
+This module gathers the numbers, draws the curves and logs to MLflow; ``report_tables.py`` lays out the
+tables (``report.md``'s markdown, ``comparison.csv``, ``runs.csv``).
 """
 
 from __future__ import annotations
 
-import csv
 import json
-import math
 import re
 import time
 from pathlib import Path
 from typing import Callable
 
 from ..core.errors import UserError
-from ..core.files import atomic_path, atomic_write_text
+from ..core.files import atomic_write_text
 from ..core.registry import Registry, unknown_choice
 from ..core.tracking import TrackingStore, check_reachable
-from ..trainers.interventions import INTERVENTIONS
 from ..trainers.run.plots import mean_by_step, plot_attribution, save_figure
 from ..trainers.run.regime import findings_cell
 from . import aggregate as agg
 from .jobs import TRAIN_KIND, job_kind, read_job_state
 from .plugins import load_plugins
+from .report_tables import COLUMNS as COLUMNS  # with acted_cell, shown_columns: importable from here as before
+from .report_tables import acted, markdown, write_tables
+from .report_tables import acted_cell as acted_cell
+from .report_tables import shown_columns as shown_columns
 from .state import DONE, FAILED, PENDING, RUNNING, JobStatus, sweep_status
 
 PLOTS = [
@@ -46,21 +50,6 @@ PLOTS = [
     ("accuracy", "acc/mean", "accuracy (train)"),
     ("val_accuracy", "val/acc", "validation accuracy"),
 ]
-
-COLUMNS = [
-    ("final_val_acc", "final val acc", 3),
-    ("final_val_pass", "final val pass@k", 3),
-    ("entropy_tail_mean", "entropy, last {tail} (mean)", 3),
-    ("entropy_tail_min", "entropy, last {tail} (min)", 3),
-    ("entropy_auc", "entropy AUC", 2),
-]
-OPTIONAL_COLUMNS = {"final_val_pass"}  # shown when some variant logged it (val.pass_k > 0)
-
-
-def shown_columns(summaries) -> list[tuple[str, str, int]]:
-    """The report table's ``COLUMNS``, less the optional ones no variant's ``summaries`` has a value for."""
-    summaries = list(summaries)
-    return [c for c in COLUMNS if c[0] not in OPTIONAL_COLUMNS or any(s.get(c[0], {}).get("n", 0) for s in summaries)]
 
 
 # What an ablation's ``report_step`` names: ``step(sweep_dir, sweep, statuses, log)`` runs after the
@@ -73,28 +62,6 @@ REPORT_STEPS: Registry = Registry("report_step")  # the lab plugin registers "la
 def register_report_step(name: str, step: ReportStep) -> None:
     """Make ``ablation.report_step: <name>`` run ``step`` after the sweep's report."""
     REPORT_STEPS[name] = step
-
-
-def _fmt(x: float | None, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "-"
-    return f"{x:.{digits}f}"
-
-
-def _pm(stats: dict, digits: int) -> str:
-    if not stats.get("n"):
-        return "-"
-    if stats["n"] == 1:
-        return _fmt(stats["mean"], digits)
-    return f"{_fmt(stats['mean'], digits)} ± {_fmt(stats['std'], digits)}"
-
-
-def _first_below(stats: dict) -> str:
-    if not stats.get("of"):
-        return "-"
-    if not stats.get("crossed"):
-        return f"never (0/{stats['of']})"
-    return f"{stats['mean']:.1f} ({stats['crossed']}/{stats['of']})"
 
 
 def metric_key(text: str) -> str:
@@ -151,26 +118,6 @@ def _plot_panels(
     return save_figure(fig, path)
 
 
-def acted(runs: list[list[dict]]) -> dict[str, float]:
-    """``{metric: mean}``: for every registered intervention whose ``acted_key`` metric appears in
-    ``runs`` (each a seed's metric rows), its mean over all logged steps of all seeds: how often a
-    gate was open, or the share of tokens a rule selected. ``{}`` when none acted or logged. Pure."""
-    keys = sorted({k for cls in INTERVENTIONS.values() if (k := cls.acted_key()) is not None})
-    out: dict[str, float] = {}
-    for key in keys:
-        vals = [
-            float(r[key]) for rows in runs for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))
-        ]
-        if vals:
-            out[key] = sum(vals) / len(vals)
-    return out
-
-
-def acted_cell(values: dict[str, float]) -> str:
-    """The report's cell for ``acted``: ``"stare/gate_on 0.23"``; ``-`` when no intervention logged."""
-    return "; ".join(f"{k} {v:.2f}" for k, v in values.items()) or "-"
-
-
 def build_report(
     sweep_dir: Path, *, log_mlflow: bool = True, log: Callable[[str], None] = print, report_step: str | None = None
 ) -> dict:
@@ -191,7 +138,39 @@ def build_report(
     # listed in the job table and read by the ablation's report step
     order = list(dict.fromkeys(r["variant"] for r in sweep.get("jobs", []) if job_kind(r) == TRAIN_KIND))
 
-    # --- per job ---------------------------------------------------------------------------
+    job_rows, curves, variants = _read_jobs(statuses, order, threshold, tail_frac)
+    counts = {s: sum(1 for st in statuses if st.state == s) for s in (DONE, RUNNING, PENDING, FAILED)}
+    plots = _draw_plots(sweep_dir, curves, order, ablation, threshold)
+    write_tables(sweep_dir, order, variants, job_rows)
+    step = _report_step(sweep, ablation, report_step)
+    md = markdown(sweep, sweep_dir, order, variants, statuses, job_rows, plots, threshold, tail_txt, counts)
+    # an ablation with a report step (the lab) keeps the sweep's own report beside the step's report.md
+    md_name = "sweep-report.md" if step is not None else "report.md"
+    report_path = sweep_dir / md_name
+    atomic_write_text(report_path, md)
+    result = {
+        "report": str(report_path),
+        "plots": [str(p) for p in plots],
+        "variants": variants,
+        "jobs": job_rows,
+        "counts": counts,
+        "threshold": threshold,
+        "tail_frac": tail_frac,
+        "sweep_id": sweep.get("sweep_id"),
+        "built": time.time(),
+        "files": [md_name, "report.json", "comparison.csv", "runs.csv"],
+    }
+    atomic_write_text(sweep_dir / "report.json", json.dumps(result, indent=2, default=_json_default))
+    if step is not None:
+        _run_step(step, sweep_dir, sweep, statuses, log, result)
+    if log_mlflow:
+        _log_to_parent(sweep, sweep_dir, result, log)
+    return result
+
+
+def _read_jobs(statuses: list[JobStatus], order: list[str], threshold: float, tail_frac: float) -> tuple[list, dict, dict]:
+    """``(job_rows, curves, variants)``: one row per job (its metrics, regime findings and MLflow run),
+    each variant's finished runs' metric rows, and per variant the summary over its finished seeds."""
     job_rows, curves, per_variant = [], {v: [] for v in order}, {v: [] for v in order}
     findings: dict[str, dict[str, list[list[dict]]]] = {v: {"warnings": [], "flags": []} for v in order}
     for st in statuses:
@@ -230,9 +209,12 @@ def build_report(
         }
         for v, runs in per_variant.items()
     }
-    counts = {s: sum(1 for st in statuses if st.state == s) for s in (DONE, RUNNING, PENDING, FAILED)}
+    return job_rows, curves, variants
 
-    # --- files -----------------------------------------------------------------------------
+
+def _draw_plots(sweep_dir: Path, curves: dict[str, list], order: list[str], ablation: str, threshold: float) -> list[Path]:
+    """``plots/``: each of ``PLOTS``, the four quadrants' shares and each variant's "why entropy moved",
+    the ones some run logged."""
     plots = []
     for fname, key, label in PLOTS:
         p = _plot(
@@ -261,39 +243,12 @@ def build_report(
         )
         if p is not None:
             plots.append(p)
-    _write_csv(
-        sweep_dir / "runs.csv",
-        job_rows,
-        [
-            "variant",
-            "seed",
-            "state",
-            "steps",
-            *[c for c, _, _ in COLUMNS],
-            "first_step_below",
-            "final_reward",
-            "final_acc",
-            "warnings",
-            "flags",
-            "mlflow_run_id",
-            "output_dir",
-            "log",
-            "detail",
-        ],
-    )
-    comp_rows = []
-    for v in order:
-        s = variants[v]["summary"]
-        row = {"variant": v, "seeds_done": variants[v]["done"], "seeds_total": variants[v]["total"]}
-        for f, _, _ in COLUMNS:
-            row[f"{f}_mean"], row[f"{f}_std"] = s.get(f, {}).get("mean"), s.get(f, {}).get("std")
-        fsb = s.get("first_step_below", {})
-        row["first_step_below_mean"], row["first_step_below_crossed"] = fsb.get("mean"), fsb.get("crossed")
-        row["warnings"], row["flags"] = variants[v]["warnings"], variants[v]["flags"]
-        row["acted"] = acted_cell(variants[v]["acted"])
-        comp_rows.append(row)
-    _write_csv(sweep_dir / "comparison.csv", comp_rows, list(comp_rows[0]) if comp_rows else ["variant"])
+    return plots
 
+
+def _report_step(sweep: dict, ablation: str, report_step: str | None) -> ReportStep | None:
+    """The report step to run after this report: ``report_step``, else the one the ablation names;
+    None when neither names one. An unknown name is refused."""
     step_name = report_step or sweep.get("ablation", {}).get("report_step")
     step = None
     if step_name:
@@ -302,35 +257,17 @@ def build_report(
         step = REPORT_STEPS.get(str(step_name))
         if step is None:
             raise UserError(f"ablation {ablation}: " + unknown_choice("report_step", step_name, REPORT_STEPS))
-    md = _markdown(sweep, sweep_dir, order, variants, statuses, job_rows, plots, threshold, tail_txt, counts)
-    # an ablation with a report step (the lab) keeps the sweep's own report beside the step's report.md
-    md_name = "sweep-report.md" if step is not None else "report.md"
-    report_path = sweep_dir / md_name
-    atomic_write_text(report_path, md)
-    result = {
-        "report": str(report_path),
-        "plots": [str(p) for p in plots],
-        "variants": variants,
-        "jobs": job_rows,
-        "counts": counts,
-        "threshold": threshold,
-        "tail_frac": tail_frac,
-        "sweep_id": sweep.get("sweep_id"),
-        "built": time.time(),
-        "files": [md_name, "report.json", "comparison.csv", "runs.csv"],
-    }
-    atomic_write_text(sweep_dir / "report.json", json.dumps(result, indent=2, default=_json_default))
-    if step is not None:
-        out = step(sweep_dir, sweep, statuses, log)
-        result["files"] += [str(Path(p).relative_to(sweep_dir)) for p in out.get("paths", {}).values()]
-        result["step_metrics"] = dict(out.get("metrics") or {})
-        result["step"] = out
-        if "report.md" in out.get("paths", {}):
-            result["report"] = str(out["paths"]["report.md"])
+    return step
 
-    if log_mlflow:
-        _log_to_parent(sweep, sweep_dir, result, log)
-    return result
+
+def _run_step(step: ReportStep, sweep_dir: Path, sweep: dict, statuses: list, log: Callable[[str], None], result: dict) -> None:
+    """Run the report step and add its files and metrics to ``result``; its ``report.md`` becomes the report."""
+    out = step(sweep_dir, sweep, statuses, log)
+    result["files"] += [str(Path(p).relative_to(sweep_dir)) for p in out.get("paths", {}).values()]
+    result["step_metrics"] = dict(out.get("metrics") or {})
+    result["step"] = out
+    if "report.md" in out.get("paths", {}):
+        result["report"] = str(out["paths"]["report.md"])
 
 
 def _json_default(o):
@@ -363,85 +300,6 @@ def _tracking_run(st: JobStatus) -> str | None:
         return json.loads((Path(st.output_dir) / "tracking.json").read_text()).get("run_id")
     except (OSError, ValueError):
         return None
-
-
-def _write_csv(path: Path, rows: list[dict], fields: list[str]) -> None:
-    with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fields})
-
-
-def _markdown(sweep, sweep_dir, order, variants, statuses, job_rows, plots, threshold, tail_txt, counts) -> str:
-    abl = sweep.get("ablation", {})
-    tr = sweep.get("tracking", {})
-    lines = [f"# Sweep `{abl.get('name', '?')}` ({sweep.get('sweep_id', '')})", ""]
-    if abl.get("description"):
-        lines += [str(abl["description"]).strip(), ""]
-    lines += [
-        f"- folder: `{sweep_dir}`",
-        f"- launcher: {sweep.get('launcher', {}).get('name', '?')}; seeds: {sweep.get('seeds')}",
-        f"- jobs: {counts[DONE]} done, {counts[RUNNING]} running, {counts[PENDING]} pending, "
-        f"{counts[FAILED]} failed (of {len(statuses)})",
-    ]
-    if tr.get("enabled", True) and tr.get("parent_run_id"):
-        lines.append(f"- MLflow: parent run `{tr['parent_run_id']}` in experiment `{tr.get('experiment')}` at {tr.get('uri')}")
-    if sweep.get("budget") or sweep.get("train_overrides"):
-        lines.append(f"- every job: `{' '.join([*sweep.get('budget', []), *sweep.get('train_overrides', [])])}`")
-    lines += ["", "## Comparison (finished seeds; mean ± std over seeds)", ""]
-    columns = shown_columns(variants[v]["summary"] for v in order)
-    header = (
-        ["variant", "seeds"]
-        + [c[1].format(tail=tail_txt) for c in columns]
-        + [f"first step H < {threshold:g}", "acted", "warnings", "flags"]
-    )
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for v in order:
-        s = variants[v]["summary"]
-        cells = [f"`{v}`", f"{variants[v]['done']}/{variants[v]['total']}"]
-        cells += [_pm(s.get(f, {}), d) for f, _, d in columns]
-        cells += [
-            _first_below(s.get("first_step_below", {})),
-            acted_cell(variants[v]["acted"]),
-            variants[v]["warnings"],
-            variants[v]["flags"],
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        f"Entropy AUC: trapezoid area under the entropy curve over steps (nats x steps). "
-        f"First step H < {threshold:g}: mean over the seeds whose entropy fell below it "
-        f"(how many of them did). Acted: how often each intervention acted, the mean over steps and "
-        f"seeds of the metric it names (`stare/gate_on`: the share of steps STARE's gate was open; a "
-        f"`/frac` metric: the share of tokens a rule selected). Warnings (an intervention that cannot act in this regime) and "
-        f"flags (entropy collapse < 0.2x / explosion > 3x its first tenth), from each run's "
-        f"summary.json: `id@first step` per seed. Final val pass@k (with `val.pass_k`): the last "
-        f"`val/pass_at_<k>` of the largest k logged.",
-        "",
-    ]
-    if plots:
-        lines += ["## Curves (mean line, min-max band over seeds)", ""]
-        lines += [f"![{Path(p).stem}](plots/{Path(p).name})" for p in plots]
-        lines.append("")
-    lines += [
-        "## Jobs",
-        "",
-        "| job | state | steps | final val acc | entropy AUC | warnings | flags | MLflow run | detail |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in job_rows:
-        lines.append(
-            f"| `{r['key']}` | {r['state']} | {r.get('steps', '-')} | {_fmt(r.get('final_val_acc'))} | "
-            f"{_fmt(r.get('entropy_auc'), 2)} | {r['warnings'] or '-'} | {r['flags'] or '-'} | "
-            f"{r.get('mlflow_run_id') or '-'} | {r['detail']} |"
-        )
-    failed = [s for s in statuses if s.state == FAILED]
-    if failed:
-        lines += ["", "## Failed jobs", ""]
-        lines += [f"- `{s.key}`: {s.detail}. Log: `{s.log}` (also `{Path(s.output_dir) / 'train.log'}`)" for s in failed]
-    lines += ["", f"Rebuild: `entropyrl report {sweep_dir}`; state: `entropyrl status {sweep_dir}`.", ""]
-    return "\n".join(lines)
 
 
 def _log_to_parent(sweep: dict, sweep_dir: Path, result: dict, log: Callable[[str], None]) -> None:

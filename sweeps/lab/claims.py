@@ -15,6 +15,9 @@ Every claim can fail on its null control: the rows of a run in which the method 
 ``GATE_MIN_OPEN_SHARE`` of the steps) and entropy to have reached the target from where it started
 (crossed it): a run that sat in the band from its first step, untouched, is no evidence. A claim
 that a gate follows entropy needs the gate to have both opened and closed.
+
+One function per claim, assembled in the report's order by ``compute_claims``; the per-run measures
+and the helpers that make a claim row are in ``claim_measures.py`` and importable from here too.
 """
 
 from __future__ import annotations
@@ -23,7 +26,30 @@ import math
 
 import numpy as np
 
-from ...trainers.run.regime import entropy_flags, regime_warnings
+from ...trainers.run.regime import entropy_flags
+from .claim_measures import (
+    BAND,
+    GATE_KEY,
+    GATE_MIN_OPEN_SHARE,
+    _claim,
+    _fmt,
+    _join,
+    _reasons,
+    _seeds,
+    _vals,
+    acted_share,
+    crossing_step,
+    entropy_ends,
+    final_value,
+    finite_values,
+    fmt,
+    hold_text,
+    make_claim,
+    regime_reasons,
+    seeds_with,
+    step_change_std,
+    target_hold,
+)
 
 __all__ = [
     "compute_claims",
@@ -46,134 +72,11 @@ __all__ = [
     "regime_reasons",
 ]
 
+
 # Quadrant sign theory (diagnostics.py): Q1 exploitation and Q3 suppression lower entropy,
 # Q2 exploration and Q4 error-correction raise it.
 THEORY = {"q1": -1, "q2": +1, "q3": -1, "q4": +1}
 COV_VARIANTS = ("clip_cov", "kl_cov")
-BAND = 0.3  # a target is held when the last third is within +/-30 % of it
-GATE_KEY = "stare/gate_on"  # STARE's gate, 1 on the steps it was open
-#: A "holds target" claim needs the method to have acted on at least this share of the steps (STARE's
-#: gate open, a controller's coefficient non-zero): entropy that sat at the target while the method was
-#: idle on 9 steps in 10 was held by something else.
-GATE_MIN_OPEN_SHARE = 0.1
-ACT_EPS = 1e-9  # a lever's value this close to 0 did nothing on that step
-
-
-def _vals(rows: list[dict], key: str) -> list[float]:
-    return [float(r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
-
-
-def entropy_ends(rows: list[dict]) -> tuple[float, float]:
-    """(first-tenth mean, last-tenth mean) of the sampling entropy."""
-    ent = _vals(rows, "entropy")
-    if not ent:
-        return float("nan"), float("nan")
-    tenth = max(1, len(ent) // 10)
-    return float(np.mean(ent[:tenth])), float(np.mean(ent[-tenth:]))
-
-
-def crossing_step(rows: list[dict], target: float) -> int | None:
-    """The first step at which the entropy reached ``target`` from where it started: the first logged
-    step on the other side of ``target`` from the first step's entropy (or on it); None when it never
-    did (a curve that stayed on one side, however close, never reached the target)."""
-    ent = [
-        (int(r.get("step", i + 1)), float(r["entropy"]))
-        for i, r in enumerate(rows)
-        if isinstance(r.get("entropy"), (int, float)) and math.isfinite(r["entropy"])
-    ]
-    if not ent or not math.isfinite(target):
-        return None
-    side = np.sign(ent[0][1] - target)
-    if side == 0:
-        return ent[0][0]
-    return next((s for s, h in ent[1:] if np.sign(h - target) != side), None)
-
-
-def acted_share(rows: list[dict], key: str) -> float:
-    """Share of the steps that logged ``key`` on which it was non-zero (a 0/1 gate: the share of steps
-    it was open; a coefficient: the steps it acted); NaN when no step logged it."""
-    vals = _vals(rows, key)
-    return float(np.mean([abs(v) > ACT_EPS for v in vals])) if vals else float("nan")
-
-
-def target_hold(rows: list[dict], target: float, acted_key: str = GATE_KEY, band: float = BAND) -> dict:
-    """Whether a controller held entropy at ``target`` on one run: the last third within ``band`` of it
-    (``in_band``), entropy reached it from its start (``crossed_at_step``, ``crossing_step``) and the
-    method acted on at least ``GATE_MIN_OPEN_SHARE`` of the steps (``acted_share`` of ``acted_key``,
-    STARE's gate). ``ok`` is all three; ``why_not`` names the ones that failed."""
-    ent = _vals(rows, "entropy")
-    m = float(np.mean(ent[-max(1, len(ent) // 3) :])) if ent else float("nan")
-    rel = m / target - 1.0 if math.isfinite(m) and target > 0 else float("nan")
-    in_band = bool(abs(rel) <= band) if math.isfinite(rel) else False
-    crossed = crossing_step(rows, target)
-    share = acted_share(rows, acted_key)
-    acted = math.isfinite(share) and share >= GATE_MIN_OPEN_SHARE
-    why = []
-    if not in_band:
-        why.append(f"last third {_fmt(m)} outside +/-{band:.0%} of {target:g}")
-    if crossed is None:
-        why.append(f"entropy never reached {target:g} from its start {_fmt(ent[0]) if ent else 'nan'}")
-    if not acted:
-        why.append(
-            f"{acted_key} logged on no step"
-            if not math.isfinite(share)
-            else f"{acted_key} non-zero on {share:.0%} of steps (< {GATE_MIN_OPEN_SHARE:.0%}): the method barely acted"
-        )
-    return {
-        "last_third": m,
-        "rel_error": rel,
-        "in_band": in_band,
-        "start": ent[0] if ent else float("nan"),
-        "crossed_at_step": crossed,
-        "acted_key": acted_key,
-        "acted_share": share,
-        "ok": bool(in_band and crossed is not None and acted),
-        "why_not": "; ".join(why),
-    }
-
-
-def hold_text(p: dict) -> str:
-    """One seed's measured cell of a "holds target" claim: the last third and its error, the share of
-    steps the method acted (the gate open) and the step it reached the target."""
-    share = p.get("acted_share", float("nan"))
-    acted = "nan" if not math.isfinite(share) else f"{share:.0%}"
-    what = "gate open" if p.get("acted_key") == GATE_KEY else f"{p.get('acted_key')} non-zero"
-    crossed = p.get("crossed_at_step")
-    rel = p.get("rel_error", float("nan"))
-    return f"{_fmt(p['last_third'])} ({'nan' if not math.isfinite(rel) else f'{rel:+.0%}'}), {what} {acted} of steps, " + (
-        f"reached target at step {crossed}" if crossed is not None else "never reached target"
-    )
-
-
-def step_change_std(rows: list[dict]) -> float:
-    """Std of the per-step entropy change: the probe's realised change when measured, else the
-    step-to-step difference of the sampling entropy."""
-    realized = _vals(rows, "entropy_change/realized")
-    if len(realized) >= 3:
-        return float(np.std(realized))
-    ent = _vals(rows, "entropy")
-    return float(np.std(np.diff(ent))) if len(ent) >= 3 else float("nan")
-
-
-def final_value(rows: list[dict], key: str) -> float:
-    vals = _vals(rows, key)
-    return vals[-1] if vals else float("nan")
-
-
-def _fmt(x: float) -> str:
-    return "nan" if x is None or not math.isfinite(x) else f"{x:.3g}"
-
-
-def _reasons(runs: dict, variants: tuple[str, ...], algo_cfgs: dict) -> str:
-    """The regime warnings and flags of ``variants``' runs, as one phrase (the measured reason)."""
-    found = []
-    for v in variants:
-        for _seed, rows in sorted((runs.get(v) or {}).items()):
-            for f in regime_warnings(rows, algo_cfgs.get(v, {})) + entropy_flags(rows, algo_cfgs.get(v, {})):
-                tag = f"{v}: {f['id']}"
-                if tag not in found:
-                    found.append(tag)
-    return "; ".join(found)
 
 
 def _steer_weights(runs: dict, variant: str) -> str:
@@ -196,68 +99,36 @@ def _extreme_accuracy(runs: dict) -> str:
     return "final val acc " + ", ".join(per) if per else ""
 
 
-def _join(*parts: str) -> str:
-    return "; ".join(p for p in parts if p)
-
-
-def _claim(id_: str, claim: str, per_seed: list[dict], ok_key: str, measured: str, reason: str = "") -> dict:
-    oks = [p[ok_key] for p in per_seed if p.get(ok_key) is not None]
-    reproduced = None if not oks else bool(all(oks))
-    out = {"id": id_, "claim": claim, "measured": measured, "reproduced": reproduced, "per_seed": per_seed}
-    if reproduced is False and reason:
-        out["reason"] = reason
-    return out
-
-
-def _seeds(runs: dict, *variants: str) -> list:
-    sets = [set((runs.get(v) or {}).keys()) for v in variants]
-    return sorted(set.intersection(*sets)) if sets and all(sets) else []
-
-
-def compute_claims(
-    runs: dict[str, dict[int, list[dict]]],
-    *,
-    h_tgt: float,
-    algo_cfgs: dict[str, dict] | None = None,
-    quadrants: dict | None = None,
-    pass_key: str = "val/pass_at_8",
-) -> list[dict]:
-    """The claim table (see module docstring). ``quadrants``: ``{seed: {"q1": [changes], ...}}`` of
-    the quadrant sign experiment, or None."""
-    algo_cfgs = algo_cfgs or {}
-    claims = []
-
+def _grpo_collapses(runs: dict, algo_cfgs: dict) -> dict:
     per = []
     for s in _seeds(runs, "grpo"):
         first, last = entropy_ends(runs["grpo"][s])
         per.append({"seed": s, "first_tenth": first, "last_tenth": last, "ratio": last / first, "ok": last < 0.5 * first})
-    claims.append(
-        _claim(
-            "grpo_collapses",
-            "GRPO's entropy collapses: last tenth < 0.5 x first tenth",
-            per,
-            "ok",
-            "last/first tenth " + ", ".join(_fmt(p["ratio"]) for p in per),
-            _reasons(runs, ("grpo",), algo_cfgs),
-        )
+    return _claim(
+        "grpo_collapses",
+        "GRPO's entropy collapses: last tenth < 0.5 x first tenth",
+        per,
+        "ok",
+        "last/first tenth " + ", ".join(_fmt(p["ratio"]) for p in per),
+        _reasons(runs, ("grpo",), algo_cfgs),
     )
 
+
+def _stare_holds_target(runs: dict, h_tgt: float, algo_cfgs: dict) -> dict:
     per = [{"seed": s, "h_tgt": h_tgt, **target_hold(runs["stare"][s], h_tgt)} for s in _seeds(runs, "stare")]
-    claims.append(
-        _claim(
-            "stare_holds_target",
-            f"STARE holds entropy at its target: last third within +/-{BAND:.0%} of h_tgt={h_tgt}, entropy reached "
-            f"h_tgt from its start, and the gate open on at least {GATE_MIN_OPEN_SHARE:.0%} of steps (a run that sat in "
-            "the band with its gate shut is not STARE holding it)",
-            per,
-            "ok",
-            "last third " + ", ".join(hold_text(p) for p in per),
-            _join(
-                "; ".join(f"seed {p['seed']}: {p['why_not']}" for p in per if p["why_not"]), _reasons(runs, ("stare",), algo_cfgs)
-            ),
-        )
+    return _claim(
+        "stare_holds_target",
+        f"STARE holds entropy at its target: last third within +/-{BAND:.0%} of h_tgt={h_tgt}, entropy reached "
+        f"h_tgt from its start, and the gate open on at least {GATE_MIN_OPEN_SHARE:.0%} of steps (a run that sat in "
+        "the band with its gate shut is not STARE holding it)",
+        per,
+        "ok",
+        "last third " + ", ".join(hold_text(p) for p in per),
+        _join("; ".join(f"seed {p['seed']}: {p['why_not']}" for p in per if p["why_not"]), _reasons(runs, ("stare",), algo_cfgs)),
     )
 
+
+def _stare_gate_follows_entropy(runs: dict, h_tgt: float, algo_cfgs: dict) -> dict:
     per = []
     for s in _seeds(runs, "stare"):
         pairs = [
@@ -279,35 +150,33 @@ def compute_claims(
                 "ok": bool(pairs) and match == 1.0 and 0.0 < open_share < 1.0,
             }
         )
-    claims.append(
-        _claim(
-            "stare_gate_follows_entropy",
-            "STARE's gate is open exactly on the steps whose entropy is below h_tgt, and it both opened and closed "
-            "(a gate shut on every step of a curve that stayed above h_tgt matches it without deciding anything)",
-            per,
-            "ok",
-            "gate == (H < h_tgt) on " + ", ".join(f"{p['match']:.0%} (open {p['open_share']:.0%})" for p in per),
-            _reasons(runs, ("stare",), algo_cfgs),
-        )
+    return _claim(
+        "stare_gate_follows_entropy",
+        "STARE's gate is open exactly on the steps whose entropy is below h_tgt, and it both opened and closed "
+        "(a gate shut on every step of a curve that stayed above h_tgt matches it without deciding anything)",
+        per,
+        "ok",
+        "gate == (H < h_tgt) on " + ", ".join(f"{p['match']:.0%} (open {p['open_share']:.0%})" for p in per),
+        _reasons(runs, ("stare",), algo_cfgs),
     )
 
-    claims.append(quadrant_claim(quadrants))
 
+def _steer_moderates_change(runs: dict, algo_cfgs: dict) -> dict:
     per = []
     for s in _seeds(runs, "grpo", "steer"):
         g, st = step_change_std(runs["grpo"][s]), step_change_std(runs["steer"][s])
         per.append({"seed": s, "std_grpo": g, "std_steer": st, "ok": st < g})
-    claims.append(
-        _claim(
-            "steer_moderates_change",
-            "STEER's per-step entropy change has a lower std than GRPO's",
-            per,
-            "ok",
-            "std steer/grpo " + ", ".join(f"{_fmt(p['std_steer'])}/{_fmt(p['std_grpo'])}" for p in per),
-            _join(_reasons(runs, ("steer",), algo_cfgs), _steer_weights(runs, "steer")),
-        )
+    return _claim(
+        "steer_moderates_change",
+        "STEER's per-step entropy change has a lower std than GRPO's",
+        per,
+        "ok",
+        "std steer/grpo " + ", ".join(f"{_fmt(p['std_steer'])}/{_fmt(p['std_grpo'])}" for p in per),
+        _join(_reasons(runs, ("steer",), algo_cfgs), _steer_weights(runs, "steer")),
     )
 
+
+def _steer_extreme_stable(runs: dict, algo_cfgs: dict) -> dict:
     per = []
     for s in _seeds(runs, "grpo_extreme", "steer_extreme"):
         g_flags = [f["id"] for f in entropy_flags(runs["grpo_extreme"][s], algo_cfgs.get("grpo_extreme", {}))]
@@ -322,72 +191,65 @@ def compute_claims(
                 "ok": bool(g_flags) and not s_flags,
             }
         )
-    claims.append(
-        _claim(
-            "steer_extreme_stable",
-            "Under an extreme clip (0.99/5) with several updates per batch GRPO "
-            "collapses or explodes while STEER stays within a band",
-            per,
-            "ok",
-            "flags grpo/steer " + ", ".join(f"{p['grpo_flags'] or 'none'}/{p['steer_flags'] or 'none'}" for p in per),
-            _join(
-                _reasons(runs, ("grpo_extreme", "steer_extreme"), algo_cfgs),
-                _extreme_accuracy(runs),
-                _steer_weights(runs, "steer_extreme"),
-            ),
-        )
+    return _claim(
+        "steer_extreme_stable",
+        "Under an extreme clip (0.99/5) with several updates per batch GRPO "
+        "collapses or explodes while STEER stays within a band",
+        per,
+        "ok",
+        "flags grpo/steer " + ", ".join(f"{p['grpo_flags'] or 'none'}/{p['steer_flags'] or 'none'}" for p in per),
+        _join(
+            _reasons(runs, ("grpo_extreme", "steer_extreme"), algo_cfgs),
+            _extreme_accuracy(runs),
+            _steer_weights(runs, "steer_extreme"),
+        ),
     )
 
-    for cid, variants, text in (
-        ("cov_keeps_entropy", COV_VARIANTS, "Clip-Cov / KL-Cov end with higher entropy than GRPO"),
-        (
-            "negative_samples_keep_entropy",
-            ("sample_reweight",),
-            "W-REINFORCE-style weighting (negative samples) ends with higher entropy than GRPO",
-        ),
-    ):
-        per = []
-        present = [v for v in variants if runs.get(v)]
-        for s in _seeds(runs, "grpo", *present) if present else []:
-            g = entropy_ends(runs["grpo"][s])[1]
-            ends = {v: entropy_ends(runs[v][s])[1] for v in present}
-            per.append(
-                {
-                    "seed": s,
-                    "last_tenth_grpo": g,
-                    **{f"last_tenth_{v}": e for v, e in ends.items()},
-                    "ok": all(e > g for e in ends.values()),
-                }
-            )
-        claims.append(
-            _claim(
-                cid,
-                text,
-                per,
-                "ok",
-                "last tenth "
-                + ", ".join(
-                    "/".join(_fmt(p[f"last_tenth_{v}"]) for v in present) + f" vs grpo {_fmt(p['last_tenth_grpo'])}" for p in per
-                ),
-                _reasons(runs, tuple(present), algo_cfgs),
-            )
-        )
 
+def _keeps_entropy(runs: dict, cid: str, variants: tuple[str, ...], text: str, algo_cfgs: dict) -> dict:
+    """``cid``: each of ``variants`` (those that ran) ends with a higher entropy than GRPO on every seed."""
+    per = []
+    present = [v for v in variants if runs.get(v)]
+    for s in _seeds(runs, "grpo", *present) if present else []:
+        g = entropy_ends(runs["grpo"][s])[1]
+        ends = {v: entropy_ends(runs[v][s])[1] for v in present}
+        per.append(
+            {
+                "seed": s,
+                "last_tenth_grpo": g,
+                **{f"last_tenth_{v}": e for v, e in ends.items()},
+                "ok": all(e > g for e in ends.values()),
+            }
+        )
+    return _claim(
+        cid,
+        text,
+        per,
+        "ok",
+        "last tenth "
+        + ", ".join(
+            "/".join(_fmt(p[f"last_tenth_{v}"]) for v in present) + f" vs grpo {_fmt(p['last_tenth_grpo'])}" for p in per
+        ),
+        _reasons(runs, tuple(present), algo_cfgs),
+    )
+
+
+def _high_entropy_amplification(runs: dict, algo_cfgs: dict) -> dict:
     per = []
     for s in _seeds(runs, "grpo", "high_entropy_mask"):
         g, h = step_change_std(runs["grpo"][s]), step_change_std(runs["high_entropy_mask"][s])
         per.append({"seed": s, "std_grpo": g, "std_high_entropy": h, "ok": h > g})
-    claims.append(
-        _claim(
-            "high_entropy_amplification_fluctuates",
-            "Training only on high-entropy tokens makes the per-step entropy change fluctuate more than GRPO's",
-            per,
-            "ok",
-            "std high-entropy/grpo " + ", ".join(f"{_fmt(p['std_high_entropy'])}/{_fmt(p['std_grpo'])}" for p in per),
-            _reasons(runs, ("high_entropy_mask",), algo_cfgs),
-        )
+    return _claim(
+        "high_entropy_amplification_fluctuates",
+        "Training only on high-entropy tokens makes the per-step entropy change fluctuate more than GRPO's",
+        per,
+        "ok",
+        "std high-entropy/grpo " + ", ".join(f"{_fmt(p['std_high_entropy'])}/{_fmt(p['std_grpo'])}" for p in per),
+        _reasons(runs, ("high_entropy_mask",), algo_cfgs),
     )
 
+
+def _pass_at_k_preserved(runs: dict, pass_key: str) -> dict:
     per = []
     others = [v for v in runs if v not in ("grpo", "grpo_extreme", "steer_extreme")]
     seeds = _seeds(runs, "grpo")
@@ -416,18 +278,46 @@ def compute_claims(
                 "ok": None if best is None or not math.isfinite(g) else bool(above_all),
             }
         )
-    claims.append(
-        _claim(
-            "pass_at_k_preserved",
-            f"An intervention ends with a higher {pass_key} than GRPO on every seed (the same intervention on each; "
-            f"{len(others)} compared, no correction for comparing several: a seed-by-seed win is the evidence)",
-            per,
-            "ok",
-            ", ".join(f"{p['best']} {_fmt(p['best_value'])} vs grpo {_fmt(p['grpo'])}" for p in per)
-            + (f"; above GRPO on every seed: {', '.join(above_all) or 'none'}" if per else ""),
-        )
+    return _claim(
+        "pass_at_k_preserved",
+        f"An intervention ends with a higher {pass_key} than GRPO on every seed (the same intervention on each; "
+        f"{len(others)} compared, no correction for comparing several: a seed-by-seed win is the evidence)",
+        per,
+        "ok",
+        ", ".join(f"{p['best']} {_fmt(p['best_value'])} vs grpo {_fmt(p['grpo'])}" for p in per)
+        + (f"; above GRPO on every seed: {', '.join(above_all) or 'none'}" if per else ""),
     )
-    return claims
+
+
+def compute_claims(
+    runs: dict[str, dict[int, list[dict]]],
+    *,
+    h_tgt: float,
+    algo_cfgs: dict[str, dict] | None = None,
+    quadrants: dict | None = None,
+    pass_key: str = "val/pass_at_8",
+) -> list[dict]:
+    """The claim table (see module docstring), in the report's order. ``quadrants``:
+    ``{seed: {"q1": [changes], ...}}`` of the quadrant sign experiment, or None."""
+    algo_cfgs = algo_cfgs or {}
+    return [
+        _grpo_collapses(runs, algo_cfgs),
+        _stare_holds_target(runs, h_tgt, algo_cfgs),
+        _stare_gate_follows_entropy(runs, h_tgt, algo_cfgs),
+        quadrant_claim(quadrants),
+        _steer_moderates_change(runs, algo_cfgs),
+        _steer_extreme_stable(runs, algo_cfgs),
+        _keeps_entropy(runs, "cov_keeps_entropy", COV_VARIANTS, "Clip-Cov / KL-Cov end with higher entropy than GRPO", algo_cfgs),
+        _keeps_entropy(
+            runs,
+            "negative_samples_keep_entropy",
+            ("sample_reweight",),
+            "W-REINFORCE-style weighting (negative samples) ends with higher entropy than GRPO",
+            algo_cfgs,
+        ),
+        _high_entropy_amplification(runs, algo_cfgs),
+        _pass_at_k_preserved(runs, pass_key),
+    ]
 
 
 def quadrant_claim(quadrants: dict | None) -> dict:
@@ -457,11 +347,3 @@ def quadrant_claim(quadrants: dict | None) -> dict:
         "ok",
         measured,
     )
-
-
-# the helpers another study builds its claims with, under public names (the lab's own code uses the short ones)
-make_claim = _claim  # (id, claim, per_seed, ok_key, measured, reason) -> a claim: reproduced when every seed is ok
-seeds_with = _seeds  # the seeds every one of the named variants ran
-finite_values = _vals  # a metric's finite values over the rows, in step order
-fmt = _fmt  # a number in 3 significant digits, "nan" for none
-regime_reasons = _reasons  # the regime warnings and flags of the named variants' runs, as one phrase

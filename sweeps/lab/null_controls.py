@@ -15,30 +15,53 @@ real-model study (``real_model_claims.real_model_claims``) can emit is declared 
 ``tests/sweeps/test_claim_nulls.py`` asserts, for every entry, that the null gives ``reproduced`` False
 and the positive True, and that every claim id a study emits has an entry, so a new claim cannot skip
 its null. Descriptive rows (``descriptive``: no direction claimed) and methods without an entropy claim
-are declared too, and must stay unreproduced (None) on both.
+are declared too, and must stay unreproduced (None) on both. The synthetic rows and each study's
+inputs are built in ``null_inputs.py``.
 """
 
 from __future__ import annotations
 
-import copy
-import math
 from dataclasses import dataclass
 from typing import Callable
 
 from .claims import compute_claims
 from .method_claims import _acted_key, _target, method_claims, registered_lab_claims
+from .null_inputs import (
+    LAB_H,
+    REAL_H,
+    TOOL_H,
+    _attribution_rows,
+    _decay,
+    _extreme,
+    _flat,
+    _grpo,
+    _inputs,
+    _keeps,
+    _pass_at_k,
+    _quadrant_inputs,
+    _real_above,
+    _real_acc,
+    _real_inputs,
+    _rows,
+    _seeds,
+    _spread,
+    _stale_collapse,
+    _stale_corrections,
+    _stale_quarter_inputs,
+    _stale_vs_grpo,
+    _stare,
+    _stare_band,
+    _stare_idle,
+    _to_target,
+)
 from .real_model_claims import EXTRA_METHODS, METHODS, real_model_claims
-from .staleness_claims import STALE_QUARTER_KEYS, staleness_claims
+from .staleness_claims import staleness_claims
 from .tool_claims import tool_claims
 
 __all__ = ["NullControl", "registry", "evaluate", "declare_nulls", "emitted_ids", "STUDIES"]
 
 STUDIES = ("lab", "method", "tool", "staleness", "real_model")
-N = 60  # steps of a synthetic run
-SEEDS = (0, 1)
-LAB_H = 0.5  # h_tgt of the synthetic lab and staleness STARE runs
-TOOL_H = 0.08  # the tool preset's h_tgt: its warm start (about 0.098 nats) sits inside the +/-30 % band
-REAL_H = 0.5  # the real-model study's h_tgt (conf/ablation/real_model.yaml)
+STARE_NULL = "STARE's entropy flat at its start inside the band of h_tgt, its gate never open"
 
 
 @dataclass(frozen=True)
@@ -53,82 +76,8 @@ class NullControl:
     descriptive: bool = False  # claims no direction (a descriptive row, a method without a claim): always None
 
 
-# -- synthetic rows ---------------------------------------------------------------------------------
-def _rows(entropy: Callable[[int], float], n: int = N, **extra) -> list[dict]:
-    """``n`` metric rows: ``entropy(i)`` and each ``extra`` key (``a__b`` is ``a/b``), a value or ``f(i)``."""
-    return [
-        {"step": i + 1, "entropy": entropy(i), **{k.replace("__", "/"): (v(i) if callable(v) else v) for k, v in extra.items()}}
-        for i in range(n)
-    ]
-
-
-def _seeds(make: Callable[[], list[dict]]) -> dict[int, list[dict]]:
-    return {s: make() for s in SEEDS}
-
-
-def _same(by_seed: dict) -> dict:
-    """A copy of another variant's rows: the method did nothing but run under its own name."""
-    return copy.deepcopy(by_seed)
-
-
-def _decay(rate: float, start: float = 1.0) -> Callable[[int], float]:
-    return lambda i: start * math.exp(-rate * i)
-
-
-def _flat(level: float) -> Callable[[int], float]:
-    return lambda i: level
-
-
-def _to_target(h: float) -> Callable[[int], float]:
-    """Falls from 2h to h over 20 steps, then holds at h +/- 5 %."""
-    return lambda i: max(h * (1.0 + 0.05 * (-1) ** i), 2.0 * h * (1.0 - i / 20.0))
-
-
-def _stare(h: float) -> list[dict]:
-    """STARE that works: entropy reaches h_tgt and holds there, its gate open exactly below it."""
-    e = _to_target(h)
-    return _rows(e, **{"stare/gate_on": lambda i: float(e(i) < h)})
-
-
-def _stare_idle(h: float) -> list[dict]:
-    """STARE's null: entropy flat at its start inside the band (10 % above h_tgt), the gate never open."""
-    return _rows(_flat(1.1 * h), **{"stare/gate_on": 0.0})
-
-
-def _alternating(amplitude: float, key: str = "entropy_change/realized") -> dict:
-    return {key: lambda i: -0.01 + amplitude * (-1) ** i}
-
-
-def _inputs(runs: dict, h_tgt: float = LAB_H, quadrants: dict | None = None) -> dict:
-    return {"runs": runs, "h_tgt": h_tgt, "quadrants": quadrants}
-
-
-def _grpo() -> dict:
-    return _seeds(lambda: _rows(_decay(0.05), **{"val/pass_at_8": 0.4}))
-
-
-def _keeps(variants: tuple[str, ...], null: bool) -> dict:
-    grpo = _grpo()
-    return _inputs({"grpo": grpo, **{v: _same(grpo) if null else _seeds(lambda: _rows(_decay(0.01))) for v in variants}})
-
-
-def _spread(variant: str, null: bool, wider: bool) -> dict:
-    """GRPO's per-step change spread 0.03; ``variant``'s 0.01 (``wider`` False) or 0.09, or GRPO's own."""
-    grpo = _seeds(lambda: _rows(_decay(0.05), **_alternating(0.03)))
-    own = _seeds(lambda: _rows(_decay(0.05), **_alternating(0.09 if wider else 0.01)))
-    return _inputs({"grpo": grpo, variant: _same(grpo) if null else own})
-
-
 # -- the lab's claims ----------------------------------------------------------------------------------
 def _lab() -> list[NullControl]:
-    stare_null = "STARE's entropy flat at its start inside the band of h_tgt, its gate never open"
-    theory = {"q1": [-1e-3, -2e-3], "q2": [1e-3, 5e-4], "q3": [-3e-3, -1e-3], "q4": [2e-4, 1e-4]}
-    zero = {q: [0.0, 0.0] for q in theory}
-    extreme = lambda null: _inputs(  # noqa: E731
-        (lambda g: {"grpo_extreme": g, "steer_extreme": _same(g) if null else _seeds(lambda: _rows(lambda i: 1.0 - 0.002 * i))})(
-            _seeds(lambda: _rows(_decay(0.1)))
-        )
-    )
     return [
         NullControl(
             "grpo_collapses",
@@ -140,14 +89,14 @@ def _lab() -> list[NullControl]:
         NullControl(
             "stare_holds_target",
             "lab",
-            stare_null,
+            STARE_NULL,
             lambda: _inputs({"stare": _seeds(lambda: _stare_idle(LAB_H))}),
             lambda: _inputs({"stare": _seeds(lambda: _stare(LAB_H))}),
         ),
         NullControl(
             "stare_gate_follows_entropy",
             "lab",
-            stare_null + " (it matches H < h_tgt on every step without ever deciding)",
+            STARE_NULL + " (it matches H < h_tgt on every step without ever deciding)",
             lambda: _inputs({"stare": _seeds(lambda: _stare_idle(LAB_H))}),
             lambda: _inputs({"stare": _seeds(lambda: _stare(LAB_H))}),
         ),
@@ -155,8 +104,8 @@ def _lab() -> list[NullControl]:
             "quadrant_signs",
             "lab",
             "every quadrant's restricted update changes entropy by 0",
-            lambda: _inputs({}, quadrants={s: copy.deepcopy(zero) for s in SEEDS}),
-            lambda: _inputs({}, quadrants={s: copy.deepcopy(theory) for s in SEEDS}),
+            lambda: _quadrant_inputs(True),
+            lambda: _quadrant_inputs(False),
         ),
         NullControl(
             "steer_moderates_change",
@@ -169,8 +118,8 @@ def _lab() -> list[NullControl]:
             "steer_extreme_stable",
             "lab",
             "GRPO's stress-test rows under STEER's name",
-            lambda: extreme(True),
-            lambda: extreme(False),
+            lambda: _extreme(True),
+            lambda: _extreme(False),
         ),
         NullControl(
             "cov_keeps_entropy",
@@ -197,8 +146,8 @@ def _lab() -> list[NullControl]:
             "pass_at_k_preserved",
             "lab",
             "GRPO's rows under every intervention's name",
-            lambda: (lambda g: _inputs({"grpo": g, "stare": _same(g), "steer": _same(g)}))(_grpo()),
-            lambda: _inputs({"grpo": _grpo(), "stare": _seeds(lambda: _rows(_decay(0.05), **{"val/pass_at_8": 0.6}))}),
+            lambda: _pass_at_k(True),
+            lambda: _pass_at_k(False),
         ),
     ]
 
@@ -274,103 +223,63 @@ def _tool() -> list[NullControl]:
 
 
 # -- the staleness study --------------------------------------------------------------------------------
-def _stale_quarters(k: int, null: bool) -> dict:
-    """The stale ratio's clipped share per entropy quartile at staleness ``k``: 0 at k = 0 (and in the
-    null at every k), else rising with k and with the quartile."""
-    return {key: 0.0 if null or k == 0 else 0.005 * k * (q + 1) for q, key in enumerate(STALE_QUARTER_KEYS)}
-
-
 def _staleness() -> list[NullControl]:
-    def collapse(null: bool) -> dict:
-        k0 = _seeds(lambda: _rows(_decay(0.002)))
-        return _inputs({"grpo_k0": k0, "grpo_k4": _same(k0) if null else _seeds(lambda: _rows(_decay(0.05)))})
-
-    def quarters(null: bool) -> dict:
-        return _inputs({f"grpo_k{k}": _seeds(lambda k=k: _rows(_decay(0.02), **_stale_quarters(k, null))) for k in (0, 1, 2, 4)})
-
-    def band(variants: tuple[str, ...], null: bool) -> dict:
-        return _inputs({v: _seeds(lambda: _stare_idle(LAB_H) if null else _stare(LAB_H)) for v in variants})
-
-    def corrections(null: bool) -> dict:
-        base = _seeds(lambda: _rows(_decay(0.02), **{"clip/frac": 0.02, "async/stale_clip_frac": 0.05}))
-        fixed = lambda: _seeds(  # noqa: E731
-            lambda: _rows(
-                _decay(0.01),
-                **{
-                    "clip/frac": 0.01,
-                    "async/stale_clip_frac": 0.05,
-                    "rollout/tis_weight_mean": 0.97,
-                    "rollout/tis_clip_frac": 0.01,
-                },
-            )
-        )
-        return _inputs({"grpo_k2": base, **{f"grpo_k2_{c}": _same(base) if null else fixed() for c in ("dec", "m2po")}})
-
-    def vs_grpo(method: str, null: bool) -> dict:
-        runs = {}
-        for k in (0, 2):
-            grpo = _seeds(lambda: _rows(_decay(0.05), **_alternating(0.03)))
-            own = _seeds(lambda: _rows(_decay(0.01), **_alternating(0.01)))
-            runs[f"grpo_k{k}"], runs[f"{method}_k{k}"] = grpo, _same(grpo) if null else own
-        return _inputs(runs)
-
-    stare_null = "STARE's entropy flat at its start inside the band of h_tgt, its gate never open"
     return [
         NullControl(
             "stale_grpo_collapses",
             "staleness",
             "staleness that changed nothing: the k=0 run's rows at k=4",
-            lambda: collapse(True),
-            lambda: collapse(False),
+            lambda: _stale_collapse(True),
+            lambda: _stale_collapse(False),
         ),
         NullControl(
             "stale_clips_high_entropy_first",
             "staleness",
             "staleness that changed nothing: the stale ratio inside the clip range (async/stale_clip_frac 0) at every k",
-            lambda: quarters(True),
-            lambda: quarters(False),
+            lambda: _stale_quarter_inputs(True),
+            lambda: _stale_quarter_inputs(False),
         ),
         NullControl(
             "stare_band_by_k",
             "staleness",
-            stare_null + " at every k",
-            lambda: band(("stare_k0", "stare_k2", "stare_k4"), True),
-            lambda: band(("stare_k0", "stare_k2", "stare_k4"), False),
+            STARE_NULL + " at every k",
+            lambda: _stare_band(("stare_k0", "stare_k2", "stare_k4"), True),
+            lambda: _stare_band(("stare_k0", "stare_k2", "stare_k4"), False),
         ),
         NullControl(
             "stare_k2_dec_holds_band",
             "staleness",
-            stare_null,
-            lambda: band(("stare_k2_dec",), True),
-            lambda: band(("stare_k2_dec",), False),
+            STARE_NULL,
+            lambda: _stare_band(("stare_k2_dec",), True),
+            lambda: _stare_band(("stare_k2_dec",), False),
         ),
         NullControl(
             "stare_k2_behav_holds_band",
             "staleness",
-            stare_null,
-            lambda: band(("stare_k2_behav",), True),
-            lambda: band(("stare_k2_behav",), False),
+            STARE_NULL,
+            lambda: _stare_band(("stare_k2_behav",), True),
+            lambda: _stare_band(("stare_k2_behav",), False),
         ),
         NullControl(
             "corrections_lower_clipping",
             "staleness",
             "GRPO's k=2 rows under the decoupled and M2PO runs' names (no weight, no mask, the same clip/frac)",
-            lambda: corrections(True),
-            lambda: corrections(False),
+            lambda: _stale_corrections(True),
+            lambda: _stale_corrections(False),
         ),
         NullControl(
             "clip_cov_keeps_entropy_stale",
             "staleness",
             "GRPO's rows under Clip-Cov's name at each k",
-            lambda: vs_grpo("clip_cov", True),
-            lambda: vs_grpo("clip_cov", False),
+            lambda: _stale_vs_grpo("clip_cov", True),
+            lambda: _stale_vs_grpo("clip_cov", False),
         ),
         NullControl(
             "steer_moderates_change_stale",
             "staleness",
             "GRPO's rows under STEER's name at each k",
-            lambda: vs_grpo("steer", True),
-            lambda: vs_grpo("steer", False),
+            lambda: _stale_vs_grpo("steer", True),
+            lambda: _stale_vs_grpo("steer", False),
         ),
         NullControl(
             "stale_pass_at_k",
@@ -384,53 +293,30 @@ def _staleness() -> list[NullControl]:
 
 
 # -- the real-model study ---------------------------------------------------------------------------
-def _attribution_rows(predicted: Callable[[float], float]) -> list[dict]:
-    """GRPO's decaying rows with the attribution measured every 10th step: a realised probe change of
-    about -0.01 (-0.008 and -0.012 in turn) and ``predicted(realised)`` as the prediction."""
-    rows = _rows(_decay(0.05))
-    for i, r in enumerate(rows):
-        if (i + 1) % 10 == 0 or i == 0:
-            realised = -0.01 + 0.002 * (-1) ** i
-            r["entropy_change/realized"], r["entropy_change/predicted_net"] = realised, predicted(realised)
-    return rows
-
-
 def _real_model() -> list[NullControl]:
-    def inputs(runs: dict) -> dict:
-        return _inputs(runs, REAL_H)
-
-    def above(method: str, null: bool) -> dict:
-        grpo = _grpo()
-        return inputs({"grpo": grpo, method: _same(grpo) if null else _seeds(lambda: _rows(_decay(0.01)))})
-
-    def acc(null: bool) -> dict:
-        grpo = _seeds(lambda: _rows(_decay(0.05), **{"val/acc": 0.5, "val/pass_at_4": 0.7}))
-        own = _seeds(lambda: _rows(_decay(0.01), **{"val/acc": 0.4, "val/pass_at_4": 0.7}))
-        return inputs({"grpo": grpo, "stare": _same(grpo) if null else own})
-
     text = {"repetition/score/mean": lambda i: 0.1 + 0.005 * i, "reflection/density": 2.0, "response_length/mean": 40.0}
     return [
         NullControl(
             "real_model_grpo_collapses",
             "real_model",
             "GRPO's entropy flat at its start",
-            lambda: inputs({"grpo": _seeds(lambda: _rows(_flat(0.8)))}),
-            lambda: inputs({"grpo": _grpo()}),
+            lambda: _real_inputs({"grpo": _seeds(lambda: _rows(_flat(0.8)))}),
+            lambda: _real_inputs({"grpo": _grpo()}),
         ),
         NullControl(
             "real_model_stare_holds_target",
             "real_model",
             "GRPO's rows under STARE's name, its gate never open",
-            lambda: inputs({"stare": _seeds(lambda: _rows(_decay(0.05), **{"stare/gate_on": 0.0}))}),
-            lambda: inputs({"stare": _seeds(lambda: _stare(REAL_H))}),
+            lambda: _real_inputs({"stare": _seeds(lambda: _rows(_decay(0.05), **{"stare/gate_on": 0.0}))}),
+            lambda: _real_inputs({"stare": _seeds(lambda: _stare(REAL_H))}),
         ),
         *[
             NullControl(
                 f"real_model_{m}_above_grpo",
                 "real_model",
                 f"GRPO's rows under {m}'s name",
-                lambda m=m: above(m, True),
-                lambda m=m: above(m, False),
+                lambda m=m: _real_above(m, True),
+                lambda m=m: _real_above(m, False),
             )
             for m in (*METHODS, *EXTRA_METHODS)
         ],
@@ -438,23 +324,23 @@ def _real_model() -> list[NullControl]:
             "real_model_attribution_tracks",
             "real_model",
             "a prediction that says nothing: entropy_change/predicted_net 0 on every measured step",
-            lambda: inputs({"grpo": _seeds(lambda: _attribution_rows(lambda q: 0.0))}),
-            lambda: inputs({"grpo": _seeds(lambda: _attribution_rows(lambda q: 0.9 * q))}),
+            lambda: _real_inputs({"grpo": _seeds(lambda: _attribution_rows(lambda q: 0.0))}),
+            lambda: _real_inputs({"grpo": _seeds(lambda: _attribution_rows(lambda q: 0.9 * q))}),
         ),
         NullControl(
             "real_model_accuracy",
             "real_model",
             "none: descriptive, no direction claimed",
-            lambda: acc(True),
-            lambda: acc(False),
+            lambda: _real_acc(True),
+            lambda: _real_acc(False),
             descriptive=True,
         ),
         NullControl(
             "real_model_text",
             "real_model",
             "none: descriptive, no direction claimed",
-            lambda: inputs({"grpo": _seeds(lambda: _rows(_flat(0.8), **text))}),
-            lambda: inputs({"grpo": _seeds(lambda: _rows(_decay(0.05), **text))}),
+            lambda: _real_inputs({"grpo": _seeds(lambda: _rows(_flat(0.8), **text))}),
+            lambda: _real_inputs({"grpo": _seeds(lambda: _rows(_decay(0.05), **text))}),
             descriptive=True,
         ),
     ]
