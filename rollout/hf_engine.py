@@ -187,7 +187,7 @@ class HFRollout:
                 for start in range(0, len(units), per_call):
                     part = units[start : start + per_call]
                     enc = tok(part, return_tensors="pt", padding=True, add_special_tokens=special).to(device)
-                    count = getattr(progress, "tokens", None)  # a caller that shows tokens/s (evals/runner.py)
+                    count = getattr(progress, "tokens", None)  # a caller that shows tokens/s (evals/progress_display.py)
                     extra = {"stopping_criteria": StoppingCriteriaList([_CountTokens(count, stop)])} if callable(count) else {}
                     if share and enc["input_ids"].shape[1] > 1:
                         extra["past_key_values"] = _shared_prefill(model, enc["input_ids"], enc["attention_mask"], n)
