@@ -225,7 +225,7 @@ def clean(folder, home, uid, wipe):
                 remove(p)
 
 
-def run_call(n, program, uid, wall, max_out, lim, home, pidns, wipe, prelude):
+def run_call(n, program, uid, wall, max_out, lim, home, pidns, wipe, prelude):  # noqa: C901 - one call's fork, limits, wait and sweep in the order the kernel needs them
     started = time.monotonic()
     folder = os.path.join(home, f"call-{n}")
     os.mkdir(folder, 0o700)

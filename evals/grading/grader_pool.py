@@ -220,7 +220,7 @@ class GradingPool:
         self.restarts += 1
         self._zygote.warm_up()  # a worker was killed: later replacements should start warm
 
-    def run(self, items: Sequence[tuple[str, str]], timeout: float, on_done: Callable[[int, bool, str], None]) -> None:
+    def run(self, items: Sequence[tuple[str, str]], timeout: float, on_done: Callable[[int, bool, str], None]) -> None:  # noqa: C901 - one scheduling loop: queue, deadline and replacement decisions share its state
         """Grade ``(pred, gold)`` items with math-verify; ``on_done(index, verdict, reason)``.
 
         Each worker holds up to ``QUEUE_DEPTH`` items so that it never waits for the parent to be
