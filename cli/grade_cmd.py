@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -154,18 +155,165 @@ def gold_text(answer) -> str:
     return gold_from(answer, "list" if isinstance(answer, list) else "field")
 
 
-def register(app: typer.Typer) -> None:
-    @app.command(
-        "grade",
-        help="Grade a JSON-lines file of model responses: each line needs [bold]response[/bold] and "
-        "[bold]answer[/bold]; the output adds [bold]correct[/bold] and [bold]extracted[/bold]. "
-        "Malformed lines are skipped: the first few named with their line number, the rest counted.\n\n"
-        "Code lines ([bold]prompt/test/entry_point[/bold] + response, or [bold]benchmark/id[/bold] + "
-        "response) run in the code sandbox; the output adds program, correct and reason.\n\n"
-        "[cyan]entropyrl grade samples.jsonl --out graded.jsonl[/cyan]\n\n"
-        "Exit status: 0 if every line was graded, 1 if malformed lines were skipped "
-        "(0 with --allow-skipped), 2 if none could be.",
+GRADE_HELP = (
+    "Grade a JSON-lines file of model responses: each line needs [bold]response[/bold] and "
+    "[bold]answer[/bold]; the output adds [bold]correct[/bold] and [bold]extracted[/bold]. "
+    "Malformed lines are skipped: the first few named with their line number, the rest counted.\n\n"
+    "Code lines ([bold]prompt/test/entry_point[/bold] + response, or [bold]benchmark/id[/bold] + "
+    "response) run in the code sandbox; the output adds program, correct and reason.\n\n"
+    "[cyan]entropyrl grade samples.jsonl --out graded.jsonl[/cyan]\n\n"
+    "Exit status: 0 if every line was graded, 1 if malformed lines were skipped "
+    "(0 with --allow-skipped), 2 if none could be."
+)
+
+
+@dataclass
+class _Tally:
+    """What the grading of one file counted so far: the summary lines and the exit status read it."""
+
+    bad: int = 0
+    graded: int = 0
+    correct: int = 0
+    reflecting: int = 0
+    matches: int = 0
+    reasons: Counter = field(default_factory=Counter)
+
+    def add(self, row: dict, reflection: dict | None) -> None:
+        """Count one graded line and its reflection block (None when reflection is not counted)."""
+        if reflection is not None:
+            self.reflecting += reflection["count"] > 0
+            self.matches += reflection["count"]
+        self.graded += 1
+        self.correct += bool(row["correct"])
+        self.reasons[row["reason"]] += 1
+
+
+def _checked_target(file: Path, out: Path | None, workers: int | None, timeout: float) -> Path:
+    """The output file, once the input file and the options are known to be usable: every refusal
+    comes before minutes of grading, not after."""
+    if file.is_dir():
+        raise UserError(
+            f"{file} is a folder: give a .jsonl file in it with response and answer fields "
+            f"(e.g. an eval's {file / 'samples.jsonl'})"
+        )
+    if not file.is_file():
+        raise UserError(f"{file}: no such file (give a .jsonl with response and answer fields)")
+    if timeout <= 0:
+        raise UserError(f"--timeout must be > 0 seconds, got {timeout}")
+    if workers is not None and workers < 1:
+        raise UserError(f"--workers must be >= 1 (or left out: one per CPU), got {workers}")
+    target = out or file.with_name(file.name.removesuffix(".jsonl") + ".graded.jsonl")
+    if same_file(target, file):  # by inode: also through ../, a symlink or a hard link
+        raise UserError(
+            f"--out {target} is the input file {file}: grading would overwrite it; "
+            f"give another --out (default: {file.name.removesuffix('.jsonl')}.graded.jsonl)"
+        )
+    check_output_file(target, "--out")
+    return target
+
+
+def _grade_math_lines(good: list, *, file: Path, target: Path, graded: int, workers, timeout: float, progress) -> list:
+    """The math lines' ``grade_batch`` results, in order; a grading pool that broke is one
+    ``UserError`` (raised inside the output's ``atomic_path``: nothing is written)."""
+    if not good:
+        return []
+    try:
+        return grade_batch(
+            [o["response"] for _, o in good],
+            [gold_text(o["answer"]) for _, o in good],
+            workers=workers,
+            timeout=timeout,
+            progress=progress,
+        )
+    except GradingPoolError as exc:
+        raise UserError(
+            f"{file}: grading stopped after {graded} line(s): {exc}; nothing was written to {target} "
+            f"(run it again; check that math-verify imports in {sys.executable})"
+        ) from None
+
+
+def _graded_rows(good: list, results: list, code_lines: list) -> list[dict]:
+    """The chunk's graded rows in line order: math lines with ``correct``, ``extracted`` and
+    ``reason`` added, code lines as the sandbox left them."""
+    lines = sorted(
+        [(n, {**obj, "correct": r.correct, "extracted": r.extracted, "reason": r.reason}) for (n, obj), r in zip(good, results)]
+        + code_lines,
+        key=lambda item: item[0],
     )
+    return [row for _, row in lines]
+
+
+def _grade_file(file: Path, target: Path, *, workers, timeout: float, matcher, err, grade_code_rows) -> _Tally:
+    """Grade ``file`` one chunk at a time into ``target`` (written whole or not at all), naming the
+    first ``SHOWN_BAD`` malformed lines on ``err`` as they are found and counting the rest."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    tally = _Tally()
+    pools: list = []
+
+    def pool():
+        if not pools:
+            pools.append(SandboxPool(workers=workers))
+        return pools[0]
+
+    with (
+        atomic_path(target) as tmp,  # whole or not at all
+        open(tmp, "w", encoding="utf-8") as sink,
+        Progress(TextColumn("grading"), BarColumn(), MofNCompleteColumn(), console=err, transient=True) as bar,
+    ):
+        task = bar.add_task("grade", total=None)
+        for chunk in chunks(iter_items(file)):
+            good, bad = [(n, o) for n, o, p in chunk if p is None], [(n, p) for n, o, p in chunk if p is not None]
+            good, code_lines = _grade_code_lines(good, bad, pool, grade_code_rows)
+            for lineno, problem in sorted(bad):
+                tally.bad += 1
+                if tally.bad <= SHOWN_BAD:  # named as found; the rest counted at the end
+                    err.print(f"[yellow]skipped[/yellow]: {file}:{lineno}: {problem}", highlight=False)
+            results = _grade_math_lines(
+                good,
+                file=file,
+                target=target,
+                graded=tally.graded,
+                workers=workers,
+                timeout=timeout,
+                progress=lambda k: bar.advance(task, k),
+            )
+            for row in _graded_rows(good, results, code_lines):
+                reflection = reflection_block(row["response"], matcher) if matcher.enabled else None
+                if reflection is not None:
+                    row["reflection"] = reflection
+                tally.add(row, reflection)
+                sink.write(json.dumps(row) + "\n")
+        if tally.bad > SHOWN_BAD:
+            err.print(
+                f"[yellow]skipped[/yellow]: {tally.bad - SHOWN_BAD} more malformed line(s) of {file} (not shown)",
+                highlight=False,
+            )
+        if not tally.graded:  # raised inside: the output file is not written
+            raise UserError(f"{file}: no line could be graded ({tally.bad} malformed); each line needs 'response' and 'answer'")
+    return tally
+
+
+def _print_summary(tally: _Tally, target: Path, matcher) -> None:
+    """The summary lines on stdout: accuracy, the reflection share (when counted) and the reasons."""
+    from rich.console import Console
+
+    n_graded, n_bad, correct = tally.graded, tally.bad, tally.correct
+    Console(soft_wrap=True).print(
+        f"graded [bold]{n_graded}[/bold] lines: accuracy [bold]{correct / n_graded:.4f}[/bold] "
+        f"({correct}/{n_graded})" + (f", [red]{n_bad} malformed line(s) skipped[/red]" if n_bad else "") + f" -> {target}",
+        highlight=False,
+    )
+    if matcher.enabled:
+        Console(soft_wrap=True).print(
+            f"reflection: {tally.reflecting}/{n_graded} lines hold a reflection word ({tally.matches} matches)",
+            highlight=False,
+        )
+    Console(soft_wrap=True).print("reasons: " + ", ".join(f"{k} {v}" for k, v in tally.reasons.most_common()), highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("grade", help=GRADE_HELP)
     def grade(
         file: Path = typer.Argument(..., help="input .jsonl with response and answer fields"),
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="output .jsonl (default: FILE with .graded.jsonl)"),
@@ -174,8 +322,7 @@ def register(app: typer.Typer) -> None:
         reflection: str = typer.Option(
             "default",
             "--reflection-words",
-            help="reflection words counted per line (its reflection block): default, orz, "
-            "oat_zero, comma-separated words, or none",
+            help="reflection words counted per line (its reflection block): default, orz, oat_zero, comma-separated words, or none",
         ),
         allow_skipped: bool = typer.Option(
             False, "--allow-skipped", help="exit 0 even when malformed lines were skipped (default: exit 1)"
@@ -185,112 +332,20 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         from ..evals.code.code_eval import grade_code_rows  # loads torch: only when the command runs
 
         err = Console(stderr=True, soft_wrap=True)
-        if file.is_dir():
-            raise UserError(
-                f"{file} is a folder: give a .jsonl file in it with response and answer fields "
-                f"(e.g. an eval's {file / 'samples.jsonl'})"
-            )
-        if not file.is_file():
-            raise UserError(f"{file}: no such file (give a .jsonl with response and answer fields)")
-        if timeout <= 0:
-            raise UserError(f"--timeout must be > 0 seconds, got {timeout}")
-        if workers is not None and workers < 1:
-            raise UserError(f"--workers must be >= 1 (or left out: one per CPU), got {workers}")
-        target = out or file.with_name(file.name.removesuffix(".jsonl") + ".graded.jsonl")
-        if same_file(target, file):  # by inode: also through ../, a symlink or a hard link
-            raise UserError(
-                f"--out {target} is the input file {file}: grading would overwrite it; "
-                f"give another --out (default: {file.name.removesuffix('.jsonl')}.graded.jsonl)"
-            )
-        check_output_file(target, "--out")  # before minutes of grading, not after
+        target = _checked_target(file, out, workers, timeout)
         matcher = matcher_for(reflection_words(reflection))
-        n_bad, n_graded, correct, reflecting, matches = 0, 0, 0, 0, 0
-        reasons: Counter = Counter()
-        pools: list = []
-
-        def pool():
-            if not pools:
-                pools.append(SandboxPool(workers=workers))
-            return pools[0]
-
-        def note_bad(lineno: int, problem: str) -> None:
-            nonlocal n_bad
-            n_bad += 1
-            if n_bad <= SHOWN_BAD:  # named as found; the rest counted at the end
-                err.print(f"[yellow]skipped[/yellow]: {file}:{lineno}: {problem}", highlight=False)
-
-        with (
-            atomic_path(target) as tmp,  # whole or not at all
-            open(tmp, "w", encoding="utf-8") as sink,
-            Progress(TextColumn("grading"), BarColumn(), MofNCompleteColumn(), console=err, transient=True) as bar,
-        ):
-            task = bar.add_task("grade", total=None)
-            for chunk in chunks(iter_items(file)):
-                good, bad = [(n, o) for n, o, p in chunk if p is None], [(n, p) for n, o, p in chunk if p is not None]
-                good, code_lines = _grade_code_lines(good, bad, pool, grade_code_rows)
-                for lineno, problem in sorted(bad):
-                    note_bad(lineno, problem)
-                try:
-                    results = (
-                        grade_batch(
-                            [o["response"] for _, o in good],
-                            [gold_text(o["answer"]) for _, o in good],
-                            workers=workers,
-                            timeout=timeout,
-                            progress=lambda k: bar.advance(task, k),
-                        )
-                        if good
-                        else []
-                    )
-                except GradingPoolError as exc:  # raised inside: the output file is not written
-                    raise UserError(
-                        f"{file}: grading stopped after {n_graded} line(s): {exc}; nothing was written to {target} "
-                        f"(run it again; check that math-verify imports in {sys.executable})"
-                    ) from None
-                lines = sorted(
-                    [
-                        (n, {**obj, "correct": r.correct, "extracted": r.extracted, "reason": r.reason})
-                        for (n, obj), r in zip(good, results)
-                    ]
-                    + code_lines,
-                    key=lambda item: item[0],
-                )
-                for _, row in lines:
-                    if matcher.enabled:
-                        row["reflection"] = reflection_block(row["response"], matcher)
-                        reflecting += row["reflection"]["count"] > 0
-                        matches += row["reflection"]["count"]
-                    n_graded += 1
-                    correct += bool(row["correct"])
-                    reasons[row["reason"]] += 1
-                    sink.write(json.dumps(row) + "\n")
-            if n_bad > SHOWN_BAD:
-                err.print(
-                    f"[yellow]skipped[/yellow]: {n_bad - SHOWN_BAD} more malformed line(s) of {file} (not shown)",
-                    highlight=False,
-                )
-            if not n_graded:  # raised inside: the output file is not written
-                raise UserError(f"{file}: no line could be graded ({n_bad} malformed); each line needs 'response' and 'answer'")
-        Console(soft_wrap=True).print(
-            f"graded [bold]{n_graded}[/bold] lines: accuracy [bold]{correct / n_graded:.4f}[/bold] "
-            f"({correct}/{n_graded})" + (f", [red]{n_bad} malformed line(s) skipped[/red]" if n_bad else "") + f" -> {target}",
-            highlight=False,
+        tally = _grade_file(
+            file, target, workers=workers, timeout=timeout, matcher=matcher, err=err, grade_code_rows=grade_code_rows
         )
-        if matcher.enabled:
-            Console(soft_wrap=True).print(
-                f"reflection: {reflecting}/{n_graded} lines hold a reflection word ({matches} matches)",
-                highlight=False,
-            )
-        Console(soft_wrap=True).print("reasons: " + ", ".join(f"{k} {v}" for k, v in reasons.most_common()), highlight=False)
-        if n_bad and not allow_skipped:
+        _print_summary(tally, target, matcher)
+        if tally.bad and not allow_skipped:
             err.print(
-                f"[red]error[/red]: {n_bad} malformed line(s) of {file} were skipped (the other "
-                f"{n_graded} are in {target}): fix them, or pass --allow-skipped to accept",
+                f"[red]error[/red]: {tally.bad} malformed line(s) of {file} were skipped (the other "
+                f"{tally.graded} are in {target}): fix them, or pass --allow-skipped to accept",
                 highlight=False,
             )
             raise typer.Exit(1)

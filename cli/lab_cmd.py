@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import typer
 
@@ -108,29 +108,96 @@ def lab_sweep_overrides(
     ]
 
 
+LAB_HELP = (
+    "Train GRPO and the entropy interventions on the lab task (data=countdown) over several seeds, run the "
+    "quadrant sign experiment, and write report.md, lab.json (the claim table) and mean+band figures. "
+    "Runs through the sweep machinery (ablation=lab): `entropyrl status OUT` shows the jobs. "
+    "--experiment tools: the tool study instead (ablation=lab_tools: grpo, stare, steer on data=tool_countdown "
+    "tools=code_interpreter; claims: GRPO collapses under tool use, STARE holds its band, entropy of text, code "
+    "and post-tool tokens; figure lab-tools-entropy-kind.png). "
+    "--experiment staleness: the staleness study (ablation=staleness: GRPO at k=0,1,2,4 and with the tis "
+    "corrections at k=2, STARE at k=0,2,4 with the decoupled correction and the gate on the behaviour policy, "
+    "Clip-Cov and STEER at k=0,2; claims: stale GRPO collapses, high-entropy tokens clipped first, the largest k "
+    "where STARE holds its band, corrections lower the clipped share, Clip-Cov and STEER against GRPO; figures "
+    "lab-staleness-entropy.png and lab-staleness-clip-quarters.png; --jobs 1 on a small machine: each stale "
+    "job is two processes). "
+    "--experiment real_model: the real-model study (ablation=real_model: GRPO, STARE with fixed W/M, Clip-Cov and "
+    "KL-Cov on SmolLM2-135M-Instruct, data=word_problems, 80 steps; needs `make install-smollm2`; claims: GRPO's "
+    "collapse flag fires, STARE holds its band with its gate open, each method ends above GRPO's entropy, the "
+    "attribution tracks the realised change; accuracy, pass@k and the text metrics side by side; figure "
+    "real-model-entropy-runs.png; one run at a time by default). "
+    "Extra key=value overrides apply to every run."
+)
+
+
+def _ablation_and_jobs(experiment: str, jobs: int | None, quadrant_batches: int) -> tuple[str, int]:
+    """The ablation ``--experiment`` names and the runs in parallel (its default when ``--jobs`` is
+    left out), once ``--experiment``, ``--jobs`` and ``--quadrant-batches`` are known to be valid."""
+    if experiment not in EXPERIMENTS:
+        raise UserError(f"--experiment must be one of {', '.join(EXPERIMENTS)}; got '{experiment}'")
+    ablation = ABLATIONS.get(experiment, "lab")
+    jobs = DEFAULT_JOBS.get(ablation, 2) if jobs is None else jobs
+    if jobs < 1:
+        raise UserError(f"--jobs must be >= 1, got {jobs}")
+    if quadrant_batches < 1:
+        raise UserError(f"--quadrant-batches must be >= 1, got {quadrant_batches}")
+    return ablation, jobs
+
+
+def _variant_names(algos: str, experiment: str, ablation: str, valid: list[str], defaults: Callable[[], list[str]]) -> list[str]:
+    """The training variants ``--algos`` names (``all``: ``valid``, ``default``: what ``defaults()``
+    returns, or a comma-separated list; none for ``--experiment quadrants``), each checked against
+    ``valid``, the ablation's."""
+    asked = algos.strip()
+    if asked == "all":
+        algos = ",".join(valid)
+    elif asked == "default":
+        algos = ",".join(defaults())
+    names = [a.strip() for a in algos.split(",") if a.strip()] if experiment != "quadrants" else []
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise UserError(f"unknown {VARIANT_KIND[ablation]} '{unknown[0]}'; valid: {', '.join(valid)}")
+    return names
+
+
+def _command_line(algos: str, seeds: str, experiment: str, overrides: list[str]) -> str:
+    """The ``entropyrl lab`` command line the plan records: the options left at their default left out."""
+    asked = algos.strip()
+    command = " ".join(
+        [
+            "entropyrl lab",
+            f"--algos {asked}" if asked != "default" else "",
+            f"--seeds {seeds}",
+            f"--experiment {experiment}" if experiment != "all" else "",
+            *overrides,
+        ]
+    ).strip()
+    return " ".join(command.split())
+
+
+def _print_outcome(console, say, result: dict, out: Path) -> None:
+    """One line per claim of the report step (reproduced, not reproduced, not run or descriptive),
+    where the report, the claim table and the jobs are; a ``UserError`` naming the runs that failed."""
+    step = (result.get("report_data") or {}).get("step") or {}
+    for c in step.get("claims", []):
+        mark = {True: "[green]reproduced[/green]", False: "[red]not reproduced[/red]", None: "[dim]not run[/dim]"}[
+            c["reproduced"]
+        ]
+        if c.get("descriptive") and c.get("measured"):
+            mark = "[dim]descriptive[/dim]"
+        console.print(f"  {c['id']}: {mark}  {c['measured']}")
+    paths = step.get("paths", {})
+    say(f"report: {paths.get('report.md')}  claims: {paths.get('lab.json')}  jobs: entropyrl status {out}")
+    failed = [st.key for st in result["failed"]]
+    if failed:
+        raise UserError(
+            f"{len(failed)} lab run(s) failed: {', '.join(failed)} (their train.log says why; "
+            f"the report covers the runs that finished)"
+        )
+
+
 def register(app: typer.Typer) -> None:
-    @app.command(
-        "lab",
-        help="Train GRPO and the entropy interventions on the lab task (data=countdown) over several seeds, run the "
-        "quadrant sign experiment, and write report.md, lab.json (the claim table) and mean+band figures. "
-        "Runs through the sweep machinery (ablation=lab): `entropyrl status OUT` shows the jobs. "
-        "--experiment tools: the tool study instead (ablation=lab_tools: grpo, stare, steer on data=tool_countdown "
-        "tools=code_interpreter; claims: GRPO collapses under tool use, STARE holds its band, entropy of text, code "
-        "and post-tool tokens; figure lab-tools-entropy-kind.png). "
-        "--experiment staleness: the staleness study (ablation=staleness: GRPO at k=0,1,2,4 and with the tis "
-        "corrections at k=2, STARE at k=0,2,4 with the decoupled correction and the gate on the behaviour policy, "
-        "Clip-Cov and STEER at k=0,2; claims: stale GRPO collapses, high-entropy tokens clipped first, the largest k "
-        "where STARE holds its band, corrections lower the clipped share, Clip-Cov and STEER against GRPO; figures "
-        "lab-staleness-entropy.png and lab-staleness-clip-quarters.png; --jobs 1 on a small machine: each stale "
-        "job is two processes). "
-        "--experiment real_model: the real-model study (ablation=real_model: GRPO, STARE with fixed W/M, Clip-Cov and "
-        "KL-Cov on SmolLM2-135M-Instruct, data=word_problems, 80 steps; needs `make install-smollm2`; claims: GRPO's "
-        "collapse flag fires, STARE holds its band with its gate open, each method ends above GRPO's entropy, the "
-        "attribution tracks the realised change; accuracy, pass@k and the text metrics side by side; figure "
-        "real-model-entropy-runs.png; one run at a time by default). "
-        "Extra key=value overrides apply to every run.",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-    )
+    @app.command("lab", help=LAB_HELP, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def lab(
         overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides for every run"),
         algos: str = typer.Option(
@@ -175,24 +242,8 @@ def register(app: typer.Typer) -> None:
 
         console = Console(stderr=True, highlight=False)
         say = lambda msg: console.print(f"[bold]lab[/bold]: {msg}")  # noqa: E731
-        if experiment not in EXPERIMENTS:
-            raise UserError(f"--experiment must be one of {', '.join(EXPERIMENTS)}; got '{experiment}'")
-        ablation = ABLATIONS.get(experiment, "lab")
-        jobs = DEFAULT_JOBS.get(ablation, 2) if jobs is None else jobs
-        if jobs < 1:
-            raise UserError(f"--jobs must be >= 1, got {jobs}")
-        if quadrant_batches < 1:
-            raise UserError(f"--quadrant-batches must be >= 1, got {quadrant_batches}")
-        valid = training_variants(ablation)
-        asked = algos.strip()
-        if asked == "all":
-            algos = ",".join(valid)
-        elif asked == "default":
-            algos = ",".join(default_variants(ablation))
-        names = [a.strip() for a in algos.split(",") if a.strip()] if experiment != "quadrants" else []
-        unknown = [n for n in names if n not in valid]
-        if unknown:
-            raise UserError(f"unknown {VARIANT_KIND[ablation]} '{unknown[0]}'; valid: {', '.join(valid)}")
+        ablation, jobs = _ablation_and_jobs(experiment, jobs, quadrant_batches)
+        names = _variant_names(algos, experiment, ablation, training_variants(ablation), lambda: default_variants(ablation))
         seed_list = _parse_seeds(seeds)
         out = (out or Path(DEFAULT_OUT[ablation])).resolve()
         if resume and not sweep_file(out).exists():
@@ -203,35 +254,11 @@ def register(app: typer.Typer) -> None:
         gguf_path(base.model)  # a model from a package that is not installed: one error line before anything is planned
         cfg = compose("sweep", [*lab_sweep_overrides(variants, seed_list, out, jobs, quadrant_batches, ablation), *sweep_ov])
         plan = planning.plan(cfg, train_ov, explicit_dir=True, resume=resume)  # every run checked before any starts
-        plan.command = " ".join(
-            [
-                "entropyrl lab",
-                f"--algos {asked}" if asked != "default" else "",
-                f"--seeds {seeds}",
-                f"--experiment {experiment}" if experiment != "all" else "",
-                *(overrides or []),
-            ]
-        ).strip()
-        plan.command = " ".join(plan.command.split())
+        plan.command = _command_line(algos, seeds, experiment, list(overrides or []))
         if fresh:
             for job in plan.jobs:
                 shutil.rmtree(job.output_dir, ignore_errors=True)
         say("building / loading the model once (cached)")
         load_policy(base.model, base.data, log=lambda m: say(m))  # one builder, not one per job
         result = following.run(plan, wait=True, log=lambda m: console.print(m, markup=False, soft_wrap=True))
-        step = (result.get("report_data") or {}).get("step") or {}
-        for c in step.get("claims", []):
-            mark = {True: "[green]reproduced[/green]", False: "[red]not reproduced[/red]", None: "[dim]not run[/dim]"}[
-                c["reproduced"]
-            ]
-            if c.get("descriptive") and c.get("measured"):
-                mark = "[dim]descriptive[/dim]"
-            console.print(f"  {c['id']}: {mark}  {c['measured']}")
-        paths = step.get("paths", {})
-        say(f"report: {paths.get('report.md')}  claims: {paths.get('lab.json')}  jobs: entropyrl status {out}")
-        failed = [st.key for st in result["failed"]]
-        if failed:
-            raise UserError(
-                f"{len(failed)} lab run(s) failed: {', '.join(failed)} (their train.log says why; "
-                f"the report covers the runs that finished)"
-            )
+        _print_outcome(console, say, result, out)

@@ -11,9 +11,10 @@ from typing import List, Optional
 import typer
 
 
-def _table(f: dict) -> str:
+def _step_rows(f: dict) -> list[tuple[str, str]]:
+    """The rows every plan has: the model, the step's tokens, FLOPs, memory per rank and step time."""
     m = f["memory_gb"]
-    rows = [
+    return [
         ("model", f"{f['model']} ({f['parameters'] / 1e9:.3g}B parameters; from {f['architecture']})"),
         (
             "step",
@@ -39,63 +40,89 @@ def _table(f: dict) -> str:
             else "-",
         ),
     ]
-    a = f.get("async")
-    if a:
-        rows.append(
-            (
-                "step time with trainer.staleness >= 1",
-                f"{a['step_seconds']:.1f} s if generation fully overlaps training: ideal speed-up "
-                f"{a['ideal_speedup']:.2f}x over taking turns (this config: staleness {a['staleness']}, "
-                f"{'the worker on ' + str(a['rollout_gpus']) + ' GPU(s) of its own' if a.get('rollout_gpus') else 'the worker beside the trainer'}; "
-                f"verl publishes one-step-off +23-40 %, fully async 2.66x on 32 GPUs)",
-            )
-        )
-    cpu = f.get("cpu")
-    if cpu:
-        rows.append(
-            (
-                f"step time on a CPU ({cpu['gflops']:g} GFLOP/s, decode {cpu['decode_gflops']:g} GFLOP/s, "
-                f"{cpu['mem_gbps']:g} GB/s; efficiency decode {cpu['decode_efficiency']:g}, training {cpu['train_efficiency']:g})",
-                f"{cpu['step_seconds']:.1f} s (prefill {cpu['prefill_seconds']:.1f} s, decode {cpu['decode_seconds']:.1f} s "
-                f"= {f['response_len']} steps x {cpu['decode_step_seconds']:.3f} s, its roofline the longer of weights "
-                f"{cpu['decode_step_memory_seconds']:.3f} s and FLOPs {cpu['decode_step_flop_seconds']:.3f} s; "
-                f"training {cpu['train_seconds']:.1f} s)",
-            )
-        )
-    e, v, c = f["vllm"], f["verdict"], f["checkpoint"]
-    if e:
-        rows.append(
-            (
-                "vLLM engine, " + e.get("placement", "beside the trainer"),
-                f"{e['share']:.0%} of {v['gpu_gb']:g} GB = {e['gb']:.1f} GB: weights "
-                f"{e['weights_gb']:.1f} GB, KV cache {e['kv_cache_gb']:.1f} GB ({e['kv_cache_tokens']:,} tokens, "
-                f"{e['sequences_at_max_len']:,} full-length sequences at once)",
-            )
-        )
-    rows.append(
-        (
-            "checkpoint",
-            f"{c['gb']:.1f} GB each (float32 weights + AdamW moments), every {c['save_every'] or 'run end'}"
-            f"{' steps' if c['save_every'] else ''}, {c['keep']} kept: {c['disk_gb']:.1f} GB on disk",
-        )
+
+
+def _async_row(a: dict) -> tuple[str, str]:
+    """The step time with generation overlapped (``trainer.staleness >= 1``)."""
+    return (
+        "step time with trainer.staleness >= 1",
+        f"{a['step_seconds']:.1f} s if generation fully overlaps training: ideal speed-up "
+        f"{a['ideal_speedup']:.2f}x over taking turns (this config: staleness {a['staleness']}, "
+        f"{'the worker on ' + str(a['rollout_gpus']) + ' GPU(s) of its own' if a.get('rollout_gpus') else 'the worker beside the trainer'}; "
+        f"verl publishes one-step-off +23-40 %, fully async 2.66x on 32 GPUs)",
     )
+
+
+def _cpu_row(f: dict, cpu: dict) -> tuple[str, str]:
+    """The step time on a CPU, the rates it assumes in the label."""
+    return (
+        f"step time on a CPU ({cpu['gflops']:g} GFLOP/s, decode {cpu['decode_gflops']:g} GFLOP/s, "
+        f"{cpu['mem_gbps']:g} GB/s; efficiency decode {cpu['decode_efficiency']:g}, training {cpu['train_efficiency']:g})",
+        f"{cpu['step_seconds']:.1f} s (prefill {cpu['prefill_seconds']:.1f} s, decode {cpu['decode_seconds']:.1f} s "
+        f"= {f['response_len']} steps x {cpu['decode_step_seconds']:.3f} s, its roofline the longer of weights "
+        f"{cpu['decode_step_memory_seconds']:.3f} s and FLOPs {cpu['decode_step_flop_seconds']:.3f} s; "
+        f"training {cpu['train_seconds']:.1f} s)",
+    )
+
+
+def _engine_row(e: dict, v: dict) -> tuple[str, str]:
+    """The vLLM engine's share of the GPU: its weights and KV cache."""
+    return (
+        "vLLM engine, " + e.get("placement", "beside the trainer"),
+        f"{e['share']:.0%} of {v['gpu_gb']:g} GB = {e['gb']:.1f} GB: weights "
+        f"{e['weights_gb']:.1f} GB, KV cache {e['kv_cache_gb']:.1f} GB ({e['kv_cache_tokens']:,} tokens, "
+        f"{e['sequences_at_max_len']:,} full-length sequences at once)",
+    )
+
+
+def _checkpoint_row(c: dict) -> tuple[str, str]:
+    """A checkpoint's size, how often one is saved and the disk the kept ones take."""
+    return (
+        "checkpoint",
+        f"{c['gb']:.1f} GB each (float32 weights + AdamW moments), every {c['save_every'] or 'run end'}"
+        f"{' steps' if c['save_every'] else ''}, {c['keep']} kept: {c['disk_gb']:.1f} GB on disk",
+    )
+
+
+def _verdict_row(f: dict, e: dict | None, v: dict) -> tuple[str, str]:
+    """Fits or does not fit per rank, and why: the trainer's memory against what the GPU leaves it."""
     word = "FITS" if v["fits"] else "DOES NOT FIT"
     why = f"trainer {v['trainer_gb']:.1f} GB of the {v['trainer_budget_gb']:.1f} GB " + (
         "left beside the vLLM engine" if e and e.get("placement", "beside the trainer") == "beside the trainer" else "of the GPU"
     )
     if e and not e["fits"]:
         why += f"; the engine's {e['gb']:.1f} GB does not hold its weights and one full-length sequence"
-    rows.append((f"verdict per rank ({f['ranks']} x {v['gpu_gb']:g} GB GPU)", f"{word}: {why}"))
+    return (f"verdict per rank ({f['ranks']} x {v['gpu_gb']:g} GB GPU)", f"{word}: {why}")
+
+
+def _to_fit(f: dict, e: dict | None, v: dict) -> str:
+    """What would make a plan that does not fit fit."""
+    return (
+        "to fit: more ranks (--ranks; FSDP shards weights, gradients and optimizer), "
+        + ("" if f["gradient_checkpointing"] else "trainer.gradient_checkpointing=true, ")
+        + "a smaller trainer.micro_batch_responses"
+        + (", a lower rollout.gpu_memory_utilization" if e and not v["trainer_fits"] else "")
+        + (", a higher rollout.gpu_memory_utilization or rollout.tensor_parallel_size" if e and not e["fits"] else "")
+    )
+
+
+def _table(f: dict) -> str:
+    """The plan's figures (``models/cost.plan_figures``) as aligned label / value rows, then what
+    would make it fit (when it does not) and the assumptions."""
+    e, v, c = f["vllm"], f["verdict"], f["checkpoint"]
+    rows = _step_rows(f)
+    if f.get("async"):
+        rows.append(_async_row(f["async"]))
+    if f.get("cpu"):
+        rows.append(_cpu_row(f, f["cpu"]))
+    if e:
+        rows.append(_engine_row(e, v))
+    rows.append(_checkpoint_row(c))
+    rows.append(_verdict_row(f, e, v))
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {val}" for k, val in rows]
     if not v["fits"]:
-        lines.append(
-            "to fit: more ranks (--ranks; FSDP shards weights, gradients and optimizer), "
-            + ("" if f["gradient_checkpointing"] else "trainer.gradient_checkpointing=true, ")
-            + "a smaller trainer.micro_batch_responses"
-            + (", a lower rollout.gpu_memory_utilization" if e and not v["trainer_fits"] else "")
-            + (", a higher rollout.gpu_memory_utilization or rollout.tensor_parallel_size" if e and not e["fits"] else "")
-        )
+        lines.append(_to_fit(f, e, v))
     lines += ["assumptions:"] + [f"  - {a}" for a in f["assumptions"]]
     return "\n".join(lines)
 
