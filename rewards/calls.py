@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..core.errors import UserError
+from ..core.helper_process import exit_when_parent_gone, ignore_group_stop_signals
 from .refs import call_in_worker, warm_worker
 
 
@@ -173,18 +174,8 @@ def _helper_process_setup() -> None:
     ``timeout``, ``scancel``) is the trainer's to handle at its step boundary: a worker that died of
     it would give the step in progress the fallback reward. Ignoring it, the worker instead ends
     when its parent is gone (checked every second), so it never outlives the trainer."""
-    import signal
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    ignore_group_stop_signals()
+    exit_when_parent_gone(poll_s=1.0)
 
 
 class WorkerPool:

@@ -20,7 +20,6 @@ send and receive time limits), so the trainer never waits on it for ever.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import struct
 import subprocess
@@ -30,6 +29,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ..core.helper_process import ignore_group_stop_signals
 from ..evals.reflection import ReflectionMatcher, ResponseFacts, matcher_for, response_facts
 
 __all__ = ["TextFactsSpec", "TextFactsPool", "PendingFacts", "serve"]
@@ -63,8 +63,7 @@ def serve(fd: int) -> None:
     (or the error's text); ends when the parent closes its end (also when the parent dies).
     A stop signal to the process group (Ctrl-C, ``timeout``, a scheduler) is the trainer's to handle
     at a step boundary; this worker ignores it so that the step in progress keeps its helpers."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+    ignore_group_stop_signals()
     conn = Connection(fd)
     while True:
         try:

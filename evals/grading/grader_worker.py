@@ -12,6 +12,7 @@ import os
 import time
 from collections import deque
 
+from ...core.helper_process import die_with_parent
 from .math_verify_compare import WARMUP, mv_equiv
 
 __all__ = ["zygote"]
@@ -43,15 +44,9 @@ def _limit_memory() -> None:
 
 def _die_with_parent() -> None:
     """Linux: SIGKILL this worker when the zygote exits, so that a worker stuck in C code cannot
-    outlive a killed grading run."""
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    outlive a killed grading run. The zygote is single-threaded (it forks the workers from its main
+    thread), as ``die_with_parent`` needs."""
+    die_with_parent()
 
 
 def _serve(fd: int) -> None:

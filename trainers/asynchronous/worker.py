@@ -8,9 +8,7 @@ imports it by this module's path."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import queue as queue_errors
-import signal
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from ...core.helper_process import ignore_group_stop_signals, parent_alive_check
 from ...core.resources import ThreadBudget
 from .. import components
 from ..collect import collect_rollouts
@@ -31,10 +30,10 @@ __all__ = ["rollout_worker"]
 def rollout_worker(cfg_yaml: str, weights: WeightChannel, out, stop, first_step: int, staleness: int) -> None:
     """The worker process: build the run's parts from ``cfg_yaml``, then produce one ``StaleBatch``
     per step from ``first_step`` on into ``out`` until ``stop`` is set or the parent is gone."""
-    for sig in (signal.SIGINT, signal.SIGTERM):  # a Ctrl-C or a scheduler's SIGTERM to the process group
-        signal.signal(sig, signal.SIG_IGN)  # is the trainer's to handle (a step boundary); it stops us
-    parent = os.getppid()
-    parent_alive = lambda: os.getppid() == parent  # noqa: E731  (re-parented: the trainer is gone)
+    # a Ctrl-C or a scheduler's SIGTERM to the process group is the trainer's to handle (a step
+    # boundary), where it stops us; parent_alive() is False once we are re-parented (the trainer is gone)
+    ignore_group_stop_signals()
+    parent_alive = parent_alive_check()
     step, engine = first_step, None
     try:
         cfg = OmegaConf.create(cfg_yaml)

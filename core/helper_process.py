@@ -1,0 +1,79 @@
+"""A helper process's stance toward its parent: the pieces a worker process picks from at its start.
+
+A helper (a reward worker, the rollout worker, a grading worker) runs beside a parent that owns the
+run. A stop signal sent to the whole process group (Ctrl-C, ``timeout``, a scheduler's SIGTERM)
+reaches the helper too, but it is the parent's to handle at its step boundary: a helper that died
+of it would fail the step in progress. So a helper ignores those signals
+(``ignore_group_stop_signals``) and must then end some other way when the parent is gone, lest it
+outlive the run. Each caller chooses the way that fits it:
+
+- ``parent_alive_check()``: a test that a loop of the helper's own polls between waits;
+- ``exit_when_parent_gone()``: a daemon thread that ends the process once the parent is gone;
+- ``die_with_parent()``: the kernel kills the process when its parent exits (Linux), which also
+  ends a helper stuck in C code, where no Python thread runs;
+- none of them, where the helper reads a socket or pipe from the parent and ends at its EOF.
+
+"Gone" is seen as re-parenting: when a process's parent exits, the kernel gives it a new parent
+(init or a subreaper), so ``os.getppid()`` changes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Callable
+
+__all__ = ["die_with_parent", "exit_when_parent_gone", "ignore_group_stop_signals", "parent_alive_check"]
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def ignore_group_stop_signals() -> None:
+    """Ignore SIGINT and SIGTERM in this process: a stop sent to the process group is the parent's
+    to handle (at its step boundary, where it stops its helpers itself), so the helper keeps working
+    on the step in progress. Call it from the main thread (``signal.signal`` requires it)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def parent_alive_check() -> Callable[[], bool]:
+    """A test of whether this process's parent is the one it has now: it captures the parent's pid
+    at this call and answers False once the process has been re-parented (the parent exited)."""
+    parent = os.getppid()
+    return lambda: os.getppid() == parent
+
+
+def exit_when_parent_gone(poll_s: float = 1.0) -> threading.Thread:
+    """Start a daemon thread that checks every ``poll_s`` seconds whether the parent (as of this
+    call) is gone, and then ends the process with ``os._exit(0)``: no cleanup, since whatever the
+    helper held was for a parent that no longer exists. Returns the started thread."""
+    parent_alive = parent_alive_check()
+
+    def watch() -> None:
+        while parent_alive():
+            time.sleep(poll_s)
+        os._exit(0)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def die_with_parent() -> None:
+    """Linux: ask the kernel to SIGKILL this process when its parent exits (``prctl``
+    PR_SET_PDEATHSIG), so that a helper stuck in C code cannot outlive a killed parent; elsewhere
+    (no ``prctl``) nothing.
+
+    The kernel sends it when the *thread* that started this process exits, not the parent process:
+    a child started from a parent's worker thread would be killed when that thread ends. It suits
+    children started from the parent's main thread (or a single-threaded parent) only, which is why
+    a caller chooses it rather than every helper getting it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
