@@ -7,7 +7,8 @@ One training step:
      dynamic sampling drop all-equal groups and keep generating until the batch is full;
   3. recompute the sampling policy's log-probs and entropy (no grad): ``old_logp``, ``H``;
   4. the algorithm's controllers look at the batch entropy (STARE's gate, adaptive schedules),
-     group advantages are computed, the four-quadrant diagnostics are logged;
+     group advantages are computed; the observers of the scored batch log its diagnostics
+     (quadrants, entropy quantiles, tool and reflection tokens: ``stats/scored_metrics.py``);
   5. ``ppo_epochs`` passes of mini-batch updates of the clipped surrogate (with the configured
      entropy interventions), gradient accumulation over micro-batches; then the lr schedule
      (``optim.scheduler``) advances by one step;
@@ -19,7 +20,8 @@ batch before; the trainer publishes its weights after every step (docs/async.md)
 
 The step travels as one ``StepBatch`` (``algos/step_batch.py``), sliced with ``batch[idx]`` per
 mini- and micro-batch; the loss returns what it computed, and the diagnostics that need extra
-gradients (``diagnostics.quadrants``, ``diagnostics.attribution``) are explicit steps around it.
+gradients (``diagnostics.quadrants``, ``diagnostics.attribution``) are observers of the step's
+moments around it (``stats/observers.py``).
 
 ``train(cfg)`` resumes from the latest checkpoint in ``output_dir`` when there is one
 (``trainer.resume=auto``), continuing the step count and the same MLflow run. Under staleness a
@@ -27,7 +29,7 @@ checkpoint also keeps the batches each rank drew from its worker for the next st
 run trains the batches the uninterrupted one would (``async_rollout.py``, ``drain``).
 """
 
-# size: the recipe; its feature blocks (tools, async, quantiles, reflection) are still inline, to move to scored-batch observers
+# size: the recipe read top to bottom: set-up, resume and save, the step, the run loop with its failure handling
 from __future__ import annotations
 
 import functools
@@ -46,18 +48,15 @@ from ..core.resources import ThreadBudget
 from ..core.seeds import shuffle_seed
 from ..core.tracking import read_metrics
 from ..evals.reflection import TokenPieces
-from ..evals.runner import tool_summary
-from ..evals.runner import validate as validate_benchmarks
 from ..rollout.base import Rollout
 from . import components
 from .algos.algo_config import tracked_config
 from .algos.algorithm import Algorithm
-from .algos.core_algos import all_equal_group_share, part_weight
+from .algos.core_algos import part_weight
 from .algos.step_batch import StepBatch
 from .async_rollout import AsyncRollouts, async_step_metrics, check_async
 from .collect import collect_rollouts
 from .data import micro_batches
-from .interventions.tis import sampler_mismatch_metrics
 from .optim import advance_scheduler, build_optimizer, build_scheduler, resume_scheduler
 from .parallel import distributed
 from .preflight import TrainingCheck, check_training
@@ -67,18 +66,19 @@ from .run import samples as run_samples
 from .run.names import default_run_name
 from .run.oom import is_out_of_memory, memory_error
 from .run.overview import overview_metrics
+from .run.pending import pending_records, restore_pending
 from .run.run_report import TrainingProgress, write_run_report
 from .run.stop_signals import RunInterrupted, StopSignals
+from .run.validation import validation_metrics
 from .settings import StepSettings
 from .stats.attribution import build_attribution
-from .stats.diagnostics import entropy_quantile_metrics, quadrant_metrics
 from .stats.observers import StepObserver, build_observers
-from .stats.passk import sampled_pass_metrics
 from .stats.policy_stats import batch_token_stats, response_token_stats
 from .stats.probe import build_probe
-from .stats.reflection import reflection_entropy_metrics, reflection_settings, reflection_token_masks
-from .stats.tool_stats import loss_mask, overlong_filter, token_kind_metrics
-from .stats.update_tokens import UpdateTokenStats, entropy_quartile_edges, stale_clip_metrics
+from .stats.reflection import reflection_settings
+from .stats.scored_metrics import scored_observers
+from .stats.tool_stats import step_loss_mask
+from .stats.update_tokens import UpdateTokenStats, entropy_quartile_edges
 
 
 def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
@@ -154,16 +154,17 @@ class GRPOTrainer:
             pad_token_id=self.tokenizer.pad_token_id,
             reward_runner=self.rewards,
         )
-        self._setup_observers(cfg)
+        self._setup_observers(cfg, staleness)
         # trainer.staleness >= 1: the batches come from a rollout worker process (async_rollout.py),
         # started at the first step from the (restored) weights; 0: collected here, in turn with training
         self.async_rollouts = AsyncRollouts(cfg, staleness, self.dist) if staleness > 0 else None
         if self.async_rollouts is None:  # the text-metrics workers start while the rest is set up (rewards/text_facts.py)
             self.rewards.start_text_facts(self.reflect.text_facts)
 
-    def _setup_observers(self, cfg: DictConfig) -> None:
-        """What watches the step without changing it, built only when switched on
-        (stats/observers.py): the entropy probe, the attribution of its change, the quadrants."""
+    def _setup_observers(self, cfg: DictConfig, staleness: int) -> None:
+        """What watches the step without changing it, built only when switched on: the entropy
+        probe, the attribution of its change, the quadrants' prediction (stats/observers.py), and the
+        metrics of the scored batch (stats/scored_metrics.py)."""
         self.probe = build_probe(
             cfg,
             self.source,
@@ -180,6 +181,17 @@ class GRPOTrainer:
         )
         self.observers: list[StepObserver] = build_observers(
             quadrants=self.settings.quadrants, probe=self.probe, attribution=self.attribution
+        )
+        self.observers += scored_observers(
+            eps_low=self.algo.eps_low,
+            eps_high=self.algo.eps_high,
+            dist=self.dist,
+            # under a rollout worker: the entropy the controllers read, and whether it is the worker's
+            controller=(self.algo.controller_reading, self.algo.controller_entropy == "behaviour") if staleness > 0 else None,
+            entropy_quantiles=self.settings.entropy_quantiles,
+            quadrants=self.settings.quadrants,
+            tools=bool((cfg.get("tools") or {}).get("enabled", False)),
+            reflection=(self.token_pieces, self.reflect.matcher) if self.reflect.token_metrics else None,
         )
 
     def _stats_kwargs(self) -> dict:
@@ -216,30 +228,14 @@ class GRPOTrainer:
         ckpt.set_rng_state(state["rng"])
         self.step = int(state["step"])
         self.log(f"resumed from {latest} (step {self.step})")
-        if self.async_rollouts is not None:
-            self._restore_pending(latest)
+        if self.async_rollouts is not None:  # the batches its worker drew ahead (run/pending.py)
+            restore_pending(self.async_rollouts, latest, self.step, self.dist.rank, self.log)
         return self.step
-
-    def _restore_pending(self, checkpoint: Path) -> None:
-        """The batches this rank drew from its rollout worker ahead of the checkpoint's step: trained
-        first, with the versions they were stamped with; the new worker starts after them."""
-        record, problem = None, None
-        try:
-            record = ckpt.load_pending_batches(checkpoint, self.dist.rank)
-        except Exception as exc:  # noqa: BLE001 - a file that does not read: the run goes on without it
-            problem = f"{ckpt.pending_batches_name(self.dist.rank)} cannot be read ({type(exc).__name__})"
-        note = self.async_rollouts.restore(record, self.step, problem=problem)
-        pending = self.async_rollouts.pending
-        if note is not None:
-            self.log(note)
-        elif pending:
-            steps = f"step {self.step + 1}" if len(pending) == 1 else f"steps {self.step + 1}-{self.step + len(pending)}"
-            self.log(f"the batches the rollout worker had drawn ahead ({steps}) come from the checkpoint")
 
     def save(self) -> Path | None:
         # Under FSDP every rank takes part in gathering the full state; rank 0 writes it, with every
         # rank's batches drawn ahead of the next steps under staleness.
-        pending = self._pending_records()
+        pending = pending_records(self.async_rollouts, self.step, self.dist, self.log)
         model, optimizer = distributed.checkpoint_views(self.model, self.optimizer, self.dist)
         path = None
         if self.dist.is_main:
@@ -260,24 +256,6 @@ class GRPOTrainer:
             )
         distributed.barrier(self.dist)
         return path
-
-    def _pending_records(self) -> dict[str, dict]:
-        """``{file name: record}`` of every rank's pending batches (``AsyncRollouts.checkpoint_record``:
-        the batches of the next ``k`` steps, waited for), on rank 0; empty on the other ranks, at
-        staleness 0, and when a worker failed before its batches were ready (the checkpoint is then
-        written without them: a resume generates those steps' batches afresh)."""
-        if self.async_rollouts is None:
-            return {}
-        records = distributed.gather_objects_to_main(self.async_rollouts.checkpoint_record(self.step), self.dist)
-        if records is None:
-            return {}
-        if any(record is None for record in records):
-            self.log(
-                f"warning: a rollout worker failed before the batches it had started were ready; checkpoint "
-                f"step {self.step} is written without them (a resume generates them afresh)"
-            )
-            return {}
-        return {ckpt.pending_batches_name(rank): record for rank, record in enumerate(records)}
 
     # -- rollouts ---------------------------------------------------------------------------
     def collect(self) -> tuple[StepBatch | None, dict]:
@@ -309,9 +287,14 @@ class GRPOTrainer:
             self._advance_schedule(metrics)
             metrics.update({"time/step": time.perf_counter() - started, "skipped": 1.0})
             return distributed.mean_metrics(metrics, self.dist)
+        if self.async_rollouts is not None:  # the worker's entropy of its batch, which the controllers may read
+            batch = batch.with_(behaviour_entropy=metrics.get("async/entropy_behaviour", float("nan")))
         for observer in self.observers:
             observer.begin_step(self.model, self.step)
         batch = self._score(batch, metrics)
+        scored = [observer.after_score(batch, metrics) for observer in self.observers]  # metrics read-only
+        metrics.update({k: v for found in scored for k, v in found.items()})
+        batch = self.algo.select(batch, "batch")
         if self.dist.is_main and run_samples.samples_due(self.step + 1, self.settings.samples_every):
             self._write_samples(batch)
         self._update(batch, metrics)
@@ -328,91 +311,43 @@ class GRPOTrainer:
         return distributed.mean_metrics(metrics, self.dist)  # averaged over ranks (identity on one)
 
     def _score(self, batch: StepBatch, metrics: dict) -> StepBatch:
-        """Steps 3-4: the sampling policy's token statistics, the controllers, the advantages, the
-        quadrant diagnostics and the batch-scope selections, filled into the step batch."""
-        s = self.settings
-        roll, rows_per_chunk, stats_kw = batch.responses, s.micro_batch_responses, s.stats
-        # tool outputs: 0 (not the policy's tokens); with the recipe switches on, whole responses out
-        # of the loss (a malformed call, a repeated call, a void turn); their rewards stay in the baselines
-        mask, left_out = loss_mask(roll, **s.tool_switches)
-        mask = mask.to(self.device)
-        if left_out is not None:
-            metrics["tools/masked_frac"] = left_out.float().mean().item()
-        if s.overlong_filter:  # DAPO's overlong filtering: responses cut at the budget leave the loss too
-            mask, cut = overlong_filter(mask, roll.truncated.to(self.device))
-            metrics["overlong/filtered_frac"] = cut
+        """Steps 3-4: the loss mask, the sampling policy's token statistics, the controllers and the
+        advantages, filled into the step batch (before its batch-scope selections)."""
+        s, roll, reduce = self.settings, batch.responses, lambda t: distributed.sum_across(t, self.dist)
+        # tool outputs, responses the tool switches or DAPO's overlong filter leave out (stats/tool_stats.py)
+        mask, left_out = step_loss_mask(roll, s.tool_switches, overlong=s.overlong_filter, device=self.device)
+        metrics.update(left_out)
         wanted = self.algo.sampling_vocab_stats()  # SIREN's anchor: the first batch's top-p entropies
-        old_logp, entropy, *sampled = batch_token_stats(self.model, roll, rows_per_chunk, vocab_stats=wanted, **stats_kw)
+        old_logp, entropy, *sampled = batch_token_stats(self.model, roll, s.micro_batch_responses, vocab_stats=wanted, **s.stats)
         if sampled:
-            self.algo.observe_sampling(sampled[0], mask, reduce=lambda t: distributed.sum_across(t, self.dist))
-        ref_logp = self._reference_logp(roll, rows_per_chunk, stats_kw)
+            self.algo.observe_sampling(sampled[0], mask, reduce=reduce)
+        ref_logp = self._reference_logp(roll, s.micro_batch_responses, s.stats)
         sampler_logp = None if roll.sampling_logp is None else roll.sampling_logp.to(self.device) * mask
-        if sampler_logp is not None:  # the sampler reported log-probs (vLLM): how far apart they are
-            metrics.update(sampler_mismatch_metrics(old_logp, sampler_logp, mask))
-        # the stale ratio pi_prox / pi_behav against the clip range, by entropy quartile, at every k (0 where the
-        # trained model sampled the batch itself), which clip/frac (pi_theta / pi_prox) never sees (stats/update_tokens.py)
-        edges = entropy_quartile_edges(entropy, mask)
-        clip_range = {"eps_low": self.algo.eps_low, "eps_high": self.algo.eps_high}
-        metrics.update(stale_clip_metrics(old_logp, sampler_logp, entropy, mask, edges, **clip_range))
-        sampling_entropy = distributed.masked_mean_across(entropy, mask, self.dist)
+        metrics["entropy"] = distributed.masked_mean_across(entropy, mask, self.dist)
         # the controllers read this batch's entropy under the current policy, or under staleness the
         # behaviour policy's (algo.controller_entropy; the worker's, every rank's tokens)
-        behaviour = metrics.get("async/entropy_behaviour", float("nan")) if self.async_rollouts is not None else None
-        controller_entropy = self.algo.controller_reading(sampling_entropy, behaviour)
-        self.algo.begin_step(controller_entropy)
-        if self.async_rollouts is not None:
-            metrics["async/controller_entropy"] = controller_entropy
-            metrics["async/controller_entropy_behaviour"] = float(self.algo.controller_entropy == "behaviour")
+        self.algo.begin_step(self.algo.controller_reading(metrics["entropy"], batch.behaviour_entropy))
         rewards, group_ids = batch.rewards.to(self.device), batch.group_ids.to(self.device)
         advantages = self.algo.advantages(rewards, group_ids, mask, entropy=entropy)
-        metrics["entropy"] = sampling_entropy
-        if s.entropy_quantiles:  # every rank's tokens gathered; rank 0 reports them
-            quantiles = entropy_quantile_metrics(
-                distributed.gather_values(entropy[mask.bool()], self.dist), list(s.entropy_quantiles)
-            )
-            metrics.update(quantiles if self.dist.is_main else {})
-        if s.quadrants:
-            metrics.update(quadrant_metrics(old_logp, old_logp, entropy, advantages, mask))
-        if roll.tools is not None:  # entropy/kind/<kind>, entropy/turn/first|later (policy tokens)
-            metrics.update(token_kind_metrics(entropy, mask, roll.tools))
-        metrics["groups/all_equal_frac"] = all_equal_group_share(rewards, group_ids)
-        if self.reflect.token_metrics:  # entropy where reasoning turns (diagnostics.reflection.entropy)
-            at, before, first = reflection_token_masks(  # the policy's own tokens: never a tool's output
-                roll.response_ids, roll.policy_mask, self.token_pieces, self.reflect.matcher, facts=batch.facts
-            )
-            metrics.update(reflection_entropy_metrics(entropy, old_logp, mask, at, before, advantages, first=first))
         metrics.update(self.algo.step_metrics())
-        batch = batch.with_(
+        return batch.with_(
             mask=mask, old_logp=old_logp, entropy=entropy, sampler_logp=sampler_logp, ref_logp=ref_logp, advantages=advantages
         )
-        return self.algo.select(batch, "batch")
 
     def _write_samples(self, batch: StepBatch) -> None:
         """A few of this step's responses with prompt, reward and mean token entropy: appended to
         ``samples.jsonl`` and queued to MLflow (``run/samples.py``)."""
-        roll, n = batch.responses, self.settings.rollout_n
-        rows = run_samples.pick_rows(len(batch), n, self.settings.samples_rows)
-        mask = batch.mask.detach().cpu()
-        ent = (batch.entropy.detach().cpu() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        prompts = [self.tokenizer.decode(roll.prompt_ids[i][roll.prompt_mask[i].bool()], skip_special_tokens=True) for i in rows]
-        counts = None
-        if self.reflect.matcher.enabled:  # found beside the reward (batch.facts), else here for these few rows
-            counts = [
-                int(batch.facts.counts[i]) if batch.facts is not None else self.reflect.matcher.count(roll.texts[i]) for i in rows
-            ]
-        table = run_samples.sample_rows(
+        s = self.settings
+        path = run_samples.write_step_samples(
+            self.output_dir,
             self.step + 1,
-            prompts,
-            [roll.texts[i] for i in rows],
-            [float(batch.rewards[i]) for i in rows],
-            [float(batch.correct[i]) for i in rows],
-            [float(ent[i]) for i in rows],
-            [int(roll.lengths[i]) for i in rows],
-            counts,
-            # a tool run's responses as text segments and calls, with their entropies (run/samples.py)
-            None if roll.tools is None else run_samples.tool_turn_rows(roll, batch.entropy, rows, self.tokenizer, self.cfg.tools),
+            batch,
+            self.tokenizer,
+            group_size=s.rollout_n,
+            rows=s.samples_rows,
+            matcher=self.reflect.matcher,
+            tools_cfg=s.tools,
         )
-        path = run_samples.append_samples(self.output_dir, table)
         self.tracker.log_artifact(path, "samples")
 
     def _update(self, batch: StepBatch, metrics: dict) -> None:
@@ -482,42 +417,9 @@ class GRPOTrainer:
         advance_scheduler(self.scheduler)
 
     # -- validation -------------------------------------------------------------------------
-    @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        if self.val_problems:
-            roll = self.rollout.generate(
-                [self.source.prompt(p) for p in self.val_problems],
-                n=1,
-                seed=self.settings.seed,
-                temperature=self.settings.val_temperature,
-                top_p=(self.settings.val or {}).get("top_p", None),  # null: rollout.top_p
-                max_new_tokens=(self.settings.val or {}).get("max_new_tokens", None),  # null: rollout.max_new_tokens
-            )
-            correct = [self.source.reward(p, txt) for p, txt in zip(self.val_problems, roll.texts)]
-            out["val/acc"] = float(np.mean(correct))
-            if roll.tools is not None:  # sampled through the tool driver, as training: val/tools/calls/mean, ...
-                out.update({f"val/{k}": v for k, v in tool_summary(roll.tools).items()})
-            by_group = defaultdict(list)
-            for p, c in zip(self.val_problems, correct):
-                by_group[self.source.group(p)].append(c)
-            out.update({f"val/acc/{g}": float(np.mean(v)) for g, v in by_group.items()})
-            if self.settings.val_pass_k > 0:  # pass@1 / pass@k from sampled responses
-                out.update(sampled_pass_metrics(self.rollout, self.source, self.val_problems, self.settings.val_pass_k))
-        if self.settings.val_benchmarks:
-            # with tools on, through the same multi-turn driver and tool as training (val/<bench>/tools/...)
-            out.update(
-                validate_benchmarks(
-                    self.model,
-                    self.tokenizer,
-                    list(self.settings.val_benchmarks),
-                    self.settings.val,
-                    tools=self.settings.tools,
-                    executor=getattr(self.rollout, "executor", None),
-                    max_new_tokens=self.settings.rollout_max_new_tokens,
-                )
-            )
-        return out
+        """The ``val/*`` metrics: held-out prompts and benchmarks (``run/validation.py``)."""
+        return validation_metrics(self.model, self.tokenizer, self.rollout, self.source, self.val_problems, self.settings)
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -594,14 +496,9 @@ class GRPOTrainer:
         return summary
 
     def _finish(self, started: float, status: str) -> dict:
+        run = {"status": status, "steps": self.step, "algo": str(self.cfg.algo.name), "output_dir": str(self.output_dir)}
         if not self.dist.is_main:  # rank 0 writes the summary, plots and artifacts
-            return {
-                "status": status,
-                "steps": self.step,
-                "algo": str(self.cfg.algo.name),
-                "output_dir": str(self.output_dir),
-                "rank": self.dist.rank,
-            }
+            return {**run, "rank": self.dist.rank}
         trim_heap()  # what the steps freed goes back before the figures need memory (core/heap.py)
         return write_run_report(
             read_metrics(self.output_dir),
@@ -610,10 +507,7 @@ class GRPOTrainer:
             self.tracker,
             status,
             {
-                "status": status,
-                "steps": self.step,
-                "algo": str(self.cfg.algo.name),
-                "output_dir": str(self.output_dir),
+                **run,
                 "world_size": self.dist.world_size,
                 "nodes": self.nodes,
                 "mlflow_run_id": self.tracker.run_id,

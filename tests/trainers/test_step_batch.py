@@ -244,7 +244,17 @@ def test_the_step_methods_read_no_config():
 
     tree = ast.parse(inspect.getsource(GRPOTrainer))
     methods = {n.name: n for n in tree.body[0].body if isinstance(n, ast.FunctionDef)}
-    step_methods = ("collect", "train_step", "_score", "_update", "_advance_schedule", "validate", "save")
+    step_methods = (
+        "collect",
+        "train_step",
+        "_score",
+        "_reference_logp",
+        "_write_samples",
+        "_update",
+        "_advance_schedule",
+        "validate",
+        "save",
+    )
     assert set(step_methods) <= set(methods)
     for name in step_methods:
         reads = [n for n in ast.walk(methods[name]) if isinstance(n, ast.Attribute) and n.attr == "cfg"]

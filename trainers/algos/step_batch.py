@@ -45,6 +45,9 @@ class StepBatch:
                   or a mini-batch (``Algorithm.select``), read back by their intervention's loss
     facts:        each response's text facts (reflection-word spans, repetition), found beside its
                   reward (``evals.reflection.ResponseFacts``), or None
+    behaviour_entropy: the token-mean entropy of the batch under the weights that generated it, as
+                  the rollout worker reported it (``trainer.staleness >= 1``; NaN when it reported
+                  none), or None without a worker, where the trainer's policy sampled the batch itself
     """
 
     responses: Rollout
@@ -59,6 +62,7 @@ class StepBatch:
     advantages: torch.Tensor | None = None
     selections: dict[str, torch.Tensor] = field(default_factory=dict)
     facts: ResponseFacts | None = None
+    behaviour_entropy: float | None = None
 
     def __len__(self) -> int:
         return len(self.responses.texts)
@@ -80,6 +84,7 @@ class StepBatch:
             advantages=_rows(self.advantages, idx),
             selections={k: v[idx] for k, v in self.selections.items()},
             facts=None if self.facts is None else self.facts.select(idx.cpu().numpy()),
+            behaviour_entropy=self.behaviour_entropy,
         )
 
     def with_(self, **changes) -> StepBatch:

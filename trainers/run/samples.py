@@ -22,9 +22,11 @@ import torch
 
 from ...core.files import atomic_write_lines
 from ...evals.code.tool_executor import LIMIT_NOTES, REPLAY_NOTE
+from ...evals.reflection import ReflectionMatcher
 from ...rollout.base import TOKEN_KINDS, Rollout
 from ...rollout.multi_turn import ChatToolTurns, check_tool_turn
 from ...rollout.tool_formats import ToolFormat, build_tool_format
+from ..algos.step_batch import StepBatch
 
 __all__ = [
     "SAMPLES_FILE",
@@ -36,6 +38,7 @@ __all__ = [
     "response_turns",
     "tool_turn_rows",
     "append_samples",
+    "write_step_samples",
     "drop_after",
 ]
 
@@ -263,6 +266,43 @@ def append_samples(output_dir: Path, rows: list[dict]) -> Path:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     return path
+
+
+def write_step_samples(
+    output_dir: Path,
+    step: int,
+    batch: StepBatch,
+    tokenizer,
+    *,
+    group_size: int,
+    rows: int,
+    matcher: ReflectionMatcher,
+    tools_cfg=None,
+) -> Path:
+    """A few of step ``step``'s responses (``pick_rows``: ``rows`` of them, groups of
+    ``group_size``) with prompt, reward and mean token entropy, appended to the samples table;
+    returns its path. With ``matcher`` on, each row's reflection count (found beside the reward,
+    ``batch.facts``, else here for these few rows); in a tool run, its turns (``tool_turn_rows``)."""
+    roll = batch.responses
+    picked = pick_rows(len(batch), group_size, rows)
+    mask = batch.mask.detach().cpu()
+    ent = (batch.entropy.detach().cpu() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    prompts = [tokenizer.decode(roll.prompt_ids[i][roll.prompt_mask[i].bool()], skip_special_tokens=True) for i in picked]
+    counts = None
+    if matcher.enabled:
+        counts = [int(batch.facts.counts[i]) if batch.facts is not None else matcher.count(roll.texts[i]) for i in picked]
+    table = sample_rows(
+        step,
+        prompts,
+        [roll.texts[i] for i in picked],
+        [float(batch.rewards[i]) for i in picked],
+        [float(batch.correct[i]) for i in picked],
+        [float(ent[i]) for i in picked],
+        [int(roll.lengths[i]) for i in picked],
+        counts,
+        None if roll.tools is None else tool_turn_rows(roll, batch.entropy, picked, tokenizer, tools_cfg),
+    )
+    return append_samples(output_dir, table)
 
 
 def drop_after(output_dir: Path, step: int) -> None:

@@ -5,6 +5,10 @@ losses or the optimizer at fixed moments of the step. Each is built only when it
 The moments, in the order the step reaches them (``trainers/trainer.py``)::
 
     begin_step(model, step)                 before the sampling policy's token statistics
+    after_score(batch, metrics) -> metrics  the scored batch (mask, old_logp, entropy, sampler_logp,
+                                            advantages filled), before the batch-scope selections;
+                                            ``metrics``: the step's so far (collection's and the
+                                            scoring's ``entropy``), read-only
     on_micro_loss(algo, micro, out, inputs) after each micro-batch loss, before its backward
                                             (``inputs``: the log-probs, entropies and vocabulary
                                             statistics the loss was built from; ``weight``: its
@@ -18,12 +22,15 @@ The moments, in the order the step reaches them (``trainers/trainer.py``)::
   (``diagnostics.entropy_change`` or ``diagnostics.attribution``; ``stats/probe.py``);
 - ``AttributionObserver``: the network's own prediction of that change and its split into parts,
   on steps N, 2N, ... (``diagnostics.attribution``; ``stats/attribution.py``).
+
+The observers of the scored batch alone, which only report metrics, are in ``stats/scored_metrics.py``.
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
 
+from ..algos.step_batch import StepBatch
 from .attribution import EntropyAttribution
 from .prediction import EntropyPrediction
 from .probe import ProbeBatch
@@ -36,6 +43,9 @@ class StepObserver:
 
     def begin_step(self, model, step: int) -> None:
         pass
+
+    def after_score(self, batch: StepBatch, metrics: dict) -> dict[str, float]:
+        return {}
 
     def on_micro_loss(self, algo, micro, out, inputs: tuple, weight: float) -> None:
         pass

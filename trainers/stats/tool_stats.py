@@ -25,6 +25,8 @@ batch's ``ToolTrace`` (``rollout/base.py``) and its token statistics.
   responses each switch would drop; ``tools/masked_frac`` those the switches on did drop.
 - ``overlong_filter``: the same for the responses cut at the length budget (DAPO's overlong
   filtering, ``algo.overlong.filter``; not a tool switch, but the same mask); ``overlong/filtered_frac``.
+- ``step_loss_mask``: the step's loss mask, both of the above applied, with the shares they left
+  out (``tools/masked_frac``, ``overlong/filtered_frac``): the one place the mask is built.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ __all__ = [
     "left_out_rows",
     "loss_mask",
     "overlong_filter",
+    "step_loss_mask",
     "POLICY_KINDS",
 ]
 
@@ -130,3 +133,22 @@ def overlong_filter(mask: torch.Tensor, truncated: torch.Tensor) -> tuple[torch.
     (or 0/1). Their rewards are untouched, so they stay in their groups' baselines."""
     cut = truncated.bool()
     return mask * (~cut).to(mask).unsqueeze(-1), cut.float().mean().item()
+
+
+def step_loss_mask(
+    roll: Rollout, switches: dict[str, bool], *, overlong: bool, device: torch.device | str
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``(mask [B, R] float on device, shares)``: the tokens a step trains on. Tool outputs are 0
+    (not the policy's tokens); with the recipe switches on (``switches``: ``loss_mask``' keywords),
+    whole responses leave the loss (a malformed call, a repeated call, a void turn), and with
+    ``overlong`` (DAPO's overlong filtering) those cut at the length budget too; their rewards stay
+    in the baselines. ``shares``: ``tools/masked_frac`` when a switch applied, and
+    ``overlong/filtered_frac`` with ``overlong``."""
+    mask, left_out = loss_mask(roll, **switches)
+    mask = mask.to(device)
+    shares: dict[str, float] = {}
+    if left_out is not None:
+        shares["tools/masked_frac"] = left_out.float().mean().item()
+    if overlong:
+        mask, shares["overlong/filtered_frac"] = overlong_filter(mask, roll.truncated.to(device))
+    return mask, shares
