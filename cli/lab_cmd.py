@@ -18,26 +18,12 @@ parent run (experiment ``lab``) with the runs as its children. Re-running on the
 writes ``report.md``, ``lab.json`` (the claim table) and the figures; ``entropyrl report <out>``
 rebuilds them from the files.
 
-``--experiment tools`` is the tool study, the ablation ``conf/ablation/lab_tools.yaml`` (variants
-``experiment=lab_tool_<name>`` on ``data=tool_countdown tools=code_interpreter``, no quadrant
-experiment) with its own report step (sweeps/lab/tool_step.py: the tool claims and the figure of
-entropy by token kind and turn); ``--algos`` names its variants.
-
-``--experiment staleness`` is the staleness study, the ablation ``conf/ablation/staleness.yaml``
-(``<method>_k<k>[_<correction>]``: GRPO at k = 0, 1, 2, 4 and with each correction at k = 2, STARE,
-Clip-Cov and STEER synchronous and stale, STARE's gate on the behaviour policy's entropy; no quadrant
-experiment) with its own report step (sweeps/lab/staleness_step.py: the staleness claims, entropy per
-method and k, the clipped share by entropy quarter against k). A job at k >= 1 runs a rollout worker
-process beside its trainer, so ``--jobs 1`` is two processes.
-
-``--experiment real_model`` is the real-model study, the ablation ``conf/ablation/real_model.yaml``
-(SmolLM2-135M-Instruct on word problems, ``experiment=smollm2_word_problems``: GRPO, STARE with fixed
-W/M, Clip-Cov and KL-Cov by default, ``stare_published`` and ``steer`` with ``--algos``; no quadrant
-experiment) with its own report step (sweeps/lab/real_model_step.py: the real-model claims, the runs'
-entropy with h_tgt and the gate shaded, wall time per run, what does not reproduce and why). It needs
-the model's package (``make install-smollm2``): without it the command stops with one ``error:`` line
-before anything is planned. Its runs go one at a time unless ``--jobs`` says otherwise (a run that
-measures the attribution holds several copies of the model's parameters).
+``--experiment <study>`` runs another of the lab's studies (sweeps/studies.py: ``tools``, the
+tool study; ``staleness``, the staleness study; ``real_model``, the real-model study), each its own
+ablation (``conf/ablation/<ablation>.yaml``, no quadrant experiment) with its own report step, default
+``--out`` and default ``--jobs``; ``--algos`` names its variants. ``entropyrl lab --help`` lists them,
+built from the studies' declarations. The real-model study needs the model's package (``make
+install-smollm2``): without it the command stops with one ``error:`` line before anything is planned.
 """
 
 from __future__ import annotations
@@ -50,32 +36,15 @@ import typer
 
 from ..conf import compose
 from ..core.errors import UserError
+from ..sweeps.studies import DEFAULT_JOBS, STUDIES, Study, study_for
 
-EXPERIMENTS = ("all", "claims", "quadrants", "tools", "staleness", "real_model")
-QUADRANTS = "quadrants"  # the lab ablation's quadrant-experiment variant
-TOOLS = "tools"  # --experiment tools: the tool study, its own ablation
-STALENESS = "staleness"  # --experiment staleness: the staleness study, its own ablation
-REAL_MODEL = "real_model"  # --experiment real_model: the real-model study, its own ablation
-ABLATIONS = {TOOLS: "lab_tools", STALENESS: "staleness", REAL_MODEL: "real_model"}  # --experiment -> its ablation (others: lab)
-BASE_PRESETS = {  # builds the warm-started model (the real model: converts its GGUF file once)
-    "lab": "experiment=lab_grpo",
-    "lab_tools": "experiment=lab_tool_grpo",
-    "staleness": "experiment=lab_grpo",
-    "real_model": "experiment=smollm2_word_problems",
-}
-DEFAULT_OUT = {
-    "lab": "outputs/lab",
-    "lab_tools": "outputs/lab_tools",
-    "staleness": "outputs/lab_staleness",
-    "real_model": "outputs/lab_real_model",
-}
-VARIANT_KIND = {
-    "lab": "lab variant",
-    "lab_tools": "tool-study variant",
-    "staleness": "staleness-study variant",
-    "real_model": "real-model-study variant",
-}
-DEFAULT_JOBS = {"real_model": 1}  # runs in parallel unless --jobs says (others: 2): a real-model run's attribution is large
+QUADRANTS = "quadrants"  # the lab ablation's quadrant-experiment variant (--experiment all and quadrants run it)
+DEFAULT_EXPERIMENT = "all"  # --experiment when left out: the lab's training runs and its quadrant experiment
+
+
+def experiments() -> tuple[str, ...]:
+    """Every ``--experiment`` value, study by study in their registration order."""
+    return tuple(e for study in STUDIES.values() for e in study.experiments)
 
 
 def _parse_seeds(text: str) -> list[int]:
@@ -91,10 +60,10 @@ def _parse_seeds(text: str) -> list[int]:
 def lab_sweep_overrides(
     variants: list[str], seeds: list[int], out: Path, jobs: int, quadrant_batches: int, ablation: str = "lab"
 ) -> list[str]:
-    """The ``entropyrl sweep`` overrides that make the lab: the lab ablation (or the tool study's,
-    ``lab_tools``, or the staleness study's, ``staleness``), its variants and seeds, the folder, the
-    local launcher at ``jobs`` in parallel with one torch thread each, MLflow experiment named as
-    the ablation."""
+    """The ``entropyrl sweep`` overrides that make the lab: the study's ablation (``lab``, or another
+    study's: ``lab_tools``, ``staleness``, ``real_model``), its variants and seeds, the folder, the local
+    launcher at ``jobs`` in parallel with one torch thread each, MLflow experiment named as the ablation
+    (and the lab's quadrant batches)."""
     return [
         f"ablation={ablation}",
         f"variants=[{','.join(variants)}]",
@@ -108,55 +77,78 @@ def lab_sweep_overrides(
     ]
 
 
-LAB_HELP = (
-    "Train GRPO and the entropy interventions on the lab task (data=countdown) over several seeds, run the "
-    "quadrant sign experiment, and write report.md, lab.json (the claim table) and mean+band figures. "
-    "Runs through the sweep machinery (ablation=lab): `entropyrl status OUT` shows the jobs. "
-    "--experiment tools: the tool study instead (ablation=lab_tools: grpo, stare, steer on data=tool_countdown "
-    "tools=code_interpreter; claims: GRPO collapses under tool use, STARE holds its band, entropy of text, code "
-    "and post-tool tokens; figure lab-tools-entropy-kind.png). "
-    "--experiment staleness: the staleness study (ablation=staleness: GRPO at k=0,1,2,4 and with the tis "
-    "corrections at k=2, STARE at k=0,2,4 with the decoupled correction and the gate on the behaviour policy, "
-    "Clip-Cov and STEER at k=0,2; claims: stale GRPO collapses, high-entropy tokens clipped first, the largest k "
-    "where STARE holds its band, corrections lower the clipped share, Clip-Cov and STEER against GRPO; figures "
-    "lab-staleness-entropy.png and lab-staleness-clip-quarters.png; --jobs 1 on a small machine: each stale "
-    "job is two processes). "
-    "--experiment real_model: the real-model study (ablation=real_model: GRPO, STARE with fixed W/M, Clip-Cov and "
-    "KL-Cov on SmolLM2-135M-Instruct, data=word_problems, 80 steps; needs `make install-smollm2`; claims: GRPO's "
-    "collapse flag fires, STARE holds its band with its gate open, each method ends above GRPO's entropy, the "
-    "attribution tracks the realised change; accuracy, pass@k and the text metrics side by side; figure "
-    "real-model-entropy-runs.png; one run at a time by default). "
-    "Extra key=value overrides apply to every run."
-)
+def _default_study() -> Study:
+    """The study ``entropyrl lab`` runs when ``--experiment`` is left out (the lab)."""
+    study = study_for(DEFAULT_EXPERIMENT)
+    assert study is not None, f"no study runs --experiment {DEFAULT_EXPERIMENT}"
+    return study
 
 
-def _ablation_and_jobs(experiment: str, jobs: int | None, quadrant_batches: int) -> tuple[str, int]:
-    """The ablation ``--experiment`` names and the runs in parallel (its default when ``--jobs`` is
+def _other_studies() -> list[Study]:
+    return [s for s in STUDIES.values() if s is not _default_study()]
+
+
+def lab_help() -> str:
+    """The command's help: the lab's paragraph, then each other study's, from their declarations."""
+    paragraphs = [_default_study().help, *(f"--experiment {s.experiments[0]}: {s.help}" for s in _other_studies())]
+    return " ".join([*paragraphs, "Extra key=value overrides apply to every run."])
+
+
+def _algos_help() -> str:
+    named = "; ".join(
+        [_default_study().variants_help, *(f"with --experiment {s.experiments[0]}: {s.variants_help}" for s in _other_studies())]
+    )
+    return (
+        f"comma-separated lab variants ({named}), 'default' (the ablation's default_variants) or 'all' (every training variant)"
+    )
+
+
+def _experiment_help() -> str:
+    return " | ".join(
+        s.choices_help or f"{s.experiments[0]} ({s.title}: ablation={s.ablation}, default out {s.default_out})"
+        for s in STUDIES.values()
+    )
+
+
+def _jobs_help() -> str:
+    own = "".join(
+        f"; {s.experiments[0]}: {s.default_jobs}, {s.jobs_help}" for s in STUDIES.values() if s.default_jobs != DEFAULT_JOBS
+    )
+    return f"runs in parallel (one torch thread each; default {DEFAULT_JOBS}{own})"
+
+
+def _out_help() -> str:
+    others = "".join(f"; {s.experiments[0]}: {s.default_out}" for s in _other_studies())
+    return f"folder for the runs, the report and the figures (default {_default_study().default_out}{others})"
+
+
+def _study_and_jobs(experiment: str, jobs: int | None, quadrant_batches: int) -> tuple[Study, int]:
+    """The study ``--experiment`` names and the runs in parallel (its default when ``--jobs`` is
     left out), once ``--experiment``, ``--jobs`` and ``--quadrant-batches`` are known to be valid."""
-    if experiment not in EXPERIMENTS:
-        raise UserError(f"--experiment must be one of {', '.join(EXPERIMENTS)}; got '{experiment}'")
-    ablation = ABLATIONS.get(experiment, "lab")
-    jobs = DEFAULT_JOBS.get(ablation, 2) if jobs is None else jobs
+    study = study_for(experiment)
+    if study is None:
+        raise UserError(f"--experiment must be one of {', '.join(experiments())}; got '{experiment}'")
+    jobs = study.default_jobs if jobs is None else jobs
     if jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {jobs}")
     if quadrant_batches < 1:
         raise UserError(f"--quadrant-batches must be >= 1, got {quadrant_batches}")
-    return ablation, jobs
+    return study, jobs
 
 
-def _variant_names(algos: str, experiment: str, ablation: str, valid: list[str], defaults: Callable[[], list[str]]) -> list[str]:
+def _variant_names(algos: str, experiment: str, study: Study, valid: list[str], defaults: Callable[[], list[str]]) -> list[str]:
     """The training variants ``--algos`` names (``all``: ``valid``, ``default``: what ``defaults()``
     returns, or a comma-separated list; none for ``--experiment quadrants``), each checked against
-    ``valid``, the ablation's."""
+    ``valid``, the study's ablation's."""
     asked = algos.strip()
     if asked == "all":
         algos = ",".join(valid)
     elif asked == "default":
         algos = ",".join(defaults())
-    names = [a.strip() for a in algos.split(",") if a.strip()] if experiment != "quadrants" else []
+    names = [a.strip() for a in algos.split(",") if a.strip()] if experiment != QUADRANTS else []
     unknown = [n for n in names if n not in valid]
     if unknown:
-        raise UserError(f"unknown {VARIANT_KIND[ablation]} '{unknown[0]}'; valid: {', '.join(valid)}")
+        raise UserError(f"unknown {study.variant_kind} '{unknown[0]}'; valid: {', '.join(valid)}")
     return names
 
 
@@ -168,7 +160,7 @@ def _command_line(algos: str, seeds: str, experiment: str, overrides: list[str])
             "entropyrl lab",
             f"--algos {asked}" if asked != "default" else "",
             f"--seeds {seeds}",
-            f"--experiment {experiment}" if experiment != "all" else "",
+            f"--experiment {experiment}" if experiment != DEFAULT_EXPERIMENT else "",
             *overrides,
         ]
     ).strip()
@@ -197,35 +189,15 @@ def _print_outcome(console, say, result: dict, out: Path) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("lab", help=LAB_HELP, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    @app.command("lab", help=lab_help(), context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def lab(
         overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides for every run"),
-        algos: str = typer.Option(
-            "default",
-            help="comma-separated lab variants (experiment=lab_<name>; with --experiment tools: "
-            "experiment=lab_tool_<name>; with --experiment staleness: <method>_k<k>[_<correction>], e.g. "
-            "grpo_k0,grpo_k2,grpo_k2_m2po; with --experiment real_model: grpo, stare, clip_cov, kl_cov, stare_published, "
-            "steer), 'default' (the ablation's default_variants) or 'all' (every training variant)",
-        ),
+        algos: str = typer.Option("default", help=_algos_help()),
         seeds: str = typer.Option("0,1,2", help="comma-separated training seeds"),
-        experiment: str = typer.Option(
-            "all",
-            help="all | claims (training runs) | quadrants (sign experiment only) | tools (the tool study: "
-            "ablation=lab_tools, default out outputs/lab_tools) | staleness (the staleness study: ablation=staleness, "
-            "default out outputs/lab_staleness) | real_model (the real-model study: ablation=real_model, default out "
-            "outputs/lab_real_model)",
-        ),
+        experiment: str = typer.Option(DEFAULT_EXPERIMENT, help=_experiment_help()),
         quadrant_batches: int = typer.Option(20, help="batches of the quadrant sign experiment (per seed)"),
-        jobs: Optional[int] = typer.Option(
-            None,
-            help="runs in parallel (one torch thread each; default 2; real_model: 1, a run measuring the attribution "
-            "holds several copies of the model's parameters)",
-        ),
-        out: Optional[Path] = typer.Option(
-            None,
-            help="folder for the runs, the report and the figures (default outputs/lab; tools: outputs/lab_tools; "
-            "staleness: outputs/lab_staleness; real_model: outputs/lab_real_model)",
-        ),
+        jobs: Optional[int] = typer.Option(None, help=_jobs_help()),
+        out: Optional[Path] = typer.Option(None, help=_out_help()),
         fresh: bool = typer.Option(False, help="retrain runs that already finished in --out"),
         resume: bool = typer.Option(
             False, "--resume", help="continue the lab in --out (it must hold one): run only what did not finish"
@@ -238,21 +210,27 @@ def register(app: typer.Typer) -> None:
         from ..sweeps import following, planning
         from ..sweeps.ablation import default_variants, training_variants
         from ..sweeps.planning import split_overrides
+        from ..sweeps.plugins import load_plugins
         from ..sweeps.state import sweep_file
 
         console = Console(stderr=True, highlight=False)
         say = lambda msg: console.print(f"[bold]lab[/bold]: {msg}")  # noqa: E731
-        ablation, jobs = _ablation_and_jobs(experiment, jobs, quadrant_batches)
-        names = _variant_names(algos, experiment, ablation, training_variants(ablation), lambda: default_variants(ablation))
+        load_plugins()  # the studies a plugin declares, beside the lab's own
+        study, jobs = _study_and_jobs(experiment, jobs, quadrant_batches)
+        names = _variant_names(
+            algos, experiment, study, training_variants(study.ablation), lambda: default_variants(study.ablation)
+        )
         seed_list = _parse_seeds(seeds)
-        out = (out or Path(DEFAULT_OUT[ablation])).resolve()
+        out = (out or Path(study.default_out)).resolve()
         if resume and not sweep_file(out).exists():
             raise UserError(f"--resume: {out} holds no lab (no sweep.json); drop --resume to start one there")
-        variants = ([QUADRANTS] if experiment in ("all", "quadrants") else []) + names
+        variants = ([QUADRANTS] if experiment in (DEFAULT_EXPERIMENT, QUADRANTS) else []) + names
         sweep_ov, train_ov = split_overrides(list(overrides or []))
-        base = compose("train", [BASE_PRESETS[ablation], *train_ov])
+        base = compose("train", [study.base_preset, *train_ov])
         gguf_path(base.model)  # a model from a package that is not installed: one error line before anything is planned
-        cfg = compose("sweep", [*lab_sweep_overrides(variants, seed_list, out, jobs, quadrant_batches, ablation), *sweep_ov])
+        cfg = compose(
+            "sweep", [*lab_sweep_overrides(variants, seed_list, out, jobs, quadrant_batches, study.ablation), *sweep_ov]
+        )
         plan = planning.plan(cfg, train_ov, explicit_dir=True, resume=resume)  # every run checked before any starts
         plan.command = _command_line(algos, seeds, experiment, list(overrides or []))
         if fresh:

@@ -1,10 +1,11 @@
 """The measures every study's claim table is built from: per-run numbers read from metric rows
 (entropy at the ends, the step the entropy reached a target, how often a method acted, whether it held
-a target) and the helpers that assemble a claim row from per-seed measures (``_claim``), the seeds the
-named variants share (``_seeds``) and the measured reason of a claim that failed (``_reasons``).
+a target, the last value of a metric). The helpers that assemble a claim row from per-seed measures
+(``make_claim``, ``seeds_with``, ``regime_reasons``, ...) are the study kit's (``kit.py``), importable
+from here too.
 
-Pure functions of metric rows (``metrics.jsonl`` of each run). ``claims.py`` re-exports the names other studies import
-from it, the public aliases another study builds its claims with (``make_claim``, ``seeds_with``, ...) among them.
+Pure functions of metric rows (``metrics.jsonl`` of each run). ``claims.py`` re-exports the names other
+studies import from it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import math
 
 import numpy as np
 
-from ...trainers.run.regime import entropy_flags, regime_warnings
+from .kit import finite_values, fmt
+from .kit import make_claim as make_claim  # with seeds_with, regime_reasons: importable from here as before
+from .kit import regime_reasons as regime_reasons
+from .kit import seeds_with as seeds_with
 
 BAND = 0.3  # a target is held when the last third is within +/-30 % of it
 GATE_KEY = "stare/gate_on"  # STARE's gate, 1 on the steps it was open
@@ -24,13 +28,9 @@ GATE_MIN_OPEN_SHARE = 0.1
 ACT_EPS = 1e-9  # a lever's value this close to 0 did nothing on that step
 
 
-def _vals(rows: list[dict], key: str) -> list[float]:
-    return [float(r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
-
-
 def entropy_ends(rows: list[dict]) -> tuple[float, float]:
     """(first-tenth mean, last-tenth mean) of the sampling entropy."""
-    ent = _vals(rows, "entropy")
+    ent = finite_values(rows, "entropy")
     if not ent:
         return float("nan"), float("nan")
     tenth = max(1, len(ent) // 10)
@@ -57,7 +57,7 @@ def crossing_step(rows: list[dict], target: float) -> int | None:
 def acted_share(rows: list[dict], key: str) -> float:
     """Share of the steps that logged ``key`` on which it was non-zero (a 0/1 gate: the share of steps
     it was open; a coefficient: the steps it acted); NaN when no step logged it."""
-    vals = _vals(rows, key)
+    vals = finite_values(rows, key)
     return float(np.mean([abs(v) > ACT_EPS for v in vals])) if vals else float("nan")
 
 
@@ -66,7 +66,7 @@ def target_hold(rows: list[dict], target: float, acted_key: str = GATE_KEY, band
     (``in_band``), entropy reached it from its start (``crossed_at_step``, ``crossing_step``) and the
     method acted on at least ``GATE_MIN_OPEN_SHARE`` of the steps (``acted_share`` of ``acted_key``,
     STARE's gate). ``ok`` is all three; ``why_not`` names the ones that failed."""
-    ent = _vals(rows, "entropy")
+    ent = finite_values(rows, "entropy")
     m = float(np.mean(ent[-max(1, len(ent) // 3) :])) if ent else float("nan")
     rel = m / target - 1.0 if math.isfinite(m) and target > 0 else float("nan")
     in_band = bool(abs(rel) <= band) if math.isfinite(rel) else False
@@ -75,9 +75,9 @@ def target_hold(rows: list[dict], target: float, acted_key: str = GATE_KEY, band
     acted = math.isfinite(share) and share >= GATE_MIN_OPEN_SHARE
     why = []
     if not in_band:
-        why.append(f"last third {_fmt(m)} outside +/-{band:.0%} of {target:g}")
+        why.append(f"last third {fmt(m)} outside +/-{band:.0%} of {target:g}")
     if crossed is None:
-        why.append(f"entropy never reached {target:g} from its start {_fmt(ent[0]) if ent else 'nan'}")
+        why.append(f"entropy never reached {target:g} from its start {fmt(ent[0]) if ent else 'nan'}")
     if not acted:
         why.append(
             f"{acted_key} logged on no step"
@@ -105,7 +105,7 @@ def hold_text(p: dict) -> str:
     what = "gate open" if p.get("acted_key") == GATE_KEY else f"{p.get('acted_key')} non-zero"
     crossed = p.get("crossed_at_step")
     rel = p.get("rel_error", float("nan"))
-    return f"{_fmt(p['last_third'])} ({'nan' if not math.isfinite(rel) else f'{rel:+.0%}'}), {what} {acted} of steps, " + (
+    return f"{fmt(p['last_third'])} ({'nan' if not math.isfinite(rel) else f'{rel:+.0%}'}), {what} {acted} of steps, " + (
         f"reached target at step {crossed}" if crossed is not None else "never reached target"
     )
 
@@ -113,55 +113,13 @@ def hold_text(p: dict) -> str:
 def step_change_std(rows: list[dict]) -> float:
     """Std of the per-step entropy change: the probe's realised change when measured, else the
     step-to-step difference of the sampling entropy."""
-    realized = _vals(rows, "entropy_change/realized")
+    realized = finite_values(rows, "entropy_change/realized")
     if len(realized) >= 3:
         return float(np.std(realized))
-    ent = _vals(rows, "entropy")
+    ent = finite_values(rows, "entropy")
     return float(np.std(np.diff(ent))) if len(ent) >= 3 else float("nan")
 
 
 def final_value(rows: list[dict], key: str) -> float:
-    vals = _vals(rows, key)
+    vals = finite_values(rows, key)
     return vals[-1] if vals else float("nan")
-
-
-def _fmt(x: float) -> str:
-    return "nan" if x is None or not math.isfinite(x) else f"{x:.3g}"
-
-
-def _reasons(runs: dict, variants: tuple[str, ...], algo_cfgs: dict) -> str:
-    """The regime warnings and flags of ``variants``' runs, as one phrase (the measured reason)."""
-    found = []
-    for v in variants:
-        for _seed, rows in sorted((runs.get(v) or {}).items()):
-            for f in regime_warnings(rows, algo_cfgs.get(v, {})) + entropy_flags(rows, algo_cfgs.get(v, {})):
-                tag = f"{v}: {f['id']}"
-                if tag not in found:
-                    found.append(tag)
-    return "; ".join(found)
-
-
-def _join(*parts: str) -> str:
-    return "; ".join(p for p in parts if p)
-
-
-def _claim(id_: str, claim: str, per_seed: list[dict], ok_key: str, measured: str, reason: str = "") -> dict:
-    oks = [p[ok_key] for p in per_seed if p.get(ok_key) is not None]
-    reproduced = None if not oks else bool(all(oks))
-    out = {"id": id_, "claim": claim, "measured": measured, "reproduced": reproduced, "per_seed": per_seed}
-    if reproduced is False and reason:
-        out["reason"] = reason
-    return out
-
-
-def _seeds(runs: dict, *variants: str) -> list:
-    sets = [set((runs.get(v) or {}).keys()) for v in variants]
-    return sorted(set.intersection(*sets)) if sets and all(sets) else []
-
-
-# the helpers another study builds its claims with, under public names (the lab's own code uses the short ones)
-make_claim = _claim  # (id, claim, per_seed, ok_key, measured, reason) -> a claim: reproduced when every seed is ok
-seeds_with = _seeds  # the seeds every one of the named variants ran
-finite_values = _vals  # a metric's finite values over the rows, in step order
-fmt = _fmt  # a number in 3 significant digits, "nan" for none
-regime_reasons = _reasons  # the regime warnings and flags of the named variants' runs, as one phrase

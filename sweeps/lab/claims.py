@@ -17,7 +17,8 @@ Every claim can fail on its null control: the rows of a run in which the method 
 that a gate follows entropy needs the gate to have both opened and closed.
 
 One function per claim, assembled in the report's order by ``compute_claims``; the per-run measures
-and the helpers that make a claim row are in ``claim_measures.py`` and importable from here too.
+(``claim_measures.py``) and the helpers that make a claim row (the study kit, ``kit.py``) are importable
+from here too.
 """
 
 from __future__ import annotations
@@ -31,25 +32,15 @@ from .claim_measures import (
     BAND,
     GATE_KEY,
     GATE_MIN_OPEN_SHARE,
-    _claim,
-    _fmt,
-    _join,
-    _reasons,
-    _seeds,
-    _vals,
     acted_share,
     crossing_step,
     entropy_ends,
     final_value,
-    finite_values,
-    fmt,
     hold_text,
-    make_claim,
-    regime_reasons,
-    seeds_with,
     step_change_std,
     target_hold,
 )
+from .kit import finite_values, fmt, join_phrases, make_claim, regime_reasons, seeds_with
 
 __all__ = [
     "compute_claims",
@@ -70,7 +61,11 @@ __all__ = [
     "finite_values",
     "fmt",
     "regime_reasons",
+    "join_phrases",
 ]
+
+# the kit's helpers under the names the studies imported from here before the kit was public (kit.py)
+_claim, _fmt, _join, _reasons, _seeds, _vals = make_claim, fmt, join_phrases, regime_reasons, seeds_with, finite_values
 
 
 # Quadrant sign theory (diagnostics.py): Q1 exploitation and Q3 suppression lower entropy,
@@ -83,7 +78,7 @@ def _steer_weights(runs: dict, variant: str) -> str:
     """STEER's measured lever: its mean token weight over the run's steps (1.0 = plain GRPO), per seed."""
     per = []
     for _seed, rows in sorted((runs.get(variant) or {}).items()):
-        w = _vals(rows, "steer/weight_mean")
+        w = finite_values(rows, "steer/weight_mean")
         if w:
             per.append(f"{np.mean(w):.3f} (lowest {min(w):.3f})")
     return f"{variant}: mean token weight {', '.join(per)}, 1.0 = plain GRPO" if per else ""
@@ -92,7 +87,7 @@ def _steer_weights(runs: dict, variant: str) -> str:
 def _extreme_accuracy(runs: dict) -> str:
     """Final validation accuracy of the stress-test runs per seed: 0 means the policy broke, whatever its entropy."""
     per = [
-        f"{v} {'/'.join(_fmt(final_value(rows, 'val/acc')) for _s, rows in sorted(runs[v].items()))}"
+        f"{v} {'/'.join(fmt(final_value(rows, 'val/acc')) for _s, rows in sorted(runs[v].items()))}"
         for v in ("grpo_extreme", "steer_extreme")
         if runs.get(v)
     ]
@@ -101,22 +96,22 @@ def _extreme_accuracy(runs: dict) -> str:
 
 def _grpo_collapses(runs: dict, algo_cfgs: dict) -> dict:
     per = []
-    for s in _seeds(runs, "grpo"):
+    for s in seeds_with(runs, "grpo"):
         first, last = entropy_ends(runs["grpo"][s])
         per.append({"seed": s, "first_tenth": first, "last_tenth": last, "ratio": last / first, "ok": last < 0.5 * first})
-    return _claim(
+    return make_claim(
         "grpo_collapses",
         "GRPO's entropy collapses: last tenth < 0.5 x first tenth",
         per,
         "ok",
-        "last/first tenth " + ", ".join(_fmt(p["ratio"]) for p in per),
-        _reasons(runs, ("grpo",), algo_cfgs),
+        "last/first tenth " + ", ".join(fmt(p["ratio"]) for p in per),
+        regime_reasons(runs, ("grpo",), algo_cfgs),
     )
 
 
 def _stare_holds_target(runs: dict, h_tgt: float, algo_cfgs: dict) -> dict:
-    per = [{"seed": s, "h_tgt": h_tgt, **target_hold(runs["stare"][s], h_tgt)} for s in _seeds(runs, "stare")]
-    return _claim(
+    per = [{"seed": s, "h_tgt": h_tgt, **target_hold(runs["stare"][s], h_tgt)} for s in seeds_with(runs, "stare")]
+    return make_claim(
         "stare_holds_target",
         f"STARE holds entropy at its target: last third within +/-{BAND:.0%} of h_tgt={h_tgt}, entropy reached "
         f"h_tgt from its start, and the gate open on at least {GATE_MIN_OPEN_SHARE:.0%} of steps (a run that sat in "
@@ -124,13 +119,16 @@ def _stare_holds_target(runs: dict, h_tgt: float, algo_cfgs: dict) -> dict:
         per,
         "ok",
         "last third " + ", ".join(hold_text(p) for p in per),
-        _join("; ".join(f"seed {p['seed']}: {p['why_not']}" for p in per if p["why_not"]), _reasons(runs, ("stare",), algo_cfgs)),
+        join_phrases(
+            "; ".join(f"seed {p['seed']}: {p['why_not']}" for p in per if p["why_not"]),
+            regime_reasons(runs, ("stare",), algo_cfgs),
+        ),
     )
 
 
 def _stare_gate_follows_entropy(runs: dict, h_tgt: float, algo_cfgs: dict) -> dict:
     per = []
-    for s in _seeds(runs, "stare"):
+    for s in seeds_with(runs, "stare"):
         pairs = [
             (r["stare/gate_on"], r["entropy"])
             for r in runs["stare"][s]
@@ -150,35 +148,35 @@ def _stare_gate_follows_entropy(runs: dict, h_tgt: float, algo_cfgs: dict) -> di
                 "ok": bool(pairs) and match == 1.0 and 0.0 < open_share < 1.0,
             }
         )
-    return _claim(
+    return make_claim(
         "stare_gate_follows_entropy",
         "STARE's gate is open exactly on the steps whose entropy is below h_tgt, and it both opened and closed "
         "(a gate shut on every step of a curve that stayed above h_tgt matches it without deciding anything)",
         per,
         "ok",
         "gate == (H < h_tgt) on " + ", ".join(f"{p['match']:.0%} (open {p['open_share']:.0%})" for p in per),
-        _reasons(runs, ("stare",), algo_cfgs),
+        regime_reasons(runs, ("stare",), algo_cfgs),
     )
 
 
 def _steer_moderates_change(runs: dict, algo_cfgs: dict) -> dict:
     per = []
-    for s in _seeds(runs, "grpo", "steer"):
+    for s in seeds_with(runs, "grpo", "steer"):
         g, st = step_change_std(runs["grpo"][s]), step_change_std(runs["steer"][s])
         per.append({"seed": s, "std_grpo": g, "std_steer": st, "ok": st < g})
-    return _claim(
+    return make_claim(
         "steer_moderates_change",
         "STEER's per-step entropy change has a lower std than GRPO's",
         per,
         "ok",
-        "std steer/grpo " + ", ".join(f"{_fmt(p['std_steer'])}/{_fmt(p['std_grpo'])}" for p in per),
-        _join(_reasons(runs, ("steer",), algo_cfgs), _steer_weights(runs, "steer")),
+        "std steer/grpo " + ", ".join(f"{fmt(p['std_steer'])}/{fmt(p['std_grpo'])}" for p in per),
+        join_phrases(regime_reasons(runs, ("steer",), algo_cfgs), _steer_weights(runs, "steer")),
     )
 
 
 def _steer_extreme_stable(runs: dict, algo_cfgs: dict) -> dict:
     per = []
-    for s in _seeds(runs, "grpo_extreme", "steer_extreme"):
+    for s in seeds_with(runs, "grpo_extreme", "steer_extreme"):
         g_flags = [f["id"] for f in entropy_flags(runs["grpo_extreme"][s], algo_cfgs.get("grpo_extreme", {}))]
         s_flags = [f["id"] for f in entropy_flags(runs["steer_extreme"][s], algo_cfgs.get("steer_extreme", {}))]
         per.append(
@@ -191,15 +189,15 @@ def _steer_extreme_stable(runs: dict, algo_cfgs: dict) -> dict:
                 "ok": bool(g_flags) and not s_flags,
             }
         )
-    return _claim(
+    return make_claim(
         "steer_extreme_stable",
         "Under an extreme clip (0.99/5) with several updates per batch GRPO "
         "collapses or explodes while STEER stays within a band",
         per,
         "ok",
         "flags grpo/steer " + ", ".join(f"{p['grpo_flags'] or 'none'}/{p['steer_flags'] or 'none'}" for p in per),
-        _join(
-            _reasons(runs, ("grpo_extreme", "steer_extreme"), algo_cfgs),
+        join_phrases(
+            regime_reasons(runs, ("grpo_extreme", "steer_extreme"), algo_cfgs),
             _extreme_accuracy(runs),
             _steer_weights(runs, "steer_extreme"),
         ),
@@ -210,7 +208,7 @@ def _keeps_entropy(runs: dict, cid: str, variants: tuple[str, ...], text: str, a
     """``cid``: each of ``variants`` (those that ran) ends with a higher entropy than GRPO on every seed."""
     per = []
     present = [v for v in variants if runs.get(v)]
-    for s in _seeds(runs, "grpo", *present) if present else []:
+    for s in seeds_with(runs, "grpo", *present) if present else []:
         g = entropy_ends(runs["grpo"][s])[1]
         ends = {v: entropy_ends(runs[v][s])[1] for v in present}
         per.append(
@@ -221,38 +219,36 @@ def _keeps_entropy(runs: dict, cid: str, variants: tuple[str, ...], text: str, a
                 "ok": all(e > g for e in ends.values()),
             }
         )
-    return _claim(
+    return make_claim(
         cid,
         text,
         per,
         "ok",
         "last tenth "
-        + ", ".join(
-            "/".join(_fmt(p[f"last_tenth_{v}"]) for v in present) + f" vs grpo {_fmt(p['last_tenth_grpo'])}" for p in per
-        ),
-        _reasons(runs, tuple(present), algo_cfgs),
+        + ", ".join("/".join(fmt(p[f"last_tenth_{v}"]) for v in present) + f" vs grpo {fmt(p['last_tenth_grpo'])}" for p in per),
+        regime_reasons(runs, tuple(present), algo_cfgs),
     )
 
 
 def _high_entropy_amplification(runs: dict, algo_cfgs: dict) -> dict:
     per = []
-    for s in _seeds(runs, "grpo", "high_entropy_mask"):
+    for s in seeds_with(runs, "grpo", "high_entropy_mask"):
         g, h = step_change_std(runs["grpo"][s]), step_change_std(runs["high_entropy_mask"][s])
         per.append({"seed": s, "std_grpo": g, "std_high_entropy": h, "ok": h > g})
-    return _claim(
+    return make_claim(
         "high_entropy_amplification_fluctuates",
         "Training only on high-entropy tokens makes the per-step entropy change fluctuate more than GRPO's",
         per,
         "ok",
-        "std high-entropy/grpo " + ", ".join(f"{_fmt(p['std_high_entropy'])}/{_fmt(p['std_grpo'])}" for p in per),
-        _reasons(runs, ("high_entropy_mask",), algo_cfgs),
+        "std high-entropy/grpo " + ", ".join(f"{fmt(p['std_high_entropy'])}/{fmt(p['std_grpo'])}" for p in per),
+        regime_reasons(runs, ("high_entropy_mask",), algo_cfgs),
     )
 
 
 def _pass_at_k_preserved(runs: dict, pass_key: str) -> dict:
     per = []
     others = [v for v in runs if v not in ("grpo", "grpo_extreme", "steer_extreme")]
-    seeds = _seeds(runs, "grpo")
+    seeds = seeds_with(runs, "grpo")
     finals = {s: {v: final_value(runs[v][s], pass_key) for v in others if s in runs[v]} for s in seeds}
     grpo_final = {s: final_value(runs["grpo"][s], pass_key) for s in seeds}
     # the same intervention above GRPO on every seed: the best of several per seed would pass on noise alone
@@ -278,13 +274,13 @@ def _pass_at_k_preserved(runs: dict, pass_key: str) -> dict:
                 "ok": None if best is None or not math.isfinite(g) else bool(above_all),
             }
         )
-    return _claim(
+    return make_claim(
         "pass_at_k_preserved",
         f"An intervention ends with a higher {pass_key} than GRPO on every seed (the same intervention on each; "
         f"{len(others)} compared, no correction for comparing several: a seed-by-seed win is the evidence)",
         per,
         "ok",
-        ", ".join(f"{p['best']} {_fmt(p['best_value'])} vs grpo {_fmt(p['grpo'])}" for p in per)
+        ", ".join(f"{p['best']} {fmt(p['best_value'])} vs grpo {fmt(p['grpo'])}" for p in per)
         + (f"; above GRPO on every seed: {', '.join(above_all) or 'none'}" if per else ""),
     )
 
@@ -340,7 +336,7 @@ def quadrant_claim(quadrants: dict | None) -> dict:
         row["ok"] = bool(ok)
         per.append(row)
     measured = "; ".join(f"seed {p['seed']}: " + " ".join(f"{q} {p[q]['mean']:+.2e}" for q in THEORY) for p in per)
-    return _claim(
+    return make_claim(
         "quadrant_signs",
         "One small update restricted to a quadrant moves entropy with the theory's sign (Q1, Q3 down; Q2, Q4 up)",
         per,

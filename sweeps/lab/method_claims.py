@@ -4,7 +4,7 @@ original methods' claims (STARE, STEER, Clip-Cov/KL-Cov) are ``claims.py``'s.
 
 A method's claim appears in the table only when its runs are in ``runs`` (``entropyrl lab --algos
 all`` or a subset naming it), so the default lab's table is unchanged. A claim that is not
-reproduced names the measured reason: the regime warnings and flags (``claims._reasons``) and the
+reproduced names the measured reason: the regime warnings and flags (``kit.regime_reasons``) and the
 method's own levers as they were logged (``method_levers``: what it selected, its coefficient or
 weights), with a finding id when a lever was inert (selected nothing, sat at a bound, weights ~1).
 
@@ -24,20 +24,8 @@ from ...conf import intervention_defaults
 from ...trainers.algos.lab_claim import LabClaim
 from ...trainers.algos.objectives import OBJECTIVE_LAB_CLAIMS
 from ...trainers.interventions import INTERVENTIONS
-from .claims import (
-    BAND,
-    GATE_MIN_OPEN_SHARE,
-    _claim,
-    _fmt,
-    _join,
-    _reasons,
-    _seeds,
-    _vals,
-    entropy_ends,
-    hold_text,
-    step_change_std,
-    target_hold,
-)
+from .claims import BAND, GATE_MIN_OPEN_SHARE, entropy_ends, hold_text, step_change_std, target_hold
+from .kit import finite_values, fmt, join_phrases, make_claim, regime_reasons, seeds_with
 
 __all__ = ["method_claims", "method_levers", "registered_lab_claims"]
 
@@ -71,10 +59,10 @@ def _inert(v: str, per_seed_rows: list[list[dict]], cfg: dict) -> list[str]:
     claim = registered_lab_claims().get(v)
     for lever in claim.levers if claim else ():
         key, what, kind = lever.metric, lever.what, lever.kind
-        means = [float(np.mean(x)) for x in (_vals(r, key) for r in per_seed_rows) if x]
+        means = [float(np.mean(x)) for x in (finite_values(r, key) for r in per_seed_rows) if x]
         if kind == "frac" and means and max(means) < EMPTY_FRAC:
             found.append(f"{v}_selects_nothing ({what}: {max(means):.2%} at most)")
-    alphas = [a for r in per_seed_rows for a in _vals(r, "entropic/alpha")]
+    alphas = [a for r in per_seed_rows for a in finite_values(r, "entropic/alpha")]
     if v == "entropic" and alphas:
         if _at([abs(a) for a in alphas], cfg.get("alpha_max")) > 0.5:
             found.append(
@@ -83,7 +71,7 @@ def _inert(v: str, per_seed_rows: list[list[dict]], cfg: dict) -> list[str]:
             )
         if float(np.mean(np.abs(alphas))) < UNIT_WEIGHTS:
             found.append(f"entropic_weights_near_1 (mean |alpha| {np.mean(np.abs(alphas)):.3f})")
-    coefs = [c for r in per_seed_rows for c in _vals(r, "aent/coef")]
+    coefs = [c for r in per_seed_rows for c in finite_values(r, "aent/coef")]
     if v == "aent" and coefs:
         for bound, name in ((cfg.get("coef_max"), "max"), (cfg.get("coef_min"), "min")):
             if _at(coefs, bound) > 0.5:
@@ -95,8 +83,8 @@ def _inert(v: str, per_seed_rows: list[list[dict]], cfg: dict) -> list[str]:
             )
     added = claim.added_term if claim else None
     if added:
-        term = [abs(x) for r in per_seed_rows for x in _vals(r, added)]
-        pol = [abs(x) for r in per_seed_rows for x in _vals(r, "loss/policy")]
+        term = [abs(x) for r in per_seed_rows for x in finite_values(r, added)]
+        pol = [abs(x) for r in per_seed_rows for x in finite_values(r, "loss/policy")]
         if term and pol and np.mean(pol) > 0 and np.mean(term) < SMALL_TERM * np.mean(pol):
             found.append(f"{v}_term_negligible ({added} {np.mean(term):.2g} vs |loss/policy| {np.mean(pol):.2g})")
     return found
@@ -110,26 +98,28 @@ def method_levers(runs: dict, v: str, algo_cfgs: dict) -> str:
     claim = registered_lab_claims().get(v)
     for lever in claim.levers if claim else ():
         key, what, kind = lever.metric, lever.what, lever.kind
-        means = [float(np.mean(x)) if x else float("nan") for x in (_vals(r, key) for r in per_seed_rows)]
+        means = [float(np.mean(x)) if x else float("nan") for x in (finite_values(r, key) for r in per_seed_rows)]
         if any(math.isfinite(m) for m in means):
             cell = "/".join("nan" if not math.isfinite(m) else (f"{m:.2%}" if kind == "frac" else f"{m:.3g}") for m in means)
             if lever.final:
                 cell += (
-                    " (final " + "/".join(f"{r[-1]:.3g}" if r else "nan" for r in (_vals(x, key) for x in per_seed_rows)) + ")"
+                    " (final "
+                    + "/".join(f"{r[-1]:.3g}" if r else "nan" for r in (finite_values(x, key) for x in per_seed_rows))
+                    + ")"
                 )
             parts.append(f"{what} {cell}")
     added = claim.added_term if claim else None
     if added:
         ratios = []
         for r in per_seed_rows:
-            term, pol = _vals(r, added), _vals(r, "loss/policy")
+            term, pol = finite_values(r, added), finite_values(r, "loss/policy")
             ratios.append(
                 float(np.mean(np.abs(term)) / np.mean(np.abs(pol))) if term and pol and np.mean(np.abs(pol)) > 0 else float("nan")
             )
         if any(math.isfinite(x) for x in ratios):
-            parts.append(f"{added} size over loss/policy size (mean abs) " + "/".join(_fmt(x) for x in ratios))
+            parts.append(f"{added} size over loss/policy size (mean abs) " + "/".join(fmt(x) for x in ratios))
     levers = f"{v}: mean over steps per seed: " + ", ".join(parts) if parts else ""
-    return _join(levers, "; ".join(_inert(v, per_seed_rows, _cfg(algo_cfgs, v))))
+    return join_phrases(levers, "; ".join(_inert(v, per_seed_rows, _cfg(algo_cfgs, v))))
 
 
 def _ratio(a: float, b: float) -> str:
@@ -138,20 +128,20 @@ def _ratio(a: float, b: float) -> str:
 
 def _higher(runs: dict, v: str, text: str, algo_cfgs: dict) -> dict:
     per = []
-    for s in _seeds(runs, "grpo", v):
+    for s in seeds_with(runs, "grpo", v):
         g, e = entropy_ends(runs["grpo"][s])[1], entropy_ends(runs[v][s])[1]
         per.append({"seed": s, "last_tenth_grpo": g, f"last_tenth_{v}": e, "ok": e > g})
-    return _claim(
+    return make_claim(
         f"{v}_keeps_entropy",
         text,
         per,
         "ok",
         "last tenth "
         + ", ".join(
-            f"{_fmt(p[f'last_tenth_{v}'])} vs grpo {_fmt(p['last_tenth_grpo'])} ({_ratio(p[f'last_tenth_{v}'], p['last_tenth_grpo'])})"
+            f"{fmt(p[f'last_tenth_{v}'])} vs grpo {fmt(p['last_tenth_grpo'])} ({_ratio(p[f'last_tenth_{v}'], p['last_tenth_grpo'])})"
             for p in per
         ),
-        _join(_reasons(runs, (v,), algo_cfgs), method_levers(runs, v, algo_cfgs)),
+        join_phrases(regime_reasons(runs, (v,), algo_cfgs), method_levers(runs, v, algo_cfgs)),
     )
 
 
@@ -180,7 +170,7 @@ def _holds_target(runs: dict, v: str, claim: LabClaim, algo_cfgs: dict) -> dict:
     target = _target(v, algo_cfgs)
     gate = "stare" if runs.get("stare") else None
     per = []
-    for s in _seeds(runs, v, *([gate] if gate else [])):
+    for s in seeds_with(runs, v, *([gate] if gate else [])):
         hold = target_hold(runs[v][s], target, _acted_key(v))
         std_own = step_change_std(runs[v][s])
         std_gate = step_change_std(runs[gate][s]) if gate else float("nan")
@@ -200,19 +190,19 @@ def _holds_target(runs: dict, v: str, claim: LabClaim, algo_cfgs: dict) -> dict:
         f"{_acted_key(v)} non-zero on at least {GATE_MIN_OPEN_SHARE:.0%} of steps)"
         + (" with less oscillation than STARE's gate" if gate else "")
     )
-    return _claim(
+    return make_claim(
         f"{v}_holds_target",
         text,
         per,
         "ok",
         ", ".join(
-            f"last third {hold_text(p)}, step-change std {_fmt(p[f'std_{v}'])}"
-            + (f" vs gate {_fmt(p['std_gate'])}" if gate else "")
+            f"last third {hold_text(p)}, step-change std {fmt(p[f'std_{v}'])}"
+            + (f" vs gate {fmt(p['std_gate'])}" if gate else "")
             for p in per
         ),
-        _join(
+        join_phrases(
             "; ".join(f"seed {p['seed']}: {p['why_not']}" for p in per if p["why_not"]),
-            _reasons(runs, (v,), algo_cfgs),
+            regime_reasons(runs, (v,), algo_cfgs),
             method_levers(runs, v, algo_cfgs),
         ),
     )
@@ -247,5 +237,5 @@ def method_claims(runs: dict, algo_cfgs: dict | None = None) -> list[dict]:
 
 def _no_claim_measured(runs: dict, v: str) -> str:
     """What the lab still measured for a method without a claim: its last-tenth entropy beside GRPO's."""
-    ends = [(entropy_ends(runs[v][s])[1], entropy_ends(runs["grpo"][s])[1]) for s in _seeds(runs, "grpo", v)]
-    return ("last tenth " + ", ".join(f"{_fmt(e)} vs grpo {_fmt(g)}" for e, g in ends)) if ends else ""
+    ends = [(entropy_ends(runs[v][s])[1], entropy_ends(runs["grpo"][s])[1]) for s in seeds_with(runs, "grpo", v)]
+    return ("last tenth " + ", ".join(f"{fmt(e)} vs grpo {fmt(g)}" for e, g in ends)) if ends else ""

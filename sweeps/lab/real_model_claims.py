@@ -36,19 +36,8 @@ import math
 import numpy as np
 
 from ...trainers.run.regime import COLLAPSE_RATIO, after_first_step, entropy_flags
-from .claims import (
-    BAND,
-    GATE_MIN_OPEN_SHARE,
-    entropy_ends,
-    final_value,
-    finite_values,
-    fmt,
-    hold_text,
-    make_claim,
-    regime_reasons,
-    seeds_with,
-    target_hold,
-)
+from .claims import BAND, GATE_MIN_OPEN_SHARE, entropy_ends, final_value, hold_text, target_hold
+from .kit import finite_values, fmt, make_claim, regime_reasons, seeds_with
 from .tool_claims import metric_ends
 
 __all__ = [

@@ -8,7 +8,7 @@ correction or controller option (``tis``, ``icepop``, ``dec``, ``m2po``, ``behav
 Every claim is ``{"id", "claim", "measured", "reproduced", "per_seed"}`` as in ``claims.py``, and
 states its threshold in its text; ``reproduced`` is None, with the missing runs in ``reason``, when
 the runs it needs are not in ``runs`` (a partial sweep), and a claim that is not reproduced names the
-regime warnings of its runs (``claims._reasons``).
+regime warnings of its runs (``kit.regime_reasons``).
 
 - ``stale_grpo_collapses``: the collapse users of asynchronous RL trainers report (entropy falling
   once the samples come from older weights): GRPO at the grid's largest staleness ends below half
@@ -57,7 +57,8 @@ import math
 
 import numpy as np
 
-from .claims import _claim, _fmt, _reasons, _seeds, _vals, entropy_ends, final_value
+from .claims import entropy_ends, final_value
+from .kit import finite_values, fmt, make_claim, regime_reasons, seeds_with
 from .staleness_grid import (
     ACTED_EPS,
     BAND,
@@ -113,7 +114,7 @@ __all__ = [
 def _grpo_collapse(runs: dict, algo_cfgs: dict) -> dict:
     ks = [k for k in _grpo_ks(runs) if k > 0]
     per = []
-    for s in _seeds(runs, "grpo_k0"):
+    for s in seeds_with(runs, "grpo_k0"):
         base = entropy_ends(runs["grpo_k0"][s])[1]
         row: dict = {"seed": s, "last_tenth_k0": base}
         for k in ks:
@@ -127,14 +128,14 @@ def _grpo_collapse(runs: dict, algo_cfgs: dict) -> dict:
     measured = "last tenth / k=0 run's (same seed): " + " | ".join(
         f"k={k} " + _ratios_text([p for p in per if f"ratio_k{k}" in p], f"ratio_k{k}") for k in ks
     )
-    out = _claim(
+    out = make_claim(
         "stale_grpo_collapses",
         f"Staleness collapses GRPO's entropy: at k={STALE_K} the last tenth is < {COLLAPSE_RATIO} x the k=0 run's "
         "last tenth of the same seed (the ratio measured at every k)",
         per,
         "ok",
         measured if per and ks else "",
-        _reasons(runs, (f"grpo_k{STALE_K}",), algo_cfgs),
+        regime_reasons(runs, (f"grpo_k{STALE_K}",), algo_cfgs),
     )
     return _not_run(out, runs, ("grpo_k0", f"grpo_k{STALE_K}"))
 
@@ -145,7 +146,7 @@ def _high_entropy_clipped_first(runs: dict, algo_cfgs: dict) -> dict:
     missing = [f"grpo_k{k}" for k in GRPO_KS if k not in ks]
     per = []
     if len(ks) >= 2 and ks[-1] >= 1:
-        for s in _seeds(runs, *variants):
+        for s in seeds_with(runs, *variants):
             row: dict = {"seed": s}
             for k in ks:
                 rows = runs[f"grpo_k{k}"][s]
@@ -165,11 +166,11 @@ def _high_entropy_clipped_first(runs: dict, algo_cfgs: dict) -> dict:
             row["ok"] = all_or_none([row["q4_above_q1"], row["q4_grows"], *([None] if missing else [])])
             per.append(row)
     measured = " | ".join(
-        f"k={k}: q4 " + "/".join(_fmt(p[f"q4_k{k}"]) for p in per) + " vs q1 " + "/".join(_fmt(p[f"q1_k{k}"]) for p in per)
+        f"k={k}: q4 " + "/".join(fmt(p[f"q4_k{k}"]) for p in per) + " vs q1 " + "/".join(fmt(p[f"q1_k{k}"]) for p in per)
         for k in ks
         if per
     )
-    out = _claim(
+    out = make_claim(
         "stale_clips_high_entropy_first",
         "Stale samples are clipped on high-entropy tokens first (M2PO): at every k >= 1 of the grid "
         f"({', '.join(map(str, GRPO_KS[1:]))}) the share of GRPO's tokens whose stale ratio pi_prox/pi_behav leaves the "
@@ -180,9 +181,9 @@ def _high_entropy_clipped_first(runs: dict, algo_cfgs: dict) -> dict:
         per,
         "ok",
         measured,
-        _reasons(runs, tuple(variants), algo_cfgs),
+        regime_reasons(runs, tuple(variants), algo_cfgs),
     )
-    lacking = [v for v in variants if any(not _vals(r, q) for r in runs[v].values() for q in STALE_QUARTER_KEYS[::3])]
+    lacking = [v for v in variants if any(not finite_values(r, q) for r in runs[v].values() for q in STALE_QUARTER_KEYS[::3])]
     why = []
     if len(ks) < 2 or ks[-1] < 1:
         why.append("needs GRPO at two k, one >= 1")
@@ -215,7 +216,7 @@ def _pass_at_k(runs: dict, pass_key: str) -> dict:
     return {
         "id": "stale_pass_at_k",
         "claim": f"Final validation {label} and accuracy per variant, mean over seeds (descriptive, no direction claimed)",
-        "measured": "; ".join(f"{p['variant']} {label} {_fmt(p['pass_mean'])} acc {_fmt(p['acc_mean'])}" for p in per),
+        "measured": "; ".join(f"{p['variant']} {label} {fmt(p['pass_mean'])} acc {fmt(p['acc_mean'])}" for p in per),
         "reproduced": None,
         "per_seed": per,
         "descriptive": True,

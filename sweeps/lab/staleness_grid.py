@@ -13,7 +13,8 @@ import re
 import numpy as np
 
 from ..aggregate import first_step_below, series
-from .claims import _fmt, _vals, entropy_ends, final_value
+from .claims import entropy_ends, final_value
+from .kit import finite_values, fmt
 
 VARIANT_NAME = re.compile(r"^(?P<method>[A-Za-z0-9_]+?)_k(?P<k>\d+)(?:_(?P<tag>.+))?$")
 GRPO_KS = (0, 1, 2, 4)  # the staleness levels GRPO runs at in the grid
@@ -51,13 +52,13 @@ def parse_variant(name: str) -> tuple[str, int, str] | None:
 
 def step_mean(rows: list[dict], key: str) -> float:
     """Mean of ``key`` over the steps that logged it finite; NaN when none did."""
-    vals = _vals(rows, key)
+    vals = finite_values(rows, key)
     return float(np.mean(vals)) if vals else float("nan")
 
 
 def last_third(rows: list[dict], key: str = "entropy") -> float:
     """Mean of the last third of ``key``'s finite values (the lab's band measure); NaN when none."""
-    vals = _vals(rows, key)
+    vals = finite_values(rows, key)
     return float(np.mean(vals[-max(1, len(vals) // 3) :])) if vals else float("nan")
 
 
@@ -98,7 +99,7 @@ def _ratio(a: float, b: float) -> float:
 
 
 def _ratios_text(per: list[dict], key: str) -> str:
-    return ", ".join(f"{_fmt(p.get(key, float('nan')))}x" for p in per)
+    return ", ".join(f"{fmt(p.get(key, float('nan')))}x" for p in per)
 
 
 def staleness_table(runs: dict[str, dict[int, list[dict]]], *, h_tgt: float, pass_key: str = "val/pass_at_8") -> list[dict]:

@@ -10,19 +10,8 @@ import math
 
 import numpy as np
 
-from .claims import (
-    GATE_KEY,
-    GATE_MIN_OPEN_SHARE,
-    _claim,
-    _fmt,
-    _join,
-    _reasons,
-    _seeds,
-    entropy_ends,
-    hold_text,
-    step_change_std,
-    target_hold,
-)
+from .claims import GATE_KEY, GATE_MIN_OPEN_SHARE, entropy_ends, hold_text, step_change_std, target_hold
+from .kit import fmt, join_phrases, make_claim, regime_reasons, seeds_with
 from .staleness_grid import (
     ACTED_EPS,
     BAND,
@@ -92,8 +81,8 @@ def _stare_band_by_k(runs: dict, h_tgt: float, algo_cfgs: dict) -> dict:
         "stops_at_k": stops,
     }
     if reproduced is False:
-        out["reason"] = _join(
-            _band_why(per), _reasons(runs, tuple(f"stare_k{k}" for k in STARE_KS if holds[k] is False), algo_cfgs)
+        out["reason"] = join_phrases(
+            _band_why(per), regime_reasons(runs, tuple(f"stare_k{k}" for k in STARE_KS if holds[k] is False), algo_cfgs)
         )
     return _not_run(out, runs, tuple(f"stare_k{k}" for k in STARE_KS))
 
@@ -107,14 +96,14 @@ def _stare_variant_band(runs: dict, h_tgt: float, variant: str, what: str, algo_
         measured = (
             "last third " + _band_text(per) + (f"; stare_k{k} (gate on the current policy) " + _band_text(ref) if ref else "")
         )
-    out = _claim(
+    out = make_claim(
         f"{variant}_holds_band",
         f"STARE at k={k} {what} holds its band: last third within +/-{BAND:.0%} of h_tgt={h_tgt}, reached from its "
         f"start with the gate open on at least {GATE_MIN_OPEN_SHARE:.0%} of steps, on every seed",
         per,
         "ok",
         measured,
-        _join(_band_why(per), _reasons(runs, (variant,), algo_cfgs)),
+        join_phrases(_band_why(per), regime_reasons(runs, (variant,), algo_cfgs)),
     )
     return _not_run(out, runs, (variant,))
 
@@ -138,7 +127,7 @@ def _corrections(runs: dict, algo_cfgs: dict) -> dict:
     base = f"grpo_k{CORRECTION_K}"
     present = [c for c in CORRECTIONS if runs.get(f"{base}_{c}")]
     per = []
-    for s in _seeds(runs, base):
+    for s in seeds_with(runs, base):
         row: dict = {
             "seed": s,
             "clip_frac_none": step_mean(runs[base][s], "clip/frac"),
@@ -172,24 +161,24 @@ def _corrections(runs: dict, algo_cfgs: dict) -> dict:
         lower = sum(p[f"clip_frac_{c}"] < p["clip_frac_none"] for p in vals)
         acted = sum(bool(p[f"acted_{c}"]) for p in vals)
         return (
-            f"{c} {_fmt(np.mean([p[f'clip_frac_{c}'] for p in vals]))} ({lower}/{len(vals)} seeds lower, acted on "
-            f"{acted}/{len(vals)}: removed {_fmt(np.mean([p[f'tis_clip_frac_{c}'] for p in vals]))}, mean weight "
-            f"{_fmt(np.mean([p[f'tis_weight_mean_{c}'] for p in vals]))}), stale ratio clipped "
-            f"{_fmt(np.mean([p[f'stale_clip_frac_{c}'] for p in vals]))}, entropy {_fmt(np.mean([p[f'last_tenth_{c}'] for p in vals]))}"
+            f"{c} {fmt(np.mean([p[f'clip_frac_{c}'] for p in vals]))} ({lower}/{len(vals)} seeds lower, acted on "
+            f"{acted}/{len(vals)}: removed {fmt(np.mean([p[f'tis_clip_frac_{c}'] for p in vals]))}, mean weight "
+            f"{fmt(np.mean([p[f'tis_weight_mean_{c}'] for p in vals]))}), stale ratio clipped "
+            f"{fmt(np.mean([p[f'stale_clip_frac_{c}'] for p in vals]))}, entropy {fmt(np.mean([p[f'last_tenth_{c}'] for p in vals]))}"
         )
 
     measured = ""
     if per:
         measured = (
-            f"update clip/frac none {_fmt(np.mean([p['clip_frac_none'] for p in per]))}, stale ratio clipped "
-            f"({STALE_KEY}) {_fmt(np.mean([p['stale_clip_frac_none'] for p in per]))}, entropy last tenth "
-            f"{_fmt(np.mean([p['last_tenth_none'] for p in per]))} | "
+            f"update clip/frac none {fmt(np.mean([p['clip_frac_none'] for p in per]))}, stale ratio clipped "
+            f"({STALE_KEY}) {fmt(np.mean([p['stale_clip_frac_none'] for p in per]))}, entropy last tenth "
+            f"{fmt(np.mean([p['last_tenth_none'] for p in per]))} | "
             + " | ".join(cell(c) for c in present if any(f"clip_frac_{c}" in p for p in per))
             + " (means over seeds)"
         )
     not_acted = [f"{c} seed {p['seed']} did not act" for p in per for c in CLAIMED_CORRECTIONS if p.get(f"acted_{c}") is False]
     clip_free = [c for c in present if c in CLAIMED_CORRECTIONS and _clip_free(algo_cfgs.get(f"{base}_{c}"))]
-    out = _claim(
+    out = make_claim(
         "corrections_lower_clipping",
         f"At k={CORRECTION_K} the decoupled objective (AReaL) and M2PO's second-moment mask each act on the stale "
         "tokens (weights != 1 or tokens masked: rollout/tis_weight_mean, rollout/tis_clip_frac) and lower the update's "
@@ -200,7 +189,7 @@ def _corrections(runs: dict, algo_cfgs: dict) -> dict:
         per,
         "ok",
         measured,
-        _join("; ".join(not_acted), _reasons(runs, tuple(f"{base}_{c}" for c in present), algo_cfgs)),
+        join_phrases("; ".join(not_acted), regime_reasons(runs, tuple(f"{base}_{c}" for c in present), algo_cfgs)),
     )
     out["restated"] = (
         "earlier stated as the corrections lowering the clipping of stale samples; the stale ratio pi_prox/pi_behav "
@@ -221,7 +210,7 @@ def _method_vs_grpo(runs: dict, method: str, algo_cfgs: dict) -> dict:
     ``METHOD_KS`` against GRPO at the same k and seed."""
     steer = method == "steer"
     per = []
-    seeds = sorted({s for k in METHOD_KS for s in _seeds(runs, f"{method}_k{k}", f"grpo_k{k}")})
+    seeds = sorted({s for k in METHOD_KS for s in seeds_with(runs, f"{method}_k{k}", f"grpo_k{k}")})
     for s in seeds:
         row: dict = {"seed": s}
         oks = []
@@ -248,7 +237,7 @@ def _method_vs_grpo(runs: dict, method: str, algo_cfgs: dict) -> dict:
         text = f"k={k}: last tenth / grpo's {_ratios_text(have, f'last_tenth_ratio_k{k}')}"
         if steer:
             text += ", step-change std steer/grpo " + ", ".join(
-                f"{_fmt(p[f'std_steer_k{k}'])}/{_fmt(p[f'std_grpo_k{k}'])}" for p in have
+                f"{fmt(p[f'std_steer_k{k}'])}/{fmt(p[f'std_grpo_k{k}'])}" for p in have
             )
         parts.append(text)
     ks = " and ".join(f"k={k}" for k in METHOD_KS)
@@ -264,5 +253,7 @@ def _method_vs_grpo(runs: dict, method: str, algo_cfgs: dict) -> dict:
             f"Clip-Cov ends with higher entropy than GRPO (last tenth ratio > 1, the lab's cov_keeps_entropy) at {ks}, "
             "against GRPO at the same k and seed"
         )
-    out = _claim(cid, text, per, "ok", " | ".join(parts), _reasons(runs, tuple(f"{method}_k{k}" for k in METHOD_KS), algo_cfgs))
+    out = make_claim(
+        cid, text, per, "ok", " | ".join(parts), regime_reasons(runs, tuple(f"{method}_k{k}" for k in METHOD_KS), algo_cfgs)
+    )
     return _not_run(out, runs, tuple(f"{v}_k{k}" for k in METHOD_KS for v in (method, "grpo")))

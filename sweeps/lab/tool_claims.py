@@ -22,7 +22,8 @@ import math
 
 import numpy as np
 
-from .claims import GATE_MIN_OPEN_SHARE, _claim, _fmt, _join, _reasons, _seeds, _vals, entropy_ends, hold_text, target_hold
+from .claims import GATE_MIN_OPEN_SHARE, entropy_ends, hold_text, target_hold
+from .kit import finite_values, fmt, join_phrases, make_claim, regime_reasons, seeds_with
 
 __all__ = [
     "tool_claims",
@@ -44,7 +45,7 @@ def metric_ends(rows: list[dict], key: str) -> tuple[float, float]:
     """(first-tenth mean, last-tenth mean) of ``key`` over the steps that logged it finite (a kind
     with no token in a step is NaN there and is skipped), as ``claims.entropy_ends`` does for
     ``entropy``."""
-    vals = _vals(rows, key)
+    vals = finite_values(rows, key)
     if not vals:
         return float("nan"), float("nan")
     tenth = max(1, len(vals) // 10)
@@ -89,32 +90,33 @@ def tool_claims(runs: dict[str, dict[int, list[dict]]], *, h_tgt: float, algo_cf
     claims = []
 
     per = []
-    for s in _seeds(runs, "grpo"):
+    for s in seeds_with(runs, "grpo"):
         first, last = entropy_ends(runs["grpo"][s])
         ratio = last / first if first > 0 else float("nan")
         per.append({"seed": s, "first_tenth": first, "last_tenth": last, "ratio": ratio, "ok": last < COLLAPSE_RATIO * first})
     claims.append(
-        _claim(
+        make_claim(
             "tool_grpo_collapses",
             f"GRPO's entropy collapses under tool use: last tenth < {COLLAPSE_RATIO} x first tenth (policy tokens)",
             per,
             "ok",
-            ", ".join(f"{_fmt(p['first_tenth'])} -> {_fmt(p['last_tenth'])} ({_fmt(p['ratio'])}x)" for p in per),
-            _reasons(runs, ("grpo",), algo_cfgs),
+            ", ".join(f"{fmt(p['first_tenth'])} -> {fmt(p['last_tenth'])} ({fmt(p['ratio'])}x)" for p in per),
+            regime_reasons(runs, ("grpo",), algo_cfgs),
         )
     )
 
-    per = [{"seed": s, "h_tgt": h_tgt, **target_hold(runs["stare"][s], h_tgt, band=BAND)} for s in _seeds(runs, "stare")]
+    per = [{"seed": s, "h_tgt": h_tgt, **target_hold(runs["stare"][s], h_tgt, band=BAND)} for s in seeds_with(runs, "stare")]
     claims.append(
-        _claim(
+        make_claim(
             "tool_stare_holds_target",
             f"STARE holds its target band with tools: last third within +/-{BAND:.0%} of h_tgt={h_tgt}, entropy "
             f"reached h_tgt from its start and the gate open on at least {GATE_MIN_OPEN_SHARE:.0%} of steps",
             per,
             "ok",
             "last third " + ", ".join(hold_text(p) for p in per),
-            _join(
-                "; ".join(f"seed {p['seed']}: {p['why_not']}" for p in per if p["why_not"]), _reasons(runs, ("stare",), algo_cfgs)
+            join_phrases(
+                "; ".join(f"seed {p['seed']}: {p['why_not']}" for p in per if p["why_not"]),
+                regime_reasons(runs, ("stare",), algo_cfgs),
             ),
         )
     )
@@ -123,7 +125,7 @@ def tool_claims(runs: dict[str, dict[int, list[dict]]], *, h_tgt: float, algo_cf
     by_variant: dict[str, list[str]] = {}
     for t in table:
         by_variant.setdefault(t["variant"], []).append(
-            f"{_short(t['key'])} {_fmt(t['first_mean'])}->{_fmt(t['last_mean'])} ({_fmt(t['ratio'])}x)"
+            f"{_short(t['key'])} {fmt(t['first_mean'])}->{fmt(t['last_mean'])} ({fmt(t['ratio'])}x)"
         )
     claims.append(
         {
