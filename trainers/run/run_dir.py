@@ -48,6 +48,7 @@ RESUMABLE_CHANGES = (
     "trainer.val_every",
     "trainer.save_every",
     "trainer.keep_checkpoints",
+    "trainer.worker_stall_s",  # how long a stuck rollout worker is waited for: no part of what is trained
     "val.",
     "diagnostics.",
     "tracking.",
