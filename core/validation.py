@@ -311,6 +311,7 @@ TRAIN = {
     "trainer.staleness": NONNEG_INT,
     "trainer.rollout_gpus": NONNEG_INT,
     "trainer.worker_stall_s": number(0, open_low=True, nullable=True),
+    "trainer.collective_timeout_s": number(0, open_low=True),
     "trainer.device": STR,
     "trainer.threads": THREADS,
     "rollout.name": STR,

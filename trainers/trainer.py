@@ -478,6 +478,10 @@ class GRPOTrainer:
         except OSError as exc:  # disk full, read-only or vanished folder: one line, resumable
             raise run_dir.storage_error(exc, self.output_dir, saved_step) from None
         except (RuntimeError, MemoryError) as exc:  # out of memory: the knobs to turn, in one line (run/oom.py)
+            timeout = distributed.collective_timeout_s(t)
+            lost = distributed.peer_failure(exc, self.dist, timeout, self.step + 1, saved_step)
+            if lost is not None:  # another rank died or stalled: one line, not gloo's traceback
+                raise lost from None
             if not is_out_of_memory(exc):
                 raise
             error = memory_error(exc, self.cfg, self.step + 1, saved_step, str(self.device))

@@ -50,7 +50,16 @@ import torch
 from ...core.errors import UserError
 from ..algos.loss_agg import loss_aggregation
 from .fsdp import checkpoint_views, decoder_layers, full_weights, is_fsdp, load_full_state, prepare_model
-from .process_group import DistInfo, cleanup, expand_nodelist, launcher_env, node_name, setup
+from .process_group import (
+    DistInfo,
+    cleanup,
+    collective_timeout_s,
+    expand_nodelist,
+    launcher_env,
+    node_name,
+    peer_failure,
+    setup,
+)
 
 __all__ = [
     "DistInfo",
@@ -82,6 +91,8 @@ __all__ = [
     "check_batch_sizes",
     "NullTracker",
     "cleanup",
+    "collective_timeout_s",
+    "peer_failure",
 ]
 
 

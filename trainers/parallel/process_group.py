@@ -2,10 +2,15 @@
 and the process group (``setup``/``cleanup``). See ``distributed.py`` for how training is split.
 
     info = setup(cfg.trainer)        # DistInfo(rank, world_size, device, fsdp, ...)
+
+Every wait on another rank is bounded by ``trainer.collective_timeout_s`` (the process group's
+timeout): a rank that died or stalls ends the others' collectives with an error, which
+``peer_failure`` turns into one line instead of gloo's traceback (or its 30-minute wait).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 from dataclasses import dataclass, field
@@ -16,7 +21,18 @@ import torch
 from ...conf import cfg_get
 from ...core.errors import UserError
 
-__all__ = ["DistInfo", "launcher_env", "expand_nodelist", "node_name", "setup", "cleanup"]
+__all__ = [
+    "DistInfo",
+    "launcher_env",
+    "expand_nodelist",
+    "node_name",
+    "setup",
+    "cleanup",
+    "collective_timeout_s",
+    "peer_failure",
+]
+
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0  # trainer.collective_timeout_s when unset (NCCL's own default)
 
 
 @dataclass
@@ -162,13 +178,25 @@ def setup(trainer_cfg=None) -> DistInfo:
         if info["world_size"] > 1:
             os.environ.setdefault("MASTER_ADDR", str(info["master_addr"]))
             os.environ.setdefault("MASTER_PORT", str(info["master_port"]))
-            dist.init_process_group(
-                backend=backend,
-                init_method="env://",
-                rank=info["rank"],
-                world_size=info["world_size"],
-                device_id=device if use_cuda else None,
-            )
+            timeout = collective_timeout_s(trainer_cfg)
+            try:
+                dist.init_process_group(
+                    backend=backend,
+                    init_method="env://",
+                    rank=info["rank"],
+                    world_size=info["world_size"],
+                    device_id=device if use_cuda else None,
+                    timeout=datetime.timedelta(seconds=timeout),
+                )
+            except RuntimeError as exc:  # the other ranks did not all join within the timeout
+                if not any(w in str(exc).lower() for w in _TIMED_OUT):
+                    raise
+                raise UserError(
+                    f"rank {info['rank']} of {info['world_size']}: the other ranks did not all join the process group "
+                    f"at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} within "
+                    f"trainer.collective_timeout_s={timeout:g} ({_first_line(exc)}); start every rank with the same "
+                    f"MASTER_ADDR/MASTER_PORT and WORLD_SIZE, or raise trainer.collective_timeout_s if some start late"
+                ) from None
         else:  # FSDP on one process (bf16 mixed precision): a private one-process group
             dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
         owns = True
@@ -186,6 +214,66 @@ def setup(trainer_cfg=None) -> DistInfo:
         backend=backend if (owns or dist.is_initialized()) else None,
         fsdp=fsdp,
         owns_group=owns,
+    )
+
+
+def collective_timeout_s(trainer_cfg) -> float:
+    """``trainer.collective_timeout_s``: the longest one rank waits on the others (joining the
+    group, any collective) before its wait fails."""
+    value = cfg_get(trainer_cfg, "collective_timeout_s", None)
+    return DEFAULT_COLLECTIVE_TIMEOUT_S if value is None else float(value)
+
+
+# What gloo and NCCL say when a peer's process ended (its sockets closed) or a wait ran out.
+_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote worker crash")
+_TIMED_OUT = ("timed out", "timeout", "watchdog")
+
+
+def _first_line(exc: BaseException) -> str:
+    said = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    said = re.sub(r"^\[[^\]]*\]\s*", "", said)  # gloo's "[.../pair.cc:553] " source location
+    said = said.split(". ", 1)[0]  # its first sentence: gloo goes on with advice
+    return said if len(said) <= 160 else said[:157] + "..."
+
+
+def peer_failure(
+    exc: BaseException, info: DistInfo, timeout_s: float, step: int | None = None, saved_step: int = 0
+) -> UserError | None:
+    """The one line for a collective that failed because another rank died or stalled past
+    ``timeout_s``, naming this rank, the cause and the knob, and what the run keeps (``step``: the
+    training step that failed, ``saved_step``: the last checkpoint); None when ``exc`` is not such
+    a failure (or the run has one process)."""
+    import torch.distributed as dist
+
+    if info.world_size <= 1 or not isinstance(exc, RuntimeError):
+        return None
+    text = str(exc).lower()
+    gone = any(w in text for w in _PEER_GONE)
+    timed_out = not gone and any(w in text for w in _TIMED_OUT)
+    if not (gone or (timed_out and ("gloo" in text or "nccl" in text)) or isinstance(exc, dist.DistError)):
+        return None
+    if gone:
+        cause = "another rank's process ended (killed, out of memory or crashed): its own log says why"
+    elif not timed_out:
+        cause = "another rank died or stalls: its own log says why"
+    else:
+        cause = (
+            f"another rank sent nothing for trainer.collective_timeout_s={timeout_s:g} s (stalled, stopped or far "
+            f"slower): if its wait is legitimate, raise trainer.collective_timeout_s"
+        )
+    if step is None:
+        where, kept = "", ""
+    elif step <= 1:
+        where, kept = f" in training step {step}", "; no step had finished yet"
+    else:
+        where = f" in training step {step}"
+        done = "step 1 is" if step == 2 else f"steps 1-{step - 1} are"
+        kept = f"; {done} in metrics.jsonl" + (
+            f" and the checkpoint at step {saved_step} resumes the run" if saved_step else ", no checkpoint was saved yet"
+        )
+    return UserError(
+        f"rank {info.rank} of {info.world_size}: a collective with the other ranks failed{where} "
+        f"({_first_line(exc)}); {cause}{kept}"
     )
 
 
