@@ -11,7 +11,9 @@ claims, reports and figures in ``lab/``) are declared here, each with its report
 A new study is one report-step module in ``lab/`` (its claims and figures, ending in
 ``report.write_study_report``) plus one ablation YAML whose ``report_step`` names it, declared here with
 ``register_study(Study(...))``: the lab plugin (``lab/__init__.py``) registers every study's report step
-and ``entropyrl lab`` reads the rest from here. A plugin of your own may register a study too
+and ``entropyrl lab`` reads the rest from here. Each study also names, as "module:function", where its
+claims' null controls come from (``null_controls``), so ``lab/null_controls.registry()`` checks the
+claims of every registered study. A plugin of your own may register a study too
 (``entropyrl lab`` loads the plugins before it looks the study up).
 """
 
@@ -44,6 +46,9 @@ class Study:
     choices_help: str = ""  # what --experiment's help says of its values (default: its title, ablation and --out)
     default_jobs: int = DEFAULT_JOBS  # runs in parallel when --jobs is left out
     jobs_help: str = ""  # why its default_jobs is not DEFAULT_JOBS, for --jobs's help
+    # its claims' null controls and synthetic positives as "module:function" returning a list of
+    # lab.null_controls.NullControl, read by null_controls.registry(); None: its claims declare none
+    null_controls: str | None = None
 
 
 STUDIES: Registry = Registry("study")
@@ -76,6 +81,7 @@ register_study(
         variant_kind="lab variant",
         report_step="lab",
         report_step_at="entropyrl.sweeps.lab.sweep_step:lab_report_step",
+        null_controls="entropyrl.sweeps.lab.null_controls:lab_nulls",
         title="the lab",
         variants_help="experiment=lab_<name>",
         choices_help="all | claims (training runs) | quadrants (sign experiment only)",
@@ -97,6 +103,7 @@ register_study(
         variant_kind="tool-study variant",
         report_step="lab_tools",
         report_step_at="entropyrl.sweeps.lab.tool_step:lab_tools_report_step",
+        null_controls="entropyrl.sweeps.lab.null_controls:tool_nulls",
         title="the tool study",
         variants_help="experiment=lab_tool_<name>",
         help="the tool study instead (ablation=lab_tools: grpo, stare, steer on data=tool_countdown "
@@ -118,6 +125,7 @@ register_study(
         variant_kind="staleness-study variant",
         report_step="lab_staleness",
         report_step_at="entropyrl.sweeps.lab.staleness_step:lab_staleness_report_step",
+        null_controls="entropyrl.sweeps.lab.null_controls:staleness_nulls",
         title="the staleness study",
         variants_help="<method>_k<k>[_<correction>], e.g. grpo_k0,grpo_k2,grpo_k2_m2po",
         help="the staleness study (ablation=staleness: GRPO at k=0,1,2,4 and with the tis "
@@ -144,6 +152,7 @@ register_study(
         variant_kind="real-model-study variant",
         report_step="real_model",
         report_step_at="entropyrl.sweeps.lab.real_model_step:real_model_report_step",
+        null_controls="entropyrl.sweeps.lab.null_controls:real_model_nulls",
         title="the real-model study",
         variants_help="grpo, stare, clip_cov, kl_cov, stare_published, steer",
         help="the real-model study (ablation=real_model: GRPO, STARE with fixed W/M, Clip-Cov and "

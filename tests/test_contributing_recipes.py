@@ -108,6 +108,29 @@ def _recipe_claims(runs: dict) -> list[dict]:
     return [make_claim(CLAIM, "b ends above a", per_seed, "ok", measured)]
 
 
+def _recipe_nulls() -> list:
+    """The example study's null control (b did nothing: a's rows under b's name) and its positive (b
+    ends above a on every seed), with the claims function ``null_controls.evaluate`` runs them through."""
+    from entropyrl.sweeps.lab.null_controls import NullControl
+
+    def inputs(b_end: float) -> dict:
+        rows = {
+            v: [{"step": i + 1, "entropy": 1.0 if i < 9 else end} for i in range(10)] for v, end in (("a", 0.5), ("b", b_end))
+        }
+        return {"runs": {v: {seed: list(r) for seed in (0, 1)} for v, r in rows.items()}, "h_tgt": None}
+
+    return [
+        NullControl(
+            CLAIM,
+            STUDY,
+            "a's rows under b's name",
+            lambda: inputs(0.5),
+            lambda: inputs(0.8),
+            claims=lambda inputs: _recipe_claims(inputs["runs"]),
+        )
+    ]
+
+
 def _recipe_step(sweep_dir: Path, sweep: dict, statuses: list, log=print) -> dict:
     from entropyrl.sweeps.lab.null_controls import declare_nulls
     from entropyrl.sweeps.lab.report import write_study_report
@@ -163,6 +186,7 @@ def recipe_study():
             title="the recipe study",
             variants_help="a, b",
             help="the recipe study (a and b on the toy task; claim: b ends above a).",
+            null_controls=f"{__name__}:_recipe_nulls",
         )
     )
     yield study
@@ -203,10 +227,17 @@ def test_the_study_recipe_runs_a_study_declared_here_through_the_lab_command(in_
     assert_named(section, *(f"`{name}" for name in kit.__all__))  # every public helper of the kit
     required = [f.name for f in dataclasses.fields(Study) if f.default is dataclasses.MISSING]
     assert_named(section, *(f"{name}=" for name in required))  # every field a Study must declare
-    # what the recipe says of null_controls.py: a closed list the claim test reads, no registration function
-    assert_named(section, "`STUDIES`", "registry()", "_study_claims", "emitted_ids()")
+    # what the recipe says of null_controls.py: each study names its entries (Study.null_controls), and
+    # registry(), what the claim test iterates, gathers them from every registered study, this one too
+    assert_named(section, "null_controls=", "NullControl(", "claims=", "registry()", "evaluate", "_study_claims", "emitted_ids()")
     assert not [n for n in null_controls.__all__ if n.startswith("register")]
     assert set(null_controls.emitted_ids()) == set(null_controls.STUDIES)
+    entries = null_controls.registry()
+    entry = entries[CLAIM]
+    assert entry.study == STUDY and not entry.descriptive
+    assert null_controls.evaluate(entry, entry.build_null())["reproduced"] is False
+    assert null_controls.evaluate(entry, entry.build_positive())["reproduced"] is True
+    assert {e.study for e in entries.values()} == {*null_controls.STUDIES, STUDY}
 
     # the study is found by its --experiment value, and one taken by another study is refused
     assert study_for(STUDY) is recipe_study and STUDY in lab_cmd.experiments()
@@ -228,6 +259,7 @@ def test_the_study_recipe_runs_a_study_declared_here_through_the_lab_command(in_
     result = build_report(out, log_mlflow=False, log=lambda *_: None)
     (claim,) = result["step"]["claims"]
     assert claim["id"] == CLAIM and claim["reproduced"] is None  # no run finished: not run
+    assert claim["null_control"] == entry.null  # declare_nulls found the study's null control
     assert Path(result["report"]) == out / "report.md" and (out / "sweep-report.md").is_file()
     assert CLAIM in (out / "report.md").read_text() and (out / "lab.json").is_file()
 

@@ -11,6 +11,13 @@ real-model study (``real_model_claims.real_model_claims``) can emit is declared 
 - ``build_null`` and ``build_positive``: the study's inputs (``{"runs", "h_tgt", "quadrants"}``) made of
   synthetic metric rows of that null run, and of a run that shows the effect.
 
+Each study declares where its entries come from: ``Study.null_controls`` in ``sweeps/studies.py``,
+a "module:function" returning its ``NullControl`` list (the four studies here point to ``lab_nulls``,
+``tool_nulls``, ``staleness_nulls`` and ``real_model_nulls``). ``registry()`` gathers them from every
+registered study, so a study declared from outside the package (a plugin) has its claims checked too;
+its entries carry their study's claims function (``claims``), since ``_study_claims`` knows only the
+package's studies.
+
 ``evaluate(entry, inputs)`` runs the claim's study on the inputs and returns the claim.
 ``tests/sweeps/test_claim_nulls.py`` asserts, for every entry, that the null gives ``reproduced`` False
 and the positive True, and that every claim id a study emits has an entry, so a new claim cannot skip
@@ -19,11 +26,14 @@ are declared too, and must stay unreproduced (None) on both. The synthetic rows 
 inputs are built in ``null_inputs.py``.
 """
 
+# size: one table of every in-package claim's null control and positive, a list per study; the code that gathers and evaluates them is short
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable
 
+from ..studies import STUDIES as DECLARED_STUDIES
 from .claims import compute_claims
 from .method_claims import _acted_key, _target, method_claims, registered_lab_claims
 from .null_inputs import (
@@ -58,9 +68,20 @@ from .real_model_claims import EXTRA_METHODS, METHODS, real_model_claims
 from .staleness_claims import staleness_claims
 from .tool_claims import tool_claims
 
-__all__ = ["NullControl", "registry", "evaluate", "declare_nulls", "emitted_ids", "STUDIES"]
+__all__ = [
+    "NullControl",
+    "registry",
+    "evaluate",
+    "declare_nulls",
+    "emitted_ids",
+    "STUDIES",
+    "lab_nulls",
+    "tool_nulls",
+    "staleness_nulls",
+    "real_model_nulls",
+]
 
-STUDIES = ("lab", "method", "tool", "staleness", "real_model")
+STUDIES = ("lab", "method", "tool", "staleness", "real_model")  # the package's claim sets, as _study_claims knows them
 STARE_NULL = "STARE's entropy flat at its start inside the band of h_tgt, its gate never open"
 
 
@@ -69,11 +90,12 @@ class NullControl:
     """One claim id's null control (``null``, in words) and the builders of its null and positive inputs."""
 
     claim_id: str
-    study: str  # one of STUDIES
+    study: str  # one of STUDIES, or the name of a study declared outside the package
     null: str
     build_null: Callable[[], dict]
     build_positive: Callable[[], dict]
     descriptive: bool = False  # claims no direction (a descriptive row, a method without a claim): always None
+    claims: Callable[[dict], list[dict]] | None = None  # the study's claims on inputs; None: _study_claims's
 
 
 # -- the lab's claims ----------------------------------------------------------------------------------
@@ -194,7 +216,7 @@ def _methods() -> list[NullControl]:
 
 
 # -- the tool study -----------------------------------------------------------------------------------------
-def _tool() -> list[NullControl]:
+def tool_nulls() -> list[NullControl]:
     kinds = {"entropy/kind/text": 0.5, "entropy/kind/code": 0.3}
     return [
         NullControl(
@@ -223,7 +245,7 @@ def _tool() -> list[NullControl]:
 
 
 # -- the staleness study --------------------------------------------------------------------------------
-def _staleness() -> list[NullControl]:
+def staleness_nulls() -> list[NullControl]:
     return [
         NullControl(
             "stale_grpo_collapses",
@@ -293,7 +315,7 @@ def _staleness() -> list[NullControl]:
 
 
 # -- the real-model study ---------------------------------------------------------------------------
-def _real_model() -> list[NullControl]:
+def real_model_nulls() -> list[NullControl]:
     text = {"repetition/score/mean": lambda i: 0.1 + 0.005 * i, "reflection/density": 2.0, "response_length/mean": 40.0}
     return [
         NullControl(
@@ -346,10 +368,28 @@ def _real_model() -> list[NullControl]:
     ]
 
 
+# -- each study's entries, as its Study.null_controls names them ---------------------------------------
+def lab_nulls() -> list[NullControl]:
+    """The lab study's entries: the lab's claims and the registered methods' (its report computes both)."""
+    return [*_lab(), *_methods()]
+
+
+def _declared(at: str) -> list[NullControl]:
+    module, _, function = at.partition(":")
+    return list(getattr(importlib.import_module(module), function)())
+
+
 def registry() -> dict[str, NullControl]:
-    """``claim id -> NullControl`` of every study's claims (the methods' from the registries, so a new
-    method with a claim is here without an edit)."""
-    return {e.claim_id: e for e in (*_lab(), *_methods(), *_tool(), *_staleness(), *_real_model())}
+    """``claim id -> NullControl`` of every registered study's claims (``sweeps/studies.py``'s ``STUDIES``,
+    each from its ``Study.null_controls``; the methods' from the registries, so a new method with a claim
+    is here without an edit). A claim id two studies declare is refused: one of them would go unchecked."""
+    entries: dict[str, NullControl] = {}
+    for study in DECLARED_STUDIES.values():
+        for e in _declared(study.null_controls) if study.null_controls else []:
+            if e.claim_id in entries:
+                raise ValueError(f"study {study.name}: claim {e.claim_id} already has a null control")
+            entries[e.claim_id] = e
+    return entries
 
 
 def _study_claims(study: str, inputs: dict) -> list[dict]:
@@ -366,14 +406,16 @@ def _study_claims(study: str, inputs: dict) -> list[dict]:
 
 
 def evaluate(entry: NullControl, inputs: dict) -> dict:
-    """The claim ``entry.claim_id`` as its study computes it on ``inputs``."""
-    return next(c for c in _study_claims(entry.study, inputs) if c["id"] == entry.claim_id)
+    """The claim ``entry.claim_id`` as its study computes it on ``inputs`` (``entry.claims`` when the
+    entry carries its study's claims function)."""
+    claims = entry.claims(inputs) if entry.claims else _study_claims(entry.study, inputs)
+    return next(c for c in claims if c["id"] == entry.claim_id)
 
 
 def emitted_ids() -> dict[str, set[str]]:
-    """Per study, every claim id it emits: the lab, tool and staleness studies emit all of theirs on no
-    runs; the methods' ids need a run of each registered method; the real-model study's extra methods'
-    ids need their runs."""
+    """Per claim set of the package (``STUDIES``), every claim id it emits: the lab, tool and staleness
+    studies emit all of theirs on no runs; the methods' ids need a run of each registered method; the
+    real-model study's extra methods' ids need their runs."""
     one = {0: [{"step": 1, "entropy": 1.0}]}
     return {
         "lab": {c["id"] for c in compute_claims({}, h_tgt=LAB_H)},
