@@ -1,11 +1,16 @@
-"""Pieces every command shares: the config-groups paragraph of the ``--help`` texts, and quiet
-library logging for the commands that load a model.
+"""Pieces every command shares: the config-groups paragraph of the ``--help`` texts, quiet
+library logging for the commands that load a model, and the stop signals of the commands that run
+until stopped (sweep, eval).
 
 Commands import from here, never from ``cli/main.py`` (which imports the commands), so the
 command modules and the entry point do not import each other.
 """
 
 from __future__ import annotations
+
+import signal
+from contextlib import contextmanager
+from typing import Iterator
 
 from ..conf import config_groups, primary_defaults
 
@@ -27,3 +32,27 @@ def groups_help(config_name: str) -> str:
     used = primary_defaults(config_name)
     lines = [f"  [bold]{g}[/bold]: {', '.join(opts)} (default {used[g]})" for g, opts in config_groups().items() if g in used]
     return "\n\n".join(lines)
+
+
+@contextmanager
+def stop_signals() -> Iterator[list[int]]:
+    """SIGINT (Ctrl-C) and SIGTERM set to stop the command alike while in the block: the first one
+    raises KeyboardInterrupt, a repeat is only recorded (``timeout`` and ``scancel`` signal the
+    process and then its group: interrupting the stop would leave its work behind). Yields the
+    signals received, in order; the previous handlers are restored either way.
+
+    Both are set here, as the training run's are: a SIGINT that the process inherited ignored (a job
+    started in the background of a script, or from a test worker) still stops it."""
+    stopped_by: list[int] = []
+
+    def _stop(signum, _frame):
+        stopped_by.append(signum)
+        if len(stopped_by) == 1:
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stopped_by
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from ..conf import compose
-from .common import groups_help, quiet_transformers
+from .common import groups_help, quiet_transformers, stop_signals
 
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:
@@ -49,26 +49,13 @@ def register(app: typer.Typer) -> None:
             with open_dict(cfg):
                 cfg.benchmarks = list(cfg.get("benchmarks") or []) + names
         err = Console(stderr=True, soft_wrap=True)
-        stopped_by: list[int] = []
-
-        def _stop(signum, _frame):  # SIGINT (Ctrl-C) and SIGTERM end an eval alike: its folder cleaned, one line
-            stopped_by.append(signum)
-            if len(stopped_by) == 1:
-                raise KeyboardInterrupt
-
-        # both set here, as the training run's stop signals are: a SIGINT that the process inherited
-        # ignored (a job started in the background of a script) still stops it
-        stop_signals = (signal.SIGINT, signal.SIGTERM)
-        previous = {sig: signal.signal(sig, _stop) for sig in stop_signals}
-        try:
-            summary = run_eval(cfg, console=err)
-        except KeyboardInterrupt:
-            sig = stopped_by[0] if stopped_by else signal.SIGINT
-            err.print(f"stopped by {signal.Signals(sig).name}", markup=False, highlight=False)
-            raise SystemExit(128 + int(sig)) from None
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        with stop_signals() as stopped_by:  # SIGINT and SIGTERM end an eval alike: its folder cleaned, one line
+            try:
+                summary = run_eval(cfg, console=err)
+            except KeyboardInterrupt:
+                sig = stopped_by[0] if stopped_by else signal.SIGINT
+                err.print(f"stopped by {signal.Signals(sig).name}", markup=False, highlight=False)
+                raise SystemExit(128 + int(sig)) from None
         Console().print(render_table(summary["benchmarks"], title=f"entropyrl eval: {summary['model']}"))
         for line in reflection_lines(summary["benchmarks"]):  # eval.reflection_words; [] = none
             Console(soft_wrap=True).print(f"reflection {line}", highlight=False)

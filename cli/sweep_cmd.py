@@ -15,7 +15,7 @@ from rich.console import Console
 
 from ..conf import compose
 from ..core.errors import UserError
-from .common import groups_help
+from .common import groups_help, stop_signals
 
 __all__ = ["register"]
 
@@ -80,34 +80,19 @@ def _run_until_stopped(run: Callable[..., dict], plan, cfg, console: Console, wa
     """``run`` (``sweeps.following.run``, passed in by the command, which imports it when it runs)
     the plan's jobs with SIGINT and SIGTERM set to stop them; a stopped sweep prints how to continue
     it and exits 128 + the signal's number. The previous handlers are restored either way."""
-    stopped_by: list[int] = []
-
-    def _stop(signum, _frame):  # SIGINT (Ctrl-C) and SIGTERM stop a sweep alike: jobs stopped, parent KILLED
-        stopped_by.append(signum)
-        if len(stopped_by) == 1:
-            raise KeyboardInterrupt
-        # a repeat (`timeout` and `scancel` signal the process and then its group) arrives while the
-        # jobs are being stopped: interrupting that would leave jobs and the parent run behind
-
-    # both set here, as eval's and the training run's are: a SIGINT that the process inherited ignored
-    # (a sweep started in the background of a script, or from a test worker) still stops it
-    stop_signals = (signal.SIGINT, signal.SIGTERM)
-    previous = {sig: signal.signal(sig, _stop) for sig in stop_signals}
-    try:
-        with _live_line(console) as progress:
-            return run(plan, wait=wait, log=lambda m: console.print(m, markup=False, soft_wrap=True), progress=progress)
-    except KeyboardInterrupt:
-        sig = stopped_by[0] if stopped_by else signal.SIGINT
-        console.print(
-            f"stopped by {signal.Signals(sig).name}; to continue: entropyrl sweep "
-            f"ablation={cfg.ablation.name} --resume sweep_dir={plan.sweep_dir}",
-            soft_wrap=True,
-            markup=False,
-        )
-        raise SystemExit(128 + int(sig)) from None
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    with stop_signals() as stopped_by:  # a repeat arriving while the jobs are being stopped is ignored
+        try:
+            with _live_line(console) as progress:
+                return run(plan, wait=wait, log=lambda m: console.print(m, markup=False, soft_wrap=True), progress=progress)
+        except KeyboardInterrupt:
+            sig = stopped_by[0] if stopped_by else signal.SIGINT
+            console.print(
+                f"stopped by {signal.Signals(sig).name}; to continue: entropyrl sweep "
+                f"ablation={cfg.ablation.name} --resume sweep_dir={plan.sweep_dir}",
+                soft_wrap=True,
+                markup=False,
+            )
+            raise SystemExit(128 + int(sig)) from None
 
 
 def _print_outcome(console: Console, result: dict, wait: bool) -> None:

@@ -127,6 +127,34 @@ def spawned_children():
     return _children_spawned_by
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture()
+def free_port():
+    """``free_port()``: a TCP port on 127.0.0.1 free now, for the rendezvous of the ranks a test starts."""
+    return _free_port
+
+
+@pytest.fixture()
+def child_env():
+    """``child_env()``: this process's environment for the processes (ranks) a test starts: one
+    OpenMP thread unless set, output unbuffered (their lines arrive as they are printed)."""
+    return _child_env
+
+
 @pytest.fixture(scope="session")
 def fast_train() -> list[str]:
     return list(FAST_TRAIN)

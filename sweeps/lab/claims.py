@@ -44,6 +44,7 @@ from .kit import finite_values, fmt, join_phrases, make_claim, regime_reasons, s
 
 __all__ = [
     "compute_claims",
+    "stare_hold_claim",
     "entropy_ends",
     "step_change_std",
     "final_value",
@@ -109,13 +110,13 @@ def _grpo_collapses(runs: dict, algo_cfgs: dict) -> dict:
     )
 
 
-def _stare_holds_target(runs: dict, h_tgt: float, algo_cfgs: dict) -> dict:
-    per = [{"seed": s, "h_tgt": h_tgt, **target_hold(runs["stare"][s], h_tgt)} for s in seeds_with(runs, "stare")]
+def stare_hold_claim(runs: dict, h_tgt: float, algo_cfgs: dict, id_: str, claim: str, band: float = BAND) -> dict:
+    """The claim ``id_`` that STARE holds entropy at ``h_tgt`` (``target_hold`` per seed, within ``band``):
+    the lab, the tool study and the real-model study word it their own way and measure it alike."""
+    per = [{"seed": s, "h_tgt": h_tgt, **target_hold(runs["stare"][s], h_tgt, band=band)} for s in seeds_with(runs, "stare")]
     return make_claim(
-        "stare_holds_target",
-        f"STARE holds entropy at its target: last third within +/-{BAND:.0%} of h_tgt={h_tgt}, entropy reached "
-        f"h_tgt from its start, and the gate open on at least {GATE_MIN_OPEN_SHARE:.0%} of steps (a run that sat in "
-        "the band with its gate shut is not STARE holding it)",
+        id_,
+        claim,
         per,
         "ok",
         "last third " + ", ".join(hold_text(p) for p in per),
@@ -123,6 +124,18 @@ def _stare_holds_target(runs: dict, h_tgt: float, algo_cfgs: dict) -> dict:
             "; ".join(f"seed {p['seed']}: {p['why_not']}" for p in per if p["why_not"]),
             regime_reasons(runs, ("stare",), algo_cfgs),
         ),
+    )
+
+
+def _stare_holds_target(runs: dict, h_tgt: float, algo_cfgs: dict) -> dict:
+    return stare_hold_claim(
+        runs,
+        h_tgt,
+        algo_cfgs,
+        "stare_holds_target",
+        f"STARE holds entropy at its target: last third within +/-{BAND:.0%} of h_tgt={h_tgt}, entropy reached "
+        f"h_tgt from its start, and the gate open on at least {GATE_MIN_OPEN_SHARE:.0%} of steps (a run that sat in "
+        "the band with its gate shut is not STARE holding it)",
     )
 
 
@@ -159,11 +172,18 @@ def _stare_gate_follows_entropy(runs: dict, h_tgt: float, algo_cfgs: dict) -> di
     )
 
 
-def _steer_moderates_change(runs: dict, algo_cfgs: dict) -> dict:
+def _change_std_vs_grpo(runs: dict, variant: str, key: str, lower: bool) -> list[dict]:
+    """Per seed both ran: the std of the per-step entropy change of GRPO and of ``variant`` (under
+    ``key``), ok when ``variant``'s is lower (``lower``) or higher than GRPO's."""
     per = []
-    for s in seeds_with(runs, "grpo", "steer"):
-        g, st = step_change_std(runs["grpo"][s]), step_change_std(runs["steer"][s])
-        per.append({"seed": s, "std_grpo": g, "std_steer": st, "ok": st < g})
+    for s in seeds_with(runs, "grpo", variant):
+        g, v = step_change_std(runs["grpo"][s]), step_change_std(runs[variant][s])
+        per.append({"seed": s, "std_grpo": g, key: v, "ok": v < g if lower else v > g})
+    return per
+
+
+def _steer_moderates_change(runs: dict, algo_cfgs: dict) -> dict:
+    per = _change_std_vs_grpo(runs, "steer", "std_steer", lower=True)
     return make_claim(
         "steer_moderates_change",
         "STEER's per-step entropy change has a lower std than GRPO's",
@@ -231,10 +251,7 @@ def _keeps_entropy(runs: dict, cid: str, variants: tuple[str, ...], text: str, a
 
 
 def _high_entropy_amplification(runs: dict, algo_cfgs: dict) -> dict:
-    per = []
-    for s in seeds_with(runs, "grpo", "high_entropy_mask"):
-        g, h = step_change_std(runs["grpo"][s]), step_change_std(runs["high_entropy_mask"][s])
-        per.append({"seed": s, "std_grpo": g, "std_high_entropy": h, "ok": h > g})
+    per = _change_std_vs_grpo(runs, "high_entropy_mask", "std_high_entropy", lower=False)
     return make_claim(
         "high_entropy_amplification_fluctuates",
         "Training only on high-entropy tokens makes the per-step entropy change fluctuate more than GRPO's",

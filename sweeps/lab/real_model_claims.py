@@ -36,7 +36,7 @@ import math
 import numpy as np
 
 from ...trainers.run.regime import COLLAPSE_RATIO, after_first_step, entropy_flags
-from .claims import BAND, GATE_MIN_OPEN_SHARE, entropy_ends, final_value, hold_text, target_hold
+from .claims import BAND, GATE_MIN_OPEN_SHARE, entropy_ends, final_value, stare_hold_claim
 from .kit import finite_values, fmt, make_claim, regime_reasons, seeds_with
 from .tool_claims import metric_ends
 
@@ -125,18 +125,17 @@ def _grpo_collapses(runs: dict, algo_cfgs: dict) -> dict:
 
 
 def _stare_holds(runs: dict, h_tgt: float, algo_cfgs: dict) -> dict:
-    per = [{"seed": s, "h_tgt": h_tgt, **target_hold(runs["stare"][s], h_tgt)} for s in seeds_with(runs, "stare")]
-    why = "; ".join(f"seed {p['seed']}: {p['why_not']}" for p in per if p["why_not"])
-    claim = make_claim(
+    claim = stare_hold_claim(
+        runs,
+        h_tgt,
+        algo_cfgs,
         "real_model_stare_holds_target",
         f"STARE holds its target on the real model: last third within +/-{BAND:.0%} of h_tgt={h_tgt:g}, entropy "
         f"reached h_tgt from its start, and the gate open on at least {GATE_MIN_OPEN_SHARE:.0%} of the steps (the "
         "share per seed is stated)",
-        per,
-        "ok",
-        ("last third " + ", ".join(hold_text(p) for p in per)) if per else "",
-        "; ".join(x for x in (why, regime_reasons(runs, ("stare",), algo_cfgs)) if x),
     )
+    if not claim["per_seed"]:
+        claim["measured"] = ""  # no STARE seed: nothing measured
     return _not_run(claim, ("stare",), runs)
 
 

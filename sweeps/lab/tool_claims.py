@@ -22,8 +22,8 @@ import math
 
 import numpy as np
 
-from .claims import GATE_MIN_OPEN_SHARE, entropy_ends, hold_text, target_hold
-from .kit import finite_values, fmt, join_phrases, make_claim, regime_reasons, seeds_with
+from .claims import GATE_MIN_OPEN_SHARE, entropy_ends, stare_hold_claim
+from .kit import finite_values, fmt, make_claim, regime_reasons, seeds_with
 
 __all__ = [
     "tool_claims",
@@ -105,19 +105,15 @@ def tool_claims(runs: dict[str, dict[int, list[dict]]], *, h_tgt: float, algo_cf
         )
     )
 
-    per = [{"seed": s, "h_tgt": h_tgt, **target_hold(runs["stare"][s], h_tgt, band=BAND)} for s in seeds_with(runs, "stare")]
     claims.append(
-        make_claim(
+        stare_hold_claim(
+            runs,
+            h_tgt,
+            algo_cfgs,
             "tool_stare_holds_target",
             f"STARE holds its target band with tools: last third within +/-{BAND:.0%} of h_tgt={h_tgt}, entropy "
             f"reached h_tgt from its start and the gate open on at least {GATE_MIN_OPEN_SHARE:.0%} of steps",
-            per,
-            "ok",
-            "last third " + ", ".join(hold_text(p) for p in per),
-            join_phrases(
-                "; ".join(f"seed {p['seed']}: {p['why_not']}" for p in per if p["why_not"]),
-                regime_reasons(runs, ("stare",), algo_cfgs),
-            ),
+            band=BAND,
         )
     )
 

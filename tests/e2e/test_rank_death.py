@@ -15,21 +15,6 @@ import pytest
 CLI_MODULE = "entropyrl.cli.main"
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def test_a_collective_that_lost_its_peer_is_one_line():
     from entropyrl.core.errors import UserError
     from entropyrl.trainers.parallel.distributed import DistInfo, peer_failure
@@ -55,7 +40,7 @@ def test_a_collective_that_lost_its_peer_is_one_line():
 
 
 @pytest.mark.slow
-def test_rank_killed_mid_run_ends_the_other_in_one_line(tmp_path):
+def test_rank_killed_mid_run_ends_the_other_in_one_line(tmp_path, free_port, child_env):
     """Two ranks started by hand (no torchrun agent to stop the survivor): kill -9 rank 1 once a
     step is logged; rank 0 exits with one ``error:`` line naming the other rank, no traceback,
     and its metrics.jsonl rows and a FAILED summary stay."""
@@ -70,7 +55,7 @@ def test_rank_killed_mid_run_ends_the_other_in_one_line(tmp_path):
         "trainer.collective_timeout_s=20",
         f"output_dir={run}",
     ]
-    base = {**_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
+    base = {**child_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     procs = []
     for rank in (0, 1):
         env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
