@@ -3,7 +3,8 @@
 One stack for training and evaluation. An engine follows ``RolloutEngine`` (``generate``,
 ``sync_weights``, ``close``) and is registered by name: ``rollout=<name>`` picks the training
 sampler, ``eval.backend=<name>`` the evaluation one; both build it with
-``build_rollout(engine_cfg, model, tokenizer)``.
+``build_rollout(engine_cfg, model, tokenizer)``, which reads the section once into a
+``settings.SamplingSettings`` and hands the engine that.
 
 - ``hf`` (``hf_engine.HFRollout``): Hugging Face ``generate`` on the in-memory model (the policy
   being trained *is* the sampler, so there are no weights to sync), batched, left padding, seeded
@@ -14,7 +15,8 @@ sampler, ``eval.backend=<name>`` the evaluation one; both build it with
 The engine config (``conf/rollout/<name>.yaml`` for training; built from ``eval.*`` for eval)
 holds the defaults a call may override: ``temperature``, ``top_p``, ``top_k`` (0 = off),
 ``max_new_tokens``, ``batch_size`` (sequences per ``generate`` call), ``add_special_tokens``
-(false: prompts that went through a chat template, or the built-in tasks' raw prompts).
+(false: prompts that went through a chat template, or the built-in tasks' raw prompts). Every key
+an engine reads, with its default, is a field of ``SamplingSettings`` (``rollout/settings.py``).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
-from ..conf import cfg_get
 from ..core.errors import UserError
 from ..core.registry import Registry
+from .settings import SamplingSettings
 
 __all__ = [
     "Rollout",
@@ -169,7 +171,8 @@ class Rollout:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """What training and evaluation ask of a sampler. Built as ``Engine(engine_cfg, model, tokenizer)``.
+    """What training and evaluation ask of a sampler. Built as ``Engine(engine_cfg, model, tokenizer)``,
+    ``engine_cfg`` a ``SamplingSettings`` (``build_rollout`` reads the section into one).
 
     ``generate``: ``n`` responses for each prompt, sampled with ``seed`` (same seed, same samples);
     ``temperature`` 0 = greedy; ``None`` arguments fall back to the engine config; ``progress(k)``
@@ -312,5 +315,7 @@ def rollout_engine(name: str, option: str = "rollout") -> Callable:
 
 
 def build_rollout(rollout_cfg, model, tokenizer, option: str = "rollout") -> RolloutEngine:
-    """The engine ``rollout_cfg.name`` built on ``model`` / ``tokenizer``."""
-    return rollout_engine(str(cfg_get(rollout_cfg, "name", "hf")), option)(rollout_cfg, model, tokenizer)
+    """The engine ``rollout_cfg.name`` built on ``model`` / ``tokenizer``. ``rollout_cfg``: the engine
+    section (OmegaConf node or dict), read here once into a ``SamplingSettings``, or one already built."""
+    settings = SamplingSettings.from_config(rollout_cfg)
+    return rollout_engine(settings.name, option)(settings, model, tokenizer)

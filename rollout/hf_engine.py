@@ -9,8 +9,8 @@ from typing import Callable
 
 import torch
 
-from ..conf import cfg_get
 from .base import Rollout, concat, response_mask_from_eos, stop_token_ids
+from .settings import SamplingSettings
 
 
 class _StopWhen:
@@ -66,14 +66,20 @@ def _shared_prefill(model, ids: torch.Tensor, mask: torch.Tensor, n: int):
 
 class HFRollout:
     """Sampling with ``model.generate`` (temperature, top-p, top-k), seeded per call. With
-    ``rollout.share_prefill`` (the default) the ``n`` responses of a prompt share one prefill of it."""
+    ``rollout.share_prefill`` (the default) the ``n`` responses of a prompt share one prefill of it.
+    ``settings``: a ``SamplingSettings``, or the engine section it is read from."""
 
-    def __init__(self, rollout_cfg, model, tokenizer):
-        self.cfg = rollout_cfg
+    def __init__(self, settings: SamplingSettings, model, tokenizer):
+        self.settings = SamplingSettings.from_config(settings)
         self.model = model
         self.tokenizer = tokenizer
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
+
+    @property
+    def cfg(self) -> SamplingSettings:
+        """The settings under their former name (they read like the section: ``cfg["top_k"]``)."""
+        return self.settings
 
     def sync_weights(self) -> None:
         """Nothing to do: generation uses the live model."""
@@ -99,8 +105,8 @@ class HFRollout:
         ``stop_strings`` is not used: ``stop`` tests each step exactly."""
         from transformers import GenerationConfig, StoppingCriteriaList
 
-        cfg, tok, model = self.cfg, self.tokenizer, self.model
-        batch_size = max(1, int(cfg_get(cfg, "batch_size", 16)))
+        settings, tok, model = self.settings, self.tokenizer, self.model
+        batch_size = max(1, settings.batch_size)
         eos = stop_token_ids(model, tok)
         sample = temperature > 0
         config = GenerationConfig(
@@ -108,7 +114,7 @@ class HFRollout:
             do_sample=sample,
             pad_token_id=tok.pad_token_id,
             eos_token_id=eos,
-            **({"temperature": temperature, "top_p": top_p, "top_k": int(cfg_get(cfg, "top_k", 0))} if sample else {}),
+            **({"temperature": temperature, "top_p": top_p, "top_k": settings.top_k} if sample else {}),
         )
         device = next(model.parameters()).device
         was_training = model.training
@@ -154,12 +160,12 @@ class HFRollout:
     ) -> Rollout:
         from transformers import GenerationConfig, StoppingCriteriaList
 
-        cfg, tok, model = self.cfg, self.tokenizer, self.model
-        temperature = float(cfg_get(cfg, "temperature", 1.0) if temperature is None else temperature)
-        top_p = float(cfg_get(cfg, "top_p", 1.0) if top_p is None else top_p)
-        max_new_tokens = int(cfg_get(cfg, "max_new_tokens", 1024) if max_new_tokens is None else max_new_tokens)
-        batch_size = max(1, int(cfg_get(cfg, "batch_size", 16)))
-        special = bool(cfg_get(cfg, "add_special_tokens", False))
+        settings, tok, model = self.settings, self.tokenizer, self.model
+        temperature = float(settings.temperature if temperature is None else temperature)
+        top_p = float(settings.top_p if top_p is None else top_p)
+        max_new_tokens = int(settings.max_new_tokens if max_new_tokens is None else max_new_tokens)
+        batch_size = max(1, settings.batch_size)
+        special = settings.add_special_tokens
         stop = stop_token_ids(model, tok)
         sample = temperature > 0
         # An explicit config: the model's generation_config.json (repetition penalty, top_k...) stays
@@ -169,7 +175,7 @@ class HFRollout:
             do_sample=sample,
             pad_token_id=tok.pad_token_id,
             eos_token_id=stop,
-            **({"temperature": temperature, "top_p": top_p, "top_k": int(cfg_get(cfg, "top_k", 0))} if sample else {}),
+            **({"temperature": temperature, "top_p": top_p, "top_k": settings.top_k} if sample else {}),
         )
         device = next(model.parameters()).device
         was_training, side = model.training, tok.padding_side
@@ -177,7 +183,7 @@ class HFRollout:
         model.eval()
         n = int(n)
         # share_prefill: whole groups per call (a prompt's n rows together), each prompt prefilled once
-        share = bool(cfg_get(cfg, "share_prefill", True)) and n > 1
+        share = settings.share_prefill and n > 1
         per_call = max(1, batch_size // n) if share else batch_size
         units = list(prompts) if share else [p for p in prompts for _ in range(n)]
         chunks = []

@@ -66,9 +66,9 @@ from typing import Callable, Protocol
 
 import torch
 
-from ..conf import cfg_get
 from ..core.errors import UserError
 from .base import TOKEN_KINDS, Rollout, ToolTrace, check_prompt_lengths, concat, stop_token_ids
+from .settings import SamplingSettings, ToolSettings
 from .tool_formats import ToolFormat, build_tool_format, hermes_tools_prompt, middle_cut, tool_schema
 
 __all__ = [
@@ -260,14 +260,15 @@ class ToolRollout:
     """A ``RolloutEngine`` that samples multi-turn responses with a tool (see the module docstring).
 
     ``engine``: an engine with ``generate_ids`` (``hf``, ``vllm``); ``executor(codes) -> [ToolResult]``;
-    ``tools_cfg``: the ``tools`` section; ``rollout_cfg``: the engine's settings (temperature, ...)."""
+    ``tools``: a ``ToolSettings`` (or the ``tools`` section it is read from); ``sampling``: the
+    engine's ``SamplingSettings`` (temperature, budget, ...; or the section they are read from)."""
 
     def __init__(
         self,
         engine,
-        tools_cfg,
+        tools: ToolSettings,
         executor: Callable[[list[str]], list[ToolResult]],
-        rollout_cfg,
+        sampling: SamplingSettings,
         final_answer: Callable[[str], object] | None = None,
     ):
         if not hasattr(engine, "generate_ids"):
@@ -275,21 +276,19 @@ class ToolRollout:
                 f"tools.enabled=true needs a rollout engine that continues token sequences "
                 f"(generate_ids: hf, vllm); {type(engine).__name__} has none: use rollout=hf or tools=none"
             )
-        self.engine, self.executor, self.cfg = engine, executor, rollout_cfg
+        tools = ToolSettings.from_config(tools)
+        self.engine, self.executor, self.tools = engine, executor, tools
+        self.sampling = SamplingSettings.from_config(sampling)
         self.tokenizer = engine.tokenizer
-        self.fmt: ToolFormat = build_tool_format(tools_cfg)
-        self.max_turns = int(tools_cfg.get("max_turns", 4))
-        self.max_calls = int(tools_cfg.get("max_calls", 3))
-        self.max_output_chars = int(tools_cfg.get("max_output_chars", 1024))
-        self.session = str(tools_cfg.get("session", "stateless"))
+        self.fmt: ToolFormat = build_tool_format(tools)
+        self.max_turns, self.max_calls, self.max_output_chars = tools.max_turns, tools.max_calls, tools.max_output_chars
+        self.session = tools.session
         if self.session not in SESSIONS:
             raise UserError(f"unknown tools.session={self.session}; valid: {', '.join(SESSIONS)}")
-        self.tool_turn = check_tool_turn(tools_cfg)
-        self.chat = (
-            ChatToolTurns(self.tokenizer, str(tools_cfg.get("name", "code_interpreter"))) if self.tool_turn == "chat" else None
-        )
+        self.tool_turn = check_tool_turn(tools)
+        self.chat = ChatToolTurns(self.tokenizer, tools.name) if self.tool_turn == "chat" else None
         self.stop_ids = set(stop_token_ids(getattr(engine, "model", None), self.tokenizer))
-        self.answer_re = answer_pattern(tools_cfg)
+        self.answer_re = answer_pattern(tools)
         self.final_answer = final_answer  # text -> the answer or None, read when answer_pattern is null
 
     def sync_weights(self) -> None:
@@ -335,17 +334,17 @@ class ToolRollout:
         progress: Callable[[int], None] | None = None,
     ) -> Rollout:
         started = time.perf_counter()
-        cfg, tok = self.cfg, self.tokenizer
-        temperature = float(cfg_get(cfg, "temperature", 1.0) if temperature is None else temperature)
-        top_p = float(cfg_get(cfg, "top_p", 1.0) if top_p is None else top_p)
-        budget = int(cfg_get(cfg, "max_new_tokens", 1024) if max_new_tokens is None else max_new_tokens)
-        special = bool(cfg_get(cfg, "add_special_tokens", False))
+        sampling, tok = self.sampling, self.tokenizer
+        temperature = float(sampling.temperature if temperature is None else temperature)
+        top_p = float(sampling.top_p if top_p is None else top_p)
+        budget = int(sampling.max_new_tokens if max_new_tokens is None else max_new_tokens)
+        special = sampling.add_special_tokens
         if self.chat is not None:
             prompts = [self.chat.prompt(p, i) for i, p in enumerate(prompts)]
         encoded = [list(tok(p, add_special_tokens=special)["input_ids"]) for p in prompts]
         context = self._context()
         if context is not None:
-            check_prompt_lengths([len(ids) for ids in encoded], context, str(cfg_get(cfg, "option", "rollout")))
+            check_prompt_lengths([len(ids) for ids in encoded], context, sampling.option)
         samples = [_Sample(ids) for ids in encoded for _ in range(int(n))]
         for s in samples:
             s.cap = budget if context is None else min(budget, context - len(s.prompt))
@@ -501,23 +500,25 @@ class ToolRollout:
         return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, texts, truncated, sampling_logp, trace)
 
 
-def check_tool_turn(tools_cfg) -> str:
-    """``tools.tool_turn``, checked: one of ``TOOL_TURNS``; ``chat`` takes the hermes format."""
-    mode = str(tools_cfg.get("tool_turn", "inline"))
+def check_tool_turn(tools: ToolSettings) -> str:
+    """``tools.tool_turn``, checked: one of ``TOOL_TURNS``; ``chat`` takes the hermes format.
+    ``tools``: a ``ToolSettings``, or the ``tools`` section it is read from."""
+    tools = ToolSettings.from_config(tools)
+    mode = tools.tool_turn
     if mode not in TOOL_TURNS:
         raise UserError(f"unknown tools.tool_turn={mode}; valid: {', '.join(TOOL_TURNS)}")
-    if mode == "chat" and str(tools_cfg.get("format", "hermes")) != "hermes":
+    if mode == "chat" and tools.format != "hermes":
         raise UserError(
             f"tools.tool_turn=chat takes tools.format=hermes (the calls verl's ToolAgentLoop parses), "
-            f"not {tools_cfg.get('format')}: set tools.format=hermes or tools.tool_turn=inline"
+            f"not {tools.format}: set tools.format=hermes or tools.tool_turn=inline"
         )
     return mode
 
 
-def answer_pattern(tools_cfg) -> re.Pattern | None:
+def answer_pattern(tools: ToolSettings) -> re.Pattern | None:
     """``tools.answer_pattern`` compiled (None: the math grader's final answer); a pattern that does
-    not compile is a one-line ``UserError``."""
-    pattern = tools_cfg.get("answer_pattern", None)
+    not compile is a one-line ``UserError``. ``tools``: a ``ToolSettings``, or the section."""
+    pattern = ToolSettings.from_config(tools).answer_pattern
     if pattern is None:
         return None
     try:

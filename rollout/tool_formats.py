@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from ..core.errors import UserError
+from .settings import TAG_KEYS, ToolSettings
 
 __all__ = [
     "ToolCall",
@@ -39,8 +40,6 @@ __all__ = [
     "hermes_tools_prompt",
     "TAG_KEYS",
 ]
-
-TAG_KEYS = ("call_open", "call_close", "output_open", "output_close")
 
 
 @dataclass(frozen=True)
@@ -233,13 +232,14 @@ def register_tool_format(name: str, cls: Callable[..., ToolFormat] | None = None
     return deco
 
 
-def build_tool_format(tools_cfg) -> ToolFormat:
-    """The format ``tools.format`` with ``tools.tags`` applied; one-line ``UserError`` otherwise."""
-    name = str(tools_cfg.get("format", "hermes"))
+def build_tool_format(tools: ToolSettings) -> ToolFormat:
+    """The format ``tools.format`` with ``tools.tags`` applied; one-line ``UserError`` otherwise.
+    ``tools``: a ``ToolSettings``, or the ``tools`` section it is read from."""
+    tools = ToolSettings.from_config(tools)
+    name = tools.format
     if name not in TOOL_FORMATS:
         raise UserError(f"unknown tools.format={name}; valid: {', '.join(sorted(TOOL_FORMATS))}")
-    tags = tools_cfg.get("tags") or {}
-    fmt = TOOL_FORMATS[name](dict(tags), tool_name=str(tools_cfg.get("name", "code_interpreter")))
+    fmt = TOOL_FORMATS[name](dict(tools.tags), tool_name=tools.name)
     if fmt.tags["call_open"] == fmt.tags["call_close"] and name == "hermes":
         raise UserError("tools.tags: call_open and call_close must differ for the hermes format")
     return fmt

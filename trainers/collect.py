@@ -2,13 +2,15 @@
 sampling) keep generating until the batch has enough groups with a learning signal.
 
 ``collect_rollouts`` needs only the prompt source, the rollout engine and the algorithm
-(``trainers/components.py``), not a trainer: the lab's quadrant experiment calls it too.
+(``trainers/components.py``), not a trainer: the lab's quadrant experiment calls it too. What it
+reads from the run's config is read once at set-up, into ``CollectSettings``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,22 +20,54 @@ from ..evals.generation import policy_texts
 from ..evals.reflection import ResponseFacts, text_metrics
 from ..rewards import build_reward_runner, reward_metrics
 from ..rollout.base import Rollout, cat_rollouts
+from ..rollout.settings import SamplingSettings, ToolSettings
 from .algos.step_batch import StepBatch
 from .parallel import distributed
-from .stats.reflection import reflection_settings
+from .stats.reflection import ReflectionSettings, reflection_settings
 from .stats.tool_stats import policy_lengths, tool_shaping, tool_use_metrics
 
-__all__ = ["collect_rollouts", "generate_groups"]
+__all__ = ["CollectSettings", "collect_rollouts", "generate_groups"]
+
+
+@dataclass(frozen=True)
+class CollectSettings:
+    """What collecting one batch reads from a ``train`` config, read once where the run is set up
+    (its defaults are those of ``SamplingSettings`` and ``ToolSettings``, ``rollout/settings.py``)."""
+
+    prompts_per_step: int  # trainer.prompts_per_step: the step's prompts over every rank
+    n: int  # rollout.n: responses per prompt (a group)
+    seed: int  # trainer.seed: the step's prompts and sampling seeds derive from it
+    seed_scope: str  # rollout.seed_scope: call (one seed per generate call on a rank) | group (one per group)
+    call_bonus: float  # tools.shaping.call_bonus: added to a response that ran a call without error
+    error_penalty: float  # tools.shaping.error_penalty: subtracted per call that errored
+    reflect: ReflectionSettings  # diagnostics.reflection: the text facts found beside each reward
+
+    @classmethod
+    def from_config(cls, cfg, reflect: ReflectionSettings | None = None) -> CollectSettings:
+        """The settings of a composed ``train`` config (settings already built: returned as they are).
+        ``reflect``: ``reflection_settings(cfg)`` when the caller has it already."""
+        if isinstance(cfg, cls):
+            return cfg
+        sampling, tools = SamplingSettings.from_config(cfg.rollout), ToolSettings.from_config(cfg.get("tools"))
+        return cls(
+            prompts_per_step=int(cfg.trainer.prompts_per_step),
+            n=sampling.n,
+            seed=int(cfg.trainer.seed),
+            seed_scope=sampling.seed_scope,
+            call_bonus=tools.shaping.call_bonus,
+            error_penalty=tools.shaping.error_penalty,
+            reflect=reflect if reflect is not None else reflection_settings(cfg),
+        )
 
 
 def generate_groups(
-    cfg, source, rollout, problems: list, n: int, *, seed: int, rank: int, first: int, pad_token_id: int
+    settings: CollectSettings, source, rollout, problems: list, n: int, *, seed: int, rank: int, first: int, pad_token_id: int
 ) -> Rollout:
     """``n`` responses to each of this rank's ``problems`` (``first``: the index of the first one
     among the step's prompts; ``seed``: the step's). ``rollout.seed_scope=group`` samples every group
     alone, seeded by its index in the step, so the responses do not depend on the number of ranks;
     the default ``call`` seeds one generate call per rank."""
-    if str(cfg.rollout.get("seed_scope", "call")) != "group":
+    if settings.seed_scope != "group":
         return rollout.generate([source.prompt(p) for p in problems], n=n, seed=rank_seed(seed, rank))
     parts = [rollout.generate([source.prompt(p)], n=n, seed=group_seed(seed, first + i)) for i, p in enumerate(problems)]
     return cat_rollouts(parts, pad_token_id)
@@ -41,7 +75,7 @@ def generate_groups(
 
 # size: one loop of generate, score and filter per attempt, with the bookkeeping each attempt adds to
 def collect_rollouts(
-    cfg, *, source, rollout, algo, dist, pad_token_id: int, step: int, reward_runner=None
+    settings: CollectSettings, *, source, rollout, algo, dist, pad_token_id: int, step: int, reward_runner=None
 ) -> tuple[StepBatch | None, dict]:
     """Generate, score and (with dynamic sampling, as ``algo`` says) filter until the batch is full.
 
@@ -51,31 +85,32 @@ def collect_rollouts(
     ``reward_runner``: the run's ``rewards.RewardRunner`` (None: the source's verifier alone, as
     ``reward.functions: []``). The runner also finds each response's text facts (reflection words,
     repetition: ``diagnostics.reflection``) while the reward runs; the batch carries them
-    (``StepBatch.facts``) and the step's text metrics are added up from them.
+    (``StepBatch.facts``) and the step's text metrics are added up from them. ``settings``: the
+    run's ``CollectSettings`` (a composed ``train`` config is read into them here, for callers
+    that have no set-up of their own).
     """
-    reflect = reflection_settings(cfg)
+    settings = CollectSettings.from_config(settings)
+    reflect, n = settings.reflect, settings.n
     text = reflect.text_facts
     if reward_runner is None:  # a runner for this call alone: no worker process to start and leave behind
         reward_runner, text = build_reward_runner(None, source), dataclasses.replace(text, workers=0)
-    t, n = cfg.trainer, int(cfg.rollout.n)
-    want = int(t.prompts_per_step) // dist.world_size  # this rank's share of the prompts
+    want = settings.prompts_per_step // dist.world_size  # this rank's share of the prompts
     max_batches = algo.max_num_gen_batches if algo.dynamic_sampling else 1
     kept: list[tuple[Rollout, torch.Tensor, torch.Tensor, torch.Tensor, ResponseFacts]] = []
     n_kept, all_correct, all_rewards, all_len, all_trunc, per_group = 0, [], [], [], [], defaultdict(list)
     own_len = []  # the policy's own tokens of each response (tool outputs left out): the text metrics' lengths
     unique_frac, attempts, scored, with_tools = [], 0, [], []
-    tools_cfg = cfg.get("tools")
     for attempt in range(max_batches):
         attempts += 1
         problems = distributed.shard(source.sample(want * dist.world_size, step, attempt), dist)
         prompt_texts = [source.prompt(p) for p in problems]
         roll = generate_groups(
-            cfg,
+            settings,
             source,
             rollout,
             problems,
             n,
-            seed=rollout_seed(t.seed, step, attempt),
+            seed=rollout_seed(settings.seed, step, attempt),
             rank=dist.rank,
             first=dist.rank * len(problems),
             pad_token_id=pad_token_id,
@@ -95,10 +130,7 @@ def collect_rollouts(
         shaped = algo.shape_rewards(torch.tensor(batch.total, dtype=torch.float32), roll.lengths)
         if roll.tools is not None:  # multi-turn with a tool: its use, and the optional shaping term
             with_tools.append(roll)
-            shaping = (tools_cfg.get("shaping") if tools_cfg is not None else None) or {}
-            shaped = shaped + tool_shaping(
-                roll.tools, float(shaping.get("call_bonus", 0.0)), float(shaping.get("error_penalty", 0.0))
-            )
+            shaped = shaped + tool_shaping(roll.tools, settings.call_bonus, settings.error_penalty)
         all_correct.append(correct), all_rewards.append(shaped)
         all_len.append(roll.lengths.float()), all_trunc.append(roll.truncated.float())
         own_len.append(policy_lengths(roll).float())

@@ -38,6 +38,7 @@ from ..models.lora import apply_lora
 from ..rewards import RewardRunner, build_reward_runner
 from ..rollout.base import build_rollout
 from ..rollout.multi_turn import ToolRollout
+from ..rollout.settings import SamplingSettings, ToolSettings
 from .algos.algorithm import Algorithm
 from .data.prompts_source import build_prompt_source
 from .parallel import distributed
@@ -144,9 +145,11 @@ def stats_kwargs(cfg) -> dict:
 
 def build_engine(cfg, model, tokenizer):
     """The rollout engine ``cfg.rollout``; with ``tools.enabled`` wrapped in the multi-turn driver
-    (``rollout/multi_turn.py``) whose calls run in the code sandbox (``evals/code/tool_executor.py``)."""
-    engine = build_rollout(cfg.rollout, model, tokenizer)
-    tools = cfg.get("tools")
-    if tools is None or not bool(tools.get("enabled", False)):
+    (``rollout/multi_turn.py``) whose calls run in the code sandbox (``evals/code/tool_executor.py``).
+    Both sections are read here once, into ``SamplingSettings`` and ``ToolSettings``."""
+    sampling = SamplingSettings.from_config(cfg.rollout)
+    engine = build_rollout(sampling, model, tokenizer)
+    tools = ToolSettings.from_config(cfg.get("tools"))
+    if not tools.enabled:
         return engine
-    return ToolRollout(engine, tools, build_tool_executor(tools), cfg.rollout, final_answer=extract_answer)
+    return ToolRollout(engine, tools, build_tool_executor(cfg.tools), sampling, final_answer=extract_answer)

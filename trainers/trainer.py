@@ -55,7 +55,7 @@ from .algos.algorithm import Algorithm
 from .algos.core_algos import part_weight
 from .algos.step_batch import StepBatch
 from .async_rollout import AsyncRollouts, async_step_metrics, check_async
-from .collect import collect_rollouts
+from .collect import CollectSettings, collect_rollouts
 from .data import micro_batches
 from .optim import advance_scheduler, build_optimizer, build_scheduler, resume_scheduler
 from .parallel import distributed
@@ -146,7 +146,7 @@ class GRPOTrainer:
         # generation, scoring and dynamic sampling of one step (collect.py), bound to this run's parts
         self._collect = functools.partial(
             collect_rollouts,
-            cfg,
+            CollectSettings.from_config(cfg, reflect=self.reflect),
             source=self.source,
             rollout=self.rollout,
             algo=self.algo,

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, open_dict
 from ...conf import compose
 from ...rollout.base import build_rollout
 from ...trainers import components
-from ...trainers.collect import collect_rollouts
+from ...trainers.collect import CollectSettings, collect_rollouts
 from ...trainers.parallel import distributed
 from ...trainers.stats.attribution import predicted_change, probe_entropy_gradient
 from ...trainers.stats.diagnostics import QUADRANTS, effective_entropy_change, quadrant_ids
@@ -57,6 +57,7 @@ def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=pr
     source = components.build_source(cfg, tokenizer)  # no output folder, tracking or optimizer
     algo = components.build_algorithm(cfg)
     engine = build_rollout(cfg.rollout, model, tokenizer)
+    collect = CollectSettings.from_config(cfg)
     try:
         kw = components.stats_kwargs(cfg)
         rows = int(cfg.trainer.micro_batch_responses)
@@ -80,7 +81,7 @@ def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=pr
         for b in range(batches):
             # fresh prompts, apart from the training stream (steps 10_000 + b)
             batch, _m = collect_rollouts(
-                cfg, source=source, rollout=engine, algo=algo, dist=dist, pad_token_id=tokenizer.pad_token_id, step=10_000 + b
+                collect, source=source, rollout=engine, algo=algo, dist=dist, pad_token_id=tokenizer.pad_token_id, step=10_000 + b
             )
             if batch is None:
                 continue

@@ -312,7 +312,7 @@ def test_an_ignored_parameter_is_caught():
 
 #: engine keys read by the training loop, not the engine: key -> (file, pattern that reads it)
 ENGINE_KEYS_READ_BY_THE_LOOP = {
-    "name": ("rollout/base.py", r"\"name\""),  # the registry picks the engine by it
+    "name": ("rollout/base.py", r"\"name\"|settings\.name\b"),  # the registry picks the engine by it
     "n": ("trainers/settings.py", r"rollout\.n\b|\"n\""),  # the group size
     "seed_scope": ("trainers/collect.py", r"seed_scope"),
     "tis": ("trainers/algos/algorithm.py", r"switched_on_by"),  # rollout.tis switches the tis intervention on
@@ -322,7 +322,8 @@ ENGINE_MODULES = {"hf": "rollout/hf_engine.py", "vllm": "rollout/vllm_engine.py"
 
 @pytest.mark.parametrize("engine", sorted(ENGINE_MODULES))
 def test_every_engine_key_is_read(engine):
-    """Every key of ``conf/rollout/<engine>.yaml`` is read by the engine's module or, for the keys
+    """Every key of ``conf/rollout/<engine>.yaml`` is read by the engine's module (as its typed
+    ``settings.<key>``, rollout/settings.py) or, for the keys
     the loop owns, by the file named in ``ENGINE_KEYS_READ_BY_THE_LOOP``. (The hf engine's sampling
     keys are also checked to change the samples: ``test_hf_sampling_keys_change_the_samples``.)"""
     import yaml
@@ -335,7 +336,7 @@ def test_every_engine_key_is_read(engine):
             file, pattern = ENGINE_KEYS_READ_BY_THE_LOOP[key]
             if not re.search(pattern, (ROOT / file).read_text()):
                 unread.append(f"{key} (not in {file})")
-        elif f'"{key}"' not in source:
+        elif f'"{key}"' not in source and not re.search(rf"settings\.{key}\b", source):
             unread.append(key)
     assert unread == [], f"rollout={engine} accepts keys its engine never reads: {unread}"
 

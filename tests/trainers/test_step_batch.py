@@ -260,3 +260,30 @@ def test_the_step_methods_read_no_config():
         reads = [n for n in ast.walk(methods[name]) if isinstance(n, ast.Attribute) and n.attr == "cfg"]
         reads += [n for n in ast.walk(methods[name]) if isinstance(n, ast.Name) and n.id == "cfg"]
         assert reads == [], f"GRPOTrainer.{name} reads the config"
+
+
+def test_the_samplers_and_the_collection_read_typed_settings():
+    """The engines, the tool driver and the batch collection take their settings typed, read once
+    where the run is set up (``rollout/settings.py``, ``collect.CollectSettings``): no function there
+    takes a config section (but the ``from_config`` readers), and no config read with a default of
+    its own remains, so a default lives in one place, beside the YAML that sets it."""
+    import ast
+    from pathlib import Path
+
+    import entropyrl
+
+    root = Path(entropyrl.__file__).parent
+    sections = {"cfg", "rollout_cfg", "tools_cfg"}
+    for module in ("trainers/collect.py", "rollout/hf_engine.py", "rollout/vllm_engine.py", "rollout/multi_turn.py"):
+        tree = ast.parse((root / module).read_text())
+        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            params = {a.arg for a in fn.args.args + fn.args.kwonlyargs + fn.args.posonlyargs}
+            assert fn.name in ("from_config", "build_rollout") or not params & sections, f"{module}: {fn.name} takes a config"
+        for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+            where = f"{module}:{call.lineno}"
+            assert not (isinstance(call.func, ast.Name) and call.func.id == "cfg_get"), f"{where} reads the config"
+            if isinstance(call.func, ast.Attribute) and call.func.attr == "get" and len(call.args) == 2:
+                key, default = call.args
+                receiver = ast.unparse(call.func.value)
+                literal = isinstance(key, ast.Constant) and isinstance(default, ast.Constant)
+                assert not literal or receiver == "os.environ", f"{where}: {receiver}.get(...) with a default of its own"
