@@ -13,6 +13,12 @@ outlive the run. Each caller chooses the way that fits it:
   ends a helper stuck in C code, where no Python thread runs;
 - none of them, where the helper reads a socket or pipe from the parent and ends at its EOF.
 
+A helper that starts processes of its own it does not control (vLLM's engine process, which watches
+no parent) leads its own process group (``lead_own_process_group``): whatever it starts is in that
+group, so the parent ends them all with ``end_process_group(helper_pid)`` once the helper is gone,
+whichever way it went (killed by the OOM killer, stopped for a stall, or closed), and the helper ends
+its group itself when it finds its parent gone.
+
 "Gone" is seen as re-parenting: when a process's parent exits, the kernel gives it a new parent
 (init or a subreaper), so ``os.getppid()`` changes.
 """
@@ -25,7 +31,15 @@ import threading
 import time
 from typing import Callable
 
-__all__ = ["die_with_parent", "exit_when_parent_gone", "ignore_group_stop_signals", "parent_alive_check"]
+__all__ = [
+    "die_with_parent",
+    "end_process_group",
+    "exit_when_parent_gone",
+    "ignore_group_stop_signals",
+    "lead_own_process_group",
+    "leads_own_group",
+    "parent_alive_check",
+]
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -76,4 +90,37 @@ def die_with_parent() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError):
+        pass
+
+
+def lead_own_process_group() -> None:
+    """Make this process the leader of a new process group (``setpgid(0, 0)``), before it starts any
+    process of its own: every process it starts then belongs to the group, which
+    ``end_process_group(os.getpid())`` ends. A stop signal sent to the parent's group no longer reaches
+    it (a helper ignores those anyway: ``ignore_group_stop_signals``). Where that is not allowed (a
+    session leader), nothing."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+
+
+def leads_own_group(pid: int) -> bool:
+    """Whether the live process ``pid`` leads its own process group (has called
+    ``lead_own_process_group``). Ask while it runs: once it has exited and been reaped, its number
+    says nothing."""
+    try:
+        return os.getpgid(pid) == pid and pid != os.getpgrp()
+    except OSError:
+        return False
+
+
+def end_process_group(leader_pid: int) -> None:
+    """SIGKILL every process left in the group ``leader_pid`` led, the leader included if it still
+    runs; a group with no member left is nothing to end. Call it only for a process seen leading its
+    group (``leads_own_group``) while it ran: a process group's id is not reused while the group has a
+    member, so the number names no one else's processes."""
+    try:
+        os.killpg(leader_pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
         pass

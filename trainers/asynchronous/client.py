@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from ...core.errors import UserError
+from ...core.helper_process import end_process_group, leads_own_group
 from ..algos.step_batch import StepBatch
 from ..parallel import distributed
 from .channel import _POLL_S, StaleBatch, StopFlag, WeightChannel, WorkerFailed, _always
@@ -49,6 +50,9 @@ class AsyncRollouts:
         self.engine = str(cfg.rollout.get("name", "hf"))
         self.rollout_gpus = int(cfg.trainer.get("rollout_gpus", 0) or 0)
         self.process = None
+        # the worker's pid once it was seen leading its own process group (its vLLM engine process is in
+        # it): the group is ended with the worker, however the worker ends
+        self.group_leader: int | None = None
         self.weights: WeightChannel | None = None
         # batches taken from the worker ahead of the steps that train them (drain, restore): trained first
         self.pending: list[StaleBatch] = []
@@ -105,6 +109,7 @@ class AsyncRollouts:
         limit_s, how = stall_limit_s(self.stall_s, self.slowest_batch_s)
         started = time.monotonic()
         while self.weights.loaded.value < version:
+            self._note_group()
             if not self.process.is_alive():  # its error, sent before it exited, or that it is gone
                 self._receive(first_step)
             waited = time.monotonic() - started
@@ -119,6 +124,7 @@ class AsyncRollouts:
         just trained is still logged and saved."""
         if self.weights is None:
             return
+        self._note_group()
         alive = self.process.is_alive if self.process is not None else _always
         limit_s, how = stall_limit_s(self.stall_s, self.slowest_batch_s)
         started = time.monotonic()
@@ -259,6 +265,7 @@ class AsyncRollouts:
             try:
                 item = self.reader.get(timeout=_POLL_S)
             except queue_errors.Empty:
+                self._note_group()
                 if not self.process.is_alive():
                     raise self._worker_gone(step) from None
                 waited = time.monotonic() - started
@@ -281,8 +288,10 @@ class AsyncRollouts:
         """Stop a live worker that sent nothing for ``waited_s`` seconds while the trainer waited
         ``what`` (past its limit, set as ``how`` says), and the one line that ends the run."""
         pid = self.process.pid
+        self._note_group()
         self.process.kill()  # SIGKILL ends a stopped process too; close() reaps it
         self.process.join(timeout=5.0)
+        self._end_group()
         return UserError(
             f"the rollout worker (pid {pid}) is alive but sent nothing for {waited_s:.0f} s while the trainer waited "
             f"{what} (stopped, deadlocked or spinning?); the limit is {how}; the worker was stopped. The metrics "
@@ -302,6 +311,7 @@ class AsyncRollouts:
         """Stop the worker (it exits at its next poll) and wait for it; terminate it if it lingers."""
         if self.process is None:
             return
+        self._note_group()  # while it runs: its group outlives a worker that exits
         self.stop.set()
         deadline = time.monotonic() + 10.0
         while self.process.is_alive() and time.monotonic() < deadline:
@@ -314,8 +324,22 @@ class AsyncRollouts:
         if self.process.is_alive():
             self.process.kill()  # it ignores SIGTERM
         self.process.join(timeout=5.0)
+        self._end_group()
         self.queue.cancel_join_thread()
         self.process = None
+
+    def _note_group(self) -> None:
+        """Remember the worker's process group once the running worker is seen leading one."""
+        if self.group_leader is None and self.process is not None and self.process.is_alive():
+            if leads_own_group(self.process.pid):
+                self.group_leader = self.process.pid
+
+    def _end_group(self) -> None:
+        """End what is left of the worker's process group (its engine's processes, which outlive a
+        killed worker: vLLM's engine process watches no parent)."""
+        if self.group_leader is not None:
+            end_process_group(self.group_leader)
+            self.group_leader = None
 
 
 def _on_cpu(value):

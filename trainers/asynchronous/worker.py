@@ -8,6 +8,7 @@ imports it by this module's path."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue as queue_errors
 import time
 from dataclasses import dataclass
@@ -16,10 +17,15 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from ...core.helper_process import ignore_group_stop_signals, parent_alive_check
+from ...core.helper_process import (
+    end_process_group,
+    ignore_group_stop_signals,
+    lead_own_process_group,
+    parent_alive_check,
+)
 from ...core.resources import ThreadBudget
 from .. import components
-from ..collect import collect_rollouts
+from ..collect import CollectSettings, collect_rollouts
 from ..parallel import distributed
 from ..stats.policy_stats import batch_token_stats, masked_mean
 from .channel import _LOCK_BOUND_S, _POLL_S, StaleBatch, WeightChannel, WorkerFailed
@@ -33,12 +39,14 @@ def rollout_worker(cfg_yaml: str, weights: WeightChannel, out, stop, first_step:
     # a Ctrl-C or a scheduler's SIGTERM to the process group is the trainer's to handle (a step
     # boundary), where it stops us; parent_alive() is False once we are re-parented (the trainer is gone)
     ignore_group_stop_signals()
+    lead_own_process_group()  # what the worker starts (vLLM's engine process) is ended with it: client.close
     parent_alive = parent_alive_check()
     step, engine = first_step, None
     try:
         cfg = OmegaConf.create(cfg_yaml)
         parts = _build_parts(cfg)
         engine = components.build_engine(cfg, parts.model, parts.tokenizer)
+        collect = CollectSettings.from_config(cfg)  # what each batch reads from the config, read once
         stats_kw, rows_per_chunk = components.stats_kwargs(cfg), int(cfg.trainer.micro_batch_responses)
         loaded, idle, ready_before = -1, 0.0, time.perf_counter()
         while not stop.is_set():
@@ -53,7 +61,7 @@ def rollout_worker(cfg_yaml: str, weights: WeightChannel, out, stop, first_step:
                 engine.sync_weights()  # an engine holding its own copy (vLLM) gets them too
             idle += time.perf_counter() - waited
             batch, metrics = collect_rollouts(
-                cfg,
+                collect,
                 source=parts.source,
                 rollout=engine,
                 algo=parts.algo,
@@ -78,6 +86,8 @@ def rollout_worker(cfg_yaml: str, weights: WeightChannel, out, stop, first_step:
     finally:
         if engine is not None:
             engine.close()  # vLLM's engine process ends with its worker
+        if not parent_alive():  # no trainer left to end the group: what the engine left behind ends here
+            end_process_group(os.getpid())
 
 
 @dataclass
