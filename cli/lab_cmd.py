@@ -33,9 +33,11 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from ..conf import compose
 from ..core.errors import UserError
+from ..sweeps.plugins import load_installed_plugins
 from ..sweeps.studies import DEFAULT_JOBS, STUDIES, Study, study_for
 
 QUADRANTS = "quadrants"  # the lab ablation's quadrant-experiment variant (--experiment all and quadrants run it)
@@ -188,8 +190,28 @@ def _print_outcome(console, say, result: dict, out: Path) -> None:
         )
 
 
+class _StudiesHelp(TyperCommand):
+    """The ``lab`` command, whose help is built when it is shown, from the studies registered then:
+    an installed plugin's (``sweeps/plugins.py``, entry-point group ``entropyrl.plugins``) beside the
+    package's own."""
+
+    def format_help(self, ctx, formatter) -> None:
+        load_installed_plugins()
+        self.help = lab_help()
+        option_help = {"algos": _algos_help(), "experiment": _experiment_help(), "jobs": _jobs_help(), "out": _out_help()}
+        for param in self.params:
+            if param.name in option_help:
+                param.help = option_help[param.name]
+        super().format_help(ctx, formatter)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("lab", help=lab_help(), context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    @app.command(
+        "lab",
+        cls=_StudiesHelp,
+        help=lab_help(),
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )
     def lab(
         overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides for every run"),
         algos: str = typer.Option("default", help=_algos_help()),

@@ -23,6 +23,7 @@ tables (``report.md``'s markdown, ``comparison.csv``, ``runs.csv``).
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import time
@@ -43,6 +44,7 @@ from .report_tables import acted, markdown, write_tables
 from .report_tables import acted_cell as acted_cell
 from .report_tables import shown_columns as shown_columns
 from .state import DONE, FAILED, PENDING, RUNNING, JobStatus, sweep_status
+from .studies import STUDIES
 
 PLOTS = [
     ("entropy", "entropy", "policy entropy (nats/token)"),
@@ -246,6 +248,16 @@ def _draw_plots(sweep_dir: Path, curves: dict[str, list], order: list[str], abla
     return plots
 
 
+def _register_declared_step(name: str) -> None:
+    """Register the report step a registered study declares as ``report_step_at`` ("module:function")
+    under ``name``, its module imported now: the steps of studies registered after the lab plugin
+    was imported (a plugin of your own) are found as the lab's are."""
+    study = next((s for s in STUDIES.values() if s.report_step == name and s.report_step_at), None)
+    if study is not None:
+        module, _, function = study.report_step_at.partition(":")
+        register_report_step(name, getattr(importlib.import_module(module), function))
+
+
 def _report_step(sweep: dict, ablation: str, report_step: str | None) -> ReportStep | None:
     """The report step to run after this report: ``report_step``, else the one the ablation names;
     None when neither names one. An unknown name is refused."""
@@ -254,6 +266,8 @@ def _report_step(sweep: dict, ablation: str, report_step: str | None) -> ReportS
     if step_name:
         if str(step_name) not in REPORT_STEPS:
             load_plugins()
+        if str(step_name) not in REPORT_STEPS:
+            _register_declared_step(str(step_name))
         step = REPORT_STEPS.get(str(step_name))
         if step is None:
             raise UserError(f"ablation {ablation}: " + unknown_choice("report_step", step_name, REPORT_STEPS))
