@@ -1,6 +1,6 @@
 """Entropy where reasoning turns, over a sweep's runs: per variant, how often the responses held a
-reflection word and the token entropy (and surprisal) at those words, just before them and over
-all tokens, from each run's ``metrics.jsonl`` (``reflection/*``, docs/long-cot.md). Prints a
+reflection word and the token entropy (and surprisal) at the first token of those words (the
+decision to turn), over all their tokens, at the token before them and over all tokens, from each run's ``metrics.jsonl`` (``reflection/*``, docs/long-cot.md). Prints a
 markdown table; the numbers in docs/long-cot.md for the real model come from it.
 
     python examples/reflection_entropy.py SWEEP_DIR
@@ -40,7 +40,18 @@ def summarise(rows: list[dict], responses_per_step: int) -> dict:
         "steps_reflecting": len(steps),
         "words": total,
         "frac_mean": sum(float(r.get("reflection/frac", 0.0)) for r in rows) / max(len(rows), 1),
-        **{k: mean(f"reflection/{k}") for k in ("entropy_at", "entropy_before", "entropy_all", "surprisal_at", "surprisal_all")},
+        **{
+            k: mean(f"reflection/{k}")
+            for k in (
+                "entropy_first",
+                "entropy_at",
+                "entropy_before",
+                "entropy_all",
+                "surprisal_first",
+                "surprisal_at",
+                "surprisal_all",
+            )
+        },
     }
 
 
@@ -60,7 +71,8 @@ def main(sweep_dir: Path) -> None:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         by_variant.setdefault(path.parent.parent.name, []).append(summarise(rows, n))
     print(
-        "| variant | steps with a reflection word | words | share of responses | entropy at / before / all | surprisal at / all |"
+        "| variant | steps with a reflection word | words | share of responses "
+        "| entropy first / at / before / all | surprisal first / at / all |"
     )
     print("| --- | --- | --- | --- | --- | --- |")
     for variant, parts in by_variant.items():
@@ -71,8 +83,9 @@ def main(sweep_dir: Path) -> None:
         frac = sum(p["frac_mean"] * p["steps"] for p in parts) / max(steps, 1)
         print(
             f"| `{variant}` | {hit} of {steps} | {words:.0f} | {frac:.3f} | "
-            f"{_pooled(parts, 'entropy_at'):.2f} / {_pooled(parts, 'entropy_before'):.2f} / {_pooled(parts, 'entropy_all'):.2f} | "
-            f"{_pooled(parts, 'surprisal_at'):.2f} / {_pooled(parts, 'surprisal_all'):.2f} |"
+            f"{_pooled(parts, 'entropy_first'):.2f} / {_pooled(parts, 'entropy_at'):.2f} / "
+            f"{_pooled(parts, 'entropy_before'):.2f} / {_pooled(parts, 'entropy_all'):.2f} | "
+            f"{_pooled(parts, 'surprisal_first'):.2f} / {_pooled(parts, 'surprisal_at'):.2f} / {_pooled(parts, 'surprisal_all'):.2f} |"
         )
 
 
