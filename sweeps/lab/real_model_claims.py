@@ -20,7 +20,9 @@ measured reason (the runs' regime warnings and flags).
   seed: the signs agree on at least ``SIGN_SHARE`` of them and the summed prediction is within
   ``SUM_RATIO`` of the summed realised change; the per-variant sums are shown.
 - ``real_model_accuracy`` (descriptive): final validation accuracy and pass@k per variant beside
-  GRPO's; a method below GRPO's accuracy on every seed is said to cost accuracy.
+  GRPO's; a method below GRPO's accuracy on every seed is said to cost accuracy, and a method and
+  GRPO that both solved every held-out problem are said to be at the ceiling, where no difference
+  can show.
 - ``real_model_text`` (descriptive): the reflection and repetition metrics of the model's own text
   (``TEXT_KEYS``), first tenth -> last tenth per variant.
 
@@ -62,6 +64,7 @@ TEXT_KEYS = (
     "repetition/score/mean",
     "reflection/density",
     "reflection/frac",
+    "reflection/entropy_first",
     "reflection/entropy_at",
     "response_length/mean",
 )
@@ -221,7 +224,8 @@ def _attribution(runs: dict) -> dict:
 def accuracy_table(runs: dict, pass_key: str) -> list[dict]:
     """Per variant: final ``val/acc``, ``val/pass_at_1`` and ``pass_key`` per seed and their means, and
     against GRPO on the seeds both ran: the mean difference in accuracy and ``costs_accuracy`` (below
-    GRPO's final accuracy on every such seed)."""
+    GRPO's final accuracy on every such seed), and ``at_ceiling`` (every seed solved every held-out
+    problem: no difference can show)."""
     grpo = runs.get("grpo") or {}
     out = []
     for v, by_seed in runs.items():
@@ -237,6 +241,8 @@ def accuracy_table(runs: dict, pass_key: str) -> list[dict]:
         diffs = [d for d in diffs if math.isfinite(d)]
         row["acc_minus_grpo"] = diffs
         row["costs_accuracy"] = bool(v != "grpo" and diffs and all(d < 0 for d in diffs))
+        finite = [a for a in acc.values() if math.isfinite(a)]
+        row["at_ceiling"] = bool(finite) and all(a >= 1.0 for a in finite)  # every held-out problem solved
         out.append(row)
     return out
 
@@ -249,12 +255,15 @@ def _mean(vals: list[float]) -> float:
 def _accuracy(runs: dict, pass_key: str) -> dict:
     table = accuracy_table(runs, pass_key)
     k = pass_key.split("/")[-1].replace("pass_at_", "pass@")
+    grpo_at_ceiling = any(t["variant"] == "grpo" and t["at_ceiling"] for t in table)
     cells = []
     for t in table:
         cell = f"{t['variant']}: val acc {fmt(_mean(t['val_acc']))}, {k} {fmt(_mean(t['pass_at_k']))}"
         if t["variant"] != "grpo" and t["acc_minus_grpo"]:
             cell += f" ({_mean(t['acc_minus_grpo']):+.3g} acc vs grpo"
             cell += ", below on every seed: costs accuracy)" if t["costs_accuracy"] else ")"
+            if t["at_ceiling"] and grpo_at_ceiling:
+                cell += " [both at the ceiling, every held-out problem solved: this validation cannot tell them apart]"
         cells.append(cell)
     return {
         "id": "real_model_accuracy",
@@ -265,6 +274,7 @@ def _accuracy(runs: dict, pass_key: str) -> dict:
         "per_seed": table,
         "descriptive": True,
         "costs_accuracy": [t["variant"] for t in table if t["costs_accuracy"]],
+        "at_ceiling": [t["variant"] for t in table if t["at_ceiling"]],
     }
 
 

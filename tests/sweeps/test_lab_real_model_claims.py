@@ -133,6 +133,21 @@ def test_accuracy_side_by_side_says_when_a_method_costs_accuracy():
     assert t["clip_cov"]["costs_accuracy"] is False and t["clip_cov"]["acc_minus_grpo"] == pytest.approx([0.1, -0.1])
 
 
+def test_accuracy_at_the_ceiling_says_the_validation_cannot_tell_the_methods_apart():
+    """GRPO and STARE both solved every held-out problem: "+0 acc vs grpo" alone would read as "no
+    cost", which a validation at its ceiling cannot show."""
+    nan = float("nan")
+
+    def run(acc):
+        return _rows([0.5] * 20, val__acc=[nan] * 19 + [acc], val__pass_at_4=[nan] * 19 + [1.0])
+
+    c = _claims({"grpo": {0: run(1.0)}, "stare": {0: run(1.0)}, "clip_cov": {0: run(0.9)}})["real_model_accuracy"]
+    assert c["at_ceiling"] == ["grpo", "stare"]
+    assert "stare: val acc 1, pass@4 1 (+0 acc vs grpo) [both at the ceiling" in c["measured"]
+    assert "clip_cov: val acc 0.9, pass@4 1 (-0.1 acc vs grpo, below on every seed: costs accuracy)" in c["measured"]
+    assert "ceiling" not in _claims({"grpo": {0: run(0.9)}, "stare": {0: run(1.0)}})["real_model_accuracy"]["measured"]
+
+
 def test_text_metrics_first_and_last_tenth_per_method():
     rows = _rows([0.5] * 20, repetition__score__mean=[0.1 + 0.01 * i for i in range(20)], reflection__density=3.0)
     (rep, dens) = text_table({"grpo": {0: rows, 1: rows}})
