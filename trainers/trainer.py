@@ -1,35 +1,30 @@
 """The GRPO-family training recipe, readable top to bottom.
 
-One training step:
-  1. sample ``prompts_per_step`` prompts and ``rollout.n`` responses each (the policy samples);
-  2. score them with the reward (``reward.functions``, else the data's verifier: rewards/; plus
-     DAPO overlong shaping when enabled), and with
-     dynamic sampling drop all-equal groups and keep generating until the batch is full;
+One training step (``train_step``):
+  1. sample ``prompts_per_step`` prompts and ``rollout.n`` responses each (``collect``);
+  2. score them with the reward (``reward.functions``, else the data's verifier: rewards/; DAPO
+     overlong shaping when enabled); dynamic sampling drops all-equal groups and keeps generating
+     until the batch is full (``collect.py``);
   3. recompute the sampling policy's log-probs and entropy (no grad): ``old_logp``, ``H``;
-  4. the algorithm's controllers look at the batch entropy (STARE's gate, adaptive schedules),
-     group advantages are computed; the observers of the scored batch log its diagnostics
-     (quadrants, entropy quantiles, tool and reflection tokens: ``stats/scored_metrics.py``);
-  5. ``ppo_epochs`` passes of mini-batch updates of the clipped surrogate (with the configured
-     entropy interventions), gradient accumulation over micro-batches; then the lr schedule
-     (``optim.scheduler``) advances by one step;
-  6. metrics to MLflow + metrics.jsonl, periodic validation and atomic checkpoints.
+  4. the controllers read the batch entropy (STARE's gate, adaptive schedules) and the group
+     advantages are computed (3-4: ``_score``); the observers of the scored batch log its diagnostics;
+  5. ``ppo_epochs`` passes of mini-batch updates of the clipped surrogate (with the entropy
+     interventions), accumulated over micro-batches; the lr schedule advances a step (``_update``);
+  6. metrics to MLflow + metrics.jsonl, periodic validation and atomic checkpoints (``fit``).
 
-With ``trainer.staleness=k >= 1`` steps 1-2 run in a rollout worker process
-(``async_rollout.py``) on weights at most ``k`` steps old, while the trainer does steps 3-6 of the
-batch before; the trainer publishes its weights after every step (docs/async.md).
+With ``trainer.staleness=k >= 1`` steps 1-2 run in a rollout worker process (``async_rollout.py``)
+on weights at most ``k`` steps old while the trainer does steps 3-6 of the batch before, publishing
+its weights after every step (docs/async.md). The step travels as one ``StepBatch``
+(``algos/step_batch.py``: stamped with its policy version, sliced with ``batch[idx]`` per mini- and
+micro-batch); diagnostics that need extra gradients observe its moments (``stats/observers.py``).
 
-The step travels as one ``StepBatch`` (``algos/step_batch.py``), sliced with ``batch[idx]`` per
-mini- and micro-batch; the loss returns what it computed, and the diagnostics that need extra
-gradients (``diagnostics.quadrants``, ``diagnostics.attribution``) are observers of the step's
-moments around it (``stats/observers.py``).
-
-``train(cfg)`` resumes from the latest checkpoint in ``output_dir`` when there is one
-(``trainer.resume=auto``), continuing the step count and the same MLflow run. Under staleness a
-checkpoint also keeps the batches each rank drew from its worker for the next steps, so a resumed
-run trains the batches the uninterrupted one would (``async_rollout.py``, ``drain``).
+Beside the recipe, in ``run/``: the observers' set-up (``step_observers.py``); save and resume
+(``checkpointer.py``, under staleness with the batches each rank drew ahead: ``pending.py``, so a
+resumed run trains what the uninterrupted one would); the loop's cadence, start, failure lines and
+summary fields (``bookkeeping.py``); validation (``validation.py``). ``train(cfg)`` resumes from
+``output_dir``'s latest checkpoint (``trainer.resume=auto``), continuing its steps and MLflow run.
 """
 
-# size: the recipe read top to bottom: set-up, resume and save, the step, the run loop with its failure handling
 from __future__ import annotations
 
 import functools
@@ -40,58 +35,40 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from ..core.gc_pause import paused_gc
 from ..core.heap import trim_heap
 from ..core.resources import ThreadBudget
 from ..core.seeds import shuffle_seed
 from ..core.tracking import read_metrics
-from ..evals.reflection import TokenPieces
 from ..rollout.base import Rollout
 from . import components
-from .algos.algo_config import tracked_config
 from .algos.algorithm import Algorithm
-from .algos.core_algos import part_weight
+from .algos.loss_agg import part_weight as accumulation_weight  # a micro-batch's share of its mini-batch loss
 from .algos.step_batch import StepBatch
 from .async_rollout import AsyncRollouts, async_step_metrics, check_async
 from .collect import CollectSettings, collect_rollouts
 from .data import micro_batches
-from .optim import advance_scheduler, build_optimizer, build_scheduler, resume_scheduler
+from .optim import advance_scheduler, build_optimizer, build_scheduler
 from .parallel import distributed
 from .preflight import TrainingCheck, check_training
-from .run import checkpoint as ckpt
 from .run import run_dir
 from .run import samples as run_samples
-from .run.names import default_run_name
-from .run.oom import is_out_of_memory, memory_error
+from .run.bookkeeping import RunPlan, record_config, run_failure, start_run, stopped_message, summary_fields
+from .run.checkpointer import Checkpointer
 from .run.overview import overview_metrics
-from .run.pending import pending_records, restore_pending
 from .run.run_report import TrainingProgress, write_run_report
+from .run.step_observers import build_step_observers
 from .run.stop_signals import RunInterrupted, StopSignals
 from .run.validation import validation_metrics
 from .settings import StepSettings
-from .stats.attribution import build_attribution
-from .stats.observers import StepObserver, build_observers
 from .stats.policy_stats import batch_token_stats, response_token_stats
-from .stats.probe import build_probe
 from .stats.reflection import reflection_settings
-from .stats.scored_metrics import scored_observers
 from .stats.tool_stats import step_loss_mask
 from .stats.update_tokens import UpdateTokenStats, entropy_quartile_edges
 
 
-def accumulation_weight(agg: str, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
-    """Scale of one micro-batch's loss so that accumulated gradients equal one pass over the
-    mini-batch: the micro-batch's share of the aggregation's own normaliser (valid tokens for
-    token-mean, responses for seq-mean-token-mean, 1 for a constant normaliser), as the aggregation
-    declared it when registered (``core_algos.register_loss_agg``)."""
-    return part_weight(agg, micro_mask, mini_mask)
-
-
-# ---------------------------------------------------------------------------------------------
-# the recipe
-# ---------------------------------------------------------------------------------------------
 class GRPOTrainer:
     def __init__(self, cfg: DictConfig, log=print, *, algo: Algorithm | None = None, run_mode: str | None = None):
         """Set up the run's components one by one (each buildable alone: ``trainers/components.py``).
@@ -114,10 +91,7 @@ class GRPOTrainer:
         # the interventions' "acted" metrics, copied into 0_overview/ each step (run/overview.py)
         self.acted_keys = [k for iv in self.algo.interventions if (k := type(iv).acted_key()) is not None]
         # resume / refuse / overwrite what output_dir holds, before minutes of model loading
-        self.run_mode = run_mode if run_mode is not None else run_dir.check_output_dir(cfg)
-        if self.run_mode == "overwrite":
-            run_dir.clear_previous_run(self.output_dir, is_main=self.dist.is_main, log=self.log)
-            self.run_mode = "fresh"
+        self.run_mode = run_dir.settle_output_dir(cfg, run_mode, self.dist.is_main, self.log)
         distributed.barrier(self.dist)
         self.device = self.dist.device
         components.check_batches(cfg, self.dist)
@@ -132,7 +106,6 @@ class GRPOTrainer:
         # model.lora: an adapter injected in place, only it trains (models/lora.py); else None
         self.model, self.tokenizer, self.lora = components.build_policy_and_adapter(cfg, self.dist, log=self.log)
         self.source = components.build_source(cfg, self.tokenizer, log=self.log)
-        self.token_pieces = TokenPieces.for_tokenizer(self.tokenizer)  # token id -> its text, for reflection positions
         self.rewards.bind(self.source)
         self.ref_model = None  # with LoRA the reference is the adapter disabled (_reference_logp)
         if self.algo.needs_ref and self.lora is None:
@@ -154,117 +127,48 @@ class GRPOTrainer:
             pad_token_id=self.tokenizer.pad_token_id,
             reward_runner=self.rewards,
         )
-        self._setup_observers(cfg, staleness)
+        # what watches the step without changing it, each only when switched on (run/step_observers.py)
+        self.probe, self.observers = build_step_observers(cfg, self, staleness)
         # trainer.staleness >= 1: the batches come from a rollout worker process (async_rollout.py),
         # started at the first step from the (restored) weights; 0: collected here, in turn with training
         self.async_rollouts = AsyncRollouts(cfg, staleness, self.dist) if staleness > 0 else None
         if self.async_rollouts is None:  # the text-metrics workers start while the rest is set up (rewards/text_facts.py)
             self.rewards.start_text_facts(self.reflect.text_facts)
-
-    def _setup_observers(self, cfg: DictConfig, staleness: int) -> None:
-        """What watches the step without changing it, built only when switched on: the entropy
-        probe, the attribution of its change, the quadrants' prediction (stats/observers.py), and the
-        metrics of the scored batch (stats/scored_metrics.py)."""
-        self.probe = build_probe(
-            cfg,
-            self.source,
-            self.rollout,
-            lambda model, roll: batch_token_stats(model, roll, self.settings.micro_batch_responses, **self.settings.stats),
-        )
-        self.attribution = build_attribution(
-            cfg,
-            self.probe,
-            self.dist,
-            lambda model, roll: (response_token_stats(model, roll, entropy_grad=True, **self.settings.stats)[1]),
-            self.model,
-            log=self.log,
-        )
-        self.observers: list[StepObserver] = build_observers(
-            quadrants=self.settings.quadrants, probe=self.probe, attribution=self.attribution
-        )
-        self.observers += scored_observers(
-            eps_low=self.algo.eps_low,
-            eps_high=self.algo.eps_high,
-            dist=self.dist,
-            # under a rollout worker: the entropy the controllers read, and whether it is the worker's
-            controller=(self.algo.controller_reading, self.algo.controller_entropy == "behaviour") if staleness > 0 else None,
-            entropy_quantiles=self.settings.entropy_quantiles,
-            quadrants=self.settings.quadrants,
-            tools=bool((cfg.get("tools") or {}).get("enabled", False)),
-            reflection=(self.token_pieces, self.reflect.matcher) if self.reflect.token_metrics else None,
-        )
+        # save and resume: the trained state, with the worker's batches drawn ahead (run/checkpointer.py)
+        self.checkpointer = Checkpointer(self.output_dir, self.settings, self.dist, self.tokenizer, self.log)
 
     def _stats_kwargs(self) -> dict:
         return dict(self.settings.stats)
 
     def close(self) -> None:
-        """Stop the rollout worker and a rollout engine that runs apart (vLLM), and leave the
-        process group we created."""
-        if self.async_rollouts is not None:
-            self.async_rollouts.close()
-        close = getattr(self.rollout, "close", None)
-        if close is not None:
-            close()
-        self.rewards.close()
+        """Stop the rollout worker, a rollout engine that runs apart (vLLM) and the reward's workers,
+        and leave the process group we created."""
+        for part in (self.async_rollouts, self.rollout, self.rewards):  # None, or an engine with nothing to stop
+            if getattr(part, "close", None) is not None:
+                part.close()
         distributed.cleanup(self.dist)
 
     # -- resume / checkpoint ----------------------------------------------------------------
     def maybe_resume(self) -> int | None:
-        if self.run_mode != "resume":  # run_dir.prepare_output_dir decided: nothing to continue
-            return None
-        if self.dist.is_main:
-            ckpt.remove_staging(self.output_dir)  # what a save killed mid-write left behind
-        found = ckpt.load_latest_intact(self.output_dir, dtype=next(self.model.parameters()).dtype, warn=self.log)
-        if found is None:
-            return None
-        latest, state, weights = found
-        if self.lora is not None:  # an adapter checkpoint: the adapter in, the frozen base as it is
-            self.lora.load_adapter(latest / "model")
-            weights = self.model.state_dict()
-        distributed.load_full_state(self.model, self.optimizer, weights, state["optimizer"])
-        self.rollout.sync_weights()  # an engine holding its own weights (vLLM) gets the restored ones
-        self.algo.load_state_dict(state.get("algo", {}))
-        resume_scheduler(self.scheduler, state.get("scheduler"), int(state["step"]))  # none before schedules
-        ckpt.set_rng_state(state["rng"])
-        self.step = int(state["step"])
-        self.log(f"resumed from {latest} (step {self.step})")
-        if self.async_rollouts is not None:  # the batches its worker drew ahead (run/pending.py)
-            restore_pending(self.async_rollouts, latest, self.step, self.dist.rank, self.log)
-        return self.step
+        """Continue from ``output_dir``'s latest intact checkpoint when this run resumes one (as
+        ``run_dir.check_output_dir`` decided): its step, else None (``run/checkpointer.py``)."""
+        resumed = self.checkpointer.resume(self) if self.run_mode == "resume" else None
+        self.step = self.step if resumed is None else resumed
+        return resumed
 
     def save(self) -> Path | None:
-        # Under FSDP every rank takes part in gathering the full state; rank 0 writes it, with every
-        # rank's batches drawn ahead of the next steps under staleness.
-        pending = pending_records(self.async_rollouts, self.step, self.dist, self.log)
-        model, optimizer = distributed.checkpoint_views(self.model, self.optimizer, self.dist)
-        path = None
-        if self.dist.is_main:
-            export = None
-            if self.lora is not None:  # the adapter only; the merged model too on request
-                model, export = self.lora.checkpoint_parts(self.settings.lora, self.tokenizer)
-            path = ckpt.save_checkpoint(
-                self.output_dir,
-                self.step,
-                model,
-                self.tokenizer,
-                optimizer,
-                extra={"algo": self.algo.state_dict(), "scheduler": self.scheduler.state_dict()},
-                keep=self.settings.keep_checkpoints,
-                export=export,
-                config_text=self.settings.config_yaml,
-                objects=pending,
-            )
-        distributed.barrier(self.dist)
-        return path
+        """This step's checkpoint, every rank taking part; its path on rank 0 (``run/checkpointer.py``)."""
+        return self.checkpointer.save(self.step, self)
 
     # -- rollouts ---------------------------------------------------------------------------
     def collect(self) -> tuple[StepBatch | None, dict]:
         """This step's batch (``collect.collect_rollouts``): ``(StepBatch of the responses with their
         rewards, correct and group ids, or None when nothing was kept; metrics)``; under
         ``trainer.staleness`` the rollout worker's batch for this step, with its ``async/*`` metrics."""
-        if self.async_rollouts is not None:
+        if self.async_rollouts is not None:  # stamped with the version the worker generated it from
             return self.async_rollouts.next_batch(self.model, self.step)
-        return self._collect(step=self.step)
+        batch, metrics = self._collect(step=self.step)
+        return (None if batch is None else batch.with_(policy_version=self.step)), metrics
 
     def _reference_logp(self, roll: Rollout, rows_per_chunk: int, stats_kw: dict) -> torch.Tensor | None:
         """Log-probs under the KL reference: the reference model, or with LoRA the policy with its
@@ -338,16 +242,8 @@ class GRPOTrainer:
         """A few of this step's responses with prompt, reward and mean token entropy: appended to
         ``samples.jsonl`` and queued to MLflow (``run/samples.py``)."""
         s = self.settings
-        path = run_samples.write_step_samples(
-            self.output_dir,
-            self.step + 1,
-            batch,
-            self.tokenizer,
-            group_size=s.rollout_n,
-            rows=s.samples_rows,
-            matcher=self.reflect.matcher,
-            tools_cfg=s.tools,
-        )
+        shown = dict(group_size=s.rollout_n, rows=s.samples_rows, matcher=self.reflect.matcher, tools_cfg=s.tools)
+        path = run_samples.write_step_samples(self.output_dir, self.step + 1, batch, self.tokenizer, **shown)
         self.tracker.log_artifact(path, "samples")
 
     def _update(self, batch: StepBatch, metrics: dict) -> None:
@@ -428,97 +324,57 @@ class GRPOTrainer:
             return self._fit(stop)
 
     def _fit(self, stop: StopSignals) -> dict:
-        t = self.cfg.trainer
+        """Resume, then train step by step until ``trainer.total_steps`` or a stop signal: publish the
+        weights to the rollout worker, validate, log, checkpoint; a failure ends in one line
+        (``run/bookkeeping.py``), and every ending writes the summary (``_finish``)."""
         resumed = self.maybe_resume()
-        total = int(t.total_steps)
-        if self.step >= total:
-            self.log(
-                f"the run is already at step {self.step} (trainer.total_steps={total}): nothing to train; "
-                f"raise trainer.total_steps to continue it"
-            )
-        run_name = self.cfg.tracking.get("run_name") or default_run_name(self.cfg)  # what differs, in the name
-        # start-up succeeded: only now the folder gets its MLflow run and config.yaml
-        self.tracker.start(tracked_config(self.cfg), run_name, resume_step=resumed)
-        if resumed is not None and self.dist.is_main:  # the samples of steps this run redoes
-            run_samples.drop_after(self.output_dir, resumed)
-        started = time.perf_counter()
-        status = "FAILED"
-        saved_step = resumed or 0
+        plan = RunPlan.from_config(self.cfg.trainer)  # total steps, validation and checkpoint cadence
+        start_run(self.cfg, self.tracker, self.dist, resumed=resumed, step=self.step, log=self.log)
+        started, status = time.perf_counter(), "FAILED"
         try:
-            run_dir.check_metrics_record(self.output_dir, resumed, self.log)  # deleted/cut short: rebuilt
-            if self.dist.is_main:
-                run_dir.atomic_write_text(self.output_dir / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
-            if resumed is None:
-                self.tracker.log_artifact(self.output_dir / "config.yaml")
-            with TrainingProgress(bool(t.progress) and self.dist.is_main, max(total, self.step), self.step) as bar:
-                while self.step < total and not stop.agreed(self.dist):
+            record_config(self.cfg, self.tracker, self.dist, resumed=resumed, log=self.log)
+            with TrainingProgress(plan.progress and self.dist.is_main, max(plan.total, self.step), self.step) as bar:
+                while self.step < plan.total and not stop.agreed(self.dist):
                     metrics = self.train_step()
                     self.threads.refresh()  # follows processes starting or ending beside us
                     self.step += 1
                     if self.async_rollouts is not None:  # the worker's next generations use these weights
                         self.async_rollouts.publish(self.model, self.step)
-                    last = self.step == total
-                    if int(t.val_every) > 0 and (self.step % int(t.val_every) == 0 or last):
+                    if plan.validates(self.step):
                         metrics.update(self.validate())
                     metrics.update(overview_metrics(metrics, self.acted_keys))  # MLflow's first section
                     self.tracker.log_metrics(self.step, metrics)
                     bar(self.step, metrics)
-                    if last or (int(t.save_every) > 0 and self.step % int(t.save_every) == 0):
+                    if plan.saves(self.step):
                         self.save()
-                        saved_step = self.step
-            if stop.requested is not None and self.step < total:
-                if self.step > saved_step:  # a step boundary: model, optimizer and RNG agree
+            if stop.requested is not None and self.step < plan.total:
+                if self.step > self.checkpointer.saved_step:  # a step boundary: model, optimizer and RNG agree
                     self.save()
-                    saved_step = self.step
                 raise RunInterrupted(stop.requested)
             status = "FINISHED"
         except (KeyboardInterrupt, SystemExit):  # a stop signal, or submitit exiting for a preemption requeue
             status = "KILLED"
             raise
-        except OSError as exc:  # disk full, read-only or vanished folder: one line, resumable
-            raise run_dir.storage_error(exc, self.output_dir, saved_step) from None
-        except (RuntimeError, MemoryError) as exc:  # out of memory: the knobs to turn, in one line (run/oom.py)
-            timeout = distributed.collective_timeout_s(t)
-            lost = distributed.peer_failure(exc, self.dist, timeout, self.step + 1, saved_step)
-            if lost is not None:  # another rank died or stalled: one line, not gloo's traceback
-                raise lost from None
-            if not is_out_of_memory(exc):
+        except (OSError, RuntimeError, MemoryError) as exc:  # storage, a lost rank, out of memory: one line
+            error = run_failure(exc, self.cfg, self.dist, self.device, step=self.step, saved_step=self.checkpointer.saved_step)
+            if error is None:
                 raise
-            error = memory_error(exc, self.cfg, self.step + 1, saved_step, str(self.device))
-            exc.__traceback__ = None  # the failed step's tensors go before the summary is written
             raise error from None
         finally:
             with stop.finishing():
                 summary = self._finish(started, status)
             if status == "KILLED":
-                self.log(
-                    f"stopped at step {self.step} of {total}"
-                    + (f"; checkpoint at step {saved_step}" if saved_step else "; no checkpoint yet")
-                    + f". To continue, run the same command again (output_dir={self.output_dir}, "
-                    f"trainer.resume=auto)" + (f": it resumes from step {saved_step}" if saved_step else "")
-                )
+                self.log(stopped_message(self.step, plan.total, self.checkpointer.saved_step, self.output_dir))
         return summary
 
     def _finish(self, started: float, status: str) -> dict:
-        run = {"status": status, "steps": self.step, "algo": str(self.cfg.algo.name), "output_dir": str(self.output_dir)}
-        if not self.dist.is_main:  # rank 0 writes the summary, plots and artifacts
-            return {**run, "rank": self.dist.rank}
+        """The run's summary; rank 0 also writes ``summary.json``, the figures and the artifacts."""
+        fields = functools.partial(summary_fields, self.cfg, status, self.step, self.dist, self.tracker, self.nodes, started)
+        if not self.dist.is_main:
+            return fields()
         trim_heap()  # what the steps freed goes back before the figures need memory (core/heap.py)
         return write_run_report(
-            read_metrics(self.output_dir),
-            self.cfg,
-            self.output_dir,
-            self.tracker,
-            status,
-            {
-                **run,
-                "world_size": self.dist.world_size,
-                "nodes": self.nodes,
-                "mlflow_run_id": self.tracker.run_id,
-                "tracking_uri": self.tracker.uri if self.tracker.enabled else None,
-                "wall_seconds": time.perf_counter() - started,
-            },
-            log=self.log,
+            read_metrics(self.output_dir), self.cfg, self.output_dir, self.tracker, status, fields(), log=self.log
         )
 
 

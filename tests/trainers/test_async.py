@@ -104,8 +104,8 @@ class _Started:
 
 
 def _item(step: int, version: int, rows: int) -> StaleBatch:
-    batch = torch.zeros(rows)  # stands for a StepBatch: only len() is read when it is dropped
-    return StaleBatch(step, version, (batch, {"acc/mean": 0.5}), 1.25, idle_s=1.0, cycle_s=4.0)
+    """What the worker sends for ``step``: a batch of ``rows`` responses generated at ``version``."""
+    return StaleBatch(step, version, (_step_batch(step, rows=rows), {"acc/mean": 0.5}), 1.25, idle_s=1.0, cycle_s=4.0)
 
 
 def test_a_too_stale_batch_is_dropped_and_its_samples_counted(monkeypatch):
@@ -114,6 +114,7 @@ def test_a_too_stale_batch_is_dropped_and_its_samples_counted(monkeypatch):
     rollouts.queue = _ListQueue([_item(3, 1, rows=6), _item(4, 3, rows=6)])
     batch, metrics = rollouts.next_batch(None, step=4)
     assert len(batch) == 6 and rollouts.queue.items == []
+    assert batch.policy_version == 3  # the version the worker stamped, carried by the batch itself
     assert metrics["async/dropped"] == 6.0  # version 1 at trainer version 4 is 3 behind > 1
     assert metrics["async/staleness/mean"] == metrics["async/staleness/max"] == 1.0
     assert (metrics["async/staleness/frac_0"], metrics["async/staleness/frac_1"]) == (0.0, 1.0)  # trained only
@@ -207,6 +208,7 @@ def test_a_checkpoint_keeps_the_batches_drawn_ahead_and_a_resume_trains_them_as_
         )
         assert metrics["acc/mean"] == step / 10 and metrics["async/entropy_behaviour"] == 0.5 + step
         assert metrics["async/staleness/mean"] == 2.0 and metrics["async/staleness/frac_2"] == 1.0  # as stamped
+        assert batch.policy_version == step - 2
         assert metrics["async/worker_idle_frac"] == 0.25
     assert ckpt.load_pending_batches(tmp_path / "checkpoints" / "no_such_step", rank=0) is None
 

@@ -1,6 +1,8 @@
 """The typed step batch and the side-effect-free loss.
 
 - ``StepBatch[idx]`` slices every row-aligned field together, mini-batch then micro-batch;
+- the batch's ``policy_version`` (the weights that generated it; the step itself in a synchronous
+  run) goes with every selection of its rows;
 - ``Algorithm.loss`` changes nothing on the algorithm or its interventions and never calls
   ``autograd.grad``; the first-order entropy prediction is a separate diagnostics step;
 - a training step with ``diagnostics.quadrants=false`` makes no ``autograd.grad`` call and logs no
@@ -78,6 +80,15 @@ def test_slicing_takes_the_same_rows_of_every_field(with_optional):
         assert micro.facts is None
     with pytest.raises(TypeError):
         batch[torch.ones(len(batch), dtype=torch.bool)]
+
+
+def test_the_policy_version_goes_with_every_selection_of_rows():
+    algo = Algorithm.from_config({"interventions": ["stare"], "stare": {"scope": "batch"}}, max_response_length=5)
+    batch = make_step_batch().with_(policy_version=7)
+    mini = algo.select(batch, "batch")[torch.tensor([4, 1, 5])]
+    assert mini.policy_version == 7 and mini.with_(advantages=None).policy_version == 7
+    assert mini[torch.tensor([2])].narrowed(mini.responses, 3).policy_version == 7
+    assert make_step_batch()[torch.tensor([0])].policy_version is None  # never stamped: none claimed
 
 
 def test_select_adds_wider_scope_selections_once_and_slices_with_the_batch():
@@ -216,6 +227,43 @@ def test_training_step_runs_the_prediction_only_when_switched_on(quadrants, tmp_
     assert spy.calls == (n_losses if quadrants else 0)
     assert ("entropy_change/predicted" in row) == quadrants and ("quadrant/q1/pred_dH_base" in row) == quadrants
     assert "groups/all_equal_frac" in row and "loss/policy" in row
+
+
+def test_a_synchronous_step_batch_carries_the_step_before_its_update_as_policy_version(tmp_path, monkeypatch):
+    """The trainer samples its own batch from the weights of ``trainer.step`` (no update yet this
+    step); that version reaches the update, its mini- and micro-batches with it."""
+    from entropyrl.trainers.trainer import GRPOTrainer
+
+    seen = []
+    update = GRPOTrainer._update
+
+    def recording_update(self, batch, metrics):
+        rows = batch[torch.tensor([1, 0])]
+        seen.append((self.step, batch.policy_version, rows.policy_version, rows.with_(ref_logp=None).policy_version))
+        return update(self, batch, metrics)
+
+    monkeypatch.setattr(GRPOTrainer, "_update", recording_update)
+    cfg = compose(
+        "train",
+        [
+            "trainer.total_steps=2",
+            "trainer.threads=1",
+            "trainer.val_every=0",
+            "trainer.progress=false",
+            "tracking.enabled=false",
+            "trainer.prompts_per_step=4",
+            "trainer.mini_batch_prompts=2",
+            f"output_dir={tmp_path / 'run'}",
+        ],
+    )
+    trainer = GRPOTrainer(cfg, log=lambda *_: None)
+    try:
+        for _ in range(2):
+            trainer.train_step()
+            trainer.step += 1
+    finally:
+        trainer.close()
+    assert seen == [(0, 0, 0, 0), (1, 1, 1, 1)]
 
 
 def test_the_whole_train_config_is_read_once_by_the_builder():

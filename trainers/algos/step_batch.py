@@ -5,6 +5,7 @@ sampling policy, the advantages and the interventions' selections; then the same
 once per mini-batch and again per micro-batch, every row-aligned field with it::
 
     batch = StepBatch(responses, rewards, correct, group_ids)                  # collect()
+    batch = batch.with_(policy_version=step)                                   # the weights it came from
     batch = batch.with_(mask=..., old_logp=..., entropy=..., advantages=...)   # the step
     mini = batch[order[m:m + mini_rows]]                                       # a mini-batch
     micro = mini[torch.arange(u, u + micro_rows)]                              # a micro-batch
@@ -48,6 +49,10 @@ class StepBatch:
     behaviour_entropy: the token-mean entropy of the batch under the weights that generated it, as
                   the rollout worker reported it (``trainer.staleness >= 1``; NaN when it reported
                   none), or None without a worker, where the trainer's policy sampled the batch itself
+    policy_version: the version of the weights that generated the batch (training steps applied to
+                  them): the trainer's step before its update when it sampled the batch itself, the
+                  version the rollout worker stamped on it under ``trainer.staleness >= 1``; None
+                  when the batch was handed over from elsewhere (a replayed batch)
     """
 
     responses: Rollout
@@ -63,6 +68,7 @@ class StepBatch:
     selections: dict[str, torch.Tensor] = field(default_factory=dict)
     facts: ResponseFacts | None = None
     behaviour_entropy: float | None = None
+    policy_version: int | None = None
 
     def __len__(self) -> int:
         return len(self.responses.texts)
@@ -85,6 +91,7 @@ class StepBatch:
             selections={k: v[idx] for k, v in self.selections.items()},
             facts=None if self.facts is None else self.facts.select(idx.cpu().numpy()),
             behaviour_entropy=self.behaviour_entropy,
+            policy_version=self.policy_version,
         )
 
     def with_(self, **changes) -> StepBatch:

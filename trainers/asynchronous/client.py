@@ -140,7 +140,8 @@ class AsyncRollouts:
     def next_batch(self, model: torch.nn.Module, step: int) -> tuple[StepBatch | None, dict]:
         """Step ``step``'s batch (``collect_rollouts``' pair) with the ``async/*`` metrics of its
         provenance: its version lag, the samples dropped as too stale, the worker's idle share and
-        the behaviour policy's entropy. A pending batch comes first, else the worker's next; the
+        the behaviour policy's entropy; the batch carries the version it was generated from
+        (``StepBatch.policy_version``). A pending batch comes first, else the worker's next; the
         batch is the one stamped for ``step`` (``_take_for_step``). ``(None, {"async/dropped": n})``
         when this step has no batch to train (too stale, or missing, on any rank): the trainer skips
         the step and the next step trains its own batch. Starts the worker on the first call."""
@@ -153,6 +154,8 @@ class AsyncRollouts:
                 dropped += _rows_of(item)
             return None, {"async/dropped": float(distributed.sum_across(float(dropped), self.dist))}
         batch, metrics = item.collected
+        if batch is not None:  # the version of the weights the worker generated it from
+            batch = batch.with_(policy_version=item.version)
         lag = float(step - item.version)
         metrics = dict(metrics)
         metrics.update(

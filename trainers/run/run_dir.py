@@ -306,6 +306,17 @@ def clear_previous_run(output_dir: Path, *, is_main: bool = True, log: Callable[
     log(f"trainer.resume=overwrite: deleted the previous run in {folder.path} ({folder.describe()})")
 
 
+def settle_output_dir(cfg, run_mode: str | None, is_main: bool, log: Callable[[str], None] = print) -> str:
+    """The trainer acting on ``check_output_dir``'s answer (``run_mode``, when the command already
+    has it; else asked here): ``"resume"`` or ``"fresh"``, where ``"overwrite"`` first deletes the
+    previous run's files (``clear_previous_run``) and then starts fresh."""
+    mode = run_mode if run_mode is not None else check_output_dir(cfg)
+    if mode == "overwrite":
+        clear_previous_run(Path(cfg.output_dir), is_main=is_main, log=log)
+        mode = "fresh"
+    return mode
+
+
 def clear_run(output_dir: Path) -> None:
     """Delete an earlier run's checkpoints, metrics, summary, plots and MLflow link in ``output_dir``."""
     out = Path(output_dir)
