@@ -29,6 +29,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,22 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, str]:
     return out
 
 
+@dataclass(frozen=True)
+class TrackingSettings:
+    """The ``tracking`` keys the tracker reads, each default declared once: the value of
+    ``conf/tracking/mlflow.yaml`` (a test holds them equal), for a section built by hand that leaves
+    one out. A key missing or null takes its default."""
+
+    enabled: bool = True  # false: no MLflow run; metrics.jsonl and the run's files only
+    retry_s: float = 10.0  # server gone mid-run: ask it every this many seconds
+    flush_wait_s: float = 60.0  # end of a run with entries still queued: wait at most this long
+
+    @classmethod
+    def from_config(cls, section) -> TrackingSettings:
+        values = {f.name: section.get(f.name) for f in fields(cls)} if section is not None else {}
+        return cls(**{k: v for k, v in values.items() if v is not None})
+
+
 class RunTracker:
     """One training job's run: MLflow + metrics.jsonl. ``enabled=false`` keeps only the jsonl."""
 
@@ -87,7 +104,8 @@ class RunTracker:
         self.output_dir = Path(output_dir)
         self.metrics_path = self.output_dir / "metrics.jsonl"
         self.state_path = self.output_dir / "tracking.json"
-        self.enabled = bool(tracking_cfg.get("enabled", True))
+        self.settings = TrackingSettings.from_config(tracking_cfg)
+        self.enabled = bool(self.settings.enabled)
         self.run_id: str | None = None
         self.uri = resolve_uri(tracking_cfg)
         self._logged_through = -1  # MLflow already holds steps <= this (from before a resume)
@@ -124,7 +142,7 @@ class RunTracker:
                     lambda: server_answers(self.uri),
                     self.uri,
                     self.log,
-                    retry_s=float(self.cfg.get("retry_s", 10.0) or 10.0),
+                    retry_s=float(self.settings.retry_s or TrackingSettings.retry_s),
                 )
                 # a run link without a checkpoint to resume from: the run died before its first save
                 # (or while starting). Its steps are computed again from step 1, so a run that holds
@@ -314,7 +332,7 @@ class RunTracker:
         if self.outbox is None:
             return
         self.outbox.put({"kind": "end", "status": status})
-        if self.outbox.pending and not self.outbox.flush(wait_s=float(self.cfg.get("flush_wait_s", 60) or 0)):
+        if self.outbox.pending and not self.outbox.flush(wait_s=float(self.settings.flush_wait_s or 0)):
             away = "server" if self.uri.startswith(("http://", "https://")) else "store"
             self.log(
                 f"warning: the MLflow {away} at {self.uri} did not take them: {self.outbox.pending} entries "

@@ -18,6 +18,7 @@ from ..models.loading import install_chat_template, load_policy, model_dir, reso
 from ..models.tiny import check_representable, representable
 from ..rollout.base import RolloutEngine, rollout_engine
 from ..rollout.multi_turn import ToolRollout
+from ..rollout.settings import ToolSettings
 from .benchmarks import get_spec
 from .code.code_eval import is_code_problem
 from .code.tool_executor import build_tool_executor
@@ -53,7 +54,7 @@ def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine,
     ``model_path`` and no model; any other gets the model loaded here, on ``eval.device``. Its
     config: ``eval.batch_size``, ``eval.seed``, no top-k, then the ``eval.<backend>`` section."""
     ev = cfg.eval
-    backend = str(ev.get("backend", "hf"))
+    backend = str(ev.backend)
     engine_cls = rollout_engine(backend, "eval.backend")
     label = str(cfg.model.get("path") or cfg.model.get("name") or "model")
     if cfg.model.get("path"):  # a checkpoint / run folder -> its model folder (said in the log)
@@ -61,9 +62,9 @@ def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine,
     engine_cfg = {
         "name": backend,
         "option": "eval.backend",
-        "batch_size": int(ev.get("batch_size", 16) or 16),
+        "batch_size": int(ev.batch_size or 16),
         "top_k": 0,
-        "seed": int(ev.get("seed", 0)),
+        "seed": int(ev.seed),
         "dtype": cfg.model.get("dtype") or None,
     }
     engine_cfg.update({k: v for k, v in (to_plain(ev.get(backend, None)) or {}).items() if v is not None})
@@ -78,13 +79,13 @@ def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine,
     else:
         model_cfg = {**(to_plain(cfg.model) or {}), "path": label} if cfg.model.get("path") else cfg.model
         model, tokenizer = load_policy(model_cfg, log=log)
-        model.to(_device(ev.get("device", "auto")))
+        model.to(_device(ev.device))
     # the template asked for (eval's, else the model's) on the tokenizer the prompts are built with
     chat = install_chat_template(tokenizer, _chat_setting(cfg), option=_chat_option(cfg))
     engine_cfg["add_special_tokens"] = not _use_chat(tokenizer, chat)
     engine = engine_cls(engine_cfg, model, tokenizer)
     tools = cfg.get("tools")
-    if tools is not None and bool(tools.get("enabled", False)):  # tools=code_interpreter: multi-turn
+    if ToolSettings.from_config(tools).enabled:  # tools=code_interpreter: multi-turn
         engine = ToolRollout(engine, tools, build_tool_executor(tools), engine_cfg, final_answer=extract_answer)
     return engine, tokenizer, label
 

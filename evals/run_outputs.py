@@ -86,8 +86,8 @@ def memory_error(
     if doing == "grading":
         advice.append(f"fewer grading processes, eval.workers (now {settings.workers or 'one per CPU'})")
     else:
-        if str(ev.get("backend", "hf")) == "hf":
-            advice.append(f"lower eval.batch_size (now {int(ev.get('batch_size', 16) or 16)})")
+        if str(ev.backend) == "hf":
+            advice.append(f"lower eval.batch_size (now {int(ev.batch_size or 16)})")
         advice.append(f"shorten eval.max_new_tokens (now {settings.max_new_tokens})")
     advice.append(f"fewer samples per problem, eval.n_samples (now {n})")
     advice.append(f"fewer problems, eval.limit (now {ev.get('limit') or 'all'})")
@@ -98,7 +98,7 @@ def memory_error(
         )
     else:
         kept = "no benchmark had finished"
-    if bool((cfg.get("tracking") or {}).get("enabled", True)):
+    if bool(cfg.tracking.enabled):
         kept += "; the MLflow run ended FAILED"
     return UserError(
         f"out of {memory_kind(exc)} while {doing} {bench} ({said}): " + "; ".join(advice) + f"; {kept}; run "
@@ -109,8 +109,8 @@ def memory_error(
 def _log_mlflow(
     cfg, results, metrics: dict[str, float], files: list[Path], label: str, names: list[str], status: str = "FINISHED"
 ) -> tuple[str | None, str | None]:
-    tr = cfg.get("tracking") or {}
-    if not tr.get("enabled", True):
+    tr = cfg.tracking
+    if not tr.enabled:
         return None, None
     import logging
 

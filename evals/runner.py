@@ -309,8 +309,8 @@ def run_eval(cfg, console=None) -> dict:
         raise UserError(f"unknown eval.prompt '{settings.prompt}'; valid: {', '.join(available_templates())}")
     data = {b: load_benchmark(b, ev.get("data_root"), limit) for b in names}  # fail fast, before the model
     check_tools(cfg.get("tools"))
-    tr = cfg.get("tracking") or {}
-    if tr.get("enabled", True):  # as train does: an unreachable server fails before generating, not after
+    tr = cfg.tracking
+    if tr.enabled:  # as train does: an unreachable server fails before generating, not after
         check_reachable(resolve_uri(tr))
         short_http_retries()
     out_dir = Path(str(cfg.output_dir))
@@ -334,10 +334,10 @@ def _run_into(cfg, console, out_dir: Path, names: list[str], data: dict, setting
     ev = cfg.eval
     # generation on the CPUs left to this run, as training does: torch's default (one thread per
     # core) beside a busy process makes every parallel region wait for its slowest thread
-    threads = apply_threads(ev.get("threads", 0), option="eval.threads")
+    threads = apply_threads(ev.threads, option="eval.threads")
 
     engine, tokenizer, label = make_engine(cfg, log=lambda m: console.print(f"[dim]{m}[/dim]"))
-    unreadable = _unrepresentable(data, settings, tokenizer, str(ev.get("unrepresentable", "warn") or "warn"))
+    unreadable = _unrepresentable(data, settings, tokenizer, str(ev.unrepresentable or "warn"))
     for line in unreadable:
         console.print(f"[yellow]warning[/yellow]: {line}", highlight=False)
     started = time.perf_counter()
@@ -364,8 +364,8 @@ def _generate_and_grade(
     running out of memory that stopped it (the benchmarks finished before it are in ``into``), else
     None; any other error is raised."""
     ev = cfg.eval
-    batch = int(ev.get("batch_size", 16) or 16)
-    every = float(ev.get("heartbeat_s", 30.0) or 30.0)
+    batch = int(ev.batch_size or 16)
+    every = float(ev.heartbeat_s or 30.0)
     try:
         with progress_bar(console) as bar:
             progress = progress_display(bar, console, settings, batch, every, under_way)

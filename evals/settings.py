@@ -63,7 +63,7 @@ def eval_settings(cfg) -> EvalSettings:
     """The settings of ``entropyrl eval`` from a composed ``conf/eval.yaml``: ``eval.*``, where null the
     model preset's ``model.eval.*`` (a 135M model needs neither 1024 tokens nor many samples to
     start), where null too the benchmark's reference values (``evaluate``)."""
-    preset = {k: v for k, v in (to_plain(cfg.model.get("eval", None)) or {}).items() if v is not None}
+    preset = {k: v for k, v in (to_plain(cfg.model.get("eval")) or {}).items() if v is not None}
     settings = EvalSettings.from_cfg(cfg.eval, **preset)
     settings.chat_template = _chat_setting(cfg)
     return settings
@@ -72,12 +72,12 @@ def eval_settings(cfg) -> EvalSettings:
 def _chat_setting(cfg) -> Any:
     """eval.chat_template, falling back to model.chat_template (false for the embedded model): what
     ``install_chat_template`` takes (auto, true, false/none, or a Jinja template string)."""
-    ev = cfg.eval.get("chat_template", "auto")
+    ev = cfg.eval.chat_template
     if ev not in (None, "auto"):
         return ev
-    return cfg.model.get("chat_template", None) if "model" in cfg else None
+    return cfg.model.chat_template if "model" in cfg else None
 
 
 def _chat_option(cfg) -> str:
     """The key ``_chat_setting`` read, for its error messages."""
-    return "eval.chat_template" if cfg.eval.get("chat_template", "auto") not in (None, "auto") else "model.chat_template"
+    return "eval.chat_template" if cfg.eval.chat_template not in (None, "auto") else "model.chat_template"

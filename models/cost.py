@@ -104,15 +104,15 @@ def architecture(model_cfg: Any) -> Architecture:
         found = local if local.is_file() else _cached_config(str(path))
         if found is not None:
             return _from_mapping(json.loads(found.read_text()), str(found))
-    arch = dict(to_plain(cfg_get(model_cfg, "arch", None)) or {})
-    if cfg_get(model_cfg, "embedded", False) and "vocab_size" not in arch:
+    arch = dict(to_plain(model_cfg.arch) or {})
+    if model_cfg.embedded and "vocab_size" not in arch:
         arch["vocab_size"] = len(build_tokenizer())
     if not arch:
         raise UserError(
-            f"model {cfg_get(model_cfg, 'name', '?')}: no config.json at model.path={path} and no "
+            f"model {model_cfg.name}: no config.json at model.path={path} and no "
             f"model.arch in its preset; point model.path at the model's folder"
         )
-    return _from_mapping(arch, f"the preset's model.arch (model={cfg_get(model_cfg, 'name', '?')})")
+    return _from_mapping(arch, f"the preset's model.arch (model={model_cfg.name})")
 
 
 def parameters(a: Architecture) -> dict[str, int]:
@@ -379,7 +379,7 @@ def plan_figures(
     t = cfg.trainer
     arch = architecture(cfg.model)
     prompt = int(prompt_len or cfg_get(cfg.data, "max_prompt_length", 0) or 256)
-    fsdp = str(t.get("fsdp", "auto")).lower() not in ("false", "0", "no") and (ranks > 1 or t.dtype == "bfloat16")
+    fsdp = str(t.fsdp).lower() not in ("false", "0", "no") and (ranks > 1 or t.dtype == "bfloat16")
     shape = _step_shape(cfg, prompt, ranks, fsdp)  # the run's step as step_cost reads it
     cost = step_cost(
         arch,
@@ -388,13 +388,13 @@ def plan_figures(
         peak_flops=peak_tflops * 1e12,
         decode_mfu=decode_mfu,
     )
-    staleness = int(t.get("staleness", 0) or 0)
-    rollout_gpus = int(t.get("rollout_gpus", 0) or 0) if staleness else 0  # the worker's own GPUs
-    engine_dtype = str(cfg_get(cfg.rollout, "dtype", None) or t.dtype)  # null: the trainer's dtype
+    staleness = int(t.staleness or 0)
+    rollout_gpus = int(t.rollout_gpus or 0) if staleness else 0  # the worker's own GPUs
+    engine_dtype = str(cfg.rollout.get("dtype") or t.dtype)  # null: the trainer's dtype
     engine = _vllm_plan(cfg, arch, gpu_gb, prompt, engine_dtype, rollout_gpus)
     cpu_time = None if cpu is None else _cpu_plan(cfg, arch, shape, prompt, cpu)
     ckpt_gb = 12 * cost.parameters / 1e9
-    keep, every = int(t.get("keep_checkpoints", 2) or 0), int(t.get("save_every", 0) or 0)
+    keep, every = int(t.keep_checkpoints or 0), int(t.save_every or 0)
     decode = decode_mfu or mfu
     overlap = async_estimate(cost.train_seconds, cost.generation_seconds, staleness, rollout_gpus)
     assumptions = _plan_assumptions(mfu, decode, peak_tflops, gpu_gb, engine, engine_dtype, overlap, ranks, rollout_gpus)
@@ -435,22 +435,22 @@ def _step_shape(cfg, prompt: int, ranks: int, fsdp: bool) -> dict:
         compute_bytes=2 if t.dtype == "bfloat16" else 4,
         chunk=int(t.token_chunk_size),
         fsdp=fsdp,
-        ref_model=float(cfg.algo.get("kl_coef", 0) or 0) > 0,
+        ref_model=float(cfg.algo.kl_coef or 0) > 0,
     )
 
 
 def _vllm_plan(cfg, arch, gpu_gb: float, prompt: int, engine_dtype: str, rollout_gpus: int) -> dict | None:
     """The vLLM engine's share of a GPU (``vllm_share``) with where it comes from and where it sits;
     None with another engine."""
-    if str(cfg_get(cfg.rollout, "name", "hf")) != "vllm":
+    if str(cfg.rollout.name) != "vllm":
         return None
-    share = cfg_get(cfg.rollout, "gpu_memory_utilization", None)
+    share = cfg.rollout.gpu_memory_utilization
     engine = vllm_share(
         arch,
         share=float(VLLM_DEFAULT_SHARE if share is None else share),
         gpu_gb=gpu_gb,
         weight_bytes=4 if engine_dtype == "float32" else 2,
-        tensor_parallel=int(cfg_get(cfg.rollout, "tensor_parallel_size", 1) or 1),
+        tensor_parallel=int(cfg.rollout.tensor_parallel_size or 1),
         seq_len=prompt + int(cfg.rollout.max_new_tokens),
     )
     engine["source"] = (
@@ -486,7 +486,7 @@ def _cpu_plan(cfg, arch, shape: dict, prompt: int, cpu: dict) -> dict:
         arch,
         **shape,
         head_flops=True,
-        extra_backwards=1 if bool(cfg_get(cfg_get(cfg, "diagnostics", {}), "quadrants", False)) else 0,
+        extra_backwards=1 if bool(cfg.diagnostics.quadrants) else 0,
     )
     cpu_time = cpu_step_time(
         arch,
@@ -496,7 +496,7 @@ def _cpu_plan(cfg, arch, shape: dict, prompt: int, cpu: dict) -> dict:
         response_len=int(cfg.rollout.max_new_tokens),
         train_flops=executed.train_flops,
         **rates,
-        shared_prefill=bool(cfg_get(cfg.rollout, "share_prefill", False)) and str(cfg_get(cfg.rollout, "name", "hf")) == "hf",
+        shared_prefill=str(cfg.rollout.name) == "hf" and bool(cfg.rollout.share_prefill),
         weight_bytes=2 if t.dtype == "bfloat16" else 4,
     )
     return {**rates, "train_flops": float(executed.train_flops), **{k: round(v, 3) for k, v in cpu_time.items()}}

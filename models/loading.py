@@ -87,7 +87,7 @@ def stop_tokens(model_cfg, tokenizer) -> list[int]:
     """Ids of ``model.stop_tokens`` (token strings that end a response besides the tokenizer's EOS,
     e.g. a chat model's end-of-turn); a string the tokenizer does not know is a ``UserError``."""
     ids = []
-    for text in list(model_cfg.get("stop_tokens", None) or []):
+    for text in list(model_cfg.get("stop_tokens") or []):  # a preset may list none
         tid = tokenizer.convert_tokens_to_ids(str(text))
         if tid is None or (tid == tokenizer.unk_token_id and str(text) != tokenizer.unk_token):
             raise UserError(f"model.stop_tokens: {text!r} is not a token of this tokenizer: list single special tokens")
@@ -144,7 +144,7 @@ def load_policy(model_cfg, task_cfg=None, log=print):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = model_dir(model_cfg, task_cfg, log=log)
-    dtype = getattr(torch, str(model_cfg.get("dtype", "float32")))
+    dtype = getattr(torch, str(model_cfg["dtype"]))
     damage = weights_damage(Path(str(path)))  # a weights file cut short: one line, not the loader's traceback
     if damage:
         raise UserError(
@@ -162,7 +162,7 @@ def load_policy(model_cfg, task_cfg=None, log=print):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    install_chat_template(tokenizer, model_cfg.get("chat_template", None))
+    install_chat_template(tokenizer, model_cfg["chat_template"])
     extra = stop_tokens(model_cfg, tokenizer)
     if extra:
         eos = model.generation_config.eos_token_id

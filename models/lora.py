@@ -94,7 +94,7 @@ class LoraPolicy:
     def checkpoint_parts(self, lora_cfg, tokenizer):
         """``(what save_pretrained writes: the adapter, export(folder) or None)``: a checkpoint's
         ``model/`` holds the adapter; with ``save_merged``, ``merged/`` the merged model."""
-        if not lora_cfg.get("save_merged", False):
+        if not lora_cfg["save_merged"]:
             return self.peft, None
         return self.peft, lambda folder: self.save_merged(Path(folder) / "merged", tokenizer)
 
@@ -113,9 +113,9 @@ def lora_settings(model_cfg) -> dict | None:
     rank = raw.get("rank")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise UserError(f"model.lora.rank={rank} is not allowed: it must be a positive integer, or null (no LoRA)")
-    targets = raw.get("target_modules", "all-linear")
+    targets = raw["target_modules"]
     targets = "all-linear" if targets in (None, "all-linear") else [str(t) for t in targets]
-    dropout = float(raw.get("dropout", 0.0) or 0.0)
+    dropout = float(raw["dropout"] or 0.0)
     if not 0.0 <= dropout < 1.0:
         raise UserError(f"model.lora.dropout={dropout:g} is not allowed: it must be in [0, 1)")
     return {

@@ -187,6 +187,7 @@ class Check:
                 "dtype": "bfloat16",
                 "fsdp": "auto",
                 "gradient_checkpointing": not args.no_checkpointing,
+                "collective_timeout_s": None,  # null: the default wait on the other ranks
             }
         )
         self.info = distributed.setup(self.trainer_cfg)

@@ -50,6 +50,7 @@ def _variant(kind: str) -> dict:
     from omegaconf import OmegaConf
     from transformers import AutoModelForCausalLM, Qwen2Config
 
+    from entropyrl.conf import compose
     from entropyrl.core.resources import apply_threads
     from entropyrl.models.lora import apply_lora
 
@@ -57,7 +58,8 @@ def _variant(kind: str) -> dict:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(**SHAPE))
     if kind == "lora":
-        apply_lora(model, OmegaConf.create({"lora": {"rank": RANK, "alpha": 2 * RANK}}))
+        lora = {**OmegaConf.to_container(compose("train", []).model.lora), "rank": RANK, "alpha": 2 * RANK}
+        apply_lora(model, OmegaConf.create({"lora": lora}))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-5)
     ids = torch.randint(0, SHAPE["vocab_size"], (BATCH, SEQ))

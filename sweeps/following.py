@@ -152,7 +152,7 @@ class _Follower:
         self.progress = progress
         self.records = {r["key"]: r for r in sweep["jobs"]}
         self.env = job_environment()
-        self.poll = float(cfg.get("poll_seconds", 2.0))
+        self.poll = float(cfg.poll_seconds)
         # a job must wait this long for a reason that cannot clear before the sweep gives up on it
         self.stuck_after = float(cfg_get(self.launcher_cfg, "stuck_after_s", 20.0))
         self.inflight: dict[str, object] = {}  # key -> submitit job (None when adopted)

@@ -203,10 +203,10 @@ class LocalLauncher(Launcher):
                 process.send_signal(signal.SIGTERM)
 
     def executor(self, cfg: Any, folder: Path) -> submitit.Executor:
-        ex = submitit.LocalExecutor(folder, max_num_timeout=int(cfg_get(cfg, "max_num_timeout", 3)))
+        ex = submitit.LocalExecutor(folder, max_num_timeout=int(cfg["max_num_timeout"]))
         ex.update_parameters(
-            timeout_min=float(cfg_get(cfg, "timeout_min", 1440)),
-            signal_delay_s=int(cfg_get(cfg, "signal_delay_s", 30)),
+            timeout_min=float(cfg["timeout_min"]),
+            signal_delay_s=int(cfg["signal_delay_s"]),
             tasks_per_node=self.tasks_per_node(cfg),
         )
         return ex

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from ..conf import CONF_DIR, compose, config_groups, primary_defaults
 from ..core.errors import UserError
 from ..core.mlflow_store import resolve_uri
-from ..core.tracking import TrackingStore
+from ..core.tracking import TrackingSettings, TrackingStore
 from ..trainers.algos.algorithm import Algorithm
 from ..trainers.async_rollout import check_async_settings
 from .ablation import JOB_OWNED_KEYS, JobSpec, expand, override_key
@@ -261,7 +261,7 @@ def check_sweep_values(cfg: DictConfig, launcher: Launcher) -> None:
     seeds = list(seeds) if isinstance(seeds, (list, tuple, ListConfig)) else [seeds]
     for seed in seeds:
         check_number("seeds", seed, integer=True, minimum=0)
-    check_number("poll_seconds", cfg.get("poll_seconds", 2.0), integer=False, minimum=0, strict=True)
+    check_number("poll_seconds", cfg.poll_seconds, integer=False, minimum=0, strict=True)
     report = cfg.get("report") or {}
     if "entropy_threshold" in report:
         check_number("report.entropy_threshold", report["entropy_threshold"], integer=False, minimum=0)
@@ -383,7 +383,7 @@ def _check_async_placement(cfg: DictConfig, world_size: int, gpus_per_node: int,
 def tracking_settings(cfg: DictConfig) -> dict:
     """``{enabled, uri, experiment}`` of the sweep (its jobs log to the same place)."""
     t = cfg.tracking
-    return {"enabled": bool(t.get("enabled", True)), "uri": resolve_uri(t), "experiment": str(t.experiment)}
+    return {"enabled": bool(TrackingSettings.from_config(t).enabled), "uri": resolve_uri(t), "experiment": str(t.experiment)}
 
 
 def open_parent_run(tracking: dict, sweep: dict) -> str | None:

@@ -191,17 +191,17 @@ class SlurmLauncher(Launcher):
             folder=folder,
             cluster="slurm",
             slurm_python=shlex.quote(str(python)),
-            slurm_max_num_timeout=int(cfg_get(cfg, "max_num_timeout", 3)),
+            slurm_max_num_timeout=int(cfg["max_num_timeout"]),
         )
         params: dict[str, Any] = {
-            "name": str(cfg_get(cfg, "job_name", "entropyrl")),
-            "timeout_min": int(cfg_get(cfg, "timeout_min", 240)),
-            "nodes": int(cfg_get(cfg, "nodes", 1)),
+            "name": str(cfg["job_name"]),
+            "timeout_min": int(cfg["timeout_min"]),
+            "nodes": int(cfg["nodes"]),
             # one task per rank: srun starts them all, each reads its rank from SLURM_PROCID
             "tasks_per_node": self.tasks_per_node(cfg),
-            "slurm_array_parallelism": int(cfg_get(cfg, "array_parallelism", 16)),
-            "slurm_signal_delay_s": int(cfg_get(cfg, "signal_delay_s", 90)),
-            "slurm_use_srun": bool(cfg_get(cfg, "use_srun", True)),
+            "slurm_array_parallelism": int(cfg["array_parallelism"]),
+            "slurm_signal_delay_s": int(cfg["signal_delay_s"]),
+            "slurm_use_srun": bool(cfg["use_srun"]),
         }
         if cfg_get(cfg, "cpus_per_task"):
             params["cpus_per_task"] = int(cfg["cpus_per_task"])
@@ -214,9 +214,9 @@ class SlurmLauncher(Launcher):
                 params[f"slurm_{key}"] = str(cfg[key])
         # The job must import entropyrl from this checkout and reuse the warm model cache; the
         # callable also sets its environment itself (TrainJob.env), these lines help anything before it.
-        setup = [str(s) for s in (to_plain(cfg_get(cfg, "setup", [])) or [])]
+        setup = [str(s) for s in (to_plain(cfg["setup"]) or [])]
         params["slurm_setup"] = [f"export {k}={shlex.quote(v)}" for k, v in sorted(job_environment().items())] + setup
-        extra = to_plain(cfg_get(cfg, "additional_parameters", {})) or {}
+        extra = to_plain(cfg["additional_parameters"]) or {}
         if extra:
             params["slurm_additional_parameters"] = {str(k): v for k, v in extra.items()}
         try:

@@ -30,7 +30,7 @@ import torch
 
 from ..core.errors import UserError
 from ..core.mlflow_store import resolve_uri
-from ..core.tracking import RunTracker, check_reachable
+from ..core.tracking import RunTracker, TrackingSettings, check_reachable
 from ..evals.code.tool_executor import build_tool_executor
 from ..evals.grading.answer_extraction import extract_answer
 from ..models.loading import load_policy
@@ -73,7 +73,7 @@ def check_batches(cfg, dist) -> None:
 def check_tracking(cfg) -> None:
     """``UserError`` when tracking is on and its store cannot be reached: before minutes of model
     loading, not after."""
-    if cfg.tracking.get("enabled", True):
+    if TrackingSettings.from_config(cfg.tracking).enabled:
         check_reachable(resolve_uri(cfg.tracking))
 
 

@@ -21,7 +21,6 @@ from typing import Callable, Iterable
 
 import torch
 
-from ..conf import cfg_get
 from ..core.registry import Registry
 
 __all__ = [
@@ -69,8 +68,8 @@ def _adamw(params, optim_cfg) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
         params,
         lr=float(optim_cfg.lr),
-        weight_decay=float(cfg_get(optim_cfg, "weight_decay", 0.0)),
-        betas=tuple(float(b) for b in cfg_get(optim_cfg, "betas", (0.9, 0.999))),
+        weight_decay=float(optim_cfg.weight_decay),
+        betas=tuple(float(b) for b in optim_cfg.betas),
     )
 
 
@@ -114,24 +113,24 @@ def _lookup(registry: Registry, key: str, name: str):
 def check_optim(optim_cfg) -> None:
     """``UserError`` (one line, listing the valid names) for an unknown ``optim.name`` or
     ``optim.scheduler``; the ranges of the numbers are ``core/validation.py``'s."""
-    _lookup(OPTIMIZERS, "optim.name", str(cfg_get(optim_cfg, "name", "adamw")))
-    _lookup(LR_SCHEDULES, "optim.scheduler", str(cfg_get(optim_cfg, "scheduler", "constant")))
+    _lookup(OPTIMIZERS, "optim.name", str(optim_cfg.name))
+    _lookup(LR_SCHEDULES, "optim.scheduler", str(optim_cfg.scheduler))
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], optim_cfg) -> torch.optim.Optimizer:
     """The optimizer ``optim.name`` over ``params`` at ``optim.lr``."""
-    return _lookup(OPTIMIZERS, "optim.name", str(cfg_get(optim_cfg, "name", "adamw")))(params, optim_cfg)
+    return _lookup(OPTIMIZERS, "optim.name", str(optim_cfg.name))(params, optim_cfg)
 
 
 def lr_factor(optim_cfg, step: int, total_steps: int) -> float:
     """The multiple of ``optim.lr`` used at training step ``step`` (0-based) of ``total_steps``."""
-    schedule = _lookup(LR_SCHEDULES, "optim.scheduler", str(cfg_get(optim_cfg, "scheduler", "constant")))
+    schedule = _lookup(LR_SCHEDULES, "optim.scheduler", str(optim_cfg.scheduler))
     return float(
         schedule(
             int(step),
-            int(cfg_get(optim_cfg, "warmup_steps", 0)),
+            int(optim_cfg.warmup_steps),
             int(total_steps),
-            float(cfg_get(optim_cfg, "min_lr_ratio", 0.0)),
+            float(optim_cfg.min_lr_ratio),
         )
     )
 

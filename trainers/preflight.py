@@ -40,6 +40,6 @@ def check_training(cfg) -> TrainingCheck:
     check_optim(cfg.optim)
     check_tools(cfg.get("tools"))
     check_async(cfg)  # trainer.staleness with an engine that has no asynchronous path: refused
-    if cfg.data.get("kind", "builtin") in ("math", "code"):
+    if cfg.data.kind in ("math", "code"):
         resolve_data_path(cfg.data)  # an explicit data.path that is not a file: an error now
     return TrainingCheck(algo, run_dir.check_output_dir(cfg))

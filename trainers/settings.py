@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ..conf import cfg_get
+from ..rollout.settings import ToolSettings
 from .algos.algo_config import read_key, to_dict
 from .components import stats_kwargs
 
@@ -53,8 +53,9 @@ class StepSettings:
 
     @classmethod
     def from_config(cls, cfg) -> StepSettings:
-        t, diag, val = cfg.trainer, cfg.get("diagnostics") or {}, cfg.get("val") or {}
-        quantiles = cfg_get(diag, "entropy_quantiles", None)
+        t, diag, val = cfg.trainer, cfg.diagnostics, cfg.val
+        tools = ToolSettings.from_config(cfg.get("tools"))
+        quantiles = diag.entropy_quantiles
         return cls(
             seed=int(t.seed),
             ppo_epochs=int(t.ppo_epochs),
@@ -64,15 +65,15 @@ class StepSettings:
             micro_batch_tokens=int(t.micro_batch_tokens) if t.get("micro_batch_tokens") else None,
             grad_clip=float(t.grad_clip),
             keep_checkpoints=int(t.keep_checkpoints),
-            quadrants=bool(cfg_get(diag, "quadrants", False)),
-            mask_invalid_calls=bool(cfg_get(cfg.get("tools") or {}, "mask_invalid_calls", False)),
-            mask_repeated=bool(cfg_get(cfg.get("tools") or {}, "mask_repeated", False)),
-            drop_void_turns=bool(cfg_get(cfg.get("tools") or {}, "drop_void_turns", False)),
+            quadrants=bool(diag.quadrants),
+            mask_invalid_calls=tools.mask_invalid_calls,
+            mask_repeated=tools.mask_repeated,
+            drop_void_turns=tools.drop_void_turns,
             overlong_filter=bool(read_key(to_dict(cfg.algo), "overlong.filter")),
             entropy_quantiles=tuple(float(q) for q in quantiles) if quantiles else (),
-            val_temperature=float(cfg_get(val, "temperature", 0.0)),
-            val_pass_k=int(cfg_get(val, "pass_k", 0) or 0),
-            val_benchmarks=tuple(str(b) for b in (cfg_get(val, "benchmarks", None) or [])),
+            val_temperature=float(val.temperature or 0.0),
+            val_pass_k=int(val.pass_k or 0),
+            val_benchmarks=tuple(str(b) for b in (val.benchmarks or [])),
             samples_every=int(t.get("samples_every") or 0),
             samples_rows=int(t.get("samples_rows") or 4),
             val=val,

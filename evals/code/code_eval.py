@@ -111,7 +111,7 @@ def evaluate_code(
         progress(bench, phase, 0, total)
         return lambda k: progress(bench, phase, k, total)
 
-    pool = sandbox_for(spec.sandbox, getattr(settings, "sandbox", None), settings.workers)
+    pool = sandbox_for(spec.sandbox, settings.sandbox, settings.workers)
     prompts, opened = _prompts(problems, tokenizer, chat)
     prompts, max_new = _fit_context(engine, prompts, settings.max_new_tokens)
     t0 = time.perf_counter()

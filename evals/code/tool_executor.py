@@ -34,6 +34,7 @@ from typing import Sequence
 
 from ...core.errors import UserError
 from ...rollout.multi_turn import SESSIONS, ToolResult, check_tool_turn
+from ...rollout.settings import ToolSettings
 from ...rollout.tool_formats import build_tool_format
 from .sandbox import SandboxLimits, SandboxPool
 from .zygote import ZygotePool
@@ -223,7 +224,7 @@ class SandboxToolExecutor:
 def build_tool_executor(tools_cfg) -> SandboxToolExecutor:
     """The executor of ``tools.executor`` (sandbox limits; ``workers`` 0 = the CPUs of this process)."""
     limits, workers, launch = _limits(tools_cfg)
-    return SandboxToolExecutor(limits, workers, show_last=bool(tools_cfg.get("show_last_expression", True)), launch=launch)
+    return SandboxToolExecutor(limits, workers, show_last=ToolSettings.from_config(tools_cfg).show_last_expression, launch=launch)
 
 
 def _limits(tools_cfg) -> tuple[SandboxLimits, int | None, str]:
@@ -241,10 +242,11 @@ def _limits(tools_cfg) -> tuple[SandboxLimits, int | None, str]:
 def check_tools(tools_cfg) -> None:
     """Refuse a bad ``tools`` section with one line (before a model loads): the format's name and
     tags, the session mode, the tool turn's mode, the executor's limits. Nothing is checked when tools are off."""
-    if tools_cfg is None or not bool(tools_cfg.get("enabled", False)):
+    settings = ToolSettings.from_config(tools_cfg)
+    if not settings.enabled:
         return
     build_tool_format(tools_cfg)
-    session = str(tools_cfg.get("session", "stateless"))
+    session = str(settings.session)
     if session not in SESSIONS:
         raise UserError(f"unknown tools.session={session}; valid: {', '.join(SESSIONS)}")
     check_tool_turn(tools_cfg)

@@ -106,10 +106,11 @@ def _siren_anchor(rows: slice, reduce=None) -> float:
 def _worker(out_dir: Path) -> None:
     import torch.distributed as dist
 
+    from entropyrl.conf import compose
     from entropyrl.trainers.parallel import distributed
     from entropyrl.trainers.stats.diagnostics import entropy_quantile_metrics
 
-    info = distributed.setup({"device": "cpu"})
+    info = distributed.setup(compose("train", ["trainer.device=cpu"]).trainer)
     assert info.world_size == 2
     share = ROWS // info.world_size
     mine = _select(

@@ -24,6 +24,15 @@ def _trainer(overrides):
     return GRPOTrainer(compose("train", overrides), log=lambda *_: None)
 
 
+def lora_section(**keys):
+    """A ``model`` section whose ``lora`` is the default config's with ``keys`` set."""
+    from omegaconf import OmegaConf
+
+    from entropyrl.conf import compose
+
+    return OmegaConf.create({"lora": {**OmegaConf.to_container(compose("train", []).model.lora), **keys}})
+
+
 def _causal_lms() -> int:
     """Whole language models alive in this process (not their inner decoder stacks)."""
     gc.collect()
@@ -126,7 +135,6 @@ def test_merged_export_evaluates_with_entropyrl_eval(in_tmp, data_dir):
 def test_merged_parameters_use_the_base_names_and_equal_peft_merge():
     import copy
 
-    from omegaconf import OmegaConf
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from entropyrl.models.lora import apply_lora, is_lora, merged_named_parameters
@@ -144,7 +152,7 @@ def test_merged_parameters_use_the_base_names_and_equal_peft_merge():
         )
     )
     base_names = [n for n, _ in model.named_parameters()]
-    policy = apply_lora(model, OmegaConf.create({"lora": {"rank": 2, "target_modules": ["q_proj", "down_proj"]}}))
+    policy = apply_lora(model, lora_section(rank=2, target_modules=["q_proj", "down_proj"]))
     for name, p in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.2)
@@ -159,15 +167,13 @@ def test_merged_parameters_use_the_base_names_and_equal_peft_merge():
 
 
 def test_bad_lora_settings_are_one_line_errors():
-    from omegaconf import OmegaConf
-
     from entropyrl.core.errors import UserError
     from entropyrl.models.lora import lora_settings
 
     with pytest.raises(UserError, match="model.lora.dropout=1 is not allowed"):
-        lora_settings(OmegaConf.create({"lora": {"rank": 2, "dropout": 1.0}}))
-    assert lora_settings(OmegaConf.create({"lora": {"rank": None}})) is None
-    assert lora_settings(OmegaConf.create({"lora": {"rank": 8}}))["lora_alpha"] == 16
+        lora_settings(lora_section(rank=2, dropout=1.0))
+    assert lora_settings(lora_section(rank=None)) is None
+    assert lora_settings(lora_section(rank=8))["lora_alpha"] == 16
 
 
 @pytest.mark.slow

@@ -198,8 +198,7 @@ def record(responses, **fields):
 
 @pytest.mark.parametrize("suffix", ["jsonl", "json", "parquet"])
 def test_data_fields_reach_reward_functions_untouched(tmp_path, suffix):
-    from omegaconf import OmegaConf
-
+    from entropyrl.conf import compose
     from entropyrl.trainers.data.datasets import MathDatasetSource
 
     path = tmp_path / f"rows.{suffix}"
@@ -214,19 +213,20 @@ def test_data_fields_reach_reward_functions_untouched(tmp_path, suffix):
         pq.write_table(pa.Table.from_pylist(ROWS), path)
     module = tmp_path / "field_rewards.py"
     module.write_text(FIELD_CHECK)
-    source = MathDatasetSource(
-        OmegaConf.create(
-            {
-                "name": "mine",
-                "path": str(path),
-                "prompt": "boxed",
-                "chat_template": False,
-                "grade_workers": 1,
-                "fields": {"problem": "question", "answer": "solution"},
-            }
-        ),
-        0,
-    )
+    data = compose(
+        "train",
+        [
+            "data=dapo_math_17k",
+            "data.name=mine",
+            f"data.path={path}",
+            "data.prompt=boxed",
+            "data.chat_template=false",
+            "data.grade_workers=1",
+            "data.fields.problem=question",
+            "data.fields.answer=solution",
+        ],
+    ).data
+    source = MathDatasetSource(data, 0)
     runner = RewardRunner({"functions": [f"{module}:record", {"fn": "builtin:math", "weight": 2.0}]}, None)
     runner.bind(source)
     problems = sorted(source.train_items, key=lambda p: p.answer)

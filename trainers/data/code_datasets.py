@@ -37,7 +37,7 @@ def load_code_problems(data_cfg) -> tuple[list[CodeProblem], str]:
         return rows_to_code_problems(read_rows(path), source=str(path)), str(path)
     if not bench:
         raise UserError("data.kind=code needs data.benchmark (humaneval, mbpp, livecodebench) or data.path")
-    problems = load_benchmark(str(bench), cfg_get(data_cfg, "data_root", None))
+    problems = load_benchmark(str(bench), data_cfg.data_root)
     if problems and not isinstance(problems[0], CodeProblem):
         raise UserError(f"data.benchmark={bench} is not a code benchmark: use humaneval, mbpp or livecodebench")
     return problems, f"benchmark:{bench}"
@@ -48,18 +48,18 @@ class CodeTaskSource(MathDatasetSource):
 
     def __init__(self, data_cfg, seed: int, tokenizer=None):  # noqa: D107 - replaces the math loading
         self.cfg, self.seed, self.tokenizer = data_cfg, int(seed), tokenizer
-        self.name = str(cfg_get(data_cfg, "name", "code"))
-        reward = str(cfg_get(data_cfg, "reward", "pass_all"))
+        self.name = str(data_cfg.name)
+        reward = str(data_cfg.reward)
         if reward not in REWARDS:
             raise UserError(f"data.reward={reward}: valid: {', '.join(REWARDS)}")
         self.mode = REWARDS[reward]
-        chat = cfg_get(data_cfg, "chat_template", "auto")
+        chat = data_cfg.chat_template
         has = bool(getattr(tokenizer, "chat_template", None))
         self.chat = has if chat in (None, "auto") else bool(chat) and has
-        limits = to_plain(cfg_get(data_cfg, "sandbox", {})) or {}
+        limits = to_plain(data_cfg.sandbox) or {}
         self.pool = sandbox_for({}, limits)
         problems, self.where = load_code_problems(data_cfg)
-        limit = cfg_get(data_cfg, "limit", None)
+        limit = data_cfg.limit
         if limit:
             problems = problems[: int(limit)]
         if not problems:
@@ -73,7 +73,7 @@ class CodeTaskSource(MathDatasetSource):
                 [p.id or str(i) for i, p in enumerate(problems)],
                 what=f"data={self.name} ({self.where})",
                 option="data.unrepresentable",
-                mode=str(cfg_get(data_cfg, "unrepresentable", "error")),
+                mode=str(data_cfg.unrepresentable),
             )
             if note:
                 self.notes.append(f"data: warning: {note}")

@@ -65,13 +65,13 @@ def resolve_data_path(data_cfg) -> Path | None:
     An absolute path is taken as is; a relative one under the data root (``data.data_root`` /
     ``$ENTROPYRL_DATA``) when it is there, else under the working folder. A path that does not exist,
     or is a folder, is a ``UserError`` naming it: a path the user wrote is never replaced by the hub."""
-    raw = cfg_get(data_cfg, "path", None)
+    raw = data_cfg.path
     if raw is None or str(raw).strip() == "":
         return None
     path = Path(str(raw)).expanduser()
     candidates = [path]
     if not path.is_absolute():
-        root = resolve_data_root(cfg_get(data_cfg, "data_root", None))
+        root = resolve_data_root(data_cfg.data_root)
         candidates = ([root / path] if root is not None else []) + [Path.cwd() / path]
     for c in candidates:
         if c.is_file():
@@ -95,14 +95,14 @@ def load_problems(data_cfg) -> tuple[list, str]:
     preset's ``data.default_path`` under the data root when it is there, else the hub dataset
     ``data.hub``. ``problems`` is a list with ``skipped`` (rows over ``data.max_row_bytes``) and
     ``columns`` (which columns were read, in words) attributes."""
-    name = str(cfg_get(data_cfg, "name", "data"))
+    name = str(data_cfg.name)
     fields = to_plain(cfg_get(data_cfg, "fields", {})) or {}
     max_bytes = cfg_get(data_cfg, "max_row_bytes", None)
     max_bytes = int(max_bytes) if max_bytes else None
     found = resolve_data_path(data_cfg)
     default = cfg_get(data_cfg, "default_path", None)
     if found is None and default:
-        root = resolve_data_root(cfg_get(data_cfg, "data_root", None))
+        root = resolve_data_root(data_cfg.data_root)
         path = Path(str(default)).expanduser()
         path = path if path.is_absolute() else (root / path if root is not None else None)
         found = path if path is not None and path.is_file() else None
@@ -150,7 +150,7 @@ def split_holdout(problems: list, data_cfg) -> tuple[list, list]:
     with ``data.val_seed`` are held out for validation; with no holdout, validation uses every
     problem in that seeded order."""
     order = list(range(len(problems)))
-    random.Random(int(cfg_get(data_cfg, "val_seed", 987654))).shuffle(order)
+    random.Random(int(data_cfg.val_seed)).shuffle(order)
     holdout = min(int(cfg_get(data_cfg, "holdout", 0)), len(problems) - 1)
     held = set(order[:holdout])
     val = [problems[i] for i in order[:holdout]] or [problems[i] for i in order]
@@ -164,10 +164,10 @@ class MathDatasetSource:
         self.cfg = data_cfg
         self.seed = int(seed)
         self.tokenizer = tokenizer
-        self.name = str(cfg_get(data_cfg, "name", "math"))
-        self.template = str(cfg_get(data_cfg, "prompt", "native"))
-        self.chat_template = cfg_get(data_cfg, "chat_template", "auto")
-        self.timeout = float(cfg_get(data_cfg, "grade_timeout", 5.0))
+        self.name = str(data_cfg.name)
+        self.template = str(data_cfg.prompt)
+        self.chat_template = data_cfg.chat_template
+        self.timeout = float(data_cfg.grade_timeout)
         self.workers = data_cfg.get("grade_workers", None) if data_cfg is not None else None
 
         if self.template not in available_templates():
@@ -182,7 +182,7 @@ class MathDatasetSource:
                 f"{cfg_get(data_cfg, 'max_row_bytes', None)} bytes (not tokenised)"
             )
         problems = list(loaded)
-        limit = cfg_get(data_cfg, "limit", None)
+        limit = data_cfg.limit
         if limit:
             problems = problems[: int(limit)]
         max_len = cfg_get(data_cfg, "max_prompt_length", None)
@@ -194,7 +194,7 @@ class MathDatasetSource:
                 [p.id or str(i + 1) for i, p in enumerate(problems)],
                 what=f"data={self.name} ({self.where})",
                 option="data.unrepresentable",
-                mode=str(cfg_get(data_cfg, "unrepresentable", "error")),
+                mode=str(data_cfg.unrepresentable),
             )
             if note:
                 self.notes.append(f"data: warning: {note}")

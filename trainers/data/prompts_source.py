@@ -20,5 +20,5 @@ PROMPT_SOURCES: Registry = Registry(
 
 
 def build_prompt_source(data_cfg, seed: int, tokenizer=None):
-    kind = data_cfg.get("kind", "builtin")
+    kind = data_cfg.kind
     return PROMPT_SOURCES.lookup(kind)(data_cfg, seed, tokenizer=tokenizer)

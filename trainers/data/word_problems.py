@@ -61,10 +61,10 @@ class WordProblemSource:
         self.difficulty = cfg_get(data_cfg, "difficulty", 2)
         level(self.difficulty)  # an unknown difficulty: an error now, not at the first step
         self.instruction = str(cfg_get(data_cfg, "instruction", "") or "").strip()
-        self.chat_template = cfg_get(data_cfg, "chat_template", "auto")
-        self.timeout = float(cfg_get(data_cfg, "grade_timeout", 5.0))
+        self.chat_template = data_cfg.chat_template
+        self.timeout = float(data_cfg.grade_timeout)
         self.workers = cfg_get(data_cfg, "grade_workers", None)
-        self.name = str(cfg_get(data_cfg, "name", "word_problems"))
+        self.name = str(data_cfg.name)
         if tokenizer is not None and not reads_english(tokenizer):
             raise UserError(
                 "data=word_problems needs a model whose tokenizer reads English text, e.g. model=smollm2-135m "
@@ -78,7 +78,7 @@ class WordProblemSource:
         return self._draw(n, random.Random(f"word/{self.seed}/{step}/{attempt}"))
 
     def validation(self, n: int) -> list:
-        return self._draw(n, random.Random(f"word/val/{int(cfg_get(self.cfg, 'val_seed', 987654))}"))
+        return self._draw(n, random.Random(f"word/val/{int(self.cfg.val_seed)}"))
 
     def prompt(self, problem) -> str:
         message = f"{problem.prompt}\n{self.instruction}" if self.instruction else problem.prompt

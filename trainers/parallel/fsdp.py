@@ -11,7 +11,6 @@ from typing import Sequence
 
 import torch
 
-from ...conf import cfg_get
 from ...core.errors import UserError
 from .process_group import DistInfo
 
@@ -68,7 +67,7 @@ def prepare_model(model, trainer_cfg, info: DistInfo, *, trainable: bool = True)
     """Gradient checkpointing (``trainer.gradient_checkpointing``, trainable models only) and
     FSDP2 sharding (``info.fsdp``): ``fully_shard`` per decoder layer, then the root. The model
     must already be on ``info.device``. Returns the same object (FSDP2 wraps in place)."""
-    if trainable and bool(cfg_get(trainer_cfg, "gradient_checkpointing", False)):
+    if trainable and bool(trainer_cfg["gradient_checkpointing"]):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if not info.fsdp:
         return model
@@ -76,7 +75,7 @@ def prepare_model(model, trainer_cfg, info: DistInfo, *, trainable: bool = True)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     mesh = init_device_mesh(info.device.type, (info.world_size,))
-    if str(cfg_get(trainer_cfg, "dtype", "float32")) == "bfloat16":
+    if str(trainer_cfg["dtype"]) == "bfloat16":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
         mp = MixedPrecisionPolicy()

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ...conf import cfg_get
+from ...conf import compose
 from ...core.errors import UserError
 
 __all__ = [
@@ -133,8 +133,8 @@ def node_name(env: dict | None = None) -> str:
 
 
 def _wants_fsdp(trainer_cfg, world: int) -> bool:
-    setting = str(cfg_get(trainer_cfg, "fsdp", "auto")).lower()
-    dtype = str(cfg_get(trainer_cfg, "dtype", "float32"))
+    setting = str(trainer_cfg["fsdp"]).lower()
+    dtype = str(trainer_cfg["dtype"])
     if dtype not in ("float32", "bfloat16"):
         raise UserError(f"trainer.dtype must be float32 or bfloat16, got {dtype}")
     if setting in ("true", "1", "yes"):
@@ -155,11 +155,16 @@ def _wants_fsdp(trainer_cfg, world: int) -> bool:
 
 def setup(trainer_cfg=None) -> DistInfo:
     """Initialise torch.distributed when launched with several processes (or when FSDP is wanted
-    on one), pick this rank's device. Idempotent: an existing process group is reused."""
+    on one), pick this rank's device. Idempotent: an existing process group is reused.
+    ``trainer_cfg``: a ``trainer`` section (``device``, ``dtype``, ``fsdp``, ``collective_timeout_s``);
+    None: the default ``train`` config's."""
     import torch.distributed as dist
 
+    if trainer_cfg is None:
+        trainer_cfg = compose("train", []).trainer
+
     info = launcher_env()
-    requested = str(cfg_get(trainer_cfg, "device", "auto"))
+    requested = str(trainer_cfg["device"])
     use_cuda = torch.cuda.is_available() if requested == "auto" else requested.startswith("cuda")
     if use_cuda and not torch.cuda.is_available():
         raise UserError(f"trainer.device={requested} but no CUDA device is available")
@@ -220,7 +225,7 @@ def setup(trainer_cfg=None) -> DistInfo:
 def collective_timeout_s(trainer_cfg) -> float:
     """``trainer.collective_timeout_s``: the longest one rank waits on the others (joining the
     group, any collective) before its wait fails."""
-    value = cfg_get(trainer_cfg, "collective_timeout_s", None)
+    value = trainer_cfg["collective_timeout_s"]
     return DEFAULT_COLLECTIVE_TIMEOUT_S if value is None else float(value)
 
 

@@ -11,25 +11,23 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from ...conf import cfg_get
-
 DEFAULT_MODEL = "tiny"  # conf/train.yaml's defaults: the parts a default run leaves out of its name
 DEFAULT_DATA = "countdown"
 
 
 def default_run_name(cfg) -> str:
     """``<algo>[-<model>][-<data>][-async<k>]-s<seed>`` of a composed ``train`` config (see the module doc)."""
-    model, data, trainer = cfg_get(cfg, "model", {}), cfg_get(cfg, "data", {}), cfg_get(cfg, "trainer", {})
-    parts = [str(cfg_get(cfg_get(cfg, "algo", {}), "name", "run"))]
-    model_path = cfg_get(model, "path", None)
-    model_name = PurePath(str(model_path).rstrip("/")).name if model_path else str(cfg_get(model, "name", DEFAULT_MODEL))
+    model, data, trainer = cfg.model, cfg.data, cfg.trainer
+    parts = [str(cfg.algo.name)]
+    model_path = model.get("path")  # a data or model preset may have no path: the preset's own
+    model_name = PurePath(str(model_path).rstrip("/")).name if model_path else str(model.name)
     if model_name != DEFAULT_MODEL or model_path:
         parts.append(model_name)
-    data_path = cfg_get(data, "path", None)
-    data_name = PurePath(str(data_path)).stem if data_path else str(cfg_get(data, "name", DEFAULT_DATA))
+    data_path = data.get("path")
+    data_name = PurePath(str(data_path)).stem if data_path else str(data.name)
     if data_name != DEFAULT_DATA or data_path:
         parts.append(data_name)
-    staleness = int(cfg_get(trainer, "staleness", 0) or 0)
+    staleness = int(trainer.staleness or 0)
     if staleness >= 1:
         parts.append(f"async{staleness}")
-    return "-".join(parts + [f"s{cfg_get(trainer, 'seed', 0)}"])
+    return "-".join(parts + [f"s{trainer.seed}"])

@@ -231,7 +231,7 @@ def check_output_dir(cfg) -> str:
     ``UserError`` when the folder holds a run this one may not continue."""
     from omegaconf import OmegaConf
 
-    mode = str(cfg.trainer.get("resume", "auto"))
+    mode = str(cfg.trainer.resume)
     out = Path(str(cfg.output_dir))
     folder = inspect_folder(out)
     fresh = "start fresh with another output_dir=... or trainer.resume=overwrite (deletes the old run's files)"

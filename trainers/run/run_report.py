@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...conf import cfg_get, to_plain
+from ...conf import to_plain
 from ..interventions import INTERVENTIONS
 from .plots import plot_attribution, plot_quadrants, plot_reflection, plot_tool_use, plot_training_curves
 from .regime import report_regime
@@ -151,7 +151,7 @@ def write_run_report(
     summary = summarize(rows)
     summary.update(report_regime(rows, cfg, tracker, log=log))  # warnings, flags, r
     summary.update(run_facts)
-    staleness = int(cfg_get(cfg_get(cfg, "trainer"), "staleness", 0))
+    staleness = int(cfg.trainer.staleness)
     if staleness > 0:  # an asynchronous run says what its overlap and staleness were (async_summary)
         summary["async"] = async_summary(rows, staleness)
         log(async_text(summary["async"]))

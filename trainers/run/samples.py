@@ -25,6 +25,7 @@ from ...evals.code.tool_executor import LIMIT_NOTES, REPLAY_NOTE
 from ...evals.reflection import ReflectionMatcher
 from ...rollout.base import TOKEN_KINDS, Rollout
 from ...rollout.multi_turn import ChatToolTurns, check_tool_turn
+from ...rollout.settings import ToolSettings
 from ...rollout.tool_formats import ToolFormat, build_tool_format
 from ..algos.step_batch import StepBatch
 
@@ -222,7 +223,7 @@ def _output_wrapper(tools_cfg, tokenizer, fmt: ToolFormat) -> tuple[str, str]:
     """What the driver wraps each tool output in: the format's output tags, or with
     ``tools.tool_turn=chat`` the chat template's tool turn (``rollout/multi_turn.py``)."""
     if check_tool_turn(tools_cfg) == "chat":
-        chat = ChatToolTurns(tokenizer, str(tools_cfg.get("name", "code_interpreter")))
+        chat = ChatToolTurns(tokenizer, ToolSettings.from_config(tools_cfg).name)
         return chat.open, chat.close
     return fmt.tags["output_open"], fmt.tags["output_close"]
 

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from ...evals.reflection import TokenPieces
 from ...rollout.base import Rollout
+from ...rollout.settings import ToolSettings
 from ..algos.algorithm import Algorithm
 from ..parallel.distributed import DistInfo
 from ..settings import StepSettings
@@ -73,7 +74,7 @@ def build_step_observers(cfg: DictConfig, parts: ObservedParts, staleness: int) 
         controller=(algo.controller_reading, algo.controller_entropy == "behaviour") if staleness > 0 else None,
         entropy_quantiles=settings.entropy_quantiles,
         quadrants=settings.quadrants,
-        tools=bool((cfg.get("tools") or {}).get("enabled", False)),
+        tools=ToolSettings.from_config(cfg.get("tools")).enabled,
         # token id -> its text, for the reflection words' positions
         reflection=(TokenPieces.for_tokenizer(parts.tokenizer), reflect.matcher) if reflect.token_metrics else None,
     )

@@ -32,8 +32,8 @@ def validation_metrics(model, tokenizer, rollout, source, problems: list, settin
             n=1,
             seed=settings.seed,
             temperature=settings.val_temperature,
-            top_p=val.get("top_p", None),  # null: rollout.top_p
-            max_new_tokens=val.get("max_new_tokens", None),  # null: rollout.max_new_tokens
+            top_p=val.get("top_p"),  # null: rollout.top_p
+            max_new_tokens=val.get("max_new_tokens"),  # null: rollout.max_new_tokens
         )
         correct = [source.reward(p, txt) for p, txt in zip(problems, roll.texts)]
         out["val/acc"] = float(np.mean(correct))

@@ -311,12 +311,12 @@ def build_attribution(
     With ``model`` sharded by FSDP (always with several ranks: ``process_group`` refuses
     ``trainer.fsdp=false`` there) ``predicted_net`` only, and one line from rank 0 says the split
     into parts is skipped."""
-    diag = cfg.get("diagnostics", {}) or {}
-    if not diag.get("attribution", False) or probe is None:
+    diag = cfg.diagnostics
+    if not diag.attribution or probe is None:
         return None
     sharded = is_fsdp(model)
     if not sharded:
-        parts = len(list((cfg.get("algo", {}) or {}).get("interventions", []) or []))
+        parts = len(list(cfg.algo.interventions or []))
         check_split_memory(_trainable(model), parts)
     if sharded and dist.is_main:
         log(
@@ -328,7 +328,7 @@ def build_attribution(
         probe,
         entropy_fn,
         int(cfg.trainer.micro_batch_responses),
-        int(diag.get("attribution_every", 1)),
+        int(diag.attribution_every),
         dist=dist,
         log=log,
         sharded=sharded,

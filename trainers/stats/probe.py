@@ -60,11 +60,11 @@ class ProbeBatch:
 def build_probe(cfg, source, rollout_engine, stats: Callable) -> ProbeBatch | None:
     """A probe when ``diagnostics.entropy_change`` or ``diagnostics.attribution`` is on and the
     prompt source has held-out prompts."""
-    diag = cfg.get("diagnostics", {}) or {}
-    if not (diag.get("entropy_change", False) or diag.get("attribution", False)):
+    diag = cfg.diagnostics
+    if not (diag.entropy_change or diag.attribution):
         return None
-    n_prompts = int(diag.get("probe_prompts", 32))
+    n_prompts = int(diag.probe_prompts)
     problems = source.validation(n_prompts) if n_prompts > 0 else []
     if not problems:
         return None
-    return ProbeBatch(problems, source.prompt, rollout_engine, stats, int(diag.get("probe_responses", 4)))
+    return ProbeBatch(problems, source.prompt, rollout_engine, stats, int(diag.probe_responses))

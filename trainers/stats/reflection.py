@@ -44,15 +44,15 @@ class ReflectionSettings:
 
 
 def reflection_settings(cfg) -> ReflectionSettings:
-    """The run's ``diagnostics.reflection`` (its defaults where the config has no such section);
-    ``UserError`` for a word list that is neither a known name nor a list of words."""
-    section = to_plain(cfg.get("diagnostics", {}).get("reflection", None) if hasattr(cfg, "get") else None) or {}
-    words = resolve_words(section.get("words", "default"))
+    """The run's ``diagnostics.reflection`` (of a composed ``train`` config); ``UserError`` for a
+    word list that is neither a known name nor a list of words."""
+    section = to_plain(cfg.diagnostics.reflection)
+    words = resolve_words(section["words"])
     return ReflectionSettings(
         matcher_for(words),
-        int(section.get("repetition_n", 4) or 4),
-        bool(section.get("entropy", True)),
-        int(section.get("workers", 1) or 0),
+        int(section["repetition_n"] or 4),
+        bool(section["entropy"]),
+        int(section["workers"] or 0),
     )
 
 
