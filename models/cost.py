@@ -388,7 +388,7 @@ def plan_figures(
         peak_flops=peak_tflops * 1e12,
         decode_mfu=decode_mfu,
     )
-    staleness = int(t.staleness or 0)
+    staleness = int(t.get("staleness", 0) or 0)  # a config from before the key: synchronous
     rollout_gpus = int(t.rollout_gpus or 0) if staleness else 0  # the worker's own GPUs
     engine_dtype = str(cfg.rollout.get("dtype") or t.dtype)  # null: the trainer's dtype
     engine = _vllm_plan(cfg, arch, gpu_gb, prompt, engine_dtype, rollout_gpus)

@@ -27,7 +27,7 @@ def default_run_name(cfg) -> str:
     data_name = PurePath(str(data_path)).stem if data_path else str(data.name)
     if data_name != DEFAULT_DATA or data_path:
         parts.append(data_name)
-    staleness = int(trainer.staleness or 0)
+    staleness = int(trainer.get("staleness", 0) or 0)  # a config from before the key: synchronous, as check_async reads it
     if staleness >= 1:
         parts.append(f"async{staleness}")
     return "-".join(parts + [f"s{trainer.seed}"])

@@ -151,7 +151,7 @@ def write_run_report(
     summary = summarize(rows)
     summary.update(report_regime(rows, cfg, tracker, log=log))  # warnings, flags, r
     summary.update(run_facts)
-    staleness = int(cfg.trainer.staleness)
+    staleness = int(cfg.trainer.get("staleness", 0) or 0)  # a config from before the key: synchronous
     if staleness > 0:  # an asynchronous run says what its overlap and staleness were (async_summary)
         summary["async"] = async_summary(rows, staleness)
         log(async_text(summary["async"]))
