@@ -21,7 +21,35 @@ VERL_FIXTURES = REPO / "tests" / "fixtures" / "verl"  # see tests/fixtures/READM
 # One warm-started tiny model per test session, outside the user's cache (set before any import
 # of entropyrl so subprocesses inherit it).
 _CACHE = Path(os.environ.get("ENTROPYRL_TEST_CACHE", REPO / ".cache" / "test-models"))
+_USER_CACHE = Path(os.environ.get("ENTROPYRL_CACHE", Path.home() / ".cache" / "entropyrl"))
 os.environ["ENTROPYRL_CACHE"] = str(_CACHE)
+
+
+def _seed_test_cache(source: Path, target: Path) -> None:
+    """Copy into the tests' cache the whole warm-started tiny models the user's cache holds (the
+    README runs `make run` before `make test`: its default model need not be warm-started twice).
+    Copies, not links, so a test that damages an entry never touches the user's; only entries whose
+    completion record verifies (``folder_damage``), each renamed into place whole; an entry the
+    tests' cache has already, or another worker installs first, is left as it is."""
+    if source.resolve() == target.resolve() or not source.is_dir():
+        return
+    from entropyrl.models.folders import RECORD, folder_damage
+
+    for entry in sorted(source.glob("tiny-*")):
+        if (target / entry.name).exists() or not (entry / RECORD).is_file() or folder_damage(entry):
+            continue
+        target.mkdir(parents=True, exist_ok=True)
+        staging = target / f".{entry.name}-seed-{uuid.uuid4().hex}"
+        try:
+            shutil.copytree(entry, staging)
+            if folder_damage(staging) is None:
+                os.rename(staging, target / entry.name)
+        except OSError:
+            pass  # another worker's copy won, or the cache is not writable: the tests build it
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -37,6 +65,8 @@ os.environ.pop("ENTROPYRL_DATA", None)
 # of all of them, so the suite never oversubscribes threads.
 if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("ENTROPYRL_JOBS", os.environ["PYTEST_XDIST_WORKER_COUNT"])
+# (after the environment above: the seeding imports entropyrl)
+_seed_test_cache(_USER_CACHE, _CACHE)
 
 
 @pytest.fixture(scope="session")
