@@ -143,7 +143,13 @@ def _answers_multiple(problem: Problem) -> list[str]:
 
 def _countdown_maker(k: int) -> Callable:
     def make(rng: random.Random, cfg) -> Problem:
-        numbers, target = countdown.make_countdown(rng, k, int(cfg.get("max_number", 20)), int(cfg.get("max_target", 99)))
+        bounds = cfg.get("max_number"), cfg.get("max_target")
+        if None in bounds:  # declared in conf/data/countdown.yaml, never guessed here
+            raise UserError(
+                f"data.tasks lists countdown{k}: it needs data.max_number and data.max_target "
+                "(conf/data/countdown.yaml sets 9 and 40)"
+            )
+        numbers, target = countdown.make_countdown(rng, k, int(bounds[0]), int(bounds[1]))
         prompt = countdown.prompt(numbers, target)
         # the reference answer: one solution path, drawn from all of them
         return Problem(f"countdown{k}", prompt, rng.choice(countdown.solutions(numbers, target)), (*numbers, target))

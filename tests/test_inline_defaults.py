@@ -68,9 +68,6 @@ KNOWN: dict[str, set[str]] = {
     "trainers/algos/algorithm.py": {"name"},
     "trainers/run/regime.py": {"gate", "name"},
     "trainers/interventions/base.py": {"scope"},
-    # the countdown task reads its numbers from whichever data section lists a countdown task
-    # (conf/data/toy.yaml lists none and has no max_number); NB 20/99 here, 9/40 in countdown.yaml
-    "tasks/builtin.py": {"max_number", "max_target"},
     # the asynchronous trainer's settings and the lab's studies, not yet read through typed settings
     "trainers/asynchronous/client.py": {"name", "rollout_gpus", "worker_stall_s"},
     "trainers/asynchronous/settings.py": {"name", "rollout_gpus", "staleness", "tensor_parallel_size"},

@@ -11,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from entropyrl.conf import compose
+from entropyrl.core.errors import UserError
 from entropyrl.tasks import builtin
 
 DATA = compose("train", ["data=tool_countdown", "tools=code_interpreter"]).data
@@ -100,3 +101,12 @@ def test_the_data_preset_fits_one_call_and_an_answer_in_the_context(key):
     assert longest + 1 <= cfg.model.arch.max_position_embeddings  # + EOS
     assert max(len(t) for p in problems() for t in builtin.correct_answers(p, cfg.data)) < cfg.rollout.max_new_tokens
     assert {"tools.max_calls": 1, "tools.max_turns": 2, "rollout.max_new_tokens": 40}[key] == OmegaConf.select(cfg, key)
+
+
+@pytest.mark.parametrize("missing", ["max_number", "max_target"])
+def test_a_countdown_task_without_its_bounds_is_refused_not_guessed(missing):
+    data = {"tasks": ["countdown3"], "max_number": 9, "max_target": 40}
+    del data[missing]
+    with pytest.raises(UserError, match=r"countdown3: it needs data.max_number and data.max_target"):
+        builtin.sample_problems(OmegaConf.create(data), 2, random.Random(0))
+    assert builtin.sample_problems(OmegaConf.create({**data, missing: 40 if missing == "max_target" else 9}), 2, random.Random(0))

@@ -164,3 +164,8 @@ def test_a_tokenizer_that_drops_letters_is_refused_and_one_that_reads_english_is
     with pytest.raises(UserError, match="data=word_problems needs a model whose tokenizer reads English"):
         _source(tokenizer=DigitsOnlyTokenizer())
     assert reads_english(ChatTokenizer())  # nothing to check on a tokenizer that cannot encode
+
+
+def test_a_data_section_without_a_difficulty_is_refused_not_guessed():
+    with pytest.raises(UserError, match=r"needs data.difficulty .*word_problems.yaml sets 1"):
+        _source("~data.difficulty")

@@ -58,7 +58,9 @@ class WordProblemSource:
         self.cfg = data_cfg
         self.seed = int(seed)
         self.tokenizer = tokenizer
-        self.difficulty = cfg_get(data_cfg, "difficulty", 2)
+        self.difficulty = cfg_get(data_cfg, "difficulty", None)
+        if self.difficulty is None:  # declared in conf/data/word_problems.yaml, never guessed here
+            raise UserError("data.kind=word_problems needs data.difficulty (1-5; conf/data/word_problems.yaml sets 1)")
         level(self.difficulty)  # an unknown difficulty: an error now, not at the first step
         self.instruction = str(cfg_get(data_cfg, "instruction", "") or "").strip()
         self.chat_template = data_cfg.chat_template
