@@ -53,7 +53,7 @@ from .data import micro_batches
 from .optim import advance_scheduler, build_optimizer, build_scheduler
 from .parallel import distributed
 from .preflight import TrainingCheck, check_training
-from .run import run_dir
+from .run import bookkeeping, run_dir
 from .run import samples as run_samples
 from .run.bookkeeping import RunPlan, record_config, run_failure, start_run, stopped_message, summary_fields
 from .run.checkpointer import Checkpointer
@@ -327,9 +327,10 @@ class GRPOTrainer:
         """Resume, then train step by step until ``trainer.total_steps`` or a stop signal: publish the
         weights to the rollout worker, validate, log, checkpoint; a failure ends in one line
         (``run/bookkeeping.py``), and every ending writes the summary (``_finish``)."""
-        resumed = self.maybe_resume()
         plan = RunPlan.from_config(self.cfg.trainer)  # total steps, validation and checkpoint cadence
-        start_run(self.cfg, self.tracker, self.dist, resumed=resumed, step=self.step, log=self.log)
+        with bookkeeping.lost_peer_is_one_line(self.cfg, "before its first step"):  # resuming, opening the records
+            resumed = self.maybe_resume()
+            start_run(self.cfg, self.tracker, self.dist, resumed=resumed, step=self.step, log=self.log)
         started, status = time.perf_counter(), "FAILED"
         try:
             record_config(self.cfg, self.tracker, self.dist, resumed=resumed, log=self.log)
@@ -387,7 +388,8 @@ def train(cfg: DictConfig, log=print, *, checked: TrainingCheck | None = None) -
     signal stopped it."""
     checked = checked if checked is not None else check_training(cfg)
     with run_dir.run_lock(cfg):  # one writer per output_dir, held until the summary is written
-        with paused_gc():  # set-up (the model classes' imports, the model): no cycle collection meanwhile
+        # set-up (the model classes' imports, the model): no cycle collection meanwhile
+        with paused_gc(), bookkeeping.lost_peer_is_one_line(cfg, "during set-up"):
             trainer = GRPOTrainer(cfg, log=log, algo=checked.algo, run_mode=checked.run_mode)
         try:
             return trainer.fit()

@@ -39,6 +39,38 @@ def test_a_collective_that_lost_its_peer_is_one_line():
     assert peer_failure(closed, DistInfo(rank=0, world_size=1), 600.0) is None
 
 
+def test_a_peer_lost_before_the_first_step_is_one_line_too(monkeypatch):
+    """Set-up and resume take part in collectives as a step does: a rank lost there ends the others
+    in the same one line, naming the phase; any other error passes through as it is."""
+    from entropyrl.conf import compose
+    from entropyrl.core.errors import UserError
+    from entropyrl.trainers.run.bookkeeping import lost_peer_is_one_line
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = compose("train", ["trainer.collective_timeout_s=30"])
+    closed = RuntimeError("[/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:8395. Typically a crash.")
+    for during in ("during set-up", "before its first step"):
+        with pytest.raises(UserError) as raised:
+            with lost_peer_is_one_line(cfg, during):
+                raise closed
+        text = str(raised.value)
+        assert text.startswith(f"rank 1 of 2: a collective with the other ranks failed {during} (Connection closed by peer")
+        assert "pair.cc" not in text and "\n" not in text and raised.value.__suppress_context__
+    stalled = RuntimeError("[/gloo/unbound_buffer.cc:81] Timed out waiting 30000ms for recv operation to complete")
+    with pytest.raises(UserError, match=r"before its first step .*trainer.collective_timeout_s=30 s"):
+        with lost_peer_is_one_line(cfg, "before its first step"):
+            raise stalled
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        with lost_peer_is_one_line(cfg, "during set-up"):
+            raise RuntimeError("shape mismatch")
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(RuntimeError, match="Connection closed"):  # one process: nothing to blame on a peer
+        with lost_peer_is_one_line(cfg, "during set-up"):
+            raise closed
+
+
 @pytest.mark.slow
 def test_rank_killed_mid_run_ends_the_other_in_one_line(tmp_path, free_port, child_env):
     """Two ranks started by hand (no torchrun agent to stop the survivor): kill -9 rank 1 once a

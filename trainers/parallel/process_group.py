@@ -242,12 +242,19 @@ def _first_line(exc: BaseException) -> str:
 
 
 def peer_failure(
-    exc: BaseException, info: DistInfo, timeout_s: float, step: int | None = None, saved_step: int = 0
+    exc: BaseException,
+    info: DistInfo,
+    timeout_s: float,
+    step: int | None = None,
+    saved_step: int = 0,
+    *,
+    during: str | None = None,
 ) -> UserError | None:
     """The one line for a collective that failed because another rank died or stalled past
     ``timeout_s``, naming this rank, the cause and the knob, and what the run keeps (``step``: the
-    training step that failed, ``saved_step``: the last checkpoint); None when ``exc`` is not such
-    a failure (or the run has one process)."""
+    training step that failed, ``saved_step``: the last checkpoint; or, before the first step,
+    ``during``: the phase, e.g. "during set-up"); None when ``exc`` is not such a failure (or the
+    run has one process)."""
     import torch.distributed as dist
 
     if info.world_size <= 1 or not isinstance(exc, RuntimeError):
@@ -267,7 +274,7 @@ def peer_failure(
             f"slower): if its wait is legitimate, raise trainer.collective_timeout_s"
         )
     if step is None:
-        where, kept = "", ""
+        where, kept = (f" {during}" if during else ""), ""
     elif step <= 1:
         where, kept = f" in training step {step}", "; no step had finished yet"
     else:

@@ -8,9 +8,10 @@ fields of ``summary.json`` (``summary_fields``; the figures are ``run_report.wri
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -22,7 +23,15 @@ from . import samples as run_samples
 from .names import default_run_name
 from .oom import is_out_of_memory, memory_error
 
-__all__ = ["RunPlan", "start_run", "record_config", "run_failure", "stopped_message", "summary_fields"]
+__all__ = [
+    "RunPlan",
+    "start_run",
+    "record_config",
+    "run_failure",
+    "lost_peer_is_one_line",
+    "stopped_message",
+    "summary_fields",
+]
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,23 @@ def run_failure(exc: BaseException, cfg: DictConfig, dist: DistInfo, device, *, 
     error = memory_error(exc, cfg, step + 1, saved_step, str(device))
     exc.__traceback__ = None
     return error
+
+
+@contextmanager
+def lost_peer_is_one_line(cfg: DictConfig, during: str) -> Iterator[None]:
+    """Around what a run does before its first step (``during``: "during set-up", "before its first
+    step"): a collective that fails there because another rank died or stalled ends in
+    ``peer_failure``'s one line instead of gloo's traceback, as a failed step does. This rank's place
+    comes from the launcher's environment (the process group may be what failed)."""
+    try:
+        yield
+    except RuntimeError as exc:
+        env = distributed.launcher_env()
+        info = DistInfo(rank=env["rank"], world_size=env["world_size"])
+        lost = distributed.peer_failure(exc, info, distributed.collective_timeout_s(cfg.trainer), during=during)
+        if lost is None:
+            raise
+        raise lost from None
 
 
 def stopped_message(step: int, total: int, saved_step: int, output_dir: Path) -> str:
