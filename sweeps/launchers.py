@@ -6,6 +6,8 @@ launchers shipped with entropyrl (all through submitit).
 - ``local``: one process per job on this machine (submitit's ``LocalExecutor``), at most
   ``launcher.max_parallel`` at once; ``launcher.tasks_per_node=N`` runs each job as N
   data-parallel processes (gloo on CPU, ranks from submitit's ``SUBMITIT_LOCAL_*`` environment).
+  With ``launcher.warm_start`` (one rank per job) each job's process is forked from the sweep's
+  warm worker, which has imported the job's libraries once (``WarmLocalExecutor``, ``warm_worker.py``).
 - ``slurm``: a SLURM job array (``sweeps/slurm.py``, which registers itself; imported when the
   registry is first read).
 
@@ -30,8 +32,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import signal
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -43,6 +47,7 @@ from ..conf import cfg_get
 from ..core.errors import UserError
 from ..core.registry import Registry
 from ..core.resources import available_cpus
+from .warm_worker import Worker
 
 # Where a job stands in a scheduler's queue (``QueueEntry.phase``).
 WAITING, ACTIVE, ENDED = "waiting", "active", "ended"
@@ -202,8 +207,13 @@ class LocalLauncher(Launcher):
             with contextlib.suppress(OSError):
                 process.send_signal(signal.SIGTERM)
 
+    def warm_start(self, cfg: Any) -> bool:
+        """Whether jobs are forked from a warm worker: ``launcher.warm_start``, one rank per job."""
+        return bool(cfg_get(cfg, "warm_start")) and self.tasks_per_node(cfg) == 1  # absent: cold
+
     def executor(self, cfg: Any, folder: Path) -> submitit.Executor:
-        ex = submitit.LocalExecutor(folder, max_num_timeout=int(cfg["max_num_timeout"]))
+        kind = WarmLocalExecutor if self.warm_start(cfg) else submitit.LocalExecutor
+        ex = kind(folder, max_num_timeout=int(cfg["max_num_timeout"]))
         ex.update_parameters(
             timeout_min=float(cfg["timeout_min"]),
             signal_delay_s=int(cfg["signal_delay_s"]),
@@ -217,6 +227,9 @@ class LocalLauncher(Launcher):
 
     def check(self, cfg: Any) -> None:
         nodes, tasks = int(cfg_get(cfg, "nodes", 1) or 1), self.tasks_per_node(cfg)
+        warm = cfg_get(cfg, "warm_start")
+        if warm is not None and not isinstance(warm, bool):
+            raise UserError(f"launcher.warm_start must be true or false (got {warm!r})")
         if nodes != 1:
             raise UserError(
                 f"launcher.nodes={nodes}: launcher=local runs on this machine only; set launcher.nodes=1 "
@@ -232,7 +245,29 @@ class LocalLauncher(Launcher):
 
     def describe(self, cfg: Any) -> str:
         tasks = self.tasks_per_node(cfg)
-        return f"local (at most {cfg_get(cfg, 'max_parallel', 1)} at once" + (f", {tasks} ranks each)" if tasks > 1 else ")")
+        start = "forked from a warm worker" if self.warm_start(cfg) else "started cold"
+        ranks = f", {tasks} ranks each" if tasks > 1 else ""
+        return f"local (at most {cfg_get(cfg, 'max_parallel', 1)} at once{ranks}), each job {start}"
+
+
+class WarmLocalExecutor(submitit.LocalExecutor):
+    """submitit's ``LocalExecutor`` whose job processes are forked from a warm worker
+    (``warm_worker.py``), started at the first submission with this process's environment (the
+    one a cold job imports its libraries with); controllers, job ids, logs and results as submitit's.
+    The worker takes no new job once this executor is gone."""
+
+    def __init__(self, folder: str | Path, max_num_timeout: int = 3) -> None:
+        super().__init__(folder, max_num_timeout=max_num_timeout)
+        self.worker: Worker | None = None
+
+    @property
+    def _submitit_command_str(self) -> str:
+        if self.worker is None:
+            gpus, visible = self.parameters.get("gpus_per_node", 0), self.parameters.get("visible_gpus", ())
+            devices = ",".join(str(k) for k in (range(gpus) if visible == () else visible[:gpus]))
+            self.worker = Worker(self.folder, {**os.environ, "CUDA_VISIBLE_DEVICES": devices})  # as a job's controller sets it
+            weakref.finalize(self, self.worker.close)
+        return self.worker.command()
 
 
 class DebugLauncher(Launcher):
