@@ -21,15 +21,7 @@ import pytest
 from entropyrl.core.errors import UserError
 from entropyrl.sweeps.launchers import LocalLauncher
 
-CLI = [sys.executable, "-m", "entropyrl.cli.main"]
-JOB = [
-    "data=toy",
-    "train.trainer.prompts_per_step=4",
-    "train.trainer.mini_batch_prompts=4",
-    "train.trainer.val_every=0",
-    "train.trainer.save_every=0",
-    "train.val.prompts=0",
-]
+from .test_sweep_stop import CLI, JOB, alive  # the stop tests' tiny sweep job and process check
 
 
 def sweep(tmp_path: Path, folder: str, *args: str) -> list[str]:
@@ -45,14 +37,6 @@ def sweep(tmp_path: Path, folder: str, *args: str) -> list[str]:
         *JOB,
         *args,
     ]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def worker_pid(sweep_dir: Path) -> int:
@@ -71,6 +55,21 @@ def wait_for_a_step(proc: subprocess.Popen, job_dir: Path) -> None:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "the job logged no step in time"
         time.sleep(0.2)
+
+
+def start_long_sweep(tmp_path: Path, **popen) -> tuple[subprocess.Popen, Path]:
+    """A one-job sweep of 500 steps in the background, and its job's folder once it logged a step."""
+    proc = subprocess.Popen(
+        sweep(tmp_path, "sw", "seeds=[0]", "train.trainer.total_steps=500"),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
+    job_dir = tmp_path / "sw" / "runs" / "symmetric" / "s0"
+    wait_for_a_step(proc, job_dir)
+    return proc, job_dir
 
 
 @pytest.mark.slow
@@ -116,16 +115,7 @@ def test_warm_jobs_finish_with_their_records_and_a_cold_jobs_metrics(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_to_the_group_stops_a_warm_job_at_a_step(tmp_path):
-    proc = subprocess.Popen(
-        sweep(tmp_path, "sw", "seeds=[0]", "train.trainer.total_steps=500"),
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    job_dir = tmp_path / "sw" / "runs" / "symmetric" / "s0"
-    wait_for_a_step(proc, job_dir)
+    proc, job_dir = start_long_sweep(tmp_path, start_new_session=True)
     job_pid = json.loads((job_dir / "job.json").read_text())["pid"]
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=300)
@@ -136,15 +126,7 @@ def test_ctrl_c_to_the_group_stops_a_warm_job_at_a_step(tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_worker_fails_its_job_with_one_error_line(tmp_path):
-    proc = subprocess.Popen(
-        sweep(tmp_path, "sw", "seeds=[0]", "train.trainer.total_steps=500"),
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    job_dir = tmp_path / "sw" / "runs" / "symmetric" / "s0"
-    wait_for_a_step(proc, job_dir)
+    proc, job_dir = start_long_sweep(tmp_path)
     job_pid = json.loads((job_dir / "job.json").read_text())["pid"]
     os.kill(worker_pid(tmp_path / "sw"), signal.SIGKILL)
     _, err = proc.communicate(timeout=120)
