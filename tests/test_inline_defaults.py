@@ -54,7 +54,7 @@ KNOWN: dict[str, set[str]] = {
     # ``oversized`` compares a request with sinfo's nodes: a key left out asks for nothing
     "sweeps/slurm.py": {"nodes", "timeout_min"},
     # a train config from before trainer.staleness existed, given to ``train()`` as it is, is the
-    # synchronous loop (tests/trainers/test_async.py): named as trainers/asynchronous/settings.check_async reads it
+    # synchronous loop (tests/trainers/test_async.py): named as trainers/asynchronous/settings.AsyncSettings reads it
     "trainers/run/names.py": {"staleness"},
     "trainers/run/run_report.py": {"staleness"},
     "models/cost.py": {"staleness"},
@@ -68,12 +68,6 @@ KNOWN: dict[str, set[str]] = {
     "trainers/algos/algorithm.py": {"name"},
     "trainers/run/regime.py": {"gate", "name"},
     "trainers/interventions/base.py": {"scope"},
-    # the asynchronous trainer's settings and the lab's studies, not yet read through typed settings
-    "trainers/asynchronous/client.py": {"name", "rollout_gpus", "worker_stall_s"},
-    "trainers/asynchronous/settings.py": {"name", "rollout_gpus", "staleness", "tensor_parallel_size"},
-    "trainers/asynchronous/worker.py": {"dtype"},
-    "sweeps/lab/quadrant_probe.py": {"probe_prompts", "probe_responses"},
-    "sweeps/lab/staleness_remedies.py": {"m2po_clip"},
 }
 
 

@@ -62,11 +62,11 @@ def quadrant_sign_experiment(cfg, *, batches: int = 20, lr: float = 1e-3, log=pr
         kw = components.stats_kwargs(cfg)
         rows = int(cfg.trainer.micro_batch_responses)
         probe = ProbeBatch(
-            source.validation(int(cfg.diagnostics.get("probe_prompts", 32))),
+            source.validation(int(cfg.diagnostics.probe_prompts)),
             source.prompt,
             engine,
             lambda m, r: batch_token_stats(m, r, rows, **kw),
-            int(cfg.diagnostics.get("probe_responses", 4)),
+            int(cfg.diagnostics.probe_responses),
         )
         start = {k: v.detach().clone() for k, v in model.state_dict().items()}
         h0 = probe.entropy(model)

@@ -117,10 +117,10 @@ def _acted(rows: list[dict]) -> bool:
 
 
 def _clip_free(algo_cfg: dict | None) -> bool:
-    """True for a run whose objective has no clip (M2PO's own objective, ``algo.tis.m2po_clip`` false):
+    """True for a run whose objective has no clip (M2PO's own objective, ``algo.tis.m2po_clip`` false or left out):
     its ``clip/frac`` is 0 whatever it did, so a claim that it lowers the clipped share could not fail."""
     tis = dict((algo_cfg or {}).get("tis") or {})
-    return tis.get("mode") == "m2po" and not tis.get("m2po_clip", False)
+    return tis.get("mode") == "m2po" and not tis.get("m2po_clip")
 
 
 def _corrections(runs: dict, algo_cfgs: dict) -> dict:

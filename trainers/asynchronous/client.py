@@ -22,7 +22,7 @@ from ..parallel import distributed
 from .channel import _POLL_S, StaleBatch, StopFlag, WeightChannel, WorkerFailed, _always
 from .metrics import _rows_of, staleness_counts, staleness_histogram
 from .placement import _environment, _free_port, visible_gpus, worker_devices, worker_group_env
-from .settings import record_mismatch
+from .settings import AsyncSettings, record_mismatch
 from .waits import _QueueReader, exit_cause, stall_limit_s
 from .worker import rollout_worker
 
@@ -47,8 +47,9 @@ class AsyncRollouts:
         self.dist = dist if dist is not None else distributed.DistInfo()
         self.worker = worker
         self.ctx = mp.get_context("spawn")
-        self.engine = str(cfg.rollout.get("name", "hf"))
-        self.rollout_gpus = int(cfg.trainer.get("rollout_gpus", 0) or 0)
+        self.settings = AsyncSettings.from_config(cfg)  # what this side reads from the config, read once
+        self.engine = self.settings.engine
+        self.rollout_gpus = self.settings.rollout_gpus
         self.process = None
         # the worker's pid once it was seen leading its own process group (its vLLM engine process is in
         # it): the group is ended with the worker, however the worker ends
@@ -57,8 +58,7 @@ class AsyncRollouts:
         # batches taken from the worker ahead of the steps that train them (drain, restore): trained first
         self.pending: list[StaleBatch] = []
         self.failure: UserError | None = None  # the worker's error met while draining: raised when its batch is due
-        stall = cfg.trainer.get("worker_stall_s", None)
-        self.stall_s = None if stall is None else float(stall)  # trainer.worker_stall_s; None: stall_limit_s derives it
+        self.stall_s = self.settings.worker_stall_s  # trainer.worker_stall_s; None: stall_limit_s derives it
         self.slowest_batch_s: float | None = None  # the longest the worker took to generate one batch (None: none yet)
         self._reader: _QueueReader | None = None
 

@@ -115,7 +115,7 @@ def _build_parts(cfg) -> _WorkerParts:
     algo = components.build_algorithm(cfg)
     rewards = components.build_rewards(cfg, log=quiet)
     model, tokenizer, _adapter = components.build_policy_and_adapter(cfg, dist, log=quiet)
-    if dist.world_size > 1 and str(cfg.trainer.get("dtype", "float32")) == "bfloat16":
+    if dist.world_size > 1 and str(cfg.trainer.dtype) == "bfloat16":
         model.to(torch.bfloat16)  # the trainer's FSDP computes in bf16; the published float32 weights are cast on load
     source = components.build_source(cfg, tokenizer, log=quiet)
     rewards.bind(source)
