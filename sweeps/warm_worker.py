@@ -5,13 +5,12 @@ transformers, MLflow and its SQL store, matplotlib, the trainer), most loaded on
 ``launcher.warm_start=true`` the local launcher starts one *warm worker* per sweep (at its first
 submission) that imports them once (``PRELOAD``) and forks each job from that state.
 
-submitit's controller still starts one process per job task with the job's ``SUBMITIT_*``
-environment and log files, but that process is the small *job command* (``job``, no heavy import):
-it hands the worker its environment, directory and standard streams (over a unix socket); the
-worker forks a child that takes them on and runs submitit's ``process_job``; the job command exits
-as the child did (its code or its signal), so submitit sees the job as before. The controller's
-signals are passed to the child; one sent to the whole process group reaches the child directly,
-as it reaches a cold job, and is not passed on twice. The child (its own pid in ``job.json``, its
+submitit's controller still starts one process per job task (``SUBMITIT_*`` environment, log
+files), the small *job command* (``job``): it hands the worker its environment, directory and
+streams over a unix socket; the worker forks a child that takes them on and runs submitit's
+``process_job``; the job command exits as the child did, so submitit sees the job as before. The
+controller's signals are passed to the child; one sent to the whole process group reaches the
+child directly, as it reaches a cold job, and is not passed on twice. The child (its own pid in ``job.json``, its
 own memory and torch threads) is killed with its job command and with the worker.
 
 The worker runs no torch operation and starts no thread (checked before every fork), ignores the
@@ -55,6 +54,9 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, sign
 # by the MLflow stack), which jemalloc's own fork handlers stop and restart around a fork.
 FORK_SAFE_THREADS = ("jemalloc_bg_thd",)
 HINT = "set launcher.warm_start=false to start each job in a fresh process"
+# The worker imports single-threaded (unset, importing torch starts a pool a fork would break); a
+# child takes its job's environment back and the trainer sets its torch threads (trainer.threads).
+SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 WORKER_LOG = "warm_worker.log"
 _POLL_S = 0.1
 
@@ -74,6 +76,7 @@ class Worker:
         self.socket_path = self.folder / f"warm-{uuid.uuid4().hex[:12]}.sock"
         with (self.folder / WORKER_LOG).open("a") as log:
             argv = [sys.executable, "-u", "-m", __name__, "serve", str(self.socket_path)]
+            env = {**env, **SINGLE_THREADED}
             self.process = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT)
 
     def command(self) -> str:

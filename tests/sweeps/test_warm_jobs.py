@@ -74,12 +74,15 @@ def start_long_sweep(tmp_path: Path, **popen) -> tuple[subprocess.Popen, Path]:
 
 @pytest.mark.slow
 def test_warm_jobs_finish_with_their_records_and_a_cold_jobs_metrics(tmp_path):
+    # as a user's shell has it: no OMP_NUM_THREADS (importing torch then starts a thread pool)
+    bare = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     warm = subprocess.run(
         sweep(tmp_path, "warm", "seeds=[0,1]", "train.trainer.total_steps=3"),
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=600,
+        env=bare,
     )
     assert warm.returncode == 0, warm.stderr[-3000:]
     assert "on local (at most 1 at once), each job forked from a warm worker" in warm.stderr
@@ -89,6 +92,7 @@ def test_warm_jobs_finish_with_their_records_and_a_cold_jobs_metrics(tmp_path):
         capture_output=True,
         text=True,
         timeout=600,
+        env=bare,
     )
     assert cold.returncode == 0 and "each job started cold" in cold.stderr, cold.stderr[-3000:]
     assert not (tmp_path / "cold" / "logs" / "warm_worker.log").exists()
