@@ -412,6 +412,7 @@ SWEEP = {
     "launcher.timeout_min": POS_INT,
     "launcher.max_num_timeout": NONNEG_INT,
     "launcher.signal_delay_s": NONNEG_INT,
+    "launcher.warm_start": BOOL,
     "launcher.nodes": POS_INT,
     "launcher.gpus_per_node": NONNEG_INT,
     "launcher.tasks_per_node": integer(1, nullable=True),
