@@ -25,6 +25,10 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import UserError
 from ..core.registry import unknown_choice
+from ..core.schema import defaults
+from ..core.schema.eval import EvalSchema
+from ..core.schema.sweep import SweepSchema
+from ..core.schema.train import TrainSchema
 from ..core.validation import renamed_problem, validate_config
 
 if TYPE_CHECKING:
@@ -36,6 +40,9 @@ if TYPE_CHECKING:
 CONF_DIR = Path(__file__).resolve().parent
 INTERVENTION_GROUP = "intervention"  # conf/intervention/<name>.yaml, or ConfigStore group
 INTERVENTION_MOUNT = "intervention_defaults"  # the ConfigStore node conf/algo/grpo.yaml includes
+SCHEMA_GROUP = "schema"  # ConfigStore group of the primary configs' schema nodes (core/schema/)
+#: Each primary config's run schema: the keys it owns, with their defaults, rules and docs.
+RUN_SCHEMAS = {"train": TrainSchema, "eval": EvalSchema, "sweep": SweepSchema}
 
 #: Keys a primary config lacks because another command owns them: ``{config: {key: why}}``. An
 #: override of one is a one-line error that says where it belongs (rather than "unknown key").
@@ -92,11 +99,22 @@ def intervention_defaults(name: str) -> dict | None:
     return plain
 
 
-def mount_interventions() -> None:
-    """(Re)store the ``intervention_defaults`` node: a defaults list that mounts every intervention
-    config at ``<package>.<name>`` (``algo.<name>`` where ``conf/algo/grpo.yaml`` includes it)."""
+def store_schemas() -> None:
+    """Store each primary config's schema node (``schema/<config>``: the defaults of the keys it owns,
+    from ``core/schema/``) in Hydra's ConfigStore; each primary YAML lists its node first."""
     from hydra.core.config_store import ConfigStore
 
+    for name, schema in RUN_SCHEMAS.items():
+        ConfigStore.instance().store(group=SCHEMA_GROUP, name=name, node=defaults(schema))
+
+
+def mount_interventions() -> None:
+    """(Re)store the ``intervention_defaults`` node: a defaults list that mounts every intervention
+    config at ``<package>.<name>`` (``algo.<name>`` where ``conf/algo/grpo.yaml`` includes it); and
+    the schema nodes (``store_schemas``): the two kinds of node composition needs from the store."""
+    from hydra.core.config_store import ConfigStore
+
+    store_schemas()
     ConfigStore.instance().store(
         name=INTERVENTION_MOUNT, node={"defaults": [{f"/{INTERVENTION_GROUP}@{name}": name} for name in intervention_names()]}
     )

@@ -1,4 +1,4 @@
-"""Each config key's one-line documentation: the YAML comment where the key is declared.
+"""Each config key's one-line documentation: its run-schema doc (core/schema/), else the YAML comment where it is declared.
 
 The house convention is that every option is documented where it is declared: a comment after the
 value, continued on the comment-only lines that follow it, indented deeper than the key:
@@ -22,7 +22,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from . import CONF_DIR, INTERVENTION_GROUP, INTERVENTION_MOUNT, mount_interventions, primary_configs
+from ..core.schema import docs
+from . import CONF_DIR, INTERVENTION_GROUP, INTERVENTION_MOUNT, RUN_SCHEMAS, mount_interventions, primary_configs
 
 #: ``key:`` at the start of a line (after its indentation): a plain or quoted mapping key.
 _KEY_LINE = re.compile(r"""^(?P<indent> *)(?P<key>"[^"]*"|'[^']*'|[^\s#'"\-][^:#]*?)\s*:(?=\s|$)(?P<rest>.*)$""")
@@ -178,21 +179,28 @@ def composition_files(config_name: str, choices: dict[str, str | None], conf_dir
 
 
 def key_docs(config_name: str, choices: dict[str, str | None], conf_dir: Path = CONF_DIR) -> dict[str, str]:
-    """``{dotted key: doc}`` of every key the composition's files declare (see ``composition_files``):
-    the primary config's comment where it has one, else the first comment in merge order, else
-    ``""``."""
-    docs: dict[str, str] = {}
+    """``{dotted key: doc}`` of every key the composition declares: a key of the run schema
+    (``core/schema/``: the keys the primary config owns) its schema doc; any other key the comment
+    of the files that declare it (see ``composition_files``): the primary config's comment where it
+    has one, else the first comment in merge order, else ``""``."""
+    docs: dict[str, str] = dict(schema_docs(config_name))
     primary = conf_dir / f"{config_name}.yaml"
     for path, prefix in composition_files(config_name, choices, conf_dir):
         for key, doc in declared_docs(path.read_text()).items():
             if key == "defaults" or key.startswith("defaults."):
                 continue
             full = prefix + key
-            if path == primary and doc:
+            if path == primary and doc and full not in schema_docs(config_name):
                 docs[full] = doc
             elif not docs.get(full):
                 docs[full] = doc
     return docs
+
+
+def schema_docs(config_name: str) -> dict[str, str]:
+    """``{dotted key: doc}`` of the keys primary config ``config_name`` owns, from its run schema."""
+    schema = RUN_SCHEMAS.get(config_name)
+    return docs(schema) if schema is not None else {}
 
 
 def doc_for(key: str, docs: dict[str, str]) -> str:

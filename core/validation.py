@@ -8,19 +8,21 @@ the key, the value and what is allowed, before a folder, a model or an MLflow ru
     validate_config(compose("train", ["optim.lr=-1"]), "train")
     # UserError: optim.lr=-1 is not allowed: it must be a number > 0
 
-The schema of a command is its YAML (each default declared once, commented where it is declared)
-plus this table (each key's type and range, or ``owned``: the component that reads and checks a
-value or a whole ``prefix.*`` section, such as a task's parameters). tests/conf/test_validation.py keeps
-them one-to-one: every key a shipped YAML sets has a rule here (or in ``ALGO_KEYS`` / an
-intervention's ``Params``), and every rule names a key some shipped YAML sets.
+The keys a primary config owns itself (``trainer.*``, ``optim.*``, ``eval.*``, ``sweep_dir``, ...)
+are declared once in the run schema, ``core/schema/``, each with its default, rule and doc; their
+rules enter the tables from there (``rules(TrainSchema)``). The tables list the rest by hand: the
+keys the config groups' YAML options declare (``rollout=``, ``model=``, ``tools=``, ``tracking=``,
+``launcher=``), each a rule or ``owned``: the component that reads and checks a value or a whole
+``prefix.*`` section, such as a task's parameters. tests/conf/test_validation.py keeps them
+one-to-one: every key a shipped YAML or the schema sets has a rule (or one in ``ALGO_KEYS`` / an
+intervention's ``Params``), and every rule names a key some shipped YAML or the schema sets.
 
 Keys a config does not have are skipped. Paths are checked for being usable folders: not a file,
 not under a file, and writable where they will be created. Keys that were renamed (``RENAMED``)
 are one-line errors naming the new key, wherever they are set (an override, an experiment or
 ablation YAML).
 
-The tables hold what the commands share (trainer, optim, rollout, model, tracking, launcher keys)
-and the rule machinery (``Rule``, ``check_value``). A component with its own parameters declares
+The rules themselves (``Rule``, ``POS_INT``, ...) live in ``core/rules.py``. A component with its own parameters declares
 and checks them once, beside its code, with the same rules: the algorithm's keys in
 ``trainers/algos/algorithm.py`` (``ALGO_KEYS``), each entropy intervention's in its ``Params``
 (``validate``); ``trainers/preflight.py`` runs those checks before a training run creates anything.
@@ -29,174 +31,38 @@ and checks them once, beside its code, with the same rules: the algorithm's keys
 # size: one table of rules per command, a line per key, with the checks that read it
 from __future__ import annotations
 
-import math
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from .errors import UserError
+from .files import file_problem, folder_problem  # noqa: F401  (re-exported: their old home)
+from .rules import (  # noqa: F401  (re-exported: the rules' old home)
+    BOOL,
+    FOLDER,
+    MAPPING,
+    NONNEG,
+    NONNEG_INT,
+    OPEN_PROB,
+    OPT_STR,
+    POS,
+    POS_INT,
+    PROB,
+    STR,
+    STR_LIST,
+    THREADS,
+    Rule,
+    _show,
+    choice,
+    integer,
+    number,
+    owned,
+)
+from .schema import rules
+from .schema.eval import EvalSchema
+from .schema.sweep import SweepSchema
+from .schema.train import RESUME_MODES, TrainSchema  # noqa: F401  (RESUME_MODES: re-exported)
 
 _ABSENT = object()
-
-
-@dataclass(frozen=True)
-class Rule:
-    """What one config value may be. ``kind``: int, float, bool, choice, str, path, int_list,
-    float_list, str_list, mapping, or owned (a value its component reads and checks itself:
-    ``owner`` names where, e.g. a task's parameters or a reward function list).
-
-    ``low``/``high`` bound numbers (``open_low``/``open_high`` exclude the bound); ``choices`` are
-    the values of a choice; ``length`` fixes the length of a list; ``nullable`` also allows null.
-    """
-
-    kind: str
-    low: float | None = None
-    high: float | None = None
-    open_low: bool = False
-    open_high: bool = False
-    choices: tuple = ()
-    nullable: bool = False
-    length: int | None = None
-    owner: str = ""
-
-    def allowed(self) -> str:
-        """What is allowed, in words (the end of the error line)."""
-        if self.kind == "owned":
-            text = f"what {self.owner} accepts"
-        elif self.kind == "threads":
-            text = "a positive integer (torch threads), or 0 / auto for the CPUs left to the run"
-        elif self.kind == "str_list":
-            text = "a list of non-empty strings"
-        elif self.kind == "mapping":
-            text = "a mapping of keys to values"
-        elif self.kind == "choice":
-            text = "one of " + ", ".join(_show(c) for c in self.choices)
-        elif self.kind == "bool":
-            text = "true or false"
-        elif self.kind == "str":
-            text = "a non-empty string"
-        elif self.kind == "path":
-            text = "a folder path that can be created (not a file, not under a file, writable)"
-        else:
-            noun = {
-                "int": "an integer",
-                "float": "a number",
-                "int_list": "a list of integers",
-                "float_list": "a list of numbers",
-            }[self.kind]
-            if self.length is not None:
-                noun = f"a list of {self.length} {'integers' if self.kind == 'int_list' else 'numbers'}"
-            if self.kind == "int" and self.low == 1 and self.high is None:
-                noun = "a positive integer"
-            elif self.kind == "int" and self.low == 0 and self.high is None:
-                noun = "an integer >= 0"
-            else:
-                bounds = []
-                if self.low is not None:
-                    bounds.append(f"{'>' if self.open_low else '>='} {_show(self.low)}")
-                if self.high is not None:
-                    bounds.append(f"{'<' if self.open_high else '<='} {_show(self.high)}")
-                if self.low is not None and self.high is not None:
-                    lo, hi = ("(" if self.open_low else "["), (")" if self.open_high else "]")
-                    bounds = [f"in {lo}{_show(self.low)}, {_show(self.high)}{hi}"]
-                if bounds:
-                    listed = self.kind.endswith("_list")
-                    noun += (" (each " if listed else " ") + " and ".join(bounds) + (")" if listed else "")
-            text = noun
-        return text + (", or null" if self.nullable else "")
-
-    def ok(self, value: Any) -> bool:
-        if self.kind == "owned":
-            return True  # its component checks it (``owner``)
-        if self.kind == "threads":
-            return value in (0, "auto") and not isinstance(value, bool) or self._number_ok(value, integer=True) and value >= 1
-        if value is None:
-            return self.nullable
-        if self.kind == "str_list":
-            return isinstance(value, (list, tuple)) and all(isinstance(v, str) and v.strip() for v in value)
-        if self.kind == "mapping":
-            return isinstance(value, dict)
-        if self.kind == "bool":
-            return isinstance(value, bool)
-        if self.kind == "choice":
-            return any(value == c and type(value) is type(c) for c in self.choices)
-        if self.kind == "str":
-            return isinstance(value, str) and value.strip() != ""
-        if self.kind == "path":
-            return isinstance(value, (str, Path)) and str(value).strip() != "" and folder_problem(value) is None
-        if self.kind in ("int_list", "float_list"):
-            items = list(value) if isinstance(value, (list, tuple)) else []
-            if self.length is not None and len(items) != self.length:
-                return False
-            return bool(items) and all(self._number_ok(v, integer=self.kind == "int_list") for v in items)
-        return self._number_ok(value, integer=self.kind == "int")
-
-    def _number_ok(self, value: Any, *, integer: bool) -> bool:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False
-        if integer and not (isinstance(value, int) or (math.isfinite(value) and float(value).is_integer())):
-            return False
-        if not math.isfinite(value):
-            return False
-        if self.low is not None and (value < self.low or (self.open_low and value == self.low)):
-            return False
-        if self.high is not None and (value > self.high or (self.open_high and value == self.high)):
-            return False
-        return True
-
-
-def _show(v: Any) -> str:
-    if isinstance(v, bool):
-        return str(v).lower()
-    if v is None:
-        return "null"
-    if isinstance(v, float) and v.is_integer():
-        return str(int(v))
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_show(x) for x in v) + "]"
-    return str(v)
-
-
-# -- rule shorthands ---------------------------------------------------------------------------
-def integer(low: int | None = None, high: int | None = None, nullable: bool = False) -> Rule:
-    return Rule("int", low=low, high=high, nullable=nullable)
-
-
-def number(
-    low: float | None = None,
-    high: float | None = None,
-    *,
-    open_low: bool = False,
-    open_high: bool = False,
-    nullable: bool = False,
-) -> Rule:
-    return Rule("float", low=low, high=high, open_low=open_low, open_high=open_high, nullable=nullable)
-
-
-def choice(*choices: Any, nullable: bool = False) -> Rule:
-    return Rule("choice", choices=tuple(choices), nullable=nullable)
-
-
-POS_INT = integer(1)
-NONNEG_INT = integer(0)
-POS = number(0, open_low=True)
-NONNEG = number(0)
-PROB = number(0, 1)  # a probability / fraction in [0, 1]
-OPEN_PROB = number(0, 1, open_low=True)  # (0, 1]: top-p, fractions that must select something
-BOOL = Rule("bool")
-STR = Rule("str")
-OPT_STR = Rule("str", nullable=True)
-STR_LIST = Rule("str_list")
-MAPPING = Rule("mapping")
-FOLDER = Rule("path")
-THREADS = Rule("threads")  # 0 / auto: the CPUs left to the run (core/resources.py); N >= 1: N threads
-
-
-def owned(owner: str) -> Rule:
-    """A value (or, as a ``prefix.*`` key, a whole section) read and checked by ``owner``."""
-    return Rule("owned", owner=owner)
-
 
 # -- the tables --------------------------------------------------------------------------------
 MODEL = {
@@ -239,21 +105,6 @@ TRACKING = {
     "tracking.flush_wait_s": NONNEG,
 }
 
-#: ``trainer.resume``: auto continues a matching run, never refuses a folder that holds one,
-#: overwrite deletes the old run's checkpoints, metrics and tracking link and starts fresh.
-RESUME_MODES = ("auto", "never", "overwrite")
-
-#: ``optim``: the optimizer and its schedule (``trainers/optim.py``). ``optim.name`` and
-#: ``optim.scheduler`` are names in that module's registries; ``check_optim`` there lists the valid ones.
-OPTIM = {
-    "optim.name": STR,
-    "optim.lr": POS,
-    "optim.weight_decay": NONNEG,
-    "optim.betas": Rule("float_list", low=0, high=1, open_high=True, length=2),
-    "optim.scheduler": STR,
-    "optim.warmup_steps": NONNEG_INT,
-    "optim.min_lr_ratio": PROB,
-}
 
 #: ``tools``: multi-turn rollouts with a code interpreter (``conf/tools/none.yaml`` declares them);
 #: the format's name and tags and the executor's limits are checked by ``evals/code/tool_executor.check_tools``.
@@ -288,55 +139,9 @@ TOOLS = {
 RENAMED = {"trainer.lr": "optim.lr", "trainer.weight_decay": "optim.weight_decay", "trainer.betas": "optim.betas"}
 
 TRAIN = {
-    "output_dir": FOLDER,
-    "trainer.total_steps": POS_INT,
-    "trainer.seed": NONNEG_INT,
-    "trainer.prompts_per_step": POS_INT,
-    "trainer.mini_batch_prompts": POS_INT,
-    "trainer.micro_batch_responses": POS_INT,
-    "trainer.ppo_epochs": POS_INT,
-    "trainer.micro_batch_tokens": integer(1, nullable=True),
-    "trainer.grad_clip": POS,
-    "trainer.val_every": NONNEG_INT,
-    "trainer.save_every": NONNEG_INT,
-    "trainer.keep_checkpoints": NONNEG_INT,
-    "trainer.resume": choice(*RESUME_MODES),
-    "trainer.dtype": choice("float32", "bfloat16"),
-    "trainer.fsdp": choice("auto", True, False),
-    "trainer.gradient_checkpointing": BOOL,
-    "trainer.token_chunk_size": POS_INT,
-    "trainer.progress": BOOL,
-    "trainer.samples_every": NONNEG_INT,
-    "trainer.samples_rows": POS_INT,
-    "trainer.staleness": NONNEG_INT,
-    "trainer.rollout_gpus": NONNEG_INT,
-    "trainer.worker_stall_s": number(0, open_low=True, nullable=True),
-    "trainer.collective_timeout_s": number(0, open_low=True),
-    "trainer.device": STR,
-    "trainer.threads": THREADS,
+    **rules(TrainSchema),  # the keys conf/train.yaml owns: core/schema/train.py
     "rollout.name": STR,
     "data.*": owned("the task (tasks/, trainers/data/): each data= option declares its own keys"),
-    "reward.functions": owned("rewards/ (a list of {fn, weight, ...} entries or function names)"),
-    "reward.url": OPT_STR,
-    "val.benchmarks": STR_LIST,
-    "diagnostics.reflection.words": owned("trainers/stats/reflection.py (default, orz, oat_zero, or a list of words)"),
-    "diagnostics.reflection.repetition_n": POS_INT,
-    "diagnostics.reflection.entropy": BOOL,
-    "diagnostics.reflection.workers": NONNEG_INT,
-    "val.prompts": NONNEG_INT,
-    "val.temperature": NONNEG,
-    "val.top_p": OPEN_PROB,
-    "val.max_new_tokens": integer(1, nullable=True),
-    "val.n_samples": POS_INT,
-    "val.limit": integer(1, nullable=True),
-    "diagnostics.quadrants": BOOL,
-    "diagnostics.entropy_change": BOOL,
-    "diagnostics.probe_prompts": POS_INT,
-    "diagnostics.probe_responses": POS_INT,
-    "diagnostics.attribution": BOOL,
-    "diagnostics.attribution_every": POS_INT,
-    "diagnostics.entropy_quantiles": Rule("float_list", low=0, high=1, open_low=True, open_high=True, nullable=True),
-    "val.pass_k": NONNEG_INT,
     "rollout.n": POS_INT,
     "rollout.temperature": POS,
     "rollout.top_p": OPEN_PROB,
@@ -358,56 +163,20 @@ TRAIN = {
     "rollout.sync_bucket_mb": POS,
     "rollout.engine_kwargs.*": owned("rollout/vllm_engine.py (any other vllm.LLM argument)"),
     "rollout.tis.*": owned("trainers/interventions/tis.py (its Params: enabled, cap, mode)"),
-    "model.lora.rank": integer(1, nullable=True),
-    "model.lora.alpha": number(0, open_low=True, nullable=True),
-    "model.lora.dropout": number(0, 1, open_high=True),
-    "model.lora.save_merged": BOOL,
-    "model.lora.target_modules": owned("models/lora.py (all-linear, or a list of module names)"),
-    "reward.timeout_s": number(0, open_low=True, nullable=True),
-    "reward.workers": NONNEG_INT,
-    "reward.fallback": number(),
-    "reward.retries": NONNEG_INT,
-    "reward.backoff_s": NONNEG,
-    **OPTIM,
     **MODEL,
     **TRACKING,
     **TOOLS,
 }
 
 EVAL = {
-    "output_dir": FOLDER,
-    "eval.n_samples": integer(1, nullable=True),
-    "eval.limit": integer(1, nullable=True),
-    "eval.temperature": number(0, nullable=True),
-    "eval.top_p": number(0, 1, open_low=True, nullable=True),
-    "eval.max_new_tokens": integer(1, nullable=True),
-    "eval.heartbeat_s": POS,
-    "eval.unrepresentable": choice("error", "warn"),
-    "eval.batch_size": POS_INT,
-    "eval.backend": STR,  # a registered rollout engine name: checked against rollout.ROLLOUT_ENGINES
-    "eval.seed": NONNEG_INT,
-    "eval.workers": integer(1, nullable=True),
-    "eval.grade_timeout": POS,
-    "benchmarks": STR_LIST,
-    "eval.prompt": STR,
-    "eval.chat_template": owned("evals/ (auto, or what model.chat_template accepts)"),
-    "eval.device": STR,
-    "eval.threads": THREADS,
-    "eval.reflection_words": owned("trainers/stats/reflection.py (default, orz, oat_zero, or a list of words)"),
-    "eval.data_root": OPT_STR,
-    "eval.sandbox.*": owned("evals/code/sandbox.py (SandboxLimits: null keeps the benchmark's own limit)"),
-    "eval.vllm.*": owned("rollout/vllm_engine.py (vLLM engine arguments; null: vLLM's default)"),
+    **rules(EvalSchema),  # the keys conf/eval.yaml owns: core/schema/eval.py
     **MODEL,
     **TRACKING,
     **TOOLS,
 }
 
 SWEEP = {
-    "sweep_dir": FOLDER,
-    "seeds": Rule("int_list", low=0),
-    "poll_seconds": POS,
-    "report.entropy_threshold": NONNEG,
-    "report.tail_frac": OPEN_PROB,
+    **rules(SweepSchema),  # the keys conf/sweep.yaml owns: core/schema/sweep.py
     "launcher.max_parallel": POS_INT,
     "launcher.timeout_min": POS_INT,
     "launcher.max_num_timeout": NONNEG_INT,
@@ -434,8 +203,6 @@ SWEEP = {
     "launcher.post_mortem": BOOL,
     "launcher.threads_per_job": owned("sweeps/ (auto, 0: each job picks its own, or N threads)"),
     "ablation.*": owned("sweeps/planning.py (name, description, base, variants, report)"),
-    "variants": Rule("str_list", nullable=True),
-    "budget": STR_LIST,
     **TRACKING,
 }
 
@@ -527,63 +294,6 @@ def validate_config(cfg, config_name: str) -> None:
 
 
 # -- paths -------------------------------------------------------------------------------------
-def _first_existing(path: Path) -> Path:
-    for p in (path, *path.parents):
-        if p.exists() or p.is_symlink():
-            return p
-    return Path(".")
-
-
-def folder_problem(path: str | Path) -> str | None:
-    """Why ``path`` cannot be (or become) a writable folder, or None when it can."""
-    p = Path(os.path.expanduser(str(path))).absolute()
-    if p.exists() and not p.is_dir():
-        return f"{p} is a file, not a folder"
-    base = _first_existing(p)
-    if not base.is_dir():
-        return f"{p} lies under {base}, which is a file, not a folder"
-    if p.parts[1:2] in (("proc",), ("sys",)):  # the kernel's own files: root may "write", mkdir fails
-        return f"{p} lies under /{p.parts[1]}, the kernel's pseudo file system, where no folder can be made"
-    if not os.access(base, os.W_OK | os.X_OK):
-        return f"{base} is not writable"
-    return None
-
-
-def file_problem(path: str | Path) -> str | None:
-    """Why a file cannot be written at ``path`` (a folder there, a parent that is a file, no
-    permission), or None when it can."""
-    p = Path(os.path.expanduser(str(path))).absolute()
-    long = _name_too_long(p)
-    if long:
-        return long
-    if p.is_dir():
-        return f"{p} is a folder, not a file"
-    if p.exists():
-        return None if os.access(p, os.W_OK) else f"{p} is not writable"
-    base = _first_existing(p.parent)
-    if not base.is_dir():
-        return f"{p} lies under {base}, which is a file, not a folder"
-    return None if os.access(base, os.W_OK | os.X_OK) else f"{base} is not writable"
-
-
-def _name_too_long(p: Path) -> str | None:
-    """A part of ``p`` longer than its file system takes (NAME_MAX bytes, usually 255), said before
-    minutes of work rather than when the file is written."""
-    limit = 255
-    for folder in reversed(p.parents):  # "/", "/a", "/a/b", ...: the deepest existing folder's limit
-        try:
-            if not folder.is_dir():
-                break
-            limit = os.pathconf(folder, "PC_NAME_MAX")
-        except (OSError, ValueError):  # a part too long to even look up ends the walk
-            break
-    for part in p.parts[1:]:
-        size = len(part.encode("utf-8", errors="surrogateescape"))
-        if size > limit:
-            return f"the name {part[:24]}... is {size} bytes, over the {limit} this file system takes"
-    return None
-
-
 def check_output_file(path: str | Path, option: str) -> None:
     """Raise ``UserError`` unless a file can be written at ``path`` (``option`` names the flag)."""
     problem = file_problem(path)

@@ -1,7 +1,7 @@
 """What a training step reads from the config, read once at set-up into typed settings: the step
 methods of ``trainers/trainer.py`` take every number and switch from here, never from ``cfg``
-(the config's defaults and ranges live in ``conf/`` and ``core/validation.py``; this is only where
-the recipe takes them).
+(the keys' defaults, ranges and docs live in the run schema, ``core/schema/train.py``; this is only
+where the recipe takes them, each section bound typed with ``bind``).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from ..core.schema import bind
+from ..core.schema.train import Diagnostics, Trainer, Val
 from ..rollout.settings import ToolSettings
 from .algos.algo_config import read_key, to_dict
 from .components import stats_kwargs
@@ -53,30 +55,29 @@ class StepSettings:
 
     @classmethod
     def from_config(cls, cfg) -> StepSettings:
-        t, diag, val = cfg.trainer, cfg.diagnostics, cfg.val
+        t, diag, val = bind(Trainer, cfg.trainer), bind(Diagnostics, cfg.diagnostics), bind(Val, cfg.val)
         tools = ToolSettings.from_config(cfg.get("tools"))
-        quantiles = diag.entropy_quantiles
         return cls(
-            seed=int(t.seed),
-            ppo_epochs=int(t.ppo_epochs),
+            seed=t.seed,
+            ppo_epochs=t.ppo_epochs,
             rollout_n=int(cfg.rollout.n),
-            mini_batch_rows=int(t.mini_batch_prompts) * int(cfg.rollout.n),
-            micro_batch_responses=int(t.micro_batch_responses),
-            micro_batch_tokens=int(t.micro_batch_tokens) if t.get("micro_batch_tokens") else None,
+            mini_batch_rows=t.mini_batch_prompts * int(cfg.rollout.n),
+            micro_batch_responses=t.micro_batch_responses,
+            micro_batch_tokens=t.micro_batch_tokens or None,
             grad_clip=float(t.grad_clip),
-            keep_checkpoints=int(t.keep_checkpoints),
-            quadrants=bool(diag.quadrants),
+            keep_checkpoints=t.keep_checkpoints,
+            quadrants=diag.quadrants,
             mask_invalid_calls=tools.mask_invalid_calls,
             mask_repeated=tools.mask_repeated,
             drop_void_turns=tools.drop_void_turns,
             overlong_filter=bool(read_key(to_dict(cfg.algo), "overlong.filter")),
-            entropy_quantiles=tuple(float(q) for q in quantiles) if quantiles else (),
-            val_temperature=float(val.temperature or 0.0),
-            val_pass_k=int(val.pass_k or 0),
-            val_benchmarks=tuple(str(b) for b in (val.benchmarks or [])),
-            samples_every=int(t.get("samples_every") or 0),
-            samples_rows=int(t.get("samples_rows") or 4),
-            val=val,
+            entropy_quantiles=tuple(float(q) for q in diag.entropy_quantiles or ()),
+            val_temperature=float(val.temperature),
+            val_pass_k=val.pass_k,
+            val_benchmarks=tuple(str(b) for b in val.benchmarks),
+            samples_every=t.samples_every,
+            samples_rows=t.samples_rows,
+            val=cfg.val,
             tools=cfg.get("tools"),
             rollout_max_new_tokens=int(cfg.rollout.max_new_tokens),
             lora=cfg.model.get("lora"),
