@@ -40,6 +40,8 @@ from typing import Any
 
 from ..conf import cfg_get, compose, to_plain
 from ..core.errors import UserError
+from ..core.schema import bind
+from ..core.schema.train import Trainer
 from .tiny import build_tokenizer
 
 __all__ = [
@@ -388,7 +390,7 @@ def plan_figures(
         peak_flops=peak_tflops * 1e12,
         decode_mfu=decode_mfu,
     )
-    staleness = int(t.get("staleness", 0) or 0)  # a config from before the key: synchronous
+    staleness = bind(Trainer, t).staleness  # a config from before the key: the schema's default, synchronous
     rollout_gpus = int(t.rollout_gpus or 0) if staleness else 0  # the worker's own GPUs
     engine_dtype = str(cfg.rollout.get("dtype") or t.dtype)  # null: the trainer's dtype
     engine = _vllm_plan(cfg, arch, gpu_gb, prompt, engine_dtype, rollout_gpus)

@@ -19,9 +19,10 @@ from typing import Iterator
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from ..conf import CONF_DIR, compose, config_groups, primary_defaults
+from ..conf import CONF_DIR, RUN_SCHEMAS, compose, config_groups, primary_defaults
 from ..core.errors import UserError
 from ..core.mlflow_store import resolve_uri
+from ..core.schema import defaults
 from ..core.tracking import TrackingSettings, TrackingStore
 from ..trainers.algos.algorithm import Algorithm
 from ..trainers.async_rollout import check_async_settings
@@ -40,9 +41,11 @@ TRAIN_PREFIX = "train."
 # the command line
 # ---------------------------------------------------------------------------------------------
 def _top_level_keys(config_name: str) -> set[str]:
-    """The first components of every key a primary config can have: its own keys and its groups."""
+    """The first components of every key a primary config can have: its own keys (its run schema's
+    and any its YAML sets) and its groups."""
     raw = OmegaConf.load(CONF_DIR / f"{config_name}.yaml")
     keys = {str(k) for k in raw.keys() if k != "defaults"} | set(primary_defaults(config_name))
+    keys |= set(defaults(RUN_SCHEMAS[config_name])) if config_name in RUN_SCHEMAS else set()
     return keys | {"hydra"}
 
 

@@ -53,11 +53,6 @@ KNOWN: dict[str, set[str]] = {
     "sweeps/launchers.py": {"max_parallel", "name", "nodes", "tasks_per_node", "threads_per_job"},
     # ``oversized`` compares a request with sinfo's nodes: a key left out asks for nothing
     "sweeps/slurm.py": {"nodes", "timeout_min"},
-    # a train config from before trainer.staleness existed, given to ``train()`` as it is, is the
-    # synchronous loop (tests/trainers/test_async.py): named as trainers/asynchronous/settings.AsyncSettings reads it
-    "trainers/run/names.py": {"staleness"},
-    "trainers/run/run_report.py": {"staleness"},
-    "models/cost.py": {"staleness"},
     # a sweep.json saved by an older version has no report section
     "sweeps/report.py": {"entropy_threshold", "tail_frac"},
     # an ablation may be given as a plain dict (``variants_of({...})``); its name only labels it

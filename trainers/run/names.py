@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
+from ...core.schema import bind
+from ...core.schema.train import Trainer
+
 DEFAULT_MODEL = "tiny"  # conf/train.yaml's defaults: the parts a default run leaves out of its name
 DEFAULT_DATA = "countdown"
 
@@ -27,7 +30,7 @@ def default_run_name(cfg) -> str:
     data_name = PurePath(str(data_path)).stem if data_path else str(data.name)
     if data_name != DEFAULT_DATA or data_path:
         parts.append(data_name)
-    staleness = int(trainer.get("staleness", 0) or 0)  # a config from before the key: synchronous, as check_async reads it
+    staleness = bind(Trainer, trainer).staleness  # a config from before the key: the schema's default, synchronous
     if staleness >= 1:
         parts.append(f"async{staleness}")
     return "-".join(parts + [f"s{trainer.seed}"])

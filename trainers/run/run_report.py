@@ -10,6 +10,8 @@ from typing import Callable
 import numpy as np
 
 from ...conf import to_plain
+from ...core.schema import bind
+from ...core.schema.train import Trainer
 from ..interventions import INTERVENTIONS
 from .plots import plot_attribution, plot_quadrants, plot_reflection, plot_tool_use, plot_training_curves
 from .regime import report_regime
@@ -151,7 +153,7 @@ def write_run_report(
     summary = summarize(rows)
     summary.update(report_regime(rows, cfg, tracker, log=log))  # warnings, flags, r
     summary.update(run_facts)
-    staleness = int(cfg.trainer.get("staleness", 0) or 0)  # a config from before the key: synchronous
+    staleness = bind(Trainer, cfg.trainer).staleness  # a config from before the key: the schema's default, synchronous
     if staleness > 0:  # an asynchronous run says what its overlap and staleness were (async_summary)
         summary["async"] = async_summary(rows, staleness)
         log(async_text(summary["async"]))
