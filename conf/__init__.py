@@ -28,6 +28,8 @@ from ..core.registry import unknown_choice
 from ..core.schema import defaults
 from ..core.schema.eval import EvalSchema
 from ..core.schema.sweep import SweepSchema
+from ..core.schema.tools import ToolsSchema
+from ..core.schema.tracking import TrackingSchema
 from ..core.schema.train import TrainSchema
 from ..core.validation import renamed_problem, validate_config
 
@@ -43,6 +45,11 @@ INTERVENTION_MOUNT = "intervention_defaults"  # the ConfigStore node conf/algo/g
 SCHEMA_GROUP = "schema"  # ConfigStore group of the primary configs' schema nodes (core/schema/)
 #: Each primary config's run schema: the keys it owns, with their defaults, rules and docs.
 RUN_SCHEMAS = {"train": TrainSchema, "eval": EvalSchema, "sweep": SweepSchema}
+#: Each config group whose options' keys the run schema declares: ``{group: schema}``, stored as
+#: ``schema/<group>`` and listed first by the group's declaring option (``- /schema/tools@_here_``);
+#: or ``{group: {option: schema}}`` for options with keys of their own, stored as
+#: ``schema/<group>/<option>`` and listed first by that option.
+GROUP_SCHEMAS = {"tools": ToolsSchema, "tracking": TrackingSchema}
 
 #: Keys a primary config lacks because another command owns them: ``{config: {key: why}}``. An
 #: override of one is a one-line error that says where it belongs (rather than "unknown key").
@@ -101,11 +108,16 @@ def intervention_defaults(name: str) -> dict | None:
 
 def store_schemas() -> None:
     """Store each primary config's schema node (``schema/<config>``: the defaults of the keys it owns,
-    from ``core/schema/``) in Hydra's ConfigStore; each primary YAML lists its node first."""
+    from ``core/schema/``) and each group's (``schema/<group>``) in Hydra's ConfigStore; each primary
+    YAML, and each group's declaring option, lists its node first."""
     from hydra.core.config_store import ConfigStore
 
-    for name, schema in RUN_SCHEMAS.items():
-        ConfigStore.instance().store(group=SCHEMA_GROUP, name=name, node=defaults(schema))
+    for name, schema in {**RUN_SCHEMAS, **GROUP_SCHEMAS}.items():
+        if isinstance(schema, dict):  # one schema per option of the group
+            for option, option_schema in schema.items():
+                ConfigStore.instance().store(group=f"{SCHEMA_GROUP}/{name}", name=option, node=defaults(option_schema))
+        else:
+            ConfigStore.instance().store(group=SCHEMA_GROUP, name=name, node=defaults(schema))
 
 
 def mount_interventions() -> None:

@@ -23,7 +23,16 @@ import re
 from pathlib import Path
 
 from ..core.schema import docs
-from . import CONF_DIR, INTERVENTION_GROUP, INTERVENTION_MOUNT, RUN_SCHEMAS, mount_interventions, primary_configs
+from . import (
+    CONF_DIR,
+    GROUP_SCHEMAS,
+    INTERVENTION_GROUP,
+    INTERVENTION_MOUNT,
+    RUN_SCHEMAS,
+    mount_interventions,
+    primary_configs,
+    primary_defaults,
+)
 
 #: ``key:`` at the start of a line (after its indentation): a plain or quoted mapping key.
 _KEY_LINE = re.compile(r"""^(?P<indent> *)(?P<key>"[^"]*"|'[^']*'|[^\s#'"\-][^:#]*?)\s*:(?=\s|$)(?P<rest>.*)$""")
@@ -180,27 +189,47 @@ def composition_files(config_name: str, choices: dict[str, str | None], conf_dir
 
 def key_docs(config_name: str, choices: dict[str, str | None], conf_dir: Path = CONF_DIR) -> dict[str, str]:
     """``{dotted key: doc}`` of every key the composition declares: a key of the run schema
-    (``core/schema/``: the keys the primary config owns) its schema doc; any other key the comment
-    of the files that declare it (see ``composition_files``): the primary config's comment where it
-    has one, else the first comment in merge order, else ``""``."""
-    docs: dict[str, str] = dict(schema_docs(config_name))
+    (``core/schema/``: the keys the primary config owns, and those of the groups in
+    ``GROUP_SCHEMAS``) its schema doc, over any file's comment, except that the primary config's own
+    comment on a group key it sets (``tracking.experiment`` in ``sweep.yaml``: why it picks that
+    value) wins there too; any other key the comment of the files that declare it (see
+    ``composition_files``): the primary config's comment where it has one, else the first comment in
+    merge order, else ``""``."""
+    docs: dict[str, str] = dict(schema_docs(config_name, choices))
+    owned = schema_docs(config_name, {}, groups=False)  # the primary YAML never sets these
     primary = conf_dir / f"{config_name}.yaml"
     for path, prefix in composition_files(config_name, choices, conf_dir):
         for key, doc in declared_docs(path.read_text()).items():
             if key == "defaults" or key.startswith("defaults."):
                 continue
             full = prefix + key
-            if path == primary and doc and full not in schema_docs(config_name):
+            if path == primary and doc and full not in owned:
                 docs[full] = doc
             elif not docs.get(full):
                 docs[full] = doc
     return docs
 
 
-def schema_docs(config_name: str) -> dict[str, str]:
-    """``{dotted key: doc}`` of the keys primary config ``config_name`` owns, from its run schema."""
+def schema_docs(config_name: str, choices: dict[str, str | None] | None = None, *, groups: bool = True) -> dict[str, str]:
+    """``{dotted key: doc}`` of the keys primary config ``config_name`` owns, from its run schema, and
+    (``groups``) of the keys of the groups it composes whose schema is in ``GROUP_SCHEMAS``
+    (``tools.*`` for ``train``); a group whose options have schemas of their own takes the option
+    ``choices`` picks, else the primary config's default option."""
     schema = RUN_SCHEMAS.get(config_name)
-    return docs(schema) if schema is not None else {}
+    if schema is None:
+        return {}
+    out = docs(schema)
+    if not groups:
+        return out
+    picked = {**primary_defaults(config_name), **{k: v for k, v in (choices or {}).items() if v}}
+    for group, group_schema in GROUP_SCHEMAS.items():
+        if group not in picked:
+            continue
+        if isinstance(group_schema, dict):  # one schema per option
+            group_schema = group_schema.get(picked[group])
+        if group_schema is not None:
+            out.update(docs(group_schema, f"{group}."))
+    return out
 
 
 def doc_for(key: str, docs: dict[str, str]) -> str:

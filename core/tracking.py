@@ -82,7 +82,7 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, str]:
 @dataclass(frozen=True)
 class TrackingSettings:
     """The ``tracking`` keys the tracker reads, each default declared once: the value of
-    ``conf/tracking/mlflow.yaml`` (a test holds them equal), for a section built by hand that leaves
+    the run schema's ``core/schema/tracking.py`` (a test holds them equal), for a section built by hand that leaves
     one out. A key missing or null takes its default."""
 
     enabled: bool = True  # false: no MLflow run; metrics.jsonl and the run's files only

@@ -9,11 +9,12 @@ the key, the value and what is allowed, before a folder, a model or an MLflow ru
     # UserError: optim.lr=-1 is not allowed: it must be a number > 0
 
 The keys a primary config owns itself (``trainer.*``, ``optim.*``, ``eval.*``, ``sweep_dir``, ...)
-are declared once in the run schema, ``core/schema/``, each with its default, rule and doc; their
-rules enter the tables from there (``rules(TrainSchema)``). The tables list the rest by hand: the
-keys the config groups' YAML options declare (``rollout=``, ``model=``, ``tools=``, ``tracking=``,
-``launcher=``), each a rule or ``owned``: the component that reads and checks a value or a whole
-``prefix.*`` section, such as a task's parameters. tests/conf/test_validation.py keeps them
+and those of the groups in ``entropyrl.conf.GROUP_SCHEMAS`` (``tools.*``, ``tracking.*``) are
+declared once in the run schema, ``core/schema/``, each with its default, rule and doc; their rules
+enter the tables from there (``rules(TrainSchema)``, ``rules(ToolsSchema, "tools.")``). The tables
+list the rest by hand: the keys the other config groups' YAML options declare (``rollout=``,
+``model=``, ``launcher=``), each a rule or ``owned``: the component that reads and checks a value or
+a whole ``prefix.*`` section, such as a task's parameters. tests/conf/test_validation.py keeps them
 one-to-one: every key a shipped YAML or the schema sets has a rule (or one in ``ALGO_KEYS`` / an
 intervention's ``Params``), and every rule names a key some shipped YAML or the schema sets.
 
@@ -60,6 +61,8 @@ from .rules import (  # noqa: F401  (re-exported: the rules' old home)
 from .schema import rules
 from .schema.eval import EvalSchema
 from .schema.sweep import SweepSchema
+from .schema.tools import ToolsSchema
+from .schema.tracking import TrackingSchema
 from .schema.train import RESUME_MODES, TrainSchema  # noqa: F401  (RESUME_MODES: re-exported)
 
 _ABSENT = object()
@@ -93,47 +96,13 @@ MODEL = {
     "model.warm_start.seed": NONNEG_INT,
 }
 
-TRACKING = {
-    "tracking.name": STR,
-    "tracking.enabled": BOOL,
-    "tracking.experiment": STR,
-    "tracking.uri": OPT_STR,
-    "tracking.run_name": OPT_STR,
-    "tracking.parent_run_id": OPT_STR,
-    "tracking.tags": MAPPING,
-    "tracking.retry_s": NONNEG,
-    "tracking.flush_wait_s": NONNEG,
-}
+#: ``tracking``: where a run is logged (MLflow), declared in ``core/schema/tracking.py``.
+TRACKING = rules(TrackingSchema, "tracking.")
 
 
-#: ``tools``: multi-turn rollouts with a code interpreter (``conf/tools/none.yaml`` declares them);
-#: the format's name and tags and the executor's limits are checked by ``evals/code/tool_executor.check_tools``.
-TOOLS = {
-    "tools.enabled": BOOL,
-    "tools.name": STR,
-    "tools.format": STR,
-    "tools.max_turns": POS_INT,
-    "tools.max_calls": NONNEG_INT,
-    "tools.max_output_chars": integer(16),
-    "tools.session": choice("stateless", "trajectory"),
-    "tools.tool_turn": choice("inline", "chat"),
-    "tools.show_last_expression": BOOL,
-    "tools.tags.*": owned("rollout/tool_formats.py (a tag string, or null for the format's own)"),
-    "tools.executor.isolation": owned("evals/code/sandbox.py (auto, bwrap, unshare or none)"),
-    "tools.mask_invalid_calls": BOOL,
-    "tools.mask_repeated": BOOL,
-    "tools.drop_void_turns": BOOL,
-    "tools.answer_pattern": Rule("str", nullable=True),
-    "tools.executor.wall_seconds": POS,
-    "tools.executor.cpu_seconds": POS_INT,
-    "tools.executor.memory_mb": integer(64),
-    "tools.executor.processes": POS_INT,
-    "tools.executor.max_output_bytes": integer(256),
-    "tools.executor.workers": NONNEG_INT,
-    "tools.executor.launch": choice("zygote", "fresh"),
-    "tools.shaping.call_bonus": number(),
-    "tools.shaping.error_penalty": NONNEG,
-}
+#: ``tools``: multi-turn rollouts with a code interpreter, declared in ``core/schema/tools.py``; the
+#: format's name and tags and the executor's limits are checked by ``evals/code/tool_executor.check_tools``.
+TOOLS = rules(ToolsSchema, "tools.")
 
 #: Keys that moved: ``{old key: new key}``. Setting an old one is an error naming the new one.
 RENAMED = {"trainer.lr": "optim.lr", "trainer.weight_decay": "optim.weight_decay", "trainer.betas": "optim.betas"}

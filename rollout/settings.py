@@ -1,7 +1,7 @@
 """What the rollout engines and the tool driver read from their config sections, read once into
 typed settings: ``SamplingSettings`` (the engine section: ``conf/rollout/<name>.yaml`` in training,
 built from ``eval.*`` in evaluation) and ``ToolSettings`` (the ``tools`` section,
-``conf/tools/none.yaml``).
+declared in the run schema's ``core/schema/tools.py``).
 
 Each key is declared once, here, with its default: the value the composed default ``train``
 config sets (``tests/rollout/test_settings.py`` holds the two together), so a caller that passes a

@@ -25,6 +25,10 @@ pass with one-line errors, where OmegaConf's typed nodes would coerce (``trainer
 true, ``optim.lr=1`` to 1.0) or raise their own multi-line errors. Code below the set-up reads its
 section typed with ``bind(Trainer, cfg.trainer)``.
 
+A config group's keys can be declared the same way (``ToolsSchema`` in ``tools.py``, ``TrackingSchema`` in
+``tracking.py``): ``entropyrl.conf.GROUP_SCHEMAS`` stores each as ``schema/<group>``, which the group's declaring
+option lists first (``- /schema/tools@_here_``), and its rules enter the tables as ``rules(ToolsSchema, "tools.")``.
+
 A key owned by a component (a section whose keys vary, such as ``eval.sandbox``) is declared with
 ``owned_section``: its rule is the component's (``prefix.*``), its default a mapping.
 """

@@ -1,4 +1,5 @@
-"""The schema of ``entropyrl eval``'s own keys (the model, tracking and tools groups declare theirs)."""
+"""The schema of ``entropyrl eval``'s own keys (the model group declares its keys in its YAML options; the
+tracking and tools groups' keys are in ``tracking.py`` and ``tools.py``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The schema of ``entropyrl sweep``'s own keys (the ablation, launcher and tracking groups declare theirs)."""
+"""The schema of ``entropyrl sweep``'s own keys (the ablation and launcher groups declare theirs in their YAML
+options; the tracking group's keys are in ``tracking.py``)."""
 
 from __future__ import annotations
 

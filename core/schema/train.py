@@ -1,6 +1,6 @@
 """The schema of ``entropyrl train``'s own keys: the loop (``trainer``), the optimizer, LoRA, rewards, validation
-and diagnostics. The groups (``algo``, ``model``, ``rollout``, ``tools``, ``data``, ``tracking``) declare theirs in
-their YAML options."""
+and diagnostics. The ``tools`` and ``tracking`` groups' keys are in ``tools.py`` and ``tracking.py``; the other
+groups (``algo``, ``model``, ``rollout``, ``data``) declare theirs in their YAML options."""
 
 from __future__ import annotations
 

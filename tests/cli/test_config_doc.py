@@ -7,6 +7,8 @@ import pytest
 
 from entropyrl.conf import CONF_DIR, compose
 from entropyrl.conf.key_docs import composition_choices, composition_files, declared_docs, doc_for, key_docs
+from entropyrl.core.schema import docs as schema_docs
+from entropyrl.core.schema.tracking import TrackingSchema
 
 
 def _leaves(node, prefix: str = "") -> list[str]:
@@ -59,7 +61,7 @@ def test_the_primary_config_wins_then_the_first_group_file_in_merge_order():
     tracking = CONF_DIR / "tracking" / "mlflow.yaml"
     assert files.index(tracking) < files.index(CONF_DIR / "sweep.yaml")  # merged before the primary
     primary_doc = declared_docs((CONF_DIR / "sweep.yaml").read_text())["tracking.experiment"]
-    assert primary_doc and primary_doc != declared_docs(tracking.read_text())["experiment"]
+    assert primary_doc and primary_doc != schema_docs(TrackingSchema)["experiment"]  # the key's own doc: its schema's
     assert key_docs("sweep", sweep_choices)["tracking.experiment"] == primary_doc
 
     # rollout.max_new_tokens: declared by conf/rollout/hf.yaml, set again by conf/data/countdown.yaml after it

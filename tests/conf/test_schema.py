@@ -1,5 +1,6 @@
-"""The run schema (core/schema/): each key a primary config owns is declared once, with its default,
-rule and doc, and those three reach the composed config, the validation and ``config show --doc``."""
+"""The run schema (core/schema/): each key a primary config owns, and each key of the groups it
+declares (``GROUP_SCHEMAS``), is declared once, with its default, rule and doc, and those three reach
+the composed config, the validation and ``config show --doc``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import dataclasses
 import pytest
 import yaml
 
-from entropyrl.conf import CONF_DIR, RUN_SCHEMAS, compose
+from entropyrl.conf import CONF_DIR, GROUP_SCHEMAS, RUN_SCHEMAS, compose, primary_defaults
 from entropyrl.core.errors import UserError
 from entropyrl.core.rules import Rule
 from entropyrl.core.schema import bind, defaults, docs, key, rules, section
@@ -24,6 +25,100 @@ def _leaves(node: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def _group_schemas() -> list[tuple[str, str, type]]:
+    """``[(group, option, schema)]``: each group schema with the option YAML that lists its node (an
+    option of a group with one schema per option, or the one option of the group that lists it)."""
+    out = []
+    for group, schema in sorted(GROUP_SCHEMAS.items()):
+        per_option = schema if isinstance(schema, dict) else None
+        for path in sorted((CONF_DIR / group).glob("*.yaml")):
+            first = (yaml.safe_load(path.read_text()).get("defaults") or [None])[0]
+            if per_option is not None and path.stem in per_option:
+                out.append((group, path.stem, per_option[path.stem]))
+            elif per_option is None and first == f"/schema/{group}@_here_":
+                out.append((group, path.stem, schema))
+    return out
+
+
+GROUP_CASES = _group_schemas()
+GROUP_IDS = [f"{group}={option}" for group, option, _ in GROUP_CASES]
+
+
+def _commands_with(group: str) -> list[str]:
+    return [c for c in sorted(RUN_SCHEMAS) if group in primary_defaults(c)]
+
+
+def test_every_group_schema_has_its_declaring_option():
+    assert {group for group, _, _ in GROUP_CASES} == set(GROUP_SCHEMAS)
+
+
+@pytest.mark.parametrize("group, option, schema", GROUP_CASES, ids=GROUP_IDS)
+def test_every_group_schema_key_has_a_rule_and_a_doc(group, option, schema):
+    table = rules(schema)
+    assert table and all(isinstance(r, Rule) for r in table.values())
+    undocumented = [k for k, doc in docs(schema).items() if not doc.strip()]
+    assert not undocumented, f"{group} schema keys without a doc: {undocumented}"
+
+
+@pytest.mark.parametrize("group, option, schema", GROUP_CASES, ids=GROUP_IDS)
+def test_the_declaring_option_sets_no_key_its_schema_declares(group, option, schema):
+    """Declared once: the group's option lists the schema node first and sets none of its keys again."""
+    body = yaml.safe_load((CONF_DIR / group / f"{option}.yaml").read_text())
+    node = f"/schema/{group}/{option}@_here_" if isinstance(GROUP_SCHEMAS[group], dict) else f"/schema/{group}@_here_"
+    assert body["defaults"][0] == node
+    own = set(_leaves({k: v for k, v in body.items() if k != "defaults"}))
+    declared = {k[:-2] if k.endswith(".*") else k for k in rules(schema)}
+    twice = sorted(k for k in own if k in declared or any(k.startswith(d + ".") for d in declared))
+    assert not twice, f"{group}/{option}.yaml sets {twice} again (core/schema/{group}.py declares them)"
+
+
+def _set_by_yaml(command: str, overrides: list[str]) -> set[str]:
+    """The dotted keys some shipped YAML of the composition sets (the schema nodes are no files)."""
+    from entropyrl.conf.key_docs import composition_choices, composition_files
+
+    out = set()
+    for path, prefix in composition_files(command, composition_choices(command, overrides)):
+        body = yaml.safe_load(path.read_text()) or {}
+        out |= {prefix + k for k in _leaves({k: v for k, v in body.items() if k != "defaults"})}
+    return out
+
+
+@pytest.mark.parametrize("group, option, schema", GROUP_CASES, ids=GROUP_IDS)
+def test_the_composed_config_holds_the_group_schema_defaults(group, option, schema):
+    """Every key of the schema is in the composed config; one no shipped YAML sets has its default."""
+    from omegaconf import OmegaConf
+
+    for command in _commands_with(group):
+        overrides = [f"{group}={option}"]
+        composed = _leaves(OmegaConf.to_container(compose(command, overrides, validate=False), resolve=False))
+        set_by_yaml = _set_by_yaml(command, overrides)
+        for k, value in _leaves(defaults(schema), f"{group}.").items():
+            assert k in composed, f"{k} is missing from the composed {command} config"
+            if k not in set_by_yaml:
+                assert composed[k] == value, f"{k}: composed {composed[k]!r}, schema default {value!r}"
+
+
+@pytest.mark.parametrize("group, option, schema", GROUP_CASES, ids=GROUP_IDS)
+def test_the_validation_tables_take_the_group_rules_from_the_schema(group, option, schema):
+    commands = _commands_with(group)
+    assert commands
+    for command in commands:
+        for k, rule in rules(schema, f"{group}.").items():
+            assert SCHEMAS[command][k] is rule
+
+
+def test_config_show_doc_prints_the_group_schema_doc(capsys):
+    from entropyrl.cli.main import main
+    from entropyrl.core.schema.tools import ToolsSchema
+
+    with pytest.raises(SystemExit) as done:
+        main(["config", "show", "--doc", "tools=code_interpreter"])
+    assert done.value.code in (0, None)
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("tools.executor.launch:"))
+    assert docs(ToolsSchema, "tools.")["tools.executor.launch"] in line
 
 
 @pytest.mark.parametrize("command", sorted(RUN_SCHEMAS))
@@ -113,3 +208,15 @@ def test_config_show_doc_prints_the_schema_doc(capsys):
 def test_bind_gives_numbers_the_type_of_their_rule():
     bound = bind(Trainer, {"ppo_epochs": 2.0, "grad_clip": 1, "progress": False})
     assert type(bound.ppo_epochs) is int and type(bound.grad_clip) is float and bound.progress is False
+
+
+def test_a_sweep_sends_every_schema_section_of_train_to_its_jobs():
+    """The sweep's command line routes by first key: the train schema's sections go to the jobs
+    (trainer.total_steps=5), the sweep schema's stay with the sweep (seeds, report.*)."""
+    from entropyrl.sweeps.planning import split_overrides
+
+    train_heads = sorted(defaults(RUN_SCHEMAS["train"]))
+    sweep_heads = sorted(defaults(RUN_SCHEMAS["sweep"]))
+    sweep, train = split_overrides([f"{h}.x=1" for h in train_heads] + [f"{h}=1" for h in sweep_heads])
+    assert sorted(o.split(".")[0] for o in train) == train_heads
+    assert sorted(o.split("=")[0] for o in sweep) == sweep_heads

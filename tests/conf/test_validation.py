@@ -240,11 +240,12 @@ def _yaml_keys(node, prefix: str = "") -> list[str]:
 
 def _shipped_keys() -> dict[str, dict[str, str]]:
     """``{command: {key: the file that sets it}}`` over the command's run schema (core/schema/), the
-    primary YAML and every option of its groups (where each lands: ``# @package _global_`` at the
-    root, an intervention at ``algo.<name>``, any other option under its group)."""
+    primary YAML, the schemas of its groups (``GROUP_SCHEMAS``) and every option of its groups (where
+    each lands: ``# @package _global_`` at the root, an intervention at ``algo.<name>``, any other
+    option under its group)."""
     import yaml
 
-    from entropyrl.conf import CONF_DIR
+    from entropyrl.conf import CONF_DIR, GROUP_SCHEMAS
     from entropyrl.core.schema import defaults
 
     out: dict[str, dict[str, str]] = {}
@@ -253,6 +254,10 @@ def _shipped_keys() -> dict[str, dict[str, str]]:
         for k in _yaml_keys(yaml.safe_load((CONF_DIR / f"{command}.yaml").read_text())):
             keys.setdefault(k, f"{command}.yaml")
         for group in groups:
+            group_schemas = GROUP_SCHEMAS.get(group)
+            for schema in group_schemas.values() if isinstance(group_schemas, dict) else [group_schemas]:
+                for k in _yaml_keys(defaults(schema)) if schema is not None else []:
+                    keys.setdefault(f"{group}.{k}", f"core/schema/{group}.py")
             for path in sorted((CONF_DIR / group).glob("*.yaml")):
                 text = path.read_text()
                 node = yaml.safe_load(text) or {}
