@@ -12,9 +12,6 @@ import pytest
 
 from entropyrl.conf import compose
 from entropyrl.core.errors import UserError
-from entropyrl.core.schema.eval import EvalSchema
-from entropyrl.core.schema.sweep import SweepSchema
-from entropyrl.core.schema.train import TrainSchema
 from entropyrl.core.validation import SCHEMAS, Rule, validate_config
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
@@ -216,7 +213,6 @@ def test_the_algorithms_defaults_are_declared_once_in_the_grpo_yaml():
 # The schema of a command is its YAML (the one place each default is declared, commented where it is
 # declared) plus its rule table (core/validation.py: the type and range of each key, or the component
 # that checks a section). These tests keep the two one-to-one over every shipped config file.
-SCHEMA_CLASSES = {"train": TrainSchema, "eval": EvalSchema, "sweep": SweepSchema}
 PRIMARY_GROUPS = {
     "train": ("algo", "model", "data", "rollout", "tools", "tracking", "experiment", "intervention"),
     "eval": ("model", "tools", "tracking"),
@@ -245,12 +241,12 @@ def _shipped_keys() -> dict[str, dict[str, str]]:
     option under its group)."""
     import yaml
 
-    from entropyrl.conf import CONF_DIR, GROUP_SCHEMAS
+    from entropyrl.conf import CONF_DIR, GROUP_SCHEMAS, RUN_SCHEMAS
     from entropyrl.core.schema import defaults
 
     out: dict[str, dict[str, str]] = {}
     for command, groups in PRIMARY_GROUPS.items():
-        keys = {k: f"core/schema/{command}.py" for k in _yaml_keys(defaults(SCHEMA_CLASSES[command]))}
+        keys = {k: f"core/schema/{command}.py" for k in _yaml_keys(defaults(RUN_SCHEMAS[command]))}
         for k in _yaml_keys(yaml.safe_load((CONF_DIR / f"{command}.yaml").read_text())):
             keys.setdefault(k, f"{command}.yaml")
         for group in groups:
