@@ -46,9 +46,7 @@ SCHEMA_GROUP = "schema"  # ConfigStore group of the primary configs' schema node
 #: Each primary config's run schema: the keys it owns, with their defaults, rules and docs.
 RUN_SCHEMAS = {"train": TrainSchema, "eval": EvalSchema, "sweep": SweepSchema}
 #: Each config group whose options' keys the run schema declares: ``{group: schema}``, stored as
-#: ``schema/<group>`` and listed first by the group's declaring option (``- /schema/tools@_here_``);
-#: or ``{group: {option: schema}}`` for options with keys of their own, stored as
-#: ``schema/<group>/<option>`` and listed first by that option.
+#: ``schema/<group>`` and listed first by the group's declaring option (``- /schema/tools@_here_``).
 GROUP_SCHEMAS = {"tools": ToolsSchema, "tracking": TrackingSchema}
 
 #: Keys a primary config lacks because another command owns them: ``{config: {key: why}}``. An
@@ -113,11 +111,7 @@ def store_schemas() -> None:
     from hydra.core.config_store import ConfigStore
 
     for name, schema in {**RUN_SCHEMAS, **GROUP_SCHEMAS}.items():
-        if isinstance(schema, dict):  # one schema per option of the group
-            for option, option_schema in schema.items():
-                ConfigStore.instance().store(group=f"{SCHEMA_GROUP}/{name}", name=option, node=defaults(option_schema))
-        else:
-            ConfigStore.instance().store(group=SCHEMA_GROUP, name=name, node=defaults(schema))
+        ConfigStore.instance().store(group=SCHEMA_GROUP, name=name, node=defaults(schema))
 
 
 def mount_interventions() -> None:
