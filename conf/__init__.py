@@ -27,6 +27,7 @@ from ..core.errors import UserError
 from ..core.registry import unknown_choice
 from ..core.schema import defaults
 from ..core.schema.eval import EvalSchema
+from ..core.schema.rollout import ROLLOUT_SCHEMAS
 from ..core.schema.sweep import SweepSchema
 from ..core.schema.tools import ToolsSchema
 from ..core.schema.tracking import TrackingSchema
@@ -46,8 +47,10 @@ SCHEMA_GROUP = "schema"  # ConfigStore group of the primary configs' schema node
 #: Each primary config's run schema: the keys it owns, with their defaults, rules and docs.
 RUN_SCHEMAS = {"train": TrainSchema, "eval": EvalSchema, "sweep": SweepSchema}
 #: Each config group whose options' keys the run schema declares: ``{group: schema}``, stored as
-#: ``schema/<group>`` and listed first by the group's declaring option (``- /schema/tools@_here_``).
-GROUP_SCHEMAS = {"tools": ToolsSchema, "tracking": TrackingSchema}
+#: ``schema/<group>`` and listed first by the group's declaring option (``- /schema/tools@_here_``);
+#: or ``{group: {option: schema}}`` where each option has keys of its own (the rollout engines),
+#: stored as ``schema/<group>/<option>`` and listed first by that option (``- /schema/rollout/hf@_here_``).
+GROUP_SCHEMAS = {"tools": ToolsSchema, "tracking": TrackingSchema, "rollout": ROLLOUT_SCHEMAS}
 
 #: Keys a primary config lacks because another command owns them: ``{config: {key: why}}``. An
 #: override of one is a one-line error that says where it belongs (rather than "unknown key").
@@ -106,12 +109,17 @@ def intervention_defaults(name: str) -> dict | None:
 
 def store_schemas() -> None:
     """Store each primary config's schema node (``schema/<config>``: the defaults of the keys it owns,
-    from ``core/schema/``) and each group's (``schema/<group>``) in Hydra's ConfigStore; each primary
-    YAML, and each group's declaring option, lists its node first."""
+    from ``core/schema/``) and each group's (``schema/<group>``, or ``schema/<group>/<option>`` per
+    option) in Hydra's ConfigStore; each primary YAML, and each group's declaring option, lists its
+    node first."""
     from hydra.core.config_store import ConfigStore
 
     for name, schema in {**RUN_SCHEMAS, **GROUP_SCHEMAS}.items():
-        ConfigStore.instance().store(group=SCHEMA_GROUP, name=name, node=defaults(schema))
+        if isinstance(schema, dict):  # one schema per option of the group
+            for option, option_schema in schema.items():
+                ConfigStore.instance().store(group=f"{SCHEMA_GROUP}/{name}", name=option, node=defaults(option_schema))
+        else:
+            ConfigStore.instance().store(group=SCHEMA_GROUP, name=name, node=defaults(schema))
 
 
 def mount_interventions() -> None:

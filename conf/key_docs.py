@@ -213,7 +213,8 @@ def key_docs(config_name: str, choices: dict[str, str | None], conf_dir: Path = 
 def schema_docs(config_name: str, choices: dict[str, str | None] | None = None, *, groups: bool = True) -> dict[str, str]:
     """``{dotted key: doc}`` of the keys primary config ``config_name`` owns, from its run schema, and
     (``groups``) of the keys of the groups it composes whose schema is in ``GROUP_SCHEMAS``
-    (``tools.*`` for ``train``)."""
+    (``tools.*`` for ``train``); a group whose options have schemas of their own (``rollout``) takes
+    the option ``choices`` picks, else the primary config's default option."""
     schema = RUN_SCHEMAS.get(config_name)
     if schema is None:
         return {}
@@ -222,7 +223,11 @@ def schema_docs(config_name: str, choices: dict[str, str | None] | None = None, 
         return out
     picked = {**primary_defaults(config_name), **{k: v for k, v in (choices or {}).items() if v}}
     for group, group_schema in GROUP_SCHEMAS.items():
-        if group in picked:
+        if group not in picked:
+            continue
+        if isinstance(group_schema, dict):  # one schema per option: none for an option stored by a plugin
+            group_schema = group_schema.get(picked[group])
+        if group_schema is not None:
             out.update(docs(group_schema, f"{group}."))
     return out
 

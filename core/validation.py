@@ -9,11 +9,11 @@ the key, the value and what is allowed, before a folder, a model or an MLflow ru
     # UserError: optim.lr=-1 is not allowed: it must be a number > 0
 
 The keys a primary config owns itself (``trainer.*``, ``optim.*``, ``eval.*``, ``sweep_dir``, ...)
-and those of the groups in ``entropyrl.conf.GROUP_SCHEMAS`` (``tools.*``, ``tracking.*``) are
-declared once in the run schema, ``core/schema/``, each with its default, rule and doc; their rules
-enter the tables from there (``rules(TrainSchema)``, ``rules(ToolsSchema, "tools.")``). The tables
-list the rest by hand: the keys the other config groups' YAML options declare (``rollout=``,
-``model=``, ``launcher=``), each a rule or ``owned``: the component that reads and checks a value or
+and those of the groups in ``entropyrl.conf.GROUP_SCHEMAS`` (``tools.*``, ``tracking.*``,
+``rollout.*``) are declared once in the run schema, ``core/schema/``, each with its default, rule and
+doc; their rules enter the tables from there (``rules(TrainSchema)``, ``rules(ToolsSchema, "tools.")``).
+The tables list the rest by hand: the keys the other config groups' YAML options declare
+(``model=``, ``launcher=``), each a rule or ``owned``: the component that reads and checks a value or
 a whole ``prefix.*`` section, such as a task's parameters. tests/conf/test_validation.py keeps them
 one-to-one: every key a shipped YAML or the schema sets has a rule (or one in ``ALGO_KEYS`` / an
 intervention's ``Params``), and every rule names a key some shipped YAML or the schema sets.
@@ -60,6 +60,7 @@ from .rules import (  # noqa: F401  (re-exported: the rules' old home)
 )
 from .schema import rules
 from .schema.eval import EvalSchema
+from .schema.rollout import ROLLOUT_SCHEMAS
 from .schema.sweep import SweepSchema
 from .schema.tools import ToolsSchema
 from .schema.tracking import TrackingSchema
@@ -104,34 +105,17 @@ TRACKING = rules(TrackingSchema, "tracking.")
 #: format's name and tags and the executor's limits are checked by ``evals/code/tool_executor.check_tools``.
 TOOLS = rules(ToolsSchema, "tools.")
 
+#: ``rollout``: the engines' keys, declared in ``core/schema/rollout.py``, one schema per engine; the
+#: table holds the union of their rules (the sampling keys they share are one rule each).
+ROLLOUT = {k: r for schema in ROLLOUT_SCHEMAS.values() for k, r in rules(schema, "rollout.").items()}
+
 #: Keys that moved: ``{old key: new key}``. Setting an old one is an error naming the new one.
 RENAMED = {"trainer.lr": "optim.lr", "trainer.weight_decay": "optim.weight_decay", "trainer.betas": "optim.betas"}
 
 TRAIN = {
     **rules(TrainSchema),  # the keys conf/train.yaml owns: core/schema/train.py
-    "rollout.name": STR,
     "data.*": owned("the task (tasks/, trainers/data/): each data= option declares its own keys"),
-    "rollout.n": POS_INT,
-    "rollout.temperature": POS,
-    "rollout.top_p": OPEN_PROB,
-    "rollout.top_k": NONNEG_INT,
-    "rollout.max_new_tokens": POS_INT,
-    "rollout.batch_size": POS_INT,
-    "rollout.seed_scope": choice("call", "group"),
-    "rollout.share_prefill": BOOL,  # the hf engine's (conf/rollout/hf.yaml)
-    # the vllm engine's own keys (conf/rollout/vllm.yaml; null: the engine's choice for the device)
-    "rollout.dtype": choice("float32", "bfloat16", "float16", nullable=True),
-    "rollout.gpu_memory_utilization": number(0, 1, open_low=True, nullable=True),
-    "rollout.cpu_kvcache_space": POS,
-    "rollout.tensor_parallel_size": POS_INT,
-    "rollout.max_model_len": integer(1, nullable=True),
-    "rollout.max_num_seqs": integer(1, nullable=True),
-    "rollout.enforce_eager": Rule("bool", nullable=True),
-    "rollout.inprocess": choice("auto", True, False),
-    "rollout.seed": NONNEG_INT,
-    "rollout.sync_bucket_mb": POS,
-    "rollout.engine_kwargs.*": owned("rollout/vllm_engine.py (any other vllm.LLM argument)"),
-    "rollout.tis.*": owned("trainers/interventions/tis.py (its Params: enabled, cap, mode)"),
+    **ROLLOUT,
     **MODEL,
     **TRACKING,
     **TOOLS,

@@ -18,7 +18,7 @@ import pytest
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from entropyrl.conf import CONF_DIR, compose
+from entropyrl.conf import compose
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -269,6 +269,8 @@ def test_the_study_recipe_runs_a_study_declared_here_through_the_lab_command(in_
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture()
 def recipe_engine():
+    from entropyrl.core.schema import defaults
+    from entropyrl.core.schema.rollout import HfRolloutSchema
     from entropyrl.rollout import base as rollout_registry
     from entropyrl.rollout.base import register_rollout
     from entropyrl.rollout.hf_engine import HFRollout
@@ -283,8 +285,7 @@ def recipe_engine():
             return super().generate(prompts, **kw)
 
     register_rollout("test_recipe_engine", RecipeRollout)
-    node = OmegaConf.load(CONF_DIR / "rollout" / "hf.yaml")
-    node.name = "test_recipe_engine"
+    node = OmegaConf.create({**defaults(HfRolloutSchema), "name": "test_recipe_engine"})
     ConfigStore.instance().store(group="rollout", name="test_recipe_engine", node=node)
     yield RecipeRollout
     rollout_registry.ROLLOUT_ENGINES.pop("test_recipe_engine")
@@ -303,7 +304,11 @@ def test_the_engine_recipe_builds_an_engine_registered_here_and_samples_with_it(
         "rollout.base.register_rollout(",
         "Cls(engine_cfg, model, tokenizer)",
         "conf/rollout/<name>.yaml",
+        "core/schema/rollout.py",
+        "ROLLOUT_SCHEMAS",
+        "- /schema/rollout/<name>@_here_",
         "ConfigStore group `rollout`",
+        "defaults(HfRolloutSchema)",
         "trainers/components.build_engine",
         "tests/test_contributing_recipes.py",
     )

@@ -28,6 +28,8 @@ section typed with ``bind(Trainer, cfg.trainer)``.
 A config group's keys can be declared the same way (``ToolsSchema`` in ``tools.py``, ``TrackingSchema`` in
 ``tracking.py``): ``entropyrl.conf.GROUP_SCHEMAS`` stores each as ``schema/<group>``, which the group's declaring
 option lists first (``- /schema/tools@_here_``), and its rules enter the tables as ``rules(ToolsSchema, "tools.")``.
+A group whose options have keys of their own has one schema per option (the rollout engines, ``rollout.py``),
+stored as ``schema/<group>/<option>`` and listed first by that option (``- /schema/rollout/hf@_here_``).
 
 A key owned by a component (a section whose keys vary, such as ``eval.sandbox``) is declared with
 ``owned_section``: its rule is the component's (``prefix.*``), its default a mapping.
@@ -56,7 +58,8 @@ def key(default: Any, rule: Rule, doc: str) -> Any:
 
 def owned_section(rule: Rule, doc: str, keys: dict[str, tuple[Any, str]]) -> Any:
     """A mapping whose keys one component reads and checks (``rule``: ``owned(...)``, covering
-    ``<key>.*``): ``keys`` maps each shipped key to ``(default, doc)``."""
+    ``<key>.*``): ``keys`` maps each shipped key to ``(default, doc)``; ``{}`` for a free-form mapping
+    (``rollout.engine_kwargs``: whatever its component accepts, empty by default)."""
     meta = {_RULE: rule, _DOC: doc, _OWNED: {name: text for name, (_, text) in keys.items()}}
     default = {name: value for name, (value, _) in keys.items()}
     return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
@@ -83,7 +86,7 @@ def rules(schema: type, prefix: str = "") -> dict[str, Rule]:
         name = f"{prefix}{f.name}"
         if _SECTION in f.metadata:
             out.update(rules(f.metadata[_SECTION], f"{name}."))
-        elif f.metadata.get(_OWNED):
+        elif _OWNED in f.metadata:  # an owned section, free-form ones (no shipped key) too
             out[f"{name}.*"] = f.metadata[_RULE]
         else:
             out[name] = f.metadata[_RULE]

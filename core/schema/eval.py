@@ -121,7 +121,7 @@ class Eval:
     )
     vllm: dict[str, Any] = owned_section(
         owned("rollout/vllm_engine.py (vLLM engine arguments; null: vLLM's default)"),
-        "eval.backend=vllm: engine settings, as in conf/rollout/vllm.yaml (null = its default)",
+        "eval.backend=vllm: engine settings, as the rollout=vllm engine's keys in core/schema/rollout.py; null = its default",
         {
             "dtype": (None, "null = model.dtype"),
             "gpu_memory_utilization": (None, "null = 0.1 on CPU (VLLM_CPU_KVCACHE_SPACE=1 GiB unless set), 0.6 on GPU"),

@@ -13,6 +13,7 @@ from entropyrl.conf import CONF_DIR, GROUP_SCHEMAS, RUN_SCHEMAS, compose, primar
 from entropyrl.core.errors import UserError
 from entropyrl.core.rules import Rule
 from entropyrl.core.schema import bind, defaults, docs, key, rules, section
+from entropyrl.core.schema.rollout import ROLLOUT_SCHEMAS, Sampling
 from entropyrl.core.schema.train import Trainer
 from entropyrl.core.validation import SCHEMAS
 
@@ -101,6 +102,35 @@ def test_the_composed_config_holds_the_group_schema_defaults(group, option, sche
 
 
 @pytest.mark.parametrize("group, option, schema", GROUP_CASES, ids=GROUP_IDS)
+def test_every_key_of_the_composed_group_is_declared_by_its_schema(group, option, schema):
+    """The other way round: the option's composed section holds no key its schema does not declare."""
+    from omegaconf import OmegaConf
+
+    declared = rules(schema)
+    owned = [k[:-2] for k in declared if k.endswith(".*")]  # a section its component checks, and all below it
+    for command in _commands_with(group):
+        cfg = OmegaConf.to_container(compose(command, [f"{group}={option}"], validate=False), resolve=False)
+        undeclared = [
+            k for k in _leaves(cfg[group]) if k not in declared and not any(k == o or k.startswith(f"{o}.") for o in owned)
+        ]
+        assert not undeclared, f"{command} {group}={option}: {undeclared} are not declared by its schema"
+
+
+@pytest.mark.parametrize("group, option, schema", GROUP_CASES, ids=GROUP_IDS)
+def test_the_group_schema_node_is_stored(group, option, schema):
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    from entropyrl.conf import SCHEMA_GROUP, store_schemas
+
+    store_schemas()
+    path = f"{SCHEMA_GROUP}/{group}/{option}" if isinstance(GROUP_SCHEMAS[group], dict) else f"{SCHEMA_GROUP}/{group}"
+    node = ConfigStore.instance().load(f"{path}.yaml").node
+    assert OmegaConf.to_container(node) == defaults(schema)
+    assert list(OmegaConf.to_container(node)) == [f.name for f in dataclasses.fields(schema)]  # the keys' order
+
+
+@pytest.mark.parametrize("group, option, schema", GROUP_CASES, ids=GROUP_IDS)
 def test_the_validation_tables_take_the_group_rules_from_the_schema(group, option, schema):
     commands = _commands_with(group)
     assert commands
@@ -119,6 +149,38 @@ def test_config_show_doc_prints_the_group_schema_doc(capsys):
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("tools.executor.launch:"))
     assert docs(ToolsSchema, "tools.")["tools.executor.launch"] in line
+
+
+@pytest.mark.parametrize("engine", sorted(ROLLOUT_SCHEMAS))
+def test_config_show_doc_prints_the_picked_engines_schema_docs(engine, capsys):
+    """``rollout=<engine>``: its own keys' docs, from its schema; none of another engine's keys."""
+    from entropyrl.cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["config", "show", "--doc", f"rollout={engine}"])
+    assert done.value.code in (0, None)
+    out = capsys.readouterr().out
+    own = docs(ROLLOUT_SCHEMAS[engine], "rollout.")
+    for other, schema in ROLLOUT_SCHEMAS.items():
+        for k in _leaves(defaults(schema), "rollout."):  # the lines it prints: one per leaf
+            shown = [x for x in out.splitlines() if x.startswith(f"{k}:")]
+            if k in own:
+                assert len(shown) == 1 and own[k] in shown[0], (k, shown)
+            else:
+                assert not shown, f"rollout={engine} shows {other}'s {k}"
+
+
+def test_the_engines_share_the_sampling_keys_and_end_with_seed_scope():
+    """Every engine starts with the shared sampling keys and ends with seed_scope (the order
+    ``config show`` prints); a shared key is declared once (the same rule and doc in each)."""
+    shared = [f.name for f in dataclasses.fields(Sampling)]
+    for engine, schema in ROLLOUT_SCHEMAS.items():
+        names = [f.name for f in dataclasses.fields(schema)]
+        assert names[: len(shared)] == shared and names[-1] == "seed_scope", (engine, names)
+        assert defaults(schema)["name"] == engine
+    tables = [rules(schema) for schema in ROLLOUT_SCHEMAS.values()]
+    for k in [*shared, "seed_scope"]:
+        assert len({id(t[k]) for t in tables}) == 1, k
 
 
 @pytest.mark.parametrize("command", sorted(RUN_SCHEMAS))

@@ -28,8 +28,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from entropyrl.conf import CONF_DIR, intervention_defaults
+from entropyrl.conf import intervention_defaults
 from entropyrl.core.errors import UserError
+from entropyrl.core.schema import defaults as schema_defaults
+from entropyrl.core.schema.rollout import ROLLOUT_SCHEMAS
 from entropyrl.trainers.algos import core_algos, objectives
 from entropyrl.trainers.algos.algo_config import ALGO_KEYS, CONTROLLER_ENTROPY, algo_defaults
 from entropyrl.trainers.algos.algorithm import Algorithm
@@ -322,13 +324,12 @@ ENGINE_MODULES = {"hf": "rollout/hf_engine.py", "vllm": "rollout/vllm_engine.py"
 
 @pytest.mark.parametrize("engine", sorted(ENGINE_MODULES))
 def test_every_engine_key_is_read(engine):
-    """Every key of ``conf/rollout/<engine>.yaml`` is read by the engine's module (as its typed
-    ``settings.<key>``, rollout/settings.py) or, for the keys
+    """Every key of ``rollout=<engine>`` (its schema, core/schema/rollout.py) is read by the engine's
+    module (as its typed ``settings.<key>``, rollout/settings.py) or, for the keys
     the loop owns, by the file named in ``ENGINE_KEYS_READ_BY_THE_LOOP``. (The hf engine's sampling
     keys are also checked to change the samples: ``test_hf_sampling_keys_change_the_samples``.)"""
-    import yaml
-
-    keys = list(yaml.safe_load((CONF_DIR / "rollout" / f"{engine}.yaml").read_text()))
+    keys = list(schema_defaults(ROLLOUT_SCHEMAS[engine]))
+    assert sorted(ROLLOUT_SCHEMAS) == sorted(ENGINE_MODULES)  # every shipped engine is checked
     source = (ROOT / ENGINE_MODULES[engine]).read_text()
     unread = []
     for key in keys:
@@ -348,16 +349,15 @@ HF_SPEED = {"share_prefill": False}
 
 
 def test_hf_sampling_keys_change_the_samples():
-    """On the embedded tiny model: each sampling key of ``conf/rollout/hf.yaml`` changes what the
-    engine returns (the sampled tokens) at the same seed; every other hf key is in
+    """On the embedded tiny model: each sampling key of ``rollout=hf`` (its schema, core/schema/rollout.py)
+    changes what the engine returns (the sampled tokens) at the same seed; every other hf key is in
     ``ENGINE_KEYS_READ_BY_THE_LOOP``."""
-    import yaml
     from omegaconf import OmegaConf
 
     from entropyrl.models.loading import load_policy
     from entropyrl.rollout.base import build_rollout
 
-    keys = set(yaml.safe_load((CONF_DIR / "rollout" / "hf.yaml").read_text()))
+    keys = set(schema_defaults(ROLLOUT_SCHEMAS["hf"]))
     assert keys == set(HF_SAMPLING) | set(HF_SPEED) | (keys & set(ENGINE_KEYS_READ_BY_THE_LOOP)), sorted(keys)
     from entropyrl.conf import compose
 
