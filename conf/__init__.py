@@ -27,6 +27,7 @@ from ..core.errors import UserError
 from ..core.registry import unknown_choice
 from ..core.schema import defaults
 from ..core.schema.eval import EvalSchema
+from ..core.schema.launcher import LAUNCHER_SCHEMAS
 from ..core.schema.rollout import ROLLOUT_SCHEMAS
 from ..core.schema.sweep import SweepSchema
 from ..core.schema.tools import ToolsSchema
@@ -48,9 +49,15 @@ SCHEMA_GROUP = "schema"  # ConfigStore group of the primary configs' schema node
 RUN_SCHEMAS = {"train": TrainSchema, "eval": EvalSchema, "sweep": SweepSchema}
 #: Each config group whose options' keys the run schema declares: ``{group: schema}``, stored as
 #: ``schema/<group>`` and listed first by the group's declaring option (``- /schema/tools@_here_``);
-#: or ``{group: {option: schema}}`` where each option has keys of its own (the rollout engines),
-#: stored as ``schema/<group>/<option>`` and listed first by that option (``- /schema/rollout/hf@_here_``).
-GROUP_SCHEMAS = {"tools": ToolsSchema, "tracking": TrackingSchema, "rollout": ROLLOUT_SCHEMAS}
+#: or ``{group: {option: schema}}`` where each option has keys of its own (the rollout engines, the
+#: launchers), stored as ``schema/<group>/<option>`` and listed first by that option
+#: (``- /schema/rollout/hf@_here_``).
+GROUP_SCHEMAS = {
+    "tools": ToolsSchema,
+    "tracking": TrackingSchema,
+    "rollout": ROLLOUT_SCHEMAS,
+    "launcher": LAUNCHER_SCHEMAS,
+}
 
 #: Keys a primary config lacks because another command owns them: ``{config: {key: why}}``. An
 #: override of one is a one-line error that says where it belongs (rather than "unknown key").

@@ -10,10 +10,10 @@ the key, the value and what is allowed, before a folder, a model or an MLflow ru
 
 The keys a primary config owns itself (``trainer.*``, ``optim.*``, ``eval.*``, ``sweep_dir``, ...)
 and those of the groups in ``entropyrl.conf.GROUP_SCHEMAS`` (``tools.*``, ``tracking.*``,
-``rollout.*``) are declared once in the run schema, ``core/schema/``, each with its default, rule and
-doc; their rules enter the tables from there (``rules(TrainSchema)``, ``rules(ToolsSchema, "tools.")``).
-The tables list the rest by hand: the keys the other config groups' YAML options declare
-(``model=``, ``launcher=``), each a rule or ``owned``: the component that reads and checks a value or
+``rollout.*``, ``launcher.*``) are declared once in the run schema, ``core/schema/``, each with its
+default, rule and doc; their rules enter the tables from there (``rules(TrainSchema)``,
+``rules(ToolsSchema, "tools.")``). The tables list the rest by hand: the keys the other config groups'
+YAML options declare (``model=``), each a rule or ``owned``: the component that reads and checks a value or
 a whole ``prefix.*`` section, such as a task's parameters. tests/conf/test_validation.py keeps them
 one-to-one: every key a shipped YAML or the schema sets has a rule (or one in ``ALGO_KEYS`` / an
 intervention's ``Params``), and every rule names a key some shipped YAML or the schema sets.
@@ -60,6 +60,7 @@ from .rules import (  # noqa: F401  (re-exported: the rules' old home)
 )
 from .schema import rules
 from .schema.eval import EvalSchema
+from .schema.launcher import LAUNCHER_SCHEMAS
 from .schema.rollout import ROLLOUT_SCHEMAS
 from .schema.sweep import SweepSchema
 from .schema.tools import ToolsSchema
@@ -109,6 +110,11 @@ TOOLS = rules(ToolsSchema, "tools.")
 #: table holds the union of their rules (the sampling keys they share are one rule each).
 ROLLOUT = {k: r for schema in ROLLOUT_SCHEMAS.values() for k, r in rules(schema, "rollout.").items()}
 
+#: ``launcher``: where a sweep's jobs run, declared in ``core/schema/launcher.py``, one schema per
+#: launcher; the table holds the union of their rules (``threads_per_job`` and
+#: ``additional_parameters.*`` owned by the component that reads them).
+LAUNCHER = {k: r for schema in LAUNCHER_SCHEMAS.values() for k, r in rules(schema, "launcher.").items()}
+
 #: Keys that moved: ``{old key: new key}``. Setting an old one is an error naming the new one.
 RENAMED = {"trainer.lr": "optim.lr", "trainer.weight_decay": "optim.weight_decay", "trainer.betas": "optim.betas"}
 
@@ -130,31 +136,7 @@ EVAL = {
 
 SWEEP = {
     **rules(SweepSchema),  # the keys conf/sweep.yaml owns: core/schema/sweep.py
-    "launcher.max_parallel": POS_INT,
-    "launcher.timeout_min": POS_INT,
-    "launcher.max_num_timeout": NONNEG_INT,
-    "launcher.signal_delay_s": NONNEG_INT,
-    "launcher.warm_start": BOOL,
-    "launcher.nodes": POS_INT,
-    "launcher.gpus_per_node": NONNEG_INT,
-    "launcher.tasks_per_node": integer(1, nullable=True),
-    "launcher.cpus_per_task": POS_INT,
-    "launcher.mem_gb": number(0, open_low=True, nullable=True),
-    "launcher.array_parallelism": POS_INT,
-    "launcher.name": STR,
-    # the slurm launcher's own keys (conf/launcher/slurm.yaml)
-    "launcher.partition": OPT_STR,
-    "launcher.account": OPT_STR,
-    "launcher.qos": OPT_STR,
-    "launcher.job_name": STR,
-    "launcher.setup": Rule("str_list"),
-    "launcher.additional_parameters.*": owned("submitit (any other sbatch option)"),
-    "launcher.python": OPT_STR,
-    "launcher.use_srun": BOOL,
-    "launcher.check_request": BOOL,
-    "launcher.stuck_after_s": POS,
-    "launcher.post_mortem": BOOL,
-    "launcher.threads_per_job": owned("sweeps/ (auto, 0: each job picks its own, or N threads)"),
+    **LAUNCHER,
     "ablation.*": owned("sweeps/planning.py (name, description, base, variants, report)"),
     **TRACKING,
 }

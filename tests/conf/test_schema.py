@@ -13,6 +13,7 @@ from entropyrl.conf import CONF_DIR, GROUP_SCHEMAS, RUN_SCHEMAS, compose, primar
 from entropyrl.core.errors import UserError
 from entropyrl.core.rules import Rule
 from entropyrl.core.schema import bind, defaults, docs, key, rules, section
+from entropyrl.core.schema.launcher import LAUNCHER_SCHEMAS, LauncherName, Ranks, Threads, Timeouts
 from entropyrl.core.schema.rollout import ROLLOUT_SCHEMAS, Sampling
 from entropyrl.core.schema.train import Trainer
 from entropyrl.core.validation import SCHEMAS
@@ -151,23 +152,31 @@ def test_config_show_doc_prints_the_group_schema_doc(capsys):
     assert docs(ToolsSchema, "tools.")["tools.executor.launch"] in line
 
 
-@pytest.mark.parametrize("engine", sorted(ROLLOUT_SCHEMAS))
-def test_config_show_doc_prints_the_picked_engines_schema_docs(engine, capsys):
-    """``rollout=<engine>``: its own keys' docs, from its schema; none of another engine's keys."""
+PER_OPTION_CASES = [
+    *[("train", "rollout", engine) for engine in sorted(ROLLOUT_SCHEMAS)],
+    *[("sweep", "launcher", launcher) for launcher in sorted(LAUNCHER_SCHEMAS)],
+]
+
+
+@pytest.mark.parametrize("command, group, option", PER_OPTION_CASES, ids=[f"{g}={o}" for _, g, o in PER_OPTION_CASES])
+def test_config_show_doc_prints_the_picked_options_schema_docs(command, group, option, capsys):
+    """``rollout=<engine>`` (``launcher=<name>`` for a sweep): its own keys' docs, from its schema;
+    none of another option's keys."""
     from entropyrl.cli.main import main
 
     with pytest.raises(SystemExit) as done:
-        main(["config", "show", "--doc", f"rollout={engine}"])
+        main(["config", "show", "--for", command, "--doc", f"{group}={option}"])
     assert done.value.code in (0, None)
     out = capsys.readouterr().out
-    own = docs(ROLLOUT_SCHEMAS[engine], "rollout.")
-    for other, schema in ROLLOUT_SCHEMAS.items():
-        for k in _leaves(defaults(schema), "rollout."):  # the lines it prints: one per leaf
+    options = GROUP_SCHEMAS[group]
+    own = docs(options[option], f"{group}.")
+    for other, schema in options.items():
+        for k in _leaves(defaults(schema), f"{group}."):  # the lines it prints: one per leaf
             shown = [x for x in out.splitlines() if x.startswith(f"{k}:")]
             if k in own:
                 assert len(shown) == 1 and own[k] in shown[0], (k, shown)
             else:
-                assert not shown, f"rollout={engine} shows {other}'s {k}"
+                assert not shown, f"{group}={option} shows {other}'s {k}"
 
 
 def test_the_engines_share_the_sampling_keys_and_end_with_seed_scope():
@@ -181,6 +190,27 @@ def test_the_engines_share_the_sampling_keys_and_end_with_seed_scope():
     tables = [rules(schema) for schema in ROLLOUT_SCHEMAS.values()]
     for k in [*shared, "seed_scope"]:
         assert len({id(t[k]) for t in tables}) == 1, k
+
+
+def test_the_launchers_declare_each_shared_key_once():
+    """Every launcher starts with ``name``; local and slurm share the ranks and time-limit keys, all
+    three ``threads_per_job``: each a shared key with one rule and one doc in every launcher that has
+    it (an option sets only its default again), and the owned ones stay owned."""
+    assert sorted(LAUNCHER_SCHEMAS) == ["debug", "local", "slurm"]
+    shared = {"debug": (LauncherName, Threads), "local": (LauncherName, Ranks, Timeouts, Threads)}
+    shared["slurm"] = shared["local"]
+    for launcher, schema in LAUNCHER_SCHEMAS.items():
+        assert [f.name for f in dataclasses.fields(schema)][0] == "name" and defaults(schema)["name"] == launcher
+        assert all(issubclass(schema, base) for base in shared[launcher]), launcher
+    tables = {launcher: rules(schema) for launcher, schema in LAUNCHER_SCHEMAS.items()}
+    texts = {launcher: docs(schema) for launcher, schema in LAUNCHER_SCHEMAS.items()}
+    for base in (LauncherName, Ranks, Timeouts, Threads):
+        for k in (f.name for f in dataclasses.fields(base)):
+            having = [launcher for launcher in tables if k in tables[launcher]]
+            assert len({id(tables[launcher][k]) for launcher in having}) == 1, k
+            assert len({texts[launcher][k] for launcher in having}) == 1, k
+    assert SCHEMAS["sweep"]["launcher.threads_per_job"].kind == "owned"
+    assert SCHEMAS["sweep"]["launcher.additional_parameters.*"].kind == "owned"
 
 
 @pytest.mark.parametrize("command", sorted(RUN_SCHEMAS))
