@@ -314,16 +314,24 @@ def _final_weights(run: Path) -> dict:
     return load_file(str(step / "model" / "model.safetensors"))
 
 
-def _single_process_run(overrides: list[str], tmp_path: Path) -> Path:
-    """The same job as one `entropyrl train` process (its overrides as sweep.json records them)."""
+@pytest.fixture(scope="module")
+def single_runs(tmp_path_factory) -> Path:
+    """Where the single-process reference runs live: a module folder, not a test's ``tmp_path``, which
+    is deleted when its test passes while ``_REFERENCE`` hands the run to the next test."""
+    return tmp_path_factory.mktemp("single_runs")
+
+
+def _single_process_run(overrides: list[str], root: Path) -> Path:
+    """The same job as one `entropyrl train` process (its overrides as sweep.json records them), run
+    once per override list under ``root``."""
     own = [o for o in overrides if not o.startswith(("output_dir=", "trainer.threads="))]
     if tuple(own) not in _REFERENCE:
-        out_dir = tmp_path / "single"
+        out_dir = root / f"single{len(_REFERENCE)}"
         out = subprocess.run(
             [*CLI, "train", *own, f"output_dir={out_dir}", "trainer.threads=1"],
             capture_output=True,
             text=True,
-            cwd=tmp_path,
+            cwd=root,
             timeout=900,
         )
         assert out.returncode == 0, out.stderr[-3000:]
@@ -331,7 +339,7 @@ def _single_process_run(overrides: list[str], tmp_path: Path) -> Path:
     return _REFERENCE[tuple(own)]
 
 
-def _check_multi_rank_job(tmp_path: Path, launcher: list[str]) -> dict:
+def _check_multi_rank_job(tmp_path: Path, launcher: list[str], single_runs: Path) -> dict:
     out = subprocess.run(
         [*CLI, "sweep", "ablation=clip", "variants=[symmetric]", "seeds=[0]", "sweep_dir=mr", *SLURM, *launcher, *SAME_BATCH],
         capture_output=True,
@@ -349,7 +357,7 @@ def _check_multi_rank_job(tmp_path: Path, launcher: list[str]) -> dict:
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]  # one metrics stream: rank 0's
 
-    single = _single_process_run(job["overrides"], tmp_path)
+    single = _single_process_run(job["overrides"], single_runs)
     one = [json.loads(x) for x in (single / "metrics.jsonl").read_text().splitlines()]
     assert json.loads((single / "summary.json").read_text())["world_size"] == 1
     for a, b in zip(one, rows):
@@ -365,13 +373,13 @@ def _check_multi_rank_job(tmp_path: Path, launcher: list[str]) -> dict:
     return summary
 
 
-def test_two_node_sweep_job_trains_as_two_ranks_and_matches_one_process(slurm_cluster, warm_model, tmp_path):
-    summary = _check_multi_rank_job(tmp_path, ["launcher.partition=two", "launcher.nodes=2"])
+def test_two_node_sweep_job_trains_as_two_ranks_and_matches_one_process(slurm_cluster, warm_model, tmp_path, single_runs):
+    summary = _check_multi_rank_job(tmp_path, ["launcher.partition=two", "launcher.nodes=2"], single_runs)
     assert summary["nodes"] == ["n1", "n2"]  # one rank on each node
 
 
-def test_one_node_two_task_sweep_job_matches_one_process(slurm_cluster, warm_model, tmp_path):
-    summary = _check_multi_rank_job(tmp_path, ["launcher.tasks_per_node=2"])
+def test_one_node_two_task_sweep_job_matches_one_process(slurm_cluster, warm_model, tmp_path, single_runs):
+    summary = _check_multi_rank_job(tmp_path, ["launcher.tasks_per_node=2"], single_runs)
     assert len(summary["nodes"]) == 2 and len(set(summary["nodes"])) == 1
     assert summary["nodes"][0] not in ("n1", "n2")  # partition debug's node
 
