@@ -28,6 +28,10 @@ the next is read, so memory does not grow with the file. Bytes that are not UTF-
 column, and is left out of the output like any malformed line -- never graded with the bytes
 replaced.
 
+A stop before the end (Ctrl-C, SIGTERM, a grading pool that broke) never leaves a half output
+file: the lines graded so far move to ``<out>.partial.jsonl`` and one line says so (exit status
+128 + the signal's number after a signal).
+
 Exit status: 0 when every line was graded; 1 when some lines were skipped as malformed (the others
 are graded and written; ``--allow-skipped`` exits 0 then); 2 when nothing could be graded (missing
 file, no valid line). The first ``SHOWN_BAD`` malformed lines are named, the rest counted (a binary
@@ -37,6 +41,7 @@ file is one line of count, not thousands).
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -54,6 +59,8 @@ from ..evals.code.sandbox import SandboxPool
 from ..evals.grading.grader import grade_batch
 from ..evals.grading.grader_pool import GradingPoolError
 from ..evals.reflection import WORD_LISTS, matcher_for, reflection_block, resolve_words
+from .common import stop_signals
+from .grade_partial import GradingInterrupted, kept_when_stopped
 
 #: Malformed lines named one by one on stderr; the rest are counted in one line.
 SHOWN_BAD = 5
@@ -163,7 +170,8 @@ GRADE_HELP = (
     "response) run in the code sandbox; the output adds program, correct and reason.\n\n"
     "[cyan]entropyrl grade samples.jsonl --out graded.jsonl[/cyan]\n\n"
     "Exit status: 0 if every line was graded, 1 if malformed lines were skipped "
-    "(0 with --allow-skipped), 2 if none could be."
+    "(0 with --allow-skipped), 2 if none could be; stopped (Ctrl-C, SIGTERM): the lines graded so "
+    "far in OUT.partial.jsonl."
 )
 
 
@@ -227,7 +235,7 @@ def _grade_math_lines(good: list, *, file: Path, target: Path, graded: int, work
         )
     except GradingPoolError as exc:
         raise UserError(
-            f"{file}: grading stopped after {graded} line(s): {exc}; nothing was written to {target} "
+            f"{file}: grading stopped after {graded} line(s): {exc}; {target} was not written "
             f"(run it again; check that math-verify imports in {sys.executable})"
         ) from None
 
@@ -260,6 +268,7 @@ def _grade_file(file: Path, target: Path, *, workers, timeout: float, matcher, e
         atomic_path(target) as tmp,  # whole or not at all
         open(tmp, "w", encoding="utf-8") as sink,
         Progress(TextColumn("grading"), BarColumn(), MofNCompleteColumn(), console=err, transient=True) as bar,
+        kept_when_stopped(tmp, target, sink, lambda: tally.graded),
     ):
         task = bar.add_task("grade", total=None)
         for chunk in chunks(iter_items(file)):
@@ -282,8 +291,8 @@ def _grade_file(file: Path, target: Path, *, workers, timeout: float, matcher, e
                 reflection = reflection_block(row["response"], matcher) if matcher.enabled else None
                 if reflection is not None:
                     row["reflection"] = reflection
-                tally.add(row, reflection)
                 sink.write(json.dumps(row) + "\n")
+                tally.add(row, reflection)  # after the write: a stop between the two keeps what is counted
         if tally.bad > SHOWN_BAD:
             err.print(
                 f"[yellow]skipped[/yellow]: {tally.bad - SHOWN_BAD} more malformed line(s) of {file} (not shown)",
@@ -338,9 +347,20 @@ def register(app: typer.Typer) -> None:
         err = Console(stderr=True, soft_wrap=True)
         target = _checked_target(file, out, workers, timeout)
         matcher = matcher_for(reflection_words(reflection))
-        tally = _grade_file(
-            file, target, workers=workers, timeout=timeout, matcher=matcher, err=err, grade_code_rows=grade_code_rows
-        )
+        with stop_signals() as stopped_by:  # SIGINT and SIGTERM alike: the graded lines kept, one line
+            try:
+                tally = _grade_file(
+                    file, target, workers=workers, timeout=timeout, matcher=matcher, err=err, grade_code_rows=grade_code_rows
+                )
+            except GradingInterrupted as stop:
+                sig = stopped_by[0] if stopped_by else signal.SIGINT
+                where = f"kept in {stop.kept}" if stop.kept else "none graded yet"
+                err.print(
+                    f"stopped by {signal.Signals(sig).name}: {stop.graded} line(s) graded, {where}; {target} was not written",
+                    markup=False,
+                    highlight=False,
+                )
+                raise SystemExit(128 + int(sig)) from None
         _print_summary(tally, target, matcher)
         if tally.bad and not allow_skipped:
             err.print(

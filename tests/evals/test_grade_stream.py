@@ -5,8 +5,10 @@ file (the lines are graded and written a chunk at a time)."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 import tracemalloc
 
 import pytest
@@ -90,3 +92,29 @@ def test_grade_memory_does_not_grow_with_the_file(tmp_path, monkeypatch):
         ids = [json.loads(line)["id"] for line in fh]
     assert ids == list(range(100))
     assert peak < size / 4, (peak, size)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_grade_keeps_the_lines_graded_so_far_and_says_where(tmp_path, sig):
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    line = json.dumps({"response": "so the answer is \\boxed{3/4}", "answer": "0.75"})
+    src.write_text((line + "\n") * 6 * grade_cmd.CHUNK_LINES)  # several chunks: the stop comes mid-file
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "entropyrl.cli.main", "grade", str(src), "--out", str(out), "--workers", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    while not any(p.stat().st_size for p in tmp_path.glob(".out.jsonl.*.tmp")):  # some lines written
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig and "Traceback" not in stderr, stderr[-3000:]
+    kept = tmp_path / "out.partial.jsonl"
+    rows = [json.loads(r) for r in kept.read_text().splitlines()]
+    assert rows and all(r["correct"] is True for r in rows) and len(rows) < 6 * grade_cmd.CHUNK_LINES
+    said = [ln for ln in stderr.splitlines() if ln.startswith("stopped by")]
+    assert said == [f"stopped by {sig.name}: {len(rows)} line(s) graded, kept in {kept}; {out} was not written"], stderr
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.partial.jsonl"]
