@@ -60,7 +60,7 @@ from ..evals.grading.grader import grade_batch
 from ..evals.grading.grader_pool import GradingPoolError
 from ..evals.reflection import WORD_LISTS, matcher_for, reflection_block, resolve_words
 from .common import stop_signals
-from .grade_partial import GradingInterrupted, kept_when_stopped
+from .grade_watch import GradingInterrupted, Heartbeat, kept_when_stopped
 
 #: Malformed lines named one by one on stderr; the rest are counted in one line.
 SHOWN_BAD = 5
@@ -251,7 +251,9 @@ def _graded_rows(good: list, results: list, code_lines: list) -> list[dict]:
     return [row for _, row in lines]
 
 
-def _grade_file(file: Path, target: Path, *, workers, timeout: float, matcher, err, grade_code_rows) -> _Tally:
+def _grade_file(
+    file: Path, target: Path, *, workers, timeout: float, matcher, err, grade_code_rows, heartbeat_s: float
+) -> _Tally:
     """Grade ``file`` one chunk at a time into ``target`` (written whole or not at all), naming the
     first ``SHOWN_BAD`` malformed lines on ``err`` as they are found and counting the rest."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -271,9 +273,11 @@ def _grade_file(file: Path, target: Path, *, workers, timeout: float, matcher, e
         kept_when_stopped(tmp, target, sink, lambda: tally.graded),
     ):
         task = bar.add_task("grade", total=None)
+        beat = Heartbeat(err, file, heartbeat_s)
         for chunk in chunks(iter_items(file)):
             good, bad = [(n, o) for n, o, p in chunk if p is None], [(n, p) for n, o, p in chunk if p is not None]
             good, code_lines = _grade_code_lines(good, bad, pool, grade_code_rows)
+            beat.advance(len(code_lines))
             for lineno, problem in sorted(bad):
                 tally.bad += 1
                 if tally.bad <= SHOWN_BAD:  # named as found; the rest counted at the end
@@ -285,7 +289,7 @@ def _grade_file(file: Path, target: Path, *, workers, timeout: float, matcher, e
                 graded=tally.graded,
                 workers=workers,
                 timeout=timeout,
-                progress=lambda k: bar.advance(task, k),
+                progress=lambda k: (bar.advance(task, k), beat.advance(k)),
             )
             for row in _graded_rows(good, results, code_lines):
                 reflection = reflection_block(row["response"], matcher) if matcher.enabled else None
@@ -333,6 +337,9 @@ def register(app: typer.Typer) -> None:
             "--reflection-words",
             help="reflection words counted per line (its reflection block): default, orz, oat_zero, comma-separated words, or none",
         ),
+        heartbeat_s: float = typer.Option(
+            30.0, "--heartbeat", help="with stderr not a terminal (a log): a progress line this often, in seconds"
+        ),
         allow_skipped: bool = typer.Option(
             False, "--allow-skipped", help="exit 0 even when malformed lines were skipped (default: exit 1)"
         ),
@@ -350,7 +357,14 @@ def register(app: typer.Typer) -> None:
         with stop_signals() as stopped_by:  # SIGINT and SIGTERM alike: the graded lines kept, one line
             try:
                 tally = _grade_file(
-                    file, target, workers=workers, timeout=timeout, matcher=matcher, err=err, grade_code_rows=grade_code_rows
+                    file,
+                    target,
+                    workers=workers,
+                    timeout=timeout,
+                    matcher=matcher,
+                    err=err,
+                    grade_code_rows=grade_code_rows,
+                    heartbeat_s=heartbeat_s,
                 )
             except GradingInterrupted as stop:
                 sig = stopped_by[0] if stopped_by else signal.SIGINT

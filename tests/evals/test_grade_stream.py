@@ -118,3 +118,14 @@ def test_a_stopped_grade_keeps_the_lines_graded_so_far_and_says_where(tmp_path, 
     said = [ln for ln in stderr.splitlines() if ln.startswith("stopped by")]
     assert said == [f"stopped by {sig.name}: {len(rows)} line(s) graded, kept in {kept}; {out} was not written"], stderr
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.partial.jsonl"]
+
+
+def test_grading_into_a_log_prints_a_heartbeat_line(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text((json.dumps({"response": "\\boxed{2}", "answer": "2"}) + "\n") * 300)
+    run = _grade_cli(src, "--workers", "1", "--heartbeat", "0.001")  # stderr is a pipe: no bar draws
+    assert run.returncode == 0, run.stderr[-2000:]
+    beats = [ln for ln in run.stderr.splitlines() if ln.startswith(f"grading {src}: ")]
+    assert beats and beats[-1].split(": ")[1].split(" line(s) graded")[0].isdigit(), run.stderr[-2000:]
+    counts = [int(b.split(": ")[1].split(" ")[0]) for b in beats]
+    assert counts == sorted(counts) and counts[-1] <= 300

@@ -1,9 +1,11 @@
-"""What ``entropyrl grade`` keeps when it stops before the end: the lines graded so far, moved from
-the unfinished output to ``<out>.partial.jsonl``; the output itself is only ever written whole."""
+"""How ``entropyrl grade`` shows it is alive (a heartbeat line into a log) and what it keeps when it
+stops before the end: the lines graded so far, moved from the unfinished output to
+``<out>.partial.jsonl``; the output itself is only ever written whole."""
 
 from __future__ import annotations
 
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -42,3 +44,22 @@ def kept_when_stopped(tmp: Path, target: Path, sink, graded: Callable[[], int]) 
         if kept is None:
             raise
         raise UserError(f"{exc}; the {count} line(s) graded before are kept in {kept}") from None
+
+
+class Heartbeat:
+    """With no terminal (stderr to a log file, where the bar does not draw): a line every ``every_s``
+    seconds with the lines graded so far and the rate, so that long grading shows it is alive."""
+
+    def __init__(self, err, file: Path, every_s: float):
+        self.err, self.file, self.every_s = err, file, every_s
+        self.done, self.start = 0, time.monotonic()
+        self.last = self.start
+
+    def advance(self, k: int) -> None:
+        self.done += k
+        now = time.monotonic()
+        if self.err.is_terminal or now - self.last < self.every_s:
+            return
+        self.last = now
+        rate = self.done / max(now - self.start, 1e-9)
+        self.err.print(f"grading {self.file}: {self.done} line(s) graded, {rate:.1f}/s", markup=False, highlight=False)
