@@ -64,6 +64,13 @@ def _shared_prefill(model, ids: torch.Tensor, mask: torch.Tensor, n: int):
     return cache
 
 
+def _stack(parts: list[torch.Tensor], pad_id: int, width: int, left: bool) -> torch.Tensor:
+    """The ``[rows, w]`` blocks of each ``generate`` call padded to ``width`` (on the left or right
+    with ``pad_id``) and stacked: ``concat`` of their rows, a block at a time."""
+    pad = lambda t: (width - t.shape[1], 0) if left else (0, width - t.shape[1])  # noqa: E731
+    return torch.cat([torch.nn.functional.pad(t, pad(t), value=pad_id) for t in parts])
+
+
 class HFRollout:
     """Sampling with ``model.generate`` (temperature, top-p, top-k), seeded per call. With
     ``rollout.share_prefill`` (the default) the ``n`` responses of a prompt share one prefill of it.
@@ -210,9 +217,9 @@ class HFRollout:
             model.train(was_training)
         p_width = max(c[0].shape[1] for c in chunks)
         r_width = max(max(c[2].shape[1] for c in chunks), 1)
-        prompt_ids = concat([r for c in chunks for r in c[0]], tok.pad_token_id, p_width, left=True)
-        prompt_mask = concat([r for c in chunks for r in c[1]], 0, p_width, left=True)
-        response_ids = concat([r for c in chunks for r in c[2]], tok.pad_token_id, r_width, left=False)
+        prompt_ids = _stack([c[0] for c in chunks], tok.pad_token_id, p_width, left=True)
+        prompt_mask = _stack([c[1] for c in chunks], 0, p_width, left=True)
+        response_ids = _stack([c[2] for c in chunks], tok.pad_token_id, r_width, left=False)
         response_mask, truncated = response_mask_from_eos(response_ids, stop)
         response_ids = torch.where(response_mask.bool(), response_ids, tok.pad_token_id)
         texts = tok.batch_decode(response_ids, skip_special_tokens=True)

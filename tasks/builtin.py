@@ -180,11 +180,29 @@ def check_task_names(names) -> None:
         raise UserError(f"unknown built-in task '{unknown[0]}'; valid: {', '.join(TASKS)} (data.tasks=[...])")
 
 
+class _Fields(dict):
+    """The data section as a plain dict read by attribute (``cfg.max_operand``, ``cfg.get(...)``):
+    the task makers read it once per problem, and a ``DictConfig`` lookup costs far more."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _fields(data_cfg):
+    from omegaconf import DictConfig, OmegaConf
+
+    return _Fields(OmegaConf.to_container(data_cfg, resolve=True)) if isinstance(data_cfg, DictConfig) else data_cfg
+
+
 def sample_problems(data_cfg, n: int, rng: random.Random) -> list[Problem]:
     """``n`` problems drawn from the configured task mix with ``rng``."""
     names = list(data_cfg.tasks)
     check_task_names(names)
-    return [TASKS[rng.choice(names)][0](rng, data_cfg) for _ in range(n)]
+    fields = _fields(data_cfg)
+    return [TASKS[rng.choice(names)][0](rng, fields) for _ in range(n)]
 
 
 def reward(problem: Problem, response: str) -> float:
