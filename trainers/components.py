@@ -70,6 +70,34 @@ def check_batches(cfg, dist) -> None:
     distributed.check_batch_sizes(t, dist)
 
 
+def check_context(cfg, model, source) -> None:
+    """``UserError`` when a response cannot fit the policy's context (``max_position_embeddings``):
+    ``rollout.max_new_tokens`` alone, or with a prompt of the data (a source that reads a file says
+    each prompt's tokens: ``prompt_tokens``). Generation past the positions a model was built for
+    runs on silently with positions it never saw; the error names the rows and the fix. The HF
+    engine's single-turn rollout: vLLM checks its own ``max_model_len``, and the multi-turn driver
+    ends a conversation at the context."""
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if cfg.rollout.name != "hf" or cfg.tools.enabled or not context:
+        return
+    new, context = int(cfg.rollout.max_new_tokens), int(context)
+    if new >= context:
+        raise UserError(
+            f"rollout.max_new_tokens={new} leaves no room for a prompt in the model's context of {context} "
+            f"positions (model.arch.max_position_embeddings): give rollout.max_new_tokens below {context}, or a "
+            "model with a longer context"
+        )
+    over = [(row, n) for row, n in getattr(source, "prompt_tokens", None) or () if n + new > context]
+    if over:
+        rows = ", ".join(row for row, _ in over[:5]) + (f" and {len(over) - 5} more" if len(over) > 5 else "")
+        raise UserError(
+            f"data={cfg.data.name}: {len(over)} prompt(s) do not leave rollout.max_new_tokens={new} in the model's "
+            f"context of {context} positions (rows {rows}; longest {max(n for _, n in over)} tokens): "
+            f"data.max_prompt_length={context - new} leaves them out (counted), or give a smaller "
+            "rollout.max_new_tokens or a model with a longer context"
+        )
+
+
 def check_tracking(cfg) -> None:
     """``UserError`` when tracking is on and its store cannot be reached: before minutes of model
     loading, not after."""

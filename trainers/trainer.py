@@ -106,6 +106,7 @@ class GRPOTrainer:
         # model.lora: an adapter injected in place, only it trains (models/lora.py); else None
         self.model, self.tokenizer, self.lora = components.build_policy_and_adapter(cfg, self.dist, log=self.log)
         self.source = components.build_source(cfg, self.tokenizer, log=self.log)
+        components.check_context(cfg, self.model, self.source)  # prompt + response past the model's positions
         self.rewards.bind(self.source)
         self.ref_model = None  # with LoRA the reference is the adapter disabled (_reference_logp)
         if self.algo.needs_ref and self.lora is None:
@@ -387,7 +388,7 @@ def train(cfg: DictConfig, log=print, *, checked: TrainingCheck | None = None) -
     not use (before anything is created), ``RunInterrupted`` (a ``KeyboardInterrupt``) when a
     signal stopped it."""
     checked = checked if checked is not None else check_training(cfg)
-    with run_dir.run_lock(cfg):  # one writer per output_dir, held until the summary is written
+    with run_dir.run_folder(cfg):  # one writer per output_dir, until the summary is written (run_lock)
         # set-up (the model classes' imports, the model): no cycle collection meanwhile
         with paused_gc(), bookkeeping.lost_peer_is_one_line(cfg, "during set-up"):
             trainer = GRPOTrainer(cfg, log=log, algo=checked.algo, run_mode=checked.run_mode)

@@ -225,3 +225,25 @@ def test_model_path_may_name_a_checkpoint_or_its_run_folder(tmp_path):
     with pytest.raises(UserError, match="without a checkpoint"):
         (tmp_path / "empty-run" / "checkpoints").mkdir(parents=True)
         resolve_model_path(str(tmp_path / "empty-run"))
+
+
+def test_prompts_past_the_models_context_are_refused_naming_rows_and_the_fix_and_leave_no_run_folder(tmp_path):
+    """The embedded model has 64 positions: a prompt that leaves no room for the response would be
+    generated past the positions the model was built for; refused at set-up, naming the rows."""
+    rows = [("1+2=", "3")] * 3 + [("1+" * 30 + "1=", "31"), ("2+" * 29 + "2=", "60")]
+    path = tmp_path / "mine.jsonl"
+    lines = [json.dumps({"prompt": [{"role": "user", "content": q}], "reward_model": {"ground_truth": a}}) for q, a in rows]
+    path.write_text("\n".join(lines) + "\n")
+    base = [*CLI, "train", "data=dapo_math_17k", f"data.path={path}", "data.chat_template=false", "tracking.enabled=false"]
+    base += ["trainer.total_steps=1", "trainer.prompts_per_step=2", "trainer.mini_batch_prompts=2", "val.prompts=0"]
+    run = subprocess.run(base, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    errors = [ln for ln in run.stderr.splitlines() if ln.startswith("error:")]
+    assert run.returncode == 2 and "Traceback" not in run.stderr and len(errors) == 1, run.stderr[-2000:]
+    assert "2 prompt(s) do not leave rollout.max_new_tokens=6 in the model's context of 64 positions" in errors[0]
+    assert "(rows 3, 4; longest 62 tokens)" in errors[0] and "data.max_prompt_length=58 leaves them out" in errors[0]
+    assert list((tmp_path / "outputs" / "train").iterdir()) == []  # the run folder it had made is gone
+    no_room = subprocess.run([*base, "rollout.max_new_tokens=64"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert no_room.returncode == 2 and "rollout.max_new_tokens=64 leaves no room for a prompt" in no_room.stderr
+    fits = subprocess.run([*base, "data.max_prompt_length=58"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert fits.returncode == 0, fits.stderr[-2000:]
+    assert "dropped 2 of 3 prompt(s) longer than data.max_prompt_length=58" in fits.stderr

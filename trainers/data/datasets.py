@@ -214,8 +214,15 @@ class MathDatasetSource:
                     else " (no row has the problem and answer columns)"
                 )
             )
+        #: ``(row id, prompt tokens)`` of each problem kept: what ``components.check_context`` reads
+        self.prompt_tokens: list[tuple[str, int]] | None = None
+        if tokenizer is not None:
+            lengths = [len(tokenizer(self.prompt(p), add_special_tokens=False)["input_ids"]) for p in problems]
+            fits = [not max_len or n <= int(max_len) for n in lengths]
+            ids = [p.id or str(i + 1) for i, p in enumerate(problems)]
+            self.prompt_tokens = [(r, n) for r, n, ok in zip(ids, lengths, fits) if ok]
         if max_len and tokenizer is not None:
-            kept = [p for p in problems if len(tokenizer(self.prompt(p), add_special_tokens=False)["input_ids"]) <= int(max_len)]
+            kept = [p for p, ok in zip(problems, fits) if ok]
             if len(kept) < len(problems):
                 self.notes.append(
                     f"data: dropped {len(problems) - len(kept)} of {len(problems)} prompt(s) longer than "

@@ -287,6 +287,25 @@ def run_lock(cfg):
     )
 
 
+@contextlib.contextmanager
+def run_folder(cfg):
+    """``run_lock(cfg)`` held for the block; when the block fails and leaves a folder this run
+    created holding nothing but its lock (a refusal or a stop during set-up), the folder goes:
+    an error at set-up leaves no empty run folder behind."""
+    folder = Path(str(cfg.output_dir))
+    created = not folder.exists()
+    with run_lock(cfg):
+        try:
+            yield
+        except BaseException:
+            if created and launcher_env()["rank"] == 0:
+                with contextlib.suppress(OSError):
+                    if [p.name for p in folder.iterdir()] == [".lock"]:
+                        (folder / ".lock").unlink()
+                        folder.rmdir()
+            raise
+
+
 def prepare_output_dir(cfg, *, is_main: bool = True, log: Callable[[str], None] = print, clear: bool = True) -> str:
     """``check_output_dir`` and, for ``overwrite`` (``clear``), the old run's files deleted by the
     main process; returns ``"fresh"`` or ``"resume"``."""
