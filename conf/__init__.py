@@ -28,6 +28,7 @@ from ..core.registry import unknown_choice
 from ..core.schema import defaults
 from ..core.schema.eval import EvalSchema
 from ..core.schema.launcher import LAUNCHER_SCHEMAS
+from ..core.schema.model import MODEL_SCHEMAS
 from ..core.schema.rollout import ROLLOUT_SCHEMAS
 from ..core.schema.sweep import SweepSchema
 from ..core.schema.tools import ToolsSchema
@@ -50,13 +51,14 @@ RUN_SCHEMAS = {"train": TrainSchema, "eval": EvalSchema, "sweep": SweepSchema}
 #: Each config group whose options' keys the run schema declares: ``{group: schema}``, stored as
 #: ``schema/<group>`` and listed first by the group's declaring option (``- /schema/tools@_here_``);
 #: or ``{group: {option: schema}}`` where each option has keys of its own (the rollout engines, the
-#: launchers), stored as ``schema/<group>/<option>`` and listed first by that option
-#: (``- /schema/rollout/hf@_here_``).
+#: launchers; the model presets, several sharing their shape's schema), stored as
+#: ``schema/<group>/<option>`` and listed first by that option (``- /schema/rollout/hf@_here_``).
 GROUP_SCHEMAS = {
     "tools": ToolsSchema,
     "tracking": TrackingSchema,
     "rollout": ROLLOUT_SCHEMAS,
     "launcher": LAUNCHER_SCHEMAS,
+    "model": MODEL_SCHEMAS,
 }
 
 #: Keys a primary config lacks because another command owns them: ``{config: {key: why}}``. An

@@ -10,11 +10,10 @@ the key, the value and what is allowed, before a folder, a model or an MLflow ru
 
 The keys a primary config owns itself (``trainer.*``, ``optim.*``, ``eval.*``, ``sweep_dir``, ...)
 and those of the groups in ``entropyrl.conf.GROUP_SCHEMAS`` (``tools.*``, ``tracking.*``,
-``rollout.*``, ``launcher.*``) are declared once in the run schema, ``core/schema/``, each with its
-default, rule and doc; their rules enter the tables from there (``rules(TrainSchema)``,
-``rules(ToolsSchema, "tools.")``). The tables list the rest by hand: the keys the other config groups'
-YAML options declare (``model=``), each a rule or ``owned``: the component that reads and checks a value or
-a whole ``prefix.*`` section, such as a task's parameters. tests/conf/test_validation.py keeps them
+``rollout.*``, ``launcher.*``, ``model.*``) are declared once in the run schema, ``core/schema/``, each
+with its default, rule and doc; their rules enter the tables from there (``rules(TrainSchema)``,
+``rules(ToolsSchema, "tools.")``). The tables list the rest by hand, each a rule or ``owned``: the
+component that reads and checks a value or a whole ``prefix.*`` section, such as a task's parameters. tests/conf/test_validation.py keeps them
 one-to-one: every key a shipped YAML or the schema sets has a rule (or one in ``ALGO_KEYS`` / an
 intervention's ``Params``), and every rule names a key some shipped YAML or the schema sets.
 
@@ -61,6 +60,7 @@ from .rules import (  # noqa: F401  (re-exported: the rules' old home)
 from .schema import rules
 from .schema.eval import EvalSchema
 from .schema.launcher import LAUNCHER_SCHEMAS
+from .schema.model import MODEL_SCHEMAS
 from .schema.rollout import ROLLOUT_SCHEMAS
 from .schema.sweep import SweepSchema
 from .schema.tools import ToolsSchema
@@ -70,34 +70,6 @@ from .schema.train import RESUME_MODES, TrainSchema  # noqa: F401  (RESUME_MODES
 _ABSENT = object()
 
 # -- the tables --------------------------------------------------------------------------------
-MODEL = {
-    "model.name": STR,
-    "model.path": OPT_STR,
-    "model.gguf_file": OPT_STR,
-    "model.embedded": BOOL,
-    "model.chat_template": owned("models/loading.py (false, auto, or a template)"),
-    "model.stop_tokens": STR_LIST,
-    "model.arch.tie_word_embeddings": BOOL,
-    "model.arch.vocab_size": POS_INT,
-    "model.gguf_package": OPT_STR,
-    "model.install": OPT_STR,
-    "model.dtype": choice("float32", "bfloat16", "float16"),
-    "model.arch.hidden_size": POS_INT,
-    "model.arch.intermediate_size": POS_INT,
-    "model.arch.num_hidden_layers": POS_INT,
-    "model.arch.num_attention_heads": POS_INT,
-    "model.arch.num_key_value_heads": POS_INT,
-    "model.arch.max_position_embeddings": POS_INT,
-    "model.arch.rope_theta": POS,
-    "model.warm_start.steps": NONNEG_INT,
-    "model.eval.n_samples": integer(1, nullable=True),
-    "model.eval.max_new_tokens": integer(1, nullable=True),
-    "model.warm_start.batch_size": POS_INT,
-    "model.warm_start.lr": POS,
-    "model.warm_start.label_noise": PROB,
-    "model.warm_start.seed": NONNEG_INT,
-}
-
 #: ``tracking``: where a run is logged (MLflow), declared in ``core/schema/tracking.py``.
 TRACKING = rules(TrackingSchema, "tracking.")
 
@@ -109,6 +81,10 @@ TOOLS = rules(ToolsSchema, "tools.")
 #: ``rollout``: the engines' keys, declared in ``core/schema/rollout.py``, one schema per engine; the
 #: table holds the union of their rules (the sampling keys they share are one rule each).
 ROLLOUT = {k: r for schema in ROLLOUT_SCHEMAS.values() for k, r in rules(schema, "rollout.").items()}
+
+#: ``model``: the presets' keys, declared in ``core/schema/model.py``, one schema per preset's shape
+#: (embedded, GGUF, hub); the table holds the union of their rules (``chat_template`` owned by the loader).
+MODEL = {k: r for schema in MODEL_SCHEMAS.values() for k, r in rules(schema, "model.").items()}
 
 #: ``launcher``: where a sweep's jobs run, declared in ``core/schema/launcher.py``, one schema per
 #: launcher; the table holds the union of their rules (``threads_per_job`` and

@@ -29,8 +29,8 @@ A config group's keys can be declared the same way (``ToolsSchema`` in ``tools.p
 ``tracking.py``): ``entropyrl.conf.GROUP_SCHEMAS`` stores each as ``schema/<group>``, which the group's declaring
 option lists first (``- /schema/tools@_here_``), and its rules enter the tables as ``rules(ToolsSchema, "tools.")``.
 A group whose options have keys of their own has one schema per option (the rollout engines, ``rollout.py``;
-the launchers, ``launcher.py``), stored as ``schema/<group>/<option>`` and listed first by that option
-(``- /schema/rollout/hf@_here_``).
+the launchers, ``launcher.py``; the model presets, ``model.py``, where the presets of one shape share its
+schema), stored as ``schema/<group>/<option>`` and listed first by that option (``- /schema/rollout/hf@_here_``).
 
 A key owned by a component (a section whose keys vary, such as ``eval.sandbox``) is declared with
 ``owned_section``: its rule is the component's (``prefix.*``), its default a mapping.

@@ -8,6 +8,7 @@ import pytest
 from entropyrl.conf import CONF_DIR, compose
 from entropyrl.conf.key_docs import composition_choices, composition_files, declared_docs, doc_for, key_docs
 from entropyrl.core.schema import docs as schema_docs
+from entropyrl.core.schema.model import EmbeddedModelSchema
 from entropyrl.core.schema.rollout import HfRolloutSchema
 from entropyrl.core.schema.tracking import TrackingSchema
 
@@ -65,21 +66,26 @@ def test_the_primary_config_wins_then_the_first_group_file_in_merge_order():
     assert primary_doc and primary_doc != schema_docs(TrackingSchema)["experiment"]  # the key's own doc: its schema's
     assert key_docs("sweep", sweep_choices)["tracking.experiment"] == primary_doc
 
-    # model.warm_start.steps: declared by conf/model/tiny.yaml, set again by conf/data/countdown.yaml after it
+    # algo.overlong.buffer: declared by conf/algo/grpo.yaml, set again by conf/algo/dapo.yaml after it
+    dapo_choices = composition_choices("train", ["algo=dapo"])
+    declared = declared_docs((CONF_DIR / "algo" / "grpo.yaml").read_text())["overlong.buffer"]
+    again = declared_docs((CONF_DIR / "algo" / "dapo.yaml").read_text())["overlong.buffer"]
+    assert declared and again and declared != again
+    assert key_docs("train", dapo_choices)["algo.overlong.buffer"] == declared
+
+    # rollout.max_new_tokens and model.warm_start.steps: declared by the rollout and model schemas
+    # (core/schema/rollout.py, model.py), set again by conf/data/countdown.yaml: the schema's doc, as a
+    # key a group file declares keeps its declaration's
     train_choices = composition_choices("train", [])
     docs = key_docs("train", train_choices)
     countdown = declared_docs((CONF_DIR / "data" / "countdown.yaml").read_text())
-    declared = declared_docs((CONF_DIR / "model" / "tiny.yaml").read_text())["warm_start.steps"]
-    again = countdown["model.warm_start.steps"]
-    assert declared and again and declared != again
-    assert docs["model.warm_start.steps"] == declared
-
-    # rollout.max_new_tokens: declared by the rollout schema (core/schema/rollout.py), set again by
-    # conf/data/countdown.yaml: the schema's doc, as a key a group file declares keeps its declaration's
-    declared = schema_docs(HfRolloutSchema)["max_new_tokens"]
-    again = countdown["rollout.max_new_tokens"]
-    assert declared and again and declared != again
-    assert docs["rollout.max_new_tokens"] == declared
+    for k, declared in (
+        ("rollout.max_new_tokens", schema_docs(HfRolloutSchema)["max_new_tokens"]),
+        ("model.warm_start.steps", schema_docs(EmbeddedModelSchema)["warm_start.steps"]),
+    ):
+        again = countdown[k]
+        assert declared and again and declared != again
+        assert docs[k] == declared
 
 
 def test_an_override_of_a_group_is_followed_to_its_files():

@@ -11,7 +11,6 @@ import sys
 import time
 
 import pytest
-from omegaconf import OmegaConf
 
 from entropyrl.core.errors import UserError
 
@@ -20,7 +19,7 @@ CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 
 @pytest.mark.parametrize("where", ["under_a_file", "read_only"])
 def test_an_unwritable_cache_is_refused_before_the_warm_start(tmp_path, monkeypatch, where):
-    from entropyrl.conf import CONF_DIR
+    from entropyrl.conf import compose
     from entropyrl.models.tiny import embedded_model_dir
 
     if where == "under_a_file":
@@ -32,7 +31,7 @@ def test_an_unwritable_cache_is_refused_before_the_warm_start(tmp_path, monkeypa
     said: list[str] = []
     started = time.monotonic()
     with pytest.raises(UserError) as err:
-        embedded_model_dir(OmegaConf.load(CONF_DIR / "model" / "tiny.yaml"), log=said.append)
+        embedded_model_dir(compose("eval", ["model=tiny"]).model, log=said.append)
     assert time.monotonic() - started < 5 and not said  # no warm start began
     msg = str(err.value)
     assert "\n" not in msg and "cannot cache the embedded tiny model" in msg and "ENTROPYRL_CACHE=" in msg

@@ -5,6 +5,7 @@ the composed config, the validation and ``config show --doc``."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import yaml
@@ -14,6 +15,7 @@ from entropyrl.core.errors import UserError
 from entropyrl.core.rules import Rule
 from entropyrl.core.schema import bind, defaults, docs, key, rules, section
 from entropyrl.core.schema.launcher import LAUNCHER_SCHEMAS, LauncherName, Ranks, Threads, Timeouts
+from entropyrl.core.schema.model import MODEL_SCHEMAS, ArchSizes, Loading, ModelId
 from entropyrl.core.schema.rollout import ROLLOUT_SCHEMAS, Sampling
 from entropyrl.core.schema.train import Trainer
 from entropyrl.core.validation import SCHEMAS
@@ -66,22 +68,35 @@ def test_every_group_schema_key_has_a_rule_and_a_doc(group, option, schema):
 
 @pytest.mark.parametrize("group, option, schema", GROUP_CASES, ids=GROUP_IDS)
 def test_the_declaring_option_sets_no_key_its_schema_declares(group, option, schema):
-    """Declared once: the group's option lists the schema node first and sets none of its keys again."""
+    """Declared once: the group's option lists the schema node first and sets none of its keys again
+    (its schema is the option's own: an engine's, a launcher's); an option whose schema is a shape's
+    (a model preset: the shape's ``name`` defaults to none) sets only the values that are its own:
+    keys the schema declares, never to the schema's default."""
     body = yaml.safe_load((CONF_DIR / group / f"{option}.yaml").read_text())
     node = f"/schema/{group}/{option}@_here_" if isinstance(GROUP_SCHEMAS[group], dict) else f"/schema/{group}@_here_"
     assert body["defaults"][0] == node
-    own = set(_leaves({k: v for k, v in body.items() if k != "defaults"}))
+    own = _leaves({k: v for k, v in body.items() if k != "defaults"})
     declared = {k[:-2] if k.endswith(".*") else k for k in rules(schema)}
-    twice = sorted(k for k in own if k in declared or any(k.startswith(d + ".") for d in declared))
-    assert not twice, f"{group}/{option}.yaml sets {twice} again (core/schema/{group}.py declares them)"
+    if not isinstance(GROUP_SCHEMAS[group], dict) or defaults(schema).get("name") == option:
+        twice = sorted(k for k in own if k in declared or any(k.startswith(d + ".") for d in declared))
+        assert not twice, f"{group}/{option}.yaml sets {twice} again (core/schema/{group}.py declares them)"
+        return
+    default = _leaves(defaults(schema))
+    undeclared = sorted(k for k in own if k not in declared)
+    assert not undeclared, f"{group}/{option}.yaml sets {undeclared}, which core/schema/{group}.py does not declare"
+    again = sorted(k for k, v in own.items() if default[k] == v and type(default[k]) is type(v))
+    assert not again, f"{group}/{option}.yaml sets {again} to the schema's default again (core/schema/{group}.py)"
 
 
-def _set_by_yaml(command: str, overrides: list[str]) -> set[str]:
-    """The dotted keys some shipped YAML of the composition sets (the schema nodes are no files)."""
+def _set_by_yaml(command: str, overrides: list[str], *, besides: str | None = None) -> set[str]:
+    """The dotted keys some shipped YAML of the composition sets (the schema nodes are no files);
+    ``besides``: a YAML of that group's own options excepted."""
     from entropyrl.conf.key_docs import composition_choices, composition_files
 
     out = set()
     for path, prefix in composition_files(command, composition_choices(command, overrides)):
+        if besides is not None and path.parent == CONF_DIR / besides:
+            continue
         body = yaml.safe_load(path.read_text()) or {}
         out |= {prefix + k for k in _leaves({k: v for k, v in body.items() if k != "defaults"})}
     return out
@@ -104,17 +119,28 @@ def test_the_composed_config_holds_the_group_schema_defaults(group, option, sche
 
 @pytest.mark.parametrize("group, option, schema", GROUP_CASES, ids=GROUP_IDS)
 def test_every_key_of_the_composed_group_is_declared_by_its_schema(group, option, schema):
-    """The other way round: the option's composed section holds no key its schema does not declare."""
+    """The other way round: the option's composed section holds no key its schema does not declare,
+    but for those the command's run schema adds to the section (``model.lora`` in ``train``) and those
+    another group's YAML sets there (``data=countdown``: ``model.warm_start``, the embedded model's,
+    for every model), each with a rule in the command's table (the union of the group's schemas)."""
     from omegaconf import OmegaConf
 
-    declared = rules(schema)
-    owned = [k[:-2] for k in declared if k.endswith(".*")]  # a section its component checks, and all below it
+    from entropyrl.core.validation import rule_for
+
     for command in _commands_with(group):
-        cfg = OmegaConf.to_container(compose(command, [f"{group}={option}"], validate=False), resolve=False)
+        overrides = [f"{group}={option}"]
+        added = {k for k in rules(RUN_SCHEMAS[command], "") if k.startswith(f"{group}.")}
+        elsewhere = {k for k in _set_by_yaml(command, overrides, besides=group) if k.startswith(f"{group}.")}
+        declared = {f"{group}.{k}" for k in rules(schema)} | added | elsewhere
+        owned = [k[:-2] for k in declared if k.endswith(".*")]  # a section its component checks, and all below it
+        cfg = OmegaConf.to_container(compose(command, overrides, validate=False), resolve=False)
         undeclared = [
-            k for k in _leaves(cfg[group]) if k not in declared and not any(k == o or k.startswith(f"{o}.") for o in owned)
+            k
+            for k in _leaves(cfg[group], f"{group}.")
+            if k not in declared and not any(k == o or k.startswith(f"{o}.") for o in owned)
         ]
         assert not undeclared, f"{command} {group}={option}: {undeclared} are not declared by its schema"
+        assert all(rule_for(command, k) is not None for k in elsewhere), sorted(elsewhere)
 
 
 @pytest.mark.parametrize("group, option, schema", GROUP_CASES, ids=GROUP_IDS)
@@ -155,6 +181,7 @@ def test_config_show_doc_prints_the_group_schema_doc(capsys):
 PER_OPTION_CASES = [
     *[("train", "rollout", engine) for engine in sorted(ROLLOUT_SCHEMAS)],
     *[("sweep", "launcher", launcher) for launcher in sorted(LAUNCHER_SCHEMAS)],
+    *[("train", "model", preset) for preset in sorted(MODEL_SCHEMAS)],
 ]
 
 
@@ -211,6 +238,46 @@ def test_the_launchers_declare_each_shared_key_once():
             assert len({texts[launcher][k] for launcher in having}) == 1, k
     assert SCHEMAS["sweep"]["launcher.threads_per_job"].kind == "owned"
     assert SCHEMAS["sweep"]["launcher.additional_parameters.*"].kind == "owned"
+
+
+def test_the_model_shapes_declare_each_shared_key_once():
+    """Every shipped preset has a shape's schema; the shapes start with ``name, path`` and share
+    ``Loading`` and the architecture's sizes: each shared key one rule and one doc in every shape (a
+    shape sets only its default again: ``embedded`` and ``chat_template`` for the embedded model)."""
+    assert sorted(MODEL_SCHEMAS) == sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+    shapes = set(MODEL_SCHEMAS.values())
+    assert len(shapes) == 3
+    for schema in shapes:
+        assert [f.name for f in dataclasses.fields(schema)][:2] == ["name", "path"]
+        assert issubclass(schema, ModelId) and issubclass(schema, Loading)
+        assert defaults(schema)["name"] is None  # each preset names itself
+    tables = [rules(schema) for schema in shapes]
+    texts = [docs(schema) for schema in shapes]
+    shared = [f.name for base in (ModelId, Loading) for f in dataclasses.fields(base)]
+    shared += [f"arch.{f.name}" for f in dataclasses.fields(ArchSizes)]
+    for k in shared:
+        assert len({id(t[k]) for t in tables}) == 1 and len({t[k] for t in texts}) == 1, k
+    assert SCHEMAS["train"]["model.chat_template"].kind == "owned"
+
+
+@pytest.mark.parametrize("key", ["name", "arch.hidden_size", "arch.vocab_size"])
+def test_a_preset_that_leaves_out_a_key_of_its_own_fails_naming_it(key):
+    """A preset's own keys (its name, its architecture's sizes) default to null, which their rules
+    refuse: a preset stored without one (a plugin's, in Hydra's ConfigStore) fails at composition."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    shipped = OmegaConf.to_container(compose("train", ["model=qwen2.5-7b"], validate=False).model)
+    node = {k: v for k, v in shipped.items() if k not in ("lora", "warm_start")}  # the preset's own keys
+    parent, _, leaf = f"model.{key}".rpartition(".")
+    del (node if parent == "model" else node["arch"])[leaf]
+    node["defaults"] = ["/schema/model/qwen2.5-7b@_here_", "_self_"]
+    ConfigStore.instance().store(group="model", name="test_preset_without_a_key", node=node)
+    try:
+        with pytest.raises(UserError, match=rf"^model\.{re.escape(key)}=null is not allowed"):
+            compose("train", ["model=test_preset_without_a_key"])
+    finally:
+        ConfigStore.instance().repo["model"].pop("test_preset_without_a_key.yaml", None)
 
 
 @pytest.mark.parametrize("command", sorted(RUN_SCHEMAS))

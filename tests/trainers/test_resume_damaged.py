@@ -92,12 +92,11 @@ def test_half_written_metrics_line_and_stale_staging_folder(in_tmp, fast_train):
 def test_checkpoint_files_and_folders_are_fsynced_before_the_rename(tmp_path, monkeypatch):
     """Spy (calling through) on os.fsync and os.replace during a real save of the embedded model."""
     import torch
-    from omegaconf import OmegaConf
 
     from entropyrl.models.tiny import build_model, build_tokenizer
 
     tokenizer = build_tokenizer()
-    arch = OmegaConf.load(Path(ckpt.__file__).parents[2] / "conf" / "model" / "tiny.yaml").arch
+    arch = compose("train", ["model=tiny"]).model.arch
     model = build_model(arch, tokenizer, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     events: list[tuple[str, str]] = []
