@@ -213,7 +213,7 @@ def key_docs(config_name: str, choices: dict[str, str | None], conf_dir: Path = 
 def schema_docs(config_name: str, choices: dict[str, str | None] | None = None, *, groups: bool = True) -> dict[str, str]:
     """``{dotted key: doc}`` of the keys primary config ``config_name`` owns, from its run schema, and
     (``groups``) of the keys of the groups it composes whose schema is in ``GROUP_SCHEMAS``
-    (``tools.*`` for ``train``); a group whose options have schemas of their own (``rollout``,
+    (``tools.*`` for ``train``); a group whose options have schemas of their own (``rollout``, ``model``,
     ``launcher``) takes the option ``choices`` picks, else the primary config's default option."""
     schema = RUN_SCHEMAS.get(config_name)
     if schema is None:

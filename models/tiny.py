@@ -1,6 +1,6 @@
 """The embedded default policy: a tiny Qwen2-architecture causal LM over a character tokenizer.
 
-Nothing is downloaded. The model is created from ``conf/model/tiny.yaml``, then a short
+Nothing is downloaded. The model is created from ``model=tiny`` (its keys: ``core/schema/model.py``), then a short
 supervised *warm start* on the built-in tasks brings it to a non-zero, non-saturated reward:
 targets are drawn uniformly from *all* correct answers (so the many-answer task starts diverse)
 and a share of them is replaced by plausible wrong answers (so the policy starts uncertain).
@@ -132,7 +132,7 @@ def check_representable(tokenizer, texts, rows, *, what: str, option: str, mode:
 
 
 def build_model(arch_cfg, tokenizer, seed: int):
-    """A randomly initialised ``Qwen2ForCausalLM`` sized by ``arch_cfg`` (see conf/model/tiny.yaml)."""
+    """A randomly initialised ``Qwen2ForCausalLM`` sized by ``arch_cfg`` (``model.arch``: conf/model/tiny.yaml)."""
     skip_unused_backends()  # the warm start imports no sklearn, pandas or SciPy either (hf_imports.py)
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
