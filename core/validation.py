@@ -65,7 +65,7 @@ from .schema.rollout import ROLLOUT_SCHEMAS
 from .schema.sweep import SweepSchema
 from .schema.tools import ToolsSchema
 from .schema.tracking import TrackingSchema
-from .schema.train import RESUME_MODES, TrainSchema  # noqa: F401  (RESUME_MODES: re-exported)
+from .schema.train import TrainSchema
 
 _ABSENT = object()
 
