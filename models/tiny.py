@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import random
+import time
 from pathlib import Path
 
 import torch
@@ -233,6 +234,7 @@ def warm_start(model, tokenizer, model_cfg, task_cfg, log=print) -> dict:
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=ws.lr, total_steps=ws.steps, pct_start=0.1)
     model.train()
     loss = torch.tensor(float("nan"))
+    started = time.perf_counter()
     for step in range(ws.steps):
         ids, mask, labels = sft_batch(tokenizer, warm_start_examples(task_cfg, ws.batch_size, ws.label_noise, rng))
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
@@ -241,8 +243,12 @@ def warm_start(model, tokenizer, model_cfg, task_cfg, log=print) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if (step + 1) % 100 == 0:
-            log(f"warm start {step + 1}/{ws.steps}: loss {loss.item():.3f}")
+        if (step + 1) % 100 == 0:  # a line every 100 steps: its rate and the time left
+            rate = (step + 1) / max(time.perf_counter() - started, 1e-9)
+            log(
+                f"warm start {step + 1}/{ws.steps}: loss {loss.item():.3f}, {rate:.1f} steps/s, "
+                f"ETA {(ws.steps - step - 1) / rate:.0f} s"
+            )
     model.eval()
     return {"loss": float(loss.item())}
 

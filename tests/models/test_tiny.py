@@ -96,6 +96,18 @@ def test_warm_start_does_not_depend_on_the_callers_thread_count(tmp_path, monkey
     assert built[0] == built[1]
 
 
+def test_the_warm_start_says_its_rate_and_time_left(tmp_path, monkeypatch):
+    """Minutes of warm start on a fresh machine show progress: a line every 100 steps with the loss,
+    the rate and an ETA that counts down to 0."""
+    monkeypatch.setenv("ENTROPYRL_CACHE", str(tmp_path))
+    cfg = compose("train", ["model.warm_start.steps=200", "model.warm_start.batch_size=8"])
+    said: list[str] = []
+    tiny.embedded_model_dir(cfg.model, cfg.data, log=said.append)
+    lines = [s for s in said if s.startswith("warm start ")]
+    assert [s.split(":")[0] for s in lines] == ["warm start 100/200", "warm start 200/200"], said
+    assert all(" steps/s, ETA " in s for s in lines) and lines[-1].endswith("ETA 0 s")
+
+
 def test_concurrent_builders_of_one_embedded_model_build_it_once(tmp_path, monkeypatch):
     """Two jobs of a sweep on a fresh machine need the same warm start at once: the second waits for
     the first's build (a lock beside the cache entry) instead of repeating it, then loads it."""
