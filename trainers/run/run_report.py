@@ -187,15 +187,24 @@ def write_run_report(
     return summary
 
 
-class TrainingProgress:
-    """A rich progress bar showing step, entropy and reward live (silent when disabled)."""
+#: Seconds between the training loop's heartbeat lines when stderr is not a terminal (a log file,
+#: a SLURM job's output), where the bar does not draw until the run ends; the first step's line comes at once.
+HEARTBEAT_S = 60.0
 
-    def __init__(self, enabled: bool, total: int, start: int):
-        self.enabled, self.total, self.start = enabled, total, start
+
+class TrainingProgress:
+    """A rich progress bar showing step, entropy and reward live (silent when disabled); into a log
+    (stderr not a terminal) a line at the first step and then every ``heartbeat_s`` seconds, with
+    the seconds per step and the time left."""
+
+    def __init__(self, enabled: bool, total: int, start: int, heartbeat_s: float = HEARTBEAT_S):
+        self.enabled, self.total, self.start, self.heartbeat_s = enabled, total, start, heartbeat_s
 
     def __enter__(self):
         if not self.enabled:
             return lambda step, metrics: None
+        import time
+
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         self.progress = Progress(
@@ -208,12 +217,22 @@ class TrainingProgress:
         )
         self.progress.__enter__()
         self.task = self.progress.add_task("train", total=self.total, completed=self.start, info="")
+        began, last = time.perf_counter(), [None]
 
         def update(step, m):
             info = f"entropy {m.get('entropy', float('nan')):.3f}  reward {m.get('reward/mean', float('nan')):.3f}" + (
                 f"  val {m['val/acc']:.3f}" if "val/acc" in m else ""
             )
             self.progress.update(self.task, completed=step, info=info)
+            now, console = time.perf_counter(), self.progress.console
+            if console.is_terminal or (last[0] is not None and now - last[0] < self.heartbeat_s):
+                return
+            last[0], per_step = now, (now - began) / max(step - self.start, 1)
+            console.print(
+                f"train {step}/{self.total}: {info}, {per_step:.1f} s/step, ETA {per_step * (self.total - step):.0f} s",
+                markup=False,
+                highlight=False,
+            )
 
         return update
 
