@@ -112,12 +112,14 @@ def test_plan_cpu_prints_the_cpu_step_time_and_refuses_a_bad_rate():
     import subprocess
     import sys
 
+    from entropyrl.models.cost import CPU_TRAIN_EFFICIENCY_DEFAULT
+
     cli = [sys.executable, "-m", "entropyrl.cli.main", "plan", "experiment=smollm2_word_problems", "--prompt-len", "70"]
     out = subprocess.run([*cli, "--cpu", "--cpu-gflops", "34", "--mem-gbps", "7.5"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     row = next(line for line in out.stdout.splitlines() if line.startswith("step time on a CPU"))
     assert (
-        "(34 GFLOP/s, decode 15 GFLOP/s, 7.5 GB/s; efficiency decode 0.35, training 0.7)" in row
+        f"(34 GFLOP/s, decode 15 GFLOP/s, 7.5 GB/s; efficiency decode 0.35, training {CPU_TRAIN_EFFICIENCY_DEFAULT:g})" in row
         and "64 steps x" in row
         and "training" in row
     )
