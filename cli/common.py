@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import signal
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, NoReturn
 
 from ..conf import config_groups, primary_defaults
 
@@ -56,3 +56,11 @@ def stop_signals() -> Iterator[list[int]]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def exit_stopped(err, stopped_by: list[int], detail: str = "") -> NoReturn:
+    """End a command that ``stop_signals`` stopped: one line on ``err`` naming the signal (and
+    ``detail``: what was kept, where), exit status 128 + its number."""
+    sig = stopped_by[0] if stopped_by else signal.SIGINT
+    err.print(f"stopped by {signal.Signals(sig).name}" + (f": {detail}" if detail else ""), markup=False, highlight=False)
+    raise SystemExit(128 + int(sig))

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import signal
 from typing import List, Optional
 
 import typer
 
 from ..conf import compose
-from .common import groups_help, quiet_transformers, stop_signals
+from .common import exit_stopped, groups_help, quiet_transformers, stop_signals
 
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:
@@ -53,9 +52,7 @@ def register(app: typer.Typer) -> None:
             try:
                 summary = run_eval(cfg, console=err)
             except KeyboardInterrupt:
-                sig = stopped_by[0] if stopped_by else signal.SIGINT
-                err.print(f"stopped by {signal.Signals(sig).name}", markup=False, highlight=False)
-                raise SystemExit(128 + int(sig)) from None
+                exit_stopped(err, stopped_by)
         Console().print(render_table(summary["benchmarks"], title=f"entropyrl eval: {summary['model']}"))
         for line in reflection_lines(summary["benchmarks"]):  # eval.reflection_words; [] = none
             Console(soft_wrap=True).print(f"reflection {line}", highlight=False)

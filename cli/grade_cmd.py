@@ -41,7 +41,6 @@ file is one line of count, not thousands).
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -59,7 +58,7 @@ from ..evals.code.sandbox import SandboxPool
 from ..evals.grading.grader import grade_batch
 from ..evals.grading.grader_pool import GradingPoolError
 from ..evals.reflection import WORD_LISTS, matcher_for, reflection_block, resolve_words
-from .common import stop_signals
+from .common import exit_stopped, stop_signals
 from .grade_watch import GradingInterrupted, Heartbeat, kept_when_stopped
 
 #: Malformed lines named one by one on stderr; the rest are counted in one line.
@@ -367,14 +366,8 @@ def register(app: typer.Typer) -> None:
                     heartbeat_s=heartbeat_s,
                 )
             except GradingInterrupted as stop:
-                sig = stopped_by[0] if stopped_by else signal.SIGINT
                 where = f"kept in {stop.kept}" if stop.kept else "none graded yet"
-                err.print(
-                    f"stopped by {signal.Signals(sig).name}: {stop.graded} line(s) graded, {where}; {target} was not written",
-                    markup=False,
-                    highlight=False,
-                )
-                raise SystemExit(128 + int(sig)) from None
+                exit_stopped(err, stopped_by, f"{stop.graded} line(s) graded, {where}; {target} was not written")
         _print_summary(tally, target, matcher)
         if tally.bad and not allow_skipped:
             err.print(
