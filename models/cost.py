@@ -164,20 +164,27 @@ def step_cost(
     peak_flops: float | None = None,
     decode_mfu: float | None = None,
     head_flops: bool = False,
-    extra_backwards: int = 0,
 ) -> StepCost:
     """The cost of one training step; memory per rank in GB (1e9 bytes), time at ``mfu`` of
     ``ranks x peak_flops`` for the training FLOPs and ``decode_mfu`` (default ``mfu``) for generation.
-    ``head_flops``: count a tied output head's product (``V h`` a token) in ``N``, as a CPU executes it;
-    ``extra_backwards``: backward passes per epoch beyond the loss's (``diagnostics.quadrants``' one
-    ``autograd.grad``, twice a forward each). Both off: the usual ``6 N`` count of model FLOPs (MFU)."""
+    ``head_flops``: count the training FLOPs as the trainer executes them: the output head's product
+    (``V h`` a token, tied or not) at the response positions only, where the log-probs are taken
+    (``stats/policy_stats.response_token_stats``), the body at every position. Off: the usual ``6 N``
+    count of model FLOPs (MFU), every parameter at every position. ``diagnostics.quadrants``' one
+    ``autograd.grad`` a micro-batch stops at the log-probs and adds no model FLOPs."""
     p = parameters(a)
-    n_body = p["non_embedding"] + (a.vocab_size * a.hidden_size if head_flops and a.tie_word_embeddings else 0)
+    head = a.vocab_size * a.hidden_size
     seqs, s = prompts * n, prompt_len + response_len
     tokens = seqs * s
     L, h = a.num_hidden_layers, a.hidden_size
-    fwd = tokens * (2 * n_body + 2 * L * h * s)  # forward of every sequence once
-    train = fwd * (3 + (1 if checkpointing else 0) + 2 * extra_backwards) * epochs + fwd * (2 if ref_model else 1)
+    attention = tokens * 2 * L * h * s
+    if head_flops:  # the body at every position, the head at the response positions only
+        body = p["non_embedding"] - (0 if a.tie_word_embeddings else head)
+        fwd = tokens * 2 * body + attention + seqs * response_len * 2 * head
+    else:
+        fwd = tokens * 2 * p["non_embedding"] + attention  # forward of every sequence once
+    n_body = p["non_embedding"]
+    train = fwd * (3 + (1 if checkpointing else 0)) * epochs + fwd * (2 if ref_model else 1)
     generated = seqs * response_len
     gen = seqs * prompt_len * 2 * n_body + generated * (2 * n_body + 2 * L * h * s)
     shard = ranks if fsdp and ranks > 1 else 1
@@ -227,13 +234,12 @@ CPU_GFLOPS_DEFAULT = 30.0
 CPU_MEM_GBPS_DEFAULT = 6.0
 CPU_DECODE_GFLOPS_DEFAULT = 15.0  # `decode_matmul_gflops`: 16 rows through the model's weights, streamed from memory
 # the share of those limits a step reaches (`make bench` key real_model: `decode_roofline_frac`,
-# `train_flops_frac`): HF generate's decode loses the rest to the KV cache's concatenation, attention,
-# norms and per-token Python. Training's share moves with the machine's load from one measurement to the
-# next (the reference product and the step are timed minutes apart, and the step's largest products, the
-# output head over the vocabulary, run faster than the reference's shape): the default is the mean of the
-# measured ones (docs/real-model.md)
-CPU_DECODE_EFFICIENCY_DEFAULT = 0.35
-CPU_TRAIN_EFFICIENCY_DEFAULT = 0.9
+# `train_flops_frac` with the training FLOPs as executed): HF generate's decode loses the rest to the KV
+# cache's concatenation, attention, norms and per-token Python. The defaults are the shares the reference
+# machine reached when nothing else ran on it (decode 0.51-0.53, training 0.70-0.81); with other
+# jobs on its cores (load average near 4) they fell to 0.35-0.37 and 0.41 (docs/performance.md)
+CPU_DECODE_EFFICIENCY_DEFAULT = 0.5
+CPU_TRAIN_EFFICIENCY_DEFAULT = 0.8
 CPU_KEYS = ("gflops", "mem_gbps", "decode_gflops", "decode_efficiency", "train_efficiency")
 
 
@@ -375,7 +381,7 @@ def plan_figures(
     per-rank verdict against ``gpu_gb`` GB GPUs and the assumptions it rests on. ``cpu``: a CPU's
     rates and efficiencies (``CPU_KEYS``; one left out: its ``CPU_*_DEFAULT``): adds ``cpu``, the step's
     seconds there by part (``cpu_step_time``) with its training FLOPs as executed (the tied head,
-    ``diagnostics.quadrants``' extra backward)."""
+    the output head at the response positions)."""
     if ranks < 1 or not 0 < mfu <= 1 or peak_tflops <= 0 or gpu_gb <= 0 or not 0 < (decode_mfu or mfu) <= 1:
         raise UserError(
             "entropyrl plan: need --ranks >= 1, 0 < --mfu <= 1, 0 < --decode-mfu <= 1, --peak-tflops > 0 and --gpu-gb > 0"
@@ -469,7 +475,7 @@ def _vllm_plan(cfg, arch, gpu_gb: float, prompt: int, engine_dtype: str, rollout
 
 def _cpu_plan(cfg, arch, shape: dict, prompt: int, cpu: dict) -> dict:
     """The step's seconds on a CPU of ``cpu``'s rates (``CPU_KEYS``; one left out: its default), by
-    part, with the training FLOPs as executed (the tied head, the quadrant diagnostic's backward)."""
+    part, with the training FLOPs as executed (the output head at the response positions)."""
     t = cfg.trainer
     unknown = sorted(set(cpu) - set(CPU_KEYS))
     if unknown:
@@ -491,7 +497,6 @@ def _cpu_plan(cfg, arch, shape: dict, prompt: int, cpu: dict) -> dict:
         arch,
         **shape,
         head_flops=True,
-        extra_backwards=1 if bool(cfg.diagnostics.quadrants) else 0,
     )
     cpu_time = cpu_step_time(
         arch,
