@@ -62,5 +62,6 @@ def exit_stopped(err, stopped_by: list[int], detail: str = "") -> NoReturn:
     """End a command that ``stop_signals`` stopped: one line on ``err`` naming the signal (and
     ``detail``: what was kept, where), exit status 128 + its number."""
     sig = stopped_by[0] if stopped_by else signal.SIGINT
-    err.print(f"stopped by {signal.Signals(sig).name}" + (f": {detail}" if detail else ""), markup=False, highlight=False)
+    line = f"stopped by {signal.Signals(sig).name}" + (f": {detail}" if detail else "")
+    err.print(line, markup=False, highlight=False, soft_wrap=True)  # one line: its command copies whole
     raise SystemExit(128 + int(sig))

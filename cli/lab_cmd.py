@@ -39,6 +39,7 @@ from ..conf import compose
 from ..core.errors import UserError
 from ..sweeps.plugins import load_installed_plugins
 from ..sweeps.studies import DEFAULT_JOBS, STUDIES, Study, study_for
+from .common import exit_stopped, stop_signals
 
 QUADRANTS = "quadrants"  # the lab ablation's quadrant-experiment variant (--experiment all and quadrants run it)
 DEFAULT_EXPERIMENT = "all"  # --experiment when left out: the lab's training runs and its quadrant experiment
@@ -260,5 +261,9 @@ def register(app: typer.Typer) -> None:
                 shutil.rmtree(job.output_dir, ignore_errors=True)
         say("building / loading the model once (cached)")
         load_policy(base.model, base.data, log=lambda m: say(m))  # one builder, not one per job
-        result = following.run(plan, wait=True, log=lambda m: console.print(m, markup=False, soft_wrap=True))
+        with stop_signals() as stopped_by:  # Ctrl-C, SIGTERM: the jobs stop at a step, the records close
+            try:
+                result = following.run(plan, wait=True, log=lambda m: console.print(m, markup=False, soft_wrap=True))
+            except KeyboardInterrupt:
+                exit_stopped(console, stopped_by, f"to continue: {plan.command} --out {out} --resume")
         _print_outcome(console, say, result, out)

@@ -351,8 +351,8 @@ class _Follower:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
         self.log(
-            f"interrupted: {self.launcher.name} jobs stopped at their last step (checkpointed); they resume "
-            f"from there with `entropyrl sweep ... --resume sweep_dir={self.sweep_dir}`"
+            f"interrupted: {self.launcher.name} jobs stopped at their last step (checkpointed); resuming "
+            f"{self.sweep_dir} continues them from there"
         )
 
 
