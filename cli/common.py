@@ -1,6 +1,6 @@
 """Pieces every command shares: the config-groups paragraph of the ``--help`` texts, quiet
-library logging for the commands that load a model, and the stop signals of the commands that run
-until stopped (sweep, eval).
+library logging for the commands that load a model, and the stop signals and progress line of the
+commands that run until stopped (sweep, lab, eval, grade).
 
 Commands import from here, never from ``cli/main.py`` (which imports the commands), so the
 command modules and the entry point do not import each other.
@@ -9,8 +9,9 @@ command modules and the entry point do not import each other.
 from __future__ import annotations
 
 import signal
+import time
 from contextlib import contextmanager
-from typing import Iterator, NoReturn
+from typing import Callable, Iterator, NoReturn
 
 from ..conf import config_groups, primary_defaults
 
@@ -65,3 +66,23 @@ def exit_stopped(err, stopped_by: list[int], detail: str = "") -> NoReturn:
     line = f"stopped by {signal.Signals(sig).name}" + (f": {detail}" if detail else "")
     err.print(line, markup=False, highlight=False, soft_wrap=True)  # one line: its command copies whole
     raise SystemExit(128 + int(sig))
+
+
+@contextmanager
+def live_line(console, *, every_s: float = 60.0) -> Iterator[Callable[[str], None]]:
+    """Where a long command's progress line goes (a sweep's or a lab's job counts and steps): rewritten
+    in place on a terminal; into a log (no terminal) printed when its counts (the part before ``;``)
+    change, else at most every ``every_s`` seconds, so a log shows a sign of life without a line a step."""
+    if console.is_terminal:
+        with console.status("submitting...", spinner="dots") as status:
+            yield lambda line: status.update(line)
+        return
+    last = {"counts": None, "at": 0.0}
+
+    def show(line: str) -> None:
+        counts, now = line.split(";")[0], time.monotonic()
+        if counts != last["counts"] or now - last["at"] >= every_s:
+            last.update(counts=counts, at=now)
+            console.print(line, markup=False, soft_wrap=True)
+
+    yield show

@@ -39,7 +39,7 @@ from ..conf import compose
 from ..core.errors import UserError
 from ..sweeps.plugins import load_installed_plugins
 from ..sweeps.studies import DEFAULT_JOBS, STUDIES, Study, study_for
-from .common import exit_stopped, stop_signals
+from .common import exit_stopped, live_line, stop_signals
 
 QUADRANTS = "quadrants"  # the lab ablation's quadrant-experiment variant (--experiment all and quadrants run it)
 DEFAULT_EXPERIMENT = "all"  # --experiment when left out: the lab's training runs and its quadrant experiment
@@ -263,7 +263,9 @@ def register(app: typer.Typer) -> None:
         load_policy(base.model, base.data, log=lambda m: say(m))  # one builder, not one per job
         with stop_signals() as stopped_by:  # Ctrl-C, SIGTERM: the jobs stop at a step, the records close
             try:
-                result = following.run(plan, wait=True, log=lambda m: console.print(m, markup=False, soft_wrap=True))
+                with live_line(console) as progress:  # job counts and each running job's step
+                    log = lambda m: console.print(m, markup=False, soft_wrap=True)  # noqa: E731
+                    result = following.run(plan, wait=True, log=log, progress=progress)
             except KeyboardInterrupt:
                 exit_stopped(console, stopped_by, f"to continue: {plan.command} --out {out} --resume")
         _print_outcome(console, say, result, out)

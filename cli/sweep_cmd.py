@@ -3,39 +3,20 @@ their jobs' states."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import signal
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional
+from typing import Callable, List, Optional
 
 import typer
 from rich.console import Console
 
 from ..conf import compose
 from ..core.errors import UserError
-from .common import groups_help, stop_signals
+from .common import groups_help, live_line, stop_signals
 
 __all__ = ["register"]
-
-
-@contextlib.contextmanager
-def _live_line(console: Console) -> Iterator[Callable[[str], None]]:
-    """Where the sweep's line of job counts goes: rewritten in place on a terminal, else printed
-    each time it changes."""
-    if console.is_terminal:
-        with console.status("submitting...", spinner="dots") as status:
-            yield lambda line: status.update(line)
-        return
-    last = [""]
-
-    def show(line: str) -> None:
-        if line != last[0]:
-            last[0] = line
-            console.print(line, markup=False, soft_wrap=True)
-
-    yield show
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -82,7 +63,7 @@ def _run_until_stopped(run: Callable[..., dict], plan, cfg, console: Console, wa
     it and exits 128 + the signal's number. The previous handlers are restored either way."""
     with stop_signals() as stopped_by:  # a repeat arriving while the jobs are being stopped is ignored
         try:
-            with _live_line(console) as progress:
+            with live_line(console) as progress:
                 return run(plan, wait=wait, log=lambda m: console.print(m, markup=False, soft_wrap=True), progress=progress)
         except KeyboardInterrupt:
             sig = stopped_by[0] if stopped_by else signal.SIGINT

@@ -299,10 +299,12 @@ class _Follower:
         running = sum(1 for st in states if st.state == RUNNING)
         pending = len(states) - running + self.queued
         reasons = sorted({st.detail for st in states if st.state == PENDING and "(" in st.detail})
+        steps = [f"{st.key} {st.detail}" for st in states if st.state == RUNNING and st.detail.startswith("step ")]
         self.progress(
             f"jobs: {done} done, {running} running, {pending} pending, {failed} failed"
-            + (f" [{'; '.join(reasons)[:120]}]" if reasons else "")
+            + (f" [{', '.join(reasons)[:120]}]" if reasons else "")
             + f" (of {self.total})"
+            + (f"; {', '.join(steps[:4])}{', ...' if len(steps) > 4 else ''}" if steps else "")
         )
 
     def _announce(self, st: JobStatus) -> None:
