@@ -33,7 +33,7 @@ from .claims import GATE_KEY, acted_share, entropy_ends, final_value, finite_val
 from .explain import explain_claims  # noqa: E402
 from .null_controls import declare_nulls  # noqa: E402
 from .real_model_claims import CLAIM_VARIANTS, accuracy_table, real_model_claims, text_table  # noqa: E402
-from .report import finish_panels, write_study_report  # noqa: E402
+from .report import finish_panels, style_panel, write_study_report  # noqa: E402
 from .sweep_step import collect_lab_runs  # noqa: E402
 
 __all__ = ["real_model_report_step", "plot_runs", "run_table", "gate_spans", "CURVES_FIGURE", "ABLATION"]
@@ -91,10 +91,7 @@ def plot_runs(
                     ax.plot([ev.get("step", f["first_step"])], [ev.get("value", np.nan)], "x", color=color, ms=7, mew=2)
         if h_tgt is not None:
             ax.axhline(h_tgt, color="0.35", ls="--", lw=1, label=f"h_tgt {h_tgt:g}")
-        ax.set_title(f"{variant}" + (" (shaded: gate open)" if gated else ""), fontsize=10)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        style_panel(ax, f"{variant}" + (" (shaded: gate open)" if gated else ""))
     return finish_panels(
         fig,
         axes,

@@ -34,6 +34,7 @@ __all__ = [
     "job_times",
     "save_small",
     "finish_panels",
+    "style_panel",
 ]
 
 
@@ -65,6 +66,14 @@ def plot_band(
     save_small(fig, Path(path))
     plt.close(fig)
     return Path(path)
+
+
+def style_panel(ax, title: str, xlabel: str = "step", legend_title: str | None = None) -> None:
+    """One panel of a study's grid: its title, x label, grid and legend (titled ``legend_title``)."""
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, title=legend_title, title_fontsize=7)
 
 
 def finish_panels(fig, axes, used: int, ylabel: str, title: str, path: Path) -> Path:

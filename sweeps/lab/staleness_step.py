@@ -30,7 +30,7 @@ from ...conf import compose  # noqa: E402
 from ..aggregate import seed_band  # noqa: E402
 from .explain import explain_claims  # noqa: E402
 from .null_controls import declare_nulls  # noqa: E402
-from .report import finish_panels, save_small, write_study_report  # noqa: E402
+from .report import finish_panels, save_small, style_panel, write_study_report  # noqa: E402
 from .staleness_claims import (  # noqa: E402
     CLAIM_VARIANTS,
     STALE_QUARTER_KEYS,
@@ -111,10 +111,7 @@ def plot_entropy_groups(runs: dict[str, dict[int, list[dict]]], path: Path, h_tg
             ax.fill_between(b["steps"], b["lo"], b["hi"], color=line.get_color(), alpha=0.15, lw=0)
         if h_tgt is not None:
             ax.axhline(h_tgt, color="0.4", ls="--", lw=1, label=f"h_tgt {h_tgt:g}")
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        style_panel(ax, title)
     return finish_panels(
         fig, axes, len(panels), "entropy (nats/token)", "entropy under staleness: mean over seeds, band = min-max", path
     )
@@ -163,10 +160,7 @@ def plot_clip_quarters(runs: dict[str, dict[int, list[dict]]], path: Path) -> Pa
                 x, mean, yerr=[mean - lo, hi - mean], marker="o", ms=4, lw=1.4, capsize=3, color=f"C{i}", label=f"q{i + 1}"
             )
         ax.set_xticks(ks)
-        ax.set_title(f"{_method_name(method)}", fontsize=10)
-        ax.set_xlabel("staleness k")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, title="entropy quarter", title_fontsize=7)
+        style_panel(ax, f"{_method_name(method)}", "staleness k", legend_title="entropy quarter")
     for ax in list(axes.flat)[len(data) :]:
         ax.axis("off")
     for ax in axes[:, 0]:

@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from ...conf import compose, to_plain  # noqa: E402
 from ..aggregate import seed_band  # noqa: E402
 from .null_controls import declare_nulls  # noqa: E402
-from .report import finish_panels, write_study_report  # noqa: E402
+from .report import finish_panels, style_panel, write_study_report  # noqa: E402
 from .sweep_step import collect_lab_runs  # noqa: E402
 from .tool_claims import KIND_KEYS, TURN_KEYS, kind_table, tool_claims  # noqa: E402
 
@@ -92,10 +92,7 @@ def plot_kinds(runs: dict[str, dict[int, list[dict]]], path: Path) -> Path | Non
             ax.fill_between(b["steps"], b["lo"], b["hi"], color=line.get_color(), alpha=0.15, lw=0)
         seeds = max(b["seeds"] for _k, b in bands)
         ax.set_yscale("log", nonpositive="clip")
-        ax.set_title(f"{variant} (n={seeds} seeds)", fontsize=10)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        style_panel(ax, f"{variant} (n={seeds} seeds)")
     return finish_panels(
         fig,
         axes,

@@ -11,11 +11,10 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.sweeps.test_sweep_stop import alive
+from tests.sweeps.test_sweep_stop import alive, wait_for_a_step
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 
@@ -33,12 +32,7 @@ def test_a_stop_signal_stops_the_lab_and_closes_its_records(tmp_path, sig, group
         start_new_session=True,
     )
     job_dir = out / "runs" / "grpo" / "s0"
-    deadline = time.monotonic() + 300
-    while not (job_dir / "metrics.jsonl").exists() or not (job_dir / "metrics.jsonl").read_text().strip():
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the job logged no step in time"
-        time.sleep(0.2)
-    job_pid = json.loads((job_dir / "job.json").read_text())["pid"]
+    job_pid = wait_for_a_step(proc, job_dir)
     if group:  # Ctrl-C in a terminal: once, to every process of the group
         os.killpg(proc.pid, sig)
     else:

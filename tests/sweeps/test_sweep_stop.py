@@ -40,6 +40,16 @@ def alive(pid: int) -> bool:
         return False
 
 
+def wait_for_a_step(proc: subprocess.Popen, job_dir: Path, timeout: float = 300) -> int:
+    """Wait until the job in ``job_dir`` has logged a step (``proc`` still running); its pid."""
+    deadline = time.monotonic() + timeout
+    while not (job_dir / "metrics.jsonl").exists() or not (job_dir / "metrics.jsonl").read_text().strip():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the job logged no step in time"
+        time.sleep(0.2)
+    return int(json.loads((job_dir / "job.json").read_text())["pid"])
+
+
 def inherit_an_ignored_sigint() -> None:
     """The sweep starts with SIGINT ignored, as a process started in the background of a script (or
     from a pytest-xdist worker) does: its own handler, not Python's default, must stop it."""
@@ -85,12 +95,7 @@ def test_a_stop_signal_stops_a_local_sweep_and_its_job(tmp_path, sig, group):
         preexec_fn=inherit_an_ignored_sigint if sig == signal.SIGINT else None,
     )
     job_dir = tmp_path / "sw" / "runs" / "symmetric" / "s0"
-    deadline = time.monotonic() + 300
-    while not (job_dir / "metrics.jsonl").exists() or not (job_dir / "metrics.jsonl").read_text().strip():
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the job logged no step in time"
-        time.sleep(0.2)
-    job_pid = json.loads((job_dir / "job.json").read_text())["pid"]
+    job_pid = wait_for_a_step(proc, job_dir)
     if sig == signal.SIGINT and group:  # Ctrl-C in a terminal: once, to every process of the group
         os.killpg(proc.pid, sig)
     else:
