@@ -154,7 +154,8 @@ def test_plan_cpu_prints_the_cpu_step_time_and_refuses_a_bad_rate():
     row = next(line for line in out.stdout.splitlines() if line.startswith("step time on a CPU"))
     assert (
         f"(34 GFLOP/s, decode 15 GFLOP/s, 7.5 GB/s; efficiency decode {CPU_DECODE_EFFICIENCY_DEFAULT:g}, "
-        f"training {CPU_TRAIN_EFFICIENCY_DEFAULT:g})" in row
+        f"training {CPU_TRAIN_EFFICIENCY_DEFAULT:g})"
+        in row
         and "64 steps x" in row
         and "training" in row
     )
