@@ -127,6 +127,24 @@ def parameters(a: Architecture) -> dict[str, int]:
     return {"total": embedding + head + body, "embedding": embedding, "non_embedding": body + head}
 
 
+def lora_parameters(a: Architecture, rank: int, targets) -> int:
+    """The parameters of a rank-``rank`` LoRA adapter on ``targets`` (``"all-linear"``, PEFT's every
+    linear layer of the blocks, the output head not included, or module names): ``rank x (in + out)``
+    for each targeted linear layer of each block; a name that is not a Llama/Qwen2 block linear counts 0."""
+    h, kvd, inter = a.hidden_size, a.num_key_value_heads * a.head_dim, a.intermediate_size
+    shapes = {
+        "q_proj": (h, h),
+        "k_proj": (h, kvd),
+        "v_proj": (h, kvd),
+        "o_proj": (h, h),
+        "gate_proj": (h, inter),
+        "up_proj": (h, inter),
+        "down_proj": (inter, h),
+    }
+    names = list(shapes) if targets == "all-linear" else [str(t) for t in targets]
+    return a.num_hidden_layers * sum(rank * sum(shapes[name]) for name in names if name in shapes)
+
+
 @dataclass
 class StepCost:
     parameters: int
@@ -164,6 +182,7 @@ def step_cost(
     peak_flops: float | None = None,
     decode_mfu: float | None = None,
     head_flops: bool = False,
+    lora_params: int | None = None,
 ) -> StepCost:
     """The cost of one training step; memory per rank in GB (1e9 bytes), time at ``mfu`` of
     ``ranks x peak_flops`` for the training FLOPs and ``decode_mfu`` (default ``mfu``) for generation.
@@ -171,7 +190,11 @@ def step_cost(
     (``V h`` a token, tied or not) at the response positions only, where the log-probs are taken
     (``stats/policy_stats.response_token_stats``), the body at every position. Off: the usual ``6 N``
     count of model FLOPs (MFU), every parameter at every position. ``diagnostics.quadrants``' one
-    ``autograd.grad`` a micro-batch stops at the log-probs and adds no model FLOPs."""
+    ``autograd.grad`` a micro-batch stops at the log-probs and adds no model FLOPs.
+    ``lora_params``: the adapter's parameters when only a LoRA adapter trains (``lora_parameters``):
+    the backward computes the activations' gradients but not the frozen weights' (one forward's FLOPs
+    instead of two, the adapter's own products aside), and gradients and AdamW's moments are the
+    adapter's."""
     p = parameters(a)
     head = a.vocab_size * a.hidden_size
     seqs, s = prompts * n, prompt_len + response_len
@@ -184,29 +207,17 @@ def step_cost(
     else:
         fwd = tokens * 2 * p["non_embedding"] + attention  # forward of every sequence once
     n_body = p["non_embedding"]
-    train = fwd * (3 + (1 if checkpointing else 0)) * epochs + fwd * (2 if ref_model else 1)
+    adapter = tokens * 2 * (lora_params or 0)  # the adapter's own products, a forward
+    fwd += adapter
+    # the backward: the activations' gradients (a forward's FLOPs) and the trained weights' (another one for
+    # full fine-tuning; the adapter's alone with LoRA: a frozen weight needs no gradient of its own)
+    backward = fwd + (adapter if lora_params else fwd)
+    train = (fwd * (2 if checkpointing else 1) + backward) * epochs + fwd * (2 if ref_model else 1)
     generated = seqs * response_len
     gen = seqs * prompt_len * 2 * n_body + generated * (2 * n_body + 2 * L * h * s)
     shard = ranks if fsdp and ranks > 1 else 1
-    gb = 1e9
-    weights = 4 * p["total"] / shard + (compute_bytes * (p["total"] - p["embedding"]) / L if shard > 1 else 0)
-    grads = 4 * p["total"] / shard
-    optimizer = 8 * p["total"] / shard
     rows_tokens = micro_tokens if micro_tokens else micro_rows * s  # positions of one pass
-    kvd = a.num_key_value_heads * a.head_dim
-    per_token_layer = 9 * h + 4 * kvd + 4 * a.intermediate_size
-    chunk_bytes = 3 * min(chunk, rows_tokens) * a.vocab_size * 4  # logits, softmax, their gradient (float32)
-    full = rows_tokens * L * per_token_layer * compute_bytes + chunk_bytes
-    ckpt = rows_tokens * (L * h + per_token_layer) * compute_bytes + chunk_bytes
-    memory = {
-        "weights": weights / gb,
-        "gradients": grads / gb,
-        "optimizer": optimizer / gb,
-        "activations": full / gb,
-        "activations_checkpointed": ckpt / gb,
-    }
-    states = (weights + grads + optimizer) / gb
-    memory["total"] = states + (ckpt if checkpointing else full) / gb
+    memory = _step_memory(a, shard, compute_bytes, lora_params, rows_tokens, chunk, checkpointing)
     seconds = train_s = gen_s = None
     if mfu and peak_flops:
         train_s = train / (mfu * peak_flops * ranks)
@@ -224,6 +235,34 @@ def step_cost(
         train_s,
         gen_s,
     )
+
+
+def _step_memory(
+    a: Architecture, shard: int, compute_bytes: int, lora_params: int | None, rows_tokens: int, chunk: int, checkpointing: bool
+) -> dict[str, float]:
+    """``step_cost``'s memory per rank in GB: float32 weights (and a layer's gathered copy under FSDP),
+    the trained parameters' gradients and AdamW moments (the adapter's with LoRA), one pass's activations."""
+    p = parameters(a)
+    L, h, gb = a.num_hidden_layers, a.hidden_size, 1e9
+    weights = 4 * p["total"] / shard + (compute_bytes * (p["total"] - p["embedding"]) / L if shard > 1 else 0)
+    trainable = lora_params if lora_params else p["total"]
+    weights += 4 * (lora_params or 0) / shard
+    grads = 4 * trainable / shard
+    optimizer = 8 * trainable / shard
+    kvd = a.num_key_value_heads * a.head_dim
+    per_token_layer = 9 * h + 4 * kvd + 4 * a.intermediate_size
+    chunk_bytes = 3 * min(chunk, rows_tokens) * a.vocab_size * 4  # logits, softmax, their gradient (float32)
+    full = rows_tokens * L * per_token_layer * compute_bytes + chunk_bytes
+    ckpt = rows_tokens * (L * h + per_token_layer) * compute_bytes + chunk_bytes
+    memory = {
+        "weights": weights / gb,
+        "gradients": grads / gb,
+        "optimizer": optimizer / gb,
+        "activations": full / gb,
+        "activations_checkpointed": ckpt / gb,
+    }
+    memory["total"] = (weights + grads + optimizer) / gb + (ckpt if checkpointing else full) / gb
+    return memory
 
 
 # `entropyrl plan --cpu`'s rates when not given: one core of this project's reference machine (an AMD EPYC
@@ -447,7 +486,19 @@ def _step_shape(cfg, prompt: int, ranks: int, fsdp: bool) -> dict:
         chunk=int(t.token_chunk_size),
         fsdp=fsdp,
         ref_model=float(cfg.algo.kl_coef or 0) > 0,
+        lora_params=_lora_params(cfg.model),
     )
+
+
+def _lora_params(model_cfg) -> int | None:
+    """The LoRA adapter's parameters of ``model.lora`` (None: full fine-tuning), read as ``models/lora.py``
+    reads it (without importing torch: ``plan`` stays light)."""
+    lora = model_cfg.get("lora") or {}
+    if not lora.get("rank"):
+        return None
+    targets = lora.get("target_modules")
+    targets = "all-linear" if targets in (None, "all-linear") else [str(t) for t in targets]
+    return lora_parameters(architecture(model_cfg), int(lora["rank"]), targets)
 
 
 def _vllm_plan(cfg, arch, gpu_gb: float, prompt: int, engine_dtype: str, rollout_gpus: int) -> dict | None:

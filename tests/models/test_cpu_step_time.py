@@ -105,15 +105,16 @@ def test_step_cost_counts_the_head_at_the_response_positions_only_when_asked():
     assert with_head == pytest.approx(plain + 4 * 8 * 5 * 2 * head)  # 8 rows x 5 response positions, 4 passes
 
 
-@pytest.mark.parametrize("quadrants", ["true", "false"])
-def test_step_cost_as_executed_matches_the_flops_a_training_step_runs(tmp_path, quadrants):
+@pytest.mark.parametrize("quadrants, lora", [("true", None), ("false", None), ("true", 4)])
+def test_step_cost_as_executed_matches_the_flops_a_training_step_runs(tmp_path, quadrants, lora):
     """``step_cost(head_flops=True)`` against the matrix products a real step runs (torch's FLOP
     counter over ``train_step`` on a collected batch): within 10 %, with the quadrants' diagnostic
-    on or off (its ``autograd.grad`` stops at the log-probs)."""
+    on or off (its ``autograd.grad`` stops at the log-probs), and with a LoRA adapter (no gradient
+    of the frozen weights)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from entropyrl.conf import compose
-    from entropyrl.models.cost import architecture, step_cost
+    from entropyrl.models.cost import architecture, lora_parameters, step_cost
     from entropyrl.trainers.trainer import GRPOTrainer
 
     cfg = compose(
@@ -121,7 +122,7 @@ def test_step_cost_as_executed_matches_the_flops_a_training_step_runs(tmp_path, 
         [
             "trainer.threads=1", "trainer.val_every=0", "trainer.progress=false", "tracking.enabled=false",
             "trainer.prompts_per_step=4", "trainer.mini_batch_prompts=4", "rollout.n=4",
-            f"diagnostics.quadrants={quadrants}", f"output_dir={tmp_path / 'run'}",
+            f"diagnostics.quadrants={quadrants}", f"output_dir={tmp_path / 'run'}", f"model.lora.rank={lora or 'null'}",
         ],
     )  # fmt: skip
     trainer = GRPOTrainer(cfg, log=lambda *_: None)
@@ -136,6 +137,7 @@ def test_step_cost_as_executed_matches_the_flops_a_training_step_runs(tmp_path, 
     planned = step_cost(
         architecture(cfg.model), prompts=4, n=4, **shape, ranks=1, micro_rows=16, micro_tokens=None, epochs=1,
         checkpointing=False, compute_bytes=4, chunk=1024, fsdp=False, ref_model=False, head_flops=True,
+        lora_params=lora_parameters(architecture(cfg.model), lora, "all-linear") if lora else None,
     ).train_flops  # fmt: skip
     ratio = planned / counter.get_total_flops()
     print(f"planned / counted {ratio:.3f}")
@@ -178,3 +180,20 @@ def test_efficiencies_stretch_their_own_part_over_its_floor():
 def test_plan_figures_refuses_an_unknown_cpu_rate():
     with pytest.raises(UserError, match="unknown CPU rate gflop"):
         plan_figures(["experiment=smollm2_word_problems"], ranks=1, mfu=0.4, peak_tflops=1.0, prompt_len=70, cpu={"gflop": 1.0})
+
+
+def test_the_plan_of_a_lora_run_holds_the_adapters_gradients_and_moments_only():
+    from entropyrl.conf import compose
+    from entropyrl.models.cost import architecture, lora_parameters, plan_figures
+
+    base = ["experiment=smollm2_word_problems"]
+    full = plan_figures(base, ranks=1, mfu=0.4, peak_tflops=989.0, prompt_len=70)
+    lora = plan_figures([*base, "model.lora.rank=8"], ranks=1, mfu=0.4, peak_tflops=989.0, prompt_len=70)
+    arch = architecture(compose("train", base).model)
+    adapter = lora_parameters(arch, 8, "all-linear")  # every linear of the 30 blocks, rank x (in + out)
+    h, kvd, inter = arch.hidden_size, arch.num_key_value_heads * arch.head_dim, arch.intermediate_size
+    assert adapter == 30 * 8 * (2 * 2 * h + 2 * (h + kvd) + 3 * (h + inter))
+    assert lora["memory_gb"]["gradients"] == pytest.approx(4 * adapter / 1e9, abs=1e-4)
+    assert lora["memory_gb"]["optimizer"] == pytest.approx(8 * adapter / 1e9, abs=1e-4)
+    assert lora["train_flops"] < 0.8 * full["train_flops"]  # no gradient of the frozen weights
+    assert lora_parameters(arch, 8, ["q_proj", "v_proj"]) == 30 * 8 * (2 * h + h + kvd)
