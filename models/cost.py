@@ -491,8 +491,9 @@ def _step_shape(cfg, prompt: int, ranks: int, fsdp: bool) -> dict:
 
 
 def _lora_params(model_cfg) -> int | None:
-    """The LoRA adapter's parameters of ``model.lora`` (None: full fine-tuning), read as ``models/lora.py``
-    reads it (without importing torch: ``plan`` stays light)."""
+    """The LoRA adapter's parameters of ``model.lora`` (None: full fine-tuning), read as
+    ``models/lora.lora_settings`` reads it; that module is not imported here, since it imports torch at its
+    top and ``models/cost.py`` is imported by commands that never load a model."""
     lora = model_cfg.get("lora") or {}
     if not lora.get("rank"):
         return None
