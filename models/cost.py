@@ -10,7 +10,8 @@ the maximum prompt and response lengths):
 - FLOPs: ``2 N`` per token forward (``N`` without the embedding table), attention scores and
   mixing ``2 L h s`` per token forward (causal); backward twice the forward; gradient
   checkpointing adds one forward; the step also runs a no-grad forward for the sampling policy's
-  statistics (and one for the reference model with a KL term) and generates ``S x response``
+  statistics, less the rows the first update pass takes over (``reused_stats_share``), (and one for
+  the reference model with a KL term) and generates ``S x response``
   tokens (``2 N`` each, plus the prompt's prefill).
 - memory per rank under FSDP (``R`` ranks): float32 master weights ``4 N / R``, gradients ``4 N /
   R``, AdamW moments ``8 N / R``, plus one gathered layer in the compute dtype; activations of one
@@ -49,6 +50,7 @@ __all__ = [
     "architecture",
     "parameters",
     "step_cost",
+    "reused_stats_share",
     "cpu_step_time",
     "plan_figures",
     "vllm_share",
@@ -183,6 +185,7 @@ def step_cost(
     decode_mfu: float | None = None,
     head_flops: bool = False,
     lora_params: int | None = None,
+    stats_reused: float = 0.0,
 ) -> StepCost:
     """The cost of one training step; memory per rank in GB (1e9 bytes), time at ``mfu`` of
     ``ranks x peak_flops`` for the training FLOPs and ``decode_mfu`` (default ``mfu``) for generation.
@@ -194,7 +197,8 @@ def step_cost(
     ``lora_params``: the adapter's parameters when only a LoRA adapter trains (``lora_parameters``):
     the backward computes the activations' gradients but not the frozen weights' (one forward's FLOPs
     instead of two, the adapter's own products aside), and gradients and AdamW's moments are the
-    adapter's."""
+    adapter's. ``stats_reused``: the share (0 to 1) of the statistics forward's rows whose forward the
+    first update pass takes over (``trainer.reuse_stats_forward``, ``reused_stats_share``)."""
     p = parameters(a)
     head = a.vocab_size * a.hidden_size
     seqs, s = prompts * n, prompt_len + response_len
@@ -212,7 +216,8 @@ def step_cost(
     # the backward: the activations' gradients (a forward's FLOPs) and the trained weights' (another one for
     # full fine-tuning; the adapter's alone with LoRA: a frozen weight needs no gradient of its own)
     backward = fwd + (adapter if lora_params else fwd)
-    train = (fwd * (2 if checkpointing else 1) + backward) * epochs + fwd * (2 if ref_model else 1)
+    stats = fwd * (1.0 - stats_reused)  # the sampling policy's statistics, less the rows the first update reuses
+    train = (fwd * (2 if checkpointing else 1) + backward) * epochs + stats + (fwd if ref_model else 0)
     generated = seqs * response_len
     gen = seqs * prompt_len * 2 * n_body + generated * (2 * n_body + 2 * L * h * s)
     shard = ranks if fsdp and ranks > 1 else 1
@@ -487,7 +492,26 @@ def _step_shape(cfg, prompt: int, ranks: int, fsdp: bool) -> dict:
         fsdp=fsdp,
         ref_model=float(cfg.algo.kl_coef or 0) > 0,
         lora_params=_lora_params(cfg.model),
+        stats_reused=reused_stats_share(cfg, ranks),
     )
+
+
+def reused_stats_share(cfg, ranks: int) -> float:
+    """The share of a step's rows whose statistics forward the first update pass takes over
+    (``trainers/data/first_pass.py``): its first micro-batch (by count, or as many full-length rows as the
+    token budget holds) over the step's rows; 0 when it is off, with several ranks, without an epoch, or
+    with LoRA dropout (the model's own dropout rates are not known without loading it)."""
+    t = bind(Trainer, cfg.trainer)
+    rows, mini = t.prompts_per_step * int(cfg.rollout.n), t.mini_batch_prompts * int(cfg.rollout.n)
+    lora_dropout = float((cfg.model.get("lora") or {}).get("dropout") or 0) if _lora_params(cfg.model) else 0.0
+    if not t.reuse_stats_forward or ranks > 1 or t.ppo_epochs < 1 or lora_dropout > 0:
+        return 0.0
+    if t.micro_batch_tokens:
+        seq_len = int(cfg_get(cfg.data, "max_prompt_length", 0) or 0) + int(cfg.rollout.max_new_tokens)
+        first = max(1, t.micro_batch_tokens // max(seq_len, 1))
+    else:
+        first = t.micro_batch_responses
+    return min(first, mini, rows) / rows
 
 
 def _lora_params(model_cfg) -> int | None:

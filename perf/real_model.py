@@ -45,6 +45,10 @@ of its limit (goal: at least 0.5 of each):
   (``plan_step_s``, what ``plan`` prints) and at the step's mean response length (``plan_step_s_at_mean``).
   ``step_s_plain`` is the same step with ``rollout.share_prefill=false`` (each response prefilling its
   prompt again), the path before the shared prefill; ``speedup`` their ratio.
+- the same step's training part with its statistics forward recomputed (``trainer.reuse_stats_forward=false``:
+  ``train_s_recomputed``, ``reuse_train_speedup`` its ratio to the default's), and the step with a LoRA
+  adapter of rank ``LORA_RANK`` on every linear layer instead of full fine-tuning (``step_s_lora``;
+  ``lora_train_speedup``: the default's training part over LoRA's).
 
 Every time here is an upper bound when other processes share the cores: the rates are measured in the
 same run so that a loaded machine slows the limit and the figure alike, but not always equally.
@@ -172,6 +176,14 @@ STUDY_STEP = [
     "trainer.threads=1",
     "tracking.enabled=false",
 ]
+LORA_RANK = 8
+#: the study step as run (defaults), and the variants measured beside it
+STUDY_VARIANTS = {
+    "study": [],
+    "plain": ["rollout.share_prefill=false"],
+    "recomputed": ["trainer.reuse_stats_forward=false"],
+    "lora": [f"model.lora.rank={LORA_RANK}"],
+}
 
 
 def _rates() -> dict:
@@ -257,8 +269,8 @@ def _decode() -> dict:
     }
 
 
-def _study_step(folder: str, share: str) -> dict:
-    """Child: one training step of the study's shape through the CLI, ``rollout.share_prefill=<share>``."""
+def _study_step(folder: str, *extra: str) -> dict:
+    """Child: one training step of the study's shape through the CLI, with the overrides ``extra``."""
     from entropyrl.cli.main import main as cli
     from entropyrl.models.loading import model_dir
 
@@ -273,7 +285,7 @@ def _study_step(folder: str, share: str) -> dict:
     prompt_len = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
     rates = _rates()  # the limits, in this process, just before the step
     try:
-        cli(["train", *STUDY, *STUDY_STEP, f"rollout.share_prefill={share}", f"output_dir={folder}/run"])
+        cli(["train", *STUDY, *STUDY_STEP, *extra, f"output_dir={folder}/run"])
     except SystemExit as exc:
         if exc.code not in (0, None):
             raise RuntimeError(f"entropyrl train exited {exc.code}") from None
@@ -420,17 +432,21 @@ def run() -> dict:
         train = _child("train", folder, timeout=600)
     plan = plan_estimate(train["prompt_len"])
     decode = _child("decode", timeout=600)
-    with tempfile.TemporaryDirectory(prefix="entropyrl-bench-study-") as folder:
-        study = _child("study", folder, "true", timeout=600)
-    with tempfile.TemporaryDirectory(prefix="entropyrl-bench-study-") as folder:
-        plain = _child("study", folder, "false", timeout=600)
+    steps = {}
+    for name, extra in STUDY_VARIANTS.items():
+        with tempfile.TemporaryDirectory(prefix="entropyrl-bench-study-") as folder:
+            steps[name] = _child("study", folder, *extra, timeout=600)
+    study, plain, recomputed, lora = (steps[k] for k in ("study", "plain", "recomputed", "lora"))
     result = {
         **limits(decode, study),
         "step_s_plain": plain["step_seconds"],
         "speedup": round(plain["step_seconds"] / study["step_seconds"], 3),
+        "train_s_recomputed": recomputed["train_seconds"],
+        "reuse_train_speedup": round(recomputed["train_seconds"] / study["train_seconds"], 3),
+        "step_s_lora": lora["step_seconds"],
+        "lora_train_speedup": round(study["train_seconds"] / lora["train_seconds"], 3),
         "decode": decode,
-        "study_step": study,
-        "study_step_plain": plain,
+        **{("study_step" if k == "study" else f"study_step_{k}"): v for k, v in steps.items()},
         "setting": f"model={PRESET} (float32, CPU, one thread), data={DATA}; generation: {BATCH} prompts x 1 "
         f"response <= {NEW_TOKENS} tokens at T=1; training step: {TRAIN_PROMPTS} prompts x {TRAIN_N} responses "
         f"<= {TRAIN_NEW_TOKENS} tokens, one micro-batch, AdamW",
@@ -453,7 +469,7 @@ if __name__ == "__main__":
         print(json.dumps(_rates()))
     elif len(sys.argv) > 1 and sys.argv[1] == "decode":
         print(json.dumps(_decode()))
-    elif len(sys.argv) > 3 and sys.argv[1] == "study":
-        print(json.dumps(_study_step(sys.argv[2], sys.argv[3])))
+    elif len(sys.argv) > 2 and sys.argv[1] == "study":
+        print(json.dumps(_study_step(sys.argv[2], *sys.argv[3:])))
     else:
         print(json.dumps(run(), indent=2))

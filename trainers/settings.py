@@ -24,6 +24,7 @@ __all__ = ["StepSettings"]
 class StepSettings:
     seed: int  # trainer.seed: every seed of the run derives from it (core/seeds.py)
     ppo_epochs: int  # passes over the step batch
+    reuse_stats_forward: bool  # the first update pass's forward is the statistics pass's (data/first_pass.py)
     rollout_n: int  # responses per prompt
     mini_batch_rows: int  # responses per optimizer step: trainer.mini_batch_prompts x rollout.n
     micro_batch_responses: int  # responses per forward/backward (and per token-statistics chunk)
@@ -60,6 +61,7 @@ class StepSettings:
         return cls(
             seed=t.seed,
             ppo_epochs=t.ppo_epochs,
+            reuse_stats_forward=t.reuse_stats_forward,
             rollout_n=int(cfg.rollout.n),
             mini_batch_rows=t.mini_batch_prompts * int(cfg.rollout.n),
             micro_batch_responses=t.micro_batch_responses,

@@ -50,6 +50,7 @@ from .algos.step_batch import StepBatch
 from .async_rollout import AsyncRollouts, async_step_metrics, check_async
 from .collect import CollectSettings, collect_rollouts
 from .data import micro_batches
+from .data.first_pass import KeptPass, sampling_stats
 from .optim import advance_scheduler, build_optimizer, build_scheduler
 from .parallel import distributed
 from .preflight import TrainingCheck, check_training
@@ -115,7 +116,7 @@ class GRPOTrainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, int(t.total_steps))  # one step per training step
         self.rollout = components.build_engine(cfg, self.model, self.tokenizer)  # with tools: multi-turn
         self.tracker = components.build_tracker(cfg, self.output_dir, self.dist, log=self.log)
-        self.step = 0
+        self.step, self._kept = 0, KeptPass()  # _kept: the first update pass, forwarded while scoring
         self.val_problems = self.source.validation(int(cfg.val.prompts)) if cfg.val.prompts else []
         # generation, scoring and dynamic sampling of one step (collect.py), bound to this run's parts
         self._collect = functools.partial(
@@ -137,9 +138,6 @@ class GRPOTrainer:
             self.rewards.start_text_facts(self.reflect.text_facts)
         # save and resume: the trained state, with the worker's batches drawn ahead (run/checkpointer.py)
         self.checkpointer = Checkpointer(self.output_dir, self.settings, self.dist, self.tokenizer, self.log)
-
-    def _stats_kwargs(self) -> dict:
-        return dict(self.settings.stats)
 
     def close(self) -> None:
         """Stop the rollout worker, a rollout engine that runs apart (vLLM) and the reward's workers,
@@ -223,7 +221,9 @@ class GRPOTrainer:
         mask, left_out = step_loss_mask(roll, s.tool_switches, overlong=s.overlong_filter, device=self.device)
         metrics.update(left_out)
         wanted = self.algo.sampling_vocab_stats()  # SIREN's anchor: the first batch's top-p entropies
-        old_logp, entropy, *sampled = batch_token_stats(self.model, roll, s.micro_batch_responses, vocab_stats=wanted, **s.stats)
+        old_logp, entropy, sampled, self._kept = sampling_stats(
+            self.model, batch, s, self.algo, step=self.step, dist=self.dist, vocab_stats=wanted
+        )
         if sampled:
             self.algo.observe_sampling(sampled[0], mask, reduce=reduce)
         ref_logp = self._reference_logp(roll, s.micro_batch_responses, s.stats)
@@ -261,7 +261,7 @@ class GRPOTrainer:
             entropy_quartile_edges(batch.entropy, batch.mask), logp_gaps=self.async_rollouts is not None
         )
         self.model.train()
-        grad_norms = []
+        grad_norms, kept, self._kept = [], self._kept, KeptPass()  # the scoring pass's graph, taken once
         for _epoch in range(s.ppo_epochs):
             order = torch.randperm(rows, generator=shuffle)
             for m_start in range(0, rows, s.mini_batch_rows):
@@ -277,7 +277,7 @@ class GRPOTrainer:
                     pairing = len(local) == 0  # only to pair this rank's collectives with the others'
                     part = mini[torch.zeros(1, dtype=torch.long) if pairing else local]
                     micro = micro_batches.pass_rows(part, s)  # trimmed to its width under a token budget
-                    logp, ent, *vocab = response_token_stats(
+                    logp, ent, *vocab = kept.take(order[m_start : m_start + s.mini_batch_rows][local]) or response_token_stats(
                         self.model,
                         micro.responses,
                         entropy_grad=self.algo.needs_entropy_grad,
@@ -372,6 +372,7 @@ class GRPOTrainer:
     def _finish(self, started: float, status: str) -> dict:
         """The run's summary; rank 0 also writes ``summary.json``, the figures and the artifacts."""
         fields = functools.partial(summary_fields, self.cfg, status, self.step, self.dist, self.tracker, self.nodes, started)
+        self._kept = KeptPass()  # a failed step's kept forward and its graph let go
         if not self.dist.is_main:
             return fields()
         trim_heap()  # what the steps freed goes back before the figures need memory (core/heap.py)

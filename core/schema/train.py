@@ -61,6 +61,14 @@ class Trainer:
         ),
     )
     ppo_epochs: int = key(1, POS_INT, "passes over the rollout batch")
+    reuse_stats_forward: bool = key(
+        True,
+        BOOL,
+        (
+            "the first update pass takes its forward from the sampling statistics pass (same weights and rows: the same "
+            "numbers, one forward fewer a step); only on one process without dropout (trainers/data/first_pass.py)"
+        ),
+    )
     grad_clip: float = key(1.0, POS, "max global grad norm")
     val_every: int = key(20, NONNEG_INT, "validate every N steps (and at the end); 0 disables")
     save_every: int = key(50, NONNEG_INT, "checkpoint every N steps (and at the end); 0 = only at the end")

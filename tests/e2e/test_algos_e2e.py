@@ -138,7 +138,9 @@ def test_siren_anchors_on_the_first_steps_whole_batch(tmp_path):
             collected = trainer.collect()
             roll = collected[0].responses
             iv = trainer.algo.interventions[0]
-            _, _, stats = batch_token_stats(trainer.model, roll, 256, vocab_stats=iv.vocab_stats(), **trainer._stats_kwargs())
+            _, _, stats = batch_token_stats(
+                trainer.model, roll, 256, vocab_stats=iv.vocab_stats(), **dict(trainer.settings.stats)
+            )
             h, mask = stats[KEY].double(), roll.response_mask.double()
             m1 = peak_mask(h, mask, iv.params.quantile)
             want = float(seq_mean_token_mean(torch.where(m1, h, torch.zeros_like(h)), m1.double()))

@@ -105,16 +105,16 @@ def test_step_cost_counts_the_head_at_the_response_positions_only_when_asked():
     assert with_head == pytest.approx(plain + 4 * 8 * 5 * 2 * head)  # 8 rows x 5 response positions, 4 passes
 
 
-@pytest.mark.parametrize("quadrants, lora", [("true", None), ("false", None), ("true", 4)])
-def test_step_cost_as_executed_matches_the_flops_a_training_step_runs(tmp_path, quadrants, lora):
+@pytest.mark.parametrize("quadrants, lora, reuse", [("true", None, True), ("false", None, False), ("true", 4, True)])
+def test_step_cost_as_executed_matches_the_flops_a_training_step_runs(tmp_path, quadrants, lora, reuse):
     """``step_cost(head_flops=True)`` against the matrix products a real step runs (torch's FLOP
     counter over ``train_step`` on a collected batch): within 10 %, with the quadrants' diagnostic
     on or off (its ``autograd.grad`` stops at the log-probs), and with a LoRA adapter (no gradient
-    of the frozen weights)."""
+    of the frozen weights), with the statistics forward reused by the first update or not."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from entropyrl.conf import compose
-    from entropyrl.models.cost import architecture, lora_parameters, step_cost
+    from entropyrl.models.cost import architecture, lora_parameters, reused_stats_share, step_cost
     from entropyrl.trainers.trainer import GRPOTrainer
 
     cfg = compose(
@@ -123,6 +123,7 @@ def test_step_cost_as_executed_matches_the_flops_a_training_step_runs(tmp_path, 
             "trainer.threads=1", "trainer.val_every=0", "trainer.progress=false", "tracking.enabled=false",
             "trainer.prompts_per_step=4", "trainer.mini_batch_prompts=4", "rollout.n=4",
             f"diagnostics.quadrants={quadrants}", f"output_dir={tmp_path / 'run'}", f"model.lora.rank={lora or 'null'}",
+            f"trainer.reuse_stats_forward={reuse}",
         ],
     )  # fmt: skip
     trainer = GRPOTrainer(cfg, log=lambda *_: None)
@@ -138,7 +139,9 @@ def test_step_cost_as_executed_matches_the_flops_a_training_step_runs(tmp_path, 
         architecture(cfg.model), prompts=4, n=4, **shape, ranks=1, micro_rows=16, micro_tokens=None, epochs=1,
         checkpointing=False, compute_bytes=4, chunk=1024, fsdp=False, ref_model=False, head_flops=True,
         lora_params=lora_parameters(architecture(cfg.model), lora, "all-linear") if lora else None,
+        stats_reused=reused_stats_share(cfg, 1),
     ).train_flops  # fmt: skip
+    assert reused_stats_share(cfg, 1) == (1.0 if reuse else 0.0)  # one pass: every row's statistics forward
     ratio = planned / counter.get_total_flops()
     print(f"planned / counted {ratio:.3f}")
     assert ratio == pytest.approx(1.0, abs=0.1)

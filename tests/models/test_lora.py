@@ -59,7 +59,7 @@ def test_lora_trains_only_the_adapter_against_the_disabled_adapter_and_resumes(i
         assert any("lora_B" in n for n in changed)
         # the KL reference is the base model: the adapter disabled gives the untouched weights' log-probs
         roll = trainer.collect()[0].responses
-        kw = trainer._stats_kwargs()
+        kw = dict(trainer.settings.stats)
         ref = trainer._reference_logp(roll, 64, kw)
         base, _ = load_policy(trainer.cfg.model, trainer.cfg.data, log=lambda *_: None)
         with torch.no_grad():

@@ -40,8 +40,9 @@ def _plan(*args: str) -> dict:
 def test_parameters_of_the_published_architectures_and_the_memory_split():
     # the published sizes: Qwen2.5-Math-1.5B 1.54B, Qwen2.5-Math-7B 7.62B, Qwen2.5-32B 32.8B
     for model, published in (("qwen2.5-math-1.5b", 1.54e9), ("qwen2.5-math-7b", 7.62e9), ("qwen2.5-32b", 32.8e9)):
-        one = _plan("experiment=dapo_7b", f"model={model}", "--ranks", "1")
-        eight = _plan("experiment=dapo_7b", f"model={model}", "--ranks", "8")
+        # the statistics forward recomputed on both (one process would otherwise reuse its first pass's)
+        one = _plan("experiment=dapo_7b", f"model={model}", "trainer.reuse_stats_forward=false", "--ranks", "1")
+        eight = _plan("experiment=dapo_7b", f"model={model}", "trainer.reuse_stats_forward=false", "--ranks", "8")
         assert abs(one["parameters"] - published) / published < 0.01, (model, one["parameters"])
         assert eight["fsdp"] and eight["gradient_checkpointing"]
         m1, m8 = one["memory_gb"], eight["memory_gb"]
@@ -217,3 +218,24 @@ def test_plan_with_a_worker_on_its_own_gpu_gives_the_trainer_the_whole_gpu():
     assert any("1 GPU(s) of its own (trainer.rollout_gpus), 2 GPUs in all" in line for line in own["assumptions"])
     # without a worker (staleness 0) rollout_gpus places nothing: the plan is the synchronous one
     assert _plan("experiment=dapo_7b", "--ranks", "1")["vllm"]["placement"] == "beside the trainer"
+
+
+def test_the_plan_counts_the_statistics_rows_the_first_update_reuses():
+    """``reused_stats_share``: the first update pass's rows over the step's, where the trainer shares the
+    forward (one process, the switch on, no LoRA dropout), 0 elsewhere; the step's FLOPs drop by that
+    share of one forward."""
+    from entropyrl.conf import compose
+    from entropyrl.models.cost import reused_stats_share
+
+    def share(*overrides: str, ranks: int = 1) -> float:
+        return reused_stats_share(compose("train", ["data=toy", *overrides]), ranks)
+
+    assert share() == pytest.approx(128 / 256)  # 32 prompts x 8; a mini-batch of 16 x 8, one pass each
+    assert share("trainer.micro_batch_responses=16") == pytest.approx(16 / 256)
+    assert share("trainer.mini_batch_prompts=32") == 1.0  # one pass a step: the whole statistics forward
+    assert share(ranks=2) == 0.0
+    assert share("trainer.reuse_stats_forward=false") == 0.0
+    assert share("model.lora.rank=4", "model.lora.dropout=0.1") == 0.0
+    assert share("model.lora.rank=4") == pytest.approx(128 / 256)
+    on, off = _plan("data=toy"), _plan("data=toy", "trainer.reuse_stats_forward=false")
+    assert on["train_flops"] < off["train_flops"]

@@ -136,7 +136,7 @@ def test_each_optimizer_step_is_predicted_from_the_gradient_at_its_own_start(tmp
     trainer.optimizer.register_step_post_hook(lambda *_: visited.append([p.detach().clone() for p in params]))
     try:
         metrics = trainer.train_step()
-        kw = trainer._stats_kwargs()
+        kw = dict(trainer.settings.stats)
         points = visited[::2] + visited[-1:]  # theta_0, theta_1, theta_2 (post k == pre k+1)
         assert len(points) == 3 and all(torch.equal(a, b) for a, b in zip(visited[1], visited[2]))
         grads = []
