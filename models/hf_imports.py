@@ -11,14 +11,22 @@ installed, for features this package never uses:
   by ``modeling_utils``) import ``scipy.optimize`` for their box matching; the policies here are
   causal language models.
 
+- triton (vLLM's CPU build brings it): torch's dynamo, which transformers' model code imports,
+  imports the triton package whenever it is installed (``torch.utils._triton.has_triton_package``),
+  about 70 MB, though without a GPU nothing of torch's runs a triton kernel.
+
 Together they are seconds of start-up and well over a hundred MB of resident memory in every process
 that loads a policy. ``skip_unused_backends`` makes transformers' probes for them answer "absent"
-before those modules load, so the imports never happen. The libraries stay importable for anything
-else that asks for them (MLflow, a user's reward function): only transformers' probes change.
+before those modules load, so the imports never happen, and on a machine without a GPU torch's probe
+for triton answers "absent" before dynamo loads (``skip_triton_without_gpu``). The libraries stay
+importable for anything else that asks for them (MLflow, a user's reward function, vLLM): only the
+probes change.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import sys
 
 # transformers' probe (a name in ``transformers.utils``) -> the library it looks for
@@ -34,19 +42,46 @@ def _absent() -> bool:
 
 def skip_unused_backends() -> list[str]:
     """Before a transformers model class is first imported: transformers' probes for the libraries of
-    ``UNUSED_BACKENDS`` answer "absent", so loading a model does not import them. Returns the libraries
+    ``UNUSED_BACKENDS`` answer "absent", so loading a model does not import them, nor triton without a
+    GPU (``skip_triton_without_gpu``). Returns the libraries
     whose probe was replaced: none when it is too late (transformers' model code is loaded), when
     transformers is not installed, or for a library already imported (nothing to save). Idempotent."""
+    skipped = ["triton"] if skip_triton_without_gpu() else []
     if any(name in sys.modules for name in _READ_BY):
-        return []
+        return skipped
     try:
         import transformers.utils as hf_utils
     except ImportError:  # no transformers: nothing will import them
-        return []
-    skipped = []
+        return skipped
     for probe, library in UNUSED_BACKENDS.items():
         if library in sys.modules or not callable(getattr(hf_utils, probe, None)):
             continue
         setattr(hf_utils, probe, _absent)  # read by name when those modules load
         skipped.append(library)
     return skipped
+
+
+@functools.cache
+def _no_triton() -> bool:
+    return False
+
+
+def skip_triton_without_gpu() -> bool:
+    """Before torch's dynamo is first imported, on a machine where torch sees no GPU (CUDA or XPU):
+    torch's probe for the triton package answers "absent", so dynamo does not import it. True when
+    the probe was replaced; False when dynamo or triton is loaded already (too late, or nothing to
+    save), when triton is not installed, or when torch sees a GPU (its kernels may be triton's)."""
+    if "torch._dynamo" in sys.modules or "triton" in sys.modules:
+        return False
+    import torch
+    import torch.utils._triton as probes
+
+    xpu = getattr(torch, "xpu", None)
+    if torch.cuda.is_available() or (xpu is not None and xpu.is_available()):
+        return False
+    if probes.__dict__.get("has_triton_package") is _no_triton:  # replaced by an earlier call
+        return False
+    if importlib.util.find_spec("triton") is None or not callable(getattr(probes, "has_triton_package", None)):
+        return False
+    probes.has_triton_package = _no_triton  # read by name when torch._dynamo.utils loads
+    return True

@@ -70,6 +70,30 @@ print(json.dumps({"first": first, "late": late, "probes": probes}))
     if "sklearn" not in INSTALLED or "scipy" not in INSTALLED:
         pytest.skip("sklearn or SciPy is not installed")
     out = _run(code)
-    assert out["first"] == ["sklearn"]
+    assert [name for name in out["first"] if name != "triton"] == ["sklearn"]  # triton: without a GPU, if installed
     assert out["late"] == []
     assert out["probes"] == {"scipy": True, "sklearn": False}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed: nothing to keep out")
+def test_loading_a_policy_without_a_gpu_imports_no_triton_and_it_stays_importable():
+    """torch's dynamo (which transformers' model code imports) imports triton whenever it is installed;
+    without a GPU no torch kernel of ours is triton's, so loading a policy leaves it out, and a library
+    that wants it (vLLM) still imports it."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: triton's kernels may be used, it is imported as usual")
+    after = "import torch._dynamo.utils\nimport triton\nextra = {'importable_after': bool(triton.__version__)}"
+    out = _run(LOAD_TINY.format(libraries=("triton",), after=after))
+    assert out["loaded"] == []
+    assert out["importable_after"]
+
+
+def test_the_triton_probe_is_torch_own_name():
+    """The probe replaced is the name torch's dynamo reads: a rename would make the skip a silent no-op."""
+    import torch._dynamo.utils as dynamo_utils
+    import torch.utils._triton as probes
+
+    assert callable(probes.has_triton_package)
+    assert "has_triton_package" in vars(dynamo_utils)
