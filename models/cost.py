@@ -477,14 +477,18 @@ def plan_figures(
 def _step_shape(cfg, prompt: int, ranks: int, fsdp: bool) -> dict:
     """``step_cost``'s keyword arguments for the run's step: the GPU plan and the CPU step time alike."""
     t = cfg.trainer
+    n, response = int(cfg.rollout.n), int(cfg.rollout.max_new_tokens)
+    # a pass holds at most one rank's share of a mini-batch, whatever the micro-batch setting allows
+    mini_rows = -(-min(int(t.mini_batch_prompts), int(t.prompts_per_step)) * n // ranks)
+    budget = t.get("micro_batch_tokens")
     return dict(
         prompts=int(t.prompts_per_step),
-        n=int(cfg.rollout.n),
+        n=n,
         prompt_len=prompt,
-        response_len=int(cfg.rollout.max_new_tokens),
+        response_len=response,
         ranks=ranks,
-        micro_rows=int(t.micro_batch_responses),
-        micro_tokens=t.get("micro_batch_tokens"),
+        micro_rows=min(int(t.micro_batch_responses), mini_rows),
+        micro_tokens=min(int(budget), mini_rows * (prompt + response)) if budget else None,
         epochs=int(t.ppo_epochs),
         checkpointing=bool(t.gradient_checkpointing),
         compute_bytes=2 if t.dtype == "bfloat16" else 4,

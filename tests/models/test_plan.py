@@ -239,3 +239,16 @@ def test_the_plan_counts_the_statistics_rows_the_first_update_reuses():
     assert share("model.lora.rank=4") == pytest.approx(128 / 256)
     on, off = _plan("data=toy"), _plan("data=toy", "trainer.reuse_stats_forward=false")
     assert on["train_flops"] < off["train_flops"]
+
+
+def test_the_plans_activations_are_those_of_a_pass_the_step_can_hold():
+    """A pass holds at most one rank's share of a mini-batch: a micro-batch setting larger than the
+    step (the default 256 responses against a 16-response step) plans the step's rows, not 256."""
+    step = ["experiment=smollm2_word_problems"]  # 4 prompts x 4 responses, one mini-batch
+    default = _plan(*step)["memory_gb"]["activations"]
+    assert _plan(*step, "trainer.micro_batch_responses=16")["memory_gb"]["activations"] == default
+    eight = _plan(*step, "trainer.micro_batch_responses=8")["memory_gb"]["activations"]
+    assert eight < default
+    assert _plan(*step, "trainer.mini_batch_prompts=2")["memory_gb"]["activations"] == eight  # 2 x 4 responses a pass
+    budget = _plan(*step, "trainer.micro_batch_tokens=1000000")["memory_gb"]["activations"]
+    assert budget == pytest.approx(default, rel=0.05)  # a token budget past the mini-batch: the mini-batch
