@@ -40,7 +40,6 @@ from omegaconf import DictConfig
 from ..core.gc_pause import paused_gc
 from ..core.heap import trim_heap
 from ..core.resources import ThreadBudget
-from ..core.seeds import shuffle_seed
 from ..core.tracking import read_metrics
 from ..rollout.base import Rollout
 from . import components
@@ -50,7 +49,7 @@ from .algos.step_batch import StepBatch
 from .async_rollout import AsyncRollouts, async_step_metrics, check_async
 from .collect import CollectSettings, collect_rollouts
 from .data import micro_batches
-from .data.first_pass import KeptPass, sampling_stats
+from .data.first_pass import KeptPass, epoch_orders, sampling_stats
 from .optim import advance_scheduler, build_optimizer, build_scheduler
 from .parallel import distributed
 from .preflight import TrainingCheck, check_training
@@ -254,7 +253,7 @@ class GRPOTrainer:
         s = self.settings
         loss_metrics: dict[str, list[float]] = defaultdict(list)
         rows, agg = len(batch), self.algo.loss_agg
-        shuffle = torch.Generator().manual_seed(shuffle_seed(s.seed, self.step))
+        orders = epoch_orders(rows, s.seed, self.step)  # one shuffle of the rows per epoch
         # beside the loss: clipped / corrected tokens by the step's entropy quartile, and under
         # staleness the log-prob gaps between behaviour, proximal and current policy (stats/update_tokens.py)
         token_stats = UpdateTokenStats(
@@ -263,7 +262,7 @@ class GRPOTrainer:
         self.model.train()
         grad_norms, kept, self._kept = [], self._kept, KeptPass()  # the scoring pass's graph, taken once
         for _epoch in range(s.ppo_epochs):
-            order = torch.randperm(rows, generator=shuffle)
+            order = next(orders)
             for m_start in range(0, rows, s.mini_batch_rows):
                 mini = self.algo.select(
                     batch[order[m_start : m_start + s.mini_batch_rows]],

@@ -16,23 +16,10 @@ from entropyrl.trainers.data.first_pass import KeptPass, first_pass_rows, has_dr
 from entropyrl.trainers.stats import policy_stats
 from entropyrl.trainers.trainer import GRPOTrainer
 
-RUN = [
-    "data=toy",
-    "trainer.total_steps=2",
-    "trainer.prompts_per_step=8",
-    "trainer.mini_batch_prompts=4",
-    "trainer.val_every=0",
-    "trainer.save_every=0",
-    "trainer.samples_every=0",
-    "val.prompts=0",
-    "trainer.progress=false",
-    "tracking.enabled=false",
-]
 
-
-def _trainer(tmp_path, overrides: list[str], reuse: bool) -> GRPOTrainer:
-    cfg = compose("train", [*RUN, *overrides, f"trainer.reuse_stats_forward={reuse}", f"output_dir={tmp_path / str(reuse)}"])
-    return GRPOTrainer(cfg, log=lambda *_: None)
+def _trainer(tmp_path, fast_train: list[str], overrides: list[str], reuse: bool) -> GRPOTrainer:
+    run = [*fast_train, "tracking.enabled=false", *overrides, f"trainer.reuse_stats_forward={reuse}"]
+    return GRPOTrainer(compose("train", [*run, f"output_dir={tmp_path / str(reuse)}"]), log=lambda *_: None)
 
 
 def _counting_rows(monkeypatch) -> list[int]:
@@ -63,8 +50,8 @@ def _counting_rows(monkeypatch) -> list[int]:
         (["algo=siren"], False),  # the first batch's sampling-time vocabulary statistics: nothing kept
     ],
 )
-def test_a_step_with_the_kept_forward_trains_as_the_recomputed_one(tmp_path, monkeypatch, overrides, kept):
-    on, off = _trainer(tmp_path, overrides, True), _trainer(tmp_path, overrides, False)
+def test_a_step_with_the_kept_forward_trains_as_the_recomputed_one(tmp_path, monkeypatch, fast_train, overrides, kept):
+    on, off = _trainer(tmp_path, fast_train, overrides, True), _trainer(tmp_path, fast_train, overrides, False)
     try:
         assert all(torch.equal(a, b) for a, b in zip(on.model.parameters(), off.model.parameters()))
         collected = off.collect()
@@ -89,9 +76,9 @@ def test_a_step_with_the_kept_forward_trains_as_the_recomputed_one(tmp_path, mon
         off.close()
 
 
-def test_a_model_with_dropout_keeps_nothing(tmp_path, monkeypatch):
+def test_a_model_with_dropout_keeps_nothing(tmp_path, monkeypatch, fast_train):
     """A training-mode forward with dropout is random: the statistics pass cannot stand for it."""
-    on = _trainer(tmp_path, [], True)
+    on = _trainer(tmp_path, fast_train, [], True)
     try:
         on.model.config.attention_dropout = 0.1  # Hugging Face attention dropout: a config rate, no module
         assert has_dropout(on.model)

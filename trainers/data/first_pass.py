@@ -19,6 +19,7 @@ checkpointing holds only its checkpoints between scoring and the update.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +29,7 @@ from ..algos.step_batch import StepBatch
 from ..stats.policy_stats import batch_token_stats, response_token_stats
 from . import micro_batches
 
-__all__ = ["KeptPass", "first_pass_rows", "has_dropout", "sampling_stats"]
+__all__ = ["KeptPass", "epoch_orders", "first_pass_rows", "has_dropout", "sampling_stats"]
 
 
 @dataclass
@@ -57,11 +58,20 @@ class KeptPass:
         return stats
 
 
+def epoch_orders(n_rows: int, seed: int, step: int) -> Iterator[torch.Tensor]:
+    """The order of a step's ``n_rows`` rows in each PPO epoch, one permutation per ``next``, drawn
+    from the step's shuffle seed (``core/seeds.shuffle_seed``): the update's order, which
+    ``first_pass_rows`` reads the first of."""
+    shuffle = torch.Generator().manual_seed(shuffle_seed(seed, step))
+    while True:
+        yield torch.randperm(n_rows, generator=shuffle)
+
+
 def first_pass_rows(batch: StepBatch, settings, step: int, dist) -> torch.Tensor:
-    """``[b]`` positions in ``batch`` of the first update's first micro-batch, drawn as the trainer's
-    update draws them: epoch 0's shuffle (``shuffle_seed(seed, step)``), its first mini-batch, the
-    first of that mini-batch's passes (``micro_batches.passes``)."""
-    order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(shuffle_seed(settings.seed, step)))
+    """``[b]`` positions in ``batch`` of the first update's first micro-batch: epoch 0's order
+    (``epoch_orders``), its first mini-batch, the first of that mini-batch's passes
+    (``micro_batches.passes``)."""
+    order = next(epoch_orders(len(batch), settings.seed, step))
     mini = order[: settings.mini_batch_rows]
     return mini[micro_batches.passes(batch.responses.select(mini), settings, dist)[0]]
 
