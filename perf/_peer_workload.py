@@ -20,7 +20,7 @@ from __future__ import annotations
 
 # The fields, in report order: what both sides must agree on (the timings are not part of it).
 FIELDS = (
-    "model_dir",  # the warm-started embedded model's Hugging Face folder both sides load
+    "model_dir",  # the Hugging Face folder both sides load (the warm-started embedded model, or the real model)
     "dtype",
     "seed",
     "threads",  # torch threads of the training process
@@ -28,6 +28,7 @@ FIELDS = (
     "prompts_per_step",
     "samples_per_prompt",
     "max_new_tokens",
+    "stop_token_ids",  # the token ids a response ends at (ours: the policy's generation_config; TRL: its eos_token_ids)
     "temperature",
     "top_p",
     "top_k",  # 0: off
@@ -61,10 +62,10 @@ def _get(cfg, dotted: str):
     return cfg
 
 
-def ours(cfg, *, model_dir: str, threads: int, prompts_sha256: str) -> dict:
+def ours(cfg, *, model_dir: str, threads: int, prompts_sha256: str, stop_token_ids) -> dict:
     """The workload of our composed train config ``cfg`` (attribute or key access), with the facts
-    the config does not hold: the model folder it resolves to, the threads the run uses and the
-    hash of its prompts."""
+    the config does not hold: the model folder it resolves to, the threads the run uses, the hash
+    of its prompts and the token ids its responses end at."""
     prompts, mini = int(_get(cfg, "trainer.prompts_per_step")), int(_get(cfg, "trainer.mini_batch_prompts"))
     n = int(_get(cfg, "rollout.n"))
     betas = _get(cfg, "optim.betas")
@@ -78,6 +79,7 @@ def ours(cfg, *, model_dir: str, threads: int, prompts_sha256: str) -> dict:
         "prompts_per_step": prompts,
         "samples_per_prompt": n,
         "max_new_tokens": int(_get(cfg, "rollout.max_new_tokens")),
+        "stop_token_ids": sorted({int(t) for t in stop_token_ids}),
         "temperature": float(_get(cfg, "rollout.temperature")),
         "top_p": float(_get(cfg, "rollout.top_p")),
         "top_k": int(_get(cfg, "rollout.top_k") or 0),
@@ -143,10 +145,10 @@ def trl_config_kwargs(workload: dict) -> dict:
     }
 
 
-def from_trl_config(args, *, model_dir: str, dtype: str, threads: int, prompts_sha256: str) -> dict:
+def from_trl_config(args, *, model_dir: str, dtype: str, threads: int, prompts_sha256: str, stop_token_ids) -> dict:
     """The workload a TRL ``GRPOConfig`` (or any object with its attributes) trains with, with the
     facts it does not hold (the folder the model was loaded from, its dtype, the torch threads,
-    the hash of the prompts the reward function saw)."""
+    the hash of the prompts the reward function saw, the token ids its generation ends at)."""
     trl_loss = {v: k for k, v in LOSS_AGG_TO_TRL.items()}
     trl_adv = {v: k for k, v in ADVANTAGE_TO_TRL.items()}
     updates, epochs = int(args.steps_per_generation), int(args.num_iterations)
@@ -163,6 +165,7 @@ def from_trl_config(args, *, model_dir: str, dtype: str, threads: int, prompts_s
         "prompts_per_step": int(args.generation_batch_size) // int(args.num_generations),
         "samples_per_prompt": int(args.num_generations),
         "max_new_tokens": int(args.max_completion_length),
+        "stop_token_ids": sorted({int(t) for t in stop_token_ids}),
         "temperature": float(args.temperature),
         "top_p": float(args.top_p),
         "top_k": int(args.top_k or 0),

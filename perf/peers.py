@@ -23,7 +23,12 @@ count; each figure is its median over a side's runs, the curves are the first ru
 - ``peak_rss_mb``: the process's peak resident memory (``wait4``'s ``ru_maxrss``);
 - ``curves``: the batch's mean reward per step, side by side.
 
-Ratios are ours over TRL's: below 1 is better for us. Without the peer venv (``make bench-peers``
+Ratios are ours over TRL's: below 1 is better for us. Where SmolLM2-135M-Instruct is installed (``make
+install-smollm2``) the same comparison runs on the real model too (key ``real_model``: the real-model
+study's step, ``REAL_MODEL_OVERRIDES``, ``ENTROPYRL_PEER_REAL_STEPS`` steps, 0 to leave it out): the
+prompts are the literal text our policy is given (its chat template applied), both sides end a response
+at the same token ids, and TRL grades with our word-problem verifier served from the product venv
+(``perf/_peer_reward.py``). Without the peer venv (``make bench-peers``
 makes it; ``ENTROPYRL_PEERS_PYTHON`` names another interpreter) ``make bench`` leaves this suite out.
 Its section of ``docs/performance.md`` (between ``<!-- bench:peers:begin -->`` and
 ``<!-- bench:peers:end -->``) is ``render``'s, written by ``perf/run.py`` with the result; no other
@@ -50,10 +55,8 @@ REPEATS = int(os.environ.get("ENTROPYRL_PEER_REPEATS", "3"))  # runs of each sid
 WARMUP = 2
 POLL_S = 0.005  # how often the metrics files are looked at
 THREADS = 1  # torch threads of each side: the same for both, and whatever cores other work leaves free
-OVERRIDES = [
-    "data=toy",
-    "algo.clip.dual_c=null",  # TRL's clipped surrogate has no dual clip
-    f"trainer.threads={THREADS}",
+#: The harness's own settings (no validation, checkpoints, samples, progress bar or tracking), both workloads.
+HARNESS = [
     "trainer.val_every=0",
     "trainer.save_every=0",
     "trainer.samples_every=0",
@@ -61,6 +64,24 @@ OVERRIDES = [
     "val.prompts=0",
     "tracking.enabled=false",
 ]
+OVERRIDES = [
+    "data=toy",
+    "algo.clip.dual_c=null",  # TRL's clipped surrogate has no dual clip
+    f"trainer.threads={THREADS}",
+    *HARNESS,
+]
+# The real model: the real-model study's step (SmolLM2-135M-Instruct on word problems, 4 x 4 responses of
+# up to 64 tokens, lr 2e-5, one update a step), where the package is installed (`make install-smollm2`).
+REAL_MODEL_THREADS = 2  # the study's: a step of this model takes tens of seconds, the sides never overlap
+REAL_MODEL_OVERRIDES = [
+    "experiment=smollm2_word_problems",
+    "algo.clip.dual_c=null",
+    f"trainer.threads={REAL_MODEL_THREADS}",
+    *HARNESS,
+    "val.benchmarks=[]",
+]
+REAL_MODEL_STEPS = int(os.environ.get("ENTROPYRL_PEER_REAL_STEPS", "5"))  # 0: leave the real model out
+REAL_MODEL_REPEATS = int(os.environ.get("ENTROPYRL_PEER_REAL_REPEATS", "1"))
 
 
 def _sibling(name: str):
@@ -83,31 +104,43 @@ def available() -> bool:
     return peer_python().exists()
 
 
-def plan(steps: int) -> tuple[list[str], dict, list[list]]:
-    """Our overrides for ``steps`` steps, our workload and the problems of every step in our order."""
+def plan(steps: int, base: list[str] = OVERRIDES, threads: int = THREADS) -> tuple[list[str], dict, list[list], dict]:
+    """Our overrides for ``steps`` steps of the workload ``base``, our workload, the problems of every
+    step in our order (each prompt the literal text our policy is given: the chat template applied
+    where the model has one) and how TRL's side grades them (``reward``: None, our standard-library
+    verifier in its own process; else our source's verifier served from this venv by
+    ``perf/_peer_reward.py``, with the overrides that compose it)."""
     from entropyrl.conf import compose
-    from entropyrl.models.tiny import embedded_model_dir
+    from entropyrl.models.loading import load_policy
     from entropyrl.trainers.data.prompts_source import build_prompt_source
 
-    overrides = [*OVERRIDES, f"trainer.total_steps={steps}"]
+    overrides = [*base, f"trainer.total_steps={steps}"]
     cfg = compose("train", overrides)
-    source = build_prompt_source(cfg.data, int(cfg.trainer.seed))
+    model, tokenizer = load_policy(cfg.model, cfg.data, log=lambda *_: None)
+    eos = model.generation_config.eos_token_id
+    stop_ids = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    source = build_prompt_source(cfg.data, int(cfg.trainer.seed), tokenizer=tokenizer)
     per_step = int(cfg.trainer.prompts_per_step)
     problems = [p for step in range(steps) for p in source.sample(per_step, step, 0)]
+    prompts = [source.prompt(p) for p in problems]
     trl_side = _sibling("_peer_trl")
     workload = workload_mod.ours(
         cfg,
-        model_dir=str(embedded_model_dir(cfg.model, cfg.data, log=lambda *_: None)),
-        threads=THREADS,
-        prompts_sha256=trl_side.prompts_sha256([p.prompt for p in problems]),
+        model_dir=str(model.config._name_or_path),
+        threads=threads,
+        prompts_sha256=trl_side.prompts_sha256(prompts),
+        stop_token_ids=stop_ids,
     )
-    return overrides, workload, [[p.task, p.prompt, p.answer, list(p.params)] for p in problems]
+    builtin = str(cfg.data.kind) == "builtin"
+    reward = None if builtin else {"python": sys.executable, "overrides": overrides}
+    rows = [[p.task, text, p.answer, list(p.params)] for p, text in zip(problems, prompts)]
+    return overrides, workload, rows, reward
 
 
-def _measure(cmd: list[str], rows: Path, cwd: Path) -> dict:
+def _measure(cmd: list[str], rows: Path, cwd: Path, threads: int) -> dict:
     """Run ``cmd``; seconds from launch to each row's appearance in ``rows`` (the first: its start-up),
     its peak RSS and wall time."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: list[float] = []  # when each row appeared, from launch
@@ -152,17 +185,18 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _run_ours(folder: Path, overrides: list[str]) -> tuple[dict, list[dict]]:
+def _run_ours(folder: Path, overrides: list[str], threads: int) -> tuple[dict, list[dict]]:
     out = folder / "ours"
     cmd = [sys.executable, "-m", "entropyrl.cli.main", "train", f"output_dir={out}", *overrides]
-    measured = _measure(cmd, out / "metrics.jsonl", folder)
+    measured = _measure(cmd, out / "metrics.jsonl", folder, threads)
     rows = _rows(out / "metrics.jsonl")
     return _figures(measured, rows), rows
 
 
-def _run_trl(folder: Path, job: Path) -> tuple[dict, list[dict], dict]:
+def _run_trl(folder: Path, job: Path, threads: int) -> tuple[dict, list[dict], dict]:
     out = folder / "trl"
-    measured = _measure([str(peer_python()), str(HERE / "_peer_trl.py"), str(job), str(out)], out / "rows.jsonl", folder)
+    cmd = [str(peer_python()), str(HERE / "_peer_trl.py"), str(job), str(out)]
+    measured = _measure(cmd, out / "rows.jsonl", folder, threads)
     rows = _rows(out / "rows.jsonl")
     return _figures(measured, rows), rows, json.loads((out / "result.json").read_text())
 
@@ -183,28 +217,28 @@ def _median_figures(runs: list[dict]) -> dict:
     return {key: round(statistics.median(run[key] for run in runs), 4) for key in runs[0]}
 
 
-def run() -> dict:
-    if not available():
-        return {"skipped": f"no peer venv at {peer_python()}: `make bench-peers` installs TRL there"}
-    if STEPS <= WARMUP or REPEATS < 1:
-        raise ValueError(f"PEER_STEPS={STEPS} / ENTROPYRL_PEER_REPEATS={REPEATS}: need more than {WARMUP} steps and one run")
-    overrides, ours_workload, problems = plan(STEPS)
+def compare(base: list[str], threads: int, steps: int, repeats: int) -> dict:
+    """Both sides on the workload ``base`` for ``steps`` steps, ``repeats`` runs each taking turns:
+    the ratios (``trl``), each side's median figures, the workload and whether TRL's equals ours."""
+    if steps <= WARMUP or repeats < 1:
+        raise ValueError(f"{steps} steps / {repeats} runs: need more than {WARMUP} steps and one run")
+    overrides, ours_workload, problems, reward = plan(steps, base, threads)
     load_before = os.getloadavg()[0]
     ours_runs, trl_runs, curves, differences = [], [], {}, []
-    for _ in range(REPEATS):  # the two sides take turns, each in a fresh folder
+    for _ in range(repeats):  # the two sides take turns, each in a fresh folder
         with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
             folder = Path(tmp)
             job = folder / "job.json"
-            job.write_text(json.dumps({"workload": ours_workload, "problems": problems}))
-            figures, rows = _run_ours(folder, overrides)
+            job.write_text(json.dumps({"workload": ours_workload, "problems": problems, "reward": reward}))
+            figures, rows = _run_ours(folder, overrides, threads)
             ours_runs.append(figures)
             curves.setdefault("ours", [round(r["reward/mean"], 4) for r in rows])
-            figures, rows, trl_result = _run_trl(folder, job)
+            figures, rows, trl_result = _run_trl(folder, job, threads)
             trl_runs.append(figures)
             curves.setdefault("trl", [round(r["reward/mean"], 4) for r in rows])
             differences += [d for d in workload_mod.differences(ours_workload, trl_result["workload"]) if d not in differences]
     ours, peer = _median_figures(ours_runs), _median_figures(trl_runs)
-    result = {
+    return {
         "trl": {
             "version": trl_result["trl"],
             "step_ratio": round(ours["step_s_median"] / peer["step_s_median"], 3),
@@ -215,29 +249,49 @@ def run() -> dict:
             "ours": ours,
             "peer": peer,
         },
-        "steps": STEPS,
+        "steps": steps,
         "warmup_steps": WARMUP,
-        "repeats": REPEATS,
+        "repeats": repeats,
         "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # 1-minute load at the start and the end
         "workload_equal": not differences,
         "workload_differences": differences,
         "workload": ours_workload,
         "curves": curves,
     }
+
+
+def real_model_missing() -> str | None:
+    """Why the real model's comparison cannot run here (None: it can)."""
+    if REAL_MODEL_STEPS <= 0:
+        return "ENTROPYRL_PEER_REAL_STEPS=0"
+    from entropyrl.conf import compose
+    from entropyrl.core.errors import UserError
+    from entropyrl.models.gguf import gguf_path
+
+    try:
+        gguf_path(compose("train", REAL_MODEL_OVERRIDES).model)
+    except UserError as exc:
+        return str(exc)
+    return None
+
+
+def run() -> dict:
+    """The toy workload (``data=toy``, keys at the top level) and, where its package is installed,
+    the real model's study step (``real_model``)."""
+    if not available():
+        return {"skipped": f"no peer venv at {peer_python()}: `make bench-peers` installs TRL there"}
+    result = compare(OVERRIDES, THREADS, STEPS, REPEATS)
+    missing = real_model_missing()
+    if missing:
+        result["real_model"] = {"skipped": missing}
+    else:
+        result["real_model"] = compare(REAL_MODEL_OVERRIDES, REAL_MODEL_THREADS, REAL_MODEL_STEPS, REAL_MODEL_REPEATS)
     return result
 
 
-def render(result: dict) -> str:
-    """The peer section: the ratio table, the workload both sides trained with, the curves."""
-    trl, ours, peer = result["trl"], result["trl"]["ours"], result["trl"]["peer"]
-    lines = [
-        f"Generated by `perf/peers.py` (`make bench-peers`): `entropyrl train data=toy` against TRL {trl['version']}'s "
-        f"`GRPOTrainer`, {result['steps']} steps a run, {result['repeats']} runs of each taking turns (each figure: the "
-        f"median over a side's runs), the first {result['warmup_steps']} steps of a run left out of its step times. "
-        "Ratios are ours over TRL's (below 1: ours is faster or lighter). "
-        f"Load average {result['load_avg'][0]} at the start, {result['load_avg'][1]} at the end "
-        f"(on {os.cpu_count()} CPUs: above that, the figures are upper bounds).",
-        "",
+def _ratio_table(block: dict) -> list[str]:
+    trl, ours, peer = block["trl"], block["trl"]["ours"], block["trl"]["peer"]
+    return [
         "| figure | entropyrl | TRL | ratio |",
         "| --- | --- | --- | --- |",
         f"| seconds per step, min | {ours['step_s_min']} | {peer['step_s_min']} | {trl['step_ratio_min']} |",
@@ -248,20 +302,62 @@ def render(result: dict) -> str:
         f"| peak resident memory (MB) | {ours['peak_rss_mb']} | {peer['peak_rss_mb']} | {trl['memory_ratio']} |",
         "",
         "Workload, as each side reports the settings it trained with: "
-        + (
-            "equal field by field." if result["workload_equal"] else "**not equal**: " + "; ".join(result["workload_differences"])
-        ),
+        + ("equal field by field." if block["workload_equal"] else "**not equal**: " + "; ".join(block["workload_differences"])),
+    ]
+
+
+def _runs_line(block: dict) -> str:
+    return (
+        f"{block['steps']} steps a run, {block['repeats']} run(s) of each taking turns (each figure: the median over a "
+        f"side's runs), the first {block['warmup_steps']} steps of a run left out of its step times; load average "
+        f"{block['load_avg'][0]} at the start, {block['load_avg'][1]} at the end (on {os.cpu_count()} CPUs: above that, "
+        "the figures are upper bounds)."
+    )
+
+
+def _curves(curves: dict) -> list[str]:
+    lines = ["| step | entropyrl | TRL |", "| --- | --- | --- |"]
+    for i in range(max(len(curves["ours"]), len(curves["trl"]))):
+        a = curves["ours"][i] if i < len(curves["ours"]) else ""
+        b = curves["trl"][i] if i < len(curves["trl"]) else ""
+        lines.append(f"| {i + 1} | {a} | {b} |")
+    return lines
+
+
+def render(result: dict) -> str:
+    """The peer section: the ratio table, the workload both sides trained with and the curves, for the
+    toy workload and (when measured) the real model's."""
+    lines = [
+        f"Generated by `perf/peers.py` (`make bench-peers`): `entropyrl train data=toy` against TRL "
+        f"{result['trl']['version']}'s `GRPOTrainer`, {_runs_line(result)} "
+        "Ratios are ours over TRL's (below 1: ours is faster or lighter).",
+        "",
+        *_ratio_table(result),
         "",
         "| setting | value |",
         "| --- | --- |",
     ]
     lines += [f"| `{k}` | `{v}` |" for k, v in result["workload"].items() if k not in ("model_dir", "prompts_sha256")]
-    curves = result["curves"]
-    lines += ["", "Mean reward of each step's batch:", "", "| step | entropyrl | TRL |", "| --- | --- | --- |"]
-    for i in range(max(len(curves["ours"]), len(curves["trl"]))):
-        a = curves["ours"][i] if i < len(curves["ours"]) else ""
-        b = curves["trl"][i] if i < len(curves["trl"]) else ""
-        lines.append(f"| {i + 1} | {a} | {b} |")
+    lines += ["", "Mean reward of each step's batch:", "", *_curves(result["curves"])]
+    real = result.get("real_model") or {"skipped": "not measured in this run"}
+    lines += ["", "#### The real model (SmolLM2-135M-Instruct)", ""]
+    if "skipped" in real:
+        lines.append(f"Not measured: {real['skipped']}.")
+    else:
+        w = real["workload"]
+        lines += [
+            f"`entropyrl train {' '.join(REAL_MODEL_OVERRIDES[:1])}` (the real-model study's step: {w['prompts_per_step']} "
+            f"prompts x {w['samples_per_prompt']} responses of up to {w['max_new_tokens']} tokens, lr {w['lr']}, "
+            f"{w['updates_per_step']} update(s) a step, {w['threads']} torch threads a side) against the same TRL, "
+            f"{_runs_line(real)} TRL scores the responses with our word-problem verifier, served from our venv "
+            "(`perf/_peer_reward.py`).",
+            "",
+            *_ratio_table(real),
+            "",
+            "Mean reward of each step's batch:",
+            "",
+            *_curves(real["curves"]),
+        ]
     return "\n".join(lines) + "\n"
 
 

