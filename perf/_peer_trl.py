@@ -76,6 +76,29 @@ def prompts_sha256(prompts: list[str]) -> str:
     return hashlib.sha256("\n".join(prompts).encode()).hexdigest()
 
 
+def _reward_function(job: dict):
+    """TRL's reward function over ``job``'s problems, the prompts it saw (one per group, in order), the
+    mean reward of each generation, and the reward service it asks (None: the built-in verifier)."""
+    n = int(job["workload"]["samples_per_prompt"])
+    seen: list[str] = []  # one prompt per group, in the order TRL trained on them
+    rewards: list[float] = []  # the mean reward of each generation (one step of ours)
+    service = RewardService(job["reward"]["python"], job["reward"]["overrides"]) if job.get("reward") else None
+    if service is None:
+        builtin, Problem = _verifier()
+
+    def reward(prompts, completions, task, answer, params, **_):
+        if service is not None:
+            scores = service([list(row) for row in zip(task, prompts, answer, params)], list(completions))
+        else:
+            rows = zip(prompts, completions, task, answer, params)
+            scores = [builtin.reward(Problem(t, p, a, tuple(q)), c) for p, c, t, a, q in rows]
+        seen.extend(prompts[::n])
+        rewards.append(sum(scores) / len(scores))
+        return scores
+
+    return reward, seen, rewards, service
+
+
 def main(job_path: str, out: str) -> int:
     workload_mod = _load("peer_workload", HERE / "_peer_workload.py")
     job = json.loads(Path(job_path).read_text())
@@ -100,24 +123,7 @@ def main(job_path: str, out: str) -> int:
             "params": [list(p[3]) for p in problems],
         }
     )
-    n = int(ours["samples_per_prompt"])
-    seen: list[str] = []  # one prompt per group, in the order TRL trained on them
-    rewards: list[float] = []  # the mean reward of each generation (one step of ours)
-
-    service = RewardService(job["reward"]["python"], job["reward"]["overrides"]) if job.get("reward") else None
-    if service is None:
-        builtin, Problem = _verifier()
-
-    def reward(prompts, completions, task, answer, params, **_):
-        if service is not None:
-            scores = service([list(row) for row in zip(task, prompts, answer, params)], list(completions))
-        else:
-            rows = zip(prompts, completions, task, answer, params)
-            scores = [builtin.reward(Problem(t, p, a, tuple(q)), c) for p, c, t, a, q in rows]
-        seen.extend(prompts[::n])
-        rewards.append(sum(scores) / len(scores))
-        return scores
-
+    reward, seen, rewards, service = _reward_function(job)
     rows = (folder / "rows.jsonl").open("w")
     updates = int(ours["updates_per_step"]) * int(ours["epochs"])
     last = [time.perf_counter()]

@@ -302,6 +302,7 @@ class GRPOTrainer:
                     for observer in self.observers:
                         around.enter_context(observer.around_optimizer_step(self.model, self.optimizer, grad_norms[-1]))
                     self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # spent: the next step's scoring pass builds its graph without them
         self._advance_schedule(metrics)
         metrics.update({k: float(np.nanmean(v)) for k, v in loss_metrics.items()})
         metrics.update(token_stats.metrics())

@@ -63,6 +63,9 @@ def test_a_step_with_the_kept_forward_trains_as_the_recomputed_one(tmp_path, mon
         got_off = off.train_step(collected)
         rows_off = sum(rows)
         assert rows_off - rows_on == expected_saving and (expected_saving > 0) == kept
+        # a step ends holding no gradient: the next step's kept pass builds its graph beside the
+        # optimizer state only, not beside a spent gradient as large as the model
+        assert all(p.grad is None for t in (on, off) for p in t.model.parameters())
         for a, b in zip(on.model.parameters(), off.model.parameters()):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
         compared = [k for k, v in got_off.items() if not k.startswith("time/") and isinstance(v, float)]
