@@ -22,6 +22,7 @@ from __future__ import annotations
 FIELDS = (
     "model_dir",  # the Hugging Face folder both sides load (the warm-started embedded model, or the real model)
     "dtype",
+    "gradient_checkpointing",  # activations recomputed in the backward (TRL's default: on; ours: off)
     "seed",
     "threads",  # torch threads of the training process
     "steps",  # our steps (TRL: optimizer steps / updates_per_step)
@@ -73,6 +74,7 @@ def ours(cfg, *, model_dir: str, threads: int, prompts_sha256: str, stop_token_i
     return {
         "model_dir": str(model_dir),
         "dtype": str(_get(cfg, "trainer.dtype")),
+        "gradient_checkpointing": bool(_get(cfg, "trainer.gradient_checkpointing")),
         "seed": int(_get(cfg, "trainer.seed")),
         "threads": int(threads),
         "steps": int(_get(cfg, "trainer.total_steps")),
@@ -118,6 +120,7 @@ def trl_config_kwargs(workload: dict) -> dict:
         raise ValueError("only a constant learning rate without warm-up is mapped")
     return {
         "seed": w["seed"],
+        "gradient_checkpointing": w["gradient_checkpointing"],
         "max_steps": w["steps"] * w["updates_per_step"] * w["epochs"],
         "num_generations": w["samples_per_prompt"],
         "per_device_train_batch_size": w["responses_per_update"],
@@ -159,6 +162,7 @@ def from_trl_config(args, *, model_dir: str, dtype: str, threads: int, prompts_s
     return {
         "model_dir": str(model_dir),
         "dtype": str(dtype),
+        "gradient_checkpointing": bool(args.gradient_checkpointing),
         "seed": int(args.seed),
         "threads": int(threads),
         "steps": int(args.max_steps) // (updates * epochs),

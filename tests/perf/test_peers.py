@@ -56,6 +56,8 @@ def test_trl_side_reads_back_our_toy_workload_field_by_field():
     kwargs = workload.trl_config_kwargs(ours)
     assert kwargs["steps_per_generation"] == 2 and kwargs["num_iterations"] == 1 and kwargs["max_steps"] == 14
     assert kwargs["loss_type"] == "dapo" and kwargs["beta"] == 0.0 and kwargs["shuffle_dataset"] is False
+    # TRL recomputes activations in the backward by default; ours does not: the same work means it off
+    assert ours["gradient_checkpointing"] is False and kwargs["gradient_checkpointing"] is False
     back = _back(ours, _as_grpo_config(kwargs))
     assert workload.differences(ours, back) == []
     assert back == ours
@@ -119,8 +121,15 @@ def test_a_setting_that_differs_is_named():
         "steps_per_generation": 1,
         "per_device_train_batch_size": 256,
     }
+    kwargs["gradient_checkpointing"] = True  # TRL's own default
     diff = workload.differences(ours, _back(ours, _as_grpo_config(kwargs)))
-    assert [d.split(":")[0] for d in diff] == ["steps", "updates_per_step", "responses_per_update", "lr"]
+    assert [d.split(":")[0] for d in diff] == [
+        "gradient_checkpointing",
+        "steps",
+        "updates_per_step",
+        "responses_per_update",
+        "lr",
+    ]
 
 
 def test_settings_of_ours_that_trl_cannot_express_are_refused():
