@@ -64,7 +64,7 @@ from .null_inputs import (
     _stare_idle,
     _to_target,
 )
-from .real_model_claims import EXTRA_METHODS, METHODS, real_model_claims
+from .real_model_claims import EXTRA_METHODS, METHODS, SCHEDULE_CONTROLS, real_model_claims
 from .staleness_claims import staleness_claims
 from .tool_claims import tool_claims
 
@@ -342,6 +342,16 @@ def real_model_nulls() -> list[NullControl]:
             )
             for m in (*METHODS, *EXTRA_METHODS)
         ],
+        *[
+            NullControl(
+                f"real_model_{m}_above_its_schedule",
+                "real_model",
+                f"{c}'s rows under {m}'s name",
+                lambda m=m, c=c: _real_above(m, True, baseline=c),
+                lambda m=m, c=c: _real_above(m, False, baseline=c),
+            )
+            for m, c in SCHEDULE_CONTROLS.items()
+        ],
         NullControl(
             "real_model_attribution_tracks",
             "real_model",
@@ -415,14 +425,19 @@ def evaluate(entry: NullControl, inputs: dict) -> dict:
 def emitted_ids() -> dict[str, set[str]]:
     """Per claim set of the package (``STUDIES``), every claim id it emits: the lab, tool and staleness
     studies emit all of theirs on no runs; the methods' ids need a run of each registered method; the
-    real-model study's extra methods' ids need their runs."""
+    real-model study's extra methods' and schedule controls' ids need their runs."""
     one = {0: [{"step": 1, "entropy": 1.0}]}
     return {
         "lab": {c["id"] for c in compute_claims({}, h_tgt=LAB_H)},
         "method": {c["id"] for c in method_claims({"grpo": one, **{v: one for v in registered_lab_claims()}})},
         "tool": {c["id"] for c in tool_claims({}, h_tgt=TOOL_H)},
         "staleness": {c["id"] for c in staleness_claims({}, h_tgt=LAB_H)},
-        "real_model": {c["id"] for c in real_model_claims({"grpo": one, **{m: one for m in EXTRA_METHODS}}, h_tgt=REAL_H)},
+        "real_model": {
+            c["id"]
+            for c in real_model_claims(
+                {"grpo": one, **{m: one for m in EXTRA_METHODS}, **{c: one for c in SCHEDULE_CONTROLS.values()}}, h_tgt=REAL_H
+            )
+        },
     }
 
 

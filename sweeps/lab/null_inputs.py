@@ -170,9 +170,9 @@ def _real_inputs(runs: dict) -> dict:
     return _inputs(runs, REAL_H)
 
 
-def _real_above(method: str, null: bool) -> dict:
-    grpo = _grpo()
-    return _real_inputs({"grpo": grpo, method: _same(grpo) if null else _seeds(lambda: _rows(_decay(0.01)))})
+def _real_above(method: str, null: bool, baseline: str = "grpo") -> dict:
+    base = _grpo()
+    return _real_inputs({baseline: base, method: _same(base) if null else _seeds(lambda: _rows(_decay(0.01)))})
 
 
 def _real_acc(null: bool) -> dict:

@@ -94,6 +94,21 @@ def test_each_method_against_grpo_one_claim_each_extras_only_when_they_ran():
     assert set(METHODS) == {"stare", "clip_cov", "kl_cov"}
 
 
+def test_kl_cov_against_grpo_on_its_own_schedule_only_when_that_control_ran():
+    """KL-Cov runs two updates a step where GRPO runs one: above GRPO is not above GRPO on KL-Cov's schedule."""
+    grpo, control = _rows(_decay(0.8, 0.08)), _rows(_decay(0.8, 0.02))
+    kl = _rows(_decay(0.8, 0.01))
+    runs = {"grpo": {0: grpo}, "kl_cov": {0: kl}}
+    assert "real_model_kl_cov_above_its_schedule" not in _claims(runs)  # no control run: not listed
+    claims = _claims({**runs, "grpo_two_updates": {0: control}})
+    c = claims["real_model_kl_cov_above_its_schedule"]
+    assert c["reproduced"] is True and "vs grpo_two_updates 0." in c["measured"]
+    # the schedule alone keeps entropy up: above GRPO, not above its schedule
+    claims = _claims({**runs, "kl_cov": {0: control}, "grpo_two_updates": {0: kl}})
+    assert claims["real_model_kl_cov_above_grpo"]["reproduced"] is True
+    assert claims["real_model_kl_cov_above_its_schedule"]["reproduced"] is False
+
+
 def test_attribution_tracks_the_realised_change_pooled_over_a_seeds_runs():
     def measured(pred_of):
         rows = _rows(_decay(0.8, 0.05, 30))
