@@ -4,6 +4,10 @@ Run by ``perf/peers.py`` with the peer venv's interpreter (``.venv-peers``, wher
 the product venv never gets it)::
 
     .venv-peers/bin/python perf/_peer_trl.py JOB.json OUT_FOLDER
+    .venv-peers/bin/python perf/_peer_trl.py --replay JOB.json BATCH.json OUT_FOLDER [--flip]
+
+The second form is the shared-batch check: TRL trains one step on the batch our trainer collected
+(``perf/_peer_gradient.py``) and saves the gradient of its update (``replay``).
 
 ``JOB.json`` holds our side's workload (``perf/_peer_workload.py``: ``ours``), the problems of every
 step in our order (each prompt the literal text our policy is given) and how to grade them. The
@@ -103,6 +107,92 @@ def _reward_function(job: dict):
     return reward, seen, rewards, lengths, service
 
 
+def _config(workload_mod, ours: dict, folder: Path):
+    """TRL's ``GRPOConfig`` for the workload ``ours``, with the harness's own settings (no logging out,
+    no checkpoints, CPU, float32)."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        **workload_mod.trl_config_kwargs(ours),
+        output_dir=str(folder / "trl"),
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        log_completions=False,
+    )
+
+
+def _model(ours: dict):
+    """The model loaded here, as TRL would from the folder, ending its responses where ours does (TRL
+    stops at the model's generation_config.eos_token_id and the tokenizer's EOS)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(ours["model_dir"], dtype=getattr(torch, ours["dtype"]))
+    model.generation_config.eos_token_id = list(ours["stop_token_ids"])
+    return model
+
+
+def replay(job_path: str, batch_path: str, out: str, flip: bool = False) -> int:
+    """TRL's gradient on our batch (``perf/_peer_gradient.py``'s ``batch.json``): its generation hands back
+    our responses (after checking the prompt ids it tokenized equal ours), its reward function our shaped
+    rewards (negated with ``flip``: a batch whose gradient must not match); saves ``trl_grad.pt``, the
+    gradient of its first optimizer step as the optimizer receives it."""
+    workload_mod = _load("peer_workload", HERE / "_peer_workload.py")
+    ours = json.loads(Path(job_path).read_text())["workload"]
+    rows = json.loads(Path(batch_path).read_text())["rows"]
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    torch.set_num_threads(int(ours["threads"]))
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    model = _model(ours)
+    # one prompt per group, in our order: TRL repeats each num_generations times, as our groups are laid out
+    prompts = json.loads(Path(job_path).read_text())["problems"]
+    dataset = Dataset.from_dict({"prompt": [p[1] for p in prompts]})
+
+    def generate(input_ids=None, attention_mask=None, **_):
+        if input_ids.shape[0] != len(rows):
+            raise RuntimeError(f"TRL generated {input_ids.shape[0]} responses at once; our batch has {len(rows)}")
+        for i, row in enumerate(rows):
+            if input_ids[i][attention_mask[i].bool()].tolist() != row["prompt_ids"]:
+                raise RuntimeError(f"row {i}: TRL's prompt ids differ from ours")
+        width = max(len(r["response_ids"]) for r in rows)
+        pad = int(ours["stop_token_ids"][0])  # after a response's stop token: masked by TRL as by us
+        responses = torch.full((len(rows), width), pad, dtype=torch.long)
+        for i, row in enumerate(rows):
+            responses[i, : len(row["response_ids"])] = torch.tensor(row["response_ids"])
+        return torch.cat([input_ids, responses], dim=1)
+
+    model.generate = generate
+
+    def reward(prompts, completions, completion_ids, **_):
+        if [list(c) for c in completion_ids] != [r["response_ids"] for r in rows]:
+            raise RuntimeError("TRL's completion ids differ from the responses handed to it")
+        return [-r["reward"] if flip else r["reward"] for r in rows]
+
+    grads: dict = {}
+
+    class FirstGradient(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            if not grads:
+                grads.update({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+
+    config = _config(workload_mod, {**ours, "steps": 1}, folder)
+    GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, callbacks=[FirstGradient()]).train()
+    torch.save(grads, folder / "trl_grad.pt")
+    return 0
+
+
 def main(job_path: str, out: str) -> int:
     workload_mod = _load("peer_workload", HERE / "_peer_workload.py")
     job = json.loads(Path(job_path).read_text())
@@ -115,8 +205,8 @@ def main(job_path: str, out: str) -> int:
     torch.set_num_threads(int(ours["threads"]))
     import trl
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
 
     problems = job["problems"]  # [task, prompt, answer, params] per prompt, step after step
     dataset = Dataset.from_dict(
@@ -144,23 +234,8 @@ def main(job_path: str, out: str) -> int:
                 rows.flush()
                 last[0] = now
 
-    args = GRPOConfig(
-        **workload_mod.trl_config_kwargs(ours),
-        output_dir=str(folder / "trl"),
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        log_completions=False,
-    )
-    # the model loaded here, as TRL would from the folder, so that it ends its responses where ours does
-    # (TRL stops at the model's generation_config.eos_token_id and the tokenizer's EOS)
-    model = AutoModelForCausalLM.from_pretrained(ours["model_dir"], dtype=getattr(torch, ours["dtype"]))
-    model.generation_config.eos_token_id = list(ours["stop_token_ids"])
+    args = _config(workload_mod, ours, folder)
+    model = _model(ours)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset, callbacks=[StepClock()])
     last[0] = time.perf_counter()
     trainer.train()
@@ -181,4 +256,6 @@ def main(job_path: str, out: str) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "--replay":  # --replay JOB BATCH OUT [--flip]
+        sys.exit(replay(*sys.argv[2:5], flip="--flip" in sys.argv[5:]))
     sys.exit(main(*sys.argv[1:3]))

@@ -40,11 +40,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -52,8 +49,6 @@ REPO = HERE.parent
 PAGE = REPO / "docs" / "performance.md"
 STEPS = int(os.environ.get("ENTROPYRL_PEER_STEPS", "12"))
 REPEATS = int(os.environ.get("ENTROPYRL_PEER_REPEATS", "3"))  # runs of each side, taking turns; figures: medians
-WARMUP = 2
-POLL_S = 0.005  # how often the metrics files are looked at
 THREADS = 1  # torch threads of each side: the same for both, and whatever cores other work leaves free
 #: The harness's own settings (no validation, checkpoints, samples, progress bar or tracking), both workloads.
 HARNESS = [
@@ -92,6 +87,9 @@ def _sibling(name: str):
 
 
 workload_mod = _sibling("_peer_workload")
+
+
+measure = _sibling("_peer_measure")  # one side's run measured
 
 
 def peer_python() -> Path:
@@ -137,102 +135,36 @@ def plan(steps: int, base: list[str] = OVERRIDES, threads: int = THREADS) -> tup
     return overrides, workload, rows, reward
 
 
-def _measure(cmd: list[str], rows: Path, cwd: Path, threads: int) -> dict:
-    """Run ``cmd``; seconds from launch to each row's appearance in ``rows`` (the first: its start-up),
-    its peak RSS and wall time."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen: list[float] = []  # when each row appeared, from launch
-    output: list[str] = []
-    reader = _drain(proc, output)
-    while True:  # wait4, not Popen.wait: its rusage is this child's own peak memory
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        count = rows.read_text().count("\n") if rows.exists() else 0
-        seen += [time.perf_counter() - started] * (count - len(seen))
-        time.sleep(POLL_S)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    reader.join()
-    wall = time.perf_counter() - started
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(cmd[:4])} failed ({proc.returncode}): {''.join(output)[-2000:]}")
-    return {"startup_s": seen[0], "row_times": seen, "wall_s": wall, "peak_rss_mb": _peak_mb(usage)}
-
-
-def _drain(proc, output: list[str]):
-    import threading
-
-    thread = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
-    thread.start()
-    return thread
-
-
-def _peak_mb(usage) -> float:
-    return round(usage.ru_maxrss / 1024, 1)  # Linux: kilobytes
-
-
-def _steady(rows: list[dict], row_times: list[float]) -> dict:
-    """Min and median of the steps' own clocks after the warm-up, the mean seen from outside (the time
-    between the warm-up's last row and the last row, over the steps between, logging included), the
-    mean response length of those steps and their seconds per mean response token: a side whose
-    responses ended sooner did less work in its steps, which the step times alone do not show."""
-    times = [r["time/step"] for r in rows[WARMUP:]]
-    lengths = [r["response_length/mean"] for r in rows[WARMUP:]]
-    outside = (row_times[-1] - row_times[WARMUP - 1]) / (len(row_times) - WARMUP)
-    return {
-        "min": round(min(times), 4),
-        "median": round(statistics.median(times), 4),
-        "mean_outside": round(outside, 4),
-        "response_tokens_mean": round(statistics.fmean(lengths), 2),
-        "per_response_token": round(sum(times) / sum(lengths), 5),
-    }
-
-
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _run_ours(folder: Path, overrides: list[str], threads: int) -> tuple[dict, list[dict]]:
     out = folder / "ours"
     cmd = [sys.executable, "-m", "entropyrl.cli.main", "train", f"output_dir={out}", *overrides]
-    measured = _measure(cmd, out / "metrics.jsonl", folder, threads)
-    rows = _rows(out / "metrics.jsonl")
-    return _figures(measured, rows), rows
+    measured = measure.run(cmd, out / "metrics.jsonl", folder, threads)
+    rows = measure.read_rows(out / "metrics.jsonl")
+    return measure.figures(measured, rows), rows
 
 
 def _run_trl(folder: Path, job: Path, threads: int) -> tuple[dict, list[dict], dict]:
     out = folder / "trl"
     cmd = [str(peer_python()), str(HERE / "_peer_trl.py"), str(job), str(out)]
-    measured = _measure(cmd, out / "rows.jsonl", folder, threads)
-    rows = _rows(out / "rows.jsonl")
-    return _figures(measured, rows), rows, json.loads((out / "result.json").read_text())
+    measured = measure.run(cmd, out / "rows.jsonl", folder, threads)
+    rows = measure.read_rows(out / "rows.jsonl")
+    return measure.figures(measured, rows), rows, json.loads((out / "result.json").read_text())
 
 
-def _figures(measured: dict, rows: list[dict]) -> dict:
-    steady = _steady(rows, measured["row_times"])
-    return {
-        "step_s_min": steady["min"],
-        "step_s_median": steady["median"],
-        "step_s_outside": steady["mean_outside"],
-        "response_tokens_mean": steady["response_tokens_mean"],
-        "step_s_per_response_token": steady["per_response_token"],
-        "startup_s": round(measured["startup_s"], 3),
-        "peak_rss_mb": measured["peak_rss_mb"],
-    }
-
-
-def _median_figures(runs: list[dict]) -> dict:
-    """Each figure's median over the runs (a busy machine slows one run, not all of them)."""
-    return {key: round(statistics.median(run[key] for run in runs), 4) for key in runs[0]}
+def same_batch(base: list[str], threads: int, flip: bool = False) -> dict:
+    """Both sides' gradient on one batch our trainer collected, compared (``perf/_peer_batch.py``)."""
+    batch = _sibling("_peer_batch")
+    overrides = batch.one_update(base)
+    _, workload, problems, reward = plan(1, overrides, threads)
+    job = {"workload": workload, "problems": problems, "reward": reward}
+    return batch.same_batch(overrides, threads, job, peer_python(), flip=flip)
 
 
 def compare(base: list[str], threads: int, steps: int, repeats: int) -> dict:
     """Both sides on the workload ``base`` for ``steps`` steps, ``repeats`` runs each taking turns:
     the ratios (``trl``), each side's median figures, the workload and whether TRL's equals ours."""
-    if steps <= WARMUP or repeats < 1:
-        raise ValueError(f"{steps} steps / {repeats} runs: need more than {WARMUP} steps and one run")
+    if steps <= measure.WARMUP or repeats < 1:
+        raise ValueError(f"{steps} steps / {repeats} runs: need more than {measure.WARMUP} steps and one run")
     overrides, ours_workload, problems, reward = plan(steps, base, threads)
     load_before = os.getloadavg()[0]
     ours_runs, trl_runs, curves, differences = [], [], {}, []
@@ -250,7 +182,7 @@ def compare(base: list[str], threads: int, steps: int, repeats: int) -> dict:
             curves.setdefault("trl", [round(r["reward/mean"], 4) for r in rows])
             curves.setdefault("trl_length", [round(r["response_length/mean"], 2) for r in rows])
             differences += [d for d in workload_mod.differences(ours_workload, trl_result["workload"]) if d not in differences]
-    ours, peer = _median_figures(ours_runs), _median_figures(trl_runs)
+    ours, peer = measure.median_figures(ours_runs), measure.median_figures(trl_runs)
     return {
         "trl": {
             "version": trl_result["trl"],
@@ -264,7 +196,7 @@ def compare(base: list[str], threads: int, steps: int, repeats: int) -> dict:
             "peer": peer,
         },
         "steps": steps,
-        "warmup_steps": WARMUP,
+        "warmup_steps": measure.WARMUP,
         "repeats": repeats,
         "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # 1-minute load at the start and the end
         "workload_equal": not differences,
@@ -294,12 +226,13 @@ def run() -> dict:
     the real model's study step (``real_model``)."""
     if not available():
         return {"skipped": f"no peer venv at {peer_python()}: `make bench-peers` installs TRL there"}
-    result = compare(OVERRIDES, THREADS, STEPS, REPEATS)
+    result = {**compare(OVERRIDES, THREADS, STEPS, REPEATS), "same_batch": same_batch(OVERRIDES, THREADS)}
     missing = real_model_missing()
     if missing:
         result["real_model"] = {"skipped": missing}
     else:
-        result["real_model"] = compare(REAL_MODEL_OVERRIDES, REAL_MODEL_THREADS, REAL_MODEL_STEPS, REAL_MODEL_REPEATS)
+        real = compare(REAL_MODEL_OVERRIDES, REAL_MODEL_THREADS, REAL_MODEL_STEPS, REAL_MODEL_REPEATS)
+        result["real_model"] = {**real, "same_batch": same_batch(REAL_MODEL_OVERRIDES, REAL_MODEL_THREADS)}
     return result
 
 
@@ -338,6 +271,10 @@ def _runs_line(block: dict) -> str:
     )
 
 
+def _same_batch_line(block: dict) -> list[str]:
+    return ["", _sibling("_peer_batch").describe(block["same_batch"])] if block.get("same_batch") else []
+
+
 def _curves(curves: dict) -> list[str]:
     """Each step's mean reward of both sides, and their mean response lengths where measured."""
     names = ["ours", "trl", *(k for k in ("ours_length", "trl_length") if k in curves)]
@@ -363,6 +300,7 @@ def render(result: dict) -> str:
         "| --- | --- |",
     ]
     lines += [f"| `{k}` | `{v}` |" for k, v in result["workload"].items() if k not in ("model_dir", "prompts_sha256")]
+    lines += _same_batch_line(result)
     lines += ["", "Mean reward of each step's batch (and its mean response length):", "", *_curves(result["curves"])]
     real = result.get("real_model") or {"skipped": "not measured in this run"}
     lines += ["", "#### The real model (SmolLM2-135M-Instruct)", ""]
@@ -378,6 +316,7 @@ def render(result: dict) -> str:
             "(`perf/_peer_reward.py`).",
             "",
             *_ratio_table(real),
+            *_same_batch_line(real),
             "",
             "Mean reward of each step's batch (and its mean response length):",
             "",

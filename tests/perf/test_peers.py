@@ -204,7 +204,7 @@ def test_a_side_whose_responses_end_sooner_is_compared_per_response_token_too():
     """Equal settings are not equal work when one side's responses stop sooner: the steady steps'
     seconds per mean response token are a figure of each side, their ratio a row beside the step's."""
     rows = [{"time/step": t, "response_length/mean": n} for t, n in [(9.0, 60), (2.0, 50.0), (3.0, 30.0), (3.0, 10.0)]]
-    steady = peers._steady(rows, [10.0, 12.0, 15.0, 18.0])
+    steady = peers.measure.steady(rows, [10.0, 12.0, 15.0, 18.0])
     assert steady["response_tokens_mean"] == 20.0 and steady["per_response_token"] == 0.15  # 6 s / 40 tokens
     result = _result()
     result["trl"] = {**result["trl"], "step_ratio_per_token": 1.3}
@@ -275,3 +275,34 @@ def test_both_sides_train_the_real_model_on_the_same_workload():
     assert len(result["curves"]["ours"]) == len(result["curves"]["trl"]) == 3
     assert all(0.0 <= r <= 1.0 for r in result["curves"]["trl"])
     assert result["trl"]["peer"]["peak_rss_mb"] > 1000 and result["trl"]["step_ratio"] > 0
+
+
+def test_the_gradient_agreement_sees_a_scale_a_sign_and_a_missing_parameter():
+    import torch
+
+    batch = load_perf("_peer_batch")
+    g = {"a": torch.tensor([[1.0, -2.0], [0.5, 0.0]]), "b": torch.tensor([3.0, 1.0])}
+    same = batch.gradient_agreement(g, {k: v.clone() for k, v in g.items()})
+    assert same["cosine"] == 1.0 and same["norm_ratio"] == 1.0 and same["max_rel_diff"] == 0.0 and same["parameters"] == 2
+    half = batch.gradient_agreement(g, {k: 2 * v for k, v in g.items()})
+    assert half["cosine"] == 1.0 and half["norm_ratio"] == 0.5
+    apart = batch.gradient_agreement(g, {"a": g["a"], "b": -g["b"]})
+    assert apart["cosine"] < 0.5 and apart["min_param_cosine"] == -1.0
+    with pytest.raises(ValueError, match="parameters differ"):
+        batch.gradient_agreement(g, {"a": g["a"]})
+    overrides = batch.one_update(peers.OVERRIDES)  # one update over the whole batch, clipping off
+    cfg = compose("train", overrides)
+    assert cfg.trainer.mini_batch_prompts == cfg.trainer.prompts_per_step and cfg.trainer.grad_clip >= 1e9
+    result = {**_result(), "same_batch": {**same, "responses": 256, "response_tokens": 800}}
+    assert "cosine 1.0 between the two gradients (2 parameters" in peers.render(result)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not peers.available(), reason="no peer venv (make bench-peers installs TRL in .venv-peers)")
+def test_trl_computes_our_gradient_from_our_batch_and_not_from_its_negation():
+    """The same toy batch (our responses and rewards handed to TRL) gives the same gradient on both sides;
+    the rewards negated on TRL's side give the opposite one (the check's null)."""
+    same = peers.same_batch(peers.OVERRIDES, peers.THREADS)
+    assert same["cosine"] > 0.9999 and abs(same["norm_ratio"] - 1) < 1e-3 and same["responses"] == 256
+    flipped = peers.same_batch(peers.OVERRIDES, peers.THREADS, flip=True)
+    assert flipped["cosine"] < -0.9999
