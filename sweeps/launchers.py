@@ -47,6 +47,8 @@ from ..conf import cfg_get
 from ..core.errors import UserError
 from ..core.registry import Registry
 from ..core.resources import available_cpus
+from ..core.schema import defaults
+from ..core.schema.launcher import LauncherName, LocalParallel, Ranks, Threads
 from .warm_worker import Worker
 
 # Where a job stands in a scheduler's queue (``QueueEntry.phase``).
@@ -60,6 +62,21 @@ class QueueEntry:
     phase: str  # waiting (will or may still run) | active (running) | ended
     state: str  # the scheduler's own word, e.g. SLURM's PENDING, RUNNING, CANCELLED
     reason: str = ""  # why it waits, in the scheduler's words (SLURM's %r), e.g. Priority
+
+
+#: The keys the base ``Launcher``'s methods read, with the defaults the run schema declares for them
+#: (core/schema/launcher.py): a launcher a plugin registers may keep only its own keys in its section.
+SHARED_KEYS: dict[str, Any] = {k: v for cls in (LauncherName, Ranks, Threads, LocalParallel) for k, v in defaults(cls).items()}
+
+
+def declared(cfg: Any, key: str, declared_defaults: dict[str, Any] = SHARED_KEYS) -> Any:
+    """``cfg``'s value of ``key`` (a null included: it means what its doc says), else the default
+    ``declared_defaults`` holds for it (a schema's ``defaults``), never one written here."""
+    if cfg is None:
+        return declared_defaults[key]
+    if hasattr(cfg, "get"):
+        return cfg[key] if key in cfg else declared_defaults[key]
+    return getattr(cfg, key) if hasattr(cfg, key) else declared_defaults[key]
 
 
 class Launcher:
@@ -112,7 +129,7 @@ class Launcher:
 
     def world_size(self, cfg: Any) -> int:
         """Data-parallel ranks of one job: ``launcher.nodes`` x ``tasks_per_node``."""
-        return int(cfg_get(cfg, "nodes", 1) or 1) * self.tasks_per_node(cfg)
+        return int(declared(cfg, "nodes")) * self.tasks_per_node(cfg)
 
     def executor(self, cfg: Any, folder: Path) -> submitit.Executor:
         """A submitit executor configured from the ``launcher`` config (``cfg``), logs under ``folder``."""
@@ -121,7 +138,7 @@ class Launcher:
     def parallelism(self, cfg: Any) -> int | None:
         """How many jobs the sweep process keeps submitted at once; None: submit all (the scheduler
         throttles them)."""
-        n = int(cfg_get(cfg, "max_parallel", 1))
+        n = int(declared(cfg, "max_parallel"))
         if n < 1:
             raise UserError(f"launcher.max_parallel must be >= 1 (got {n})")
         return n
@@ -129,7 +146,7 @@ class Launcher:
     def threads(self, cfg: Any) -> int | None:
         """torch threads per job (``trainer.threads``), so parallel jobs do not fight over cores:
         ``launcher.threads_per_job`` (``auto`` = ``auto_threads``; 0 = torch's default = None)."""
-        value = cfg_get(cfg, "threads_per_job", "auto")
+        value = declared(cfg, "threads_per_job")
         if value == "auto":
             return self.auto_threads(cfg)
         try:
@@ -223,10 +240,10 @@ class LocalLauncher(Launcher):
 
     def auto_threads(self, cfg: Any) -> int | None:
         """The machine's cores shared by the processes running at once (jobs x ranks)."""
-        return max(1, available_cpus() // max(1, int(cfg_get(cfg, "max_parallel", 1)) * self.tasks_per_node(cfg)))
+        return max(1, available_cpus() // max(1, int(declared(cfg, "max_parallel")) * self.tasks_per_node(cfg)))
 
     def check(self, cfg: Any) -> None:
-        nodes, tasks = int(cfg_get(cfg, "nodes", 1) or 1), self.tasks_per_node(cfg)
+        nodes, tasks = int(declared(cfg, "nodes")), self.tasks_per_node(cfg)
         warm = cfg_get(cfg, "warm_start")
         if warm is not None and not isinstance(warm, bool):
             raise UserError(f"launcher.warm_start must be true or false (got {warm!r})")
@@ -235,7 +252,7 @@ class LocalLauncher(Launcher):
                 f"launcher.nodes={nodes}: launcher=local runs on this machine only; set launcher.nodes=1 "
                 f"(or launcher=slurm for several nodes)"
             )
-        parallel, cpus = max(1, int(cfg_get(cfg, "max_parallel", 1))), available_cpus()
+        parallel, cpus = max(1, int(declared(cfg, "max_parallel"))), available_cpus()
         if tasks * parallel > cpus:
             raise UserError(
                 f"launcher.tasks_per_node={tasks} x launcher.max_parallel={parallel} processes exceed "
@@ -247,7 +264,7 @@ class LocalLauncher(Launcher):
         tasks = self.tasks_per_node(cfg)
         start = "forked from a warm worker" if self.warm_start(cfg) else "started cold"
         ranks = f", {tasks} ranks each" if tasks > 1 else ""
-        return f"local (at most {cfg_get(cfg, 'max_parallel', 1)} at once{ranks}), each job {start}"
+        return f"local (at most {declared(cfg, 'max_parallel')} at once{ranks}), each job {start}"
 
 
 class WarmLocalExecutor(submitit.LocalExecutor):
@@ -290,7 +307,7 @@ class DebugLauncher(Launcher):
 def tasks_per_node(cfg: Any) -> int:
     """Ranks per node of one job: ``launcher.tasks_per_node``, else one per GPU (``gpus_per_node``),
     else 1."""
-    value = cfg_get(cfg, "tasks_per_node", None)
+    value = declared(cfg, "tasks_per_node")
     if value is not None:
         return int(value)
     return int(cfg_get(cfg, "gpus_per_node", 0) or 0) or 1
@@ -358,5 +375,5 @@ def find_launcher(name: str | None) -> Launcher | None:
 
 def get_launcher(cfg_or_name: Any) -> Launcher:
     """The launcher for a ``launcher`` config (its ``name``) or a name; ``UserError`` if unknown."""
-    name = cfg_or_name if isinstance(cfg_or_name, str) else str(cfg_get(cfg_or_name, "name", "local"))
+    name = cfg_or_name if isinstance(cfg_or_name, str) else str(declared(cfg_or_name, "name"))
     return _builtins().lookup(name)

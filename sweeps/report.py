@@ -33,6 +33,8 @@ from typing import Callable
 from ..core.errors import UserError
 from ..core.files import atomic_write_text
 from ..core.registry import Registry, unknown_choice
+from ..core.schema import defaults
+from ..core.schema.sweep import PUBLISHED_H_TGT, SweepReport
 from ..core.tracking import TrackingStore, check_reachable
 from ..trainers.run.plots import mean_by_step, plot_attribution, save_figure
 from ..trainers.run.regime import findings_cell
@@ -59,6 +61,10 @@ PLOTS = [
 # (its files are logged to the parent run with the report, its metrics on the parent run).
 ReportStep = Callable[[Path, dict, list, Callable[[str], None]], dict]
 REPORT_STEPS: Registry = Registry("report_step")  # the lab plugin registers "lab"
+
+#: the report section of a sweep.json saved without one: the schema's defaults (core/schema/sweep.py),
+#: the entropy threshold as an ablation that names none gets it
+SAVED_REPORT_DEFAULTS = {**defaults(SweepReport), "entropy_threshold": PUBLISHED_H_TGT}
 
 
 def register_report_step(name: str, step: ReportStep) -> None:
@@ -131,9 +137,9 @@ def build_report(
     """
     sweep_dir = Path(sweep_dir).resolve()
     sweep, statuses = sweep_status(sweep_dir)
-    rep_cfg = sweep.get("report", {})
-    threshold = float(rep_cfg.get("entropy_threshold", 0.3))
-    tail_frac = float(rep_cfg.get("tail_frac", 0.1))
+    # a sweep.json saved before sweeps recorded their report section reads as the schema's defaults
+    rep_cfg = {**SAVED_REPORT_DEFAULTS, **sweep.get("report", {})}
+    threshold, tail_frac = float(rep_cfg["entropy_threshold"]), float(rep_cfg["tail_frac"])
     tail_txt = f"{tail_frac:.0%}" if tail_frac != 0.1 else "tenth"
     ablation = sweep.get("ablation", {}).get("name", "sweep")
     # the comparison covers training jobs; other job kinds (the lab's quadrant experiment) are

@@ -26,8 +26,13 @@ from submitit.core.utils import FailedJobError
 
 from ..conf import cfg_get, to_plain
 from ..core.errors import UserError
+from ..core.schema import defaults
+from ..core.schema.launcher import SlurmLauncherSchema
 from .jobs import job_environment
-from .launchers import ACTIVE, ENDED, WAITING, Launcher, QueueEntry, register_launcher, tasks_per_node
+from .launchers import ACTIVE, ENDED, WAITING, Launcher, QueueEntry, declared, register_launcher, tasks_per_node
+
+#: launcher=slurm's keys with their schema defaults (core/schema/launcher.py), for a key a request leaves out
+SLURM_KEYS = defaults(SlurmLauncherSchema)
 
 # SLURM job states (squeue %T) in which the job will still run, or is running.
 SLURM_WAITING = {
@@ -134,7 +139,7 @@ def partition_sizes() -> tuple[dict[str, PartitionSize], str | None] | None:
 def oversized(cfg: Any, sizes: dict[str, PartitionSize], default: str | None) -> str | None:
     """The first part of the request no node of the target partition can hold, as one line naming
     the launcher key and the largest value that fits; None when it fits."""
-    name = str(cfg_get(cfg, "partition", "") or default or "")
+    name = str(declared(cfg, "partition", SLURM_KEYS) or default or "")
     part = sizes.get(name)
     if part is None:
         if cfg_get(cfg, "partition"):
@@ -144,7 +149,7 @@ def oversized(cfg: Any, sizes: dict[str, PartitionSize], default: str | None) ->
             )
         return None
     where = f"the largest node of partition {name}"
-    cpus = int(cfg_get(cfg, "cpus_per_task", 0) or 0)
+    cpus = int(declared(cfg, "cpus_per_task", SLURM_KEYS) or 0)
     if cpus > part.cpus:
         return f"launcher.cpus_per_task={cpus} exceeds {where} ({part.cpus} CPUs); set launcher.cpus_per_task<={part.cpus}"
     tasks = tasks_per_node(cfg)
@@ -154,19 +159,19 @@ def oversized(cfg: Any, sizes: dict[str, PartitionSize], default: str | None) ->
             f"({part.cpus} CPUs); set launcher.tasks_per_node<={max(part.cpus // max(cpus, 1), 1)}"
             + (" or lower launcher.cpus_per_task" if cpus > 1 else "")
         )
-    mem = float(cfg_get(cfg, "mem_gb", 0) or 0)
+    mem = float(declared(cfg, "mem_gb", SLURM_KEYS) or 0)
     if part.mem_mb and mem * 1024 > part.mem_mb:
         return (
             f"launcher.mem_gb={mem:g} exceeds {where} ({part.mem_mb / 1024:.1f} GB); "
             f"set launcher.mem_gb<={int(part.mem_mb // 1024)}"
         )
-    gpus = int(cfg_get(cfg, "gpus_per_node", 0) or 0)
+    gpus = int(declared(cfg, "gpus_per_node", SLURM_KEYS) or 0)
     if gpus > part.gpus:
         return f"launcher.gpus_per_node={gpus} exceeds {where} ({part.gpus} GPUs); set launcher.gpus_per_node<={part.gpus}"
-    nodes = int(cfg_get(cfg, "nodes", 1) or 1)
+    nodes = int(declared(cfg, "nodes", SLURM_KEYS))
     if nodes > part.nodes:
         return f"launcher.nodes={nodes} exceeds partition {name} ({part.nodes} nodes); set launcher.nodes<={part.nodes}"
-    minutes = float(cfg_get(cfg, "timeout_min", 0) or 0)
+    minutes = float(declared(cfg, "timeout_min", SLURM_KEYS) or 0)
     if part.time_limit_min is not None and minutes > part.time_limit_min:
         return (
             f"launcher.timeout_min={minutes:g} exceeds partition {name}'s time limit "
@@ -229,17 +234,17 @@ class SlurmLauncher(Launcher):
         return None  # one array; SLURM runs at most array_parallelism of it at once
 
     def auto_threads(self, cfg: Any) -> int | None:
-        return int(cfg_get(cfg, "cpus_per_task", 0)) or None
+        return int(declared(cfg, "cpus_per_task", SLURM_KEYS) or 0) or None
 
     def describe(self, cfg: Any) -> str:
-        bits = [f"partition={cfg_get(cfg, 'partition', 'default')}", f"{self.world_size(cfg)} rank(s) per job"]
+        bits = [f"partition={declared(cfg, 'partition', SLURM_KEYS) or 'default'}", f"{self.world_size(cfg)} rank(s) per job"]
         for key in ("nodes", "gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min", "array_parallelism"):
             if cfg_get(cfg, key):
                 bits.append(f"{key}={cfg[key]}")
         return "slurm (" + ", ".join(bits) + ")"
 
     def check(self, cfg: Any) -> None:
-        if not bool(cfg_get(cfg, "check_request", True)) or shutil.which("sinfo") is None:
+        if not bool(declared(cfg, "check_request", SLURM_KEYS)) or shutil.which("sinfo") is None:
             return
         found = partition_sizes()
         if found is None:
@@ -313,7 +318,7 @@ class SlurmLauncher(Launcher):
         if reason == "PartitionConfig":
             return (
                 "the request does not fit partition "
-                f"{cfg_get(cfg, 'partition', 'default')}'s configuration; change launcher.cpus_per_task, "
+                f"{declared(cfg, 'partition', SLURM_KEYS) or 'default'}'s configuration; change launcher.cpus_per_task, "
                 f"mem_gb, gpus_per_node, nodes, timeout_min or partition"
             )
         if reason == "ReqNodeNotAvail":

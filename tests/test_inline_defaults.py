@@ -48,13 +48,6 @@ READERS = {"cfg_get", "getattr"}
 
 #: The reads with an inline default that remain: ``{module: {key, ...}}``, each with why.
 KNOWN: dict[str, set[str]] = {
-    # the base Launcher's methods serve every launcher, a registered plugin's too, whose section
-    # holds only its own keys (launcher=debug has no nodes, max_parallel or threads_per_job)
-    "sweeps/launchers.py": {"max_parallel", "name", "nodes", "tasks_per_node", "threads_per_job"},
-    # ``oversized`` compares a request with sinfo's nodes: a key left out asks for nothing
-    "sweeps/slurm.py": {"nodes", "timeout_min"},
-    # a sweep.json saved by an older version has no report section
-    "sweeps/report.py": {"entropy_threshold", "tail_frac"},
     # an ablation may be given as a plain dict (``variants_of({...})``); its name only labels it
     "sweeps/ablation.py": {"name"},
     # an algo section built by hand (``Algorithm.from_config({})``, ``read_key`` fills the rest

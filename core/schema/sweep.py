@@ -15,13 +15,16 @@ from ..rules import (
 )
 from . import key, section
 
+#: the entropy threshold of an ablation that names none: STARE's published h_tgt (nats)
+PUBLISHED_H_TGT = 0.3
+
 
 @dataclass
 class SweepReport:
     """``report``: how the sweep's report reads the runs' entropy."""
 
     entropy_threshold: float = key(
-        "${oc.select:ablation.report.entropy_threshold,0.3}",
+        f"${{oc.select:ablation.report.entropy_threshold,{PUBLISHED_H_TGT}}}",
         NONNEG,
         (
             '"first step below": the first step whose entropy < this (nats; STARE\'s h_tgt); drawn as `h_tgt` in the '

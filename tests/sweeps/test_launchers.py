@@ -146,8 +146,10 @@ def test_ranks_per_job_and_requests_no_node_can_hold():
     with pytest.raises(UserError, match=r"launcher.tasks_per_node=3 exceeds launcher.gpus_per_node=2 \(one GPU per rank\)"):
         slurm.check_values({"tasks_per_node": 3, "gpus_per_node": 2})
     sizes = {"cpu": PartitionSize("cpu", cpus=4, mem_mb=4096, gpus=0, nodes=2, time_limit_min=None)}
-    assert oversized({"cpus_per_task": 2, "tasks_per_node": 2, "nodes": 2}, sizes, "cpu") is None
-    assert oversized({"cpus_per_task": 2, "tasks_per_node": 3}, sizes, "cpu") == (
+    assert oversized({"cpus_per_task": 2, "tasks_per_node": 2, "nodes": 2, "mem_gb": None}, sizes, "cpu") is None
+    # a key the request leaves out is the schema's default (mem_gb 16 > 4 GB), a null one asks for nothing
+    assert "set launcher.mem_gb<=4" in oversized({"cpus_per_task": 2, "tasks_per_node": 2, "nodes": 2}, sizes, "cpu")
+    assert oversized({"cpus_per_task": 2, "tasks_per_node": 3, "mem_gb": None}, sizes, "cpu") == (
         "launcher.tasks_per_node=3 x launcher.cpus_per_task=2 exceeds the largest node of partition cpu (4 CPUs); "
         "set launcher.tasks_per_node<=2 or lower launcher.cpus_per_task"
     )
@@ -159,6 +161,29 @@ def test_ranks_per_job_and_requests_no_node_can_hold():
     with pytest.raises(UserError, match=rf"exceed the {available_cpus()} CPUs"):
         local.check({"tasks_per_node": available_cpus() + 1})
     local.check({"tasks_per_node": 1})
+
+
+def test_keys_a_launchers_section_leaves_out_read_as_the_schema_declares_them():
+    """The base Launcher serves a plugin's launcher whose section holds only its own keys: what it
+    leaves out reads as core/schema/launcher.py's defaults, never as a literal of the code's."""
+    from entropyrl.core.schema import defaults
+    from entropyrl.core.schema.launcher import LocalLauncherSchema
+    from entropyrl.sweeps.launchers import SHARED_KEYS, declared
+
+    local = defaults(LocalLauncherSchema)
+    assert {k: SHARED_KEYS[k] for k in ("name", "nodes", "tasks_per_node", "threads_per_job", "max_parallel")} == {
+        k: local[k] for k in ("name", "nodes", "tasks_per_node", "threads_per_job", "max_parallel")
+    }
+    assert declared({}, "max_parallel") == local["max_parallel"] and declared({"max_parallel": 3}, "max_parallel") == 3
+    assert declared({"tasks_per_node": None}, "tasks_per_node") is None  # a null is the value given, not a gap
+    with pytest.raises(KeyError):
+        declared({}, "no_such_key")
+
+    class Bare(Launcher):
+        name = "bare"
+
+    assert Bare().parallelism({}) == local["max_parallel"] and Bare().world_size({}) == local["nodes"]
+    assert get_launcher({}).name == local["name"]
 
 
 def test_prompts_that_do_not_split_over_a_jobs_ranks_are_refused_at_plan_time(tmp_path):
