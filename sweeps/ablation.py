@@ -111,10 +111,18 @@ def _grid_name(key: str, value: Any) -> str:
     return f"{short}{text}".replace("[", "").replace("]", "").replace(",", "_")
 
 
+def ablation_name(abl: DictConfig) -> str:
+    """The ablation's ``name`` (its sweep folder's and MLflow parent run's); ``UserError`` without one."""
+    name = abl.get("name")
+    if name is None or not str(name).strip():
+        raise UserError("the ablation has no name: give it one (`name: my_ablation` at the top of its YAML)")
+    return str(name)
+
+
 def variants_of(ablation: DictConfig | dict) -> list[Variant]:
     """The ablation's variants: the ``variants`` list times the ``grid`` product."""
     abl = OmegaConf.create(ablation) if isinstance(ablation, dict) else ablation
-    name = str(abl.get("name", "ablation"))
+    name = ablation_name(abl)
     listed: list[Variant] = []
     for i, item in enumerate(_as_list(abl.get("variants"))):
         if isinstance(item, str):  # a bare variant "algo=steer" names itself "steer"
@@ -198,7 +206,7 @@ def expand(
     ``train_overrides``, so the user can still override them.
     """
     abl = OmegaConf.create(ablation) if isinstance(ablation, dict) else ablation
-    name = str(abl.get("name", "ablation"))
+    name = ablation_name(abl)
     seeds = [int(s) for s in _as_list(seeds)]
     if not seeds:
         raise UserError("seeds is empty: give at least one, e.g. seeds=[0]")

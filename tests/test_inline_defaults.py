@@ -48,8 +48,6 @@ READERS = {"cfg_get", "getattr"}
 
 #: The reads with an inline default that remain: ``{module: {key, ...}}``, each with why.
 KNOWN: dict[str, set[str]] = {
-    # an ablation may be given as a plain dict (``variants_of({...})``); its name only labels it
-    "sweeps/ablation.py": {"name"},
     # an algo section built by hand (``Algorithm.from_config({})``, ``read_key`` fills the rest
     # from conf/algo/grpo.yaml) has no name: it is labelled custom / "the algorithm"; an
     # intervention's ``Params`` dataclass may declare no scope

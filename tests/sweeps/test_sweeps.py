@@ -64,6 +64,7 @@ def test_variants_list_grid_and_product():
     "ablation, message",
     [
         ({"name": "x"}, "has no variants"),
+        ({"variants": ["algo=steer"]}, "the ablation has no name"),
         ({"name": "x", "variants": [{"name": "a"}, {"name": "a"}]}, "two variants are named 'a'"),
         ({"name": "x", "variants": [{"name": "a b", "overrides": []}]}, "must be letters"),
         ({"name": "x", "variants": [{"overrides": ["algo=stare"]}]}, "needs a name"),
