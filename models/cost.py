@@ -186,6 +186,7 @@ def step_cost(
     head_flops: bool = False,
     lora_params: int | None = None,
     stats_reused: float = 0.0,
+    prompt_share: float = 1.0,
 ) -> StepCost:
     """The cost of one training step; memory per rank in GB (1e9 bytes), time at ``mfu`` of
     ``ranks x peak_flops`` for the training FLOPs and ``decode_mfu`` (default ``mfu``) for generation.
@@ -198,20 +199,23 @@ def step_cost(
     the backward computes the activations' gradients but not the frozen weights' (one forward's FLOPs
     instead of two, the adapter's own products aside), and gradients and AdamW's moments are the
     adapter's. ``stats_reused``: the share (0 to 1) of the statistics forward's rows whose forward the
-    first update pass takes over (``trainer.reuse_stats_forward``, ``reused_stats_share``)."""
+    first update pass takes over (``trainer.reuse_stats_forward``, ``reused_stats_share``). ``prompt_share``
+    (with ``head_flops``): the share of rows whose prompt a forward runs (``shared_prompt_share``)."""
     p = parameters(a)
     head = a.vocab_size * a.hidden_size
     seqs, s = prompts * n, prompt_len + response_len
     tokens = seqs * s
     L, h = a.num_hidden_layers, a.hidden_size
-    attention = tokens * 2 * L * h * s
-    if head_flops:  # the body at every position, the head at the response positions only
+    # the positions a forward runs: with shared prompts each distinct prompt of a pass once (as executed only)
+    run = seqs * (response_len + prompt_len * (prompt_share if head_flops else 1.0))
+    attention = run * 2 * L * h * s
+    if head_flops:  # the body at every position run, the head at the response positions only
         body = p["non_embedding"] - (0 if a.tie_word_embeddings else head)
-        fwd = tokens * 2 * body + attention + seqs * response_len * 2 * head
+        fwd = run * 2 * body + attention + seqs * response_len * 2 * head
     else:
         fwd = tokens * 2 * p["non_embedding"] + attention  # forward of every sequence once
     n_body = p["non_embedding"]
-    adapter = tokens * 2 * (lora_params or 0)  # the adapter's own products, a forward
+    adapter = run * 2 * (lora_params or 0)  # the adapter's own products, a forward
     fwd += adapter
     # the backward: the activations' gradients (a forward's FLOPs) and the trained weights' (another one for
     # full fine-tuning; the adapter's alone with LoRA: a frozen weight needs no gradient of its own)
@@ -497,7 +501,26 @@ def _step_shape(cfg, prompt: int, ranks: int, fsdp: bool) -> dict:
         ref_model=float(cfg.algo.kl_coef or 0) > 0,
         lora_params=_lora_params(cfg.model),
         stats_reused=reused_stats_share(cfg, ranks),
+        prompt_share=shared_prompt_share(cfg, ranks, fsdp),
     )
+
+
+def shared_prompt_share(cfg, ranks: int, fsdp: bool) -> float:
+    """The expected share of a pass's rows whose prompt its forward runs with ``trainer.share_prompt_forward``
+    (``stats/policy_stats.shared_prompt_hidden``): distinct prompts over rows, for a pass of ``micro_rows``
+    rows drawn at random from a step's groups of ``rollout.n`` (the update's shuffled order); 1 when it is off,
+    under FSDP with several ranks or with gradient checkpointing, where every row runs its prompt."""
+    t = bind(Trainer, cfg.trainer)
+    n = int(cfg.rollout.n)
+    if not t.share_prompt_forward or (fsdp and ranks > 1) or t.gradient_checkpointing or n < 2:
+        return 1.0
+    rows = t.prompts_per_step * n
+    pass_rows = min(t.micro_batch_responses, -(-min(t.mini_batch_prompts, t.prompts_per_step) * n // ranks), rows)
+    # P(a group has no row in the pass) = C(rows - n, pass_rows) / C(rows, pass_rows)
+    missed = 1.0
+    for i in range(n):
+        missed *= max(rows - pass_rows - i, 0) / (rows - i)
+    return t.prompts_per_step * (1.0 - missed) / pass_rows
 
 
 def reused_stats_share(cfg, ranks: int) -> float:

@@ -48,7 +48,9 @@ of its limit (goal: at least 0.5 of each):
 - the same step's training part with its statistics forward recomputed (``trainer.reuse_stats_forward=false``:
   ``train_s_recomputed``, ``reuse_train_speedup`` its ratio to the default's), and the step with a LoRA
   adapter of rank ``LORA_RANK`` on every linear layer instead of full fine-tuning (``step_s_lora``;
-  ``lora_train_speedup``: the default's training part over LoRA's).
+  ``lora_train_speedup``: the default's training part over LoRA's), and the step with each group's prompt run
+  once in the training forwards (``trainer.share_prompt_forward=true``: ``step_s_shared_prompts``;
+  ``shared_prompts_train_speedup``: the default's training part over its).
 
 Every time here is an upper bound when other processes share the cores: the rates are measured in the
 same run so that a loaded machine slows the limit and the figure alike, but not always equally.
@@ -183,6 +185,7 @@ STUDY_VARIANTS = {
     "plain": ["rollout.share_prefill=false"],
     "recomputed": ["trainer.reuse_stats_forward=false"],
     "lora": [f"model.lora.rank={LORA_RANK}"],
+    "shared_prompts": ["trainer.share_prompt_forward=true"],
 }
 
 
@@ -436,7 +439,7 @@ def run() -> dict:
     for name, extra in STUDY_VARIANTS.items():
         with tempfile.TemporaryDirectory(prefix="entropyrl-bench-study-") as folder:
             steps[name] = _child("study", folder, *extra, timeout=600)
-    study, plain, recomputed, lora = (steps[k] for k in ("study", "plain", "recomputed", "lora"))
+    study, plain, recomputed, lora, shared = (steps[k] for k in ("study", "plain", "recomputed", "lora", "shared_prompts"))
     result = {
         **limits(decode, study),
         "step_s_plain": plain["step_seconds"],
@@ -445,6 +448,8 @@ def run() -> dict:
         "reuse_train_speedup": round(recomputed["train_seconds"] / study["train_seconds"], 3),
         "step_s_lora": lora["step_seconds"],
         "lora_train_speedup": round(study["train_seconds"] / lora["train_seconds"], 3),
+        "step_s_shared_prompts": shared["step_seconds"],
+        "shared_prompts_train_speedup": round(study["train_seconds"] / shared["train_seconds"], 3),
         "decode": decode,
         **{("study_step" if k == "study" else f"study_step_{k}"): v for k, v in steps.items()},
         "setting": f"model={PRESET} (float32, CPU, one thread), data={DATA}; generation: {BATCH} prompts x 1 "

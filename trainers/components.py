@@ -168,7 +168,11 @@ def build_tracker(cfg, output_dir: Path, dist, log=print):
 
 def stats_kwargs(cfg) -> dict:
     """Keyword arguments of the token statistics (``stats/policy_stats.py``) for this config."""
-    return dict(temperature=float(cfg.rollout.temperature), chunk_size=int(cfg.trainer.token_chunk_size))
+    return dict(
+        temperature=float(cfg.rollout.temperature),
+        chunk_size=int(cfg.trainer.token_chunk_size),
+        share_prompts=bool(cfg.trainer.share_prompt_forward),
+    )
 
 
 def build_engine(cfg, model, tokenizer):

@@ -69,6 +69,15 @@ class Trainer:
             "numbers, one forward fewer a step); only on one process without dropout (trainers/data/first_pass.py)"
         ),
     )
+    share_prompt_forward: bool = key(
+        False,
+        BOOL,
+        (
+            "the rows of a forward that share a prompt (a group's n responses) run it once: its KV cache is computed for "
+            "one row and gathered to the others, so the prompt positions cost 1/n (the same numbers up to float rounding; "
+            "one process, no gradient checkpointing; trainers/stats/policy_stats.py)"
+        ),
+    )
     grad_clip: float = key(1.0, POS, "max global grad norm")
     val_every: int = key(20, NONNEG_INT, "validate every N steps (and at the end); 0 disables")
     save_every: int = key(50, NONNEG_INT, "checkpoint every N steps (and at the end); 0 = only at the end")

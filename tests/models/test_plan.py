@@ -6,6 +6,7 @@ This file is also the measuring worker (`python tests/models/test_plan.py measur
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -239,6 +240,40 @@ def test_the_plan_counts_the_statistics_rows_the_first_update_reuses():
     assert share("model.lora.rank=4") == pytest.approx(128 / 256)
     on, off = _plan("data=toy"), _plan("data=toy", "trainer.reuse_stats_forward=false")
     assert on["train_flops"] < off["train_flops"]
+
+
+def test_shared_prompts_run_a_passs_distinct_prompts_once_in_the_plan():
+    """``trainer.share_prompt_forward``: a pass runs each distinct prompt once, so the executed training
+    FLOPs (``plan --cpu``) count a pass's prompt positions at its distinct prompts over its rows; the
+    model FLOPs of the MFU figure are the usual count either way."""
+    from entropyrl.conf import compose
+    from entropyrl.models.cost import shared_prompt_share
+
+    def share(*overrides: str, ranks: int = 1, fsdp: bool = False) -> float:
+        cfg = compose("train", ["trainer.share_prompt_forward=true", *overrides])
+        return shared_prompt_share(cfg, ranks, fsdp)
+
+    assert share("experiment=smollm2_word_problems") == pytest.approx(4 / 16)  # one pass of 4 groups x 4
+    # data=toy: a pass of 128 rows drawn from 32 groups of 8 holds nearly every group, 4 rows each
+    assert share("data=toy") == pytest.approx(32 * (1 - math.comb(248, 128) / math.comb(256, 128)) / 128)
+    assert share("data=toy", "trainer.micro_batch_responses=1") == 1.0  # a row a pass shares nothing
+    assert share("data=toy", "trainer.share_prompt_forward=false") == 1.0
+    assert share("data=toy", "trainer.gradient_checkpointing=true") == 1.0
+    assert share("data=toy", ranks=2, fsdp=True) == 1.0
+    from entropyrl.models.cost import plan_figures
+
+    def cpu_plan(*overrides: str) -> dict:
+        return plan_figures(
+            ["experiment=smollm2_word_problems", *overrides], ranks=1, mfu=0.4, peak_tflops=989.0, prompt_len=70, cpu={}
+        )
+
+    on, off = cpu_plan("trainer.share_prompt_forward=true"), cpu_plan()
+    assert on["cpu"]["train_flops"] < 0.75 * off["cpu"]["train_flops"]  # the prompt is half of each row
+    assert on["cpu"]["prefill_seconds"] == off["cpu"]["prefill_seconds"]  # generation is not the forward it shares
+    assert (
+        _plan("experiment=smollm2_word_problems", "trainer.share_prompt_forward=true")["train_flops"]
+        == (_plan("experiment=smollm2_word_problems")["train_flops"])
+    )
 
 
 def test_the_plans_activations_are_those_of_a_pass_the_step_can_hold():

@@ -50,6 +50,7 @@ RESUMABLE_CHANGES = (
     "trainer.keep_checkpoints",
     "trainer.worker_stall_s",  # how long a stuck rollout worker is waited for: no part of what is trained
     "trainer.reuse_stats_forward",  # the same numbers either way, one forward fewer (trainers/data/first_pass.py)
+    "trainer.share_prompt_forward",  # the same numbers up to float rounding, the prompts run once a group
     "trainer.collective_timeout_s",  # how long a rank waits for the others in a collective: likewise
     "val.",
     "diagnostics.",
