@@ -492,3 +492,16 @@ def test_async_jobs_are_placed_at_plan_time(tmp_path):
         validate_jobs(jobs("trainer.staleness=1", "trainer.rollout_gpus=1"), world_size=2, gpus_per_node=4, ranks_per_node=2)
     with pytest.raises(UserError, match="only trainer.staleness >= 1 starts"):
         validate_jobs(jobs("trainer.rollout_gpus=1"), world_size=1, gpus_per_node=2, ranks_per_node=1)
+
+
+def test_a_sweep_saved_without_a_report_section_reads_as_the_schemas_defaults():
+    """``build_report`` on a sweep.json saved before sweeps recorded their report section: the
+    threshold and tail a sweep composed today gets from an ablation that names no threshold."""
+    from omegaconf import OmegaConf
+
+    from entropyrl.conf import compose
+    from entropyrl.sweeps.report import SAVED_REPORT_DEFAULTS
+
+    composed = OmegaConf.to_container(compose("sweep", ["ablation=clip"]).report, resolve=True)
+    assert "entropy_threshold" not in (compose("sweep", ["ablation=clip"]).ablation.get("report") or {})
+    assert SAVED_REPORT_DEFAULTS == composed
