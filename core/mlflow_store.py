@@ -1,5 +1,6 @@
-"""Where runs are tracked (``resolve_uri``), and one process at a time through a local MLflow
-sqlite store's first use (``store_lock``).
+"""Where runs are tracked (``resolve_uri``) and where a local store keeps their artifacts
+(``experiment_id``), and one process at a time through a local MLflow sqlite store's first use
+(``store_lock``).
 
 MLflow creates and migrates a sqlite store's tables the first time a process opens it. Two runs
 started together on a fresh ``mlflow.db`` (two `entropyrl train` in one folder, a train beside an
@@ -65,6 +66,25 @@ def store_lock(uri: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def artifact_location(uri: str) -> str | None:
+    """Where a new experiment of a local sqlite store keeps its artifacts: ``mlruns`` beside the
+    database file. MLflow's own default, ``./mlruns``, is the working directory of whichever process
+    creates the experiment, so a store named by an absolute path would leave artifact folders in
+    the folder a run happened to start from. For the default ``sqlite:///mlflow.db`` both are the
+    same folder. None for any other store (a server or a file store decides)."""
+    db = sqlite_path(absolute_uri(uri))
+    return None if db is None else str(db.parent / "mlruns")
+
+
+def experiment_id(client, uri: str, name: str) -> str:
+    """The id of experiment ``name`` in the store ``client`` opens (at ``uri``), created when
+    missing with its artifacts where ``artifact_location`` says. The caller holds ``store_lock``."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    return client.create_experiment(name, artifact_location=artifact_location(uri))
 
 
 def mlflow_key(name: str) -> str:

@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .errors import UserError
 from .files import atomic_write_text
-from .mlflow_store import mlflow_key, resolve_uri, store_lock
+from .mlflow_store import experiment_id, mlflow_key, resolve_uri, store_lock
 from .outbox import Outbox, short_http_retries
 
 
@@ -165,7 +165,7 @@ class RunTracker:
                     if resume_step is None:  # reused after a kill while starting: its params may be partial
                         self._log_params(full_cfg)
                 else:
-                    mlflow.set_experiment(str(self.cfg.experiment))
+                    mlflow.set_experiment(experiment_id=experiment_id(self._client, self.uri, str(self.cfg.experiment)))
                     tags = {str(k): str(v) for k, v in (self.cfg.get("tags") or {}).items()}
                     tags["entropyrl.output_dir"] = str(self.output_dir.resolve())
                     parent = self.cfg.get("parent_run_id")
@@ -213,7 +213,7 @@ class RunTracker:
             raise UserError(
                 f"cannot write MLflow artifacts to {path} ({exc.strerror or type(exc).__name__}): make that folder "
                 f"writable, or track elsewhere (tracking.uri=<another sqlite file or an MLflow server>; a sqlite "
-                f"store keeps its artifacts in ./mlruns of the folder where the experiment was created)"
+                f"store keeps its artifacts in mlruns beside its database file)"
             ) from None
 
     def _log_params(self, full_cfg) -> None:
@@ -410,8 +410,7 @@ class TrackingStore:
         """The id of experiment ``name``, created when missing (one process at a time on a fresh
         sqlite store: ``store_lock``)."""
         with store_lock(self.uri):
-            exp = self.client.get_experiment_by_name(name)
-            return exp.experiment_id if exp is not None else self.client.create_experiment(name)
+            return experiment_id(self.client, self.uri, name)
 
     def open_run(
         self,

@@ -174,7 +174,7 @@ def test_a_sweep_job_run_again_from_scratch_marks_its_earlier_child_superseded(t
 
 
 def test_an_artifact_folder_that_cannot_be_written_is_one_line_before_training(tmp_path, monkeypatch):
-    """A sqlite store keeps artifacts in ./mlruns; a file in the way (or a folder without write
+    """A sqlite store keeps artifacts in mlruns beside its database file; a file in the way (or a folder without write
     permission) is named in one line when the run opens, and the run is not left RUNNING."""
     import mlflow
     import pytest
@@ -193,6 +193,47 @@ def test_an_artifact_folder_that_cannot_be_written_is_one_line_before_training(t
         tracker.start(OmegaConf.create({"trainer": {"seed": 0}}), run_name="r", resume_step=None)
     assert mlflow.active_run() is None
     assert mlflow.tracking.MlflowClient(uri).get_run(tracker.run_id).info.status == "FAILED"
+
+
+def _artifact_folders(uri: str, elsewhere: Path) -> list[Path]:
+    """A run (RunTracker) and a sweep parent (TrackingStore) opened on ``uri`` from ``elsewhere``:
+    the local folders their artifacts go to."""
+    from mlflow.tracking import MlflowClient
+    from omegaconf import OmegaConf
+
+    from entropyrl.core.tracking import RunTracker, TrackingStore, local_artifact_path
+
+    tracker = RunTracker(OmegaConf.create({"uri": uri, "experiment": "runs"}), elsewhere / "run", log=lambda *_: None)
+    tracker.start(OmegaConf.create({"trainer": {"seed": 0}}), run_name="r", resume_step=None)
+    tracker.log_metrics(1, {"entropy": 1.0})
+    tracker.finish()
+    parent = TrackingStore(uri).open_run("sweeps", "a-sweep")
+    client = MlflowClient(uri)
+    return [local_artifact_path(client.get_run(r).info.artifact_uri) for r in (tracker.run_id, parent)]
+
+
+def test_a_sqlite_store_keeps_its_artifacts_beside_itself_not_where_the_run_started(tmp_path, monkeypatch):
+    """A store named by an absolute path: its experiments' artifacts go to mlruns beside the
+    database file, whichever folder the run or the sweep started from (MLflow's own default,
+    ./mlruns of the process's working directory, scatters them); the default relative
+    ``sqlite:///mlflow.db`` keeps them in ./mlruns as before."""
+    from entropyrl.core import mlflow_store
+
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    store.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    folders = _artifact_folders(f"sqlite:///{store}/mlflow.db", elsewhere)
+    assert all(f is not None and f.is_relative_to(store / "mlruns") for f in folders), folders
+    assert not (elsewhere / "mlruns").exists()
+    assert mlflow_store.artifact_location("sqlite:///mlflow.db") == str(elsewhere / "mlruns")
+    assert mlflow_store.artifact_location("http://localhost:5000") is None
+    # null: MLflow's default location (no artifact_location given) lands in the working directory
+    monkeypatch.setattr(mlflow_store, "artifact_location", lambda uri: None)
+    other = tmp_path / "other"
+    other.mkdir()
+    folders = _artifact_folders(f"sqlite:///{other}/mlflow.db", elsewhere)
+    assert all(f.is_relative_to(elsewhere / "mlruns") for f in folders), folders
 
 
 def test_a_lost_sweep_jobs_mlflow_run_is_ended_failed_the_next_time_anything_looks(tmp_path):
