@@ -17,6 +17,7 @@ from entropyrl.trainers.run.samples import CALL_STATUSES, call_status, response_
 TIR = build_tool_format({"format": "tir"})
 HERMES = build_tool_format({"format": "hermes"})
 KIND = {k: i for i, k in enumerate(TOKEN_KINDS)}
+TOOL_WARM_START = ["model.warm_start.steps=120", "model.warm_start.batch_size=32", "model.warm_start.label_noise=0.2"]
 
 
 def _decode(ids, keep_special):
@@ -128,7 +129,9 @@ def test_a_short_tool_run_writes_turns_a_plain_run_does_not(fast_train, in_tmp):
         "trainer.save_every=0",
         "tracking.enabled=false",
     ]
-    train(compose("train", [*base, "data=tool_arith", "tools=code_interpreter", "output_dir=tool"]), log=lambda *_: None)
+    # the short tool-using warm start of tests/rollout/test_tools.py (one cache entry for the session)
+    tool = ["data=tool_arith", "tools=code_interpreter", *TOOL_WARM_START, "output_dir=tool"]
+    train(compose("train", [*base, *tool]), log=lambda *_: None)
     rows = [json.loads(line) for line in (in_tmp / "tool" / "samples.jsonl").read_text().splitlines()]
     assert rows and all("turns" in r and set(r["entropy_by_kind"]) == {"text", "code", "post_tool"} for r in rows)
     calls = [t for r in rows for t in r["turns"] if t["type"] == "call"]
