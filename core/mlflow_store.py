@@ -70,12 +70,15 @@ def store_lock(uri: str) -> Iterator[None]:
 
 def artifact_location(uri: str) -> str | None:
     """Where a new experiment of a local sqlite store keeps its artifacts: ``mlruns`` beside the
-    database file. MLflow's own default, ``./mlruns``, is the working directory of whichever process
-    creates the experiment, so a store named by an absolute path would leave artifact folders in
-    the folder a run happened to start from. For the default ``sqlite:///mlflow.db`` both are the
-    same folder. None for any other store (a server or a file store decides)."""
+    database file. MLflow's own default, ``./mlruns/<experiment id>``, is in the working directory
+    of whichever process creates the experiment, so a store elsewhere would leave artifact folders
+    in the folder a run happened to start from. None (MLflow's default, the same folder) when the
+    database is in the working directory, as the default ``sqlite:///mlflow.db`` is, and for any
+    other store (a server or a file store decides)."""
     db = sqlite_path(absolute_uri(uri))
-    return None if db is None else str(db.parent / "mlruns")
+    if db is None or db.parent == Path.cwd().resolve():
+        return None
+    return str(db.parent / "mlruns")
 
 
 def experiment_id(client, uri: str, name: str) -> str:

@@ -215,8 +215,8 @@ def _artifact_folders(uri: str, elsewhere: Path) -> list[Path]:
 def test_a_sqlite_store_keeps_its_artifacts_beside_itself_not_where_the_run_started(tmp_path, monkeypatch):
     """A store named by an absolute path: its experiments' artifacts go to mlruns beside the
     database file, whichever folder the run or the sweep started from (MLflow's own default,
-    ./mlruns of the process's working directory, scatters them); the default relative
-    ``sqlite:///mlflow.db`` keeps them in ./mlruns as before."""
+    ./mlruns of the process's working directory, scatters them); a store in the working directory,
+    as the default relative ``sqlite:///mlflow.db`` is, keeps MLflow's layout there."""
     from entropyrl.core import mlflow_store
 
     store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
@@ -226,7 +226,7 @@ def test_a_sqlite_store_keeps_its_artifacts_beside_itself_not_where_the_run_star
     folders = _artifact_folders(f"sqlite:///{store}/mlflow.db", elsewhere)
     assert all(f is not None and f.is_relative_to(store / "mlruns") for f in folders), folders
     assert not (elsewhere / "mlruns").exists()
-    assert mlflow_store.artifact_location("sqlite:///mlflow.db") == str(elsewhere / "mlruns")
+    assert mlflow_store.artifact_location("sqlite:///mlflow.db") is None  # MLflow's ./mlruns/<id>: the same folder
     assert mlflow_store.artifact_location("http://localhost:5000") is None
     # null: MLflow's default location (no artifact_location given) lands in the working directory
     monkeypatch.setattr(mlflow_store, "artifact_location", lambda uri: None)
