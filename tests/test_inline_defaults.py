@@ -46,15 +46,8 @@ NOT_PACKAGE = {"tests", "examples", "perf", "docs", "data", "build"}
 CONFIG_WORDS = ("cfg", "conf", "section", "settings")
 READERS = {"cfg_get", "getattr"}
 
-#: The reads with an inline default that remain: ``{module: {key, ...}}``, each with why.
-KNOWN: dict[str, set[str]] = {
-    # an algo section built by hand (``Algorithm.from_config({})``, ``read_key`` fills the rest
-    # from conf/algo/grpo.yaml) has no name: it is labelled custom / "the algorithm"; an
-    # intervention's ``Params`` dataclass may declare no scope
-    "trainers/algos/algorithm.py": {"name"},
-    "trainers/run/regime.py": {"gate", "name"},
-    "trainers/interventions/base.py": {"scope"},
-}
+#: The reads with an inline default that remain: ``{module: {key, ...}}``, each with why (none today).
+KNOWN: dict[str, set[str]] = {}
 
 
 def _package_files() -> list[str]:

@@ -173,7 +173,7 @@ class Algorithm:
                 f"algo.overlong.buffer={buffer} is not allowed: it must be in [1, rollout.max_new_tokens={max_response_length}]"
             )
         return cls(
-            name=str(cfg.get("name", "custom")),
+            name=str(cfg.get("name", default("name"))),
             advantage=registered_name(cfg, "advantage", core_algos.ADVANTAGE_ESTIMATORS),
             eps_low=float(read_key(cfg, "clip.low")),
             eps_high=float(read_key(cfg, "clip.high")),

@@ -57,6 +57,9 @@ __all__ = [
 # micro: each micro-batch (the published reference codes); mini / batch: this rank's mini-batch /
 # step batch; global: the mini-batch of all ranks (the selection does not depend on the rank count).
 SCOPES = ("micro", "mini", "batch", "global")
+#: The scope of an intervention whose ``Params`` declares none (a per-token or per-response rule that
+#: selects nothing across rows): the loop runs it where the published codes do, on each micro-batch.
+UNSCOPED = SCOPES[0]
 
 
 @dataclass
@@ -181,7 +184,7 @@ class Intervention:
         self.params = params
         self.seed = seed
         self.max_response_length = max_response_length
-        self.scope: str = getattr(params, "scope", "micro")  # checked by intervention_params
+        self.scope: str = getattr(params, "scope", UNSCOPED)  # checked by intervention_params
 
     def vocab_stats(self) -> dict:
         """``{key: (name, params)}``: full-distribution statistics (``stats/vocab_stats.py``) this
@@ -333,7 +336,7 @@ def intervention_params(name: str, section: dict | None):
     check = getattr(params, "validate", None)
     if check is not None:
         check(name)
-    scope = getattr(params, "scope", "micro")
+    scope = getattr(params, "scope", UNSCOPED)
     if scope not in SCOPES:
         raise UserError(unknown_choice(f"algo.{name}.scope", scope, SCOPES))
     return params

@@ -20,7 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-from ...conf import to_plain
+from ...conf import intervention_defaults, to_plain
+from ..algos.algo_config import default
 from ..interventions import INTERVENTIONS
 
 __all__ = [
@@ -90,7 +91,7 @@ def harder_groups_advice(algo_cfg: dict, data_cfg: dict | None) -> str:
     built-in task for the toy one, harder prompts for a file of the user's, harder problems for the
     other built-in tasks; dynamic sampling where it is off, more of its batches where it is on."""
     data = data_cfg or {}
-    name = str(data.get("name", ""))
+    name = data.get("name")  # a hand-built data section may have none
     if data.get("path") or data.get("kind") in FILE_KINDS:
         task = "harder prompts in your data"
     elif name == "toy":
@@ -130,7 +131,7 @@ def regime_warnings(rows: list[dict], algo_cfg: dict, data_cfg: dict | None = No
                 _finding(
                     "all_equal_groups",
                     f"{share:.0%} of prompt groups had all-equal rewards on average (zero advantage): "
-                    f"{algo_cfg.get('name', 'the algorithm')} has little to reweight; use "
+                    f"{algo_cfg.get('name', default('name'))} has little to reweight; use "
                     f"{harder_groups_advice(algo_cfg, data_cfg)}",
                     first,
                 )
@@ -146,8 +147,8 @@ def entropy_target(algo_cfg: dict | None) -> float | None:
     for name in _interventions(algo_cfg):
         cls = INTERVENTIONS.get(name)
         key = getattr(cls, "target_param", None)
-        params = dict(algo_cfg.get(name) or {})
-        if key is None or (name == "stare" and not params.get("gate", True)):
+        params = {**(intervention_defaults(name) or {}), **dict(algo_cfg.get(name) or {})}
+        if key is None or (name == "stare" and not params["gate"]):
             continue
         value = params.get(key)
         if isinstance(value, (int, float)) and value > 0:
