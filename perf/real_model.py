@@ -51,6 +51,12 @@ of its limit (goal: at least 0.5 of each):
   ``lora_train_speedup``: the default's training part over LoRA's), and the step with each group's prompt run
   once in the training forwards (``trainer.share_prompt_forward=true``: ``step_s_shared_prompts``;
   ``shared_prompts_train_speedup``: the default's training part over its).
+- the int8 sampler (``rollout.weights=int8``, ``rollout/int8_sampler.py``): the decode measurement again with it
+  (``decode_int8``; ``decode_int8_speedup``: the float32 decode step's time over its;
+  ``decode_int8_bandwidth_frac``: against streaming the same weights at one byte each), and the study step
+  with it (``step_s_int8``; ``int8_generate_speedup``: the default's generation over its, the copy's
+  quantisation after each update included; ``int8_logp_diff_mean``: the step's mean ``|trainer - sampler|``
+  log-prob of the sampled tokens, how far the int8 sampler is from the trained policy).
 
 Every time here is an upper bound when other processes share the cores: the rates are measured in the
 same run so that a loaded machine slows the limit and the figure alike, but not always equally.
@@ -186,6 +192,7 @@ STUDY_VARIANTS = {
     "recomputed": ["trainer.reuse_stats_forward=false"],
     "lora": [f"model.lora.rank={LORA_RANK}"],
     "shared_prompts": ["trainer.share_prompt_forward=true"],
+    "int8": ["rollout.weights=int8"],
 }
 
 
@@ -237,8 +244,8 @@ def _timed(fn) -> float:
     return time.perf_counter() - started
 
 
-def _decode() -> dict:
-    """Child: one ``generate`` of the study's shape with the HF engine, and its prefill alone."""
+def _decode(*extra: str) -> dict:
+    """Child: one ``generate`` of the study's shape with the HF engine (and the overrides ``extra``), and its prefill alone."""
     import torch
 
     torch.set_num_threads(1)
@@ -246,7 +253,7 @@ def _decode() -> dict:
     from entropyrl.rollout.hf_engine import HFRollout
     from entropyrl.trainers.data.prompts_source import build_prompt_source
 
-    cfg = _compose(*STUDY)
+    cfg = _compose(*STUDY, *extra)
     model, tok = load_policy(cfg.model, log=lambda *_: None)
     source = build_prompt_source(cfg.data, seed=0, tokenizer=tok)
     prompts = [source.prompt(p) for p in source.sample(int(cfg.trainer.prompts_per_step), step=0)]
@@ -300,6 +307,7 @@ def _study_step(folder: str, *extra: str) -> dict:
         "step_seconds": round(float(row["time/step"]), 2),
         "generate_seconds": round(float(row["time/generate"]), 2),
         "train_seconds": round(float(row["time/step"]) - float(row["time/generate"]), 2),
+        "logp_diff_mean": row.get("rollout/logp_diff_mean"),  # the sampler's log-probs against the trainer's, where reported
     }
 
 
@@ -435,13 +443,17 @@ def run() -> dict:
         train = _child("train", folder, timeout=600)
     plan = plan_estimate(train["prompt_len"])
     decode = _child("decode", timeout=600)
+    decode_int8 = _child("decode", "rollout.weights=int8", timeout=600)
     steps = {}
     for name, extra in STUDY_VARIANTS.items():
         with tempfile.TemporaryDirectory(prefix="entropyrl-bench-study-") as folder:
             steps[name] = _child("study", folder, *extra, timeout=600)
-    study, plain, recomputed, lora, shared = (steps[k] for k in ("study", "plain", "recomputed", "lora", "shared_prompts"))
+    study, plain, recomputed, lora, shared, int8 = (
+        steps[k] for k in ("study", "plain", "recomputed", "lora", "shared_prompts", "int8")
+    )
+    shares = limits(decode, study)
     result = {
-        **limits(decode, study),
+        **shares,
         "step_s_plain": plain["step_seconds"],
         "speedup": round(plain["step_seconds"] / study["step_seconds"], 3),
         "train_s_recomputed": recomputed["train_seconds"],
@@ -450,7 +462,13 @@ def run() -> dict:
         "lora_train_speedup": round(study["train_seconds"] / lora["train_seconds"], 3),
         "step_s_shared_prompts": shared["step_seconds"],
         "shared_prompts_train_speedup": round(study["train_seconds"] / shared["train_seconds"], 3),
+        "decode_int8_speedup": round(decode["decode_step_seconds"] / decode_int8["decode_step_seconds"], 3),
+        "decode_int8_bandwidth_frac": round(shares["decode_floor_seconds"] / 4 / decode_int8["decode_step_seconds"], 3),
+        "step_s_int8": int8["step_seconds"],
+        "int8_generate_speedup": round(study["generate_seconds"] / int8["generate_seconds"], 3),
+        "int8_logp_diff_mean": int8["logp_diff_mean"],
         "decode": decode,
+        "decode_int8": decode_int8,
         **{("study_step" if k == "study" else f"study_step_{k}"): v for k, v in steps.items()},
         "setting": f"model={PRESET} (float32, CPU, one thread), data={DATA}; generation: {BATCH} prompts x 1 "
         f"response <= {NEW_TOKENS} tokens at T=1; training step: {TRAIN_PROMPTS} prompts x {TRAIN_N} responses "
@@ -473,7 +491,7 @@ if __name__ == "__main__":
     elif len(sys.argv) > 1 and sys.argv[1] == "rates":
         print(json.dumps(_rates()))
     elif len(sys.argv) > 1 and sys.argv[1] == "decode":
-        print(json.dumps(_decode()))
+        print(json.dumps(_decode(*sys.argv[2:])))
     elif len(sys.argv) > 2 and sys.argv[1] == "study":
         print(json.dumps(_study_step(sys.argv[2], *sys.argv[3:])))
     else:

@@ -1,15 +1,19 @@
 """The Hugging Face ``generate`` rollout engine (``rollout=hf``, ``eval.backend=hf``): samples from the
-live model the trainer updates, so it needs no weight sync. ``generate_ids`` continues token
+live model the trainer updates, so it needs no weight sync; with ``rollout.weights=int8`` it samples from
+an int8 copy of that model, made again after each weight sync, and reports the copy's log-probs
+(``int8_sampler.py``). ``generate_ids`` continues token
 sequences by one turn, stopping a row where a caller's test says so (the multi-turn driver,
 ``multi_turn.py``)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 import torch
 
 from .base import Rollout, concat, response_mask_from_eos, stop_token_ids
+from .int8_sampler import check_int8_model, int8_copy, sampled_logp
 from .settings import SamplingSettings
 
 
@@ -80,6 +84,10 @@ class HFRollout:
         self.settings = SamplingSettings.from_config(settings)
         self.model = model
         self.tokenizer = tokenizer
+        self.int8 = self.settings.weights == "int8"
+        self._int8_sampler = None  # made at the first generate after a weight sync
+        if self.int8:
+            check_int8_model(model)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
 
@@ -89,10 +97,31 @@ class HFRollout:
         return self.settings
 
     def sync_weights(self) -> None:
-        """Nothing to do: generation uses the live model."""
+        """Nothing to do when the live model samples; under int8 the copy is made again at the next generate."""
+        self._int8_sampler = None
 
     def close(self) -> None:
-        """Nothing held beyond the model, which belongs to the caller."""
+        """Nothing held beyond the model, which belongs to the caller (and the int8 copy, dropped)."""
+        self._int8_sampler = None
+
+    def _sampler(self):
+        """The model that samples: the live one, or its int8 copy (made once per weight sync)."""
+        if not self.int8:
+            return self.model
+        if self._int8_sampler is None:
+            self._int8_sampler = int8_copy(self.model)
+        return self._int8_sampler
+
+    def _generate(self, sampler, config, temperature: float, width: int, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(new ids [rows, R], their sampler log-probs [rows, R] or None)`` of one ``generate`` call;
+        the log-probs only under int8, where the sampler is not the trained model."""
+        if not self.int8:
+            return sampler.generate(generation_config=config, **kwargs)[:, width:].cpu(), None
+        config = copy.deepcopy(config)
+        config.return_dict_in_generate, config.output_logits = True, True
+        out = sampler.generate(generation_config=config, **kwargs)
+        new = out.sequences[:, width:].cpu()
+        return new, sampled_logp(out.logits, new, temperature)
 
     @torch.no_grad()
     def generate_ids(
@@ -105,8 +134,8 @@ class HFRollout:
         max_new_tokens: int,
         stop: Callable[[list[int]], bool] | None = None,
         stop_strings: list[str] | None = None,
-    ) -> list[tuple[list[int], None]]:
-        """``(new ids, None)`` of each sequence (no sampler log-probs: the trainer's model sampled),
+    ) -> list[tuple[list[int], list[float] | None]]:
+        """``(new ids, log-probs)`` of each sequence (log-probs None: the trainer's model sampled; the int8 copy's under int8),
         sampled until EOS (kept), ``stop(new ids)`` or ``max_new_tokens``.
         Rows are left-padded and batched ``batch_size`` at a time; seeded per call as ``generate``.
         ``stop_strings`` is not used: ``stop`` tests each step exactly."""
@@ -126,7 +155,8 @@ class HFRollout:
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
-        out_rows: list[tuple[list[int], None]] = []
+        sampler = self._sampler()
+        out_rows: list[tuple[list[int], list[float] | None]] = []
         try:
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 torch.manual_seed(int(seed))
@@ -136,19 +166,21 @@ class HFRollout:
                     ids = concat([torch.tensor(s, dtype=torch.long) for s in part], tok.pad_token_id, width, left=True)
                     mask = concat([torch.ones(len(s), dtype=torch.long) for s in part], 0, width, left=True)
                     criteria = _StopWhen(stop, width) if stop is not None else None
-                    out = model.generate(
+                    new, logp = self._generate(
+                        sampler,
+                        config,
+                        temperature,
+                        width,
                         input_ids=ids.to(device),
                         attention_mask=mask.to(device),
-                        generation_config=config,
                         stopping_criteria=StoppingCriteriaList([criteria]) if criteria else None,
                     )
-                    new = out[:, width:].cpu()
                     for i in range(len(part)):
                         row = new[i].tolist()
                         cut = next((k + 1 for k, t in enumerate(row) if t in eos), len(row))
                         if criteria is not None and i in criteria.at:
                             cut = min(cut, criteria.at[i])
-                        out_rows.append((row[:cut], None))
+                        out_rows.append((row[:cut], None if logp is None else logp[i, :cut].tolist()))
         finally:
             model.train(was_training)
         return out_rows
@@ -188,6 +220,7 @@ class HFRollout:
         was_training, side = model.training, tok.padding_side
         tok.padding_side = "left"
         model.eval()
+        sampler = self._sampler()
         n = int(n)
         # share_prefill: whole groups per call (a prompt's n rows together), each prompt prefilled once
         share = settings.share_prefill and n > 1
@@ -203,13 +236,13 @@ class HFRollout:
                     count = getattr(progress, "tokens", None)  # a caller that shows tokens/s (evals/progress_display.py)
                     extra = {"stopping_criteria": StoppingCriteriaList([_CountTokens(count, stop)])} if callable(count) else {}
                     if share and enc["input_ids"].shape[1] > 1:
-                        extra["past_key_values"] = _shared_prefill(model, enc["input_ids"], enc["attention_mask"], n)
+                        extra["past_key_values"] = _shared_prefill(sampler, enc["input_ids"], enc["attention_mask"], n)
                     if share:
                         enc = {k: v.repeat_interleave(n, dim=0) for k, v in enc.items()}
                         part = [p for p in part for _ in range(n)]
-                    out = model.generate(**enc, generation_config=config, **extra)
                     width = enc["input_ids"].shape[1]
-                    chunks.append((enc["input_ids"].cpu(), enc["attention_mask"].cpu(), out[:, width:].cpu()))
+                    new, logp = self._generate(sampler, config, temperature, width, **enc, **extra)
+                    chunks.append((enc["input_ids"].cpu(), enc["attention_mask"].cpu(), new, logp))
                     if progress:
                         progress(len(part))
         finally:
@@ -223,4 +256,7 @@ class HFRollout:
         response_mask, truncated = response_mask_from_eos(response_ids, stop)
         response_ids = torch.where(response_mask.bool(), response_ids, tok.pad_token_id)
         texts = tok.batch_decode(response_ids, skip_special_tokens=True)
-        return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, texts, truncated)
+        sampling_logp = None
+        if self.int8:
+            sampling_logp = _stack([c[3] for c in chunks], 0.0, r_width, left=False) * response_mask
+        return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, texts, truncated, sampling_logp=sampling_logp)

@@ -70,6 +70,16 @@ class HfKeys:
             "(the plain `generate` path)"
         ),
     )
+    weights: str = key(
+        "float32",
+        choice("float32", "int8"),
+        (
+            "the weights that sample: float32 = the live model the trainer updates; int8 = a copy of it with torch's "
+            "dynamic int8 linears (CPU), made again after each update: several times faster decoding on CPU, a "
+            "sampler near the trained policy but not equal to it, so its log-probs are reported "
+            "(rollout/logp_diff_mean; algo.interventions=[tis] corrects for it; rollout/int8_sampler.py)"
+        ),
+    )
 
 
 @dataclass

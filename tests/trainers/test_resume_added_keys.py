@@ -49,3 +49,18 @@ def test_a_run_saved_without_a_key_that_changes_training_is_refused():
     saved = _requested()
     del saved["trainer"]["ppo_epochs"]  # not resumable, not an added section: a real difference
     assert [d[0] for d in config_differences(upgrade_saved_config(saved, requested), requested)] == ["trainer.ppo_epochs"]
+
+
+def test_a_run_saved_before_the_samplers_weights_existed_resumes_as_it_sampled():
+    """``rollout.weights`` (the hf engine's own key): a run saved without it sampled with the live
+    float32 model, so it resumes as float32 and is refused as int8; an engine without the key (vllm)
+    gets nothing added."""
+    requested = _requested()
+    saved = _requested()
+    del saved["rollout"]["weights"]
+    assert config_differences(upgrade_saved_config(saved, requested), requested) == []
+    int8 = _requested(["rollout.weights=int8"])
+    assert [d[0] for d in config_differences(upgrade_saved_config(saved, int8), int8)] == ["rollout.weights"]
+    vllm = _requested(["rollout=vllm"])
+    assert "weights" not in vllm["rollout"]
+    assert config_differences(upgrade_saved_config(_requested(["rollout=vllm"]), vllm), vllm) == []

@@ -179,22 +179,28 @@ def config_differences(saved: dict, requested: dict) -> list[tuple[str, Any, Any
     ]
 
 
-#: Sections added after runs were saved without them, as those runs ran: the data's own verifier
-#: as the reward (``reward``), full fine-tuning (``model.lora``).
+#: Sections and keys added after runs were saved without them, as those runs ran: the data's own
+#: verifier as the reward (``reward``), full fine-tuning (``model.lora``), the hf engine sampling with
+#: the live float32 model (``rollout.weights``). A key that only some options of its section have (an
+#: engine's own key) is added where the requested run's section has it.
 ADDED_SECTIONS = {
     "reward": {"functions": [], "url": None, "timeout_s": 60, "workers": 0, "fallback": 0.0, "retries": 2, "backoff_s": 0.5},
     "model.lora": {"rank": None, "alpha": None, "dropout": 0.0, "target_modules": "all-linear", "save_merged": False},
+    "rollout.weights": "float32",
 }
 
 
-def _with_added_sections(saved: dict) -> dict:
+def _with_added_sections(saved: dict, requested: dict) -> dict:
     out = dict(saved)
     for key, value in ADDED_SECTIONS.items():
         head, _, leaf = key.partition(".")
         if not leaf and head not in out:
             out[head] = dict(value)
         elif leaf and isinstance(out.get(head), dict) and leaf not in out[head]:
-            out[head] = {**out[head], leaf: dict(value)}
+            if isinstance(value, dict):
+                out[head] = {**out[head], leaf: dict(value)}
+            elif isinstance(requested.get(head), dict) and leaf in requested[head]:
+                out[head] = {**out[head], leaf: value}
     return out
 
 
@@ -203,7 +209,7 @@ def upgrade_saved_config(saved: dict, requested: dict) -> dict:
     section has its ``trainer.lr``/``weight_decay``/``betas`` moved there, and the keys it lacked set
     to what it ran with (AdamW, constant lr, no warmup; ``min_lr_ratio``, unused at a constant lr,
     as requested), so it still resumes with the same settings; so do the ``ADDED_SECTIONS``."""
-    saved = _with_added_sections(saved)
+    saved = _with_added_sections(saved, requested)
     trainer = saved.get("trainer")
     if not isinstance(trainer, dict) or not any(old.split(".", 1)[1] in trainer for old in RENAMED):
         return saved

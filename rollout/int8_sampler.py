@@ -1,0 +1,82 @@
+"""The ``hf`` engine's int8 sampler (``rollout.weights=int8``): a copy of the policy whose linear layers
+are torch's dynamically quantized int8 linears (weights int8 per tensor, activations quantized per
+batch at each call: ``torch.ao.quantization.quantize_dynamic``). Decoding a few rows is a chain of
+thin matrix products; on CPU their int8 kernels (fbgemm) run several times faster than float32 ones.
+
+The copy is a different policy from the one trained: close (the weights rounded to 8 bits), not
+equal. The engine therefore reports the sampler's own log-probs of the tokens it drew
+(``Rollout.sampling_logp``, as vLLM's engine does), so the run logs how far the two are
+(``rollout/logp_diff_mean``) and the truncated importance weights (``algo.interventions=[tis]``) can
+correct for it. ``sampled_logp`` computes them from the raw logits ``generate`` returns, at the
+sampling temperature: the convention of the trainer's own log-probs (docs/algorithms.md §1).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import warnings
+
+import torch
+
+from ..core.errors import UserError
+
+__all__ = ["check_int8_model", "int8_copy", "sampled_logp"]
+
+
+def check_int8_model(model) -> None:
+    """Refuse, with one line, a model the int8 copy cannot be made of: one on a GPU (torch's dynamic
+    int8 linears run on CPU) or one sharded across ranks (FSDP: no rank holds the whole weights)."""
+    params = list(model.parameters())
+    if any(p.device.type != "cpu" for p in params):
+        raise UserError(
+            "rollout.weights=int8 samples on CPU only (torch's dynamic int8 linears): on a GPU use rollout=vllm, "
+            "or rollout.weights=float32"
+        )
+    if any(type(p).__name__ == "DTensor" for p in params):
+        raise UserError(
+            "rollout.weights=int8 needs the whole model in one process, and FSDP shards it: use trainer.fsdp=false "
+            "or rollout.weights=float32"
+        )
+
+
+@torch.no_grad()
+def int8_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """An int8 copy of ``model`` for sampling (eval mode; ``model`` itself is not changed). A PEFT
+    model's adapters are merged into the copy first, so it samples the policy the trainer holds."""
+    sampler = _merged(copy.deepcopy(model))
+    for p in sampler.parameters():
+        p.requires_grad_(False)
+        p.grad = None
+    sampler.eval()
+    with warnings.catch_warnings():  # torch points eager quantization users to torchao; the pinned torch runs it
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(sampler, {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def _merged(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with each PEFT adapter layer (LoRA: ``models/lora.py`` injects them in place) merged into
+    its base layer and replaced by it: the plain linears the quantisation converts."""
+    if "peft" not in sys.modules:  # no adapter was ever applied in this process
+        return model
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, BaseTunerLayer):
+            module.merge()
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, module.get_base_layer())
+    return model
+
+
+def sampled_logp(logits: tuple[torch.Tensor, ...], new_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``[B, R]`` log-probs of the drawn tokens ``new_ids [B, R]`` under ``logits`` (``generate``'s
+    ``output_logits``: one ``[B, V]`` per new position, raw) at ``temperature`` (0: greedy, taken at 1)."""
+    scale = float(temperature) if temperature > 0 else 1.0
+    steps = [
+        torch.log_softmax(step.float() / scale, dim=-1).gather(-1, new_ids[:, t : t + 1].to(step.device)).squeeze(-1)
+        for t, step in enumerate(logits[: new_ids.shape[1]])
+    ]
+    if not steps:
+        return torch.zeros(new_ids.shape, dtype=torch.float32)
+    return torch.stack(steps, dim=1).cpu()
