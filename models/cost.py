@@ -457,6 +457,12 @@ def plan_figures(
     decode = decode_mfu or mfu
     overlap = async_estimate(cost.train_seconds, cost.generation_seconds, staleness, rollout_gpus)
     assumptions = _plan_assumptions(mfu, decode, peak_tflops, gpu_gb, engine, engine_dtype, overlap, ranks, rollout_gpus)
+    if cpu_time is not None and cfg_get(cfg.rollout, "weights") == "int8":
+        assumptions.append(
+            "rollout.weights=int8: the CPU generation time is that of float32 sampling, an upper bound (the int8 copy "
+            "decodes faster: `make bench` key real_model, decode_int8_speedup); the copy made after each update is "
+            "not counted"
+        )
     return {
         "model": str(cfg.model.name),
         "architecture": arch.source,

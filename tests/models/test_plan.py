@@ -287,3 +287,14 @@ def test_the_plans_activations_are_those_of_a_pass_the_step_can_hold():
     assert _plan(*step, "trainer.mini_batch_prompts=2")["memory_gb"]["activations"] == eight  # 2 x 4 responses a pass
     budget = _plan(*step, "trainer.micro_batch_tokens=1000000")["memory_gb"]["activations"]
     assert budget == pytest.approx(default, rel=0.05)  # a token budget past the mini-batch: the mini-batch
+
+
+def test_the_cpu_plan_says_its_generation_time_is_float32_samplings_under_the_int8_sampler():
+    from entropyrl.models.cost import plan_figures
+
+    def assumptions(*overrides: str) -> list[str]:
+        figures = plan_figures(["data=toy", *overrides], ranks=1, mfu=0.4, peak_tflops=989.0, prompt_len=10, cpu={})
+        return [a for a in figures["assumptions"] if a.startswith("rollout.weights=int8")]
+
+    assert len(assumptions("rollout.weights=int8")) == 1
+    assert assumptions() == []  # null: the float32 sampler the CPU model times

@@ -30,3 +30,18 @@ def test_advice_for_a_data_section_without_a_name_names_no_task():
     assert harder_groups_advice({}, {}).startswith("harder problems,")
     assert harder_groups_advice({}, {"name": "toy"}).startswith("a harder task (data=countdown)")
     assert harder_groups_advice({}, {"name": "gsm8k"}).startswith("harder problems for data=gsm8k")
+
+
+def test_a_sampler_far_from_the_policy_is_a_finding_of_the_run():
+    """``sampler_far_from_policy``: the run's mean ``rollout/logp_diff_mean`` beyond log(1 + clip.high)."""
+    import math
+
+    far = [{"step": s, "rollout/logp_diff_mean": 0.74} for s in range(1, 6)]
+    (finding,) = regime_warnings(far, {"name": "grpo", "interventions": []})
+    assert finding["id"] == "sampler_far_from_policy" and finding["first_step"] == 1
+    assert f"log(1 + algo.clip.high) = {math.log1p(default('clip.high')):.2f}" in finding["message"]
+    near = [{"step": s, "rollout/logp_diff_mean": 0.03} for s in range(1, 6)]
+    assert regime_warnings(near, {"name": "grpo", "interventions": []}) == []  # null: a sampler near the policy
+    assert regime_warnings([{"step": 1, "entropy": 1.0}], {"interventions": []}) == []  # no log-probs reported
+    wide = {"name": "grpo", "interventions": [], "clip": {"high": 1.5}}  # log(2.5) = 0.92: the same gap is inside
+    assert regime_warnings(far, wide) == []

@@ -136,7 +136,34 @@ def regime_warnings(rows: list[dict], algo_cfg: dict, data_cfg: dict | None = No
                     first,
                 )
             )
+    out += _sampler_gap(rows, algo_cfg)
     return out
+
+
+def _sampler_gap(rows: list[dict], algo_cfg: dict) -> list[dict]:
+    """A sampler far from the trained policy: the run's mean ``rollout/logp_diff_mean`` (the sampler's
+    log-probs of its own tokens against the trainer's, where the engine reports them) beyond
+    ``log(1 + algo.clip.high)``, the log-ratio at which PPO's clip stops the average token's update."""
+    gaps = _series(rows, "rollout/logp_diff_mean")
+    if not gaps:
+        return []
+    clip = dict(algo_cfg.get("clip") or {})
+    bound = math.log1p(float(clip.get("high", default("clip.high"))))
+    mean = float(np.mean([v for _, v in gaps]))
+    if mean <= bound:
+        return []
+    first = next(s for s, v in gaps if v > bound)  # a mean above the bound has a step above it
+    return [
+        _finding(
+            "sampler_far_from_policy",
+            f"the sampler's log-probs of its tokens were {mean:.2f} nats a token from the trainer's on average "
+            f"(rollout/logp_diff_mean), beyond log(1 + algo.clip.high) = {bound:.2f}: the batches come from another "
+            "policy than the one trained. rollout.weights=int8: use float32; vLLM: check rollout.dtype; under "
+            "trainer.staleness the behaviour weights are older. algo.interventions=[tis] caps the ratios but does not "
+            "make the batches on-policy",
+            first,
+        )
+    ]
 
 
 def entropy_target(algo_cfg: dict | None) -> float | None:

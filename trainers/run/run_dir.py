@@ -179,10 +179,8 @@ def config_differences(saved: dict, requested: dict) -> list[tuple[str, Any, Any
     ]
 
 
-#: Sections and keys added after runs were saved without them, as those runs ran: the data's own
-#: verifier as the reward (``reward``), full fine-tuning (``model.lora``), the hf engine sampling with
-#: the live float32 model (``rollout.weights``). A key that only some options of its section have (an
-#: engine's own key) is added where the requested run's section has it.
+#: Sections and keys added after runs were saved without them, as those runs ran (the data's verifier,
+#: full fine-tuning, float32 sampling); a key of some options only (an engine's) where the request has it.
 ADDED_SECTIONS = {
     "reward": {"functions": [], "url": None, "timeout_s": 60, "workers": 0, "fallback": 0.0, "retries": 2, "backoff_s": 0.5},
     "model.lora": {"rank": None, "alpha": None, "dropout": 0.0, "target_modules": "all-linear", "save_merged": False},
