@@ -48,9 +48,9 @@ of its limit (goal: at least 0.5 of each):
 - the same step's training part with its statistics forward recomputed (``trainer.reuse_stats_forward=false``:
   ``train_s_recomputed``, ``reuse_train_speedup`` its ratio to the default's), and the step with a LoRA
   adapter of rank ``LORA_RANK`` on every linear layer instead of full fine-tuning (``step_s_lora``;
-  ``lora_train_speedup``: the default's training part over LoRA's), and the step with each group's prompt run
-  once in the training forwards (``trainer.share_prompt_forward=true``: ``step_s_shared_prompts``;
-  ``shared_prompts_train_speedup``: the default's training part over its).
+  ``lora_train_speedup``: the default's training part over LoRA's), and the step with each row's prompt run
+  again in the training forwards (``trainer.share_prompt_forward=false``, the preset runs a group's prompt
+  once: ``step_s_separate_prompts``; ``shared_prompts_train_speedup``: its training part over the default's).
 - the int8 sampler (``rollout.weights=int8``, ``rollout/int8_sampler.py``): the decode measurement again with it
   (``decode_int8``; ``decode_int8_speedup``: the float32 decode step's time over its;
   ``decode_int8_bandwidth_frac``: against streaming the same weights at one byte each), and the study step
@@ -191,7 +191,7 @@ STUDY_VARIANTS = {
     "plain": ["rollout.share_prefill=false"],
     "recomputed": ["trainer.reuse_stats_forward=false"],
     "lora": [f"model.lora.rank={LORA_RANK}"],
-    "shared_prompts": ["trainer.share_prompt_forward=true"],
+    "separate_prompts": ["trainer.share_prompt_forward=false"],
     "int8": ["rollout.weights=int8"],
 }
 
@@ -448,8 +448,8 @@ def run() -> dict:
     for name, extra in STUDY_VARIANTS.items():
         with tempfile.TemporaryDirectory(prefix="entropyrl-bench-study-") as folder:
             steps[name] = _child("study", folder, *extra, timeout=600)
-    study, plain, recomputed, lora, shared, int8 = (
-        steps[k] for k in ("study", "plain", "recomputed", "lora", "shared_prompts", "int8")
+    study, plain, recomputed, lora, separate, int8 = (
+        steps[k] for k in ("study", "plain", "recomputed", "lora", "separate_prompts", "int8")
     )
     shares = limits(decode, study)
     result = {
@@ -460,8 +460,8 @@ def run() -> dict:
         "reuse_train_speedup": round(recomputed["train_seconds"] / study["train_seconds"], 3),
         "step_s_lora": lora["step_seconds"],
         "lora_train_speedup": round(study["train_seconds"] / lora["train_seconds"], 3),
-        "step_s_shared_prompts": shared["step_seconds"],
-        "shared_prompts_train_speedup": round(study["train_seconds"] / shared["train_seconds"], 3),
+        "step_s_separate_prompts": separate["step_seconds"],
+        "shared_prompts_train_speedup": round(separate["train_seconds"] / study["train_seconds"], 3),
         "decode_int8_speedup": round(decode["decode_step_seconds"] / decode_int8["decode_step_seconds"], 3),
         "decode_int8_bandwidth_frac": round(shares["decode_floor_seconds"] / 4 / decode_int8["decode_step_seconds"], 3),
         "step_s_int8": int8["step_seconds"],

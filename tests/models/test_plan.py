@@ -267,12 +267,12 @@ def test_shared_prompts_run_a_passs_distinct_prompts_once_in_the_plan():
             ["experiment=smollm2_word_problems", *overrides], ranks=1, mfu=0.4, peak_tflops=989.0, prompt_len=70, cpu={}
         )
 
-    on, off = cpu_plan("trainer.share_prompt_forward=true"), cpu_plan()
+    on, off = cpu_plan("trainer.share_prompt_forward=true"), cpu_plan("trainer.share_prompt_forward=false")
     assert on["cpu"]["train_flops"] < 0.75 * off["cpu"]["train_flops"]  # the prompt is half of each row
     assert on["cpu"]["prefill_seconds"] == off["cpu"]["prefill_seconds"]  # generation is not the forward it shares
     assert (
         _plan("experiment=smollm2_word_problems", "trainer.share_prompt_forward=true")["train_flops"]
-        == (_plan("experiment=smollm2_word_problems")["train_flops"])
+        == (_plan("experiment=smollm2_word_problems", "trainer.share_prompt_forward=false")["train_flops"])
     )
 
 
