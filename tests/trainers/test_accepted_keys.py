@@ -343,14 +343,15 @@ def test_every_engine_key_is_read(engine):
 
 
 #: the hf engine's keys whose effect is on the samples, with a value that must change them
-HF_SAMPLING = {"temperature": 1.0, "top_p": 0.3, "top_k": 1, "max_new_tokens": 2, "batch_size": 1}
+HF_SAMPLING = {"temperature": 1.0, "top_p": 0.3, "top_k": 1, "max_new_tokens": 2, "batch_size": 1, "weights": "int8"}
 #: the hf engine's speed keys, with a value that must leave the samples as they are (the same samples, faster)
 HF_SPEED = {"share_prefill": False}
 
 
 def test_hf_sampling_keys_change_the_samples():
     """On the embedded tiny model: each sampling key of ``rollout=hf`` (its schema, core/schema/rollout.py)
-    changes what the engine returns (the sampled tokens) at the same seed; every other hf key is in
+    changes what the engine returns (the sampled tokens, or with ``weights`` the sampler's log-probs of
+    them: the int8 copy draws nearly the tiny model's tokens) at the same seed; every other hf key is in
     ``ENGINE_KEYS_READ_BY_THE_LOOP``."""
     from omegaconf import OmegaConf
 
@@ -369,7 +370,8 @@ def test_hf_sampling_keys_change_the_samples():
 
     def sample(engine_cfg):
         out = build_rollout(engine_cfg, model, tok).generate(prompts, n=4, seed=5)
-        return out.response_ids.tolist(), out.response_mask.tolist()
+        logp = None if out.sampling_logp is None else out.sampling_logp.tolist()  # int8: the copy's, the policy's absent
+        return out.response_ids.tolist(), out.response_mask.tolist(), logp
 
     ref = sample(base)
     assert sample(base) == ref  # the comparison is not noise: same seed, same samples
