@@ -298,3 +298,22 @@ def test_the_cpu_plan_says_its_generation_time_is_float32_samplings_under_the_in
 
     assert len(assumptions("rollout.weights=int8")) == 1
     assert assumptions() == []  # null: the float32 sampler the CPU model times
+
+
+def test_the_real_model_preset_runs_a_groups_prompt_once_and_the_plan_counts_it():
+    """``experiment=smollm2_word_problems`` sets ``trainer.share_prompt_forward``: its planned CPU training
+    FLOPs are those of the shared forward, below the same preset with each row running its prompt."""
+    from entropyrl.conf import compose
+    from entropyrl.models.cost import plan_figures
+
+    assert compose("train", ["experiment=smollm2_word_problems"]).trainer.share_prompt_forward is True
+    assert compose("train", []).trainer.share_prompt_forward is False  # the default stays off
+
+    def cpu_flops(*overrides: str) -> float:
+        figures = plan_figures(
+            ["experiment=smollm2_word_problems", *overrides], ranks=1, mfu=0.4, peak_tflops=989.0, prompt_len=70, cpu={}
+        )
+        return figures["cpu"]["train_flops"]
+
+    assert cpu_flops() == cpu_flops("trainer.share_prompt_forward=true")
+    assert cpu_flops() < cpu_flops("trainer.share_prompt_forward=false")
