@@ -1,10 +1,10 @@
 """The ``hf`` engine's int8 sampler (``rollout.weights=int8``): a copy of the policy whose linear layers
 are torch's dynamically quantized int8 linears (weights int8 per tensor, activations quantized per
 batch at each call: ``torch.ao.quantization.quantize_dynamic``). Decoding a few rows is a chain of
-thin matrix products; on CPU their int8 kernels (fbgemm) run several times faster than float32 ones.
+thin matrix products, which fbgemm's int8 kernels run faster than float32 ones on CPU.
 
-The copy is a different policy from the one trained: close (the weights rounded to 8 bits), not
-equal. The engine therefore reports the sampler's own log-probs of the tokens it drew
+The copy is a different policy from the one trained: its weights rounded to 8 bits and its activations
+quantized at each call; how far it is depends on the model. The engine therefore reports the sampler's own log-probs of the tokens it drew
 (``Rollout.sampling_logp``, as vLLM's engine does), so the run logs how far the two are
 (``rollout/logp_diff_mean``) and the truncated importance weights (``algo.interventions=[tis]``) can
 correct for it. ``sampled_logp`` computes them from the raw logits ``generate`` returns, at the
@@ -42,8 +42,8 @@ def check_int8_model(model) -> None:
 
 @torch.no_grad()
 def int8_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """An int8 copy of ``model`` for sampling (eval mode; ``model`` itself is not changed). A PEFT
-    model's adapters are merged into the copy first, so it samples the policy the trainer holds."""
+    """An int8 copy of ``model`` for sampling (eval mode; ``model`` itself is not changed). LoRA
+    adapters are merged into the copy first, so it quantizes the policy the trainer holds."""
     sampler = _merged(copy.deepcopy(model))
     for p in sampler.parameters():
         p.requires_grad_(False)

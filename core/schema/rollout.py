@@ -75,9 +75,9 @@ class HfKeys:
         choice("float32", "int8"),
         (
             "the weights that sample: float32 = the live model the trainer updates; int8 = a copy of it with torch's "
-            "dynamic int8 linears (CPU), made again after each update: several times faster decoding on CPU, a "
-            "sampler near the trained policy but not equal to it, so its log-probs are reported "
-            "(rollout/logp_diff_mean; algo.interventions=[tis] corrects for it; rollout/int8_sampler.py)"
+            "dynamic int8 linears (CPU), made again after each update: cheaper decode products, but another policy "
+            "(8-bit weights and activations; how far depends on the model: docs/real-model.md), so its log-probs are "
+            "reported (rollout/logp_diff_mean, the run's sampler_far_from_policy finding; rollout/int8_sampler.py)"
         ),
     )
 
