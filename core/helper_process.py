@@ -19,6 +19,10 @@ group, so the parent ends them all with ``end_process_group(helper_pid)`` once t
 whichever way it went (killed by the OOM killer, stopped for a stall, or closed), and the helper ends
 its group itself when it finds its parent gone.
 
+A helper that serves the parent over a socket starts through ``spawn_socket_helper``: a fresh
+interpreter (``-E -s``, nothing from the caller's ``__main__``, safe to start from a threaded parent)
+that imports this very package and calls its entry point with its end of a socket pair.
+
 "Gone" is seen as re-parenting: when a process's parent exits, the kernel gives it a new parent
 (init or a subreaper), so ``os.getppid()`` changes.
 """
@@ -27,8 +31,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 __all__ = [
@@ -39,9 +47,44 @@ __all__ = [
     "lead_own_process_group",
     "leads_own_group",
     "parent_alive_check",
+    "spawn_socket_helper",
 ]
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+# the folder that holds entropyrl/ as this process imported it (not resolved: a symlinked checkout
+# must give the helper this very package, not another copy found through the link target's parent)
+_PACKAGE_PARENT = str(Path(os.path.abspath(__file__)).parents[2])
+# no current folder on sys.path (with -E -s): the helper imports this package and what it imports only
+_BOOT = (
+    "import sys, importlib; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+    "sys.path.insert(0, sys.argv[1]); module, _, name = sys.argv[2].partition(':'); "
+    "getattr(importlib.import_module(module), name)(int(sys.argv[3]))"
+)
+
+
+def spawn_socket_helper(entry: str, *, warnings: bool = True) -> tuple[subprocess.Popen, socket.socket]:
+    """``(process, our socket)``: a new interpreter that calls ``entry`` (``"package.module:function"``)
+    with the file descriptor of its end of a fresh socket pair. Its stdin and stdout are closed to it
+    (stderr stays the parent's, for a crash's traceback); ``warnings=False`` silences Python's
+    warnings in it. The helper ends when it returns; reading EOF on the socket is its usual way to
+    see the parent go."""
+    ours, theirs = socket.socketpair()
+    flags = ["-E", "-s"] + ([] if warnings else ["-W", "ignore"])
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, *flags, "-c", _BOOT, _PACKAGE_PARENT, entry, str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            close_fds=True,
+        )
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return proc, ours
 
 
 def ignore_group_stop_signals() -> None:

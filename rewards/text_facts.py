@@ -19,17 +19,14 @@ send and receive time limits), so the trainer never waits on it for ever.
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 import subprocess
-import sys
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Callable, Sequence
 
-from ..core.helper_process import ignore_group_stop_signals
+from ..core.helper_process import ignore_group_stop_signals, spawn_socket_helper
 from ..evals.reflection import ReflectionMatcher, ResponseFacts, matcher_for, response_facts
 
 __all__ = ["TextFactsSpec", "TextFactsPool", "PendingFacts", "serve"]
@@ -38,14 +35,7 @@ MAX_FAILURES = 3
 #: Longest wait, in seconds, for a worker to take a part or answer it (far above what a part takes).
 WAIT_SECONDS = 120.0
 
-# the folder that holds entropyrl/ as this process imported it (not resolved: a symlinked checkout
-# must give the worker this very package), as evals/grading/grader_pool.py does for its zygote
-_PACKAGE_PARENT = str(Path(os.path.abspath(__file__)).parents[2])
-_WORKER_MAIN = (
-    "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
-    "sys.path.insert(0, sys.argv[1]); "
-    "from entropyrl.rewards.text_facts import serve; serve(int(sys.argv[2]))"
-)
+_WORKER_ENTRY = "entropyrl.rewards.text_facts:serve"  # started by core/helper_process.spawn_socket_helper
 
 
 @dataclass(frozen=True)
@@ -84,17 +74,7 @@ class _Worker:
     """One worker process and our end of its socket."""
 
     def __init__(self):
-        ours, theirs = socket.socketpair()
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-E", "-s", "-c", _WORKER_MAIN, _PACKAGE_PARENT, str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                close_fds=True,
-            )
-        finally:
-            theirs.close()
+        self.proc, ours = spawn_socket_helper(_WORKER_ENTRY)
         limit = struct.pack("ll", int(WAIT_SECONDS), int((WAIT_SECONDS % 1) * 1e6))  # a timeval
         for option in (socket.SO_SNDTIMEO, socket.SO_RCVTIMEO):  # a blocked send or receive fails after it
             ours.setsockopt(socket.SOL_SOCKET, option, limit)

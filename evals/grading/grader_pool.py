@@ -32,21 +32,15 @@ import threading
 import time
 from collections import deque
 from multiprocessing.connection import wait as mp_wait
-from pathlib import Path
 from typing import Callable, Sequence
+
+from ...core.helper_process import spawn_socket_helper
 
 __all__ = ["GradingPool", "run_pool", "shutdown_pool", "cpu_count", "start_pool"]
 
 
-# the folder that holds entropyrl/ as this process imported it (not resolved: a symlinked checkout
-# must give the zygote this very package, not another copy found through the link target's parent)
-_PACKAGE_PARENT = str(Path(os.path.abspath(__file__)).parents[3])
-# -E -s and no current folder on sys.path: the zygote imports this package and math-verify only.
-_ZYGOTE_MAIN = (
-    "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
-    "sys.path.insert(0, sys.argv[1]); "
-    "from entropyrl.evals.grading.grader_worker import zygote; zygote(int(sys.argv[2]))"
-)
+# the zygote imports this package and math-verify only (core/helper_process.spawn_socket_helper)
+_ZYGOTE_ENTRY = "entropyrl.evals.grading.grader_worker:zygote"
 
 
 class GradingPoolError(RuntimeError):
@@ -59,19 +53,7 @@ class _Zygote:
     to start from a multi-threaded parent) that forks warm workers."""
 
     def __init__(self):
-        import socket
-
-        self.ctl, theirs = socket.socketpair()
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-E", "-s", "-W", "ignore", "-c", _ZYGOTE_MAIN, _PACKAGE_PARENT, str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                close_fds=True,
-            )
-        finally:
-            theirs.close()
+        self.proc, self.ctl = spawn_socket_helper(_ZYGOTE_ENTRY, warnings=False)
         self.ready = False
         self.warm_asked = False
 

@@ -69,7 +69,7 @@ def test_grade_whose_grading_processes_cannot_run_ends_in_one_line_and_writes_no
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text(json.dumps({"response": "so \\boxed{1/2}", "answer": "0.5"}) + "\n")
     grader_pool.shutdown_pool()  # the shared pool's zygote would serve this test otherwise
-    monkeypatch.setattr(grader_pool, "_ZYGOTE_MAIN", "import sys; sys.exit(3)")  # it dies at once
+    monkeypatch.setattr(grader_pool, "_ZYGOTE_ENTRY", "os:_exit")  # it dies at once
     try:
         with pytest.raises(SystemExit) as code:
             run(["grade", str(src), "--out", str(dst), "--workers", "1"])
