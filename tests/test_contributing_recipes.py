@@ -134,20 +134,11 @@ def _recipe_nulls() -> list:
 def _recipe_step(sweep_dir: Path, sweep: dict, statuses: list, log=print) -> dict:
     from entropyrl.sweeps.lab.null_controls import declare_nulls
     from entropyrl.sweeps.lab.report import write_study_report
-    from entropyrl.sweeps.lab.sweep_step import collect_lab_runs
+    from entropyrl.sweeps.lab.study_runs import read_study_runs
 
-    runs, _quadrants, configs = collect_lab_runs(sweep, statuses)
+    study = read_study_runs(sweep, statuses, stare_preset=["data=toy", "algo=stare"], base_preset=["data=toy"])
     return write_study_report(
-        Path(sweep_dir),
-        runs,
-        declare_nulls(_recipe_claims(runs)),
-        name="test recipe study",
-        sweep=sweep,
-        statuses=statuses,
-        ablation=STUDY,
-        algo_cfgs={v: c.get("algo", {}) for v, c in configs.items()},
-        pass_key="val/pass_at_8",
-        log=log,
+        Path(sweep_dir), study, declare_nulls(_recipe_claims(study.runs)), name="test recipe study", log=log
     )
 
 
@@ -214,7 +205,8 @@ def test_the_study_recipe_runs_a_study_declared_here_through_the_lab_command(in_
         "tests/sweeps/test_claim_nulls.py",
         "declare_nulls",
         "write_study_report",
-        "collect_lab_runs",
+        "sweeps/lab/study_runs.py",
+        "read_study_runs(sweep, statuses, stare_preset=..., base_preset=...)",
         "register_report_step",
         "REPORT_STEPS",
         "sweeps/plugins.py",

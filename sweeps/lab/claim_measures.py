@@ -28,13 +28,19 @@ GATE_MIN_OPEN_SHARE = 0.1
 ACT_EPS = 1e-9  # a lever's value this close to 0 did nothing on that step
 
 
+def metric_ends(rows: list[dict], key: str) -> tuple[float, float]:
+    """(first-tenth mean, last-tenth mean) of ``key`` over the steps that logged it finite (a token kind
+    with no token in a step is NaN there and is skipped)."""
+    vals = finite_values(rows, key)
+    if not vals:
+        return float("nan"), float("nan")
+    tenth = max(1, len(vals) // 10)
+    return float(np.mean(vals[:tenth])), float(np.mean(vals[-tenth:]))
+
+
 def entropy_ends(rows: list[dict]) -> tuple[float, float]:
     """(first-tenth mean, last-tenth mean) of the sampling entropy."""
-    ent = finite_values(rows, "entropy")
-    if not ent:
-        return float("nan"), float("nan")
-    tenth = max(1, len(ent) // 10)
-    return float(np.mean(ent[:tenth])), float(np.mean(ent[-tenth:]))
+    return metric_ends(rows, "entropy")
 
 
 def crossing_step(rows: list[dict], target: float) -> int | None:

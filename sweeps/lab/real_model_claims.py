@@ -40,9 +40,9 @@ import math
 import numpy as np
 
 from ...trainers.run.regime import COLLAPSE_RATIO, after_first_step, entropy_flags
+from .claim_measures import metric_ends
 from .claims import BAND, GATE_MIN_OPEN_SHARE, entropy_ends, final_value, stare_hold_claim
 from .kit import finite_values, fmt, make_claim, regime_reasons, seeds_with
-from .tool_claims import metric_ends
 
 __all__ = [
     "real_model_claims",
@@ -304,7 +304,7 @@ def _accuracy(runs: dict, pass_key: str) -> dict:
 
 
 def text_table(runs: dict) -> list[dict]:
-    """Per variant and ``TEXT_KEYS`` key: the first and last tenth per seed (``tool_claims.metric_ends``)
+    """Per variant and ``TEXT_KEYS`` key: the first and last tenth per seed (``claim_measures.metric_ends``)
     and their means over seeds; keys no seed logged are left out."""
     out = []
     for v, by_seed in runs.items():

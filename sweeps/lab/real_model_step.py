@@ -1,7 +1,7 @@
 """The real-model study's report step (``ablation.report_step: real_model``, ``entropyrl lab --experiment
 real_model``), after the sweep's report over a sweep of ``conf/ablation/real_model.yaml``.
 
-It reads the finished training runs like the lab's step (``sweep_step.collect_lab_runs``), computes the
+It reads the finished training runs as every study's step does (``study_runs.read_study_runs``), computes the
 real-model claims (``real_model_claims.real_model_claims``), explains them with the runs' attribution
 (``explain.explain_claims``), declares each one's null control and writes into the sweep folder
 ``report.md``, ``lab.json`` (the claims, the lab's variant table, the runs' table with the wall time of
@@ -21,10 +21,9 @@ from typing import Callable
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ...conf import compose, to_plain  # noqa: E402
+from ...conf import compose  # noqa: E402
 from ...trainers.run.regime import entropy_flags  # noqa: E402
 from ..ablation import variants_of  # noqa: E402
 from ..jobs import read_job_state  # noqa: E402
@@ -33,8 +32,8 @@ from .claims import GATE_KEY, acted_share, entropy_ends, final_value, finite_val
 from .explain import explain_claims  # noqa: E402
 from .null_controls import declare_nulls  # noqa: E402
 from .real_model_claims import CLAIM_VARIANTS, accuracy_table, real_model_claims, text_table  # noqa: E402
-from .report import finish_panels, style_panel, write_study_report  # noqa: E402
-from .sweep_step import collect_lab_runs  # noqa: E402
+from .report import finish_panels, panel_grid, style_panel, write_study_report  # noqa: E402
+from .study_runs import read_study_runs  # noqa: E402
 
 __all__ = ["real_model_report_step", "plot_runs", "run_table", "gate_spans", "CURVES_FIGURE", "ABLATION"]
 
@@ -71,9 +70,7 @@ def plot_runs(
     panels = [(v, by_seed) for v, by_seed in runs.items() if any(finite_values(rows, "entropy") for rows in by_seed.values())]
     if not panels:
         return None
-    cols = min(len(panels), 2)
-    nrows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.4 * cols, 3.3 * nrows), squeeze=False, sharey=True)
+    fig, axes = panel_grid(len(panels), (5.4, 3.3))
     for ax, (variant, by_seed) in zip(axes.flat, panels):
         gated = False
         for i, (seed, rows) in enumerate(sorted(by_seed.items())):
@@ -216,26 +213,18 @@ def _sections(
     return [*lines, ""]
 
 
-def _settings(configs: dict, every_job: list[str]) -> tuple[float, str]:
-    """``(h_tgt, pass_key)``: STARE's h_tgt from the stare run's saved config (else the ablation's variant
-    composed with the sweep's overrides) and ``val/pass_at_<k>`` from any run's config."""
-    stare = configs.get("stare")
-    if not stare:
-        abl = compose("sweep", [f"ablation={ABLATION}"]).ablation
-        over = next((list(v.overrides) for v in variants_of(abl) if v.name == "stare"), [])
-        stare = to_plain(compose("train", [*abl.base, *over, *every_job]))
-    h_tgt = float(stare["algo"]["stare"]["h_tgt"])
-    any_cfg = next(iter(configs.values()), None) or stare
-    return h_tgt, f"val/pass_at_{int(any_cfg['val']['pass_k'])}"
+def _stare_preset() -> list[str]:
+    """The overrides of the ablation's STARE variant over its base (``h_tgt`` when no STARE run finished)."""
+    abl = compose("sweep", [f"ablation={ABLATION}"]).ablation
+    return [*abl.base, *next((list(v.overrides) for v in variants_of(abl) if v.name == "stare"), [])]
 
 
 def real_model_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[[str], None] = print) -> dict:
     """The real-model claims, ``lab.json``, ``report.md`` and the figures in ``sweep_dir``; returns
     ``{"paths", "claims", "metrics": {"claims/<id>": 1.0 | 0.0}}``."""
-    runs, _quadrants, configs = collect_lab_runs(sweep, statuses)
-    every_job = list(sweep.get("train_overrides") or [])
-    algo_cfgs = {v: c.get("algo", {}) for v, c in configs.items()}
-    h_tgt, pass_key = _settings(configs, every_job)
+    stare = _stare_preset()
+    study = read_study_runs(sweep, statuses, stare_preset=stare, base_preset=stare)
+    runs, algo_cfgs, h_tgt, pass_key = study.runs, study.algo_cfgs, study.h_tgt, study.pass_key
     claims = real_model_claims(runs, h_tgt=h_tgt, algo_cfgs=algo_cfgs, pass_key=pass_key)
     claims = explain_claims(claims, runs, claim_variants=CLAIM_VARIANTS)  # why entropy moved, from the attribution
     claims = declare_nulls(claims)  # each claim's null control, in words (null_controls.py)
@@ -246,14 +235,9 @@ def real_model_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Ca
     figure = plot_runs(runs, out / CURVES_FIGURE, h_tgt, algo_cfgs)
     return write_study_report(
         out,
-        runs,
+        study,
         claims,
         name="real-model",
-        sweep=sweep,
-        statuses=statuses,
-        ablation=ABLATION,
-        algo_cfgs=algo_cfgs,
-        pass_key=pass_key,
         title="entropyrl lab report: the real model (SmolLM2-135M-Instruct)",
         sections=_sections(claims, table, acc, text, h_tgt, pass_key, figure is not None),
         extra={"runs": table, "accuracy": acc, "text": text, "h_tgt": h_tgt},

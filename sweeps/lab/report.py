@@ -9,6 +9,7 @@ experiment, and writes everything a reader needs into ``out``. The report's sect
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import matplotlib
@@ -23,6 +24,7 @@ from ..state import FAILED  # noqa: E402
 from .claims import GATE_KEY, acted_share, entropy_ends, final_value  # noqa: E402
 from .explain import variant_attribution  # noqa: E402
 from .report_sections import claim_status, quadrant_comparison, report_md  # noqa: E402
+from .study_runs import StudyRuns  # noqa: E402
 
 __all__ = [
     "plot_band",
@@ -34,6 +36,7 @@ __all__ = [
     "job_times",
     "save_small",
     "finish_panels",
+    "panel_grid",
     "style_panel",
 ]
 
@@ -66,6 +69,15 @@ def plot_band(
     save_small(fig, Path(path))
     plt.close(fig)
     return Path(path)
+
+
+def panel_grid(panels: int, panel_size: tuple[float, float]):
+    """``(fig, axes [rows, cols])``: a study's grid of ``panels`` panels, two to a row, each
+    ``panel_size`` inches, sharing the y axis (close it with ``finish_panels``)."""
+    cols = min(panels, 2)
+    rows = math.ceil(panels / cols)
+    width, height = panel_size
+    return plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, sharey=True)
 
 
 def style_panel(ax, title: str, xlabel: str = "step", legend_title: str | None = None) -> None:
@@ -226,15 +238,10 @@ def job_times(statuses: list) -> tuple[float, float]:
 
 def write_study_report(
     out: Path,
-    runs: dict,
+    study: StudyRuns,
     claims: list[dict],
     *,
     name: str,
-    sweep: dict,
-    statuses: list,
-    ablation: str,
-    algo_cfgs: dict,
-    pass_key: str,
     quadrants: dict | None = None,
     title: str = "entropyrl lab report",
     sections: list[str] | None = None,
@@ -245,17 +252,19 @@ def write_study_report(
     """The part every study's report step shares: the sweep's command, its failed jobs and times,
     ``write_lab_outputs`` with the study's own ``sections`` and ``extra``, the study's ``figures``
     (name -> path, None when not drawn) among the paths, and one line saying where; returns the
-    report step's answer ``{"paths", "claims", "metrics": {"claims/<id>": 1.0 | 0.0}}``."""
-    every_job = list(sweep.get("train_overrides") or [])
-    command = sweep.get("command") or " ".join(["entropyrl sweep", f"ablation={ablation}", *every_job])
+    report step's answer ``{"paths", "claims", "metrics": {"claims/<id>": 1.0 | 0.0}}``.
+    ``quadrants``: the lab's sign experiment (``study.quadrants``), None for a study without one."""
+    sweep, statuses = study.sweep, study.statuses
+    ablation = (sweep.get("ablation") or {}).get("name")
+    command = sweep.get("command") or " ".join(["entropyrl sweep", f"ablation={ablation}", *study.every_job])
     wall_seconds, job_seconds = job_times(statuses)
     paths = write_lab_outputs(
         Path(out),
-        runs,
+        study.runs,
         claims,
-        algo_cfgs=algo_cfgs,
+        algo_cfgs=study.algo_cfgs,
         quadrants=quadrants,
-        pass_key=pass_key,
+        pass_key=study.pass_key,
         command=command,
         wall_seconds=wall_seconds,
         job_seconds=job_seconds,

@@ -1,7 +1,7 @@
 """The staleness study's report step (``ablation.report_step: lab_staleness``, ``entropyrl lab
 --experiment staleness``), after the sweep's report over a sweep of ``conf/ablation/staleness.yaml``.
 
-It reads the finished training runs like the lab's step (``sweep_step.collect_lab_runs``), computes
+It reads the finished training runs as every study's step does (``study_runs.read_study_runs``), computes
 the staleness claims (``staleness_claims.staleness_claims``), explains them with the runs'
 attribution (``explain.explain_claims``) and writes into the sweep folder ``report.md``, ``lab.json``
 (the claims, the lab's variant table and ``staleness_table``: per variant and seed the entropy, the
@@ -26,11 +26,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ...conf import compose  # noqa: E402
 from ..aggregate import seed_band  # noqa: E402
 from .explain import explain_claims  # noqa: E402
 from .null_controls import declare_nulls  # noqa: E402
-from .report import finish_panels, save_small, style_panel, write_study_report  # noqa: E402
+from .report import finish_panels, panel_grid, save_small, style_panel, write_study_report  # noqa: E402
 from .staleness_claims import (  # noqa: E402
     CLAIM_VARIANTS,
     STALE_QUARTER_KEYS,
@@ -39,7 +38,7 @@ from .staleness_claims import (  # noqa: E402
     staleness_table,
     step_mean,
 )
-from .sweep_step import collect_lab_runs  # noqa: E402
+from .study_runs import read_study_runs  # noqa: E402
 
 __all__ = [
     "lab_staleness_report_step",
@@ -94,9 +93,7 @@ def plot_entropy_groups(runs: dict[str, dict[int, list[dict]]], path: Path, h_tg
             panels.append((title, bands))
     if not panels:
         return None
-    cols = min(len(panels), 2)
-    rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.2 * rows), squeeze=False, sharey=True)
+    fig, axes = panel_grid(len(panels), (5.2, 3.2))
     for ax, (title, bands) in zip(axes.flat, panels):
         for i, (label, b) in enumerate(bands):
             (line,) = ax.plot(
@@ -251,34 +248,20 @@ def _figures_md(entropy: bool, clip: bool) -> list[str]:
     return lines
 
 
-def _h_tgt(configs: dict[str, dict], every_job: list[str]) -> float:
-    """STARE's h_tgt from a STARE run's saved config, else from the lab preset with the sweep's overrides."""
-    for v, cfg in configs.items():
-        p = parse_variant(v)
-        h = (((cfg or {}).get("algo") or {}).get("stare") or {}).get("h_tgt")
-        if p and p[0] == "stare" and h is not None:
-            return float(h)
-    return float(compose("train", ["experiment=lab_stare", *every_job]).algo.stare.h_tgt)
-
-
-def _pass_key(configs: dict[str, dict], every_job: list[str]) -> str:
-    """``val/pass_at_<k>`` as metrics.jsonl names it (core/tracking.py), from a saved config or the preset."""
-    for cfg in configs.values():
-        k = ((cfg or {}).get("val") or {}).get("pass_k")
-        if k is not None:
-            return f"val/pass_at_{int(k)}"
-    return f"val/pass_at_{int(compose('train', ['experiment=lab_grpo', *every_job]).val.pass_k)}"
+def _is_stare(variant: str) -> bool:
+    """Whether a staleness variant (``<method>_k<k>[_<correction>]``) runs STARE."""
+    parsed = parse_variant(variant)
+    return bool(parsed) and parsed[0] == "stare"
 
 
 def lab_staleness_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[[str], None] = print) -> dict:
     """The staleness claims, ``lab.json``, ``report.md`` and the figures in ``sweep_dir``; returns
     ``{"paths", "claims", "metrics": {"claims/<id>": 1.0 | 0.0}}``."""
-    runs, _quadrants, configs = collect_lab_runs(sweep, statuses)
-    every_job = list(sweep.get("train_overrides") or [])
-    algo_cfgs = {v: c.get("algo", {}) for v, c in configs.items()}
-    h_tgt = _h_tgt(configs, every_job)
-    pass_key = _pass_key(configs, every_job)
-    claims = staleness_claims(runs, h_tgt=h_tgt, algo_cfgs=algo_cfgs, pass_key=pass_key)
+    study = read_study_runs(
+        sweep, statuses, stare_preset=["experiment=lab_stare"], base_preset=["experiment=lab_grpo"], is_stare=_is_stare
+    )
+    runs, h_tgt, pass_key = study.runs, study.h_tgt, study.pass_key
+    claims = staleness_claims(runs, h_tgt=h_tgt, algo_cfgs=study.algo_cfgs, pass_key=pass_key)
     claims = explain_claims(claims, runs, claim_variants=CLAIM_VARIANTS)  # why entropy moved, from the attribution
     claims = declare_nulls(claims)  # each claim's null control, in words (null_controls.py)
     table = staleness_table(runs, h_tgt=h_tgt, pass_key=pass_key)
@@ -288,14 +271,9 @@ def lab_staleness_report_step(sweep_dir: Path, sweep: dict, statuses: list, log:
     clip_fig = plot_clip_quarters(runs, out / CLIP_FIGURE)
     return write_study_report(
         out,
-        runs,
+        study,
         claims,
         name="lab staleness",
-        sweep=sweep,
-        statuses=statuses,
-        ablation="staleness",
-        algo_cfgs=algo_cfgs,
-        pass_key=pass_key,
         title="entropyrl lab report: staleness",
         sections=[*_figures_md(entropy_fig is not None, clip_fig is not None), *_table_md(table, h_tgt, pass_key)],
         extra={

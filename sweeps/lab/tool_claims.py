@@ -22,34 +22,16 @@ import math
 
 import numpy as np
 
+from .claim_measures import metric_ends
 from .claims import GATE_MIN_OPEN_SHARE, entropy_ends, stare_hold_claim
-from .kit import finite_values, fmt, make_claim, regime_reasons, seeds_with
+from .kit import fmt, make_claim, regime_reasons, seeds_with
 
-__all__ = [
-    "tool_claims",
-    "metric_ends",
-    "kind_table",
-    "KIND_KEYS",
-    "TURN_KEYS",
-    "COLLAPSE_RATIO",
-    "BAND",
-]
+__all__ = ["tool_claims", "kind_table", "KIND_KEYS", "TURN_KEYS", "COLLAPSE_RATIO", "BAND"]
 
 KIND_KEYS = ("entropy/kind/text", "entropy/kind/code", "entropy/kind/post_tool")
 TURN_KEYS = ("entropy/turn/first", "entropy/turn/later")
 COLLAPSE_RATIO = 0.5  # the lab's collapse: last tenth below half the first tenth (claims.grpo_collapses)
 BAND = 0.3  # the lab's band: STARE's last third within +/-30 % of h_tgt (claims.stare_holds_target)
-
-
-def metric_ends(rows: list[dict], key: str) -> tuple[float, float]:
-    """(first-tenth mean, last-tenth mean) of ``key`` over the steps that logged it finite (a kind
-    with no token in a step is NaN there and is skipped), as ``claims.entropy_ends`` does for
-    ``entropy``."""
-    vals = finite_values(rows, key)
-    if not vals:
-        return float("nan"), float("nan")
-    tenth = max(1, len(vals) // 10)
-    return float(np.mean(vals[:tenth])), float(np.mean(vals[-tenth:]))
 
 
 def kind_table(runs: dict[str, dict[int, list[dict]]]) -> list[dict]:

@@ -1,7 +1,7 @@
 """The tool study's report step (``ablation.report_step: lab_tools``, ``entropyrl lab --experiment
 tools``), after the sweep's report over a sweep of ``conf/ablation/lab_tools.yaml``.
 
-It reads the finished training runs like the lab's step (``sweep_step.collect_lab_runs``), computes
+It reads the finished training runs as every study's step does (``study_runs.read_study_runs``), computes
 the tool claims (``tool_claims.tool_claims``) and writes into the sweep folder ``report.md``,
 ``lab.json`` (the claim table, the variant table and the token-kind table), the lab's mean + band
 figures (``lab-entropy.png``) and the figure of entropy by token kind and by turn over steps per
@@ -10,7 +10,6 @@ variant (``lab-tools-entropy-kind.png``). ``entropyrl report DIR`` runs it again
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Callable
 
@@ -18,13 +17,11 @@ import matplotlib
 import numpy as np
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
-from ...conf import compose, to_plain  # noqa: E402
 from ..aggregate import seed_band  # noqa: E402
 from .null_controls import declare_nulls  # noqa: E402
-from .report import finish_panels, style_panel, write_study_report  # noqa: E402
-from .sweep_step import collect_lab_runs  # noqa: E402
+from .report import finish_panels, panel_grid, style_panel, write_study_report  # noqa: E402
+from .study_runs import read_study_runs  # noqa: E402
 from .tool_claims import KIND_KEYS, TURN_KEYS, kind_table, tool_claims  # noqa: E402
 
 __all__ = ["lab_tools_report_step", "plot_kinds", "KIND_FIGURE"]
@@ -74,9 +71,7 @@ def plot_kinds(runs: dict[str, dict[int, list[dict]]], path: Path) -> Path | Non
     panels = [(v, bands) for v, bands in panels if bands]
     if not panels:
         return None
-    cols = min(len(panels), 2)
-    rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.4 * rows), squeeze=False, sharey=True)
+    fig, axes = panel_grid(len(panels), (5.2, 3.4))
     for ax, (variant, bands) in zip(axes.flat, panels):
         for i, (label, ls, b) in enumerate(coinciding_series_merged(bands)):
             (line,) = ax.plot(
@@ -127,30 +122,20 @@ def _kinds_md(table: list[dict], figure: bool) -> list[str]:
 def lab_tools_report_step(sweep_dir: Path, sweep: dict, statuses: list, log: Callable[[str], None] = print) -> dict:
     """The tool claims, ``lab.json``, ``report.md`` and the figures in ``sweep_dir``; returns
     ``{"paths", "claims", "metrics": {"claims/<id>": 1.0 | 0.0}}``."""
-    runs, _quadrants, configs = collect_lab_runs(sweep, statuses)
-    every_job = list(sweep.get("train_overrides") or [])
-    algo_cfgs = {v: c.get("algo", {}) for v, c in configs.items()}
-    stare = configs.get("stare") or to_plain(compose("train", ["experiment=lab_tool_stare", *every_job]))
-    h_tgt = float(stare["algo"]["stare"]["h_tgt"])
-    any_cfg = next(iter(configs.values()), None) or to_plain(compose("train", ["experiment=lab_tool_grpo", *every_job]))
-    pass_key = f"val/pass_at_{int(any_cfg['val']['pass_k'])}"
-    claims = declare_nulls(tool_claims(runs, h_tgt=h_tgt, algo_cfgs=algo_cfgs))  # with each one's null control
+    study = read_study_runs(sweep, statuses, stare_preset=["experiment=lab_tool_stare"], base_preset=["experiment=lab_tool_grpo"])
+    runs = study.runs
+    claims = declare_nulls(tool_claims(runs, h_tgt=study.h_tgt, algo_cfgs=study.algo_cfgs))  # with each one's null control
     table = kind_table(runs)
     Path(sweep_dir).mkdir(parents=True, exist_ok=True)
     figure = plot_kinds(runs, Path(sweep_dir) / KIND_FIGURE)
     return write_study_report(
         Path(sweep_dir),
-        runs,
+        study,
         claims,
         name="lab tools",
-        sweep=sweep,
-        statuses=statuses,
-        ablation="lab_tools",
-        algo_cfgs=algo_cfgs,
-        pass_key=pass_key,
         title="entropyrl lab report: tool use",
         sections=_kinds_md(table, figure is not None),
-        extra={"token_kinds": table, "h_tgt": h_tgt},
+        extra={"token_kinds": table, "h_tgt": study.h_tgt},
         figures={"entropy_kind": figure},
         log=log,
     )

@@ -16,8 +16,9 @@ import yaml
 
 from entropyrl.conf import CONF_DIR, compose
 from entropyrl.sweeps.ablation import default_variants, training_variants
+from entropyrl.sweeps.lab.claim_measures import metric_ends
 from entropyrl.sweeps.lab.report import claim_status
-from entropyrl.sweeps.lab.tool_claims import kind_table, metric_ends, tool_claims
+from entropyrl.sweeps.lab.tool_claims import kind_table, tool_claims
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 
