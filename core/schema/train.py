@@ -70,12 +70,13 @@ class Trainer:
         ),
     )
     share_prompt_forward: bool = key(
-        False,
+        True,
         BOOL,
         (
             "the rows of a forward that share a prompt (a group's n responses) run it once: its KV cache is computed for "
             "one row and gathered to the others, so the prompt positions cost 1/n (the same numbers up to float rounding; "
-            "one process, no gradient checkpointing; trainers/stats/policy_stats.py)"
+            "applies on one process without gradient checkpointing, the plain forward elsewhere; false runs every row's prompt; "
+            "trainers/stats/policy_stats.py)"
         ),
     )
     grad_clip: float = key(1.0, POS, "max global grad norm")

@@ -110,11 +110,12 @@ def test_step_cost_as_executed_matches_the_flops_a_training_step_runs(tmp_path, 
     """``step_cost(head_flops=True)`` against the matrix products a real step runs (torch's FLOP
     counter over ``train_step`` on a collected batch): within 10 %, with the quadrants' diagnostic
     on or off (its ``autograd.grad`` stops at the log-probs), and with a LoRA adapter (no gradient
-    of the frozen weights), with the statistics forward reused by the first update or not."""
+    of the frozen weights), with the statistics forward reused by the first update or not, and with the
+    prompts run once a group (the default ``trainer.share_prompt_forward``)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from entropyrl.conf import compose
-    from entropyrl.models.cost import architecture, lora_parameters, reused_stats_share, step_cost
+    from entropyrl.models.cost import architecture, lora_parameters, reused_stats_share, shared_prompt_share, step_cost
     from entropyrl.trainers.trainer import GRPOTrainer
 
     cfg = compose(
@@ -139,9 +140,10 @@ def test_step_cost_as_executed_matches_the_flops_a_training_step_runs(tmp_path, 
         architecture(cfg.model), prompts=4, n=4, **shape, ranks=1, micro_rows=16, micro_tokens=None, epochs=1,
         checkpointing=False, compute_bytes=4, chunk=1024, fsdp=False, ref_model=False, head_flops=True,
         lora_params=lora_parameters(architecture(cfg.model), lora, "all-linear") if lora else None,
-        stats_reused=reused_stats_share(cfg, 1),
+        stats_reused=reused_stats_share(cfg, 1), prompt_share=shared_prompt_share(cfg, 1, False),
     ).train_flops  # fmt: skip
     assert reused_stats_share(cfg, 1) == (1.0 if reuse else 0.0)  # one pass: every row's statistics forward
+    assert shared_prompt_share(cfg, 1, False) == pytest.approx(1 / 4)  # one pass of 4 groups x 4: a prompt a group
     ratio = planned / counter.get_total_flops()
     print(f"planned / counted {ratio:.3f}")
     assert ratio == pytest.approx(1.0, abs=0.1)

@@ -301,13 +301,13 @@ def test_the_cpu_plan_says_its_generation_time_is_float32_samplings_under_the_in
 
 
 def test_the_real_model_preset_runs_a_groups_prompt_once_and_the_plan_counts_it():
-    """``experiment=smollm2_word_problems`` sets ``trainer.share_prompt_forward``: its planned CPU training
-    FLOPs are those of the shared forward, below the same preset with each row running its prompt."""
+    """``experiment=smollm2_word_problems`` runs with ``trainer.share_prompt_forward`` (the default): its planned
+    CPU training FLOPs are those of the shared forward, below the same preset with each row running its prompt."""
     from entropyrl.conf import compose
     from entropyrl.models.cost import plan_figures
 
     assert compose("train", ["experiment=smollm2_word_problems"]).trainer.share_prompt_forward is True
-    assert compose("train", []).trainer.share_prompt_forward is False  # the default stays off
+    assert compose("train", []).trainer.share_prompt_forward is True  # the default, which the preset keeps
 
     def cpu_flops(*overrides: str) -> float:
         figures = plan_figures(
