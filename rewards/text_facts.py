@@ -158,7 +158,7 @@ class TextFactsPool:
             try:
                 worker.conn.send((part, spec.matcher.words, spec.repetition_n))
             except OSError as exc:  # a worker that died or never started: this part is computed here
-                self.failed(f"{type(exc).__name__}: {exc}")
+                self.failed(f"the worker ended ({type(exc).__name__}, exit code {worker.proc.poll()})")
                 worker = None
             parts.append((worker, part))
         self.open = PendingFacts(self, spec, parts)

@@ -298,6 +298,7 @@ SAME_BATCH = [
     "train.trainer.micro_batch_responses=6",
     "train.rollout.n=4",
     "train.rollout.seed_scope=group",
+    "train.trainer.share_prompt_forward=false",  # as FSDP's ranks run it: the one process compares the same forward
     "train.optim.lr=1e-3",
     "train.trainer.val_every=0",
     "train.trainer.save_every=0",
