@@ -41,6 +41,24 @@ def test_a_text_metrics_worker_gone_at_its_wait_leaves_the_part_to_this_process(
         pool.close()
 
 
+def test_a_text_metrics_worker_dead_before_the_send_is_said_as_ended_and_its_part_done_here():
+    """The other side of the killed worker's race: the worker is gone (reaped) before the batch is
+    handed over, so the send fails, not the receive; the part is computed here and said the same way."""
+    want = TextFactsPool(0).submit(TEXTS, TextFactsSpec(SPEC.matcher, 4, 0)).result()
+    said: list[str] = []
+    pool = TextFactsPool(1, log=said.append)
+    try:
+        assert pool.submit(TEXTS, SPEC).result().counts.tolist() == want.counts.tolist()  # serving
+        worker = pool._procs[0].proc
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=30)  # dead and its socket end closed before the next send
+        got = pool.submit(TEXTS, SPEC).result()
+        assert got.counts.tolist() == want.counts.tolist() and pool.failures == 1 and pool.restart
+        assert len(said) == 1 and "the worker ended (BrokenPipeError" in said[0], said
+    finally:
+        pool.close()
+
+
 def test_a_stopped_grading_zygote_is_replaced_not_waited_on_for_ever(monkeypatch):
     monkeypatch.setattr(grader_pool, "SPAWN_TIMEOUT", 3.0)
     pool = grader_pool.GradingPool(1)
