@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 from ..conf import to_plain
 from ..core.errors import UserError
-from ..models.loading import install_chat_template, load_policy, model_dir, resolve_model_path, stop_tokens
+from ..models.loading import install_chat_template, load_policy, load_tokenizer, model_dir, resolve_model_path, stop_tokens
 from ..models.tiny import check_representable, representable
 from ..rollout.base import RolloutEngine, rollout_engine
 from ..rollout.multi_turn import ToolRollout
@@ -69,10 +69,8 @@ def make_engine(cfg, log: Callable[[str], None] = print) -> tuple[RolloutEngine,
     }
     engine_cfg.update({k: v for k, v in (to_plain(ev.get(backend, None)) or {}).items() if v is not None})
     if getattr(engine_cls, "loads_from_path", False):
-        from transformers import AutoTokenizer
-
         path = model_dir(cfg.model, log=log)  # the converted GGUF folder, model.path's model, or the embedded one
-        model, tokenizer = None, AutoTokenizer.from_pretrained(path)
+        model, tokenizer = None, load_tokenizer(path)  # a folder not whole: one line before the engine starts
         engine_cfg["model_path"] = path
         # model.stop_tokens (a chat model's end of turn): the folder's generation_config knows only its EOS
         engine_cfg["extra_stop_ids"] = stop_tokens(cfg.model, tokenizer)

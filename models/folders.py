@@ -40,10 +40,27 @@ __all__ = [
     "write_record",
     "folder_damage",
     "weights_damage",
+    "HF_JSON_FILES",
+    "loadable_folder_damage",
 ]
 
 # what holds a folder's weights (one of them), as save_pretrained writes them
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+# the JSON files transformers reads from a model folder when they are there: the model's config, its
+# generation settings, the tokenizer's files, a sharded checkpoint's index, a PEFT adapter's config
+HF_JSON_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.json",
+    "vocab.json",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+    "adapter_config.json",
+)
 # the completion record of a cache entry, written last by its builder (see the module docstring)
 RECORD = "entropyrl_complete.json"
 _CHUNK = 1 << 22
@@ -166,6 +183,32 @@ def weights_damage(folder: Path) -> str | None:
         if problem:
             return problem
     return None
+
+
+def loadable_folder_damage(folder: Path) -> str | None:
+    """Why the local model folder ``folder`` would not load whole (in words), or None: no
+    ``config.json`` or no weights file (unless it is a PEFT adapter's folder), a file of ``HF_JSON_FILES`` that does not parse, or a
+    safetensors file cut short (``weights_damage``). A cheap check of any folder before a loader reads
+    it: transformers raises a bare ``JSONDecodeError`` for most of these, and for a damaged
+    ``generation_config.json`` silently falls back to the model config's defaults (another end of
+    response). Not a folder (a hub id): None."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    adapter = (folder / "adapter_config.json").is_file()  # a PEFT adapter's folder: its base model loads from elsewhere
+    if not (folder / "config.json").is_file() and not adapter:
+        return "it has no config.json"
+    if not adapter and not any((folder / name).is_file() for name in WEIGHT_FILES):
+        return f"it has no weights file ({' or '.join(WEIGHT_FILES[::2])})"
+    for name in HF_JSON_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            return f"{name} is not whole JSON ({str(exc).splitlines()[0]})"
+    return weights_damage(folder)
 
 
 def folder_damage(folder: Path) -> str | None:

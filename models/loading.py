@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import UserError
-from .folders import weights_damage
+from .folders import loadable_folder_damage
 from .gguf import converted_dir, gguf_path
 from .hf_imports import skip_unused_backends
 from .tiny import embedded_model_dir
@@ -135,32 +135,96 @@ def install_chat_template(tokenizer, value, option: str = "model.chat_template")
     return True
 
 
+# text every tokenizer of a math model encodes to something: a tokenizer that turns it into nothing has
+# lost its vocabulary (its tokenizer.json missing: transformers then builds one of special tokens only)
+_PROBE_TEXT = "0123456789"
+
+
+def _check_folder(path: str) -> None:
+    """One ``UserError`` naming what is wrong when the local model folder ``path`` would not load
+    whole (``folders.loadable_folder_damage``); nothing for a whole folder or a hub id."""
+    damage = loadable_folder_damage(Path(str(path)))
+    if damage:
+        raise UserError(
+            f"cannot load model '{path}': {damage}: a file of the model folder is missing, cut short or damaged "
+            f"(an interrupted copy or save, a full disk, a file left out): copy or save the model again"
+        )
+
+
+def _check_tokenizer(tokenizer, path: str) -> None:
+    """A ``UserError`` when ``tokenizer`` encodes no text: every prompt would reach the model empty."""
+    ids = tokenizer(_PROBE_TEXT, add_special_tokens=False)["input_ids"]
+    if not ids or all(i == tokenizer.unk_token_id for i in ids):
+        raise UserError(
+            f"cannot load model '{path}': its tokenizer encodes no text ({_PROBE_TEXT!r} comes out as "
+            f"{ids}): the tokenizer's vocabulary file (tokenizer.json, or vocab.json with merges.txt, or "
+            f"tokenizer.model) is missing: copy the tokenizer files from where the model came from"
+        )
+
+
+def _check_vocabulary_fits(tokenizer, model, path: str) -> None:
+    """A ``UserError`` when the tokenizer can give ids the model's embedding table does not hold (its
+    files are another model's): the first forward would fail on an index out of range."""
+    rows = model.get_input_embeddings().num_embeddings
+    largest = max(
+        [tokenizer.vocab_size - 1] + [i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if isinstance(i, int)]
+    )
+    if largest >= rows:
+        raise UserError(
+            f"cannot load model '{path}': its tokenizer gives token ids up to {largest} but the model's embedding "
+            f"table holds {rows} rows: the tokenizer files are another model's: copy the tokenizer files that "
+            f"came with these weights"
+        )
+
+
+def load_tokenizer(path: str):
+    """The checked tokenizer of the model folder (or hub id) ``path``: a folder file missing or not whole
+    and a tokenizer that encodes no text are one ``UserError`` each, never a loader's traceback or an
+    empty prompt."""
+    from transformers import AutoTokenizer
+
+    _check_folder(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:
+        raise _load_error(path, exc) from None
+    except Exception as exc:  # the tokenizers library's own errors on files that parse but are not a tokenizer
+        raise UserError(
+            f"cannot load model '{path}': its tokenizer files do not load ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else '-'}): copy the tokenizer files that came with the model again"
+        ) from None
+    _check_tokenizer(tokenizer, path)
+    return tokenizer
+
+
+def _load_error(path: str, exc: Exception) -> UserError:
+    """The one line for a loader's own refusal (a hub id not found, a config without a model type)."""
+    return UserError(
+        f"cannot load model '{path}': {str(exc).splitlines()[0]} "
+        f"(set model.path to a local Hugging Face folder or a reachable hub id)"
+    )
+
+
 def load_policy(model_cfg, task_cfg=None, log=print):
     """``(model, tokenizer)`` for ``model_cfg`` (see ``model_dir``). The tokenizer pads on the left
     (generation) with its pad token, or its EOS when it has none; ``model.stop_tokens`` join the
     model's ``generation_config.eos_token_id``, so every engine stops at them; ``model.chat_template``
-    is installed on the tokenizer (``install_chat_template``)."""
+    is installed on the tokenizer (``install_chat_template``). A folder that would not load whole, a
+    tokenizer that encodes no text and one whose ids the model's embeddings do not hold are one
+    ``UserError`` each (``load_tokenizer``)."""
     skip_unused_backends()  # before the first model class: no sklearn, pandas or SciPy import (hf_imports.py)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     path = model_dir(model_cfg, task_cfg, log=log)
     dtype = getattr(torch, str(model_cfg["dtype"]))
-    damage = weights_damage(Path(str(path)))  # a weights file cut short: one line, not the loader's traceback
-    if damage:
-        raise UserError(
-            f"cannot load model '{path}': {damage}: the weights file is cut short or damaged "
-            f"(an interrupted copy or save, a full disk): copy or save the model again"
-        )
+    tokenizer = load_tokenizer(path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    except OSError as exc:
-        raise UserError(
-            f"cannot load model '{path}': {str(exc).splitlines()[0]} "
-            f"(set model.path to a local Hugging Face folder or a reachable hub id)"
-        ) from None
+    except (OSError, ValueError) as exc:
+        raise _load_error(path, exc) from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    _check_vocabulary_fits(tokenizer, model, path)
     tokenizer.padding_side = "left"
     install_chat_template(tokenizer, model_cfg["chat_template"])
     extra = stop_tokens(model_cfg, tokenizer)
