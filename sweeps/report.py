@@ -6,7 +6,9 @@ Files (in ``<sweep_dir>``): ``report.md`` (the tables, the curves, failed jobs w
 mean and std over seeds), ``runs.csv`` (one row per job), ``plots/{entropy,reward,accuracy,
 val_accuracy}.png`` (mean line and min-max band over seeds, per variant). Only finished jobs count.
 Each variant also shows its runs' regime warnings and entropy flags (``summary.json`` ``warnings`` and
-``flags``, trainers/run/regime.py), formatted as in the lab report. The bands come from
+``flags``, trainers/run/regime.py), formatted as in the lab report; a run whose summary is missing or not
+whole has them recomputed from its metrics and saved config, or shown as ``?`` when that config cannot be
+read either, and the report says which run in a ``warning:`` line (``report.json``: ``record_problems``). The bands come from
 ``aggregate.seed_band`` (a step counts the seeds that logged it), as the lab's figures do. The
 entropy plot draws ``report.entropy_threshold`` as the line named ``h_tgt`` (STARE's set point, which it
 defaults to). Each variant says how often its interventions acted (``acted``): per intervention whose
@@ -42,9 +44,10 @@ from . import aggregate as agg
 from .jobs import TRAIN_KIND, job_kind, read_job_state
 from .plugins import load_plugins
 from .report_tables import COLUMNS as COLUMNS  # with acted_cell, shown_columns: importable from here as before
-from .report_tables import acted, markdown, write_tables
+from .report_tables import acted, findings_or_unknown, markdown, write_tables
 from .report_tables import acted_cell as acted_cell
 from .report_tables import shown_columns as shown_columns
+from .run_records import read_tracking_run, run_findings
 from .state import DONE, FAILED, PENDING, RUNNING, JobStatus, sweep_status
 from .studies import STUDIES
 
@@ -146,7 +149,11 @@ def build_report(
     # listed in the job table and read by the ablation's report step
     order = list(dict.fromkeys(r["variant"] for r in sweep.get("jobs", []) if job_kind(r) == TRAIN_KIND))
 
-    job_rows, curves, variants = _read_jobs(statuses, order, threshold, tail_frac)
+    train_keys = {r["key"] for r in sweep.get("jobs", []) if job_kind(r) == TRAIN_KIND}
+    problems: list[str] = []
+    job_rows, curves, variants = _read_jobs(statuses, order, threshold, tail_frac, train_keys, problems)
+    for line in problems:  # a finished run's record that could not be read (said, not read as empty)
+        log(f"warning: {line}")
     counts = {s: sum(1 for st in statuses if st.state == s) for s in (DONE, RUNNING, PENDING, FAILED)}
     plots = _draw_plots(sweep_dir, curves, order, ablation, threshold)
     write_tables(sweep_dir, order, variants, job_rows)
@@ -167,6 +174,7 @@ def build_report(
         "sweep_id": sweep.get("sweep_id"),
         "built": time.time(),
         "files": [md_name, "report.json", "comparison.csv", "runs.csv"],
+        "record_problems": problems,
     }
     atomic_write_text(sweep_dir / "report.json", json.dumps(result, indent=2, default=_json_default))
     if step is not None:
@@ -176,16 +184,28 @@ def build_report(
     return result
 
 
-def _read_jobs(statuses: list[JobStatus], order: list[str], threshold: float, tail_frac: float) -> tuple[list, dict, dict]:
+def _read_jobs(
+    statuses: list[JobStatus], order: list[str], threshold: float, tail_frac: float, train_keys: set, problems: list[str]
+) -> tuple[list, dict, dict]:
     """``(job_rows, curves, variants)``: one row per job (its metrics, regime findings and MLflow run),
-    each variant's finished runs' metric rows, and per variant the summary over its finished seeds."""
+    each variant's finished runs' metric rows, and per variant the summary over its finished seeds. A
+    finished training run's record (``train_keys``) that cannot be read is one line in ``problems``
+    (``run_records.run_findings``), and its findings unknown there are shown as ``?``."""
     job_rows, curves, per_variant = [], {v: [] for v in order}, {v: [] for v in order}
     findings: dict[str, dict[str, list[list[dict]]]] = {v: {"warnings": [], "flags": []} for v in order}
+    unknown: set[str] = set()
     for st in statuses:
         rows = agg.load_rows(Path(st.output_dir)) if st.state == DONE else []
         m = agg.run_metrics(rows, threshold, tail_frac) if rows else {}
         js = _job_json(st)
-        regime = _regime(st) if st.state == DONE else {"warnings": [], "flags": []}
+        regime = (
+            run_findings(st.output_dir, rows, problems)
+            if st.state == DONE and st.key in train_keys
+            else {"warnings": [], "flags": []}
+        )
+        if regime.get("unknown"):
+            unknown.add(st.variant)
+        cell = (lambda found: "?") if regime.get("unknown") else (lambda found: findings_cell([found]))
         job_rows.append(
             {
                 "key": st.key,
@@ -193,12 +213,12 @@ def _read_jobs(statuses: list[JobStatus], order: list[str], threshold: float, ta
                 "seed": st.seed,
                 "state": st.state,
                 "detail": st.detail,
-                "mlflow_run_id": js.get("mlflow_run_id") or _tracking_run(st),
+                "mlflow_run_id": js.get("mlflow_run_id") or read_tracking_run(st.output_dir),
                 "output_dir": st.output_dir,
                 "log": st.log,
                 **m,
-                "warnings": findings_cell([regime["warnings"]]) if st.state == DONE else "",
-                "flags": findings_cell([regime["flags"]]) if st.state == DONE else "",
+                "warnings": cell(regime["warnings"]) if st.state == DONE else "",
+                "flags": cell(regime["flags"]) if st.state == DONE else "",
             }
         )
         if rows and st.variant in curves:
@@ -211,8 +231,8 @@ def _read_jobs(statuses: list[JobStatus], order: list[str], threshold: float, ta
             "summary": agg.variant_summary(runs) if runs else {},
             "done": len(runs),
             "total": sum(1 for s in statuses if s.variant == v),
-            "warnings": findings_cell(findings[v]["warnings"]) if runs else "-",
-            "flags": findings_cell(findings[v]["flags"]) if runs else "-",
+            "warnings": findings_or_unknown(findings[v]["warnings"], v in unknown) if runs else "-",
+            "flags": findings_or_unknown(findings[v]["flags"], v in unknown) if runs else "-",
             "acted": acted(curves[v]),
         }
         for v, runs in per_variant.items()
@@ -303,23 +323,6 @@ def _json_default(o):
 
 def _job_json(st: JobStatus) -> dict:
     return read_job_state(Path(st.output_dir))
-
-
-def _regime(st: JobStatus) -> dict[str, list[dict]]:
-    """The run's regime warnings and entropy flags as its ``summary.json`` lists them (none when the
-    summary is missing or unreadable)."""
-    try:
-        summary = json.loads((Path(st.output_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {"warnings": [], "flags": []}
-    return {k: [f for f in summary.get(k) or [] if isinstance(f, dict) and "id" in f] for k in ("warnings", "flags")}
-
-
-def _tracking_run(st: JobStatus) -> str | None:
-    try:
-        return json.loads((Path(st.output_dir) / "tracking.json").read_text()).get("run_id")
-    except (OSError, ValueError):
-        return None
 
 
 def _log_to_parent(sweep: dict, sweep_dir: Path, result: dict, log: Callable[[str], None]) -> None:

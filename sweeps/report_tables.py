@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..core.files import atomic_path
 from ..trainers.interventions import INTERVENTIONS
+from ..trainers.run.regime import findings_cell
 from .state import DONE, FAILED, PENDING, RUNNING
 
 COLUMNS = [
@@ -193,3 +194,9 @@ def markdown(sweep, sweep_dir, order, variants, statuses, job_rows, plots, thres
         lines += [f"- `{s.key}`: {s.detail}. Log: `{s.log}` (also `{Path(s.output_dir) / 'train.log'}`)" for s in failed]
     lines += ["", f"Rebuild: `entropyrl report {sweep_dir}`; state: `entropyrl status {sweep_dir}`.", ""]
     return "\n".join(lines)
+
+
+def findings_or_unknown(found: list[list[dict]], some_unknown: bool) -> str:
+    """A variant's findings over its seeds; ``(?)`` added when a seed's findings are unknown."""
+    cell = findings_cell(found)
+    return f"{cell} (?)" if some_unknown else cell

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from omegaconf import OmegaConf
-
-from ...conf import compose, to_plain
+from ...conf import compose
 from ..aggregate import load_rows
 from ..jobs import TRAIN_KIND, job_kind
+from ..run_records import read_saved_config
 from ..state import DONE
 from .quadrant_probe import RESULT_FILE
 
@@ -42,16 +41,10 @@ class StudyRuns:
     pass_key: str  # ``val/pass_at_<k>``, the pass@k metric's name in metrics.jsonl (core/tracking.py)
 
 
-def _saved_config(output_dir: Path) -> dict:
-    try:
-        return to_plain(OmegaConf.load(Path(output_dir) / "config.yaml"))
-    except Exception:  # noqa: BLE001 - a run without a readable config gives no settings
-        return {}
-
-
 def collect_lab_runs(sweep: dict, statuses: list) -> tuple[dict, dict, dict]:
     """``(runs, quadrants, configs)`` of the sweep's finished jobs: ``{variant: {seed: rows}}``,
-    ``{seed: {"q1": [...], ...}}`` and ``{variant: saved training config of its first seed}``."""
+    ``{seed: {"q1": [...], ...}}`` and ``{variant: saved training config of its first seed whose config
+    reads}`` (None when none does)."""
     kinds = {r["key"]: job_kind(r) for r in sweep.get("jobs", [])}
     runs: dict[str, dict[int, list[dict]]] = {}
     quadrants: dict[int, dict] = {}
@@ -64,7 +57,8 @@ def collect_lab_runs(sweep: dict, statuses: list) -> tuple[dict, dict, dict]:
             rows = load_rows(out)
             if rows:
                 runs.setdefault(st.variant, {})[st.seed] = rows
-                configs.setdefault(st.variant, _saved_config(out))
+                if configs.get(st.variant) is None:  # a seed whose config cannot be read gives none (the sweep report says it)
+                    configs[st.variant] = read_saved_config(out)[0]
         elif (out / RESULT_FILE).exists():
             quadrants[st.seed] = json.loads((out / RESULT_FILE).read_text())
     return runs, quadrants, configs
