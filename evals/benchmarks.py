@@ -384,11 +384,15 @@ def describe_fields(rows: list[dict], fields: dict | None = None) -> str:
 
 
 def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str = "") -> list[Problem]:
-    """Problems from raw rows: verl layout detected by its columns, else ``fields`` (or guessed
-    field names). Rows repeating an earlier (problem, answer) pair are dropped."""
+    """Problems from raw rows: verl layout detected by its columns, else ``fields``, or the columns
+    guessed from the first row (``describe_fields`` says which) read the same way in every row. Rows
+    repeating an earlier (problem, answer) pair are dropped. A row without those columns, and rows whose
+    answer reads as empty (a problem no response can get right), are a ``UserError`` naming them."""
     out: list[Problem] = []
     seen: set[tuple[str, str]] = set()
     fields = dict(fields or {})
+    guessed: dict | None = None
+    empty: list[int] = []
     for i, row in enumerate(rows):
         if _is_verl(row):
             problem, messages = _verl_problem(row)
@@ -397,14 +401,16 @@ def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str =
             ident = _text(extra.get("index")) if extra.get("index") is not None else str(i)
         else:
             try:
-                f = fields if fields.get("problem") and fields.get("answer") else _auto_fields(row)
+                f = fields if fields.get("problem") and fields.get("answer") else (guessed or _auto_fields(row))
             except UserError as exc:
                 raise UserError(f"{_where(rows, i, source)}: {exc}") from None
+            guessed = f if f is not fields else None
             if f["problem"] not in row or f["answer"] not in row:
                 missing = f["problem"] if f["problem"] not in row else f["answer"]
                 raise UserError(
                     f"{_where(rows, i, source)}: row has no field '{missing}' (fields: {sorted(row)}); "
-                    f"fix that row, or 'fields' in the benchmark YAML"
+                    f"fix that row, or choose the columns (data.fields.problem=COL data.fields.answer=COL, "
+                    f"or 'fields' in the benchmark YAML)"
                 )
             problem = _text(row[f["problem"]])
             context = f.get("context")
@@ -413,6 +419,9 @@ def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str =
             answer = gold_from(row[f["answer"]], str(f.get("gold") or "field"))
             messages = None
             ident = _text(row[f["id"]]) if f.get("id") and row.get(f["id"]) is not None else str(i)
+        if not answer.strip():
+            empty.append(i)
+            continue
         key = (problem, answer)
         if key in seen:
             continue
@@ -420,7 +429,28 @@ def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str =
         out.append(
             Problem(task="", prompt=problem, answer=answer, id=ident, messages=messages, fields=dict(row))
         )  # every column, untouched: for reward functions
+    if empty:
+        raise UserError(_no_answer_message(rows, empty, fields, guessed, source))
     return out
+
+
+def _no_answer_message(rows: list[dict], empty: list[int], fields: dict, guessed: dict | None, source: str) -> str:
+    """The one line for rows whose gold answer reads as empty: where, which column read how, the fix."""
+    f = guessed or fields
+    lines = getattr(rows, "lines", None)
+    where = "lines" if lines and empty[-1] < len(lines) else "rows"
+    shown = where + " " + ", ".join(str(lines[i] if where == "lines" else i + 1) for i in empty[:5])
+    first = rows[empty[0]]
+    if _is_verl(first):
+        how = "its reward_model.ground_truth is empty"
+    else:
+        raw = repr(_text(first.get(f.get("answer"))))[:60]
+        how = f"'{f.get('answer')}' = {raw} read as {f.get('gold') or 'field'} gives no answer"
+    return (
+        f"{source or 'data'}: {len(empty)} of {len(rows)} row(s) have no answer ({shown}"
+        f"{', ...' if len(empty) > 5 else ''}; the first: {how}): a problem without an answer can never be graded "
+        f"right: fix those rows, or choose how the answer is read (data.fields.answer=COL data.fields.gold=field|boxed|list|hash)"
+    )
 
 
 def _hub_offline() -> bool:
