@@ -19,14 +19,25 @@ TEXTS = ["wait, let me check: 2+2=4", "so 5", "hmm, actually 7 wait", "done", "b
 SPEC = TextFactsSpec(matcher_for(("wait", "hmm", "actually")), 4, 1)
 
 
-@pytest.mark.parametrize("how", ["killed", "stopped"])
-def test_a_text_metrics_worker_gone_at_its_wait_leaves_the_part_to_this_process(monkeypatch, how):
-    monkeypatch.setattr(text_facts, "WAIT_SECONDS", 2.0)
+def _serving_pool():
+    """``(want, said, pool)``: a one-worker text-facts pool that has answered one batch correctly, the
+    batch's facts computed in this process, and the list the pool's lines go to."""
     want = TextFactsPool(0).submit(TEXTS, TextFactsSpec(SPEC.matcher, 4, 0)).result()
     said: list[str] = []
     pool = TextFactsPool(1, log=said.append)
     try:
         assert pool.submit(TEXTS, SPEC).result().counts.tolist() == want.counts.tolist()  # serving
+    except BaseException:
+        pool.close()
+        raise
+    return want, said, pool
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_text_metrics_worker_gone_at_its_wait_leaves_the_part_to_this_process(monkeypatch, how):
+    monkeypatch.setattr(text_facts, "WAIT_SECONDS", 2.0)
+    want, said, pool = _serving_pool()
+    try:
         worker = pool._procs[0].proc
         os.kill(worker.pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
         start = time.monotonic()
@@ -44,11 +55,8 @@ def test_a_text_metrics_worker_gone_at_its_wait_leaves_the_part_to_this_process(
 def test_a_text_metrics_worker_dead_before_the_send_is_said_as_ended_and_its_part_done_here():
     """The other side of the killed worker's race: the worker is gone (reaped) before the batch is
     handed over, so the send fails, not the receive; the part is computed here and said the same way."""
-    want = TextFactsPool(0).submit(TEXTS, TextFactsSpec(SPEC.matcher, 4, 0)).result()
-    said: list[str] = []
-    pool = TextFactsPool(1, log=said.append)
+    want, said, pool = _serving_pool()
     try:
-        assert pool.submit(TEXTS, SPEC).result().counts.tolist() == want.counts.tolist()  # serving
         worker = pool._procs[0].proc
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait(timeout=30)  # dead and its socket end closed before the next send
