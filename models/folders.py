@@ -154,17 +154,22 @@ def _safetensors_damage(path: Path) -> str | None:
     return None
 
 
+def _json_damage(path: Path) -> str | None:
+    """Why the JSON file ``path`` does not parse (its name and the parser's first line), or None."""
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"{path.name} is not whole JSON ({str(exc).splitlines()[0]})"
+    return None
+
+
 def _structure_damage(folder: Path) -> str | None:
     """A record-less entry's structural check: safetensors lengths, JSON files parse."""
     for path in _files(folder):
         if path.suffix == ".safetensors":
             problem = _safetensors_damage(path)
         elif path.suffix == ".json":
-            try:
-                json.loads(path.read_text(encoding="utf-8"))
-                problem = None
-            except (OSError, ValueError):
-                problem = f"{path.name} is not whole JSON"
+            problem = _json_damage(path)
         else:
             continue
         if problem:
@@ -187,8 +192,8 @@ def weights_damage(folder: Path) -> str | None:
 
 def loadable_folder_damage(folder: Path) -> str | None:
     """Why the local model folder ``folder`` would not load whole (in words), or None: no
-    ``config.json`` or no weights file (unless it is a PEFT adapter's folder), a file of ``HF_JSON_FILES`` that does not parse, or a
-    safetensors file cut short (``weights_damage``). A cheap check of any folder before a loader reads
+    ``config.json`` or no weights file (unless it is a PEFT adapter's folder), a file of
+    ``HF_JSON_FILES`` that does not parse, or a safetensors file cut short (``weights_damage``). A cheap check of any folder before a loader reads
     it: transformers raises a bare ``JSONDecodeError`` for most of these, and for a damaged
     ``generation_config.json`` silently falls back to the model config's defaults (another end of
     response). Not a folder (a hub id): None."""
@@ -201,13 +206,9 @@ def loadable_folder_damage(folder: Path) -> str | None:
     if not adapter and not any((folder / name).is_file() for name in WEIGHT_FILES):
         return f"it has no weights file ({' or '.join(WEIGHT_FILES[::2])})"
     for name in HF_JSON_FILES:
-        path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            return f"{name} is not whole JSON ({str(exc).splitlines()[0]})"
+        problem = _json_damage(folder / name) if (folder / name).is_file() else None
+        if problem:
+            return problem
     return weights_damage(folder)
 
 
