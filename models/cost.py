@@ -187,6 +187,7 @@ def step_cost(
     lora_params: int | None = None,
     stats_reused: float = 0.0,
     prompt_share: float = 1.0,
+    autocast: bool = False,
 ) -> StepCost:
     """The cost of one training step; memory per rank in GB (1e9 bytes), time at ``mfu`` of
     ``ranks x peak_flops`` for the training FLOPs and ``decode_mfu`` (default ``mfu``) for generation.
@@ -200,7 +201,8 @@ def step_cost(
     instead of two, the adapter's own products aside), and gradients and AdamW's moments are the
     adapter's. ``stats_reused``: the share (0 to 1) of the statistics forward's rows whose forward the
     first update pass takes over (``trainer.reuse_stats_forward``, ``reused_stats_share``). ``prompt_share``
-    (with ``head_flops``): the share of rows whose prompt a forward runs (``shared_prompt_share``)."""
+    (with ``head_flops``): the share of rows whose prompt a forward runs (``shared_prompt_share``); ``autocast``: as
+    ``_step_memory``'s."""
     p = parameters(a)
     head = a.vocab_size * a.hidden_size
     seqs, s = prompts * n, prompt_len + response_len
@@ -226,34 +228,34 @@ def step_cost(
     gen = seqs * prompt_len * 2 * n_body + generated * (2 * n_body + 2 * L * h * s)
     shard = ranks if fsdp and ranks > 1 else 1
     rows_tokens = micro_tokens if micro_tokens else micro_rows * s  # positions of one pass
-    memory = _step_memory(a, shard, compute_bytes, lora_params, rows_tokens, chunk, checkpointing)
+    memory = _step_memory(a, shard, compute_bytes, lora_params, rows_tokens, chunk, checkpointing, autocast)
     seconds = train_s = gen_s = None
     if mfu and peak_flops:
         train_s = train / (mfu * peak_flops * ranks)
         gen_s = gen / ((decode_mfu or mfu) * peak_flops * ranks)
         seconds = train_s + gen_s
-    return StepCost(
-        p["total"],
-        seqs,
-        tokens,
-        generated,
-        float(train),
-        float(gen),
-        {k: round(v, 4) for k, v in memory.items()},
-        seconds,
-        train_s,
-        gen_s,
-    )
+    memory = {k: round(v, 4) for k, v in memory.items()}
+    return StepCost(p["total"], seqs, tokens, generated, float(train), float(gen), memory, seconds, train_s, gen_s)
 
 
 def _step_memory(
-    a: Architecture, shard: int, compute_bytes: int, lora_params: int | None, rows_tokens: int, chunk: int, checkpointing: bool
+    a: Architecture,
+    shard: int,
+    compute_bytes: int,
+    lora_params: int | None,
+    rows_tokens: int,
+    chunk: int,
+    checkpointing: bool,
+    autocast: bool = False,
 ) -> dict[str, float]:
-    """``step_cost``'s memory per rank in GB: float32 weights (and a layer's gathered copy under FSDP),
-    the trained parameters' gradients and AdamW moments (the adapter's with LoRA), one pass's activations."""
+    """``step_cost``'s memory per rank in GB: float32 weights (and a layer's gathered copy under FSDP, or with
+    ``autocast``, the body under ``torch.autocast``, its ``compute_bytes`` copy of the body's weights through a
+    pass), the trained parameters' gradients and AdamW moments (the adapter's with LoRA), one pass's activations."""
     p = parameters(a)
     L, h, gb = a.num_hidden_layers, a.hidden_size, 1e9
     weights = 4 * p["total"] / shard + (compute_bytes * (p["total"] - p["embedding"]) / L if shard > 1 else 0)
+    body = p["non_embedding"] - (0 if a.tie_word_embeddings else a.vocab_size * h)  # the head runs in float32
+    weights += compute_bytes * body if autocast else 0
     trainable = lora_params if lora_params else p["total"]
     weights += 4 * (lora_params or 0) / shard
     grads = 4 * trainable / shard
@@ -457,11 +459,18 @@ def plan_figures(
     decode = decode_mfu or mfu
     overlap = async_estimate(cost.train_seconds, cost.generation_seconds, staleness, rollout_gpus)
     assumptions = _plan_assumptions(mfu, decode, peak_tflops, gpu_gb, engine, engine_dtype, overlap, ranks, rollout_gpus)
-    if cpu_time is not None and cfg_get(cfg.rollout, "weights") == "int8":
+    weights = cfg_get(cfg.rollout, "weights")
+    if cpu_time is not None and weights in ("int8", "bfloat16"):
+        key = "decode_int8_speedup" if weights == "int8" else "decode_bf16_speedup"
         assumptions.append(
-            "rollout.weights=int8: the CPU generation time is that of float32 sampling, an upper bound (the int8 copy "
-            "decodes faster: `make bench` key real_model, decode_int8_speedup); the copy made after each update is "
-            "not counted"
+            f"rollout.weights={weights}: the CPU generation time is that of float32 sampling, an upper bound where the "
+            f"CPU has the kernels (the copy decodes faster there: `make bench` key real_model, {key}); the copy made "
+            "after each update is not counted"
+        )
+    if cpu_time is not None and t.dtype == "bfloat16" and str(t.fsdp).lower() in ("false", "0", "no"):
+        assumptions.append(
+            "trainer.dtype=bfloat16 (autocast, no FSDP): the CPU training time is that of float32 products, an upper "
+            "bound where the CPU has bfloat16 kernels (`make bench` key real_model, bf16_train_speedup)"
         )
     return {
         "model": str(cfg.model.name),
@@ -508,6 +517,7 @@ def _step_shape(cfg, prompt: int, ranks: int, fsdp: bool) -> dict:
         lora_params=_lora_params(cfg.model),
         stats_reused=reused_stats_share(cfg, ranks),
         prompt_share=shared_prompt_share(cfg, ranks, fsdp),
+        autocast=t.dtype == "bfloat16" and not fsdp,
     )
 
 

@@ -51,12 +51,18 @@ of its limit (goal: at least 0.5 of each):
   ``lora_train_speedup``: the default's training part over LoRA's), and the step with each row's prompt run
   again in the training forwards (``trainer.share_prompt_forward=false``, the preset runs a group's prompt
   once: ``step_s_separate_prompts``; ``shared_prompts_train_speedup``: its training part over the default's).
-- the int8 sampler (``rollout.weights=int8``, ``rollout/int8_sampler.py``): the decode measurement again with it
+- the int8 sampler (``rollout.weights=int8``, ``rollout/sampler_copy.py``): the decode measurement again with it
   (``decode_int8``; ``decode_int8_speedup``: the float32 decode step's time over its;
   ``decode_int8_bandwidth_frac``: against streaming the same weights at one byte each), and the study step
   with it (``step_s_int8``; ``int8_generate_speedup``: the default's generation over its, the copy's
   quantisation after each update included; ``int8_logp_diff_mean``: the step's mean ``|trainer - sampler|``
   log-prob of the sampled tokens, how far the int8 sampler is from the trained policy).
+- bfloat16 where the CPU has its kernels: the decode measurement with a bfloat16 sampler copy
+  (``rollout.weights=bfloat16``: ``decode_bf16``, ``decode_bf16_speedup``), and the study step with that
+  copy and the body trained under autocast (``trainer.dtype=bfloat16 trainer.fsdp=false``: ``step_s_bf16``;
+  ``bf16_step_speedup``, ``bf16_generate_speedup``, ``bf16_train_speedup``: the default's over its;
+  ``bf16_logp_diff_mean`` as for int8). The rates beside them include the same products in bfloat16
+  (``matmul_gflops_bf16``, ``decode_matmul_gflops_bf16``): a CPU without bfloat16 kernels shows it there.
 
 Every time here is an upper bound when other processes share the cores: the rates are measured in the
 same run so that a loaded machine slows the limit and the figure alike, but not always equally.
@@ -193,6 +199,7 @@ STUDY_VARIANTS = {
     "lora": [f"model.lora.rank={LORA_RANK}"],
     "separate_prompts": ["trainer.share_prompt_forward=false"],
     "int8": ["rollout.weights=int8"],
+    "bf16": ["trainer.dtype=bfloat16", "trainer.fsdp=false", "rollout.weights=bfloat16"],
 }
 
 
@@ -229,12 +236,23 @@ def _rates() -> dict:
     decode_pass()
     best = min(_timed(decode_pass) for _ in range(3))
     decode = sum(2 * DECODE_ROWS * w.numel() for w in weights) / best / 1e9
+    x16, w16 = x.bfloat16(), w.bfloat16()
+    torch.nn.functional.linear(x16, w16)
+    best = min(_timed(lambda: torch.nn.functional.linear(x16, w16)) for _ in range(3))
+    gflops16 = 2 * rows * arch.hidden_size * arch.intermediate_size / best / 1e9
+    weights = [w.bfloat16() for w in weights]
+    xs = {k: v.bfloat16() for k, v in xs.items()}
+    decode_pass()
+    best = min(_timed(decode_pass) for _ in range(3))
+    decode16 = sum(2 * DECODE_ROWS * w.numel() for w in weights) / best / 1e9
     return {
         "bandwidth_gbps": round(bandwidth, 2),
         "matmul_gflops": round(gflops, 2),
         "matmul_rows": rows,
         "decode_matmul_gflops": round(decode, 2),
         "decode_rows": DECODE_ROWS,
+        "matmul_gflops_bf16": round(gflops16, 2),
+        "decode_matmul_gflops_bf16": round(decode16, 2),
     }
 
 
@@ -444,12 +462,13 @@ def run() -> dict:
     plan = plan_estimate(train["prompt_len"])
     decode = _child("decode", timeout=600)
     decode_int8 = _child("decode", "rollout.weights=int8", timeout=600)
+    decode_bf16 = _child("decode", "rollout.weights=bfloat16", timeout=600)
     steps = {}
     for name, extra in STUDY_VARIANTS.items():
         with tempfile.TemporaryDirectory(prefix="entropyrl-bench-study-") as folder:
             steps[name] = _child("study", folder, *extra, timeout=600)
-    study, plain, recomputed, lora, separate, int8 = (
-        steps[k] for k in ("study", "plain", "recomputed", "lora", "separate_prompts", "int8")
+    study, plain, recomputed, lora, separate, int8, bf16 = (
+        steps[k] for k in ("study", "plain", "recomputed", "lora", "separate_prompts", "int8", "bf16")
     )
     shares = limits(decode, study)
     result = {
@@ -467,8 +486,15 @@ def run() -> dict:
         "step_s_int8": int8["step_seconds"],
         "int8_generate_speedup": round(study["generate_seconds"] / int8["generate_seconds"], 3),
         "int8_logp_diff_mean": int8["logp_diff_mean"],
+        "decode_bf16_speedup": round(decode["decode_step_seconds"] / decode_bf16["decode_step_seconds"], 3),
+        "step_s_bf16": bf16["step_seconds"],
+        "bf16_step_speedup": round(study["step_seconds"] / bf16["step_seconds"], 3),
+        "bf16_generate_speedup": round(study["generate_seconds"] / bf16["generate_seconds"], 3),
+        "bf16_train_speedup": round(study["train_seconds"] / bf16["train_seconds"], 3),
+        "bf16_logp_diff_mean": bf16["logp_diff_mean"],
         "decode": decode,
         "decode_int8": decode_int8,
+        "decode_bf16": decode_bf16,
         **{("study_step" if k == "study" else f"study_step_{k}"): v for k, v in steps.items()},
         "setting": f"model={PRESET} (float32, CPU, one thread), data={DATA}; generation: {BATCH} prompts x 1 "
         f"response <= {NEW_TOKENS} tokens at T=1; training step: {TRAIN_PROMPTS} prompts x {TRAIN_N} responses "

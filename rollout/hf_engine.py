@@ -1,7 +1,7 @@
 """The Hugging Face ``generate`` rollout engine (``rollout=hf``, ``eval.backend=hf``): samples from the
-live model the trainer updates, so it needs no weight sync; with ``rollout.weights=int8`` it samples from
-an int8 copy of that model, made again after each weight sync, and reports the copy's log-probs
-(``int8_sampler.py``). ``generate_ids`` continues token
+live model the trainer updates, so it needs no weight sync; with ``rollout.weights=int8`` or ``bfloat16``
+it samples from a lower-precision copy of that model, made again after each weight sync, and reports
+the copy's log-probs (``sampler_copy.py``). ``generate_ids`` continues token
 sequences by one turn, stopping a row where a caller's test says so (the multi-turn driver,
 ``multi_turn.py``)."""
 
@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from .base import Rollout, concat, response_mask_from_eos, stop_token_ids
-from .int8_sampler import check_int8_model, int8_copy, sampled_logp
+from .sampler_copy import COPY_WEIGHTS, check_copy_model, sampled_logp, sampler_copy
 from .settings import SamplingSettings
 
 
@@ -84,10 +84,10 @@ class HFRollout:
         self.settings = SamplingSettings.from_config(settings)
         self.model = model
         self.tokenizer = tokenizer
-        self.int8 = self.settings.weights == "int8"
-        self._int8_sampler = None  # made at the first generate after a weight sync
-        if self.int8:
-            check_int8_model(model)
+        self.copies = self.settings.weights in COPY_WEIGHTS  # a lower-precision copy samples, not the live model
+        self._copy = None  # made at the first generate after a weight sync
+        if self.copies:
+            check_copy_model(model, self.settings.weights)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
 
@@ -97,25 +97,25 @@ class HFRollout:
         return self.settings
 
     def sync_weights(self) -> None:
-        """Nothing to do when the live model samples; under int8 the copy is made again at the next generate."""
-        self._int8_sampler = None
+        """Nothing to do when the live model samples; a sampler copy is made again at the next generate."""
+        self._copy = None
 
     def close(self) -> None:
-        """Nothing held beyond the model, which belongs to the caller (and the int8 copy, dropped)."""
-        self._int8_sampler = None
+        """Nothing held beyond the model, which belongs to the caller (and the sampler copy, dropped)."""
+        self._copy = None
 
     def _sampler(self):
-        """The model that samples: the live one, or its int8 copy (made once per weight sync)."""
-        if not self.int8:
+        """The model that samples: the live one, or its ``rollout.weights`` copy (made once per weight sync)."""
+        if not self.copies:
             return self.model
-        if self._int8_sampler is None:
-            self._int8_sampler = int8_copy(self.model)
-        return self._int8_sampler
+        if self._copy is None:
+            self._copy = sampler_copy(self.model, self.settings.weights)
+        return self._copy
 
     def _generate(self, sampler, config, temperature: float, width: int, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(new ids [rows, R], their sampler log-probs [rows, R] or None)`` of one ``generate`` call;
-        the log-probs only under int8, where the sampler is not the trained model."""
-        if not self.int8:
+        the log-probs only from a sampler copy, which is not the trained model."""
+        if not self.copies:
             return sampler.generate(generation_config=config, **kwargs)[:, width:].cpu(), None
         config = copy.deepcopy(config)
         config.return_dict_in_generate, config.output_logits = True, True
@@ -135,7 +135,7 @@ class HFRollout:
         stop: Callable[[list[int]], bool] | None = None,
         stop_strings: list[str] | None = None,
     ) -> list[tuple[list[int], list[float] | None]]:
-        """``(new ids, log-probs)`` of each sequence (log-probs None: the trainer's model sampled; the int8 copy's under int8),
+        """``(new ids, log-probs)`` of each sequence (log-probs None: the trainer's model sampled; else the sampler copy's),
         sampled until EOS (kept), ``stop(new ids)`` or ``max_new_tokens``.
         Rows are left-padded and batched ``batch_size`` at a time; seeded per call as ``generate``.
         ``stop_strings`` is not used: ``stop`` tests each step exactly."""
@@ -257,6 +257,6 @@ class HFRollout:
         response_ids = torch.where(response_mask.bool(), response_ids, tok.pad_token_id)
         texts = tok.batch_decode(response_ids, skip_special_tokens=True)
         sampling_logp = None
-        if self.int8:
+        if self.copies:
             sampling_logp = _stack([c[3] for c in chunks], 0.0, r_width, left=False) * response_mask
         return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, texts, truncated, sampling_logp=sampling_logp)

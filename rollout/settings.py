@@ -90,7 +90,7 @@ class SamplingSettings(_Settings):
     # hf (rollout/hf_engine.py)
     batch_size: int = 512  # sequences per model.generate call
     share_prefill: bool = True  # a prompt's n responses share one prefill of it
-    weights: str = "float32"  # float32: the live model samples; int8: its dynamically quantized copy (int8_sampler.py)
+    weights: str = "float32"  # float32: the live model samples; int8 | bfloat16: a copy in that precision (sampler_copy.py)
     # vllm (rollout/vllm_engine.py)
     model_path: str | None = None  # the model folder the engine starts from when it gets no model (evaluation)
     extra_stop_ids: tuple[int, ...] = ()  # token ids that end a response besides the EOS ids (model.stop_tokens)

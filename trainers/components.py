@@ -167,11 +167,15 @@ def build_tracker(cfg, output_dir: Path, dist, log=print):
 
 
 def stats_kwargs(cfg) -> dict:
-    """Keyword arguments of the token statistics (``stats/policy_stats.py``) for this config."""
+    """Keyword arguments of the token statistics (``stats/policy_stats.py``) for this config. The body
+    runs under autocast where ``trainer.dtype=bfloat16`` is not FSDP's (``trainer.fsdp=false``, one
+    process: ``parallel/process_group.py``); under FSDP its mixed-precision policy casts instead."""
+    autocast = str(cfg.trainer.dtype) == "bfloat16" and str(cfg.trainer.fsdp).lower() in ("false", "0", "no")
     return dict(
         temperature=float(cfg.rollout.temperature),
         chunk_size=int(cfg.trainer.token_chunk_size),
         share_prompts=bool(cfg.trainer.share_prompt_forward),
+        body_dtype=torch.bfloat16 if autocast else None,
     )
 
 

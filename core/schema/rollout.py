@@ -72,12 +72,13 @@ class HfKeys:
     )
     weights: str = key(
         "float32",
-        choice("float32", "int8"),
+        choice("float32", "int8", "bfloat16"),
         (
             "the weights that sample: float32 = the live model the trainer updates; int8 = a copy of it with torch's "
-            "dynamic int8 linears (CPU), made again after each update: cheaper decode products, but another policy "
-            "(8-bit weights and activations; how far depends on the model: docs/real-model.md), so its log-probs are "
-            "reported (rollout/logp_diff_mean, the run's sampler_far_from_policy finding; rollout/int8_sampler.py)"
+            "dynamic int8 linears (CPU); bfloat16 = a bfloat16 copy of it. A copy is made again after each update: "
+            "cheaper decode products where the CPU has the kernels (make bench key real_model says), but another "
+            "policy (how far depends on the model and precision: docs/real-model.md), so its log-probs are reported "
+            "(rollout/logp_diff_mean, the run's sampler_far_from_policy finding; rollout/sampler_copy.py)"
         ),
     )
 

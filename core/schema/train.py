@@ -93,7 +93,13 @@ class Trainer:
     )
     device: str = key("auto", STR, "auto = cuda if available else cpu")
     dtype: str = key(
-        "float32", choice("float32", "bfloat16"), "float32 | bfloat16 (bf16 compute with fp32 master weights, through FSDP)"
+        "float32",
+        choice("float32", "bfloat16"),
+        (
+            "float32 | bfloat16: bf16 compute with fp32 master weights, through FSDP's mixed precision (several "
+            "processes, or one with trainer.fsdp auto/true), or torch.autocast around the transformer body with "
+            "trainer.fsdp=false on one process (head, log-probs, gradients and AdamW state float32)"
+        ),
     )
     fsdp: Any = key(
         "auto", choice("auto", True, False), "auto: shard with FSDP2 when run under torchrun/srun with >1 process; true | false"

@@ -289,15 +289,23 @@ def test_the_plans_activations_are_those_of_a_pass_the_step_can_hold():
     assert budget == pytest.approx(default, rel=0.05)  # a token budget past the mini-batch: the mini-batch
 
 
-def test_the_cpu_plan_says_its_generation_time_is_float32_samplings_under_the_int8_sampler():
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["rollout.weights=int8"], "rollout.weights=int8"),
+        (["rollout.weights=bfloat16"], "rollout.weights=bfloat16"),
+        (["trainer.dtype=bfloat16", "trainer.fsdp=false"], "trainer.dtype=bfloat16"),
+    ],
+)
+def test_the_cpu_plan_says_it_times_float32_products_under_a_lower_precision(overrides, says):
     from entropyrl.models.cost import plan_figures
 
     def assumptions(*overrides: str) -> list[str]:
         figures = plan_figures(["data=toy", *overrides], ranks=1, mfu=0.4, peak_tflops=989.0, prompt_len=10, cpu={})
-        return [a for a in figures["assumptions"] if a.startswith("rollout.weights=int8")]
+        return [a for a in figures["assumptions"] if a.startswith(("rollout.weights=", "trainer.dtype="))]
 
-    assert len(assumptions("rollout.weights=int8")) == 1
-    assert assumptions() == []  # null: the float32 sampler the CPU model times
+    assert [a.split(":")[0].split(" ")[0] for a in assumptions(*overrides)] == [says]
+    assert assumptions() == []  # null: the float32 sampler and training the CPU model times
 
 
 def test_the_real_model_preset_runs_a_groups_prompt_once_and_the_plan_counts_it():
@@ -317,3 +325,22 @@ def test_the_real_model_preset_runs_a_groups_prompt_once_and_the_plan_counts_it(
 
     assert cpu_flops() == cpu_flops("trainer.share_prompt_forward=true")
     assert cpu_flops() < cpu_flops("trainer.share_prompt_forward=false")
+
+
+def test_the_plan_counts_autocasts_copy_of_the_body_weights():
+    """``trainer.dtype=bfloat16 trainer.fsdp=false``: autocast holds a bfloat16 copy of every body weight
+    through a pass (2 bytes a parameter) and keeps activations in bfloat16; FSDP's mixed precision on one
+    process (``trainer.fsdp`` auto) holds no such copy (the null)."""
+    from entropyrl.conf import compose
+    from entropyrl.models.cost import architecture, parameters, plan_figures
+
+    def memory(*overrides: str) -> dict:
+        return plan_figures(["data=toy", *overrides], ranks=1, mfu=0.4, peak_tflops=989.0, prompt_len=10)["memory_gb"]
+
+    arch = architecture(compose("train", ["data=toy"]).model)
+    body = parameters(arch)["non_embedding"] - (0 if arch.tie_word_embeddings else arch.vocab_size * arch.hidden_size)
+    plain, autocast = memory(), memory("trainer.dtype=bfloat16", "trainer.fsdp=false")
+    fsdp_one = memory("trainer.dtype=bfloat16")
+    assert autocast["weights"] - plain["weights"] == pytest.approx(2 * body / 1e9, rel=0.02)
+    assert autocast["activations"] == pytest.approx(plain["activations"] / 2, rel=0.2)
+    assert fsdp_one["weights"] == pytest.approx(plain["weights"], rel=1e-6)

@@ -54,6 +54,7 @@ def test_a_step_with_the_kept_forward_trains_as_the_recomputed_one(tmp_path, mon
     on, off = _trainer(tmp_path, fast_train, overrides, True), _trainer(tmp_path, fast_train, overrides, False)
     try:
         assert all(torch.equal(a, b) for a, b in zip(on.model.parameters(), off.model.parameters()))
+        before = [p.detach().clone() for p in off.model.parameters()]
         collected = off.collect()
         batch = collected[0]
         expected_saving = len(first_pass_rows(batch, on.settings, 0, on.dist)) if kept else 0
@@ -66,8 +67,13 @@ def test_a_step_with_the_kept_forward_trains_as_the_recomputed_one(tmp_path, mon
         # a step ends holding no gradient: the next step's kept pass builds its graph beside the
         # optimizer state only, not beside a spent gradient as large as the model
         assert all(p.grad is None for t in (on, off) for p in t.model.parameters())
-        for a, b in zip(on.model.parameters(), off.model.parameters()):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+        # the same update up to float rounding, compared as each tensor's update by norm: products over other
+        # row counts round otherwise on some CPUs (AVX-512 kernels), and AdamW's division by its second moment
+        # turns a rounding difference in a gradient summed near zero into a difference of up to lr in that
+        # element (seen: 0.5 % of a bias's update after two epochs); a wrong row or target moves it by its size
+        for a, b, start in zip(on.model.parameters(), off.model.parameters(), before):
+            step_on, step_off = a.detach() - start, b.detach() - start
+            assert (step_on - step_off).norm() <= 2e-2 * step_off.norm() + 1e-9, (step_on - step_off).norm()
         compared = [k for k, v in got_off.items() if not k.startswith("time/") and isinstance(v, float)]
         assert "loss/objective" in compared and "entropy" in compared and "grad_norm" in compared
         for k in compared:

@@ -145,9 +145,7 @@ def _wants_fsdp(trainer_cfg, world: int) -> bool:
                 "trainer.fsdp=false with several processes: data-parallel training "
                 "shards the model with FSDP; drop trainer.fsdp or run one process"
             )
-        if dtype == "bfloat16":
-            raise UserError("trainer.dtype=bfloat16 uses FSDP's mixed precision: drop trainer.fsdp=false")
-        return False
+        return False  # bfloat16 without FSDP: torch.autocast around the body (stats/policy_stats.py)
     if setting != "auto":
         raise UserError(f"trainer.fsdp must be auto, true or false, got {setting}")
     return world > 1 or dtype == "bfloat16"

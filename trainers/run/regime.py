@@ -158,7 +158,7 @@ def _sampler_gap(rows: list[dict], algo_cfg: dict) -> list[dict]:
             "sampler_far_from_policy",
             f"the sampler's log-probs of its tokens were {mean:.2f} nats a token from the trainer's on average "
             f"(rollout/logp_diff_mean), beyond log(1 + algo.clip.high) = {bound:.2f}: the batches come from another "
-            "policy than the one trained. rollout.weights=int8: use float32; vLLM: check rollout.dtype; under "
+            "policy than the one trained. rollout.weights=int8 or bfloat16: use float32; vLLM: check rollout.dtype; under "
             "trainer.staleness the behaviour weights are older. algo.interventions=[tis] caps the ratios but does not "
             "make the batches on-policy",
             first,

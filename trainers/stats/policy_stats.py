@@ -3,9 +3,14 @@ sampled token and the entropy of the distribution it was sampled from, at valid 
 
 The trainer's recomputation of the sampler's statistics (``old_logp``, ``H``), the log-probs the
 loss differentiates, and the diagnostics' probe batch all go through ``response_token_stats``.
+With ``body_dtype`` (``trainer.dtype=bfloat16`` on one process without FSDP) the transformer body runs
+under ``torch.autocast`` in that dtype (its products in bfloat16, the parameters, gradients and
+optimizer state float32); the output head and the token statistics stay float32.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -70,6 +75,7 @@ def response_token_stats(
     entropy_grad: bool = False,
     vocab_stats: dict | None = None,
     share_prompts: bool = False,
+    body_dtype: torch.dtype | None = None,
 ):
     """``(logp [B,R], entropy [B,R])`` of the response tokens under ``model`` at ``temperature``.
 
@@ -81,16 +87,21 @@ def response_token_stats(
     ``[B, T, V]`` logits tensor is ever built. ``logp`` carries gradients when grad is enabled.
     ``share_prompts`` (``trainer.share_prompt_forward``): rows with the same prompt run it once
     (``shared_prompt_hidden``; on one process: FSDP's root forward takes whole rows).
+    ``body_dtype``: the transformer body under ``torch.autocast`` in that dtype (None: as its parameters);
+    its last hidden states are taken to float32 for the head.
     """
     device = next(model.parameters()).device
     base = getattr(model, model.base_model_prefix)
     fsdp_forward = getattr(model, "response_hidden", None)  # FSDP root forward (distributed.py)
-    hidden = shared_prompt_hidden(base, rollout, device) if share_prompts and fsdp_forward is None else None
-    if hidden is None:
-        inputs = sequence_inputs(rollout, device)
-        hidden = fsdp_forward(**inputs) if fsdp_forward is not None else base(**inputs).last_hidden_state  # [B, P+R, D]
-        p_len, r_len = rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]
-        hidden = hidden[:, p_len - 1 : p_len + r_len - 1]  # position t predicts token t+1
+    with _autocast(device, body_dtype):
+        hidden = shared_prompt_hidden(base, rollout, device) if share_prompts and fsdp_forward is None else None
+        if hidden is None:
+            inputs = sequence_inputs(rollout, device)
+            hidden = fsdp_forward(**inputs) if fsdp_forward is not None else base(**inputs).last_hidden_state  # [B, P+R, D]
+            p_len, r_len = rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]
+            hidden = hidden[:, p_len - 1 : p_len + r_len - 1]  # position t predicts token t+1
+    if body_dtype is not None:
+        hidden = hidden.float()
     mask = rollout.policy_mask.to(device).bool()
     head = model.get_output_embeddings()
     logp_valid, ent_valid = chunked_token_stats(
@@ -119,6 +130,11 @@ def response_token_stats(
         )
         extra[key] = torch.zeros(mask.shape, dtype=vals.dtype, device=device).masked_scatter(mask, vals)
     return logp, entropy, extra
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    """``torch.autocast`` on ``device``'s type in ``dtype``; nothing when ``dtype`` is None."""
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 @torch.no_grad()

@@ -1,10 +1,15 @@
-"""The ``hf`` engine's int8 sampler (``rollout.weights=int8``): a copy of the policy whose linear layers
-are torch's dynamically quantized int8 linears (weights int8 per tensor, activations quantized per
-batch at each call: ``torch.ao.quantization.quantize_dynamic``). Decoding a few rows is a chain of
-thin matrix products, which fbgemm's int8 kernels run faster than float32 ones on CPU.
+"""The ``hf`` engine's sampler copies (``rollout.weights=int8 | bfloat16``): a copy of the policy in
+lower precision that samples while the trainer updates the float32 original, made again after each
+weight sync. Decoding a few rows is a chain of thin matrix products; a cheaper product per weight is
+a cheaper decode step where the CPU has the kernels for it (``make bench`` key ``real_model`` measures
+both against float32 on the machine it runs on).
 
-The copy is a different policy from the one trained: its weights rounded to 8 bits and its activations
-quantized at each call; how far it is depends on the model. The engine therefore reports the sampler's own log-probs of the tokens it drew
+- ``int8``: linear layers are torch's dynamically quantized int8 linears (weights int8 per tensor,
+  activations quantized per batch at each call: ``torch.ao.quantization.quantize_dynamic``; CPU only).
+- ``bfloat16``: every weight in bfloat16 (8 bits of mantissa; activations computed in bfloat16).
+
+A copy is a different policy from the one trained; how far depends on the model and the precision.
+The engine therefore reports the sampler's own log-probs of the tokens it drew
 (``Rollout.sampling_logp``, as vLLM's engine does), so the run logs how far the two are
 (``rollout/logp_diff_mean``) and the truncated importance weights (``algo.interventions=[tis]``) can
 correct for it. ``sampled_logp`` computes them from the raw logits ``generate`` returns, at the
@@ -21,7 +26,39 @@ import torch
 
 from ..core.errors import UserError
 
-__all__ = ["check_int8_model", "int8_copy", "sampled_logp"]
+__all__ = [
+    "COPY_WEIGHTS",
+    "bf16_copy",
+    "check_copy_model",
+    "check_int8_model",
+    "int8_copy",
+    "sampled_logp",
+    "sampler_copy",
+]
+
+#: the ``rollout.weights`` values that sample from a copy (``float32``: the live model samples)
+COPY_WEIGHTS = ("int8", "bfloat16")
+
+
+def check_copy_model(model, weights: str) -> None:
+    """Refuse, with one line, a model the ``weights`` copy cannot be made of: one sharded across ranks
+    (FSDP: no rank holds the whole weights), and for ``int8`` one off the CPU."""
+    if weights == "int8":
+        check_int8_model(model)
+    elif any(type(p).__name__ == "DTensor" for p in model.parameters()):
+        raise UserError(
+            f"rollout.weights={weights} needs the whole model in one process, and FSDP shards it: use trainer.fsdp=false "
+            "or rollout.weights=float32"
+        )
+
+
+def sampler_copy(model: torch.nn.Module, weights: str) -> torch.nn.Module:
+    """The ``weights`` copy of ``model`` for sampling (``COPY_WEIGHTS``); ``model`` is not changed."""
+    if weights == "int8":
+        return int8_copy(model)
+    if weights == "bfloat16":
+        return bf16_copy(model)
+    raise ValueError(f"no sampler copy for weights={weights!r}")
 
 
 def check_int8_model(model) -> None:
@@ -44,14 +81,25 @@ def check_int8_model(model) -> None:
 def int8_copy(model: torch.nn.Module) -> torch.nn.Module:
     """An int8 copy of ``model`` for sampling (eval mode; ``model`` itself is not changed). LoRA
     adapters are merged into the copy first, so it quantizes the policy the trainer holds."""
-    sampler = _merged(copy.deepcopy(model))
-    for p in sampler.parameters():
-        p.requires_grad_(False)
-        p.grad = None
-    sampler.eval()
+    sampler = _frozen(_merged(copy.deepcopy(model)))
     with warnings.catch_warnings():  # torch points eager quantization users to torchao; the pinned torch runs it
         warnings.simplefilter("ignore")
         return torch.ao.quantization.quantize_dynamic(sampler, {torch.nn.Linear}, dtype=torch.qint8)
+
+
+@torch.no_grad()
+def bf16_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A bfloat16 copy of ``model`` for sampling (eval mode; ``model`` itself is not changed), LoRA
+    adapters merged into it first."""
+    sampler = _frozen(_merged(copy.deepcopy(model)))
+    return sampler.to(torch.bfloat16)
+
+
+def _frozen(model: torch.nn.Module) -> torch.nn.Module:
+    for p in model.parameters():
+        p.requires_grad_(False)
+        p.grad = None
+    return model.eval()
 
 
 def _merged(model: torch.nn.Module) -> torch.nn.Module:

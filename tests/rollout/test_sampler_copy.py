@@ -1,5 +1,5 @@
-"""``rollout.weights=int8``: the hf engine samples from a dynamically quantized copy of the policy
-(``rollout/int8_sampler.py``), made again after each weight sync, and reports that copy's log-probs
+"""``rollout.weights=int8 | bfloat16``: the hf engine samples from a lower-precision copy of the policy
+(``rollout/sampler_copy.py``), made again after each weight sync, and reports that copy's log-probs
 of the tokens it drew, so the trainer sees how far its sampler is from the policy it trains."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from entropyrl.conf import compose
 from entropyrl.core.errors import UserError
 from entropyrl.models.loading import load_policy
 from entropyrl.rollout.hf_engine import HFRollout
-from entropyrl.rollout.int8_sampler import check_int8_model, int8_copy, sampled_logp
+from entropyrl.rollout.sampler_copy import bf16_copy, check_copy_model, check_int8_model, int8_copy, sampled_logp
 
 PROMPTS = ["12+7=", "3+4=", "8+15=", "1+1="]  # different lengths: the batch is left-padded
+COPIES = pytest.mark.parametrize("weights", ["int8", "bfloat16"])
 
 
 @pytest.fixture()
@@ -84,10 +85,11 @@ def test_sampled_logp_is_the_models_own_log_prob_of_each_drawn_token(tiny):
     assert not torch.allclose(sampled_logp(out.logits, new, 1.0) * resp_mask, want, atol=1e-3)
 
 
-def test_the_int8_sampler_is_near_the_policy_and_reports_its_own_log_probs(tiny):
+@COPIES
+def test_a_sampler_copy_is_near_the_policy_and_reports_its_own_log_probs(tiny, weights):
     _, model, _ = tiny
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    roll = _engine(tiny, "int8").generate(PROMPTS, n=4, seed=3, temperature=1.0, max_new_tokens=6)
+    roll = _engine(tiny, weights).generate(PROMPTS, n=4, seed=3, temperature=1.0, max_new_tokens=6)
     assert roll.sampling_logp is not None and roll.sampling_logp.shape == roll.response_ids.shape
     assert torch.all(roll.sampling_logp[roll.response_mask == 0] == 0)
     diff = (roll.sampling_logp - _policy_logp(model, roll, 1.0)).abs()[roll.response_mask.bool()]
@@ -97,9 +99,10 @@ def test_the_int8_sampler_is_near_the_policy_and_reports_its_own_log_probs(tiny)
     assert all(p.requires_grad for p in model.parameters())
 
 
-def test_the_int8_copy_follows_the_weights_at_each_sync(tiny):
+@COPIES
+def test_a_sampler_copy_follows_the_weights_at_each_sync(tiny, weights):
     _, model, _ = tiny
-    engine = _engine(tiny, "int8")
+    engine = _engine(tiny, weights)
     engine.generate(PROMPTS, n=2, seed=3, temperature=1.0, max_new_tokens=6)  # the copy of the weights as they are
     with torch.no_grad():  # an update: every weight moves
         gen = torch.Generator().manual_seed(0)
@@ -113,12 +116,13 @@ def test_the_int8_copy_follows_the_weights_at_each_sync(tiny):
     stale = gap()  # null: no sync, the copy still holds the old weights
     engine.sync_weights()
     fresh = gap()
-    assert fresh < 0.1 and fresh < 0.5 * stale, (fresh, stale)  # about 0.03 against 0.27
+    assert fresh < 0.1 and fresh < 0.5 * stale, (fresh, stale)  # int8: about 0.03 against 0.27
 
 
-def test_generate_ids_reports_the_int8_log_probs_of_each_continuation(tiny):
+@COPIES
+def test_generate_ids_reports_the_copys_log_probs_of_each_continuation(tiny, weights):
     _, model, tok = tiny
-    engine = _engine(tiny, "int8")
+    engine = _engine(tiny, weights)
     seqs = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     rows = engine.generate_ids(seqs, seed=2, temperature=1.0, top_p=1.0, max_new_tokens=5)
     assert all(logp is not None and len(logp) == len(ids) for ids, logp in rows)
@@ -139,6 +143,23 @@ def test_the_int8_copy_quantizes_every_linear_layer(tiny):
     linear = [m for m in sampler.modules() if type(m) is torch.nn.Linear]
     quantized = [m for m in sampler.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
     assert linear == [] and len(quantized) == sum(type(m) is torch.nn.Linear for m in model.modules())
+
+
+def test_the_bf16_copy_holds_every_weight_in_bfloat16_and_leaves_the_policy_in_float32(tiny):
+    _, model, _ = tiny
+    sampler = bf16_copy(model)
+    assert {p.dtype for p in sampler.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert not any(p.requires_grad for p in sampler.parameters()) and not sampler.training
+
+
+def test_a_bf16_copy_of_a_sharded_model_is_refused_with_one_line(tiny, monkeypatch):
+    _, model, _ = tiny
+    DTensor = type("DTensor", (torch.nn.Parameter,), {})  # what FSDP's parameters are called
+    monkeypatch.setattr(model, "parameters", lambda: iter([DTensor(torch.zeros(1))]))
+    with pytest.raises(UserError, match="rollout.weights=bfloat16 needs the whole model in one process"):
+        check_copy_model(model, "bfloat16")
+    check_copy_model(torch.nn.Linear(2, 2), "bfloat16")  # an unsharded model on any device: no error
 
 
 @pytest.mark.slow
@@ -167,7 +188,8 @@ def test_a_run_with_the_int8_sampler_logs_how_far_it_is_from_the_policy(tmp_path
     assert len(gaps) == 2 and all(0 < g < 0.2 for g in gaps), gaps
 
 
-def test_the_int8_copy_samples_the_lora_policy_with_its_adapters_merged(tiny):
+@COPIES
+def test_a_sampler_copy_samples_the_lora_policy_with_its_adapters_merged(tiny, weights):
     """LoRA's adapters (injected in place) are merged into the copy: its log-probs follow the adapted
     policy, not the base model's (the null: the base model's log-probs of the same tokens)."""
     from entropyrl.models.lora import apply_lora
@@ -180,7 +202,7 @@ def test_the_int8_copy_samples_the_lora_policy_with_its_adapters_merged(tiny):
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    roll = _engine(tiny, "int8").generate(PROMPTS, n=4, seed=3, temperature=1.0, max_new_tokens=6)
+    roll = _engine(tiny, weights).generate(PROMPTS, n=4, seed=3, temperature=1.0, max_new_tokens=6)
     valid = roll.response_mask.bool()
     adapted = (roll.sampling_logp - _policy_logp(model, roll, 1.0)).abs()[valid].mean()
     plain, _ = load_policy(cfg.model, cfg.data, log=lambda *_: None)
