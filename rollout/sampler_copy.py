@@ -30,7 +30,6 @@ __all__ = [
     "COPY_WEIGHTS",
     "bf16_copy",
     "check_copy_model",
-    "check_int8_model",
     "int8_copy",
     "sampled_logp",
     "sampler_copy",
@@ -42,10 +41,15 @@ COPY_WEIGHTS = ("int8", "bfloat16")
 
 def check_copy_model(model, weights: str) -> None:
     """Refuse, with one line, a model the ``weights`` copy cannot be made of: one sharded across ranks
-    (FSDP: no rank holds the whole weights), and for ``int8`` one off the CPU."""
-    if weights == "int8":
-        check_int8_model(model)
-    elif any(type(p).__name__ == "DTensor" for p in model.parameters()):
+    (FSDP: no rank holds the whole weights), and for ``int8`` one off the CPU (torch's dynamic int8
+    linears run on CPU)."""
+    params = list(model.parameters())
+    if weights == "int8" and any(p.device.type != "cpu" for p in params):
+        raise UserError(
+            "rollout.weights=int8 samples on CPU only (torch's dynamic int8 linears): on a GPU use rollout=vllm, "
+            "or rollout.weights=float32"
+        )
+    if any(type(p).__name__ == "DTensor" for p in params):
         raise UserError(
             f"rollout.weights={weights} needs the whole model in one process, and FSDP shards it: use trainer.fsdp=false "
             "or rollout.weights=float32"
@@ -59,22 +63,6 @@ def sampler_copy(model: torch.nn.Module, weights: str) -> torch.nn.Module:
     if weights == "bfloat16":
         return bf16_copy(model)
     raise ValueError(f"no sampler copy for weights={weights!r}")
-
-
-def check_int8_model(model) -> None:
-    """Refuse, with one line, a model the int8 copy cannot be made of: one on a GPU (torch's dynamic
-    int8 linears run on CPU) or one sharded across ranks (FSDP: no rank holds the whole weights)."""
-    params = list(model.parameters())
-    if any(p.device.type != "cpu" for p in params):
-        raise UserError(
-            "rollout.weights=int8 samples on CPU only (torch's dynamic int8 linears): on a GPU use rollout=vllm, "
-            "or rollout.weights=float32"
-        )
-    if any(type(p).__name__ == "DTensor" for p in params):
-        raise UserError(
-            "rollout.weights=int8 needs the whole model in one process, and FSDP shards it: use trainer.fsdp=false "
-            "or rollout.weights=float32"
-        )
 
 
 @torch.no_grad()

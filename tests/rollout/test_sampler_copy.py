@@ -16,7 +16,7 @@ from entropyrl.conf import compose
 from entropyrl.core.errors import UserError
 from entropyrl.models.loading import load_policy
 from entropyrl.rollout.hf_engine import HFRollout
-from entropyrl.rollout.sampler_copy import bf16_copy, check_copy_model, check_int8_model, int8_copy, sampled_logp
+from entropyrl.rollout.sampler_copy import bf16_copy, check_copy_model, int8_copy, sampled_logp
 
 PROMPTS = ["12+7=", "3+4=", "8+15=", "1+1="]  # different lengths: the batch is left-padded
 COPIES = pytest.mark.parametrize("weights", ["int8", "bfloat16"])
@@ -134,7 +134,7 @@ def test_generate_ids_reports_the_copys_log_probs_of_each_continuation(tiny, wei
 def test_the_int8_copy_of_a_model_off_the_cpu_is_refused_with_one_line(tiny):
     _, model, _ = tiny
     with pytest.raises(UserError, match="rollout.weights=int8 samples on CPU only"):
-        check_int8_model(model.to("meta"))
+        check_copy_model(model.to("meta"), "int8")
 
 
 def test_the_int8_copy_quantizes_every_linear_layer(tiny):
@@ -159,7 +159,8 @@ def test_a_bf16_copy_of_a_sharded_model_is_refused_with_one_line(tiny, monkeypat
     monkeypatch.setattr(model, "parameters", lambda: iter([DTensor(torch.zeros(1))]))
     with pytest.raises(UserError, match="rollout.weights=bfloat16 needs the whole model in one process"):
         check_copy_model(model, "bfloat16")
-    check_copy_model(torch.nn.Linear(2, 2), "bfloat16")  # an unsharded model on any device: no error
+    check_copy_model(torch.nn.Linear(2, 2), "bfloat16")  # an unsharded model: no error
+    check_copy_model(torch.nn.Linear(2, 2, device="meta"), "bfloat16")  # off the CPU: only int8 needs the CPU
 
 
 @pytest.mark.slow
