@@ -30,6 +30,7 @@ import torch
 from omegaconf import DictConfig, open_dict
 
 from ...conf import compose
+from ...core.files import atomic_write_text
 from ...rollout.base import build_rollout
 from ...trainers import components
 from ...trainers.collect import CollectSettings, collect_rollouts
@@ -136,7 +137,7 @@ class QuadrantJob(TrainJob):
             cfg.tracking.enabled = False
         torch.set_num_threads(int(cfg.trainer.threads) or 1)
         result = quadrant_sign_experiment(cfg, batches=batches, log=self._log)
-        (self.output_dir / RESULT_FILE).write_text(json.dumps(result))
+        atomic_write_text(self.output_dir / RESULT_FILE, json.dumps(result))  # whole or absent, never half
         return {"status": "FINISHED", "steps": batches}
 
 
@@ -148,7 +149,7 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(int(cfg.trainer.threads) or 1)
     result = quadrant_sign_experiment(cfg, batches=batches, log=lambda m: print(m, flush=True))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result))
+    atomic_write_text(out, json.dumps(result))
 
 
 if __name__ == "__main__":

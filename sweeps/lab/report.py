@@ -17,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ...core.files import atomic_write_text  # noqa: E402
 from ...trainers.run.regime import entropy_flags, findings_cell, prediction_fit, regime_warnings  # noqa: E402
 from ..aggregate import seed_band  # noqa: E402
 from ..jobs import read_job_state  # noqa: E402
@@ -181,7 +182,7 @@ def write_lab_outputs(
         "failed_runs": failed,
         **(extra or {}),
     }
-    (out / "lab.json").write_text(json.dumps(doc, indent=2, default=float))
+    atomic_write_text(out / "lab.json", json.dumps(doc, indent=2, default=float))
     paths["lab.json"] = out / "lab.json"
     md = report_md(
         title,
@@ -197,7 +198,7 @@ def write_lab_outputs(
         sections=sections,
         quadrants=quadrants,
     )
-    (out / "report.md").write_text(md)
+    atomic_write_text(out / "report.md", md)
     paths["report.md"] = out / "report.md"
     return paths
 

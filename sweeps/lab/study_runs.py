@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ...conf import compose
+from ...core.errors import UserError
 from ..aggregate import load_rows
 from ..jobs import TRAIN_KIND, job_kind
 from ..run_records import read_saved_config
@@ -60,8 +61,25 @@ def collect_lab_runs(sweep: dict, statuses: list) -> tuple[dict, dict, dict]:
                 if configs.get(st.variant) is None:  # a seed whose config cannot be read gives none (the sweep report says it)
                     configs[st.variant] = read_saved_config(out)[0]
         elif (out / RESULT_FILE).exists():
-            quadrants[st.seed] = json.loads((out / RESULT_FILE).read_text())
+            quadrants[st.seed] = _read_quadrants(out / RESULT_FILE, st.key)
     return runs, quadrants, configs
+
+
+def _read_quadrants(path: Path, key: str) -> dict:
+    """A finished quadrant job's result; one error line when it is not whole JSON or not an object (a
+    claim over the seeds must not quietly lose one)."""
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        result, why = None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else '-'}"
+    else:
+        why = None if isinstance(result, dict) else "not a JSON object"
+    if why:
+        raise UserError(
+            f"{path} (job {key}'s quadrant result) cannot be read ({why}): delete {path.parent} and resume the "
+            "study (`entropyrl lab --experiment <study> --resume`, or `entropyrl sweep ... --resume`) to measure it again"
+        )
+    return result
 
 
 def read_study_runs(

@@ -48,3 +48,37 @@ def test_a_sweep_with_no_finished_run_takes_its_settings_from_the_presets_and_th
     study = read_study_runs(sweep, statuses, stare_preset=["experiment=lab_stare"], base_preset=["experiment=lab_grpo"])
     assert study.runs == {} and study.pass_key == "val/pass_at_6"
     assert study.h_tgt == compose("train", ["experiment=lab_stare"]).algo.stare.h_tgt
+
+
+def _with_quadrant_job(tmp_path, text: str):
+    """A sweep with one finished quadrant job whose quadrants.json holds ``text``."""
+    sweep, statuses = _sweep(tmp_path, {"grpo": "algo: {name: grpo}\n"})
+    d = tmp_path / "runs" / "quadrants" / "s1"
+    d.mkdir(parents=True)
+    (d / "quadrants.json").write_text(text)
+    sweep["jobs"].append(
+        {
+            "key": "quadrants/s1",
+            "variant": "quadrants",
+            "seed": 1,
+            "overrides": [],
+            "output_dir": str(d),
+            "extra": {"kind": "quadrants"},
+        }
+    )
+    statuses.append(SimpleNamespace(key="quadrants/s1", variant="quadrants", seed=1, state="done", output_dir=str(d)))
+    return sweep, statuses
+
+
+def test_a_quadrant_result_that_is_not_whole_is_one_error_line_not_a_seed_quietly_lost(tmp_path):
+    import pytest
+
+    from entropyrl.core.errors import UserError
+
+    presets = dict(stare_preset=["experiment=lab_stare"], base_preset=["experiment=lab_grpo"])
+    whole = json.dumps({"q1": [0.1], "q2": [0.2]})
+    study = read_study_runs(*_with_quadrant_job(tmp_path / "whole", whole), **presets)
+    assert study.quadrants == {1: {"q1": [0.1], "q2": [0.2]}}  # null: a whole result reads as written
+    for name, text in (("cut", whole[: len(whole) // 2]), ("list", "[1, 2]")):
+        with pytest.raises(UserError, match=r"quadrants/s1's quadrant result\) cannot be read .*--resume"):
+            read_study_runs(*_with_quadrant_job(tmp_path / name, text), **presets)
