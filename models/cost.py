@@ -467,7 +467,7 @@ def plan_figures(
             f"CPU has the kernels (the copy decodes faster there: `make bench` key real_model, {key}); the copy made "
             "after each update is not counted"
         )
-    if cpu_time is not None and t.dtype == "bfloat16" and str(t.fsdp).lower() in ("false", "0", "no"):
+    if cpu_time is not None and shape["autocast"]:
         assumptions.append(
             "trainer.dtype=bfloat16 (autocast, no FSDP): the CPU training time is that of float32 products, an upper "
             "bound where the CPU has bfloat16 kernels (`make bench` key real_model, bf16_train_speedup)"
