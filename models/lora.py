@@ -126,6 +126,21 @@ def lora_settings(model_cfg) -> dict | None:
     }
 
 
+def _check_targets(model, targets) -> None:
+    """Every name of a ``target_modules`` list names a module of ``model`` (PEFT's list matching: the
+    module's name, or its last dotted parts); PEFT itself refuses only a list of which none matches."""
+    if isinstance(targets, str):
+        return
+    names = [name for name, _ in model.named_modules()]
+    unknown = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if unknown:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise UserError(
+            f"model.lora.target_modules names {', '.join(unknown)}, which this model does not have: its "
+            f"linear layers are {', '.join(linear)} (or set model.lora.target_modules=all-linear)"
+        )
+
+
 def apply_lora(model, model_cfg, log=None) -> LoraPolicy | None:
     """Inject ``model.lora``'s adapter into ``model`` (in place: every base weight frozen), or None."""
     settings = lora_settings(model_cfg)
@@ -133,6 +148,7 @@ def apply_lora(model, model_cfg, log=None) -> LoraPolicy | None:
         return None
     from peft import LoraConfig, get_peft_model
 
+    _check_targets(model, settings["target_modules"])
     try:
         peft_model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", bias="none", **settings))
     except ValueError as exc:  # e.g. target modules the model does not have

@@ -176,6 +176,25 @@ def test_bad_lora_settings_are_one_line_errors():
     assert lora_settings(lora_section(rank=8))["lora_alpha"] == 16
 
 
+def test_a_target_module_the_model_lacks_is_an_error_even_beside_one_it_has():
+    """PEFT refuses a list of which no name matches; one typo beside a real name would train the real
+    one alone. Null: the list without the typo applies."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from entropyrl.core.errors import UserError
+    from entropyrl.models.lora import apply_lora
+
+    config = Qwen2Config(
+        vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1
+    )
+    with pytest.raises(UserError, match=r"names v_prj, which this model does not have: its linear layers are .*q_proj.*v_proj"):
+        apply_lora(AutoModelForCausalLM.from_config(config), lora_section(rank=2, target_modules=["q_proj", "v_prj"]))
+    policy = apply_lora(
+        AutoModelForCausalLM.from_config(config), lora_section(rank=2, target_modules=["q_proj", "self_attn.v_proj"])
+    )
+    assert sum("lora_A" in n for n, _ in policy.peft.named_parameters()) == 2
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["stare", "steer", "clip_cov", "kl_cov", "entropy_bonus", "archer", "siren", "gspo"])
 def test_interventions_work_unchanged_with_lora(algo, in_tmp):
