@@ -234,14 +234,16 @@ def read_rows(path: str | os.PathLike, max_row_bytes: int | None = None) -> list
     if suffix == ".json":
         try:
             data = json.loads(text)
-        except json.JSONDecodeError:
+        except json.JSONDecodeError as exc:
+            if text.lstrip().startswith("["):  # one JSON document (a list), not JSON lines: say where it breaks
+                raise UserError(f"{p}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})") from None
             data = None  # maybe JSON lines with a .json name
         if isinstance(data, list):
-            return limit_rows([r for r in data if isinstance(r, dict)], max_row_bytes)
+            return limit_rows(_objects(data, p, "row"), max_row_bytes)
         if isinstance(data, dict):
             for key in ("data", "rows", "examples", "test", "problems"):
                 if isinstance(data.get(key), list):
-                    return limit_rows([r for r in data[key] if isinstance(r, dict)], max_row_bytes)
+                    return limit_rows(_objects(data[key], p, f"row of '{key}'"), max_row_bytes)
             raise UserError(f"{p}: a JSON object without a list of rows (expected a list, or a 'data' list)")
     rows = Rows()
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -254,9 +256,26 @@ def read_rows(path: str | os.PathLike, max_row_bytes: int | None = None) -> list
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UserError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
-        if isinstance(row, dict):
-            rows.append(row)
-            rows.lines.append(lineno)
+        _objects([row], p, "row", where=f"{p}:{lineno}")
+        rows.append(row)
+        rows.lines.append(lineno)
+    return rows
+
+
+_JSON_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean", type(None): "null"}
+
+
+def _objects(rows: list, path: Path, what: str, where: str | None = None) -> list[dict]:
+    """``rows``, each a JSON object; the first that is not (a list, a string, a number) is a
+    ``UserError`` naming it, never a row left out in silence."""
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            shown = json.dumps(row, default=str)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise UserError(
+                f"{where or f'{path}: {what} {i + 1}'}: a row must be a JSON object like "
+                f'{{"problem": ..., "answer": ...}}, this one is {_JSON_KINDS.get(type(row), "another value")} ({shown}): fix or remove it'
+            )
     return rows
 
 
@@ -383,16 +402,26 @@ def describe_fields(rows: list[dict], fields: dict | None = None) -> str:
     return text + ("" if given else " -- guessed; choose with data.fields.problem=COL data.fields.answer=COL")
 
 
-def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str = "") -> list[Problem]:
+class ProblemList(list):
+    """Problems, with ``repeated``: how many rows were left out for repeating an earlier row's
+    (problem, answer), which whoever loads them says (a count, not a silent reduction)."""
+
+    def __init__(self, *args, repeated: int = 0):
+        super().__init__(*args)
+        self.repeated = int(repeated)
+
+
+def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str = "") -> ProblemList:
     """Problems from raw rows: verl layout detected by its columns, else ``fields``, or the columns
     guessed from the first row (``describe_fields`` says which) read the same way in every row. Rows
-    repeating an earlier (problem, answer) pair are dropped. A row without those columns, and rows whose
+    repeating an earlier (problem, answer) pair are dropped, counted in ``repeated``. A row without those columns, and rows whose
     answer reads as empty (a problem no response can get right), are a ``UserError`` naming them."""
     out: list[Problem] = []
     seen: set[tuple[str, str]] = set()
     fields = dict(fields or {})
     guessed: dict | None = None
     empty: list[int] = []
+    repeated = 0
     for i, row in enumerate(rows):
         if _is_verl(row):
             problem, messages = _verl_problem(row)
@@ -424,6 +453,7 @@ def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str =
             continue
         key = (problem, answer)
         if key in seen:
+            repeated += 1
             continue
         seen.add(key)
         out.append(
@@ -431,7 +461,7 @@ def rows_to_problems(rows: list[dict], fields: dict | None = None, source: str =
         )  # every column, untouched: for reward functions
     if empty:
         raise UserError(_no_answer_message(rows, empty, fields, guessed, source))
-    return out
+    return ProblemList(out, repeated=repeated)
 
 
 def _no_answer_message(rows: list[dict], empty: list[int], fields: dict, guessed: dict | None, source: str) -> str:
@@ -520,5 +550,13 @@ def load_benchmark(name: str, data_root: str | os.PathLike | None = None, limit:
     if not problems:
         raise UserError(f"benchmark {spec.name}: no problems found in {found or spec.hub}")
     if limit is not None and int(limit) > 0:
-        problems = problems[: int(limit)]
+        problems = ProblemList(problems[: int(limit)], repeated=getattr(problems, "repeated", 0))
     return problems
+
+
+def repeated_note(name: str, problems: list) -> str | None:
+    """The line saying how many rows of ``name`` were left out as repeats, or None."""
+    n = getattr(problems, "repeated", 0)
+    if not n:
+        return None
+    return f"{name}: left out {n} row(s) repeating an earlier row's (problem, answer): each problem counts once"

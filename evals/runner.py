@@ -45,7 +45,7 @@ from ..core.tracking import check_reachable
 from ..rollout.base import RolloutEngine, build_rollout
 from ..rollout.multi_turn import ToolRollout
 from ..tasks.problem import Problem
-from .benchmarks import BenchmarkSpec, available_benchmarks, expand_benchmarks, get_spec, load_benchmark
+from .benchmarks import BenchmarkSpec, available_benchmarks, expand_benchmarks, get_spec, load_benchmark, repeated_note
 from .code.code_eval import evaluate_code, is_code_problem
 from .code.tool_executor import build_tool_executor, check_tools
 from .engine_setup import _device as _device
@@ -308,6 +308,8 @@ def run_eval(cfg, console=None) -> dict:
     if settings.prompt not in available_templates():
         raise UserError(f"unknown eval.prompt '{settings.prompt}'; valid: {', '.join(available_templates())}")
     data = {b: load_benchmark(b, ev.get("data_root"), limit) for b in names}  # fail fast, before the model
+    for line in filter(None, (repeated_note(b, problems) for b, problems in data.items())):
+        console.print(f"note: {line}", markup=False, highlight=False, soft_wrap=True)
     check_tools(cfg.get("tools"))
     tr = cfg.tracking
     if tr.enabled:  # as train does: an unreachable server fails before generating, not after

@@ -64,3 +64,61 @@ def test_train_on_a_file_with_answerless_rows_is_one_error_line(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "1 of 2 row(s) have no answer (lines 2;" in errors[0]
+
+
+def test_a_row_that_is_not_an_object_is_named_not_left_out(tmp_path):
+    """A list or a string among the rows was dropped without a word (a 4-line file read as 2 problems)."""
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"problem": "1+1", "answer": "2"}\n["2+2", "4"]\n"hello"\n{"problem": "3+3", "answer": "6"}\n')
+    with pytest.raises(UserError, match=rf'{path}:2: a row must be a JSON object like {{"problem".* a list \(\["2\+2", "4"\]\)'):
+        read_rows(path)
+    listed = tmp_path / "mixed.json"
+    listed.write_text('[{"problem": "1+1", "answer": "2"}, 7]')
+    with pytest.raises(UserError, match=rf"{listed}: row 2: a row must be a JSON object.* a number \(7\)"):
+        read_rows(listed)
+    # the null: objects only read every row
+    path.write_text('{"problem": "1+1", "answer": "2"}\n{"problem": "3+3", "answer": "6"}\n')
+    assert len(read_rows(path)) == 2
+
+
+def test_a_json_document_that_does_not_parse_is_named_where_it_breaks(tmp_path):
+    """A pretty-printed list with a trailing comma on line 4 was blamed on line 1 (read again as JSON lines)."""
+    path = tmp_path / "bad.json"
+    path.write_text('[\n  {"problem": "1+1", "answer": "2"},\n  {"problem": "2+2", "answer": "4"},\n]\n')
+    with pytest.raises(UserError, match=rf"{path}:4:1: not valid JSON \(Expecting value\)"):
+        read_rows(path)
+    # JSON lines under a .json name still read as lines, and their bad line is named
+    path.write_text('{"problem": "1+1", "answer": "2"}\n{"problem": "2+2", "answer": \n')
+    with pytest.raises(UserError, match=rf"{path}:2: not valid JSON"):
+        read_rows(path)
+
+
+def test_repeated_rows_are_counted_and_said(tmp_path, capsys):
+    """Rows repeating an earlier (problem, answer) are left out, counted, and the count is said at start."""
+    from entropyrl.evals.benchmarks import repeated_note
+
+    rows = [{"problem": "1+1", "answer": "2"}, {"problem": "1+1", "answer": "2"}, {"problem": "1+1", "answer": "3"}] * 2
+    problems = rows_to_problems(read_rows(_file(tmp_path, rows)))
+    assert [(p.prompt, p.answer) for p in problems] == [("1+1", "2"), ("1+1", "3")]
+    assert problems.repeated == 4
+    assert repeated_note("mine", problems) == (
+        "mine: left out 4 row(s) repeating an earlier row's (problem, answer): each problem counts once"
+    )
+    assert repeated_note("mine", rows_to_problems(read_rows(_file(tmp_path, rows[:1] + rows[2:3])))) is None
+
+
+def test_eval_and_train_say_how_many_rows_repeat(tmp_path):
+    from entropyrl.conf import compose
+    from entropyrl.trainers.data.datasets import MathDatasetSource
+
+    rows = [{"problem": f"{i}+{i}", "answer": str(2 * i)} for i in range(5)]
+    path = _file(tmp_path, rows + rows[:2])
+    data = compose("train", ["data=dapo_math_17k", f"data.path={path}", "data.grade_workers=1"]).data
+    source = MathDatasetSource(data, 0)
+    assert "data: left out 2 row(s) repeating an earlier row's (problem, answer): each problem counts once" in source.notes
+    command = [sys.executable, "-m", "entropyrl.cli.main", "eval", str(path), "eval.n_samples=1", "eval.max_new_tokens=2"]
+    out = subprocess.run(
+        [*command, f"output_dir={tmp_path / 'ev'}", "tracking.enabled=false"], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "left out 2 row(s) repeating an earlier row's (problem, answer)" in out.stdout + out.stderr

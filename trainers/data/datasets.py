@@ -37,7 +37,7 @@ from typing import Any, Sequence
 from ...conf import cfg_get, to_plain
 from ...core.errors import UserError
 from ...core.registry import unknown_choice
-from ...evals.benchmarks import describe_fields, limit_rows, read_rows, resolve_data_root, rows_to_problems
+from ...evals.benchmarks import describe_fields, limit_rows, read_rows, repeated_note, resolve_data_root, rows_to_problems
 from ...evals.grading.grader import grade_batch
 from ...evals.prompts import available_templates, build_prompt
 from ...models.tiny import check_representable, representable
@@ -137,11 +137,12 @@ def load_problems(data_cfg) -> tuple[list, str]:
 
 
 class _Problems(list):
-    """Problems, with how many rows were over the size limit and which columns were read."""
+    """Problems, with how many rows were over the size limit or repeats, and which columns were read."""
 
     def __init__(self, items, skipped: int = 0, columns: str = ""):
         super().__init__(items)
         self.skipped = int(skipped)
+        self.repeated = getattr(items, "repeated", 0)  # rows repeating an earlier (problem, answer)
         self.columns = columns
 
 
@@ -176,6 +177,9 @@ class MathDatasetSource:
         # said once at start by whoever builds the source (components.build_source): the columns
         # read, the rows left out and why
         self.notes = [f"data: {self.where}: {loaded.columns}"]
+        repeated = repeated_note("data", loaded)
+        if repeated:
+            self.notes.append(repeated)
         if loaded.skipped:
             self.notes.append(
                 f"data: skipped {loaded.skipped} row(s) over data.max_row_bytes="
