@@ -152,6 +152,13 @@ def build_source(cfg, tokenizer, log=print):
     source = build_prompt_source(cfg.data, int(cfg.trainer.seed), tokenizer=tokenizer)
     for note in getattr(source, "notes", []):
         log(note)
+    asked = int(cfg.val.prompts or 0)
+    held = len(source.validation(asked)) if asked else 0
+    if held < asked:
+        log(
+            f"val: validating on {held} problem(s), not val.prompts={asked}: the data's validation set holds "
+            f"{held} (raise data.holdout, or set val.prompts={held})"
+        )
     return source
 
 

@@ -2,7 +2,9 @@
 start) are the columns of every row, and a row whose answer reads as empty is refused by name. A file
 whose second row had other column names was read under another guess without a word, and a gold answer
 that the guessed reading turned into "" (a "solution" without a ``\\boxed{}``) was graded as a problem no
-response could get right."""
+response could get right. Nor is anything the file or the data settings hold dropped or clamped
+without a word: rows that are not objects, repeated rows, a holdout or limit the data cannot honour,
+fewer validation problems than val.prompts asks for."""
 
 from __future__ import annotations
 
@@ -122,3 +124,49 @@ def test_eval_and_train_say_how_many_rows_repeat(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "left out 2 row(s) repeating an earlier row's (problem, answer)" in out.stdout + out.stderr
+
+
+def _source(tmp_path, *overrides: str):
+    from entropyrl.conf import compose
+    from entropyrl.trainers.data.datasets import MathDatasetSource
+
+    path = _file(tmp_path, [{"problem": f"{i}+{i}", "answer": str(2 * i)} for i in range(20)])
+    data = compose("train", ["data=dapo_math_17k", f"data.path={path}", "data.grade_workers=1", *overrides]).data
+    return MathDatasetSource(data, 0)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("data.holdout=100", r"data.holdout=100 is not allowed: the data has 20 problem\(s\), so hold out 0 to 19"),
+        ("data.holdout=-5", r"data.holdout=-5 is not allowed"),
+        ("data.limit=-3", r"data.limit=-3 is not allowed: it must be a positive number of problems, or null for all"),
+        ("data.limit=0", r"data.limit=0 is not allowed"),
+    ],
+)
+def test_a_holdout_or_limit_the_data_cannot_honour_is_an_error_not_a_clamp(tmp_path, override, message):
+    """holdout=100 of 20 problems held out 19, holdout=-5 trained on 5, limit=-3 dropped the last 3: all silent."""
+    with pytest.raises(UserError, match=message):
+        _source(tmp_path, override)
+
+
+def test_holdout_and_limit_within_the_data_are_honoured(tmp_path):
+    source = _source(tmp_path, "data.holdout=19")
+    assert (len(source.train_items), len(source.val_items)) == (1, 19)
+    source = _source(tmp_path, "data.limit=5", "data.holdout=2")
+    assert (len(source.train_items), len(source.val_items)) == (3, 2)
+
+
+def test_fewer_validation_problems_than_val_prompts_is_said(tmp_path):
+    from entropyrl.conf import compose
+    from entropyrl.trainers.components import build_source
+
+    path = _file(tmp_path, [{"problem": f"{i}+{i}", "answer": str(2 * i)} for i in range(20)])
+    lines: list[str] = []
+    for prompts in (128, 3):  # the null: as many as it holds
+        cfg = compose("train", ["data=dapo_math_17k", f"data.path={path}", "data.holdout=3", f"val.prompts={prompts}"])
+        build_source(cfg, None, log=lines.append)
+    said = [line for line in lines if line.startswith("val:")]
+    assert said == [
+        "val: validating on 3 problem(s), not val.prompts=128: the data's validation set holds 3 (raise data.holdout, or set val.prompts=3)"
+    ]

@@ -23,7 +23,7 @@ from ...evals.benchmarks import load_benchmark, read_rows
 from ...evals.code.code_eval import OPEN_FENCE, code_prompt, sandbox_for
 from ...evals.code.code_tasks import CodeProblem, grade_code, rows_to_code_problems
 from ...models.tiny import check_representable, representable
-from .datasets import MathDatasetSource, resolve_data_path, split_holdout
+from .datasets import MathDatasetSource, first_problems, resolve_data_path, split_holdout
 
 __all__ = ["CodeTaskSource", "REWARDS"]
 
@@ -59,9 +59,7 @@ class CodeTaskSource(MathDatasetSource):
         limits = to_plain(data_cfg.sandbox) or {}
         self.pool = sandbox_for({}, limits)
         problems, self.where = load_code_problems(data_cfg)
-        limit = data_cfg.limit
-        if limit:
-            problems = problems[: int(limit)]
+        problems = first_problems(problems, data_cfg.limit)
         if not problems:
             raise UserError(f"data={self.name}: no code problems in {self.where}")
         self.notes: list[str] = []

@@ -146,13 +146,28 @@ class _Problems(list):
         self.columns = columns
 
 
+def first_problems(problems: list, limit) -> list:
+    """The first ``data.limit`` problems (null: all); a limit below 1 is a ``UserError`` (it read as
+    "all but the last N" or as no limit)."""
+    if limit is None:
+        return problems
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise UserError(f"data.limit={limit} is not allowed: it must be a positive number of problems, or null for all")
+    return problems[:limit]
+
+
 def split_holdout(problems: list, data_cfg) -> tuple[list, list]:
     """``(train, validation)``: ``data.holdout`` problems (at least one left to train on) drawn
     with ``data.val_seed`` are held out for validation; with no holdout, validation uses every
     problem in that seeded order."""
     order = list(range(len(problems)))
     random.Random(int(data_cfg.val_seed)).shuffle(order)
-    holdout = min(int(cfg_get(data_cfg, "holdout", 0)), len(problems) - 1)
+    holdout = int(cfg_get(data_cfg, "holdout", 0) or 0)
+    if holdout < 0 or (holdout and holdout >= len(problems)):
+        raise UserError(
+            f"data.holdout={holdout} is not allowed: the data has {len(problems)} problem(s), so hold out "
+            f"0 to {len(problems) - 1} (one at least left to train on; 0 validates on a sample of the training set)"
+        )
     held = set(order[:holdout])
     val = [problems[i] for i in order[:holdout]] or [problems[i] for i in order]
     return [p for i, p in enumerate(problems) if i not in held], val
@@ -185,10 +200,7 @@ class MathDatasetSource:
                 f"data: skipped {loaded.skipped} row(s) over data.max_row_bytes="
                 f"{cfg_get(data_cfg, 'max_row_bytes', None)} bytes (not tokenised)"
             )
-        problems = list(loaded)
-        limit = data_cfg.limit
-        if limit:
-            problems = problems[: int(limit)]
+        problems = first_problems(list(loaded), data_cfg.limit)
         max_len = cfg_get(data_cfg, "max_prompt_length", None)
         if tokenizer is not None and problems:  # a prompt the model cannot read: refused or counted, never rewritten
             texts = [self.prompt(p) for p in problems]
