@@ -103,11 +103,27 @@ def _cached_config(repo: str) -> Path | None:
 def architecture(model_cfg: Any) -> Architecture:
     """The architecture of ``model`` (a composed ``model`` config), offline."""
     path = cfg_get(model_cfg, "path")
+    unread = ""  # why model.path gave no config.json, said beside the preset's arch used instead
     if path:
-        local = Path(str(path)) / "config.json"
+        from .loading import looks_local, resolve_model_path
+
+        folder = Path(resolve_model_path(str(path), log=lambda *_: None)).expanduser()
+        local = folder / "config.json"
         found = local if local.is_file() else _cached_config(str(path))
         if found is not None:
             return _from_mapping(json.loads(found.read_text()), str(found))
+        if not folder.exists() and looks_local(str(path)):
+            raise UserError(
+                f"model.path={path}: no such folder: point model.path at the model's folder (or leave it "
+                f"out for the preset model={model_cfg.name})"
+            )
+        unread = f"model.path={path}: " + ("no config.json in it" if folder.exists() else "not in the Hugging Face cache")
+        if model_cfg.embedded:  # the embedded preset's arch is its own model's, not this one's
+            raise UserError(
+                f"{unread}, so its architecture is unknown offline: fetch its config.json "
+                f"(hf download {path} config.json) or choose its preset (model=...)"
+            )
+        unread = "; " + unread
     arch = dict(to_plain(model_cfg.arch) or {})
     if model_cfg.embedded and "vocab_size" not in arch:
         arch["vocab_size"] = len(build_tokenizer())
@@ -116,7 +132,7 @@ def architecture(model_cfg: Any) -> Architecture:
             f"model {model_cfg.name}: no config.json at model.path={path} and no "
             f"model.arch in its preset; point model.path at the model's folder"
         )
-    return _from_mapping(arch, f"the preset's model.arch (model={model_cfg.name})")
+    return _from_mapping(arch, f"the preset's model.arch (model={model_cfg.name}{unread})")
 
 
 def parameters(a: Architecture) -> dict[str, int]:

@@ -76,11 +76,35 @@ def model_dir(model_cfg, task_cfg=None, log=print) -> str:
         path = resolve_model_path(str(path), log=log)
     if not path:
         return str(embedded_model_dir(model_cfg, task_cfg, log=log))
-    if not Path(str(path)).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise UserError(
-            f"model path '{path}' does not exist and HF_HUB_OFFLINE=1: point model.path at a local Hugging Face folder"
-        )
+    if not Path(str(path)).expanduser().exists():
+        if looks_local(str(path)):
+            raise UserError(
+                f"model.path={path}: no such folder{_nearest_folder(str(path))}: point model.path at a Hugging Face "
+                f"model folder, a run or checkpoint folder, or a hub id (namespace/name)"
+            )
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise UserError(
+                f"model path '{path}' does not exist and HF_HUB_OFFLINE=1: point model.path at a local Hugging Face folder"
+            )
     return str(path)
+
+
+def looks_local(path: str) -> bool:
+    """Whether ``path`` can only be meant as a folder on this machine, not a hub id (``namespace/name``):
+    absolute, ``./``, ``../`` or ``~``, more than one ``/``, or a first part that is a local folder."""
+    if path.startswith(("/", "./", "../", "~", ".\\")) or path.count("/") > 1 or path.endswith("/"):
+        return True
+    head = path.split("/", 1)[0]
+    return "/" in path and Path(head).is_dir()
+
+
+def _nearest_folder(path: str) -> str:
+    """`` (the nearest folder that exists: P)`` for a missing ``path``, or nothing."""
+    p = Path(path).expanduser()
+    for parent in p.parents:
+        if parent.is_dir() and str(parent) not in (".", "/"):
+            return f" (the nearest folder that exists: {parent})"
+    return ""
 
 
 def stop_tokens(model_cfg, tokenizer) -> list[int]:

@@ -73,6 +73,20 @@ def test_a_hub_id_is_not_checked_as_a_folder(tmp_path):
     assert loadable_folder_damage(tmp_path / "org" / "model") is None
 
 
+@pytest.mark.parametrize("given", ["/nonexistent/folder", "./outputs/myrun", "outputs/myrun", "../no/such/model"])
+def test_a_missing_local_model_path_says_no_such_folder(tmp_path, monkeypatch, given):
+    """A mistyped folder was passed to the hub and came back as "Repo id must be in the form..." or
+    "Repository Not Found". Null: a hub id (namespace/name) is left to the hub."""
+    from entropyrl.models.loading import model_dir
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+    with pytest.raises(UserError, match=rf"model.path={given}: no such folder.*or a hub id \(namespace/name\)"):
+        model_dir(compose("train", [f"model.path={given}"]).model)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert model_dir(compose("train", ["model.path=Qwen/Qwen2.5-Math-7B"]).model) == "Qwen/Qwen2.5-Math-7B"
+
+
 def test_a_tokenizer_of_another_model_is_refused_before_an_index_out_of_range(folder):
     """A tokenizer whose ids the model's embedding table does not hold (its files copied from another
     model) failed at the first forward with an IndexError; the folder's own tokenizer (the null) loads."""

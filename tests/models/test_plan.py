@@ -69,6 +69,27 @@ def test_a_model_folders_config_json_is_read_offline(tmp_path):
     assert figures["parameters"] == expected
 
 
+def test_a_model_path_the_plan_cannot_read_is_named_not_replaced_by_the_presets_model(tmp_path):
+    """model.path to a missing folder, or to a hub id not in the cache beside the embedded preset,
+    planned the embedded 0.0003B model without a word."""
+    from entropyrl.conf import compose
+    from entropyrl.core.errors import UserError
+    from entropyrl.models.cost import architecture
+
+    with pytest.raises(UserError, match=r"model.path=/models/Qwen2.5-Math-7B: no such folder"):
+        architecture(compose("train", ["model.path=/models/Qwen2.5-Math-7B"]).model)
+    with pytest.raises(UserError, match=r"model.path=nobody/not-cached: not in the Hugging Face cache, so its architecture"):
+        architecture(compose("train", ["model.path=nobody/not-cached"]).model)
+    # a preset that declares its arch still plans offline, and says the path was not read
+    arch = architecture(compose("train", ["model=qwen2.5-7b", "model.path=nobody/not-cached"]).model)
+    assert (
+        arch.source == "the preset's model.arch (model=qwen2.5-7b; model.path=nobody/not-cached: not in the Hugging Face cache)"
+    )
+    # the null: a folder with its config.json is read
+    (tmp_path / "config.json").write_text(json.dumps({**ARCH, "model_type": "qwen2"}))
+    assert architecture(compose("train", [f"model.path={tmp_path}"]).model).source == str(tmp_path / "config.json")
+
+
 def _measure() -> None:
     """Peak extra RSS of one training micro-batch + AdamW step (every buffer its own mmap, so RSS
     follows live tensors: MALLOC_MMAP_THRESHOLD_ is set by the test)."""
