@@ -68,7 +68,10 @@ def spawn_socket_helper(entry: str, *, warnings: bool = True) -> tuple[subproces
     with the file descriptor of its end of a fresh socket pair. Its stdin and stdout are closed to it
     (stderr stays the parent's, for a crash's traceback); ``warnings=False`` silences Python's
     warnings in it. The helper ends when it returns; reading EOF on the socket is its usual way to
-    see the parent go."""
+    see the parent go. It leads a process group of its own from its first instruction, so a stop
+    signal sent to the caller's group (Ctrl-C, ``timeout``) does not reach it, not even while its
+    interpreter starts, before it could ignore one (a ``KeyboardInterrupt`` traceback in the middle
+    of the caller's output): the caller stops its helpers itself."""
     ours, theirs = socket.socketpair()
     flags = ["-E", "-s"] + ([] if warnings else ["-W", "ignore"])
     try:
@@ -78,6 +81,7 @@ def spawn_socket_helper(entry: str, *, warnings: bool = True) -> tuple[subproces
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             close_fds=True,
+            process_group=0,  # its own group from birth: a stop sent to ours never reaches it mid-start
         )
     except BaseException:
         ours.close()

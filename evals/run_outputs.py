@@ -35,16 +35,17 @@ def _write_results(
     threads: int,
     warnings: list[str],
     error: str | None = None,
+    status: str | None = None,
 ) -> dict:
     """Write ``samples.jsonl`` and ``summary.json`` into ``out_dir`` and log the MLflow run, FINISHED,
     or FAILED with ``error`` (the line that ended the eval; ``results`` then holds the benchmarks
-    finished before it). Returns the summary."""
+    finished before it), or ``status`` (KILLED: stopped by a signal). Returns the summary."""
     from omegaconf import OmegaConf
 
     metrics = flat_metrics(results, prefix="eval")
     samples_path, summary_path = out_dir / "samples.jsonl", out_dir / "summary.json"
     atomic_write_lines(samples_path, (json.dumps(s) for s in samples))
-    status = "FINISHED" if error is None else "FAILED"
+    status = status or ("FINISHED" if error is None else "FAILED")
     summary = {
         "model": label,
         "status": status,

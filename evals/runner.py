@@ -318,14 +318,18 @@ def run_eval(cfg, console=None) -> dict:
     out_dir = Path(str(cfg.output_dir))
     fresh = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
+    began = time.time()
     try:
         return _run_into(cfg, console, out_dir, names, data, settings)
     except BaseException as exc:  # Ctrl-C, SIGTERM, a crash: no empty folder of ours left behind, one line
+        wrote = (out_dir / "summary.json").is_file() and (out_dir / "summary.json").stat().st_mtime >= began
         if fresh and out_dir.is_dir() and not any(out_dir.iterdir()):
             out_dir.rmdir()
             line = f"eval stopped before any result: nothing written ({out_dir} removed)"
+        elif wrote:
+            line = f"eval stopped: the benchmarks it finished are in {out_dir}/summary.json and samples.jsonl"
         else:
-            line = f"eval stopped: what it wrote is in {out_dir}"
+            line = f"eval stopped before any result: nothing written ({out_dir} holds an earlier run's files, left as they were)"
         if not isinstance(exc, UserError):  # a user error is its own one line
             console.print(line, markup=False, highlight=False, soft_wrap=True)
         raise
@@ -346,25 +350,31 @@ def _run_into(cfg, console, out_dir: Path, names: list[str], data: dict, setting
     results: dict[str, dict] = {}
     samples: list[dict] = []
     under_way: dict[str, str] = {}  # the benchmark and phase (generate, grade) running: what an error names
-    out_of_memory = _generate_and_grade(cfg, console, engine, tokenizer, data, settings, (results, samples), under_way)
+    ended = _generate_and_grade(cfg, console, engine, tokenizer, data, settings, (results, samples), under_way)
 
     warnings = unreadable + [r["warning"] for r in results.values() if "warning" in r]  # many responses cut short
     for line in warnings:
         console.print(f"[yellow]warning[/yellow]: {line}", highlight=False)
-    if out_of_memory is not None:
-        samples = [s for s in samples if s.get("benchmark") in results]  # the failed benchmark's are partial
-        error = memory_error(out_of_memory, cfg, settings, data, results, under_way, out_dir)
-        _write_results(cfg, out_dir, label, names, results, samples, started, threads, warnings, str(error))
-        raise error
-    return _write_results(cfg, out_dir, label, names, results, samples, started, threads, warnings)
+    if ended is None:
+        return _write_results(cfg, out_dir, label, names, results, samples, started, threads, warnings)
+    samples = [s for s in samples if s.get("benchmark") in results]  # the unfinished benchmark's are partial
+    if isinstance(ended, KeyboardInterrupt):  # Ctrl-C or SIGTERM: the finished benchmarks kept, the run KILLED
+        if results:
+            doing = f"{under_way.get('phase', 'evaluating')} {under_way.get('benchmark', '?')}"
+            line = f"stopped while {doing}: the finished benchmarks ({', '.join(results)}) are kept"
+            _write_results(cfg, out_dir, label, names, results, samples, started, threads, warnings, line, status="KILLED")
+        raise ended
+    error = memory_error(ended, cfg, settings, data, results, under_way, out_dir)
+    _write_results(cfg, out_dir, label, names, results, samples, started, threads, warnings, str(error))
+    raise error
 
 
 def _generate_and_grade(
     cfg, console, engine: RolloutEngine, tokenizer, data: dict, settings: EvalSettings, into: tuple[dict, list], under_way: dict
 ) -> BaseException | None:
-    """``evaluate`` into ``into`` under a progress bar, the engine closed after. Returns the error of
-    running out of memory that stopped it (the benchmarks finished before it are in ``into``), else
-    None; any other error is raised."""
+    """``evaluate`` into ``into`` under a progress bar, the engine closed after. Returns what stopped it
+    early, running out of memory or a stop signal (``KeyboardInterrupt``), with the benchmarks finished
+    before it in ``into``; else None. Any other error is raised."""
     ev = cfg.eval
     batch = int(ev.batch_size or 16)
     every = float(ev.heartbeat_s or 30.0)
@@ -376,6 +386,8 @@ def _generate_and_grade(
         if not is_out_of_memory(exc):
             raise
         exc.__traceback__ = None  # the failed batch's tensors go before the results are written
+        return exc
+    except KeyboardInterrupt as exc:  # stop_signals: Ctrl-C and SIGTERM; a repeat is only recorded
         return exc
     finally:
         engine.close()

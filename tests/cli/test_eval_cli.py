@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -229,6 +230,53 @@ def test_ctrl_c_on_an_eval_leaves_no_empty_folder_and_says_so(tmp_path, data_dir
     assert proc.returncode == 128 + sig and "Traceback" not in err, err[-3000:]
     assert "eval stopped before any result: nothing written" in err and f"stopped by {signame}" in err
     assert list((tmp_path / "outputs" / "eval").iterdir()) == []
+
+
+def _stop_while_generating(cwd: Path, env: dict, *args: str, bench: str) -> tuple[int, str]:
+    """``entropyrl eval *args`` in its own process group, SIGINT to the group once it generates ``bench``."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [*CLI, "eval", *args, *FAST_TINY, "eval.threads=1", "tracking.enabled=false"],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    seen, deadline = "", time.monotonic() + 120
+    while f"generate {bench}:" not in seen:
+        line = proc.stderr.readline()
+        assert (line or proc.poll() is None) and time.monotonic() < deadline, seen[-3000:]
+        seen += line
+    os.killpg(proc.pid, signal.SIGINT)
+    _, rest = proc.communicate(timeout=120)
+    return proc.returncode, seen + rest
+
+
+def test_a_stopped_eval_keeps_the_benchmarks_it_finished_and_leaves_an_earlier_runs_files_alone(tmp_path, data_dir):
+    """Ctrl-C during the second benchmark discarded the first one's results, and a stop in a folder an
+    earlier run wrote said "what it wrote is in" that folder, whose summary.json was the earlier run's."""
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(json.dumps({"problem": f"{i}+{i}", "answer": str(2 * i)}) + "\n" for i in range(2)))
+    env = {**os.environ, "ENTROPYRL_DATA": str(data_dir)}
+    out = tmp_path / "ev"
+    code, err = _stop_while_generating(
+        tmp_path, env, str(small), "math500", "eval.n_samples=64", f"output_dir={out}", bench="math500"
+    )
+    assert code == 130 and "Traceback" not in err, err[-3000:]
+    assert f"eval stopped: the benchmarks it finished are in {out}/summary.json" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "KILLED" and list(summary["benchmarks"]) == ["small"]
+    assert "stopped while generate math500" in summary["error"]
+    assert {json.loads(line)["benchmark"] for line in (out / "samples.jsonl").read_text().splitlines()} == {"small"}
+    # stopped in the same folder before any benchmark finished: the earlier run's files stay, and it says so
+    before = (out / "summary.json").read_bytes()
+    code, err = _stop_while_generating(tmp_path, env, "math500", "eval.n_samples=64", f"output_dir={out}", bench="math500")
+    assert code == 130 and f"nothing written ({out} holds an earlier run's files, left as they were)" in err, err[-3000:]
+    assert (out / "summary.json").read_bytes() == before
 
 
 def test_eval_defaults_follow_the_model_preset():
