@@ -17,12 +17,15 @@ from ..conf import config_groups, primary_defaults
 
 
 def quiet_transformers() -> None:
-    """transformers' progress bars and warnings off; called in the bodies of the commands that
-    load a model, so that ``--help`` never imports transformers (and torch)."""
+    """transformers' own progress bars and warnings off; called in the bodies of the commands that
+    load a model, so that ``--help`` never imports transformers (and torch). The hub's download bars
+    stay on: a model's first download is minutes of work that must show it is alive."""
     try:
+        from huggingface_hub.utils import enable_progress_bars
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
+        hf_logging.disable_progress_bar()  # which turns the hub's off too
+        enable_progress_bars()
         hf_logging.set_verbosity_error()
     except Exception:  # noqa: BLE001 - cosmetic only
         pass

@@ -86,7 +86,19 @@ def model_dir(model_cfg, task_cfg=None, log=print) -> str:
             raise UserError(
                 f"model path '{path}' does not exist and HF_HUB_OFFLINE=1: point model.path at a local Hugging Face folder"
             )
+        if not _in_hub_cache(str(path)):
+            log(f"model.path={path}: not in the Hugging Face cache yet: downloading it from the hub (its progress below)")
     return str(path)
+
+
+def _in_hub_cache(repo: str) -> bool:
+    """Whether hub model ``repo``'s config.json is in the local Hugging Face cache (no network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo, "config.json"), str)
+    except Exception:  # noqa: BLE001 - not a valid repo id: the loader says so
+        return True
 
 
 def looks_local(path: str) -> bool:

@@ -84,7 +84,26 @@ def test_a_missing_local_model_path_says_no_such_folder(tmp_path, monkeypatch, g
     with pytest.raises(UserError, match=rf"model.path={given}: no such folder.*or a hub id \(namespace/name\)"):
         model_dir(compose("train", [f"model.path={given}"]).model)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    assert model_dir(compose("train", ["model.path=Qwen/Qwen2.5-Math-7B"]).model) == "Qwen/Qwen2.5-Math-7B"
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty cache: the download is said
+    lines: list[str] = []
+    assert model_dir(compose("train", ["model.path=Qwen/Qwen2.5-Math-7B"]).model, log=lines.append) == "Qwen/Qwen2.5-Math-7B"
+    assert lines == [
+        "model.path=Qwen/Qwen2.5-Math-7B: not in the Hugging Face cache yet: downloading it from the hub (its progress below)"
+    ]
+
+
+def test_the_commands_that_load_a_model_keep_the_hubs_download_bars():
+    """transformers' disable_progress_bar turned the hub's off too: a 15 GB first download showed nothing."""
+    from huggingface_hub.utils import are_progress_bars_disabled
+    from transformers.utils import logging as hf_logging
+
+    from entropyrl.cli.common import quiet_transformers
+
+    try:
+        quiet_transformers()
+        assert not are_progress_bars_disabled() and not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def test_a_tokenizer_of_another_model_is_refused_before_an_index_out_of_range(folder):
