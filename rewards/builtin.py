@@ -13,20 +13,22 @@ from typing import Callable, Sequence
 
 from ..core.errors import UserError
 from ..evals.code.code_tasks import CodeProblem
-from ..evals.grading.grader import DEFAULT_TIMEOUT, grade_batch
+from ..evals.grading.grader import DEFAULT_TIMEOUT, grade_batch, ungraded_warning
 from ..tasks import builtin as tasks
 
 __all__ = ["BUILTIN_REWARDS"]
 
 
-def _math(*, responses: Sequence[str], problems: Sequence, source=None, **_) -> list[float]:
-    """The math grader (normalisation + math-verify in worker processes) on the gold ``answer``."""
+def _math(*, responses: Sequence[str], problems: Sequence, source=None, log=print, **_) -> list[float]:
+    """The math grader (normalisation + math-verify in worker processes) on the gold ``answer``; the
+    responses it did not decide (timed out, worker died) score 0 and are said on ``log``."""
+    timeout = float(getattr(source, "timeout", DEFAULT_TIMEOUT))
     results = grade_batch(
-        list(responses),
-        [p.answer for p in problems],
-        workers=getattr(source, "workers", None),
-        timeout=float(getattr(source, "timeout", DEFAULT_TIMEOUT)),
+        list(responses), [p.answer for p in problems], workers=getattr(source, "workers", None), timeout=timeout
     )
+    undecided = ungraded_warning([r.reason for r in results], timeout)
+    if undecided:
+        log(undecided)
     return [1.0 if r.correct else 0.0 for r in results]
 
 

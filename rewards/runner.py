@@ -171,7 +171,7 @@ class RewardRunner:
     def _run(self, e: RewardEntry, kwargs: dict, n: int) -> Outcome:
         label = f"reward function {e.ref}" if e.kind != "http" else f"reward.url {e.ref}"
         if e.kind == "builtin":  # trusted, with its own limits (grader pool, sandbox)
-            return run_call(label, lambda: e.fn(source=self.source, **kwargs), n, e.fallback)
+            return run_call(label, lambda: e.fn(source=self.source, log=self.log, **kwargs), n, e.fallback)
         if e.kind == "http":
             payload = {k: v for k, v in kwargs.items() if k != "problems"}
             call = partial(post_rewards, e.ref, payload, timeout=e.timeout, retries=self.retries, backoff=self.backoff)

@@ -150,6 +150,8 @@ def build_source(cfg, tokenizer, log=print):
     """The prompt source of ``cfg.data``: training prompts, held-out prompts, rewards. What the source
     has to say about its data (columns read, rows left out) is logged once, here."""
     source = build_prompt_source(cfg.data, int(cfg.trainer.seed), tokenizer=tokenizer)
+    if hasattr(source, "log"):  # a source's warnings during the run (grading it could not decide)
+        source.log = log
     for note in getattr(source, "notes", []):
         log(note)
     asked = int(cfg.val.prompts or 0)

@@ -271,6 +271,20 @@ def reason_counts(results: Sequence[GradeResult]) -> dict[str, int]:
     return dict(Counter(r.reason for r in results).most_common())
 
 
+def ungraded_warning(reasons: Sequence[str], timeout: float) -> str | None:
+    """The one line for responses math-verify did not decide (``timeout``, ``worker_died``), which a
+    reward scores 0 like a wrong answer; None when every response was decided."""
+    counts = Counter(r for r in reasons if r in ("timeout", "worker_died"))
+    if not counts:
+        return None
+    parts = ", ".join(f"{reason} {n}" for reason, n in counts.most_common())
+    return (
+        f"warning: grading: {sum(counts.values())} of {len(reasons)} response(s) were not decided ({parts}; "
+        f"data.grade_timeout={timeout:g} s) and score 0 as wrong: raise data.grade_timeout, or leave the grader "
+        f"more CPU (data.grade_workers)"
+    )
+
+
 def no_answer_warning(results: Sequence[GradeResult], label: str, share: float = 0.25) -> str | None:
     """A one-line warning when more than ``share`` of ``results`` end without a final answer
     (empty, cut off inside a box, or no answer marker: most often generation hit its token

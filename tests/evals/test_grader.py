@@ -223,3 +223,32 @@ def test_numeric_fast_path_only_rejects_clearly_different_values():
     assert grade_answers(["3\\sqrt{13}", "\\frac{\\pi}{6}", "2^{10}"], ["90", "0.5", "1000"]) == [(False, "mismatch")] * 3
     # close values and equal values are left to math-verify
     assert grade_answers(["3\\sqrt{2}", "\\frac{\\pi}{6}"], ["\\sqrt{18}", "0.5235988"])[0] == (True, "math_verify_match")
+
+
+def test_a_training_reward_says_the_responses_the_grader_did_not_decide(tmp_path):
+    """A response math-verify timed out on scored 0 like a wrong answer, with no count anywhere."""
+    import json
+
+    from entropyrl.conf import compose
+    from entropyrl.rewards.runner import RewardRunner
+    from entropyrl.trainers.data.datasets import MathDatasetSource
+
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"problem": "big", "answer": "5"}) + "\n" + json.dumps({"problem": "two", "answer": "2"}) + "\n")
+    data = compose("train", ["data=dapo_math_17k", f"data.path={path}", "data.grade_timeout=0.5", "data.grade_workers=1"]).data
+    source = MathDatasetSource(data, 0)
+    said: list[str] = []
+    source.log = said.append
+    problems = sorted(source.train_items, key=lambda p: p.answer)
+    hard, easy = "\\boxed{9^{9^{9^{9}}}}", "\\boxed{2}"
+    assert source.rewards(problems, [easy, easy]) == [1.0, 0.0] and said == []  # the null: every response decided
+    assert source.rewards(problems, [easy, hard]) == [1.0, 0.0]
+    assert said == [
+        "warning: grading: 1 of 2 response(s) were not decided (timeout 1; data.grade_timeout=0.5 s) and score 0 as "
+        "wrong: raise data.grade_timeout, or leave the grader more CPU (data.grade_workers)"
+    ]
+    logged: list[str] = []  # the same through reward.functions' builtin:math
+    runner = RewardRunner({"functions": ["builtin:math"]}, None, log=logged.append)
+    runner.bind(source)
+    runner.score(problems, ["p", "p"], [easy, hard], [0, 1])
+    assert logged == said

@@ -38,7 +38,7 @@ from ...conf import cfg_get, to_plain
 from ...core.errors import UserError
 from ...core.registry import unknown_choice
 from ...evals.benchmarks import describe_fields, limit_rows, read_rows, repeated_note, resolve_data_root, rows_to_problems
-from ...evals.grading.grader import grade_batch
+from ...evals.grading.grader import grade_batch, ungraded_warning
 from ...evals.prompts import available_templates, build_prompt
 from ...models.tiny import check_representable, representable
 
@@ -176,6 +176,8 @@ def split_holdout(problems: list, data_cfg) -> tuple[list, list]:
 class MathDatasetSource:
     """A ``PROMPT_SOURCES`` entry (``data.kind: math``); see the module docstring."""
 
+    log = staticmethod(print)  # where a step's grading warnings go (the trainer's log: components.build_source)
+
     def __init__(self, data_cfg, seed: int, tokenizer=None):
         self.cfg = data_cfg
         self.seed = int(seed)
@@ -287,6 +289,9 @@ class MathDatasetSource:
     # -- rewards ------------------------------------------------------------------------------
     def rewards(self, problems: Sequence, responses: Sequence[str]) -> list[float]:
         results = grade_batch(list(responses), [p.answer for p in problems], workers=self.workers, timeout=self.timeout)
+        undecided = ungraded_warning([r.reason for r in results], self.timeout)
+        if undecided:
+            self.log(undecided)
         return [1.0 if r.correct else 0.0 for r in results]
 
     def reward(self, problem, response: str) -> float:

@@ -22,7 +22,7 @@ from typing import Sequence
 
 from ...conf import cfg_get
 from ...core.errors import UserError
-from ...evals.grading.grader import extract_answer, grade_answers
+from ...evals.grading.grader import extract_answer, grade_answers, ungraded_warning
 from ...evals.prompts import NATIVE, build_prompt
 from ...tasks.word_problems import level, make_word_problem
 
@@ -53,6 +53,8 @@ def reads_english(tokenizer) -> bool:
 
 class WordProblemSource:
     """A ``PROMPT_SOURCES`` entry (``data.kind: word_problems``); see the module docstring."""
+
+    log = staticmethod(print)  # where a step's grading warnings go (the trainer's log: components.build_source)
 
     def __init__(self, data_cfg, seed: int, tokenizer=None):
         self.cfg = data_cfg
@@ -90,6 +92,9 @@ class WordProblemSource:
     def rewards(self, problems: Sequence, responses: Sequence[str]) -> list[float]:
         answers = [final_answer(r) for r in responses]
         verdicts = grade_answers(answers, [p.answer for p in problems], workers=self.workers, timeout=self.timeout)
+        undecided = ungraded_warning([reason for _, reason in verdicts], self.timeout)
+        if undecided:
+            self.log(undecided)
         return [1.0 if ok else 0.0 for ok, _ in verdicts]
 
     def reward(self, problem, response: str) -> float:
