@@ -65,27 +65,36 @@ def _prompts(problems: Sequence[CodeProblem], tokenizer, chat: bool) -> tuple[li
     return [t for t, _ in pairs], [o for _, o in pairs]
 
 
-def _fit_context(engine, prompts: list[str], max_new_tokens: int) -> tuple[list[str], int]:
-    """Prompts and response cap that fit a model with a short context (the embedded tiny model:
-    64 positions): keep the end of each prompt. Real models' contexts make this a no-op."""
+def _fit_context(engine, prompts: list[str], max_new_tokens: int) -> tuple[list[str], int, str | None]:
+    """``(prompts, response cap, what was cut or None)`` that fit a model with a short context (the
+    embedded tiny model: 64 positions): the cap lowered to half the context and the end of each prompt
+    kept, when a prompt and the cap overflow it. Real models' contexts make this a no-op; when it is
+    not, the line says how many prompts lost their beginning and what the cap became."""
     model = getattr(engine, "model", None)
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     tok = getattr(engine, "tokenizer", None)
     if not limit or tok is None:
-        return prompts, max_new_tokens
+        return prompts, max_new_tokens, None
+    lengths = [len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    if not any(n + int(max_new_tokens) > int(limit) for n in lengths):
+        return prompts, int(max_new_tokens), None
     new = min(int(max_new_tokens), max(1, int(limit) // 2))
     budget = int(limit) - new - 2
     fitted = []
-    for p in prompts:
-        ids = tok(p, add_special_tokens=False)["input_ids"]
-        if len(ids) > budget:
+    for p, n in zip(prompts, lengths):
+        if n > budget:
             p = p[-budget:]  # characters >= tokens: never longer than the budget
             while len(tok(p, add_special_tokens=False)["input_ids"]) > budget and p:
                 p = p[len(p) // 8 + 1 :]
         fitted.append(p)
-    return fitted, new if any(
-        len(tok(p, add_special_tokens=False)["input_ids"]) + max_new_tokens > limit for p in prompts
-    ) else int(max_new_tokens)
+    cut = sum(n > budget for n in lengths)
+    note = (
+        f"the model's context ({limit} positions) does not hold a prompt and eval.max_new_tokens={max_new_tokens}: "
+        f"responses capped at {new} tokens"
+        + (f", {cut} of {len(prompts)} prompt(s) cut to their last {budget} tokens" if cut else "")
+        + " (a model with a longer context evaluates them whole)"
+    )
+    return fitted, new, note
 
 
 def evaluate_code(
@@ -113,7 +122,7 @@ def evaluate_code(
 
     pool = sandbox_for(spec.sandbox, settings.sandbox, settings.workers)
     prompts, opened = _prompts(problems, tokenizer, chat)
-    prompts, max_new = _fit_context(engine, prompts, settings.max_new_tokens)
+    prompts, max_new, cut = _fit_context(engine, prompts, settings.max_new_tokens)
     t0 = time.perf_counter()
     completions = sample_texts(
         engine,
@@ -151,6 +160,8 @@ def evaluate_code(
         "reasons": reasons,
         "seconds": {"generate": round(t1 - t0, 3), "grade": round(t2 - t1, 3)},
         "grader_timeouts": reasons.get("timeout", 0),
+        "max_new_tokens": max_new,
+        **({"warning": f"{bench}: {cut}"} if cut else {}),
     }
     return result, samples
 

@@ -336,3 +336,23 @@ def test_builtin_code_reward_entry_grades_in_the_sandbox_beside_a_user_function(
     toy.bind(src)
     with pytest.raises(UserError, match="builtin:toy grades the toy tasks"):
         toy.score([inc], ["p"], ["x"], [0])
+
+
+def test_a_code_prompt_cut_to_fit_the_context_is_said():
+    """The cap lowered to half the context and prompts cut to their end, for every prompt of the
+    benchmark, without a word (summary.json kept the requested eval.max_new_tokens)."""
+    from types import SimpleNamespace
+
+    from entropyrl.evals.code.code_eval import _fit_context
+    from entropyrl.models.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    engine = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64)), tokenizer=tok)
+    prompts, cap, note = _fit_context(engine, ["1+1=", "12345678901234567890" * 3], 40)
+    assert cap == 32 and prompts[0] == "1+1=" and len(prompts[1]) == 30
+    assert note == (
+        "the model's context (64 positions) does not hold a prompt and eval.max_new_tokens=40: responses capped at 32 "
+        "tokens, 1 of 2 prompt(s) cut to their last 30 tokens (a model with a longer context evaluates them whole)"
+    )
+    # the null: prompts and cap that fit are left whole, and nothing is said
+    assert _fit_context(engine, ["1+1=", "2+2="], 40) == (["1+1=", "2+2="], 40, None)
