@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
             from ..trainers.preflight import check_training
             from ..trainers.run.run_dir import run_lock
             from ..trainers.run.run_report import validation_text
-            from ..trainers.run.stop_signals import RunInterrupted
+            from ..trainers.run.stop_signals import RunInterrupted, setup_stopped_message
             from ..trainers.trainer import train as run_training
 
             quiet_transformers()
@@ -56,6 +56,8 @@ def register(app: typer.Typer) -> None:
                 log=lambda msg: console.print(msg, style="dim", markup=False, highlight=False, soft_wrap=True),
             )
         except RunInterrupted as stopped:  # the trainer said where it stopped and how to resume
+            if getattr(stopped, "during_setup", False):  # before the first step: this says it
+                console.print(setup_stopped_message(stopped, cfg.output_dir), markup=False, highlight=False, soft_wrap=True)
             raise SystemExit(stopped.exit_code) from None
         console.print(
             f"[green]done[/green]: {summary.get('steps')} steps, "

@@ -60,7 +60,7 @@ from .run.checkpointer import Checkpointer
 from .run.overview import overview_metrics
 from .run.run_report import TrainingProgress, write_run_report
 from .run.step_observers import build_step_observers
-from .run.stop_signals import RunInterrupted, StopSignals
+from .run.stop_signals import RunInterrupted, StopSignals, stop_during_setup
 from .run.validation import validation_metrics
 from .settings import StepSettings
 from .stats.policy_stats import batch_token_stats, response_token_stats
@@ -390,8 +390,8 @@ def train(cfg: DictConfig, log=print, *, checked: TrainingCheck | None = None) -
     signal stopped it."""
     checked = checked if checked is not None else check_training(cfg)
     with run_dir.run_folder(cfg):  # one writer per output_dir, until the summary is written (run_lock)
-        # set-up (the model classes' imports, the model): no cycle collection meanwhile
-        with paused_gc(), bookkeeping.lost_peer_is_one_line(cfg, "during set-up"):
+        # set-up (the model classes' imports, the model): no cycle collection meanwhile; a stop ends it at once
+        with paused_gc(), bookkeeping.lost_peer_is_one_line(cfg, "during set-up"), stop_during_setup():
             trainer = GRPOTrainer(cfg, log=log, algo=checked.algo, run_mode=checked.run_mode)
         try:
             return trainer.fit()

@@ -178,3 +178,32 @@ def test_a_process_group_kill_stops_at_the_step_boundary(in_tmp, fast_train):
     summary = json.loads((in_tmp / "run" / "summary.json").read_text())
     assert summary["status"] == "KILLED" and summary["steps"] >= 1, summary
     assert checkpoint_steps(in_tmp / "run") == [summary["steps"]]  # the step in progress finished and was saved
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stop_during_set_up_ends_at_once_leaving_no_run_folder(sig, in_tmp):
+    """During the warm start SIGTERM's default ended the process with no word and left the run folder
+    holding only its lock; a SIGINT inherited ignored (a job started in a script's background) was
+    ignored. Null: the stop line names the folder removed, and nothing of a run is left."""
+    cmd = [*CLI, "train", "model.warm_start.steps=3997", "output_dir=run", "tracking.enabled=false", "trainer.threads=1"]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=in_tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    seen, deadline = "", time.monotonic() + 120
+    while "warm start" not in seen:  # the set-up is under way, far from its end
+        line = proc.stderr.readline()
+        assert (line or proc.poll() is None) and time.monotonic() < deadline, seen[-3000:]
+        seen += line
+    assert (in_tmp / "run" / ".lock").exists()
+    proc.send_signal(sig)
+    _, rest = proc.communicate(timeout=60)
+    err = seen + rest
+    assert proc.returncode == 128 + sig and "Traceback" not in err, err[-3000:]
+    line = f"stopped by {sig.name} during set-up, before the first step: nothing trained ({Path('run')} removed)"
+    assert line in err, err[-3000:]
+    assert not (in_tmp / "run").exists()

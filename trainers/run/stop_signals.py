@@ -126,3 +126,36 @@ class StopSignals:
             return local
 
         return float(distributed.max_across(1.0 if local else 0.0, dist)) > 0
+
+
+@contextlib.contextmanager
+def stop_during_setup():
+    """Before the first step there is nothing to save at a step boundary: a stop signal (taken as
+    ``StopSignals`` takes them) ends the set-up at once as ``RunInterrupted`` with ``during_setup``
+    set, so the caller's cleanup runs and it can say so (SIGTERM's default ended the process with no
+    word, its run folder left holding only its lock; an inherited ignored SIGINT was ignored). In the
+    main thread only; the previous handlers come back on exit."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _stop(signum, _frame):
+        stopped = RunInterrupted(signum)
+        stopped.during_setup = True
+        raise stopped
+
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    taken = [sig for sig, handler in previous.items() if _is_ours_to_take(handler)]
+    for sig in taken:
+        signal.signal(sig, _stop)
+    try:
+        yield
+    finally:
+        for sig in taken:
+            signal.signal(sig, previous[sig] if previous[sig] is not None else signal.SIG_DFL)
+
+
+def setup_stopped_message(stopped: RunInterrupted, output_dir) -> str:
+    """The line of a run stopped during its set-up: nothing trained, and what became of its folder."""
+    where = f"{output_dir} removed" if not os.path.exists(output_dir) else f"{output_dir} kept as it was"
+    return f"{stopped} during set-up, before the first step: nothing trained ({where})"
