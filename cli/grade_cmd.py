@@ -128,16 +128,17 @@ def chunks(items: Iterator, size: int | None = None) -> Iterator[list]:
         yield chunk
 
 
-def _grade_code_lines(good: list, bad: list, pool, grade_code_rows) -> tuple[list, list]:
+def _grade_code_lines(good: list, bad: list, pool, grade_code_rows, progress=None) -> tuple[list, list]:
     """Math lines stay in ``good``; code lines (HumanEval layout or benchmark + id) are run in the
     code sandbox by ``grade_code_rows`` (``evals/code/code_eval.py``, passed in by the command, which
     imports it when it runs) on the ``SandboxPool`` that ``pool()`` returns (made on first use):
-    ``(line number, row + program, correct, reason, ...)``; unresolvable ones go to ``bad``."""
+    ``(line number, row + program, correct, reason, ...)``; unresolvable ones go to ``bad``.
+    ``progress(k)``: called as programs finish (a chunk of programs can take minutes)."""
 
     code = [(n, o) for n, o in good if is_code_row(o)]
     if not code:
         return good, []
-    records = grade_code_rows([o for _, o in code], pool())
+    records = grade_code_rows([o for _, o in code], pool(), progress=progress)
     out = []
     for (n, obj), rec in zip(code, records):
         if isinstance(rec, str):
@@ -275,8 +276,8 @@ def _grade_file(
         beat = Heartbeat(err, file, heartbeat_s)
         for chunk in chunks(iter_items(file)):
             good, bad = [(n, o) for n, o, p in chunk if p is None], [(n, p) for n, o, p in chunk if p is not None]
-            good, code_lines = _grade_code_lines(good, bad, pool, grade_code_rows)
-            beat.advance(len(code_lines))
+            shown = lambda k: (bar.advance(task, k), beat.advance(k))  # noqa: E731
+            good, code_lines = _grade_code_lines(good, bad, pool, grade_code_rows, progress=shown)
             for lineno, problem in sorted(bad):
                 tally.bad += 1
                 if tally.bad <= SHOWN_BAD:  # named as found; the rest counted at the end
@@ -288,7 +289,7 @@ def _grade_file(
                 graded=tally.graded,
                 workers=workers,
                 timeout=timeout,
-                progress=lambda k: (bar.advance(task, k), beat.advance(k)),
+                progress=shown,
             )
             for row in _graded_rows(good, results, code_lines):
                 reflection = reflection_block(row["response"], matcher) if matcher.enabled else None

@@ -174,9 +174,12 @@ def _find(problems: Sequence[CodeProblem], ident: Any, bench: str) -> CodeProble
     raise UserError(f"{bench} has no problem with id '{want}' (ids look like '{problems[0].id}')")
 
 
-def grade_code_rows(rows: Sequence[dict], pool: SandboxPool, mode: str = "all", data_root: str | None = None) -> list[dict | str]:
+def grade_code_rows(
+    rows: Sequence[dict], pool: SandboxPool, mode: str = "all", data_root: str | None = None, progress=None
+) -> list[dict | str]:
     """For each row (HumanEval/MBPP/LiveCodeBench layout, or ``benchmark`` + ``id``) with a
-    ``response``: the ``record`` of its graded program, or a one-line problem (bad id...)."""
+    ``response``: the ``record`` of its graded program, or a one-line problem (bad id...).
+    ``progress(k)``: called as programs finish."""
     loaded: dict[str, list[CodeProblem]] = {}
     problems: list[CodeProblem | str] = []
     for row in rows:
@@ -197,7 +200,7 @@ def grade_code_rows(rows: Sequence[dict], pool: SandboxPool, mode: str = "all", 
         except UserError as exc:
             problems.append(str(exc))
     ok = [i for i, p in enumerate(problems) if isinstance(p, CodeProblem)]
-    graded = grade_code([problems[i] for i in ok], [rows[i]["response"] for i in ok], pool, mode)
+    graded = grade_code([problems[i] for i in ok], [rows[i]["response"] for i in ok], pool, mode, progress=progress)
     out: list[dict | str] = list(problems)  # the problem strings stay where they were
     for i, (program, result) in zip(ok, graded):
         out[i] = record(program, result)

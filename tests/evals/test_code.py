@@ -180,6 +180,18 @@ def test_grade_cli_grades_code_rows(tmp_path, humaneval):
     assert graded[0]["program"].startswith(p.prompt.rstrip()) and "def truncate_number(n)" in graded[1]["program"]
 
 
+def test_grading_code_lines_into_a_log_beats_as_programs_finish(tmp_path, humaneval):
+    """The heartbeat counted code lines once their whole chunk had run (minutes of silence)."""
+    p = humaneval[2]
+    row = {"prompt": p.prompt, "test": p.test, "entry_point": p.entry_point, "response": p.canonical}
+    src = tmp_path / "rows.jsonl"
+    src.write_text((json.dumps(row) + "\n") * 6)
+    out = run_cli("grade", src, "--out", tmp_path / "graded.jsonl", "--workers", "1", "--heartbeat", "0.001", timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = [int(ln.split(": ")[1].split(" ")[0]) for ln in out.stderr.splitlines() if ln.startswith(f"grading {src}: ")]
+    assert len(set(counts)) >= 2 and counts == sorted(counts) and counts[-1] <= 6, out.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_eval_humaneval_with_the_tiny_model(tmp_path):
     out = run_cli("eval", "humaneval", *FAST_TINY, "eval.n_samples=2", "eval.limit=5", "output_dir=run", cwd=tmp_path)
