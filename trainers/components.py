@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..core.alive import still_working
 from ..core.errors import UserError
 from ..core.mlflow_store import resolve_uri
 from ..core.tracking import RunTracker, TrackingSettings, check_reachable
@@ -149,7 +150,8 @@ def build_reference(cfg, dist, log=print):
 def build_source(cfg, tokenizer, log=print):
     """The prompt source of ``cfg.data``: training prompts, held-out prompts, rewards. What the source
     has to say about its data (columns read, rows left out) is logged once, here."""
-    source = build_prompt_source(cfg.data, int(cfg.trainer.seed), tokenizer=tokenizer)
+    with still_working(log, f"data={cfg.data.name}: reading and checking the problems"):
+        source = build_prompt_source(cfg.data, int(cfg.trainer.seed), tokenizer=tokenizer)
     if hasattr(source, "log"):  # a source's warnings during the run (grading it could not decide)
         source.log = log
     for note in getattr(source, "notes", []):

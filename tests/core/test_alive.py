@@ -1,0 +1,38 @@
+"""A long set-up step that reports nothing itself shows a sign of life (reading a large data file
+printed nothing until it ended)."""
+
+from __future__ import annotations
+
+import time
+
+
+def test_a_long_block_beats_and_a_short_one_says_nothing():
+    from entropyrl.core.alive import still_working
+
+    lines: list[str] = []
+    with still_working(lines.append, "data=mine: reading", every_s=0.05):
+        time.sleep(0.3)
+    assert len(lines) >= 3 and all(line.startswith("data=mine: reading: still working, ") for line in lines)
+    count = len(lines)
+    time.sleep(0.2)
+    assert len(lines) == count  # the beat ends with the block
+    quiet: list[str] = []
+    with still_working(quiet.append, "fast", every_s=5):
+        pass
+    assert quiet == []
+
+
+def test_the_trainers_data_loading_is_watched(monkeypatch):
+    from entropyrl.conf import compose
+    from entropyrl.trainers import components
+
+    def slow_source(*args, **kwargs):
+        time.sleep(0.3)
+        return object()
+
+    monkeypatch.setattr(components, "build_prompt_source", slow_source)
+    lines: list[str] = []
+    real = components.still_working
+    monkeypatch.setattr(components, "still_working", lambda log, what, every_s=30.0: real(log, what, every_s=0.05))
+    components.build_source(compose("train", ["val.prompts=0"]), None, log=lines.append)
+    assert lines and lines[0].startswith("data=countdown: reading and checking the problems: still working, ")
