@@ -43,6 +43,7 @@ from ..conf import cfg_get, compose, to_plain
 from ..core.errors import UserError
 from ..core.schema import bind
 from ..core.schema.train import Trainer
+from .loading import looks_local, resolve_model_path
 from .tiny import build_tokenizer
 
 __all__ = [
@@ -105,8 +106,6 @@ def architecture(model_cfg: Any) -> Architecture:
     path = cfg_get(model_cfg, "path")
     unread = ""  # why model.path gave no config.json, said beside the preset's arch used instead
     if path:
-        from .loading import looks_local, resolve_model_path
-
         folder = Path(resolve_model_path(str(path), log=lambda *_: None)).expanduser()
         local = folder / "config.json"
         found = local if local.is_file() else _cached_config(str(path))
