@@ -318,6 +318,21 @@ def test_code_prompts_the_embedded_model_cannot_read_are_refused(task_file):
         build_prompt_source(cfg.data, seed=0, tokenizer=build_tokenizer())
 
 
+def test_a_chat_template_asked_for_code_data_is_never_dropped_in_silence(task_file):
+    """data.chat_template=true with a tokenizer that has none fell back to raw text without a word."""
+    from entropyrl.conf import compose
+    from entropyrl.models.tiny import build_tokenizer
+    from entropyrl.trainers.data.prompts_source import build_prompt_source
+
+    def source(chat: str, tokenizer):
+        overrides = ["data=humaneval_code", f"data.path={task_file}", "data.sandbox.workers=1", f"data.chat_template={chat}"]
+        return build_prompt_source(compose("train", [*overrides, "data.unrepresentable=warn"]).data, seed=0, tokenizer=tokenizer)
+
+    with pytest.raises(UserError, match=r"data.chat_template=True but the model's tokenizer has no chat template"):
+        source("true", build_tokenizer())
+    assert source("auto", build_tokenizer()).chat is False and source("false", build_tokenizer()).chat is False
+
+
 def test_programs_cannot_redefine_the_checker_or_the_function_under_test(humaneval, pool):
     p = next(q for q in humaneval if q.id == "HumanEval/2")
     wrong = "    return 0.0\n"

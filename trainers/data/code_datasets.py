@@ -22,6 +22,7 @@ from ...core.errors import UserError
 from ...evals.benchmarks import load_benchmark, read_rows
 from ...evals.code.code_eval import OPEN_FENCE, code_prompt, sandbox_for
 from ...evals.code.code_tasks import CodeProblem, grade_code, rows_to_code_problems
+from ...evals.prompts import chat_use
 from ...models.tiny import check_representable, representable
 from .datasets import MathDatasetSource, first_problems, resolve_data_path, split_holdout
 
@@ -53,9 +54,13 @@ class CodeTaskSource(MathDatasetSource):
         if reward not in REWARDS:
             raise UserError(f"data.reward={reward}: valid: {', '.join(REWARDS)}")
         self.mode = REWARDS[reward]
-        chat = data_cfg.chat_template
-        has = bool(getattr(tokenizer, "chat_template", None))
-        self.chat = has if chat in (None, "auto") else bool(chat) and has
+        use, has = chat_use(data_cfg.chat_template), bool(getattr(tokenizer, "chat_template", None))
+        if use is True and not has and tokenizer is not None:  # asked for, never dropped in silence
+            raise UserError(
+                f"data.chat_template={data_cfg.chat_template} but the model's tokenizer has no chat template: "
+                "set data.chat_template=auto or false (or use a chat model)"
+            )
+        self.chat = has if use == "auto" else bool(use)
         limits = to_plain(data_cfg.sandbox) or {}
         self.pool = sandbox_for({}, limits)
         problems, self.where = load_code_problems(data_cfg)
