@@ -36,3 +36,19 @@ def test_the_trainers_data_loading_is_watched(monkeypatch):
     monkeypatch.setattr(components, "still_working", lambda log, what, every_s=30.0: real(log, what, every_s=0.05))
     components.build_source(compose("train", ["val.prompts=0"]), None, log=lines.append)
     assert lines and lines[0].startswith("data=countdown: reading and checking the problems: still working, ")
+
+
+def test_a_long_checkpoint_save_is_watched(monkeypatch, tmp_path):
+    """Saving a large model and its optimizer logged nothing until it ended (minutes on a 7B model)."""
+    from types import SimpleNamespace
+
+    from entropyrl.trainers.run import checkpointer
+
+    lines: list[str] = []
+    saver = checkpointer.Checkpointer.__new__(checkpointer.Checkpointer)
+    saver.log, saver.saved_step = lines.append, 0
+    monkeypatch.setattr(saver, "_save", lambda step, parts: time.sleep(0.3) or tmp_path, raising=False)
+    real = checkpointer.still_working
+    monkeypatch.setattr(checkpointer, "still_working", lambda log, what, every_s=30.0: real(log, what, every_s=0.05))
+    assert saver.save(7, SimpleNamespace()) == tmp_path and saver.saved_step == 7
+    assert lines and lines[0].startswith("checkpoint of step 7: gathering and writing the model and optimizer: still working, ")

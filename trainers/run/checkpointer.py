@@ -13,6 +13,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from ...core.alive import still_working
 from ..algos.algorithm import Algorithm
 from ..optim import resume_scheduler
 from ..parallel import distributed
@@ -78,7 +79,14 @@ class Checkpointer:
         """Write the checkpoint of step ``step``; its path on rank 0, None on the other ranks.
 
         Under FSDP every rank takes part in gathering the full state; rank 0 writes it, with every
-        rank's batches drawn ahead of the next steps under staleness."""
+        rank's batches drawn ahead of the next steps under staleness. A save that takes long (a large
+        model and its optimizer) says it is alive every 30 s."""
+        with still_working(self.log, f"checkpoint of step {step}: gathering and writing the model and optimizer"):
+            path = self._save(step, parts)
+        self.saved_step = step
+        return path
+
+    def _save(self, step: int, parts: TrainedParts) -> Path | None:
         pending = pending_records(parts.async_rollouts, step, self.dist, self.log)
         model, optimizer = distributed.checkpoint_views(parts.model, parts.optimizer, self.dist)
         path = None
@@ -99,5 +107,4 @@ class Checkpointer:
                 objects=pending,
             )
         distributed.barrier(self.dist)
-        self.saved_step = step
         return path
