@@ -217,7 +217,9 @@ def expand(
             raise UserError(f"'{o}' is set by the sweep for every job (use seeds=[...] / sweep_dir=...)")
     sweep_dir = Path(sweep_dir).resolve()
     jobs: list[JobSpec] = []
-    for v in select_variants(variants_of(abl), only, name):
+    chosen = select_variants(variants_of(abl), only, name)
+    refuse_overrides_that_erase_variants(chosen, _as_list(train_overrides), name)
+    for v in chosen:
         for seed in seeds:
             out = job_dir(sweep_dir, v.name, seed)
             overrides = merge_overrides(
@@ -233,6 +235,25 @@ def expand(
                 JobSpec(key=f"{v.name}/s{seed}", variant=v.name, seed=seed, overrides=overrides, output_dir=str(out), extra=extra)
             )
     return jobs
+
+
+def refuse_overrides_that_erase_variants(variants: list, train_overrides: list, ablation: str) -> None:
+    """A command-line training override applies to every job after its variant's own overrides, so
+    one that sets a key the variants set differently would make them train alike under their
+    different names: a ``UserError`` naming the key and each variant's value. A key they all set
+    the same way, or none sets, is the user's to change."""
+    if len(variants) < 2:
+        return
+    for given in train_overrides:
+        key = override_key(str(given))
+        values = {v.name: next((o for o in reversed(v.overrides) if override_key(o) == key), None) for v in variants}
+        if any(values.values()) and len(set(values.values())) > 1:
+            shown = ", ".join(f"{name} {value or 'leaves it unset'}" for name, value in values.items())
+            raise UserError(
+                f"'{given}' would replace the setting that ablation={ablation}'s variants differ in ({shown}): "
+                f"every job would train with it and the variants would no longer differ; drop it, or choose "
+                f"the variants to run with variants=[...]"
+            )
 
 
 def training_variants(ablation_name: str) -> list[str]:

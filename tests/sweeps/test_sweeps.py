@@ -121,6 +121,28 @@ def test_expand_jobs_order_overrides_and_dirs(tmp_path):
     assert [j.variant for j in expand(abl, seeds=[0], sweep_dir=tmp_path, only=["off"])] == ["off"]
 
 
+def test_a_command_line_override_that_would_erase_what_the_variants_differ_in_is_refused(tmp_path):
+    """`entropyrl sweep ablation=gate algo.stare.gate=true` trained always_on as gated, under its own name.
+    Null: a key the variants do not set (or all set alike) is the user's to change, and one variant alone
+    has nothing to erase."""
+    abl = {
+        "name": "g",
+        "variants": [
+            {"name": "on", "overrides": ["algo.stare.gate=true", "trainer.total_steps=9"]},
+            {"name": "off", "overrides": ["algo.stare.gate=false", "trainer.total_steps=9"]},
+            {"name": "grpo", "overrides": ["algo=grpo", "trainer.total_steps=9"]},
+        ],
+    }
+    message = r"'algo.stare.gate=true' would replace the setting that ablation=g's variants differ in \(on algo.stare.gate=true, off algo.stare.gate=false, grpo leaves it unset\)"
+    with pytest.raises(UserError, match=message):
+        expand(abl, seeds=[0], sweep_dir=tmp_path, train_overrides=["algo.stare.gate=true"])
+    with pytest.raises(UserError, match=r"'algo=stare' would replace"):
+        expand(abl, seeds=[0], sweep_dir=tmp_path, train_overrides=["algo=stare"])
+    for fine in (["trainer.total_steps=3"], ["optim.lr=0.1"]):
+        assert len(expand(abl, seeds=[0], sweep_dir=tmp_path, train_overrides=fine)) == 3
+    assert len(expand(abl, seeds=[0], sweep_dir=tmp_path, train_overrides=["algo.stare.gate=true"], only=["on"])) == 1
+
+
 def test_shipped_ablations_compose_and_cover_every_algo(tmp_path):
     names = config_groups()["ablation"]
     for required in ("gate", "quantile", "weight", "variant", "steer_mapping", "steer_min", "clip", "interventions"):
