@@ -106,7 +106,12 @@ def _last_step(output_dir: Path) -> int | None:
         return None
 
 
-def _total_steps(record: dict) -> int | None:
+def _total_steps(record: dict, output_dir: Path) -> int | None:
+    """The job's ``trainer.total_steps``: from the resolved ``config.yaml`` its run wrote at start (a
+    preset such as ``experiment=lab_stare`` sets it there), else a literal override, else None."""
+    found = _configured_steps(output_dir / "config.yaml")
+    if found is not None:
+        return found
     for o in reversed(record.get("overrides", [])):
         if o.startswith("trainer.total_steps="):
             try:
@@ -114,6 +119,25 @@ def _total_steps(record: dict) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+_STEPS_READ: dict[tuple[str, int], int | None] = {}  # (config.yaml, its mtime) -> total_steps: read once
+
+
+def _configured_steps(path: Path) -> int | None:
+    try:
+        key = (str(path), path.stat().st_mtime_ns)
+    except OSError:
+        return None
+    if key not in _STEPS_READ:
+        import yaml
+
+        try:
+            steps = (yaml.safe_load(path.read_text()) or {}).get("trainer", {}).get("total_steps")
+            _STEPS_READ[key] = int(steps) if steps is not None else None
+        except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
+            _STEPS_READ[key] = None
+    return _STEPS_READ[key]
 
 
 def log_path(record: dict, output_dir: Path) -> str:
@@ -137,8 +161,8 @@ def job_status(record: dict, queue: dict[str, QueueEntry] | None = None, launche
     sched_id = js.get("scheduler_job_id") or record.get("scheduler_job_id")
     attempt = int(js.get("attempt", 0))
     log = log_path(record, out)
-    last, total = _last_step(out), _total_steps(record)
-    progress = f"step {last}/{total}" if last is not None else ""
+    last, total = _last_step(out), _total_steps(record, out)
+    progress = "" if last is None else f"step {last}/{total}" if total is not None else f"step {last}"
     detached = bool(launcher is not None and launcher.detached)
     label = (launcher.scheduler or launcher.name) if launcher is not None else "scheduler"
 

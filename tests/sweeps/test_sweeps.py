@@ -527,3 +527,20 @@ def test_a_sweep_saved_without_a_report_section_reads_as_the_schemas_defaults():
     composed = OmegaConf.to_container(compose("sweep", ["ablation=clip"]).report, resolve=True)
     assert "entropy_threshold" not in (compose("sweep", ["ablation=clip"]).ablation.get("report") or {})
     assert SAVED_REPORT_DEFAULTS == composed
+
+
+def test_a_jobs_progress_reads_its_total_from_the_config_its_run_wrote(tmp_path):
+    """The shipped ablations set trainer.total_steps through a preset, so the live line read 'step 12/None'."""
+    from entropyrl.sweeps.state import job_status
+
+    out = tmp_path / "runs" / "gated" / "s0"
+    out.mkdir(parents=True)
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 13)))
+    (out / "job.json").write_text(json.dumps({"state": "running", "pid": os.getpid(), "host": socket.gethostname()}))
+    record = {"key": "gated/s0", "variant": "gated", "seed": 0, "output_dir": str(out), "overrides": ["experiment=lab_stare"]}
+    assert job_status(record).detail == "step 12"  # no config written yet: no total to say, not "None"
+    (out / "config.yaml").write_text("trainer:\n  total_steps: 300\n  seed: 0\nmodel:\n  warm_start:\n    steps: 500\n")
+    assert job_status(record).detail == "step 12/300"
+    # the null: a literal override still counts where the run wrote no config
+    (out / "config.yaml").unlink()
+    assert job_status({**record, "overrides": ["trainer.total_steps=40"]}).detail == "step 12/40"
