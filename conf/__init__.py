@@ -34,7 +34,7 @@ from ..core.schema.sweep import SweepSchema
 from ..core.schema.tools import ToolsSchema
 from ..core.schema.tracking import TrackingSchema
 from ..core.schema.train import TrainSchema
-from ..core.validation import renamed_problem, validate_config
+from ..core.validation import renamed_problem, rule_for, validate_config
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -181,13 +181,26 @@ def _known_keys(config_name: str, overrides: list[str]) -> list[str]:
     return []
 
 
-def _check_added_keys(cfg: DictConfig, overrides: list[str], known: list[str]) -> None:
-    """``+trainer.total_step=5`` adds a key nothing reads: refuse it when it is a near miss of a real one."""
+def _mapping_of(config_name: str, name: str) -> str | None:
+    """The key whose value is a mapping the user fills (``tracking.tags``, an owned section such as
+    ``rollout.engine_kwargs``) that ``name`` is or is an entry of, else None: Hydra adds its entries
+    only with a +."""
+    parts = name.split(".")
+    for n in range(1, len(parts) + 1):
+        rule = rule_for(config_name, ".".join(parts[:n]))
+        if rule is not None and rule.kind in ("mapping", "owned"):
+            return ".".join(parts[:n])
+    return None
+
+
+def _check_added_keys(cfg: DictConfig, overrides: list[str], known: list[str], config_name: str = "train") -> None:
+    """``+trainer.total_step=5`` adds a key nothing reads: refuse it when it is a near miss of a real one
+    (an entry added to a mapping key, ``+tracking.tags.team=rl``, is what the mapping is for)."""
     for o in overrides:
         if o.startswith("+") and not o.startswith("++") and "=" in o:
             name = o[1:].split("=", 1)[0]
             hint = _near_key(name, [k for k in known if k != name])
-            if name not in known and hint:
+            if name not in known and hint and _mapping_of(config_name, name) is None:
                 raise UserError(f"+{name} adds a key that nothing reads{hint}; drop the + and fix the name")
 
 
@@ -211,10 +224,14 @@ def _check_intervention_params(cfg: DictConfig, overrides: list[str]) -> None:
             )
 
 
-def _explain(exc: Exception, overrides: list[str], known: list[str] | None = None) -> str:
+def _explain(exc: Exception, overrides: list[str], known: list[str] | None = None, config_name: str = "train") -> str:
     """Turn Hydra's multi-line composition errors into one actionable line."""
     known = known or []
     msg = str(exc)
+    append = re.search(r"Could not override '([^']+)'.*?To append to your config use (\+\S+)", msg, re.S)
+    mapping = _mapping_of(config_name, append.group(1)) if append else None
+    if mapping is not None:  # a mapping's entries: Hydra adds them only with +
+        return f"{mapping} is a mapping: its entries are added with a +: write {append.group(2)}"
     missing = re.search(r"Could not find '([^']+)/([^']+)'", msg)
     if missing:
         group, option = missing.groups()
@@ -289,11 +306,11 @@ def compose(config_name: str, overrides: list[str] | None = None, *, validate: b
     except (HydraException, OmegaConfBaseException) as exc:
         GlobalHydra.instance().clear()
         known = _known_keys(config_name, overrides) if "override" in str(exc) or "struct" in str(exc) else []
-        raise UserError(_explain(exc, overrides, known)) from None
+        raise UserError(_explain(exc, overrides, known, config_name)) from None
     finally:
         GlobalHydra.instance().clear()
     if any(o.startswith("+") for o in overrides):
-        _check_added_keys(cfg, overrides, _known_keys(config_name, overrides))
+        _check_added_keys(cfg, overrides, _known_keys(config_name, overrides), config_name)
     if validate:
         validate_config(cfg, config_name)
     if config_name == "train":

@@ -21,6 +21,14 @@ from entropyrl.core.errors import UserError
         (["algo.stare.p=0.2"], "algo.stare.p=0.2 sets a parameter of the stare intervention, which algo=grpo does not apply"),
         (["algo=dapo", "algo.steer.lambda_min=0.5"], "which algo=dapo does not apply"),
         (["algo.interventions=[stareX]"], "unknown algo.interventions entry=stareX; valid: "),
+        # a mapping's entries (tracking.tags: "e.g. {team: rl}") were "unknown config key 'tracking.tags'
+        # (did you mean `tracking.tags`?)", and the + form "adds a key that nothing reads"
+        (
+            ["tracking.tags={team:rl}"],
+            "tracking.tags is a mapping: its entries are added with a +: write +tracking.tags={team:rl}",
+        ),
+        (["tracking.tags.team=rl"], "tracking.tags is a mapping: its entries are added with a +: write +tracking.tags.team=rl"),
+        (["rollout.engine_kwargs={swap_space:4}"], "rollout.engine_kwargs is a mapping: its entries are added with a +"),
     ],
 )
 def test_advice_names_the_fix(overrides, message):
@@ -34,3 +42,5 @@ def test_parameters_of_an_applied_intervention_and_new_keys_still_compose():
     cfg = compose("train", ["algo.interventions=[entropy_bonus]", "algo.entropy_bonus.coef=0.01"])
     assert cfg.algo.entropy_bonus.coef == 0.01
     assert compose("train", ["+val.my_note=1"]).val.my_note == 1  # far from any key: allowed
+    assert dict(compose("train", ["+tracking.tags.team=rl"]).tracking.tags) == {"team": "rl"}  # a mapping's entry
+    assert dict(compose("train", ["+tracking.tags={team:rl}"]).tracking.tags) == {"team": "rl"}
