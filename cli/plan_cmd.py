@@ -80,7 +80,7 @@ def _checkpoint_row(c: dict) -> tuple[str, str]:
     return (
         "checkpoint",
         f"{c['gb']:.1f} GB each (float32 weights + AdamW moments), every {c['save_every'] or 'run end'}"
-        f"{' steps' if c['save_every'] else ''}, {c['keep']} kept: {c['disk_gb']:.1f} GB on disk",
+        f"{' steps' if c['save_every'] else ''}, {c['keep'] or 'all'} kept: {c['disk_gb']:.1f} GB on disk",
     )
 
 

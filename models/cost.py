@@ -471,6 +471,9 @@ def plan_figures(
     cpu_time = None if cpu is None else _cpu_plan(cfg, arch, shape, prompt, cpu)
     ckpt_gb = 12 * cost.parameters / 1e9
     keep, every = int(t.keep_checkpoints or 0), int(t.save_every or 0)
+    total = int(t.total_steps)
+    saves = (total // every if every else 0) + int(not every or total % every != 0)  # every save_every steps, and the last
+    kept = min(keep, saves) if keep > 0 else saves  # 0 deletes none: every save stays on disk
     decode = decode_mfu or mfu
     overlap = async_estimate(cost.train_seconds, cost.generation_seconds, staleness, rollout_gpus)
     assumptions = _plan_assumptions(mfu, decode, peak_tflops, gpu_gb, engine, engine_dtype, overlap, ranks, rollout_gpus)
@@ -503,7 +506,7 @@ def plan_figures(
         "verdict": verdict(cost.memory_gb["total"], gpu_gb, engine, engine_beside=not rollout_gpus),
         "async": overlap,
         "cpu": cpu_time,
-        "checkpoint": {"gb": round(ckpt_gb, 3), "save_every": every, "keep": keep, "disk_gb": round(ckpt_gb * max(keep, 1), 3)},
+        "checkpoint": {"gb": round(ckpt_gb, 3), "save_every": every, "keep": keep, "disk_gb": round(ckpt_gb * kept, 3)},
         "assumptions": assumptions,
     }
 

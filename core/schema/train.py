@@ -82,7 +82,7 @@ class Trainer:
     grad_clip: float = key(1.0, POS, "max global grad norm")
     val_every: int = key(20, NONNEG_INT, "validate every N steps (and at the end); 0 disables")
     save_every: int = key(50, NONNEG_INT, "checkpoint every N steps (and at the end); 0 = only at the end")
-    keep_checkpoints: int = key(2, NONNEG_INT, "older checkpoints are deleted")
+    keep_checkpoints: int = key(2, NONNEG_INT, "the newest N checkpoints stay, older ones are deleted; 0 keeps them all")
     resume: str = key(
         "auto",
         choice(*RESUME_MODES),

@@ -365,3 +365,14 @@ def test_the_plan_counts_autocasts_copy_of_the_body_weights():
     assert autocast["weights"] - plain["weights"] == pytest.approx(2 * body / 1e9, rel=0.02)
     assert autocast["activations"] == pytest.approx(plain["activations"] / 2, rel=0.2)
     assert fsdp_one["weights"] == pytest.approx(plain["weights"], rel=1e-6)
+
+
+def test_the_plans_disk_counts_every_checkpoint_kept():
+    """keep_checkpoints=0 deletes none, but the plan budgeted the disk of one."""
+    one = _plan("experiment=steer_7b", "trainer.total_steps=120", "trainer.save_every=50")["checkpoint"]
+    assert one["keep"] == 2 and one["disk_gb"] == pytest.approx(2 * one["gb"], abs=0.01)  # the null: the newest two
+    every = _plan("experiment=steer_7b", "trainer.total_steps=120", "trainer.save_every=50", "trainer.keep_checkpoints=0")
+    assert every["checkpoint"]["disk_gb"] == pytest.approx(3 * one["gb"], abs=0.01)  # steps 50, 100 and the last, 120
+    assert _plan("experiment=steer_7b", "trainer.total_steps=100", "trainer.save_every=50", "trainer.keep_checkpoints=0")[
+        "checkpoint"
+    ]["disk_gb"] == pytest.approx(2 * one["gb"], abs=0.01)  # the last is step 100 itself
