@@ -114,7 +114,7 @@ def _run_locked(plan_: Plan, sweep: dict, tracking: dict, wait: bool, log: Log, 
         follower.interrupted()
         close_parent_run(tracking, "KILLED")
         raise
-    except JobsCannotStart:
+    except BaseException:  # JobsCannotStart, a launcher's refusal (sbatch missing or refusing), a crash
         close_parent_run(tracking, "FAILED")
         raise
     _, statuses = sweep_status(sweep_dir)

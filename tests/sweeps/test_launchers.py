@@ -318,3 +318,28 @@ def test_local_sweep_job_runs_as_two_ranks_into_one_mlflow_run(tmp_path):
     client = MlflowClient(uri)
     children = client.search_runs([client.get_experiment_by_name("local-ranks").experiment_id], "tags.variant = 'symmetric'")
     assert [r.info.run_id for r in children] == [summary["mlflow_run_id"]]
+
+
+class RefusingLauncher(SlotsLauncher):
+    """A scheduler that refuses the sweep's jobs, as sbatch does for an account that does not exist."""
+
+    name = "refusing"
+
+    def submit(self, executor, callables):
+        raise UserError("sbatch refused the sweep's jobs: Invalid account (set launcher.account)")
+
+
+def test_a_launcher_that_refuses_the_jobs_ends_the_parent_run_failed(in_tmp, capsys):
+    """The refusal came after the sweep's MLflow parent run opened, which stayed RUNNING for ever."""
+    import sqlite3
+
+    register_launcher(RefusingLauncher(), defaults={"slots": 1, "cores_per_job": 1, "minutes": 30, "threads_per_job": "auto"})
+    db = in_tmp / "mlflow.db"
+    args = ["sweep", "ablation=clip", "variants=[clip_higher]", "seeds=[0]", "launcher=refusing", "sweep_dir=sw", *TINY]
+    with pytest.raises(SystemExit) as ended:
+        main([*args, f"tracking.uri=sqlite:///{db}"])
+    err = capsys.readouterr().err
+    assert ended.value.code != 0 and "sbatch refused the sweep's jobs" in err and "Traceback" not in err, err[-3000:]
+    parent = json.loads((in_tmp / "sw" / "sweep.json").read_text())["tracking"]["parent_run_id"]
+    with sqlite3.connect(db) as con:
+        assert con.execute("select status from runs where run_uuid = ?", (parent,)).fetchone()[0] == "FAILED"
