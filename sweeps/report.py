@@ -355,8 +355,7 @@ def _log_to_parent(sweep: dict, sweep_dir: Path, result: dict, log: Callable[[st
                 f"compare the variants in MLflow: experiment {tr.get('experiment')}, chart view, "
                 f"'Group by' -> tag 'variant' (one curve per variant, the seeds averaged)"
             )
-        else:
-            store.reopen(run_id)
+        # else: jobs still to run; the run's status is its follower's (a stopped sweep's stays KILLED)
     except Exception as exc:  # noqa: BLE001 - the files are written; MLflow is best effort here
         log(f"warning: report written but not logged to MLflow run {run_id}: {str(exc).splitlines()[0]}")
 

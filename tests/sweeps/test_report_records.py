@@ -99,3 +99,22 @@ def test_a_study_takes_a_variants_settings_from_a_seed_whose_config_reads(tmp_pa
     assert collect_lab_runs(sweep, statuses)[2]["grpo"]["algo"]["seed_tag"] == "s0"
     (run / "config.yaml").write_text(": not yaml [")
     assert collect_lab_runs(sweep, statuses)[2]["grpo"]["algo"]["seed_tag"] == "s1"
+
+
+def test_a_report_on_a_stopped_sweep_leaves_its_parent_run_killed(tmp_path):
+    """`entropyrl report` on a sweep stopped with jobs never submitted set its parent run back to
+    RUNNING, with nothing left to follow and close it."""
+    from entropyrl.core.tracking import TrackingStore
+    from entropyrl.sweeps.report import _log_to_parent
+    from entropyrl.sweeps.state import FAILED, PENDING, RUNNING
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = TrackingStore(uri)
+    parent = store.open_run("sweeps", "a-sweep")
+    store.finish(parent, status="KILLED")
+    sweep = {"tracking": {"enabled": True, "uri": uri, "parent_run_id": parent, "experiment": "sweeps"}}
+    result = {"files": [], "plots": [], "variants": {}, "counts": {RUNNING: 0, PENDING: 1, FAILED: 0}}
+    lines: list[str] = []
+    _log_to_parent(sweep, tmp_path, result, lines.append)
+    assert not any(line.startswith("warning") for line in lines), lines
+    assert TrackingStore(uri).client.get_run(parent).info.status == "KILLED"
