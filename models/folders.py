@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from ..core.alive import still_working
 from ..core.files import atomic_write_text
 from ..core.folder_lock import build_lock
 
@@ -239,7 +240,9 @@ def build_cached_folder(target: Path, build: Callable[[Path], None], *, waiting:
     an older version built without a record is given one when whole. ``OSError`` from making the
     staging folder is the caller's to word."""
     target = Path(target)
-    if folder_damage(target) is None and (target / RECORD).is_file():
+    with still_working(log, f"checking the cache entry {target.name} against its record"):  # every file hashed
+        whole = folder_damage(target) is None and (target / RECORD).is_file()
+    if whole:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with build_lock(target.parent / f".{target.name}.lock", on_wait=lambda: log(waiting)) as alone:

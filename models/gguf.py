@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.alive import still_working
 from ..core.errors import UserError
 from .folders import build_cached_folder, save_model_folder
 from .tiny import _cache_root
@@ -263,13 +264,15 @@ def converted_dir(path: Path, log=print) -> Path:
     """The Hugging Face folder converted from the GGUF file at ``path``, converting it on first use
     (the file checked first: ``read_layout``)."""
     read_layout(path)
-    digest = file_hash(path)
+    with still_working(log, f"model.gguf_file {path.name}: reading it whole for its checksum"):
+        digest = file_hash(path)
     target = _cache_root() / f"gguf-{path.stem}-{digest}-v{CONVERT_VERSION}"
 
     def build(staging: Path) -> None:
         log(f"converting {path.name} to a Hugging Face folder (one time, de-quantised to float32; cached in {target})")
         start = time.perf_counter()
-        info = convert(path, staging)
+        with still_working(log, f"converting {path.name}"):
+            info = convert(path, staging)
         info["seconds"] = round(time.perf_counter() - start, 1)
         (staging / "gguf_source.json").write_text(json.dumps({"file": path.name, "sha256_16": digest, **info}))
         log(f"converted {path.name} in {time.perf_counter() - start:.0f} s")

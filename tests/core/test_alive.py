@@ -52,3 +52,30 @@ def test_a_long_checkpoint_save_is_watched(monkeypatch, tmp_path):
     monkeypatch.setattr(checkpointer, "still_working", lambda log, what, every_s=30.0: real(log, what, every_s=0.05))
     assert saver.save(7, SimpleNamespace()) == tmp_path and saver.saved_step == 7
     assert lines and lines[0].startswith("checkpoint of step 7: gathering and writing the model and optimizer: still working, ")
+
+
+def test_checking_a_cached_model_folder_and_converting_a_gguf_file_are_watched(monkeypatch, tmp_path):
+    """Hashing a cached 28 GB folder before each run, and a GGUF conversion, printed nothing for minutes."""
+    from entropyrl.models import folders, gguf
+
+    watched: list[str] = []
+
+    def watching(log, what, every_s=30.0):
+        watched.append(what)
+        return real(log, what, every_s)
+
+    real = folders.still_working
+    monkeypatch.setattr(folders, "still_working", watching)
+    monkeypatch.setattr(folders, "folder_damage", lambda target: None)
+    entry = tmp_path / "tiny-abc"
+    entry.mkdir()
+    (entry / folders.RECORD).write_text("{}")
+    assert folders.build_cached_folder(entry, lambda staging: None, waiting="", log=lambda *_: None) == entry
+    assert watched == ["checking the cache entry tiny-abc against its record"]
+    monkeypatch.setattr(gguf, "still_working", watching)
+    monkeypatch.setattr(gguf, "read_layout", lambda path: None)
+    monkeypatch.setattr(gguf, "file_hash", lambda path: "0" * 16)
+    monkeypatch.setattr(gguf, "_cache_root", lambda: tmp_path)
+    monkeypatch.setattr(gguf, "build_cached_folder", lambda target, build, **_: target)
+    gguf.converted_dir(tmp_path / "m.gguf", log=lambda *_: None)
+    assert watched[-1] == "model.gguf_file m.gguf: reading it whole for its checksum"
