@@ -39,7 +39,16 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from omegaconf import OmegaConf
 
-        cfg = compose(for_, overrides or [])
+        overrides, job_overrides = list(overrides or []), []
+        if for_ == "sweep":  # the sweep's own command line: training keys go to every job, as `entropyrl sweep` reads them
+            from ..sweeps.planning import split_overrides
+
+            overrides, job_overrides = split_overrides(overrides)
+            if job_overrides:
+                compose("train", job_overrides)  # a bad training key is refused here as the sweep refuses it
+        cfg = compose(for_, overrides)
+        if job_overrides:
+            typer.echo(f"# every job's training overrides (after its variant's): {' '.join(job_overrides)}")
         if all_ and not doc:
             typer.echo(to_yaml(cfg), nl=False)
             return

@@ -226,3 +226,15 @@ def test_every_key_of_every_group_option_has_its_own_doc():
         GlobalHydra.instance().clear()
         mount_interventions()  # back as compose leaves it
     assert not missing, f"keys without a comment where declared: {missing}"
+
+
+def test_the_sweeps_config_takes_the_sweeps_own_command_line(cli_in_process):
+    """`config show --for sweep ablation=gate trainer.total_steps=20` (a line `entropyrl sweep` takes) was
+    "unknown config key 'trainer.total_steps'". Null: a mistyped training key is still refused."""
+    for line in (["trainer.total_steps=20"], ["train.trainer.total_steps=20"]):
+        out = cli_in_process("config", "show", "--for", "sweep", "ablation=gate", *line)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("# every job's training overrides (after its variant's): trainer.total_steps=20\n")
+        assert "ablation:" in out.stdout
+    bad = cli_in_process("config", "show", "--for", "sweep", "ablation=gate", "trainer.total_stepz=20")
+    assert bad.returncode != 0 and "unknown config key 'trainer.total_stepz'" in bad.stderr
