@@ -168,6 +168,7 @@ class _Follower:
         spec = {k: rec[k] for k in ("key", "variant", "seed", "overrides", "output_dir")}
         spec["extra"] = dict(rec.get("extra") or {})
         tags = {
+            **(self.tracking.get("tags") or {}),  # the sweep's own tracking.tags, under the job's
             "sweep_id": self.sweep["sweep_id"],
             "ablation": self.sweep["ablation"]["name"],
             "variant": rec["variant"],
@@ -176,6 +177,7 @@ class _Follower:
         }
         tracking = {
             **{k: self.tracking[k] for k in ("enabled", "uri", "experiment", "parent_run_id")},
+            **{k: self.tracking[k] for k in ("retry_s", "flush_wait_s") if self.tracking.get(k) is not None},
             "run_name": f"{rec['variant']}-s{rec['seed']}",
             "tags": tags,
         }

@@ -90,7 +90,7 @@ def write_job_state(output_dir: Path, state: dict) -> None:
 
 def compose_job_config(overrides: list[str], tracking: dict | None = None, run_name: str | None = None) -> DictConfig:
     """One sweep job's training config: ``entropyrl train <overrides>`` composed, then the sweep's
-    tracking (``{enabled, uri, experiment, parent_run_id, run_name, tags}``) filled in when given.
+    tracking (``{enabled, uri, experiment, parent_run_id, run_name, tags, retry_s, flush_wait_s}``) filled in when given.
 
     Used by the job itself and, at plan time, by ``planning.job_configs`` for every job.
     """
@@ -100,7 +100,7 @@ def compose_job_config(overrides: list[str], tracking: dict | None = None, run_n
         return cfg
     with open_dict(cfg):
         cfg.tracking.enabled = bool(tracking.get("enabled", True))
-        for key in ("uri", "experiment", "parent_run_id"):
+        for key in ("uri", "experiment", "parent_run_id", "retry_s", "flush_wait_s"):
             if tracking.get(key) is not None:
                 cfg.tracking[key] = tracking[key]
         cfg.tracking.run_name = tracking.get("run_name") or run_name or cfg.tracking.get("run_name")

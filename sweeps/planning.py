@@ -19,7 +19,7 @@ from typing import Iterator
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from ..conf import CONF_DIR, RUN_SCHEMAS, compose, config_groups, primary_defaults
+from ..conf import CONF_DIR, RUN_SCHEMAS, compose, config_groups, primary_defaults, to_plain
 from ..core.errors import UserError
 from ..core.mlflow_store import resolve_uri
 from ..core.schema import defaults
@@ -384,9 +384,19 @@ def _check_async_placement(cfg: DictConfig, world_size: int, gpus_per_node: int,
 # MLflow
 # ---------------------------------------------------------------------------------------------
 def tracking_settings(cfg: DictConfig) -> dict:
-    """``{enabled, uri, experiment}`` of the sweep (its jobs log to the same place)."""
+    """``{enabled, uri, experiment, run_name, tags, retry_s, flush_wait_s}`` of the sweep: its jobs log to
+    the same place, with its tags and its waits for a server; ``run_name`` names the parent run."""
     t = cfg.tracking
-    return {"enabled": bool(TrackingSettings.from_config(t).enabled), "uri": resolve_uri(t), "experiment": str(t.experiment)}
+    settings = TrackingSettings.from_config(t)
+    return {
+        "enabled": bool(settings.enabled),
+        "uri": resolve_uri(t),
+        "experiment": str(t.experiment),
+        "run_name": t.get("run_name") or None,
+        "tags": {str(k): str(v) for k, v in (to_plain(t.get("tags")) or {}).items()},
+        "retry_s": settings.retry_s,
+        "flush_wait_s": settings.flush_wait_s,
+    }
 
 
 def open_parent_run(tracking: dict, sweep: dict) -> str | None:
@@ -401,6 +411,7 @@ def open_parent_run(tracking: dict, sweep: dict) -> str | None:
             return run_id
         abl = sweep["ablation"]["name"]
         tags = {
+            **(tracking.get("tags") or {}),  # the user's, under ours
             "entropyrl.sweep_id": sweep["sweep_id"],
             "sweep_id": sweep["sweep_id"],
             "ablation": abl,
@@ -418,7 +429,7 @@ def open_parent_run(tracking: dict, sweep: dict) -> str | None:
         }
         return store.open_run(
             tracking["experiment"],
-            f"sweep-{Path(sweep['sweep_dir']).name}",
+            tracking.get("run_name") or f"sweep-{Path(sweep['sweep_dir']).name}",
             tags=tags,
             params=params,
             description=f"Sweep of ablation `{abl}`: {len(sweep['jobs'])} jobs (child runs); report under artifacts/report.",

@@ -118,3 +118,31 @@ def test_a_report_on_a_stopped_sweep_leaves_its_parent_run_killed(tmp_path):
     _log_to_parent(sweep, tmp_path, result, lines.append)
     assert not any(line.startswith("warning") for line in lines), lines
     assert TrackingStore(uri).client.get_run(parent).info.status == "KILLED"
+
+
+def test_a_sweeps_own_tracking_tags_run_name_and_waits_reach_its_runs(tmp_path):
+    """The sweep's tracking.tags, run_name, retry_s and flush_wait_s were accepted and read by nothing."""
+    from types import SimpleNamespace
+
+    from entropyrl.conf import compose
+    from entropyrl.core.tracking import TrackingStore
+    from entropyrl.sweeps.following import _Follower
+    from entropyrl.sweeps.planning import open_parent_run, tracking_settings
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    given = ["ablation=gate", f"tracking.uri={uri}", "+tracking.tags={team:rl}", "tracking.run_name=mine", "tracking.retry_s=3"]
+    tracking = tracking_settings(compose("sweep", given))
+    sweep = {"sweep_id": "sw1", "ablation": {"name": "gate"}, "sweep_dir": str(tmp_path), "launcher": {"name": "local"}}
+    sweep.update(jobs=[], seeds=[0])
+    parent = open_parent_run(tracking, sweep)
+    run = TrackingStore(uri).client.get_run(parent)
+    assert run.data.tags["team"] == "rl" and run.data.tags["ablation"] == "gate" and run.info.run_name == "mine"
+    follower = _Follower.__new__(_Follower)
+    follower.sweep, follower.sweep_dir, follower.env = sweep, tmp_path, {}
+    follower.tracking = {**tracking, "parent_run_id": parent}
+    follower.launcher = SimpleNamespace(in_process=True, raise_job_errors=lambda cfg: False)
+    follower.launcher_cfg = None
+    record = {"key": "gated/s0", "variant": "gated", "seed": 0, "overrides": ["data=toy"], "output_dir": str(tmp_path / "j")}
+    job_cfg = follower._callable(record).config()
+    assert job_cfg.tracking.tags["team"] == "rl" and job_cfg.tracking.tags["variant"] == "gated"
+    assert job_cfg.tracking.retry_s == 3 and job_cfg.tracking.run_name == "gated-s0"
