@@ -56,7 +56,8 @@ class Checkpointer:
         model, lora, async_rollouts = parts.model, parts.lora, parts.async_rollouts
         if self.dist.is_main:
             ckpt.remove_staging(self.output_dir)  # what a save killed mid-write left behind
-        found = ckpt.load_latest_intact(self.output_dir, dtype=next(model.parameters()).dtype, warn=self.log)
+        with still_working(self.log, f"resuming: reading the latest checkpoint in {self.output_dir}"):
+            found = ckpt.load_latest_intact(self.output_dir, dtype=next(model.parameters()).dtype, warn=self.log)
         if found is None:
             return None
         latest, state, weights = found
