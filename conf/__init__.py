@@ -34,7 +34,7 @@ from ..core.schema.sweep import SweepSchema
 from ..core.schema.tools import ToolsSchema
 from ..core.schema.tracking import TrackingSchema
 from ..core.schema.train import TrainSchema
-from ..core.validation import renamed_problem, rule_for, validate_config
+from ..core.validation import SCHEMAS, renamed_problem, validate_config
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -182,14 +182,16 @@ def _known_keys(config_name: str, overrides: list[str]) -> list[str]:
 
 
 def _mapping_of(config_name: str, name: str) -> str | None:
-    """The key whose value is a mapping the user fills (``tracking.tags``, an owned section such as
-    ``rollout.engine_kwargs``) that ``name`` is or is an entry of, else None: Hydra adds its entries
-    only with a +."""
-    parts = name.split(".")
-    for n in range(1, len(parts) + 1):
-        rule = rule_for(config_name, ".".join(parts[:n]))
+    """The key whose value is a mapping the user fills (``tracking.tags``, an owned section of a
+    section such as ``rollout.engine_kwargs``) that ``name`` is or is an entry of, else None: Hydra adds
+    its entries only with a +. A whole config group its option declares (``data.*``) is not one: a key
+    its option lacks is unknown, not an entry to add."""
+    table, parts = SCHEMAS.get(config_name, {}), name.split(".")
+    for n in range(2, len(parts) + 1):
+        prefix = ".".join(parts[:n])
+        rule = table.get(prefix) or table.get(prefix + ".*")  # declared for this very key, not a section above it
         if rule is not None and rule.kind in ("mapping", "owned"):
-            return ".".join(parts[:n])
+            return prefix
     return None
 
 

@@ -29,6 +29,8 @@ from entropyrl.core.errors import UserError
         ),
         (["tracking.tags.team=rl"], "tracking.tags is a mapping: its entries are added with a +: write +tracking.tags.team=rl"),
         (["rollout.engine_kwargs={swap_space:4}"], "rollout.engine_kwargs is a mapping: its entries are added with a +"),
+        # the null: a key a data= option lacks is unknown, not a mapping entry (data.* is the option's own)
+        (["data.path=/tmp/mine.jsonl"], "data=dapo_math_17k data.path=FILE"),
     ],
 )
 def test_advice_names_the_fix(overrides, message):

@@ -270,7 +270,9 @@ def test_a_start_up_failure_leaves_nothing_that_blocks_the_fix(tmp_path, fast_tr
         text=True,
         timeout=300,
     )
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "error: model path" in bad.stderr
+    assert (
+        bad.returncode == 2 and "Traceback" not in bad.stderr and "error: model.path=/no/such/model: no such folder" in bad.stderr
+    )
     assert not (tmp_path / "run").exists()  # the folder it made goes: no config, no MLflow run, no empty folder
     fixed = subprocess.run(
         train_args(fast_train, "run", uri, "trainer.total_steps=1"), cwd=tmp_path, capture_output=True, text=True, timeout=300
