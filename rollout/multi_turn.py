@@ -79,6 +79,7 @@ __all__ = [
     "ToolRollout",
     "TokenEngine",
     "answer_pattern",
+    "calls_limit_note",
     "check_tool_turn",
     "label_kinds",
 ]
@@ -513,6 +514,21 @@ def check_tool_turn(tools: ToolSettings) -> str:
             f"not {tools.format}: set tools.format=hermes or tools.tool_turn=inline"
         )
     return mode
+
+
+def calls_limit_note(tools: ToolSettings) -> str | None:
+    """The line that says ``tools.max_calls`` cannot be reached (None when it can): a response's
+    last turn answers and never calls (as verl's ``max_assistant_turns`` ends the loop before its
+    tools run), so at most ``max_turns - 1`` calls run. ``tools``: a ``ToolSettings`` or its section."""
+    tools = ToolSettings.from_config(tools)
+    reachable = max(int(tools.max_turns) - 1, 0)
+    if not tools.enabled or int(tools.max_calls) <= reachable:
+        return None
+    return (
+        f"tools: at most {reachable} call(s) run per response, not tools.max_calls={tools.max_calls}: the last of "
+        f"tools.max_turns={tools.max_turns} turns cannot call (a call there ends the response truncated); "
+        f"tools.max_turns={int(tools.max_calls) + 1} lets {tools.max_calls} run"
+    )
 
 
 def answer_pattern(tools: ToolSettings) -> re.Pattern | None:

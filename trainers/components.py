@@ -38,7 +38,7 @@ from ..models.loading import load_policy
 from ..models.lora import apply_lora
 from ..rewards import RewardRunner, build_reward_runner
 from ..rollout.base import build_rollout
-from ..rollout.multi_turn import ToolRollout
+from ..rollout.multi_turn import ToolRollout, calls_limit_note
 from ..rollout.settings import SamplingSettings, ToolSettings
 from .algos.algorithm import Algorithm
 from .data.prompts_source import build_prompt_source
@@ -190,13 +190,16 @@ def stats_kwargs(cfg) -> dict:
     )
 
 
-def build_engine(cfg, model, tokenizer):
+def build_engine(cfg, model, tokenizer, log=print):
     """The rollout engine ``cfg.rollout``; with ``tools.enabled`` wrapped in the multi-turn driver
     (``rollout/multi_turn.py``) whose calls run in the code sandbox (``evals/code/tool_executor.py``).
-    Both sections are read here once, into ``SamplingSettings`` and ``ToolSettings``."""
+    Both sections are read here once, into ``SamplingSettings`` and ``ToolSettings``; a
+    ``tools.max_calls`` that its turns cannot reach is said (``calls_limit_note``)."""
     sampling = SamplingSettings.from_config(cfg.rollout)
     engine = build_rollout(sampling, model, tokenizer)
     tools = ToolSettings.from_config(cfg.get("tools"))
     if not tools.enabled:
         return engine
+    if (note := calls_limit_note(tools)) is not None:
+        log(note)
     return ToolRollout(engine, tools, build_tool_executor(cfg.tools), sampling, final_answer=extract_answer)

@@ -113,7 +113,7 @@ class GRPOTrainer:
             self.ref_model = components.build_reference(cfg, self.dist, log=self.log)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, int(t.total_steps))  # one step per training step
-        self.rollout = components.build_engine(cfg, self.model, self.tokenizer)  # with tools: multi-turn
+        self.rollout = components.build_engine(cfg, self.model, self.tokenizer, log=self.log)  # tools: multi-turn
         self.tracker = components.build_tracker(cfg, self.output_dir, self.dist, log=self.log)
         self.step, self._kept = 0, KeptPass()  # _kept: the first update pass, forwarded while scoring
         self.val_problems = self.source.validation(int(cfg.val.prompts)) if cfg.val.prompts else []

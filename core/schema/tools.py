@@ -89,7 +89,14 @@ class ToolsSchema:
         },
     )
     max_turns: int = key(4, POS_INT, "generation turns per response (a turn ends at a closed call, EOS or the budget)")
-    max_calls: int = key(3, NONNEG_INT, "tool calls run per response; a call closed past it ends the response (truncated)")
+    max_calls: int = key(
+        3,
+        NONNEG_INT,
+        (
+            "tool calls run per response; a call closed past it ends the response (truncated); at most max_turns - 1 "
+            "run whatever this says (the last turn answers: a larger value is said at start)"
+        ),
+    )
     max_output_chars: int = key(
         1024,
         integer(16),

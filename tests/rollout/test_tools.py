@@ -469,3 +469,23 @@ def test_eval_with_tools_reports_turns_and_calls(in_tmp):
     called = [s for s in samples if s["calls"] > 0]
     assert called and all(s["turns"] == 2 for s in called)
     assert any(":14198:" in s["response"] or ":6912:" in s["response"] for s in called)  # the sandbox's answer
+
+
+def test_a_max_calls_the_turns_cannot_reach_is_said_and_holds(tool_policy):
+    """The last turn answers and never calls, so ``max_turns - 1`` calls at most: a larger
+    ``tools.max_calls`` is said at start with the fix; one within reach is not (the null)."""
+    from omegaconf import OmegaConf
+
+    cfg, model, tok, components = tool_policy
+    said: list[str] = []
+    unreachable = OmegaConf.merge(cfg, {"tools": {"max_turns": 2, "max_calls": 3}})
+    engine = components.build_engine(unreachable, model, tok, log=said.append)
+    assert len(said) == 1 and "at most 1 call(s) run per response, not tools.max_calls=3" in said[0], said
+    assert "tools.max_turns=4 lets 3 run" in said[0]
+    roll = engine.generate(["4821+9377=", "1234+5678="], n=4, seed=0)
+    assert int(roll.tools.calls.max()) <= 1  # what the line says holds
+    for turns, calls in ((2, 1), (4, 3), (4, 0)):
+        said.clear()
+        within = OmegaConf.merge(cfg, {"tools": {"max_turns": turns, "max_calls": calls}})
+        components.build_engine(within, model, tok, log=said.append)
+        assert said == [], (turns, calls, said)

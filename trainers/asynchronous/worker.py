@@ -45,7 +45,7 @@ def rollout_worker(cfg_yaml: str, weights: WeightChannel, out, stop, first_step:
     try:
         cfg = OmegaConf.create(cfg_yaml)
         parts = _build_parts(cfg)
-        engine = components.build_engine(cfg, parts.model, parts.tokenizer)
+        engine = components.build_engine(cfg, parts.model, parts.tokenizer, log=lambda _m: None)  # said by the trainer
         collect = CollectSettings.from_config(cfg)  # what each batch reads from the config, read once
         stats_kw, rows_per_chunk = components.stats_kwargs(cfg), int(cfg.trainer.micro_batch_responses)
         loaded, idle, ready_before = -1, 0.0, time.perf_counter()
