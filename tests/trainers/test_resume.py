@@ -16,7 +16,7 @@ import pytest
 
 from entropyrl.conf import compose
 from entropyrl.core.errors import UserError
-from entropyrl.trainers.run.run_dir import config_differences
+from entropyrl.trainers.run.run_dir import FIGURES, RUN_FILES, config_differences
 
 CLI = [sys.executable, "-m", "entropyrl.cli.main"]
 
@@ -105,6 +105,9 @@ def test_a_run_with_other_settings_is_refused_and_run_length_may_change(in_tmp, 
 def test_resume_never_refuses_and_overwrite_starts_a_fresh_run(in_tmp, fast_train):
     first = train(in_tmp, fast_train, "trainer.total_steps=2")
     run_dir = in_tmp / "run"
+    # everything a run writes at the top of its folder (its writers' lock aside) is something overwrite deletes
+    assert {p.name for p in run_dir.iterdir()} - {"checkpoints", ".lock"} <= set(RUN_FILES)
+    (run_dir / FIGURES["tools"]).write_bytes(b"an earlier tool run's figure")  # one this run does not draw
     first_rows = rows(run_dir)
     before = folder_state(run_dir)
     with pytest.raises(
@@ -117,6 +120,7 @@ def test_resume_never_refuses_and_overwrite_starts_a_fresh_run(in_tmp, fast_trai
     log: list[str] = []
     fresh = train(in_tmp, fast_train, "trainer.total_steps=3", "trainer.resume=overwrite", log=log)
     assert any("trainer.resume=overwrite: deleted the previous run" in m for m in log), log
+    assert not (run_dir / FIGURES["tools"]).exists()  # no figure of the old run beside the new run's
     assert not any("resumed from" in m for m in log)
     assert fresh["mlflow_run_id"] != first["mlflow_run_id"]
     assert steps_in_mlflow(in_tmp, fresh["mlflow_run_id"]) == [1, 2, 3]  # the new run gets its metrics

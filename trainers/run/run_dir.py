@@ -63,8 +63,25 @@ RESUMABLE_CHANGES = (
 #: constant lr.
 FORMER_OPTIM = {"name": "adamw", "scheduler": "constant", "warmup_steps": 0}
 
-#: What a run writes at the top of its folder besides ``checkpoints/`` (overwrite deletes these).
-RUN_FILES = ("metrics.jsonl", "tracking.json", "summary.json", "curves.png", "config.yaml", "samples.jsonl", "reflection.png")
+#: The figures a finished run draws at the top of its folder (``run_report.finish_run``), by what they show.
+FIGURES = {
+    "curves": "curves.png",
+    "quadrants": "quadrants.png",
+    "attribution": "why_entropy_moved.png",
+    "reflection": "reflection.png",
+    "tools": "tools.png",
+}
+#: What a run writes at the top of its folder besides ``checkpoints/`` (overwrite deletes these):
+#: an overwritten run leaves none of the old run's records or figures beside the new run's.
+RUN_FILES = (
+    "metrics.jsonl",
+    "tracking.json",
+    "tracking.queue.jsonl",
+    "summary.json",
+    "config.yaml",
+    "samples.jsonl",
+    *FIGURES.values(),
+)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from ...core.schema.train import Trainer
 from ..interventions import INTERVENTIONS
 from .plots import plot_attribution, plot_quadrants, plot_reflection, plot_tool_use, plot_training_curves
 from .regime import report_regime
-from .run_dir import atomic_write_text
+from .run_dir import FIGURES, atomic_write_text
 
 __all__ = ["summarize", "validation_text", "async_summary", "async_text", "write_run_report", "TrainingProgress"]
 
@@ -165,15 +165,15 @@ def write_run_report(
             figures = [
                 plot_training_curves(
                     rows,
-                    output_dir / "curves.png",
+                    output_dir / FIGURES["curves"],
                     title=title,
                     target=entropy_target(to_plain(cfg.algo)),
                     collapse_step=collapse,
                 ),
-                plot_quadrants(rows, output_dir / "quadrants.png", title=f"four quadrants: {title}"),
-                plot_attribution(rows, output_dir / "why_entropy_moved.png", title=f"why entropy moved: {title}"),
-                plot_reflection(rows, output_dir / "reflection.png", title=f"reflection and length: {title}"),
-                plot_tool_use(rows, output_dir / "tools.png", title=f"tool use: {title}"),
+                plot_quadrants(rows, output_dir / FIGURES["quadrants"], title=f"four quadrants: {title}"),
+                plot_attribution(rows, output_dir / FIGURES["attribution"], title=f"why entropy moved: {title}"),
+                plot_reflection(rows, output_dir / FIGURES["reflection"], title=f"reflection and length: {title}"),
+                plot_tool_use(rows, output_dir / FIGURES["tools"], title=f"tool use: {title}"),
             ]
         except OSError:
             figures = []
