@@ -22,8 +22,9 @@ def tool_summary(trace) -> dict[str, float]:
     (``trainers/stats/tool_stats.py``), validation and evaluation: ``tools/turns/mean`` and
     ``tools/calls/mean`` per response, ``tools/error_frac`` (calls that errored / calls, 0 without
     a call), ``tools/called_frac`` (responses with a call) and, where the trace counts them,
-    ``tools/malformed_frac``, ``/repeated_frac``, ``/void_frac`` (responses with a malformed call,
-    a repeated call, a void turn)."""
+    ``tools/malformed_frac``, ``/repeated_frac``, ``/void_frac``, ``/not_run_frac`` (responses with a
+    malformed call, a repeated call, a void turn, a call written after the first of a message and
+    not run)."""
     calls = float(trace.calls.sum())
     out = {
         "tools/turns/mean": float(trace.turns.float().mean()),

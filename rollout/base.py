@@ -71,6 +71,9 @@ class ToolTrace:
                   stripping the whitespace around it), or None
     void:         [B] void turns: generation turns that ended with neither a closed call nor a
                   final answer (``tools.answer_pattern``), or None
+    not_run:      [B] complete calls written after the first of a message and not run
+                  (``tools.tool_turn=chat`` runs one call per message, as verl's default
+                  ``max_parallel_calls=1``; inline turns stop at the first call's end), or None
     """
 
     kind: torch.Tensor
@@ -83,9 +86,10 @@ class ToolTrace:
     malformed: torch.Tensor | None = None
     repeated: torch.Tensor | None = None
     void: torch.Tensor | None = None
+    not_run: torch.Tensor | None = None
 
     #: the optional per-response counts, which ``select`` and ``cat_rollouts`` carry along
-    ROW_COUNTS = ("malformed", "repeated", "void")
+    ROW_COUNTS = ("malformed", "repeated", "void", "not_run")
 
     def select(self, idx: torch.Tensor) -> ToolTrace:
         pick = {a: None if getattr(self, a) is None else getattr(self, a)[idx] for a in self.ROW_COUNTS}

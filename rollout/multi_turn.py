@@ -244,6 +244,7 @@ class _Sample:
         "codes",
         "repeated",
         "void",
+        "not_run",
         "cap",
     )
 
@@ -253,7 +254,7 @@ class _Sample:
         self.done, self.truncated, self.pending = False, False, None
         self.history: list[str] = []  # the code of this sample's calls that ran without error, in order
         self.codes: set[str] = set()  # the stripped code of every call run so far (repeats are counted)
-        self.repeated = self.void = 0
+        self.repeated = self.void = self.not_run = 0
         self.cap = 0  # the response's length limit: the budget, or less where the context ends first
 
 
@@ -433,6 +434,8 @@ class ToolRollout:
         s.turns += 1
         if call is None and not self.fmt.closed(text) and not self.has_answer(text):
             s.void += 1  # neither a closed call nor a final answer
+        if call is not None:  # a chat message may close more calls after the first: counted, not run
+            s.not_run += self.fmt.count_calls(text[call.end :])
         if call is None:
             s.done, s.truncated = True, eos is None  # EOS: the response ended; else its room ran out inside the turn
         elif len(new) >= left or s.calls >= self.max_calls or last_turn:

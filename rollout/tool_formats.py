@@ -125,6 +125,15 @@ class ToolFormat:
         """True when ``text`` (one turn) holds a complete call: generation stops there."""
         return self._span(text) is not None
 
+    def count_calls(self, text: str) -> int:
+        """How many complete calls ``text`` holds, one after another."""
+        count, span = 0, self._span(text)
+        while span is not None:
+            count += 1
+            text = text[span[2] :]
+            span = self._span(text)
+        return count
+
     def parse(self, text: str) -> ToolCall | None:
         """The first complete call in ``text``, or None when there is none."""
         span = self._span(text)

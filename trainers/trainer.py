@@ -132,7 +132,7 @@ class GRPOTrainer:
         self.probe, self.observers = build_step_observers(cfg, self, staleness)
         # trainer.staleness >= 1: the batches come from a rollout worker process (async_rollout.py),
         # started at the first step from the (restored) weights; 0: collected here, in turn with training
-        self.async_rollouts = AsyncRollouts(cfg, staleness, self.dist) if staleness > 0 else None
+        self.async_rollouts = AsyncRollouts(cfg, staleness, self.dist, log=self.log) if staleness > 0 else None
         if self.async_rollouts is None:  # the text-metrics workers start while the rest is set up (rewards/text_facts.py)
             self.rewards.start_text_facts(self.reflect.text_facts)
         # save and resume: the trained state, with the worker's batches drawn ahead (run/checkpointer.py)

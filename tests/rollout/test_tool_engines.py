@@ -308,6 +308,7 @@ def test_chat_tool_turn_follows_verl_tool_agent_loop(chat_tokenizer, template):
     hf, vllm = rolls
     assert torch.equal(hf.response_ids, vllm.response_ids) and torch.equal(hf.tools.kind, vllm.tools.kind)
     assert hf.tools.calls.tolist() == [1] and not bool(hf.truncated[0]) and hf.tools.void.tolist() == [0]
+    assert hf.tools.not_run.tolist() == [0]  # one call in the message: nothing left unrun
     ids = hf.response_ids[0][hf.response_mask[0].bool()].tolist()
     kinds = hf.tools.kind[0][: len(ids)].tolist()
     text = tok.decode(ids, skip_special_tokens=False)
@@ -324,6 +325,26 @@ def test_chat_tool_turn_follows_verl_tool_agent_loop(chat_tokenizer, template):
     code = tok.decode([t for t, c in zip(ids, kinds) if c == CODE], skip_special_tokens=False)
     assert hermes("print(6*7)\n") in code and "ok" not in code  # after the call: text again, and the EOS
     assert kinds[tool_at[0] - 1] != CODE and ids[tool_at[0] - 1] == tok.eos_token_id
+
+
+def test_chat_calls_after_the_first_of_a_message_are_counted_not_run(chat_tokenizer):
+    """verl's default (``max_parallel_calls=1``) runs one call per message, as we do; the calls a
+    message closes after it are counted (``tools/not_run_frac``), not dropped without a word."""
+    from entropyrl.evals.results import tool_summary
+
+    prompt = chat_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Q1: what is 6*7?"}], tokenize=False, add_generation_prompt=True
+    )
+    two = "Two at once. " + hermes("print(6*7)\n") + hermes("print(1)\n") + hermes("print(2)\n") + "<|im_end|>"
+    scripts = {"Q1:": [two, "It is \\boxed{42}.<|im_end|>"]}
+    policy = ScriptedPolicy(chat_tokenizer, scripts, resume="<|im_start|>assistant\n", skip=1)
+    cfg = OmegaConf.create({"max_new_tokens": 300, "temperature": 1.0, "top_p": 1.0})
+    roll = ToolRollout(
+        hf_engine(policy, chat_tokenizer), tools_cfg(format="hermes", tool_turn="chat"), lookup, cfg, final_answer=boxed
+    )
+    got = roll.generate([prompt], n=1, seed=0)
+    assert got.tools.calls.tolist() == [1] and got.tools.not_run.tolist() == [2]
+    assert tool_summary(got.tools)["tools/not_run_frac"] == 1.0
 
 
 def test_chat_tool_turn_refusals_are_one_line(chat_tokenizer):

@@ -64,6 +64,8 @@ def test_hermes_parses_a_call_and_names_what_is_malformed():
         assert call.code == "" and why in call.error, (body, call)
     assert f.parse("no call here") is None
     assert f.wrap_output("42") == "\n<tool_response>\n42\n</tool_response>\n"
+    # complete calls one after another, counted (a message's calls after the first are not run)
+    assert [f.count_calls(t) for t in ("no call", text, text + " and " + text + "<tool_call>{", text[:-3])] == [0, 1, 2, 0]
 
 
 def test_tir_parses_a_fenced_block_and_tags_are_configurable():

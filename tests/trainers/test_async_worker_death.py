@@ -131,6 +131,36 @@ def _two_batches_then_generating(cfg_yaml, weights, out, stop, first_step, stale
         pass
 
 
+def _slow_to_start(cfg_yaml, weights, out, stop, first_step, staleness):
+    """Takes a while before each batch, as a worker building a large model does before its first."""
+    weights.loaded.value = 0
+    for step in range(first_step, first_step + 2):
+        if stop.wait(1.5):
+            return
+        out.put(StaleBatch(step, 0, (None, {}), float("nan"), 0.0, 0.05))
+    stop.wait(60)
+
+
+def test_the_wait_for_the_first_batch_says_it_is_alive_and_later_waits_do_not(cfg):
+    """While the worker builds its model the trainer's first step waits minutes with nothing on
+    screen: a heartbeat line names the worker and what it does; one batch's generation (later
+    steps, bounded by the stall limit) is not announced (the null)."""
+    said: list[str] = []
+    rollouts = AsyncRollouts(cfg, staleness=1, worker=_slow_to_start, log=said.append)
+    rollouts.heartbeat_s = 0.3
+    try:
+        rollouts.start(torch.nn.Linear(2, 2), step=0)
+        batch, _metrics = _within(lambda: rollouts.next_batch(None, step=0))
+        pid = rollouts.process.pid
+        assert said and all(f"rollout worker (pid {pid}): building its model and generating step 1's batch" in m for m in said)
+        assert all("still working" in m for m in said), said
+        first = len(said)
+        _within(lambda: rollouts.next_batch(None, step=1))
+        assert len(said) == first, said[first:]
+    finally:
+        rollouts.close()
+
+
 def _started(cfg, worker) -> AsyncRollouts:
     rollouts = AsyncRollouts(cfg, staleness=1, worker=worker)
     rollouts.start(torch.nn.Linear(2, 2), step=0)

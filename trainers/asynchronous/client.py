@@ -7,6 +7,7 @@ stalled ends the run with one ``UserError``. See ``trainers/async_rollout.py`` f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import queue as queue_errors
 import time
@@ -15,6 +16,7 @@ import torch
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
+from ...core.alive import still_working
 from ...core.errors import UserError
 from ...core.helper_process import end_process_group, leads_own_group
 from ..algos.step_batch import StepBatch
@@ -39,9 +41,14 @@ class AsyncRollouts:
 
     ``dist``: this trainer rank (``DistInfo``; None: one process). With several ranks every rank
     makes the same calls in the same order (``start``, ``publish`` and ``next_batch`` hold
-    collectives). ``worker``: the process's function (``rollout_worker``; tests pass another)."""
+    collectives). ``worker``: the process's function (``rollout_worker``; tests pass another).
+    ``log``: where the wait for the worker's first batch (its model built, its first generation)
+    says it is alive, every ``heartbeat_s`` seconds."""
 
-    def __init__(self, cfg, staleness: int, dist=None, *, worker=rollout_worker):
+    heartbeat_s = 30.0
+
+    def __init__(self, cfg, staleness: int, dist=None, *, worker=rollout_worker, log=lambda _m: None):
+        self.log = log
         self.cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
         self.staleness = int(staleness)
         self.dist = dist if dist is not None else distributed.DistInfo()
@@ -264,6 +271,30 @@ class AsyncRollouts:
         is gone, or sent nothing within ``stall_limit_s`` (then it is stopped)."""
         limit_s, how = stall_limit_s(self.stall_s, self.slowest_batch_s)
         started = time.monotonic()
+        with self._first_batch_heartbeat(step):
+            item = self._wait_for_item(step, started, limit_s, how)
+        if isinstance(item, WorkerFailed):
+            raise UserError(
+                f"the rollout worker failed while producing step {item.step + 1}'s batch: {item.error}; the "
+                f"checkpoints written so far are kept: fix the cause and run the same command again to resume"
+            )
+        busy = max(float(item.cycle_s) - float(item.idle_s), 0.0)  # generating it, not waiting at the gate
+        self.slowest_batch_s = max(self.slowest_batch_s or 0.0, busy)
+        return item
+
+    def _first_batch_heartbeat(self, step: int):
+        """A line every ``heartbeat_s`` while the trainer waits for the worker's first batch (it
+        builds its own model first: minutes for a large one or a vLLM engine); later waits are one
+        batch's generation, which the stall limit bounds."""
+        if self.slowest_batch_s is not None:
+            return contextlib.nullcontext()
+        pid = getattr(self.process, "pid", None)
+        who = "rollout worker" if pid is None else f"rollout worker (pid {pid})"
+        what = f"{who}: building its model and generating step {step + 1}'s batch"
+        return still_working(self.log, what, every_s=self.heartbeat_s)
+
+    def _wait_for_item(self, step: int, started: float, limit_s: float, how: str):
+        """The worker's next queue item, polled; ``UserError`` when it is gone or past ``limit_s``."""
         while True:
             try:
                 item = self.reader.get(timeout=_POLL_S)
@@ -278,13 +309,6 @@ class AsyncRollouts:
             except (OSError, EOFError):  # a batch whose tensors the worker shares died with it
                 self.process.join(timeout=5.0)
                 raise self._worker_gone(step) from None
-            if isinstance(item, WorkerFailed):
-                raise UserError(
-                    f"the rollout worker failed while producing step {item.step + 1}'s batch: {item.error}; the "
-                    f"checkpoints written so far are kept: fix the cause and run the same command again to resume"
-                )
-            busy = max(float(item.cycle_s) - float(item.idle_s), 0.0)  # generating it, not waiting at the gate
-            self.slowest_batch_s = max(self.slowest_batch_s or 0.0, busy)
             return item
 
     def _stalled(self, waited_s: float, what: str, how: str) -> UserError:
