@@ -348,10 +348,12 @@ class GRPOTrainer:
                     self.tracker.log_metrics(self.step, metrics)
                     bar(self.step, metrics)
                     if plan.saves(self.step):
-                        self.save()
+                        with stop.finishing(f"the checkpoint of step {self.step}"):  # never cut in half
+                            self.save()
             if stop.requested is not None and self.step < plan.total:
                 if self.step > self.checkpointer.saved_step:  # a step boundary: model, optimizer and RNG agree
-                    self.save()
+                    with stop.finishing(f"the checkpoint of step {self.step}"):
+                        self.save()
                 raise RunInterrupted(stop.requested)
             status = "FINISHED"
         except (KeyboardInterrupt, SystemExit):  # a stop signal, or submitit exiting for a preemption requeue
@@ -384,10 +386,9 @@ class GRPOTrainer:
 def train(cfg: DictConfig, log=print, *, checked: TrainingCheck | None = None) -> dict:
     """Run (or resume) the training job described by ``cfg``; returns the summary dict.
 
-    ``checked``: what ``check_training(cfg)`` returned, when the caller ran it (the CLI, before it
-    prints); else it runs here. Raises ``UserError`` for a bad value or an output_dir this run may
-    not use (before anything is created), ``RunInterrupted`` (a ``KeyboardInterrupt``) when a
-    signal stopped it."""
+    ``checked``: what ``check_training(cfg)`` returned, when the caller ran it (the CLI, before it prints);
+    else it runs here. Raises ``UserError`` for a bad value or an output_dir this run may not use (before
+    anything is created), ``RunInterrupted`` (a ``KeyboardInterrupt``) when a signal stopped it."""
     checked = checked if checked is not None else check_training(cfg)
     with run_dir.run_folder(cfg):  # one writer per output_dir, until the summary is written (run_lock)
         # set-up (the model classes' imports, the model): no cycle collection meanwhile; a stop ends it at once

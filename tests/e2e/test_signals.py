@@ -207,3 +207,41 @@ def test_a_stop_during_set_up_ends_at_once_leaving_no_run_folder(sig, in_tmp):
     line = f"stopped by {sig.name} during set-up, before the first step: nothing trained ({Path('run')} removed)"
     assert line in err, err[-3000:]
     assert not (in_tmp / "run").exists()
+
+
+def test_a_second_signal_waits_for_the_checkpoint_being_written(in_tmp, fast_train, monkeypatch):
+    """Stop, then stop again while step 1's checkpoint is written: the second signal waits for the
+    save (it says so) instead of cutting it in half; the run then ends as a stop does, its
+    checkpoint kept. A second signal outside a save still stops at once (the handler's null)."""
+    from entropyrl.conf import compose
+    from entropyrl.trainers.trainer import GRPOTrainer, train
+
+    real_save = GRPOTrainer.save
+
+    def save_while_stopped_twice(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # the first stop: after this step
+        time.sleep(REPEAT_WINDOW_S + 0.3)  # a second request, not the first delivered twice
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)  # delivered (the handler runs in this thread, inside the save)
+        return real_save(self)
+
+    monkeypatch.setattr(GRPOTrainer, "save", save_while_stopped_twice)
+    cfg = compose(
+        "train",
+        [*fast_train, "trainer.total_steps=4", "trainer.save_every=1", "trainer.val_every=0", "val.prompts=0"]
+        + ["trainer.threads=1", "output_dir=run", f"tracking.uri=sqlite:///{in_tmp / 'mlflow.db'}"],
+    )
+    lines: list[str] = []
+    with pytest.raises(RunInterrupted) as stopped:
+        train(cfg, log=lines.append)
+    assert stopped.value.exit_code == 128 + signal.SIGTERM
+    assert any("again: finishing the checkpoint of step 1 first" in m for m in lines), lines
+    assert checkpoint_steps(in_tmp / "run") == [1]
+    summary = json.loads((in_tmp / "run" / "summary.json").read_text())
+    assert summary["status"] == "KILLED" and summary["steps"] == 1
+
+    stop = StopSignals(lines.append)
+    stop._handle(signal.SIGTERM, None)
+    stop._last_at -= REPEAT_WINDOW_S + 1
+    with pytest.raises(RunInterrupted):
+        stop._handle(signal.SIGTERM, None)

@@ -4,8 +4,9 @@ SIGINT (Ctrl-C), SIGTERM (what SLURM, Kubernetes and ``timeout`` send), SIGUSR1 
 mean "stop": the first one lets the current step finish, then the trainer saves a checkpoint at
 that step boundary (the only place the model, optimizer and RNG agree), writes ``summary.json``,
 ends the MLflow run as KILLED and says how to resume. A second signal stops at once (the step in
-progress is lost; summary and MLflow status are still written: that last part, ``finishing()``,
-is not interrupted by a second signal); a third exits immediately.
+progress is lost; summary and MLflow status are still written). What must not be cut in half,
+a checkpoint being written and those last words (``finishing(what)``), a second signal waits for,
+saying so; a third exits immediately.
 
 One stop often arrives more than once: ``timeout`` signals its command and then the command's
 whole process group, ``scancel`` and ``kill -- -PGID`` reach every process of a group, a launcher
@@ -69,7 +70,7 @@ class StopSignals:
         self.count = 0
         self._last_at: float | None = None  # time.monotonic() of the last signal counted
         self._previous: dict[int, object] = {}
-        self._finishing = False
+        self._finishing: str | None = None  # what a second signal waits for (``finishing``), or None
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is not threading.main_thread():
@@ -101,23 +102,24 @@ class StopSignals:
             )
             return
         if self.count == 2:
-            if self._finishing:
+            if self._finishing is not None:
                 self.log(
-                    f"received {signal_name(signum)} again: writing the summary and MLflow status "
-                    f"(a few seconds); a third signal exits without them"
+                    f"received {signal_name(signum)} again: finishing {self._finishing} first; a third signal exits without it"
                 )
                 return
             raise RunInterrupted(signum, f"stopped at once by a second signal ({signal_name(signum)})")
         os._exit(128 + signum)
 
     @contextlib.contextmanager
-    def finishing(self):
-        """The run's last words (summary, MLflow status): a second signal waits for them."""
-        self._finishing = True
+    def finishing(self, what: str = "the summary and MLflow status (a few seconds)"):
+        """A block a second signal waits for (``what`` it finishes, as the line it logs says): a
+        checkpoint being written, the run's last words. Nested blocks keep the outer one's name."""
+        outer = self._finishing
+        self._finishing = what if outer is None else outer
         try:
             yield
         finally:
-            self._finishing = False
+            self._finishing = outer
 
     def agreed(self, dist=None) -> bool:
         """Whether to stop now; with several processes, every rank stops at the same step."""
