@@ -62,15 +62,22 @@ class ScoredBatch:
     facts: ResponseFacts | None = None
 
 
+#: The problem's own fields: ``answer`` is the gold the verifier grades against.
+OWN_FIELDS = ("answer", "task", "id")
+
+
 def problem_fields(problems: Sequence) -> dict[str, list]:
-    """Every field of the problems as a list per field: ``answer``, ``task``, ``id`` and each column
-    of the data row (``Problem.fields``; code problems' ``extra``), untouched; None where absent."""
+    """Every field of the problems as a list per field: ``answer`` (the gold the verifier grades
+    against, not a raw column), ``task``, ``id``, and each column of the data row (``Problem.fields``;
+    code problems' ``extra``) untouched; a column whose name is one of those or a reserved keyword
+    (GSM8K's ``answer`` column holds the whole solution) comes as ``row_<name>``. None where absent."""
     rows = []
     for p in problems:
-        row = {k: getattr(p, k) for k in ("answer", "task", "id") if hasattr(p, k)}
-        row.update(getattr(p, "fields", None) or getattr(p, "extra", None) or {})
+        columns = getattr(p, "fields", None) or getattr(p, "extra", None) or {}
+        row = {(f"row_{k}" if k in OWN_FIELDS or k in RESERVED else k): v for k, v in columns.items()}
+        row.update({k: getattr(p, k) for k in OWN_FIELDS if hasattr(p, k)})
         rows.append(row)
-    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in RESERVED]
+    keys = list(dict.fromkeys(k for r in rows for k in r))
     return {k: [r.get(k) for r in rows] for k in keys}
 
 

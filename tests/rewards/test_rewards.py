@@ -155,6 +155,18 @@ def test_hang_in_process_times_out_and_fields_pass_through(user_module):
     assert batch.correct == [1.0, 0.0, 1.0]  # no builtin entry: the source's verifier
     fields = problem_fields(_problems())
     assert fields["difficulty"] == [0, 1, 2] and fields["tags"][2] == ["a", 2] and fields["answer"] == ["1", "2", "3"]
+    assert "row_answer" not in fields  # no column of that name: nothing renamed (the null)
+
+
+def test_a_column_named_as_a_field_never_replaces_the_gold_answer():
+    """GSM8K's ``answer`` column holds the worked solution; the gold is its final number. A reward
+    function's ``answer`` is the gold the verifier grades against, the column comes as ``row_answer``;
+    a column named as a reserved keyword (``problems``) is passed too, not dropped."""
+    solution = "48/2 = 24 in May. 48+24 = 72\n#### 72"
+    rows = [Problem("gsm8k", "Natalia sold...", "72", None, fields={"answer": solution, "problems": 3, "id": "a7"})]
+    fields = problem_fields(rows)
+    assert fields["answer"] == ["72"] and fields["row_answer"] == [solution]
+    assert fields["row_problems"] == [3] and fields["row_id"] == ["a7"] and "problems" not in fields
 
 
 @pytest.mark.parametrize(
