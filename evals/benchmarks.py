@@ -166,7 +166,28 @@ def expand_benchmarks(names: Iterable[str]) -> list[str]:
         for member in spec.members or [name]:
             if member not in out:
                 out.append(member)
-    return out
+    return _one_per_label(out)
+
+
+def _one_per_label(names: list[str]) -> list[str]:
+    """``names`` with a file given twice (two spellings of one path) once; results are kept by a
+    benchmark's label (a file's name without its suffix), so two different sources of one label
+    are one ``UserError`` naming both, never one table row of both merged."""
+    seen: dict[str, tuple[str, str]] = {}  # label -> (what it is, as given)
+    kept = []
+    for name in names:
+        spec = get_spec(name)
+        source = str(spec.path.expanduser().resolve()) if spec.path is not None else f"the benchmark {spec.name}"
+        if spec.name in seen:
+            if seen[spec.name][0] == source:
+                continue
+            raise UserError(
+                f"{seen[spec.name][1]} and {name} would both be reported as '{spec.name}' (results are kept by the "
+                f"file's name without its suffix): rename one of them"
+            )
+        seen[spec.name] = (source, name)
+        kept.append(name)
+    return kept
 
 
 # --------------------------------------------------------------------------------------------

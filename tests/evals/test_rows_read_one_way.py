@@ -170,3 +170,25 @@ def test_fewer_validation_problems_than_val_prompts_is_said(tmp_path):
     assert said == [
         "val: validating on 3 problem(s), not val.prompts=128: the data's validation set holds 3 (raise data.holdout, or set val.prompts=3)"
     ]
+
+
+def test_two_files_of_one_name_are_refused_and_one_file_twice_is_one(tmp_path, monkeypatch):
+    """Results are kept by a file's name without its suffix: ``a/test.jsonl`` and ``b/test.jsonl``
+    were one table row of both files' problems; now one line naming both. The same file given
+    twice (two spellings) is read once, and differently named files pass (the nulls)."""
+    from entropyrl.evals.benchmarks import expand_benchmarks
+
+    rows = [{"problem": "1+1?", "answer": "2"}]
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        _file(tmp_path / folder, rows, "test.jsonl")
+    _file(tmp_path / "b", rows, "other.jsonl")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"a/test.jsonl and b/test.jsonl would both be reported as 'test'.*rename one") as err:
+        expand_benchmarks(["a/test.jsonl", "b/test.jsonl"])
+    assert "\n" not in str(err.value)
+    assert expand_benchmarks(["a/test.jsonl", "./a/test.jsonl"]) == ["a/test.jsonl"]
+    assert expand_benchmarks(["a/test.jsonl", "b/other.jsonl", "aime24"]) == ["a/test.jsonl", "b/other.jsonl", "aime24"]
+    _file(tmp_path, rows, "aime24.jsonl")
+    with pytest.raises(UserError, match="would both be reported as 'aime24'"):
+        expand_benchmarks(["aime24", "aime24.jsonl"])
