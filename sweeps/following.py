@@ -127,7 +127,12 @@ def _run_locked(plan_: Plan, sweep: dict, tracking: dict, wait: bool, log: Log, 
         "parent_run_id": tracking["parent_run_id"],
     }
     if wait:
-        rep = build_report(sweep_dir, log=log)
+        try:  # the report finishes the parent run; a stop or a failure in it closes the parent here
+            rep = build_report(sweep_dir, log=log)
+        except BaseException as exc:
+            close_parent_run(tracking, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+            log(f"the report was not written; the jobs' results are kept: `entropyrl report {sweep_dir}` writes it")
+            raise
         result["report"] = rep["report"]
         result["report_data"] = rep
     return result

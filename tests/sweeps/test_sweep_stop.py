@@ -163,3 +163,28 @@ def test_status_of_an_emptied_sweep_file_is_one_line(tmp_path, content):
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2 and len(lines) == 1 and "sweep None" not in out.stdout, out.stderr[-2000:]
     assert lines[0].startswith("error: ") and "sweep.json" in lines[0]
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, OSError], ids=["stopped", "failed"])
+def test_a_report_that_does_not_finish_closes_the_parent_run(tmp_path, monkeypatch, capsys, failure):
+    """The report finishes the parent run; stopped (Ctrl-C) or failing while it is built, the
+    parent was left RUNNING. Now it ends KILLED / FAILED, the job's run stays FINISHED, and one
+    line says how to write the report."""
+    import entropyrl.sweeps.following as following
+    from entropyrl.cli.app import run
+
+    def report_cut_short(*_a, **_k):
+        raise failure("while writing the report")
+
+    monkeypatch.setattr(following, "build_report", report_cut_short)
+    monkeypatch.chdir(tmp_path)
+    args = ["sweep", "ablation=gate", "variants=[off]", "seeds=[0]", "launcher=debug", "sweep_dir=sw"]
+    args += [f"tracking.uri=sqlite:///{tmp_path / 'ml.db'}", "train.trainer.total_steps=1", "train.trainer.prompts_per_step=4"]
+    args += ["train.trainer.mini_batch_prompts=4", "train.val.prompts=0", "train.trainer.save_every=0"]
+    with pytest.raises((SystemExit, failure)):
+        run(args)
+    with sqlite3.connect(tmp_path / "ml.db") as db:
+        runs = dict(db.execute("select name, status from runs"))
+    assert runs == {"sweep-sw": "KILLED" if failure is KeyboardInterrupt else "FAILED", "off-s0": "FINISHED"}, runs
+    said = capsys.readouterr()
+    assert "the report was not written; the jobs' results are kept: `entropyrl report" in said.err + said.out
