@@ -42,7 +42,7 @@ from typing import Any
 from ..conf import cfg_get, compose, to_plain
 from ..core.errors import UserError
 from ..core.schema import bind
-from ..core.schema.train import Trainer
+from ..core.schema.train import Trainer, check_lora_is_on_where_set
 from .loading import looks_local, resolve_model_path
 from .tiny import build_tokenizer
 
@@ -580,6 +580,7 @@ def _lora_params(model_cfg) -> int | None:
     ``models/lora.lora_settings`` reads it; that module is not imported here, since it imports torch at its
     top and ``models/cost.py`` is imported by commands that never load a model."""
     lora = model_cfg.get("lora") or {}
+    check_lora_is_on_where_set(lora)
     if not lora.get("rank"):
         return None
     targets = lora.get("target_modules")

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import UserError
+from ..core.schema.train import check_lora_is_on_where_set
 from .folders import save_model_folder
 
 __all__ = ["LoraPolicy", "apply_lora", "is_lora", "merged_named_parameters", "ADAPTER_CONFIG"]
@@ -108,6 +109,7 @@ class LoraPolicy:
 def lora_settings(model_cfg) -> dict | None:
     """``model.lora`` as PEFT settings, or None when LoRA is off (no rank)."""
     raw = model_cfg.get("lora") if model_cfg is not None else None
+    check_lora_is_on_where_set(raw)
     if not raw or not raw.get("rank"):
         return None
     rank = raw.get("rank")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.schema.train import check_lora_is_on_where_set
 from ..evals.code.tool_executor import check_tools
 from .algos.algorithm import Algorithm
 from .async_rollout import check_async
@@ -38,6 +39,7 @@ def check_training(cfg) -> TrainingCheck:
     (``run_dir.check_output_dir``) of a composed ``train`` config; raises ``UserError``."""
     algo = Algorithm.from_train_config(cfg)
     check_optim(cfg.optim)
+    check_lora_is_on_where_set(cfg.model.get("lora"))  # LoRA keys without a rank: read by nothing
     check_tools(cfg.get("tools"))
     check_async(cfg)  # trainer.staleness with an engine that has no asynchronous path: refused
     if cfg.data.kind in ("math", "code"):

@@ -4,9 +4,11 @@ groups (``algo``, ``model``, ``rollout``, ``data``) declare theirs in their YAML
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import MISSING, dataclass
 from typing import Any
 
+from ..errors import UserError
 from ..rules import (
     BOOL,
     FOLDER,
@@ -212,6 +214,25 @@ class Lora:
         "all-linear (every linear layer but the output head) or a list of module names",
     )
     save_merged: bool = key(False, BOOL, "also write <checkpoint>/merged: the merged model as a Hugging Face folder")
+
+
+def check_lora_is_on_where_set(lora) -> None:
+    """``model.lora`` (a mapping, or None): LoRA is on only with a ``rank``; its other keys set away
+    from their defaults without one would be read by nothing (the run fine-tunes every weight), so
+    that is one ``UserError`` naming them and both fixes."""
+    lora = lora or {}
+    if lora.get("rank"):
+        return
+    set_keys = [
+        f"{f.name}={lora[f.name]}"
+        for f in dataclasses.fields(Lora)
+        if f.name != "rank" and f.name in lora and lora[f.name] != (f.default_factory() if f.default is MISSING else f.default)
+    ]
+    if set_keys:
+        raise UserError(
+            f"model.lora.{', model.lora.'.join(set_keys)} set but model.lora.rank is null, which means full fine-tuning "
+            f"(LoRA off): set model.lora.rank=N for a LoRA run, or drop those keys"
+        )
 
 
 @dataclass

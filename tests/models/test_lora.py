@@ -212,3 +212,26 @@ def test_interventions_work_unchanged_with_lora(algo, in_tmp):
     for name in cfg.algo.interventions:
         for key in ["loss/policy", "entropy", *INTERVENTIONS[name].logged_metrics]:
             assert row.get(key) is not None and math.isfinite(row[key]), (algo, key, row)
+
+
+def test_lora_keys_without_a_rank_are_refused_before_anything_runs():
+    """``model.lora.alpha`` or ``target_modules`` set with ``rank`` null were read by nothing: the run
+    fine-tuned every weight and ``plan`` planned that, without a word. Nulls: the keys at their
+    defaults without a rank, and the same keys with one."""
+    from entropyrl.conf import compose
+    from entropyrl.core.errors import UserError
+    from entropyrl.models.cost import plan_figures
+    from entropyrl.trainers.preflight import check_training
+
+    def plan(overrides):
+        return plan_figures(overrides, ranks=1, mfu=0.4, peak_tflops=100.0, prompt_len=None)
+
+    off = ["model.lora.alpha=32", "model.lora.target_modules=[q_proj,v_proj]"]
+    for check in (lambda o: check_training(compose("train", o)), plan):
+        with pytest.raises(
+            UserError, match=r"model.lora.alpha=32, model.lora.target_modules=.* set but model.lora.rank is null"
+        ) as err:
+            check(off)
+        assert "model.lora.rank=N" in str(err.value) and "\n" not in str(err.value)
+    check_training(compose("train", ["model.lora.dropout=0.0", "model.lora.save_merged=false"]))
+    assert plan([*off, "model.lora.rank=4"])
