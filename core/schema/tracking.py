@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..rules import BOOL, MAPPING, NONNEG, OPT_STR, STR
+from ..rules import BOOL, MAPPING, NONNEG, OPT_STR, STR, choice
 from . import key
 
 
@@ -15,7 +15,7 @@ class TrackingSchema:
     MLFLOW_TRACKING_URI environment variable, or ``tracking.uri=``, points elsewhere (e.g. a team
     ``mlflow server``)."""
 
-    name: str = key("mlflow", STR, "the tracker: MLflow (the one there is)")
+    name: str = key("mlflow", choice("mlflow"), "the tracker: MLflow (the one there is; another name is refused)")
     enabled: bool = key(True, BOOL, "false: no MLflow run; metrics.jsonl and the run's files only")
     uri: str | None = key(None, OPT_STR, "null: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working dir")
     experiment: str = key("entropyrl", STR, "the MLflow experiment the runs go to")

@@ -46,6 +46,7 @@ def assert_nothing_created(workdir, *names: str) -> None:
         ("optim.lr=abc", "a number > 0"),
         ("rollout.n=0", "a positive integer"),
         ("trainer.resume=maybe", "one of auto, never, overwrite"),  # used to be taken as auto
+        ("tracking.name=wandb", "one of mlflow"),  # was accepted and read by nothing: the run went to MLflow
         ("algo=stare algo.stare.p=1.5", "in (0, 1]"),  # the intervention's own range (Params.validate)
         ("trainer.threads=abc", "0 / auto for the CPUs left"),  # used to end in a ValueError traceback
         ("trainer.threads=-2", "a positive integer (torch threads)"),  # used to run on 1 thread silently
