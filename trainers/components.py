@@ -158,7 +158,13 @@ def build_source(cfg, tokenizer, log=print):
         log(note)
     asked = int(cfg.val.prompts or 0)
     held = len(source.validation(asked)) if asked else 0
-    if held < asked:
+    on_training = bool(getattr(source, "validates_on_training", False))
+    if asked and on_training:  # data.holdout=0: val/acc is measured on problems the run trains on
+        log(
+            f"val: val.prompts={asked} validates on {held} of the problems it trains on (data.holdout=0): val/acc is "
+            f"not a held-out score; set data.holdout=N to keep N problems out of training for it"
+        )
+    elif held < asked:
         log(
             f"val: validating on {held} problem(s), not val.prompts={asked}: the data's validation set holds "
             f"{held} (raise data.holdout, or set val.prompts={held})"

@@ -172,6 +172,27 @@ def test_fewer_validation_problems_than_val_prompts_is_said(tmp_path):
     ]
 
 
+def test_validating_on_the_training_problems_is_said(tmp_path):
+    """With ``data.holdout=0`` (the default for your own file) ``val.prompts`` samples the problems
+    the run trains on: said at start, never called a validation set. Nulls: problems held out, or no
+    ``val.prompts``, say nothing of it."""
+    from entropyrl.conf import compose
+    from entropyrl.trainers.components import build_source
+
+    path = _file(tmp_path, [{"problem": f"{i}+{i}", "answer": str(2 * i)} for i in range(20)])
+    for extra, expected in (
+        (["val.prompts=8"], ["val: val.prompts=8 validates on 8 of the problems it trains on (data.holdout=0)"]),
+        (["val.prompts=128"], ["val: val.prompts=128 validates on 20 of the problems it trains on (data.holdout=0)"]),
+        (["val.prompts=8", "data.holdout=8"], []),
+        (["val.prompts=0"], []),
+    ):
+        lines: list[str] = []
+        build_source(compose("train", ["data=dapo_math_17k", f"data.path={path}", *extra]), None, log=lines.append)
+        said = [line for line in lines if line.startswith("val:")]
+        assert [line.split(":")[0] + ":" + line.split(":")[1] for line in said] == expected, (extra, said)
+        assert all("not a held-out score; set data.holdout=N" in line and "validation set" not in line for line in said)
+
+
 def test_two_files_of_one_name_are_refused_and_one_file_twice_is_one(tmp_path, monkeypatch):
     """Results are kept by a file's name without its suffix: ``a/test.jsonl`` and ``b/test.jsonl``
     were one table row of both files' problems; now one line naming both. The same file given

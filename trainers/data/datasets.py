@@ -253,6 +253,7 @@ class MathDatasetSource:
                 )
             problems = kept
         self.train_items, self.val_items = split_holdout(problems, data_cfg)
+        self.validates_on_training = len(self.train_items) == len(problems)  # data.holdout=0: nothing held out
         self._perms: dict[int, list[int]] = {}
 
     def __len__(self) -> int:
