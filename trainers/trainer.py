@@ -12,17 +12,16 @@ One training step (``train_step``):
      interventions), accumulated over micro-batches; the lr schedule advances a step (``_update``);
   6. metrics to MLflow + metrics.jsonl, periodic validation and atomic checkpoints (``fit``).
 
-With ``trainer.staleness=k >= 1`` steps 1-2 run in a rollout worker process (``async_rollout.py``)
-on weights at most ``k`` steps old while the trainer does steps 3-6 of the batch before, publishing
-its weights after every step (docs/async.md). The step travels as one ``StepBatch``
-(``algos/step_batch.py``: stamped with its policy version, sliced with ``batch[idx]`` per mini- and
-micro-batch); diagnostics that need extra gradients observe its moments (``stats/observers.py``).
+With ``trainer.staleness=k >= 1`` steps 1-2 run in a rollout worker process (``async_rollout.py``) on weights at most
+``k`` steps old while the trainer does steps 3-6 of the batch before, publishing its weights after every step
+(docs/async.md). The step travels as one ``StepBatch`` (``algos/step_batch.py``: stamped with its policy version,
+sliced with ``batch[idx]`` per mini- and micro-batch); diagnostics that need extra gradients observe its moments
+(``stats/observers.py``).
 
-Beside the recipe, in ``run/``: the observers' set-up (``step_observers.py``); save and resume
-(``checkpointer.py``, under staleness with the batches each rank drew ahead: ``pending.py``, so a
-resumed run trains what the uninterrupted one would); the loop's cadence, start, failure lines and
-summary fields (``bookkeeping.py``); validation (``validation.py``). ``train(cfg)`` resumes from
-``output_dir``'s latest checkpoint (``trainer.resume=auto``), continuing its steps and MLflow run.
+Beside the recipe, in ``run/``: the observers' set-up (``step_observers.py``); save and resume (``checkpointer.py``,
+under staleness with the batches each rank drew ahead: ``pending.py``, so a resumed run trains what the uninterrupted
+one would); the loop's cadence, start, failure lines and summary fields (``bookkeeping.py``); validation
+(``validation.py``). ``train(cfg)`` resumes from ``output_dir``'s latest checkpoint (``trainer.resume=auto``).
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from ..core.alive import still_working
 from ..core.gc_pause import paused_gc
 from ..core.heap import trim_heap
 from ..core.resources import ThreadBudget
@@ -315,13 +315,13 @@ class GRPOTrainer:
 
     # -- validation -------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
-        """The ``val/*`` metrics: held-out prompts and benchmarks (``run/validation.py``)."""
-        return validation_metrics(self.model, self.tokenizer, self.rollout, self.source, self.val_problems, self.settings)
+        """The ``val/*`` metrics: held-out prompts and benchmarks (``run/validation.py``); minutes on a CPU."""
+        with still_working(self.log, f"validation after step {self.step}"):  # a line every 30 s meanwhile
+            return validation_metrics(self.model, self.tokenizer, self.rollout, self.source, self.val_problems, self.settings)
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self) -> dict:
-        # SIGINT/SIGTERM/SIGUSR1/2: stop at the next step boundary with a checkpoint (stop_signals.py)
-        with StopSignals(self.log) as stop:
+        with StopSignals(self.log) as stop:  # SIGINT/TERM/USR1/USR2: stop at a step boundary, checkpointed (stop_signals.py)
             return self._fit(stop)
 
     def _fit(self, stop: StopSignals) -> dict:

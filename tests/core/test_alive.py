@@ -79,3 +79,24 @@ def test_checking_a_cached_model_folder_and_converting_a_gguf_file_are_watched(m
     monkeypatch.setattr(gguf, "build_cached_folder", lambda target, build, **_: target)
     gguf.converted_dir(tmp_path / "m.gguf", log=lambda *_: None)
     assert watched[-1] == "model.gguf_file m.gguf: reading it whole for its checksum"
+
+
+def test_a_training_runs_validation_is_watched(monkeypatch):
+    """Validation samples every held-out prompt (and benchmark) between two steps: minutes on a
+    CPU with nothing on screen until the step's line; now a line every 30 s (here 0.05)."""
+    from types import SimpleNamespace
+
+    from entropyrl.trainers import trainer
+
+    def slow_validation(*_args):
+        time.sleep(0.3)
+        return {"val/acc": 0.5}
+
+    monkeypatch.setattr(trainer, "validation_metrics", slow_validation)
+    real = trainer.still_working
+    monkeypatch.setattr(trainer, "still_working", lambda log, what, every_s=30.0: real(log, what, every_s=0.05))
+    lines: list[str] = []
+    run = SimpleNamespace(log=lines.append, step=7, model=None, tokenizer=None, rollout=None, source=None)
+    run.val_problems, run.settings = [], None
+    assert trainer.GRPOTrainer.validate(run) == {"val/acc": 0.5}
+    assert lines and all(line.startswith("validation after step 7: still working, ") for line in lines), lines
