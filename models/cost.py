@@ -28,7 +28,8 @@ the maximum prompt and response lengths):
   KV cache (``rollout=hf``), a reference model. Step time: training FLOPs at ``mfu``, generation at
   ``decode_mfu`` (decoding is memory-bound; it defaults to ``mfu`` and is usually far below it).
 - a checkpoint: the float32 weights (``4 N``) and the AdamW moments (``8 N``), every
-  ``trainer.save_every`` steps, ``trainer.keep_checkpoints`` of them kept.
+  ``trainer.save_every`` steps, ``trainer.keep_checkpoints`` of them kept; with LoRA those of the
+  adapter's ``n`` parameters (``12 n``), plus the merged float32 model (``4 N``) with ``save_merged``.
 """
 
 # size: one cost model: the counting conventions of the docstring hold for every function here
@@ -469,7 +470,9 @@ def plan_figures(
     engine_dtype = str(cfg.rollout.get("dtype") or t.dtype)  # null: the trainer's dtype
     engine = _vllm_plan(cfg, arch, gpu_gb, prompt, engine_dtype, rollout_gpus)
     cpu_time = None if cpu is None else _cpu_plan(cfg, arch, shape, prompt, cpu)
-    ckpt_gb = 12 * cost.parameters / 1e9
+    adapter = _lora_params(cfg.model)  # with LoRA a checkpoint holds the adapter and its moments, not the model
+    merged = bool(adapter) and bool((cfg.model.get("lora") or {}).get("save_merged"))
+    ckpt_gb = (12 * (adapter or cost.parameters) + (4 * cost.parameters if merged else 0)) / 1e9
     keep, every = int(t.keep_checkpoints or 0), int(t.save_every or 0)
     total = int(t.total_steps)
     saves = (total // every if every else 0) + int(not every or total % every != 0)  # every save_every steps, and the last
@@ -506,7 +509,15 @@ def plan_figures(
         "verdict": verdict(cost.memory_gb["total"], gpu_gb, engine, engine_beside=not rollout_gpus),
         "async": overlap,
         "cpu": cpu_time,
-        "checkpoint": {"gb": round(ckpt_gb, 3), "save_every": every, "keep": keep, "disk_gb": round(ckpt_gb * kept, 3)},
+        "checkpoint": {
+            "gb": round(ckpt_gb, 6),
+            "holds": ("the LoRA adapter + its AdamW moments" + (" + the merged model" if merged else ""))
+            if adapter
+            else "float32 weights + AdamW moments",
+            "save_every": every,
+            "keep": keep,
+            "disk_gb": round(ckpt_gb * kept, 6),
+        },
         "assumptions": assumptions,
     }
 

@@ -76,6 +76,14 @@ def test_lora_trains_only_the_adapter_against_the_disabled_adapter_and_resumes(i
     assert (step2 / "model" / "adapter_config.json").exists()
     assert not (step2 / "model" / "model.safetensors").exists()  # the adapter only
     assert (step2 / "merged" / "model.safetensors").exists()
+    # plan's checkpoint size is this one's: the adapter with its moments and the merged model (it
+    # counted the whole model's weights and moments, three times the merged model)
+    from entropyrl.models.cost import plan_figures
+
+    planned = plan_figures([*LORA_RUN, "model.lora.save_merged=true"], ranks=1, mfu=0.4, peak_tflops=1.0, prompt_len=None)
+    files = [step2 / "model" / "adapter_model.safetensors", step2 / "trainer_state.pt", step2 / "merged" / "model.safetensors"]
+    written = sum(f.stat().st_size for f in files)
+    assert 0.8 < written / (planned["checkpoint"]["gb"] * 1e9) < 1.25, (written, planned["checkpoint"])
 
     resumed = _trainer([*LORA_RUN, "output_dir=run", "model.lora.save_merged=true", "trainer.total_steps=3"])
     try:
