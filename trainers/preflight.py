@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.errors import UserError
+from ..core.registry import unknown_choice
 from ..core.schema.train import check_lora_is_on_where_set
 from ..evals.code.tool_executor import check_tools
+from ..evals.prompts import available_templates
 from .algos.algorithm import Algorithm
 from .async_rollout import check_async
 from .data.datasets import resolve_data_path
@@ -40,6 +43,8 @@ def check_training(cfg) -> TrainingCheck:
     algo = Algorithm.from_train_config(cfg)
     check_optim(cfg.optim)
     check_lora_is_on_where_set(cfg.model.get("lora"))  # LoRA keys without a rank: read by nothing
+    if cfg.val.get("benchmarks") and str(cfg.val.get("prompt", "boxed")) not in available_templates():
+        raise UserError(unknown_choice("val.prompt", cfg.val.prompt, available_templates()))
     check_tools(cfg.get("tools"))
     check_async(cfg)  # trainer.staleness with an engine that has no asynchronous path: refused
     if cfg.data.kind in ("math", "code"):

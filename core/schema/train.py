@@ -311,6 +311,18 @@ class Val:
     )
     n_samples: int = key(1, POS_INT, "samples per problem of val.benchmarks (val/<bench>/avg@<n>)")
     limit: int | None = key(32, integer(1, nullable=True), "only the first N problems of each of val.benchmarks; null = all")
+    prompt: str = key(
+        "boxed",
+        STR,
+        'the prompt of val.benchmarks\' problems, as eval.prompt: boxed ("... within \\boxed{}") | dapo ("Answer: $Answer") | native',
+    )
+    chat_template: Any = key(
+        "auto", owned("evals/ (auto, or what model.chat_template accepts)"), "val.benchmarks' prompts as eval.chat_template"
+    )
+    batch_size: int = key(16, POS_INT, "val.benchmarks: sequences per generate() call")
+    data_root: str | None = key(
+        None, OPT_STR, "where val.benchmarks' files are read, as eval.data_root (null: $ENTROPYRL_DATA, else packaged)"
+    )
 
 
 @dataclass

@@ -318,3 +318,20 @@ def test_every_preset_passes_the_schema(command, group):
 
     for option in config_groups()[group]:
         validate_config(compose(command, [f"{group}={option}"]), command)
+
+
+def test_the_val_keys_validation_reads_are_declared_and_reach_it():
+    """``validate`` reads ``val.prompt``, ``chat_template``, ``batch_size`` and ``data_root`` (as
+    ``entropyrl eval`` reads ``eval.*``); they were refused as keys "nothing reads", so a run trained
+    on the dapo prompt could only validate its benchmarks on the boxed one. An unknown prompt is one
+    line before the run (null: the default prompt passes)."""
+    from entropyrl.core.errors import UserError
+    from entropyrl.evals.settings import EvalSettings
+    from entropyrl.trainers.preflight import check_training
+
+    cfg = compose("train", ["val.prompt=dapo", "val.chat_template=false", "val.batch_size=4", "val.data_root=/data"])
+    assert EvalSettings.from_cfg(cfg.val).prompt == "dapo" and EvalSettings.from_cfg(cfg.val).chat_template is False
+    assert (cfg.val.batch_size, cfg.val.data_root) == (4, "/data")
+    with pytest.raises(UserError, match=r"unknown val.prompt=dpo; valid: boxed, dapo, native"):
+        check_training(compose("train", ["val.benchmarks=[math500]", "val.prompt=dpo"]))
+    check_training(compose("train", ["val.benchmarks=[math500]"]))
