@@ -43,6 +43,7 @@ from .common import exit_stopped, live_line, stop_signals
 
 QUADRANTS = "quadrants"  # the lab ablation's quadrant-experiment variant (--experiment all and quadrants run it)
 DEFAULT_EXPERIMENT = "all"  # --experiment when left out: the lab's training runs and its quadrant experiment
+QUADRANT_BATCHES = 20  # --quadrant-batches when left out
 
 
 def experiments() -> tuple[str, ...]:
@@ -125,18 +126,28 @@ def _out_help() -> str:
     return f"folder for the runs, the report and the figures (default {_default_study().default_out}{others})"
 
 
-def _study_and_jobs(experiment: str, jobs: int | None, quadrant_batches: int) -> tuple[Study, int]:
-    """The study ``--experiment`` names and the runs in parallel (its default when ``--jobs`` is
-    left out), once ``--experiment``, ``--jobs`` and ``--quadrant-batches`` are known to be valid."""
+def _study_and_jobs(experiment: str, jobs: int | None, quadrant_batches: int | None, algos: str) -> tuple[Study, int, int]:
+    """The study ``--experiment`` names, the runs in parallel (its default when ``--jobs`` is left
+    out) and the quadrant experiment's batches, once ``--experiment``, ``--jobs`` and
+    ``--quadrant-batches`` are known to be valid; an option the experiment does not read is refused
+    (``--quadrant-batches`` beside no quadrant experiment, ``--algos`` beside quadrants alone)."""
     study = study_for(experiment)
     if study is None:
         raise UserError(f"--experiment must be one of {', '.join(experiments())}; got '{experiment}'")
     jobs = study.default_jobs if jobs is None else jobs
     if jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {jobs}")
-    if quadrant_batches < 1:
-        raise UserError(f"--quadrant-batches must be >= 1, got {quadrant_batches}")
-    return study, jobs
+    if quadrant_batches is not None and experiment not in (DEFAULT_EXPERIMENT, QUADRANTS):
+        raise UserError(
+            f"--quadrant-batches sets the quadrant sign experiment, which --experiment {experiment} does not run: "
+            f"drop it, or use --experiment {QUADRANTS}"
+        )
+    if experiment == QUADRANTS and algos.strip() != "default":
+        raise UserError(f"--experiment {QUADRANTS} trains no variants, so --algos {algos} would do nothing: drop it")
+    batches = QUADRANT_BATCHES if quadrant_batches is None else quadrant_batches
+    if batches < 1:
+        raise UserError(f"--quadrant-batches must be >= 1, got {batches}")
+    return study, jobs, batches
 
 
 def _variant_names(algos: str, experiment: str, study: Study, valid: list[str], defaults: Callable[[], list[str]]) -> list[str]:
@@ -218,7 +229,9 @@ def register(app: typer.Typer) -> None:
         algos: str = typer.Option("default", help=_algos_help()),
         seeds: str = typer.Option("0,1,2", help="comma-separated training seeds"),
         experiment: str = typer.Option(DEFAULT_EXPERIMENT, help=_experiment_help()),
-        quadrant_batches: int = typer.Option(20, help="batches of the quadrant sign experiment (per seed)"),
+        quadrant_batches: Optional[int] = typer.Option(
+            None, help=f"batches of the quadrant sign experiment (per seed; default {QUADRANT_BATCHES})"
+        ),
         jobs: Optional[int] = typer.Option(None, help=_jobs_help()),
         out: Optional[Path] = typer.Option(None, help=_out_help()),
         fresh: bool = typer.Option(False, help="retrain runs that already finished in --out"),
@@ -239,7 +252,7 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=True, highlight=False)
         say = lambda msg: console.print(f"[bold]lab[/bold]: {msg}")  # noqa: E731
         load_plugins()  # the studies a plugin declares, beside the lab's own
-        study, jobs = _study_and_jobs(experiment, jobs, quadrant_batches)
+        study, jobs, quadrant_batches = _study_and_jobs(experiment, jobs, quadrant_batches, algos)
         names = _variant_names(
             algos, experiment, study, training_variants(study.ablation), lambda: default_variants(study.ablation)
         )

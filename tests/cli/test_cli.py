@@ -57,6 +57,9 @@ def test_train_help_lists_groups_and_options():
         (["train", "trainer.total_steps"], "write overrides as key=value"),
         (["config", "show", "rollout=nope"], "unknown rollout=nope"),
         (["train", "launcher=slurm"], "launcher=slurm is for sweeps"),
+        # lab options the chosen experiment does not read (they were ignored without a word)
+        (["lab", "--experiment", "tools", "--quadrant-batches", "5"], "which --experiment tools does not run: drop it"),
+        (["lab", "--experiment", "quadrants", "--algos", "grpo"], "--algos grpo would do nothing: drop it"),
     ],
 )
 def test_bad_overrides_give_one_line_errors(args, expected, tmp_path):
