@@ -43,7 +43,8 @@ from typing import Any
 from ..conf import cfg_get, compose, to_plain
 from ..core.errors import UserError
 from ..core.schema import bind
-from ..core.schema.train import Trainer, check_lora_is_on_where_set
+from ..core.schema.lora import check_lora_is_on_where_set
+from ..core.schema.train import Trainer
 from .loading import looks_local, resolve_model_path
 from .tiny import build_tokenizer
 
@@ -470,13 +471,6 @@ def plan_figures(
     engine_dtype = str(cfg.rollout.get("dtype") or t.dtype)  # null: the trainer's dtype
     engine = _vllm_plan(cfg, arch, gpu_gb, prompt, engine_dtype, rollout_gpus)
     cpu_time = None if cpu is None else _cpu_plan(cfg, arch, shape, prompt, cpu)
-    adapter = _lora_params(cfg.model)  # with LoRA a checkpoint holds the adapter and its moments, not the model
-    merged = bool(adapter) and bool((cfg.model.get("lora") or {}).get("save_merged"))
-    ckpt_gb = (12 * (adapter or cost.parameters) + (4 * cost.parameters if merged else 0)) / 1e9
-    keep, every = int(t.keep_checkpoints or 0), int(t.save_every or 0)
-    total = int(t.total_steps)
-    saves = (total // every if every else 0) + int(not every or total % every != 0)  # every save_every steps, and the last
-    kept = min(keep, saves) if keep > 0 else saves  # 0 deletes none: every save stays on disk
     decode = decode_mfu or mfu
     overlap = async_estimate(cost.train_seconds, cost.generation_seconds, staleness, rollout_gpus)
     assumptions = _plan_assumptions(mfu, decode, peak_tflops, gpu_gb, engine, engine_dtype, overlap, ranks, rollout_gpus)
@@ -509,15 +503,7 @@ def plan_figures(
         "verdict": verdict(cost.memory_gb["total"], gpu_gb, engine, engine_beside=not rollout_gpus),
         "async": overlap,
         "cpu": cpu_time,
-        "checkpoint": {
-            "gb": round(ckpt_gb, 6),
-            "holds": ("the LoRA adapter + its AdamW moments" + (" + the merged model" if merged else ""))
-            if adapter
-            else "float32 weights + AdamW moments",
-            "save_every": every,
-            "keep": keep,
-            "disk_gb": round(ckpt_gb * kept, 6),
-        },
+        "checkpoint": _checkpoint_plan(cfg, cost.parameters),
         "assumptions": assumptions,
     }
 
@@ -584,6 +570,23 @@ def reused_stats_share(cfg, ranks: int) -> float:
     else:
         first = t.micro_batch_responses
     return min(first, mini, rows) / rows
+
+
+def _checkpoint_plan(cfg, parameters: int) -> dict:
+    """A checkpoint's size (GB), what it holds and the disk the kept ones take: the float32 weights and
+    AdamW moments of what trains (the adapter alone with LoRA, plus the merged model with ``save_merged``),
+    saved every ``save_every`` steps and at the last."""
+    t = cfg.trainer
+    adapter = _lora_params(cfg.model)
+    merged = bool(adapter) and bool((cfg.model.get("lora") or {}).get("save_merged"))
+    gb = (12 * (adapter or parameters) + (4 * parameters if merged else 0)) / 1e9
+    keep, every, total = int(t.keep_checkpoints or 0), int(t.save_every or 0), int(t.total_steps)
+    saves = (total // every if every else 0) + int(not every or total % every != 0)  # every save_every steps, and the last
+    kept = min(keep, saves) if keep > 0 else saves  # 0 deletes none: every save stays on disk
+    holds = "float32 weights + AdamW moments"
+    if adapter:
+        holds = "the LoRA adapter + its AdamW moments" + (" + the merged model" if merged else "")
+    return {"gb": round(gb, 6), "holds": holds, "save_every": every, "keep": keep, "disk_gb": round(gb * kept, 6)}
 
 
 def _lora_params(model_cfg) -> int | None:

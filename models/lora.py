@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import UserError
-from ..core.schema.train import check_lora_is_on_where_set
+from ..core.schema.lora import check_lora_is_on_where_set
 from .folders import save_model_folder
 
 __all__ = ["LoraPolicy", "apply_lora", "is_lora", "merged_named_parameters", "ADAPTER_CONFIG"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..core.errors import UserError
 from ..core.registry import unknown_choice
-from ..core.schema.train import check_lora_is_on_where_set
+from ..core.schema.lora import check_lora_is_on_where_set
 from ..evals.code.tool_executor import check_tools
 from ..evals.prompts import available_templates
 from .algos.algorithm import Algorithm
@@ -43,7 +43,7 @@ def check_training(cfg) -> TrainingCheck:
     algo = Algorithm.from_train_config(cfg)
     check_optim(cfg.optim)
     check_lora_is_on_where_set(cfg.model.get("lora"))  # LoRA keys without a rank: read by nothing
-    if cfg.val.get("benchmarks") and str(cfg.val.get("prompt", "boxed")) not in available_templates():
+    if cfg.val.benchmarks and str(cfg.val.prompt) not in available_templates():
         raise UserError(unknown_choice("val.prompt", cfg.val.prompt, available_templates()))
     check_tools(cfg.get("tools"))
     check_async(cfg)  # trainer.staleness with an engine that has no asynchronous path: refused

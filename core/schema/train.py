@@ -4,11 +4,9 @@ groups (``algo``, ``model``, ``rollout``, ``data``) declare theirs in their YAML
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import MISSING, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UserError
 from ..rules import (
     BOOL,
     FOLDER,
@@ -29,6 +27,7 @@ from ..rules import (
     owned,
 )
 from . import key, section
+from .lora import Lora
 
 #: ``trainer.resume``: auto continues a matching run, never refuses a folder that holds one,
 #: overwrite deletes the old run's checkpoints, metrics and tracking link and starts fresh.
@@ -193,46 +192,6 @@ class Optim:
     min_lr_ratio: float = key(
         0.0, PROB, "floor of linear/cosine as a fraction of lr (reached at trainer.total_steps); unused by constant"
     )
-
-
-@dataclass
-class Lora:
-    """``model.lora``: LoRA through PEFT (``models/lora.py``), for any ``model=`` choice: only the adapter trains;
-    the KL reference (``algo.kl_coef > 0``) is the policy with the adapter disabled (no second model); checkpoints
-    hold the adapter (plus ``merged/`` with ``save_merged``); vLLM gets merged weights on sync.
-
-        entropyrl train model.lora.rank=8                 # all linear layers
-        entropyrl train model=qwen2.5-7b model.lora.rank=64 model.lora.target_modules=[q_proj,v_proj]
-    """
-
-    rank: int | None = key(None, integer(1, nullable=True), "null: full fine-tuning; N: LoRA of rank N")
-    alpha: float | None = key(None, number(0, open_low=True, nullable=True), "scale alpha/rank; null = 2 * rank")
-    dropout: float = key(0.0, number(0, 1, open_high=True), "dropout on the LoRA adapter's input, in [0, 1)")
-    target_modules: Any = key(
-        "all-linear",
-        owned("models/lora.py (all-linear, or a list of module names)"),
-        "all-linear (every linear layer but the output head) or a list of module names",
-    )
-    save_merged: bool = key(False, BOOL, "also write <checkpoint>/merged: the merged model as a Hugging Face folder")
-
-
-def check_lora_is_on_where_set(lora) -> None:
-    """``model.lora`` (a mapping, or None): LoRA is on only with a ``rank``; its other keys set away
-    from their defaults without one would be read by nothing (the run fine-tunes every weight), so
-    that is one ``UserError`` naming them and both fixes."""
-    lora = lora or {}
-    if lora.get("rank"):
-        return
-    set_keys = [
-        f"{f.name}={lora[f.name]}"
-        for f in dataclasses.fields(Lora)
-        if f.name != "rank" and f.name in lora and lora[f.name] != (f.default_factory() if f.default is MISSING else f.default)
-    ]
-    if set_keys:
-        raise UserError(
-            f"model.lora.{', model.lora.'.join(set_keys)} set but model.lora.rank is null, which means full fine-tuning "
-            f"(LoRA off): set model.lora.rank=N for a LoRA run, or drop those keys"
-        )
 
 
 @dataclass

@@ -66,6 +66,8 @@ def test_the_trainers_validation_goes_through_the_tool_driver(tool_run):
     val = OmegaConf.merge(val, {"max_new_tokens": 30, "top_p": 0.9})  # read by both parts of validation
     trainer = SimpleNamespace(
         cfg=cfg,
+        log=print,
+        step=0,
         model=model,
         tokenizer=tok,
         rollout=engine,

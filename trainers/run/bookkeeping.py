@@ -7,6 +7,7 @@ fields of ``summary.json`` (``summary_fields``; the figures are ``run_report.wri
 
 from __future__ import annotations
 
+import errno
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Callable, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
+from ...core.errors import UserError
 from ..algos.algo_config import tracked_config
 from ..parallel import distributed
 from ..parallel.distributed import DistInfo
@@ -99,12 +101,12 @@ def run_failure(exc: BaseException, cfg: DictConfig, dist: DistInfo, device, *, 
     ``step`` with its last checkpoint at ``saved_step``; None when ``exc`` is raised as it is.
 
     - a write that failed (``OSError``: disk full, read-only or vanished folder): the path, the fix,
-      and where a resume starts (``run_dir.storage_error``);
+      and where a resume starts (``storage_error``);
     - another rank that died or stalled: one line, not gloo's traceback (``distributed.peer_failure``);
     - out of memory: the knobs to turn (``oom.memory_error``); the failed step's tensors are let go
       (``exc``'s traceback dropped) before the summary is written."""
     if isinstance(exc, OSError):
-        return run_dir.storage_error(exc, Path(cfg.output_dir), saved_step)
+        return storage_error(exc, Path(cfg.output_dir), saved_step)
     timeout = distributed.collective_timeout_s(cfg.trainer)
     lost = distributed.peer_failure(exc, dist, timeout, step + 1, saved_step)
     if lost is not None:
@@ -158,3 +160,24 @@ def summary_fields(cfg: DictConfig, status: str, steps: int, dist: DistInfo, tra
         "tracking_uri": tracker.uri if tracker.enabled else None,
         "wall_seconds": time.perf_counter() - started,
     }
+
+
+def storage_error(exc: OSError, output_dir: Path, saved_step: int) -> UserError:
+    """One line for a write that failed mid-run (disk full, read-only, vanished folder): the path,
+    the fix, and where a resume starts."""
+    fixes = {
+        errno.ENOSPC: "free space on that disk (or run with output_dir=... on another one)",
+        errno.EDQUOT: "free space in your quota (or run with output_dir=... elsewhere)",
+        errno.EROFS: "make that file system writable again",
+        errno.EFBIG: "raise the file-size limit (ulimit -f)",
+        errno.EACCES: "make the folder writable again",
+        errno.EPERM: "make the folder writable again",
+        errno.ENOENT: "the folder vanished: restore it (or start fresh with another output_dir=...)",
+    }
+    fix = fixes.get(exc.errno, "make the folder writable again")
+    resume = (
+        f"the checkpoint at step {saved_step} is intact: run the same command again to resume from it"
+        if saved_step
+        else "no checkpoint was saved yet: run the same command again to start over"
+    )
+    return UserError(f"cannot write {exc.filename or output_dir}: {exc.strerror or exc}; {fix}, then {resume}")

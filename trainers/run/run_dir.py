@@ -19,7 +19,6 @@ is written (it only reads the folder; the trainer then acts on its answer):
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import shutil
 from dataclasses import dataclass, field
@@ -63,25 +62,13 @@ RESUMABLE_CHANGES = (
 #: constant lr.
 FORMER_OPTIM = {"name": "adamw", "scheduler": "constant", "warmup_steps": 0}
 
-#: The figures a finished run draws at the top of its folder (``run_report.finish_run``), by what they show.
-FIGURES = {
-    "curves": "curves.png",
-    "quadrants": "quadrants.png",
-    "attribution": "why_entropy_moved.png",
-    "reflection": "reflection.png",
-    "tools": "tools.png",
-}
-#: What a run writes at the top of its folder besides ``checkpoints/`` (overwrite deletes these):
-#: an overwritten run leaves none of the old run's records or figures beside the new run's.
-RUN_FILES = (
-    "metrics.jsonl",
-    "tracking.json",
-    "tracking.queue.jsonl",
-    "summary.json",
-    "config.yaml",
-    "samples.jsonl",
-    *FIGURES.values(),
-)
+#: The figures a finished run draws at the top of its folder (``run_report``), by what they show.
+FIGURES = {"curves": "curves.png", "quadrants": "quadrants.png", "attribution": "why_entropy_moved.png"}
+FIGURES |= {"reflection": "reflection.png", "tools": "tools.png"}
+#: What a run writes at the top of its folder besides ``checkpoints/``: overwrite deletes these, so an
+#: overwritten run leaves none of the old run's records or figures beside the new run's.
+RUN_RECORDS = ("metrics.jsonl", "tracking.json", "tracking.queue.jsonl", "summary.json", "config.yaml", "samples.jsonl")
+RUN_FILES = (*RUN_RECORDS, *FIGURES.values())
 
 
 @dataclass
@@ -365,27 +352,6 @@ def clear_run(output_dir: Path) -> None:
     shutil.rmtree(ckpt.checkpoint_dir(out), ignore_errors=True)
     for name in RUN_FILES:
         (out / name).unlink(missing_ok=True)
-
-
-def storage_error(exc: OSError, output_dir: Path, saved_step: int) -> UserError:
-    """One line for a write that failed mid-run (disk full, read-only, vanished folder): the path,
-    the fix, and where a resume starts."""
-    fixes = {
-        errno.ENOSPC: "free space on that disk (or run with output_dir=... on another one)",
-        errno.EDQUOT: "free space in your quota (or run with output_dir=... elsewhere)",
-        errno.EROFS: "make that file system writable again",
-        errno.EFBIG: "raise the file-size limit (ulimit -f)",
-        errno.EACCES: "make the folder writable again",
-        errno.EPERM: "make the folder writable again",
-        errno.ENOENT: "the folder vanished: restore it (or start fresh with another output_dir=...)",
-    }
-    fix = fixes.get(exc.errno, "make the folder writable again")
-    resume = (
-        f"the checkpoint at step {saved_step} is intact: run the same command again to resume from it"
-        if saved_step
-        else "no checkpoint was saved yet: run the same command again to start over"
-    )
-    return UserError(f"cannot write {exc.filename or output_dir}: {exc.strerror or exc}; {fix}, then {resume}")
 
 
 def check_metrics_record(output_dir: Path, resumed: int | None, log: Callable[[str], None] = print) -> None:
