@@ -154,8 +154,12 @@ def _flat_keys(node, prefix: str = "") -> list[str]:
 
 
 def _near_key(name: str, known: list[str]) -> str:
-    """`` (did you mean `trainer.total_steps`?)`` for the closest existing key, or nothing."""
-    near = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    """`` (did you mean `trainer.total_steps`?)`` for the closest existing key, or nothing: a key of the
+    same section whose name the given one begins (``rollout.temp`` -> ``rollout.temperature``) when
+    exactly one does, else the closest spelling."""
+    section, _, last = name.rpartition(".")
+    started = [k for k in known if k.rpartition(".")[0] == section and k.rpartition(".")[2].startswith(last)]
+    near = started if len(last) >= 3 and len(started) == 1 else difflib.get_close_matches(name, known, n=1, cutoff=0.8)
     return f" (did you mean `{near[0]}`?)" if near else ""
 
 

@@ -18,6 +18,9 @@ from entropyrl.core.errors import UserError
     [
         (["trainer.total_step=5"], "unknown config key 'trainer.total_step' (did you mean `trainer.total_steps`?)"),
         (["+trainer.total_step=5"], "+trainer.total_step adds a key that nothing reads (did you mean `trainer.total_steps`?)"),
+        # a name the key begins: it was "did you mean `rollout.top_p`" (closest spelling, cutoff missed it)
+        (["+rollout.temp=0.5"], "+rollout.temp adds a key that nothing reads (did you mean `rollout.temperature`?)"),
+        (["trainer.tot=3"], "unknown config key 'trainer.tot' (did you mean `trainer.total_steps`?)"),
         (["algo.stare.p=0.2"], "algo.stare.p=0.2 sets a parameter of the stare intervention, which algo=grpo does not apply"),
         (["algo=dapo", "algo.steer.lambda_min=0.5"], "which algo=dapo does not apply"),
         (["algo.interventions=[stareX]"], "unknown algo.interventions entry=stareX; valid: "),
