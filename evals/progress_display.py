@@ -1,15 +1,18 @@
 """What ``entropyrl eval`` shows while it runs: a rich progress bar with one task per benchmark and
 phase (generate, grade) and, beside the generate phase, its ``GenerationMeter`` (tokens/s, ETA);
-into a log file (no terminal) a line when a benchmark starts generating, then a heartbeat line."""
+into a log file (no terminal) a line when a benchmark starts generating, then a heartbeat line, also
+while an engine that reports nothing until it ends (vLLM's one ``generate`` call) works (``beating``)."""
 
 from __future__ import annotations
 
-from typing import Callable
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from .generation import GenerationMeter
 from .settings import EvalSettings
 
-__all__ = ["ProgressFn", "progress_bar", "progress_display"]
+__all__ = ["ProgressFn", "beating", "progress_bar", "progress_display"]
 
 ProgressFn = Callable[[str, str, int, int], None]  # (benchmark, phase, advance, total)
 
@@ -66,4 +69,32 @@ def progress_display(bar, console, settings: EvalSettings, batch: int, every: fl
         if not console.is_terminal and meter.due():
             console.print(f"generate {bench}: {meter.line()}", markup=False, highlight=False)
 
+    def beat() -> None:
+        """The heartbeat line of the benchmark generating now, when one is due (a log file only)."""
+        bench = under_way.get("benchmark")
+        meter = meters.get(bench) if under_way.get("phase") == "generate" else None
+        if meter is not None and not console.is_terminal and meter.due():
+            console.print(f"generate {bench}: {meter.line()}", markup=False, highlight=False)
+
+    progress.beat = beat  # type: ignore[attr-defined]
     return progress
+
+
+@contextmanager
+def beating(beat: Callable[[], None], every_s: float) -> Iterator[None]:
+    """``beat()`` called from a daemon thread several times per ``every_s`` while the block runs, so
+    a heartbeat comes on time between an engine's own progress calls (vLLM makes none until its
+    whole batch ends)."""
+    done = threading.Event()
+
+    def run() -> None:
+        while not done.wait(max(every_s / 4, 0.05)):
+            beat()
+
+    thread = threading.Thread(target=run, name="eval-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

@@ -54,7 +54,7 @@ from .generation import sample_texts
 from .grading.answer_extraction import extract_answer
 from .grading.grader import grade_batch, no_answer_warning, reason_counts
 from .metrics import mean_metrics, problem_metrics
-from .progress_display import ProgressFn, progress_bar, progress_display
+from .progress_display import ProgressFn, beating, progress_bar, progress_display
 from .prompts import available_templates, build_prompts
 from .reflection import ReflectionMatcher, matcher_for, resolve_words
 from .results import SUMMARY_KEYS as SUMMARY_KEYS
@@ -381,7 +381,8 @@ def _generate_and_grade(
     try:
         with progress_bar(console) as bar:
             progress = progress_display(bar, console, settings, batch, every, under_way)
-            evaluate(engine, tokenizer, data, settings, progress=progress, into=into)
+            with beating(progress.beat, every):  # a heartbeat line on time, whatever the engine reports
+                evaluate(engine, tokenizer, data, settings, progress=progress, into=into)
     except (RuntimeError, MemoryError) as exc:  # out of memory: the finished benchmarks are written after
         if not is_out_of_memory(exc):
             raise

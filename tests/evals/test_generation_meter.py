@@ -53,3 +53,31 @@ def test_without_decoding_steps_the_eta_comes_from_responses_and_heartbeats_are_
     assert meter.due() and not meter.due()  # one line, then the next one 30 s later
     clock.now += 30
     assert meter.due()
+
+
+def test_a_log_gets_heartbeats_while_an_engine_reports_nothing_until_it_ends():
+    """vLLM generates a benchmark in one call and reports once, at its end: into a log file the run
+    said what started, then nothing for the whole benchmark. Now the heartbeat comes on time from
+    a thread; once generation is over (grading) it stops (the null)."""
+    import io
+    import time
+
+    from rich.console import Console
+
+    from entropyrl.evals.progress_display import beating, progress_bar, progress_display
+    from entropyrl.evals.settings import EvalSettings
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=200)
+    under_way: dict = {}
+    with progress_bar(console) as bar:
+        progress = progress_display(bar, console, EvalSettings(max_new_tokens=64), 16, 0.1, under_way)
+        with beating(progress.beat, 0.1):
+            progress("aime24", "generate", 0, 32)  # starts; then the engine is silent
+            time.sleep(0.55)
+            progress("aime24", "generate", 32, 32)
+            progress("aime24", "grade", 0, 32)
+            during = out.getvalue().count("generate aime24: 0/32 responses")
+            time.sleep(0.4)
+    assert during >= 3, out.getvalue()
+    assert out.getvalue().count("generate aime24: 0/32 responses") == during  # grading: no generate heartbeat
