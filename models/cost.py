@@ -475,8 +475,8 @@ def plan_figures(
     overlap = async_estimate(cost.train_seconds, cost.generation_seconds, staleness, rollout_gpus)
     assumptions = _plan_assumptions(mfu, decode, peak_tflops, gpu_gb, engine, engine_dtype, overlap, ranks, rollout_gpus)
     weights = cfg_get(cfg.rollout, "weights")
-    if cpu_time is not None and weights in ("int8", "bfloat16"):
-        key = "decode_int8_speedup" if weights == "int8" else "decode_bf16_speedup"
+    if cpu_time is not None and weights in ("float32_packed", "int8", "bfloat16"):
+        key = {"int8": "decode_int8_speedup", "bfloat16": "decode_bf16_speedup"}.get(weights, "decode_packed_speedup")
         assumptions.append(
             f"rollout.weights={weights}: the CPU generation time is that of float32 sampling, an upper bound where the "
             f"CPU has the kernels (the copy decodes faster there: `make bench` key real_model, {key}); the copy made "

@@ -57,6 +57,11 @@ of its limit (goal: at least 0.5 of each):
   with it (``step_s_int8``; ``int8_generate_speedup``: the default's generation over its, the copy's
   quantisation after each update included; ``int8_logp_diff_mean``: the step's mean ``|trainer - sampler|``
   log-prob of the sampled tokens, how far the int8 sampler is from the trained policy).
+- the packed float32 sampler (``rollout.weights=float32_packed``: the same weights laid out once for
+  oneDNN's product): the decode measurement with it (``decode_packed``, ``decode_packed_speedup``,
+  ``decode_packed_bandwidth_frac`` against the same float32 floor) and the study step with it
+  (``step_s_packed``; ``packed_step_speedup`` and ``packed_generate_speedup``: the default's over its,
+  the copy made after each update included; ``packed_logp_diff_mean`` as for int8: float32 rounding only).
 - bfloat16 where the CPU has its kernels: the decode measurement with a bfloat16 sampler copy
   (``rollout.weights=bfloat16``: ``decode_bf16``, ``decode_bf16_speedup``), and the study step with that
   copy and the body trained under autocast (``trainer.dtype=bfloat16 trainer.fsdp=false``: ``step_s_bf16``;
@@ -199,6 +204,7 @@ STUDY_VARIANTS = {
     "lora": [f"model.lora.rank={LORA_RANK}"],
     "separate_prompts": ["trainer.share_prompt_forward=false"],
     "int8": ["rollout.weights=int8"],
+    "packed": ["rollout.weights=float32_packed"],
     "bf16": ["trainer.dtype=bfloat16", "trainer.fsdp=false", "rollout.weights=bfloat16"],
 }
 
@@ -462,13 +468,14 @@ def run() -> dict:
     plan = plan_estimate(train["prompt_len"])
     decode = _child("decode", timeout=600)
     decode_int8 = _child("decode", "rollout.weights=int8", timeout=600)
+    decode_packed = _child("decode", "rollout.weights=float32_packed", timeout=600)
     decode_bf16 = _child("decode", "rollout.weights=bfloat16", timeout=600)
     steps = {}
     for name, extra in STUDY_VARIANTS.items():
         with tempfile.TemporaryDirectory(prefix="entropyrl-bench-study-") as folder:
             steps[name] = _child("study", folder, *extra, timeout=600)
-    study, plain, recomputed, lora, separate, int8, bf16 = (
-        steps[k] for k in ("study", "plain", "recomputed", "lora", "separate_prompts", "int8", "bf16")
+    study, plain, recomputed, lora, separate, int8, packed, bf16 = (
+        steps[k] for k in ("study", "plain", "recomputed", "lora", "separate_prompts", "int8", "packed", "bf16")
     )
     shares = limits(decode, study)
     result = {
@@ -486,6 +493,12 @@ def run() -> dict:
         "step_s_int8": int8["step_seconds"],
         "int8_generate_speedup": round(study["generate_seconds"] / int8["generate_seconds"], 3),
         "int8_logp_diff_mean": int8["logp_diff_mean"],
+        "decode_packed_speedup": round(decode["decode_step_seconds"] / decode_packed["decode_step_seconds"], 3),
+        "decode_packed_bandwidth_frac": round(shares["decode_floor_seconds"] / decode_packed["decode_step_seconds"], 3),
+        "step_s_packed": packed["step_seconds"],
+        "packed_step_speedup": round(study["step_seconds"] / packed["step_seconds"], 3),
+        "packed_generate_speedup": round(study["generate_seconds"] / packed["generate_seconds"], 3),
+        "packed_logp_diff_mean": packed["logp_diff_mean"],
         "decode_bf16_speedup": round(decode["decode_step_seconds"] / decode_bf16["decode_step_seconds"], 3),
         "step_s_bf16": bf16["step_seconds"],
         "bf16_step_speedup": round(study["step_seconds"] / bf16["step_seconds"], 3),
@@ -494,6 +507,7 @@ def run() -> dict:
         "bf16_logp_diff_mean": bf16["logp_diff_mean"],
         "decode": decode,
         "decode_int8": decode_int8,
+        "decode_packed": decode_packed,
         "decode_bf16": decode_bf16,
         **{("study_step" if k == "study" else f"study_step_{k}"): v for k, v in steps.items()},
         "setting": f"model={PRESET} (float32, CPU, one thread), data={DATA}; generation: {BATCH} prompts x 1 "

@@ -84,7 +84,7 @@ class HFRollout:
         self.settings = SamplingSettings.from_config(settings)
         self.model = model
         self.tokenizer = tokenizer
-        self.copies = self.settings.weights in COPY_WEIGHTS  # a lower-precision copy samples, not the live model
+        self.copies = self.settings.weights in COPY_WEIGHTS  # a copy samples (sampler_copy.py), not the live model
         self._copy = None  # made at the first generate after a weight sync
         if self.copies:
             check_copy_model(model, self.settings.weights)
@@ -104,12 +104,13 @@ class HFRollout:
         """Nothing held beyond the model, which belongs to the caller (and the sampler copy, dropped)."""
         self._copy = None
 
-    def _sampler(self):
-        """The model that samples: the live one, or its ``rollout.weights`` copy (made once per weight sync)."""
+    def _sampler(self, rows: int):
+        """The model that samples: the live one, or its ``rollout.weights`` copy (made once per weight
+        sync; ``rows``: the rows a call decodes at once, the layout's hint for a packed copy)."""
         if not self.copies:
             return self.model
         if self._copy is None:
-            self._copy = sampler_copy(self.model, self.settings.weights)
+            self._copy = sampler_copy(self.model, self.settings.weights, rows=rows)
         return self._copy
 
     def _generate(self, sampler, config, temperature: float, width: int, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -155,7 +156,7 @@ class HFRollout:
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
-        sampler = self._sampler()
+        sampler = self._sampler(rows=max(1, min(batch_size, len(sequences))))
         out_rows: list[tuple[list[int], list[float] | None]] = []
         try:
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -220,8 +221,8 @@ class HFRollout:
         was_training, side = model.training, tok.padding_side
         tok.padding_side = "left"
         model.eval()
-        sampler = self._sampler()
         n = int(n)
+        sampler = self._sampler(rows=max(1, min(batch_size, len(prompts) * n)))
         # share_prefill: whole groups per call (a prompt's n rows together), each prompt prefilled once
         share = settings.share_prefill and n > 1
         per_call = max(1, batch_size // n) if share else batch_size

@@ -72,9 +72,11 @@ class HfKeys:
     )
     weights: str = key(
         "float32",
-        choice("float32", "int8", "bfloat16"),
+        choice("float32", "float32_packed", "int8", "bfloat16"),
         (
-            "the weights that sample: float32 = the live model the trainer updates; int8 = a copy of it with torch's "
+            "the weights that sample: float32 = the live model the trainer updates; float32_packed = a float32 copy of "
+            "it whose linear weights are laid out once for oneDNN's matrix product (CPU; the same numbers up to the "
+            "order of a sum, the thin decode products several times faster); int8 = a copy of it with torch's "
             "dynamic int8 linears (CPU); bfloat16 = a bfloat16 copy of it. A copy is made again after each update: "
             "cheaper decode products where the CPU has the kernels (make bench key real_model says), but another "
             "policy (how far depends on the model and precision: docs/real-model.md), so its log-probs are reported "

@@ -16,10 +16,11 @@ from entropyrl.conf import compose
 from entropyrl.core.errors import UserError
 from entropyrl.models.loading import load_policy
 from entropyrl.rollout.hf_engine import HFRollout
-from entropyrl.rollout.sampler_copy import bf16_copy, check_copy_model, int8_copy, sampled_logp
+from entropyrl.rollout.sampler_copy import PackedLinear, bf16_copy, check_copy_model, int8_copy, packed_copy, sampled_logp
 
 PROMPTS = ["12+7=", "3+4=", "8+15=", "1+1="]  # different lengths: the batch is left-padded
-COPIES = pytest.mark.parametrize("weights", ["int8", "bfloat16"])
+COPIES = pytest.mark.parametrize("weights", ["int8", "bfloat16"])  # another precision: another policy
+EVERY_COPY = pytest.mark.parametrize("weights", ["float32_packed", "int8", "bfloat16"])
 
 
 @pytest.fixture()
@@ -99,7 +100,7 @@ def test_a_sampler_copy_is_near_the_policy_and_reports_its_own_log_probs(tiny, w
     assert all(p.requires_grad for p in model.parameters())
 
 
-@COPIES
+@EVERY_COPY
 def test_a_sampler_copy_follows_the_weights_at_each_sync(tiny, weights):
     _, model, _ = tiny
     engine = _engine(tiny, weights)
@@ -119,7 +120,7 @@ def test_a_sampler_copy_follows_the_weights_at_each_sync(tiny, weights):
     assert fresh < 0.1 and fresh < 0.5 * stale, (fresh, stale)  # int8: about 0.03 against 0.27
 
 
-@COPIES
+@EVERY_COPY
 def test_generate_ids_reports_the_copys_log_probs_of_each_continuation(tiny, weights):
     _, model, tok = tiny
     engine = _engine(tiny, weights)
@@ -135,6 +136,23 @@ def test_the_int8_copy_of_a_model_off_the_cpu_is_refused_with_one_line(tiny):
     _, model, _ = tiny
     with pytest.raises(UserError, match="rollout.weights=int8 samples on CPU only"):
         check_copy_model(model.to("meta"), "int8")
+
+
+def test_the_packed_copy_is_the_float32_policy_laid_out_for_the_product(tiny):
+    """``float32_packed`` changes how each weight is laid out, not the policy: every linear layer is
+    packed, its log-probs are the policy's up to float32 rounding (int8's differ by about 0.03), and
+    at the same seed it draws the float32 engine's tokens."""
+    _, model, _ = tiny
+    sampler = packed_copy(model)
+    assert not [m for m in sampler.modules() if type(m) is torch.nn.Linear]
+    assert sum(isinstance(m, PackedLinear) for m in sampler.modules()) == sum(type(m) is torch.nn.Linear for m in model.modules())
+    roll = _engine(tiny, "float32_packed").generate(PROMPTS, n=4, seed=3, temperature=1.0, max_new_tokens=6)
+    diff = (roll.sampling_logp - _policy_logp(model, roll, 1.0)).abs()[roll.response_mask.bool()]
+    assert diff.max() < 1e-4, diff.max()
+    plain = _engine(tiny, "float32").generate(PROMPTS, n=4, seed=3, temperature=1.0, max_new_tokens=6)
+    assert torch.equal(plain.response_ids, roll.response_ids)
+    with pytest.raises(UserError, match="rollout.weights=float32_packed samples on CPU only"):
+        check_copy_model(model.to("meta"), "float32_packed")
 
 
 def test_the_int8_copy_quantizes_every_linear_layer(tiny):
@@ -189,7 +207,7 @@ def test_a_run_with_the_int8_sampler_logs_how_far_it_is_from_the_policy(tmp_path
     assert len(gaps) == 2 and all(0 < g < 0.2 for g in gaps), gaps
 
 
-@COPIES
+@EVERY_COPY
 def test_a_sampler_copy_samples_the_lora_policy_with_its_adapters_merged(tiny, weights):
     """LoRA's adapters (injected in place) are merged into the copy: its log-probs follow the adapted
     policy, not the base model's (the null: the base model's log-probs of the same tokens)."""
