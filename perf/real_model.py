@@ -283,7 +283,7 @@ def _decode(*extra: str) -> dict:
     prompts = [source.prompt(p) for p in source.sample(int(cfg.trainer.prompts_per_step), step=0)]
     engine = HFRollout(cfg.rollout, model, tok)
     n, cap, temp = int(cfg.rollout.n), int(cfg.rollout.max_new_tokens), float(cfg.rollout.temperature)
-    engine.generate(prompts[:1], n=1, seed=0, max_new_tokens=1)  # first call's one-off costs
+    engine.generate(prompts, n=n, seed=0, max_new_tokens=1)  # first call's one-off costs (a sampler copy: made for these rows)
     rates = _rates()  # the limits, in this process, just before the figure
     started = time.perf_counter()
     engine.generate(prompts, n=n, seed=0, temperature=temp, max_new_tokens=1)
