@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from ..core.errors import UserError
 from .base import Rollout, concat, response_mask_from_eos, stop_token_ids
 from .sampler_copy import COPY_WEIGHTS, check_copy_model, sampled_logp, sampler_copy
 from .settings import SamplingSettings
@@ -84,6 +85,11 @@ class HFRollout:
         self.settings = SamplingSettings.from_config(settings)
         self.model = model
         self.tokenizer = tokenizer
+        if self.settings.weights not in ("float32", *COPY_WEIGHTS):
+            raise UserError(
+                f"weights={self.settings.weights} is not allowed (rollout.weights, eval.hf.weights): it must be one of "
+                f"float32, {', '.join(COPY_WEIGHTS)}"
+            )
         self.copies = self.settings.weights in COPY_WEIGHTS  # a copy samples (sampler_copy.py), not the live model
         self._copy = None  # made at the first generate after a weight sync
         if self.copies:

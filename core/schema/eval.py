@@ -119,6 +119,17 @@ class Eval:
             "isolation": (None, "auto (bwrap, else unshare, else none with a warning) | bwrap | unshare | none"),
         },
     )
+    hf: dict[str, Any] = owned_section(
+        owned("rollout/hf_engine.py (the hf engine's keys in core/schema/rollout.py; null: its default)"),
+        "eval.backend=hf: engine settings, as the rollout=hf engine's keys in core/schema/rollout.py; null = its default",
+        {
+            "weights": (
+                None,
+                "null = float32 (the model as loaded) | float32_packed (a copy laid out once for oneDNN's product: the "
+                "same numbers up to a sum's order, made once for a whole eval) | int8 | bfloat16 (rollout.weights)",
+            ),
+        },
+    )
     vllm: dict[str, Any] = owned_section(
         owned("rollout/vllm_engine.py (vLLM engine arguments; null: vLLM's default)"),
         "eval.backend=vllm: engine settings, as the rollout=vllm engine's keys in core/schema/rollout.py; null = its default",

@@ -228,3 +228,18 @@ def test_a_sampler_copy_samples_the_lora_policy_with_its_adapters_merged(tiny, w
     assert all(torch.equal(v, plain.state_dict()[k]) for k, v in base.items())
     unadapted = (roll.sampling_logp - _policy_logp(plain, roll, 1.0)).abs()[valid].mean()
     assert adapted < 0.1 and adapted < 0.5 * unadapted, (adapted, unadapted)
+
+
+def test_an_evaluation_samples_from_the_copy_eval_hf_weights_asks_for():
+    """``eval.hf.weights`` reaches the eval's hf engine (a fixed model: the copy is made once for the
+    whole eval); an unknown value is one line, not the float32 model in silence."""
+    from entropyrl.evals.runner import make_engine
+
+    engine, _, _ = make_engine(compose("eval", ["tracking.enabled=false", "eval.hf.weights=float32_packed"]), log=lambda *_: None)
+    assert engine.settings.weights == "float32_packed" and engine.copies
+    roll = engine.generate(PROMPTS, n=1, seed=0, max_new_tokens=4)
+    assert roll.sampling_logp is not None  # sampled by the copy
+    plain, _, _ = make_engine(compose("eval", ["tracking.enabled=false"]), log=lambda *_: None)
+    assert not plain.copies  # the default: the model as loaded
+    with pytest.raises(UserError, match=r"weights=packed is not allowed \(rollout.weights, eval.hf.weights\)"):
+        make_engine(compose("eval", ["tracking.enabled=false", "eval.hf.weights=packed"]), log=lambda *_: None)
