@@ -8,24 +8,32 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-__all__ = ["still_working"]
+__all__ = ["repeating", "still_working"]
 
 
 @contextmanager
-def still_working(log: Callable[[str], None], what: str, every_s: float = 30.0) -> Iterator[None]:
-    """While the block runs, ``log("<what>: still working, <N> s")`` every ``every_s`` seconds from a
-    daemon thread; nothing when the block ends sooner. The block itself is not touched."""
+def repeating(fn: Callable[[], None], every_s: float) -> Iterator[None]:
+    """``fn()`` called from a daemon thread every ``every_s`` seconds while the block runs (never when
+    the block ends sooner); the block itself is not touched."""
     done = threading.Event()
-    started = time.monotonic()
 
-    def beat() -> None:
+    def run() -> None:
         while not done.wait(every_s):
-            log(f"{what}: still working, {time.monotonic() - started:.0f} s")
+            fn()
 
-    thread = threading.Thread(target=beat, name="still-working", daemon=True)
+    thread = threading.Thread(target=run, name="still-working", daemon=True)
     thread.start()
     try:
         yield
     finally:
         done.set()
         thread.join()
+
+
+@contextmanager
+def still_working(log: Callable[[str], None], what: str, every_s: float = 30.0) -> Iterator[None]:
+    """While the block runs, ``log("<what>: still working, <N> s")`` every ``every_s`` seconds from a
+    daemon thread; nothing when the block ends sooner. The block itself is not touched."""
+    started = time.monotonic()
+    with repeating(lambda: log(f"{what}: still working, {time.monotonic() - started:.0f} s"), every_s):
+        yield

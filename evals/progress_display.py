@@ -5,10 +5,9 @@ while an engine that reports nothing until it ends (vLLM's one ``generate`` call
 
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable
 
+from ..core.alive import repeating
 from .generation import GenerationMeter
 from .settings import EvalSettings
 
@@ -80,21 +79,8 @@ def progress_display(bar, console, settings: EvalSettings, batch: int, every: fl
     return progress
 
 
-@contextmanager
-def beating(beat: Callable[[], None], every_s: float) -> Iterator[None]:
+def beating(beat: Callable[[], None], every_s: float):
     """``beat()`` called from a daemon thread several times per ``every_s`` while the block runs, so
     a heartbeat comes on time between an engine's own progress calls (vLLM makes none until its
     whole batch ends)."""
-    done = threading.Event()
-
-    def run() -> None:
-        while not done.wait(max(every_s / 4, 0.05)):
-            beat()
-
-    thread = threading.Thread(target=run, name="eval-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
+    return repeating(beat, max(every_s / 4, 0.05))
