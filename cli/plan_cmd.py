@@ -79,7 +79,7 @@ def _checkpoint_row(c: dict) -> tuple[str, str]:
     """A checkpoint's size, how often one is saved and the disk the kept ones take."""
     return (
         "checkpoint",
-        f"{c['gb']:.1f} GB each ({c.get('holds', 'float32 weights + AdamW moments')}), every {c['save_every'] or 'run end'}"
+        f"{c['gb']:.1f} GB each ({c['holds']}), every {c['save_every'] or 'run end'}"
         f"{' steps' if c['save_every'] else ''}, {c['keep'] or 'all'} kept: {c['disk_gb']:.1f} GB on disk",
     )
 

@@ -87,7 +87,6 @@ class CodeTaskSource(MathDatasetSource):
                         "use a real model (e.g. model=smollm2-135m)"
                     )
         self.train_items, self.val_items = split_holdout(problems, data_cfg)
-        self.validates_on_training = len(self.train_items) == len(problems)  # data.holdout=0: nothing held out
         self._perms: dict[int, list[int]] = {}
 
     def prompt(self, problem: CodeProblem) -> str:

@@ -253,8 +253,13 @@ class MathDatasetSource:
                 )
             problems = kept
         self.train_items, self.val_items = split_holdout(problems, data_cfg)
-        self.validates_on_training = len(self.train_items) == len(problems)  # data.holdout=0: nothing held out
         self._perms: dict[int, list[int]] = {}
+
+    @property
+    def validates_on_training(self) -> bool:
+        """``data.holdout=0``: nothing is held out, so validation samples the training problems
+        (``split_holdout``); said at start by ``components.build_source``."""
+        return not int(cfg_get(self.cfg, "holdout", 0) or 0)
 
     def __len__(self) -> int:
         return len(self.train_items)
